@@ -1,0 +1,1 @@
+"""Development-time generators (spec → table, spec → diagrams). Never imported at run time."""

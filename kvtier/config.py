@@ -1,0 +1,709 @@
+"""kvtier configuration: one frozen attrs class, strictly converted.
+
+``TierConfig`` holds every key a user can write in a vLLM
+``kv_connector_extra_config.secondary_tiers[i]`` entry for kvtier, plus
+kvtier's own timers and limits.  It is the single source of truth for the keys,
+their defaults, units, bounds and descriptions: ``DEFAULTS`` and
+``config_table()`` are derived from the class, and ``docs/configuration.md``
+is rendered from ``config_table()`` (``python -m kvtier.config --write`` /
+``--check``).
+
+Rules (B25 in the bug-scenario catalogue):
+
+* Every bad value fails closed at construction with a ``TierConfigError``
+  (a ``ValueError``) whose message names the key and the offending value's
+  ``repr``.
+* Numbers may be given as ``int``, ``float`` or a decimal numeric string
+  (``"180"``, ``" 180\\n"``, ``"59.5"``, ``"1e3"``).  ``bool`` is rejected
+  (it is an ``int`` subclass, so it is checked explicitly), as are NaN, +-inf,
+  values <= 0, overflowing values (``10**400``, ``"1e999"``), values outside
+  the documented range, and every other type (``None``, lists, ``bytes``,
+  ``Decimal``, numpy scalars other than ``float64``).  ``Decimal`` is rejected
+  on purpose: it is not a JSON type, and accepting it would invite silent
+  precision games; convert explicitly.
+* Integer keys additionally reject values with a fractional part
+  (``128.5``, ``"128.5"``); ``128.0`` and ``"1e3"`` are accepted.
+* ``background_poll`` takes a real ``bool`` only (no 0/1, no ``"true"``).
+* ``TierConfig.from_dict`` rejects unknown keys, with a did-you-mean
+  suggestion (``unbound_store_timout_s`` -> ``unbound_store_timeout_s``).
+* Cross-field relations (``CROSS_FIELD_RULES``) are checked at construction,
+  so ``attrs.evolve`` re-validates them too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import functools
+import inspect
+import json
+import math
+import re
+import sys
+import textwrap
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import attrs
+
+__all__ = [
+    "CROSS_FIELD_RULES",
+    "DEFAULTS",
+    "ConfigRow",
+    "CrossFieldRule",
+    "TierConfig",
+    "TierConfigError",
+    "config_table",
+    "render_config_doc",
+]
+
+# --------------------------------------------------------------------------
+# errors
+# --------------------------------------------------------------------------
+
+_NO_VALUE: Any = object()
+
+
+class TierConfigError(ValueError):
+    """A configuration value or combination of values is invalid.
+
+    ``keys`` names the offending key(s) (one key for a value error, two for a
+    cross-field rule, the unknown names for an unknown-key error).
+    """
+
+    def __init__(self, message: str, *, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
+def _safe_repr(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` that never raises and never floods a log line.
+
+    ``repr`` of a huge ``int`` raises ``ValueError`` (the 4300-digit
+    int-to-str limit) -- that must not replace our keyed error message.
+    """
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - any repr failure gets a stand-in
+        if isinstance(value, int):
+            return f"<int of {value.bit_length()} bits>"
+        return f"<unrepresentable {type(value).__name__}>"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def _fail(key: str, value: Any, why: str) -> TierConfigError:
+    return TierConfigError(f"{key}={_safe_repr(value)}: {why}", keys=(key,))
+
+
+# --------------------------------------------------------------------------
+# value kinds: each knows how to convert, how to describe itself, and its unit
+# --------------------------------------------------------------------------
+
+# Decimal numbers only, ASCII digits only: no "nan"/"inf", no "0x10", no
+# "1_000", no Unicode digits.  Surrounding whitespace is stripped first.
+_NUMERIC_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
+
+
+def _parse_number(key: str, value: Any) -> int | float | Decimal:
+    """Accept int, float or a decimal numeric string; reject everything else.
+
+    Strings become an exact ``Decimal`` so that range checks never overflow
+    (``"1e999"`` is compared, not converted).
+    """
+    if isinstance(value, bool):
+        raise _fail(key, value, "a bool is not accepted as a number (Python's bool is an int; write a number)")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if not _NUMERIC_RE.fullmatch(text):
+            raise _fail(key, value, "not a decimal number")
+        return Decimal(text)
+    raise _fail(key, value, f"expected a number or numeric string, got {type(value).__name__}")
+
+
+_FLOAT_MAX_DEC = Decimal(sys.float_info.max)
+
+
+def _to_float(key: str, value: Any) -> float:
+    """The value as a float, correctly rounded; NaN and +-inf inputs rejected.
+
+    Ranges are then checked on the float, so that ``"0.001"`` equals the float
+    bound ``0.001`` (the exact decimal 0.001 is below that float).  A number
+    too large for a float (``10**400``, ``"1e999"``) becomes +-inf here and
+    fails the caller's range check as "above the maximum", never as an
+    ``OverflowError``; a positive number too small for a float (``"1e-999"``)
+    becomes the smallest positive float and fails as "below the minimum".
+    """
+    n = _parse_number(key, value)
+    if isinstance(n, float):
+        if math.isnan(n):
+            raise _fail(key, value, "NaN is not allowed")
+        if math.isinf(n):
+            raise _fail(key, value, "must be finite")
+        return n
+    if isinstance(n, int):
+        if abs(n) > sys.float_info.max:  # exact int/float comparison, no overflow
+            return math.inf if n > 0 else -math.inf
+        return float(n)
+    if n.copy_abs() > _FLOAT_MAX_DEC:
+        return math.inf if n > 0 else -math.inf
+    x = float(n)
+    if x == 0.0 and n > 0:
+        return math.ulp(0.0)
+    return x
+
+
+def _fmt(x: float | int) -> str:
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+@attrs.frozen
+class _Float:
+    """A positive, finite real number within ``[lo, hi]`` (seconds)."""
+
+    lo: float
+    hi: float
+    unit: str = "s"
+
+    def convert(self, key: str, value: Any) -> float:
+        x = _to_float(key, value)
+        if x <= 0:
+            raise _fail(
+                key, value, f"must be > 0 (range {_fmt(self.lo)}..{_fmt(self.hi)} {self.unit})"
+            )
+        if x > self.hi:
+            raise _fail(key, value, f"above the maximum {_fmt(self.hi)} {self.unit}")
+        if x < self.lo:
+            raise _fail(key, value, f"below the minimum {_fmt(self.lo)} {self.unit}")
+        return x
+
+    def describe(self) -> str:
+        return (
+            f"number or numeric string, {_fmt(self.lo)} ≤ x ≤ {_fmt(self.hi)}; "
+            "bool, NaN, ±inf, ≤ 0 rejected"
+        )
+
+
+@attrs.frozen
+class _Int:
+    """An integer within ``[lo, hi]``."""
+
+    lo: int
+    hi: int
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> int:
+        n = _parse_number(key, value)
+        if isinstance(n, float) and not math.isfinite(n):
+            raise _fail(key, value, "must be a finite integer")
+        if n > self.hi:
+            raise _fail(key, value, f"above the maximum {self.hi}")
+        if n < self.lo:
+            raise _fail(key, value, f"below the minimum {self.lo}")
+        if isinstance(n, float):
+            if not n.is_integer():
+                raise _fail(key, value, "must be an integer (has a fractional part)")
+            return int(n)
+        if isinstance(n, Decimal):
+            if n != n.to_integral_value():
+                raise _fail(key, value, "must be an integer (has a fractional part)")
+            return int(n)
+        return n
+
+    def describe(self) -> str:
+        return (
+            f"integer or integral numeric string, {self.lo} ≤ n ≤ {self.hi}; "
+            "bool and fractional values rejected"
+        )
+
+
+@attrs.frozen
+class _Str:
+    """A string matching ``pattern`` (if given), at most ``max_len`` long."""
+
+    max_len: int
+    pattern: re.Pattern[str] | None = None
+    pattern_text: str = ""
+    allow_empty: bool = False
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise _fail(key, value, f"expected a string, got {type(value).__name__}")
+        if not value and not self.allow_empty:
+            raise _fail(key, value, "must not be empty")
+        if len(value) > self.max_len:
+            raise _fail(key, value, f"longer than {self.max_len} characters")
+        if value and self.pattern is not None and not self.pattern.fullmatch(value):
+            raise _fail(key, value, f"must be {self.pattern_text}")
+        return value
+
+    def describe(self) -> str:
+        text = "string" if self.allow_empty else "non-empty string"
+        if self.pattern_text:
+            text += f", {self.pattern_text}"
+        return f"{text}, ≤ {self.max_len} chars"
+
+
+@attrs.frozen
+class _Choice:
+    """Exactly one of ``choices`` (case-sensitive)."""
+
+    choices: tuple[str, ...]
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> str:
+        if isinstance(value, str) and value in self.choices:
+            return value
+        hint = ""
+        if isinstance(value, str):
+            close = difflib.get_close_matches(value, self.choices, n=1, cutoff=0.5)
+            if close:
+                hint = f"; did you mean {close[0]!r}?"
+        allowed = ", ".join(repr(c) for c in self.choices)
+        raise _fail(key, value, f"must be one of {allowed}{hint}")
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(f"`{c}`" for c in self.choices)
+
+
+@attrs.frozen
+class _Bool:
+    """A real ``bool`` only."""
+
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> bool:
+        if isinstance(value, bool):  # bool cannot be subclassed
+            return value
+        raise _fail(key, value, "expected true or false (a real bool; 0/1 and strings are rejected)")
+
+    def describe(self) -> str:
+        return "`true` or `false` only (no 0/1, no strings)"
+
+
+@attrs.frozen
+class _OptionalStr:
+    """``None`` or a string; accepted for vLLM compatibility and otherwise ignored."""
+
+    max_len: int = 64
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise _fail(key, value, f"expected a string or null, got {type(value).__name__}")
+        if len(value) > self.max_len:
+            raise _fail(key, value, f"longer than {self.max_len} characters")
+        return value
+
+    def describe(self) -> str:
+        return "string or `null`; accepted and ignored"
+
+
+@attrs.frozen
+class _MustBeNone:
+    """Only ``None`` (i.e. absent) is valid; ``why`` explains the refusal."""
+
+    why: str
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> None:
+        if value is None:
+            return None
+        raise _fail(key, value, self.why)
+
+    def describe(self) -> str:
+        return "must be absent (any value is rejected)"
+
+
+_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _MustBeNone
+_KIND = "kvtier.kind"
+
+MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
+MIN_DURATION_S = 0.001  # 1 ms: finer than any poll tick; denormals like 1e-320 are typos
+_TIMEOUT = _Float(MIN_DURATION_S, MAX_TIMEOUT_S)
+
+
+def _field(kind: _Kind, default: Any) -> Any:
+    """An attrs field whose converter is ``kind.convert`` (defaults are converted too)."""
+
+    def convert(value: Any, field: attrs.Attribute) -> Any:
+        return kind.convert(field.name, value)
+
+    return attrs.field(
+        default=default,
+        converter=attrs.Converter(convert, takes_field=True),
+        metadata={_KIND: kind},
+    )
+
+
+_BACKPRESSURE_WHY = (
+    "kvtier does its own flow control (bounded fetches, bounded pending fetches "
+    "per peer, timeouts); vLLM's store-latency back-pressure detector would drop "
+    "stores a remote decoder is waiting for. Remove 'backpressure' from this tier "
+    "entry and from the top level of kv_connector_extra_config (vLLM merges a "
+    "top-level 'backpressure' block into every tier)."
+)
+
+
+# --------------------------------------------------------------------------
+# the config class
+# --------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TierConfig:
+    """kvtier settings: one vLLM ``secondary_tiers[i]`` entry, validated.
+
+    Build it from the user's JSON with ``TierConfig.from_dict(entry)`` (rejects
+    unknown keys), or directly with keyword arguments.  Every field is
+    converted strictly and range-checked; cross-field relations in
+    ``CROSS_FIELD_RULES`` are checked after all fields are converted.
+    ``attrs.evolve(cfg, key=value)`` builds a new, fully re-validated config.
+    """
+
+    # ---- vLLM secondary_tiers[] entry keys --------------------------------
+    type: str = _field(_Str(128, _IDENT_RE, "a Python identifier"), "KvTierSecondaryTier")
+    """Class name vLLM's SecondaryTierFactory loads from ``module_path``.
+    vLLM pops it and passes it to the tier as ``tier_type``; it is also the
+    tier's metrics label."""
+
+    module_path: str = _field(
+        _Str(256, _DOTTED_RE, "a dotted module path"), "kvtier.integrations.vllm"
+    )
+    """Python module that holds ``type``. vLLM pops it before calling the tier."""
+
+    host: str = _field(
+        _Str(255, re.compile(r"[^\s/]+"), "an address without whitespace or '/'"), "127.0.0.1"
+    )
+    """Address the producer's listener binds to. Consumers dial the producer at
+    the ``remote_host``/``remote_port`` carried in ``kv_transfer_params``, so
+    set this to an address they can reach (``0.0.0.0`` binds every interface)."""
+
+    port: int = _field(_Int(0, 65535), 0)
+    """TCP port of the producer's listener; 0 picks a free ephemeral port
+    (read the bound address back from the tier)."""
+
+    locality: str | None = _field(_OptionalStr(), None)
+    """Accepted for vLLM compatibility (its factory forwards it) and ignored."""
+
+    backpressure: None = _field(_MustBeNone(_BACKPRESSURE_WHY), None)
+    """Must be absent: kvtier does its own flow control. Omit the key entirely;
+    under vLLM even ``"backpressure": null`` is turned into ``{}`` by the spec
+    and refused by vLLM's factory before kvtier sees it."""
+
+    # ---- producer lifecycle -------------------------------------------------
+    unbound_store_timeout_s: float = _field(_TIMEOUT, 60.0)
+    """How long stored blocks of a ``kv_request_id`` that no consumer has
+    fetched yet stay parked (pinned) before they are reaped and the id is
+    tombstoned."""
+
+    park_clock: str = _field(_Choice(("last_store", "first_store")), "last_store")
+    """Which store starts the reap clock of a parked id: ``last_store`` (every
+    store restarts it, so a long prefill is not reaped mid-way) or
+    ``first_store`` (vLLM p2p behaviour: the first store decides)."""
+
+    tombstone_retention_s: float = _field(_TIMEOUT, 600.0)
+    """How long a reaped or finished ``kv_request_id`` is remembered, so a late
+    fetch for it is refused at once instead of waiting for blocks."""
+
+    tombstone_max: int = _field(_Int(1, 4_194_304, "ids"), 65_536)
+    """Count cap on remembered (done or tombstoned) ids; the oldest are
+    forgotten first when it is reached."""
+
+    fetch_supply_timeout_s: float = _field(_TIMEOUT, 10.0)
+    """How long a bound fetch waits for blocks that are not stored yet (e.g. a
+    fetch that arrives before the store) before the producer answers it with
+    a failure."""
+
+    transfer_timeout_s: float = _field(_TIMEOUT, 30.0)
+    """A transfer that has started must finish within this time, or it fails."""
+
+    # ---- consumer -----------------------------------------------------------
+    load_timeout_s: float = _field(_TIMEOUT, 30.0)
+    """How long the consumer waits for a load to finish before it gives up,
+    aborts the fetch and reports the load failed."""
+
+    abort_ack_timeout_s: float = _field(_TIMEOUT, 5.0)
+    """How long the consumer waits for the producer to acknowledge an abort
+    (no write can still land) before treating the peer as lost."""
+
+    # ---- sessions -----------------------------------------------------------
+    handshake_timeout_s: float = _field(_TIMEOUT, 5.0)
+    """How long a new session may take to complete its hello/hello_ack."""
+
+    heartbeat_interval_s: float = _field(_Float(MIN_DURATION_S, 3600.0), 1.0)
+    """Interval between pings on an otherwise idle session."""
+
+    peer_timeout_s: float = _field(_TIMEOUT, 5.0)
+    """Silence longer than this marks the peer lost; its requests fail."""
+
+    # ---- limits -------------------------------------------------------------
+    max_peers: int = _field(_Int(1, 4096, "peers"), 128)
+    """Maximum concurrent sessions (inbound and outbound together)."""
+
+    max_blocks_per_fetch: int = _field(_Int(1, 1_048_576, "blocks"), 65_536)
+    """Maximum number of keys in one fetch."""
+
+    max_pending_fetches_per_peer: int = _field(_Int(1, 1_048_576, "fetches"), 1024)
+    """Maximum fetches one peer may have outstanding; more are refused."""
+
+    max_message_bytes: int = _field(_Int(4096, 268_435_456, "bytes"), 1_048_576)
+    """Largest control-message header accepted (1 MiB by default); bigger
+    messages are answered with an error and dropped."""
+
+    hash_seed: str = _field(_Str(1024, allow_empty=True), "")
+    """Block-hash seed advertised in the handshake; both sides must agree, or
+    the session is refused. Empty means "not set"."""
+
+    # ---- polling ------------------------------------------------------------
+    poll_interval_s: float = _field(_Float(0.0001, 1.0), 0.001)
+    """Cadence of the background poll thread (when ``background_poll``)."""
+
+    background_poll: bool = _field(_Bool(), False)
+    """Run a background thread that polls the transport every
+    ``poll_interval_s``; when false, kvtier is driven only by the engine's
+    calls."""
+
+    def __attrs_post_init__(self) -> None:
+        for rule in CROSS_FIELD_RULES:
+            rule.check(self)
+
+    # ---- dict round trip ----------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, Any]) -> TierConfig:
+        """Build from a ``secondary_tiers[i]`` entry; unknown keys are rejected.
+
+        Raises:
+            TierConfigError: a non-mapping, a non-string or unknown key (with a
+                did-you-mean suggestion), a bad value, or a broken cross-field
+                relation.
+        """
+        if not isinstance(mapping, Mapping):
+            raise TierConfigError(
+                f"kvtier tier config must be a mapping (a JSON object), got "
+                f"{type(mapping).__name__}: {_safe_repr(mapping)}"
+            )
+        known = _KEYS
+        bad_type = [k for k in mapping if not isinstance(k, str)]
+        if bad_type:
+            raise TierConfigError(
+                f"kvtier tier config keys must be strings, got {_safe_repr(bad_type)}"
+            )
+        unknown = [k for k in mapping if k not in known]
+        if unknown:
+            parts = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                parts.append(f"{key!r}{hint}")
+            raise TierConfigError(
+                "unknown kvtier tier config key(s): "
+                + ", ".join(parts)
+                + ". Known keys: "
+                + ", ".join(known),
+                keys=tuple(unknown),
+            )
+        return cls(**mapping)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape ``from_dict`` accepts (``from_dict(c.to_dict()) == c``).
+
+        ``locality`` and ``backpressure`` are left out while ``None``: vLLM
+        turns an explicit ``"backpressure": null`` into ``{}`` and refuses it.
+        """
+        out: dict[str, Any] = {}
+        for a in attrs.fields(TierConfig):
+            value = getattr(self, a.name)
+            if value is None and a.name in ("locality", "backpressure"):
+                continue
+            out[a.name] = value
+        return out
+
+
+_KEYS: tuple[str, ...] = tuple(a.name for a in attrs.fields(TierConfig))
+
+DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {a.name: a.default for a in attrs.fields(TierConfig)}
+)
+"""Every key's code default (read-only)."""
+
+
+# --------------------------------------------------------------------------
+# cross-field relations
+# --------------------------------------------------------------------------
+
+
+class CrossFieldRule(NamedTuple):
+    """``lhs <op> factor * rhs``, checked at construction."""
+
+    lhs: str
+    op: str  # one of ">", ">=", "<", "<="
+    factor: float
+    rhs: str
+    why: str
+
+    def text(self) -> str:
+        rhs = self.rhs if self.factor == 1 else f"{_fmt(self.factor)} * {self.rhs}"
+        return f"{self.lhs} {self.op} {rhs}"
+
+    def check(self, cfg: TierConfig) -> None:
+        a = getattr(cfg, self.lhs)
+        b = getattr(cfg, self.rhs)
+        ok = _OPS[self.op](a, self.factor * b)
+        if not ok:
+            raise TierConfigError(
+                f"{self.lhs}={_safe_repr(a)} and {self.rhs}={_safe_repr(b)} violate "
+                f"{self.text()}: {self.why}",
+                keys=(self.lhs, self.rhs),
+            )
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+}
+
+CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        "peer_timeout_s", ">=", 2, "heartbeat_interval_s",
+        "a peer must be allowed to miss at least one heartbeat before it is declared lost",
+    ),
+    CrossFieldRule(
+        "load_timeout_s", ">", 1, "fetch_supply_timeout_s",
+        "the producer's definitive answer to a fetch waiting for blocks must reach "
+        "the consumer before the consumer gives up",
+    ),
+    CrossFieldRule(
+        "handshake_timeout_s", "<", 1, "load_timeout_s",
+        "a fetch queued behind a handshake must still have load time left",
+    ),
+    CrossFieldRule(
+        "abort_ack_timeout_s", "<", 1, "load_timeout_s",
+        "an abort must be acknowledged well within the consumer's load budget",
+    ),
+    CrossFieldRule(
+        "heartbeat_interval_s", ">=", 1, "poll_interval_s",
+        "heartbeats cannot be sent more often than the transport is polled",
+    ),
+)
+
+
+# --------------------------------------------------------------------------
+# documentation table
+# --------------------------------------------------------------------------
+
+
+class ConfigRow(NamedTuple):
+    """One row of the configuration table in ``docs/configuration.md``."""
+
+    key: str
+    default: Any
+    unit: str
+    description: str
+    validation: str
+
+
+@functools.cache
+def _field_docstrings() -> Mapping[str, str]:
+    """The string literal under each field of ``TierConfig`` (its docstring)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(TierConfig)))
+    (cls,) = tree.body
+    assert isinstance(cls, ast.ClassDef)
+    docs: dict[str, str] = {}
+    body = cls.body
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
+    return MappingProxyType(docs)
+
+
+def config_table() -> list[ConfigRow]:
+    """One ``ConfigRow`` per key, in declaration order."""
+    docs = _field_docstrings()
+    rows = []
+    for a in attrs.fields(TierConfig):
+        kind: _Kind = a.metadata[_KIND]
+        rows.append(ConfigRow(a.name, a.default, kind.unit, docs.get(a.name, ""), kind.describe()))
+    return rows
+
+
+_BEGIN = "<!-- BEGIN GENERATED: python -m kvtier.config --write -->"
+_END = "<!-- END GENERATED -->"
+
+
+def _cell(text: str) -> str:
+    """Docstring RST (``x``) to Markdown (`x`); escape table pipes."""
+    return text.replace("``", "`").replace("|", "\\|")
+
+
+def render_config_table() -> str:
+    """The generated part of ``docs/configuration.md`` (keys table + relations)."""
+    lines = [
+        "| key | default | unit | description | validation |",
+        "|---|---|---|---|---|",
+    ]
+    for row in config_table():
+        default = json.dumps(row.default)
+        lines.append(
+            f"| `{row.key}` | `{default}` | {row.unit} | {_cell(row.description)} "
+            f"| {_cell(row.validation)} |"
+        )
+    lines += ["", "Cross-field relations (checked at construction):", ""]
+    for rule in CROSS_FIELD_RULES:
+        lines.append(f"* `{rule.text()}` — {rule.why}.")
+    return "\n".join(lines)
+
+
+def render_config_doc(current: str) -> str:
+    """``current`` (the doc's text) with its generated block replaced."""
+    start = current.index(_BEGIN) + len(_BEGIN)
+    end = current.index(_END)
+    return current[:start] + "\n" + render_config_table() + "\n" + current[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvtier.config --write|--check [PATH]``: (re)render the doc table."""
+    parser = argparse.ArgumentParser(prog="python -m kvtier.config")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    parser.add_argument("path", nargs="?", default="docs/configuration.md")
+    args = parser.parse_args(argv)
+    path = Path(args.path)
+    current = path.read_text(encoding="utf-8")
+    fresh = render_config_doc(current)
+    if args.write:
+        if fresh != current:
+            path.write_text(fresh, encoding="utf-8")
+        return 0
+    if fresh != current:
+        print(f"{path} is stale; run: python -m kvtier.config --write", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

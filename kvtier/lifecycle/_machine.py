@@ -1,0 +1,158 @@
+"""The one place that applies a generated table to a record.
+
+Every machine (producer, consumer, session) subclasses :class:`TableMachine`, supplying a record
+type, guard predicates and effect builders named exactly as in the spec; this class looks the
+``(state, event)`` pair up in the generated table, picks the first branch whose guard holds
+(fallback last), updates the record, arms or disarms the state's timer, and asks the effect
+builders to append effects.  It performs no I/O and reads no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from kvtier.lifecycle._table import IGNORE, REJECT, Branch, Rule, TimerSpec
+from kvtier.lifecycle.deadlines import DeadlineQueue
+from kvtier.lifecycle.effects import Effect, Ignored
+from kvtier.lifecycle.errors import InvalidTransition
+
+
+class Record:
+    """Per-key state shared by all machines: small and slotted (one per live id)."""
+
+    __slots__ = ("key", "state", "reason", "timer", "tseq")
+
+    def __init__(self, key: Any, state: Any) -> None:
+        self.key = key
+        self.state = state
+        self.reason: str | None = None
+        self.timer: str | None = None
+        self.tseq = 0
+
+
+class TableMachine:
+    """Applies one generated table. Subclasses set the class attributes and implement hooks."""
+
+    NAME: ClassVar[str]
+    TABLE: ClassVar[Mapping[tuple[Any, Any], Rule]]
+    STATE_TIMER: ClassVar[Mapping[Any, str | None]]
+    TIMERS: ClassVar[Mapping[str, TimerSpec]]
+    INITIAL: ClassVar[Any]
+    FINAL: ClassVar[frozenset[Any]]
+    GUARD_ENUM: ClassVar[type]
+    EFFECT_ENUM: ClassVar[type]
+
+    def __init__(self, durations: Mapping[str, float]) -> None:
+        """``durations``: config key -> seconds for every timer of this machine (KeyError names
+        the missing key)."""
+        self._durations = {name: float(durations[t.config_key]) for name, t in self.TIMERS.items()}
+        self.records: dict[Any, Record] = {}
+        self._deadlines = DeadlineQueue()
+        self._guards: dict[Any, Callable[[Any, Any], bool]] = {
+            g: getattr(self, f"guard_{g.value}") for g in self.GUARD_ENUM
+        }
+        self._effects: dict[Any, Callable[[Any, Any, str | None, float, list[Effect]], None]] = {
+            e: getattr(self, f"effect_{e.value}") for e in self.EFFECT_ENUM
+        }
+        self.ignored = 0
+
+    # -- hooks ------------------------------------------------------------------------------
+    def new_record(self, key: Any) -> Record:  # pragma: no cover - overridden
+        return Record(key, self.INITIAL)
+
+    def on_state_change(self, rec: Any, old: Any, new: Any) -> None:
+        """Index maintenance when a record changes state (overridden)."""
+
+    def on_delete(self, rec: Any) -> None:
+        """Called once when a record reaches a final state or falls back to the initial one."""
+
+    # -- applying inputs ---------------------------------------------------------------------
+    def record(self, key: Any) -> Any:
+        rec = self.records.get(key)
+        return rec if rec is not None else self.new_record(key)
+
+    def apply(self, rec: Any, event: Any, inp: Any, now: float, out: list[Effect]) -> Branch | None:
+        """Apply ``event`` (with input record ``inp``) to ``rec`` at time ``now`` (seconds).
+
+        Returns the branch taken, or None if an ignore rule dropped the input.
+        Raises :class:`InvalidTransition` for a reject rule (the record is unchanged).
+        """
+        rule = self.TABLE[rec.state, event]
+        if rule.kind is IGNORE:
+            self.ignored += 1
+            out.append(Ignored(self.NAME, str(rec.key), rec.state.value, event.value, rule.reason.value))
+            return None
+        if rule.kind is REJECT:
+            raise InvalidTransition(self.NAME, str(rec.key), rec.state.value, event.value, rule.reason.value)
+        guards = self._guards
+        for branch in rule.branches:
+            if branch.guard is None or guards[branch.guard](rec, inp):
+                break
+        reason = (branch.reason.value if branch.reason else None) or getattr(inp, "reason", None) or rec.reason
+        old = rec.state
+        new = branch.dest
+        if new is not old:
+            rec.reason = reason
+            rec.state = new
+            self._retime(rec, old, new, now)
+        effects = self._effects
+        for eff in branch.effects:
+            effects[eff](rec, inp, reason, now, out)
+        if new is not old:
+            # after the effects, so indexes see what they recorded (e.g. the bound peer)
+            self._index(rec, old, new)
+        return branch
+
+    def _index(self, rec: Any, old: Any, new: Any) -> None:
+        self.on_state_change(rec, old, new)
+        if new in self.FINAL or new is self.INITIAL:
+            if self.records.pop(rec.key, None) is not None:
+                self.on_delete(rec)
+        elif old is self.INITIAL:
+            self.records[rec.key] = rec
+
+    def _retime(self, rec: Any, old: Any, new: Any, now: float) -> None:
+        new_timer = self.STATE_TIMER[new]
+        if new_timer != self.STATE_TIMER[old]:
+            rec.timer = new_timer
+            rec.tseq = self._deadlines.arm(now + self._durations[new_timer], rec.key) if new_timer else 0
+
+    def restart_timer(self, rec: Any, now: float) -> None:
+        """Restart the record's current timer from ``now``."""
+        if rec.timer is not None:
+            rec.tseq = self._deadlines.arm(now + self._durations[rec.timer], rec.key)
+
+    # -- deadlines ---------------------------------------------------------------------------
+    def _is_live(self, key: Any, seq: int) -> bool:
+        rec = self.records.get(key)
+        return rec is not None and rec.tseq == seq
+
+    def next_deadline(self) -> float | None:
+        """Earliest pending deadline (seconds, caller's clock) or None."""
+        return self._deadlines.next_when(self._is_live)
+
+    def tick(self, now: float, out: list[Effect]) -> int:
+        """Fire every deadline due at ``now``; O(expired) amortised. Returns how many fired."""
+        fired = 0
+        dq = self._deadlines
+        while (key := dq.pop_due(now, self._is_live)) is not None:
+            rec = self.records[key]
+            rec.tseq = 0
+            self.apply(rec, self.TIMERS[rec.timer].event, None, now, out)
+            fired += 1
+        dq.maybe_compact(len(self.records), self._is_live)
+        return fired
+
+    def effect_restart_timer(self, rec: Any, inp: Any, reason: str | None, now: float, out: list[Effect]) -> None:
+        self.restart_timer(rec, now)
+
+    def deadline_of(self, key: Any) -> float | None:
+        """The live deadline of ``key`` if it has one (for tests and introspection; O(n))."""
+        rec = self.records.get(key)
+        if rec is None or not rec.tseq:
+            return None
+        for when, seq, k in self._deadlines._heap:
+            if k == key and seq == rec.tseq:
+                return when
+        return None

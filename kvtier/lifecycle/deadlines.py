@@ -1,0 +1,56 @@
+"""A deadline queue with O(log n) arm and O(expired) expiry.
+
+Entries are ``(when, seq, key)`` in a heap.  Re-arming a key does not search the heap: the record
+remembers the ``seq`` of its live entry and older entries are skipped when they surface (lazy
+deletion).  :meth:`DeadlineQueue.compact` drops stale entries when they dominate, so memory stays
+bounded by a constant factor of the live records.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+IsLive = Callable[[Any, int], bool]
+
+
+class DeadlineQueue:
+    """Deadlines in seconds (the caller's clock), keyed by record key."""
+
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any]] = []
+        self._seq = 0
+
+    def arm(self, when: float, key: Any) -> int:
+        """Schedule ``key`` at ``when``; return the entry's seq (the record keeps it)."""
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, key))
+        return self._seq
+
+    def next_when(self, is_live: IsLive) -> float | None:
+        """Earliest live deadline, discarding stale heads."""
+        heap = self._heap
+        while heap and not is_live(heap[0][2], heap[0][1]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def pop_due(self, now: float, is_live: IsLive) -> Any | None:
+        """Pop and return the key of the earliest live entry with ``when <= now``, or None."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, seq, key = heapq.heappop(heap)
+            if is_live(key, seq):
+                return key
+        return None
+
+    def maybe_compact(self, live_records: int, is_live: IsLive) -> None:
+        """Drop stale entries (O(n)) once they outnumber live records 4:1; amortised O(1)."""
+        if len(self._heap) > 64 + 4 * live_records:
+            self._heap = [e for e in self._heap if is_live(e[2], e[1])]
+            heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)

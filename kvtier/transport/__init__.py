@@ -1,0 +1,163 @@
+"""kvtier transport: multipart frames in, multipart frames out. No lifecycle decisions.
+
+This package defines what every transport shares: the :class:`Transport` protocol,
+:class:`SendHandle` and :class:`TransportError`. It also exports the real implementation,
+:class:`ZmqTransport`. The in-memory double used by virtual-clock tests is
+``kvtier.testing.inproc.InprocTransport``.
+
+Peer ids are strings:
+- ``"host:port"`` for a producer we dialled with :meth:`Transport.connect`.
+- ``"in:<hex routing id>"`` (opaque) for a peer that dialled us.
+
+Error policy: a send to a peer that is unknown, gone or closed never raises. It returns a handle
+with ``failed=True`` and an ``error`` from :class:`SendFailure`. Exceptions are kept for local
+bugs (bad arguments, ``ValueError``/``TypeError``) and for setup failures such as a port already
+in use or ``connect()`` after ``close()`` (:class:`TransportError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, Protocol, runtime_checkable
+
+from kvtier.errors import KvTierError
+
+__all__ = [
+    "Transport",
+    "SendHandle",
+    "SendFailure",
+    "TransportError",
+    "ZmqTransport",
+]
+
+
+class TransportError(KvTierError):
+    """A transport could not be set up or used: bind failed (port in use), a bad endpoint, or
+    ``connect()`` on a closed transport. Never raised for a peer that merely went away."""
+
+
+class SendFailure:
+    """Why a :class:`SendHandle` failed (``handle.error``). Plain strings."""
+
+    UNKNOWN_PEER: Final = "unknown_peer"
+    """The peer id was never connected, is malformed, or was disconnected before the send."""
+    UNREACHABLE: Final = "unreachable"
+    """The peer that dialled us is no longer connected (zmq ``EHOSTUNREACH``)."""
+    DISCONNECTED: Final = "disconnected"
+    """A queued send was dropped because :meth:`Transport.disconnect` was called for its peer."""
+    CLOSED: Final = "closed"
+    """The transport was closed before the frames could be sent."""
+    ERROR: Final = "error"
+    """Any other socket error. The handle's ``detail`` has the text."""
+
+
+class SendHandle:
+    """The fate of one ``send()``: queued, sent, failed, and whether its memory is free.
+
+    The caller must not modify the frames' memory until :attr:`done` is True.
+
+    Attributes:
+        peer: the destination peer id.
+    """
+
+    __slots__ = ("peer", "_trackers", "_sent", "_error", "_detail", "_held")
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        self._trackers: Sequence[Any] = ()
+        self._sent = False
+        self._error = ""
+        self._detail = ""
+        self._held = False
+
+    @property
+    def sent(self) -> bool:
+        """True once the frames were handed to the socket (not necessarily delivered)."""
+        return self._sent
+
+    @property
+    def failed(self) -> bool:
+        """True if the frames will never be sent. See :attr:`error`."""
+        return bool(self._error)
+
+    @property
+    def error(self) -> str:
+        """``""`` or one of :class:`SendFailure`."""
+        return self._error
+
+    @property
+    def detail(self) -> str:
+        """Free text for logs when ``failed``."""
+        return self._detail
+
+    @property
+    def done(self) -> bool:
+        """True once the frames' memory may be reused.
+
+        That is: the send failed (nothing references the frames any more), or the frames were
+        sent and every zero-copy tracker has been released. It stays False while the send sits
+        in the outbound queue.
+        """
+        if self._error:
+            return True
+        if not self._sent or self._held:
+            return False
+        return all(t.done for t in self._trackers)
+
+    # -- for transport implementations only --
+
+    def _mark_sent(self, trackers: Sequence[Any] = ()) -> None:
+        self._sent = True
+        self._trackers = trackers
+
+    def _mark_failed(self, error: str, detail: str = "") -> None:
+        self._error = error
+        self._detail = detail
+
+    def __repr__(self) -> str:
+        state = f"failed={self._error}" if self._error else ("sent" if self._sent else "queued")
+        return f"<SendHandle peer={self.peer!r} {state} done={self.done}>"
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """What the manager needs from a transport. See docs/design.md §Transport."""
+
+    address: str
+    """``"host:port"`` (or the in-memory address) this transport listens on."""
+
+    def connect(self, address: str) -> str:
+        """Dial a producer at ``"host:port"``. Returns the peer id (``== address``). Idempotent."""
+        ...
+
+    def send(self, peer: str, frames: Sequence[Any], *, track: bool = False) -> SendHandle:
+        """Send one multipart message. Never blocks; queues past the high-water mark."""
+        ...
+
+    def recv(self, max_messages: int = 1000) -> list[tuple[str, list[memoryview | bytes]]]:
+        """Drain up to ``max_messages`` received messages without blocking."""
+        ...
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until something is readable (True) or ``timeout_s`` passes (False)."""
+        ...
+
+    def pending_sends(self) -> int:
+        """Messages sitting in the outbound queues (not yet handed to a socket)."""
+        ...
+
+    def flush(self) -> None:
+        """Try to move queued messages to their sockets, without blocking."""
+        ...
+
+    def disconnect(self, peer: str) -> None:
+        """Forget a peer: close its dialled connection and fail its queued sends."""
+        ...
+
+    def close(self) -> None:
+        """Close everything. Idempotent, never hangs."""
+        ...
+
+
+# Imported last: zmq_transport imports the names above from this package.
+from kvtier.transport.zmq_transport import ZmqTransport  # noqa: E402

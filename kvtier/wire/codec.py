@@ -1,0 +1,397 @@
+"""Encode and decode kvtier wire messages to and from zmq multipart frames.
+
+Framing: frame 0 is the msgpack header (one :data:`~kvtier.wire.messages.Message`). Frames 1..n
+are raw payloads. Only ``block_data`` has payloads: exactly ``count`` frames of exactly
+``block_bytes`` bytes each. Every other message has none.
+
+:func:`decode` raises only :class:`WireError`, whatever the bytes, and checks in this order:
+1. frame shape (at least one frame, each one a contiguous buffer) → ``malformed``
+2. header size <= ``max_message_bytes``, before any parsing → ``oversize``
+3. msgpack + schema + ``__post_init__`` field rules → ``malformed`` / ``unknown_type`` /
+   ``version_mismatch`` / ``bad_field``
+4. configured counts (fetch keys, block_data ``first + count``) → ``oversize``
+5. payload frames: count and size → ``bad_payload``
+
+No pickle anywhere. Pure: no sockets. It accepts ``bytes``, ``bytearray``, ``memoryview``, and
+zmq ``Frame`` (or anything else with the buffer protocol or a ``.buffer`` memoryview) without
+importing zmq.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import attrs
+import msgspec
+
+from kvtier.errors import KvTierError
+from kvtier.wire.messages import (
+    KV_REQUEST_ID_RE,
+    MAX_ID_CHARS,
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    BlockData,
+    Fetch,
+    Message,
+)
+
+__all__ = [
+    "Reason",
+    "MALFORMED",
+    "UNKNOWN_TYPE",
+    "OVERSIZE",
+    "BAD_FIELD",
+    "BAD_PAYLOAD",
+    "VERSION_MISMATCH",
+    "WireError",
+    "WireLimits",
+    "DEFAULT_LIMITS",
+    "Decoder",
+    "encode",
+    "encode_frames",
+    "decode",
+]
+
+# -- reason codes ---------------------------------------------------------------------------------
+
+MALFORMED: Final = "malformed"
+"""Not a kvtier header: bad msgpack, not a map, no string ``type``, frames not buffers."""
+UNKNOWN_TYPE: Final = "unknown_type"
+"""A well-formed map whose ``type`` names no known message."""
+OVERSIZE: Final = "oversize"
+"""Header larger than ``max_message_bytes``, or a count beyond ``max_blocks_per_fetch``."""
+BAD_FIELD: Final = "bad_field"
+"""A known message with a missing, unknown, mistyped or out-of-range field."""
+BAD_PAYLOAD: Final = "bad_payload"
+"""Wrong number or size of payload frames for the message."""
+VERSION_MISMATCH: Final = "version_mismatch"
+"""A ``hello`` whose ``version`` is not :data:`PROTOCOL_VERSION`."""
+
+
+class Reason:
+    """Namespace of the wire reason codes (plain ``str`` constants, stable on the wire)."""
+
+    MALFORMED: Final = MALFORMED
+    UNKNOWN_TYPE: Final = UNKNOWN_TYPE
+    OVERSIZE: Final = OVERSIZE
+    BAD_FIELD: Final = BAD_FIELD
+    BAD_PAYLOAD: Final = BAD_PAYLOAD
+    VERSION_MISMATCH: Final = VERSION_MISMATCH
+    ALL: Final = frozenset(
+        {MALFORMED, UNKNOWN_TYPE, OVERSIZE, BAD_FIELD, BAD_PAYLOAD, VERSION_MISMATCH}
+    )
+
+
+class WireError(KvTierError):
+    """A peer sent something that is not a valid kvtier message.
+
+    The caller counts it and answers with an ``error`` message or drops it. It never ends the
+    session for other requests.
+
+    Attributes:
+        reason: one of :class:`Reason` (a short stable string).
+        detail: human-readable explanation, at most 512 chars (safe to echo in ``Error.detail``).
+        kv_request_id: the message's ``kv_request_id`` if it could be read and is valid, else
+            ``""``. Lets the receiver fail just that request.
+        msg_type: the ``type`` tag if it could be read and is known, else ``""``.
+        field: the offending field's name when known (``bad_field``), else ``""``.
+        theirs: for ``version_mismatch``, the peer's version as a string, else ``""``.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        detail: str,
+        kv_request_id: str = "",
+        *,
+        msg_type: str = "",
+        field: str = "",
+        theirs: str = "",
+    ) -> None:
+        detail = detail[:512]
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.kv_request_id = kv_request_id
+        self.msg_type = msg_type
+        self.field = field
+        self.theirs = theirs
+
+
+# -- limits ---------------------------------------------------------------------------------------
+
+
+def _positive_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class WireLimits:
+    """Receiver-side limits, set from configuration. Senders must stay inside the peer's."""
+
+    max_message_bytes: int = attrs.field(default=1 << 20, validator=_positive_int)
+    """Largest header frame accepted, in bytes (payload frames are not counted)."""
+    max_blocks_per_fetch: int = attrs.field(default=65536, validator=_positive_int)
+    """Most keys in one ``fetch``. Also bounds ``block_data.first + count``."""
+
+
+DEFAULT_LIMITS: Final = WireLimits()
+
+# -- encode ---------------------------------------------------------------------------------------
+
+_encoder: Final = msgspec.msgpack.Encoder()
+_decoder: Final = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    """Encode a message's header frame.
+
+    Returns:
+        msgpack bytes.
+
+    Raises:
+        TypeError: ``msg`` is not a kvtier message.
+    """
+    if type(msg) not in _MESSAGE_CLASSES:
+        raise TypeError(f"not a kvtier wire message: {type(msg).__name__}")
+    return _encoder.encode(msg)
+
+
+def encode_frames(msg: Message, payloads: Iterable[Any] = ()) -> list[Any]:
+    """Build the multipart frame list ``[header, *payloads]`` for a transport send.
+
+    Payload objects are passed through untouched, with no copy, so zero-copy sends keep working.
+    Their sizes are the sender's responsibility (the receiver checks ``block_bytes``).
+
+    Raises:
+        ValueError: payload count does not match: ``block_data`` needs exactly ``count`` payloads,
+            every other message needs none.
+        TypeError: ``msg`` is not a kvtier message.
+    """
+    frames: list[Any] = [encode(msg)]
+    frames.extend(payloads)
+    n = len(frames) - 1
+    if isinstance(msg, BlockData):
+        if n != msg.count:
+            raise ValueError(f"block_data count={msg.count} but {n} payloads given")
+    elif n:
+        raise ValueError(f"{msg.TYPE} carries no payloads, got {n}")
+    return frames
+
+
+_MESSAGE_CLASSES: Final = frozenset(MESSAGE_TYPES.values())
+
+# -- decode ---------------------------------------------------------------------------------------
+
+
+def _as_buffer(frame: Any, index: int) -> memoryview:
+    """A flat byte memoryview over one frame, without copying."""
+    try:
+        mv = frame if isinstance(frame, memoryview) else memoryview(frame)
+    except TypeError:
+        buf = getattr(frame, "buffer", None)  # zmq.Frame-like objects
+        if not isinstance(buf, memoryview):
+            raise WireError(
+                MALFORMED, f"frame {index} is not a buffer ({type(frame).__name__})"
+            ) from None
+        mv = buf
+    if not mv.c_contiguous:
+        raise WireError(MALFORMED, f"frame {index} is not contiguous")
+    if mv.ndim != 1 or mv.format != "B":
+        mv = mv.cast("B")
+    return mv
+
+
+class Decoder:
+    """A reusable decoder bound to one set of limits and one ``block_bytes``.
+
+    Args:
+        limits: receiver limits (header size, blocks per fetch).
+        block_bytes: payload frame size this receiver expects for ``block_data``. ``None``
+            means this side never accepts block payloads (a producer): every ``block_data`` is
+            then rejected with ``bad_payload``.
+
+    Raises:
+        ValueError: ``block_bytes`` is not ``None`` or an int >= 1.
+    """
+
+    __slots__ = ("limits", "block_bytes")
+
+    def __init__(self, *, limits: WireLimits = DEFAULT_LIMITS, block_bytes: int | None = None):
+        if block_bytes is not None and (
+            isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1
+        ):
+            raise ValueError(f"block_bytes must be None or an int >= 1, got {block_bytes!r}")
+        if not isinstance(limits, WireLimits):
+            raise TypeError(f"limits must be WireLimits, got {type(limits).__name__}")
+        self.limits = limits
+        self.block_bytes = block_bytes
+
+    def decode(self, frames: Sequence[Any]) -> tuple[Message, list[memoryview]]:
+        """Decode one multipart message.
+
+        Args:
+            frames: ``[header, *payloads]`` as bytes, memoryview, or zmq Frame buffers.
+
+        Returns:
+            ``(message, payloads)``. The payloads are flat ``memoryview`` objects aliasing the
+            input frames (no copy), in order: one per block for ``block_data``, else ``[]``.
+
+        Raises:
+            WireError: always and only, for anything invalid (see the module docstring).
+        """
+        try:
+            return self._decode(frames)
+        except WireError:
+            raise
+        except Exception as exc:  # defence in depth: a decoder bug must not escape as a crash
+            raise WireError(MALFORMED, f"undecodable: {type(exc).__name__}: {exc}") from None
+
+    def _decode(self, frames: Sequence[Any]) -> tuple[Message, list[memoryview]]:
+        if isinstance(frames, (bytes, bytearray, memoryview, str)):
+            raise WireError(MALFORMED, "frames must be a list of frames, not one buffer")
+        frames = list(frames)
+        if not frames:
+            raise WireError(MALFORMED, "no frames")
+        header = _as_buffer(frames[0], 0)
+        # Size first: msgspec never sees a header larger than the limit.
+        if header.nbytes > self.limits.max_message_bytes:
+            raise WireError(
+                OVERSIZE,
+                f"header is {header.nbytes} bytes > max_message_bytes "
+                f"{self.limits.max_message_bytes}",
+            )
+        try:
+            msg = _decoder.decode(header)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise _classify(header, exc) from None
+        payloads = [_as_buffer(f, i) for i, f in enumerate(frames[1:], start=1)]
+        self._check_limits(msg)
+        self._check_payloads(msg, payloads)
+        return msg, payloads
+
+    def _check_limits(self, msg: Message) -> None:
+        cap = self.limits.max_blocks_per_fetch
+        if isinstance(msg, Fetch) and len(msg.keys) > cap:
+            raise WireError(
+                OVERSIZE,
+                f"fetch has {len(msg.keys)} keys > max_blocks_per_fetch {cap}",
+                msg.kv_request_id,
+                msg_type=msg.TYPE,
+                field="keys",
+            )
+        if isinstance(msg, BlockData) and msg.first + msg.count > cap:
+            raise WireError(
+                OVERSIZE,
+                f"block_data first+count={msg.first + msg.count} > max_blocks_per_fetch {cap}",
+                msg.kv_request_id,
+                msg_type=msg.TYPE,
+                field="count",
+            )
+
+    def _check_payloads(self, msg: Message, payloads: list[memoryview]) -> None:
+        if not isinstance(msg, BlockData):
+            if payloads:
+                raise WireError(
+                    BAD_PAYLOAD,
+                    f"{msg.TYPE} carries no payloads, got {len(payloads)} frames",
+                    getattr(msg, "kv_request_id", ""),
+                    msg_type=msg.TYPE,
+                )
+            return
+        rid = msg.kv_request_id
+        if self.block_bytes is None:
+            raise WireError(
+                BAD_PAYLOAD, "this side does not accept block_data", rid, msg_type=msg.TYPE
+            )
+        if len(payloads) != msg.count:
+            raise WireError(
+                BAD_PAYLOAD,
+                f"block_data count={msg.count} but {len(payloads)} payload frames",
+                rid,
+                msg_type=msg.TYPE,
+            )
+        for i, p in enumerate(payloads):
+            if p.nbytes != self.block_bytes:
+                raise WireError(
+                    BAD_PAYLOAD,
+                    f"payload {i} is {p.nbytes} bytes, block_bytes is {self.block_bytes}",
+                    rid,
+                    msg_type=msg.TYPE,
+                )
+
+
+def decode(
+    frames: Sequence[Any],
+    *,
+    block_bytes: int | None = None,
+    limits: WireLimits = DEFAULT_LIMITS,
+) -> tuple[Message, list[memoryview]]:
+    """Decode one multipart message. A convenience wrapper over :meth:`Decoder.decode`.
+
+    Raises:
+        WireError: for anything invalid. ``ValueError`` only for a bad ``block_bytes`` argument
+            (a local bug, not a peer's).
+    """
+    return Decoder(limits=limits, block_bytes=block_bytes).decode(frames)
+
+
+# -- error classification (slow path only) --------------------------------------------------------
+
+_PATH_RE: Final = re.compile(r"at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
+_UNKNOWN_FIELD_RE: Final = re.compile(r"unknown field `([^`]{0,64})`")
+_MISSING_FIELD_RE: Final = re.compile(r"missing required field `([^`]{0,64})`")
+_LEADING_NAME_RE: Final = re.compile(r"([a-z_]+)\b")
+
+
+def _classify(header: memoryview, exc: Exception) -> WireError:
+    """Turn a msgspec failure into the most specific WireError, reading what we safely can."""
+    text = str(exc)
+    if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
+        return WireError(MALFORMED, f"not msgpack: {text}")
+    # The typed decode failed, so parse the header untyped to see how far it got. It is bounded
+    # by max_message_bytes (already checked).
+    try:
+        raw = msgspec.msgpack.decode(header)
+    except Exception as exc2:
+        return WireError(MALFORMED, f"not msgpack: {exc2}")
+    if not isinstance(raw, dict):
+        return WireError(MALFORMED, f"header is a msgpack {type(raw).__name__}, not a map")
+    tag = raw.get("type")
+    if not isinstance(tag, str):
+        return WireError(MALFORMED, "header has no string 'type'")
+    rid = raw.get("kv_request_id")
+    rid = rid if _valid_id(rid) else ""
+    if tag not in MESSAGE_TYPES:
+        return WireError(UNKNOWN_TYPE, f"unknown message type {tag[:64]!r}", rid)
+    # Check the version before any other field: a newer peer's hello may carry fields we do not
+    # know, and it should get "version_mismatch", not "unknown field".
+    if tag == "hello":
+        version = raw.get("version")
+        if version != PROTOCOL_VERSION or type(version) is not int:
+            return WireError(
+                VERSION_MISMATCH,
+                f"peer protocol version {str(version)[:32]}, ours {PROTOCOL_VERSION}",
+                msg_type=tag,
+                field="version",
+                theirs=str(version)[:32],
+            )
+    m = _PATH_RE.search(text) or _UNKNOWN_FIELD_RE.search(text) or _MISSING_FIELD_RE.search(text)
+    field = m.group(1) if m else ""
+    if not field:
+        # __post_init__ messages start with the field's name ("round must be ...").
+        m = _LEADING_NAME_RE.match(text)
+        if m and m.group(1) in MESSAGE_TYPES[tag].__struct_fields__:
+            field = m.group(1)
+    return WireError(BAD_FIELD, f"{tag}: {text}", rid, msg_type=tag, field=field)
+
+
+def _valid_id(v: object) -> bool:
+    return (
+        isinstance(v, str)
+        and 1 <= len(v) <= MAX_ID_CHARS
+        and KV_REQUEST_ID_RE.fullmatch(v) is not None
+    )

@@ -1,0 +1,373 @@
+"""kvtier wire messages: frozen msgspec Structs, one tagged union on ``type``.
+
+Each class is one row of the message table in docs/protocol.md. The header frame is a msgpack map
+``{"type": <tag>, <field>: <value>, ...}``. KV bytes never go inside it; ``block_data`` is followed
+by raw payload frames (see :mod:`kvtier.wire.codec`).
+
+Validation that needs no configuration runs in ``__post_init__``. msgspec calls it on
+construction *and* after decoding, so a message object that exists is well-formed on both sides:
+- every int is an ``int`` (never ``bool``) in ``[0, 2**63)``
+- floats are finite
+- ``kv_request_id`` is 1..256 chars of ``[A-Za-z0-9._:/@+=-]``
+- keys are 1..256 bytes each and unique
+- text fields are bounded (:data:`MAX_TEXT_CHARS`, :data:`MAX_LONG_TEXT_CHARS`)
+- ``hello.version == PROTOCOL_VERSION``
+On construction these raise ``ValueError`` or ``TypeError``. On decode msgspec turns them into
+``ValidationError``, which the codec maps to :class:`~kvtier.wire.codec.WireError`. Limits that
+depend on configuration (header size, blocks per fetch, ``block_bytes``) are checked by the codec.
+
+This module is pure: no sockets, no torch, no zmq.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import ClassVar, Final, Union
+
+import msgspec
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "MAX_U63",
+    "MAX_ID_CHARS",
+    "MAX_KEY_BYTES",
+    "MAX_TEXT_CHARS",
+    "MAX_LONG_TEXT_CHARS",
+    "KV_REQUEST_ID_RE",
+    "Hello",
+    "HelloAck",
+    "HelloReject",
+    "Fetch",
+    "BlockData",
+    "TransferDone",
+    "AbortFetch",
+    "AbortAck",
+    "Ping",
+    "Pong",
+    "Disconnect",
+    "Error",
+    "Message",
+    "MESSAGE_TYPES",
+]
+
+PROTOCOL_VERSION: Final = 1
+"""Bumped on any incompatible change to a message's fields or meaning."""
+
+MAX_U63: Final = 2**63
+"""Exclusive upper bound of every integer field. Ints must fit a signed 64-bit value everywhere."""
+
+MAX_ID_CHARS: Final = 256
+"""Longest ``kv_request_id`` (characters)."""
+
+MAX_KEY_BYTES: Final = 256
+"""Longest block key (bytes)."""
+
+MAX_TEXT_CHARS: Final = 256
+"""Longest short text field: reason codes, ``instance``, ``field``."""
+
+MAX_LONG_TEXT_CHARS: Final = 4096
+"""Longest free-form text field: ``layout``, ``hash_seed``, ``ours``/``theirs``, ``detail``."""
+
+KV_REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9._:/@+=\-]+")
+"""Allowed ``kv_request_id`` characters (matched with ``fullmatch``; ASCII only)."""
+
+
+# -- field checks (shared by __post_init__ of every message) --------------------------------------
+
+
+def _u63(name: str, v: object) -> None:
+    # type() rather than isinstance(): bool is an int subclass and must not pass as 0/1.
+    if type(v) is not int:
+        raise TypeError(f"{name} must be int, got {type(v).__name__}")
+    if not 0 <= v < MAX_U63:
+        raise ValueError(f"{name} must be in [0, 2**63), got {v}")
+
+
+def _flag(name: str, v: object) -> None:
+    if type(v) is not bool:
+        raise TypeError(f"{name} must be bool, got {type(v).__name__}")
+
+
+def _finite(name: str, v: object) -> None:
+    if type(v) not in (float, int):  # excludes bool
+        raise TypeError(f"{name} must be float, got {type(v).__name__}")
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v!r}")
+
+
+def _text(name: str, v: object, max_chars: int, *, min_chars: int = 0) -> None:
+    if type(v) is not str:
+        raise TypeError(f"{name} must be str, got {type(v).__name__}")
+    if not min_chars <= len(v) <= max_chars:
+        raise ValueError(f"{name} must be {min_chars}..{max_chars} chars, got {len(v)}")
+
+
+def _kv_request_id(v: object, *, allow_empty: bool = False) -> None:
+    if allow_empty and v == "":
+        return
+    _text("kv_request_id", v, MAX_ID_CHARS, min_chars=1)
+    if not KV_REQUEST_ID_RE.fullmatch(v):  # type: ignore[arg-type]
+        raise ValueError(f"kv_request_id has characters outside [A-Za-z0-9._:/@+=-]: {v!r:.80}")
+
+
+def _keys(v: object) -> None:
+    if type(v) is not list:
+        raise TypeError(f"keys must be list, got {type(v).__name__}")
+    if not v:
+        raise ValueError("keys must not be empty")
+    for i, k in enumerate(v):
+        if type(k) is not bytes:
+            raise TypeError(f"keys[{i}] must be bytes, got {type(k).__name__}")
+        if not 1 <= len(k) <= MAX_KEY_BYTES:
+            raise ValueError(f"keys[{i}] must be 1..{MAX_KEY_BYTES} bytes, got {len(k)}")
+    if len(set(v)) != len(v):
+        seen: set[bytes] = set()
+        for i, k in enumerate(v):
+            if k in seen:
+                raise ValueError(f"keys[{i}] duplicates an earlier key {k.hex()[:32]}")
+            seen.add(k)
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+
+class _Msg(
+    msgspec.Struct,
+    frozen=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    kw_only=True,
+):
+    """Common config. Every message declares ``gen`` first: the *sender's* session generation
+    nonce (random u63 chosen at session start), so a receiver can drop messages from an earlier
+    incarnation of the same peer."""
+
+    TYPE: ClassVar[str]
+
+
+class Hello(_Msg, tag="hello"):
+    """consumer→producer: open a session. Versions and layouts must match exactly."""
+
+    TYPE: ClassVar[str] = "hello"
+    gen: int
+    version: int
+    instance: str
+    block_bytes: int
+    layout: str
+    hash_seed: str
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _u63("version", self.version)
+        if self.version != PROTOCOL_VERSION:
+            raise ValueError(f"version {self.version} != {PROTOCOL_VERSION}")
+        _text("instance", self.instance, MAX_TEXT_CHARS, min_chars=1)
+        _u63("block_bytes", self.block_bytes)
+        if self.block_bytes == 0:
+            raise ValueError("block_bytes must be >= 1")
+        _text("layout", self.layout, MAX_LONG_TEXT_CHARS)
+        _text("hash_seed", self.hash_seed, MAX_LONG_TEXT_CHARS)
+
+
+class HelloAck(_Msg, tag="hello_ack"):
+    """producer→consumer: session accepted."""
+
+    TYPE: ClassVar[str] = "hello_ack"
+    gen: int
+    instance: str
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _text("instance", self.instance, MAX_TEXT_CHARS, min_chars=1)
+
+
+class HelloReject(_Msg, tag="hello_reject"):
+    """producer→consumer: session refused. ``field`` names the mismatch, e.g. ``block_bytes``."""
+
+    TYPE: ClassVar[str] = "hello_reject"
+    gen: int
+    reason: str
+    field: str
+    ours: str
+    theirs: str
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _text("reason", self.reason, MAX_TEXT_CHARS, min_chars=1)
+        _text("field", self.field, MAX_TEXT_CHARS)
+        _text("ours", self.ours, MAX_LONG_TEXT_CHARS)
+        _text("theirs", self.theirs, MAX_LONG_TEXT_CHARS)
+
+
+class Fetch(_Msg, tag="fetch"):
+    """consumer→producer: send the blocks named by ``keys``, in order, for this round.
+    At most ``WireLimits.max_blocks_per_fetch`` keys, checked by the codec."""
+
+    TYPE: ClassVar[str] = "fetch"
+    gen: int
+    kv_request_id: str
+    round: int
+    keys: list[bytes]
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _keys(self.keys)
+
+
+class BlockData(_Msg, tag="block_data"):
+    """producer→consumer: blocks for key indexes ``first .. first+count-1`` of the fetch.
+    Followed by exactly ``count`` payload frames of ``block_bytes`` each (checked by the codec)."""
+
+    TYPE: ClassVar[str] = "block_data"
+    gen: int
+    kv_request_id: str
+    round: int
+    first: int
+    count: int
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _u63("first", self.first)
+        _u63("count", self.count)
+        if self.count == 0:
+            raise ValueError("count must be >= 1")
+
+
+class TransferDone(_Msg, tag="transfer_done"):
+    """producer→consumer: the round is over. ``ok=False`` carries a reason code."""
+
+    TYPE: ClassVar[str] = "transfer_done"
+    gen: int
+    kv_request_id: str
+    round: int
+    ok: bool
+    reason: str
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _flag("ok", self.ok)
+        _text("reason", self.reason, MAX_TEXT_CHARS)
+
+
+class AbortFetch(_Msg, tag="abort_fetch"):
+    """consumer→producer: stop sending this round."""
+
+    TYPE: ClassVar[str] = "abort_fetch"
+    gen: int
+    kv_request_id: str
+    round: int
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+
+
+class AbortAck(_Msg, tag="abort_ack"):
+    """producer→consumer: no more ``block_data`` for this round will be sent."""
+
+    TYPE: ClassVar[str] = "abort_ack"
+    gen: int
+    kv_request_id: str
+    round: int
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+
+
+class Ping(_Msg, tag="ping"):
+    """either way: liveness probe. ``t`` is the sender's clock (seconds), echoed in ``pong``."""
+
+    TYPE: ClassVar[str] = "ping"
+    gen: int
+    t: float
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _finite("t", self.t)
+
+
+class Pong(_Msg, tag="pong"):
+    """either way: answer to ``ping`` with the same ``t``."""
+
+    TYPE: ClassVar[str] = "pong"
+    gen: int
+    t: float
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _finite("t", self.t)
+
+
+class Disconnect(_Msg, tag="disconnect"):
+    """either way: the sender is closing the session (reason code)."""
+
+    TYPE: ClassVar[str] = "disconnect"
+    gen: int
+    reason: str
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _text("reason", self.reason, MAX_TEXT_CHARS)
+
+
+class Error(_Msg, tag="error"):
+    """either way: answer to a message that could not be accepted. ``reason`` is a wire reason
+    code (``kvtier.wire.Reason``). ``kv_request_id`` is ``""`` when it could not be read."""
+
+    TYPE: ClassVar[str] = "error"
+    gen: int
+    reason: str
+    detail: str
+    kv_request_id: str
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _text("reason", self.reason, MAX_TEXT_CHARS, min_chars=1)
+        _text("detail", self.detail, MAX_LONG_TEXT_CHARS)
+        _kv_request_id(self.kv_request_id, allow_empty=True)
+
+
+Message = Union[
+    Hello,
+    HelloAck,
+    HelloReject,
+    Fetch,
+    BlockData,
+    TransferDone,
+    AbortFetch,
+    AbortAck,
+    Ping,
+    Pong,
+    Disconnect,
+    Error,
+]
+"""Any kvtier wire message."""
+
+MESSAGE_TYPES: Final[dict[str, type[_Msg]]] = {
+    cls.TYPE: cls
+    for cls in (
+        Hello,
+        HelloAck,
+        HelloReject,
+        Fetch,
+        BlockData,
+        TransferDone,
+        AbortFetch,
+        AbortAck,
+        Ping,
+        Pong,
+        Disconnect,
+        Error,
+    )
+}
+"""Tag → class, for every message type."""
