@@ -50,6 +50,7 @@ of ``DynamicLayer`` objects with ``.keys`` / ``.values`` tensors of shape
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.resources
@@ -208,8 +209,9 @@ def _convert_gguf(gguf: Path, dest: Path, *, progress: bool) -> None:
     bad = {n: p.dtype for n, p in model.named_parameters() if p.dtype != torch.float32}
     if bad:
         raise RuntimeError(f"GGUF conversion left non-float32 parameters: {bad}")
-    model.save_pretrained(str(dest))
-    tokenizer.save_pretrained(str(dest))
+    with _progress_bars(progress):
+        model.save_pretrained(str(dest))
+        tokenizer.save_pretrained(str(dest))
 
 
 def _check_model(model: Any) -> None:
@@ -224,16 +226,31 @@ def _check_model(model: Any) -> None:
 
 @contextlib.contextmanager
 def _progress_bars(enabled: bool) -> Iterator[None]:
+    """Switch transformers' progress bars on/off for the duration (restored after).
+
+    The GGUF converter calls ``tqdm`` directly rather than through transformers'
+    logging switch, so its module-level ``tqdm`` is swapped for a disabled one
+    too.  Not thread-safe (neither is the global switch); loads are not
+    expected to run concurrently in one process.
+    """
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
-    if enabled == was:
-        yield
-        return
     (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    gguf_utils = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+    if gguf_utils is None and not enabled:
+        try:
+            import transformers.modeling_gguf_pytorch_utils as gguf_utils
+        except ImportError:  # pragma: no cover - gguf support missing; loading fails later
+            gguf_utils = None
+    saved_tqdm = getattr(gguf_utils, "tqdm", None)
+    if saved_tqdm is not None and not enabled:
+        gguf_utils.tqdm = functools.partial(saved_tqdm, disable=True)
     try:
         yield
     finally:
+        if saved_tqdm is not None:
+            gguf_utils.tqdm = saved_tqdm
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 

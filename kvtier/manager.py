@@ -1,0 +1,658 @@
+"""``KvTierManager``: the I/O shell around :class:`~kvtier.lifecycle.TierCore`.
+
+It turns engine calls, decoded wire messages and clock readings into core inputs, and performs the
+core's effects: socket sends, block copies between the pool and the wire, job results.  It makes
+no lifecycle decision of its own — every "may I send / write / report" question is answered by the
+core (tables generated from ``spec/lifecycle.toml``).
+
+Threading: every public method takes one re-entrant lock, so the manager may be driven from the
+engine thread alone (call :meth:`poll` or :meth:`get_finished_jobs` regularly), or with
+``background_poll=True`` from an internal daemon thread as well (it polls every
+``poll_interval_s`` and takes the same lock); both are safe.  The API mirrors vLLM 0.33.0's
+``SecondaryTierManager`` (``on_new_request``, ``lookup``, ``submit_store``, ``submit_load``,
+``get_finished_jobs``, ``on_request_finished``, ``has_pending_work``, ``drain_jobs``,
+``shutdown``).
+
+Nothing a peer sends can raise out of :meth:`poll`: malformed messages are counted, answered
+with an ``error`` message (rate-limited) and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
+from kvtier.config import TierConfig
+from kvtier.lifecycle import (
+    CoreSettings,
+    FetchInput,
+    HelloInput,
+    LoadInput,
+    MessageInput,
+    StoreInput,
+    TierCore,
+)
+from kvtier.lifecycle import effects as fx
+from kvtier.lifecycle._table import SessionState
+from kvtier.memory import BlockPool
+from kvtier.transport import SendHandle, Transport, TransportError
+from kvtier.wire import messages as wm
+from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireError, WireLimits, encode_frames
+
+log = logging.getLogger("kvtier.manager")
+
+#: Largest block_data message we build (bytes of payload); limits.md: keep zmq messages ≤ 16 MiB.
+MAX_BATCH_BYTES = 8 << 20
+
+
+@attrs.define(slots=True)
+class _Req:
+    role: str  # "producer" | "consumer" | "local"
+    kv_request_id: str | None
+    peer: str | None
+
+
+@attrs.define(slots=True)
+class _Job:
+    kind: str  # "store" | "load"
+    kv_request_id: str | None
+    submitted: float
+    nbytes: int
+
+
+@attrs.define(slots=True)
+class _Transfer:
+    peer: str
+    handles: list[SendHandle]
+    cancelled: bool = False
+    started: float = 0.0
+    nbytes: int = 0
+
+
+class _RateLimitedLog:
+    """At most one log line per (peer, reason) per ``interval_s``."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._last: dict[tuple[str, str], float] = {}
+
+    def __call__(self, now: float, peer: str, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> None:
+        key = (peer, reason)
+        last = self._last.get(key)
+        if last is None or now - last >= self.interval_s:
+            self._last[key] = now
+            if len(self._last) > 4096:
+                self._last.clear()
+            log.log(level, msg, *args)
+
+
+def parse_params(req: RequestContext) -> _Req:
+    """Read a request's role from ``kv_transfer_params`` (vLLM shapes, see :class:`RequestContext`).
+
+    Raises:
+        ValueError: a role sub-dict is present but malformed; the message names the field.
+    """
+    params = req.kv_transfer_params
+    if params is None:
+        return _Req("local", None, None)
+    if not isinstance(params, Mapping):
+        raise ValueError(f"request {req.req_id!r}: kv_transfer_params must be a mapping, got {type(params).__name__}")
+    src = params.get("remote_prefiller")
+    if src is not None:
+        if not isinstance(src, Mapping):
+            raise ValueError(f"request {req.req_id!r}: remote_prefiller must be a mapping, got {src!r}")
+        kid, host, port = src.get("kv_request_id"), src.get("remote_host"), src.get("remote_port")
+        _check_id(req, "remote_prefiller.kv_request_id", kid)
+        if not isinstance(host, str) or not host:
+            raise ValueError(f"request {req.req_id!r}: remote_prefiller.remote_host must be a non-empty str, got {host!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"request {req.req_id!r}: remote_prefiller.remote_port must be an int 1..65535, got {port!r}")
+        peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return _Req("consumer", kid, peer)
+    dst = params.get("remote_decoder")
+    if dst is not None:
+        if not isinstance(dst, Mapping):
+            raise ValueError(f"request {req.req_id!r}: remote_decoder must be a mapping, got {dst!r}")
+        kid = dst.get("kv_request_id")
+        _check_id(req, "remote_decoder.kv_request_id", kid)
+        return _Req("producer", kid, None)
+    return _Req("local", None, None)
+
+
+def _check_id(req: RequestContext, field: str, kid: object) -> None:
+    from kvtier.wire.messages import _kv_request_id
+
+    try:
+        _kv_request_id(kid)
+    except Exception as exc:  # the wire's own rule, so every id we accept can be sent
+        raise ValueError(f"request {req.req_id!r}: {field} is invalid ({exc}): {kid!r}") from None
+
+
+class KvTierManager:
+    """One kvtier tier instance: producer and consumer at once, over one block pool.
+
+    Args:
+        config: a :class:`~kvtier.config.TierConfig` or the dict a user writes in vLLM's
+            ``secondary_tiers[]`` entry (validated; ``ValueError`` names a bad key).
+        pool: the host block pool blocks are stored in and loaded into (``block_bytes`` per
+            block; pinned iff an accelerator exists).
+        layout: the block layout fingerprint; peers must agree (checked in the handshake).
+        clock: returns seconds (monotonic); injectable for virtual-time tests.
+        transport: defaults to a :class:`~kvtier.transport.ZmqTransport` listening on
+            ``config.host:config.port``.
+    """
+
+    def __init__(
+        self,
+        config: TierConfig | Mapping[str, Any],
+        pool: BlockPool,
+        *,
+        layout: str = "raw",
+        clock: Callable[[], float] = time.monotonic,
+        transport: Transport | None = None,
+    ) -> None:
+        self.config = config if isinstance(config, TierConfig) else TierConfig.from_dict(dict(config))
+        cfg = self.config
+        self.pool = pool
+        self.clock = clock
+        self._lock = threading.RLock()
+        self.instance = secrets.token_hex(6)
+        if transport is None:
+            from kvtier.transport import ZmqTransport
+
+            transport = ZmqTransport(
+                cfg.host,
+                cfg.port,
+                heartbeat_ivl_s=cfg.heartbeat_interval_s,
+                heartbeat_timeout_s=cfg.peer_timeout_s,
+                heartbeat_ttl_s=cfg.peer_timeout_s,
+            )
+        self.transport = transport
+        self.local_hello = HelloInput(PROTOCOL_VERSION, pool.block_bytes, layout, cfg.hash_seed)
+        self.core = TierCore(CoreSettings.from_config(cfg), self.local_hello, gen_base=secrets.randbits(62))
+        self._decoder = Decoder(
+            limits=WireLimits(max_message_bytes=cfg.max_message_bytes, max_blocks_per_fetch=cfg.max_blocks_per_fetch),
+            block_bytes=pool.block_bytes,
+        )
+        self._requests: dict[str, _Req] = {}
+        self._jobs: dict[int, _Job] = {}
+        self._results: list[JobResult] = []
+        self._transfers: dict[tuple[str, int], _Transfer] = {}
+        self._next_ping: dict[str, float] = {}
+        self._payloads: list[memoryview] = []
+        self._ratelog = _RateLimitedLog()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._init_metrics()
+        if not pool.pinned:
+            log.info("kvtier: block pool is pageable (no accelerator): transfers still work, without DMA pinning")
+        if cfg.background_poll:
+            self._thread = threading.Thread(target=self._poll_loop, name="kvtier-poll", daemon=True)
+            self._thread.start()
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def _init_metrics(self) -> None:
+        self.metrics = CollectorRegistry(auto_describe=True)
+        r = self.metrics
+        self.m_jobs = Counter("kvtier_jobs", "Job results reported", ["kind", "outcome", "reason"], registry=r)
+        self.m_ignored = Counter("kvtier_ignored_inputs", "Inputs dropped by spec ignore rules", ["machine", "reason"], registry=r)
+        self.m_wire = Counter("kvtier_wire_errors", "Malformed or invalid messages from peers", ["reason"], registry=r)
+        self.m_bytes_sent = Counter("kvtier_block_bytes_sent", "Block payload bytes handed to the transport", registry=r)
+        self.m_bytes_landed = Counter("kvtier_block_bytes_landed", "Block payload bytes written into slots", registry=r)
+        self.m_late = Counter("kvtier_late_fetch_rejected", "Fetches answered transfer_done(fail)", ["reason"], registry=r)
+        self.m_peer_down = Counter("kvtier_peer_down", "Sessions that ended", ["reason"], registry=r)
+        self.m_internal = Counter("kvtier_internal_errors", "Unexpected exceptions caught in the poll loop", registry=r)
+        self.g_records = Gauge("kvtier_records", "Live lifecycle records", ["machine"], registry=r)
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of counters for humans and the demo (not a stable API)."""
+        with self._lock:
+            out: dict[str, Any] = {}
+            for metric in self.metrics.collect():
+                for s in metric.samples:
+                    if s.name.endswith("_created"):
+                        continue
+                    label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                    out[s.name + (f"{{{label}}}" if label else "")] = s.value
+            return out
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """``host:port`` this manager listens on (give it to consumers as remote_host/port)."""
+        return self.transport.address
+
+    @property
+    def host(self) -> str:
+        return self.transport.address.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.transport.address.rpartition(":")[2])
+
+    # -- engine API ------------------------------------------------------------------------------
+    def on_new_request(self, req: RequestContext) -> str:
+        """Register a request; returns its role: ``"producer"``, ``"consumer"`` or ``"local"``.
+
+        A consumer request opens (or reuses) the session to its producer.
+        Raises ValueError for malformed ``kv_transfer_params`` (the message names the field).
+        """
+        with self._lock:
+            self._check_open()
+            info = parse_params(req)
+            prev = self._requests.get(req.req_id)
+            if prev is not None:
+                if prev != info:
+                    raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
+                return info.role
+            self._requests[req.req_id] = info
+            if info.role == "consumer":
+                self._run(self.core.announce(info.kv_request_id, info.peer, self.clock()))
+            return info.role
+
+    def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
+        """HIT if ``key`` can be loaded for ``req`` from its remote producer; MISS otherwise
+        (including after the id's load failed, so the engine recomputes)."""
+        with self._lock:
+            info = self._requests.get(req.req_id)
+            if info is None or info.role != "consumer":
+                return LookupResult.MISS
+            return LookupResult.MISS if self.core.load_failed(info.kv_request_id) else LookupResult.HIT
+
+    def submit_store(self, job: TransferJob) -> None:
+        """Park ``job``'s blocks for the request's remote decoder (or report success at once for a
+        local-only request).  The engine must keep the blocks unchanged until the job result.
+
+        Raises:
+            UnknownRequest: the request was never passed to :meth:`on_new_request`.
+            DuplicateJob: ``job.job_id`` is outstanding.
+            ValueError: keys/slots lengths differ, duplicate keys, or a slot outside the pool.
+        """
+        with self._lock:
+            self._check_open()
+            info = self._job_request(job)
+            self._check_job(job)
+            now = self.clock()
+            if info.role != "producer":
+                self._results.append(JobResult(job_id=job.job_id, success=True))
+                self.m_jobs.labels("store", "ok", "local").inc()
+                return
+            self._jobs[job.job_id] = _Job("store", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
+            inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots))
+            self._run(self.core.store(inp, now))
+
+    def submit_load(self, job: TransferJob) -> None:
+        """Fetch ``job.keys`` from the request's producer into pool slots ``job.slots``.
+
+        Raises:
+            UnknownRequest: the request was never announced, or is not a consumer request.
+            DuplicateJob: ``job.job_id`` is outstanding.
+            ValueError: keys/slots lengths differ, duplicate keys, or a slot outside the pool.
+        """
+        with self._lock:
+            self._check_open()
+            info = self._job_request(job)
+            if info.role != "consumer":
+                raise UnknownRequest(
+                    f"submit_load job {job.job_id}: request {job.req.req_id!r} has no remote_prefiller params"
+                )
+            self._check_job(job)
+            now = self.clock()
+            self._jobs[job.job_id] = _Job("load", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
+            inp = LoadInput(info.kv_request_id, job.job_id, tuple(job.keys), tuple(job.slots))
+            self._run(self.core.submit_load(inp, now))
+
+    def get_finished_jobs(self) -> list[JobResult]:
+        """Poll once, then hand over every job result produced since the last call."""
+        with self._lock:
+            if not self._closed:
+                self._poll_once()
+            out, self._results = self._results, []
+            return out
+
+    def on_request_finished(self, req: RequestContext) -> None:
+        """The engine is done with ``req``. Producer: blocks not yet fetched wait for a fetch or
+        the reap (an unmet bound fetch fails at once). Consumer: an unfinished load is aborted and
+        its job fails with reason ``cancelled``."""
+        with self._lock:
+            info = self._requests.pop(req.req_id, None)
+            if info is None or self._closed:
+                return
+            now = self.clock()
+            if info.role == "producer":
+                self._run(self.core.producer_finished(info.kv_request_id, now))
+            elif info.role == "consumer":
+                self._run(self.core.consumer_finished(info.kv_request_id, now))
+
+    def has_pending_work(self) -> bool:
+        """True while any job lacks a result, a transfer is in flight or sends are queued."""
+        with self._lock:
+            return bool(self._jobs or self._transfers or self._results) or (
+                not self._closed and self.transport.pending_sends() > 0
+            )
+
+    def drain_jobs(self, timeout_s: float | None = None) -> None:
+        """Return once every submitted job has a result (collect them with get_finished_jobs).
+
+        Parked and awaiting producer ids are ended at once (jobs fail with reason ``drained``);
+        transfers and loads in flight finish or hit their deadlines, so this terminates.
+        Raises TimeoutError if ``timeout_s`` (wall seconds) passes first.
+        """
+        start = time.monotonic()
+        with self._lock:
+            self._check_open()
+            self._run(self.core.drain(self.clock()))
+        while True:
+            with self._lock:
+                self._poll_once()
+                if not self._jobs:
+                    return
+                wait = self._wait_budget()
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"drain_jobs: {len(self._jobs)} jobs still outstanding after {timeout_s} s")
+            self.transport.wait(min(wait, 0.01))
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Wait up to ``timeout_s`` seconds for network input, then process everything due."""
+        if timeout_s > 0:
+            with self._lock:
+                if self._closed:
+                    return
+                wait = min(timeout_s, self._wait_budget())
+            self.transport.wait(wait)
+        with self._lock:
+            if not self._closed:
+                self._poll_once()
+
+    def shutdown(self) -> None:
+        """Fail every outstanding job with reason ``shutdown`` (collect them with
+        get_finished_jobs), tell peers, close sockets and stop the poll thread. Idempotent."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._run(self.core.shutdown(self.clock()))
+                # whatever the core ended without a JobDone (should be nothing) is failed here
+                for job_id in list(self._jobs):
+                    log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
+                    self._finish_job(job_id, False, "shutdown")
+                self.transport.flush()
+            finally:
+                self._closed = True
+                self._transfers.clear()
+                self.transport.close()
+
+    # -- helpers: API checks ---------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("kvtier manager is shut down")
+
+    def _job_request(self, job: TransferJob) -> _Req:
+        info = self._requests.get(job.req.req_id)
+        if info is None:
+            raise UnknownRequest(
+                f"job {job.job_id}: request {job.req.req_id!r} was never announced with on_new_request"
+            )
+        return info
+
+    def _check_job(self, job: TransferJob) -> None:
+        if job.job_id in self._jobs:
+            raise DuplicateJob(f"job {job.job_id} is already outstanding")
+        if len(job.keys) != len(job.slots):
+            raise ValueError(f"job {job.job_id}: {len(job.keys)} keys but {len(job.slots)} slots")
+        if len(set(job.keys)) != len(job.keys):
+            raise ValueError(f"job {job.job_id}: duplicate keys")
+        if len(job.keys) > self.config.max_blocks_per_fetch:
+            raise ValueError(f"job {job.job_id}: {len(job.keys)} blocks > max_blocks_per_fetch")
+        n = self.pool.num_blocks
+        for s in job.slots:
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < n:
+                raise ValueError(f"job {job.job_id}: slot {s!r} is outside the pool (0..{n - 1})")
+        for k in job.keys:
+            if not isinstance(k, bytes) or not 0 < len(k) <= 256:
+                raise ValueError(f"job {job.job_id}: keys must be 1..256 bytes, got {k!r:.40}")
+
+    # -- the poll loop ---------------------------------------------------------------------------
+    def _poll_loop(self) -> None:
+        interval = self.config.poll_interval_s
+        while not self._stop.is_set():
+            try:
+                self.poll(interval)
+            except Exception:  # never let the thread die silently
+                self.m_internal.inc()
+                log.exception("kvtier: poll thread error")
+                self._stop.wait(interval)
+
+    def _wait_budget(self) -> float:
+        nd = self.core.next_deadline()
+        now = self.clock()
+        budget = 0.05
+        if nd is not None:
+            budget = min(budget, max(0.0, nd - now))
+        return budget
+
+    def _poll_once(self) -> None:
+        """Inbound first (so a fetch that arrives in the same tick as its reap wins), then
+        transfer completions, heartbeats and deadlines."""
+        for peer, frames in self.transport.recv(1000):
+            try:
+                self._receive(peer, frames)
+            except Exception:
+                self.m_internal.inc()
+                log.exception("kvtier: error while handling a message from %s", peer)
+        self._check_transfers()
+        now = self.clock()
+        self._heartbeats(now)
+        self._run(self.core.tick(now))
+        self.transport.flush()
+        self.g_records.labels("producer").set(len(self.core.producer.records))
+        self.g_records.labels("consumer").set(len(self.core.consumer.records))
+        self.g_records.labels("session").set(len(self.core.sessions.records))
+
+    def _heartbeats(self, now: float) -> None:
+        interval = self.config.heartbeat_interval_s
+        for peer, rec in list(self.core.sessions.records.items()):
+            if rec.state is not SessionState.READY or not rec.dialled:
+                continue
+            due = self._next_ping.get(peer, 0.0)
+            if now >= due:
+                self._next_ping[peer] = now + interval
+                self._send(peer, wm.Ping(gen=rec.gen, t=now))
+        if len(self._next_ping) > len(self.core.sessions.records) + 64:
+            self._next_ping = {p: t for p, t in self._next_ping.items() if p in self.core.sessions.records}
+
+    def _check_transfers(self) -> None:
+        for key, tr in list(self._transfers.items()):
+            if not all(h.done for h in tr.handles):
+                continue
+            del self._transfers[key]
+            kid, rnd = key
+            now = self.clock()
+            if tr.cancelled:
+                self._run(self.core.transfer_released(kid, rnd, now))
+            elif any(h.failed for h in tr.handles):
+                self._run(self.core.transfer_failed(kid, rnd, now))
+            else:
+                self.m_bytes_sent.inc(tr.nbytes)
+                self._run(self.core.transfer_complete(kid, rnd, now))
+
+    # -- inbound ---------------------------------------------------------------------------------
+    def _receive(self, peer: str, frames: list[Any]) -> None:
+        now = self.clock()
+        try:
+            msg, payloads = self._decoder.decode(frames)
+        except WireError as err:
+            self.m_wire.labels(err.reason).inc()
+            self._ratelog(now, peer, err.reason, "kvtier: bad message from %s: %s", peer, err)
+            gen = self.core.session_gen(peer) or 0
+            self._send(peer, wm.Error(gen=gen, reason=err.reason, detail=err.detail, kv_request_id=err.kv_request_id))
+            return
+        core = self.core
+        t = type(msg)
+        if t is wm.BlockData:
+            effects = core.block_data(peer, msg.gen, MessageInput(msg.kv_request_id, msg.round, msg.first, msg.count), now)
+            self._payloads = payloads
+            try:
+                self._run(effects)
+            finally:
+                self._payloads = []
+        elif t is wm.Fetch:
+            self._run(core.fetch(peer, msg.gen, FetchInput(peer, msg.kv_request_id, msg.round, tuple(msg.keys)), now))
+        elif t is wm.TransferDone:
+            inp = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=(msg.reason or None) if not msg.ok else None)
+            self._run(core.transfer_done(peer, msg.gen, inp, now))
+        elif t is wm.AbortFetch:
+            self._run(core.abort_fetch(peer, msg.gen, FetchInput(peer, msg.kv_request_id, msg.round), now))
+        elif t is wm.AbortAck:
+            self._run(core.abort_ack(peer, msg.gen, MessageInput(msg.kv_request_id, msg.round), now))
+        elif t is wm.Ping:
+            self._run(core.ping(peer, msg.gen, now))
+            if core.session_ready(peer):
+                self._send(peer, wm.Pong(gen=msg.gen, t=msg.t))
+        elif t is wm.Pong:
+            self._run(core.ping(peer, msg.gen, now))
+        elif t is wm.Hello:
+            hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, gen=msg.gen)
+            self._run(core.hello(peer, hello, now))
+        elif t is wm.HelloAck:
+            self._run(core.hello_ack(peer, msg.gen, now))
+        elif t is wm.HelloReject:
+            log.error(
+                "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
+                peer, msg.field, msg.theirs, msg.ours,
+            )
+            self._run(core.hello_reject(peer, msg.gen, now))
+        elif t is wm.Disconnect:
+            self._run(core.disconnect(peer, msg.gen, now))
+        elif t is wm.Error:
+            self.m_wire.labels("peer_reported_" + msg.reason).inc()
+            self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %s %s", peer, msg.reason, msg.detail)
+
+    # -- effects ---------------------------------------------------------------------------------
+    def _run(self, effects: list[fx.Effect]) -> None:
+        """Perform effects in order; effects that produce more inputs (send failures) append."""
+        queue = deque(effects)
+        while queue:
+            e = queue.popleft()
+            more = self._perform(e)
+            if more:
+                queue.extend(more)
+
+    def _send(self, peer: str, msg: Any, payloads: list[Any] | tuple = (), *, track: bool = False) -> SendHandle:
+        return self.transport.send(peer, encode_frames(msg, payloads), track=track)
+
+    def _send_ctl(self, peer: str, msg: Any) -> list[fx.Effect] | None:
+        handle = self._send(peer, msg)
+        if handle.failed:
+            return self.core.send_failed(peer, self.clock())
+        return None
+
+    def _perform(self, e: fx.Effect) -> list[fx.Effect] | None:
+        t = type(e)
+        if t is fx.JobDone:
+            self._finish_job(e.job_id, e.ok, e.reason)
+        elif t is fx.WriteBlocks:
+            payloads = self._payloads
+            pool = self.pool
+            for slot, data in zip(e.slots, payloads):
+                pool.buffer(slot)[:] = data
+            self.m_bytes_landed.inc(len(e.slots) * pool.block_bytes)
+        elif t is fx.SendBlocks:
+            return self._start_transfer(e)
+        elif t is fx.CancelTransfer:
+            tr = self._transfers.get((e.kv_request_id, e.round))
+            if tr is not None:
+                tr.cancelled = True
+            else:  # nothing in flight: released right away
+                return self.core.transfer_released(e.kv_request_id, e.round, self.clock())
+        elif t is fx.SendTransferDone:
+            if not e.ok:
+                self.m_late.labels(e.reason or "").inc()
+            return self._send_ctl(e.peer, wm.TransferDone(
+                gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round,
+                ok=e.ok, reason=e.reason or "",
+            ))
+        elif t is fx.SendAbortAck:
+            return self._send_ctl(e.peer, wm.AbortAck(
+                gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round))
+        elif t is fx.SendFetch:
+            return self._send_ctl(e.peer, wm.Fetch(
+                gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round,
+                keys=list(e.keys)))
+        elif t is fx.SendAbortFetch:
+            return self._send_ctl(e.peer, wm.AbortFetch(
+                gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round))
+        elif t is fx.OpenConnection:
+            try:
+                self.transport.connect(e.peer)
+            except (TransportError, ValueError) as exc:
+                log.warning("kvtier: cannot connect to %s: %s", e.peer, exc)
+                return self.core.send_failed(e.peer, self.clock())
+            return self.core.transport_up(e.peer, self.clock())
+        elif t is fx.SendHello:
+            h = self.local_hello
+            return self._send_ctl(e.peer, wm.Hello(
+                gen=e.gen, version=h.version, instance=self.instance, block_bytes=h.block_bytes,
+                layout=h.layout, hash_seed=h.hash_seed))
+        elif t is fx.SendHelloAck:
+            self._send(e.peer, wm.HelloAck(gen=e.gen, instance=self.instance))
+        elif t is fx.SendHelloReject:
+            log.error("kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)", e.peer, e.field, e.ours, e.theirs)
+            self._send(e.peer, wm.HelloReject(gen=e.gen, reason=e.reason, field=e.field, ours=e.ours, theirs=e.theirs))
+        elif t is fx.SendDisconnect:
+            self._send(e.peer, wm.Disconnect(gen=e.gen, reason=e.reason))
+        elif t is fx.CloseConnection:
+            self.transport.disconnect(e.peer)
+            self._next_ping.pop(e.peer, None)
+        elif t is fx.PeerDown:
+            self.m_peer_down.labels(e.reason).inc()
+            log.warning("kvtier: session with %s ended: %s", e.peer, e.reason)
+        elif t is fx.Ignored:
+            self.m_ignored.labels(e.machine, e.reason).inc()
+        else:  # pragma: no cover - a new effect type without a performer is a bug
+            raise TypeError(f"no performer for effect {e!r}")
+        return None
+
+    def _start_transfer(self, e: fx.SendBlocks) -> list[fx.Effect] | None:
+        pool = self.pool
+        gen = self.core.session_gen(e.peer) or 0
+        per_msg = max(1, MAX_BATCH_BYTES // pool.block_bytes)
+        handles: list[SendHandle] = []
+        blocks = e.blocks
+        for first in range(0, len(blocks), per_msg):
+            chunk = blocks[first : first + per_msg]
+            msg = wm.BlockData(gen=gen, kv_request_id=e.kv_request_id, round=e.round, first=first, count=len(chunk))
+            handles.append(self._send(e.peer, msg, [pool.buffer(b) for b in chunk], track=True))
+        self._transfers[(e.kv_request_id, e.round)] = _Transfer(
+            e.peer, handles, started=self.clock(), nbytes=len(blocks) * pool.block_bytes
+        )
+        return None
+
+    def _finish_job(self, job_id: int, ok: bool, reason: str | None) -> None:
+        job = self._jobs.pop(job_id, None)
+        if job is None:  # the core guarantees exactly once; count instead of crashing the engine
+            self.m_internal.inc()
+            log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
+            return
+        reason = None if ok else str(reason or "failed")
+        self.m_jobs.labels(job.kind, "ok" if ok else "fail", reason or "").inc()
+        if ok and job.kind == "load":
+            res = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes,
+                            transfer_time_s=self.clock() - job.submitted)
+        else:
+            res = JobResult(job_id=job_id, success=ok, reason=reason)
+        self._results.append(res)
