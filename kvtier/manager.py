@@ -620,7 +620,8 @@ class KvTierManager:
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
             self.m_peer_down.labels(e.reason).inc()
-            log.warning("kvtier: session with %s ended: %s", e.peer, e.reason)
+            level = logging.INFO if e.reason == "shutdown" else logging.WARNING
+            log.log(level, "kvtier: session with %s ended: %s", e.peer, e.reason)
         elif t is fx.Ignored:
             self.m_ignored.labels(e.machine, e.reason).inc()
         else:  # pragma: no cover - a new effect type without a performer is a bug

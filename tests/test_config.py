@@ -656,3 +656,32 @@ def test_any_value_either_builds_or_fails_with_a_keyed_value_error(key, value):
         if isinstance(got, float):
             assert math.isfinite(got) and got > 0
         assert TierConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# ------------------------------------------------------------ spec cross-check
+
+
+def _config_keys_in(node) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["config_key"]] if isinstance(node.get("config_key"), str) else []
+        for value in node.values():
+            found += _config_keys_in(value)
+        return found
+    if isinstance(node, list):
+        return [k for item in node for k in _config_keys_in(item)]
+    return []
+
+
+def test_every_timer_key_named_by_the_lifecycle_spec_exists():
+    """B25: a timer must read a key that exists (not a misspelled or stale one)."""
+    import tomllib
+
+    spec = REPO / "spec" / "lifecycle.toml"
+    if not spec.exists():
+        pytest.skip("spec/lifecycle.toml not present")
+    keys = _config_keys_in(tomllib.loads(spec.read_text(encoding="utf-8")))
+    assert keys, "spec names no config_key"
+    units = {row.key: row.unit for row in config_table()}
+    for key in keys:
+        assert key in DEFAULTS, f"spec timer reads unknown config key {key!r}"
+        assert units[key] == "s", key

@@ -30,6 +30,7 @@ from kvtier.errors import KvTierError
 from kvtier.wire.messages import (
     KV_REQUEST_ID_RE,
     MAX_ID_CHARS,
+    MAX_U63,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     BlockData,
@@ -38,6 +39,7 @@ from kvtier.wire.messages import (
 )
 
 __all__ = [
+    "PROTOCOL_VERSION",  # re-exported for callers that only import the codec
     "Reason",
     "MALFORMED",
     "UNKNOWN_TYPE",
@@ -98,6 +100,9 @@ class WireError(KvTierError):
         msg_type: the ``type`` tag if it could be read and is known, else ``""``.
         field: the offending field's name when known (``bad_field``), else ``""``.
         theirs: for ``version_mismatch``, the peer's version as a string, else ``""``.
+        gen: the sender's ``gen`` if it could be read and is a valid u63, else ``None``. With
+            ``theirs`` it lets a producer answer a version mismatch with a proper
+            ``hello_reject`` rather than an ``error``.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class WireError(KvTierError):
         msg_type: str = "",
         field: str = "",
         theirs: str = "",
+        gen: int | None = None,
     ) -> None:
         detail = detail[:512]
         super().__init__(f"{reason}: {detail}")
@@ -118,6 +124,7 @@ class WireError(KvTierError):
         self.msg_type = msg_type
         self.field = field
         self.theirs = theirs
+        self.gen = gen
 
 
 # -- limits ---------------------------------------------------------------------------------------
@@ -282,6 +289,7 @@ class Decoder:
                 msg.kv_request_id,
                 msg_type=msg.TYPE,
                 field="keys",
+                gen=msg.gen,
             )
         if isinstance(msg, BlockData) and msg.first + msg.count > cap:
             raise WireError(
@@ -290,6 +298,7 @@ class Decoder:
                 msg.kv_request_id,
                 msg_type=msg.TYPE,
                 field="count",
+                gen=msg.gen,
             )
 
     def _check_payloads(self, msg: Message, payloads: list[memoryview]) -> None:
@@ -300,12 +309,17 @@ class Decoder:
                     f"{msg.TYPE} carries no payloads, got {len(payloads)} frames",
                     getattr(msg, "kv_request_id", ""),
                     msg_type=msg.TYPE,
+                    gen=msg.gen,
                 )
             return
         rid = msg.kv_request_id
         if self.block_bytes is None:
             raise WireError(
-                BAD_PAYLOAD, "this side does not accept block_data", rid, msg_type=msg.TYPE
+                BAD_PAYLOAD,
+                "this side does not accept block_data",
+                rid,
+                msg_type=msg.TYPE,
+                gen=msg.gen,
             )
         if len(payloads) != msg.count:
             raise WireError(
@@ -313,6 +327,7 @@ class Decoder:
                 f"block_data count={msg.count} but {len(payloads)} payload frames",
                 rid,
                 msg_type=msg.TYPE,
+                gen=msg.gen,
             )
         for i, p in enumerate(payloads):
             if p.nbytes != self.block_bytes:
@@ -321,6 +336,7 @@ class Decoder:
                     f"payload {i} is {p.nbytes} bytes, block_bytes is {self.block_bytes}",
                     rid,
                     msg_type=msg.TYPE,
+                    gen=msg.gen,
                 )
 
 
@@ -365,8 +381,10 @@ def _classify(header: memoryview, exc: Exception) -> WireError:
         return WireError(MALFORMED, "header has no string 'type'")
     rid = raw.get("kv_request_id")
     rid = rid if _valid_id(rid) else ""
+    gen = raw.get("gen")
+    gen = gen if type(gen) is int and 0 <= gen < MAX_U63 else None
     if tag not in MESSAGE_TYPES:
-        return WireError(UNKNOWN_TYPE, f"unknown message type {tag[:64]!r}", rid)
+        return WireError(UNKNOWN_TYPE, f"unknown message type {tag[:64]!r}", rid, gen=gen)
     # Check the version before any other field: a newer peer's hello may carry fields we do not
     # know, and it should get "version_mismatch", not "unknown field".
     if tag == "hello":
@@ -378,6 +396,7 @@ def _classify(header: memoryview, exc: Exception) -> WireError:
                 msg_type=tag,
                 field="version",
                 theirs=str(version)[:32],
+                gen=gen,
             )
     m = _PATH_RE.search(text) or _UNKNOWN_FIELD_RE.search(text) or _MISSING_FIELD_RE.search(text)
     field = m.group(1) if m else ""
@@ -386,7 +405,7 @@ def _classify(header: memoryview, exc: Exception) -> WireError:
         m = _LEADING_NAME_RE.match(text)
         if m and m.group(1) in MESSAGE_TYPES[tag].__struct_fields__:
             field = m.group(1)
-    return WireError(BAD_FIELD, f"{tag}: {text}", rid, msg_type=tag, field=field)
+    return WireError(BAD_FIELD, f"{tag}: {text}", rid, msg_type=tag, field=field, gen=gen)
 
 
 def _valid_id(v: object) -> bool:

@@ -139,9 +139,10 @@ class _Msg(
     tag_field="type",
     kw_only=True,
 ):
-    """Common config. Every message declares ``gen`` first: the *sender's* session generation
-    nonce (random u63 chosen at session start), so a receiver can drop messages from an earlier
-    incarnation of the same peer."""
+    """Common config. Every message declares ``gen`` first: the session generation nonce (u63),
+    picked by the dialling side for its ``hello`` and stamped by both sides on every message of
+    that session, so a receiver can drop messages from an earlier incarnation of the peer.
+    ``0`` is used where no session exists (e.g. ``disconnect`` answering an unknown peer)."""
 
     TYPE: ClassVar[str]
 

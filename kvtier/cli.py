@@ -1,0 +1,74 @@
+"""``kvtier`` command line: ``demo``, ``check``, ``diagram``, ``gen``, ``bench``.
+
+Each command imports its implementation lazily so ``kvtier --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """kvtier: KV-cache hand-off between LLM prefill and decode instances."""
+
+
+@cli.command()
+@click.option("--prompts", "num_prompts", type=click.IntRange(1, 50), default=None, help="How many prompts of the prompt set to run (default: all).")
+@click.option("--max-prompt-tokens", type=click.IntRange(16, 8192), default=2048, show_default=True, help="Longest prompt, in tokens.")
+@click.option("--max-new-tokens", type=click.IntRange(1, 512), default=24, show_default=True, help="Tokens decoded per prompt.")
+@click.option("--unbound-store-timeout", "unbound_store_timeout_s", type=click.FloatRange(0.05, 3600), default=1.0, show_default=True, help="Producer park timeout (s) used for the late-consumer scenario.")
+@click.option("--late-delay", "late_delay_s", type=click.FloatRange(0.0, 3600), default=None, help="How long the late consumer is held back (s); default: park timeout + 0.5 s.")
+@click.option("--no-late", is_flag=True, help="Skip the late-consumer scenario.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+def demo(**opts: object) -> None:
+    """Disaggregated prefill/decode of SmolLM2-135M through kvtier (two processes)."""
+    from kvtier.demo.run import main as run_demo
+
+    sys.exit(run_demo(**opts))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def check(ctx: click.Context) -> None:
+    """Exhaustive bounded model check of the lifecycle (pass --help-check for its options)."""
+    from kvtier._tools.modelcheck import main as run_check
+
+    sys.exit(run_check(list(ctx.args)))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def diagram(ctx: click.Context) -> None:
+    """Render diagrams/ (DOT + SVG) from spec/lifecycle.toml."""
+    from kvtier._tools.diagrams import main as run_diagrams
+
+    sys.exit(run_diagrams(list(ctx.args)))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def gen(ctx: click.Context) -> None:
+    """Regenerate kvtier/lifecycle/_table.py from the spec (--check: fail if stale)."""
+    from kvtier._tools.specgen import main as run_gen
+
+    sys.exit(run_gen(list(ctx.args)))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Run the benchmark suite (--quick for a smoke run); writes docs/benchmarks/."""
+    from kvtier.bench import main as run_bench
+
+    sys.exit(run_bench(list(ctx.args)))
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

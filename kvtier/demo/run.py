@@ -1,0 +1,328 @@
+"""``kvtier demo``: disaggregated prefill/decode of SmolLM2-135M through kvtier.
+
+Three processes, connected only as a PD deployment would be:
+
+* the **producer** (prefill instance) runs the prompt, writes its KV cache into its block pool
+  block by block, parks it under a fresh ``kv_request_id`` (``submit_store``) and returns the first
+  generated token — as a prefill instance answers a PD proxy;
+* the **consumer** (decode instance) is handed ``(kv_request_id, host, port)`` by the proxy,
+  fetches the blocks into its own pool slots through kvtier (``submit_load``), rebuilds the
+  model's ``DynamicCache`` from the slots and decodes greedily;
+* this process is the **proxy** and the referee: it also runs every prompt monolithically and
+  checks the consumer's tokens are identical.
+
+A **late consumer** is held back past ``unbound_store_timeout_s``: the producer reaps the parked
+blocks, the consumer's fetch is refused with reason ``reaped`` within one round trip, and the
+consumer recomputes the prompt locally — still producing identical text.
+
+Every process uses one torch thread so the float32 results are bit-reproducible across processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "host": "127.0.0.1",
+    "port": 0,
+    "background_poll": True,
+}
+
+
+def block_keys(ids: list[int], tokens_per_block: int) -> tuple[bytes, ...]:
+    """Chained content hashes of the prompt's blocks (like vLLM's prefix block hashes): key i
+    names tokens ``[0, (i+1)*tokens_per_block)``, so both sides derive the same keys."""
+    keys = []
+    prev = b"kvtier-demo"
+    for i in range(0, len(ids), tokens_per_block):
+        chunk = ",".join(map(str, ids[i : i + tokens_per_block])).encode()
+        prev = hashlib.sha256(prev + b"|" + chunk).digest()[:16]
+        keys.append(prev)
+    return tuple(keys)
+
+
+# -- worker processes ---------------------------------------------------------------------------
+def _setup_worker() -> tuple[Any, Any, Any]:
+    import torch
+
+    from kvtier.demo.model import KvLayout, load_model
+
+    torch.set_num_threads(1)
+    model, tok = load_model()
+    return model, tok, KvLayout.for_model(model)
+
+
+def _producer_main(conn: Any, cfg: dict[str, Any], pool_blocks: int) -> None:
+    from kvtier.api import RequestContext, TransferJob
+    from kvtier.demo.model import cache_to_blocks, prefill
+    from kvtier.manager import KvTierManager
+    from kvtier.memory import BlockPool
+
+    model, _tok, layout = _setup_worker()
+    pool = BlockPool(pool_blocks, layout.block_bytes)
+    mgr = KvTierManager(cfg, pool, layout=layout.fingerprint())
+    conn.send({"address": mgr.address, "pinned": pool.pinned, "block_bytes": layout.block_bytes})
+    jobs: dict[int, tuple[str, list[int]]] = {}
+    outcomes: dict[str, dict[str, Any]] = {}
+    job_ids = itertools.count(1)
+    try:
+        while True:
+            for r in mgr.get_finished_jobs():
+                kid, slots = jobs.pop(r.job_id)
+                pool.free(slots)
+                outcomes[kid] = {"store_ok": r.success, "store_reason": r.reason}
+            if not conn.poll(0.005):
+                continue
+            cmd = conn.recv()
+            if cmd["op"] == "stop":
+                break
+            if cmd["op"] == "results":
+                conn.send({"outcomes": outcomes, "stats": mgr.stats()})
+                continue
+            kid, ids = cmd["kv_request_id"], cmd["ids"]
+            t0 = time.perf_counter()
+            cache, first = prefill(model, ids)
+            prefill_s = time.perf_counter() - t0
+            blocks, num_tokens = cache_to_blocks(cache, layout)
+            slots = pool.alloc(len(blocks))
+            for s, b in zip(slots, blocks):
+                pool.view(s).copy_(b)
+            req = RequestContext(req_id=f"prefill-{kid}", kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
+            mgr.on_new_request(req)
+            job = next(job_ids)
+            jobs[job] = (kid, slots)
+            mgr.submit_store(TransferJob(job_id=job, keys=block_keys(ids, layout.tokens_per_block), slots=tuple(slots), req=req))
+            mgr.on_request_finished(req)
+            conn.send({"first_token": first, "num_tokens": num_tokens, "blocks": len(blocks),
+                       "kv_bytes": len(blocks) * layout.block_bytes, "prefill_s": prefill_s})
+    finally:
+        mgr.shutdown()
+        conn.send({"stopped": True})
+
+
+def _consumer_main(conn: Any, cfg: dict[str, Any], pool_blocks: int) -> None:
+    from kvtier.api import LookupResult, RequestContext, TransferJob
+    from kvtier.demo.model import blocks_to_cache, decode_greedy, eos_token_ids, prefill, recompute_decode
+    from kvtier.manager import KvTierManager
+    from kvtier.memory import BlockPool
+
+    model, tok, layout = _setup_worker()
+    eos = eos_token_ids(tok)
+    pool = BlockPool(pool_blocks, layout.block_bytes)
+    mgr = KvTierManager(cfg, pool, layout=layout.fingerprint())
+    conn.send({"ready": True})
+    job_ids = itertools.count(1)
+    try:
+        while True:
+            cmd = conn.recv()
+            if cmd["op"] == "stop":
+                break
+            if cmd["op"] == "results":
+                conn.send({"stats": mgr.stats()})
+                continue
+            kid, ids, max_new = cmd["kv_request_id"], cmd["ids"], cmd["max_new_tokens"]
+            host, port = cmd["producer"].rsplit(":", 1)
+            req = RequestContext(req_id=f"decode-{kid}", kv_transfer_params={
+                "remote_prefiller": {"kv_request_id": kid, "remote_host": host, "remote_port": int(port)}})
+            mgr.on_new_request(req)
+            keys = block_keys(ids, layout.tokens_per_block)
+            hit = all(mgr.lookup(k, req) is LookupResult.HIT for k in keys)
+            slots = pool.alloc(len(keys))
+            job = next(job_ids)
+            t0 = time.perf_counter()
+            mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=tuple(slots), req=req))
+            result = None
+            while result is None:
+                for r in mgr.get_finished_jobs():
+                    result = r
+                if result is None:
+                    time.sleep(0.0002)
+            load_s = time.perf_counter() - t0
+            row: dict[str, Any] = {"lookup_hit": hit, "load_s": load_s, "load_ok": result.success,
+                                   "reason": result.reason}
+            if result.success:
+                t1 = time.perf_counter()
+                cache = blocks_to_cache([pool.view(s) for s in slots], cmd["num_tokens"], layout)
+                row["kv_ready_s"] = load_s + (time.perf_counter() - t1)
+                tokens = decode_greedy(model, cache, cmd["first_token"], max_new, eos)
+                row["outcome"] = "fetched"
+            else:
+                t1 = time.perf_counter()
+                tokens = recompute_decode(model, ids, max_new, eos)
+                row["recompute_total_s"] = time.perf_counter() - t1
+                row["outcome"] = "recomputed"
+            pool.free(slots)
+            mgr.on_request_finished(req)
+            # the local-recompute comparison: how long until a KV cache is ready without kvtier
+            t2 = time.perf_counter()
+            prefill(model, ids)
+            row["recompute_kv_ready_s"] = time.perf_counter() - t2
+            row["tokens"] = tokens
+            conn.send(row)
+    finally:
+        mgr.shutdown()
+        conn.send({"stopped": True})
+
+
+# -- the proxy / referee -----------------------------------------------------------------------
+def _start(target: Any, cfg: dict[str, Any], pool_blocks: int) -> tuple[Any, Any]:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, cfg, pool_blocks), daemon=True)
+    proc.start()
+    return proc, parent
+
+
+def _recv(conn: Any, proc: Any, what: str, timeout_s: float = 600.0) -> dict[str, Any]:
+    if not conn.poll(timeout_s):
+        raise RuntimeError(f"{what}: no answer within {timeout_s} s")
+    try:
+        return conn.recv()
+    except EOFError:
+        raise RuntimeError(f"{what}: the process died (exit code {proc.exitcode})") from None
+
+
+def run(
+    num_prompts: int | None = None,
+    max_prompt_tokens: int = 2048,
+    max_new_tokens: int = 24,
+    unbound_store_timeout_s: float = 1.0,
+    late_delay_s: float | None = None,
+    no_late: bool = False,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Run the demo; return a JSON-able report (see module docstring)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from kvtier.demo.model import KvLayout, demo_prompts, encode_prompt, eos_token_ids, load_model, recompute_decode
+
+    torch.set_num_threads(1)
+    model, tok = load_model()  # converts and caches the GGUF once, before the workers start
+    layout = KvLayout.for_model(model)
+    prompts = demo_prompts(max_prompt_tokens)
+    if num_prompts is not None:
+        prompts = prompts[:num_prompts]
+    encoded = [(name, encode_prompt(tok, text)) for name, text in prompts]
+    late_name = None
+    if not no_late:
+        late_name = "late:" + encoded[0][0]
+        encoded.append((late_name, encoded[0][1]))
+    late_delay = late_delay_s if late_delay_s is not None else unbound_store_timeout_s + 0.5
+    pool_blocks = max(layout.num_blocks(len(ids)) for _, ids in encoded) + 4
+    cfg = dict(DEFAULT_CONFIG, unbound_store_timeout_s=unbound_store_timeout_s)
+
+    pproc, pconn = _start(_producer_main, cfg, pool_blocks)
+    cproc, cconn = _start(_consumer_main, cfg, pool_blocks)
+    rows: list[dict[str, Any]] = []
+    try:
+        hello = _recv(pconn, pproc, "producer start")
+        _recv(cconn, cproc, "consumer start")
+        task = progress.add_task("prefill → kvtier → decode", total=len(encoded)) if progress else None
+        for i, (name, ids) in enumerate(encoded):
+            reference = recompute_decode(model, ids, max_new_tokens, eos_token_ids(tok))  # monolithic
+            kid = f"demo-{os.getpid()}-{i}"
+            pconn.send({"op": "prefill", "kv_request_id": kid, "ids": ids})
+            pre = _recv(pconn, pproc, f"prefill {name}")
+            if name == late_name:
+                time.sleep(late_delay)  # the consumer is queued somewhere: past the park timeout
+            cconn.send({"op": "decode", "kv_request_id": kid, "ids": ids, "producer": hello["address"],
+                        "num_tokens": pre["num_tokens"], "first_token": pre["first_token"],
+                        "max_new_tokens": max_new_tokens})
+            dec = _recv(cconn, cproc, f"decode {name}")
+            rows.append({
+                "name": name, "kv_request_id": kid, "prompt_tokens": len(ids), "blocks": pre["blocks"],
+                "kv_bytes": pre["kv_bytes"], "prefill_s": pre["prefill_s"], "late": name == late_name,
+                "outcome": dec["outcome"], "reason": dec["reason"], "load_s": dec["load_s"],
+                "gbps": (pre["kv_bytes"] / dec["load_s"] / 1e9) if dec["load_ok"] and dec["load_s"] > 0 else None,
+                "kv_ready_fetched_s": dec.get("kv_ready_s"), "kv_ready_recompute_s": dec["recompute_kv_ready_s"],
+                "identical": dec["tokens"] == reference, "tokens": dec["tokens"], "reference": reference,
+                "text": tok.decode(dec["tokens"], skip_special_tokens=True),
+            })
+            if progress:
+                progress.advance(task)
+        pconn.send({"op": "results"})
+        pres = _recv(pconn, pproc, "producer results")
+    finally:
+        for conn in (pconn, cconn):
+            try:
+                conn.send({"op": "stop"})
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in (pproc, cproc):
+            proc.join(timeout=20)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    for row in rows:
+        row.update(pres["outcomes"].get(row["kv_request_id"], {}))
+    fetched = [r for r in rows if r["outcome"] == "fetched"]
+    ok = all(r["identical"] for r in rows) and (
+        no_late or any(r["late"] and r["reason"] == "reaped" for r in rows)
+    ) and all(r["outcome"] == "fetched" for r in rows if not r["late"])
+    summary = {
+        "ok": ok,
+        "pinned_memory": hello["pinned"],
+        "block_bytes": hello["block_bytes"],
+        "unbound_store_timeout_s": unbound_store_timeout_s,
+        "median_kv_ready_fetched_s": statistics.median(r["kv_ready_fetched_s"] for r in fetched) if fetched else None,
+        "median_kv_ready_recompute_s": statistics.median(r["kv_ready_recompute_s"] for r in fetched) if fetched else None,
+        "late_rejection_ms": next((r["load_s"] * 1e3 for r in rows if r["late"]), None),
+        "producer_metrics": {k: v for k, v in pres["stats"].items() if v},
+    }
+    return {"summary": summary, "requests": rows}
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 160)
+    t = Table(title="kvtier demo: SmolLM2-135M, prefill and decode in separate processes")
+    for col in ("request", "prompt tok", "KV bytes", "blocks", "transfer ms", "GB/s", "outcome", "reason",
+                "KV ready: fetched / recompute", "identical"):
+        t.add_column(col, justify="right" if col not in ("request", "outcome", "reason") else "left")
+    for r in report["requests"]:
+        kvr = (f"{r['kv_ready_fetched_s'] * 1e3:.0f} / {r['kv_ready_recompute_s'] * 1e3:.0f} ms"
+               if r["kv_ready_fetched_s"] is not None else f"— / {r['kv_ready_recompute_s'] * 1e3:.0f} ms")
+        t.add_row(r["name"], str(r["prompt_tokens"]), f"{r['kv_bytes']:,}", str(r["blocks"]),
+                  f"{r['load_s'] * 1e3:.2f}", f"{r['gbps']:.2f}" if r["gbps"] else "—", r["outcome"],
+                  r["reason"] or "—", kvr, "[green]yes[/]" if r["identical"] else "[red]NO[/]")
+    con.print(t)
+    s = report["summary"]
+    if s["median_kv_ready_fetched_s"] is not None:
+        con.print(f"time to first decode step (KV ready): fetched via kvtier {s['median_kv_ready_fetched_s'] * 1e3:.1f} ms "
+                  f"vs recompute {s['median_kv_ready_recompute_s'] * 1e3:.1f} ms (median over fetched requests)")
+    if s["late_rejection_ms"] is not None:
+        con.print(f"late consumer: fetch refused with reason 'reaped' in {s['late_rejection_ms']:.2f} ms "
+                  f"(not a {30} s timeout); it recomputed locally")
+    con.print(f"pool memory: {'pinned' if s['pinned_memory'] else 'pageable (no accelerator on this machine)'}; "
+              f"block = {s['block_bytes']:,} bytes")
+    con.print("[bold green]OK[/]: every decode is identical to the monolithic run" if s["ok"]
+              else "[bold red]FAILED[/]: see the table")
+
+
+def main(*, as_json: bool = False, **opts: Any) -> int:
+    """CLI entry: run, print a table (or JSON), exit 0 iff every row is identical and the late
+    consumer was refused with ``reaped``."""
+    if as_json:
+        report = run(**opts)
+        for r in report["requests"]:
+            r.pop("text", None)
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            report = run(progress=progress, **opts)
+        _print_report(report)
+    return 0 if report["summary"]["ok"] else 1

@@ -1,0 +1,36 @@
+"""The main job end to end: `kvtier demo` on the real SmolLM2 model, in three processes.
+
+One short prompt plus the late-consumer scenario, so CI proves the demo works on every change.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.model, pytest.mark.e2e]
+
+
+@pytest.mark.timeout(600)
+def test_demo_json_one_prompt_and_late_consumer() -> None:
+    cmd = [sys.executable, "-m", "kvtier.cli", "demo", "--prompts", "1", "--max-new-tokens", "6",
+           "--max-prompt-tokens", "256", "--unbound-store-timeout", "0.5", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    rows = report["requests"]
+    assert len(rows) == 2
+    normal, late = rows
+    # the fetched KV decodes to exactly the monolithic tokens
+    assert normal["outcome"] == "fetched" and normal["identical"] is True
+    assert normal["tokens"] == normal["reference"] and len(normal["tokens"]) >= 1
+    assert normal["store_ok"] is True  # the producer's store job completed after the transfer
+    # the late consumer is refused with 'reaped' (one round trip, not a load timeout) and recomputes
+    assert late["late"] is True and late["outcome"] == "recomputed" and late["reason"] == "reaped"
+    assert late["identical"] is True
+    assert late["store_ok"] is False and late["store_reason"] == "reaped"
+    assert late["load_s"] < 5.0  # far below load_timeout_s (30 s): answered, not timed out
+    assert report["summary"]["ok"] is True
