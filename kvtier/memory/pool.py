@@ -91,11 +91,13 @@ class BlockPool:
         block_bytes = _check_count("block_bytes", block_bytes, minimum=1)
         if pin is not None and not isinstance(pin, bool):
             raise ValueError(f"pin must be None, True or False, got {pin!r}")
-        tensor, pinned, why = _allocate(num_blocks, block_bytes, pin)
+        tensor, pinned, why, degraded = _allocate(num_blocks, block_bytes, pin)
         # Pre-fault: zero_() writes every page now, so the first receive into a slot does not
         # pay the page-fault cost (torch.zeros may use calloc and leave pages untouched).
         tensor.zero_()
-        level = logging.WARNING if (pin is True and not pinned) else logging.INFO
+        # WARNING when we did not get what was asked for (pin=True) or what the machine should
+        # give (an accelerator exists but pinning failed), INFO otherwise.
+        level = logging.WARNING if degraded else logging.INFO
         log.log(
             level,
             "kvtier block pool: %d blocks x %d bytes (%d MiB), %s (%s)",
@@ -349,20 +351,23 @@ class BlockPool:
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def _allocate(num_blocks: int, block_bytes: int, pin: bool | None) -> tuple[torch.Tensor, bool, str]:
-    """Allocate the region. Returns (tensor, pinned, reason for the log line)."""
+def _allocate(
+    num_blocks: int, block_bytes: int, pin: bool | None
+) -> tuple[torch.Tensor, bool, str, bool]:
+    """Allocate the region. Returns (tensor, pinned, why for the log line, degraded)."""
     shape = (num_blocks, block_bytes)
-    have_accel = _accelerator_available()
     if pin is False:
-        return torch.empty(shape, dtype=torch.uint8), False, "pin=False"
-    if not have_accel:
-        why = "no accelerator; pin=True ignored" if pin else "no accelerator"
-        return torch.empty(shape, dtype=torch.uint8), False, why
+        return torch.empty(shape, dtype=torch.uint8), False, "pin=False", False
+    if not _accelerator_available():
+        if pin:
+            return torch.empty(shape, dtype=torch.uint8), False, "no accelerator; pin=True ignored", True
+        return torch.empty(shape, dtype=torch.uint8), False, "no accelerator", False
     try:
         t = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-    except RuntimeError as exc:  # e.g. pinned allocator out of locked memory (ulimit -l)
-        return torch.empty(shape, dtype=torch.uint8), False, f"pinning failed: {exc}"
-    return t, bool(t.is_pinned()), "accelerator available"
+    except RuntimeError as exc:  # e.g. the pinned allocator ran out of locked memory
+        return torch.empty(shape, dtype=torch.uint8), False, f"pinning failed: {exc}", True
+    pinned = bool(t.is_pinned())
+    return t, pinned, "accelerator available", not pinned
 
 
 def _accelerator_available() -> bool:

@@ -97,7 +97,7 @@ class ZmqTransport:
             queue in our per-peer FIFO instead of blocking.
         heartbeat_ivl_s: ZMTP PING interval in seconds. 0 turns heartbeats off.
         heartbeat_timeout_s: seconds without traffic after a PING before the connection is
-            dropped.
+            dropped (> 0).
         heartbeat_ttl_s: seconds the *remote* side waits for traffic before dropping us
             (resolution 0.1 s, at most 6553.5 s).
         reconnect_ivl_s / reconnect_ivl_max_s: first reconnect delay and exponential-backoff
@@ -145,10 +145,11 @@ class ZmqTransport:
         }
         ivl = _seconds_to_ms("heartbeat_ivl_s", heartbeat_ivl_s)
         if ivl:
+            timeout_ms = _seconds_to_ms("heartbeat_timeout_s", heartbeat_timeout_s)
+            if timeout_ms <= 0:
+                raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
             self._opts[zmq.HEARTBEAT_IVL] = ivl
-            self._opts[zmq.HEARTBEAT_TIMEOUT] = _seconds_to_ms(
-                "heartbeat_timeout_s", heartbeat_timeout_s
-            )
+            self._opts[zmq.HEARTBEAT_TIMEOUT] = timeout_ms
             self._opts[zmq.HEARTBEAT_TTL] = _seconds_to_ms(
                 "heartbeat_ttl_s", heartbeat_ttl_s, maximum_ms=6_553_500
             )
@@ -169,10 +170,13 @@ class ZmqTransport:
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self._router.bind(_endpoint(bind_host, port or "*"))
             endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
-        except zmq.ZMQError as exc:
+        except BaseException as exc:
+            # Never leak a context (and its threads) from a failed constructor.
             self._ctx.destroy(linger=0)
             self._closed = True
-            raise TransportError(f"cannot listen on {bind_host}:{port}: {exc}") from exc
+            if isinstance(exc, zmq.ZMQError):
+                raise TransportError(f"cannot listen on {bind_host}:{port}: {exc}") from exc
+            raise
         self.port: int = int(endpoint.rpartition(":")[2])
         """The TCP port we listen on (the real one when ``port=0`` was asked for)."""
         self.address: str = f"[{bind_host}]:{self.port}" if self._ipv6 else f"{bind_host}:{self.port}"

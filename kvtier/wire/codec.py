@@ -151,6 +151,7 @@ DEFAULT_LIMITS: Final = WireLimits()
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(Message)
+_MESSAGE_CLASSES: Final = frozenset(MESSAGE_TYPES.values())
 
 
 def encode(msg: Message) -> bytes:
@@ -187,9 +188,6 @@ def encode_frames(msg: Message, payloads: Iterable[Any] = ()) -> list[Any]:
     elif n:
         raise ValueError(f"{msg.TYPE} carries no payloads, got {n}")
     return frames
-
-
-_MESSAGE_CLASSES: Final = frozenset(MESSAGE_TYPES.values())
 
 # -- decode ---------------------------------------------------------------------------------------
 

@@ -301,8 +301,10 @@ def test_bad_arguments(make) -> None:
         t.recv(0)
     with pytest.raises(ValueError):
         ZmqTransport(port=-1)
-    with pytest.raises(ValueError):
-        ZmqTransport(sndhwm=0)
+    for bad in (dict(sndhwm=0), dict(heartbeat_timeout_s=0), dict(heartbeat_ivl_s=float("inf")),
+                dict(heartbeat_ttl_s=7000), dict(zero_copy_threshold=0), dict(port=True)):
+        with pytest.raises(ValueError):
+            ZmqTransport(**bad)
 
 
 def test_port_in_use_raises_transport_error(make) -> None:
@@ -349,6 +351,8 @@ def test_close_is_idempotent_and_leaves_nothing_behind() -> None:
         consumer.connect(f"127.0.0.1:{free_port()}")  # a dangling, never-answered dial too
         for _ in range(3):
             consumer.send(peer, [b"x"])
+        with pytest.raises(TransportError):  # a failed bind must not leak its context either
+            ZmqTransport(port=producer.port)
     finally:
         producer.close()
         consumer.close()

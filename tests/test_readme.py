@@ -1,0 +1,26 @@
+"""The README's promises: its configuration table is generated from the code, and the commands it
+gives are the ones CI and the Makefile run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvtier.config import DEFAULTS, render_config_doc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_config_table_is_fresh() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert render_config_doc(text) == text, "run: python -m kvtier.config --write README.md"
+    for key in DEFAULTS:
+        assert f"`{key}`" in text
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "make test" in readme and "make demo" in readme
+    assert "make test" in ci.splitlines()[-1]
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "\ntest: setup\n" in makefile and "pytest" in makefile.split("\ntest: setup\n", 1)[1].splitlines()[0]
