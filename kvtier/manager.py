@@ -129,10 +129,10 @@ def parse_params(req: RequestContext) -> _Req:
 
 
 def _check_id(req: RequestContext, field: str, kid: object) -> None:
-    from kvtier.wire.messages import _kv_request_id
+    from kvtier.wire.messages import check_kv_request_id
 
     try:
-        _kv_request_id(kid)
+        check_kv_request_id(kid)
     except Exception as exc:  # the wire's own rule, so every id we accept can be sent
         raise ValueError(f"request {req.req_id!r}: {field} is invalid ({exc}): {kid!r}") from None
 
@@ -497,6 +497,12 @@ class KvTierManager:
             msg, payloads = self._decoder.decode(frames)
         except WireError as err:
             self.m_wire.labels(err.reason).inc()
+            if err.reason == "version_mismatch" and err.msg_type == "hello" and err.gen is not None:
+                # answer a hello from another protocol version as a handshake mismatch, at once
+                log.error("kvtier: %s speaks protocol version %s, we speak %s", peer, err.theirs, PROTOCOL_VERSION)
+                self._send(peer, wm.HelloReject(gen=err.gen, reason="handshake_mismatch", field="version",
+                                                ours=str(PROTOCOL_VERSION), theirs=err.theirs or "?"))
+                return
             self._ratelog(now, peer, err.reason, "kvtier: bad message from %s: %s", peer, err)
             gen = self.core.session_gen(peer) or 0
             self._send(peer, wm.Error(gen=gen, reason=err.reason, detail=err.detail, kv_request_id=err.kv_request_id))

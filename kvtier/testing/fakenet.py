@@ -46,7 +46,7 @@ from kvtier.lifecycle.effects import (
 )
 from kvtier.lifecycle.producer import FetchInput
 
-__all__ = ["Envelope", "FakeNetwork", "Transfer"]
+__all__ = ["Envelope", "FakeNetwork", "Transfer", "to_envelope"]
 
 _NETWORK_EFFECTS = (
     SendFetch,
@@ -113,6 +113,43 @@ class Transfer:
     cancelled: bool = False
 
 
+def to_envelope(src: str, core: TierCore | None, eff: Effect) -> Envelope | None:
+    """The message a ``Send*`` effect of ``src``'s core puts on the wire (None: nothing to send,
+    e.g. a ``SendBlocks`` of zero blocks, or an effect that is not a message).  ``gen`` is the
+    sender's current session generation for the peer, as the wire header carries it."""
+    peer = getattr(eff, "peer", "")
+    gen = 0
+    if core is not None:
+        g = core.session_gen(peer)
+        gen = g if g is not None else 0
+    if isinstance(eff, SendFetch):
+        return Envelope(src, peer, "fetch", gen, eff.kv_request_id, eff.round, keys=eff.keys)
+    if isinstance(eff, SendAbortFetch):
+        return Envelope(src, peer, "abort_fetch", gen, eff.kv_request_id, eff.round)
+    if isinstance(eff, SendTransferDone):
+        return Envelope(src, peer, "transfer_done", gen, eff.kv_request_id, eff.round, ok=eff.ok, reason=eff.reason)
+    if isinstance(eff, SendAbortAck):
+        return Envelope(src, peer, "abort_ack", gen, eff.kv_request_id, eff.round)
+    if isinstance(eff, SendBlocks):
+        if not eff.blocks:
+            return None
+        return Envelope(
+            src, peer, "block_data", gen, eff.kv_request_id, eff.round, first=0, count=len(eff.blocks),
+            blocks=eff.blocks,
+        )
+    if isinstance(eff, SendHello):
+        local = core.sessions.local if core is not None else None
+        hello = attrs.evolve(local, gen=eff.gen) if local is not None else None
+        return Envelope(src, peer, "hello", eff.gen, hello=hello)
+    if isinstance(eff, SendHelloAck):
+        return Envelope(src, peer, "hello_ack", eff.gen)
+    if isinstance(eff, SendHelloReject):
+        return Envelope(src, peer, "hello_reject", eff.gen, reason=eff.reason)
+    if isinstance(eff, SendDisconnect):
+        return Envelope(src, peer, "disconnect", eff.gen, reason=eff.reason)
+    return None
+
+
 class FakeNetwork:
     """Named :class:`TierCore` endpoints joined by lossy, reorderable in-flight queues.
 
@@ -176,45 +213,12 @@ class FakeNetwork:
             self._enqueue(src, core, eff)
         return local
 
-    def _gen(self, core: TierCore | None, peer: str) -> int:
-        if core is None:
-            return 0
-        gen = core.session_gen(peer)
-        return gen if gen is not None else 0
-
     def _enqueue(self, src: str, core: TierCore | None, eff: Effect) -> None:
-        peer = eff.peer  # type: ignore[union-attr]
-        gen = self._gen(core, peer)
-        env: Envelope
-        if isinstance(eff, SendFetch):
-            env = Envelope(src, peer, "fetch", gen, eff.kv_request_id, eff.round, keys=eff.keys)
-        elif isinstance(eff, SendAbortFetch):
-            env = Envelope(src, peer, "abort_fetch", gen, eff.kv_request_id, eff.round)
-        elif isinstance(eff, SendTransferDone):
-            env = Envelope(src, peer, "transfer_done", gen, eff.kv_request_id, eff.round, ok=eff.ok, reason=eff.reason)
-        elif isinstance(eff, SendAbortAck):
-            env = Envelope(src, peer, "abort_ack", gen, eff.kv_request_id, eff.round)
-        elif isinstance(eff, SendBlocks):
-            self.transfers.append(Transfer(src, peer, eff.kv_request_id, eff.round, eff.blocks))
-            if not eff.blocks:
-                return
-            env = Envelope(
-                src, peer, "block_data", gen, eff.kv_request_id, eff.round, first=0, count=len(eff.blocks),
-                blocks=eff.blocks,
-            )
-        elif isinstance(eff, SendHello):
-            local = core.sessions.local if core is not None else None
-            hello = attrs.evolve(local, gen=eff.gen) if local is not None else None
-            env = Envelope(src, peer, "hello", eff.gen, hello=hello)
-        elif isinstance(eff, SendHelloAck):
-            env = Envelope(src, peer, "hello_ack", eff.gen)
-        elif isinstance(eff, SendHelloReject):
-            env = Envelope(src, peer, "hello_reject", eff.gen, reason=eff.reason)
-        elif isinstance(eff, SendDisconnect):
-            env = Envelope(src, peer, "disconnect", eff.gen, reason=eff.reason)
-        else:  # pragma: no cover - _NETWORK_EFFECTS is exhaustive
-            raise TypeError(eff)
-        self.queues.setdefault((src, peer), []).append(env)
+        if isinstance(eff, SendBlocks):
+            self.transfers.append(Transfer(src, eff.peer, eff.kv_request_id, eff.round, eff.blocks))
+        env = to_envelope(src, core, eff)
+        if env is not None:
+            self.queues.setdefault((env.src, env.dst), []).append(env)
 
     def send(self, env: Envelope) -> None:
         """Put a hand-made message in flight (e.g. a forged or stale one)."""
@@ -333,7 +337,7 @@ class FakeNetwork:
             self.route(consumer, first, now)
         for src, dst in ((consumer, producer), (producer, consumer)):
             q = self.queues.get((src, dst), [])
-            for j, env in enumerate(list(q)):
+            for env in list(q):
                 if env.kind in ("hello", "hello_ack", "hello_reject"):
                     q.remove(env)
                     effects = self.dispatch(self.cores[dst], env, now)

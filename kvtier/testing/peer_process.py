@@ -169,10 +169,15 @@ class _Child:
         self._fill(slots, seed, fill_byte)
         digests = [slot_digest(self.pool, s) for s in slots]
         mgr.submit_store(TransferJob(job_id=job_id, keys=tuple(keys), slots=tuple(slots), req=req))
-        # whatever the store produced synchronously (e.g. a refusal of a tombstoned id)
-        immediate = [_result_dict(r) for r in mgr.get_finished_jobs()]
-        self.results.extend(immediate)
-        return {"digests": digests, "immediate": [r for r in immediate if r["job_id"] == job_id]}
+        return {"digests": digests, "immediate": self._immediate(job_id)}
+
+    def _immediate(self, job_id: int) -> list[dict[str, Any]]:
+        """Results of ``job_id`` produced by the submit call itself (handed over here and not
+        again by ``results``); other results stay queued."""
+        self.collect()
+        mine = [r for r in self.results if r["job_id"] == job_id]
+        self.results = [r for r in self.results if r["job_id"] != job_id]
+        return mine
 
     def op_announce(self, req_id: str, kv_id: str, host: str, port: int) -> str:
         from kvtier.api import RequestContext
@@ -205,9 +210,7 @@ class _Child:
         if sentinel is not None:
             self._fill(slots, None, sentinel)
         mgr.submit_load(TransferJob(job_id=job_id, keys=tuple(keys), slots=tuple(slots), req=self.reqs[req_id]))
-        immediate = [_result_dict(r) for r in mgr.get_finished_jobs()]
-        self.results.extend(immediate)
-        return [r for r in immediate if r["job_id"] == job_id]
+        return self._immediate(job_id)
 
     def op_finish(self, req_id: str) -> None:
         req = self.reqs.pop(req_id, None)
@@ -360,7 +363,11 @@ class PeerProcess:
             self.start()
         if not self._conn.poll(timeout_s):
             raise TimeoutError(f"{self.name}: child not ready after {timeout_s} s")
-        msg = self._conn.recv()
+        try:
+            msg = self._conn.recv()
+        except EOFError:
+            self.kill()
+            raise EOFError(f"{self.name}: child died while starting (exit code {self._proc.exitcode})") from None
         if msg[0] != "ready":
             raise PeerError(msg[1], msg[2], msg[3])
         self.pid = msg[1]
@@ -413,15 +420,15 @@ class PeerProcess:
                 self._conn.send(("exit", {}))
                 if self._conn.poll(timeout_s):
                     self._conn.recv()
-        except (EOFError, OSError, BrokenPipeError):
+        except (EOFError, OSError):
+            pass
+        try:
+            self._conn.close()  # a child that never got "exit" sees EOF and leaves
+        except OSError:
             pass
         proc.join(timeout=timeout_s)
         if proc.is_alive():
             self.kill()
-        try:
-            self._conn.close()
-        except OSError:
-            pass
         if not proc.is_alive():
             proc.close()
         self._proc = None

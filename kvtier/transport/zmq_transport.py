@@ -40,6 +40,7 @@ from kvtier.transport import SendFailure, SendHandle, TransportError
 __all__ = ["ZmqTransport", "parse_address"]
 
 _IN_PREFIX = "in:"
+_MAX_HEARTBEAT_TTL_MS = 6_553_500
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -99,7 +100,7 @@ class ZmqTransport:
         heartbeat_timeout_s: seconds without traffic after a PING before the connection is
             dropped (> 0).
         heartbeat_ttl_s: seconds the *remote* side waits for traffic before dropping us
-            (resolution 0.1 s, at most 6553.5 s).
+            (resolution 0.1 s; values above 6553.5 s are clamped to it).
         reconnect_ivl_s / reconnect_ivl_max_s: first reconnect delay and exponential-backoff
             ceiling, in seconds, for dialled peers.
         zero_copy_threshold: frames of at least this many bytes are sent zero-copy when
@@ -150,8 +151,11 @@ class ZmqTransport:
                 raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
             self._opts[zmq.HEARTBEAT_IVL] = ivl
             self._opts[zmq.HEARTBEAT_TIMEOUT] = timeout_ms
-            self._opts[zmq.HEARTBEAT_TTL] = _seconds_to_ms(
-                "heartbeat_ttl_s", heartbeat_ttl_s, maximum_ms=6_553_500
+            # libzmq carries the TTL in deciseconds in a 16-bit field (at most 6553.5 s). Longer
+            # values, e.g. a generous peer_timeout_s from the config, are clamped rather than
+            # refused: the TTL is only a hint to the remote side.
+            self._opts[zmq.HEARTBEAT_TTL] = min(
+                _seconds_to_ms("heartbeat_ttl_s", heartbeat_ttl_s), _MAX_HEARTBEAT_TTL_MS
             )
         self._zc_threshold = _positive_int("zero_copy_threshold", zero_copy_threshold)
         self._ipv6 = ":" in bind_host

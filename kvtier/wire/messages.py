@@ -111,6 +111,12 @@ def _kv_request_id(v: object, *, allow_empty: bool = False) -> None:
         raise ValueError(f"kv_request_id has characters outside [A-Za-z0-9._:/@+=-]: {v!r:.80}")
 
 
+def check_kv_request_id(v: object) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``v`` is a valid ``kv_request_id``: a ``str`` of
+    1..256 characters from ``[A-Za-z0-9._:/@+=-]`` (the rule every wire message enforces)."""
+    _kv_request_id(v)
+
+
 def _keys(v: object) -> None:
     if type(v) is not list:
         raise TypeError(f"keys must be list, got {type(v).__name__}")

@@ -302,9 +302,14 @@ def test_bad_arguments(make) -> None:
     with pytest.raises(ValueError):
         ZmqTransport(port=-1)
     for bad in (dict(sndhwm=0), dict(heartbeat_timeout_s=0), dict(heartbeat_ivl_s=float("inf")),
-                dict(heartbeat_ttl_s=7000), dict(zero_copy_threshold=0), dict(port=True)):
+                dict(heartbeat_ttl_s=-1), dict(zero_copy_threshold=0), dict(port=True)):
         with pytest.raises(ValueError):
             ZmqTransport(**bad)
+
+
+def test_long_heartbeat_ttl_is_clamped(make) -> None:
+    t = make(heartbeat_ttl_s=86400.0)  # libzmq's maximum is 6553.5 s
+    assert t._router.getsockopt(zmq.HEARTBEAT_TTL) == 6553500
 
 
 def test_port_in_use_raises_transport_error(make) -> None:

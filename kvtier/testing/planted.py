@@ -1,0 +1,190 @@
+"""Planted-bug variants of the lifecycle core, to test the tests (style anchors, rule 14).
+
+Each entry of :data:`PLANTED` is a context manager factory.  Inside ``with PLANTED[name]():`` the
+real machine classes (:class:`~kvtier.lifecycle.producer.ProducerMachine`,
+:class:`~kvtier.lifecycle.consumer.ConsumerMachine`) behave with one realistic bug, taken from
+``bug-scenarios.md``; on exit the classes are restored exactly.  The patch is made on the
+*classes* (their table and effect builders), so build the cores **inside** the ``with`` block.
+
+The stateful suite (``tests/stateful/test_planted.py``) and the model checker
+(``kvtier check --bug NAME``, ``tests/model/test_modelcheck.py``) must find every one of them;
+if a change to the tests stops finding one, the tests got weaker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from types import MappingProxyType
+from typing import Any
+
+from kvtier.lifecycle._table import (
+    TRANSITION,
+    Branch,
+    ConsumerEffect,
+    ConsumerEvent,
+    ConsumerGuard,
+    ConsumerState,
+    ProducerEffect,
+    ProducerEvent,
+    ProducerState,
+    Reason,
+    Rule,
+)
+from kvtier.lifecycle.consumer import ConsumerMachine
+from kvtier.lifecycle.effects import JobDone, SendBlocks
+from kvtier.lifecycle.producer import ProducerMachine
+
+__all__ = ["PLANTED"]
+
+
+@contextmanager
+def _patched(cls: type, name: str, value: Any) -> Iterator[None]:
+    had = name in cls.__dict__
+    old = cls.__dict__.get(name)
+    setattr(cls, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(cls, name, old)
+        else:
+            delattr(cls, name)
+
+
+def _table(cls: type, changes: dict[tuple[Any, Any], Rule]) -> AbstractContextManager[None]:
+    table = dict(cls.TABLE)
+    for key in changes:
+        if key not in table:  # pragma: no cover - guards against a renamed state or event
+            raise KeyError(f"planted bug patches a pair the table does not have: {key}")
+    table.update(changes)
+    return _patched(cls, "TABLE", MappingProxyType(table))
+
+
+def _rule(*branches: Branch) -> Rule:
+    return Rule(TRANSITION, tuple(branches), None)
+
+
+@contextmanager
+def bind_ignores_tombstone() -> Iterator[None]:
+    """A fetch for a tombstoned id binds and starts a transfer from the freed blocks (B01)."""
+
+    def start_transfer(self: ProducerMachine, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        # the record's block map was cleared when the jobs failed: send whatever the slots hold now
+        out.append(SendBlocks(rec.peer, rec.key, rec.round, tuple(rec.blocks.get(k, 0) for k in rec.demand)))
+
+    with ExitStack() as stack:
+        stack.enter_context(
+            _table(
+                ProducerMachine,
+                {
+                    (ProducerState.TOMBSTONED, ProducerEvent.FETCH): _rule(
+                        Branch(None, ProducerState.SERVING, (ProducerEffect.BIND, ProducerEffect.START_TRANSFER), None)
+                    )
+                },
+            )
+        )
+        stack.enter_context(_patched(ProducerMachine, "effect_start_transfer", start_transfer))
+        yield
+
+
+@contextmanager
+def dup_ack_releases_twice() -> Iterator[None]:
+    """The consumer reports a load job again when a transfer_done or abort_ack arrives for a load
+    that already ended (a duplicated message releases the slots twice)."""
+
+    def report_ok(self: ConsumerMachine, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        out.append(JobDone(rec.job_id, True, None))  # job_id is not cleared
+
+    def fail_job(self: ConsumerMachine, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        if rec.job_id is not None:
+            out.append(JobDone(rec.job_id, False, reason))  # job_id is not cleared
+
+    again_ok = _rule(Branch(None, ConsumerState.LOADED, (ConsumerEffect.REPORT_LOAD_OK,), None))
+    again_fail = _rule(Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB,), None))
+    with ExitStack() as stack:
+        stack.enter_context(
+            _table(
+                ConsumerMachine,
+                {
+                    (ConsumerState.LOADED, ConsumerEvent.TRANSFER_DONE): again_ok,
+                    (ConsumerState.FAILED, ConsumerEvent.TRANSFER_DONE): again_fail,
+                    (ConsumerState.FAILED, ConsumerEvent.ABORT_ACK): again_fail,
+                },
+            )
+        )
+        stack.enter_context(_patched(ConsumerMachine, "effect_report_load_ok", report_ok))
+        stack.enter_context(_patched(ConsumerMachine, "effect_fail_job", fail_job))
+        yield
+
+
+@contextmanager
+def reap_forgets_jobs() -> Iterator[None]:
+    """The reap deadline tombstones a parked id without failing its store jobs: the engine never
+    learns it may release the blocks (B16)."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.PARKED, ProducerEvent.REAP_DEADLINE): _rule(
+                Branch(None, ProducerState.TOMBSTONED, (), Reason.REAPED)
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def prune_before_retention() -> Iterator[None]:
+    """The reap deadline deletes the record at once instead of tombstoning it, so a late fetch
+    waits for blocks and a late store parks again (B01/B03 with the tombstone retention gone)."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.PARKED, ProducerEvent.REAP_DEADLINE): _rule(
+                Branch(None, ProducerState.PRUNED, (ProducerEffect.FAIL_JOBS,), Reason.REAPED)
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def write_after_abort() -> Iterator[None]:
+    """Block data that arrives while the load is aborting is still written into the slots, although
+    the load may be reported failed (and its slots reused) any moment (B08)."""
+    with _table(
+        ConsumerMachine,
+        {
+            (ConsumerState.ABORTING, ConsumerEvent.BLOCK_DATA): _rule(
+                Branch(ConsumerGuard.BLOCKS_VALID, ConsumerState.ABORTING, (ConsumerEffect.WRITE_BLOCKS,), None),
+                Branch(None, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE,), None),
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def store_reparks_tombstone() -> Iterator[None]:
+    """A store for a tombstoned id parks its blocks again, pinning memory for an id that can never
+    be fetched (B03)."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.TOMBSTONED, ProducerEvent.STORE): _rule(
+                Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS,), None)
+            )
+        },
+    ):
+        yield
+
+
+PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
+    "bind_ignores_tombstone": bind_ignores_tombstone,
+    "dup_ack_releases_twice": dup_ack_releases_twice,
+    "reap_forgets_jobs": reap_forgets_jobs,
+    "prune_before_retention": prune_before_retention,
+    "write_after_abort": write_after_abort,
+    "store_reparks_tombstone": store_reparks_tombstone,
+}
+"""Planted bug name -> context manager factory (``with PLANTED[name](): ...``)."""

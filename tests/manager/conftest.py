@@ -1,0 +1,120 @@
+"""Fixtures for the runtime manager tests.
+
+* ``peer_pool`` (session): child processes running a KvTierManager (kvtier.testing.peer_process).
+  A spawn costs seconds (torch import), so one long-lived child serves every test through
+  ``producer`` (a fresh manager per test), and one spare is started at the same time, in the
+  background, for the test that kill -9s a producer.
+* ``producer``: the shared child, with its manager stopped again after the test.
+* ``victim``: a child of its own that the test may kill; killed/closed by the finaliser.
+* ``make_manager``: in-process managers on real zmq sockets (127.0.0.1, ephemeral port), shut
+  down by the finaliser.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kvtier.testing.peer_process import PeerProcess
+
+
+class PeerPool:
+    def __init__(self) -> None:
+        self.shared: PeerProcess | None = None
+        self.spares: list[PeerProcess] = []
+        self.all: list[PeerProcess] = []
+
+    def _new(self, name: str) -> PeerProcess:
+        p = PeerProcess(name, max_lifetime_s=900.0)
+        p.start()
+        self.all.append(p)
+        return p
+
+    def get_shared(self) -> PeerProcess:
+        if self.shared is None or not self.shared.alive:
+            self.shared = self._new("kvtier-peer-shared")
+            if not self.spares:  # start the spare now too: both import torch in parallel
+                self.spares.append(self._new("kvtier-peer-spare"))
+        self.shared.wait_ready()
+        return self.shared
+
+    def take_spare(self) -> PeerProcess:
+        p = self.spares.pop() if self.spares else self._new("kvtier-peer-victim")
+        p.wait_ready()
+        return p
+
+    def close(self) -> None:
+        for p in self.all:
+            try:
+                p.close(timeout_s=5.0)
+            finally:
+                p.kill()
+
+
+@pytest.fixture(scope="session")
+def peer_pool() -> Iterator[PeerPool]:
+    pool = PeerPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def producer(peer_pool: PeerPool) -> Iterator[PeerProcess]:
+    """The shared child process; the test starts its manager with ``start_manager``."""
+    p = peer_pool.get_shared()
+    try:
+        yield p
+    finally:
+        if p.alive:
+            try:
+                p.stop_manager()
+            except Exception:
+                p.kill()  # a wedged child is replaced by the next test
+        assert p.alive, "the shared peer process died during the test"
+
+
+@pytest.fixture
+def victim(peer_pool: PeerPool) -> Iterator[PeerProcess]:
+    """A child process of its own, which the test may kill -9."""
+    p = peer_pool.take_spare()
+    try:
+        yield p
+    finally:
+        p.close(timeout_s=5.0)
+        p.kill()
+        assert not p.alive
+
+
+@pytest.fixture
+def make_manager() -> Iterator[Any]:
+    """``make_manager(config, num_blocks=64, block_bytes=4096, **kw)`` -> KvTierManager on a
+    real ZmqTransport at 127.0.0.1:<ephemeral>; every one is shut down after the test."""
+    from kvtier.manager import KvTierManager
+    from kvtier.memory import BlockPool
+
+    made: list[KvTierManager] = []
+
+    def _make(config: dict | None = None, *, num_blocks: int = 64, block_bytes: int = 4096, **kw: Any):
+        cfg = {"host": "127.0.0.1", "port": 0, **(config or {})}
+        m = KvTierManager(cfg, BlockPool(num_blocks, block_bytes, pin=False), **kw)
+        made.append(m)
+        return m
+
+    try:
+        yield _make
+    finally:
+        for m in made:
+            m.shutdown()
+
+
+@pytest.fixture
+def shm_files() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:  # pragma: no cover
+        return set()

@@ -1,0 +1,144 @@
+"""Helpers shared by the runtime manager tests (tests/manager/).
+
+Nothing here replaces kvtier code: managers, transports, pools and the lifecycle core are the
+real ones.  These are bookkeeping helpers: collect job results (keeping duplicates visible), poll
+several managers until a condition holds (bounded, never a timing assertion), read metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kvtier.api import JobResult, RequestContext, TransferJob
+from kvtier.manager import KvTierManager
+from kvtier.testing.peer_process import block_pattern, pattern_digest, slot_digest
+
+__all__ = [
+    "Jobs",
+    "block_pattern",
+    "consumer_req",
+    "digests",
+    "fill_pattern",
+    "keys_for",
+    "metric",
+    "pattern_digest",
+    "producer_req",
+    "pump_until",
+    "slot_digest",
+]
+
+#: Upper bound of every wait in these tests.  Only there to stop a hung test; nothing asserts
+#: how long anything took.
+WAIT_S = 8.0
+
+SENTINEL = 0xAB
+
+
+def producer_req(req_id: str, kv_id: str) -> RequestContext:
+    return RequestContext(req_id=req_id, kv_transfer_params={"remote_decoder": {"kv_request_id": kv_id}})
+
+
+def consumer_req(req_id: str, kv_id: str, host: str, port: int) -> RequestContext:
+    return RequestContext(
+        req_id=req_id,
+        kv_transfer_params={"remote_prefiller": {"kv_request_id": kv_id, "remote_host": host, "remote_port": port}},
+    )
+
+
+def keys_for(kv_id: str, n: int) -> list[bytes]:
+    return [f"{kv_id}/blk{i}".encode() for i in range(n)]
+
+
+def job(job_id: int, keys: Iterable[bytes], slots: Iterable[int], req: RequestContext) -> TransferJob:
+    return TransferJob(job_id=job_id, keys=tuple(keys), slots=tuple(slots), req=req)
+
+
+def fill_pattern(pool: Any, slots: Iterable[int], seed: int) -> list[str]:
+    """Write block_pattern(seed, i) into the i-th slot; return the sha256 of each."""
+    out = []
+    for i, s in enumerate(slots):
+        pool.write(s, block_pattern(seed, i, pool.block_bytes))
+        out.append(slot_digest(pool, s))
+    return out
+
+
+def digests(pool: Any, slots: Iterable[int]) -> list[str]:
+    return [slot_digest(pool, s) for s in slots]
+
+
+def sentinel_digest(block_bytes: int, byte: int = SENTINEL) -> str:
+    import hashlib
+
+    return hashlib.sha256(bytes([byte]) * block_bytes).hexdigest()
+
+
+def metric(src: KvTierManager | dict[str, float], name: str, **labels: str) -> float:
+    """Value of one sample from ``manager.stats()`` (0.0 when it was never touched)."""
+    stats = src.stats() if isinstance(src, KvTierManager) else src
+    if labels:
+        name += "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
+    return float(stats.get(name, 0.0))
+
+
+def metric_sum(src: KvTierManager | dict[str, float], name: str, **labels: str) -> float:
+    """Sum of every sample of ``name`` whose labels include ``labels``."""
+    stats = src.stats() if isinstance(src, KvTierManager) else src
+    total = 0.0
+    for key, value in stats.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        have = dict(kv.split("=", 1) for kv in rest.rstrip("}").split(",") if kv)
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+class Jobs:
+    """Every result a manager reported, per job id (a list, so a duplicate is visible)."""
+
+    def __init__(self, mgr: KvTierManager) -> None:
+        self.mgr = mgr
+        self.by_id: dict[int, list[JobResult]] = defaultdict(list)
+
+    def pump(self) -> None:
+        for r in self.mgr.get_finished_jobs():
+            self.by_id[r.job_id].append(r)
+
+    def has(self, *job_ids: int) -> bool:
+        return all(self.by_id.get(j) for j in job_ids)
+
+    def one(self, job_id: int) -> JobResult:
+        got = self.by_id.get(job_id, [])
+        assert len(got) == 1, f"job {job_id}: expected exactly one result, got {got}"
+        return got[0]
+
+    def total(self) -> int:
+        return sum(len(v) for v in self.by_id.values())
+
+
+def pump_until(
+    pred: Callable[[], bool],
+    *,
+    managers: Iterable[KvTierManager] = (),
+    jobs: Iterable[Jobs] = (),
+    timeout_s: float = WAIT_S,
+    wait_s: float = 0.002,
+) -> bool:
+    """Poll ``managers`` (and collect ``jobs``) until ``pred()`` or ``timeout_s``; returns pred()."""
+    managers, jobs = list(managers), list(jobs)
+    end = time.monotonic() + timeout_s
+    while True:
+        for m in managers:
+            m.poll(wait_s)
+        for j in jobs:
+            j.pump()
+        if pred():
+            return True
+        if time.monotonic() > end:
+            return pred()
+        if not managers:
+            time.sleep(wait_s)
