@@ -213,6 +213,19 @@ class KvTierManager:
         self.m_peer_down = Counter("kvtier_peer_down", "Sessions that ended", ["reason"], registry=r)
         self.m_internal = Counter("kvtier_internal_errors", "Unexpected exceptions caught in the poll loop", registry=r)
         self.g_records = Gauge("kvtier_records", "Live lifecycle records", ["machine"], registry=r)
+        # evaluated when scraped, so the poll loop pays nothing for them
+        self.g_records.labels("producer").set_function(lambda: len(self.core.producer.records))
+        self.g_records.labels("consumer").set_function(lambda: len(self.core.consumer.records))
+        self.g_records.labels("session").set_function(lambda: len(self.core.sessions.records))
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _count(self, metric: Any, *labels: str, amount: float = 1.0) -> None:
+        """Increment a labelled counter; children are cached (``labels()`` takes a lock)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        child.inc(amount)
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of counters for humans and the demo (not a stable API)."""
@@ -285,7 +298,7 @@ class KvTierManager:
             now = self.clock()
             if info.role != "producer":
                 self._results.append(JobResult(job_id=job.job_id, success=True))
-                self.m_jobs.labels("store", "ok", "local").inc()
+                self._count(self.m_jobs, "store", "ok", "local")
                 return
             self._jobs[job.job_id] = _Job("store", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
             inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots))
@@ -459,9 +472,6 @@ class KvTierManager:
         self._heartbeats(now)
         self._run(self.core.tick(now))
         self.transport.flush()
-        self.g_records.labels("producer").set(len(self.core.producer.records))
-        self.g_records.labels("consumer").set(len(self.core.consumer.records))
-        self.g_records.labels("session").set(len(self.core.sessions.records))
 
     def _heartbeats(self, now: float) -> None:
         interval = self.config.heartbeat_interval_s
@@ -496,7 +506,7 @@ class KvTierManager:
         try:
             msg, payloads = self._decoder.decode(frames)
         except WireError as err:
-            self.m_wire.labels(err.reason).inc()
+            self._count(self.m_wire, err.reason)
             if err.reason == "version_mismatch" and err.msg_type == "hello" and err.gen is not None:
                 # answer a hello from another protocol version as a handshake mismatch, at once
                 log.error("kvtier: %s speaks protocol version %s, we speak %s", peer, err.theirs, PROTOCOL_VERSION)
@@ -545,7 +555,7 @@ class KvTierManager:
         elif t is wm.Disconnect:
             self._run(core.disconnect(peer, msg.gen, now))
         elif t is wm.Error:
-            self.m_wire.labels("peer_reported_" + msg.reason).inc()
+            self._count(self.m_wire, "peer_reported_" + msg.reason)
             self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %s %s", peer, msg.reason, msg.detail)
 
     # -- effects ---------------------------------------------------------------------------------
@@ -587,7 +597,7 @@ class KvTierManager:
                 return self.core.transfer_released(e.kv_request_id, e.round, self.clock())
         elif t is fx.SendTransferDone:
             if not e.ok:
-                self.m_late.labels(e.reason or "").inc()
+                self._count(self.m_late, e.reason or "")
             return self._send_ctl(e.peer, wm.TransferDone(
                 gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round,
                 ok=e.ok, reason=e.reason or "",
@@ -625,11 +635,11 @@ class KvTierManager:
             self.transport.disconnect(e.peer)
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
-            self.m_peer_down.labels(e.reason).inc()
+            self._count(self.m_peer_down, e.reason)
             level = logging.INFO if e.reason == "shutdown" else logging.WARNING
             log.log(level, "kvtier: session with %s ended: %s", e.peer, e.reason)
         elif t is fx.Ignored:
-            self.m_ignored.labels(e.machine, e.reason).inc()
+            self._count(self.m_ignored, e.machine, e.reason)
         else:  # pragma: no cover - a new effect type without a performer is a bug
             raise TypeError(f"no performer for effect {e!r}")
         return None
@@ -656,7 +666,7 @@ class KvTierManager:
             log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
             return
         reason = None if ok else str(reason or "failed")
-        self.m_jobs.labels(job.kind, "ok" if ok else "fail", reason or "").inc()
+        self._count(self.m_jobs, job.kind, "ok" if ok else "fail", reason or "")
         if ok and job.kind == "load":
             res = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes,
                             transfer_time_s=self.clock() - job.submitted)
