@@ -104,8 +104,17 @@ class _Child:
         return self.mgr
 
     def collect(self) -> None:
-        if self.mgr is not None:
-            self.results.extend(_result_dict(r) for r in self.mgr.get_finished_jobs())
+        """Move the manager's job results here.  While paused the manager is not polled (that
+        would answer the peer): only results an engine call already produced are taken."""
+        mgr = self.mgr
+        if mgr is None:
+            return
+        if self.paused:
+            with mgr._lock:
+                done, mgr._results = mgr._results, []
+        else:
+            done = mgr.get_finished_jobs()
+        self.results.extend(_result_dict(r) for r in done)
 
     def step(self) -> None:
         if self.mgr is not None and not self.paused:
@@ -147,6 +156,14 @@ class _Child:
                 self.paused = False
                 self.reqs = {}
         return out
+
+    def op_crash_manager(self) -> None:
+        """Drop the manager as a crash would: sockets closed, no disconnect sent, no results."""
+        mgr, self.mgr = self.mgr, None
+        if mgr is not None:
+            mgr._closed = True  # so its finaliser-free object never touches the sockets again
+            mgr.transport.close()
+        self.results, self.reqs, self.paused = [], {}, False
 
     def op_store(
         self,
@@ -218,8 +235,7 @@ class _Child:
             self._need().on_request_finished(req)
 
     def op_results(self, clear: bool = True) -> list[dict[str, Any]]:
-        if not self.paused:
-            self.collect()
+        self.collect()
         out = list(self.results)
         if clear:
             self.results = []
@@ -231,7 +247,7 @@ class _Child:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             mgr.poll(0.002)
-            self.collect()
+        self.results.extend(_result_dict(r) for r in mgr.get_finished_jobs())
 
     def op_pause(self) -> None:
         self.paused = True
@@ -277,8 +293,13 @@ def _child_main(conn: Any, max_lifetime_s: float, log_level: int) -> None:
         import kvtier.manager  # noqa: F401  (pay the torch import before saying ready)
 
         conn.send(("ready", os.getpid()))
+    except (EOFError, OSError):  # the parent went away while we were starting
+        return
     except BaseException as exc:  # pragma: no cover - broken environment
-        conn.send(("err", type(exc).__name__, str(exc), traceback.format_exc()))
+        try:
+            conn.send(("err", type(exc).__name__, str(exc), traceback.format_exc()))
+        except (EOFError, OSError):
+            pass
         return
     deadline = time.monotonic() + max_lifetime_s
     try:
@@ -451,6 +472,11 @@ class PeerProcess:
         )
         self.address, self.host, self.port = info["address"], info["host"], info["port"]
         return self.address
+
+    def crash_manager(self) -> None:
+        """The manager dies without a goodbye (its sockets close, nothing is sent); the process
+        lives on, so a new manager can be started on the same port."""
+        self.call("crash_manager")
 
     def stop_manager(self) -> list[dict[str, Any]]:
         """Shut the manager down; returns every result not yet fetched (shutdown failures too)."""

@@ -1,0 +1,368 @@
+"""Bad input: wire garbage from raw zmq sockets (a hostile consumer and a hostile producer), and
+API misuse by the engine.
+
+Wire garbage is counted in ``kvtier_wire_errors_total{reason=...}``, answered with an ``error``
+message, never raises out of ``poll`` and never disturbs a legitimate peer in the same test.
+"""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+import zmq
+
+from kvtier.api import DuplicateJob, RequestContext, UnknownRequest
+from kvtier.config import TierConfig
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+from kvtier.testing.inproc import InprocNetwork, InprocTransport
+from kvtier.wire import messages as wm
+from kvtier.wire.codec import decode, encode_frames
+from mgr_helpers import (
+    SENTINEL,
+    Jobs,
+    block_pattern,
+    consumer_req,
+    digests,
+    fill_pattern,
+    job,
+    metric,
+    metric_sum,
+    pattern_digest,
+    producer_req,
+    pump_until,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+BB = 4096
+HB = {"heartbeat_interval_s": 0.1, "peer_timeout_s": 5.0}
+LIMITS = {"max_message_bytes": 4096, "max_blocks_per_fetch": 16}
+pack = msgspec.msgpack.encode
+
+
+@pytest.fixture
+def zctx():
+    ctx = zmq.Context()
+    try:
+        yield ctx
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _hdr(**fields) -> bytes:
+    return pack(fields)
+
+
+FETCH_OK = dict(type="fetch", gen=1, kv_request_id="kv-x", round=0, keys=[b"a"])
+
+#: (label, frames, expected wire error reason)
+GARBAGE = [
+    ("random bytes", [random.Random(7).randbytes(64)], "malformed"),
+    ("empty header", [b""], "malformed"),
+    ("msgpack list", [pack([1, 2, 3])], "malformed"),
+    ("no type", [_hdr(gen=1)], "malformed"),
+    ("unknown type", [_hdr(type="bogus", gen=1)], "unknown_type"),
+    ("oversize header", [_hdr(type="ping", gen=1, t=0.0, pad="x" * 5000)], "oversize"),
+    ("fetch with a payload frame", [_hdr(**FETCH_OK), b"\x00" * BB], "bad_payload"),
+    ("block_data count=2, one frame",
+     [_hdr(type="block_data", gen=1, kv_request_id="kv-x", round=0, first=0, count=2), b"\x00" * BB], "bad_payload"),
+    ("block_data short payload",
+     [_hdr(type="block_data", gen=1, kv_request_id="kv-x", round=0, first=0, count=1), b"\x00" * 100], "bad_payload"),
+    ("bool for int", [_hdr(**{**FETCH_OK, "round": True})], "bad_field"),
+    ("float for int", [_hdr(**{**FETCH_OK, "round": 1.5})], "bad_field"),
+    ("negative int", [_hdr(**{**FETCH_OK, "round": -1})], "bad_field"),
+    ("duplicate keys in fetch", [_hdr(**{**FETCH_OK, "keys": [b"a", b"b", b"a"]})], "bad_field"),
+    ("bad kv_request_id", [_hdr(**{**FETCH_OK, "kv_request_id": "no spaces allowed"})], "bad_field"),
+    ("missing field", [_hdr(type="fetch", gen=1, kv_request_id="kv-x", keys=[b"a"])], "bad_field"),
+    ("unknown field", [_hdr(**{**FETCH_OK, "extra": 1})], "bad_field"),
+    ("too many keys", [_hdr(**{**FETCH_OK, "keys": [b"k%d" % i for i in range(17)]})], "oversize"),
+    ("block index out of range",
+     [_hdr(type="block_data", gen=1, kv_request_id="kv-x", round=0, first=20, count=1), b"\x00" * BB], "oversize"),
+    ("hello from the future",
+     [_hdr(type="hello", gen=1, version=2, instance="x", block_bytes=BB, layout="raw", hash_seed="")],
+     "version_mismatch"),
+]
+
+
+def _drain_replies(sock, into, n, *, managers, timeout_s=8.0):
+    def pred():
+        while True:
+            try:
+                into.append(sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return len(into) >= n
+
+    return pump_until(pred, managers=managers, timeout_s=timeout_s)
+
+
+def test_wire_garbage_to_router_is_counted_and_a_legit_consumer_is_served(make_manager, zctx):
+    p = make_manager({**HB, **LIMITS}, block_bytes=BB)
+    raw = zctx.socket(zmq.DEALER)
+    raw.linger = 0
+    raw.connect(f"tcp://{p.host}:{p.port}")
+    for _, frames, _ in GARBAGE:
+        raw.send_multipart(frames)
+    # a well-formed message from a peer without a session is answered with disconnect
+    raw.send_multipart([pack({"type": "ping", "gen": 5, "t": 1.0})])
+
+    replies: list = []
+    assert _drain_replies(raw, replies, len(GARBAGE) + 1, managers=[p]), replies
+    expected: dict[str, int] = {}
+    for _, _, reason in GARBAGE:
+        expected[reason] = expected.get(reason, 0) + 1
+    for reason, n in expected.items():
+        assert metric(p, "kvtier_wire_errors_total", reason=reason) == n, (reason, p.stats())
+    assert metric_sum(p, "kvtier_wire_errors_total") == len(GARBAGE)
+    assert metric(p, "kvtier_internal_errors_total") == 0
+
+    decoded = [decode(f)[0] for f in replies]
+    errors = [m for m in decoded if isinstance(m, wm.Error)]
+    assert sorted(e.reason for e in errors) == sorted(r for _, _, r in GARBAGE if r != "version_mismatch")
+    # a hello from another protocol version is answered as a handshake mismatch
+    rejects = [m for m in decoded if isinstance(m, wm.HelloReject)]
+    assert [(m.field, m.ours, m.theirs) for m in rejects] == [("version", "1", "2")]
+    assert [e.kv_request_id for e in errors if e.reason == "bad_payload"][:1] == ["kv-x"]
+    assert any(isinstance(m, wm.Disconnect) and m.reason == "peer_disconnected" for m in decoded)
+
+    # the same garbage over a legitimate session: counted, answered, the session survives
+    c = make_manager({**HB, **LIMITS}, block_bytes=BB)
+    c.pool.tensor.fill_(SENTINEL)
+    jobs = Jobs(c)
+    preq = producer_req("p1", "kv-legit")
+    p.on_new_request(preq)
+    stored = fill_pattern(p.pool, [0, 1, 2], seed=3)
+    p.submit_store(job(1, [b"a", b"b", b"c"], [0, 1, 2], preq))
+    creq = consumer_req("c1", "kv-legit", p.host, p.port)
+    c.on_new_request(creq)
+    assert pump_until(lambda: c.core.session_ready(p.address), managers=[p, c])
+    before = metric_sum(p, "kvtier_wire_errors_total")
+    for _, frames, _ in GARBAGE[:6]:
+        c.transport.send(p.address, frames)
+    assert pump_until(lambda: metric_sum(p, "kvtier_wire_errors_total") == before + 6, managers=[p, c])
+    assert pump_until(lambda: metric_sum(c, "kvtier_wire_errors_total") >= 6, managers=[p, c])  # peer_reported_*
+    assert c.core.session_ready(p.address)
+
+    c.submit_load(job(9, [b"a", b"b", b"c"], [7, 8, 9], creq))
+    assert pump_until(lambda: jobs.has(9), managers=[p], jobs=[jobs])
+    assert jobs.one(9).success
+    assert digests(c.pool, [7, 8, 9]) == stored
+    assert metric(p, "kvtier_internal_errors_total") == 0
+    assert metric(c, "kvtier_internal_errors_total") == 0
+
+
+def test_hostile_producer_cannot_write_out_of_range_or_stale_blocks(make_manager, zctx):
+    """A fake producer (raw ROUTER) answers the consumer's handshake and fetch, then sends
+    garbage, out-of-range and duplicate block indexes, a wrong generation and a stale round,
+    before the real blocks.  Only the real blocks land; the load succeeds exactly once."""
+    fake = zctx.socket(zmq.ROUTER)
+    fake.linger = 0
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    c = make_manager({**HB, **LIMITS}, block_bytes=BB)
+    c.pool.tensor.fill_(SENTINEL)
+    jobs = Jobs(c)
+    creq = consumer_req("c1", "kv-h", "127.0.0.1", port)
+    c.on_new_request(creq)
+    c.submit_load(job(1, [b"k0", b"k1"], [4, 5], creq))
+
+    inbox: list = []
+
+    def recv(kind):
+        def pred():
+            while True:
+                try:
+                    rid, *frames = fake.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                inbox.append((rid, decode(frames)[0]))
+            return any(isinstance(m, kind) for _, m in inbox)
+
+        assert pump_until(pred, managers=[c]), f"no {kind.__name__} from the consumer"
+        i = next(i for i, (_, m) in enumerate(inbox) if isinstance(m, kind))
+        return inbox.pop(i)
+
+    rid, hello = recv(wm.Hello)
+    send = lambda msg, payloads=(): fake.send_multipart([rid, *encode_frames(msg, payloads)])  # noqa: E731
+    send(wm.HelloAck(gen=hello.gen + 1, instance="fake"))  # wrong generation: ignored
+    send(wm.HelloAck(gen=hello.gen, instance="fake"))
+    _, fetch = recv(wm.Fetch)
+    assert fetch.keys == [b"k0", b"k1"]
+    g, kid, rnd = hello.gen, fetch.kv_request_id, fetch.round
+    good = [block_pattern(9, i, BB) for i in range(2)]
+    evil = b"\xee" * BB
+
+    def bd(first, count, *, gen=g, round=rnd):  # noqa: A002
+        return wm.BlockData(gen=gen, kv_request_id=kid, round=round, first=first, count=count)
+
+    raw_frames = [
+        [random.Random(1).randbytes(40)],  # malformed
+        [_hdr(type="block_data", gen=g, kv_request_id=kid, round=rnd, first=20, count=1), evil],  # oversize
+        [_hdr(type="block_data", gen=g, kv_request_id=kid, round=rnd, first=0, count=2), evil],  # bad_payload
+        [_hdr(type="block_data", gen=g, kv_request_id=kid, round=rnd, first=0, count=1), evil[:10]],  # bad_payload
+        [_hdr(type="block_data", gen=g, kv_request_id=kid, round=rnd, first=True, count=1), evil],  # bad_field
+    ]
+    for frames in raw_frames:
+        fake.send_multipart([rid, *frames])
+    send(bd(5, 1), [evil])  # index past the fetch's 2 keys: valid wire, refused by the core
+    send(bd(0, 1, gen=g + 1), [evil])  # another generation
+    send(bd(0, 1, round=rnd + 1000), [evil])  # another round
+    send(wm.TransferDone(gen=g, kv_request_id=kid, round=rnd + 1000, ok=False, reason="aborted"))  # stale
+    send(bd(0, 1), [good[0]])
+    send(bd(0, 1), [evil])  # block 0 again: must not overwrite
+    send(bd(1, 1), [good[1]])
+    send(wm.TransferDone(gen=g, kv_request_id=kid, round=rnd, ok=True, reason=""))
+
+    assert pump_until(lambda: jobs.has(1), jobs=[jobs])
+    r = jobs.one(1)
+    assert r.success, r
+    assert digests(c.pool, [4, 5]) == [pattern_digest(9, i, BB) for i in range(2)]
+    assert metric(c, "kvtier_block_bytes_landed_total") == 2 * BB
+    assert metric(c, "kvtier_wire_errors_total", reason="malformed") == 1
+    assert metric(c, "kvtier_wire_errors_total", reason="oversize") == 1
+    assert metric(c, "kvtier_wire_errors_total", reason="bad_payload") == 2
+    assert metric(c, "kvtier_wire_errors_total", reason="bad_field") == 1
+    assert metric(c, "kvtier_ignored_inputs_total", machine="consumer", reason="incomplete_data") == 2
+    assert metric(c, "kvtier_ignored_inputs_total", machine="session", reason="stale") == 2
+    assert metric(c, "kvtier_internal_errors_total") == 0
+    pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
+    assert jobs.total() == 1
+
+
+# -- API misuse (no sockets: in-memory transport) ------------------------------------------------
+
+
+@pytest.fixture
+def mgr():
+    net = InprocNetwork()
+    m = KvTierManager({}, BlockPool(8, 64, pin=False), transport=InprocTransport(net, "misuse:1"))
+    try:
+        yield m
+    finally:
+        m.shutdown()
+
+
+def test_store_for_never_announced_request_raises_unknown_request(mgr):
+    req = producer_req("never-announced", "kv-1")
+    with pytest.raises(UnknownRequest):
+        mgr.submit_store(job(1, [b"a"], [0], req))
+    with pytest.raises(UnknownRequest):
+        mgr.submit_load(job(2, [b"a"], [0], consumer_req("nope", "kv-1", "127.0.0.1", 9)))
+    mgr.on_new_request(req)
+    with pytest.raises(UnknownRequest):  # a producer request cannot load
+        mgr.submit_load(job(3, [b"a"], [0], req))
+    assert mgr.get_finished_jobs() == []
+    assert not mgr.has_pending_work()
+
+
+def test_duplicate_job_id_raises_and_leaves_the_first_job_alone(mgr):
+    req = producer_req("p1", "kv-1")
+    mgr.on_new_request(req)
+    mgr.submit_store(job(1, [b"a"], [0], req))
+    with pytest.raises(DuplicateJob):
+        mgr.submit_store(job(1, [b"b"], [1], req))
+    creq = consumer_req("c1", "kv-2", "127.0.0.1", 9)
+    mgr.on_new_request(creq)
+    with pytest.raises(DuplicateJob):  # job ids are unique across stores and loads
+        mgr.submit_load(job(1, [b"c"], [2], creq))
+    assert mgr.get_finished_jobs() == []
+    assert list(mgr._jobs) == [1]
+    mgr.drain_jobs(timeout_s=5.0)
+    assert [(r.job_id, r.success, r.reason) for r in mgr.get_finished_jobs()] == [(1, False, "drained")]
+
+
+@pytest.mark.parametrize("slot", [8, 1000, -1, True, False, 1.0, "1", None])
+def test_slot_outside_pool_or_not_an_int_raises_value_error(mgr, slot):
+    req = producer_req("p1", "kv-1")
+    mgr.on_new_request(req)
+    with pytest.raises(ValueError, match="slot"):
+        mgr.submit_store(job(1, [b"a"], [slot], req))
+    creq = consumer_req("c1", "kv-2", "127.0.0.1", 9)
+    mgr.on_new_request(creq)
+    with pytest.raises(ValueError, match="slot"):
+        mgr.submit_load(job(2, [b"a"], [slot], creq))
+    # nothing was registered: the same job ids are still free
+    mgr.submit_store(job(1, [b"a"], [0], req))
+    assert list(mgr._jobs) == [1]
+
+
+@pytest.mark.parametrize(
+    ("keys", "slots", "match"),
+    [
+        ([b"a", b"b"], [0], "2 keys but 1 slots"),
+        ([b"a", b"a"], [0, 1], "duplicate keys"),
+        ([b""], [0], "keys must be"),
+        ([b"x" * 257], [0], "keys must be"),
+        (["text"], [0], "keys must be"),
+    ],
+)
+def test_bad_keys_raise_value_error(mgr, keys, slots, match):
+    req = producer_req("p1", "kv-1")
+    mgr.on_new_request(req)
+    with pytest.raises(ValueError, match=match):
+        mgr.submit_store(job(1, keys, slots, req))
+
+
+def _pref(**over):
+    base = {"kv_request_id": "kv-1", "remote_host": "127.0.0.1", "remote_port": 5555}
+    base.update(over)
+    return {"remote_prefiller": base}
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ([("remote_decoder", {"kv_request_id": "k"})], "kv_transfer_params"),
+        ("remote_decoder", "kv_transfer_params"),
+        ({"remote_prefiller": "127.0.0.1:5555"}, "remote_prefiller"),
+        ({"remote_decoder": ["kv-1"]}, "remote_decoder"),
+        (_pref(remote_port=0), "remote_port"),
+        (_pref(remote_port=65536), "remote_port"),
+        (_pref(remote_port=-5), "remote_port"),
+        (_pref(remote_port="5555"), "remote_port"),
+        (_pref(remote_port=True), "remote_port"),
+        (_pref(remote_port=5555.0), "remote_port"),
+        (_pref(remote_port=None), "remote_port"),
+        (_pref(remote_host=""), "remote_host"),
+        (_pref(remote_host=None), "remote_host"),
+        (_pref(remote_host=b"127.0.0.1"), "remote_host"),
+        (_pref(kv_request_id="has space"), "kv_request_id"),
+        (_pref(kv_request_id="naïve"), "kv_request_id"),
+        (_pref(kv_request_id=""), "kv_request_id"),
+        (_pref(kv_request_id="x" * 257), "kv_request_id"),
+        (_pref(kv_request_id=42), "kv_request_id"),
+        ({"remote_decoder": {"kv_request_id": "a\nb"}}, "kv_request_id"),
+        ({"remote_decoder": {}}, "kv_request_id"),
+    ],
+)
+def test_malformed_kv_transfer_params_raise_value_error_naming_the_field(mgr, params, field):
+    req = RequestContext(req_id="r1", kv_transfer_params=params)
+    with pytest.raises(ValueError, match=field):
+        mgr.on_new_request(req)
+    with pytest.raises(UnknownRequest):  # the bad request was not registered
+        mgr.submit_store(job(1, [b"a"], [0], req))
+    assert mgr.core.sessions.records == {}  # and nothing was dialled
+
+
+def test_request_announced_twice_with_different_params_raises(mgr):
+    mgr.on_new_request(producer_req("r1", "kv-1"))
+    assert mgr.on_new_request(producer_req("r1", "kv-1")) == "producer"  # same params: idempotent
+    with pytest.raises(ValueError, match="announced twice"):
+        mgr.on_new_request(producer_req("r1", "kv-2"))
+
+
+def test_config_typo_raises_value_error_with_did_you_mean():
+    pool = BlockPool(4, 64, pin=False)
+    with pytest.raises(ValueError, match=r"did you mean 'unbound_store_timeout_s'"):
+        KvTierManager({"unbound_store_timout_s": 5}, pool, transport=InprocTransport(InprocNetwork(), "cfg:1"))
+    with pytest.raises(ValueError, match="unbound_store_timeout_s"):
+        KvTierManager({"unbound_store_timeout_s": True}, pool, transport=InprocTransport(InprocNetwork(), "cfg:2"))
+
+
+def test_supply_timeout_not_shorter_than_load_timeout_is_refused():
+    """The cross-field rule that makes a producer's supply_timeout answer reach the consumer
+    before its own load deadline fires."""
+    with pytest.raises(ValueError, match="fetch_supply_timeout_s") as exc:
+        TierConfig.from_dict({"load_timeout_s": 5.0, "fetch_supply_timeout_s": 5.0})
+    assert "load_timeout_s" in str(exc.value)

@@ -1,0 +1,65 @@
+"""Handshake mismatch over real sockets: the consumer's load fails promptly, both sides log the
+field and both values, and the session never carries data."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvtier.api import LookupResult
+from mgr_helpers import SENTINEL, Jobs, consumer_req, digests, job, metric, producer_req, pump_until, sentinel_digest
+
+pytestmark = pytest.mark.timeout(60)
+
+HB = {"heartbeat_interval_s": 0.1, "peer_timeout_s": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("field", "p_kw", "c_kw", "p_value", "c_value"),
+    [
+        ("block_bytes", {"block_bytes": 4096}, {"block_bytes": 8192}, "4096", "8192"),
+        ("hash_seed", {"config": {"hash_seed": "seed-prefill"}}, {"config": {"hash_seed": "seed-decode"}},
+         "seed-prefill", "seed-decode"),
+        ("layout", {"layout": "raw"}, {"layout": "bf16[32,2,8,16,128]"}, "raw", "bf16[32,2,8,16,128]"),
+    ],
+)
+def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
+    make_manager, caplog, field, p_kw, c_kw, p_value, c_value
+):
+    caplog.set_level(logging.ERROR, logger="kvtier.manager")
+    p_kw, c_kw = dict(p_kw), dict(c_kw)
+    p = make_manager({**HB, **p_kw.pop("config", {})}, **p_kw)
+    # a long load timeout: the failure must come from the handshake, not from the deadline
+    c = make_manager({**HB, **c_kw.pop("config", {}), "load_timeout_s": 60.0}, **c_kw)
+    c.pool.tensor.fill_(SENTINEL)
+    jobs, pjobs = Jobs(c), Jobs(p)
+
+    preq = producer_req("p1", "kv-hs")
+    p.on_new_request(preq)
+    p.submit_store(job(1, [b"k0", b"k1"], [0, 1], preq))
+    creq = consumer_req("c1", "kv-hs", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, [b"k0", b"k1"], [4, 5], creq))
+
+    assert pump_until(lambda: jobs.has(2), managers=[p], jobs=[jobs, pjobs], timeout_s=8.0)
+    r = jobs.one(2)
+    # The session dies with handshake_mismatch; the core fails every load bound to the peer
+    # with the generic ``peer_lost`` (spec: consumer queued --peer_lost--> failed).
+    assert (r.success, r.reason) == (False, "peer_lost")
+    assert metric(c, "kvtier_peer_down_total", reason="handshake_mismatch") == 1
+    assert c.lookup(b"k0", creq) is LookupResult.MISS
+    assert metric(c, "kvtier_block_bytes_landed_total") == 0
+    assert metric(p, "kvtier_block_bytes_sent_total") == 0
+    assert digests(c.pool, [4, 5]) == [sentinel_digest(c.pool.block_bytes)] * 2
+    assert not pjobs.has(1)  # the producer still parks its blocks for a compatible consumer
+
+    # both sides name the field and both values, each from its own point of view
+    p_lines = [r.getMessage() for r in caplog.records if "rejecting hello" in r.getMessage()]
+    c_lines = [r.getMessage() for r in caplog.records if "rejected our hello" in r.getMessage()]
+    assert p_lines and c_lines, caplog.text
+    assert f"{field} differs (ours {p_value}, theirs {c_value})" in p_lines[0]
+    assert f"{field} differs (ours {c_value}, theirs {p_value})" in c_lines[0]
+
+    pump_until(lambda: False, managers=[p], jobs=[jobs, pjobs], timeout_s=0.2)
+    assert jobs.total() == 1
