@@ -34,6 +34,7 @@ from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, Tr
 from kvtier.config import TierConfig
 from kvtier.lifecycle import (
     CoreSettings,
+    InvalidTransition,
     FetchInput,
     HelloInput,
     LoadInput,
@@ -85,7 +86,8 @@ class _RateLimitedLog:
         self.interval_s = interval_s
         self._last: dict[tuple[str, str], float] = {}
 
-    def __call__(self, now: float, peer: str, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> None:
+    def __call__(self, now: float, peer: str, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> bool:
+        """Log unless this (peer, reason) logged within the interval; return whether it logged."""
         key = (peer, reason)
         last = self._last.get(key)
         if last is None or now - last >= self.interval_s:
@@ -93,6 +95,8 @@ class _RateLimitedLog:
             if len(self._last) > 4096:
                 self._last.clear()
             log.log(level, msg, *args)
+            return True
+        return False
 
 
 def parse_params(req: RequestContext) -> _Req:
@@ -268,9 +272,19 @@ class KvTierManager:
                 if prev != info:
                     raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
                 return info.role
-            self._requests[req.req_id] = info
             if info.role == "consumer":
+                from kvtier.lifecycle import ConsumerState
+
+                if self.core.consumer.state_of(info.kv_request_id) is not ConsumerState.ABSENT:
+                    # an earlier request's load of this id is still winding down (abort in flight)
+                    raise ValueError(
+                        f"request {req.req_id!r}: kv_request_id {info.kv_request_id!r} is still in use by an "
+                        "earlier request on this consumer"
+                    )
+                self._requests[req.req_id] = info
                 self._run(self.core.announce(info.kv_request_id, info.peer, self.clock()))
+            else:
+                self._requests[req.req_id] = info
             return info.role
 
     def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
@@ -300,9 +314,11 @@ class KvTierManager:
                 self._results.append(JobResult(job_id=job.job_id, success=True))
                 self._count(self.m_jobs, "store", "ok", "local")
                 return
-            self._jobs[job.job_id] = _Job("store", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
             inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots))
-            self._run(self.core.store(inp, now))
+            effects = self.core.store(inp, now)
+            # registered after the core accepted the input, before its effects (which may report it)
+            self._jobs[job.job_id] = _Job("store", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
+            self._run(effects)
 
     def submit_load(self, job: TransferJob) -> None:
         """Fetch ``job.keys`` from the request's producer into pool slots ``job.slots``.
@@ -321,9 +337,14 @@ class KvTierManager:
                 )
             self._check_job(job)
             now = self.clock()
-            self._jobs[job.job_id] = _Job("load", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
+            self._check_fetch_size(job)
             inp = LoadInput(info.kv_request_id, job.job_id, tuple(job.keys), tuple(job.slots))
-            self._run(self.core.submit_load(inp, now))
+            try:
+                effects = self.core.submit_load(inp, now)
+            except InvalidTransition as exc:
+                raise UnknownRequest(f"submit_load job {job.job_id}: {exc}") from exc
+            self._jobs[job.job_id] = _Job("load", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
+            self._run(effects)
 
     def get_finished_jobs(self) -> list[JobResult]:
         """Poll once, then hand over every job result produced since the last call."""
@@ -439,6 +460,16 @@ class KvTierManager:
             if not isinstance(k, bytes) or not 0 < len(k) <= 256:
                 raise ValueError(f"job {job.job_id}: keys must be 1..256 bytes, got {k!r:.40}")
 
+    def _check_fetch_size(self, job: TransferJob) -> None:
+        # the fetch header must fit the producer's max_message_bytes (assumed equal to ours);
+        # msgpack: ~3 bytes of framing per key plus the fixed fields
+        size = 256 + sum(len(k) + 3 for k in job.keys)
+        if size > self.config.max_message_bytes:
+            raise ValueError(
+                f"job {job.job_id}: a fetch of {len(job.keys)} keys ({size} bytes) exceeds max_message_bytes="
+                f"{self.config.max_message_bytes}; split the load or raise the limit on both sides"
+            )
+
     # -- the poll loop ---------------------------------------------------------------------------
     def _poll_loop(self) -> None:
         interval = self.config.poll_interval_s
@@ -513,9 +544,13 @@ class KvTierManager:
                 self._send(peer, wm.HelloReject(gen=err.gen, reason="handshake_mismatch", field="version",
                                                 ours=str(PROTOCOL_VERSION), theirs=err.theirs or "?"))
                 return
-            self._ratelog(now, peer, err.reason, "kvtier: bad message from %s: %s", peer, err)
-            gen = self.core.session_gen(peer) or 0
-            self._send(peer, wm.Error(gen=gen, reason=err.reason, detail=err.detail, kv_request_id=err.kv_request_id))
+            logged = self._ratelog(now, peer, err.reason, "kvtier: bad message from %s: %s", peer, err)
+            if err.kv_request_id or logged:
+                # a reply that names an id lets the sender fail just that request at once; other
+                # replies are as rate-limited as the log
+                gen = self.core.session_gen(peer) or 0
+                self._send(peer, wm.Error(gen=gen, reason=err.reason, detail=err.detail,
+                                          kv_request_id=err.kv_request_id))
             return
         core = self.core
         t = type(msg)
@@ -557,6 +592,8 @@ class KvTierManager:
         elif t is wm.Error:
             self._count(self.m_wire, "peer_reported_" + msg.reason)
             self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %s %s", peer, msg.reason, msg.detail)
+            if msg.kv_request_id:
+                self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
 
     # -- effects ---------------------------------------------------------------------------------
     def _run(self, effects: list[fx.Effect]) -> None:

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "a2cc2852d04deb5d5260fcab72f7d5d728e479dca72579ff0acf37e507d2346d"
+SPEC_SHA256: Final = "bbcfe7fc0a497203e5cac379cee95db8e8e0d7517591e25a03d911c610ecaac1"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -82,8 +82,8 @@ class Reason(enum.StrEnum):
     """a late, duplicate or out-of-order input for this state; counted and dropped"""
     NOT_BOUND = "not_bound"
     """the id is not bound to a peer, so the input does not concern it"""
-    WAITS_FOR_FETCH = "waits_for_fetch"
-    """parked blocks wait for a fetch or the reap deadline, not for the engine"""
+    PEER_ERROR = "peer_error"
+    """the peer refused our message as malformed (e.g. over its size limits)"""
     LATE_DATA = "late_data"
     """block data for a round that is no longer in flight is dropped, never written"""
     NOT_ANNOUNCED = "not_announced"
@@ -188,6 +188,8 @@ class ProducerGuard(enum.StrEnum):
     """the fetching peer already has max_pending_fetches_per_peer ids awaiting blocks"""
     SAME_ROUND = "same_round"
     """the input comes from the (peer, round) the id is bound to"""
+    SUPPLY_COMPLETE = "supply_complete"
+    """the engine finished the producer request, so no more stores will come for this id"""
 
 
 class ProducerEffect(enum.StrEnum):
@@ -219,6 +221,8 @@ class ProducerEffect(enum.StrEnum):
     """restart the current state's timer from now"""
     NOTE_DUPLICATE = "note_duplicate"
     """count an exactly repeated input (network duplicate); nothing else"""
+    NOTE_SUPPLY_COMPLETE = "note_supply_complete"
+    """remember that the engine finished the request: every store has been submitted"""
 
 
 PRODUCER_INITIAL: Final = ProducerState.ABSENT
@@ -275,6 +279,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.PARKED, ProducerEvent.FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ProducerEffect.REPLY_DONE_OK, ), None),
         Branch(ProducerGuard.DEMAND_MET, ProducerState.SERVING, (ProducerEffect.BIND, ProducerEffect.START_TRANSFER, ), None),
+        Branch(ProducerGuard.SUPPLY_COMPLETE, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_FETCH_FAILED, ), Reason.INCOMPLETE),
         Branch(ProducerGuard.PEER_BUSY, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.BIND, ), None),
     ), None),
@@ -284,7 +289,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.PARKED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
-    (ProducerState.PARKED, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.WAITS_FOR_FETCH),
+    (ProducerState.PARKED, ProducerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(None, ProducerState.PARKED, (ProducerEffect.NOTE_SUPPLY_COMPLETE, ), None),
+    ), None),
     (ProducerState.PARKED, ProducerEvent.REAP_DEADLINE): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.REAPED),
     ), None),
@@ -533,7 +540,7 @@ class ConsumerEffect(enum.StrEnum):
     REPORT_NEW_JOB_OK = "report_new_job_ok"
     """report the NEW (empty) load job as succeeded"""
     SEND_ABORT = "send_abort"
-    """send abort_fetch(kv_request_id, round) to the producer"""
+    """send abort_fetch(kv_request_id, round) to the producer (a fresh round if nothing was fetched: the producer may release the id at once)"""
     NOTE_STALE = "note_stale"
     """count a message for an old round; nothing else"""
 
@@ -584,7 +591,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ANNOUNCED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FINISHED, (), None),
+        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.SEND_ABORT, ), Reason.CANCELLED),
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ConsumerState.FAILED, (), Reason.PEER_LOST),

@@ -206,6 +206,9 @@ class ConsumerMachine(TableMachine):
         out.append(JobDone(inp.job_id, True, None))
 
     def effect_send_abort(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        if rec.round < 0:  # nothing fetched yet: a fresh round names this cancellation
+            rec.round = self._next_round
+            self._next_round += 1
         out.append(SendAbortFetch(rec.peer, rec.key, rec.round))
 
     def effect_note_stale(self, rec: ConsumerRecord, inp, reason, now, out) -> None:

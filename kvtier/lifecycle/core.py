@@ -249,6 +249,19 @@ class TierCore:
             self.consumer.message(peer, ConsumerEvent.TRANSFER_DONE, inp, now, out)
         return out
 
+    def peer_error(self, peer: str, gen: int, kv_request_id: str, now: float) -> list[Effect]:
+        """The peer answered ``error`` about ``kv_request_id`` (it could not accept our message):
+        the id's live load fails now with reason ``peer_error`` instead of waiting for its
+        deadline.  Anything else about the id is unaffected."""
+        out: list[Effect] = []
+        rec = self.consumer.records.get(kv_request_id)
+        if rec is None or rec.peer != peer:
+            return out
+        if self._gate(peer, gen, "error", now, out):
+            inp = MessageInput(kv_request_id, rec.round, ok=False, reason="peer_error")
+            self.consumer.message(peer, ConsumerEvent.TRANSFER_DONE, inp, now, out)
+        return out
+
     def abort_ack(self, peer: str, gen: int, inp: MessageInput, now: float) -> list[Effect]:
         out: list[Effect] = []
         if self._gate(peer, gen, "abort_ack", now, out):

@@ -68,7 +68,7 @@ class FetchInput:
 
 
 class ProducerRecord(Record):
-    __slots__ = ("owner", "blocks", "jobs", "peer", "round", "demand")
+    __slots__ = ("owner", "blocks", "jobs", "peer", "round", "demand", "supply_complete")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, PRODUCER_INITIAL)
@@ -78,6 +78,7 @@ class ProducerRecord(Record):
         self.peer: str | None = None
         self.round = -1
         self.demand: tuple[bytes, ...] = ()
+        self.supply_complete = False
 
 
 class ProducerMachine(TableMachine):
@@ -229,6 +230,9 @@ class ProducerMachine(TableMachine):
     def guard_same_round(self, rec: ProducerRecord, inp: FetchInput) -> bool:
         return inp.peer == rec.peer and inp.round == rec.round
 
+    def guard_supply_complete(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+        return rec.supply_complete
+
     # -- effects (names match spec/lifecycle.toml) ---------------------------------------------
     def effect_park_blocks(self, rec: ProducerRecord, inp: StoreInput, reason, now, out) -> None:
         if rec.owner is None:
@@ -282,6 +286,9 @@ class ProducerMachine(TableMachine):
 
     def effect_reply_abort_ack(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
         out.append(SendAbortAck(inp.peer, rec.key, inp.round))
+
+    def effect_note_supply_complete(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        rec.supply_complete = True
 
     def effect_note_duplicate(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
         out.append(Ignored(self.NAME, rec.key, rec.state.value, "fetch", "stale"))

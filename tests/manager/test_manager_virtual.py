@@ -226,13 +226,6 @@ def test_b03_store_after_reap_fails_at_once_and_never_reparks(pairs):
 # -- B05 -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="B05: a consumer request finished before its load (announced -> finished) sends no "
-    "abort_fetch, so the producer keeps the parked blocks until the reap (T_park) instead of "
-    "tombstoning the id (aborted) one RTT later. Spec gap: consumer 'announced' on "
-    "request_finished has do=[].",
-)
 def test_b05_consumer_rejects_before_fetching_producer_frees_blocks_in_one_rtt(pairs):
     v = pairs(SCEN, block_bytes=BB)
     _store(v, "A", 1, [0, 1, 2, 3], seed=1)
@@ -577,17 +570,11 @@ def test_producer_restart_fails_old_loads_once_drops_stale_generation_new_loads_
 # -- one kv_request_id, two consumer requests ----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: a second consumer request for a kv_request_id whose record is still alive "
-    "(cancelling, or loaded and finished later by the first request) is silently not announced "
-    "to the core; its submit_load then raises the undocumented InvalidTransition AND leaves the "
-    "job in KvTierManager._jobs forever (no result; drain_jobs cannot finish; shutdown logs "
-    "'had no result').",
-)
 @pytest.mark.parametrize("first_request_state", ["cancelling", "loaded"])
 def test_reused_kv_request_id_on_the_consumer_never_leaks_a_job(pairs, first_request_state):
+    """A second consumer request for an id whose first load is still winding down is refused at
+    on_new_request (ValueError naming the id); no job leaks, and once the first request's record
+    is gone the id can be announced again."""
     v = pairs(SCEN, block_bytes=BB)
     C = v.C
     c1 = v.creq("c1", "A")
@@ -596,28 +583,22 @@ def test_reused_kv_request_id_on_the_consumer_never_leaks_a_job(pairs, first_req
         _store(v, "A", 1, [0], seed=1)
     C.submit_load(job(1, keys_for("A", 1), [0], c1))
     v.step()
+    c2 = v.creq("c2", "A")
     if first_request_state == "cancelling":
         C.on_request_finished(c1)  # abort_fetch on its way; the record is 'cancelling'
-        c2 = v.creq("c2", "A")
-        C.on_new_request(c2)
-        v.step()  # abort_ack: the first request's record is deleted
     else:
         assert _outcome(v.cjobs, 1) == (True, None)
-        c2 = v.creq("c2", "A")
+    with pytest.raises(ValueError, match="still in use"):
         C.on_new_request(c2)
-        C.on_request_finished(c1)  # deletes the record c2 relies on
-        v.step()
-    undocumented = None
-    try:
+    with pytest.raises(UnknownRequest):
         C.submit_load(job(2, keys_for("A", 1), [1], c2))
-    except (UnknownRequest, ValueError):
-        pass  # a documented refusal would be fine, as long as nothing leaks
-    except InvalidTransition as exc:
-        undocumented = exc
+    if first_request_state == "loaded":
+        C.on_request_finished(c1)
     v.advance(40.0)
-    assert 2 not in C._jobs, "job 2 leaked: outstanding forever, without a result"
-    assert len(v.cjobs.by_id.get(2, [])) <= 1
-    assert undocumented is None, f"submit_load raised an undocumented exception: {undocumented!r}"
+    assert C.core.consumer.state_of("A").value == "absent"
+    assert 2 not in C._jobs and not v.cjobs.has(2)
+    assert len(v.cjobs.by_id.get(1, [])) == 1
+    assert C.on_new_request(c2) == "consumer"  # the id is free again
 
 
 # -- more scenarios: transfer timeout, B12, B13, B15, B20, B29 -----------------------------------
@@ -655,12 +636,6 @@ def test_transfer_timeout_when_the_transport_never_releases_the_blocks(pairs):
     assert v.cjobs.total() == 1 and v.pjobs.total() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="B12: after the producer's engine request finished (no store can follow), a fetch "
-    "naming a key that was never stored still waits fetch_supply_timeout_s (10 s) before "
-    "Done(fail); parked ignores request_finished (waits_for_fetch), so the record cannot know.",
-)
 def test_b12_fetch_for_missing_blocks_after_the_prefill_finished_is_refused_in_one_rtt(pairs):
     v = pairs(SCEN, block_bytes=BB)
     P, C = v.P, v.C
@@ -672,21 +647,25 @@ def test_b12_fetch_for_missing_blocks_after_the_prefill_finished_is_refused_in_o
     C.on_new_request(ca)
     C.submit_load(job(10, keys_for("A", 5), [0, 1, 2, 3, 4], ca))  # A#4 was never stored
     v.step()
-    assert v.cjobs.has(10) and not v.cjobs.one(10).success
+    assert _outcome(v.cjobs, 10) == (False, "incomplete")
+    assert _outcome(v.pjobs, 1) == (False, "incomplete")  # A's blocks released at once
+    assert P.core.producer.state_of("A").value == "tombstoned"
+    assert metric(P, "kvtier_block_bytes_sent_total") == 0
 
 
 def test_b12_fetch_for_missing_blocks_is_answered_by_supply_timeout_not_t_load(pairs):
-    """What kvtier guarantees today for B12: the fetch gets a definitive failure from the
-    producer after fetch_supply_timeout_s, well before the consumer's T_load."""
+    """While the prefill may still store more blocks (its request not finished), a fetch for a
+    block not stored yet waits at most fetch_supply_timeout_s, then gets a definitive failure
+    from the producer -- well before the consumer's T_load."""
     v = pairs(SCEN, block_bytes=BB)
     P, C = v.P, v.C
-    preq, _ = _store(v, "A", 1, [0, 1, 2, 3], seed=1)
-    P.on_request_finished(preq)
+    _store(v, "A", 1, [0, 1, 2, 3], seed=1)
     v.advance_to(2.0)
     ca = v.creq("c-A", "A")
     C.on_new_request(ca)
     C.submit_load(job(10, keys_for("A", 5), [0, 1, 2, 3, 4], ca))
     v.step()
+    assert P.core.producer.state_of("A").value == "awaiting"
     v.advance_to(12.0)
     assert _outcome(v.cjobs, 10) == (False, "supply_timeout")
     assert _outcome(v.pjobs, 1) == (False, "supply_timeout")  # A's blocks released
@@ -774,41 +753,30 @@ def test_b29_fetching_a_subset_releases_every_parked_block(pairs):
     assert metric(P, "kvtier_block_bytes_sent_total") == 6 * BB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a load the consumer accepts (6000 keys of 200 bytes, within its own "
-    "max_blocks_per_fetch and key-size checks) encodes to a fetch header larger than the "
-    "producer's max_message_bytes (1 MiB, the default on both sides). The producer answers "
-    "error(oversize) (no kv_request_id: the header was never parsed), which the consumer only "
-    "counts (peer_reported_oversize): the load hangs until T_load (30 s) instead of being "
-    "refused at submit or failing at once.",
-)
-def test_fetch_over_the_producers_header_limit_fails_promptly_with_default_configs(pairs):
+def test_fetch_over_the_producers_header_limit_is_refused_at_submit(pairs):
+    """A load whose fetch header would exceed max_message_bytes is refused at the call."""
     n = 6000
     v = pairs(num_blocks=n, block_bytes=BB)  # default configs on both sides
     C = v.C
     keys = [f"A/{i:05d}/".encode().ljust(200, b"k") for i in range(n)]
     ca = v.creq("c-A", "A")
     C.on_new_request(ca)
-    C.submit_load(job(10, keys, list(range(n)), ca))
-    v.step()
-    v.advance_to(1.0)
-    # today: kvtier_wire_errors_total{reason=peer_reported_oversize} == 1 and the load waits
-    assert v.cjobs.has(10), "the load is still waiting although the producer refused its fetch"
-    assert not v.cjobs.one(10).success
+    with pytest.raises(ValueError, match="max_message_bytes"):
+        C.submit_load(job(10, keys, list(range(n)), ca))
+    assert 10 not in C._jobs
 
 
-def test_fetch_over_the_producers_header_limit_is_bounded_by_t_load(pairs):
-    """What kvtier guarantees today for the case above: the load ends by its own deadline."""
-    n = 6000
-    v = pairs(num_blocks=n, block_bytes=BB)
+def test_fetch_refused_by_a_producer_with_a_smaller_limit_fails_at_once(pairs):
+    """The producer's max_blocks_per_fetch is smaller than the consumer's: it answers
+    error(oversize) naming the id, and the consumer fails that load at once (peer_error)."""
+    n = 40
+    v = pairs({"max_blocks_per_fetch": 16}, num_blocks=n, block_bytes=BB)
     C = v.C
-    keys = [f"A/{i:05d}/".encode().ljust(200, b"k") for i in range(n)]
     ca = v.creq("c-A", "A")
     C.on_new_request(ca)
-    C.submit_load(job(10, keys, list(range(n)), ca))
+    C.submit_load(job(10, keys_for("A", n), list(range(n)), ca))
     v.step()
+    v.step()
+    assert _outcome(v.cjobs, 10) == (False, "peer_error")
     assert metric(v.P, "kvtier_wire_errors_total", reason="oversize") == 1
-    assert metric(C, "kvtier_wire_errors_total", reason="peer_reported_oversize") == 1
-    v.advance_to(36.0)
-    assert _outcome(v.cjobs, 10) == (False, "load_timeout")
+
