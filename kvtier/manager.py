@@ -170,6 +170,7 @@ class KvTierManager:
         self.clock = clock
         self._lock = threading.RLock()
         self.instance = secrets.token_hex(6)
+        own_transport = transport is None
         if transport is None:
             from kvtier.transport import ZmqTransport
 
@@ -181,6 +182,14 @@ class KvTierManager:
                 heartbeat_ttl_s=cfg.peer_timeout_s,
             )
         self.transport = transport
+        try:
+            self._init_rest(cfg, pool, layout)
+        except BaseException:
+            if own_transport:  # never leak a bound listener (and its zmq threads) from a failed constructor
+                transport.close()
+            raise
+
+    def _init_rest(self, cfg: TierConfig, pool: BlockPool, layout: str) -> None:
         self.local_hello = HelloInput(PROTOCOL_VERSION, pool.block_bytes, layout, cfg.hash_seed)
         self.core = TierCore(CoreSettings.from_config(cfg), self.local_hello, gen_base=secrets.randbits(62))
         self._decoder = Decoder(
@@ -217,10 +226,13 @@ class KvTierManager:
         self.m_peer_down = Counter("kvtier_peer_down", "Sessions that ended", ["reason"], registry=r)
         self.m_internal = Counter("kvtier_internal_errors", "Unexpected exceptions caught in the poll loop", registry=r)
         self.g_records = Gauge("kvtier_records", "Live lifecycle records", ["machine"], registry=r)
-        # evaluated when scraped, so the poll loop pays nothing for them
-        self.g_records.labels("producer").set_function(lambda: len(self.core.producer.records))
-        self.g_records.labels("consumer").set_function(lambda: len(self.core.consumer.records))
-        self.g_records.labels("session").set_function(lambda: len(self.core.sessions.records))
+        # evaluated when scraped, so the poll loop pays nothing for them. They capture the core,
+        # not self: a manager -> registry -> lambda -> manager cycle would keep the manager (and
+        # the block pool, i.e. an engine's memory) alive until the cyclic GC runs.
+        core = self.core
+        self.g_records.labels("producer").set_function(lambda: len(core.producer.records))
+        self.g_records.labels("consumer").set_function(lambda: len(core.consumer.records))
+        self.g_records.labels("session").set_function(lambda: len(core.sessions.records))
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def _count(self, metric: Any, *labels: str, amount: float = 1.0) -> None:
@@ -256,6 +268,21 @@ class KvTierManager:
     @property
     def port(self) -> int:
         return int(self.transport.address.rpartition(":")[2])
+
+    def set_hash_seed(self, hash_seed: str) -> None:
+        """Set the block-hash seed our handshakes advertise and require from peers.
+
+        For engines that know their seed only after the tier is built (vLLM runs
+        ``init_none_hash`` after constructing its scheduler).  Sessions already established keep
+        the seed they were checked with; every later handshake uses the new one.
+
+        Raises:
+            kvtier.config.TierConfigError: ``hash_seed`` is not a valid ``hash_seed`` value.
+        """
+        with self._lock:
+            self.config = attrs.evolve(self.config, hash_seed=hash_seed)
+            self.local_hello = attrs.evolve(self.local_hello, hash_seed=self.config.hash_seed)
+            self.core.sessions.local = self.local_hello
 
     # -- engine API ------------------------------------------------------------------------------
     def on_new_request(self, req: RequestContext) -> str:

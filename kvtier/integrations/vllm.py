@@ -1,0 +1,580 @@
+"""vLLM 0.33.0 adapter: :class:`KvTierSecondaryTier`, a ``SecondaryTierManager`` backed by kvtier.
+
+vLLM loads it from a ``kv_connector_extra_config.secondary_tiers[]`` entry (docs/integrations/vllm.md)::
+
+    {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm",
+     "host": "10.0.0.5", "port": 5710, "unbound_store_timeout_s": 180}
+
+vLLM's ``SecondaryTierFactory`` pops ``type`` (passed on as ``tier_type``), ``module_path`` and
+``backpressure`` (turned into ``backpressure_detector``), and passes every other key verbatim as a
+keyword argument.  The adapter validates them all with :meth:`kvtier.config.TierConfig.from_dict`
+*before* it builds anything (unknown keys, bools, NaN/inf, out-of-range values and a back-pressure
+detector are refused with a message naming the key).
+
+What the adapter does, and nothing more:
+
+* wraps vLLM's primary CPU tier (the ``(num_chunks, row_bytes)`` int8 memoryview over
+  ``/dev/shm/vllm_offload_<engine_id>.mmap``) in a :class:`~kvtier.memory.BlockPool` **without a
+  copy**: one kvtier block = one primary chunk row, a kvtier slot = a vLLM ``chunk_id``;
+* maps vLLM's types onto a :class:`~kvtier.manager.KvTierManager` (``TransferJob.keys`` zipped
+  positionally with ``chunk_ids``, ``JobResult``, ``LookupResult``, ``ReqContext``);
+* keeps vLLM's scheduler safe from kvtier and from clients: malformed ``kv_transfer_params`` are
+  logged (rate-limited) and the request gets no kvtier role, any exception is turned into a failed
+  job or a MISS, and every job id is reported exactly once (a duplicate or unknown result is
+  dropped with an error instead of tripping vLLM's ``assert``);
+* resolves vLLM's block-hash seed lazily (vLLM builds the tier before ``init_none_hash`` runs);
+* binds ``port + data_parallel_index`` like vLLM's built-in ``p2p`` tier.
+
+Threading: vLLM calls every method under ``TieringOffloadingManager.lock`` — from the scheduler
+thread, and ``get_finished_jobs`` also from its ``vllm_offload_tier_poll`` thread (this tier sets
+``tolerates_off_thread_polling``) — except ``shutdown``, which it calls after that thread stopped.
+The adapter never takes vLLM's lock; kvtier's manager has its own re-entrant lock.
+
+This module is the only place kvtier imports vLLM; :mod:`kvtier.integrations` imports nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import time
+import traceback
+import weakref
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import attrs
+
+try:
+    from vllm.v1.core import kv_cache_utils as _vllm_kv_cache_utils
+    from vllm.v1.kv_offload.base import (
+        LookupResult as VllmLookupResult,
+    )
+    from vllm.v1.kv_offload.base import (
+        OffloadKey,
+        OffloadPolicy,
+        ReqContext,
+        RequestOffloadingContext,
+    )
+    from vllm.v1.kv_offload.tiering.base import (
+        JobResult as VllmJobResult,
+    )
+    from vllm.v1.kv_offload.tiering.base import (
+        SecondaryTierManager,
+    )
+    from vllm.v1.kv_offload.tiering.base import (
+        TransferJob as VllmTransferJob,
+    )
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+except Exception as _exc:  # any failure: a half-installed stack raises TypeError, PackageNotFoundError…
+    raise ImportError(
+        "kvtier.integrations.vllm needs vLLM 0.33.0 (vllm.v1.kv_offload.tiering); importing it "
+        f"failed: {_exc!r}. Install it as docs/integrations/vllm.md describes (make setup)."
+    ) from _exc
+
+from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob
+from kvtier.config import TierConfig, TierConfigError
+from kvtier.lifecycle.errors import InvalidTransition
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+
+__all__ = ["KvTierSecondaryTier", "TESTED_VLLM_VERSION", "vllm_layout"]
+
+log = logging.getLogger("kvtier.integrations.vllm")
+
+TESTED_VLLM_VERSION = "0.33.0"
+"""The vLLM release this adapter is written and tested against (the tiering API is experimental)."""
+
+_DRAIN_MARGIN_S = 5.0
+
+
+class _Throttled:
+    """At most one log line per ``interval_s``; the next line says how many were suppressed.
+
+    Client-controlled input (``kv_transfer_params``) must not be able to flood the log.
+    """
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._next = 0.0
+        self._suppressed = 0
+
+    def __call__(self, level: int, msg: str, *args: Any, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        self._next = now + self.interval_s
+        if self._suppressed:
+            msg += " (%d similar messages suppressed)"
+            args = (*args, self._suppressed)
+            self._suppressed = 0
+        log.log(level, msg, *args, exc_info=exc_info)
+
+
+class _Req:
+    """What the adapter knows about one vLLM request (kept in its ``ReqContext``).
+
+    ``role``: ``producer`` | ``consumer`` | ``local`` (from kvtier) or ``invalid`` (malformed
+    ``kv_transfer_params``) or ``closed`` (announced after shutdown).
+    """
+
+    __slots__ = ("role", "rc", "load_failed")
+
+    def __init__(self, role: str, rc: RequestContext) -> None:
+        self.role = role
+        self.rc = rc
+        self.load_failed = False
+
+
+class _ReqStates:
+    """The value stored with ``ReqContext.set_state`` (keyed by type there), one ``_Req`` per
+    kvtier tier instance so that two kvtier tiers in one engine do not share state."""
+
+    __slots__ = ("by_tier",)
+
+    def __init__(self) -> None:
+        self.by_tier: dict[int, _Req] = {}
+
+
+class _Outstanding:
+    __slots__ = ("load", "req")
+
+    def __init__(self, load: bool, req: _Req) -> None:
+        self.load = load
+        self.req = req
+
+
+def _truncate(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _dp_index(offloading_spec: Any) -> int:
+    """Global data-parallel index of this engine (what vLLM's p2p tier adds to its port)."""
+    try:
+        idx = offloading_spec.config.parallel.data_parallel_index
+    except AttributeError:
+        return 0
+    return idx if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0 else 0
+
+
+def vllm_layout(offloading_spec: Any, row_bytes: int) -> str:
+    """The layout fingerprint kvtier's handshake compares (both engines must produce the same).
+
+    Readable on purpose, so a ``hello_reject`` log line shows what differs: the primary row
+    geometry, KV dtype, tokens per hash, blocks per chunk, parallel sizes, host-layout flags, a
+    digest of the KV-cache groups (ids, tokens per block, layer names, sliding windows) and the
+    model name.  (``block_bytes`` is compared separately by the handshake.)
+    """
+    try:
+        cfg = offloading_spec.config
+        groups = [
+            [g.group_id, g.tokens_per_block, list(g.layer_names), g.sliding_window_size_in_chunks]
+            for g in cfg.groups
+        ]
+        digest = hashlib.sha256(json.dumps(groups, default=str).encode()).hexdigest()[:16]
+        par = cfg.parallel
+        parts = {
+            "row_bytes": row_bytes,
+            "kv_bytes_per_block": cfg.worker_kv_bytes_per_block,
+            "dtype": cfg.model.dtype,
+            "tokens_per_hash": cfg.cache.tokens_per_hash,
+            "blocks_per_chunk": cfg.cache.blocks_per_chunk,
+            "world": par.world_size,
+            "tp": par.tp_size,
+            "pp": par.pp_size,
+            "pcp": par.pcp_size,
+            "dcp": par.dcp_size,
+            "replicated": int(bool(getattr(cfg, "replicated_layout", False))),
+            "canonical": int(bool(getattr(cfg, "canonical_layout", False))),
+            "groups": digest,
+            "model": _truncate(str(cfg.model.name), 512),
+        }
+    except AttributeError:  # a spec without an OffloadingConfig (e.g. a unit-test stub)
+        return f"vllm-offload/1 row_bytes={row_bytes}"
+    return "vllm-offload/1 " + " ".join(f"{k}={v}" for k, v in parts.items())
+
+
+def _vllm_seed_ready() -> bool:
+    """True once vLLM's ``init_none_hash`` has run in this process."""
+    return getattr(_vllm_kv_cache_utils, "_NONE_HASH_SEED", None) is not None
+
+
+def _set_hash_seed(mgr: KvTierManager, seed: str) -> None:
+    """Advertise and check ``seed`` in every later handshake of ``mgr``."""
+    setter = getattr(mgr, "set_hash_seed", None)
+    if setter is not None:
+        setter(seed)
+        return
+    # A KvTierManager without set_hash_seed(): the hello we send and the one peers' hellos are
+    # compared against are these two attributes.
+    with mgr._lock:
+        mgr.local_hello = attrs.evolve(mgr.local_hello, hash_seed=seed)
+        mgr.core.sessions.local = mgr.local_hello
+
+
+class KvTierSecondaryTier(SecondaryTierManager):
+    """kvtier as a vLLM 0.33.0 secondary tier (PD disaggregation over kvtier's zmq transport).
+
+    A request whose ``kv_transfer_params`` carry ``{"remote_decoder": {"kv_request_id": K}}`` is a
+    **producer** leg: its chunks are parked (pinned in vLLM's primary tier) until the decoder
+    fetches them or ``unbound_store_timeout_s`` reaps them.  A request with
+    ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}`` is a
+    **consumer** leg: ``lookup`` answers HIT (until a load of it fails: then MISS, so vLLM
+    recomputes) and loads fetch the chunks from ``H:P`` straight into the primary rows vLLM
+    allocated.  Anything else is local: stores succeed at once, lookups MISS.
+
+    Args:
+        offloading_spec: vLLM's ``TieringOffloadingSpec`` (layout and data-parallel index).
+        primary_kv_view: vLLM's primary tier, ``(num_chunks, row_bytes)`` int8, wrapped in place.
+        tier_type: the entry's ``type`` (vLLM pops it); also its metrics label.
+        backpressure_detector: must be ``None`` (kvtier does its own flow control).
+        **options: the other keys of the ``secondary_tiers[]`` entry (see docs/configuration.md).
+
+    Raises:
+        kvtier.config.TierConfigError: a bad key or value (nothing has been built yet).
+        kvtier.transport.TransportError: the listener cannot bind ``host:port(+dp index)``.
+    """
+
+    medium: ClassVar = None  # a remote peer is neither host memory nor disk
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.P2P
+    tolerates_off_thread_polling: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str = "KvTierSecondaryTier",
+        backpressure_detector: Any = None,
+        **options: Any,
+    ) -> None:
+        # 1. Validate everything before building anything (vLLM does not call shutdown() on a
+        #    tier whose __init__ raised).
+        config = TierConfig.from_dict({"type": tier_type, **options, "backpressure": backpressure_detector})
+        dp = _dp_index(offloading_spec)
+        if config.port and dp:
+            port = config.port + dp
+            if port > 65535:
+                raise TierConfigError(
+                    f"port={config.port} plus data_parallel_index {dp} is {port}, above 65535; "
+                    "pick a lower base port",
+                    keys=("port",),
+                )
+            config = attrs.evolve(config, port=port)
+        explicit_seed = config.hash_seed
+        if not explicit_seed:
+            # Until vLLM has run init_none_hash, advertise what it reports now (its deterministic
+            # default); _resolve_seed() switches to the real seed as soon as it is known.
+            config = attrs.evolve(config, hash_seed=_vllm_kv_cache_utils.get_none_hash_seed())
+        super().__init__(
+            offloading_spec=offloading_spec,
+            primary_kv_view=primary_kv_view,
+            tier_type=tier_type,
+            backpressure_detector=None,
+        )
+        self._check_version()
+        self._key = id(self)
+        self._explicit_seed = explicit_seed
+        self._seed = config.hash_seed  # what our handshakes advertise now
+        self._seed_done = False
+        self._outstanding: dict[int, _Outstanding] = {}
+        self._local_results: list[tuple[int, bool, str | None]] = []
+        self._warn_params = _Throttled()
+        self._warn_internal = _Throttled()
+        self._drain_timeout_s = (
+            max(config.load_timeout_s + config.abort_ack_timeout_s, config.transfer_timeout_s) + _DRAIN_MARGIN_S
+        )
+        layout = vllm_layout(offloading_spec, self.block_size_bytes)
+
+        # 2. Build: the pool aliases vLLM's primary memory (no copy), then the manager binds its
+        #    listener. On failure, drop every reference to the pool before re-raising, so vLLM's
+        #    cleanup can unmap the region.
+        pool: BlockPool | None = BlockPool.wrap(primary_kv_view)
+        self._pool_tensor_ref = weakref.ref(pool.tensor)
+        try:
+            self._mgr: KvTierManager | None = KvTierManager(config, pool, layout=layout)
+        except BaseException as exc:
+            pool = None
+            # The failed constructor's frames (held by the traceback) still reference the pool.
+            traceback.clear_frames(exc.__traceback__)
+            self._mgr = None
+            self._release_check("constructor failure")
+            raise
+        del pool
+        self.config = self._mgr.config
+        log.info(
+            "kvtier tier %r: listening on %s (data_parallel_index %d), pool %d blocks x %d bytes, layout %s",
+            tier_type, self._mgr.address, dp, self._mgr.pool.num_blocks, self._mgr.pool.block_bytes, layout,
+        )
+
+    # -- small helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _check_version() -> None:
+        try:
+            import vllm
+
+            version = getattr(vllm, "__version__", "?")
+        except Exception:  # pragma: no cover - vllm imported fine above
+            version = "?"
+        if version != TESTED_VLLM_VERSION:
+            log.warning(
+                "kvtier's vLLM adapter is tested with vLLM %s, this is %s: the tiering API is "
+                "experimental and may have changed", TESTED_VLLM_VERSION, version,
+            )
+
+    @property
+    def kvtier(self) -> KvTierManager | None:
+        """The wrapped :class:`KvTierManager` (``None`` after :meth:`shutdown`)."""
+        return self._mgr
+
+    @property
+    def address(self) -> str | None:
+        """``host:port`` the producer side listens on (what the PD proxy sends as
+        ``remote_host``/``remote_port``); ``None`` after :meth:`shutdown`."""
+        return self._mgr.address if self._mgr is not None else None
+
+    def _state(self, ctx: ReqContext) -> _Req | None:
+        holder = ctx.get_state(_ReqStates)
+        return None if holder is None else holder.by_tier.get(self._key)
+
+    def _resolve_seed(self, force: bool = False) -> None:
+        """Use vLLM's NONE_HASH seed in handshakes, once it is known.
+
+        vLLM builds this tier before ``init_none_hash`` runs, so the seed is read lazily: at every
+        poll until vLLM has initialised it (then never again), and at each new request until then
+        (requests only arrive after engine start-up, so in practice the first one settles it).
+        An explicit ``hash_seed`` key wins (with a warning if it differs from vLLM's).
+        """
+        if self._seed_done:
+            return
+        ready = _vllm_seed_ready()
+        if not (ready or force):
+            return
+        self._seed_done = ready
+        try:
+            seed = _vllm_kv_cache_utils.get_none_hash_seed()
+            if self._explicit_seed:
+                if ready and seed != self._explicit_seed:
+                    log.warning(
+                        "kvtier: hash_seed is set explicitly and differs from vLLM's NONE_HASH seed; "
+                        "peers will agree in the handshake but block hashes may not match"
+                    )
+                return
+            mgr = self._mgr
+            if mgr is not None and seed != self._seed:
+                _set_hash_seed(mgr, seed)
+                self._seed = seed
+        except Exception:
+            self._seed_done = True  # do not retry (and log) at every poll
+            self._warn_internal(logging.ERROR, "kvtier: could not resolve vLLM's hash seed", exc_info=True)
+
+    def _fail_locally(self, job_id: int, reason: str) -> None:
+        """Report ``job_id`` failed at the next poll (a job kvtier's manager never took)."""
+        self._local_results.append((job_id, False, reason))
+
+    def _release_check(self, when: str) -> None:
+        """Warn if anything still references the pool over vLLM's primary memory."""
+        if self._pool_tensor_ref() is None:
+            return
+        gc.collect()
+        if self._pool_tensor_ref() is not None:
+            log.warning(
+                "kvtier: the block pool over vLLM's primary memory is still referenced after %s; "
+                "vLLM will keep the /dev/shm region mapped", when,
+            )
+
+    # -- SecondaryTierManager API -----------------------------------------------------------------
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        req = self._announce(req_context)
+        if req.role == "producer":
+            # Hand over every chunk of a producer leg, prefix hits included.
+            return RequestOffloadingContext(policy=OffloadPolicy.REQUEST_LEVEL)
+        return RequestOffloadingContext(policy=OffloadPolicy.CHUNK_LEVEL)
+
+    def _announce(self, ctx: ReqContext) -> _Req:
+        req = self._state(ctx)
+        if req is not None:
+            return req
+        self._resolve_seed(force=True)
+        rc = RequestContext(req_id=ctx.req_id, kv_transfer_params=ctx.kv_transfer_params)
+        mgr = self._mgr
+        if mgr is None:
+            role = "closed"
+        else:
+            try:
+                role = mgr.on_new_request(rc)
+            except ValueError as exc:  # malformed or refused kv_transfer_params (names the field)
+                self._warn_params(
+                    logging.WARNING,
+                    "kvtier: ignoring the kv_transfer_params of request %r, no KV hand-off for it "
+                    "(its stores and loads fail, its lookups miss): %s",
+                    _truncate(str(ctx.req_id), 128), _truncate(str(exc)),
+                )
+                role = "invalid"
+            except Exception:
+                self._warn_internal(
+                    logging.ERROR, "kvtier: on_new_request(%r) failed", _truncate(str(ctx.req_id), 128),
+                    exc_info=True,
+                )
+                role = "invalid"
+        req = _Req(role, rc)
+        holder = ctx.get_state(_ReqStates)
+        if holder is None:
+            holder = _ReqStates()
+            ctx.set_state(holder)
+        holder.by_tier[self._key] = req
+        return req
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> VllmLookupResult:
+        req = self._state(req_context)
+        if req is None or req.role != "consumer" or req.load_failed:
+            return VllmLookupResult.MISS
+        mgr = self._mgr
+        if mgr is None:
+            return VllmLookupResult.MISS
+        try:
+            hit = mgr.lookup(key, req.rc) is LookupResult.HIT
+        except Exception:
+            self._warn_internal(logging.ERROR, "kvtier: lookup failed; answering MISS", exc_info=True)
+            return VllmLookupResult.MISS
+        return VllmLookupResult.HIT if hit else VllmLookupResult.MISS
+
+    def submit_store(self, job_metadata: VllmTransferJob) -> None:
+        self._submit(job_metadata, load=False)
+
+    def submit_load(self, job_metadata: VllmTransferJob) -> None:
+        self._submit(job_metadata, load=True)
+
+    def _submit(self, job: VllmTransferJob, *, load: bool) -> None:
+        job_id = job.job_id
+        if job_id in self._outstanding:  # vLLM never reuses an id; never report one twice
+            log.error("kvtier: job %d submitted twice; ignoring the second submission", job_id)
+            return
+        req = self._state(job.req_context) or self._announce(job.req_context)
+        self._outstanding[job_id] = _Outstanding(load, req)
+        mgr = self._mgr
+        if mgr is None:
+            return self._fail_locally(job_id, "shutdown")
+        if req.role == "invalid":
+            return self._fail_locally(job_id, "invalid_kv_transfer_params")
+        if req.role == "closed":
+            return self._fail_locally(job_id, "shutdown")
+        if load and req.role != "consumer":
+            return self._fail_locally(job_id, "not_a_consumer")
+        # keys may be a set (connector-driven stores): iterate it exactly once and pair it
+        # positionally with chunk_ids, as vLLM built chunk_ids by iterating the same collection.
+        keys = tuple(k if type(k) is bytes else bytes(k) for k in job.keys)
+        slots = tuple(job.chunk_ids.tolist())
+        if len(keys) != len(slots):
+            log.error("kvtier: job %d has %d keys but %d chunk_ids; failing it", job_id, len(keys), len(slots))
+            return self._fail_locally(job_id, "bad_job")
+        if not keys:
+            self._local_results.append((job_id, True, None))
+            return
+        kjob = TransferJob(job_id=job_id, keys=keys, slots=slots, req=req.rc)
+        try:
+            if load:
+                mgr.submit_load(kjob)
+            else:
+                mgr.submit_store(kjob)
+        except Exception as exc:
+            if job_id in getattr(mgr, "_jobs", ()) and not isinstance(exc, InvalidTransition):
+                # The manager took the job and its core may be acting on it (sending from or
+                # writing into these rows): only the manager's own result may release them.
+                self._warn_internal(logging.ERROR, "kvtier: error after job %d was accepted", job_id, exc_info=True)
+                return
+            # Refused before registration, or refused by the core (InvalidTransition leaves the
+            # record unchanged: nothing is sent from or written into these rows): fail it here.
+            # Should the manager still report it later, that second result is dropped in
+            # get_finished_jobs (exactly once).
+            self._warn_internal(
+                logging.WARNING, "kvtier: %s job %d refused: %s", "load" if load else "store", job_id,
+                _truncate(str(exc)),
+            )
+            self._fail_locally(job_id, type(exc).__name__)
+
+    def get_finished_jobs(self) -> Iterable[VllmJobResult]:
+        self._resolve_seed()
+        items: list[tuple[int, bool, str | None, float | None, int | None]] = []
+        if self._local_results:
+            local, self._local_results = self._local_results, []
+            items.extend((job_id, ok, reason, None, None) for job_id, ok, reason in local)
+        mgr = self._mgr
+        if mgr is not None:
+            try:
+                results: list[JobResult] = mgr.get_finished_jobs()
+            except Exception:
+                self._warn_internal(logging.ERROR, "kvtier: poll failed", exc_info=True)
+                results = []
+            items.extend((r.job_id, r.success, r.reason, r.transfer_time_s, r.transfer_bytes) for r in results)
+        out: list[VllmJobResult] = []
+        for job_id, ok, reason, t, nbytes in items:
+            entry = self._outstanding.pop(job_id, None)
+            if entry is None:  # exactly once: vLLM asserts on an unknown or repeated id
+                log.error("kvtier: dropping a result for job %d, which is not outstanding", job_id)
+                continue
+            if not ok:
+                if entry.load:
+                    entry.req.load_failed = True  # lookups MISS from now on: vLLM recomputes
+                log.debug("kvtier: %s job %d failed: %s", "load" if entry.load else "store", job_id, reason)
+            out.append(VllmJobResult(job_id=job_id, success=ok, transfer_time=t, transfer_bytes=nbytes))
+        return out
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        holder = req_context.get_state(_ReqStates)
+        req = None if holder is None else holder.by_tier.pop(self._key, None)
+        if req is None:
+            return
+        mgr = self._mgr
+        if mgr is None:
+            return
+        try:
+            mgr.on_request_finished(req.rc)
+        except Exception:
+            self._warn_internal(logging.ERROR, "kvtier: on_request_finished failed", exc_info=True)
+
+    def has_pending_work(self) -> bool:
+        if self._outstanding or self._local_results:
+            return True
+        mgr = self._mgr
+        if mgr is None:
+            return False
+        try:
+            return mgr.has_pending_work()
+        except Exception:
+            return False
+
+    def drain_jobs(self) -> None:
+        """Make every outstanding job's result available to the next ``get_finished_jobs``.
+
+        Parked and supply-waiting producer ids end at once (their store jobs fail with reason
+        ``drained``); transfers and loads in flight finish or hit their deadlines — a copy in
+        progress is never abandoned.  Raises TimeoutError (from kvtier) only if that takes longer
+        than the configured deadlines allow, which would be a kvtier bug.
+        """
+        mgr = self._mgr
+        if mgr is None:
+            return
+        mgr.drain_jobs(timeout_s=self._drain_timeout_s)
+
+    def shutdown(self) -> None:
+        """Fail outstanding jobs, say goodbye to peers, close sockets, and drop every reference to
+        vLLM's primary memory (so vLLM can unmap it). Idempotent."""
+        mgr, self._mgr = self._mgr, None
+        if mgr is None:
+            return
+        try:
+            mgr.shutdown()
+        finally:
+            # A shut-down manager never touches its pool again; drop the reference now rather
+            # than wait for the cyclic GC (the manager can sit in a reference cycle).
+            try:
+                mgr.pool = None
+            except Exception:  # pragma: no cover - a manager that refuses: _release_check collects
+                pass
+            del mgr
+            self._outstanding.clear()
+            self._local_results.clear()
+            self._release_check("shutdown")
