@@ -421,7 +421,7 @@ class KvTierManager:
                 wait = self._wait_budget()
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"drain_jobs: {len(self._jobs)} jobs still outstanding after {timeout_s} s")
-            self.transport.wait(min(wait, 0.01))
+            self._idle_wait(min(wait, 0.01))
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Wait up to ``timeout_s`` seconds for network input, then process everything due."""
@@ -430,10 +430,19 @@ class KvTierManager:
                 if self._closed:
                     return
                 wait = min(timeout_s, self._wait_budget())
-            self.transport.wait(wait)
+            self._idle_wait(wait)
         with self._lock:
             if not self._closed:
                 self._poll_once()
+
+    def _idle_wait(self, seconds: float) -> None:
+        """Block up to ``seconds`` for network input without holding the lock. The transport is
+        not thread-safe, so only one thread may wait on its sockets: with background_poll, that
+        is the poll thread; any other caller just sleeps (the poll thread handles the input)."""
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            self._stop.wait(seconds)
+        else:
+            self.transport.wait(seconds)
 
     def shutdown(self) -> None:
         """Fail every outstanding job with reason ``shutdown`` (collect them with

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "bbcfe7fc0a497203e5cac379cee95db8e8e0d7517591e25a03d911c610ecaac1"
+SPEC_SHA256: Final = "bc0f35907436c2da9af05b6f3bf1cd389fd8f4b32a598c1e3a9d2ae8dc860efc"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -522,6 +522,8 @@ class ConsumerGuard(enum.StrEnum):
     """the transfer_done says ok=false"""
     ALL_RECEIVED = "all_received"
     """every block of the fetch has landed"""
+    COMPLETES = "completes"
+    """blocks_valid, and these blocks are the last ones of the fetch still missing"""
 
 
 class ConsumerEffect(enum.StrEnum):
@@ -629,6 +631,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.IN_FLIGHT, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.BLOCK_DATA): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.COMPLETES, ConsumerState.LOADED, (ConsumerEffect.WRITE_BLOCKS, ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(ConsumerGuard.BLOCKS_VALID, ConsumerState.IN_FLIGHT, (ConsumerEffect.WRITE_BLOCKS, ), None),
         Branch(None, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), Reason.INCOMPLETE_DATA),
     ), None),

@@ -161,6 +161,9 @@ class ConsumerMachine(TableMachine):
             return False
         return not any(rec.landed[first : first + count])
 
+    def guard_completes(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
+        return self.guard_blocks_valid(rec, inp) and rec.n_landed + inp.count == len(rec.keys)
+
     def guard_done_fail(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
         return not inp.ok
 

@@ -1,0 +1,370 @@
+"""Child-process sides of the cross-process benchmarks (P1 throughput, P2 vs copy_, P3 late fetch).
+
+Each child owns one :class:`~kvtier.manager.KvTierManager` (real ZeroMQ on 127.0.0.1) *and* one
+raw pyzmq socket of the same type (producer: ROUTER, consumer: DEALER), so kvtier and the raw
+baseline run between the same two processes, over the same loopback, into the same pool memory.
+
+* The **producer** parks blocks (``submit_store``) on command; its manager runs with
+  ``background_poll=True`` (the demo's configuration), so fetches are served by the manager's own
+  poll thread.  Its main thread serves the raw ROUTER: a ``stream`` request is answered with the
+  requested blocks, grouped into multipart messages exactly as kvtier groups them
+  (``MAX_BATCH_BYTES`` per message), sent zero-copy from the same pool slots; an ``rtt``
+  request is answered with one small reply.
+* The **consumer** times everything: kvtier loads (``submit_load`` → successful ``JobResult``),
+  raw streams (request → last frame landed with ``recv_into`` in the same pool slots: the same
+  landing memcpy kvtier performs), per-block torch ``copy_`` of the same bytes, and late-fetch
+  rejections interleaved with raw round trips.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+import time
+from typing import Any
+
+KIND_STREAM = 1
+KIND_RTT = 2
+_HDR = struct.Struct("<BII")  # kind, nblocks, blocks per message
+RTT_PAD = 96  # bytes of the raw RTT request (a kvtier fetch header with a few keys is ~100-200 B)
+RTT_REPLY = b"r" * 64  # a transfer_done header is ~70 B
+
+
+def _pattern(block_bytes: int) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(block_bytes)
+    return torch.randint(0, 256, (block_bytes,), dtype=torch.uint8, generator=g)
+
+
+def _xor(i: int) -> int:
+    return (i * 37 + 1) & 255 or 1
+
+
+def _keys(n: int) -> tuple[bytes, ...]:
+    return tuple(b"k%015d" % i for i in range(n))
+
+
+def _quiet_logs() -> None:
+    import logging
+
+    logging.getLogger("kvtier").setLevel(logging.WARNING)
+
+
+class Producer:
+    def __init__(self) -> None:
+        import torch
+        import zmq
+
+        torch.set_num_threads(1)
+        _quiet_logs()
+        self.mgr: Any = None
+        self.pool: Any = None
+        self.bufs: list[memoryview] = []
+        self._jobs = itertools.count(1)
+        self.finished = 0
+        self.ctx = zmq.Context(1)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.SNDHWM, 1000)
+        self.router.setsockopt(zmq.RCVHWM, 1000)
+        self.router.bind("tcp://127.0.0.1:*")
+        self.raw_port = int(self.router.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2])
+
+    def hello(self) -> dict[str, Any]:
+        return {"raw_port": self.raw_port, "pid": os.getpid()}
+
+    def op_setup(self, block_bytes: int, num_blocks: int, config: dict[str, Any]) -> dict[str, Any]:
+        from kvtier.manager import KvTierManager
+        from kvtier.memory import BlockPool
+
+        self._shutdown()
+        self.pool = BlockPool(num_blocks, block_bytes)
+        base = _pattern(block_bytes)
+        for i in range(num_blocks):
+            v = self.pool.view(i)
+            v.copy_(base)
+            v.bitwise_xor_(_xor(i))
+        self.bufs = [self.pool.buffer(i) for i in range(num_blocks)]
+        self.mgr = KvTierManager(config, self.pool, layout="kvtier-bench")
+        return {"address": self.mgr.address}
+
+    def op_park(self, prefix: str, count: int, nblocks: int) -> list[str]:
+        """Park ``count`` fresh ids of ``nblocks`` blocks (slots 0..nblocks-1, keys k0..)."""
+        from kvtier.api import RequestContext, TransferJob
+
+        self._collect()
+        keys = _keys(nblocks)
+        slots = tuple(range(nblocks))
+        ids = []
+        for j in range(count):
+            kid = f"{prefix}-{j}"
+            req = RequestContext(req_id="P" + kid, kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
+            self.mgr.on_new_request(req)
+            self.mgr.submit_store(TransferJob(job_id=next(self._jobs), keys=keys, slots=slots, req=req))
+            self.mgr.on_request_finished(req)
+            ids.append(kid)
+        return ids
+
+    def op_states(self, ids: list[str]) -> list[str]:
+        with self.mgr._lock:  # the poll thread may be applying inputs
+            return [self.mgr.core.producer.state_of(k).value for k in ids]
+
+    def op_stats(self) -> dict[str, Any]:
+        self._collect()
+        return {"finished_jobs": self.finished, "records": len(self.mgr.core.producer.records)}
+
+    def _collect(self) -> None:
+        if self.mgr is not None:
+            self.finished += len(self.mgr.get_finished_jobs())
+
+    def wait(self, conn: Any) -> None:
+        """Serve the raw ROUTER until a command arrives on the pipe."""
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        fd = conn.fileno()
+        poller.register(fd, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll(500))
+            if self.router in events:
+                self._serve_raw()
+            if fd in events:
+                return
+
+    def _serve_raw(self) -> None:
+        import zmq
+
+        router = self.router
+        while True:
+            try:
+                rid, hdr = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, n, per_msg = _HDR.unpack_from(hdr)
+            if kind == KIND_RTT:
+                router.send_multipart([rid, RTT_REPLY])
+                continue
+            bufs = self.bufs
+            for first in range(0, n, per_msg):
+                router.send_multipart([rid, *bufs[first : min(n, first + per_msg)]], copy=False)
+
+    def _shutdown(self) -> None:
+        if self.mgr is not None:
+            self.mgr.shutdown()
+            self.mgr = None
+
+    def close(self) -> None:
+        self._shutdown()
+        self.router.close(linger=0)
+        self.ctx.destroy(linger=0)
+
+
+class Consumer:
+    def __init__(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        _quiet_logs()
+        self.mgr: Any = None
+        self.pool: Any = None
+        self.ctx: Any = None
+        self.dealer: Any = None
+        self.src: Any = None
+        self._jobs = itertools.count(1)
+
+    def hello(self) -> dict[str, Any]:
+        return {"pid": os.getpid()}
+
+    def op_setup(
+        self,
+        block_bytes: int,
+        num_blocks: int,
+        producer: str,
+        raw_port: int,
+        config: dict[str, Any],
+        copy_source: bool = False,
+    ) -> dict[str, Any]:
+        import torch
+        import zmq
+
+        from kvtier.manager import KvTierManager
+        from kvtier.memory import BlockPool
+
+        self._shutdown()
+        self.pool = BlockPool(num_blocks, block_bytes)
+        self.bufs = [self.pool.buffer(i) for i in range(num_blocks)]
+        self.views = [self.pool.view(i) for i in range(num_blocks)]
+        self.mgr = KvTierManager(config, self.pool, layout="kvtier-bench")
+        self.producer = producer
+        self.host, _, port = producer.rpartition(":")
+        self.port = int(port)
+        self.ctx = zmq.Context(1)
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.setsockopt(zmq.SNDHWM, 1000)
+        self.dealer.setsockopt(zmq.RCVHWM, 1000)
+        self.dealer.connect(f"tcp://127.0.0.1:{raw_port}")
+        self.src = None
+        if copy_source:
+            self.src = torch.empty((num_blocks, block_bytes), dtype=torch.uint8)
+            self.src.fill_(7)  # pre-faulted, like the pool
+        self.expected = {}
+        base = _pattern(block_bytes)
+        for i in {0, num_blocks - 1}:
+            self.expected[i] = base ^ _xor(i)
+        return {"pinned": self.pool.pinned}
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _req(self, kid: str) -> Any:
+        from kvtier.api import RequestContext
+
+        return RequestContext(
+            req_id="C" + kid,
+            kv_transfer_params={
+                "remote_prefiller": {"kv_request_id": kid, "remote_host": self.host, "remote_port": self.port}
+            },
+        )
+
+    def _wait_job(self, job_id: int, timeout_s: float = 60.0) -> Any:
+        mgr = self.mgr
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for r in mgr.get_finished_jobs():
+                if r.job_id == job_id:
+                    return r
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id}: no result within {timeout_s} s")
+            mgr.poll(0.05)
+
+    def _zero(self, n: int) -> None:
+        for i in {0, n - 1}:
+            self.views[i].zero_()
+
+    def _check(self, n: int) -> bool:
+        import torch
+
+        base = _pattern(self.pool.block_bytes)
+        return all(torch.equal(self.views[i], base ^ _xor(i)) for i in {0, n - 1})
+
+    # -- measurements -----------------------------------------------------------------------
+    def op_kvtier(self, ids: list[str], nblocks: int, verify: bool = False) -> dict[str, Any]:
+        """Load each id in turn (one request at a time); seconds from the first submit_load to
+        the last successful JobResult."""
+        from kvtier.api import TransferJob
+
+        mgr = self.mgr
+        keys, slots = _keys(nblocks), tuple(range(nblocks))
+        reqs = [self._req(k) for k in ids]
+        for r in reqs:
+            mgr.on_new_request(r)
+        if verify:
+            self._zero(nblocks)
+        failures = []
+        t0 = time.perf_counter()
+        for r in reqs:
+            job = next(self._jobs)
+            mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=slots, req=r))
+            res = self._wait_job(job)
+            if not res.success:
+                failures.append(res.reason)
+        seconds = time.perf_counter() - t0
+        for r in reqs:
+            mgr.on_request_finished(r)
+        out: dict[str, Any] = {"seconds": seconds, "failures": failures}
+        if verify:
+            out["verified"] = self._check(nblocks)
+        return out
+
+    def op_raw(self, count: int, nblocks: int, per_msg: int, verify: bool = False) -> dict[str, Any]:
+        """``count`` request→stream exchanges on the raw DEALER, each frame landed with recv_into
+        in pool slot i."""
+        dealer, bufs = self.dealer, self.bufs
+        hdr = _HDR.pack(KIND_STREAM, nblocks, per_msg)
+        if verify:
+            self._zero(nblocks)
+        t0 = time.perf_counter()
+        for _ in range(count):
+            dealer.send(hdr)
+            for i in range(nblocks):
+                dealer.recv_into(bufs[i])
+        seconds = time.perf_counter() - t0
+        out: dict[str, Any] = {"seconds": seconds}
+        if verify:
+            out["verified"] = self._check(nblocks)
+        return out
+
+    def op_copy(self, count: int, nblocks: int) -> dict[str, Any]:
+        """``count`` times: torch ``copy_`` of each of ``nblocks`` source blocks into pool slot i."""
+        src = [self.src[i] for i in range(nblocks)]
+        views = self.views
+        t0 = time.perf_counter()
+        for _ in range(count):
+            for i in range(nblocks):
+                views[i].copy_(src[i])
+        return {"seconds": time.perf_counter() - t0}
+
+    def op_rtt(self, count: int) -> list[float]:
+        dealer = self.dealer
+        req = _HDR.pack(KIND_RTT, 0, 0) + b"x" * (RTT_PAD - _HDR.size)
+        out = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            dealer.send(req)
+            dealer.recv()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    def op_late(self, ids: list[str], nblocks: int) -> dict[str, Any]:
+        """For each (tombstoned) id: one kvtier load (submit_load → failed JobResult) and one raw
+        request/reply round trip, back to back, alternating which goes first."""
+        from kvtier.api import TransferJob
+
+        mgr, dealer = self.mgr, self.dealer
+        keys, slots = _keys(nblocks), tuple(range(nblocks))
+        reqs = [self._req(k) for k in ids]
+        for r in reqs:
+            mgr.on_new_request(r)
+        rtt_req = _HDR.pack(KIND_RTT, 0, 0) + b"x" * (RTT_PAD - _HDR.size)
+        kv, raw, reasons = [], [], []
+
+        def one_raw() -> None:
+            t0 = time.perf_counter()
+            dealer.send(rtt_req)
+            dealer.recv()
+            raw.append(time.perf_counter() - t0)
+
+        def one_kv(r: Any) -> None:
+            job = next(self._jobs)
+            t0 = time.perf_counter()
+            mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=slots, req=r))
+            res = self._wait_job(job)
+            kv.append(time.perf_counter() - t0)
+            reasons.append(None if res.success else res.reason)
+
+        for i, r in enumerate(reqs):
+            if i % 2:
+                one_kv(r)
+                one_raw()
+            else:
+                one_raw()
+                one_kv(r)
+        for r in reqs:
+            mgr.on_request_finished(r)
+        return {"kvtier": kv, "raw": raw, "reasons": reasons}
+
+    def _shutdown(self) -> None:
+        if self.mgr is not None:
+            self.mgr.shutdown()
+            self.mgr = None
+        if self.dealer is not None:
+            self.dealer.close(linger=0)
+            self.ctx.destroy(linger=0)
+            self.dealer = None
+
+    def close(self) -> None:
+        self._shutdown()
+
