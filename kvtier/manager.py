@@ -618,10 +618,13 @@ class KvTierManager:
         elif t is wm.HelloAck:
             self._run(core.hello_ack(peer, msg.gen, now))
         elif t is wm.HelloReject:
-            log.error(
-                "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
-                peer, msg.field, msg.theirs, msg.ours,
-            )
+            if msg.field == "max_peers":
+                log.error("kvtier: %s refused the session: it already has max_peers=%s sessions", peer, msg.ours)
+            else:
+                log.error(
+                    "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
+                    peer, msg.field, msg.theirs, msg.ours,
+                )
             self._run(core.hello_reject(peer, msg.gen, now))
         elif t is wm.Disconnect:
             self._run(core.disconnect(peer, msg.gen, now))
@@ -700,7 +703,12 @@ class KvTierManager:
         elif t is fx.SendHelloAck:
             self._send(e.peer, wm.HelloAck(gen=e.gen, instance=self.instance))
         elif t is fx.SendHelloReject:
-            log.error("kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)", e.peer, e.field, e.ours, e.theirs)
+            self._count(self.m_peer_down, e.reason)
+            if e.field == "max_peers":
+                log.warning("kvtier: refusing a session from %s: max_peers=%s reached", e.peer, e.ours)
+            else:
+                log.error("kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
+                          e.peer, e.field, e.ours, e.theirs)
             self._send(e.peer, wm.HelloReject(gen=e.gen, reason=e.reason, field=e.field, ours=e.ours, theirs=e.theirs))
         elif t is fx.SendDisconnect:
             self._send(e.peer, wm.Disconnect(gen=e.gen, reason=e.reason))

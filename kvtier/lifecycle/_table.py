@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "bc0f35907436c2da9af05b6f3bf1cd389fd8f4b32a598c1e3a9d2ae8dc860efc"
+SPEC_SHA256: Final = "c10b0a1e72535a4873ae5f1d2523c43c48c9e699b6421359ac3b3201444cc6f8"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -76,6 +76,8 @@ class Reason(enum.StrEnum):
     """the peer reconnected with a new generation"""
     SEND_FAILED = "send_failed"
     """the transport could not send to the peer"""
+    TOO_MANY_PEERS = "too_many_peers"
+    """this manager already has max_peers sessions"""
     NO_RECORD = "no_record"
     """the id has no record in this machine (never seen or already pruned)"""
     STALE = "stale"
@@ -790,6 +792,8 @@ class SessionEvent(enum.StrEnum):
 class SessionGuard(enum.StrEnum):
     HELLO_COMPATIBLE = "hello_compatible"
     """the peer's protocol version, block size, layout fingerprint and hash seed equal ours"""
+    TOO_MANY_PEERS = "too_many_peers"
+    """this manager already has max_peers sessions (config max_peers)"""
 
 
 class SessionEffect(enum.StrEnum):
@@ -832,10 +836,12 @@ SESSION_STATE_TIMER: Final = MappingProxyType({
 """State -> name of the timer armed while in it (None: no timer)."""
 SESSION_TABLE: Final = MappingProxyType({
     (SessionState.ABSENT, SessionEvent.DIAL): Rule(TRANSITION, (
+        Branch(SessionGuard.TOO_MANY_PEERS, SessionState.DEAD, (SessionEffect.PEER_DOWN, ), Reason.TOO_MANY_PEERS),
         Branch(None, SessionState.CONNECTING, (SessionEffect.OPEN_CONNECTION, ), None),
     ), None),
     (SessionState.ABSENT, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.HELLO): Rule(TRANSITION, (
+        Branch(SessionGuard.TOO_MANY_PEERS, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, ), Reason.TOO_MANY_PEERS),
         Branch(SessionGuard.HELLO_COMPATIBLE, SessionState.READY, (SessionEffect.SEND_HELLO_ACK, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, ), Reason.HANDSHAKE_MISMATCH),
     ), None),

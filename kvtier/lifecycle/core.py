@@ -52,6 +52,7 @@ class CoreSettings:
     park_clock: str = "last_store"
     tombstone_max: int = 65536
     max_pending_fetches_per_peer: int = 1024
+    max_peers: int = 128
 
     @classmethod
     def from_config(cls, config: object) -> CoreSettings:
@@ -61,6 +62,7 @@ class CoreSettings:
             park_clock=config.park_clock,  # type: ignore[attr-defined]
             tombstone_max=config.tombstone_max,  # type: ignore[attr-defined]
             max_pending_fetches_per_peer=config.max_pending_fetches_per_peer,  # type: ignore[attr-defined]
+            max_peers=config.max_peers,  # type: ignore[attr-defined]
         )
 
 
@@ -76,7 +78,12 @@ class TierCore:
             max_pending_fetches_per_peer=settings.max_pending_fetches_per_peer,
         )
         self.sessions = SessionMachine(
-            settings.durations, local, gen_base=gen_base, on_peer_down=self._peer_down, on_ready=self._ready
+            settings.durations,
+            local,
+            gen_base=gen_base,
+            on_peer_down=self._peer_down,
+            on_ready=self._ready,
+            max_peers=settings.max_peers,
         )
         self.consumer = ConsumerMachine(settings.durations, self.session_ready)
 
@@ -146,6 +153,8 @@ class TierCore:
         if peer not in self.sessions.records:
             self.sessions.apply(self.sessions.new_record(peer), SessionEvent.DIAL, None, now, out)
         self.consumer.announce(kv_request_id, peer, now, out)
+        if peer not in self.sessions.records:  # the dial was refused (max_peers): fail fast
+            self.consumer.event(kv_request_id, ConsumerEvent.PEER_LOST, now, out)
         return out
 
     def submit_load(self, inp: LoadInput, now: float) -> list[Effect]:

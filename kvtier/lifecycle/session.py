@@ -87,8 +87,10 @@ class SessionMachine(TableMachine):
         gen_base: int,
         on_peer_down: Callable[[str, str, float, list[Effect]], None],
         on_ready: Callable[[str, float, list[Effect]], None],
+        max_peers: int = 128,
     ) -> None:
         super().__init__(durations)
+        self.max_peers = max_peers
         self.local = local
         self._next_gen = gen_base
         self._on_peer_down = on_peer_down
@@ -105,6 +107,9 @@ class SessionMachine(TableMachine):
     def guard_hello_compatible(self, rec: SessionRecord, inp: HelloInput) -> bool:
         return self.local.first_mismatch(inp) is None
 
+    def guard_too_many_peers(self, rec: SessionRecord, inp) -> bool:
+        return len(self.records) >= self.max_peers
+
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.gen = self.new_gen()
@@ -119,7 +124,10 @@ class SessionMachine(TableMachine):
         out.append(SendHelloAck(rec.key, rec.gen))
 
     def effect_send_hello_reject(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:
-        field, ours, theirs = self.local.first_mismatch(inp) or ("", "", "")
+        if reason == "too_many_peers":
+            field, ours, theirs = "max_peers", str(self.max_peers), str(len(self.records) + 1)
+        else:
+            field, ours, theirs = self.local.first_mismatch(inp) or ("", "", "")
         out.append(SendHelloReject(rec.key, inp.gen, reason or "handshake_mismatch", field, ours, theirs))
 
     def effect_flush_queued(self, rec: SessionRecord, inp, reason, now, out) -> None:

@@ -1,0 +1,67 @@
+"""max_peers is enforced on both sides of a session (config `max_peers`)."""
+
+from __future__ import annotations
+
+from kvtier.api import LookupResult
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+from kvtier.testing.clock import VirtualClock
+from kvtier.testing.inproc import InprocNetwork, InprocTransport
+from mgr_helpers import Jobs, consumer_req, job, keys_for, producer_req
+
+
+def _mgr(net, clock, addr, cfg):
+    return KvTierManager(cfg, BlockPool(8, 64, pin=False), clock=clock.now, transport=InprocTransport(net, addr))
+
+
+def _pump(mgrs, rounds=20):
+    for _ in range(rounds):
+        for m in mgrs:
+            m.poll()
+
+
+def test_producer_refuses_a_session_beyond_max_peers_and_the_consumer_fails_fast():
+    clock, net = VirtualClock(), InprocNetwork()
+    p = _mgr(net, clock, "prod:1", {"max_peers": 1})
+    c1 = _mgr(net, clock, "c1:1", {})
+    c2 = _mgr(net, clock, "c2:1", {})
+    try:
+        preq = producer_req("p", "A")
+        p.on_new_request(preq)
+        p.submit_store(job(1, keys_for("A", 1), [0], preq))
+        r1, r2 = consumer_req("r1", "A", "prod", 1), consumer_req("r2", "B", "prod", 1)
+        c1.on_new_request(r1)
+        _pump([p, c1])
+        assert c1.core.session_ready("prod:1")
+        c2.on_new_request(r2)
+        _pump([p, c1, c2])
+        # the second consumer was refused at the handshake (names max_peers) and fails at once
+        assert not c2.core.session_ready("prod:1")
+        assert c2.lookup(keys_for("B", 1)[0], r2) is LookupResult.MISS
+        assert p.stats().get("kvtier_peer_down_total{reason=too_many_peers}") == 1.0
+        # the first one is unaffected
+        j1 = Jobs(c1)
+        c1.submit_load(job(9, keys_for("A", 1), [3], r1))
+        _pump([p, c1])
+        j1.pump()
+        assert j1.one(9).success
+    finally:
+        for m in (p, c1, c2):
+            m.shutdown()
+
+
+def test_consumer_dialling_beyond_max_peers_fails_that_request_only():
+    clock, net = VirtualClock(), InprocNetwork()
+    c = _mgr(net, clock, "c:1", {"max_peers": 1})
+    p1 = _mgr(net, clock, "p1:1", {})
+    try:
+        ra = consumer_req("ra", "A", "p1", 1)
+        rb = consumer_req("rb", "B", "p2", 1)  # a second producer: over the limit
+        c.on_new_request(ra)
+        c.on_new_request(rb)
+        _pump([c, p1])
+        assert c.lookup(keys_for("A", 1)[0], ra) is LookupResult.HIT
+        assert c.lookup(keys_for("B", 1)[0], rb) is LookupResult.MISS  # recompute at once
+    finally:
+        for m in (c, p1):
+            m.shutdown()
