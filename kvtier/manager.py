@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
 from kvtier.config import TierConfig
 from kvtier.lifecycle import (
+    ConsumerState,
     CoreSettings,
     InvalidTransition,
     FetchInput,
@@ -47,6 +48,7 @@ from kvtier.lifecycle._table import SessionState
 from kvtier.memory import BlockPool
 from kvtier.transport import SendHandle, Transport, TransportError
 from kvtier.wire import messages as wm
+from kvtier.wire.messages import check_kv_request_id
 from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireError, WireLimits, encode_frames
 
 log = logging.getLogger("kvtier.manager")
@@ -133,8 +135,6 @@ def parse_params(req: RequestContext) -> _Req:
 
 
 def _check_id(req: RequestContext, field: str, kid: object) -> None:
-    from kvtier.wire.messages import check_kv_request_id
-
     try:
         check_kv_request_id(kid)
     except Exception as exc:  # the wire's own rule, so every id we accept can be sent
@@ -300,8 +300,6 @@ class KvTierManager:
                     raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
                 return info.role
             if info.role == "consumer":
-                from kvtier.lifecycle import ConsumerState
-
                 if self.core.consumer.state_of(info.kv_request_id) is not ConsumerState.ABSENT:
                     # an earlier request's load of this id is still winding down (abort in flight)
                     raise ValueError(
@@ -426,23 +424,23 @@ class KvTierManager:
     def poll(self, timeout_s: float = 0.0) -> None:
         """Wait up to ``timeout_s`` seconds for network input, then process everything due."""
         if timeout_s > 0:
-            with self._lock:
-                if self._closed:
-                    return
-                wait = min(timeout_s, self._wait_budget())
-            self._idle_wait(wait)
+            self._idle_wait(timeout_s)
         with self._lock:
             if not self._closed:
                 self._poll_once()
 
     def _idle_wait(self, seconds: float) -> None:
-        """Block up to ``seconds`` for network input without holding the lock. The transport is
-        not thread-safe, so only one thread may wait on its sockets: with background_poll, that
-        is the poll thread; any other caller just sleeps (the poll thread handles the input)."""
+        """Block up to ``seconds`` for network input.
+
+        libzmq sockets are not thread-safe, so every transport call — a wait included — happens
+        under the manager lock.  With ``background_poll`` the poll thread does the waiting; any
+        other caller just sleeps (the poll thread handles the input meanwhile)."""
         if self._thread is not None and threading.current_thread() is not self._thread:
             self._stop.wait(seconds)
-        else:
-            self.transport.wait(seconds)
+            return
+        with self._lock:
+            if not self._closed:
+                self.transport.wait(min(seconds, self._wait_budget()))
 
     def shutdown(self) -> None:
         """Fail every outstanding job with reason ``shutdown`` (collect them with
@@ -508,14 +506,21 @@ class KvTierManager:
 
     # -- the poll loop ---------------------------------------------------------------------------
     def _poll_loop(self) -> None:
+        # Holds the lock while waiting on the sockets (at most poll_interval_s), as vLLM's own
+        # tier-poll thread does; the short sleep between rounds lets engine calls in.
         interval = self.config.poll_interval_s
         while not self._stop.is_set():
             try:
-                self.poll(interval)
+                with self._lock:
+                    if self._closed:
+                        return
+                    self.transport.wait(min(interval, self._wait_budget()))
+                    self._poll_once()
             except Exception:  # never let the thread die silently
-                self.m_internal.inc()
+                self._count(self.m_internal)
                 log.exception("kvtier: poll thread error")
                 self._stop.wait(interval)
+            time.sleep(0)  # yield the GIL so a thread blocked on the lock gets in
 
     def _wait_budget(self) -> float:
         nd = self.core.next_deadline()

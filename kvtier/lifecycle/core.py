@@ -21,7 +21,14 @@ from collections.abc import Mapping
 
 import attrs
 
-from kvtier.lifecycle._table import ConsumerEvent, ProducerEvent, SessionEvent, SessionState
+from kvtier.lifecycle._table import (
+    ConsumerEvent,
+    ConsumerState,
+    ProducerEvent,
+    ProducerState,
+    SessionEvent,
+    SessionState,
+)
 from kvtier.lifecycle.consumer import ConsumerMachine, LoadInput, MessageInput
 from kvtier.lifecycle.effects import Effect, Ignored
 from kvtier.lifecycle.producer import FetchInput, ProducerMachine, StoreInput
@@ -170,8 +177,6 @@ class TierCore:
 
     def load_failed(self, kv_request_id: str) -> bool:
         """True when lookups for this id must MISS (the engine should recompute)."""
-        from kvtier.lifecycle._table import ConsumerState
-
         return self.consumer.state_of(kv_request_id) is ConsumerState.FAILED
 
     # -- session inputs (transport / wire) -----------------------------------------------------
@@ -315,8 +320,6 @@ class TierCore:
 
     def has_transfers(self) -> bool:
         """True while any producer id is sending or cancelling."""
-        from kvtier.lifecycle._table import ProducerState
-
         return any(
             r.state in (ProducerState.SERVING, ProducerState.CANCELLING) for r in self.producer.records.values()
         )

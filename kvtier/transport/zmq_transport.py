@@ -417,8 +417,12 @@ class ZmqTransport:
             for entry in list(active):
                 sock, peer = entry
                 try:
+                    # ZMQ_EVENTS first: an empty socket costs a flag read, not a raised zmq.Again
+                    if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+                        active.remove(entry)
+                        continue
                     parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.ZMQError:  # Again (empty), or a socket error: skip it this round
+                except zmq.ZMQError:  # Again (raced), or a socket error: skip it this round
                     active.remove(entry)
                     continue
                 if peer is None:
