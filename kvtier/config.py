@@ -434,12 +434,16 @@ class TierConfig:
 
     # ---- consumer -----------------------------------------------------------
     load_timeout_s: float = _field(_TIMEOUT, 30.0)
-    """How long the consumer waits for a load to finish before it gives up,
-    aborts the fetch and reports the load failed."""
+    """How long the consumer waits for a load to finish before it gives up and
+    aborts the fetch; the load is reported failed (``load_timeout``) when the
+    producer acknowledges the abort, or ``abort_ack_timeout_s`` later at most."""
 
     abort_ack_timeout_s: float = _field(_TIMEOUT, 5.0)
-    """How long the consumer waits for the producer to acknowledge an abort
-    (no write can still land) before treating the peer as lost."""
+    """How long the consumer waits for the producer's abort_ack before it
+    reports the aborted load failed anyway. Safe either way: block data is
+    written into a load's slots only while the load is in flight, so nothing
+    lands after the abort. The abort is not retried; the producer's own
+    deadlines release its side."""
 
     # ---- sessions -----------------------------------------------------------
     handshake_timeout_s: float = _field(_TIMEOUT, 5.0)

@@ -113,6 +113,11 @@ def parse_params(req: RequestContext) -> _Req:
     if not isinstance(params, Mapping):
         raise ValueError(f"request {req.req_id!r}: kv_transfer_params must be a mapping, got {type(params).__name__}")
     src = params.get("remote_prefiller")
+    if src is not None and params.get("remote_decoder") is not None:
+        raise ValueError(
+            f"request {req.req_id!r}: kv_transfer_params has both remote_prefiller and remote_decoder; "
+            "a request is either the producer or the consumer leg"
+        )
     if src is not None:
         if not isinstance(src, Mapping):
             raise ValueError(f"request {req.req_id!r}: remote_prefiller must be a mapping, got {src!r}")
@@ -138,7 +143,7 @@ def _check_id(req: RequestContext, field: str, kid: object) -> None:
     try:
         check_kv_request_id(kid)
     except Exception as exc:  # the wire's own rule, so every id we accept can be sent
-        raise ValueError(f"request {req.req_id!r}: {field} is invalid ({exc}): {kid!r}") from None
+        raise ValueError(f"request {req.req_id!r}: {field} is invalid ({exc}): {kid!r:.80}") from None
 
 
 class KvTierManager:
@@ -157,13 +162,17 @@ class KvTierManager:
 
     def __init__(
         self,
-        config: TierConfig | Mapping[str, Any],
+        config: TierConfig | Mapping[str, Any] | None,
         pool: BlockPool,
         *,
         layout: str = "raw",
         clock: Callable[[], float] = time.monotonic,
         transport: Transport | None = None,
     ) -> None:
+        if config is None:
+            config = {}
+        if not isinstance(config, (TierConfig, Mapping)):
+            raise TypeError(f"config must be a TierConfig or a mapping of its keys, got {type(config).__name__}")
         self.config = config if isinstance(config, TierConfig) else TierConfig.from_dict(dict(config))
         cfg = self.config
         self.pool = pool
@@ -478,12 +487,16 @@ class KvTierManager:
         return info
 
     def _check_job(self, job: TransferJob) -> None:
+        if isinstance(job.job_id, bool) or not isinstance(job.job_id, int) or job.job_id < 0:
+            raise ValueError(f"job_id must be a non-negative int, got {job.job_id!r:.40}")
         if job.job_id in self._jobs:
             raise DuplicateJob(f"job {job.job_id} is already outstanding")
         if len(job.keys) != len(job.slots):
             raise ValueError(f"job {job.job_id}: {len(job.keys)} keys but {len(job.slots)} slots")
         if len(set(job.keys)) != len(job.keys):
             raise ValueError(f"job {job.job_id}: duplicate keys")
+        if len(set(job.slots)) != len(job.slots):
+            raise ValueError(f"job {job.job_id}: duplicate slots (two blocks cannot share a slot)")
         if len(job.keys) > self.config.max_blocks_per_fetch:
             raise ValueError(f"job {job.job_id}: {len(job.keys)} blocks > max_blocks_per_fetch")
         n = self.pool.num_blocks
@@ -501,7 +514,7 @@ class KvTierManager:
         if size > self.config.max_message_bytes:
             raise ValueError(
                 f"job {job.job_id}: a fetch of {len(job.keys)} keys ({size} bytes) exceeds max_message_bytes="
-                f"{self.config.max_message_bytes}; split the load or raise the limit on both sides"
+                f"{self.config.max_message_bytes} (a fetch is one message); raise max_message_bytes on both sides"
             )
 
     # -- the poll loop ---------------------------------------------------------------------------

@@ -24,3 +24,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in ci.splitlines()[-1]
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "\ntest: setup\n" in makefile and "pytest" in makefile.split("\ntest: setup\n", 1)[1].splitlines()[0]
+
+
+def test_readme_api_example_runs_as_written(capsys) -> None:
+    """The README's Python example, executed (only its fixed port is swapped for a free one)."""
+    import socket
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("```python\nfrom kvtier.api import RequestContext, TransferJob") + len("```python\n")
+    code = text[start : text.index("```", start)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exec(compile(code.replace("5710", str(port)), "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "True None"

@@ -30,6 +30,8 @@ import sys
 import time
 from typing import Any
 
+from kvtier.config import DEFAULTS
+
 DEFAULT_CONFIG: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 0,
@@ -208,9 +210,11 @@ def run(
     torch.set_num_threads(1)
     model, tok = load_model()  # converts and caches the GGUF once, before the workers start
     layout = KvLayout.for_model(model)
-    prompts = demo_prompts(max_prompt_tokens)
+    prompts = demo_prompts(max_prompt_tokens, tok)
     if num_prompts is not None:
         prompts = prompts[:num_prompts]
+    if not prompts:
+        raise SystemExit(f"kvtier demo: no prompt fits in {max_prompt_tokens} tokens; raise --max-prompt-tokens")
     encoded = [(name, encode_prompt(tok, text)) for name, text in prompts]
     late_name = None
     if not no_late:
@@ -273,6 +277,7 @@ def run(
         "pinned_memory": hello["pinned"],
         "block_bytes": hello["block_bytes"],
         "unbound_store_timeout_s": unbound_store_timeout_s,
+        "load_timeout_s": float(DEFAULTS["load_timeout_s"]),
         "median_kv_ready_fetched_s": statistics.median(r["kv_ready_fetched_s"] for r in fetched) if fetched else None,
         "median_kv_ready_recompute_s": statistics.median(r["kv_ready_recompute_s"] for r in fetched) if fetched else None,
         "late_rejection_ms": next((r["load_s"] * 1e3 for r in rows if r["late"]), None),
@@ -301,9 +306,13 @@ def _print_report(report: dict[str, Any]) -> None:
     if s["median_kv_ready_fetched_s"] is not None:
         con.print(f"time to first decode step (KV ready): fetched via kvtier {s['median_kv_ready_fetched_s'] * 1e3:.1f} ms "
                   f"vs recompute {s['median_kv_ready_recompute_s'] * 1e3:.1f} ms (median over fetched requests)")
-    if s["late_rejection_ms"] is not None:
-        con.print(f"late consumer: fetch refused with reason 'reaped' in {s['late_rejection_ms']:.2f} ms "
-                  f"(not a {30} s timeout); it recomputed locally")
+    late = next((r for r in report["requests"] if r["late"]), None)
+    if late is not None:
+        if late["outcome"] == "recomputed":
+            con.print(f"late consumer: fetch refused with reason '{late['reason']}' in {late['load_s'] * 1e3:.2f} ms "
+                      f"(no {s['load_timeout_s']:.0f} s load timeout); it recomputed locally")
+        else:
+            con.print("late consumer: the fetch was NOT refused (was it really late?)")
     con.print(f"pool memory: {'pinned' if s['pinned_memory'] else 'pageable (no accelerator on this machine)'}; "
               f"block = {s['block_bytes']:,} bytes")
     con.print("[bold green]OK[/]: every decode is identical to the monolithic run" if s["ok"]

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "c10b0a1e72535a4873ae5f1d2523c43c48c9e699b6421359ac3b3201444cc6f8"
+SPEC_SHA256: Final = "6a46f24598901322858fb37cb1670d3604cbf8749438dbb9be6801e387ff354c"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -506,7 +506,7 @@ class ConsumerEvent(enum.StrEnum):
     REQUEST_FINISHED = "request_finished"
     """the engine finished the request"""
     PEER_LOST = "peer_lost"
-    """the session to the producer died"""
+    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers)"""
     SHUTDOWN = "shutdown"
     """the manager is shutting down"""
 
@@ -584,7 +584,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABSENT, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
-        Branch(ConsumerGuard.LOAD_EMPTY, ConsumerState.LOADED, (ConsumerEffect.REPORT_NEW_JOB_OK, ), None),
+        Branch(ConsumerGuard.LOAD_EMPTY, ConsumerState.LOADED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(ConsumerGuard.SESSION_READY, ConsumerState.IN_FLIGHT, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ), None),
         Branch(None, ConsumerState.QUEUED, (ConsumerEffect.ACCEPT_LOAD, ), None),
     ), None),
@@ -598,7 +598,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.SEND_ABORT, ), Reason.CANCELLED),
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FAILED, (), Reason.PEER_LOST),
+        Branch(None, ConsumerState.FAILED, (), None),
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (), None),
@@ -621,7 +621,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.CANCELLED),
     ), None),
     (ConsumerState.QUEUED, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.PEER_LOST),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.QUEUED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.SHUTDOWN),
@@ -652,7 +652,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.CANCELLING, (ConsumerEffect.SEND_ABORT, ), Reason.CANCELLED),
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.PEER_LOST),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.SHUTDOWN),
@@ -679,7 +679,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.CANCELLING, (), Reason.CANCELLED),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.PEER_LOST),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.SHUTDOWN),

@@ -114,12 +114,13 @@ class ConsumerMachine(TableMachine):
     def event(self, kv_request_id: str, event: ConsumerEvent, now: float, out: list[Effect]) -> None:
         self.apply(self.record(kv_request_id), event, None, now, out)
 
-    def peer_event(self, peer: str, event: ConsumerEvent, now: float, out: list[Effect]) -> None:
-        """handshake_ready / peer_lost for every record on ``peer`` (key order)."""
+    def peer_event(self, peer: str, event: ConsumerEvent, now: float, out: list[Effect], inp: object = None) -> None:
+        """handshake_ready / peer_lost for every record on ``peer`` (key order); ``inp`` may carry
+        the ``reason`` the session died with."""
         for key in sorted(self.by_peer.get(peer, ())):
             rec = self.records.get(key)
             if rec is not None:
-                self.apply(rec, event, None, now, out)
+                self.apply(rec, event, inp, now, out)
 
     def broadcast(self, event: ConsumerEvent, now: float, out: list[Effect]) -> None:
         for key in sorted(self.records):

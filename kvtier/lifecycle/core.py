@@ -51,6 +51,13 @@ class _Gen:
     gen: int
 
 
+@attrs.frozen(slots=True)
+class _Why:
+    """The reason a consumer's session died, handed to its loads' peer_lost."""
+
+    reason: str
+
+
 @attrs.frozen(kw_only=True)
 class CoreSettings:
     """Everything the core needs from the config (durations in seconds)."""
@@ -105,7 +112,7 @@ class TierCore:
 
     def _peer_down(self, peer: str, reason: str, now: float, out: list[Effect]) -> None:
         self.producer.peer_lost(peer, now, out)
-        self.consumer.peer_event(peer, ConsumerEvent.PEER_LOST, now, out)
+        self.consumer.peer_event(peer, ConsumerEvent.PEER_LOST, now, out, _Why(str(reason)))
 
     def _ready(self, peer: str, now: float, out: list[Effect]) -> None:
         self.consumer.peer_event(peer, ConsumerEvent.HANDSHAKE_READY, now, out)
@@ -161,7 +168,9 @@ class TierCore:
             self.sessions.apply(self.sessions.new_record(peer), SessionEvent.DIAL, None, now, out)
         self.consumer.announce(kv_request_id, peer, now, out)
         if peer not in self.sessions.records:  # the dial was refused (max_peers): fail fast
-            self.consumer.event(kv_request_id, ConsumerEvent.PEER_LOST, now, out)
+            rec = self.consumer.records.get(kv_request_id)
+            if rec is not None:
+                self.consumer.apply(rec, ConsumerEvent.PEER_LOST, _Why("too_many_peers"), now, out)
         return out
 
     def submit_load(self, inp: LoadInput, now: float) -> list[Effect]:

@@ -120,9 +120,7 @@ def check_kv_request_id(v: object) -> None:
 def _keys(v: object) -> None:
     if type(v) is not list:
         raise TypeError(f"keys must be list, got {type(v).__name__}")
-    if not v:
-        raise ValueError("keys must not be empty")
-    for i, k in enumerate(v):
+    for i, k in enumerate(v):  # an empty list is a valid fetch: "I need none of the blocks"
         if type(k) is not bytes:
             raise TypeError(f"keys[{i}] must be bytes, got {type(k).__name__}")
         if not 1 <= len(k) <= MAX_KEY_BYTES:

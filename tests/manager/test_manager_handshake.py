@@ -44,9 +44,8 @@ def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
 
     assert pump_until(lambda: jobs.has(2), managers=[p], jobs=[jobs, pjobs], timeout_s=8.0)
     r = jobs.one(2)
-    # The session dies with handshake_mismatch; the core fails every load bound to the peer
-    # with the generic ``peer_lost`` (spec: consumer queued --peer_lost--> failed).
-    assert (r.success, r.reason) == (False, "peer_lost")
+    # The session dies with handshake_mismatch and every load bound to the peer fails with it.
+    assert (r.success, r.reason) == (False, "handshake_mismatch")
     assert metric(c, "kvtier_peer_down_total", reason="handshake_mismatch") == 1
     assert c.lookup(b"k0", creq) is LookupResult.MISS
     assert metric(c, "kvtier_block_bytes_landed_total") == 0

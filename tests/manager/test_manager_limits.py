@@ -65,3 +65,47 @@ def test_consumer_dialling_beyond_max_peers_fails_that_request_only():
     finally:
         for m in (c, p1):
             m.shutdown()
+
+
+def test_a_load_of_zero_blocks_releases_the_producers_parked_blocks_at_once():
+    """B20/B29: the decode side already has every block (prefix cache), loads nothing -- the
+    producer is told with an empty fetch and releases the parked blocks in one round trip."""
+    from mgr_helpers import VirtualPair
+
+    v = VirtualPair(block_bytes=64)
+    try:
+        preq = producer_req("p", "A")
+        v.P.on_new_request(preq)
+        v.P.submit_store(job(1, keys_for("A", 4), [0, 1, 2, 3], preq))
+        v.P.on_request_finished(preq)
+        creq = v.creq("c", "A")
+        v.C.on_new_request(creq)
+        v.step()
+        v.C.submit_load(job(9, [], [], creq))
+        v.step()
+        v.cjobs.pump()
+        v.pjobs.pump()
+        assert v.cjobs.one(9).success
+        assert v.pjobs.one(1).success  # released at once, not reaped at unbound_store_timeout_s
+        assert v.P.core.producer.state_of("A").value == "done"
+        assert v.P.stats().get("kvtier_block_bytes_sent_total") == 0.0
+    finally:
+        v.close()
+
+
+def test_duplicate_slots_in_one_job_are_refused():
+    from mgr_helpers import VirtualPair
+
+    import pytest
+
+    v = VirtualPair(block_bytes=64)
+    try:
+        creq = v.creq("c", "A")
+        v.C.on_new_request(creq)
+        with pytest.raises(ValueError, match="duplicate slots"):
+            v.C.submit_load(job(11, keys_for("A", 4), [0, 0, 1, 1], creq))
+        with pytest.raises(ValueError, match="job_id"):
+            v.C.submit_load(job(-5, keys_for("A", 1), [0], creq))
+        assert not v.C.has_pending_work()
+    finally:
+        v.close()

@@ -412,7 +412,7 @@ def test_producer_restart_on_the_same_port_fails_old_loads_once_and_serves_new_o
     producer.start_manager({**PCFG, "port": port}, num_blocks=NB, block_bytes=BB)
     assert producer.port == port
     assert pump_until(lambda: jobs.has(1), jobs=[jobs])
-    assert (jobs.one(1).success, jobs.one(1).reason) == (False, "peer_lost")
+    assert (jobs.one(1).success, jobs.one(1).reason) == (False, "peer_disconnected")
     assert metric(c, "kvtier_peer_down_total", reason="peer_disconnected") == 1, c.stats()
     assert digests(c.pool, [0, 1]) == [sentinel_digest(BB)] * 2
 

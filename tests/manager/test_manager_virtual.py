@@ -289,7 +289,7 @@ def test_b09_silent_producer_all_loads_fail_once_by_peer_timeout(pairs):
     v.crash_producer()
     v.advance_to(0.5 + 5.0 + 1.0)
     for jid, (kv, r, slots) in loads.items():
-        assert _outcome(v.cjobs, jid) == (False, "peer_lost")
+        assert _outcome(v.cjobs, jid) == (False, "peer_timeout")
         assert C.lookup(keys_for(kv, 1)[0], r) is LookupResult.MISS
         assert digests(C.pool, slots) == [sentinel_digest(BB)] * len(slots)
     assert metric(C, "kvtier_peer_down_total", reason="peer_timeout") == 1
@@ -367,7 +367,7 @@ def test_liveness_timeout_when_pings_stop_arriving_then_a_new_session_works(pair
     v.advance_to(1.0)
     v.net.partition(v.P_ADDR, v.C_ADDR)
     v.advance_to(8.0)
-    assert _outcome(v.cjobs, 10) == (False, "peer_lost")
+    assert _outcome(v.cjobs, 10) == (False, "peer_timeout")
     assert metric(C, "kvtier_peer_down_total", reason="peer_timeout") == 1
     assert metric(P, "kvtier_peer_down_total", reason="peer_timeout") == 1
     assert P.core.producer.state_of("A").value == "tombstoned"
@@ -400,7 +400,7 @@ def test_b10_handshake_never_acknowledged_fails_queued_load_at_handshake_timeout
     v.advance_to(4.75)
     assert not v.cjobs.has(10)
     v.advance_to(5.0)  # handshake_timeout_s = 5
-    assert _outcome(v.cjobs, 10) == (False, "peer_lost")
+    assert _outcome(v.cjobs, 10) == (False, "handshake_timeout")
     assert metric(C, "kvtier_peer_down_total", reason="handshake_timeout") == 1
     assert C.lookup(keys_for("A", 1)[0], ca) is LookupResult.MISS
     v.advance_to(40.0)
@@ -530,7 +530,7 @@ def test_producer_restart_fails_old_loads_once_drops_stale_generation_new_loads_
     P2 = v.restart_producer()
     v.advance_to(3.0)
     for jid in old:
-        assert _outcome(v.cjobs, jid) == (False, "peer_lost")
+        assert _outcome(v.cjobs, jid) == (False, "peer_disconnected")
         assert digests(C.pool, [jid - 10]) == [sentinel_digest(BB)]
     assert metric(C, "kvtier_peer_down_total", reason="peer_disconnected") == 1
 

@@ -154,7 +154,6 @@ def test_encode_refuses_foreign_objects_and_bad_payload_counts() -> None:
         lambda: Ping(gen=1, t=math.nan),
         lambda: Ping(gen=1, t=True),
         lambda: Fetch(gen=1, kv_request_id="r", round=0, keys=[b"a", b"a"]),
-        lambda: Fetch(gen=1, kv_request_id="r", round=0, keys=[]),
         lambda: Fetch(gen=1, kv_request_id="", round=0, keys=[b"a"]),
         lambda: Fetch(gen=1, kv_request_id="a b", round=0, keys=[b"a"]),
         lambda: Fetch(gen=1, kv_request_id="r", round=0, keys=["a"]),
@@ -459,3 +458,10 @@ def test_fuzz_byte_mutations(msg, flips, cut, extra) -> None:
     decode_only_wire_errors(
         [bytes(hdr), *frames[1:]], block_bytes=BB, limits=WireLimits(max_message_bytes=16)
     )
+
+
+def test_empty_fetch_is_valid_and_means_no_blocks_are_needed() -> None:
+    """A consumer that needs none of the blocks still tells the producer, which may then release
+    them at once (bug-scenarios B20/B29)."""
+    msg, payloads = decode(encode_frames(Fetch(gen=1, kv_request_id="r", round=0, keys=[])))
+    assert isinstance(msg, Fetch) and msg.keys == [] and payloads == []
