@@ -4,33 +4,44 @@ What is explored
 ----------------
 One producer and ``consumers`` consumers, each a **real** :class:`~kvtier.lifecycle.TierCore`
 (so every lifecycle step runs the generated table through the real producer, consumer and
-session classes), joined by FIFO channels per direction and per consumer, with:
+session classes), joined by FIFO channels per direction and per consumer (zmq keeps
+per-connection order; ``--reorder`` delivers any queued message), with:
 
-* the producer's engine storing ``chunks`` one-key chunks for each of ``ids`` ids, finishing a
-  request, and (optionally) draining or shutting down;
-* each consumer's engine loading an id (``announce`` + ``submit_load``: the fetch names every key)
-  and finishing its request (the consumer-side abort);
+* the producer's engine storing ``chunks`` one-key chunks per id (the last store is followed by
+  ``request_finished``), or finishing the request early ("abandon"); optionally drain / shutdown;
+* each consumer's engine loading an id (``announce`` + ``submit_load``; the fetch names every key)
+  and finishing a live load (the consumer-side abort).  With the default ``routing="fixed"`` id i
+  is loaded by consumer i; ``routing="any"`` (+ ``loads_per_id=2``) lets two consumers race;
 * the data plane: a ``SendBlocks`` puts one ``block_data`` message on the channel and leaves a
   transfer that the transport ends with ``transfer_complete`` or ``transfer_failed``
   (``transfer_released`` after a ``CancelTransfer``);
-* ``faults`` lost or duplicated messages (any message of any channel);
-* ``crashes`` session deaths (both sides see ``disconnect``; a later announce reconnects with a new
-  generation, so messages of the dead session are dropped by the generation gate);
-* **abstract time**: any armed timer of any record "may fire" at any step (a nondeterministic
-  step that runs the core's own ``tick``), so every ordering of deadlines is covered whatever the
-  configured durations are.  Session liveness timers count as crashes (a one-sided session death).
+* ``faults`` lost or duplicated messages per consumer connection (``fault_scope="total"``: in
+  all), any message of any channel;
+* ``crashes`` session deaths (both sides see ``disconnect``, or one side's liveness deadline;
+  a later announce reconnects with a new generation and the old session's messages are dropped
+  by the generation gate);
+* **abstract time**: any armed deadline of any record "may fire" at any step (a nondeterministic
+  step that runs the core's own ``tick``), so every ordering of deadlines is covered, whatever the
+  configured durations.
 
-A state is the tuple of the three cores' canonical snapshots plus channels, transfers and the
-engines' bookkeeping.  Core steps are memoised on (snapshot, input), so each distinct local step
-runs the real core once; a snapshot is restored into a fresh ``TierCore`` (indexes rebuilt by the
-machines' own ``on_state_change``) and the restore is verified against the live core it came from.
+A state is the tuple of the cores' canonical snapshots plus channels, transfers and the engines'
+bookkeeping.  Core steps are memoised on (snapshot, input), so each distinct local step runs the
+real core once; a snapshot is restored into a fresh ``TierCore`` (indexes rebuilt by the machines'
+own ``on_state_change``) and every restore is verified against the live core it came from.
 
-Properties (``spec/lifecycle.toml`` ``[properties]``)
------------------------------------------------------
-checked on every explored transition:
+Search: breadth-first (shortest counterexamples first) with **partial-order reduction** when each
+id has its own consumer: in each state only the steps of one id are expanded if they provably
+commute with everything the other ids can do (they touch only that id's records, channels,
+transfers and jobs; fault budgets are per connection; the retained-id cap couples ids, so steps
+that retire an id are always interleaved both ways).  The default configuration is explored to
+exhaustion (the longest path is ~27 steps, far past the depth bound of 12 the brief asks for).
+
+Properties (``spec/lifecycle.toml`` ``[properties]``), checked on every explored transition:
 
 * ``exactly_once_job_result`` — no job gets a second result; a job without a result is always held
   by a live record (so it will get one);
+* ``every_state_has_deadline_or_exit`` — after every step, a record in a state that names a timer
+  has a live deadline;
 * ``tombstoned_never_reparks`` — an id that ended (tombstoned, done, or dropped without a
   tombstone) is never parked or bound again until it was pruned from ``done``/``tombstoned``;
 * ``no_bytes_for_tombstoned`` — ``SendBlocks`` only on a parked/awaiting -> serving step;
@@ -40,12 +51,13 @@ checked on every explored transition:
   its current round;
 * ``bounded_bookkeeping`` — retained (done + tombstoned) ids never exceed ``tombstone_max``;
 
-and, over the explored graph, **no stuck ids** (``fetch_always_answered`` and the liveness half of
-``exactly_once_job_result``): from every state a state is reachable where every job has its
-result, no transfer is in progress and no record waits in a live state (producer parked /
-awaiting / serving / cancelling; consumer queued / in_flight / aborting / cancelling).  Beyond
-``depth`` the search continues with "completion" steps only (deliveries, transport reports,
-timers, engines finishing requests), so the frontier is closed and the check is exact for it.
+and **no stuck ids** (``fetch_always_answered`` and the liveness half of
+``exactly_once_job_result``): from every explored state, a quiescent state — every job has its
+result, no transfer in progress, no producer record parked/awaiting/serving/cancelling, no
+consumer load queued/in_flight/aborting/cancelling — is reachable by *completion* steps only:
+deliveries, transport reports, deadlines, the producer's request finishing.  New work, faults,
+crashes and the consumer giving up on its own are not completion steps (an engine waits for its
+load), so a load that only ends when its engine abandons it counts as stuck.
 """
 
 from __future__ import annotations
@@ -57,11 +69,11 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
-from kvtier.lifecycle._table import ConsumerState, ProducerState, SessionEvent, SessionState
+from kvtier.lifecycle._table import SessionEvent
 from kvtier.lifecycle.consumer import LoadInput
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings, TierCore
 from kvtier.lifecycle.effects import (
@@ -80,6 +92,7 @@ __all__ = ["Bounds", "Result", "check", "main"]
 
 PROPERTIES = (
     "exactly_once_job_result",
+    "every_state_has_deadline_or_exit",
     "tombstoned_never_reparks",
     "no_bytes_for_tombstoned",
     "late_fetch_one_rtt",
@@ -103,23 +116,34 @@ class Bounds:
     """kv_request_ids the producer stores."""
     consumers: int = 2
     """consumer peers (each its own TierCore)."""
-    depth: int = 12
-    """BFS depth with every kind of step; beyond it only completion steps."""
+    depth: int = 40
+    """BFS depth bound (the default state space is exhausted well before it: deepest path ~27)."""
     faults: int = 1
-    """lost or duplicated messages in total."""
+    """lost or duplicated messages (per consumer connection, or in total: see fault_scope)."""
+    fault_scope: str = "per_peer"
+    """"per_peer": each consumer's connection may suffer ``faults`` faults; "total": all together."""
     chunks: int = 1
     """stores (one key each) per id; the fetch names every key."""
     loads_per_id: int = 1
     """how many consumers may load the same id (2 exercises duplicate_fetch)."""
     crashes: int = 0
     """session deaths (two-sided disconnect, or one side's liveness timer)."""
-    tombstone_max: int = 1
-    """the producer's retained-id cap (1: the count bound is exercised with 2 ids)."""
+    tombstone_max: int = 2
+    """the producer's retained-id cap (below ``ids`` the count bound evicts; that couples the ids and
+    defeats most of the partial-order reduction, so keep the depth small then)."""
     max_pending: int = 1
     """max_pending_fetches_per_peer (1: too_many_pending is exercised)."""
     park_clock: str = "last_store"
     transfer_failures: bool = True
     """the transport may fail a transfer."""
+    reduce: bool = True
+    """partial-order reduction (persistent sets over ids; needs routing="fixed", ids == consumers)."""
+    routing: str = "fixed"
+    """"any": every consumer may load every id; "fixed": id i goes to consumer i % consumers."""
+    abandon: bool = True
+    """the producer's request may finish before all its chunks are stored (request_finished early)."""
+    prune_timers: bool = True
+    """let the prune deadline of done/tombstoned ids fire (a later fetch then meets a fresh id)."""
     drain: bool = False
     shutdown: bool = False
     reorder: bool = False
@@ -191,9 +215,35 @@ def _thaw(v: Any) -> Any:
 class _Codec:
     """Snapshot a TierCore into a hashable tuple and restore a fresh TierCore from one."""
 
+    # Attributes of the machines: configuration, indexes rebuilt by on_state_change, counters (not
+    # state), or state this codec snapshots.  Anything else is new state the codec does not know.
+    KNOWN = {
+        "core": {"consumer", "producer", "sessions", "settings"},
+        "producer": {
+            "_deadlines", "_durations", "_effects", "_guards", "awaiting_per_peer", "by_peer", "count_evicted",
+            "ignored", "max_pending", "park_clock_last", "records", "retained", "tombstone_max",
+        },
+        "consumer": {
+            "_deadlines", "_durations", "_effects", "_guards", "_next_round", "_session_ready", "by_peer", "ignored",
+            "records",
+        },
+        "sessions": {
+            "_deadlines", "_durations", "_effects", "_guards", "_next_gen", "_on_peer_down", "_on_ready", "ignored",
+            "local", "max_peers", "records",
+        },
+    }
+
     def __init__(self, settings: CoreSettings) -> None:
         self.settings = settings
         probe = TierCore(settings, _LOCAL)
+        for name, obj in (("core", probe), *((n, getattr(probe, n)) for n in ("producer", "consumer", "sessions"))):
+            unknown = set(vars(obj)) - self.KNOWN[name]
+            if unknown:
+                raise RuntimeError(
+                    f"model check: {name} has state the snapshot codec does not know: {sorted(unknown)}; teach "
+                    f"kvtier/_tools/modelcheck.py (_Codec) whether it is configuration, an index rebuilt by "
+                    f"on_state_change, or state to snapshot and restore"
+                )
         self.fields = {
             name: tuple(s for s in _slots(type(getattr(probe, name).new_record("k"))) if s not in ("key", "tseq"))
             for name in ("sessions", "producer", "consumer")
@@ -277,7 +327,10 @@ def _summarise(core: TierCore) -> _Summary:
 class _Step:
     snap: int
     effects: tuple
-    envelopes: tuple[Envelope, ...]
+    envelopes: tuple[int, ...]
+    """message ids (see :meth:`_Cores.mid`)"""
+    dead_timers: tuple[str, ...] = ()
+    """records that name a timer but have no live deadline after the step"""
 
 
 class _Cores:
@@ -291,6 +344,17 @@ class _Cores:
         self.memo: dict[tuple, _Step] = {}
         self.verify = verify
         self.core_steps = 0
+        self._precs: dict[int, dict[tuple[str, str], tuple]] = {}
+        self.msgs: list[Envelope] = []
+        self._mids: dict[Envelope, int] = {}
+
+    def mid(self, env: Envelope) -> int:
+        """Intern a message: states hold small ints, not Envelope objects."""
+        got = self._mids.get(env)
+        if got is None:
+            got = self._mids[env] = len(self.msgs)
+            self.msgs.append(env)
+        return got
 
     def intern(self, core: TierCore) -> int:
         snap = self.codec.snapshot(core)
@@ -309,6 +373,18 @@ class _Cores:
             self.summaries.append(_summarise(core))
         return sid
 
+    def precords(self, sid: int) -> dict[tuple[str, str], tuple]:
+        """(machine, key) -> record fields of snapshot ``sid`` (cached)."""
+        got = self._precs.get(sid)
+        if got is None:
+            recs_by_machine = self.snaps[sid][0]
+            got = {}
+            for name, recs in zip(("sessions", "producer", "consumer"), recs_by_machine):
+                for key, values in recs:
+                    got[(name, key)] = values
+            self._precs[sid] = got
+        return got
+
     def step(self, name: str, sid: int, inp: tuple) -> _Step:
         key = (sid, inp)
         hit = self.memo.get(key)
@@ -316,14 +392,20 @@ class _Cores:
             return hit
         self.core_steps += 1
         core = self.codec.restore(self.snaps[sid])
-        effects = _call(core, inp)
+        effects = _call(core, ("deliver", self.msgs[inp[1]]) if inp[0] == "deliver" else inp)
         more = []
         for eff in effects:
             if isinstance(eff, OpenConnection):  # the connection comes up at once
                 more.extend(core.transport_up(eff.peer, 0.0))
         effects = effects + more
-        envs = tuple(e for e in (to_envelope(name, core, eff) for eff in effects) if e is not None)
-        result = _Step(self.intern(core), tuple(effects), envs)
+        envs = tuple(self.mid(e) for e in (to_envelope(name, core, eff) for eff in effects) if e is not None)
+        dead = tuple(
+            f"{mname} {key} ({rec.state.value}, timer {rec.timer})"
+            for mname in ("sessions", "producer", "consumer")
+            for key, rec in getattr(core, mname).records.items()
+            if rec.timer is not None and not getattr(core, mname)._is_live(key, rec.tseq)
+        )
+        result = _Step(self.intern(core), tuple(effects), envs, dead)
         self.memo[key] = result
         return result
 
@@ -374,14 +456,13 @@ def _call(core: TierCore, inp: tuple) -> list:
 # the composed system
 
 
-@attrs.frozen
-class _G:
-    """One global state (hashable)."""
+class _G(NamedTuple):
+    """One global state (a plain tuple: cheap to hash)."""
 
     p: int
     c: tuple[int, ...]
-    chans: tuple[tuple[Envelope, ...], ...]
-    """index 2*c: producer -> consumer c; 2*c+1: consumer c -> producer"""
+    chans: tuple[tuple[int, ...], ...]
+    """message ids; index 2*c: producer -> consumer c; 2*c+1: consumer c -> producer"""
     transfers: tuple[tuple[int, str, int, bool], ...]
     stores: tuple[int, ...]
     p_finished: tuple[bool, ...]
@@ -389,7 +470,7 @@ class _G:
     """per consumer, per id: 0 not loaded, 1 load submitted, 2 request finished"""
     outstanding: frozenset[int]
     retired: tuple[bool, ...]
-    faults: int
+    faults: tuple[int, ...]
     crashes: int
     drained: bool
     shut: bool
@@ -442,10 +523,10 @@ class _System:
         for name in self.cnames:
             c = cores.intern(TierCore(cores.codec.settings, _LOCAL, gen_base=100 * (len(cs) + 1)))
             st = cores.step(name, c, ("dial", "p"))
-            hello = next(e for e in st.envelopes if e.kind == "hello")
+            hello = next(m for m in st.envelopes if cores.msgs[m].kind == "hello")
             pst = cores.step("p", p, ("deliver", hello))
             p = pst.snap
-            ack = next(e for e in pst.envelopes if e.kind == "hello_ack")
+            ack = next(m for m in pst.envelopes if cores.msgs[m].kind == "hello_ack")
             cst = cores.step(name, st.snap, ("deliver", ack))
             cs.append(cst.snap)
         n = self.b.ids
@@ -459,111 +540,151 @@ class _System:
             loads=tuple((0,) * n for _ in self.cnames),
             outstanding=frozenset(),
             retired=(False,) * n,
-            faults=self.b.faults,
+            faults=(self.b.faults,) * (self.b.consumers if self.b.fault_scope == "per_peer" else 1),
             crashes=self.b.crashes,
             drained=False,
             shut=False,
         )
 
     # -- actions -------------------------------------------------------------------------------
-    def actions(self, g: _G, full: bool) -> Iterator[tuple[str, tuple]]:
-        """(label, action) pairs enabled in ``g``; ``full=False``: completion steps only."""
+    def actions(self, g: _G, full: bool) -> Iterator[tuple]:
+        """Actions enabled in ``g``; ``full=False``: completion steps only (no new work, no faults,
+        no crashes, and no consumer giving up on its own: an engine waits for its load), in the
+        priority order the liveness search tries them."""
         b = self.b
         cores = self.cores
-        ps = cores.summaries[g.p]
-        if full and not g.shut:
-            for i, kid in enumerate(self.kids):
-                if g.stores[i] < b.chunks and not g.p_finished[i]:
-                    yield f"P.store({kid} chunk {g.stores[i]})", ("store", i)
-        if not g.shut:
-            for i, kid in enumerate(self.kids):
-                if g.stores[i] >= 1 and not g.p_finished[i]:
-                    yield f"P.request_finished({kid})", ("p_finished", i)
-        for c, cname in enumerate(self.cnames):
-            for i, kid in enumerate(self.kids):
-                st = g.loads[c][i]
-                if full and st == 0 and sum(1 for cc in range(b.consumers) if g.loads[cc][i]) < b.loads_per_id:
-                    yield f"{cname}.load({kid})", ("load", c, i)
-                if st == 1:
-                    yield f"{cname}.request_finished({kid})", ("c_finished", c, i)
         for ch, q in enumerate(g.chans):
-            if not q:
-                continue
-            idxs = range(len(q)) if b.reorder else (0,)
-            for j in idxs:
-                yield f"deliver {q[j]}", ("deliver", ch, j)
-            if full and g.faults > 0:
-                for j in range(len(q)):
-                    yield f"LOSE {q[j]}", ("drop", ch, j)
-                    yield f"DUPLICATE {q[j]}", ("dup", ch, j)
+            if q:
+                for j in range(len(q)) if b.reorder else (0,):
+                    yield ("deliver", ch, j)
         for t in g.transfers:
-            c, kid, rnd, cancelled = t
-            if cancelled:
-                yield f"transport released {kid} r{rnd}", ("transport", t, "released")
+            if t[3]:
+                yield ("transport", t, "released")
             else:
-                yield f"transport complete {kid} r{rnd}", ("transport", t, "complete")
+                yield ("transport", t, "complete")
                 if b.transfer_failures:
-                    yield f"transport failed {kid} r{rnd}", ("transport", t, "failed")
+                    yield ("transport", t, "failed")
         comps = [("p", g.p)] + [(self.cnames[c], sid) for c, sid in enumerate(g.c)]
         for comp, sid in comps:
             for machine, key, timer in cores.summaries[sid].timers:
                 if machine == "sessions" and timer == "liveness" and not (full and g.crashes > 0):
                     continue
-                who = "P" if comp == "p" else comp
-                yield f"timer {who}.{machine[:-1] if machine == 'sessions' else machine}.{timer}({key}) fires", (
-                    "fire",
-                    comp,
-                    machine,
-                    key,
-                )
-        if full and g.crashes > 0:
-            for c, cname in enumerate(self.cnames):
-                csess = cores.summaries[g.c[c]].sessions.get("p")
-                psess = ps.sessions.get(cname)
-                if csess and psess and csess[0] == "ready" and psess[0] == "ready":
-                    yield f"session p<->{cname} dies (both sides disconnect)", ("crash", c)
-        if full and b.drain and not g.drained and not g.shut:
-            yield "P.drain_jobs()", ("drain",)
-        if full and b.shutdown and not g.shut:
-            yield "P.shutdown()", ("shutdown",)
+                if timer == "prune" and not b.prune_timers:
+                    continue
+                yield ("fire", comp, machine, key)
+        if not g.shut:
+            for i in range(b.ids):
+                if not g.p_finished[i]:
+                    if full and g.stores[i] < b.chunks:
+                        yield ("store", i)
+                    if b.abandon and g.stores[i] < b.chunks:
+                        yield ("abandon", i)
+        for c in range(b.consumers):
+            consumer = cores.summaries[g.c[c]].consumer
+            for i, kid in enumerate(self.kids):
+                st = g.loads[c][i]
+                if (
+                    full
+                    and st == 0
+                    and (b.routing == "any" or i % b.consumers == c)
+                    and sum(1 for cc in range(b.consumers) if g.loads[cc][i]) < b.loads_per_id
+                ):
+                    yield ("load", c, i)
+                if full and st == 1 and consumer.get(kid, ("absent",))[0] in ("queued", "in_flight", "aborting"):
+                    yield ("c_finished", c, i)
+        if full:
+            if any(g.faults):
+                for ch, q in enumerate(g.chans):
+                    if not g.faults[self.budget_of(ch)]:
+                        continue
+                    for j in range(len(q)):
+                        yield ("drop", ch, j)
+                        yield ("dup", ch, j)
+            if g.crashes > 0:
+                ps = cores.summaries[g.p]
+                for c, cname in enumerate(self.cnames):
+                    csess = cores.summaries[g.c[c]].sessions.get("p")
+                    psess = ps.sessions.get(cname)
+                    if csess and psess and csess[0] == "ready" and psess[0] == "ready":
+                        yield ("crash", c)
+            if b.drain and not g.drained and not g.shut:
+                yield ("drain",)
+            if b.shutdown and not g.shut:
+                yield ("shutdown",)
+
+    def label(self, g: _G, action: tuple) -> str:
+        """Human-readable text of ``action`` in state ``g``."""
+        kind = action[0]
+        if kind == "store":
+            i = action[1]
+            last = g.stores[i] + 1 == self.b.chunks
+            return f"P.store({self.kids[i]} chunk {g.stores[i]})" + (" + P.request_finished" if last else "")
+        if kind == "abandon":
+            i = action[1]
+            return f"P.request_finished({self.kids[i]}) after {g.stores[i]} of {self.b.chunks} chunks stored"
+        if kind == "load":
+            return f"{self.cnames[action[1]]}.load({self.kids[action[2]]})"
+        if kind == "c_finished":
+            return f"{self.cnames[action[1]]}.request_finished({self.kids[action[2]]})"
+        if kind in ("deliver", "drop", "dup"):
+            env = self.cores.msgs[g.chans[action[1]][action[2]]]
+            return {"deliver": "deliver", "drop": "LOSE", "dup": "DUPLICATE"}[kind] + f" {env}"
+        if kind == "transport":
+            t = action[1]
+            return f"transport: {action[2]} {t[1]} r{t[2]} (to {self.cnames[t[0]]})"
+        if kind == "fire":
+            _, comp, machine, key = action
+            who = "P" if comp == "p" else comp
+            summ = self.cores.summaries[g.p if comp == "p" else g.c[self.cindex[comp]]]
+            timer = next(t for m, k, t in summ.timers if (m, k) == (machine, key))
+            return f"timer {timer} of {who}.{machine.rstrip('s')}({key}) fires"
+        if kind == "crash":
+            return f"session p<->{self.cnames[action[1]]} dies (both sides get disconnect)"
+        if kind == "drain":
+            return "P.drain_jobs()"
+        if kind == "shutdown":
+            return "P.shutdown()"
+        return repr(action)  # pragma: no cover
 
     # -- applying one action -------------------------------------------------------------------
-    def apply(self, g: _G, action: tuple) -> tuple[_G, list[str]]:
-        """Successor of ``g``; raises _Fail on a safety violation. Returns notes for traces."""
+    def apply(self, g: _G, action: tuple, notes: list[str] | None = None) -> _G:
+        """Successor of ``g``; raises _Fail on a safety violation. Appends trace notes if asked."""
         kind = action[0]
         st = _Mut(g)
-        notes: list[str] = []
         if kind == "store":
             i = action[1]
             chunk = g.stores[i]
             job = self.store_job(i, chunk)
-            st.stores[i] += 1
-            st.outstanding.add(job)
+            st.stores = _put(st.stores, i, st.stores[i] + 1)
+            st.outstanding = st.outstanding | {job}
             self._p(st, ("store", self.kids[i], chunk, job), notes)
-        elif kind == "p_finished":
+            if st.stores[i] == self.b.chunks:  # the prefill is over once its last chunk is stored
+                st.p_finished = _put(st.p_finished, i, True)
+                self._p(st, ("p_finished", self.kids[i]), notes)
+        elif kind == "abandon":
             i = action[1]
-            st.p_finished[i] = True
+            st.p_finished = _put(st.p_finished, i, True)
             self._p(st, ("p_finished", self.kids[i]), notes)
         elif kind == "load":
             _, c, i = action
             job = self.load_job(c, i)
-            st.loads[c][i] = 1
-            st.outstanding.add(job)
+            st.loads = _put(st.loads, c, _put(st.loads[c], i, 1))
+            st.outstanding = st.outstanding | {job}
             self._c(st, c, ("load", self.kids[i], self.b.chunks, job, "p"), notes)
         elif kind == "c_finished":
             _, c, i = action
-            st.loads[c][i] = 2
+            st.loads = _put(st.loads, c, _put(st.loads[c], i, 2))
             self._c(st, c, ("c_finished", self.kids[i]), notes)
         elif kind in ("deliver", "drop", "dup"):
             _, ch, j = action
-            q = st.chans[ch]
+            q = st.chan(ch)
             env = q[j]
             if kind == "drop":
                 del q[j]
-                st.faults -= 1
+                st.faults = _put(st.faults, self.budget_of(ch), st.faults[self.budget_of(ch)] - 1)
             elif kind == "dup":
                 q.append(env)
-                st.faults -= 1
+                st.faults = _put(st.faults, self.budget_of(ch), st.faults[self.budget_of(ch)] - 1)
             else:
                 del q[j]
                 c = ch // 2
@@ -573,14 +694,12 @@ class _System:
                     self._p(st, ("deliver", env), notes)
         elif kind == "transport":
             _, t, outcome = action
-            st.transfers.remove(t)
-            c, kid, rnd, _cancelled = t
-            self._p(st, ("transport", kid, rnd, outcome), notes)
+            st.transfers = tuple(x for x in st.transfers if x != t)
+            self._p(st, ("transport", t[1], t[2], outcome), notes)
         elif kind == "fire":
             _, comp, machine, key = action
-            if machine == "sessions" and self.cores.summaries[g.p if comp == "p" else g.c[self.cindex[comp]]].sessions[
-                key
-            ][0] == "ready":
+            sid = g.p if comp == "p" else g.c[self.cindex[comp]]
+            if machine == "sessions" and self.cores.summaries[sid].sessions[key][0] == "ready":
                 st.crashes -= 1
             if comp == "p":
                 self._p(st, ("fire", machine, key), notes)
@@ -602,7 +721,16 @@ class _System:
             self._p(st, ("shutdown",), notes)
         else:  # pragma: no cover
             raise ValueError(action)
-        return st.freeze(), notes
+        return st.freeze()
+
+    @staticmethod
+    def _timers(res: _Step, who: str) -> None:
+        if res.dead_timers:
+            raise _Fail(
+                "every_state_has_deadline_or_exit",
+                f"{who}: {', '.join(res.dead_timers)}: the state names a timer but no deadline is pending, so "
+                f"nothing will ever move it",
+            )
 
     def _jobs(self, st: _Mut, effects: tuple, who: str) -> None:
         for eff in effects:
@@ -613,14 +741,15 @@ class _System:
                         f"{who} reported {self.describe_job(eff.job_id)} again "
                         f"(JobDone ok={eff.ok} reason={eff.reason}); it already had its result",
                     )
-                st.outstanding.discard(eff.job_id)
+                st.outstanding = st.outstanding - {eff.job_id}
 
-    def _p(self, st: _Mut, inp: tuple, notes: list[str]) -> None:
+    def _p(self, st: _Mut, inp: tuple, notes: list[str] | None) -> None:
         cores = self.cores
         pre = cores.summaries[st.p]
         res = cores.step("p", st.p, inp)
         post = cores.summaries[res.snap]
         st.p = res.snap
+        self._timers(res, "the producer")
         self._jobs(st, res.effects, "the producer")
         for eff in res.effects:
             if isinstance(eff, SendBlocks):
@@ -633,17 +762,24 @@ class _System:
                         f"(blocks are sent only on parked/awaiting -> serving)",
                     )
                 if eff.peer in self.cindex:
-                    st.transfers.append((self.cindex[eff.peer], eff.kv_request_id, eff.round, False))
+                    st.transfers = tuple(sorted(st.transfers + ((self.cindex[eff.peer], eff.kv_request_id, eff.round, False),)))
             elif isinstance(eff, CancelTransfer):
-                for k, t in enumerate(st.transfers):
-                    if t[1:3] == (eff.kv_request_id, eff.round) and self.cnames[t[0]] == eff.peer:
-                        st.transfers[k] = (t[0], t[1], t[2], True)
-        for env in res.envelopes:
-            if env.dst in self.cindex:
-                st.chans[2 * self.cindex[env.dst]].append(env)
+                st.transfers = tuple(
+                    sorted(
+                        (t[0], t[1], t[2], True)
+                        if t[1:3] == (eff.kv_request_id, eff.round) and self.cnames[t[0]] == eff.peer
+                        else t
+                        for t in st.transfers
+                    )
+                )
+        msgs = cores.msgs
+        for m in res.envelopes:
+            dst = msgs[m].dst
+            if dst in self.cindex:
+                st.chan(2 * self.cindex[dst]).append(m)
         # late fetch answered in the same step
-        if inp[0] == "deliver" and inp[1].kind == "fetch":
-            env = inp[1]
+        if inp[0] == "deliver" and msgs[inp[1]].kind == "fetch":
+            env = msgs[inp[1]]
             sess = pre.sessions.get(env.src)
             gated = sess is not None and sess[0] == "ready" and sess[1] == env.gen
             kid = env.kv_request_id
@@ -675,31 +811,33 @@ class _System:
                     f"{kid} ended earlier and was not pruned through its tombstone, yet it went {before} -> {after}",
                 )
             if after in _P_RETAINED:
-                st.retired[i] = True
+                st.retired = _put(st.retired, i, True)
             elif before in _P_RETAINED and after == "absent":
-                st.retired[i] = False  # pruned by its deadline or the count cap: the id is fresh again
+                st.retired = _put(st.retired, i, False)  # pruned by its deadline or the count cap: the id is fresh again
             elif before in _P_LIVE and after == "absent" and inp[0] != "shutdown":
-                st.retired[i] = True  # ended without a tombstone (never legitimate; see above)
+                st.retired = _put(st.retired, i, True)  # ended without a tombstone (never legitimate; see above)
         if post.retained > self.b.tombstone_max:
             raise _Fail(
                 "bounded_bookkeeping",
                 f"the producer retains {post.retained} done/tombstoned ids, more than tombstone_max="
                 f"{self.b.tombstone_max}",
             )
-        notes.append("P: " + _describe(pre, post, res.effects))
+        if notes is not None:
+            notes.append("P: " + _describe(pre, post, res.effects))
 
-    def _c(self, st: _Mut, c: int, inp: tuple, notes: list[str]) -> None:
+    def _c(self, st: _Mut, c: int, inp: tuple, notes: list[str] | None) -> None:
         cores = self.cores
         cname = self.cnames[c]
         pre = cores.summaries[st.c[c]]
         res = cores.step(cname, st.c[c], inp)
         post = cores.summaries[res.snap]
-        st.c[c] = res.snap
+        st.c = _put(st.c, c, res.snap)
+        self._timers(res, cname)
         self._jobs(st, res.effects, cname)
         for eff in res.effects:
             if isinstance(eff, WriteBlocks):
                 rec = pre.consumer.get(eff.kv_request_id)
-                env = inp[1] if inp[0] == "deliver" else None
+                env = cores.msgs[inp[1]] if inp[0] == "deliver" else None
                 if rec is None or rec[0] != "in_flight" or (env is not None and env.round != rec[1]):
                     state = rec[0] if rec else "absent"
                     raise _Fail(
@@ -707,10 +845,123 @@ class _System:
                         f"{cname} wrote block data for {eff.kv_request_id} into slots {eff.slots} while its load was "
                         f"{state}" + (f" (message round {env.round}, load round {rec[1]})" if rec and env else ""),
                     )
-        for env in res.envelopes:
-            if env.dst == "p":
-                st.chans[2 * c + 1].append(env)
-        notes.append(f"{cname}: " + _describe(pre, post, res.effects))
+        for m in res.envelopes:
+            if cores.msgs[m].dst == "p":
+                st.chan(2 * c + 1).append(m)
+        if notes is not None:
+            notes.append(f"{cname}: " + _describe(pre, post, res.effects))
+
+    # -- partial-order reduction -----------------------------------------------------------------
+    @property
+    def por_enabled(self) -> bool:
+        """Persistent-set reduction applies when every id has its own consumer (fixed routing, one id
+        per consumer): then an id's steps touch only its own records, channels and transfers, and
+        the ids interact only through the fault/crash budgets and the retained-id cap."""
+        return _por(self.b)
+
+    def process_of(self, g: _G, action: tuple) -> int | None:
+        kind = action[0]
+        if kind in ("store", "abandon"):
+            return action[1]
+        if kind in ("load", "c_finished"):
+            return action[2]
+        if kind in ("deliver", "drop", "dup"):
+            return action[1] // 2
+        if kind == "transport":
+            return self.kindex[action[1][1]]
+        if kind == "fire":
+            _, comp, machine, key = action
+            if comp != "p":
+                return self.cindex[comp]
+            return self.cindex[key] if machine == "sessions" else self.kindex[key]
+        if kind == "crash":
+            return action[1]
+        return None
+
+    def projection(self, g: _G, i: int) -> tuple:
+        """Everything that belongs to process ``i`` (id i with consumer i)."""
+        kid, cname = self.kids[i], self.cnames[i]
+        precs = self.cores.precords(g.p)
+        return (
+            precs.get(("producer", kid)),
+            precs.get(("sessions", cname)),
+            g.c[i],
+            g.chans[2 * i],
+            g.chans[2 * i + 1],
+            tuple(t for t in g.transfers if t[0] == i),
+            tuple(sorted(j for j in g.outstanding if self.job_owner(j) == i)),
+            g.stores[i],
+            g.p_finished[i],
+            g.loads[i],
+            g.retired[i],
+            g.faults[i] if self.b.fault_scope == "per_peer" else None,
+        )
+
+    def budget_of(self, ch: int) -> int:
+        return ch // 2 if self.b.fault_scope == "per_peer" else 0
+
+    def job_owner(self, job: int) -> int:
+        if job < 2000:
+            return (job - 1000) // 10
+        return ((job - 2000) % 100) // 10
+
+    def ample(self, g: _G, acts: list[tuple]) -> list[tuple[tuple, _G | None]]:
+        """A persistent subset of ``acts`` (with successors already computed where known)."""
+        full = [(a, None) for a in acts]
+        if not self.por_enabled:
+            return full
+        groups: dict[int, list[tuple]] = {}
+        for a in acts:
+            pid = self.process_of(g, a)
+            if pid is None:
+                return full
+            groups.setdefault(pid, []).append(a)
+        if len(groups) <= 1:
+            return full
+        cap_binding = self.b.tombstone_max < self.b.ids
+        pstates = self.cores.summaries[g.p].producer
+        for pid in sorted(groups):
+            E = groups[pid]
+            if any(a[0] == "crash" for a in E) or (
+                self.b.fault_scope != "per_peer" and any(a[0] in ("drop", "dup") for a in E)
+            ):
+                continue  # they spend a budget the other ids share
+            if any(a[0] == "fire" and a[2] == "sessions" for a in E) and g.crashes > 0:
+                continue
+            kid = self.kids[pid]
+            retained = pstates.get(kid, ("absent",))[0] in _P_RETAINED
+            if cap_binding and retained and any(self._touches_producer(a, pid) for a in E):
+                continue  # another id's retirement may evict this one's record meanwhile
+            others = [j for j in range(self.b.ids) if j != pid]
+            before = {j: self.projection(g, j) for j in others}
+            out: list[tuple[tuple, _G | None]] = []
+            ok = True
+            for a in E:
+                try:
+                    ng = self.apply(g, a)
+                except _Fail:
+                    return full  # let the main loop report it
+                if cap_binding:
+                    now_ret = self.cores.summaries[ng.p].producer.get(kid, ("absent",))[0] in _P_RETAINED
+                    if now_ret != retained:
+                        ok = False
+                        break
+                if any(self.projection(ng, j) != before[j] for j in others):
+                    ok = False
+                    break
+                out.append((a, ng))
+            if ok:
+                return out
+        return full
+
+    @staticmethod
+    def _touches_producer(a: tuple, pid: int) -> bool:
+        kind = a[0]
+        return (
+            kind in ("store", "abandon", "transport", "crash")
+            or (kind in ("deliver", "drop", "dup") and a[1] % 2 == 1)
+            or (kind == "fire" and a[1] == "p")
+        )
 
     # -- state predicates ----------------------------------------------------------------------
     def check_state(self, g: _G) -> None:
@@ -765,39 +1016,39 @@ class _System:
         return "; ".join(lines) or "no quiescent state is reachable"
 
 
+def _put(t: tuple, i: int, v: Any) -> tuple:
+    return t[:i] + (v,) + t[i + 1 :]
+
+
 class _Mut:
-    """A mutable working copy of a :class:`_G`."""
+    """A working copy of a :class:`_G`: fields are replaced, channels copied on first write."""
+
+    __slots__ = (
+        "p", "c", "chans", "transfers", "stores", "p_finished", "loads", "outstanding", "retired", "faults",
+        "crashes", "drained", "shut", "_copied",
+    )
 
     def __init__(self, g: _G) -> None:
-        self.p = g.p
-        self.c = list(g.c)
-        self.chans = [list(q) for q in g.chans]
-        self.transfers = list(g.transfers)
-        self.stores = list(g.stores)
-        self.p_finished = list(g.p_finished)
-        self.loads = [list(x) for x in g.loads]
-        self.outstanding = set(g.outstanding)
-        self.retired = list(g.retired)
-        self.faults = g.faults
-        self.crashes = g.crashes
-        self.drained = g.drained
-        self.shut = g.shut
+        (
+            self.p, self.c, chans, self.transfers, self.stores, self.p_finished, self.loads, self.outstanding,
+            self.retired, self.faults, self.crashes, self.drained, self.shut,
+        ) = g
+        self.chans: list = list(chans)
+        self._copied: set[int] = set()
+
+    def chan(self, ch: int) -> list[int]:
+        if ch not in self._copied:
+            self.chans[ch] = list(self.chans[ch])
+            self._copied.add(ch)
+        return self.chans[ch]
 
     def freeze(self) -> _G:
+        chans = self.chans
+        for i in self._copied:
+            chans[i] = tuple(chans[i])
         return _G(
-            p=self.p,
-            c=tuple(self.c),
-            chans=tuple(tuple(q) for q in self.chans),
-            transfers=tuple(sorted(self.transfers)),
-            stores=tuple(self.stores),
-            p_finished=tuple(self.p_finished),
-            loads=tuple(tuple(x) for x in self.loads),
-            outstanding=frozenset(self.outstanding),
-            retired=tuple(self.retired),
-            faults=self.faults,
-            crashes=self.crashes,
-            drained=self.drained,
-            shut=self.shut,
+            self.p, self.c, tuple(chans), self.transfers, self.stores, self.p_finished, self.loads, self.outstanding,
+            self.retired, self.faults, self.crashes, self.drained, self.shut,
         )
 
 
@@ -851,88 +1102,152 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
     system = _System(b)
     result = Result(bounds=b, bug=bug)
     init = system.initial()
-    parent: dict[_G, tuple[_G | None, str, tuple[str, ...]]] = {init: (None, "initial state", ())}
-    depth_of: dict[_G, int] = {init: 0}
-    succ: dict[_G, list[_G]] = {}
-    queue: deque[_G] = deque([init])
+    parent: dict[_G, tuple[_G | None, tuple | None]] = {init: (None, None)}
+    queue: deque[tuple[_G, int]] = deque([(init, 0)])
 
-    def trace_to(g: _G, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-        steps = []
-        cur: _G | None = g
-        while cur is not None:
-            par, label, notes = parent[cur]
-            if par is not None:
-                steps.append((label, notes))
+    def trace_to(g: _G, last: tuple | None = None, mark: str = "") -> tuple[str, ...]:
+        path: list[tuple[_G, tuple]] = []
+        cur = g
+        while True:
+            par, action = parent[cur]
+            if par is None:
+                break
+            path.append((par, action))
             cur = par
-        steps.reverse()
+        path.reverse()
+        if last is not None:
+            path.append((g, last))
         lines = []
-        for n, (label, notes) in enumerate(steps, 1):
-            lines.append(f"{n:3d}. {label}")
-            for note in notes:
-                lines.append(f"       {note}")
-        return tuple(lines) + extra
+        for n, (state, action) in enumerate(path, 1):
+            notes: list[str] = []
+            try:
+                system.apply(state, action, notes)
+            except _Fail:
+                pass
+            tail = mark if (last is not None and n == len(path)) else ""
+            lines.append(f"{n:3d}. {system.label(state, action)}{tail}")
+            lines.extend(f"       {note}" for note in notes)
+        return tuple(lines)
 
+    def fail(g: _G, action: tuple, f: _Fail) -> Result:
+        result.violation = Violation(f.prop, f.message, trace_to(g, action, f"   <-- violates {f.prop}"))
+        return result
+
+    depth_of: dict[_G, int] = {init: 0}
     try:
         system.check_state(init)
+        # 1. safety: BFS to the depth bound with every kind of step
         while queue:
-            g = queue.popleft()
-            d = depth_of[g]
-            full = d < b.depth
-            nexts: list[_G] = []
-            for label, action in system.actions(g, full):
+            g, d = queue.popleft()
+            if d >= b.depth:
+                continue
+            for action, ng in system.ample(g, list(system.actions(g, True))):
                 result.transitions += 1
                 try:
-                    ng, notes = system.apply(g, action)
+                    if ng is None:
+                        ng = system.apply(g, action)
                     if ng not in parent:
-                        parent[ng] = (g, label, tuple(notes))
                         system.check_state(ng)
                 except _Fail as f:
-                    lines = trace_to(g)
-                    n = sum(1 for x in lines if x[:5].strip().rstrip(".").isdigit())
-                    tail = (f"{n + 1:3d}. {label}   <-- violates {f.prop}",)
-                    result.violation = Violation(f.prop, f.message, lines + tail)
-                    return result
-                nexts.append(ng)
-                if ng not in depth_of:
+                    return fail(g, action, f)
+                if ng not in parent:
+                    parent[ng] = (g, action)
                     depth_of[ng] = d + 1
-                    result.max_depth = max(result.max_depth, d + 1)
-                    if d + 1 > b.depth:
-                        result.frontier_closure += 1
-                    queue.append(ng)
-                    if len(depth_of) > b.max_states:
+                    queue.append((ng, d + 1))
+                    if len(parent) > b.max_states:
                         result.truncated = True
                         return result
-                    if progress and len(depth_of) % 50000 == 0:
-                        print(f"  … {len(depth_of):,} states", file=sys.stderr)
-            succ[g] = nexts
-        # liveness: every state can reach a quiescent one
-        good = {g for g in depth_of if system.quiescent(g)}
-        pred: dict[_G, list[_G]] = {}
-        for g, ns in succ.items():
-            for n in ns:
-                pred.setdefault(n, []).append(g)
-        can = set(good)
-        work = deque(good)
-        while work:
-            n = work.popleft()
-            for p in pred.get(n, ()):
-                if p not in can:
-                    can.add(p)
-                    work.append(p)
-        stuck = [g for g in depth_of if g not in can]
-        if stuck:
-            worst = min(stuck, key=lambda g: depth_of[g])
-            result.violation = Violation(
-                "no_stuck_ids",
-                f"from this state no quiescent state is reachable: {system.stuck_report(worst)} "
-                f"({len(stuck):,} stuck states in all)",
-                trace_to(worst),
-            )
+                    if progress and len(parent) % 100000 == 0:
+                        print(f"  ... {len(parent):,} states", file=sys.stderr)
+        # 2. liveness: from every explored state a quiescent state is reachable by completion steps
+        can: dict[_G, bool] = {}
+        for g0 in list(depth_of):
+            if g0 in can:
+                continue
+            path: list[_G] = []
+            on_path: set[_G] = set()
+            cur = g0
+            ok = False
+            while True:
+                if cur in can:
+                    ok = can[cur]
+                    break
+                if system.quiescent(cur):
+                    ok = True
+                    break
+                if cur in on_path:
+                    break
+                path.append(cur)
+                on_path.add(cur)
+                nxt = None
+                for action in system.actions(cur, False):
+                    result.transitions += 1
+                    try:
+                        ng = system.apply(cur, action)
+                        if ng not in parent:
+                            system.check_state(ng)
+                    except _Fail as f:
+                        return fail(cur, action, f)
+                    if ng not in parent:
+                        parent[ng] = (cur, action)
+                        result.frontier_closure += 1
+                    nxt = ng
+                    break  # greedy: the first completion step in priority order
+                if nxt is None:
+                    break
+                cur = nxt
+            if not ok:
+                ok = _exhaustive_completion(system, g0, parent, result)
+                if isinstance(ok, Result):
+                    return ok
+            for p in path:  # every state on the greedy path shares g0's fate
+                can[p] = ok
+            can[g0] = ok
+            if not ok:
+                stuck = g0
+                result.violation = Violation(
+                    "no_stuck_ids",
+                    f"from this state no quiescent state is reachable: {system.stuck_report(stuck)}",
+                    trace_to(stuck),
+                )
+                return result
         return result
     finally:
-        result.states = len(depth_of)
+        result.max_depth = max(depth_of.values())
+        result.states = len(parent)
         result.core_steps = system.cores.core_steps
         result.seconds = time.perf_counter() - t0
+
+
+def _exhaustive_completion(system: _System, g0: _G, parent: dict, result: Result) -> bool | Result:
+    """Search every completion path from ``g0`` for a quiescent state (the greedy path failed)."""
+    seen = {g0}
+    work = deque([g0])
+    while work:
+        g = work.popleft()
+        if system.quiescent(g):
+            return True
+        for action in system.actions(g, False):
+            result.transitions += 1
+            try:
+                ng = system.apply(g, action)
+                if ng not in parent:
+                    system.check_state(ng)
+            except _Fail:
+                continue  # reported by the main search if reachable there; here only reachability matters
+            if ng not in parent:
+                parent[ng] = (g, action)
+                result.frontier_closure += 1
+            if ng not in seen:
+                seen.add(ng)
+                work.append(ng)
+                if len(seen) > system.b.max_states:
+                    return True  # give up proving stuckness rather than report a false one
+    return False
+
+
+def _por(b: Bounds) -> bool:
+    return b.reduce and b.routing == "fixed" and b.ids == b.consumers and not b.drain and not b.shutdown
 
 
 def format_result(r: Result) -> str:
@@ -941,13 +1256,24 @@ def format_result(r: Result) -> str:
         f"kvtier model check{f' (planted bug: {r.bug})' if r.bug else ''}: ids={b.ids} consumers={b.consumers} "
         f"depth={b.depth} faults={b.faults} chunks={b.chunks} loads_per_id={b.loads_per_id} crashes={b.crashes} "
         f"tombstone_max={b.tombstone_max} max_pending={b.max_pending} park_clock={b.park_clock}"
+        f" routing={b.routing} fault_scope={b.fault_scope}"
         f"{' drain' if b.drain else ''}{' shutdown' if b.shutdown else ''}{' reorder' if b.reorder else ''}"
+        f"{'' if b.prune_timers else ' no-prune-timers'}{'' if b.abandon else ' no-abandon'}"
+        f"{' no-transfer-failures' if not b.transfer_failures else ''}"
     )
+    if r.violation is None and not r.truncated:
+        scope = (
+            f"state space exhausted (longest path {r.max_depth} steps)"
+            if r.max_depth < b.depth
+            else f"bounded: paths cut at depth {b.depth}, then closed with {r.frontier_closure:,} completion states"
+        )
+    else:
+        scope = f"depth bound {b.depth}"
+    reduction = "partial-order reduction over ids" if _por(b) else "no partial-order reduction"
     lines = [
         head,
-        f"explored {r.states:,} states and {r.transitions:,} transitions in {r.seconds:.1f} s "
-        f"(BFS depth {b.depth}, then {r.frontier_closure:,} states of completion closure; deepest {r.max_depth}; "
-        f"{r.core_steps:,} distinct core steps)",
+        f"explored {r.states:,} states and {r.transitions:,} transitions in {r.seconds:.1f} s; {scope}; "
+        f"{reduction}; {r.core_steps:,} distinct core steps",
     ]
     if r.truncated:
         lines.append(f"GAVE UP: more than {b.max_states:,} states; lower the bounds")
@@ -988,7 +1314,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-transfer-failures", action="store_true")
     ap.add_argument("--drain", action="store_true")
     ap.add_argument("--shutdown", action="store_true")
-    ap.add_argument("--reorder", action="store_true")
+    ap.add_argument("--reorder", action="store_true", help="deliver any queued message, not only the oldest")
+    ap.add_argument("--routing", choices=("fixed", "any"), default=d.routing)
+    ap.add_argument("--fault-scope", choices=("per_peer", "total"), default=d.fault_scope)
+    ap.add_argument("--no-prune-timers", action="store_true")
+    ap.add_argument("--no-abandon", action="store_true")
+    ap.add_argument("--no-reduce", action="store_true", help="no partial-order reduction")
     ap.add_argument("--max-states", type=int, default=d.max_states)
     args = ap.parse_args(argv)
     if args.list_bugs:
@@ -1015,6 +1346,11 @@ def main(argv: list[str] | None = None) -> int:
         drain=args.drain,
         shutdown=args.shutdown,
         reorder=args.reorder,
+        routing=args.routing,
+        fault_scope=args.fault_scope,
+        prune_timers=not args.no_prune_timers,
+        abandon=not args.no_abandon,
+        reduce=not args.no_reduce,
         max_states=args.max_states,
     )
     try:

@@ -291,6 +291,15 @@ def _validate_machine(m: Machine) -> None:
             rule = m.rules.get((st.name, ev))
             if rule is None or rule.kind != "transition" or all(b.dest == st.name for b in rule.branches):
                 raise SpecError(m.name, f"timer {st.timer!r} fires but nothing leaves the state", state=st.name, event=ev)
+            for b in rule.branches:
+                if m.state(b.dest).timer == st.timer and "restart_timer" not in b.effects:
+                    raise SpecError(
+                        m.name,
+                        f"timer {st.timer!r} fires into {b.dest!r}, which names the same timer: "
+                        "the fired deadline is never re-armed",
+                        state=st.name,
+                        event=ev,
+                    )
         for ev in st.exit:
             rule = m.rules.get((st.name, ev))
             if rule is None or rule.kind != "transition" or all(b.dest == st.name for b in rule.branches):

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "6a46f24598901322858fb37cb1670d3604cbf8749438dbb9be6801e387ff354c"
+SPEC_SHA256: Final = "c9f6d899cfc8aefa5c875e34c061379d91f5b4f8770e405724dcb968e96d2645"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -618,7 +618,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.QUEUED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.CANCELLED),
+        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ConsumerEffect.SEND_ABORT, ), Reason.CANCELLED),
     ), None),
     (ConsumerState.QUEUED, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),

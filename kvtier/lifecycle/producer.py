@@ -161,6 +161,7 @@ class ProducerMachine(TableMachine):
             rec = self.records.get(key)
             if rec is not None:
                 self.apply(rec, event, None, now, out)
+        self._enforce_cap(now, out)
 
     def tick(self, now: float, out: list[Effect]) -> int:
         fired = super().tick(now, out)

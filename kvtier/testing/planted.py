@@ -179,6 +179,33 @@ def store_reparks_tombstone() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def abort_never_gives_up() -> Iterator[None]:
+    """When abort_ack does not come, the consumer re-arms its abort deadline instead of failing the
+    load, so one lost abort (or abort_ack) keeps the load and its slots forever (B31, B09)."""
+    original = ConsumerMachine.effect_note_stale
+
+    def note_stale(self: ConsumerMachine, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        if inp is None:  # the abort_ack deadline: wait another round instead of giving up
+            self.restart_timer(rec, now)
+            return
+        original(self, rec, inp, reason, now, out)
+
+    with ExitStack() as stack:
+        stack.enter_context(
+            _table(
+                ConsumerMachine,
+                {
+                    (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK_DEADLINE): _rule(
+                        Branch(None, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE,), None)
+                    )
+                },
+            )
+        )
+        stack.enter_context(_patched(ConsumerMachine, "effect_note_stale", note_stale))
+        yield
+
+
 PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "bind_ignores_tombstone": bind_ignores_tombstone,
     "dup_ack_releases_twice": dup_ack_releases_twice,
@@ -186,5 +213,6 @@ PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "prune_before_retention": prune_before_retention,
     "write_after_abort": write_after_abort,
     "store_reparks_tombstone": store_reparks_tombstone,
+    "abort_never_gives_up": abort_never_gives_up,
 }
 """Planted bug name -> context manager factory (``with PLANTED[name](): ...``)."""

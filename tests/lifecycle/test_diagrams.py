@@ -1,0 +1,106 @@
+"""The committed diagrams (``diagrams/*.dot`` and ``*.svg``) are generated from the spec and fresh.
+
+Regenerate with ``kvtier diagram`` (or ``python -m kvtier._tools.diagrams``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvtier._tools import diagrams
+from kvtier._tools.spec import load, loads
+from kvtier._tools.spec import SPEC_PATH
+
+SPEC = load()
+
+
+def test_committed_diagrams_are_fresh() -> None:
+    stale = diagrams.check()
+    assert stale == [], f"stale diagrams {stale}: run `python -m kvtier._tools.diagrams`"
+
+
+def test_dot_is_byte_stable() -> None:
+    for m in SPEC.machines.values():
+        assert diagrams.dot_source(m) == diagrams.dot_source(load().machines[m.name])
+
+
+def test_a_spec_change_makes_the_dot_stale(tmp_path: Path) -> None:
+    text = SPEC_PATH.read_text().replace(
+        'parked = { doc = "Blocks stored, pinned, no fetch yet.", timer = "reap" }',
+        'parked = { doc = "Blocks stored, pinned, no fetch yet.", timer = "supply" }',
+    )
+    edited = loads(text, validate_spec=False)
+    out = tmp_path / "d"
+    diagrams.render_all(out, SPEC, svg=False)
+    assert diagrams.check(out, SPEC, svg=False) == []
+    assert out / "producer.dot" in diagrams.check(out, edited, svg=False)
+
+
+def test_dot_conventions() -> None:
+    dot = diagrams.dot_source(SPEC.machines["producer"])
+    assert "pruned [shape=doublecircle" in dot  # final state
+    assert '__start -> absent;' in dot  # initial state
+    assert "timer reap = unbound_store_timeout_s" in dot  # timers on states
+    assert 'parked -> serving [label="fetch [demand_met] / bind, start_transfer"];' in dot
+    assert 'parked -> tombstoned [label="reap_deadline / fail_jobs\\n(reaped)"];' in dot
+    # ignore rules are listed in the note, not drawn as edges
+    assert "ignored inputs (not drawn)" in dot
+    assert "parked: transfer_complete (stale)" in dot
+    assert "absent -> absent [label=\"request_finished" not in dot
+    consumer = diagrams.dot_source(SPEC.machines["consumer"])
+    assert "exits: request_finished, shutdown" in consumer  # waiting state without timer
+    assert "rejected inputs (InvalidTransition)" in consumer and "submit_load (not_announced)" in consumer
+
+
+def test_every_transition_branch_is_an_edge() -> None:
+    for m in SPEC.machines.values():
+        dot = diagrams.dot_source(m)
+        edges = [line for line in dot.splitlines() if " -> " in line and not line.strip().startswith("__start")]
+        branches = sum(len(r.branches) for r in m.rules.values() if r.kind == "transition")
+        assert len(edges) == branches, m.name
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` not installed")
+def test_render_all_writes_dot_and_svg(tmp_path: Path) -> None:
+    written = diagrams.render_all(tmp_path)
+    assert sorted(p.name for p in written) == sorted(
+        f"{m}.{ext}" for m in SPEC.machines for ext in ("dot", "svg")
+    )
+    assert diagrams.check(tmp_path) == []
+    assert diagrams.render_all(tmp_path) == []  # idempotent
+    svg = (tmp_path / "session.svg").read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    assert (tmp_path / "session.dot").read_text() == (diagrams.DIAGRAM_DIR / "session.dot").read_text()
+
+
+def test_main_check_exit_codes(tmp_path: Path) -> None:
+    assert diagrams.main(["--check"]) == 0
+    assert diagrams.main(["--check", "--out", str(tmp_path)]) == 1
+    assert diagrams.main(["--no-svg", "--out", str(tmp_path)]) == 0
+    assert diagrams.main(["--check", "--no-svg", "--out", str(tmp_path)]) == 0
+
+
+def test_lifecycle_doc_explains_every_name() -> None:
+    """docs/lifecycle.md embeds every diagram and names every state, guard, timer (with its config
+    key) and reason code of the spec: a spec change without prose fails here."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "lifecycle.md").read_text()
+    missing = []
+    for m in SPEC.machines.values():
+        if f"../diagrams/{m.name}.svg" not in doc:
+            missing.append(f"diagram {m.name}")
+        for s in m.states:
+            if f"`{s.name}`" not in doc:
+                missing.append(f"{m.name} state {s.name}")
+        for g in m.guards:
+            if f"`{g}`" not in doc:
+                missing.append(f"{m.name} guard {g}")
+        for t in m.timers.values():
+            if f"`{t.name}` (`{t.config_key}`" not in doc:
+                missing.append(f"{m.name} timer {t.name} ({t.config_key})")
+    for r in SPEC.reasons:
+        if f"`{r}`" not in doc:
+            missing.append(f"reason {r}")
+    assert missing == [], f"docs/lifecycle.md does not explain: {missing}"
