@@ -77,7 +77,6 @@ class _Transfer:
     peer: str
     handles: list[SendHandle]
     cancelled: bool = False
-    started: float = 0.0
     nbytes: int = 0
 
 
@@ -753,9 +752,7 @@ class KvTierManager:
             chunk = blocks[first : first + per_msg]
             msg = wm.BlockData(gen=gen, kv_request_id=e.kv_request_id, round=e.round, first=first, count=len(chunk))
             handles.append(self._send(e.peer, msg, [pool.buffer(b) for b in chunk], track=True))
-        self._transfers[(e.kv_request_id, e.round)] = _Transfer(
-            e.peer, handles, started=self.clock(), nbytes=len(blocks) * pool.block_bytes
-        )
+        self._transfers[(e.kv_request_id, e.round)] = _Transfer(e.peer, handles, nbytes=len(blocks) * pool.block_bytes)
         return None
 
     def _finish_job(self, job_id: int, ok: bool, reason: str | None) -> None:

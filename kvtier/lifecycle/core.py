@@ -25,7 +25,6 @@ from kvtier.lifecycle._table import (
     ConsumerEvent,
     ConsumerState,
     ProducerEvent,
-    ProducerState,
     SessionEvent,
     SessionState,
 )
@@ -326,9 +325,3 @@ class TierCore:
     def pending_jobs(self) -> int:
         """Jobs handed to the core that have no result yet."""
         return self.producer.pending_jobs() + self.consumer.pending_jobs()
-
-    def has_transfers(self) -> bool:
-        """True while any producer id is sending or cancelling."""
-        return any(
-            r.state in (ProducerState.SERVING, ProducerState.CANCELLING) for r in self.producer.records.values()
-        )
