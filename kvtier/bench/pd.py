@@ -43,7 +43,9 @@ def _token_ids(tok: Any, n: int) -> list[int]:
     return out[:n]
 
 
-class PDProducer:
+class _PDSide:
+    """One side of the P7 pair (a child process): the model, its KV layout and a manager."""
+
     def __init__(self) -> None:
         import logging
 
@@ -52,6 +54,12 @@ class PDProducer:
         self.mgr: Any = None
         self._jobs = itertools.count(1)
 
+    def close(self) -> None:
+        if self.mgr is not None:
+            self.mgr.shutdown()
+
+
+class PDProducer(_PDSide):
     def hello(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "block_bytes": self.layout.block_bytes,
                 "tokens_per_block": self.layout.tokens_per_block}
@@ -86,20 +94,8 @@ class PDProducer:
         self.mgr.on_request_finished(req)
         return len(keys)
 
-    def close(self) -> None:
-        if self.mgr is not None:
-            self.mgr.shutdown()
 
-
-class PDConsumer:
-    def __init__(self) -> None:
-        import logging
-
-        logging.getLogger("kvtier").setLevel(logging.WARNING)
-        self.model, self.tok, self.layout = _setup_model()
-        self.mgr: Any = None
-        self._jobs = itertools.count(1)
-
+class PDConsumer(_PDSide):
     def hello(self) -> dict[str, Any]:
         return {"pid": os.getpid()}
 
@@ -160,10 +156,6 @@ class PDConsumer:
         decode_greedy(self.model, cache, first, 2, None)
         t2 = time.perf_counter()
         return {"total_s": t2 - t0, "prefill_s": t1 - t0, "step_s": t2 - t1}
-
-    def close(self) -> None:
-        if self.mgr is not None:
-            self.mgr.shutdown()
 
 
 def _model_available() -> str | None:
