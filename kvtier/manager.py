@@ -601,7 +601,7 @@ class KvTierManager:
             if err.kv_request_id or logged:
                 # a reply that names an id lets the sender fail just that request at once; other
                 # replies are as rate-limited as the log
-                gen = self.core.session_gen(peer) or 0
+                gen = self._gen(peer)
                 self._send(peer, wm.Error(gen=gen, reason=err.reason, detail=err.detail,
                                           kv_request_id=err.kv_request_id))
             return
@@ -664,6 +664,10 @@ class KvTierManager:
     def _send(self, peer: str, msg: Any, payloads: list[Any] | tuple = (), *, track: bool = False) -> SendHandle:
         return self.transport.send(peer, encode_frames(msg, payloads), track=track)
 
+    def _gen(self, peer: str) -> int:
+        """The generation our messages to ``peer`` carry (0 when there is no session)."""
+        return self.core.session_gen(peer) or 0
+
     def _send_ctl(self, peer: str, msg: Any) -> list[fx.Effect] | None:
         handle = self._send(peer, msg)
         if handle.failed:
@@ -692,19 +696,19 @@ class KvTierManager:
             if not e.ok:
                 self._count(self.m_late, e.reason or "")
             return self._send_ctl(e.peer, wm.TransferDone(
-                gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round,
+                gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round,
                 ok=e.ok, reason=e.reason or "",
             ))
         elif t is fx.SendAbortAck:
             return self._send_ctl(e.peer, wm.AbortAck(
-                gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round))
+                gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round))
         elif t is fx.SendFetch:
             return self._send_ctl(e.peer, wm.Fetch(
-                gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round,
+                gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round,
                 keys=list(e.keys)))
         elif t is fx.SendAbortFetch:
             return self._send_ctl(e.peer, wm.AbortFetch(
-                gen=self.core.session_gen(e.peer) or 0, kv_request_id=e.kv_request_id, round=e.round))
+                gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round))
         elif t is fx.OpenConnection:
             try:
                 self.transport.connect(e.peer)
@@ -744,7 +748,7 @@ class KvTierManager:
 
     def _start_transfer(self, e: fx.SendBlocks) -> list[fx.Effect] | None:
         pool = self.pool
-        gen = self.core.session_gen(e.peer) or 0
+        gen = self._gen(e.peer)
         per_msg = max(1, MAX_BATCH_BYTES // pool.block_bytes)
         handles: list[SendHandle] = []
         blocks = e.blocks

@@ -125,11 +125,9 @@ class TierCore:
         if rec.gen != gen:
             out.append(Ignored("session", peer, rec.state.value, event, "stale"))
             return False
-        if rec.state is not SessionState.READY:
-            self.sessions.apply(rec, SessionEvent.MESSAGE, _Gen(gen), now, out)
-            return False
+        was_ready = rec.state is SessionState.READY
         self.sessions.apply(rec, SessionEvent.MESSAGE, _Gen(gen), now, out)
-        return True
+        return was_ready
 
     # -- producer inputs (engine) --------------------------------------------------------------
     def store(self, inp: StoreInput, now: float) -> list[Effect]:
