@@ -439,11 +439,11 @@ class TierConfig:
     producer acknowledges the abort, or ``abort_ack_timeout_s`` later at most."""
 
     abort_ack_timeout_s: float = _field(_TIMEOUT, 5.0)
-    """How long the consumer waits for the producer's abort_ack before it
-    reports the aborted load failed anyway. Safe either way: block data is
-    written into a load's slots only while the load is in flight, so nothing
-    lands after the abort. The abort is not retried; the producer's own
-    deadlines release its side."""
+    """How long the consumer waits for the producer's terminal answer to an
+    abort. Past it the session to that producer is ended
+    (``abort_unacknowledged``) and the load fails once the data plane confirms
+    the producer can no longer write into its slots (at once on the zmq
+    plane)."""
 
     # ---- sessions -----------------------------------------------------------
     handshake_timeout_s: float = _field(_TIMEOUT, 5.0)
@@ -453,7 +453,13 @@ class TierConfig:
     """Interval between pings on an otherwise idle session."""
 
     peer_timeout_s: float = _field(_TIMEOUT, 5.0)
-    """Silence longer than this marks the peer lost; its requests fail."""
+    """Silence longer than this marks the peer lost; its requests fail. A
+    connection that closes or resets ends its session at once."""
+
+    shutdown_grace_s: float = _field(_Float(MIN_DURATION_S, 600.0), 3.0)
+    """How long ``shutdown()`` lets transfers and loads in flight finish and
+    the goodbyes flush before it gives up on them; shutdown returns within
+    this time (plus a few milliseconds) even when a peer is wedged."""
 
     # ---- limits -------------------------------------------------------------
     max_peers: int = _field(_Int(1, 4096, "peers"), 128)
@@ -472,6 +478,25 @@ class TierConfig:
     hash_seed: str = _field(_Str(1024, allow_empty=True), "")
     """Block-hash seed advertised in the handshake; both sides must agree, or
     the session is refused. Empty means "not set"."""
+
+    # ---- data path ----------------------------------------------------------
+    data_plane: str = _field(_Choice(("zmq", "nixl")), "zmq")
+    """How block bytes travel: ``zmq`` (payload frames on the control
+    connection; no extra dependency) or ``nixl`` (one-sided WRITEs through
+    NIXL/UCX: memcpy speed on one host, RDMA across hosts). Both peers must
+    use the same plane (checked in the handshake)."""
+
+    integrity: str = _field(_Choice(("xxh3_64", "none")), "xxh3_64")
+    """Per-block digest taken when blocks are parked and checked by the
+    consumer as they land; a mismatch fails the load (``corrupt``) instead of
+    reporting bytes that are not the parked ones. ``none`` turns the check
+    off. Both peers must agree (checked in the handshake)."""
+
+    instance: str = _field(_Str(128, allow_empty=True), "")
+    """Name this manager gives itself in handshakes. Sessions to one instance
+    share fate: when one dies, new loads to its siblings fail fast
+    (``instance_down``) until one is heard again (B11). Give every rank of one
+    producer pod the same value; empty: a random name per manager."""
 
     # ---- polling ------------------------------------------------------------
     poll_interval_s: float = _field(_Float(0.0001, 1.0), 0.001)

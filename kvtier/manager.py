@@ -1,9 +1,15 @@
 """``KvTierManager``: the I/O shell around :class:`~kvtier.lifecycle.TierCore`.
 
-It turns engine calls, decoded wire messages and clock readings into core inputs, and performs the
-core's effects: socket sends, block copies between the pool and the wire, job results.  It makes
-no lifecycle decision of its own — every "may I send / write / report" question is answered by the
-core (tables generated from ``spec/lifecycle.toml``).
+It turns engine calls, decoded wire messages, transport events, data-plane reports and clock
+readings into core inputs, and performs the core's effects: socket sends, posts to the data plane
+(:mod:`kvtier.dataplane`), landing and checking blocks, job results.  It makes no lifecycle
+decision of its own — every "may I send / land / report" question is answered by the core (tables
+generated from ``spec/lifecycle.toml``).
+
+Time rule (``input_before_deadline``, bug-scenarios B24): each poll drains the inbound queue and
+fires deadlines at the time the queue was last seen *empty*, so a deadline never beats a message
+that was already waiting in the socket when it fell due — a stalled loop reaps nothing and
+declares no peer dead because of its own stall.
 
 Threading: every public method takes one re-entrant lock, so the manager may be driven from the
 engine thread alone (call :meth:`poll` or :meth:`get_finished_jobs` regularly), or with
@@ -32,6 +38,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
 from kvtier.config import TierConfig
+from kvtier.dataplane import Batch, DataPlane, PlaneError, Released, Revoked, make_plane
+from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import (
     ConsumerState,
     CoreSettings,
@@ -44,17 +52,22 @@ from kvtier.lifecycle import (
     TierCore,
 )
 from kvtier.lifecycle import effects as fx
-from kvtier.lifecycle._table import SessionState
+from kvtier.lifecycle._table import ProducerState, SessionState
 from kvtier.memory import BlockPool
 from kvtier.transport import SendHandle, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.messages import check_kv_request_id
-from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireError, WireLimits, encode_frames
+from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireError, WireLimits, encode, encode_frames
 
 log = logging.getLogger("kvtier.manager")
 
 #: Largest block_data message we build (bytes of payload); limits.md: keep zmq messages ≤ 16 MiB.
 MAX_BATCH_BYTES = 8 << 20
+
+#: Messages read per recv() call while draining, and at most per poll: the budget keeps engine
+#: calls from waiting behind a flood; deadlines then wait for the queue to be seen empty.
+RECV_BATCH = 256
+RECV_BUDGET = 8192
 
 
 @attrs.define(slots=True)
@@ -70,14 +83,6 @@ class _Job:
     kv_request_id: str | None
     submitted: float
     nbytes: int
-
-
-@attrs.define(slots=True)
-class _Transfer:
-    peer: str
-    handles: list[SendHandle]
-    cancelled: bool = False
-    nbytes: int = 0
 
 
 class _RateLimitedLog:
@@ -177,7 +182,6 @@ class KvTierManager:
         self.pool = pool
         self.clock = clock
         self._lock = threading.RLock()
-        self.instance = secrets.token_hex(6)
         own_transport = transport is None
         if transport is None:
             from kvtier.transport import ZmqTransport
@@ -198,7 +202,12 @@ class KvTierManager:
             raise
 
     def _init_rest(self, cfg: TierConfig, pool: BlockPool, layout: str) -> None:
-        self.local_hello = HelloInput(PROTOCOL_VERSION, pool.block_bytes, layout, cfg.hash_seed)
+        self.instance = cfg.instance or secrets.token_hex(6)
+        self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg)
+        self.local_hello = HelloInput(
+            PROTOCOL_VERSION, pool.block_bytes, layout, cfg.hash_seed,
+            data_plane=self.plane.name, digest=cfg.integrity,
+        )
         self.core = TierCore(CoreSettings.from_config(cfg), self.local_hello, gen_base=secrets.randbits(62))
         self._decoder = Decoder(
             limits=WireLimits(max_message_bytes=cfg.max_message_bytes, max_blocks_per_fetch=cfg.max_blocks_per_fetch),
@@ -207,10 +216,13 @@ class KvTierManager:
         self._requests: dict[str, _Req] = {}
         self._jobs: dict[int, _Job] = {}
         self._results: list[JobResult] = []
-        self._transfers: dict[tuple[str, int], _Transfer] = {}
         self._next_ping: dict[str, float] = {}
-        self._payloads: list[memoryview] = []
+        # the block_data being processed: its digests and payload frames (LandBlocks reads them)
+        self._landing: tuple[list[int], list[memoryview]] = ([], [])
+        self._revoking: dict[str, list[tuple[str, int]]] = {}  # peer -> loads waiting for Revoked
+        self._t_empty = self.clock()  # when the inbound queue was last seen empty
         self._ratelog = _RateLimitedLog()
+        self._closing = False  # shutdown() began: no new work
         self._closed = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -331,7 +343,10 @@ class KvTierManager:
 
     def submit_store(self, job: TransferJob) -> None:
         """Park ``job``'s blocks for the request's remote decoder (or report success at once for a
-        local-only request).  The engine must keep the blocks unchanged until the job result.
+        local-only request).  The engine must keep the blocks unchanged until the job result: it
+        comes only once the consumer confirmed receipt (success) or the id ended, and never while
+        the data plane may still read the blocks.  A digest of each block is taken here (config
+        ``integrity``), so bytes changed later can never reach a consumer as a success.
 
         Raises:
             UnknownRequest: the request was never passed to :meth:`on_new_request`.
@@ -347,7 +362,8 @@ class KvTierManager:
                 self._results.append(JobResult(job_id=job.job_id, success=True))
                 self._count(self.m_jobs, "store", "ok", "local")
                 return
-            inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots))
+            digests = block_digests([self.pool.buffer(b) for b in job.slots], self.config.integrity)
+            inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots), digests)
             effects = self.core.store(inp, now)
             # registered after the core accepted the input, before its effects (which may report it)
             self._jobs[job.job_id] = _Job("store", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
@@ -404,8 +420,8 @@ class KvTierManager:
     def has_pending_work(self) -> bool:
         """True while any job lacks a result, a transfer is in flight or sends are queued."""
         with self._lock:
-            return bool(self._jobs or self._transfers or self._results) or (
-                not self._closed and self.transport.pending_sends() > 0
+            return bool(self._jobs or self._results) or (
+                not self._closed and (self.plane.referenced() > 0 or self.transport.pending_sends() > 0)
             )
 
     def drain_jobs(self, timeout_s: float | None = None) -> None:
@@ -450,32 +466,66 @@ class KvTierManager:
             if not self._closed:
                 self.transport.wait(min(seconds, self._wait_budget()))
 
-    def shutdown(self) -> None:
-        """Fail every outstanding job with reason ``shutdown`` (collect them with
-        get_finished_jobs), tell peers, close sockets and stop the poll thread. Idempotent."""
+    def shutdown(self, grace_s: float | None = None) -> None:
+        """Shut down gracefully within ``grace_s`` seconds (default: config ``shutdown_grace_s``).
+
+        1. No new work: ``on_new_request``, ``submit_store`` and ``submit_load`` raise
+           ``RuntimeError`` from now on.  Parked and awaiting ids end (their jobs fail
+           ``shutdown``; a bound consumer is told, with its session's generation); queued loads
+           fail; a fetch for an unknown id is refused ``shutdown``.
+        2. Transfers and loads in flight get the grace to finish (they may still succeed).
+        3. Whatever is still live is given up, every peer gets a goodbye, and the transport is
+           closed after letting queued messages flush for what is left of the grace.
+        4. Closing the transport drops every reference the data plane held, so the store jobs of
+           transfers given up in step 3 are reported (failed) only then — never while a send may
+           still read their blocks (B21).
+        Every job gets exactly one result (collect them with :meth:`get_finished_jobs`).  Returns
+        within the grace plus a few milliseconds, even when a peer is wedged.  Idempotent.
+        """
+        start = time.monotonic()
+        grace = self.config.shutdown_grace_s if grace_s is None else max(0.0, float(grace_s))
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=5.0)
             self._thread = None
         with self._lock:
-            if self._closed:
+            if self._closed or self._closing:
                 return
+            self._closing = True
+            self._run(self.core.shutdown(self.clock()))
+            self.transport.flush()
+        # leave a slice of the grace for the goodbyes to flush
+        work_until = start + 0.8 * grace
+        while time.monotonic() < work_until:
+            with self._lock:
+                self._poll_once()
+                if not self.core.busy():
+                    break
+            self._idle_wait(min(0.005, max(0.0, work_until - time.monotonic())))
+        with self._lock:
             try:
-                self._run(self.core.shutdown(self.clock()))
-                # whatever the core ended without a JobDone (should be nothing) is failed here
-                for job_id in list(self._jobs):
-                    log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
-                    self._finish_job(job_id, False, "shutdown")
+                self._run(self.core.close(self.clock()))
                 self.transport.flush()
             finally:
                 self._closed = True
-                self._transfers.clear()
-                self.transport.close()
+                linger = max(0.05, grace - (time.monotonic() - start))
+                self._close_transport(linger)
+                self._finish_plane()
+
+    def _finish_plane(self) -> None:
+        """After the transport closed: the plane holds nothing any more; report its releases so
+        the last store jobs get their result, then fail anything the core still holds."""
+        now = self.clock()
+        for r in self.plane.close():
+            self._run(self._released(r, now) if isinstance(r, Released) else self._revoked(r, now))
+        for job_id in list(self._jobs):  # nothing should remain; never leave a job without a result
+            log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
+            self._finish_job(job_id, False, "shutdown")
 
     # -- helpers: API checks ---------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("kvtier manager is shut down")
+        if self._closed or self._closing:
+            raise RuntimeError("kvtier manager is shut down" if self._closed else "kvtier manager is shutting down")
 
     def _job_request(self, job: TransferJob) -> _Req:
         info = self._requests.get(job.req.req_id)
@@ -543,19 +593,84 @@ class KvTierManager:
         return budget
 
     def _poll_once(self) -> None:
-        """Inbound first (so a fetch that arrives in the same tick as its reap wins), then
-        transfer completions, heartbeats and deadlines."""
-        for peer, frames in self.transport.recv(1000):
-            try:
-                self._receive(peer, frames)
-            except Exception:
-                self.m_internal.inc()
-                log.exception("kvtier: error while handling a message from %s", peer)
-        self._check_transfers()
+        """Inbound first, then data-plane reports, heartbeats, and the deadlines that fell due
+        before the inbound queue was last seen empty (``input_before_deadline``)."""
+        t_empty = self._drain_inbound()
         now = self.clock()
+        for r in self.plane.poll():
+            self._run(self._released(r, now) if isinstance(r, Released) else self._revoked(r, now))
         self._heartbeats(now)
-        self._run(self.core.tick(now))
+        self._run(self.core.tick(t_empty))
+        self._report_quarantine(now)
         self.transport.flush()
+
+    def _drain_inbound(self) -> float:
+        """Apply inbound messages and transport events until the queue is seen empty or
+        ``RECV_BUDGET`` messages were applied.  Returns the time the queue was last seen empty:
+        every message that arrived before it has been applied."""
+        applied = 0
+        while True:
+            t0 = self.clock()
+            batch = self.transport.recv(RECV_BATCH)
+            for peer, frames in batch:
+                try:
+                    self._receive(peer, frames)
+                except Exception:
+                    self.m_internal.inc()
+                    log.exception("kvtier: error while handling a message from %s", peer)
+            for ev in self._transport_events():
+                self._run(self.core.connection_closed(ev.peer, self.clock()))
+            applied += len(batch)
+            if len(batch) < RECV_BATCH:  # every socket was read to empty after t0
+                self._t_empty = max(self._t_empty, t0)
+                return self._t_empty
+            if applied >= RECV_BUDGET:
+                return self._t_empty
+
+    # TODO(sec-merge): the transport grows events()/drop_peer()/close(linger_s); drop these shims
+    def _transport_events(self) -> list[Any]:
+        fn = getattr(self.transport, "events", None)
+        return fn() if fn is not None else []
+
+    def _drop_peer(self, peer: str) -> None:
+        fn = getattr(self.transport, "drop_peer", None)
+        (fn or self.transport.disconnect)(peer)
+
+    def _close_transport(self, linger_s: float) -> None:
+        try:
+            self.transport.close(linger_s=linger_s)
+        except TypeError:
+            self.transport.close()
+
+    def _released(self, r: Released, now: float) -> list[fx.Effect]:
+        self.m_bytes_sent.inc(r.nbytes)
+        if r.failed:
+            log.debug("kvtier: transfer %s round %d failed in the data plane: %s", r.kv_request_id, r.round, r.detail)
+            return self.core.transfer_failed(r.kv_request_id, r.round, now)
+        return self.core.transfer_released(r.kv_request_id, r.round, now)
+
+    def _revoked(self, r: Revoked, now: float) -> list[fx.Effect]:
+        out: list[fx.Effect] = []
+        for kid, rnd in self._revoking.pop(r.peer, ()):
+            out.extend(self.core.access_revoked(r.peer, kid, rnd, now))
+        return out
+
+    def _report_quarantine(self, now: float) -> None:
+        """Blocks held back from the engine because the plane never released them: say so, loudly
+        and rate-limited (the gauge ``kvtier_quarantined_blocks`` counts them)."""
+        if not any(r.state is ProducerState.QUARANTINED for r in self.core.producer.referenced()):
+            return
+        ids, blocks = self.quarantined()
+        self._ratelog(now, "*", "quarantined",
+                      "kvtier: %d ids (%d blocks) quarantined: the data plane has not released them; their store "
+                      "jobs stay outstanding so the engine cannot reuse blocks a send may still read", ids, blocks)
+
+    def quarantined(self) -> tuple[int, int]:
+        """(ids, store-job blocks) held in ``quarantined``: the data plane never confirmed their
+        release, so their jobs stay outstanding (architecture decision 11)."""
+        with self._lock:
+            recs = [r for r in self.core.producer.referenced() if r.state is ProducerState.QUARANTINED]
+            return len(recs), sum(self._jobs[j].nbytes for r in recs for j in r.jobs if j in self._jobs) // self.pool.block_bytes
 
     def _heartbeats(self, now: float) -> None:
         interval = self.config.heartbeat_interval_s
@@ -568,21 +683,6 @@ class KvTierManager:
                 self._send(peer, wm.Ping(gen=rec.gen, t=now))
         if len(self._next_ping) > len(self.core.sessions.records) + 64:
             self._next_ping = {p: t for p, t in self._next_ping.items() if p in self.core.sessions.records}
-
-    def _check_transfers(self) -> None:
-        for key, tr in list(self._transfers.items()):
-            if not all(h.done for h in tr.handles):
-                continue
-            del self._transfers[key]
-            kid, rnd = key
-            now = self.clock()
-            if tr.cancelled:
-                self._run(self.core.transfer_released(kid, rnd, now))
-            elif any(h.failed for h in tr.handles):
-                self._run(self.core.transfer_failed(kid, rnd, now))
-            else:
-                self.m_bytes_sent.inc(tr.nbytes)
-                self._run(self.core.transfer_complete(kid, rnd, now))
 
     # -- inbound ---------------------------------------------------------------------------------
     def _receive(self, peer: str, frames: list[Any]) -> None:
@@ -609,18 +709,22 @@ class KvTierManager:
         t = type(msg)
         if t is wm.BlockData:
             effects = core.block_data(peer, msg.gen, MessageInput(msg.kv_request_id, msg.round, msg.first, msg.count), now)
-            self._payloads = payloads
+            self._landing = (msg.digests, payloads)
             try:
                 self._run(effects)
             finally:
-                self._payloads = []
+                self._landing = ([], [])
         elif t is wm.Fetch:
-            self._run(core.fetch(peer, msg.gen, FetchInput(peer, msg.kv_request_id, msg.round, tuple(msg.keys)), now))
+            inp = FetchInput(peer, msg.kv_request_id, msg.round, tuple(msg.keys), slots=tuple(msg.slots))
+            self._run(core.fetch(peer, msg.gen, inp, now))
+        elif t is wm.Receipt:
+            self._run(core.receipt(peer, msg.gen, FetchInput(peer, msg.kv_request_id, msg.round), now))
         elif t is wm.TransferDone:
             inp = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=(msg.reason or None) if not msg.ok else None)
             self._run(core.transfer_done(peer, msg.gen, inp, now))
         elif t is wm.AbortFetch:
-            self._run(core.abort_fetch(peer, msg.gen, FetchInput(peer, msg.kv_request_id, msg.round), now))
+            inp = FetchInput(peer, msg.kv_request_id, msg.round, fetched=msg.fetched)
+            self._run(core.abort_fetch(peer, msg.gen, inp, now))
         elif t is wm.AbortAck:
             self._run(core.abort_ack(peer, msg.gen, MessageInput(msg.kv_request_id, msg.round), now))
         elif t is wm.Ping:
@@ -630,10 +734,13 @@ class KvTierManager:
         elif t is wm.Pong:
             self._run(core.ping(peer, msg.gen, now))
         elif t is wm.Hello:
-            hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, gen=msg.gen)
-            self._run(core.hello(peer, hello, now))
+            hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, gen=msg.gen,
+                               data_plane=msg.data_plane, digest=msg.digest, instance=msg.instance)
+            if self._plane_peer(peer, msg.gen, msg.data_plane, msg.descriptor):
+                self._run(core.hello(peer, hello, now))
         elif t is wm.HelloAck:
-            self._run(core.hello_ack(peer, msg.gen, now))
+            if self._plane_peer(peer, msg.gen, self.plane.name, msg.descriptor):
+                self._run(core.hello_ack(peer, msg.gen, now, msg.instance))
         elif t is wm.HelloReject:
             if msg.field == "max_peers":
                 log.error("kvtier: %s refused the session: it already has max_peers=%s sessions", peer, msg.ours)
@@ -650,6 +757,21 @@ class KvTierManager:
             self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %s %s", peer, msg.reason, msg.detail)
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
+
+    def _plane_peer(self, peer: str, gen: int, plane: str, descriptor: bytes) -> bool:
+        """Give the data plane the peer's descriptor before the handshake can complete. A
+        descriptor our plane cannot use is a handshake mismatch, answered at once."""
+        if plane != self.plane.name:
+            return True  # the core refuses the hello (data_plane differs)
+        try:
+            self.plane.add_peer(peer, descriptor)
+        except PlaneError as exc:
+            self._count(self.m_wire, "bad_descriptor")
+            log.error("kvtier: %s sent a data-plane descriptor we cannot use: %s", peer, exc)
+            self._send(peer, wm.HelloReject(gen=gen, reason="handshake_mismatch", field="descriptor", ours="", theirs=""))
+            self._run(self.core.hello_reject(peer, gen, self.clock()))
+            return False
+        return True
 
     # -- effects ---------------------------------------------------------------------------------
     def _run(self, effects: list[fx.Effect]) -> None:
@@ -678,37 +800,32 @@ class KvTierManager:
         t = type(e)
         if t is fx.JobDone:
             self._finish_job(e.job_id, e.ok, e.reason)
-        elif t is fx.WriteBlocks:
-            payloads = self._payloads
-            pool = self.pool
-            for slot, data in zip(e.slots, payloads):
-                pool.buffer(slot)[:] = data
-            self.m_bytes_landed.inc(len(e.slots) * pool.block_bytes)
+        elif t is fx.LandBlocks:
+            return self._land(e)
         elif t is fx.SendBlocks:
-            return self._start_transfer(e)
+            self._post(e)
         elif t is fx.CancelTransfer:
-            tr = self._transfers.get((e.kv_request_id, e.round))
-            if tr is not None:
-                tr.cancelled = True
-            else:  # nothing in flight: released right away
-                return self.core.transfer_released(e.kv_request_id, e.round, self.clock())
+            self.plane.cancel(e.kv_request_id, e.round)
+        elif t is fx.RevokeAccess:
+            if self.plane.revoke(e.peer):
+                return self.core.access_revoked(e.peer, e.kv_request_id, e.round, self.clock())
+            self._revoking.setdefault(e.peer, []).append((e.kv_request_id, e.round))
         elif t is fx.SendTransferDone:
             if not e.ok:
                 self._count(self.m_late, e.reason or "")
             return self._send_ctl(e.peer, wm.TransferDone(
-                gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round,
-                ok=e.ok, reason=e.reason or "",
-            ))
+                gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, ok=e.ok, reason=e.reason or ""))
         elif t is fx.SendAbortAck:
-            return self._send_ctl(e.peer, wm.AbortAck(
-                gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round))
+            return self._send_ctl(e.peer, wm.AbortAck(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round))
         elif t is fx.SendFetch:
+            slots = list(e.slots) if self.plane.one_sided else []
             return self._send_ctl(e.peer, wm.Fetch(
-                gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round,
-                keys=list(e.keys)))
+                gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, keys=list(e.keys), slots=slots))
         elif t is fx.SendAbortFetch:
             return self._send_ctl(e.peer, wm.AbortFetch(
-                gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round))
+                gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, fetched=e.fetched))
+        elif t is fx.SendReceipt:
+            return self._send_ctl(e.peer, wm.Receipt(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round))
         elif t is fx.OpenConnection:
             try:
                 self.transport.connect(e.peer)
@@ -720,9 +837,10 @@ class KvTierManager:
             h = self.local_hello
             return self._send_ctl(e.peer, wm.Hello(
                 gen=e.gen, version=h.version, instance=self.instance, block_bytes=h.block_bytes,
-                layout=h.layout, hash_seed=h.hash_seed))
+                layout=h.layout, hash_seed=h.hash_seed, data_plane=h.data_plane, digest=h.digest,
+                descriptor=self.plane.descriptor()))
         elif t is fx.SendHelloAck:
-            self._send(e.peer, wm.HelloAck(gen=e.gen, instance=self.instance))
+            self._send(e.peer, wm.HelloAck(gen=e.gen, instance=self.instance, descriptor=self.plane.descriptor()))
         elif t is fx.SendHelloReject:
             self._count(self.m_peer_down, e.reason)
             if e.field == "max_peers":
@@ -734,11 +852,12 @@ class KvTierManager:
         elif t is fx.SendDisconnect:
             self._send(e.peer, wm.Disconnect(gen=e.gen, reason=e.reason))
         elif t is fx.CloseConnection:
-            self.transport.disconnect(e.peer)
+            self._drop_peer(e.peer)
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
             self._count(self.m_peer_down, e.reason)
-            level = logging.INFO if e.reason == "shutdown" else logging.WARNING
+            self.plane.remove_peer(e.peer)
+            level = logging.INFO if e.reason in ("shutdown", "peer_disconnected") else logging.WARNING
             log.log(level, "kvtier: session with %s ended: %s", e.peer, e.reason)
         elif t is fx.Ignored:
             self._count(self.m_ignored, e.machine, e.reason)
@@ -746,18 +865,39 @@ class KvTierManager:
             raise TypeError(f"no performer for effect {e!r}")
         return None
 
-    def _start_transfer(self, e: fx.SendBlocks) -> list[fx.Effect] | None:
-        pool = self.pool
-        gen = self._gen(e.peer)
-        per_msg = max(1, MAX_BATCH_BYTES // pool.block_bytes)
-        handles: list[SendHandle] = []
-        blocks = e.blocks
-        for first in range(0, len(blocks), per_msg):
-            chunk = blocks[first : first + per_msg]
-            msg = wm.BlockData(gen=gen, kv_request_id=e.kv_request_id, round=e.round, first=first, count=len(chunk))
-            handles.append(self._send(e.peer, msg, [pool.buffer(b) for b in chunk], track=True))
-        self._transfers[(e.kv_request_id, e.round)] = _Transfer(e.peer, handles, nbytes=len(blocks) * pool.block_bytes)
-        return None
+    def _post(self, e: fx.SendBlocks) -> None:
+        """Cut the transfer into block_data batches (≤ ``MAX_BATCH_BYTES`` each) for the plane."""
+        per = max(1, MAX_BATCH_BYTES // self.pool.block_bytes)
+        one_sided = self.plane.one_sided
+        batches = []
+        for first in range(0, len(e.blocks), per):
+            blocks = e.blocks[first : first + per]
+            header = encode(wm.BlockData(
+                gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=first, count=len(blocks),
+                digests=list(e.digests[first : first + per])))
+            batches.append(Batch(first, blocks, e.slots[first : first + per] if one_sided else (), header))
+        self.plane.post(e.peer, e.kv_request_id, e.round, batches)
+
+    def _land(self, e: fx.LandBlocks) -> list[fx.Effect]:
+        """Land one block_data's blocks and check each against its parked digest."""
+        digests, payloads = self._landing
+        try:
+            self.plane.land(e.slots, payloads)
+        except PlaneError as exc:
+            self._count(self.m_wire, "bad_payload")
+            self._ratelog(self.clock(), e.peer, "bad_payload", "kvtier: bad block_data from %s: %s", e.peer, exc)
+            bad = 0
+        else:
+            pool = self.pool
+            bad = check_blocks([pool.buffer(s) for s in e.slots], digests, self.config.integrity)
+        if bad < 0:
+            self.m_bytes_landed.inc(len(e.slots) * self.pool.block_bytes)
+        else:
+            self._ratelog(self.clock(), e.peer, "corrupt",
+                          "kvtier: block %d of %s round %d from %s does not match its parked digest; the load fails",
+                          e.first + bad, e.kv_request_id, e.round, e.peer)
+        inp = MessageInput(e.kv_request_id, e.round, e.first, e.count, ok=bad < 0, reason=None if bad < 0 else "corrupt")
+        return self.core.blocks_landed(e.peer, inp, self.clock())
 
     def _finish_job(self, job_id: int, ok: bool, reason: str | None) -> None:
         job = self._jobs.pop(job_id, None)

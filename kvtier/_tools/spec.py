@@ -151,9 +151,8 @@ def _machine(name: str, m: dict[str, Any], reasons: dict[str, str]) -> Machine:
         unknown = set(t) - _TRANSITION_KEYS
         if unknown:
             raise SpecError(name, f"transition has unknown keys {sorted(unknown)}", event=str(t.get("on", "")))
-        event = t["on"]
-        check_event(event)
-        for src in _as_list(t["from"]):
+        for event, src in ((e, s) for e in _as_list(t["on"]) for s in _as_list(t["from"])):
+            check_event(event)
             check_state(src, event)
             dest = src if t["to"] == "=" else t["to"]
             check_state(dest, event)

@@ -46,7 +46,8 @@ def _durations(**over: float) -> dict[str, float]:
 
 
 def _core_cycles(cycles: int) -> float:
-    """Seconds for ``cycles`` × (store, fetch, transfer_complete, prune) on a ProducerMachine."""
+    """Seconds for ``cycles`` × (store, fetch, transfer_released, receipt, prune) on a
+    ProducerMachine."""
     from kvtier.lifecycle._table import ProducerEvent
     from kvtier.lifecycle.producer import FetchInput, ProducerMachine, StoreInput
 
@@ -54,8 +55,8 @@ def _core_cycles(cycles: int) -> float:
     ids = [f"req-{i:06d}" for i in range(1024)]
     stores = [StoreInput(k, "engine-" + k, i, _KEY, (i,)) for i, k in enumerate(ids)]
     fetches = [FetchInput("in:6b3f00aa", k, 1, _KEY) for k in ids]
-    complete, prune = ProducerEvent.TRANSFER_COMPLETE, ProducerEvent.PRUNE_DEADLINE
-    store, fetch, tev, ev, tick = m.store, m.fetch, m.transfer_event, m.event, m.tick
+    released, prune = ProducerEvent.TRANSFER_RELEASED, ProducerEvent.PRUNE_DEADLINE
+    store, fetch, tev, receipt, ev, tick = m.store, m.fetch, m.transfer_event, m.receipt, m.event, m.tick
     out: list[Any] = []
     now = 1.0
     gc.collect()
@@ -65,7 +66,8 @@ def _core_cycles(cycles: int) -> float:
         k = ids[j]
         store(stores[j], now, out)
         fetch(fetches[j], now, out)
-        tev(k, 1, complete, now, out)
+        tev(k, 1, released, now, out)
+        receipt(fetches[j], now, out)
         ev(k, prune, now, out)
         if j == 1023:  # the shell's poll loop: drop performed effects, tick (compacts the heap)
             out.clear()
@@ -86,27 +88,30 @@ class _Slot:
 
 
 def _dict_floor(cycles: int) -> float:
-    """The floor: the same four transitions as a bare ``dict[(state, event)] -> state`` lookup on
+    """The floor: the same five transitions as a bare ``dict[(state, event)] -> state`` lookup on
     a slotted object (limits.md §6: 0.063 µs per transition on the limits machine)."""
     from kvtier.lifecycle._table import ProducerEvent as E
     from kvtier.lifecycle._table import ProducerState as S
 
     table = {(S.ABSENT, E.STORE): S.PARKED, (S.PARKED, E.FETCH): S.SERVING,
-             (S.SERVING, E.TRANSFER_COMPLETE): S.DONE, (S.DONE, E.PRUNE_DEADLINE): S.ABSENT}
+             (S.SERVING, E.TRANSFER_RELEASED): S.DELIVERING, (S.DELIVERING, E.RECEIPT): S.DONE,
+             (S.DONE, E.PRUNE_DEADLINE): S.ABSENT}
     rec = _Slot()
     rec.state = S.ABSENT
-    st, fe, tc, pr = E.STORE, E.FETCH, E.TRANSFER_COMPLETE, E.PRUNE_DEADLINE
+    st, fe, tr, rc, pr = E.STORE, E.FETCH, E.TRANSFER_RELEASED, E.RECEIPT, E.PRUNE_DEADLINE
     t0 = _clock()
     for _ in range(cycles):
         rec.state = table[rec.state, st]
         rec.state = table[rec.state, fe]
-        rec.state = table[rec.state, tc]
+        rec.state = table[rec.state, tr]
+        rec.state = table[rec.state, rc]
         rec.state = table[rec.state, pr]
     return _clock() - t0
 
 
 _STORE_V = {"store_empty": False}
-_FETCH_V = {"fetch_empty": False, "demand_met": True, "peer_busy": False}
+_FETCH_V = {"fetch_empty": False, "demand_met": True, "peer_busy": False, "shutting_down": False}
+_RECEIPT_V = {"same_round": True}
 
 
 def _transitions_cycles(cycles: int, *, per_id_model: bool) -> float:
@@ -124,7 +129,8 @@ def _transitions_cycles(cycles: int, *, per_id_model: bool) -> float:
             model = ref.new_model(f"req-{c & 1023:06d}")
             fire(model, "store", _STORE_V)
             fire(model, "fetch", _FETCH_V)
-            fire(model, "transfer_complete")
+            fire(model, "transfer_released")
+            fire(model, "receipt", _RECEIPT_V)
             fire(model, "prune_deadline")
             ref.drop_model(model)
         return _clock() - t0
@@ -134,7 +140,8 @@ def _transitions_cycles(cycles: int, *, per_id_model: bool) -> float:
     for _ in range(cycles):
         fire(model, "store", _STORE_V)
         fire(model, "fetch", _FETCH_V)
-        fire(model, "transfer_complete")
+        fire(model, "transfer_released")
+        fire(model, "receipt", _RECEIPT_V)
         fire(model, "prune_deadline")
         set_state("absent", model=model)
     return _clock() - t0
@@ -150,14 +157,14 @@ def run_p4(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
     _transitions_cycles(50, per_id_model=True)  # warm-up (imports, spec load)
     core_us, tr_us, trig_us, floor_us = [], [], [], []
     for rep in range(reps):
-        floor_us.append(_dict_floor(core_cycles * 5) / (4 * core_cycles * 5) * 1e6)
+        floor_us.append(_dict_floor(core_cycles * 5) / (5 * core_cycles * 5) * 1e6)
         for what in (("core", "tr", "trig") if rep % 2 == 0 else ("trig", "tr", "core")):
             if what == "core":
-                core_us.append(_core_cycles(core_cycles) / (4 * core_cycles) * 1e6)
+                core_us.append(_core_cycles(core_cycles) / (5 * core_cycles) * 1e6)
             elif what == "tr":
-                tr_us.append(_transitions_cycles(tr_cycles, per_id_model=True) / (4 * tr_cycles) * 1e6)
+                tr_us.append(_transitions_cycles(tr_cycles, per_id_model=True) / (5 * tr_cycles) * 1e6)
             else:
-                trig_us.append(_transitions_cycles(tr_cycles, per_id_model=False) / (4 * tr_cycles) * 1e6)
+                trig_us.append(_transitions_cycles(tr_cycles, per_id_model=False) / (5 * tr_cycles) * 1e6)
         log(f"P4 rep {rep}: core {core_us[-1]:.2f} µs/event, transitions {tr_us[-1]:.2f} "
             f"(triggers only {trig_us[-1]:.2f}), dict floor {floor_us[-1]:.3f}")
     noise = meter.stop()
@@ -194,7 +201,8 @@ def run_p4(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
             "wall_s": round(time.monotonic() - t_start, 1),
             "method": (
                 f"{reps} interleaved repeats; a cycle = store (absent→parked), fetch (parked→serving, guard "
-                "demand_met), transfer_complete (serving→done), prune_deadline (done→pruned) on 1024 rotating "
+                "demand_met), transfer_released (serving→delivering), receipt (delivering→done), "
+                "prune_deadline (done→pruned) on 1024 rotating "
                 f"ids; core: {core_cycles} cycles through ProducerMachine.store/fetch/transfer_event/event with "
                 "inputs built beforehand, effects collected, tick() every 1024 cycles; transitions: "
                 f"{tr_cycles} cycles of kvtier._tools.reference (transitions.Machine from spec/lifecycle.toml, "

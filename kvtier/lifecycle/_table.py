@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "c9f6d899cfc8aefa5c875e34c061379d91f5b4f8770e405724dcb968e96d2645"
+SPEC_SHA256: Final = "ff892384913753f89788cbea656fd7f94107df04d7badf9884f17aed96a56a2f"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -31,13 +31,15 @@ class Reason(enum.StrEnum):
     ABORTED = "aborted"
     """the consumer aborted the fetch (or cancelled before fetching)"""
     TRANSFER_FAILED = "transfer_failed"
-    """sending the blocks failed"""
+    """the data plane failed to move the blocks (its references are released)"""
     TRANSFER_TIMEOUT = "transfer_timeout"
     """the transfer did not finish within transfer_timeout_s"""
     SUPPLY_TIMEOUT = "supply_timeout"
     """a bound fetch waited longer than fetch_supply_timeout_s for blocks that were never stored"""
     INCOMPLETE = "incomplete"
     """the producer's request finished without storing every block the fetch named"""
+    NOTHING_STORED = "nothing_stored"
+    """the producer's request finished without storing anything under this id (e.g. its engine could not store the blocks)"""
     PEER_LOST = "peer_lost"
     """the peer's session died (silence, disconnect, send failure, restart)"""
     DRAINED = "drained"
@@ -64,6 +66,14 @@ class Reason(enum.StrEnum):
     """an id is fetched at most once; a second load after a terminal one fails"""
     INCOMPLETE_DATA = "incomplete_data"
     """transfer_done(ok) arrived but not every block had landed"""
+    CORRUPT = "corrupt"
+    """a block landed whose digest differs from the digest taken when it was parked"""
+    TRANSFER_STALLED = "transfer_stalled"
+    """a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release"""
+    ABORT_UNACKNOWLEDGED = "abort_unacknowledged"
+    """the producer did not answer an abort within abort_ack_timeout_s; the session is ended so no write can still land"""
+    INSTANCE_DOWN = "instance_down"
+    """another session to the same producer instance died and none has been heard from since"""
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     """the session was not ready within handshake_timeout_s"""
     HANDSHAKE_MISMATCH = "handshake_mismatch"
@@ -71,7 +81,7 @@ class Reason(enum.StrEnum):
     PEER_TIMEOUT = "peer_timeout"
     """nothing heard from the peer for peer_timeout_s"""
     PEER_DISCONNECTED = "peer_disconnected"
-    """the peer said disconnect (or did not know our session)"""
+    """the peer said disconnect, did not know our session, or its connection closed"""
     PEER_RESTARTED = "peer_restarted"
     """the peer reconnected with a new generation"""
     SEND_FAILED = "send_failed"
@@ -90,6 +100,10 @@ class Reason(enum.StrEnum):
     """block data for a round that is no longer in flight is dropped, never written"""
     NOT_ANNOUNCED = "not_announced"
     """the engine must announce a request (on_new_request) before loading it"""
+    IN_GRACE = "in_grace"
+    """shutdown lets work in flight finish within shutdown_grace_s; this input changes nothing until then"""
+    REFERENCED = "referenced"
+    """the data plane still references the blocks; only its release (or closing the plane) ends this state"""
 
 
 class Branch(NamedTuple):
@@ -129,13 +143,19 @@ class ProducerState(enum.StrEnum):
     AWAITING = "awaiting"
     """Bound to one (peer, round) fetch whose blocks are not all stored yet (fetch-before-store or chunked prefill)."""
     SERVING = "serving"
-    """Bound; every demanded block is stored and the blocks are being sent."""
+    """Bound; every demanded block is stored and the data plane is moving them: it references the blocks."""
+    DELIVERING = "delivering"
+    """The data plane has moved every block and released them; waits for the consumer's receipt."""
+    CONFIRMED = "confirmed"
+    """The consumer confirmed every block, but the data plane still references them; waits for the release."""
     CANCELLING = "cancelling"
-    """A started transfer was cancelled; waits until the transport releases every block it was sending."""
+    """The transfer was given up; the terminal answer waits until the data plane releases every block (no write can land after it)."""
+    QUARANTINED = "quarantined"
+    """The data plane did not release a given-up transfer in time; the session was ended to force it. The blocks stay out of the engine's hands (the job stays outstanding) until the plane reports the release."""
     DONE = "done"
-    """Transfer completed; retained so a late or duplicate fetch is answered in one round trip."""
+    """The consumer confirmed receipt; jobs succeeded; retained so a late or duplicate fetch is answered in one round trip."""
     TOMBSTONED = "tombstoned"
-    """Ended without a transfer (reaped, aborted, failed …); retained with its reason so a late fetch or store is refused in one round trip."""
+    """Ended without a confirmed transfer (reaped, aborted, failed …); retained with its reason so a late fetch or store is refused in one round trip."""
     PRUNED = "pruned"
     """Record deleted (final)."""
 
@@ -145,14 +165,14 @@ class ProducerEvent(enum.StrEnum):
     """the engine submitted a store job (submit_store) for this id"""
     FETCH = "fetch"
     """a consumer's fetch(kv_request_id, round, keys) arrived"""
-    TRANSFER_COMPLETE = "transfer_complete"
-    """the transport released every block of the transfer after sending it"""
-    TRANSFER_FAILED = "transfer_failed"
-    """the transport failed to send the transfer (blocks released)"""
+    RECEIPT = "receipt"
+    """the consumer's receipt(kv_request_id, round) arrived: every block landed and matched its digest"""
     TRANSFER_RELEASED = "transfer_released"
-    """after a cancel, the transport released every block it was sending"""
+    """the data plane moved every block of the transfer (or, after a cancel, stopped) and holds no reference to them"""
+    TRANSFER_FAILED = "transfer_failed"
+    """the data plane failed the transfer and holds no reference to its blocks"""
     ABORT_FETCH = "abort_fetch"
-    """the consumer's abort_fetch(kv_request_id, round) arrived"""
+    """the consumer's abort_fetch(kv_request_id, round, fetched) arrived"""
     REQUEST_FINISHED = "request_finished"
     """the engine finished the producer request (all its stores were submitted)"""
     REAP_DEADLINE = "reap_deadline"
@@ -170,7 +190,9 @@ class ProducerEvent(enum.StrEnum):
     DRAIN = "drain"
     """the engine called drain_jobs"""
     SHUTDOWN = "shutdown"
-    """the manager is shutting down"""
+    """shutdown() began: no new work; work in flight may finish within shutdown_grace_s"""
+    CLOSE = "close"
+    """the shutdown grace is over: everything still live ends now, and the data plane is closed next"""
 
 
 class ProducerGuard(enum.StrEnum):
@@ -189,24 +211,32 @@ class ProducerGuard(enum.StrEnum):
     PEER_BUSY = "peer_busy"
     """the fetching peer already has max_pending_fetches_per_peer ids awaiting blocks"""
     SAME_ROUND = "same_round"
-    """the input comes from the (peer, round) the id is bound to"""
+    """the input comes from the (peer, generation, round) the id is bound to"""
+    FETCHED_ROUND = "fetched_round"
+    """the abort names a round that sent a fetch: it concerns that fetch's binding, which this life does not have"""
     SUPPLY_COMPLETE = "supply_complete"
     """the engine finished the producer request, so no more stores will come for this id"""
+    SHUTTING_DOWN = "shutting_down"
+    """shutdown() has begun: no new work is accepted"""
+    RECEIPT_SEEN = "receipt_seen"
+    """the consumer confirmed receipt of every block before the data plane released them"""
 
 
 class ProducerEffect(enum.StrEnum):
     PARK_BLOCKS = "park_blocks"
-    """record the store job's (key, block) pairs; the engine keeps them pinned until the job result"""
+    """record the store job's (key, block, digest) triples; the engine keeps the blocks pinned until the job result"""
     REPORT_STORE_OK = "report_store_ok"
     """report this store job as succeeded at once (nothing needs to be kept)"""
     FAIL_STORE_JOB = "fail_store_job"
     """report this store job as failed with the reason"""
     BIND = "bind"
-    """bind the id to the fetch's (peer, round) and its key list"""
+    """bind the id to the fetch's (peer, generation, round), its key list and its destination slots"""
     START_TRANSFER = "start_transfer"
-    """send the demanded blocks to the bound peer, in fetch key order"""
+    """hand the demanded blocks (fetch key order, with their parked digests) to the data plane for the bound peer"""
     CANCEL_TRANSFER = "cancel_transfer"
-    """stop sending; the transport reports transfer_released once no block is referenced"""
+    """ask the data plane to stop: it posts nothing more and reports transfer_released once no block is referenced"""
+    FORCE_RELEASE = "force_release"
+    """end the session with the bound peer (transfer_stalled) so the data plane drops every reference it holds to that peer"""
     COMPLETE_JOBS = "complete_jobs"
     """report every store job of the id as succeeded (its blocks may be released)"""
     FAIL_JOBS = "fail_jobs"
@@ -214,7 +244,9 @@ class ProducerEffect(enum.StrEnum):
     REPLY_DONE_OK = "reply_done_ok"
     """send transfer_done(ok) to the fetch's peer and round"""
     REPLY_DONE_FAIL = "reply_done_fail"
-    """send transfer_done(fail, reason) to the bound peer and round"""
+    """send transfer_done(fail, reason) to the bound peer and round: the terminal answer, only once no write can land"""
+    REPLY_TERMINAL = "reply_terminal"
+    """send the bound round its terminal answer now that no write can land: abort_ack if the consumer aborted it, else transfer_done(fail, reason)"""
     REPLY_FETCH_FAILED = "reply_fetch_failed"
     """send transfer_done(fail, reason) to the peer and round of THIS fetch only"""
     REPLY_ABORT_ACK = "reply_abort_ack"
@@ -223,8 +255,12 @@ class ProducerEffect(enum.StrEnum):
     """restart the current state's timer from now"""
     NOTE_DUPLICATE = "note_duplicate"
     """count an exactly repeated input (network duplicate); nothing else"""
+    NOTE_STALE = "note_stale"
+    """count an input that names another peer or round; nothing else"""
     NOTE_SUPPLY_COMPLETE = "note_supply_complete"
     """remember that the engine finished the request: every store has been submitted"""
+    NOTE_RECEIPT = "note_receipt"
+    """remember that the consumer confirmed every block"""
 
 
 PRODUCER_INITIAL: Final = ProducerState.ABSENT
@@ -242,7 +278,10 @@ PRODUCER_STATE_TIMER: Final = MappingProxyType({
     ProducerState.PARKED: 'reap',
     ProducerState.AWAITING: 'supply',
     ProducerState.SERVING: 'transfer',
+    ProducerState.DELIVERING: 'transfer',
+    ProducerState.CONFIRMED: 'cancel',
     ProducerState.CANCELLING: 'cancel',
+    ProducerState.QUARANTINED: None,
     ProducerState.DONE: 'prune',
     ProducerState.TOMBSTONED: 'prune',
     ProducerState.PRUNED: None,
@@ -254,17 +293,21 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ), None),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.SHUTTING_DOWN, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.SHUTDOWN),
         Branch(ProducerGuard.FETCH_EMPTY, ProducerState.ABSENT, (ProducerEffect.REPLY_DONE_OK, ), None),
         Branch(ProducerGuard.PEER_BUSY, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.BIND, ), None),
     ), None),
-    (ProducerState.ABSENT, ProducerEvent.TRANSFER_COMPLETE): Rule(IGNORE, (), Reason.NO_RECORD),
-    (ProducerState.ABSENT, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProducerState.ABSENT, ProducerEvent.RECEIPT): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProducerState.ABSENT, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.FETCHED_ROUND, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
-    (ProducerState.ABSENT, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProducerState.ABSENT, ProducerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(None, ProducerState.TOMBSTONED, (), Reason.NOTHING_STORED),
+    ), None),
     (ProducerState.ABSENT, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
@@ -273,6 +316,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.ABSENT, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProducerState.ABSENT, ProducerEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.PARKED, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.PARKED, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.PARK_CLOCK_LAST, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ProducerEffect.RESTART_TIMER, ), None),
@@ -285,10 +329,11 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(ProducerGuard.PEER_BUSY, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.BIND, ), None),
     ), None),
-    (ProducerState.PARKED, ProducerEvent.TRANSFER_COMPLETE): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.PARKED, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.PARKED, ProducerEvent.RECEIPT): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.PARKED, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.FETCHED_ROUND, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
     (ProducerState.PARKED, ProducerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -306,7 +351,10 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.DRAINED),
     ), None),
     (ProducerState.PARKED, ProducerEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, ProducerState.PRUNED, (ProducerEffect.FAIL_JOBS, ), Reason.SHUTDOWN),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.SHUTDOWN),
+    ), None),
+    (ProducerState.PARKED, ProducerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.SHUTDOWN),
     ), None),
     (ProducerState.AWAITING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.AWAITING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
@@ -317,9 +365,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(ProducerGuard.SAME_ROUND, ProducerState.AWAITING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
-    (ProducerState.AWAITING, ProducerEvent.TRANSFER_COMPLETE): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.AWAITING, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.AWAITING, ProducerEvent.RECEIPT): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.AWAITING, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.SAME_ROUND, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.REPLY_ABORT_ACK, ), None),
@@ -341,7 +389,10 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.DRAINED),
     ), None),
     (ProducerState.AWAITING, ProducerEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, ProducerState.PRUNED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.SHUTDOWN),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.SHUTDOWN),
+    ), None),
+    (ProducerState.AWAITING, ProducerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.SHUTDOWN),
     ), None),
     (ProducerState.SERVING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.SERVING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
@@ -351,22 +402,25 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(ProducerGuard.SAME_ROUND, ProducerState.SERVING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
-    (ProducerState.SERVING, ProducerEvent.TRANSFER_COMPLETE): Rule(TRANSITION, (
-        Branch(None, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ProducerEffect.REPLY_DONE_OK, ), None),
+    (ProducerState.SERVING, ProducerEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.CONFIRMED, (ProducerEffect.NOTE_RECEIPT, ), None),
+        Branch(None, ProducerState.SERVING, (ProducerEffect.NOTE_STALE, ), None),
+    ), None),
+    (ProducerState.SERVING, ProducerEvent.TRANSFER_RELEASED): Rule(TRANSITION, (
+        Branch(None, ProducerState.DELIVERING, (), None),
     ), None),
     (ProducerState.SERVING, ProducerEvent.TRANSFER_FAILED): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.TRANSFER_FAILED),
     ), None),
-    (ProducerState.SERVING, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
-        Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.ABORTED),
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.SERVING, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.TRANSFER_DEADLINE): Rule(TRANSITION, (
-        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ProducerEffect.REPLY_DONE_FAIL, ), Reason.TRANSFER_TIMEOUT),
+        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.TRANSFER_TIMEOUT),
     ), None),
     (ProducerState.SERVING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -374,25 +428,96 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.PEER_LOST),
     ), None),
     (ProducerState.SERVING, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.SERVING, ProducerEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, ProducerState.PRUNED, (ProducerEffect.CANCEL_TRANSFER, ProducerEffect.FAIL_JOBS, ), Reason.SHUTDOWN),
+    (ProducerState.SERVING, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ProducerState.SERVING, ProducerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.SHUTDOWN),
     ), None),
+    (ProducerState.DELIVERING, ProducerEvent.STORE): Rule(TRANSITION, (
+        Branch(ProducerGuard.OTHER_OWNER, ProducerState.DELIVERING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
+        Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPORT_STORE_OK, ), None),
+    ), None),
+    (ProducerState.DELIVERING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.DELIVERING, (ProducerEffect.NOTE_DUPLICATE, ), None),
+        Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
+    ), None),
+    (ProducerState.DELIVERING, ProducerEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ), None),
+        Branch(None, ProducerState.DELIVERING, (ProducerEffect.NOTE_STALE, ), None),
+    ), None),
+    (ProducerState.DELIVERING, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
+        Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+    ), None),
+    (ProducerState.DELIVERING, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.TRANSFER_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.TRANSFER_TIMEOUT),
+    ), None),
+    (ProducerState.DELIVERING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.PEER_LOST),
+    ), None),
+    (ProducerState.DELIVERING, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ProducerState.DELIVERING, ProducerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.SHUTDOWN),
+    ), None),
+    (ProducerState.CONFIRMED, ProducerEvent.STORE): Rule(TRANSITION, (
+        Branch(ProducerGuard.OTHER_OWNER, ProducerState.CONFIRMED, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
+        Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPORT_STORE_OK, ), None),
+    ), None),
+    (ProducerState.CONFIRMED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.CONFIRMED, (ProducerEffect.NOTE_DUPLICATE, ), None),
+        Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
+    ), None),
+    (ProducerState.CONFIRMED, ProducerEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(None, ProducerState.CONFIRMED, (ProducerEffect.NOTE_STALE, ), None),
+    ), None),
+    (ProducerState.CONFIRMED, ProducerEvent.TRANSFER_RELEASED): Rule(TRANSITION, (
+        Branch(None, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ), None),
+    ), None),
+    (ProducerState.CONFIRMED, ProducerEvent.TRANSFER_FAILED): Rule(TRANSITION, (
+        Branch(None, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ), None),
+    ), None),
+    (ProducerState.CONFIRMED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+    ), None),
+    (ProducerState.CONFIRMED, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.CANCEL_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FORCE_RELEASE, ), None),
+    ), None),
+    (ProducerState.CONFIRMED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
+    (ProducerState.CONFIRMED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
+    (ProducerState.CONFIRMED, ProducerEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.CANCELLING, ProducerEvent.STORE): Rule(TRANSITION, (
+        Branch(ProducerGuard.OTHER_OWNER, ProducerState.CANCELLING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
-    (ProducerState.CANCELLING, ProducerEvent.TRANSFER_COMPLETE): Rule(TRANSITION, (
-        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), None),
-    ), None),
-    (ProducerState.CANCELLING, ProducerEvent.TRANSFER_FAILED): Rule(TRANSITION, (
-        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), None),
+    (ProducerState.CANCELLING, ProducerEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.CONFIRMED, (ProducerEffect.NOTE_RECEIPT, ), None),
+        Branch(None, ProducerState.CANCELLING, (ProducerEffect.NOTE_STALE, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.TRANSFER_RELEASED): Rule(TRANSITION, (
-        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), None),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_TERMINAL, ), None),
+    ), None),
+    (ProducerState.CANCELLING, ProducerEvent.TRANSFER_FAILED): Rule(TRANSITION, (
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_TERMINAL, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (), None),
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
@@ -400,23 +525,58 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.CANCELLING, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.CANCEL_DEADLINE): Rule(TRANSITION, (
-        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), None),
+        Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FORCE_RELEASE, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.CANCELLING, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CANCELLING, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.CANCELLING, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.CANCELLING, ProducerEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, ProducerState.PRUNED, (ProducerEffect.CANCEL_TRANSFER, ProducerEffect.FAIL_JOBS, ), Reason.SHUTDOWN),
+    (ProducerState.CANCELLING, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
+    (ProducerState.CANCELLING, ProducerEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
+    (ProducerState.QUARANTINED, ProducerEvent.STORE): Rule(TRANSITION, (
+        Branch(ProducerGuard.OTHER_OWNER, ProducerState.QUARANTINED, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
+        Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
+    (ProducerState.QUARANTINED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.QUARANTINED, (ProducerEffect.NOTE_DUPLICATE, ), None),
+        Branch(None, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
+    ), None),
+    (ProducerState.QUARANTINED, ProducerEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.QUARANTINED, (ProducerEffect.NOTE_RECEIPT, ), None),
+        Branch(None, ProducerState.QUARANTINED, (ProducerEffect.NOTE_STALE, ), None),
+    ), None),
+    (ProducerState.QUARANTINED, ProducerEvent.TRANSFER_RELEASED): Rule(TRANSITION, (
+        Branch(ProducerGuard.RECEIPT_SEEN, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ), None),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_TERMINAL, ), None),
+    ), None),
+    (ProducerState.QUARANTINED, ProducerEvent.TRANSFER_FAILED): Rule(TRANSITION, (
+        Branch(ProducerGuard.RECEIPT_SEEN, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ), None),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_TERMINAL, ), None),
+    ), None),
+    (ProducerState.QUARANTINED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.QUARANTINED, (), None),
+        Branch(None, ProducerState.QUARANTINED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+    ), None),
+    (ProducerState.QUARANTINED, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
+    (ProducerState.QUARANTINED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
+    (ProducerState.QUARANTINED, ProducerEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.DONE, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(None, ProducerState.DONE, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ROUND_FINISHED),
     ), None),
     (ProducerState.DONE, ProducerEvent.FETCH): Rule(TRANSITION, (
         Branch(None, ProducerState.DONE, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ALREADY_SERVED),
     ), None),
-    (ProducerState.DONE, ProducerEvent.TRANSFER_COMPLETE): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.DONE, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DONE, ProducerEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(None, ProducerState.DONE, (ProducerEffect.NOTE_STALE, ), None),
+    ), None),
     (ProducerState.DONE, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DONE, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(None, ProducerState.DONE, (ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
@@ -430,7 +590,8 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.DONE, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.DONE, ProducerEvent.SHUTDOWN): Rule(TRANSITION, (
+    (ProducerState.DONE, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DONE, ProducerEvent.CLOSE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.STORE): Rule(TRANSITION, (
@@ -439,9 +600,11 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.TOMBSTONED, ProducerEvent.FETCH): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
-    (ProducerState.TOMBSTONED, ProducerEvent.TRANSFER_COMPLETE): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.TOMBSTONED, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.TOMBSTONED, ProducerEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_STALE, ), None),
+    ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.TOMBSTONED, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
@@ -455,7 +618,8 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
-    (ProducerState.TOMBSTONED, ProducerEvent.SHUTDOWN): Rule(TRANSITION, (
+    (ProducerState.TOMBSTONED, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.TOMBSTONED, ProducerEvent.CLOSE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
 })
@@ -473,15 +637,17 @@ class ConsumerState(enum.StrEnum):
     QUEUED = "queued"
     """Load submitted; the fetch waits for the session handshake. Nothing was sent, so nothing can land."""
     IN_FLIGHT = "in_flight"
-    """Fetch sent; blocks are written into the load's slots as they arrive."""
+    """Fetch sent; blocks land in the load's slots and are checked against their digests."""
     ABORTING = "aborting"
-    """Load deadline passed; abort_fetch sent; block data is dropped; waiting for abort_ack."""
+    """The load gave up (deadline, corrupt block); abort_fetch sent; waits for the producer's terminal answer, after which no write can land."""
     CANCELLING = "cancelling"
-    """The engine finished the request during the load; abort_fetch sent; waiting for abort_ack."""
+    """The engine finished the request during the load; abort_fetch sent; waits for the producer's terminal answer."""
+    REVOKING = "revoking"
+    """The producer cannot answer (session dead or abort unanswered); waits until the data plane confirms no write from it can land in the slots."""
     LOADED = "loaded"
-    """Every block landed; success reported; waits for the engine to finish the request."""
+    """Every block landed and matched its digest; success reported, receipt sent; waits for the engine to finish the request."""
     FAILED = "failed"
-    """Failure reported; later lookups MISS so the engine recomputes; waits for the engine to finish the request."""
+    """Failure reported (slots safe to reuse); later lookups MISS so the engine recomputes; waits for the engine to finish the request."""
     FINISHED = "finished"
     """Record deleted (final)."""
 
@@ -494,11 +660,15 @@ class ConsumerEvent(enum.StrEnum):
     HANDSHAKE_READY = "handshake_ready"
     """the session to the producer became ready"""
     BLOCK_DATA = "block_data"
-    """block_data(kv_request_id, round, first, count) arrived with its payload frames"""
+    """block_data(kv_request_id, round, first, count, digests) arrived (with payload frames on the zmq plane)"""
+    BLOCKS_LANDED = "blocks_landed"
+    """the shell landed the blocks of a block_data in their slots and checked them against their digests (ok or corrupt)"""
     TRANSFER_DONE = "transfer_done"
-    """transfer_done(kv_request_id, round, ok, reason) arrived"""
+    """transfer_done(kv_request_id, round, ok, reason) arrived: the producer's terminal answer"""
     ABORT_ACK = "abort_ack"
-    """abort_ack(kv_request_id, round) arrived"""
+    """abort_ack(kv_request_id, round) arrived: the producer's terminal answer to an abort"""
+    ACCESS_REVOKED = "access_revoked"
+    """the data plane confirmed that the producer can no longer write into this load's slots"""
     LOAD_DEADLINE = "load_deadline"
     """timer load fired"""
     ABORT_ACK_DEADLINE = "abort_ack_deadline"
@@ -506,45 +676,63 @@ class ConsumerEvent(enum.StrEnum):
     REQUEST_FINISHED = "request_finished"
     """the engine finished the request"""
     PEER_LOST = "peer_lost"
-    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers)"""
+    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled)"""
     SHUTDOWN = "shutdown"
-    """the manager is shutting down"""
+    """shutdown() began: no new work; loads in flight may finish within shutdown_grace_s"""
+    CLOSE = "close"
+    """the shutdown grace is over: everything still live ends now"""
 
 
 class ConsumerGuard(enum.StrEnum):
     LOAD_EMPTY = "load_empty"
     """the load job names zero keys"""
+    INSTANCE_DOWN = "instance_down"
+    """the session to the producer is ready but another session to the same producer instance died and none has been heard from since"""
     SESSION_READY = "session_ready"
     """the session to the producer is ready"""
     OTHER_ROUND = "other_round"
     """the message names a round other than this id's current round"""
     BLOCKS_VALID = "blocks_valid"
-    """first..first+count lies inside the fetch and none of those blocks landed yet"""
+    """first..first+count lies inside the fetch, none of those blocks landed yet, and one digest per block is given"""
+    CORRUPT = "corrupt"
+    """a landed block's bytes do not match the digest taken when it was parked"""
     DONE_FAIL = "done_fail"
     """the transfer_done says ok=false"""
     ALL_RECEIVED = "all_received"
     """every block of the fetch has landed"""
     COMPLETES = "completes"
-    """blocks_valid, and these blocks are the last ones of the fetch still missing"""
+    """these blocks are the last ones of the fetch still missing"""
+    ENGINE_FINISHED = "engine_finished"
+    """the engine finished the request while the load was ending"""
 
 
 class ConsumerEffect(enum.StrEnum):
     ACCEPT_LOAD = "accept_load"
     """take the load job: its keys, destination slots and a fresh round number"""
     SEND_FETCH = "send_fetch"
-    """send fetch(kv_request_id, round, keys) to the producer"""
-    WRITE_BLOCKS = "write_blocks"
-    """copy the payload frames into the load's slots for keys first..first+count-1"""
+    """send fetch(kv_request_id, round, keys, slots) to the producer"""
+    LAND_BLOCKS = "land_blocks"
+    """ask the shell to land the blocks first..first+count-1 in their slots (zmq: copy the payload frames; one-sided planes: already written) and check their digests; it answers blocks_landed"""
+    NOTE_LANDED = "note_landed"
+    """record that these blocks landed intact"""
     REPORT_LOAD_OK = "report_load_ok"
-    """report the load job as succeeded (slots hold the blocks)"""
+    """report the load job as succeeded (slots hold the parked bytes)"""
+    SEND_RECEIPT = "send_receipt"
+    """send receipt(kv_request_id, round) so the producer may report its store jobs succeeded"""
     FAIL_JOB = "fail_job"
-    """report the live load job as failed with the reason (its slots are safe to reuse: no write can land)"""
+    """report the live load job as failed with the reason (no write can land in its slots any more)"""
     FAIL_NEW_JOB = "fail_new_job"
     """report the NEW load job as failed with the reason; the live one is untouched"""
     REPORT_NEW_JOB_OK = "report_new_job_ok"
     """report the NEW (empty) load job as succeeded"""
     SEND_ABORT = "send_abort"
-    """send abort_fetch(kv_request_id, round) to the producer (a fresh round if nothing was fetched: the producer may release the id at once)"""
+    """send abort_fetch(kv_request_id, round, fetched) to the producer (a fresh round and fetched=false if nothing was fetched: the producer may release the id at once)"""
+    GIVE_UP_PEER = "give_up_peer"
+    """end the session to the producer (abort_unacknowledged): every record bound to it is told peer_lost"""
+    REVOKE_ACCESS = "revoke_access"
+    """ask the data plane to make sure the producer can no longer write into this load's slots; it answers access_revoked"""
+    NOTE_FINISHED = "note_finished"
+    """remember that the engine finished the request"""
     NOTE_STALE = "note_stale"
     """count a message for an old round; nothing else"""
 
@@ -563,6 +751,7 @@ CONSUMER_STATE_TIMER: Final = MappingProxyType({
     ConsumerState.IN_FLIGHT: 'load',
     ConsumerState.ABORTING: 'abort_ack',
     ConsumerState.CANCELLING: 'abort_ack',
+    ConsumerState.REVOKING: None,
     ConsumerState.LOADED: None,
     ConsumerState.FAILED: None,
     ConsumerState.FINISHED: None,
@@ -575,23 +764,29 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABSENT, ConsumerEvent.SUBMIT_LOAD): Rule(REJECT, (), Reason.NOT_ANNOUNCED),
     (ConsumerState.ABSENT, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ConsumerState.ABSENT, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ConsumerState.ABSENT, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.PEER_LOST): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ConsumerState.ABSENT, ConsumerEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(ConsumerGuard.LOAD_EMPTY, ConsumerState.LOADED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ConsumerEffect.REPORT_LOAD_OK, ), None),
+        Branch(ConsumerGuard.INSTANCE_DOWN, ConsumerState.FAILED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.FAIL_JOB, ), Reason.INSTANCE_DOWN),
         Branch(ConsumerGuard.SESSION_READY, ConsumerState.IN_FLIGHT, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ), None),
         Branch(None, ConsumerState.QUEUED, (ConsumerEffect.ACCEPT_LOAD, ), None),
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.ANNOUNCED, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.ANNOUNCED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -603,6 +798,9 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ANNOUNCED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (), None),
     ), None),
+    (ConsumerState.ANNOUNCED, ConsumerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.FINISHED, (), None),
+    ), None),
     (ConsumerState.QUEUED, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(None, ConsumerState.QUEUED, (ConsumerEffect.FAIL_NEW_JOB, ), Reason.DUPLICATE_LOAD),
@@ -611,8 +809,10 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.IN_FLIGHT, (ConsumerEffect.SEND_FETCH, ), None),
     ), None),
     (ConsumerState.QUEUED, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.QUEUED, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.QUEUED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.LOAD_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.LOAD_TIMEOUT),
     ), None),
@@ -626,6 +826,9 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.QUEUED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.SHUTDOWN),
     ), None),
+    (ConsumerState.QUEUED, ConsumerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.SHUTDOWN),
+    ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(None, ConsumerState.IN_FLIGHT, (ConsumerEffect.FAIL_NEW_JOB, ), Reason.DUPLICATE_LOAD),
@@ -633,9 +836,14 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.IN_FLIGHT, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.BLOCK_DATA): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
-        Branch(ConsumerGuard.COMPLETES, ConsumerState.LOADED, (ConsumerEffect.WRITE_BLOCKS, ConsumerEffect.REPORT_LOAD_OK, ), None),
-        Branch(ConsumerGuard.BLOCKS_VALID, ConsumerState.IN_FLIGHT, (ConsumerEffect.WRITE_BLOCKS, ), None),
+        Branch(ConsumerGuard.BLOCKS_VALID, ConsumerState.IN_FLIGHT, (ConsumerEffect.LAND_BLOCKS, ), None),
         Branch(None, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), Reason.INCOMPLETE_DATA),
+    ), None),
+    (ConsumerState.IN_FLIGHT, ConsumerEvent.BLOCKS_LANDED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.CORRUPT, ConsumerState.ABORTING, (ConsumerEffect.SEND_ABORT, ), Reason.CORRUPT),
+        Branch(ConsumerGuard.COMPLETES, ConsumerState.LOADED, (ConsumerEffect.NOTE_LANDED, ConsumerEffect.REPORT_LOAD_OK, ConsumerEffect.SEND_RECEIPT, ), None),
+        Branch(None, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_LANDED, ), None),
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
@@ -644,6 +852,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.INCOMPLETE_DATA),
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.IN_FLIGHT, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.LOAD_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.ABORTING, (ConsumerEffect.SEND_ABORT, ), Reason.LOAD_TIMEOUT),
     ), None),
@@ -652,10 +861,11 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.CANCELLING, (ConsumerEffect.SEND_ABORT, ), Reason.CANCELLED),
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), None),
     ), None),
-    (ConsumerState.IN_FLIGHT, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.SHUTDOWN),
+    (ConsumerState.IN_FLIGHT, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ConsumerState.IN_FLIGHT, ConsumerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.SEND_ABORT, ConsumerEffect.REVOKE_ACCESS, ), Reason.SHUTDOWN),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
@@ -663,6 +873,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.ABORTING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
     (ConsumerState.ABORTING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
@@ -671,18 +882,20 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
+    (ConsumerState.ABORTING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
-        Branch(None, ConsumerState.CANCELLING, (), Reason.CANCELLED),
+        Branch(None, ConsumerState.CANCELLING, (), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), None),
     ), None),
-    (ConsumerState.ABORTING, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.SHUTDOWN),
+    (ConsumerState.ABORTING, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ConsumerState.ABORTING, ConsumerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
@@ -690,6 +903,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.CANCELLING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
     (ConsumerState.CANCELLING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
@@ -698,17 +912,48 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
+    (ConsumerState.CANCELLING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ), None),
     ), None),
-    (ConsumerState.CANCELLING, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), Reason.SHUTDOWN),
+    (ConsumerState.CANCELLING, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ConsumerState.CANCELLING, ConsumerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ), None),
     ), None),
+    (ConsumerState.REVOKING, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.REVOKING, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.FAIL_NEW_JOB, ), Reason.DUPLICATE_LOAD),
+    ), None),
+    (ConsumerState.REVOKING, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.REVOKING, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.REVOKING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.REVOKING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
+    (ConsumerState.REVOKING, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
+    (ConsumerState.REVOKING, ConsumerEvent.ACCESS_REVOKED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
+    (ConsumerState.REVOKING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.REVOKING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.REVOKING, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ), None),
+    ), None),
+    (ConsumerState.REVOKING, ConsumerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.REVOKING, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
+    (ConsumerState.REVOKING, ConsumerEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
     (ConsumerState.LOADED, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(ConsumerGuard.LOAD_EMPTY, ConsumerState.LOADED, (ConsumerEffect.REPORT_NEW_JOB_OK, ), None),
@@ -716,8 +961,10 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.LOADED, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.LOADED, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.LOADED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -727,14 +974,19 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.LOADED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (), None),
     ), None),
+    (ConsumerState.LOADED, ConsumerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.FINISHED, (), None),
+    ), None),
     (ConsumerState.FAILED, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_NEW_JOB, ), None),
     ), None),
     (ConsumerState.FAILED, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.FAILED, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.FAILED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -742,6 +994,9 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.FAILED, ConsumerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
+        Branch(None, ConsumerState.FINISHED, (), None),
+    ), None),
+    (ConsumerState.FAILED, ConsumerEvent.CLOSE): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (), None),
     ), None),
 })
@@ -770,30 +1025,38 @@ class SessionEvent(enum.StrEnum):
     TRANSPORT_UP = "transport_up"
     """the transport has a connection object for the peer (zmq connects asynchronously)"""
     HELLO = "hello"
-    """the peer's hello arrived (version, block layout, hash seed, generation)"""
+    """the peer's hello arrived (version, block layout, hash seed, data plane, generation)"""
     HELLO_ACK = "hello_ack"
     """the peer accepted our hello"""
     HELLO_REJECT = "hello_reject"
-    """the peer rejected our hello (names the field and both values)"""
+    """the peer rejected our hello (names the field that differs)"""
     MESSAGE = "message"
     """any valid message from the peer"""
     DISCONNECT = "disconnect"
     """the peer said disconnect, or answered that it does not know our session"""
+    CONNECTION_CLOSED = "connection_closed"
+    """the transport saw the peer's TCP connection close or reset (socket monitor)"""
     SEND_FAILED = "send_failed"
     """the transport could not send to the peer"""
+    GIVE_UP = "give_up"
+    """a record bound to this peer gave up on it (a transfer the data plane did not release, an abort the producer did not answer)"""
     HANDSHAKE_DEADLINE = "handshake_deadline"
     """timer handshake fired"""
     LIVENESS_DEADLINE = "liveness_deadline"
     """timer liveness fired"""
     SHUTDOWN = "shutdown"
-    """the manager is shutting down"""
+    """shutdown() began: sessions stay up to carry work in flight and the goodbyes"""
+    CLOSE = "close"
+    """the shutdown grace is over: every session ends"""
 
 
 class SessionGuard(enum.StrEnum):
     HELLO_COMPATIBLE = "hello_compatible"
-    """the peer's protocol version, block size, layout fingerprint and hash seed equal ours"""
+    """the peer's protocol version, block size, layout fingerprint, hash seed and data plane equal ours"""
     TOO_MANY_PEERS = "too_many_peers"
     """this manager already has max_peers sessions (config max_peers)"""
+    SAME_GEN = "same_gen"
+    """the hello carries the generation this session already serves (a duplicate)"""
 
 
 class SessionEffect(enum.StrEnum):
@@ -804,7 +1067,7 @@ class SessionEffect(enum.StrEnum):
     SEND_HELLO_ACK = "send_hello_ack"
     """send hello_ack"""
     SEND_HELLO_REJECT = "send_hello_reject"
-    """send hello_reject naming the first mismatching field and both values"""
+    """send hello_reject naming the first mismatching field (never the value of a secret field)"""
     FLUSH_QUEUED = "flush_queued"
     """tell every queued load on this peer that the session is ready"""
     REPLY_UNKNOWN_SESSION = "reply_unknown_session"
@@ -812,7 +1075,7 @@ class SessionEffect(enum.StrEnum):
     SEND_DISCONNECT = "send_disconnect"
     """send disconnect"""
     CLOSE_CONNECTION = "close_connection"
-    """close the transport connection"""
+    """close the transport connection to the peer (a dialled socket is closed; an inbound connection is shut down), so nothing stays queued to it"""
     PEER_DOWN = "peer_down"
     """tell every producer and consumer record bound to this peer: peer_lost"""
     RESTART_TIMER = "restart_timer"
@@ -851,10 +1114,13 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.ABSENT, (SessionEffect.REPLY_UNKNOWN_SESSION, ), None),
     ), None),
     (SessionState.ABSENT, SessionEvent.DISCONNECT): Rule(IGNORE, (), Reason.NO_RECORD),
+    (SessionState.ABSENT, SessionEvent.CONNECTION_CLOSED): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.SEND_FAILED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (SessionState.ABSENT, SessionEvent.GIVE_UP): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.HANDSHAKE_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.LIVENESS_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
+    (SessionState.ABSENT, SessionEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.CONNECTING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.TRANSPORT_UP): Rule(TRANSITION, (
         Branch(None, SessionState.HANDSHAKING, (SessionEffect.SEND_HELLO, ), None),
@@ -866,15 +1132,22 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
+    (SessionState.CONNECTING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
+    ), None),
     (SessionState.CONNECTING, SessionEvent.SEND_FAILED): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
+    ), None),
+    (SessionState.CONNECTING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.CONNECTING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
     ), None),
     (SessionState.CONNECTING, SessionEvent.LIVENESS_DEADLINE): Rule(IGNORE, (), Reason.STALE),
-    (SessionState.CONNECTING, SessionEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+    (SessionState.CONNECTING, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (SessionState.CONNECTING, SessionEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
@@ -889,19 +1162,27 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
+    (SessionState.HANDSHAKING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
+    ), None),
     (SessionState.HANDSHAKING, SessionEvent.SEND_FAILED): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
+    ), None),
+    (SessionState.HANDSHAKING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.LIVENESS_DEADLINE): Rule(IGNORE, (), Reason.STALE),
-    (SessionState.HANDSHAKING, SessionEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+    (SessionState.HANDSHAKING, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (SessionState.HANDSHAKING, SessionEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
     ), None),
     (SessionState.READY, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.HELLO): Rule(TRANSITION, (
+        Branch(SessionGuard.SAME_GEN, SessionState.READY, (SessionEffect.SEND_HELLO_ACK, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.PEER_DOWN, ), Reason.PEER_RESTARTED),
     ), None),
     (SessionState.READY, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.STALE),
@@ -912,15 +1193,22 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.READY, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
+    (SessionState.READY, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
+    ), None),
     (SessionState.READY, SessionEvent.SEND_FAILED): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
+    ), None),
+    (SessionState.READY, SessionEvent.GIVE_UP): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.READY, SessionEvent.HANDSHAKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.LIVENESS_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_TIMEOUT),
     ), None),
-    (SessionState.READY, SessionEvent.SHUTDOWN): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+    (SessionState.READY, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (SessionState.READY, SessionEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
     ), None),
 })
 
@@ -928,11 +1216,15 @@ SESSION_TABLE: Final = MappingProxyType({
 PROPERTIES: Final = MappingProxyType({
     "exactly_once_job_result": ("safety", "Every store or load job handed to the manager gets exactly one result, on every path."),
     "tombstoned_never_reparks": ("safety", "A tombstoned id never returns to parked; a store for it fails at once and pins nothing."),
-    "no_bytes_for_tombstoned": ("safety", "Blocks are sent only for an id in serving; never for a parked, done, tombstoned or pruned id."),
-    "late_fetch_one_rtt": ("safety", "A fetch for a done, tombstoned or cancelling id is answered with transfer_done(fail, reason) in the same step that receives it."),
-    "every_state_has_deadline_or_exit": ("structural", "Every non-final state other than the initial one has a timer, or names the engine calls that leave it."),
+    "no_bytes_for_tombstoned": ("safety", "Blocks are handed to the data plane only when an id enters serving; never for a parked, done, tombstoned or pruned id."),
+    "late_fetch_one_rtt": ("safety", "A fetch for a done, tombstoned, cancelling or quarantined id is answered with transfer_done(fail, reason) in the same step that receives it; a duplicate of the fetch a cancelling or quarantined id is bound to gets its terminal answer when the data plane releases the blocks."),
+    "every_state_has_deadline_or_exit": ("structural", "Every non-final state other than the initial one has a timer, or names the events that leave it."),
     "bounded_bookkeeping": ("safety", "Producer records <= live ids + retained ids, and retained ids <= tombstone_max."),
-    "no_write_after_terminal": ("safety", "Block data is written into a load's slots only while the load is in_flight, so a slot reported free can never be written."),
-    "fetch_always_answered": ("liveness", "Every fetch eventually gets transfer_done, or the consumer's own deadlines end the load; nothing waits forever."),
+    "no_write_after_terminal": ("safety", "No block lands in a load's slots after the load's result was reported: receiver-applied data only while in_flight, one-sided writes only before the producer's terminal answer or the revocation of its access."),
+    "fetch_always_answered": ("liveness", "Every fetch eventually gets a terminal answer, or the consumer's own deadlines end the load; nothing waits forever."),
+    "no_block_returned_while_referenced": ("safety", "A store job's result (success or failure) is reported only when the data plane holds no reference to its blocks."),
+    "no_success_without_receipt": ("safety", "A store job that parked blocks succeeds only after the consumer confirmed, with a receipt, that every demanded block landed intact; a load succeeds only when every block matched its parked digest."),
+    "input_before_deadline": ("safety", "A deadline never fires while a message that arrived before it is still unread: the shell fires deadlines at the time its inbound queue was last seen empty."),
+    "lives_never_mix": ("safety", "A consumer message that refers to a binding (an abort of a fetched round, a receipt) changes only the life that round bound; producer messages carry the round, so an earlier round's answer never touches a later load."),
 })
 """Property name -> (kind, statement). Verified by tests and `kvtier check`."""

@@ -2,11 +2,18 @@
 
 Theory of operation: the engine announces a request that names a remote producer; a load job
 names the keys to fetch and the destination slots.  The fetch waits for the session handshake if
-needed (``queued``), is sent (``in_flight``), and block data is written into the slots only while
-the load is ``in_flight`` — so once the core reports a load failed, no write into its slots can
-land (the data plane is receiver-applied).  Timeouts abort the round and wait (bounded) for the
-producer's ``abort_ack`` so the producer releases its blocks promptly.  A failed id makes later
-lookups MISS so the engine recomputes locally.
+needed (``queued``), is sent (``in_flight``), and blocks land in the slots only while the load is
+``in_flight``: each ``block_data`` is landed by the shell and checked against the digests the
+producer took when it parked the blocks (``blocks_landed``).  The load succeeds only when every
+block landed intact; then a ``receipt`` tells the producer it may report its store jobs done.
+
+A load's slots are handed back to the engine (its job result) only when no write into them can
+still land: on a receiver-applied plane (zmq) that is as soon as the load leaves ``in_flight``; on
+a one-sided plane (NIXL) the producer may be writing until its *terminal answer* for the round
+(``transfer_done`` or ``abort_ack``, sent only once its writes completed) or until the data plane
+has revoked the producer's access (``revoking`` → ``access_revoked``).  So every way out that does
+not get a terminal answer — session death, an abort nobody answers — goes through ``revoking``.
+A failed id makes later lookups MISS so the engine recomputes locally.
 
 All decisions come from ``_table.CONSUMER_TABLE``; this module supplies guards and effects only.
 """
@@ -29,7 +36,16 @@ from kvtier.lifecycle._table import (
     ConsumerGuard,
     ConsumerState,
 )
-from kvtier.lifecycle.effects import Effect, Ignored, JobDone, SendAbortFetch, SendFetch, WriteBlocks
+from kvtier.lifecycle.effects import (
+    Effect,
+    Ignored,
+    JobDone,
+    LandBlocks,
+    RevokeAccess,
+    SendAbortFetch,
+    SendFetch,
+    SendReceipt,
+)
 
 
 @attrs.frozen(slots=True)
@@ -45,7 +61,8 @@ class LoadInput:
 @attrs.frozen(slots=True)
 class MessageInput:
     """A producer message about ``kv_request_id``: block_data (``first``/``count``),
-    transfer_done (``ok``/``reason``) or abort_ack."""
+    transfer_done (``ok``/``reason``) or abort_ack; or the shell's ``blocks_landed`` report
+    (``first``/``count``, ``ok`` False when a block did not match its digest)."""
 
     kv_request_id: str
     round: int
@@ -56,7 +73,7 @@ class MessageInput:
 
 
 class ConsumerRecord(Record):
-    __slots__ = ("peer", "job_id", "keys", "slots", "round", "landed", "n_landed")
+    __slots__ = ("peer", "job_id", "keys", "slots", "round", "landed", "n_landed", "fetched", "engine_finished")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, CONSUMER_INITIAL)
@@ -67,6 +84,8 @@ class ConsumerRecord(Record):
         self.round = -1
         self.landed: bytearray = bytearray()
         self.n_landed = 0
+        self.fetched = False
+        self.engine_finished = False
 
 
 class ConsumerMachine(TableMachine):
@@ -81,9 +100,23 @@ class ConsumerMachine(TableMachine):
     GUARD_ENUM = ConsumerGuard
     EFFECT_ENUM = ConsumerEffect
 
-    def __init__(self, durations: Mapping[str, float], session_ready: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        durations: Mapping[str, float],
+        session_ready: Callable[[str], bool],
+        *,
+        session_gen: Callable[[str], int] = lambda peer: 0,
+        instance_down: Callable[[str], bool] = lambda peer: False,
+        give_up: Callable[[str, str], None] = lambda peer, reason: None,
+    ) -> None:
+        """``session_ready(peer)`` / ``session_gen(peer)`` / ``instance_down(peer)`` read the
+        session machine; ``give_up(peer, reason)`` asks the core to end the session after the
+        current input (the ``give_up_peer`` effect)."""
         super().__init__(durations)
         self._session_ready = session_ready
+        self._session_gen = session_gen
+        self._instance_down = instance_down
+        self._give_up = give_up
         self.by_peer: dict[str, set[str]] = {}
         self._next_round = 0
 
@@ -103,8 +136,9 @@ class ConsumerMachine(TableMachine):
         self.apply(self.record(inp.kv_request_id), ConsumerEvent.SUBMIT_LOAD, inp, now, out)
 
     def message(self, peer: str, event: ConsumerEvent, inp: MessageInput, now: float, out: list[Effect]) -> None:
-        """block_data / transfer_done / abort_ack from ``peer``. A message from a peer other than
-        the id's producer is stale (a peer cannot touch another peer's loads)."""
+        """block_data / transfer_done / abort_ack from ``peer``, or the shell's blocks_landed /
+        access_revoked about ``peer``. A message from a peer other than the id's producer is
+        stale (a peer cannot touch another peer's loads)."""
         rec = self.records.get(inp.kv_request_id)
         if rec is not None and rec.peer != peer:
             out.append(Ignored(self.NAME, inp.kv_request_id, rec.state.value, event.value, "stale"))
@@ -153,6 +187,15 @@ class ConsumerMachine(TableMachine):
     def guard_session_ready(self, rec: ConsumerRecord, inp: LoadInput) -> bool:
         return self._session_ready(rec.peer)
 
+    def guard_instance_down(self, rec: ConsumerRecord, inp: LoadInput) -> bool:
+        return self._session_ready(rec.peer) and self._instance_down(rec.peer)
+
+    def guard_corrupt(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
+        return not inp.ok
+
+    def guard_engine_finished(self, rec: ConsumerRecord, inp: object) -> bool:
+        return rec.engine_finished
+
     def guard_other_round(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
         return inp.round != rec.round
 
@@ -163,7 +206,7 @@ class ConsumerMachine(TableMachine):
         return not any(rec.landed[first : first + count])
 
     def guard_completes(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
-        return self.guard_blocks_valid(rec, inp) and rec.n_landed + inp.count == len(rec.keys)
+        return rec.n_landed + inp.count == len(rec.keys)
 
     def guard_done_fail(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
         return not inp.ok
@@ -186,13 +229,29 @@ class ConsumerMachine(TableMachine):
         self._take_job(rec, inp)
 
     def effect_send_fetch(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
-        out.append(SendFetch(rec.peer, rec.key, rec.round, rec.keys))
+        rec.fetched = True
+        out.append(SendFetch(rec.peer, rec.key, rec.round, rec.keys, gen=self._session_gen(rec.peer), slots=rec.slots))
 
-    def effect_write_blocks(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
+    def effect_land_blocks(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
+        first, count = inp.first, inp.count
+        out.append(LandBlocks(rec.peer, rec.key, rec.round, first, count, rec.slots[first : first + count]))
+
+    def effect_note_landed(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
         first, count = inp.first, inp.count
         rec.landed[first : first + count] = b"\x01" * count
         rec.n_landed += count
-        out.append(WriteBlocks(rec.key, rec.slots[first : first + count]))
+
+    def effect_send_receipt(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        out.append(SendReceipt(rec.peer, rec.key, rec.round, gen=self._session_gen(rec.peer)))
+
+    def effect_revoke_access(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        out.append(RevokeAccess(rec.peer, rec.key, rec.round))
+
+    def effect_give_up_peer(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        self._give_up(rec.peer, "abort_unacknowledged")
+
+    def effect_note_finished(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        rec.engine_finished = True
 
     def effect_report_load_ok(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(JobDone(rec.job_id, True, None))
@@ -213,7 +272,7 @@ class ConsumerMachine(TableMachine):
         if rec.round < 0:  # nothing fetched yet: a fresh round names this cancellation
             rec.round = self._next_round
             self._next_round += 1
-        out.append(SendAbortFetch(rec.peer, rec.key, rec.round))
+        out.append(SendAbortFetch(rec.peer, rec.key, rec.round, gen=self._session_gen(rec.peer), fetched=rec.fetched))
 
     def effect_note_stale(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(Ignored(self.NAME, rec.key, rec.state.value, "message", reason or "stale"))

@@ -1,8 +1,11 @@
 """Effects: what the lifecycle core asks the I/O shell to do, as small frozen records.
 
 The core never performs I/O; every input method returns a list of these, in the order the shell
-must carry them out.  Peers are transport identity strings; ``round`` is the consumer's fetch
-number; block and slot numbers index a :class:`~kvtier.memory.BlockPool`.
+must carry them out.  Peers are transport identity strings; ``gen`` is the session generation a
+message must carry (captured when the effect is made, so it stays valid even if the session ends
+later in the same step); ``round`` is the consumer's fetch number; block and slot numbers index a
+:class:`~kvtier.memory.BlockPool`; digests are the 64-bit block digests of
+:mod:`kvtier.integrity` (0 when integrity checking is off).
 """
 
 from __future__ import annotations
@@ -26,20 +29,24 @@ class JobDone:
 
 @attrs.frozen(slots=True)
 class SendBlocks:
-    """Producer: send ``blocks`` (pool block numbers, in the fetch's key order) to ``peer`` as
-    ``block_data`` messages, zero-copy; feed ``transfer_complete`` once every block is released
-    by the transport, or ``transfer_failed`` if sending fails."""
+    """Producer: hand ``blocks`` (pool block numbers, in the fetch's key order) with their parked
+    ``digests`` to the data plane for ``peer`` (``slots``: the consumer's destination slots, for
+    one-sided planes).  Feed ``transfer_released`` once the plane moved every block and holds no
+    reference to them, or ``transfer_failed`` if it failed (references dropped)."""
 
     peer: str
     kv_request_id: str
     round: int
     blocks: tuple[int, ...]
+    gen: int = 0
+    digests: tuple[int, ...] = ()
+    slots: tuple[int, ...] = ()
 
 
 @attrs.frozen(slots=True)
 class CancelTransfer:
-    """Producer: stop sending this transfer; feed ``transfer_released`` once the transport holds
-    no reference to its blocks."""
+    """Producer: ask the data plane to stop this transfer (post nothing more); feed
+    ``transfer_released`` once it holds no reference to the blocks."""
 
     peer: str
     kv_request_id: str
@@ -55,6 +62,7 @@ class SendTransferDone:
     round: int
     ok: bool
     reason: str | None = None
+    gen: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -64,34 +72,66 @@ class SendAbortAck:
     peer: str
     kv_request_id: str
     round: int
+    gen: int = 0
 
 
 @attrs.frozen(slots=True)
 class SendFetch:
-    """Consumer: send ``fetch(kv_request_id, round, keys)`` to ``peer``."""
+    """Consumer: send ``fetch(kv_request_id, round, keys, slots)`` to ``peer``."""
 
     peer: str
     kv_request_id: str
     round: int
     keys: tuple[bytes, ...]
+    gen: int = 0
+    slots: tuple[int, ...] = ()
 
 
 @attrs.frozen(slots=True)
-class WriteBlocks:
-    """Consumer: copy the payload frames of the block_data being processed into ``slots``
-    (one frame per slot, in order).  Only ever emitted for a load in ``in_flight``."""
-
-    kv_request_id: str
-    slots: tuple[int, ...]
-
-
-@attrs.frozen(slots=True)
-class SendAbortFetch:
-    """Consumer: send ``abort_fetch(kv_request_id, round)`` to ``peer``."""
+class LandBlocks:
+    """Consumer: land blocks ``first..first+count-1`` of the load's round in ``slots`` (zmq plane:
+    copy the payload frames of the block_data being processed; one-sided planes: the producer
+    already wrote them) and check them against the digests the block_data carried; then feed
+    ``blocks_landed`` with the outcome.  Only ever emitted for a load in ``in_flight``."""
 
     peer: str
     kv_request_id: str
     round: int
+    first: int
+    count: int
+    slots: tuple[int, ...]
+
+
+@attrs.frozen(slots=True)
+class SendReceipt:
+    """Consumer: send ``receipt(kv_request_id, round)``: every block landed and matched."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+    gen: int = 0
+
+
+@attrs.frozen(slots=True)
+class RevokeAccess:
+    """Consumer: make sure the producer ``peer`` can no longer write into this load's slots
+    (receiver-applied planes: nothing to do; one-sided planes: drop the producer's access), then
+    feed ``access_revoked``."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+
+
+@attrs.frozen(slots=True)
+class SendAbortFetch:
+    """Consumer: send ``abort_fetch(kv_request_id, round, fetched)`` to ``peer``."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+    gen: int = 0
+    fetched: bool = True
 
 
 @attrs.frozen(slots=True)
@@ -174,7 +214,9 @@ Effect = (
     | SendTransferDone
     | SendAbortAck
     | SendFetch
-    | WriteBlocks
+    | LandBlocks
+    | SendReceipt
+    | RevokeAccess
     | SendAbortFetch
     | OpenConnection
     | CloseConnection

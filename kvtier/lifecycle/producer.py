@@ -1,12 +1,23 @@
 """Producer (prefill-side) machine: the life of one ``kv_request_id`` whose blocks we park.
 
-Theory of operation: the engine stores blocks (``store``); they stay pinned by the engine until
-the store job's result.  A consumer's ``fetch`` binds the id to one (peer, round) and, once every
-demanded block is stored, the blocks are sent.  Every way out — success, reap, abort, failure,
-timeout, peer death, drain, shutdown — reports every store job exactly once, and every way that
-ends without a transfer leaves a *tombstone* carrying the reason, so a late fetch or store is
-refused in the step that receives it.  Done and tombstoned ids are retained for
-``tombstone_retention_s`` and at most ``tombstone_max`` of them (oldest evicted first).
+Theory of operation: the engine stores blocks (``store``) with the digest of each block taken
+when it was parked; they stay pinned by the engine until the store job's result.  A consumer's
+``fetch`` binds the id to one (peer, generation, round) and, once every demanded block is stored,
+the blocks are handed to the data plane (``serving``).  Two facts end a transfer well: the data
+plane *released* every block (it references none of them any more) and the consumer sent a
+*receipt* (every block landed and matched its digest).  Only then do the store jobs succeed
+(``done``); a job's result is never reported while the plane may still read its blocks (rule 11 of
+the architecture, bug-scenarios B26/B32).  A transfer that is given up (deadline, abort, peer
+death, shutdown) waits in ``cancelling`` for the release; if the plane does not release in time the
+session with the peer is ended to force it and the id waits in ``quarantined`` — its jobs stay
+outstanding rather than be reported early.  The terminal answer to the consumer is sent only when
+no write can land any more, so a one-sided plane's consumer may reuse its slots on receiving it.
+
+Every way out reports every store job exactly once, and every way that ends without a confirmed
+transfer leaves a *tombstone* carrying the reason, so a late fetch or store is refused in the step
+that receives it.  Done and tombstoned ids are retained for ``tombstone_retention_s`` and at most
+``tombstone_max`` of them (oldest evicted first); a retained record keeps only its state, reason and
+timer (no keys, no blocks), so its size does not depend on the fetch.
 
 All decisions come from the generated table (``_table.PRODUCER_TABLE``); this module only
 supplies guard predicates and effect builders.  It knows nothing of sockets, torch or clocks.
@@ -14,7 +25,7 @@ supplies guard predicates and effect builders.  It knows nothing of sockets, tor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -41,44 +52,72 @@ from kvtier.lifecycle.effects import (
     SendTransferDone,
 )
 
-_BOUND = frozenset({ProducerState.AWAITING, ProducerState.SERVING, ProducerState.CANCELLING})
+_BOUND = frozenset(
+    {
+        ProducerState.AWAITING,
+        ProducerState.SERVING,
+        ProducerState.DELIVERING,
+        ProducerState.CONFIRMED,
+        ProducerState.CANCELLING,
+        ProducerState.QUARANTINED,
+    }
+)
 _RETAINED = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED})
+#: states in which the data plane may reference the id's blocks
+REFERENCED = frozenset(
+    {ProducerState.SERVING, ProducerState.CONFIRMED, ProducerState.CANCELLING, ProducerState.QUARANTINED}
+)
 
 
 @attrs.frozen(slots=True)
 class StoreInput:
-    """A store job: ``keys[i]`` is stored in pool block ``blocks[i]``; ``owner`` is the engine's
-    request id (two requests may not park under one kv_request_id, bug-scenarios B13)."""
+    """A store job: ``keys[i]`` is stored in pool block ``blocks[i]`` whose bytes had digest
+    ``digests[i]`` when they were parked (``digests`` is empty when integrity checking is off);
+    ``owner`` is the engine's request id (two requests may not park under one kv_request_id,
+    bug-scenarios B13)."""
 
     kv_request_id: str
     owner: str
     job_id: int
     keys: tuple[bytes, ...]
     blocks: tuple[int, ...]
+    digests: tuple[int, ...] = ()
 
 
 @attrs.frozen(slots=True)
 class FetchInput:
-    """A consumer's fetch (or abort) for ``kv_request_id`` from ``peer`` in ``round``."""
+    """A consumer's fetch, abort or receipt for ``kv_request_id`` from ``peer`` (session
+    generation ``gen``) in ``round``.  ``slots`` are the consumer's destination slots (one per key;
+    one-sided planes write into them); ``fetched`` tells, for an abort, whether that round sent a
+    fetch (an abort of a fetched round concerns only the life that fetch bound)."""
 
     peer: str
     kv_request_id: str
     round: int
     keys: tuple[bytes, ...] = ()
+    gen: int = 0
+    slots: tuple[int, ...] = ()
+    fetched: bool = False
+
+
+_NO_BLOCKS: dict[bytes, tuple[int, int]] = {}
 
 
 class ProducerRecord(Record):
-    __slots__ = ("owner", "blocks", "jobs", "peer", "round", "demand", "supply_complete")
+    __slots__ = ("owner", "blocks", "jobs", "peer", "gen", "round", "demand", "slots", "supply_complete", "receipt")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, PRODUCER_INITIAL)
         self.owner: str | None = None
-        self.blocks: dict[bytes, int] = {}
+        self.blocks: dict[bytes, tuple[int, int]] = _NO_BLOCKS  # key -> (pool block, digest)
         self.jobs: list[int] = []
         self.peer: str | None = None
+        self.gen = 0
         self.round = -1
         self.demand: tuple[bytes, ...] = ()
+        self.slots: tuple[int, ...] = ()
         self.supply_complete = False
+        self.receipt = False
 
 
 class ProducerMachine(TableMachine):
@@ -100,7 +139,10 @@ class ProducerMachine(TableMachine):
         park_clock: str = "last_store",
         tombstone_max: int = 65536,
         max_pending_fetches_per_peer: int = 1024,
+        give_up: Callable[[str, str], None] | None = None,
     ) -> None:
+        """``give_up(peer, reason)`` asks the core to end the session with ``peer`` after the
+        current input (the ``force_release`` effect)."""
         super().__init__(durations)
         if park_clock not in ("last_store", "first_store"):
             raise ValueError(f"park_clock must be 'last_store' or 'first_store', got {park_clock!r}")
@@ -111,6 +153,8 @@ class ProducerMachine(TableMachine):
         self.awaiting_per_peer: dict[str, int] = {}
         self.retained: dict[str, None] = {}  # insertion-ordered: oldest first
         self.count_evicted = 0
+        self.closing = False  # shutdown() began: new fetches for unknown ids are refused
+        self._give_up = give_up or (lambda peer, reason: None)
 
     def new_record(self, key: str) -> ProducerRecord:
         return ProducerRecord(key)
@@ -119,6 +163,8 @@ class ProducerMachine(TableMachine):
     def store(self, inp: StoreInput, now: float, out: list[Effect]) -> None:
         if len(inp.keys) != len(inp.blocks):
             raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.blocks)} blocks")
+        if inp.digests and len(inp.digests) != len(inp.keys):
+            raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.digests)} digests")
         self.apply(self.record(inp.kv_request_id), ProducerEvent.STORE, inp, now, out)
         self._enforce_cap(now, out)
 
@@ -130,16 +176,20 @@ class ProducerMachine(TableMachine):
         self.apply(self.record(inp.kv_request_id), ProducerEvent.ABORT_FETCH, inp, now, out)
         self._enforce_cap(now, out)
 
+    def receipt(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
+        self.apply(self.record(inp.kv_request_id), ProducerEvent.RECEIPT, inp, now, out)
+        self._enforce_cap(now, out)
+
     def event(self, kv_request_id: str, event: ProducerEvent, now: float, out: list[Effect], inp: Any = None) -> None:
-        """Apply an input that carries no payload (transfer_complete, request_finished, …)."""
+        """Apply an input that carries no payload (request_finished, …)."""
         self.apply(self.record(kv_request_id), event, inp, now, out)
         self._enforce_cap(now, out)
 
     def transfer_event(
         self, kv_request_id: str, round: int, event: ProducerEvent, now: float, out: list[Effect]
     ) -> None:
-        """transfer_complete / transfer_failed / transfer_released for a given round; a report
-        for a round the id is no longer bound to is stale and dropped."""
+        """transfer_released / transfer_failed for a given round; a report for a round the id is
+        no longer bound to is stale and dropped."""
         rec = self.records.get(kv_request_id)
         if rec is None or rec.round != round or rec.state not in _BOUND:
             state = rec.state.value if rec is not None else "absent"
@@ -156,7 +206,9 @@ class ProducerMachine(TableMachine):
         self._enforce_cap(now, out)
 
     def broadcast(self, event: ProducerEvent, now: float, out: list[Effect]) -> None:
-        """drain / shutdown: apply to every live record (in key order, deterministically)."""
+        """drain / shutdown / close: apply to every live record (in key order, deterministically)."""
+        if event is ProducerEvent.SHUTDOWN:
+            self.closing = True
         for key in sorted(self.records):
             rec = self.records.get(key)
             if rec is not None:
@@ -182,6 +234,11 @@ class ProducerMachine(TableMachine):
     def pending_jobs(self) -> int:
         return sum(len(r.jobs) for r in self.records.values())
 
+    def referenced(self) -> list[ProducerRecord]:
+        """Records whose blocks the data plane may still reference (serving, confirmed,
+        cancelling, quarantined)."""
+        return [r for r in self.records.values() if r.state in REFERENCED]
+
     # -- indexes -------------------------------------------------------------------------------
     def on_state_change(self, rec: ProducerRecord, old: ProducerState, new: ProducerState) -> None:
         if old is ProducerState.AWAITING:
@@ -200,6 +257,8 @@ class ProducerMachine(TableMachine):
             self.by_peer.setdefault(rec.peer, set()).add(rec.key)
         if new in _RETAINED and old not in _RETAINED:
             self.retained[rec.key] = None
+            # a retained record answers late inputs from its state and reason alone
+            rec.blocks, rec.demand, rec.slots, rec.owner = _NO_BLOCKS, (), (), None
         if old in _RETAINED and new not in _RETAINED:
             self.retained.pop(rec.key, None)
 
@@ -229,18 +288,30 @@ class ProducerMachine(TableMachine):
         return self.awaiting_per_peer.get(inp.peer, 0) >= self.max_pending
 
     def guard_same_round(self, rec: ProducerRecord, inp: FetchInput) -> bool:
-        return inp.peer == rec.peer and inp.round == rec.round
+        return inp.peer == rec.peer and inp.round == rec.round and inp.gen == rec.gen
+
+    def guard_fetched_round(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+        return inp.fetched
 
     def guard_supply_complete(self, rec: ProducerRecord, inp: FetchInput) -> bool:
         return rec.supply_complete
+
+    def guard_shutting_down(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+        return self.closing
+
+    def guard_receipt_seen(self, rec: ProducerRecord, inp: object) -> bool:
+        return rec.receipt
 
     # -- effects (names match spec/lifecycle.toml) ---------------------------------------------
     def effect_park_blocks(self, rec: ProducerRecord, inp: StoreInput, reason, now, out) -> None:
         if rec.owner is None:
             rec.owner = inp.owner
+        if rec.blocks is _NO_BLOCKS:
+            rec.blocks = {}
         blocks = rec.blocks
-        for k, b in zip(inp.keys, inp.blocks):
-            blocks.setdefault(k, b)
+        digests = inp.digests or (0,) * len(inp.keys)
+        for k, b, d in zip(inp.keys, inp.blocks, digests):
+            blocks.setdefault(k, (b, d))
         rec.jobs.append(inp.job_id)
 
     def effect_report_store_ok(self, rec, inp: StoreInput, reason, now, out) -> None:
@@ -251,45 +322,72 @@ class ProducerMachine(TableMachine):
 
     def effect_bind(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
         rec.peer = inp.peer
+        rec.gen = inp.gen
         rec.round = inp.round
         rec.demand = inp.keys
+        rec.slots = inp.slots
 
     def effect_start_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
-        blocks = rec.blocks
-        out.append(SendBlocks(rec.peer, rec.key, rec.round, tuple(blocks[k] for k in rec.demand)))
+        parked = [rec.blocks[k] for k in rec.demand]
+        out.append(
+            SendBlocks(
+                rec.peer,
+                rec.key,
+                rec.round,
+                tuple(b for b, _ in parked),
+                gen=rec.gen,
+                digests=tuple(d for _, d in parked),
+                slots=rec.slots,
+            )
+        )
 
     def effect_cancel_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         out.append(CancelTransfer(rec.peer, rec.key, rec.round))
+
+    def effect_force_release(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        self._give_up(rec.peer, "transfer_stalled")
 
     def effect_complete_jobs(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         for job in rec.jobs:
             out.append(JobDone(job, True, None))
         rec.jobs = []
-        rec.blocks = {}
+        rec.blocks = _NO_BLOCKS
 
     def effect_fail_jobs(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         for job in rec.jobs:
             out.append(JobDone(job, False, reason))
         rec.jobs = []
-        rec.blocks = {}
+        rec.blocks = _NO_BLOCKS
 
     def effect_reply_done_ok(self, rec: ProducerRecord, inp: FetchInput | None, reason, now, out) -> None:
         if inp is not None:
-            out.append(SendTransferDone(inp.peer, rec.key, inp.round, True, None))
+            out.append(SendTransferDone(inp.peer, rec.key, inp.round, True, None, gen=inp.gen))
         else:
-            out.append(SendTransferDone(rec.peer, rec.key, rec.round, True, None))
+            out.append(SendTransferDone(rec.peer, rec.key, rec.round, True, None, gen=rec.gen))
 
     def effect_reply_done_fail(self, rec: ProducerRecord, inp, reason, now, out) -> None:
-        out.append(SendTransferDone(rec.peer, rec.key, rec.round, False, reason))
+        out.append(SendTransferDone(rec.peer, rec.key, rec.round, False, reason, gen=rec.gen))
+
+    def effect_reply_terminal(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        if reason == "aborted":
+            out.append(SendAbortAck(rec.peer, rec.key, rec.round, gen=rec.gen))
+        else:
+            out.append(SendTransferDone(rec.peer, rec.key, rec.round, False, reason, gen=rec.gen))
 
     def effect_reply_fetch_failed(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(SendTransferDone(inp.peer, rec.key, inp.round, False, reason))
+        out.append(SendTransferDone(inp.peer, rec.key, inp.round, False, reason, gen=inp.gen))
 
     def effect_reply_abort_ack(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(SendAbortAck(inp.peer, rec.key, inp.round))
+        out.append(SendAbortAck(inp.peer, rec.key, inp.round, gen=inp.gen))
 
     def effect_note_supply_complete(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         rec.supply_complete = True
 
     def effect_note_duplicate(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(Ignored(self.NAME, rec.key, rec.state.value, "fetch", "stale"))
+        out.append(Ignored(self.NAME, rec.key, rec.state.value, "duplicate", "stale"))
+
+    def effect_note_stale(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
+        out.append(Ignored(self.NAME, rec.key, rec.state.value, "other_round", "stale"))
+
+    def effect_note_receipt(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
+        rec.receipt = True

@@ -41,17 +41,21 @@ from kvtier.lifecycle.effects import (
 @attrs.frozen(slots=True)
 class HelloInput:
     """What a hello announces. Ours is built from the config and the block pool; the peer's
-    arrives on the wire.  ``gen`` is the dialling side's session generation."""
+    arrives on the wire.  ``gen`` is the dialling side's session generation; ``instance`` names
+    the peer's manager instance (sessions to one instance share fate, B11) and is not compared."""
 
     version: int
     block_bytes: int
     layout: str
     hash_seed: str
     gen: int = 0
+    data_plane: str = "zmq"
+    digest: str = "xxh3_64"
+    instance: str = ""
 
     def first_mismatch(self, other: HelloInput) -> tuple[str, str, str] | None:
         """(field, ours, theirs) of the first differing field, in handshake check order."""
-        for name in ("version", "block_bytes", "layout", "hash_seed"):
+        for name in ("version", "block_bytes", "layout", "hash_seed", "data_plane", "digest"):
             a, b = getattr(self, name), getattr(other, name)
             if a != b:
                 return name, str(a), str(b)
@@ -59,12 +63,13 @@ class HelloInput:
 
 
 class SessionRecord(Record):
-    __slots__ = ("gen", "dialled")
+    __slots__ = ("gen", "dialled", "instance")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, SESSION_INITIAL)
         self.gen = 0
         self.dialled = False
+        self.instance = ""
 
 
 class SessionMachine(TableMachine):
@@ -110,6 +115,9 @@ class SessionMachine(TableMachine):
     def guard_too_many_peers(self, rec: SessionRecord, inp) -> bool:
         return len(self.records) >= self.max_peers
 
+    def guard_same_gen(self, rec: SessionRecord, inp: HelloInput) -> bool:
+        return inp.gen == rec.gen
+
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.gen = self.new_gen()
@@ -121,6 +129,7 @@ class SessionMachine(TableMachine):
 
     def effect_send_hello_ack(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:
         rec.gen = inp.gen
+        rec.instance = inp.instance
         out.append(SendHelloAck(rec.key, rec.gen))
 
     def effect_send_hello_reject(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:

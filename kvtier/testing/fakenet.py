@@ -10,10 +10,12 @@ into the receiving core by calling the matching core method.  Nothing is deliver
 * :meth:`FakeNetwork.drop` loses a message, :meth:`FakeNetwork.duplicate` queues a copy of one;
 * delay is simply not delivering yet.
 
-It also plays the transport's data plane: a ``SendBlocks`` effect queues one ``block_data``
-message and records a :class:`Transfer` that the test finishes with
-:meth:`FakeNetwork.finish_transfer` (``transfer_complete``/``transfer_failed``, or
-``transfer_released`` after a ``CancelTransfer``).
+It also plays the data plane and the consumer's shell: a ``SendBlocks`` effect queues one
+``block_data`` message and records a :class:`Transfer` that the test finishes with
+:meth:`FakeNetwork.finish_transfer` (``transfer_released`` or ``transfer_failed``); a
+``LandBlocks`` effect is answered at once with ``blocks_landed`` (ok, unless the test marked the
+round corrupt in :attr:`FakeNetwork.corrupt`); a ``RevokeAccess`` is answered at once with
+``access_revoked`` unless ``revoke_later`` is set (then :meth:`FakeNetwork.finish_revoke` does it).
 
 Endpoints are named; the name of an endpoint is the ``peer`` string the other cores use for it
 (a consumer announces a request with ``peer=<producer name>``; the producer sees the consumer by
@@ -33,7 +35,9 @@ from kvtier.lifecycle.core import TierCore
 from kvtier.lifecycle.effects import (
     CancelTransfer,
     Effect,
+    LandBlocks,
     OpenConnection,
+    RevokeAccess,
     SendAbortAck,
     SendAbortFetch,
     SendBlocks,
@@ -42,6 +46,7 @@ from kvtier.lifecycle.effects import (
     SendHello,
     SendHelloAck,
     SendHelloReject,
+    SendReceipt,
     SendTransferDone,
 )
 from kvtier.lifecycle.producer import FetchInput
@@ -50,6 +55,9 @@ __all__ = ["Envelope", "FakeNetwork", "Transfer", "to_envelope"]
 
 _NETWORK_EFFECTS = (
     SendFetch,
+    SendReceipt,
+    LandBlocks,
+    RevokeAccess,
     SendTransferDone,
     SendAbortAck,
     SendAbortFetch,
@@ -70,7 +78,7 @@ class Envelope:
     src: str
     dst: str
     kind: str
-    """fetch | abort_fetch | block_data | transfer_done | abort_ack | hello | hello_ack |
+    """fetch | abort_fetch | receipt | block_data | transfer_done | abort_ack | hello | hello_ack |
     hello_reject | disconnect | ping"""
     gen: int
     """The sender's session generation for this peer (the wire header's ``gen``)."""
@@ -85,6 +93,10 @@ class Envelope:
     reason: str | None = None
     hello: Any = None
     """hello: the sender's :class:`~kvtier.lifecycle.HelloInput` (with ``gen``)."""
+    fetched: bool = True
+    """abort_fetch: whether the aborted round sent a fetch."""
+    instance: str = ""
+    """hello_ack: the sender's instance name (its core's local hello ``instance``, else its name)."""
 
     def __str__(self) -> str:
         bits = [f"{self.kind}"]
@@ -118,14 +130,13 @@ def to_envelope(src: str, core: TierCore | None, eff: Effect) -> Envelope | None
     e.g. a ``SendBlocks`` of zero blocks, or an effect that is not a message).  ``gen`` is the
     sender's current session generation for the peer, as the wire header carries it."""
     peer = getattr(eff, "peer", "")
-    gen = 0
-    if core is not None:
-        g = core.session_gen(peer)
-        gen = g if g is not None else 0
+    gen = getattr(eff, "gen", 0)  # the generation the core captured when it made the effect
     if isinstance(eff, SendFetch):
         return Envelope(src, peer, "fetch", gen, eff.kv_request_id, eff.round, keys=eff.keys)
     if isinstance(eff, SendAbortFetch):
-        return Envelope(src, peer, "abort_fetch", gen, eff.kv_request_id, eff.round)
+        return Envelope(src, peer, "abort_fetch", gen, eff.kv_request_id, eff.round, fetched=eff.fetched)
+    if isinstance(eff, SendReceipt):
+        return Envelope(src, peer, "receipt", gen, eff.kv_request_id, eff.round)
     if isinstance(eff, SendTransferDone):
         return Envelope(src, peer, "transfer_done", gen, eff.kv_request_id, eff.round, ok=eff.ok, reason=eff.reason)
     if isinstance(eff, SendAbortAck):
@@ -142,7 +153,8 @@ def to_envelope(src: str, core: TierCore | None, eff: Effect) -> Envelope | None
         hello = attrs.evolve(local, gen=eff.gen) if local is not None else None
         return Envelope(src, peer, "hello", eff.gen, hello=hello)
     if isinstance(eff, SendHelloAck):
-        return Envelope(src, peer, "hello_ack", eff.gen)
+        instance = (core.sessions.local.instance if core is not None else "") or src
+        return Envelope(src, peer, "hello_ack", eff.gen, instance=instance)
     if isinstance(eff, SendHelloReject):
         return Envelope(src, peer, "hello_reject", eff.gen, reason=eff.reason)
     if isinstance(eff, SendDisconnect):
@@ -161,6 +173,9 @@ class FakeNetwork:
     Attributes:
         queues: ``(src, dst) -> list[Envelope]``, oldest first.
         transfers: data-plane transfers in progress, oldest first.
+        corrupt: ``(kv_request_id, round)`` pairs whose blocks land with a digest mismatch.
+        revoke_later: when True, ``RevokeAccess`` waits in :attr:`revokes` for
+            :meth:`finish_revoke` (a one-sided plane); else it is confirmed at once (zmq).
         log: one line per delivered, dropped or duplicated message (for failure reports).
         undeliverable: messages addressed to a name with no attached core (counted, dropped).
     """
@@ -169,6 +184,10 @@ class FakeNetwork:
         self.cores: dict[str, TierCore] = {}
         self.queues: dict[tuple[str, str], list[Envelope]] = {}
         self.transfers: list[Transfer] = []
+        self.corrupt: set[tuple[str, int]] = set()
+        self.revoke_later = False
+        self.revokes: list[tuple[str, RevokeAccess]] = []
+        self._answers: list[Effect] = []  # effects of the shell's synchronous answers
         self.auto_transport_up = auto_transport_up
         self.log: list[str] = []
         self.undeliverable = 0
@@ -209,6 +228,25 @@ class FakeNetwork:
                 for t in self.transfers:
                     if (t.src, t.dst, t.kv_request_id, t.round) == (src, eff.peer, eff.kv_request_id, eff.round):
                         t.cancelled = True
+                continue
+            if isinstance(eff, LandBlocks):
+                local.append(eff)
+                if core is not None:
+                    ok = (eff.kv_request_id, eff.round) not in self.corrupt
+                    inp = MessageInput(eff.kv_request_id, eff.round, eff.first, eff.count, ok=ok,
+                                       reason=None if ok else "corrupt")
+                    answer = core.blocks_landed(eff.peer, inp, now)
+                    self._answers.extend(answer)
+                    local.extend(self.route(src, answer, now))
+                continue
+            if isinstance(eff, RevokeAccess):
+                local.append(eff)
+                if self.revoke_later:
+                    self.revokes.append((src, eff))
+                elif core is not None:
+                    answer = core.access_revoked(eff.peer, eff.kv_request_id, eff.round, now)
+                    self._answers.extend(answer)
+                    local.extend(self.route(src, answer, now))
                 continue
             self._enqueue(src, core, eff)
         return local
@@ -260,7 +298,8 @@ class FakeNetwork:
         """Deliver message ``i % len`` of ``src -> dst`` into ``dst``'s core at ``now``.
 
         Returns the message and the receiving core's effects (network effects already queued:
-        the list holds every effect, network ones included, for the test to inspect).
+        the list holds every effect, network ones included, for the test to inspect), followed by
+        the effects of the shell's synchronous answers (``blocks_landed``, ``access_revoked``).
         A message to a detached name is dropped and counted in ``undeliverable``.
         """
         q, j = self._pick(src, dst, i)
@@ -272,8 +311,10 @@ class FakeNetwork:
             return env, []
         effects = self.dispatch(core, env, now)
         self.log.append(f"deliver {env}")
+        self._answers = []
         self.route(dst, effects, now)
-        return env, effects
+        answered, self._answers = self._answers, []
+        return env, effects + answered
 
     @staticmethod
     def dispatch(core: TierCore, env: Envelope, now: float) -> list[Effect]:
@@ -282,7 +323,9 @@ class FakeNetwork:
         if kind == "fetch":
             return core.fetch(peer, gen, FetchInput(peer, env.kv_request_id, env.round, env.keys), now)
         if kind == "abort_fetch":
-            return core.abort_fetch(peer, gen, FetchInput(peer, env.kv_request_id, env.round), now)
+            return core.abort_fetch(peer, gen, FetchInput(peer, env.kv_request_id, env.round, fetched=env.fetched), now)
+        if kind == "receipt":
+            return core.receipt(peer, gen, FetchInput(peer, env.kv_request_id, env.round), now)
         if kind == "block_data":
             return core.block_data(peer, gen, MessageInput(env.kv_request_id, env.round, env.first, env.count), now)
         if kind == "transfer_done":
@@ -293,7 +336,7 @@ class FakeNetwork:
         if kind == "hello":
             return core.hello(peer, env.hello, now)
         if kind == "hello_ack":
-            return core.hello_ack(peer, gen, now)
+            return core.hello_ack(peer, gen, now, env.instance)
         if kind == "hello_reject":
             return core.hello_reject(peer, gen, now)
         if kind == "disconnect":
@@ -304,24 +347,32 @@ class FakeNetwork:
 
     # -- the data plane ------------------------------------------------------------------------
     def finish_transfer(self, i: int, now: float, *, ok: bool = True) -> tuple[Transfer, list[Effect]]:
-        """The transport is done with transfer ``i % len``: feed ``transfer_released`` if it was
-        cancelled, else ``transfer_complete`` (``ok``) or ``transfer_failed``; route the effects."""
+        """The data plane is done with transfer ``i % len`` and references none of its blocks:
+        feed ``transfer_released`` (``ok``, or after a cancel) or ``transfer_failed``; route the
+        effects."""
         if not self.transfers:
             raise IndexError("no transfer in progress")
         t = self.transfers.pop(i % len(self.transfers))
         core = self.cores.get(t.src)
         if core is None:
             return t, []
-        if t.cancelled:
+        if ok or t.cancelled:
             effects = core.transfer_released(t.kv_request_id, t.round, now)
-        elif ok:
-            effects = core.transfer_complete(t.kv_request_id, t.round, now)
         else:
             effects = core.transfer_failed(t.kv_request_id, t.round, now)
-        self.log.append(f"transfer {'released' if t.cancelled else 'complete' if ok else 'failed'} "
-                        f"{t.kv_request_id} r{t.round}")
+        self.log.append(f"transfer {'released' if ok or t.cancelled else 'failed'} {t.kv_request_id} r{t.round}")
         self.route(t.src, effects, now)
         return t, effects
+
+    def finish_revoke(self, i: int, now: float) -> list[Effect]:
+        """A one-sided plane confirms revocation ``i % len`` (see ``revoke_later``)."""
+        src, eff = self.revokes.pop(i % len(self.revokes))
+        core = self.cores.get(src)
+        if core is None:
+            return []
+        effects = core.access_revoked(eff.peer, eff.kv_request_id, eff.round, now)
+        self.route(src, effects, now)
+        return effects
 
     def connect(self, consumer: str, producer: str, now: float) -> list[Effect]:
         """Complete a handshake between two attached cores at once (dial, hello, hello_ack),

@@ -156,7 +156,7 @@ def write_after_abort() -> Iterator[None]:
         ConsumerMachine,
         {
             (ConsumerState.ABORTING, ConsumerEvent.BLOCK_DATA): _rule(
-                Branch(ConsumerGuard.BLOCKS_VALID, ConsumerState.ABORTING, (ConsumerEffect.WRITE_BLOCKS,), None),
+                Branch(ConsumerGuard.BLOCKS_VALID, ConsumerState.ABORTING, (ConsumerEffect.LAND_BLOCKS,), None),
                 Branch(None, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE,), None),
             )
         },
@@ -206,6 +206,57 @@ def abort_never_gives_up() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def cancel_deadline_returns_blocks() -> Iterator[None]:
+    """The first release's B26/B32 bug: when a cancelled transfer is not released in time, the
+    store jobs fail (the engine may reuse the blocks) while the data plane still references them;
+    the consumer then lands the reused bytes."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.CANCELLING, ProducerEvent.CANCEL_DEADLINE): _rule(
+                Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL), None)
+            ),
+            (ProducerState.CONFIRMED, ProducerEvent.CANCEL_DEADLINE): _rule(
+                Branch(None, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS,), None)
+            ),
+        },
+    ):
+        yield
+
+
+@contextmanager
+def success_without_receipt() -> Iterator[None]:
+    """The first release's "sent to libzmq is delivered": the store jobs succeed as soon as the data
+    plane released the blocks, although the consumer never confirmed receipt (it died after 8 of
+    200 blocks)."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.SERVING, ProducerEvent.TRANSFER_RELEASED): _rule(
+                Branch(None, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ProducerEffect.REPLY_DONE_OK), None)
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def abort_ignores_round() -> Iterator[None]:
+    """The first release's B14 bug: an abort for a round that fetched an earlier life of a reused id
+    still tombstones the id's new, unbound life."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.PARKED, ProducerEvent.ABORT_FETCH): _rule(
+                Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK),
+                       Reason.ABORTED)
+            )
+        },
+    ):
+        yield
+
+
 PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "bind_ignores_tombstone": bind_ignores_tombstone,
     "dup_ack_releases_twice": dup_ack_releases_twice,
@@ -214,5 +265,8 @@ PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "write_after_abort": write_after_abort,
     "store_reparks_tombstone": store_reparks_tombstone,
     "abort_never_gives_up": abort_never_gives_up,
+    "cancel_deadline_returns_blocks": cancel_deadline_returns_blocks,
+    "success_without_receipt": success_without_receipt,
+    "abort_ignores_round": abort_ignores_round,
 }
 """Planted bug name -> context manager factory (``with PLANTED[name](): ...``)."""

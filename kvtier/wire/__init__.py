@@ -34,6 +34,7 @@ from kvtier.wire.messages import (
     Message,
     Ping,
     Pong,
+    Receipt,
     TransferDone,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "TransferDone",
     "AbortFetch",
     "AbortAck",
+    "Receipt",
     "Ping",
     "Pong",
     "Disconnect",

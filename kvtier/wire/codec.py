@@ -2,7 +2,9 @@
 
 Framing: frame 0 is the msgpack header (one :data:`~kvtier.wire.messages.Message`). Frames 1..n
 are raw payloads. Only ``block_data`` has payloads: exactly ``count`` frames of exactly
-``block_bytes`` bytes each. Every other message has none.
+``block_bytes`` bytes each on the zmq data plane, or none at all on a one-sided plane (the blocks
+were written into the consumer's slots; the data plane that lands them checks which it expects).
+Every other message has none.
 
 :func:`decode` raises only :class:`WireError`, whatever the bytes, and checks in this order:
 1. frame shape (at least one frame, each one a contiguous buffer) → ``malformed``
@@ -183,7 +185,7 @@ def encode_frames(msg: Message, payloads: Iterable[Any] = ()) -> list[Any]:
     frames.extend(payloads)
     n = len(frames) - 1
     if isinstance(msg, BlockData):
-        if n != msg.count:
+        if n and n != msg.count:
             raise ValueError(f"block_data count={msg.count} but {n} payloads given")
     elif n:
         raise ValueError(f"{msg.TYPE} carries no payloads, got {n}")
@@ -319,7 +321,7 @@ class Decoder:
                 msg_type=msg.TYPE,
                 gen=msg.gen,
             )
-        if len(payloads) != msg.count:
+        if payloads and len(payloads) != msg.count:  # none: a one-sided plane wrote the blocks
             raise WireError(
                 BAD_PAYLOAD,
                 f"block_data count={msg.count} but {len(payloads)} payload frames",

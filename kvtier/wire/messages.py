@@ -43,6 +43,7 @@ __all__ = [
     "TransferDone",
     "AbortFetch",
     "AbortAck",
+    "Receipt",
     "Ping",
     "Pong",
     "Disconnect",
@@ -51,7 +52,7 @@ __all__ = [
     "MESSAGE_TYPES",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 """Bumped on any incompatible change to a message's fields or meaning."""
 
 MAX_U63: Final = 2**63
@@ -68,6 +69,9 @@ MAX_TEXT_CHARS: Final = 256
 
 MAX_LONG_TEXT_CHARS: Final = 4096
 """Longest free-form text field: ``layout``, ``hash_seed``, ``ours``/``theirs``, ``detail``."""
+
+MAX_DESCRIPTOR_BYTES: Final = 65536
+"""Longest data-plane descriptor in ``hello``/``hello_ack`` (NIXL agent metadata is ~0.5-4 KiB)."""
 
 KV_REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9._:/@+=\-]+")
 """Allowed ``kv_request_id`` characters (matched with ``fullmatch``; ASCII only)."""
@@ -133,6 +137,29 @@ def _keys(v: object) -> None:
             seen.add(k)
 
 
+def _u63_list(name: str, v: object) -> None:
+    if type(v) is not list:
+        raise TypeError(f"{name} must be list, got {type(v).__name__}")
+    for i, x in enumerate(v):
+        if type(x) is not int or not 0 <= x < MAX_U63:
+            raise ValueError(f"{name}[{i}] must be an int in [0, 2**63), got {x!r:.40}")
+
+
+def _u64_list(name: str, v: object) -> None:
+    if type(v) is not list:
+        raise TypeError(f"{name} must be list, got {type(v).__name__}")
+    for i, x in enumerate(v):
+        if type(x) is not int or not 0 <= x < 2**64:
+            raise ValueError(f"{name}[{i}] must be an int in [0, 2**64), got {x!r:.40}")
+
+
+def _blob(name: str, v: object, max_bytes: int) -> None:
+    if type(v) is not bytes:
+        raise TypeError(f"{name} must be bytes, got {type(v).__name__}")
+    if len(v) > max_bytes:
+        raise ValueError(f"{name} must be at most {max_bytes} bytes, got {len(v)}")
+
+
 # -- messages -------------------------------------------------------------------------------------
 
 
@@ -152,7 +179,9 @@ class _Msg(
 
 
 class Hello(_Msg, tag="hello"):
-    """consumer→producer: open a session. Versions and layouts must match exactly."""
+    """consumer→producer: open a session. Versions, layouts, data plane and digest algorithm must
+    match exactly. ``descriptor`` is the consumer's data-plane descriptor (empty for zmq; NIXL:
+    agent metadata and the pool's layout), so a one-sided producer can write into its slots."""
 
     TYPE: ClassVar[str] = "hello"
     gen: int
@@ -161,6 +190,9 @@ class Hello(_Msg, tag="hello"):
     block_bytes: int
     layout: str
     hash_seed: str
+    data_plane: str = "zmq"
+    digest: str = "xxh3_64"
+    descriptor: bytes = b""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
@@ -173,18 +205,23 @@ class Hello(_Msg, tag="hello"):
             raise ValueError("block_bytes must be >= 1")
         _text("layout", self.layout, MAX_LONG_TEXT_CHARS)
         _text("hash_seed", self.hash_seed, MAX_LONG_TEXT_CHARS)
+        _text("data_plane", self.data_plane, MAX_TEXT_CHARS, min_chars=1)
+        _text("digest", self.digest, MAX_TEXT_CHARS, min_chars=1)
+        _blob("descriptor", self.descriptor, MAX_DESCRIPTOR_BYTES)
 
 
 class HelloAck(_Msg, tag="hello_ack"):
-    """producer→consumer: session accepted."""
+    """producer→consumer: session accepted. ``descriptor``: the producer's data-plane descriptor."""
 
     TYPE: ClassVar[str] = "hello_ack"
     gen: int
     instance: str
+    descriptor: bytes = b""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
         _text("instance", self.instance, MAX_TEXT_CHARS, min_chars=1)
+        _blob("descriptor", self.descriptor, MAX_DESCRIPTOR_BYTES)
 
 
 class HelloReject(_Msg, tag="hello_reject"):
@@ -207,24 +244,31 @@ class HelloReject(_Msg, tag="hello_reject"):
 
 class Fetch(_Msg, tag="fetch"):
     """consumer→producer: send the blocks named by ``keys``, in order, for this round.
-    At most ``WireLimits.max_blocks_per_fetch`` keys, checked by the codec."""
+    At most ``WireLimits.max_blocks_per_fetch`` keys, checked by the codec. ``slots`` names the
+    consumer's destination slot of each key (one-sided planes write there; empty on zmq)."""
 
     TYPE: ClassVar[str] = "fetch"
     gen: int
     kv_request_id: str
     round: int
     keys: list[bytes]
+    slots: list[int] = []
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
         _keys(self.keys)
+        _u63_list("slots", self.slots)
+        if self.slots and len(self.slots) != len(self.keys):
+            raise ValueError(f"slots has {len(self.slots)} entries for {len(self.keys)} keys")
 
 
 class BlockData(_Msg, tag="block_data"):
-    """producer→consumer: blocks for key indexes ``first .. first+count-1`` of the fetch.
-    Followed by exactly ``count`` payload frames of ``block_bytes`` each (checked by the codec)."""
+    """producer→consumer: blocks for key indexes ``first .. first+count-1`` of the fetch, with the
+    digest of each block taken when it was parked (empty when the peers agreed on no digest).
+    On the zmq plane it is followed by exactly ``count`` payload frames of ``block_bytes`` each; on
+    a one-sided plane by none (the data plane already wrote the blocks into the fetch's slots)."""
 
     TYPE: ClassVar[str] = "block_data"
     gen: int
@@ -232,6 +276,7 @@ class BlockData(_Msg, tag="block_data"):
     round: int
     first: int
     count: int
+    digests: list[int] = []
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
@@ -241,6 +286,9 @@ class BlockData(_Msg, tag="block_data"):
         _u63("count", self.count)
         if self.count == 0:
             raise ValueError("count must be >= 1")
+        _u64_list("digests", self.digests)
+        if self.digests and len(self.digests) != self.count:
+            raise ValueError(f"digests has {len(self.digests)} entries for count={self.count}")
 
 
 class TransferDone(_Msg, tag="transfer_done"):
@@ -262,9 +310,29 @@ class TransferDone(_Msg, tag="transfer_done"):
 
 
 class AbortFetch(_Msg, tag="abort_fetch"):
-    """consumer→producer: stop sending this round."""
+    """consumer→producer: stop sending this round. ``fetched`` tells whether the round sent a
+    fetch: an abort of a fetched round concerns only the life that fetch bound, so a late abort can
+    never end a later life of a reused id; ``fetched=false`` (the consumer gave up before it
+    fetched) may release a parked id at once (B05)."""
 
     TYPE: ClassVar[str] = "abort_fetch"
+    gen: int
+    kv_request_id: str
+    round: int
+    fetched: bool = True
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _flag("fetched", self.fetched)
+
+
+class Receipt(_Msg, tag="receipt"):
+    """consumer→producer: every block of this round landed and matched its digest. Only then does
+    the producer report its store jobs succeeded (sent to libzmq is not delivered)."""
+
+    TYPE: ClassVar[str] = "receipt"
     gen: int
     kv_request_id: str
     round: int
@@ -351,6 +419,7 @@ Message = Union[
     TransferDone,
     AbortFetch,
     AbortAck,
+    Receipt,
     Ping,
     Pong,
     Disconnect,
@@ -369,6 +438,7 @@ MESSAGE_TYPES: Final[dict[str, type[_Msg]]] = {
         TransferDone,
         AbortFetch,
         AbortAck,
+        Receipt,
         Ping,
         Pong,
         Disconnect,

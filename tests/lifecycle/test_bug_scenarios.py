@@ -29,7 +29,9 @@ from kvtier.lifecycle.effects import (
     SendBlocks,
     SendFetch,
     SendTransferDone,
-    WriteBlocks,
+    LandBlocks,
+    PeerDown,
+    RevokeAccess,
 )
 from kvtier.lifecycle.producer import FetchInput, StoreInput
 from kvtier.lifecycle.session import HelloInput
@@ -90,8 +92,21 @@ class Pair:
     def fetch(self, kid: str, ks: tuple[bytes, ...], t: float, rnd: int = 0) -> list[Any]:
         return self.p.fetch(C, self.gen, FetchInput(C, kid, rnd, ks), t)
 
-    def abort(self, kid: str, t: float, rnd: int = 0) -> list[Any]:
-        return self.p.abort_fetch(C, self.gen, FetchInput(C, kid, rnd), t)
+    def abort(self, kid: str, t: float, rnd: int = 0, *, fetched: bool = False) -> list[Any]:
+        return self.p.abort_fetch(C, self.gen, FetchInput(C, kid, rnd, fetched=fetched), t)
+
+    def revoked(self, out: list[Any], t: float) -> list[Any]:
+        """The consumer's zmq plane confirms every ``RevokeAccess`` in ``out`` at once (it is
+        receiver-applied); returns ``out`` plus what the confirmations caused."""
+        more: list[Any] = []
+        for e in of(out, RevokeAccess):
+            more += self.c.access_revoked(e.peer, e.kv_request_id, e.round, t)
+        return out + more
+
+    def complete(self, kid: str, rnd: int, t: float) -> list[Any]:
+        """The data plane released the transfer and the consumer's receipt arrived."""
+        out = self.p.transfer_released(kid, rnd, t)
+        return out + self.p.receipt(C, self.gen, FetchInput(C, kid, rnd), t)
 
     # consumer side
     def load(self, kid: str, n: int, t: float) -> tuple[int, int, list[Any]]:
@@ -164,9 +179,9 @@ def test_b02_park_clock_for_a_chunked_prefill(park_clock: str) -> None:
         assert of(out, JobDone) == []
         (send,) = of(out, SendBlocks)
         assert len(send.blocks) == 12
-        out = s.p.transfer_complete("A", 0, 66.0)
+        out = s.complete("A", 0, 66.0)
         assert of(out, JobDone) == [JobDone(j, True, None) for j in jobs]  # 12 chunks released
-        assert [e.ok for e in of(out, SendTransferDone)] == [True]
+        assert of(out, SendTransferDone) == []  # the consumer's receipt ended it: nothing to answer
 
 
 def test_b02_variant_t_park_180_serves_the_fetch_at_65() -> None:
@@ -177,9 +192,9 @@ def test_b02_variant_t_park_180_serves_the_fetch_at_65() -> None:
     assert s.p.tick(60.0) == []
     out = s.fetch("A", keys("A", 12), 65.0)
     assert len(of(out, SendBlocks)[0].blocks) == 12
-    out = s.p.transfer_complete("A", 0, 65.5)
+    out = s.complete("A", 0, 65.5)
     assert of(out, JobDone) == [JobDone(j, True, None) for j in jobs]
-    assert of(out, SendTransferDone)[0].ok
+    assert of(out, SendTransferDone) == []
 
 
 def test_b03_store_after_reap_fails_at_once_and_pins_nothing() -> None:
@@ -212,7 +227,7 @@ def test_b05_consumer_cancels_before_fetching_and_the_producer_releases_at_once(
     assert s.c.consumer.state_of("A") is ConsumerState.ABSENT  # finished: nothing to wait for
     out = s.p.abort_fetch(C, s.gen, FetchInput(C, "A", abort.round), 1.0)
     assert of(out, JobDone) == [JobDone(job, False, "aborted")]
-    assert of(out, SendAbortAck) == [SendAbortAck(C, "A", abort.round)]
+    assert of(out, SendAbortAck) == [SendAbortAck(C, "A", abort.round, gen=s.gen)]
     assert s.p.producer.state_of("A") is ProducerState.TOMBSTONED
     job2, out = s.store("A", 4, 2.0, start=4)
     assert of(out, JobDone) == [JobDone(job2, False, "aborted")]
@@ -295,7 +310,9 @@ def test_b09_silent_producer_loads_end_by_the_consumers_own_deadlines() -> None:
     s.store("B", 4, 0.0)
     j1, _, _ = s.load("A", 4, 0.0)
     j2, _, _ = s.load("B", 4, 0.0)
-    out = s.c.tick(5.0)  # the loads fail with the session's own reason
+    out = s.c.tick(5.0)  # the session dies; the loads fail with its reason once no write can land
+    assert of(out, JobDone) == [] and len(of(out, RevokeAccess)) == 2
+    out = s.revoked(out, 5.0)
     assert sorted(of(out, JobDone), key=lambda j: j.job_id) == [JobDone(j1, False, "peer_timeout"),
                                                                  JobDone(j2, False, "peer_timeout")]
     s2 = Pair()
@@ -303,7 +320,7 @@ def test_b09_silent_producer_loads_end_by_the_consumers_own_deadlines() -> None:
     out = s2.c.tick(30.0)
     assert of(out, SendAbortFetch) and of(out, JobDone) == []
     assert s2.c.consumer.state_of("A") is ConsumerState.ABORTING
-    out = s2.c.tick(35.0)
+    out = s2.revoked(s2.c.tick(35.0), 35.0)  # unanswered: session given up, access revoked
     assert of(out, JobDone) == [JobDone(job, False, "load_timeout")]
 
 
@@ -361,7 +378,7 @@ def test_b13_a_second_owner_cannot_park_under_a_live_id() -> None:
     assert rec.blocks == before and rec.jobs == [j1] and rec.owner == "r1"
     out = s.fetch("A", keys("A", 4), 2.0)
     assert of(out, SendBlocks)[0].blocks == (0, 1, 2, 3)
-    out = s.p.transfer_complete("A", 0, 2.5)
+    out = s.complete("A", 0, 2.5)
     assert of(out, JobDone) == [JobDone(j1, True, None)]
     assert s.p.producer.state_of("A") is ProducerState.DONE and rec.blocks == {} and rec.jobs == []
     assert s.p.pending_jobs() == 0
@@ -382,7 +399,7 @@ def test_b15_unknown_id_demand_is_bounded_in_time_and_count() -> None:
     jy, _ = s.store("Y", 2, 0.1)
     out = s.fetch("Y", keys("Y", 2), 0.2)
     assert of(out, SendBlocks), "a legitimate fetch is not refused by the pending bound"
-    out = s.p.transfer_complete("Y", 0, 0.3)
+    out = s.complete("Y", 0, 0.3)
     assert of(out, JobDone) == [JobDone(jy, True, None)]
     assert of(s.p.tick(9.9), SendTransferDone) == []
     out = s.p.tick(10.0)
@@ -444,7 +461,9 @@ def test_b17_transfer_failure_is_told_to_the_consumer_at_once() -> None:
     s2.p.transfer_failed("A", rnd, 1.2)  # Done(fail) never arrives
     assert of(s2.c.tick(30.9), SendAbortFetch) == []
     assert of(s2.c.tick(31.0), SendAbortFetch)
-    assert of(s2.c.tick(36.0), JobDone) == [JobDone(cjob, False, "load_timeout")]
+    out = s2.c.tick(36.0)  # no answer to the abort: the session is given up, access revoked
+    assert of(out, JobDone) == [] and of(out, PeerDown) == [PeerDown(P, "abort_unacknowledged")]
+    assert of(s2.revoked(out, 36.0), JobDone) == [JobDone(cjob, False, "load_timeout")]
 
 
 def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
@@ -457,7 +476,7 @@ def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
     cjob, rnd, out = s.load("A", 8, 0.0)
     s.p.fetch(C, s.gen, FetchInput(C, "A", rnd, of(out, SendFetch)[0].keys), 0.0)
     out = s.c.block_data(P, s.gen, MessageInput("A", rnd, first=0, count=4), 0.5)
-    assert of(out, WriteBlocks) == [WriteBlocks("A", (100, 101, 102, 103))]
+    assert of(out, LandBlocks) == [LandBlocks(P, "A", rnd, 0, 4, (100, 101, 102, 103))]
     out = s.p.transfer_failed("A", rnd, 1.0)
     fail = done_fail(out, "A")
     out = s.c.transfer_done(P, s.gen, MessageInput("A", rnd, ok=False, reason=fail.reason), 1.0)
@@ -465,7 +484,7 @@ def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
     assert s.c.pending_jobs() == 0 and s.p.pending_jobs() == 0
     # a straggling block for that load is never written
     out = s.c.block_data(P, s.gen, MessageInput("A", rnd, first=4, count=4), 1.1)
-    assert of(out, WriteBlocks) == []
+    assert of(out, LandBlocks) == []
 
 
 def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
@@ -477,7 +496,8 @@ def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
     job, out = s.store("A", 0, 0.0)
     assert out == [JobDone(job, True, None)] and "A" not in s.p.producer.records
     out = s.fetch("A", (), 1.0)
-    assert of(out, SendTransferDone) == [SendTransferDone(C, "A", 0, True, None)] and of(out, SendBlocks) == []
+    assert of(out, SendTransferDone) == [SendTransferDone(C, "A", 0, True, None, gen=s.gen)]
+    assert of(out, SendBlocks) == []
     assert s.p.pending_jobs() == 0
     cjob = s.next_job()
     s.c.announce("E", P, 1.0)
@@ -494,7 +514,7 @@ def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
     j2, out = s.store("B", 0, 2.5)
     out = s.fetch("B", keys("B", 2), 3.0)
     assert of(out, SendBlocks)
-    out = s.p.transfer_complete("B", 0, 3.5)
+    out = s.complete("B", 0, 3.5)
     assert sorted(of(out, JobDone), key=lambda j: j.job_id) == [JobDone(j1, True, None), JobDone(j2, True, None)]
 
 
@@ -505,7 +525,7 @@ def test_b29_fetching_a_subset_releases_every_parked_block() -> None:
     job, _ = s.store("A", 10, 0.0)
     out = s.fetch("A", keys("A", 6), 1.0)
     assert len(of(out, SendBlocks)[0].blocks) == 6
-    out = s.p.transfer_complete("A", 0, 1.5)
+    out = s.complete("A", 0, 1.5)
     assert of(out, JobDone) == [JobDone(job, True, None)]
     assert s.p.producer.records["A"].blocks == {} and s.p.pending_jobs() == 0
 
@@ -525,15 +545,21 @@ def test_b31_lost_abort_the_producers_own_deadlines_end_it(producer_state: str) 
     assert s.p.producer.state_of("A").value == producer_state
     out = s.c.tick(30.0)
     assert of(out, SendAbortFetch)  # ... and it is lost
-    assert of(s.c.tick(35.0), JobDone) == [JobDone(cjob, False, "load_timeout")]
+    out = s.c.tick(35.0)  # unanswered: the consumer gives the session up and revokes access
+    assert of(out, JobDone) == [] and of(out, PeerDown) == [PeerDown(P, "abort_unacknowledged")]
+    assert of(s.revoked(out, 35.0), JobDone) == [JobDone(cjob, False, "load_timeout")]
     assert s.c.consumer.state_of("A") is ConsumerState.FAILED
     if producer_state == "awaiting":
         out = s.p.tick(10.0)
         assert done_fail(out, "A").reason == "supply_timeout"
     else:
-        out = s.p.tick(30.0)  # transfer_timeout_s
-        assert of(out, CancelTransfer) and done_fail(out, "A").reason == "transfer_timeout"
-        out = s.p.tick(60.0)  # the transport never reported the release: the cancel deadline
+        out = s.p.tick(30.0)  # transfer_timeout_s: cancel; the terminal answer waits for the release
+        assert of(out, CancelTransfer) and of(out, SendTransferDone) == [] and of(out, JobDone) == []
+        out = s.p.tick(60.0)  # the plane never released: quarantine, the session is ended to force it
+        assert of(out, JobDone) == [] and of(out, PeerDown) == [PeerDown(C, "transfer_stalled")]
+        assert s.p.producer.state_of("A") is ProducerState.QUARANTINED
+        assert s.p.pending_jobs() == 1  # the engine cannot reuse blocks a send may still read
+        out = s.p.transfer_released("A", rnd, 60.01)  # the dropped connection released them
         assert of(out, JobDone) == [JobDone(sjob, False, "transfer_timeout")]
     assert s.p.producer.state_of("A") is ProducerState.TOMBSTONED
     assert s.p.pending_jobs() == 0 and s.c.pending_jobs() == 0

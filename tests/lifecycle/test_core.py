@@ -195,7 +195,7 @@ def test_effects_are_returned_not_performed(no_io: None) -> None:
         with pytest.raises(attrs.exceptions.FrozenInstanceError):
             setattr(e, attrs.fields(type(e))[0].name, None)
     names = {type(e).__name__ for e in seen}
-    assert {"SendBlocks", "WriteBlocks", "JobDone", "SendFetch", "SendTransferDone"} <= names
+    assert {"SendBlocks", "LandBlocks", "SendReceipt", "JobDone", "SendFetch"} <= names
     assert p.pending_jobs() == 0 and c.pending_jobs() == 0
 
 

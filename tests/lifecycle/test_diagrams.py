@@ -48,8 +48,8 @@ def test_dot_conventions() -> None:
     assert 'parked -> tombstoned [label="reap_deadline / fail_jobs\\n(reaped)"];' in dot
     # ignore rules are listed in the note, not drawn as edges
     assert "ignored inputs (not drawn)" in dot
-    assert "parked: transfer_complete (stale)" in dot
-    assert "absent -> absent [label=\"request_finished" not in dot
+    assert "parked: receipt (stale)" in dot
+    assert "absent -> absent [label=\"transfer_released" not in dot
     consumer = diagrams.dot_source(SPEC.machines["consumer"])
     assert "exits: request_finished, shutdown" in consumer  # waiting state without timer
     assert "rejected inputs (InvalidTransition)" in consumer and "submit_load (not_announced)" in consumer

@@ -10,7 +10,7 @@ import pytest
 from kvtier.lifecycle import TierCore
 from kvtier.lifecycle.consumer import LoadInput
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
-from kvtier.lifecycle.effects import JobDone, WriteBlocks
+from kvtier.lifecycle.effects import JobDone, LandBlocks
 from kvtier.lifecycle.producer import StoreInput
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
@@ -55,10 +55,13 @@ def test_fake_network_carries_a_whole_transfer() -> None:
     _, effs = net.deliver("c", "p", 0, 0.0)  # fetch -> SendBlocks
     assert len(net.transfers) == 1 and [e.kind for e in net.pending("p", "c")] == ["block_data"]
     _, effs = net.deliver("p", "c", 0, 0.0)
-    assert WriteBlocks("A", (8, 9)) in effs and JobDone(2, True, None) in effs
-    _, effs = net.finish_transfer(0, 0.0)
+    assert LandBlocks("p", "A", 0, 0, 2, (8, 9)) in effs and JobDone(2, True, None) in effs
+    assert [e.kind for e in net.pending("c", "p")] == ["receipt"]
+    _, effs = net.finish_transfer(0, 0.0)  # released, but the store succeeds only on the receipt
+    assert not any(isinstance(e, JobDone) for e in effs)
+    _, effs = net.deliver("c", "p", 0, 0.0)
     assert JobDone(1, True, None) in effs
-    assert net.in_flight() == 1  # transfer_done(ok) still in flight
+    assert net.in_flight() == 0
 
 
 def test_fake_network_reorders_drops_and_duplicates() -> None:

@@ -15,9 +15,11 @@ import zmq
 
 from kvtier.api import DuplicateJob, RequestContext, UnknownRequest
 from kvtier.config import TierConfig
+from kvtier.integrity import digest
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
 from kvtier.testing.inproc import InprocNetwork, InprocTransport
+from kvtier.wire import PROTOCOL_VERSION
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import decode, encode_frames
 from mgr_helpers import (
@@ -82,7 +84,8 @@ GARBAGE = [
     ("block index out of range",
      [_hdr(type="block_data", gen=1, kv_request_id="kv-x", round=0, first=20, count=1), b"\x00" * BB], "oversize"),
     ("hello from the future",
-     [_hdr(type="hello", gen=1, version=2, instance="x", block_bytes=BB, layout="raw", hash_seed="")],
+     [_hdr(type="hello", gen=1, version=PROTOCOL_VERSION + 1, instance="x", block_bytes=BB, layout="raw",
+           hash_seed="")],
      "version_mismatch"),
 ]
 
@@ -129,7 +132,9 @@ def test_wire_garbage_to_router_is_counted_and_a_legit_consumer_is_served(make_m
     assert len(errors) <= len(GARBAGE) - 1
     # a hello from another protocol version is answered as a handshake mismatch
     rejects = [m for m in decoded if isinstance(m, wm.HelloReject)]
-    assert [(m.field, m.ours, m.theirs) for m in rejects] == [("version", "1", "2")]
+    assert [(m.field, m.ours, m.theirs) for m in rejects] == [
+        ("version", str(PROTOCOL_VERSION), str(PROTOCOL_VERSION + 1))
+    ]
     assert [e.kv_request_id for e in errors if e.reason == "bad_payload"][:1] == ["kv-x"]
     assert any(isinstance(m, wm.Disconnect) and m.reason == "peer_disconnected" for m in decoded)
 
@@ -201,8 +206,10 @@ def test_hostile_producer_cannot_write_out_of_range_or_stale_blocks(make_manager
     good = [block_pattern(9, i, BB) for i in range(2)]
     evil = b"\xee" * BB
 
-    def bd(first, count, *, gen=g, round=rnd):  # noqa: A002
-        return wm.BlockData(gen=gen, kv_request_id=kid, round=round, first=first, count=count)
+    def bd(first, count, payload, *, gen=g, round=rnd):  # noqa: A002
+        # honest digests: what is tested here is where blocks may land, not the digest check
+        return wm.BlockData(gen=gen, kv_request_id=kid, round=round, first=first, count=count,
+                            digests=[digest(payload)] * count)
 
     raw_frames = [
         [random.Random(1).randbytes(40)],  # malformed
@@ -213,13 +220,13 @@ def test_hostile_producer_cannot_write_out_of_range_or_stale_blocks(make_manager
     ]
     for frames in raw_frames:
         fake.send_multipart([rid, *frames])
-    send(bd(5, 1), [evil])  # index past the fetch's 2 keys: valid wire, refused by the core
-    send(bd(0, 1, gen=g + 1), [evil])  # another generation
-    send(bd(0, 1, round=rnd + 1000), [evil])  # another round
+    send(bd(5, 1, evil), [evil])  # index past the fetch's 2 keys: valid wire, refused by the core
+    send(bd(0, 1, evil, gen=g + 1), [evil])  # another generation
+    send(bd(0, 1, evil, round=rnd + 1000), [evil])  # another round
     send(wm.TransferDone(gen=g, kv_request_id=kid, round=rnd + 1000, ok=False, reason="aborted"))  # stale
-    send(bd(0, 1), [good[0]])
-    send(bd(0, 1), [evil])  # block 0 again: must not overwrite
-    send(bd(1, 1), [good[1]])
+    send(bd(0, 1, good[0]), [good[0]])
+    send(bd(0, 1, evil), [evil])  # block 0 again: must not overwrite
+    send(bd(1, 1, good[1]), [good[1]])
     send(wm.TransferDone(gen=g, kv_request_id=kid, round=rnd, ok=True, reason=""))
 
     assert pump_until(lambda: jobs.has(1), jobs=[jobs])

@@ -75,7 +75,7 @@ def _no_refs(m: KvTierManager, kv: str) -> None:
     assert all(kv not in ids for ids in prod.by_peer.values())
     assert all(k != kv for _, _, k in prod._deadlines._heap)
     assert all(j.kv_request_id != kv for j in m._jobs.values())
-    assert all(key[0] != kv for key in m._transfers)
+    assert all(key[0] != kv for key in m.plane._xfers)
 
 
 # -- B01 -----------------------------------------------------------------------------------------
@@ -604,12 +604,13 @@ def test_reused_kv_request_id_on_the_consumer_never_leaks_a_job(pairs, first_req
 # -- more scenarios: transfer timeout, B12, B13, B15, B20, B29 -----------------------------------
 
 
-def test_transfer_timeout_when_the_transport_never_releases_the_blocks(pairs):
-    """The transport keeps the blocks (zmq still reading them): at transfer_timeout_s the
-    producer cancels; the store job's result -- the moment the engine may reuse the blocks --
-    waits until the transport lets go.  The consumer already has every block (they were
-    delivered), so its load succeeded when the last one landed; the late transfer_done(fail) is
-    ignored."""
+def test_confirmed_transfer_waits_for_the_release_and_quarantines_past_its_deadline(pairs):
+    """The transport keeps the blocks (zmq still holds the frames) although the consumer has every
+    block: its load succeeded and its receipt arrived, so the producer is ``confirmed``.  The store
+    job's result -- the moment the engine may reuse the blocks -- still waits until the transport
+    lets go.  Past the cancel deadline the session is ended to force the release and the id is
+    quarantined, its job outstanding; when the transport finally releases, the job succeeds (the
+    consumer confirmed every block)."""
     v = pairs(
         {**SCEN, "transfer_timeout_s": 10.0},
         block_bytes=BB,
@@ -622,19 +623,20 @@ def test_transfer_timeout_when_the_transport_never_releases_the_blocks(pairs):
     v.advance_to(1.0)
     C.submit_load(job(10, keys_for("A", 2), [0, 1], ca))
     v.step()
-    assert P.core.producer.state_of("A").value == "serving"
-    assert _outcome(v.cjobs, 10) == (True, None)  # the last block landed
+    assert _outcome(v.cjobs, 10) == (True, None)  # the last block landed and matched
+    assert P.core.producer.state_of("A").value == "confirmed"  # receipt in, frames still held
     v.advance_to(10.75)
     assert not v.pjobs.has(1)
     v.advance_to(11.0)
-    assert P.core.producer.state_of("A").value == "cancelling"
-    assert v.cjobs.total() == 1
-    assert not v.pjobs.has(1)  # the blocks are still referenced by the transport
+    assert P.core.producer.state_of("A").value == "quarantined"
+    assert not v.pjobs.has(1)  # never reported while the transport references the blocks
+    assert P.quarantined() == (1, 2)
+    assert metric(P, "kvtier_peer_down_total", reason="transfer_stalled") == 1
     v.advance_to(15.0)
     P.transport.complete()
     v.step()
-    assert _outcome(v.pjobs, 1) == (False, "transfer_timeout")
-    assert P.core.producer.state_of("A").value == "tombstoned"
+    assert _outcome(v.pjobs, 1) == (True, None)
+    assert P.core.producer.state_of("A").value == "done"
     v.advance_to(60.0)
     assert v.cjobs.total() == 1 and v.pjobs.total() == 1
 

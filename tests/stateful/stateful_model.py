@@ -9,6 +9,14 @@ yet" is explorable), and a consumer crashing (its process and jobs are gone) and
 
 Invariants are the spec's ``[properties]``; liveness is checked in ``teardown``: once the network
 is drained and time runs on, every job has its result and no record waits in a live state.
+
+The fake data plane is the worst case the seam allows: a posted transfer keeps its references
+until the ``finish_transfer`` rule (any number of steps after a cancel), a consumer's revocation
+of a one-sided producer completes only on the ``finish_revoke`` rule, and a ``corrupt`` rule makes
+a round's blocks land with a digest mismatch.  Ids are reused: once an id's tombstone is pruned,
+its next life may be stored and loaded again while messages of the earlier life are still in
+flight (``lives_never_mix``).  ``input_before_deadline`` is a property of the shell's poll order,
+not of the core: ``kvtier check`` models it, and tests/manager checks the manager against it.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvtier.lifecycle import InvalidTransition, TierCore
 from kvtier.lifecycle.consumer import LoadInput
 from kvtier.lifecycle.core import CoreSettings
-from kvtier.lifecycle.effects import JobDone, SendBlocks, SendTransferDone, WriteBlocks
+from kvtier.lifecycle.effects import JobDone, LandBlocks, SendBlocks, SendTransferDone
 from kvtier.lifecycle.producer import StoreInput
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
@@ -49,10 +57,10 @@ DURATIONS = {
     "peer_timeout_s": 1000.0,  # the shell's pings keep sessions alive; crashes are explicit rules
 }
 TOMBSTONE_MAX = 2
-P_LIVE = {"parked", "awaiting", "serving", "cancelling"}
+P_LIVE = {"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
 P_RETAINED = {"done", "tombstoned"}
-P_LATE = {"done", "tombstoned", "cancelling"}
-C_LIVE = {"queued", "in_flight", "aborting", "cancelling"}
+P_LATE = {"done", "tombstoned", "cancelling", "quarantined"}
+C_LIVE = {"queued", "in_flight", "aborting", "cancelling", "revoking"}
 
 
 def make_machine(
@@ -81,6 +89,7 @@ def make_machine(
             super().__init__()
             self.clock = VirtualClock()
             self.net = FakeNetwork()
+            self.net.revoke_later = True  # a one-sided plane: revocation takes its time
             self.cs = CoreSettings(durations=DURATIONS, tombstone_max=TOMBSTONE_MAX, max_pending_fetches_per_peer=2)
             self.p = TierCore(self.cs, LOCAL)
             self.net.attach("p", self.p)
@@ -96,6 +105,11 @@ def make_machine(
             self.loaded: set[tuple[str, str]] = set()
             self.retired = {k: False for k in IDS}
             self.shut: set[str] = set()
+            self.broken = False
+            self.store_of: dict[int, str] = {}  # store job -> id
+            self.fetched_ids: set[str] = set()  # ids whose current life a non-empty fetch bound
+            self.receipts: set[str] = set()  # ids whose current life received its consumer's receipt
+            self.revoked: set[tuple[str, str, int]] = set()  # (consumer, id, round) whose access was revoked
 
         def _start_consumer(self, c: str) -> None:
             self.generation += 1
@@ -115,31 +129,51 @@ def make_machine(
                 out[k] = (rec.state.value, rec.round) if rec is not None else ("absent", -1)
             return out
 
-        def _step(self, who: str, effects_of: Any, *, fetch: Any = None) -> list[Any]:
+        def _step(self, who: str, effects_of: Any, *, fetch: Any = None, msg: Any = None) -> list[Any]:
+            try:
+                return self._checked_step(who, effects_of, fetch=fetch, msg=msg)
+            except AssertionError:
+                self.broken = True  # Hypothesis still runs teardown: do not bury this failure under another
+                raise
+
+        def _checked_step(self, who: str, effects_of: Any, *, fetch: Any = None, msg: Any = None) -> list[Any]:
             pre_p = self._pstates()
             pre_c = self._cstates(who) if who != "p" else {}
+            pre_bind = {k: (r.peer, r.round) for k, r in self.p.producer.records.items()}
             pre_gate = None
             if fetch is not None:
                 rec = self.p.sessions.records.get(fetch.src)
                 pre_gate = rec is not None and rec.state.value == "ready" and rec.gen == fetch.gen
             effects = effects_of()
             post_p = self._pstates()
+            if msg is not None and msg.kind in ("receipt", "abort_fetch") and (msg.kind == "receipt" or msg.fetched):
+                k = msg.kv_request_id
+                if pre_p[k] != post_p[k]:
+                    assert pre_bind.get(k) == (msg.src, msg.round), (
+                        f"lives_never_mix: {msg.kind} of {msg.src} round {msg.round} moved {k} {pre_p[k]} -> "
+                        f"{post_p[k]}, but that life was bound to {pre_bind.get(k)}"
+                    )
+                if msg.kind == "receipt" and pre_bind.get(k) == (msg.src, msg.round):
+                    self.receipts.add(k)
             for eff in effects:
                 if isinstance(eff, JobDone):
                     owner = self.outstanding.pop(eff.job_id, None)
                     assert owner == who, f"exactly_once_job_result: {who} reported job {eff.job_id} (ok={eff.ok}, " \
                                          f"{eff.reason}) that {'had its result already' if owner is None else 'is ' + owner + 's'}"
+                    self._check_job_result(who, eff)
                 elif isinstance(eff, SendBlocks):
                     k = eff.kv_request_id
                     assert pre_p[k] in ("parked", "awaiting") and post_p[k] == "serving", (
                         f"no_bytes_for_tombstoned: blocks of {k} sent on a {pre_p[k]} -> {post_p[k]} step"
                     )
-                elif isinstance(eff, WriteBlocks):
+                elif isinstance(eff, LandBlocks):
                     state, rnd = pre_c.get(eff.kv_request_id, ("absent", -1))
-                    assert state == "in_flight", f"no_write_after_terminal: {who} wrote {eff.kv_request_id} while {state}"
+                    assert state == "in_flight", f"no_write_after_terminal: {who} landed {eff.kv_request_id} while {state}"
             if fetch is not None and pre_gate:
                 k = fetch.kv_request_id
-                if pre_p[k] in P_LATE or self.retired[k]:
+                own = pre_bind.get(k) == (fetch.src, fetch.round)  # a duplicate of the bound fetch:
+                # its terminal answer waits for the data plane's release (no write may land after it)
+                if (pre_p[k] in P_LATE or self.retired[k]) and not (own and pre_p[k] in ("cancelling", "quarantined")):
                     assert any(
                         isinstance(e, SendTransferDone) and not e.ok and (e.kv_request_id, e.round) == (k, fetch.round)
                         for e in effects
@@ -153,10 +187,44 @@ def make_machine(
                 if after in P_RETAINED:
                     self.retired[k] = True
                 elif before in P_RETAINED and after == "absent":
-                    self.retired[k] = False
+                    self._new_life(k)
                 elif before in P_LIVE and after == "absent" and "p" not in self.shut:
                     self.retired[k] = True
             return effects
+
+        def _check_job_result(self, who: str, eff: JobDone) -> None:
+            if who == "p":
+                k = self.store_of[eff.job_id]
+                assert not any(t.src == "p" and t.kv_request_id == k for t in self.net.transfers), (
+                    f"no_block_returned_while_referenced: store job {eff.job_id} of {k} reported "
+                    f"(ok={eff.ok}, {eff.reason}) while the data plane still references its blocks"
+                )
+                assert not eff.ok or k in self.receipts or k not in self.fetched_ids, (
+                    f"no_success_without_receipt: store job {eff.job_id} of {k} succeeded without the consumer's receipt"
+                )
+                return
+            rec = next((r for r in self.cores[who].consumer.records.values() if r.job_id == eff.job_id), None)
+            if rec is None:
+                return
+            key = (who, rec.key, rec.round)
+            if eff.ok:
+                assert (rec.key, rec.round) not in self.net.corrupt, (
+                    f"no_success_without_receipt: {who} reported load {rec.key} round {rec.round} ok with a corrupt block"
+                )
+            elif key not in self.revoked:
+                assert not any(
+                    (t.src, t.dst, t.kv_request_id, t.round) == ("p", who, rec.key, rec.round) for t in self.net.transfers
+                ), (f"no_write_after_terminal: {who} reported load {rec.key} round {rec.round} failed while the "
+                    "producer may still write into its slots")
+
+        def _new_life(self, k: str) -> None:
+            """The tombstone of ``k`` was pruned: the id may be reused (a brand-new life)."""
+            self.retired[k] = False
+            self.stores[k] = 0
+            self.p_finished[k] = False
+            self.receipts.discard(k)
+            self.fetched_ids.discard(k)
+            self.loaded = {(c, kk) for c, kk in self.loaded if kk != k}
 
         def _call(self, who: str, fn: Any) -> list[Any]:
             now = self.clock.now()
@@ -178,6 +246,7 @@ def make_machine(
             job = self.next_job
             self.next_job += 1
             self.outstanding[job] = "p"
+            self.store_of[job] = k
             note(f"store {k} chunk {chunk} (job {job})")
             self._call("p", lambda now: self.p.store(StoreInput(k, f"req-{k}", job, (f"{k}{chunk}".encode(),), (job,)), now))
 
@@ -228,9 +297,19 @@ def make_machine(
             if who in self.shut:
                 return
             self.shut.add(who)
+            # shutdown() with a zero grace: begin, close, then the transport and the data plane are
+            # closed, which releases every transfer and revokes every producer's access
             self._call(who, lambda now: self.cores[who].shutdown(now))
+            self._call(who, lambda now: self.cores[who].close(now))
+            while any(t.src == who for t in self.net.transfers):
+                i = next(i for i, t in enumerate(self.net.transfers) if t.src == who)
+                self._step(who, lambda i=i: self.net.finish_transfer(i, self.clock.now(), ok=False)[1])
+            while any(src == who for src, _ in self.net.revokes):
+                i = next(i for i, (src, _) in enumerate(self.net.revokes) if src == who)
+                _, eff = self.net.revokes[i]
+                self.revoked.add((who, eff.kv_request_id, eff.round))
+                self._step(who, lambda i=i: self.net.finish_revoke(i, self.clock.now()))
             self.net.cores.pop(who, None)
-            self.net.transfers = [t for t in self.net.transfers if t.src != who]
 
         # -- time: moving it and handling deadlines are separate rules ----------------------------
         @rule(dt=st.sampled_from(steps))
@@ -254,10 +333,18 @@ def make_machine(
             if dst not in self.net.cores:
                 self.net.deliver(src, dst, i, self.clock.now())
                 return
+            self._deliver_step(src, dst, i, env)
+
+        def _deliver_step(self, src: str, dst: str, i: int, env: Any) -> None:
+            if dst == "p" and env.kind == "fetch" and env.keys:
+                rec = self.p.producer.records.get(env.kv_request_id)
+                if rec is None or rec.state.value in ("absent", "parked"):
+                    self.fetched_ids.add(env.kv_request_id)
             self._step(
                 dst,
                 lambda: self.net.deliver(src, dst, i, self.clock.now())[1],
                 fetch=env if (dst == "p" and env.kind == "fetch") else None,
+                msg=env if dst == "p" else None,
             )
 
         @rule(d=st.integers(0, 5), i=st.integers(0, 3), dup=st.booleans())
@@ -277,6 +364,25 @@ def make_machine(
                 return
             t = self.net.transfers[i % len(self.net.transfers)]
             self._step(t.src, lambda: self.net.finish_transfer(i, self.clock.now(), ok=ok)[1])
+
+        @rule(i=st.integers(0, 2))
+        def finish_revoke(self, i: int) -> None:
+            """A consumer's one-sided plane confirms the producer can no longer write."""
+            if not self.net.revokes:
+                return
+            src, eff = self.net.revokes[i % len(self.net.revokes)]
+            if src not in self.net.cores:
+                self.net.revokes.remove((src, eff))
+                return
+            self.revoked.add((src, eff.kv_request_id, eff.round))
+            self._step(src, lambda: self.net.finish_revoke(i, self.clock.now()))
+
+        @rule(k=st.sampled_from(IDS), c=st.sampled_from(CONSUMERS))
+        def corrupt(self, k: str, c: str) -> None:
+            """The blocks of ``c``'s live round of ``k`` land with a digest mismatch."""
+            rec = self.cores[c].consumer.records.get(k)
+            if rec is not None and rec.round >= 0:
+                self.net.corrupt.add((k, rec.round))
 
         # -- peers crash and restart ---------------------------------------------------------------
         @rule(c=st.sampled_from(CONSUMERS), crash=st.booleans())
@@ -332,25 +438,27 @@ def make_machine(
         def teardown(self) -> None:
             """Let the system settle without new work or faults: every job gets its result and no
             record stays in a live state."""
+            if self.broken:
+                return
             for _ in range(60):
-                if not (self.net.directions() or self.net.transfers or self.outstanding or self._live_records()):
+                if not (self.net.directions() or self.net.transfers or self.net.revokes or self.outstanding
+                        or self._live_records()):
                     break
                 busy = False
                 for src, dst in self.net.directions():
                     busy = True
                     if dst in self.net.cores:
                         env = self.net.queues[(src, dst)][0]
-                        self._step(
-                            dst,
-                            lambda s=src, d=dst: self.net.deliver(s, d, 0, self.clock.now())[1],
-                            fetch=env if (dst == "p" and env.kind == "fetch") else None,
-                        )
+                        self._deliver_step(src, dst, 0, env)
                     else:
                         self.net.deliver(src, dst, 0, self.clock.now())
                 if self.net.transfers:
                     busy = True
                     t = self.net.transfers[0]
                     self._step(t.src, lambda: self.net.finish_transfer(0, self.clock.now())[1])
+                if self.net.revokes:
+                    busy = True
+                    self.finish_revoke(0)
                 if not busy:
                     nxt = [d for d in (core.next_deadline() for core in self.cores.values()) if d is not None]
                     if not nxt:
@@ -372,7 +480,7 @@ def make_machine(
             return stuck
 
     if not full:
-        for name in ("stop", "peer_failure"):
+        for name in ("stop", "peer_failure", "corrupt"):
             delattr(Machine, name)
     if opening:
 

@@ -31,6 +31,7 @@ from kvtier.wire import (
     Ping,
     Pong,
     Reason,
+    Receipt,
     TransferDone,
     WireError,
     WireLimits,
@@ -51,6 +52,10 @@ SAMPLES = [
     HelloReject(gen=G, reason="layout_mismatch", field="block_bytes", ours="16", theirs="32"),
     Fetch(gen=G, kv_request_id="req-1:a/b@c+d=e_f.g", round=3, keys=[b"\x00" * 32, b"k2", b"\xff"]),
     BlockData(gen=G, kv_request_id="req-1", round=3, first=1, count=2),
+    BlockData(gen=G, kv_request_id="req-1", round=3, first=2, count=2, digests=[0, 2**64 - 1]),
+    Fetch(gen=G, kv_request_id="req-2", round=5, keys=[b"a", b"b"], slots=[7, 3]),
+    Receipt(gen=G, kv_request_id="req-1", round=3),
+    AbortFetch(gen=G, kv_request_id="req-1", round=4, fetched=False),
     TransferDone(gen=G, kv_request_id="req-1", round=3, ok=True, reason=""),
     TransferDone(gen=G, kv_request_id="req-1", round=4, ok=False, reason="reaped"),
     AbortFetch(gen=G, kv_request_id="req-1", round=3),
@@ -159,8 +164,15 @@ def test_encode_refuses_foreign_objects_and_bad_payload_counts() -> None:
         lambda: Fetch(gen=1, kv_request_id="r", round=0, keys=["a"]),
         lambda: TransferDone(gen=1, kv_request_id="r", round=0, ok=1, reason=""),
         lambda: BlockData(gen=1, kv_request_id="r", round=0, first=0, count=0),
-        lambda: Hello(gen=1, version=2, instance="x", block_bytes=1, layout="", hash_seed=""),
-        lambda: Hello(gen=1, version=1, instance="x", block_bytes=0, layout="", hash_seed=""),
+        lambda: Hello(gen=1, version=PROTOCOL_VERSION + 1, instance="x", block_bytes=1, layout="", hash_seed=""),
+        lambda: Hello(gen=1, version=PROTOCOL_VERSION, instance="x", block_bytes=0, layout="", hash_seed=""),
+        lambda: Hello(gen=1, version=PROTOCOL_VERSION, instance="x", block_bytes=1, layout="", hash_seed="",
+                      descriptor=b"x" * 65537),
+        lambda: BlockData(gen=1, kv_request_id="r", round=0, first=0, count=2, digests=[1]),
+        lambda: BlockData(gen=1, kv_request_id="r", round=0, first=0, count=1, digests=[2**64]),
+        lambda: Fetch(gen=1, kv_request_id="r", round=0, keys=[b"a", b"b"], slots=[1]),
+        lambda: Fetch(gen=1, kv_request_id="r", round=0, keys=[b"a"], slots=[-1]),
+        lambda: AbortFetch(gen=1, kv_request_id="r", round=0, fetched=1),
         lambda: Error(gen=1, reason="", detail="", kv_request_id=""),
     ],
 )
@@ -220,9 +232,11 @@ def test_oversize_header_rejected_before_decoding() -> None:
 
 def test_wrong_payload_count() -> None:
     hdr = encode(BlockData(gen=1, kv_request_id="r", round=0, first=0, count=2))
-    for payloads in ([], [bytes(BB)], [bytes(BB)] * 3):
+    for payloads in ([bytes(BB)], [bytes(BB)] * 3):
         e = wire_error([hdr, *payloads], block_bytes=BB)
         assert e.reason == BAD_PAYLOAD and e.kv_request_id == "r" and e.gen == 1
+    # none at all: a one-sided plane wrote the blocks; the data plane that lands them decides
+    assert decode([hdr], block_bytes=BB)[1] == []
 
 
 def test_wrong_payload_size() -> None:
@@ -329,15 +343,15 @@ def test_malformed_frame_lists(frames) -> None:
 
 
 def test_version_mismatch() -> None:
-    hello = dict(type="hello", gen=1, version=2, instance="x", block_bytes=16, layout="",
+    hello = dict(type="hello", gen=1, version=PROTOCOL_VERSION + 1, instance="x", block_bytes=16, layout="",
                  hash_seed="")
     e = wire_error([raw(**hello)])
-    assert e.reason == VERSION_MISMATCH and e.theirs == "2" and e.field == "version"
+    assert e.reason == VERSION_MISMATCH and e.theirs == str(PROTOCOL_VERSION + 1) and e.field == "version"
     assert e.gen == 1  # so the producer can answer with hello_reject under the peer's gen
     # A future hello with fields we do not know still reports the version, not the field.
     e = wire_error([raw(**hello, features=["x"])])
     assert e.reason == VERSION_MISMATCH
-    for v in (0, True, "1", None):
+    for v in (0, 1, True, "1", None):
         assert wire_error([raw(**{**hello, "version": v})]).reason == VERSION_MISMATCH
     hello["version"] = PROTOCOL_VERSION
     assert decode([raw(**hello)])[0].version == PROTOCOL_VERSION

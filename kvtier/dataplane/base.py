@@ -1,0 +1,130 @@
+"""The data-plane seam: what the manager asks of a plane, and what a plane reports.
+
+Contract (the safety argument in docs/lifecycle.md rests on it):
+
+* **References.** From :meth:`DataPlane.post` until the plane reports :class:`Released` for that
+  transfer, the plane may read the producer's blocks.  It reports ``Released`` exactly once per
+  posted transfer, and only when it holds no reference to any of its blocks — whether it moved
+  them all (``failed=False``) or gave up (``failed=True``).  Nothing else returns blocks to the
+  engine (architecture decision 11).
+* **Cancel** stops posting; what is already posted runs to completion (no engine can be trusted to
+  cancel a posted transfer).  A transfer whose references outlive the producer's patience is
+  forced out by ending the session: the transport drops the connection and the plane's references
+  with it.
+* **Landing** (consumer): on a receiver-applied plane (``one_sided=False``) block bytes reach a
+  slot only through :meth:`DataPlane.land`, which the core allows only while the load is in
+  flight.  On a one-sided plane the producer writes into the slots itself, so the consumer must
+  not hand a slot back until the producer's terminal answer — or until :meth:`DataPlane.revoke`
+  confirmed that the producer can no longer write (:class:`Revoked`).
+* A plane never decides: it never fails a job, never ends a session, never answers a peer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from kvtier.errors import KvTierError
+
+__all__ = ["Batch", "DataPlane", "PlaneError", "Released", "Revoked"]
+
+
+class PlaneError(KvTierError):
+    """A data plane cannot start, or a peer's descriptor or payload does not fit it."""
+
+
+@attrs.frozen(slots=True)
+class Batch:
+    """One ``block_data`` message worth of a transfer.
+
+    ``blocks``: producer pool blocks (fetch key order); ``slots``: the consumer's destination slots
+    for them (used by one-sided planes; empty on zmq); ``header``: the encoded ``block_data``
+    header the plane sends when the blocks are on their way (zmq: with the payload frames;
+    one-sided: after the WRITE completed).
+    """
+
+    first: int
+    blocks: tuple[int, ...]
+    slots: tuple[int, ...]
+    header: bytes
+
+
+@attrs.frozen(slots=True)
+class Released:
+    """The plane holds no reference to the blocks of transfer ``(kv_request_id, round)`` any more.
+
+    ``failed``: it could not move every block (send failed, connection dropped before the bytes
+    left, WRITE error).  ``nbytes``: block bytes it moved."""
+
+    kv_request_id: str
+    round: int
+    failed: bool
+    nbytes: int = 0
+    detail: str = ""
+
+
+@attrs.frozen(slots=True)
+class Revoked:
+    """The producer ``peer`` can no longer write into this manager's slots (one-sided planes)."""
+
+    peer: str
+
+
+@runtime_checkable
+class DataPlane(Protocol):
+    """How block bytes travel. Not thread-safe: the manager calls it under its lock."""
+
+    name: str
+    """``"zmq"`` or ``"nixl"``: compared in the handshake."""
+    one_sided: bool
+    """True when the producer writes into the consumer's slots (the fetch must name them)."""
+
+    def descriptor(self) -> bytes:
+        """What a peer needs to reach our memory (``b""`` for zmq), sent in hello/hello_ack."""
+        ...
+
+    def add_peer(self, peer: str, descriptor: bytes) -> None:
+        """Prepare to move blocks to/from ``peer``. Raises PlaneError for a bad descriptor."""
+        ...
+
+    def remove_peer(self, peer: str) -> None:
+        """Forget ``peer`` (its session ended). Idempotent."""
+        ...
+
+    def post(self, peer: str, kv_request_id: str, round: int, batches: Sequence[Batch]) -> None:
+        """Start moving a transfer's batches to ``peer``; never blocks, never raises for peer
+        conditions (a failure is reported as ``Released(failed=True)``)."""
+        ...
+
+    def cancel(self, kv_request_id: str, round: int) -> None:
+        """Post nothing more for this transfer; ``Released`` follows once nothing is referenced.
+        Unknown transfers are ignored."""
+        ...
+
+    def poll(self) -> list[Released | Revoked]:
+        """What happened since the last call."""
+        ...
+
+    def land(self, slots: Sequence[int], payloads: Sequence[Any]) -> None:
+        """Put the blocks of one ``block_data`` into ``slots``.
+
+        Raises:
+            PlaneError: the payload frames do not fit this plane (wrong count)."""
+        ...
+
+    def revoke(self, peer: str) -> bool:
+        """Make sure ``peer`` can no longer write into our slots. True when that already holds on
+        return; otherwise :class:`Revoked` is reported by :meth:`poll` later."""
+        ...
+
+    def referenced(self) -> int:
+        """Posted transfers whose blocks the plane still references."""
+        ...
+
+    def close(self) -> list[Released | Revoked]:
+        """Release everything (the transport is closed first, so nothing can be in flight) and
+        report a ``Released`` for every transfer not reported yet and a ``Revoked`` for every peer
+        whose revocation was still pending."""
+        ...

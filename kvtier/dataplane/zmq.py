@@ -1,0 +1,148 @@
+"""The zmq data plane: block payloads travel as frames of ``block_data`` on the control connection.
+
+Producer side: each batch is one multipart message ``[header, block, block, …]`` sent zero-copy
+from the pool with a zmq tracker (architecture T3/T4).  A transfer keeps at most
+:data:`WINDOW_BYTES` of its blocks inside the transport at a time and posts the next batch as
+earlier ones are released, so a cancelled transfer holds at most one window of references, and
+one large transfer cannot fill the connection's queue ahead of the control messages behind it.
+``Released`` is reported once every posted tracker is done (libzmq no longer references the
+frames: they reached the kernel, or the connection carrying them was dropped).
+
+Consumer side: receiver-applied.  :meth:`ZmqPlane.land` copies the payload frames into the slots,
+and the core calls it only while the load is in flight, so nothing can land in a slot after the
+load ended: revocation is immediate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+import attrs
+
+from kvtier.dataplane.base import Batch, PlaneError, Released, Revoked
+from kvtier.transport import SendHandle, Transport
+
+__all__ = ["WINDOW_BYTES", "ZmqPlane"]
+
+WINDOW_BYTES: Final = 32 << 20
+"""Block bytes one transfer may have inside the transport at once (4 batches of 8 MiB)."""
+
+
+@attrs.define(slots=True)
+class _Xfer:
+    peer: str
+    batches: Sequence[Batch]
+    next: int = 0
+    handles: list[tuple[SendHandle, int]] = attrs.Factory(list)
+    cancelled: bool = False
+    failed: bool = False
+    moved: int = 0
+    detail: str = ""
+
+
+class ZmqPlane:
+    """Inline payload frames over a :class:`~kvtier.transport.Transport`.
+
+    Args:
+        transport: the control transport (its per-peer FIFO keeps ``block_data`` ordered before a
+            later ``transfer_done``).
+        pool: the block pool (``buffer(i)`` gives a block's bytes, ``block_bytes`` its size).
+    """
+
+    name = "zmq"
+    one_sided = False
+
+    def __init__(self, *, transport: Transport, pool: Any, **_: Any) -> None:
+        self._transport = transport
+        self._pool = pool
+        self._block_bytes = pool.block_bytes
+        self._xfers: dict[tuple[str, int], _Xfer] = {}
+
+    # -- handshake -----------------------------------------------------------------------------
+    def descriptor(self) -> bytes:
+        return b""
+
+    def add_peer(self, peer: str, descriptor: bytes) -> None:
+        if descriptor:
+            raise PlaneError(f"the zmq data plane takes no descriptor; {peer} sent {len(descriptor)} bytes")
+
+    def remove_peer(self, peer: str) -> None:
+        """Nothing to forget: the transport owns the connection."""
+
+    # -- producer ------------------------------------------------------------------------------
+    def post(self, peer: str, kv_request_id: str, round: int, batches: Sequence[Batch]) -> None:
+        x = _Xfer(peer, batches)
+        self._xfers[(kv_request_id, round)] = x
+        self._pump(x)
+
+    def _pump(self, x: _Xfer) -> None:
+        pool, bb = self._pool, self._block_bytes
+        inside = sum(n for _, n in x.handles)
+        while x.next < len(x.batches) and not (x.cancelled or x.failed):
+            b = x.batches[x.next]
+            n = len(b.blocks) * bb
+            if x.handles and inside + n > WINDOW_BYTES:
+                return
+            frames = [b.header, *(pool.buffer(i) for i in b.blocks)]
+            h = self._transport.send(x.peer, frames, track=True)
+            x.next += 1
+            if h.failed:
+                x.failed, x.detail = True, h.error
+                return
+            x.handles.append((h, n))
+            inside += n
+
+    def cancel(self, kv_request_id: str, round: int) -> None:
+        x = self._xfers.get((kv_request_id, round))
+        if x is not None:
+            x.cancelled = True
+
+    def poll(self) -> list[Released | Revoked]:
+        out: list[Released | Revoked] = []
+        for key, x in list(self._xfers.items()):
+            if x.handles:
+                left = []
+                for h, n in x.handles:
+                    if not h.done:
+                        left.append((h, n))
+                    elif h.failed:
+                        x.failed, x.detail = True, h.error
+                    else:
+                        x.moved += n
+                x.handles = left
+                self._pump(x)
+            if not x.handles and (x.cancelled or x.failed or x.next == len(x.batches)):
+                del self._xfers[key]
+                out.append(Released(key[0], key[1], x.failed, x.moved, x.detail))
+        return out
+
+    def referenced(self) -> int:
+        return sum(1 for x in self._xfers.values() if x.handles)
+
+    # -- consumer ------------------------------------------------------------------------------
+    def land(self, slots: Sequence[int], payloads: Sequence[Any]) -> None:
+        if len(payloads) != len(slots):
+            raise PlaneError(f"block_data carries {len(payloads)} payload frames for {len(slots)} blocks")
+        pool = self._pool
+        for slot, data in zip(slots, payloads):
+            pool.buffer(slot)[:] = data
+
+    def revoke(self, peer: str) -> bool:
+        return True  # receiver-applied: nothing lands unless the core lets it
+
+    def close(self) -> list[Released]:
+        """Called after the transport was closed, so libzmq has dropped every frame: report every
+        transfer still known as released (failed unless all of it had been moved)."""
+        for x in self._xfers.values():
+            x.cancelled = True
+        # pyzmq marks trackers done on its own thread once libzmq freed the frames; give it a
+        # moment (it is microseconds), then report: nothing in this process reads them any more
+        deadline = time.monotonic() + 0.5
+        while any(not h.done for x in self._xfers.values() for h, _ in x.handles) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        out = [r for r in self.poll() if isinstance(r, Released)]
+        out += [Released(k, r, True, x.moved, "closed") for (k, r), x in self._xfers.items()]
+        self._xfers.clear()
+        return out
