@@ -329,7 +329,24 @@ class _MustBeNone:
         return "must be absent (any value is rejected)"
 
 
-_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _MustBeNone
+@attrs.frozen
+class _OptionalInt:
+    """``None`` (off) or an integer within ``[lo, hi]`` (same conversion as :class:`_Int`)."""
+
+    lo: int
+    hi: int
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> int | None:
+        if value is None:
+            return None
+        return _Int(self.lo, self.hi).convert(key, value)
+
+    def describe(self) -> str:
+        return f"`null` (off), or an integer or integral numeric string, {self.lo} ≤ n ≤ {self.hi}"
+
+
+_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone
 _KIND = "kvtier.kind"
 
 MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
@@ -396,6 +413,12 @@ class TierConfig:
     port: int = _field(_Int(0, 65535), 0)
     """TCP port of the producer's listener; 0 picks a free ephemeral port
     (read the bound address back from the tier)."""
+
+    metrics_port: int | None = _field(_OptionalInt(0, 65535), None)
+    """TCP port of the Prometheus endpoint (``GET /metrics``, docs/metrics.md),
+    bound on ``host``; ``null`` serves none, 0 picks a free ephemeral port.
+    Under vLLM data parallelism the engine's ``data_parallel_index`` is added,
+    as for ``port``."""
 
     locality: str | None = _field(_OptionalStr(), None)
     """Accepted for vLLM compatibility (its factory forwards it) and ignored."""

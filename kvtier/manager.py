@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
 from kvtier.config import TierConfig
@@ -46,6 +46,7 @@ from kvtier.lifecycle import (
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle._table import SessionState
 from kvtier.memory import BlockPool
+from kvtier.metrics import TierMetrics
 from kvtier.transport import SendHandle, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.messages import check_kv_request_id
@@ -76,6 +77,7 @@ class _Job:
 class _Transfer:
     peer: str
     handles: list[SendHandle]
+    started: float
     cancelled: bool = False
     nbytes: int = 0
 
@@ -195,6 +197,8 @@ class KvTierManager:
         except BaseException:
             if own_transport:  # never leak a bound listener (and its zmq threads) from a failed constructor
                 transport.close()
+            if hasattr(self, "_metrics"):
+                self._metrics.close()
             raise
 
     def _init_rest(self, cfg: TierConfig, pool: BlockPool, layout: str) -> None:
@@ -214,7 +218,7 @@ class KvTierManager:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._init_metrics()
+        self._init_metrics(cfg, pool)
         if not pool.pinned:
             log.info("kvtier: block pool is pageable (no accelerator): transfers still work, without DMA pinning")
         if cfg.background_poll:
@@ -222,46 +226,28 @@ class KvTierManager:
             self._thread.start()
 
     # -- metrics ---------------------------------------------------------------------------------
-    def _init_metrics(self) -> None:
-        self.metrics = CollectorRegistry(auto_describe=True)
-        r = self.metrics
-        self.m_jobs = Counter("kvtier_jobs", "Job results reported", ["kind", "outcome", "reason"], registry=r)
-        self.m_ignored = Counter("kvtier_ignored_inputs", "Inputs dropped by spec ignore rules", ["machine", "reason"], registry=r)
-        self.m_wire = Counter("kvtier_wire_errors", "Malformed or invalid messages from peers", ["reason"], registry=r)
-        self.m_bytes_sent = Counter("kvtier_block_bytes_sent", "Block payload bytes handed to the transport", registry=r)
-        self.m_bytes_landed = Counter("kvtier_block_bytes_landed", "Block payload bytes written into slots", registry=r)
-        self.m_late = Counter("kvtier_late_fetch_rejected", "Fetches answered transfer_done(fail)", ["reason"], registry=r)
-        self.m_peer_down = Counter("kvtier_peer_down", "Sessions that ended", ["reason"], registry=r)
-        self.m_internal = Counter("kvtier_internal_errors", "Unexpected exceptions caught in the poll loop", registry=r)
-        self.g_records = Gauge("kvtier_records", "Live lifecycle records", ["machine"], registry=r)
-        # evaluated when scraped, so the poll loop pays nothing for them. They capture the core,
-        # not self: a manager -> registry -> lambda -> manager cycle would keep the manager (and
-        # the block pool, i.e. an engine's memory) alive until the cyclic GC runs.
-        core = self.core
-        self.g_records.labels("producer").set_function(lambda: len(core.producer.records))
-        self.g_records.labels("consumer").set_function(lambda: len(core.consumer.records))
-        self.g_records.labels("session").set_function(lambda: len(core.sessions.records))
-        self._children: dict[tuple[Any, ...], Any] = {}
+    def _init_metrics(self, cfg: TierConfig, pool: BlockPool) -> None:
+        self._metrics = TierMetrics(tier=cfg.type, listener=self.transport.address, core=self.core,
+                                    lock=self._lock, clock=self.clock, block_bytes=pool.block_bytes)
+        if cfg.metrics_port is not None:
+            self._metrics.serve(cfg.host, cfg.metrics_port)
+            log.info("kvtier: metrics on http://%s/metrics", self._metrics.address)
 
-    def _count(self, metric: Any, *labels: str, amount: float = 1.0) -> None:
-        """Increment a labelled counter; children are cached (``labels()`` takes a lock)."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        child.inc(amount)
+    @property
+    def metrics(self) -> CollectorRegistry:
+        """This manager's Prometheus registry (its series: docs/metrics.md)."""
+        return self._metrics.registry
+
+    @property
+    def metrics_address(self) -> str | None:
+        """``host:port`` of the metrics endpoint (config ``metrics_port``), or ``None`` when off."""
+        return self._metrics.address
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot of counters for humans and the demo (not a stable API)."""
+        """A snapshot of every series for humans and the demo (not a stable API): keys are
+        ``name{label=value,...}`` without the per-manager ``tier``/``listener`` labels."""
         with self._lock:
-            out: dict[str, Any] = {}
-            for metric in self.metrics.collect():
-                for s in metric.samples:
-                    if s.name.endswith("_created"):
-                        continue
-                    label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                    out[s.name + (f"{{{label}}}" if label else "")] = s.value
-            return out
+            return self._metrics.samples()
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -345,9 +331,10 @@ class KvTierManager:
             now = self.clock()
             if info.role != "producer":
                 self._results.append(JobResult(job_id=job.job_id, success=True))
-                self._count(self.m_jobs, "store", "ok", "local")
+                self._metrics.job_done("store", True, "local")
                 return
             inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots))
+            self._metrics.parked(info.kv_request_id, now)  # before the store: the first one starts the age
             effects = self.core.store(inp, now)
             # registered after the core accepted the input, before its effects (which may report it)
             self._jobs[job.job_id] = _Job("store", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
@@ -471,6 +458,8 @@ class KvTierManager:
                 self._closed = True
                 self._transfers.clear()
                 self.transport.close()
+        # outside the lock: a scrape in progress waits for that lock
+        self._metrics.close()
 
     # -- helpers: API checks ---------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -529,7 +518,7 @@ class KvTierManager:
                     self.transport.wait(min(interval, self._wait_budget()))
                     self._poll_once()
             except Exception:  # never let the thread die silently
-                self._count(self.m_internal)
+                self._metrics.internal_error()
                 log.exception("kvtier: poll thread error")
                 self._stop.wait(interval)
             time.sleep(0)  # yield the GIL so a thread blocked on the lock gets in
@@ -549,11 +538,14 @@ class KvTierManager:
             try:
                 self._receive(peer, frames)
             except Exception:
-                self.m_internal.inc()
+                self._metrics.internal_error()
                 log.exception("kvtier: error while handling a message from %s", peer)
         self._check_transfers()
         now = self.clock()
         self._heartbeats(now)
+        due = self.core.next_deadline()
+        if due is not None and due <= now:
+            self._metrics.tick_lag(now - due)
         self._run(self.core.tick(now))
         self.transport.flush()
 
@@ -581,7 +573,7 @@ class KvTierManager:
             elif any(h.failed for h in tr.handles):
                 self._run(self.core.transfer_failed(kid, rnd, now))
             else:
-                self.m_bytes_sent.inc(tr.nbytes)
+                self._metrics.transfer("producer", tr.nbytes, now - tr.started)
                 self._run(self.core.transfer_complete(kid, rnd, now))
 
     # -- inbound ---------------------------------------------------------------------------------
@@ -590,7 +582,7 @@ class KvTierManager:
         try:
             msg, payloads = self._decoder.decode(frames)
         except WireError as err:
-            self._count(self.m_wire, err.reason)
+            self._metrics.wire_error(err.reason)
             if err.reason == "version_mismatch" and err.msg_type == "hello" and err.gen is not None:
                 # answer a hello from another protocol version as a handshake mismatch, at once
                 log.error("kvtier: %s speaks protocol version %s, we speak %s", peer, err.theirs, PROTOCOL_VERSION)
@@ -646,7 +638,7 @@ class KvTierManager:
         elif t is wm.Disconnect:
             self._run(core.disconnect(peer, msg.gen, now))
         elif t is wm.Error:
-            self._count(self.m_wire, "peer_reported_" + msg.reason)
+            self._metrics.wire_error(msg.reason, reported_by_peer=True)
             self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %s %s", peer, msg.reason, msg.detail)
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
@@ -683,7 +675,7 @@ class KvTierManager:
             pool = self.pool
             for slot, data in zip(e.slots, payloads):
                 pool.buffer(slot)[:] = data
-            self.m_bytes_landed.inc(len(e.slots) * pool.block_bytes)
+            self._metrics.landed(len(e.slots) * pool.block_bytes)
         elif t is fx.SendBlocks:
             return self._start_transfer(e)
         elif t is fx.CancelTransfer:
@@ -694,7 +686,7 @@ class KvTierManager:
                 return self.core.transfer_released(e.kv_request_id, e.round, self.clock())
         elif t is fx.SendTransferDone:
             if not e.ok:
-                self._count(self.m_late, e.reason or "")
+                self._metrics.fetch_refused(e.reason)
             return self._send_ctl(e.peer, wm.TransferDone(
                 gen=self._gen(e.peer), kv_request_id=e.kv_request_id, round=e.round,
                 ok=e.ok, reason=e.reason or "",
@@ -724,7 +716,7 @@ class KvTierManager:
         elif t is fx.SendHelloAck:
             self._send(e.peer, wm.HelloAck(gen=e.gen, instance=self.instance))
         elif t is fx.SendHelloReject:
-            self._count(self.m_peer_down, e.reason)
+            self._metrics.session_ended(e.reason)
             if e.field == "max_peers":
                 log.warning("kvtier: refusing a session from %s: max_peers=%s reached", e.peer, e.ours)
             else:
@@ -737,11 +729,11 @@ class KvTierManager:
             self.transport.disconnect(e.peer)
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
-            self._count(self.m_peer_down, e.reason)
+            self._metrics.session_ended(e.reason)
             level = logging.INFO if e.reason == "shutdown" else logging.WARNING
             log.log(level, "kvtier: session with %s ended: %s", e.peer, e.reason)
         elif t is fx.Ignored:
-            self._count(self.m_ignored, e.machine, e.reason)
+            self._metrics.ignored(e.machine, e.reason)
         else:  # pragma: no cover - a new effect type without a performer is a bug
             raise TypeError(f"no performer for effect {e!r}")
         return None
@@ -752,24 +744,27 @@ class KvTierManager:
         per_msg = max(1, MAX_BATCH_BYTES // pool.block_bytes)
         handles: list[SendHandle] = []
         blocks = e.blocks
+        started = self.clock()
         for first in range(0, len(blocks), per_msg):
             chunk = blocks[first : first + per_msg]
             msg = wm.BlockData(gen=gen, kv_request_id=e.kv_request_id, round=e.round, first=first, count=len(chunk))
             handles.append(self._send(e.peer, msg, [pool.buffer(b) for b in chunk], track=True))
-        self._transfers[(e.kv_request_id, e.round)] = _Transfer(e.peer, handles, nbytes=len(blocks) * pool.block_bytes)
+        self._transfers[(e.kv_request_id, e.round)] = _Transfer(
+            e.peer, handles, started, nbytes=len(blocks) * pool.block_bytes)
         return None
 
     def _finish_job(self, job_id: int, ok: bool, reason: str | None) -> None:
         job = self._jobs.pop(job_id, None)
         if job is None:  # the core guarantees exactly once; count instead of crashing the engine
-            self.m_internal.inc()
+            self._metrics.internal_error()
             log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
             return
         reason = None if ok else str(reason or "failed")
-        self._count(self.m_jobs, job.kind, "ok" if ok else "fail", reason or "")
+        self._metrics.job_done(job.kind, ok, reason)
         if ok and job.kind == "load":
-            res = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes,
-                            transfer_time_s=self.clock() - job.submitted)
+            elapsed = self.clock() - job.submitted
+            self._metrics.transfer("consumer", job.nbytes, elapsed)
+            res = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes, transfer_time_s=elapsed)
         else:
             res = JobResult(job_id=job_id, success=ok, reason=reason)
         self._results.append(res)
