@@ -240,7 +240,7 @@ class _Live(Collector):
         out.append(g)
         g = self._gauge("kvtier_retained_ids")
         for state in sorted(_RETAINED):
-            g.add_metric(const + [state.value, ""], 0)  # present from the first scrape
+            retained.setdefault((state.value, ""), 0)  # both states present from the first scrape
         for (state, reason), n in sorted(retained.items()):
             g.add_metric(const + [state, reason], n)
         out.append(g)
@@ -322,6 +322,8 @@ class TierMetrics:
             elif s.labels == ("role",):
                 for role in ROLES:
                     self._child(s.name, role)
+        for kind in ("store", "load"):
+            self._child("kvtier_jobs_total", kind, "ok", "")
 
     # -- feeding (the manager calls these) --------------------------------------------------------
     def job_done(self, kind: str, ok: bool, reason: str | None) -> None:
