@@ -230,7 +230,11 @@ class KvTierManager:
         self._metrics = TierMetrics(tier=cfg.type, listener=self.transport.address, core=self.core,
                                     lock=self._lock, clock=self.clock, block_bytes=pool.block_bytes)
         if cfg.metrics_port is not None:
-            self._metrics.serve(cfg.host, cfg.metrics_port)
+            try:
+                self._metrics.serve(cfg.host, cfg.metrics_port)
+            except OSError as exc:
+                raise TransportError(
+                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc}") from exc
             log.info("kvtier: metrics on http://%s/metrics", self._metrics.address)
 
     @property
