@@ -215,6 +215,7 @@ class KvTierManager:
         self._next_ping: dict[str, float] = {}
         self._payloads: list[memoryview] = []
         self._ratelog = _RateLimitedLog()
+        self._peer_names: dict[str, str] = {}  # peer id -> "address instance <hex>" for log lines
         self._closed = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -543,7 +544,7 @@ class KvTierManager:
                 self._receive(peer, frames)
             except Exception:
                 self._metrics.internal_error()
-                log.exception("kvtier: error while handling a message from %s", peer)
+                log.exception("kvtier: error while handling a message from %s", self._who(peer))
         self._check_transfers()
         now = self.clock()
         self._heartbeats(now)
@@ -589,11 +590,12 @@ class KvTierManager:
             self._metrics.wire_error(err.reason)
             if err.reason == "version_mismatch" and err.msg_type == "hello" and err.gen is not None:
                 # answer a hello from another protocol version as a handshake mismatch, at once
-                log.error("kvtier: %s speaks protocol version %s, we speak %s", peer, err.theirs, PROTOCOL_VERSION)
+                self._plog(peer, err.reason, "kvtier: %s speaks protocol version %s, we speak %s",
+                           self._who(peer), err.theirs, PROTOCOL_VERSION, level=logging.ERROR)
                 self._send(peer, wm.HelloReject(gen=err.gen, reason="handshake_mismatch", field="version",
                                                 ours=str(PROTOCOL_VERSION), theirs=err.theirs or "?"))
                 return
-            logged = self._ratelog(now, peer, err.reason, "kvtier: bad message from %s: %s", peer, err)
+            logged = self._plog(peer, err.reason, "kvtier: bad message from %s: %s", self._who(peer), err)
             if err.kv_request_id or logged:
                 # a reply that names an id lets the sender fail just that request at once; other
                 # replies are as rate-limited as the log
@@ -626,24 +628,26 @@ class KvTierManager:
         elif t is wm.Pong:
             self._run(core.ping(peer, msg.gen, now))
         elif t is wm.Hello:
+            self._name_peer(peer, msg.instance)
             hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, gen=msg.gen)
             self._run(core.hello(peer, hello, now))
         elif t is wm.HelloAck:
+            self._name_peer(peer, msg.instance)
             self._run(core.hello_ack(peer, msg.gen, now))
         elif t is wm.HelloReject:
             if msg.field == "max_peers":
-                log.error("kvtier: %s refused the session: it already has max_peers=%s sessions", peer, msg.ours)
+                self._plog(peer, "hello_reject", "kvtier: %s refused the session: it already has "
+                           "max_peers=%s sessions", self._who(peer), msg.ours, level=logging.ERROR)
             else:
-                log.error(
-                    "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
-                    peer, msg.field, msg.theirs, msg.ours,
-                )
+                self._plog(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, "
+                           "theirs %s)", self._who(peer), msg.field, msg.theirs, msg.ours, level=logging.ERROR)
             self._run(core.hello_reject(peer, msg.gen, now))
         elif t is wm.Disconnect:
             self._run(core.disconnect(peer, msg.gen, now))
         elif t is wm.Error:
             self._metrics.wire_error(msg.reason, reported_by_peer=True)
-            self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %s %s", peer, msg.reason, msg.detail)
+            self._plog(peer, "peer_error", "kvtier: %s reports an error: %s %s", self._who(peer),
+                       msg.reason, msg.detail)
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
 
@@ -659,6 +663,31 @@ class KvTierManager:
 
     def _send(self, peer: str, msg: Any, payloads: list[Any] | tuple = (), *, track: bool = False) -> SendHandle:
         return self.transport.send(peer, encode_frames(msg, payloads), track=track)
+
+    def _plog(self, peer: str, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> bool:
+        """Log about ``peer``, at most once per (peer address, reason) per 10 s; returns whether it logged."""
+        return self._ratelog(self.clock(), self._where(peer), reason, msg, *args, level=level)
+
+    def _where(self, peer: str) -> str:
+        """The key log lines are rate-limited by: the peer's address (an inbound peer's routing id
+        changes at every reconnect, its address does not)."""
+        return getattr(self.transport, "peer_address", lambda p: p)(peer) or peer
+
+    def _who(self, peer: str) -> str:
+        """``peer`` for a log line: its address and instance once its hello named them (an inbound
+        ``in:<hex>`` routing id alone means nothing to an operator)."""
+        return self._peer_names.get(peer) or self._name_peer(peer, "")
+
+    def _name_peer(self, peer: str, instance: str) -> str:
+        where = self._where(peer)
+        name = where if where == peer else f"{where} ({peer})"
+        if instance:
+            name += f" instance {instance}"
+            if len(self._peer_names) > 2 * self.config.max_peers + 64:
+                live = self.core.sessions.records
+                self._peer_names = {p: n for p, n in self._peer_names.items() if p in live}
+            self._peer_names[peer] = name
+        return name
 
     def _gen(self, peer: str) -> int:
         """The generation our messages to ``peer`` carry (0 when there is no session)."""
@@ -709,7 +738,7 @@ class KvTierManager:
             try:
                 self.transport.connect(e.peer)
             except (TransportError, ValueError) as exc:
-                log.warning("kvtier: cannot connect to %s: %s", e.peer, exc)
+                self._plog(e.peer, "connect", "kvtier: cannot connect to %s: %s", e.peer, exc)
                 return self.core.send_failed(e.peer, self.clock())
             return self.core.transport_up(e.peer, self.clock())
         elif t is fx.SendHello:
@@ -722,10 +751,12 @@ class KvTierManager:
         elif t is fx.SendHelloReject:
             self._metrics.session_ended(e.reason)
             if e.field == "max_peers":
-                log.warning("kvtier: refusing a session from %s: max_peers=%s reached", e.peer, e.ours)
+                self._plog(e.peer, e.reason, "kvtier: refusing a session from %s: max_peers=%s reached",
+                           self._who(e.peer), e.ours)
             else:
-                log.error("kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
-                          e.peer, e.field, e.ours, e.theirs)
+                self._plog(e.peer, e.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
+                           self._who(e.peer), e.field, e.ours, e.theirs, level=logging.ERROR)
+            self._peer_names.pop(e.peer, None)
             self._send(e.peer, wm.HelloReject(gen=e.gen, reason=e.reason, field=e.field, ours=e.ours, theirs=e.theirs))
         elif t is fx.SendDisconnect:
             self._send(e.peer, wm.Disconnect(gen=e.gen, reason=e.reason))
@@ -734,8 +765,11 @@ class KvTierManager:
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
             self._metrics.session_ended(e.reason)
-            level = logging.INFO if e.reason == "shutdown" else logging.WARNING
-            log.log(level, "kvtier: session with %s ended: %s", e.peer, e.reason)
+            # a goodbye (ours or the peer's) is routine; every other ending is a fault
+            level = logging.INFO if e.reason in ("shutdown", "peer_disconnected") else logging.WARNING
+            self._plog(e.peer, e.reason, "kvtier: session with %s ended: %s", self._who(e.peer), e.reason,
+                       level=level)
+            self._peer_names.pop(e.peer, None)
         elif t is fx.Ignored:
             self._metrics.ignored(e.machine, e.reason)
         else:  # pragma: no cover - a new effect type without a performer is a bug

@@ -155,6 +155,9 @@ def row(prev: Snapshot | None, cur: Snapshot) -> Row:
     )
 
 
+_GBPS = "{:.3g}"  # 3 significant digits: 0.00214 and 23.4 both read well
+
+
 def _num(x: float | None, fmt: str = "{:.2f}") -> str:
     return "—" if x is None or math.isnan(x) else fmt.format(x)
 
@@ -171,7 +174,8 @@ def render(rows: Sequence[Row], interval_s: float) -> Table:
             continue
         t.add_row(r.url, r.listener, _num(r.parked, "{:.0f}"), _num(r.bound, "{:.0f}"),
                   _num(r.retained, "{:.0f}"), _num(r.pinned_gb, "{:.3f}"), _num(r.oldest_park_s, "{:.1f}"),
-                  _num(r.sessions, "{:.0f}"), _num(r.out_gbps), _num(r.in_gbps), _num(r.per_transfer_gbps),
+                  _num(r.sessions, "{:.0f}"), _num(r.out_gbps, _GBPS), _num(r.in_gbps, _GBPS),
+                  _num(r.per_transfer_gbps, _GBPS),
                   _num(r.late_per_s), _num(r.failed_per_s))
     return t
 
