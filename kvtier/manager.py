@@ -665,13 +665,12 @@ class KvTierManager:
         return self.transport.send(peer, encode_frames(msg, payloads), track=track)
 
     def _plog(self, peer: str, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> bool:
-        """Log about ``peer``, at most once per (peer address, reason) per 10 s; returns whether it logged."""
-        return self._ratelog(self.clock(), self._where(peer), reason, msg, *args, level=level)
+        """Log about ``peer``, at most once per (peer, reason) per 10 s; returns whether it logged."""
+        return self._ratelog(self.clock(), peer, reason, msg, *args, level=level)
 
     def _where(self, peer: str) -> str:
-        """The key log lines are rate-limited by: the peer's address (an inbound peer's routing id
-        changes at every reconnect, its address does not)."""
-        return getattr(self.transport, "peer_address", lambda p: p)(peer) or peer
+        """``host:port`` of a peer we dialled, the IP of one that dialled us (or ``""``)."""
+        return getattr(self.transport, "peer_address", lambda p: p)(peer)
 
     def _who(self, peer: str) -> str:
         """``peer`` for a log line: its address and instance once its hello named them (an inbound
@@ -679,7 +678,7 @@ class KvTierManager:
         return self._peer_names.get(peer) or self._name_peer(peer, "")
 
     def _name_peer(self, peer: str, instance: str) -> str:
-        where = self._where(peer)
+        where = self._where(peer) or "unknown address"
         name = where if where == peer else f"{where} ({peer})"
         if instance:
             name += f" instance {instance}"
