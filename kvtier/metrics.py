@@ -27,18 +27,17 @@ config's ``host`` and ``metrics_port``.
 
 from __future__ import annotations
 
-import argparse
 import collections
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvtier import _gendoc as gendoc
+from kvtier._gendoc import replace_block
 from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
 from kvtier.wire.codec import Reason as WireReason
 
@@ -480,8 +479,7 @@ class _Tap:
 
 
 # -- the documentation table -----------------------------------------------------------------------
-_BEGIN = "<!-- BEGIN GENERATED: python -m kvtier.metrics --write -->"
-_END = "<!-- END GENERATED -->"
+_COMMAND = "python -m kvtier.metrics --write"
 
 
 def render_metrics_table() -> str:
@@ -496,24 +494,8 @@ def render_metrics_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kvtier.metrics --write|--check [PATH]``: (re)render the series table."""
-    parser = argparse.ArgumentParser(prog="python -m kvtier.metrics")
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
-    parser.add_argument("path", nargs="?", default="docs/metrics.md")
-    args = parser.parse_args(argv)
-    path = Path(args.path)
-    current = path.read_text(encoding="utf-8")
-    start = current.index(_BEGIN) + len(_BEGIN)
-    fresh = current[:start] + "\n" + render_metrics_table() + "\n" + current[current.index(_END):]
-    if args.write:
-        if fresh != current:
-            path.write_text(fresh, encoding="utf-8")
-        return 0
-    if fresh != current:
-        print(f"{path} is stale; run: python -m kvtier.metrics --write", file=sys.stderr)
-        return 1
-    return 0
+    return gendoc.main(argv, command=_COMMAND, default_path="docs/metrics.md",
+                       render=lambda text: replace_block(text, _COMMAND, render_metrics_table()))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,10 @@ What the adapter does, and nothing more:
   job or a MISS, and every job id is reported exactly once (a duplicate or unknown result is
   dropped with an error instead of tripping vLLM's ``assert``);
 * resolves vLLM's block-hash seed lazily (vLLM builds the tier before ``init_none_hash`` runs);
-* binds ``port + data_parallel_index`` like vLLM's built-in ``p2p`` tier.
+* binds ``port + data_parallel_index`` like vLLM's built-in ``p2p`` tier (and serves metrics on
+  ``metrics_port + data_parallel_index``);
+* publishes kvtier's series through vLLM's own tier-metrics path (``build_metric_definitions`` /
+  ``get_stats``), so they appear on vLLM's ``/metrics`` as ``vllm:kvtier_*``.
 
 Threading: vLLM calls every method under ``TieringOffloadingManager.lock`` — from the scheduler
 thread, and ``get_finished_jobs`` also from its ``vllm_offload_tier_poll`` thread (this tier sets
@@ -336,24 +339,16 @@ class KvTierSecondaryTier(SecondaryTierManager):
         #    tier whose __init__ raised).
         config = TierConfig.from_dict({"type": tier_type, **options, "backpressure": backpressure_detector})
         dp = _dp_index(offloading_spec)
-        if config.port and dp:
-            port = config.port + dp
-            if port > 65535:
-                raise TierConfigError(
-                    f"port={config.port} plus data_parallel_index {dp} is {port}, above 65535; "
-                    "pick a lower base port",
-                    keys=("port",),
-                )
-            config = attrs.evolve(config, port=port)
-        if config.metrics_port and dp:
-            metrics_port = config.metrics_port + dp
-            if metrics_port > 65535:
-                raise TierConfigError(
-                    f"metrics_port={config.metrics_port} plus data_parallel_index {dp} is {metrics_port}, "
-                    "above 65535; pick a lower base port",
-                    keys=("metrics_port",),
-                )
-            config = attrs.evolve(config, metrics_port=metrics_port)
+        for key in ("port", "metrics_port"):  # the listener and the metrics endpoint
+            base = getattr(config, key)
+            if base and dp:
+                if base + dp > 65535:
+                    raise TierConfigError(
+                        f"{key}={base} plus data_parallel_index {dp} is {base + dp}, above 65535; "
+                        "pick a lower base port",
+                        keys=(key,),
+                    )
+                config = attrs.evolve(config, **{key: base + dp})
         explicit_seed = config.hash_seed
         if not explicit_seed:
             # Until vLLM has run init_none_hash, advertise what it reports now (its deterministic

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from mgr_helpers import Jobs, consumer_req, job, keys_for, producer_req, pump_until
+from mgr_helpers import transfer_once
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,16 +126,7 @@ def test_the_schema_rejects_a_broken_dashboard() -> None:
 def test_every_query_resolves_in_a_live_registry_after_a_real_transfer(make_manager) -> None:
     p = make_manager({})
     c = make_manager({})
-    jobs = Jobs(c)
-    preq = producer_req("p1", "kv-dash")
-    p.on_new_request(preq)
-    keys = keys_for("kv-dash", 3)
-    p.submit_store(job(1, keys, [0, 1, 2], preq))
-    creq = consumer_req("c1", "kv-dash", p.host, p.port)
-    c.on_new_request(creq)
-    c.submit_load(job(2, keys, [4, 5, 6], creq))
-    assert pump_until(lambda: jobs.has(2), managers=[p], jobs=[jobs]) and jobs.one(2).success
-    assert pump_until(lambda: p.stats().get("kvtier_transfer_bytes_count{role=producer}") == 1, managers=[p, c])
+    assert transfer_once(p, c, "kv-dash").success
 
     declared: dict[str, str] = {}  # every sample name the registry can expose -> its family's type
     with_samples: set[str] = set()

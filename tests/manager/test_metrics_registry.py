@@ -18,7 +18,7 @@ from kvtier.metrics import CONST_LABELS, SERIES, VOCABULARY, TierMetrics, bounde
 from kvtier.transport import TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode_frames
-from mgr_helpers import Jobs, consumer_req, job, keys_for, metric, metric_sum, producer_req, pump_until
+from mgr_helpers import consumer_req, job, keys_for, metric, metric_sum, producer_req, pump_until, transfer_once
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,20 +166,11 @@ def test_the_tap_keeps_every_observation_up_to_its_bound(make_manager) -> None:
 def test_a_real_transfer_is_observed_per_transfer(make_manager) -> None:
     p = make_manager({})
     c = make_manager({})
-    jobs = Jobs(c)
-    preq = producer_req("p1", "kv-t")
-    p.on_new_request(preq)
-    keys = keys_for("kv-t", 3)
-    p.submit_store(job(1, keys, [0, 1, 2], preq))
-    creq = consumer_req("c1", "kv-t", p.host, p.port)
-    c.on_new_request(creq)
-    c.submit_load(job(2, keys, [5, 6, 7], creq))
-    assert pump_until(lambda: jobs.has(2), managers=[p], jobs=[jobs])
-    assert pump_until(lambda: metric(p, "kvtier_transfer_bytes_count", role="producer") == 1, managers=[p, c])
+    r = transfer_once(p, c, "kv-t")
     bb = p.pool.block_bytes
+    assert metric(p, "kvtier_transfer_bytes_count", role="producer") == 1
     assert metric(p, "kvtier_transfer_bytes_sum", role="producer") == 3 * bb
     assert metric(c, "kvtier_transfer_bytes_sum", role="consumer") == 3 * bb
-    r = jobs.one(2)
     assert metric(c, "kvtier_transfer_duration_seconds_sum", role="consumer") == r.transfer_time_s
     thr = metric(c, "kvtier_transfer_throughput_bytes_per_second_sum", role="consumer")
     assert thr == pytest.approx(3 * bb / r.transfer_time_s)

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from kvtier.cli import cli
 from kvtier.top import Snapshot, endpoint_url, row
-from mgr_helpers import Jobs, consumer_req, job, keys_for, producer_req, pump_until
+from mgr_helpers import job, keys_for, producer_req, transfer_once
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,18 +33,8 @@ def test_top_renders_live_endpoints(make_manager) -> None:
     cfg = {"metrics_port": 0, "background_poll": True}
     p = make_manager(cfg, block_bytes=65536)
     c = make_manager(cfg, block_bytes=65536)
-    jobs = Jobs(c)
     # one id served to the consumer, one left parked
-    keys = keys_for("kv-top", 4)
-    preq = producer_req("p1", "kv-top")
-    p.on_new_request(preq)
-    p.submit_store(job(1, keys, [0, 1, 2, 3], preq))
-    creq = consumer_req("c1", "kv-top", p.host, p.port)
-    c.on_new_request(creq)
-    c.submit_load(job(2, keys, [4, 5, 6, 7], creq))
-    assert pump_until(lambda: jobs.has(2), jobs=[jobs]) and jobs.one(2).success
-    # the producer counts its side once the transport released the last block
-    assert pump_until(lambda: p.stats()["kvtier_transfer_bytes_count{role=producer}"] == 1)
+    assert transfer_once(p, c, "kv-top", 4, poll=False).success
     held = producer_req("p2", "kv-held")
     p.on_new_request(held)
     p.submit_store(job(3, keys_for("kv-held", 2), [8, 9], held))
