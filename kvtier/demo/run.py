@@ -360,7 +360,7 @@ def run(
         "median_kv_ready_fetched_s": statistics.median(r["kv_ready_fetched_s"] for r in fetched) if fetched else None,
         "median_kv_ready_recompute_s": statistics.median(r["kv_ready_recompute_s"] for r in fetched) if fetched else None,
         "late_rejection_ms": next((r["load_s"] * 1e3 for r in rows if r["late"]), None),
-        "producer_metrics": {k: v for k, v in pres["stats"].items() if v},
+        "producer_metrics": {k: v for k, v in pres["stats"].items() if v and "_bucket{" not in k},
     }
     return {"summary": summary, "requests": rows}
 
