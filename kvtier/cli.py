@@ -1,4 +1,4 @@
-"""``kvtier`` command line: ``demo``, ``check``, ``diagram``, ``gen``, ``bench``.
+"""``kvtier`` command line: ``demo``, ``top``, ``check``, ``diagram``, ``gen``, ``bench``.
 
 Each command imports its implementation lazily so ``kvtier --help`` is instant.
 """
@@ -34,6 +34,21 @@ def demo(**opts: object) -> None:
             "(use --no-late to skip the scenario)", param_hint="--late-delay")
 
     sys.exit(run_demo(**opts))
+
+
+@cli.command()
+@click.argument("urls", nargs=-1, required=True, metavar="URL [URL...]")
+@click.option("--interval", "interval_s", type=click.FloatRange(0.05, 3600), default=2.0, show_default=True, help="Seconds between scrapes (the window of every rate).")
+@click.option("--once", is_flag=True, help="Scrape twice, --interval apart, print one frame and exit (1 if an endpoint failed).")
+def top(urls: tuple[str, ...], interval_s: float, once: bool) -> None:
+    """Live view of kvtier metrics endpoints (config metrics_port): host:port or http://host:port."""
+    from kvtier.top import main as run_top
+
+    try:
+        status = run_top(urls, interval_s=interval_s, once=once)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="URL") from None
+    sys.exit(status)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)

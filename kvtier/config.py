@@ -32,7 +32,6 @@ Rules (B25 in the bug-scenario catalogue):
 
 from __future__ import annotations
 
-import argparse
 import ast
 import difflib
 import functools
@@ -44,11 +43,13 @@ import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from decimal import Decimal
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import attrs
+
+from kvtier import _gendoc as gendoc
+from kvtier._gendoc import END, begin_marker, replace_block
 
 __all__ = [
     "CROSS_FIELD_RULES",
@@ -329,7 +330,24 @@ class _MustBeNone:
         return "must be absent (any value is rejected)"
 
 
-_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _MustBeNone
+@attrs.frozen
+class _OptionalInt:
+    """``None`` (off) or an integer within ``[lo, hi]`` (same conversion as :class:`_Int`)."""
+
+    lo: int
+    hi: int
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> int | None:
+        if value is None:
+            return None
+        return _Int(self.lo, self.hi).convert(key, value)
+
+    def describe(self) -> str:
+        return f"`null` (off), or an integer or integral numeric string, {self.lo} ≤ n ≤ {self.hi}"
+
+
+_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone
 _KIND = "kvtier.kind"
 
 MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
@@ -396,6 +414,12 @@ class TierConfig:
     port: int = _field(_Int(0, 65535), 0)
     """TCP port of the producer's listener; 0 picks a free ephemeral port
     (read the bound address back from the tier)."""
+
+    metrics_port: int | None = _field(_OptionalInt(0, 65535), None)
+    """TCP port of the Prometheus endpoint (``GET /metrics``, docs/metrics.md),
+    bound on ``host``; ``null`` serves none, 0 picks a free ephemeral port.
+    Under vLLM data parallelism the engine's ``data_parallel_index`` is added,
+    as for ``port``."""
 
     locality: str | None = _field(_OptionalStr(), None)
     """Accepted for vLLM compatibility (its factory forwards it) and ignored."""
@@ -679,8 +703,9 @@ def config_table() -> list[ConfigRow]:
     return rows
 
 
-_BEGIN = "<!-- BEGIN GENERATED: python -m kvtier.config --write -->"
-_END = "<!-- END GENERATED -->"
+_COMMAND = "python -m kvtier.config --write"
+_BEGIN = begin_marker(_COMMAND)
+_END = END
 
 
 def _cell(text: str) -> str:
@@ -708,30 +733,12 @@ def render_config_table() -> str:
 
 def render_config_doc(current: str) -> str:
     """``current`` (the doc's text) with its generated block replaced."""
-    start = current.index(_BEGIN) + len(_BEGIN)
-    end = current.index(_END)
-    return current[:start] + "\n" + render_config_table() + "\n" + current[end:]
+    return replace_block(current, _COMMAND, render_config_table())
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kvtier.config --write|--check [PATH]``: (re)render the doc table."""
-    parser = argparse.ArgumentParser(prog="python -m kvtier.config")
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
-    parser.add_argument("path", nargs="?", default="docs/configuration.md")
-    args = parser.parse_args(argv)
-    path = Path(args.path)
-    current = path.read_text(encoding="utf-8")
-    fresh = render_config_doc(current)
-    if args.write:
-        if fresh != current:
-            path.write_text(fresh, encoding="utf-8")
-        return 0
-    if fresh != current:
-        print(f"{path} is stale; run: python -m kvtier.config --write", file=sys.stderr)
-        return 1
-    return 0
+    return gendoc.main(argv, command=_COMMAND, default_path="docs/configuration.md", render=render_config_doc)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
 from kvtier.config import TierConfig
@@ -54,6 +54,7 @@ from kvtier.lifecycle import (
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle._table import ProducerState, SessionState
 from kvtier.memory import BlockPool
+from kvtier.metrics import TierMetrics
 from kvtier.transport import SendHandle, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.messages import check_kv_request_id
@@ -103,6 +104,11 @@ class _RateLimitedLog:
             log.log(level, msg, *args)
             return True
         return False
+
+
+def _quarantined(core: TierCore, jobs: Mapping[int, _Job], block_bytes: int) -> tuple[int, int]:
+    recs = [r for r in core.producer.referenced() if r.state is ProducerState.QUARANTINED]
+    return len(recs), sum(jobs[j].nbytes for r in recs for j in r.jobs if j in jobs) // block_bytes
 
 
 def parse_params(req: RequestContext) -> _Req:
@@ -199,6 +205,8 @@ class KvTierManager:
         except BaseException:
             if own_transport:  # never leak a bound listener (and its zmq threads) from a failed constructor
                 transport.close()
+            if hasattr(self, "_metrics"):
+                self._metrics.close()
             raise
 
     def _init_rest(self, cfg: TierConfig, pool: BlockPool, layout: str) -> None:
@@ -223,10 +231,12 @@ class KvTierManager:
         self._t_empty = self.clock()  # when the inbound queue was last seen empty
         self._ratelog = _RateLimitedLog()
         self._closing = False  # shutdown() began: no new work
+        self._peer_names: dict[str, str] = {}  # peer id -> "address instance <hex>" for log lines
+        self._posted: dict[tuple[str, int], float] = {}  # transfer -> when it was handed to the plane
         self._closed = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._init_metrics()
+        self._init_metrics(cfg, pool)
         if not pool.pinned:
             log.info("kvtier: block pool is pageable (no accelerator): transfers still work, without DMA pinning")
         if cfg.background_poll:
@@ -234,46 +244,44 @@ class KvTierManager:
             self._thread.start()
 
     # -- metrics ---------------------------------------------------------------------------------
-    def _init_metrics(self) -> None:
-        self.metrics = CollectorRegistry(auto_describe=True)
-        r = self.metrics
-        self.m_jobs = Counter("kvtier_jobs", "Job results reported", ["kind", "outcome", "reason"], registry=r)
-        self.m_ignored = Counter("kvtier_ignored_inputs", "Inputs dropped by spec ignore rules", ["machine", "reason"], registry=r)
-        self.m_wire = Counter("kvtier_wire_errors", "Malformed or invalid messages from peers", ["reason"], registry=r)
-        self.m_bytes_sent = Counter("kvtier_block_bytes_sent", "Block payload bytes handed to the transport", registry=r)
-        self.m_bytes_landed = Counter("kvtier_block_bytes_landed", "Block payload bytes written into slots", registry=r)
-        self.m_late = Counter("kvtier_late_fetch_rejected", "Fetches answered transfer_done(fail)", ["reason"], registry=r)
-        self.m_peer_down = Counter("kvtier_peer_down", "Sessions that ended", ["reason"], registry=r)
-        self.m_internal = Counter("kvtier_internal_errors", "Unexpected exceptions caught in the poll loop", registry=r)
-        self.g_records = Gauge("kvtier_records", "Live lifecycle records", ["machine"], registry=r)
-        # evaluated when scraped, so the poll loop pays nothing for them. They capture the core,
-        # not self: a manager -> registry -> lambda -> manager cycle would keep the manager (and
-        # the block pool, i.e. an engine's memory) alive until the cyclic GC runs.
-        core = self.core
-        self.g_records.labels("producer").set_function(lambda: len(core.producer.records))
-        self.g_records.labels("consumer").set_function(lambda: len(core.consumer.records))
-        self.g_records.labels("session").set_function(lambda: len(core.sessions.records))
-        self._children: dict[tuple[Any, ...], Any] = {}
+    def _init_metrics(self, cfg: TierConfig, pool: BlockPool) -> None:
+        self._metrics = TierMetrics(tier=cfg.type, listener=self.transport.address, core=self.core,
+                                    lock=self._lock, clock=self.clock, block_bytes=pool.block_bytes)
+        if cfg.metrics_port is not None:
+            try:
+                self._metrics.serve(cfg.host, cfg.metrics_port)
+            except OSError as exc:
+                raise TransportError(
+                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc}") from exc
+            log.info("kvtier: metrics on http://%s/metrics", self._metrics.address)
+        # the callbacks capture the core and the job table, never the manager: an engine may keep
+        # the registry after shutdown, and it must not keep the block pool (its memory) alive
+        core, jobs, bb = self.core, self._jobs, pool.block_bytes
+        self._metrics.watch_quarantined("producer", lambda: _quarantined(core, jobs, bb)[1])
+        self._metrics.watch_quarantined(
+            "consumer",
+            lambda: sum(len(r.slots) for r in core.consumer.records.values() if r.state is ConsumerState.REVOKING),
+        )
+        self._metrics.watch_awaiting_receipt(
+            lambda: sum(len(r.jobs) for r in core.producer.records.values()
+                        if r.state in (ProducerState.SERVING, ProducerState.DELIVERING))
+        )
 
-    def _count(self, metric: Any, *labels: str, amount: float = 1.0) -> None:
-        """Increment a labelled counter; children are cached (``labels()`` takes a lock)."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        child.inc(amount)
+    @property
+    def metrics(self) -> CollectorRegistry:
+        """This manager's Prometheus registry (its series: docs/metrics.md)."""
+        return self._metrics.registry
+
+    @property
+    def metrics_address(self) -> str | None:
+        """``host:port`` of the metrics endpoint (config ``metrics_port``), or ``None`` when off."""
+        return self._metrics.address
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot of counters for humans and the demo (not a stable API)."""
+        """A snapshot of every series for humans and the demo (not a stable API): keys are
+        ``name{label=value,...}`` without the per-manager ``tier``/``listener`` labels."""
         with self._lock:
-            out: dict[str, Any] = {}
-            for metric in self.metrics.collect():
-                for s in metric.samples:
-                    if s.name.endswith("_created"):
-                        continue
-                    label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                    out[s.name + (f"{{{label}}}" if label else "")] = s.value
-            return out
+            return self._metrics.samples()
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -360,10 +368,11 @@ class KvTierManager:
             now = self.clock()
             if info.role != "producer":
                 self._results.append(JobResult(job_id=job.job_id, success=True))
-                self._count(self.m_jobs, "store", "ok", "local")
+                self._metrics.job_done("store", True, "local")
                 return
             digests = block_digests([self.pool.buffer(b) for b in job.slots], self.config.integrity)
             inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots), digests)
+            self._metrics.parked(info.kv_request_id, now)  # before the store: the first one starts the age
             effects = self.core.store(inp, now)
             # registered after the core accepted the input, before its effects (which may report it)
             self._jobs[job.job_id] = _Job("store", info.kv_request_id, now, len(job.slots) * self.pool.block_bytes)
@@ -511,6 +520,8 @@ class KvTierManager:
                 linger = max(0.05, grace - (time.monotonic() - start))
                 self._close_transport(linger)
                 self._finish_plane()
+        # outside the lock: a scrape in progress waits for that lock
+        self._metrics.close()
 
     def _finish_plane(self) -> None:
         """After the transport closed: the plane holds nothing any more; report its releases so
@@ -579,7 +590,7 @@ class KvTierManager:
                     self.transport.wait(min(interval, self._wait_budget()))
                     self._poll_once()
             except Exception:  # never let the thread die silently
-                self._count(self.m_internal)
+                self._metrics.internal_error()
                 log.exception("kvtier: poll thread error")
                 self._stop.wait(interval)
             time.sleep(0)  # yield the GIL so a thread blocked on the lock gets in
@@ -600,6 +611,9 @@ class KvTierManager:
         for r in self.plane.poll():
             self._run(self._released(r, now) if isinstance(r, Released) else self._revoked(r, now))
         self._heartbeats(now)
+        due = self.core.next_deadline()
+        if due is not None and due <= t_empty:
+            self._metrics.tick_lag(now - due)
         self._run(self.core.tick(t_empty))
         self._report_quarantine(now)
         self.transport.flush()
@@ -616,8 +630,8 @@ class KvTierManager:
                 try:
                     self._receive(peer, frames)
                 except Exception:
-                    self.m_internal.inc()
-                    log.exception("kvtier: error while handling a message from %s", peer)
+                    self._metrics.internal_error()
+                    log.exception("kvtier: error while handling a message from %s", self._who(peer))
             for ev in self._transport_events():
                 self._run(self.core.connection_closed(ev.peer, self.clock()))
             applied += len(batch)
@@ -643,7 +657,9 @@ class KvTierManager:
             self.transport.close()
 
     def _released(self, r: Released, now: float) -> list[fx.Effect]:
-        self.m_bytes_sent.inc(r.nbytes)
+        posted = self._posted.pop((r.kv_request_id, r.round), now)
+        if not r.failed:
+            self._metrics.transfer("producer", r.nbytes, now - posted)
         if r.failed:
             log.debug("kvtier: transfer %s round %d failed in the data plane: %s", r.kv_request_id, r.round, r.detail)
             return self.core.transfer_failed(r.kv_request_id, r.round, now)
@@ -661,16 +677,15 @@ class KvTierManager:
         if not any(r.state is ProducerState.QUARANTINED for r in self.core.producer.referenced()):
             return
         ids, blocks = self.quarantined()
-        self._ratelog(now, "*", "quarantined",
-                      "kvtier: %d ids (%d blocks) quarantined: the data plane has not released them; their store "
-                      "jobs stay outstanding so the engine cannot reuse blocks a send may still read", ids, blocks)
+        self._plog("*", "quarantined",
+                   "kvtier: %d ids (%d blocks) quarantined: the data plane has not released them; their store "
+                   "jobs stay outstanding so the engine cannot reuse blocks a send may still read", ids, blocks)
 
     def quarantined(self) -> tuple[int, int]:
         """(ids, store-job blocks) held in ``quarantined``: the data plane never confirmed their
         release, so their jobs stay outstanding (architecture decision 11)."""
         with self._lock:
-            recs = [r for r in self.core.producer.referenced() if r.state is ProducerState.QUARANTINED]
-            return len(recs), sum(self._jobs[j].nbytes for r in recs for j in r.jobs if j in self._jobs) // self.pool.block_bytes
+            return _quarantined(self.core, self._jobs, self.pool.block_bytes)
 
     def _heartbeats(self, now: float) -> None:
         interval = self.config.heartbeat_interval_s
@@ -690,14 +705,15 @@ class KvTierManager:
         try:
             msg, payloads = self._decoder.decode(frames)
         except WireError as err:
-            self._count(self.m_wire, err.reason)
+            self._metrics.wire_error(err.reason)
             if err.reason == "version_mismatch" and err.msg_type == "hello" and err.gen is not None:
                 # answer a hello from another protocol version as a handshake mismatch, at once
-                log.error("kvtier: %s speaks protocol version %s, we speak %s", peer, err.theirs, PROTOCOL_VERSION)
+                self._plog(peer, err.reason, "kvtier: %s speaks protocol version %s, we speak %s",
+                           self._who(peer), err.theirs, PROTOCOL_VERSION, level=logging.ERROR)
                 self._send(peer, wm.HelloReject(gen=err.gen, reason="handshake_mismatch", field="version",
                                                 ours=str(PROTOCOL_VERSION), theirs=err.theirs or "?"))
                 return
-            logged = self._ratelog(now, peer, err.reason, "kvtier: bad message from %s: %s", peer, err)
+            logged = self._plog(peer, err.reason, "kvtier: bad message from %s: %s", self._who(peer), err)
             if err.kv_request_id or logged:
                 # a reply that names an id lets the sender fail just that request at once; other
                 # replies are as rate-limited as the log
@@ -734,27 +750,29 @@ class KvTierManager:
         elif t is wm.Pong:
             self._run(core.ping(peer, msg.gen, now))
         elif t is wm.Hello:
+            self._name_peer(peer, msg.instance)
             hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, gen=msg.gen,
                                data_plane=msg.data_plane, digest=msg.digest, instance=msg.instance)
             if self._plane_peer(peer, msg.gen, msg.data_plane, msg.descriptor):
                 self._run(core.hello(peer, hello, now))
         elif t is wm.HelloAck:
+            self._name_peer(peer, msg.instance)
             if self._plane_peer(peer, msg.gen, self.plane.name, msg.descriptor):
                 self._run(core.hello_ack(peer, msg.gen, now, msg.instance))
         elif t is wm.HelloReject:
             if msg.field == "max_peers":
-                log.error("kvtier: %s refused the session: it already has max_peers=%s sessions", peer, msg.ours)
+                self._plog(peer, "hello_reject", "kvtier: %s refused the session: it already has "
+                           "max_peers=%s sessions", self._who(peer), msg.ours, level=logging.ERROR)
             else:
-                log.error(
-                    "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
-                    peer, msg.field, msg.theirs, msg.ours,
-                )
+                self._plog(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, "
+                           "theirs %s)", self._who(peer), msg.field, msg.theirs, msg.ours, level=logging.ERROR)
             self._run(core.hello_reject(peer, msg.gen, now))
         elif t is wm.Disconnect:
             self._run(core.disconnect(peer, msg.gen, now))
         elif t is wm.Error:
-            self._count(self.m_wire, "peer_reported_" + msg.reason)
-            self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %s %s", peer, msg.reason, msg.detail)
+            self._metrics.wire_error(msg.reason, reported_by_peer=True)
+            self._plog(peer, "peer_error", "kvtier: %s reports an error: %s %s", self._who(peer),
+                       msg.reason, msg.detail)
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
 
@@ -766,7 +784,7 @@ class KvTierManager:
         try:
             self.plane.add_peer(peer, descriptor)
         except PlaneError as exc:
-            self._count(self.m_wire, "bad_descriptor")
+            self._metrics.wire_error("bad_field")
             log.error("kvtier: %s sent a data-plane descriptor we cannot use: %s", peer, exc)
             self._send(peer, wm.HelloReject(gen=gen, reason="handshake_mismatch", field="descriptor", ours="", theirs=""))
             self._run(self.core.hello_reject(peer, gen, self.clock()))
@@ -785,6 +803,30 @@ class KvTierManager:
 
     def _send(self, peer: str, msg: Any, payloads: list[Any] | tuple = (), *, track: bool = False) -> SendHandle:
         return self.transport.send(peer, encode_frames(msg, payloads), track=track)
+
+    def _plog(self, peer: str, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> bool:
+        """Log about ``peer``, at most once per (peer, reason) per 10 s; returns whether it logged."""
+        return self._ratelog(self.clock(), peer, reason, msg, *args, level=level)
+
+    def _where(self, peer: str) -> str:
+        """``host:port`` of a peer we dialled, the IP of one that dialled us (or ``""``)."""
+        return getattr(self.transport, "peer_address", lambda p: p)(peer)
+
+    def _who(self, peer: str) -> str:
+        """``peer`` for a log line: its address and instance once its hello named them (an inbound
+        ``in:<hex>`` routing id alone means nothing to an operator)."""
+        return self._peer_names.get(peer) or self._name_peer(peer, "")
+
+    def _name_peer(self, peer: str, instance: str) -> str:
+        where = self._where(peer) or "unknown address"
+        name = where if where == peer else f"{where} ({peer})"
+        if instance:
+            name += f" instance {instance}"
+            if len(self._peer_names) > 2 * self.config.max_peers + 64:
+                live = self.core.sessions.records
+                self._peer_names = {p: n for p, n in self._peer_names.items() if p in live}
+            self._peer_names[peer] = name
+        return name
 
     def _gen(self, peer: str) -> int:
         """The generation our messages to ``peer`` carry (0 when there is no session)."""
@@ -812,7 +854,7 @@ class KvTierManager:
             self._revoking.setdefault(e.peer, []).append((e.kv_request_id, e.round))
         elif t is fx.SendTransferDone:
             if not e.ok:
-                self._count(self.m_late, e.reason or "")
+                self._metrics.fetch_refused(e.reason)
             return self._send_ctl(e.peer, wm.TransferDone(
                 gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, ok=e.ok, reason=e.reason or ""))
         elif t is fx.SendAbortAck:
@@ -830,7 +872,7 @@ class KvTierManager:
             try:
                 self.transport.connect(e.peer)
             except (TransportError, ValueError) as exc:
-                log.warning("kvtier: cannot connect to %s: %s", e.peer, exc)
+                self._plog(e.peer, "connect", "kvtier: cannot connect to %s: %s", e.peer, exc)
                 return self.core.send_failed(e.peer, self.clock())
             return self.core.transport_up(e.peer, self.clock())
         elif t is fx.SendHello:
@@ -842,12 +884,14 @@ class KvTierManager:
         elif t is fx.SendHelloAck:
             self._send(e.peer, wm.HelloAck(gen=e.gen, instance=self.instance, descriptor=self.plane.descriptor()))
         elif t is fx.SendHelloReject:
-            self._count(self.m_peer_down, e.reason)
+            self._metrics.session_ended(e.reason)
             if e.field == "max_peers":
-                log.warning("kvtier: refusing a session from %s: max_peers=%s reached", e.peer, e.ours)
+                self._plog(e.peer, e.reason, "kvtier: refusing a session from %s: max_peers=%s reached",
+                           self._who(e.peer), e.ours)
             else:
-                log.error("kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
-                          e.peer, e.field, e.ours, e.theirs)
+                self._plog(e.peer, e.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
+                           self._who(e.peer), e.field, e.ours, e.theirs, level=logging.ERROR)
+            self._peer_names.pop(e.peer, None)
             self._send(e.peer, wm.HelloReject(gen=e.gen, reason=e.reason, field=e.field, ours=e.ours, theirs=e.theirs))
         elif t is fx.SendDisconnect:
             self._send(e.peer, wm.Disconnect(gen=e.gen, reason=e.reason))
@@ -855,12 +899,15 @@ class KvTierManager:
             self._drop_peer(e.peer)
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
-            self._count(self.m_peer_down, e.reason)
+            self._metrics.session_ended(e.reason)
             self.plane.remove_peer(e.peer)
+            # a goodbye (ours or the peer's) is routine; every other ending is a fault
             level = logging.INFO if e.reason in ("shutdown", "peer_disconnected") else logging.WARNING
-            log.log(level, "kvtier: session with %s ended: %s", e.peer, e.reason)
+            self._plog(e.peer, e.reason, "kvtier: session with %s ended: %s", self._who(e.peer), e.reason,
+                       level=level)
+            self._peer_names.pop(e.peer, None)
         elif t is fx.Ignored:
-            self._count(self.m_ignored, e.machine, e.reason)
+            self._metrics.ignored(e.machine, e.reason)
         else:  # pragma: no cover - a new effect type without a performer is a bug
             raise TypeError(f"no performer for effect {e!r}")
         return None
@@ -876,6 +923,7 @@ class KvTierManager:
                 gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=first, count=len(blocks),
                 digests=list(e.digests[first : first + per])))
             batches.append(Batch(first, blocks, e.slots[first : first + per] if one_sided else (), header))
+        self._posted[(e.kv_request_id, e.round)] = self.clock()
         self.plane.post(e.peer, e.kv_request_id, e.round, batches)
 
     def _land(self, e: fx.LandBlocks) -> list[fx.Effect]:
@@ -884,32 +932,33 @@ class KvTierManager:
         try:
             self.plane.land(e.slots, payloads)
         except PlaneError as exc:
-            self._count(self.m_wire, "bad_payload")
-            self._ratelog(self.clock(), e.peer, "bad_payload", "kvtier: bad block_data from %s: %s", e.peer, exc)
+            self._metrics.wire_error("bad_payload")
+            self._plog(e.peer, "bad_payload", "kvtier: bad block_data from %s: %s", self._who(e.peer), exc)
             bad = 0
         else:
             pool = self.pool
             bad = check_blocks([pool.buffer(s) for s in e.slots], digests, self.config.integrity)
         if bad < 0:
-            self.m_bytes_landed.inc(len(e.slots) * self.pool.block_bytes)
+            self._metrics.landed(len(e.slots) * self.pool.block_bytes)
         else:
-            self._ratelog(self.clock(), e.peer, "corrupt",
-                          "kvtier: block %d of %s round %d from %s does not match its parked digest; the load fails",
-                          e.first + bad, e.kv_request_id, e.round, e.peer)
+            self._plog(e.peer, "corrupt",
+                       "kvtier: block %d of %s round %d from %s does not match its parked digest; the load fails",
+                       e.first + bad, e.kv_request_id, e.round, self._who(e.peer))
         inp = MessageInput(e.kv_request_id, e.round, e.first, e.count, ok=bad < 0, reason=None if bad < 0 else "corrupt")
         return self.core.blocks_landed(e.peer, inp, self.clock())
 
     def _finish_job(self, job_id: int, ok: bool, reason: str | None) -> None:
         job = self._jobs.pop(job_id, None)
         if job is None:  # the core guarantees exactly once; count instead of crashing the engine
-            self.m_internal.inc()
+            self._metrics.internal_error()
             log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
             return
         reason = None if ok else str(reason or "failed")
-        self._count(self.m_jobs, job.kind, "ok" if ok else "fail", reason or "")
+        self._metrics.job_done(job.kind, ok, reason)
         if ok and job.kind == "load":
-            res = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes,
-                            transfer_time_s=self.clock() - job.submitted)
+            elapsed = self.clock() - job.submitted
+            self._metrics.transfer("consumer", job.nbytes, elapsed)
+            res = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes, transfer_time_s=elapsed)
         else:
             res = JobResult(job_id=job_id, success=ok, reason=reason)
         self._results.append(res)

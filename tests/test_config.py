@@ -34,6 +34,7 @@ EXPECTED_DEFAULTS = {
     "module_path": "kvtier.integrations.vllm",
     "host": "127.0.0.1",
     "port": 0,
+    "metrics_port": None,
     "locality": None,
     "backpressure": None,
     "unbound_store_timeout_s": 60.0,
@@ -689,3 +690,21 @@ def test_every_timer_key_named_by_the_lifecycle_spec_exists():
     for key in keys:
         assert key in DEFAULTS, f"spec timer reads unknown config key {key!r}"
         assert units[key] == "s", key
+
+
+# -- metrics_port: null (off) or a port, converted like the integer keys -----------------------------
+
+
+@pytest.mark.parametrize("value", [v for v in _INT_BAD if v is not None] + [-1, 65536, "65536", "-1"], ids=_id)
+def test_metrics_port_rejects(value):
+    with pytest.raises(TierConfigError) as exc:
+        _build("metrics_port", value)
+    _assert_names(exc.value, "metrics_port", value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), (0, 0), (9464, 9464), ("9464", 9464),
+                                                 (" 9464\n", 9464), (9464.0, 9464), (65535, 65535)])
+def test_metrics_port_accepts(value, expected):
+    cfg = _build("metrics_port", value)
+    assert cfg.metrics_port == expected
+    assert TierConfig.from_dict(cfg.to_dict()) == cfg

@@ -28,9 +28,12 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.config import DEFAULTS
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "host": "127.0.0.1",
@@ -49,6 +52,71 @@ def block_keys(ids: list[int], tokens_per_block: int) -> tuple[bytes, ...]:
         prev = hashlib.sha256(prev + b"|" + chunk).digest()[:16]
         keys.append(prev)
     return tuple(keys)
+
+
+# -- progress ---------------------------------------------------------------------------------
+class DemoProgress(Protocol):
+    """What :func:`run` reports while it works: the current stage, and requests done of total."""
+
+    def stage(self, text: str) -> None: ...
+
+    def requests(self, total: int) -> None: ...
+
+    def advance(self) -> None: ...
+
+
+class _Quiet:
+    """The reporter of ``--json`` runs: says nothing."""
+
+    def stage(self, text: str) -> None:
+        pass
+
+    def requests(self, total: int) -> None:
+        pass
+
+    def advance(self) -> None:
+        pass
+
+
+class RichProgress:
+    """Progress on a rich console: on a terminal a live line (spinner, stage, bar, requests done,
+    elapsed time) that disappears before the final table; elsewhere (a pipe, a CI log) one
+    timestamped line per stage.  Use as a context manager."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self._t0 = time.monotonic()
+        self._progress = None
+        if console.is_terminal:
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+            self._task = self._progress.add_task("kvtier demo", total=None)
+
+    def __enter__(self) -> RichProgress:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def stage(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+        else:
+            self.console.print(f"[{time.monotonic() - self._t0:6.1f} s] {text}", highlight=False, markup=False,
+                               soft_wrap=True)
+
+    def requests(self, total: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=total, completed=0)
+
+    def advance(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
 
 
 # -- worker processes ---------------------------------------------------------------------------
@@ -199,9 +267,12 @@ def run(
     unbound_store_timeout_s: float = 1.0,
     late_delay_s: float | None = None,
     no_late: bool = False,
-    progress: Any = None,
+    progress: DemoProgress | None = None,
 ) -> dict[str, Any]:
-    """Run the demo; return a JSON-able report (see module docstring)."""
+    """Run the demo; return a JSON-able report (see module docstring). ``progress`` hears every
+    stage as it starts (nothing is reported without one)."""
+    report = progress or _Quiet()
+    report.stage("loading SmolLM2-135M (the first run converts its GGUF, ~30 s)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -224,20 +295,28 @@ def run(
     pool_blocks = max(layout.num_blocks(len(ids)) for _, ids in encoded) + 4
     cfg = dict(DEFAULT_CONFIG, unbound_store_timeout_s=unbound_store_timeout_s)
 
+    report.stage("starting the producer and consumer processes (each loads the model)")
     pproc, pconn = _start(_producer_main, cfg, pool_blocks)
     cproc, cconn = _start(_consumer_main, cfg, pool_blocks)
     rows: list[dict[str, Any]] = []
     try:
         hello = _recv(pconn, pproc, "producer start")
         _recv(cconn, cproc, "consumer start")
-        task = progress.add_task("prefill → kvtier → decode", total=len(encoded)) if progress else None
+        report.requests(len(encoded))
         for i, (name, ids) in enumerate(encoded):
+            late = name == late_name
+            report.stage(f"{name}: monolithic run (the reference tokens)")
             reference = recompute_decode(model, ids, max_new_tokens, eos_token_ids(tok))  # monolithic
             kid = f"demo-{os.getpid()}-{i}"
+            report.stage(f"{name}: PD run — prefill on the producer, park")
             pconn.send({"op": "prefill", "kv_request_id": kid, "ids": ids})
             pre = _recv(pconn, pproc, f"prefill {name}")
-            if name == late_name:
+            if late:
+                report.stage(f"{name}: late consumer — held back {late_delay:.1f} s, past the park timeout")
                 time.sleep(late_delay)  # the consumer is queued somewhere: past the park timeout
+                report.stage(f"{name}: late consumer — fetch after the reap (expect a refusal), recompute locally")
+            else:
+                report.stage(f"{name}: PD run — fetch over kvtier, decode on the consumer")
             cconn.send({"op": "decode", "kv_request_id": kid, "ids": ids, "producer": hello["address"],
                         "num_tokens": pre["num_tokens"], "first_token": pre["first_token"],
                         "max_new_tokens": max_new_tokens})
@@ -251,8 +330,8 @@ def run(
                 "identical": dec["tokens"] == reference, "tokens": dec["tokens"], "reference": reference,
                 "text": tok.decode(dec["tokens"], skip_special_tokens=True),
             })
-            if progress:
-                progress.advance(task)
+            report.advance()
+        report.stage("collecting the producer's results")
         pconn.send({"op": "results"})
         pres = _recv(pconn, pproc, "producer results")
     finally:
@@ -281,7 +360,7 @@ def run(
         "median_kv_ready_fetched_s": statistics.median(r["kv_ready_fetched_s"] for r in fetched) if fetched else None,
         "median_kv_ready_recompute_s": statistics.median(r["kv_ready_recompute_s"] for r in fetched) if fetched else None,
         "late_rejection_ms": next((r["load_s"] * 1e3 for r in rows if r["late"]), None),
-        "producer_metrics": {k: v for k, v in pres["stats"].items() if v},
+        "producer_metrics": {k: v for k, v in pres["stats"].items() if v and "_bucket{" not in k},
     }
     return {"summary": summary, "requests": rows}
 
@@ -329,9 +408,10 @@ def main(*, as_json: bool = False, **opts: Any) -> int:
         json.dump(report, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        from rich.progress import Progress
+        from rich.console import Console
 
-        with Progress(transient=True) as progress:
+        # the progress starts before run() imports torch: the user sees it from the first second
+        with RichProgress(Console()) as progress:
             report = run(progress=progress, **opts)
         _print_report(report)
     return 0 if report["summary"]["ok"] else 1

@@ -23,7 +23,10 @@ What the adapter does, and nothing more:
   job or a MISS, and every job id is reported exactly once (a duplicate or unknown result is
   dropped with an error instead of tripping vLLM's ``assert``);
 * resolves vLLM's block-hash seed lazily (vLLM builds the tier before ``init_none_hash`` runs);
-* binds ``port + data_parallel_index`` like vLLM's built-in ``p2p`` tier.
+* binds ``port + data_parallel_index`` like vLLM's built-in ``p2p`` tier (and serves metrics on
+  ``metrics_port + data_parallel_index``);
+* publishes kvtier's series through vLLM's own tier-metrics path (``build_metric_definitions`` /
+  ``get_stats``), so they appear on vLLM's ``/metrics`` as ``vllm:kvtier_*``.
 
 Threading: vLLM calls every method under ``TieringOffloadingManager.lock`` — from the scheduler
 thread, and ``get_finished_jobs`` also from its ``vllm_offload_tier_poll`` thread (this tier sets
@@ -68,6 +71,13 @@ try:
         TransferJob as VllmTransferJob,
     )
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+    from vllm.v1.kv_offload.base import (
+        OffloadingCounterMetadata,
+        OffloadingGaugeMetadata,
+        OffloadingHistogramMetadata,
+        OffloadingMetricMetadata,
+    )
 except Exception as _exc:  # any failure: a half-installed stack raises TypeError, PackageNotFoundError…
     raise ImportError(
         "kvtier.integrations.vllm needs vLLM 0.33.0 (vllm.v1.kv_offload.tiering); importing it "
@@ -79,6 +89,7 @@ from kvtier.config import TierConfig, TierConfigError
 from kvtier.lifecycle.errors import InvalidTransition
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
+from kvtier.metrics import CONST_LABELS, SERIES
 
 __all__ = ["KvTierSecondaryTier", "TESTED_VLLM_VERSION", "vllm_layout"]
 
@@ -88,6 +99,80 @@ TESTED_VLLM_VERSION = "0.33.0"
 """The vLLM release this adapter is written and tested against (the tiering API is experimental)."""
 
 _DRAIN_MARGIN_S = 5.0
+
+VLLM_PREFIX = "vllm:"
+"""kvtier's series appear on vLLM's ``/metrics`` as ``vllm:<name>`` (e.g. ``vllm:kvtier_parked_ids``)."""
+
+_STATS_INTERVAL_S = 1.0
+"""vLLM asks for stats at every engine step; the live gauges walk every record, so at most this often."""
+
+
+def _vllm_name(name: str, kind: str) -> str:
+    # prometheus_client appends _total to a counter's name itself
+    base = name[: -len("_total")] if kind == "counter" and name.endswith("_total") else name
+    return VLLM_PREFIX + base
+
+
+def vllm_metric_definitions() -> dict[str, OffloadingMetricMetadata]:
+    """kvtier's series (:data:`kvtier.metrics.SERIES`) as vLLM 0.33.0 offloading metric
+    definitions; vLLM prepends its engine labels (``model_name``, ``engine``)."""
+    out: dict[str, OffloadingMetricMetadata] = {}
+    for s in SERIES:
+        labels = CONST_LABELS + s.labels
+        if s.kind == "counter":
+            meta: OffloadingMetricMetadata = OffloadingCounterMetadata(documentation=s.help, labelnames=labels)
+        elif s.kind == "gauge":
+            meta = OffloadingGaugeMetadata(documentation=s.help, labelnames=labels)
+        else:
+            meta = OffloadingHistogramMetadata(documentation=s.help, labelnames=labels, buckets=s.buckets)
+        out[_vllm_name(s.name, s.kind)] = meta
+    return out
+
+
+class _StatsBridge:
+    """Turns a manager's registry into vLLM's ``OffloadingConnectorStats`` payloads: counter
+    increments since the last payload, gauge snapshots, and every histogram observation (from a
+    bounded :meth:`~kvtier.metrics.TierMetrics.tap`)."""
+
+    def __init__(self, mgr: KvTierManager) -> None:
+        self._metrics = mgr._metrics
+        self._tap = self._metrics.tap()
+        self._last: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._labels = {s.name: CONST_LABELS + s.labels for s in SERIES}
+        self._kinds = {s.name: s.kind for s in SERIES}
+        self._next = 0.0
+
+    def take(self) -> OffloadingConnectorStats | None:
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + _STATS_INTERVAL_S
+        stats = OffloadingConnectorStats()
+        const = self._metrics.const_values
+        for family in self._metrics.registry.collect():
+            kind = family.type
+            if kind not in ("counter", "gauge"):
+                continue
+            for sample in family.samples:
+                name = sample.name
+                if kind == "counter" and not name.endswith("_total"):
+                    continue  # _created
+                names = self._labels.get(name)
+                if names is None:
+                    continue
+                labels = tuple(sample.labels.get(n, "") for n in names)
+                vname = _vllm_name(name, kind)
+                if kind == "gauge":
+                    stats.set_gauge(vname, sample.value, labels)
+                    continue
+                key = (name, labels)
+                delta = sample.value - self._last.get(key, 0.0)
+                if delta > 0:
+                    self._last[key] = sample.value
+                    stats.increase_counter(vname, delta, labels)
+        for name, labels, value in self._tap.take():
+            stats.observe_histogram(_vllm_name(name, "histogram"), value, (*const, *labels))
+        return None if stats.is_empty() else stats
 
 
 class _Throttled:
@@ -254,15 +339,16 @@ class KvTierSecondaryTier(SecondaryTierManager):
         #    tier whose __init__ raised).
         config = TierConfig.from_dict({"type": tier_type, **options, "backpressure": backpressure_detector})
         dp = _dp_index(offloading_spec)
-        if config.port and dp:
-            port = config.port + dp
-            if port > 65535:
-                raise TierConfigError(
-                    f"port={config.port} plus data_parallel_index {dp} is {port}, above 65535; "
-                    "pick a lower base port",
-                    keys=("port",),
-                )
-            config = attrs.evolve(config, port=port)
+        for key in ("port", "metrics_port"):  # the listener and the metrics endpoint
+            base = getattr(config, key)
+            if base and dp:
+                if base + dp > 65535:
+                    raise TierConfigError(
+                        f"{key}={base} plus data_parallel_index {dp} is {base + dp}, above 65535; "
+                        "pick a lower base port",
+                        keys=(key,),
+                    )
+                config = attrs.evolve(config, **{key: base + dp})
         explicit_seed = config.hash_seed
         if not explicit_seed:
             # Until vLLM has run init_none_hash, advertise what it reports now (its deterministic
@@ -304,10 +390,28 @@ class KvTierSecondaryTier(SecondaryTierManager):
             raise
         del pool
         self.config = self._mgr.config
+        self._stats = _StatsBridge(self._mgr)
         log.info(
             "kvtier tier %r: listening on %s (data_parallel_index %d), pool %d blocks x %d bytes, layout %s",
             tier_type, self._mgr.address, dp, self._mgr.pool.num_blocks, self._mgr.pool.block_bytes, layout,
         )
+
+    # -- metrics: kvtier's series on vLLM's /metrics ------------------------------------------------
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        """Declare kvtier's series to vLLM's Prometheus logger (see docs/metrics.md)."""
+        return vllm_metric_definitions()
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """kvtier's series since the last call (vLLM calls this at every engine step, under its
+        lock; at most once per second something is returned)."""
+        if self._mgr is None:
+            return None
+        try:
+            return self._stats.take()
+        except Exception:
+            self._warn_internal(logging.ERROR, "kvtier: collecting metrics for vLLM failed", exc_info=True)
+            return None
 
     # -- small helpers ----------------------------------------------------------------------------
     @staticmethod

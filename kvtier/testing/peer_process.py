@@ -142,7 +142,8 @@ class _Child:
         self.paused = False
         self.results = []
         self.reqs = {}
-        return {"port": self.mgr.port, "host": self.mgr.host, "address": self.mgr.address}
+        return {"port": self.mgr.port, "host": self.mgr.host, "address": self.mgr.address,
+                "metrics_address": self.mgr.metrics_address}
 
     def op_stop_manager(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -471,6 +472,7 @@ class PeerProcess:
             "start_manager", config=dict(config), num_blocks=num_blocks, block_bytes=block_bytes, layout=layout
         )
         self.address, self.host, self.port = info["address"], info["host"], info["port"]
+        self.metrics_address: str | None = info["metrics_address"]  # config metrics_port, else None
         return self.address
 
     def crash_manager(self) -> None:

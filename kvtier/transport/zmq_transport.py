@@ -168,6 +168,7 @@ class ZmqTransport:
         self._npending = 0
         self._poller: zmq.Poller | None = None
         self._rr = 0  # round-robin start offset for recv() fairness
+        self._in_addr: dict[str, str] = {}  # inbound peer id -> its IP (for log lines)
         try:
             self._router = self._socket(zmq.ROUTER, ipv6=self._ipv6)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -430,6 +431,8 @@ class ZmqTransport:
                     parts = parts[1:]
                     if not parts:
                         continue
+                    if peer not in self._in_addr:
+                        self._remember_address(peer, parts[0])
                 out.append(
                     (peer, [p.bytes if len(p) < threshold else p.buffer for p in parts])
                 )
@@ -497,6 +500,22 @@ class ZmqTransport:
         return poller
 
     # -- teardown ------------------------------------------------------------------------------
+
+    def _remember_address(self, peer: str, frame: zmq.Frame) -> None:
+        try:
+            addr = frame.get("Peer-Address")
+        except (zmq.ZMQError, AttributeError):  # a transport without the property (e.g. ipc)
+            addr = ""
+        if len(self._in_addr) >= 4096:  # bounded: forget the oldest
+            del self._in_addr[next(iter(self._in_addr))]
+        self._in_addr[peer] = addr or ""
+
+    def peer_address(self, peer: str) -> str:
+        """Where ``peer`` is: ``host:port`` for a producer we dialled, the remote IP for a peer
+        that dialled us (zmq's ``Peer-Address``; ``""`` if unknown). For log lines only."""
+        if peer.startswith(_IN_PREFIX):
+            return self._in_addr.get(peer, "")
+        return peer
 
     def disconnect(self, peer: str) -> None:
         """Forget ``peer`` and fail its queued sends with ``disconnected``.

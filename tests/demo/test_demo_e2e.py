@@ -22,7 +22,8 @@ def test_demo_json_one_prompt_and_late_consumer(model_cache_dir) -> None:
     env = dict(os.environ, KVTIER_CACHE_DIR=str(model_cache_dir), HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout)
+    report = json.loads(proc.stdout)  # stdout is exactly one JSON document ...
+    assert "loading SmolLM2" not in proc.stdout + proc.stderr  # ... and --json shows no progress
     rows = report["requests"]
     assert len(rows) == 2
     normal, late = rows

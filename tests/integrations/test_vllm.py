@@ -331,7 +331,7 @@ def test_hash_seed_is_resolved_lazily_and_checked_in_the_handshake(managers, mon
     # the producer refuses the hello (hash_seed differs): the load fails, vLLM recomputes
     assert promote(prod, cons, D, ks) == [LookupResult.MISS]
     assert time.monotonic() - t0 < 5.0
-    assert stat(ctier, "kvtier_peer_down_total{reason=handshake_mismatch}") == 1
+    assert stat(ctier, "kvtier_session_ends_total{reason=handshake_mismatch}") == 1
     with cons.lock:
         cons.on_request_finished(D)
         step(cons)
@@ -651,7 +651,7 @@ def test_pd_pair_over_zmq_with_real_schedulers(model_dir: str) -> None:
             "the failed load of D2", timeout_s=load_timeout_s)
         elapsed = time.monotonic() - t0
         assert elapsed < load_timeout_s / 4, f"late fetch took {elapsed:.1f}s to be refused"
-        assert stat(prefill.tier, "kvtier_late_fetch_rejected_total{reason=reaped}") == 1
+        assert stat(prefill.tier, "kvtier_fetches_refused_total{reason=reaped}") == 1
         assert stat(decode.tier, "kvtier_jobs_total{kind=load,outcome=fail,reason=reaped}") == 1
         run(engines, lambda: "D2" in decode.finished, "the local recompute of D2")
         assert "D2" not in decode.loaded  # nothing was loaded for it ...

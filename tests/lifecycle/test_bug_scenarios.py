@@ -127,7 +127,7 @@ def done_fail(effects: list[Any], kid: str) -> SendTransferDone:
 
 
 def test_b01_late_fetch_after_reap_is_refused_in_one_rtt_and_sends_no_bytes() -> None:
-    """B01. Not expressible in the core: the ``late_fetch_rejected`` counter (the shell counts
+    """B01. Not expressible in the core: the ``kvtier_fetches_refused_total`` counter (the shell counts
     ``SendTransferDone(fail)`` effects) and the consumer's local prefill fallback."""
     s = Pair()
     job_a, out = s.store("A", 4, 0.0, blocks=(0, 1, 2, 3))

@@ -144,6 +144,25 @@ def pump_until(
             time.sleep(wait_s)
 
 
+def transfer_once(p: KvTierManager, c: KvTierManager, kv_id: str, n: int = 3, *, poll: bool = True) -> JobResult:
+    """Park ``n`` blocks of ``kv_id`` on ``p`` (store job 1, slots 0..n-1), load them on ``c``
+    (load job 2, slots n..2n-1), and wait until both sides counted the transfer — the producer
+    only once the transport released its blocks.  ``poll=False`` when the managers poll in the
+    background.  Returns the load's result."""
+    jobs = Jobs(c)
+    preq = producer_req(f"p-{kv_id}", kv_id)
+    p.on_new_request(preq)
+    keys = keys_for(kv_id, n)
+    p.submit_store(job(1, keys, range(n), preq))
+    creq = consumer_req(f"c-{kv_id}", kv_id, p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys, range(n, 2 * n), creq))
+    managers = [p, c] if poll else []
+    assert pump_until(lambda: jobs.has(2), managers=managers, jobs=[jobs]), f"{kv_id}: the load never ended"
+    assert pump_until(lambda: metric(p, "kvtier_transfer_bytes_count", role="producer") >= 1, managers=managers)
+    return jobs.one(2)
+
+
 # -- virtual clock + in-memory transport ------------------------------------------------------------
 
 

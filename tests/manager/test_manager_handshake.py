@@ -46,7 +46,7 @@ def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
     r = jobs.one(2)
     # The session dies with handshake_mismatch and every load bound to the peer fails with it.
     assert (r.success, r.reason) == (False, "handshake_mismatch")
-    assert metric(c, "kvtier_peer_down_total", reason="handshake_mismatch") == 1
+    assert metric(c, "kvtier_session_ends_total", reason="handshake_mismatch") == 1
     assert c.lookup(b"k0", creq) is LookupResult.MISS
     assert metric(c, "kvtier_block_bytes_landed_total") == 0
     assert metric(p, "kvtier_block_bytes_sent_total") == 0

@@ -38,7 +38,7 @@ def test_producer_refuses_a_session_beyond_max_peers_and_the_consumer_fails_fast
         # the second consumer was refused at the handshake (names max_peers) and fails at once
         assert not c2.core.session_ready("prod:1")
         assert c2.lookup(keys_for("B", 1)[0], r2) is LookupResult.MISS
-        assert p.stats().get("kvtier_peer_down_total{reason=too_many_peers}") == 1.0
+        assert p.stats().get("kvtier_session_ends_total{reason=too_many_peers}") == 1.0
         # the first one is unaffected
         j1 = Jobs(c1)
         c1.submit_load(job(9, keys_for("A", 1), [3], r1))

@@ -189,7 +189,7 @@ def test_late_fetch_after_reap_fails_reaped_and_sends_zero_bytes(producer, make_
 
     stats = producer.stats()
     assert metric(stats, "kvtier_block_bytes_sent_total") == 0
-    assert metric(stats, "kvtier_late_fetch_rejected_total", reason="reaped") == 1
+    assert metric(stats, "kvtier_fetches_refused_total", reason="reaped") == 1
     assert metric(c, "kvtier_block_bytes_landed_total") == 0
     assert digests(c.pool, [30, 31, 32, 33]) == [sentinel_digest(BB)] * 4
     assert producer.state("kv-late") == "tombstoned"
@@ -413,7 +413,7 @@ def test_producer_restart_on_the_same_port_fails_old_loads_once_and_serves_new_o
     assert producer.port == port
     assert pump_until(lambda: jobs.has(1), jobs=[jobs])
     assert (jobs.one(1).success, jobs.one(1).reason) == (False, "peer_disconnected")
-    assert metric(c, "kvtier_peer_down_total", reason="peer_disconnected") == 1, c.stats()
+    assert metric(c, "kvtier_session_ends_total", reason="peer_disconnected") == 1, c.stats()
     assert digests(c.pool, [0, 1]) == [sentinel_digest(BB)] * 2
 
     stored = producer.store("kv-new", 1, keys_for("kv-new", 3), [0, 1, 2], seed=70)
@@ -562,5 +562,5 @@ def test_idle_session_is_kept_alive_by_heartbeats(producer, make_manager):
     assert pump_until(lambda: c.core.session_ready(peer), managers=[c])
     pump_until(lambda: False, managers=[c], timeout_s=2.0)
     assert c.core.sessions.records[peer].state is SessionState.READY
-    assert metric_sum(c, "kvtier_peer_down_total") == 0
-    assert metric_sum(producer.stats(), "kvtier_peer_down_total") == 0
+    assert metric_sum(c, "kvtier_session_ends_total") == 0
+    assert metric_sum(producer.stats(), "kvtier_session_ends_total") == 0

@@ -28,6 +28,7 @@ from mgr_helpers import (
     job,
     keys_for,
     metric,
+    metric_sum,
     pattern_digest,
     producer_req,
     sentinel_digest,
@@ -104,7 +105,7 @@ def test_b01_late_fetch_refused_in_one_rtt_with_zero_data(pairs):
     assert C.lookup(keys_for("A", 1)[0], ca) is LookupResult.MISS
     assert metric(P, "kvtier_block_bytes_sent_total") == 0
     assert metric(C, "kvtier_block_bytes_landed_total") == 0
-    assert metric(P, "kvtier_late_fetch_rejected_total", reason="reaped") == 1
+    assert metric(P, "kvtier_fetches_refused_total", reason="reaped") == 1
     assert digests(C.pool, [4, 5, 6, 7]) == [sentinel_digest(BB)] * 4
     assert digests(P.pool, [0, 1, 2, 3]) == dig_b  # B's blocks untouched
     assert not v.pjobs.has(2)
@@ -292,7 +293,7 @@ def test_b09_silent_producer_all_loads_fail_once_by_peer_timeout(pairs):
         assert _outcome(v.cjobs, jid) == (False, "peer_timeout")
         assert C.lookup(keys_for(kv, 1)[0], r) is LookupResult.MISS
         assert digests(C.pool, slots) == [sentinel_digest(BB)] * len(slots)
-    assert metric(C, "kvtier_peer_down_total", reason="peer_timeout") == 1
+    assert metric(C, "kvtier_session_ends_total", reason="peer_timeout") == 1
     v.advance_to(40.0)
     assert v.cjobs.total() == 2
 
@@ -368,8 +369,8 @@ def test_liveness_timeout_when_pings_stop_arriving_then_a_new_session_works(pair
     v.net.partition(v.P_ADDR, v.C_ADDR)
     v.advance_to(8.0)
     assert _outcome(v.cjobs, 10) == (False, "peer_timeout")
-    assert metric(C, "kvtier_peer_down_total", reason="peer_timeout") == 1
-    assert metric(P, "kvtier_peer_down_total", reason="peer_timeout") == 1
+    assert metric(C, "kvtier_session_ends_total", reason="peer_timeout") == 1
+    assert metric(P, "kvtier_session_ends_total", reason="peer_timeout") == 1
     assert P.core.producer.state_of("A").value == "tombstoned"
     assert P.core.producer.records["A"].reason == "peer_lost"
 
@@ -401,7 +402,7 @@ def test_b10_handshake_never_acknowledged_fails_queued_load_at_handshake_timeout
     assert not v.cjobs.has(10)
     v.advance_to(5.0)  # handshake_timeout_s = 5
     assert _outcome(v.cjobs, 10) == (False, "handshake_timeout")
-    assert metric(C, "kvtier_peer_down_total", reason="handshake_timeout") == 1
+    assert metric(C, "kvtier_session_ends_total", reason="handshake_timeout") == 1
     assert C.lookup(keys_for("A", 1)[0], ca) is LookupResult.MISS
     v.advance_to(40.0)
     assert v.cjobs.total() == 1
@@ -421,7 +422,7 @@ def test_b16_consumer_never_shows_up_reap_then_prune_leaves_no_trace(pairs):
     assert P.core.producer.state_of("A").value == "tombstoned"
     v.advance_to(120.0)
     _no_refs(P, "A")
-    assert metric(P, "kvtier_records", machine="producer") == 0
+    assert metric_sum(P, "kvtier_parked_ids") == 0 and metric_sum(P, "kvtier_retained_ids") == 0
 
 
 def test_b16_reaper_runs_without_any_engine_call():
@@ -532,7 +533,7 @@ def test_producer_restart_fails_old_loads_once_drops_stale_generation_new_loads_
     for jid in old:
         assert _outcome(v.cjobs, jid) == (False, "peer_disconnected")
         assert digests(C.pool, [jid - 10]) == [sentinel_digest(BB)]
-    assert metric(C, "kvtier_peer_down_total", reason="peer_disconnected") == 1
+    assert metric(C, "kvtier_session_ends_total", reason="peer_disconnected") == 1
 
     # new loads go to the new incarnation over a new session generation
     _, dig3 = _store(v, "K3", 2, [3, 4], seed=3)
@@ -631,7 +632,8 @@ def test_confirmed_transfer_waits_for_the_release_and_quarantines_past_its_deadl
     assert P.core.producer.state_of("A").value == "quarantined"
     assert not v.pjobs.has(1)  # never reported while the transport references the blocks
     assert P.quarantined() == (1, 2)
-    assert metric(P, "kvtier_peer_down_total", reason="transfer_stalled") == 1
+    assert metric(P, "kvtier_session_ends_total", reason="transfer_stalled") == 1
+    assert metric(P, "kvtier_quarantined_blocks", role="producer") == 2
     v.advance_to(15.0)
     P.transport.complete()
     v.step()

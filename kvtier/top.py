@@ -1,0 +1,216 @@
+"""``kvtier top URL [URL...]``: a live terminal view of kvtier metrics endpoints.
+
+Each URL is a kvtier endpoint (config ``metrics_port``; ``host:port`` or ``http://host:port``,
+``/metrics`` is implied).  Every ``interval`` seconds each endpoint is scraped over HTTP, the text
+exposition is parsed with ``prometheus_client.parser``, and one row per endpoint shows what an
+operator of a PD deployment asks first: ids parked / bound / retained, pinned GB, the age of the
+oldest parked id, transfer bandwidth, and the rates of late fetches and failed jobs.
+
+Rates are differences between two scrapes divided by the wall time between them, so the first
+frame of a live view shows ``—`` for them; ``--once`` scrapes twice (``interval`` apart) and
+prints one complete frame.  Bandwidth is ``Δ kvtier_transfer_bytes_sum / Δt`` (bytes that
+completed per second of wall time); "per transfer" is the mean of the per-transfer throughput
+histogram over the window — never bytes divided by summed durations, which undercounts
+overlapping transfers (vllm-project/vllm#48224).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+__all__ = ["Row", "Snapshot", "endpoint_url", "main", "row", "scrape", "render"]
+
+_LATE = ("reaped", "already_served")
+"""Refusal reasons that mean the consumer came after the producer let go of the id."""
+
+
+def endpoint_url(target: str) -> str:
+    """``host:port`` or ``http(s)://host:port[/path]`` → the URL to scrape (``/metrics`` implied).
+
+    Raises:
+        ValueError: ``target`` is empty or has no port.
+    """
+    target = target.strip()
+    if not target:
+        raise ValueError("an endpoint URL is empty")
+    if "://" not in target:
+        target = "http://" + target
+    scheme, _, rest = target.partition("://")
+    hostport, slash, path = rest.partition("/")
+    if not hostport or ":" not in hostport.rsplit("]", 1)[-1]:
+        raise ValueError(f"{target!r}: give host:port of a kvtier metrics endpoint (config metrics_port)")
+    return f"{scheme}://{hostport}/{path if slash and path else 'metrics'}"
+
+
+@attrs.frozen
+class Snapshot:
+    """One scrape of one endpoint: ``samples`` maps ``(name, ((label, value), ...))`` to a value;
+    ``t`` is ``time.monotonic()`` at the scrape (seconds); ``error`` is set when it failed."""
+
+    url: str
+    t: float
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = attrs.field(factory=dict)
+    error: str = ""
+
+    def total(self, name: str, **labels: str | tuple[str, ...]) -> float:
+        """Sum of every sample ``name`` whose labels match (a tuple value matches any of its items)."""
+        out = 0.0
+        for (n, lbls), v in self.samples.items():
+            if n != name:
+                continue
+            have = dict(lbls)
+            if all(have.get(k) in (want if isinstance(want, tuple) else (want,)) for k, want in labels.items()):
+                out += v
+        return out
+
+    def label(self, name: str, label: str) -> str:
+        """The value of ``label`` on the first sample of ``name`` ('' if none)."""
+        for (n, lbls), _ in self.samples.items():
+            if n == name:
+                return dict(lbls).get(label, "")
+        return ""
+
+
+def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = time.monotonic) -> Snapshot:
+    """GET ``url`` and parse the Prometheus text exposition (never raises for an unreachable or
+    malformed endpoint: the snapshot's ``error`` says what went wrong)."""
+    t = clock()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
+            text = resp.read().decode("utf-8", "replace")
+        samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[s.name, tuple(sorted(s.labels.items()))] = s.value
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        return Snapshot(url, t, error=f"{type(exc).__name__}: {exc}"[:160])
+    return Snapshot(url, t, samples)
+
+
+@attrs.frozen
+class Row:
+    """What one endpoint shows. Rates are ``None`` until two scrapes exist."""
+
+    url: str
+    listener: str = ""
+    parked: float = 0.0
+    bound: float = 0.0
+    retained: float = 0.0
+    pinned_gb: float = 0.0
+    oldest_park_s: float = 0.0
+    sessions: float = 0.0
+    out_gbps: float | None = None
+    in_gbps: float | None = None
+    per_transfer_gbps: float | None = None
+    late_per_s: float | None = None
+    failed_per_s: float | None = None
+    error: str = ""
+
+
+def _rate(prev: Snapshot | None, cur: Snapshot, name: str, **labels: Any) -> float | None:
+    if prev is None or prev.error or cur.t <= prev.t:
+        return None
+    return max(0.0, cur.total(name, **labels) - prev.total(name, **labels)) / (cur.t - prev.t)
+
+
+def row(prev: Snapshot | None, cur: Snapshot) -> Row:
+    """One endpoint's row from its latest scrape and the one before (``None`` for the first)."""
+    if cur.error:
+        return Row(cur.url, error=cur.error)
+    parked = cur.total("kvtier_parked_ids", state="parked")
+    per_transfer = None
+    if prev is not None and not prev.error:
+        n = cur.total("kvtier_transfer_throughput_bytes_per_second_count") - prev.total(
+            "kvtier_transfer_throughput_bytes_per_second_count")
+        s = cur.total("kvtier_transfer_throughput_bytes_per_second_sum") - prev.total(
+            "kvtier_transfer_throughput_bytes_per_second_sum")
+        per_transfer = s / n / 1e9 if n > 0 else None
+    out_bps = _rate(prev, cur, "kvtier_transfer_bytes_sum", role="producer")
+    in_bps = _rate(prev, cur, "kvtier_transfer_bytes_sum", role="consumer")
+    return Row(
+        url=cur.url,
+        listener=cur.label("kvtier_parked_ids", "listener"),
+        parked=parked,
+        bound=cur.total("kvtier_parked_ids") - parked,
+        retained=cur.total("kvtier_retained_ids"),
+        pinned_gb=cur.total("kvtier_pinned_bytes") / 1e9,
+        oldest_park_s=cur.total("kvtier_oldest_parked_age_seconds"),
+        sessions=cur.total("kvtier_sessions", state="ready"),
+        out_gbps=None if out_bps is None else out_bps / 1e9,
+        in_gbps=None if in_bps is None else in_bps / 1e9,
+        per_transfer_gbps=per_transfer,
+        late_per_s=_rate(prev, cur, "kvtier_fetches_refused_total", reason=_LATE),
+        failed_per_s=_rate(prev, cur, "kvtier_jobs_total", outcome="fail"),
+    )
+
+
+_GBPS = "{:.3g}"  # 3 significant digits: 0.00214 and 23.4 both read well
+
+
+def _num(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "—" if x is None or math.isnan(x) else fmt.format(x)
+
+
+def render(rows: Sequence[Row], interval_s: float) -> Table:
+    """The frame: one line per endpoint."""
+    t = Table(title=f"kvtier top — every {interval_s:g} s", title_justify="left")
+    for col in ("endpoint", "listener", "parked", "bound", "retained", "pinned GB", "oldest park s",
+                "sessions", "out GB/s", "in GB/s", "GB/s per transfer", "late fetch/s", "failed jobs/s"):
+        t.add_column(col, justify="left" if col in ("endpoint", "listener") else "right")
+    for r in rows:
+        if r.error:
+            t.add_row(r.url, f"[red]{r.error}[/]", *["—"] * 11)
+            continue
+        t.add_row(r.url, r.listener, _num(r.parked, "{:.0f}"), _num(r.bound, "{:.0f}"),
+                  _num(r.retained, "{:.0f}"), _num(r.pinned_gb, "{:.3f}"), _num(r.oldest_park_s, "{:.1f}"),
+                  _num(r.sessions, "{:.0f}"), _num(r.out_gbps, _GBPS), _num(r.in_gbps, _GBPS),
+                  _num(r.per_transfer_gbps, _GBPS),
+                  _num(r.late_per_s), _num(r.failed_per_s))
+    return t
+
+
+def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
+         console: Console | None = None, timeout_s: float = 5.0) -> int:
+    """Run the view until interrupted (or one frame with ``once``). Returns the exit status:
+    0, or 1 when ``once`` and an endpoint could not be scraped.
+
+    Raises:
+        ValueError: a target is not ``host:port`` / a URL.
+    """
+    urls = [endpoint_url(t) for t in targets]
+    console = console or Console()
+    prev: dict[str, Snapshot | None] = dict.fromkeys(urls)
+
+    def frame() -> tuple[Table, bool]:
+        rows = []
+        for url in urls:
+            cur = scrape(url, timeout_s)
+            rows.append(row(prev[url], cur))
+            prev[url] = cur
+        return render(rows, interval_s), any(r.error for r in rows)
+
+    if once:
+        frame()
+        time.sleep(interval_s)
+        table, failed = frame()
+        console.print(table)
+        return 1 if failed else 0
+    table, _ = frame()
+    try:
+        with Live(table, console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                time.sleep(interval_s)
+                live.update(frame()[0])
+    except KeyboardInterrupt:
+        return 0

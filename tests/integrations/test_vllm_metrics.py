@@ -1,0 +1,126 @@
+"""kvtier's series on vLLM 0.33.0's own ``/metrics`` path, and the endpoint's port under DP.
+
+The PD pair of ``test_vllm`` (two real schedulers, kvtier over zmq) runs one transfer; every
+``SchedulerStats.kv_connector_stats`` payload the schedulers emit is fed to vLLM's own
+``KVConnectorProm`` (what vLLM's ``PrometheusStatLogger`` does in the API server), built on a
+private registry; the test then reads kvtier's ``vllm:kvtier_*`` series from that registry.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import test_vllm as V  # the module skips itself (and so this one) when vLLM 0.33.0 is missing
+from test_vllm import managers, model_dir  # noqa: F401  (fixtures)
+
+prometheus_client = pytest.importorskip("prometheus_client")
+
+pytestmark = [pytest.mark.vllm]
+
+
+def _private_prom(vllm_config, registry):
+    """vLLM's KVConnectorProm with its metric classes bound to ``registry``."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+
+    def bind(cls):
+        class Bound(cls):
+            def __init__(self, *args, **kwargs):
+                kwargs["registry"] = registry
+                super().__init__(*args, **kwargs)
+
+        return Bound
+
+    class Prom(KVConnectorProm):
+        _gauge_cls = bind(prometheus_client.Gauge)
+        _counter_cls = bind(prometheus_client.Counter)
+        _histogram_cls = bind(prometheus_client.Histogram)
+
+    return Prom(vllm_config, ["model_name", "engine"], {0: ["tiny", "0"]})
+
+
+def _observe_stats(engine: V.Engine, prom) -> None:
+    """Feed every scheduler stats payload of ``engine`` to ``prom`` (as vLLM's frontend does)."""
+    original = engine.sched.update_from_output
+
+    def update_from_output(so, out):
+        outputs = original(so, out)
+        for eco in outputs.values():
+            stats = eco.scheduler_stats
+            if stats is not None and stats.kv_connector_stats:
+                prom.observe(stats.kv_connector_stats, 0)
+        return outputs
+
+    engine.sched.update_from_output = update_from_output
+
+
+def _value(registry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, {"model_name": "tiny", "engine": "0", **labels})
+
+
+@pytest.mark.timeout(120)
+def test_kvtier_series_reach_vllms_prometheus_path(model_dir: str, monkeypatch) -> None:
+    import kvtier.integrations.vllm as adapter
+
+    monkeypatch.setattr(adapter, "_STATS_INTERVAL_S", 0.0)  # a payload at every step
+    prefill = V.Engine("mprefill", model_dir, V.TIER)
+    decode = V.Engine("mdecode", model_dir, V.TIER)
+    engines = [prefill, decode]
+    registries = {}
+    try:
+        for e in engines:
+            registries[e.name] = prometheus_client.CollectorRegistry()
+            _observe_stats(e, _private_prom(e.sched.vllm_config, registries[e.name]))
+        host, port = prefill.tier.address.rsplit(":", 1)
+        prompt = [(i * 5 + 2) % 1000 + 10 for i in range(48)]  # 3 full blocks
+        prefill.add("P", prompt, 1, {"remote_decoder": {"kv_request_id": "cmpl-kv-metrics"}})
+        V.run([prefill], lambda: "P" in prefill.finished, "prefill")
+        decode.add("D", prompt, 2, {"remote_prefiller": {
+            "kv_request_id": "cmpl-kv-metrics", "remote_host": host, "remote_port": int(port)}})
+        V.run(engines, lambda: "D" in decode.finished, "decode")
+        V.run(engines, lambda: not (prefill.busy() or decode.busy()), "both engines idle")
+        # vLLM collects stats only when an engine steps; the prefill engine's store job ended in
+        # vLLM's tier-poll thread after its last step, so its next step (next request) reports it
+        for e in engines:
+            e.step()
+        n = len(decode.loaded["D"])
+        assert n >= 2
+        dconst = {"tier": "KvTierSecondaryTier", "listener": decode.tier.address}
+        pconst = {"tier": "KvTierSecondaryTier", "listener": prefill.tier.address}
+        dreg, preg = registries["mdecode"], registries["mprefill"]
+        # counters arrive as increments, histograms as observations, gauges as snapshots
+        landed = _value(dreg, "vllm:kvtier_block_bytes_landed_total", **dconst)
+        assert landed == decode.tier.kvtier.stats()["kvtier_block_bytes_landed_total"] == n * V.ROW
+        assert _value(dreg, "vllm:kvtier_transfer_bytes_count", role="consumer", **dconst) == 1
+        assert _value(dreg, "vllm:kvtier_transfer_bytes_sum", role="consumer", **dconst) == n * V.ROW
+        assert _value(dreg, "vllm:kvtier_jobs_total", kind="load", outcome="ok", reason="", **dconst) == 1
+        assert _value(dreg, "vllm:kvtier_sessions", state="ready", **dconst) == 1
+        assert _value(preg, "vllm:kvtier_transfer_bytes_count", role="producer", **pconst) == 1
+        assert _value(preg, "vllm:kvtier_block_bytes_sent_total", **pconst) == n * V.ROW
+        assert _value(preg, "vllm:kvtier_jobs_total", kind="store", outcome="ok", reason="", **pconst) >= 1
+        assert _value(preg, "vllm:kvtier_parked_ids", state="parked", **pconst) == 0
+        # nothing kvtier sent was dropped by vLLM for want of a definition
+        names = {m.name for m in preg.collect()} | {m.name for m in dreg.collect()}
+        assert "vllm:kvtier_parked_ids" in names and "vllm:kvtier_tick_lag_seconds" in names
+    finally:
+        for e in engines:
+            e.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_metrics_port_adds_the_data_parallel_index(managers) -> None:
+    import urllib.request
+
+    port = V.free_port()
+    _, tier = managers({**V.TIER, "metrics_port": port - 1}, dp_index=1)
+    assert tier.config.metrics_port == port
+    assert tier.kvtier.metrics_address == f"127.0.0.1:{port}"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    assert f'kvtier_sessions{{listener="{tier.address}",state="ready",tier="KvTierSecondaryTier"}} 0.0' in text
+
+
+@pytest.mark.timeout(60)
+def test_metrics_port_beyond_65535_after_the_dp_index_is_refused(monkeypatch) -> None:
+    with pytest.raises(V.TierConfigError, match="metrics_port"):
+        cfg, _ = V.offloading_config({**V.TIER, "metrics_port": 65535}, dp_index=1)
+        V.OffloadingSpecFactory.create_spec(cfg).get_manager()

@@ -1,0 +1,70 @@
+"""Log lines an operator reads: routine endings at INFO, faults at WARNING/ERROR, peers named by
+address and instance (never by an inbound routing id alone), rate-limited per peer and reason."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvtier.wire import messages as wm
+from kvtier.wire.codec import encode_frames
+from mgr_helpers import consumer_req, pump_until
+
+pytestmark = pytest.mark.timeout(60)
+
+HB = {"heartbeat_interval_s": 0.05, "peer_timeout_s": 0.3}
+
+
+def _lines(caplog, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "kvtier.manager" and text in r.getMessage()]
+
+
+def _session(make_manager, cfg=None):
+    p = make_manager(dict(cfg or {}))
+    c = make_manager(dict(cfg or {}))
+    c.on_new_request(consumer_req("c1", "kv-log", p.host, p.port))
+    assert pump_until(lambda: c.core.session_ready(p.address) and len(p.core.sessions.records) == 1,
+                      managers=[p, c])
+    return p, c
+
+
+def test_a_goodbye_is_routine_and_names_both_peers(make_manager, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="kvtier.manager")
+    p, c = _session(make_manager)
+    c.shutdown()
+    assert pump_until(lambda: _lines(caplog, "ended: peer_disconnected"), managers=[p])
+    (down,) = _lines(caplog, "ended: peer_disconnected")
+    assert down.levelno == logging.INFO
+    # the producer only knows the consumer by an inbound routing id: the line adds its IP and instance
+    assert "session with 127.0.0.1 (in:" in down.getMessage() and f"instance {c.instance}" in down.getMessage()
+    (bye,) = _lines(caplog, "ended: shutdown")
+    assert bye.levelno == logging.INFO
+    assert f"session with {p.address} instance {p.instance} ended" in bye.getMessage()
+
+
+def test_a_silent_peer_is_a_fault(make_manager, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="kvtier.manager")
+    p, c = _session(make_manager, HB)
+    # the producer stops answering (nobody polls it): the consumer's session times out
+    assert pump_until(lambda: _lines(caplog, "ended: peer_timeout"), managers=[c])
+    (line,) = _lines(caplog, "ended: peer_timeout")
+    assert line.levelno == logging.WARNING
+    assert f"{p.address} instance {p.instance}" in line.getMessage()
+
+
+def test_bad_messages_log_once_per_peer_and_reason(make_manager, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="kvtier.manager")
+    p, c = _session(make_manager)
+    for i in range(30):
+        c.transport.send(p.address, [b"\xc1 not msgpack"])  # malformed
+        c.transport.send(p.address, encode_frames(wm.Error(gen=0, reason="oversize", detail=f"{i}",
+                                                           kv_request_id="")))
+    assert pump_until(lambda: p.stats().get("kvtier_wire_errors_total{reason=malformed}") == 30
+                      and p.stats().get("kvtier_wire_errors_total{reason=peer_reported_oversize}") == 30,
+                      managers=[p, c])
+    bad = _lines(caplog, "bad message from")
+    reported = _lines(caplog, "reports an error: oversize")
+    assert len(bad) == 1 and len(reported) == 1, [r.getMessage() for r in bad + reported]
+    assert bad[0].levelno == logging.WARNING
+    assert f"instance {c.instance}" in bad[0].getMessage() and "127.0.0.1" in bad[0].getMessage()

@@ -1,0 +1,93 @@
+"""``kvtier top``: one frame of a live producer and consumer endpoint, plus a dead one."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from click.testing import CliRunner
+
+from kvtier.cli import cli
+from kvtier.top import Snapshot, endpoint_url, row
+from mgr_helpers import job, keys_for, producer_req, transfer_once
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cells(output: str, first: str) -> list[str]:
+    """The cells of the table line that starts with ``first`` (rich draws │ between cells)."""
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.strip("│ \n").split("│")]
+        if cells and cells[0] == first:
+            return cells
+    raise AssertionError(f"no row for {first!r} in:\n{output}")
+
+
+def test_top_renders_live_endpoints(make_manager) -> None:
+    cfg = {"metrics_port": 0, "background_poll": True}
+    p = make_manager(cfg, block_bytes=65536)
+    c = make_manager(cfg, block_bytes=65536)
+    # one id served to the consumer, one left parked
+    assert transfer_once(p, c, "kv-top", 4, poll=False).success
+    held = producer_req("p2", "kv-held")
+    p.on_new_request(held)
+    p.submit_store(job(3, keys_for("kv-held", 2), [8, 9], held))
+
+    dead = f"127.0.0.1:{_dead_port()}"
+    res = CliRunner().invoke(
+        cli, ["top", p.metrics_address, f"http://{c.metrics_address}", dead, "--once", "--interval", "0.2"],
+        env={"COLUMNS": "250"})
+    assert res.exit_code == 1, res.output  # one endpoint could not be scraped
+    out = res.output
+    prow = _cells(out, f"http://{p.metrics_address}/metrics")
+    crow = _cells(out, f"http://{c.metrics_address}/metrics")
+    drow = _cells(out, f"http://{dead}/metrics")
+    # endpoint, listener, parked, bound, retained, pinned GB, oldest park s, sessions, out, in, per transfer, late, failed
+    assert prow[1] == p.address and crow[1] == c.address
+    assert prow[2:6] == ["1", "0", "1", f"{2 * 65536 / 1e9:.3f}"]  # kv-held parked, kv-top done
+    assert float(prow[6]) >= 0 and prow[7] == "1"
+    assert crow[2:5] == ["0", "0", "0"] and crow[7] == "1"
+    for cells in (prow, crow):  # two scrapes: every rate is a number (no transfer in the window)
+        assert [float(x) for x in (cells[8], cells[9], cells[11], cells[12])] == [0.0] * 4, cells
+    assert "URLError" in drow[1] or "Connection" in drow[1]
+
+
+def test_rates_come_from_the_difference_of_two_scrapes() -> None:
+    def snap(t: float, sent: float, n: float, thr: float, late: float, failed: float) -> Snapshot:
+        return Snapshot("u", t, {
+            ("kvtier_transfer_bytes_sum", (("role", "producer"),)): sent,
+            ("kvtier_transfer_throughput_bytes_per_second_count", (("role", "producer"),)): n,
+            ("kvtier_transfer_throughput_bytes_per_second_sum", (("role", "producer"),)): thr,
+            ("kvtier_fetches_refused_total", (("reason", "reaped"),)): late,
+            ("kvtier_fetches_refused_total", (("reason", "aborted"),)): 7.0,
+            ("kvtier_jobs_total", (("kind", "store"), ("outcome", "fail"), ("reason", "reaped"))): failed,
+        })
+
+    first = row(None, snap(10.0, 0, 0, 0, 0, 0))
+    assert first.out_gbps is None and first.late_per_s is None  # one scrape: no rate yet
+    r = row(snap(10.0, 0, 0, 0, 0, 0), snap(12.0, 4e9, 2, 6e9, 1, 2))
+    assert r.out_gbps == pytest.approx(2.0)  # 4 GB completed in 2 s of wall time
+    assert r.per_transfer_gbps == pytest.approx(3.0)  # mean of the two transfers' own throughput
+    assert r.late_per_s == pytest.approx(0.5) and r.failed_per_s == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("target", "url"), [
+    ("127.0.0.1:9464", "http://127.0.0.1:9464/metrics"),
+    ("http://h:1/", "http://h:1/metrics"),
+    ("https://h:1/custom", "https://h:1/custom"),
+    ("[::1]:9464", "http://[::1]:9464/metrics"),
+])
+def test_endpoint_urls(target: str, url: str) -> None:
+    assert endpoint_url(target) == url
+
+
+@pytest.mark.parametrize("target", ["", "localhost", "http://h/metrics", "[::1]"])
+def test_a_target_without_a_port_is_refused_by_name(target: str) -> None:
+    res = CliRunner().invoke(cli, ["top", target, "--once"])
+    assert res.exit_code == 2 and ("host:port" in res.output or "empty" in res.output), res.output
