@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "c9f6d899cfc8aefa5c875e34c061379d91f5b4f8770e405724dcb968e96d2645"
+SPEC_SHA256: Final = "acde3d44ab6527cf730ed0aa7eafbc52d8f7158eb3b3b619ddc48968c8c1ec50"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
