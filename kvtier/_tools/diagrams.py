@@ -45,6 +45,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from kvtier._tools.spec import Machine, Spec, load
@@ -195,7 +196,8 @@ def counterexample_lines(bug: str) -> tuple[str, ...]:
     return tuple(proc.stdout.splitlines())
 
 
-def expected(spec: Spec, out_dir: Path = DIAGRAM_DIR, docs_dir: Path = DOCS_DIR) -> tuple[dict[str, str], dict[str, str]]:
+def expected(spec: Spec, out_dir: Path = DIAGRAM_DIR, docs_dir: Path = DOCS_DIR,
+             ) -> tuple[dict[str, str], dict[str, str]]:
     """What the generated files must contain: ``(dots, docs)``, each ``{relative path: text}``
     (``dots`` relative to ``out_dir``, ``docs`` to ``docs_dir``).  Runs every recorded scenario
     (they assert their outcomes: a failing one raises
@@ -243,6 +245,26 @@ def _docs_dir(out: Path, docs_dir: Path | str | None) -> Path:
     return DOCS_DIR if out.resolve() == DIAGRAM_DIR.resolve() else out / "docs"
 
 
+def _out_of_date(out: Path, docs_out: Path, dots: dict[str, str], docs: dict[str, str], svg: bool,
+                 ) -> list[tuple[Path, Callable[[], str] | None]]:
+    """Every generated path whose file is missing or differs, with what to write there (a
+    callable, so an SVG is only rendered when needed), or ``None`` for an orphan to delete."""
+    todo: list[tuple[Path, Callable[[], str] | None]] = []
+    for rel, dot in dots.items():
+        dot_path = out / rel
+        if not dot_path.exists() or dot_path.read_text() != dot:
+            todo.append((dot_path, lambda dot=dot: dot))
+        svg_path = dot_path.with_suffix(".svg")
+        if svg and (not svg_path.exists() or _stamp(dot) not in svg_path.read_text()):
+            todo.append((svg_path, lambda dot=dot: render_svg(dot)))
+    for rel, text in docs.items():
+        path = docs_out / rel
+        if not path.exists() or path.read_text() != text:
+            todo.append((path, lambda text=text: text))
+    todo.extend((orphan, None) for orphan in _orphans(out, dots))
+    return todo
+
+
 def render_all(out_dir: Path | str = DIAGRAM_DIR, spec: Spec | None = None, *, svg: bool = True,
                docs_dir: Path | str | None = None) -> list[Path]:
     """Write every generated file (see the module docstring) and delete orphans; return the
@@ -256,29 +278,14 @@ def render_all(out_dir: Path | str = DIAGRAM_DIR, spec: Spec | None = None, *, s
     out = Path(out_dir)
     docs_out = _docs_dir(out, docs_dir)
     spec = spec if spec is not None else load()
-    dots, docs = expected(spec, out, docs_out)
-    changed: list[Path] = []
-    for rel, dot in dots.items():
-        dot_path = out / rel
-        dot_path.parent.mkdir(parents=True, exist_ok=True)
-        if not dot_path.exists() or dot_path.read_text() != dot:
-            dot_path.write_text(dot)
-            changed.append(dot_path)
-        if svg:
-            svg_path = dot_path.with_suffix(".svg")
-            if not svg_path.exists() or _stamp(dot) not in svg_path.read_text():
-                svg_path.write_text(render_svg(dot))
-                changed.append(svg_path)
-    for rel, text in docs.items():
-        path = docs_out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-            changed.append(path)
-    for orphan in _orphans(out, dots):
-        orphan.unlink()
-        changed.append(orphan)
-    return changed
+    todo = _out_of_date(out, docs_out, *expected(spec, out, docs_out), svg)
+    for path, make in todo:
+        if make is None:
+            path.unlink()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(make())
+    return [path for path, _ in todo]
 
 
 def check(out_dir: Path | str = DIAGRAM_DIR, spec: Spec | None = None, *, svg: bool = True,
@@ -289,22 +296,7 @@ def check(out_dir: Path | str = DIAGRAM_DIR, spec: Spec | None = None, *, svg: b
     out = Path(out_dir)
     docs_out = _docs_dir(out, docs_dir)
     spec = spec if spec is not None else load()
-    dots, docs = expected(spec, out, docs_out)
-    stale: list[Path] = []
-    for rel, dot in dots.items():
-        dot_path = out / rel
-        if not dot_path.exists() or dot_path.read_text() != dot:
-            stale.append(dot_path)
-        if svg:
-            svg_path = dot_path.with_suffix(".svg")
-            if not svg_path.exists() or _stamp(dot) not in svg_path.read_text():
-                stale.append(svg_path)
-    for rel, text in docs.items():
-        path = docs_out / rel
-        if not path.exists() or path.read_text() != text:
-            stale.append(path)
-    stale.extend(_orphans(out, dots))
-    return stale
+    return [path for path, _ in _out_of_date(out, docs_out, *expected(spec, out, docs_out), svg)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,9 @@ Adding a scenario is one function::
         ...
         h.expect(h.decode.outcome(10) == (True, None), "the load succeeds")
 
-``kvtier diagram`` then draws it (``diagrams/scenarios/<name>.svg``), ``docs/review.md`` lists
+Harness arguments (configs, pool geometry, transport options such as ``hold_completion``) go in
+``@setup(...)`` under ``@scenario``.  ``kvtier diagram`` then draws it
+(``diagrams/scenarios/<name>.svg``), ``docs/review.md`` lists
 it, and ``tests/lifecycle/test_scenarios.py`` runs it.  Every scenario additionally checks, at
 the end, that every job it submitted got exactly one result.
 """
@@ -48,7 +50,7 @@ from kvtier.manager import MAX_BATCH_BYTES, KvTierManager
 from kvtier.memory import BlockPool
 from kvtier.testing.clock import VirtualClock
 from kvtier.testing.inproc import InprocNetwork, InprocTransport
-from kvtier.wire.codec import WireError, WireLimits, Decoder
+from kvtier.wire.codec import Decoder, WireError, WireLimits
 
 __all__ = [
     "AWAITING",
@@ -63,6 +65,7 @@ __all__ = [
     "Trace",
     "record",
     "scenario",
+    "setup",
 ]
 
 #: The chart lanes of every scenario, left to right.
@@ -573,12 +576,15 @@ AWAITING: dict[str, str] = {
 }
 
 
-def scenario(title: str, *, properties: Sequence[str] = ()) -> Callable[[Callable[[Harness], None]], Callable[[Harness], None]]:
+_Run = Callable[[Harness], None]
+
+
+def scenario(title: str, *, properties: Sequence[str] = ()) -> Callable[[_Run], _Run]:
     """Register a scenario function (in review order: registration order).  Its docstring is the
     paragraph the review page shows; ``properties`` names the spec properties its assertions
     check (validated against ``[properties]``)."""
 
-    def deco(fn: Callable[[Harness], None]) -> Callable[[Harness], None]:
+    def deco(fn: _Run) -> _Run:
         doc = " ".join((fn.__doc__ or "").split())
         if not doc:
             raise ValueError(f"scenario {fn.__name__} needs a docstring (the review page shows it)")
@@ -633,10 +639,10 @@ def _build(s: Scenario, spec: Spec) -> Harness:
     return Harness(spec=spec, **_BUILD.get(s.name, {}))
 
 
-def _setup(**kw: Any) -> Callable[[Callable[[Harness], None]], Callable[[Harness], None]]:
+def setup(**kw: Any) -> Callable[[_Run], _Run]:
     """Harness arguments for the decorated scenario (put it under ``@scenario``)."""
 
-    def deco(fn: Callable[[Harness], None]) -> Callable[[Harness], None]:
+    def deco(fn: _Run) -> _Run:
         _BUILD[fn.__name__] = kw
         return fn
 
@@ -654,6 +660,18 @@ def _connect(h: Harness, req_id: str, kv: str) -> RequestContext:
     return req
 
 
+def _park_then_connect(h: Harness, n: int, seed: int) -> tuple[RequestContext, RequestContext]:
+    """At 0 s: the prefill stores ``n`` blocks of A (slots 0..n-1) and finishes its request; the
+    decode engine announces A and the handshake completes.  Then the clock moves to 1 s."""
+    preq = h.prefill.request("p-A", "A")
+    h.prefill.store(1, preq, _keys("A", n), list(range(n)), seed=seed)
+    h.prefill.finish(preq)
+    h.settle()
+    creq = _connect(h, "c-A", "A")
+    h.advance_to(1.0)
+    return preq, creq
+
+
 # -- the scenarios (review order) -------------------------------------------------------------------
 
 
@@ -663,12 +681,7 @@ def happy_path(h: Harness) -> None:
     announces A (the session handshake runs), loads the four blocks into its own slots, and the
     producer streams them. Both jobs succeed once; the producer keeps A as `done` for
     `tombstone_retention_s` so a late duplicate fetch is refused in one round trip, then prunes it."""
-    preq = h.prefill.request("p-A", "A")
-    h.prefill.store(1, preq, _keys("A", 4), [0, 1, 2, 3], seed=1)
-    h.prefill.finish(preq)
-    h.settle()
-    creq = _connect(h, "c-A", "A")
-    h.advance_to(1.0)
+    _, creq = _park_then_connect(h, 4, seed=1)
     h.decode.load(10, creq, _keys("A", 4), [4, 5, 6, 7])
     h.settle()
     h.expect(h.decode.outcome(10) == (True, None), "the load succeeds")
@@ -764,12 +777,7 @@ def abort_racing_completion(h: Harness) -> None:
     from then on drops block data (`late_data`): its load fails once with `cancelled` and no
     byte is written into slots the engine already considers free. The producer, already `done`,
     acknowledges the abort; its store job succeeded."""
-    preq = h.prefill.request("p-A", "A")
-    h.prefill.store(1, preq, _keys("A", 2), [0, 1], seed=2)
-    h.prefill.finish(preq)
-    h.settle()
-    creq = _connect(h, "c-A", "A")
-    h.advance_to(1.0)
+    _, creq = _park_then_connect(h, 2, seed=2)
     h.decode.load(10, creq, _keys("A", 2), [4, 5])  # fetch sent; the consumer is not polled yet
     h.poll("P")  # the producer serves and completes: block_data + transfer_done are in flight
     h.expect(h.producer_state("A") == "done", "the producer finished the transfer")
@@ -783,7 +791,7 @@ def abort_racing_completion(h: Harness) -> None:
 
 @scenario("Transfer stalled past its deadline: the transport keeps the blocks",
           properties=("exactly_once_job_result", "fetch_always_answered"))
-@_setup(p_cfg={"transfer_timeout_s": 10.0}, p_transport={"hold_completion": True})
+@setup(p_cfg={"transfer_timeout_s": 10.0}, p_transport={"hold_completion": True})
 def transfer_stalled(h: Harness) -> None:
     """The producer hands A's blocks to its transport, which does not release them (zmq still
     reading zero-copy frames). At `transfer_timeout_s` (10 s) the producer cancels: it tells the
@@ -791,11 +799,7 @@ def transfer_stalled(h: Harness) -> None:
     result — the moment the engine may reuse the blocks — waits until the transport lets go.
     Here the blocks had already landed, so the consumer's load succeeded and it ignores the
     late failure."""
-    preq = h.prefill.request("p-A", "A")
-    h.prefill.store(1, preq, _keys("A", 2), [0, 1], seed=4)
-    h.prefill.finish(preq)
-    creq = _connect(h, "c-A", "A")
-    h.advance_to(1.0)
+    _, creq = _park_then_connect(h, 2, seed=4)
     h.decode.load(10, creq, _keys("A", 2), [4, 5])
     h.settle()
     h.expect(h.producer_state("A") == "serving", "the transfer is in progress")
@@ -817,17 +821,13 @@ def transfer_stalled(h: Harness) -> None:
 
 @scenario("Producer killed mid-transfer",
           properties=("exactly_once_job_result", "fetch_always_answered", "no_write_after_terminal"))
-@_setup(block_bytes=MAX_BATCH_BYTES // 2 + 64, num_blocks=2, c_transport={"rcvhwm": 1})
+@setup(block_bytes=MAX_BATCH_BYTES // 2 + 64, num_blocks=2, c_transport={"rcvhwm": 1})
 def peer_killed_mid_transfer(h: Harness) -> None:
     """Blocks are large enough that each travels in its own `block_data` message. The first one
     lands; the producer's process dies before the second leaves its send queue. The consumer
     hears nothing more: at `peer_timeout_s` (5 s) its session is declared dead and the load fails
     once with `peer_timeout`, so the engine recomputes instead of waiting for `load_timeout_s`."""
-    preq = h.prefill.request("p-A", "A")
-    h.prefill.store(1, preq, _keys("A", 2), [0, 1], seed=6)
-    h.prefill.finish(preq)
-    creq = _connect(h, "c-A", "A")
-    h.advance_to(1.0)
+    _, creq = _park_then_connect(h, 2, seed=6)
     h.decode.load(10, creq, _keys("A", 2), [0, 1])
     h.poll("P")  # serves: block 0 fills the consumer's inbox, block 1 waits in the send queue
     h.kill("P")
@@ -842,7 +842,7 @@ def peer_killed_mid_transfer(h: Harness) -> None:
 
 @scenario("Shutdown with traffic in flight: every job still gets one result",
           properties=("exactly_once_job_result", "fetch_always_answered"))
-@_setup(p_transport={"hold_completion": True})
+@setup(p_transport={"hold_completion": True})
 def shutdown_in_flight(h: Harness) -> None:
     """The producer holds three ids: A parked (never fetched), B being served (its transfer not
     yet released by the transport) and C awaiting blocks that were never stored. Its engine

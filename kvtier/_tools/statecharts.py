@@ -222,7 +222,8 @@ def overview_dot(m: Machine) -> str:
            tooltip=_esc(f"{m.name}: {m.doc}"))
     g.attr("node", fontname="Helvetica", fontsize=font)
     g.attr("edge", fontname="Helvetica", fontsize=font)
-    g.node("__start", label="", shape="point", width="0.15", tooltip=_esc(f"a new {m.name} record starts in {m.initial}"))
+    g.node("__start", label="", shape="point", width="0.15",
+           tooltip=_esc(f"a new {m.name} record starts in {m.initial}"))
     failure = [s.name for s in m.states if "failure" in role[s.name]]
     for s in m.states:
         if s.name in failure:
@@ -386,7 +387,8 @@ def machine_page(m: Machine, *, diagrams_rel: str) -> str:
         "Branches are listed in evaluation order (guarded ones first, the unguarded fallback last). "
         "`→ =` marks a self-loop.",
         "",
-        "| state | role | deadline | on event → next state / effects (reason) | ignored (reason) | rejected (reason) |",
+        "| state | role | deadline | on event → next state / effects (reason) | ignored (reason) "
+        "| rejected (reason) |",
         "|---|---|---|---|---|---|",
     ]
     for s in m.states:
