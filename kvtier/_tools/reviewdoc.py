@@ -104,6 +104,11 @@ def timing_keys(spec: Spec) -> list[tuple[str, object, str, str]]:
     return out
 
 
+def _count(n: int) -> str:
+    words = "zero one two three four five six seven eight nine ten eleven twelve".split()
+    return words[n] if n < len(words) else str(n)
+
+
 def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -146,9 +151,10 @@ def review_page(
         "it. This page is generated from that spec, from real runs of two managers, and from the "
         "model checker: `kvtier diagram` rewrites it, and a test fails when it is stale.",
         "",
-        "Read it in this order: the three machines (1), what actually happens on the wire in eight "
-        "situations (2), the promises the design makes and what checks each (3), the timing knobs "
-        "(4), and what a broken promise looks like when the model checker finds one (5).",
+        f"Read it in this order: the {_count(len(spec.machines))} machines (1), what actually happens "
+        f"on the wire in {_count(len(scenarios))} situations (2), the promises the design makes and "
+        "what checks each (3), the timing knobs (4), and what a broken promise looks like when the "
+        "model checker finds one (5).",
         "",
         "## 1. The machines at a glance",
         "",
