@@ -63,7 +63,7 @@ def check(ctx: click.Context) -> None:
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
 @click.pass_context
 def diagram(ctx: click.Context) -> None:
-    """Render diagrams/ (DOT + SVG) from spec/lifecycle.toml."""
+    """Render diagrams/ (DOT + SVG) and docs/review.md from the spec and recorded scenarios."""
     from kvtier._tools.diagrams import main as run_diagrams
 
     sys.exit(run_diagrams(list(ctx.args)))

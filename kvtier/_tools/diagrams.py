@@ -1,11 +1,26 @@
-"""Render the lifecycle machines of ``spec/lifecycle.toml`` as Graphviz diagrams.
+"""Render the lifecycle spec, recorded scenarios and a counterexample as diagrams and review pages.
 
 Usage::
 
-    python -m kvtier._tools.diagrams            # write diagrams/<machine>.dot and .svg
-    python -m kvtier._tools.diagrams --check    # exit 1 if a committed diagram is stale
+    kvtier diagram            # (python -m kvtier._tools.diagrams) rewrite diagrams/ and the generated docs
+    kvtier diagram --check    # exit 1 if anything generated is stale
 
-The DOT text is written here, straight from the spec records (no ``transitions`` GraphMachine: its
+What is generated (every ``.dot`` also as ``.svg``):
+
+==================================== =========================================================
+``diagrams/<machine>.dot``            the full graph: every branch (this module, below)
+``diagrams/<machine>-overview.dot``   the overview (:func:`kvtier._tools.statecharts.overview_dot`)
+``diagrams/states/<m>-<state>.dot``   one state's detail (:func:`~kvtier._tools.statecharts.state_dot`)
+``diagrams/scenarios/<name>.dot``     a recorded scenario (:mod:`kvtier._tools.scenarios`)
+``diagrams/counterexamples/<bug>.dot`` the model checker's trace for a planted bug
+``docs/states/<machine>.md``          overview + per-state table + state details
+``docs/review.md``                    the reviewer's page (:mod:`kvtier._tools.reviewdoc`)
+==================================== =========================================================
+
+Files under ``diagrams/`` that nothing generates any more (a renamed state, a removed scenario)
+are deleted by a render and reported by ``--check``.
+
+The full graph's DOT text is written here, straight from the spec records (no ``transitions`` GraphMachine: its
 output depends on its version and it draws neither timers nor ignore rules), so it is byte-stable:
 states in spec order, then edges in spec order.  Conventions:
 
@@ -24,17 +39,35 @@ SVG is produced by ``dot -Tsvg``.  The SVG embeds the SHA-256 of the DOT text it
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from kvtier._tools.spec import Machine, Spec, load
 
 DIAGRAM_DIR = Path(__file__).resolve().parents[2] / "diagrams"
+DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
 
-__all__ = ["DIAGRAM_DIR", "check", "dot_source", "main", "render_all", "render_svg"]
+#: The planted bug whose model-checker counterexample the review page shows.
+EXAMPLE_BUG = "write_after_abort"
+
+__all__ = [
+    "DIAGRAM_DIR",
+    "DOCS_DIR",
+    "EXAMPLE_BUG",
+    "check",
+    "counterexample_lines",
+    "dot_source",
+    "expected",
+    "main",
+    "render_all",
+    "render_svg",
+]
 
 
 def _q(text: str) -> str:
@@ -145,71 +178,156 @@ def render_svg(dot: str, dot_binary: str | None = None) -> str:
     return proc.stdout.decode()
 
 
-def _expected(spec: Spec) -> dict[str, str]:
-    return {name: dot_source(m) for name, m in spec.machines.items()}
+@functools.cache
+def counterexample_lines(bug: str) -> tuple[str, ...]:
+    """The text ``kvtier check --bug BUG`` prints (run as a subprocess, cached per process).
+
+    Raises:
+        RuntimeError: the checker did not report a violation for ``bug`` (exit status 1).
+    """
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtier._tools.modelcheck", "--bug", bug],
+        capture_output=True, text=True, timeout=600,
+    )
+    if proc.returncode != 1 or "counterexample:" not in proc.stdout:
+        raise RuntimeError(
+            f"`kvtier check --bug {bug}` exited {proc.returncode} without a counterexample; "
+            f"stdout tail: {proc.stdout[-400:]!r} stderr tail: {proc.stderr[-400:]!r}")
+    return tuple(proc.stdout.splitlines())
 
 
-def render_all(out_dir: Path | str = DIAGRAM_DIR, spec: Spec | None = None, *, svg: bool = True) -> list[Path]:
-    """Write ``<machine>.dot`` (and ``<machine>.svg`` unless ``svg=False``) for every machine into
-    ``out_dir``; return the paths written (files whose content is unchanged are not rewritten)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    spec = spec if spec is not None else load()
-    written: list[Path] = []
-    for name, dot in _expected(spec).items():
-        dot_path = out / f"{name}.dot"
+def expected(spec: Spec, out_dir: Path = DIAGRAM_DIR, docs_dir: Path = DOCS_DIR,
+             ) -> tuple[dict[str, str], dict[str, str]]:
+    """What the generated files must contain: ``(dots, docs)``, each ``{relative path: text}``
+    (``dots`` relative to ``out_dir``, ``docs`` to ``docs_dir``).  Runs every recorded scenario
+    (they assert their outcomes: a failing one raises
+    :class:`~kvtier._tools.scenarios.ScenarioFailed`) and the model checker for
+    :data:`EXAMPLE_BUG`."""
+    from kvtier._tools import reviewdoc, scenarios, seqchart, statecharts
+
+    dots: dict[str, str] = {}
+    docs: dict[str, str] = {}
+    rel = Path(os.path.relpath(out_dir, docs_dir)).as_posix()
+    rel_states = Path(os.path.relpath(out_dir, docs_dir / "states")).as_posix()
+    for name, m in spec.machines.items():
+        dots[f"{name}.dot"] = dot_source(m)
+        dots[f"{name}-overview.dot"] = statecharts.overview_dot(m)
+        for st in m.states:
+            dots[f"states/{name}-{st.name}.dot"] = statecharts.state_dot(m, st.name)
+        docs[f"states/{name}.md"] = statecharts.machine_page(m, diagrams_rel=rel_states)
+    recorded = []
+    for sc in scenarios.SCENARIOS:
+        trace = scenarios.record(sc, spec)
+        dots[f"scenarios/{sc.name}.dot"] = seqchart.render_dot(scenarios.LANES, trace.steps(), sc.title)
+        recorded.append((sc.name, sc.title, sc.doc, sc.properties, tuple(trace.checks)))
+    title = f"kvtier check --bug {EXAMPLE_BUG}: counterexample"
+    steps = seqchart.steps_from_trace_lines(counterexample_lines(EXAMPLE_BUG))
+    dots[f"counterexamples/{EXAMPLE_BUG}.dot"] = seqchart.render_dot(seqchart.lanes_for_trace(steps), steps, title)
+    docs["review.md"] = reviewdoc.review_page(
+        spec, diagrams_rel=rel, scenarios=recorded, awaiting=scenarios.AWAITING,
+        counterexample=(EXAMPLE_BUG, title),
+    )
+    return dots, docs
+
+
+def _orphans(out: Path, dots: dict[str, str]) -> list[Path]:
+    """Generated-looking files under ``out`` that nothing generates any more."""
+    keep = set(dots) | {d[: -len(".dot")] + ".svg" for d in dots}
+    found = [p for ext in ("*.dot", "*.svg") for p in out.rglob(ext)] if out.exists() else []
+    return sorted(p for p in found if p.relative_to(out).as_posix() not in keep)
+
+
+def _docs_dir(out: Path, docs_dir: Path | str | None) -> Path:
+    """The pages go to ``docs/`` beside the committed ``diagrams/``; with another diagram
+    directory, to ``<out_dir>/docs`` unless named (so a trial render never rewrites docs/)."""
+    if docs_dir is not None:
+        return Path(docs_dir)
+    return DOCS_DIR if out.resolve() == DIAGRAM_DIR.resolve() else out / "docs"
+
+
+def _out_of_date(out: Path, docs_out: Path, dots: dict[str, str], docs: dict[str, str], svg: bool,
+                 ) -> list[tuple[Path, Callable[[], str] | None]]:
+    """Every generated path whose file is missing or differs, with what to write there (a
+    callable, so an SVG is only rendered when needed), or ``None`` for an orphan to delete."""
+    todo: list[tuple[Path, Callable[[], str] | None]] = []
+    for rel, dot in dots.items():
+        dot_path = out / rel
         if not dot_path.exists() or dot_path.read_text() != dot:
-            dot_path.write_text(dot)
-            written.append(dot_path)
-        if svg:
-            svg_path = out / f"{name}.svg"
-            if not svg_path.exists() or _stamp(dot) not in svg_path.read_text():
-                svg_path.write_text(render_svg(dot))
-                written.append(svg_path)
-    return written
+            todo.append((dot_path, lambda dot=dot: dot))
+        svg_path = dot_path.with_suffix(".svg")
+        if svg and (not svg_path.exists() or _stamp(dot) not in svg_path.read_text()):
+            todo.append((svg_path, lambda dot=dot: render_svg(dot)))
+    for rel, text in docs.items():
+        path = docs_out / rel
+        if not path.exists() or path.read_text() != text:
+            todo.append((path, lambda text=text: text))
+    todo.extend((orphan, None) for orphan in _orphans(out, dots))
+    return todo
 
 
-def check(out_dir: Path | str = DIAGRAM_DIR, spec: Spec | None = None, *, svg: bool = True) -> list[Path]:
-    """Paths in ``out_dir`` that are missing or stale: a DOT file that differs from what the spec
-    renders to, or an SVG not made from the current DOT text (no ``dot`` binary needed)."""
+def render_all(out_dir: Path | str = DIAGRAM_DIR, spec: Spec | None = None, *, svg: bool = True,
+               docs_dir: Path | str | None = None) -> list[Path]:
+    """Write every generated file (see the module docstring) and delete orphans; return the
+    paths written or deleted (files whose content is unchanged are not rewritten).  ``docs_dir``
+    defaults to ``docs/`` for the committed ``diagrams/``, else ``<out_dir>/docs``.
+
+    Raises:
+        FileNotFoundError: ``svg`` and Graphviz ``dot`` is not installed.
+        kvtier._tools.scenarios.ScenarioFailed: a scenario no longer shows its outcome.
+    """
     out = Path(out_dir)
+    docs_out = _docs_dir(out, docs_dir)
     spec = spec if spec is not None else load()
-    stale: list[Path] = []
-    for name, dot in _expected(spec).items():
-        dot_path = out / f"{name}.dot"
-        if not dot_path.exists() or dot_path.read_text() != dot:
-            stale.append(dot_path)
-        if svg:
-            svg_path = out / f"{name}.svg"
-            if not svg_path.exists() or _stamp(dot) not in svg_path.read_text():
-                stale.append(svg_path)
-    return stale
+    todo = _out_of_date(out, docs_out, *expected(spec, out, docs_out), svg)
+    for path, make in todo:
+        if make is None:
+            path.unlink()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(make())
+    return [path for path, _ in todo]
+
+
+def check(out_dir: Path | str = DIAGRAM_DIR, spec: Spec | None = None, *, svg: bool = True,
+          docs_dir: Path | str | None = None) -> list[Path]:
+    """Paths that are missing, stale or orphaned: a DOT or markdown file that differs from what a
+    render would write, an SVG not made from the current DOT text (no ``dot`` binary needed), or
+    a file under ``out_dir`` nothing generates."""
+    out = Path(out_dir)
+    docs_out = _docs_dir(out, docs_dir)
+    spec = spec if spec is not None else load()
+    return [path for path, _ in _out_of_date(out, docs_out, *expected(spec, out, docs_out), svg)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``kvtier diagram [--check] [--out DIR] [--no-svg]``. Returns 0, 1 (stale, with --check) or 2
-    (cannot render: no ``dot``)."""
-    ap = argparse.ArgumentParser(prog="kvtier diagram", description="Render the lifecycle spec as diagrams.")
-    ap.add_argument("--out", type=Path, default=DIAGRAM_DIR, help="output directory (default: diagrams/)")
-    ap.add_argument("--check", action="store_true", help="exit 1 if a committed diagram is stale")
-    ap.add_argument("--no-svg", action="store_true", help="DOT only (no Graphviz needed)")
+    """``kvtier diagram [--check] [--out DIR] [--docs DIR] [--no-svg]``. Returns 0, 1 (stale,
+    with --check) or 2 (cannot render: no ``dot``, a scenario failed, the checker broke)."""
+    from kvtier._tools.scenarios import ScenarioFailed
+
+    ap = argparse.ArgumentParser(prog="kvtier diagram", description="Render the lifecycle spec, the recorded "
+                                 "scenarios and the review pages.")
+    ap.add_argument("--out", type=Path, default=DIAGRAM_DIR, help="diagram directory (default: diagrams/)")
+    ap.add_argument("--docs", type=Path, default=None,
+                    help="directory of the generated pages (default: docs/, or OUT/docs with --out)")
+    ap.add_argument("--check", action="store_true", help="exit 1 if anything generated is stale")
+    ap.add_argument("--no-svg", action="store_true", help="DOT and markdown only (no Graphviz needed)")
     args = ap.parse_args(argv)
-    if args.check:
-        stale = check(args.out, svg=not args.no_svg)
-        for p in stale:
-            print(f"stale: {p} (run `kvtier diagram`)", file=sys.stderr)
-        if not stale:
-            print(f"diagrams in {args.out} are up to date")
-        return 1 if stale else 0
     try:
-        written = render_all(args.out, svg=not args.no_svg)
-    except FileNotFoundError as exc:
-        print(exc, file=sys.stderr)
+        if args.check:
+            stale = check(args.out, svg=not args.no_svg, docs_dir=args.docs)
+            for p in stale:
+                print(f"stale: {p} (run `kvtier diagram`)", file=sys.stderr)
+            if not stale:
+                print(f"diagrams in {args.out} and pages in {_docs_dir(args.out, args.docs)} are up to date")
+            return 1 if stale else 0
+        written = render_all(args.out, svg=not args.no_svg, docs_dir=args.docs)
+    except (FileNotFoundError, ScenarioFailed, RuntimeError) as exc:
+        print(f"kvtier diagram: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     for p in written:
-        print(f"wrote {p}")
+        print(f"{'deleted' if not p.exists() else 'wrote'} {p}")
     if not written:
-        print(f"diagrams in {args.out} are up to date")
+        print(f"diagrams in {args.out} and pages in {_docs_dir(args.out, args.docs)} are up to date")
     return 0
 
 

@@ -20,6 +20,7 @@ SPEC_PATH = Path(__file__).resolve().parents[2] / "spec" / "lifecycle.toml"
 _STATE_KEYS = {"doc", "timer", "exit"}
 _TRANSITION_KEYS = {"from", "on", "when", "to", "do", "reason"}
 _RULE_KEYS = {"from", "on", "reason"}
+_LAYOUT_KEYS = {"normal_path"}
 
 
 class SpecError(ValueError):
@@ -69,6 +70,17 @@ class State:
 
 
 @attrs.frozen
+class Layout:
+    """Drawing hints for the overview diagram (``[machines.<m>.layout]``); no runtime meaning.
+
+    ``normal_path``: the states of the common successful life, in order, from the initial state
+    to a final state; the overview draws them as one straight line.
+    """
+
+    normal_path: tuple[str, ...] = ()
+
+
+@attrs.frozen
 class Machine:
     name: str
     doc: str
@@ -80,6 +92,7 @@ class Machine:
     effects: dict[str, str]
     timers: dict[str, Timer]
     rules: dict[tuple[str, str], Rule]
+    layout: Layout = Layout()
 
     def state(self, name: str) -> State:
         return next(s for s in self.states if s.name == name)
@@ -186,6 +199,11 @@ def _machine(name: str, m: dict[str, Any], reasons: dict[str, str]) -> Machine:
                             name, f"{kind} rule duplicates an existing {rules[(src, event)].kind}", state=src, event=event
                         )
                     rules[(src, event)] = Rule(kind, (), r["reason"])
+    layout_def = m.get("layout", {})
+    unknown = set(layout_def) - _LAYOUT_KEYS
+    if unknown:
+        raise SpecError(name, f"layout has unknown keys {sorted(unknown)}")
+    layout = Layout(tuple(_as_list(layout_def.get("normal_path", ()))))
     return Machine(
         name=name,
         doc=m.get("doc", ""),
@@ -197,6 +215,7 @@ def _machine(name: str, m: dict[str, Any], reasons: dict[str, str]) -> Machine:
         effects=effects,
         timers=timers,
         rules=rules,
+        layout=layout,
     )
 
 
@@ -303,3 +322,25 @@ def _validate_machine(m: Machine) -> None:
             rule = m.rules.get((st.name, ev))
             if rule is None or rule.kind != "transition" or all(b.dest == st.name for b in rule.branches):
                 raise SpecError(m.name, "declared exit does not leave the state", state=st.name, event=ev)
+    _validate_layout(m, succ)
+
+
+def _validate_layout(m: Machine, succ: dict[str, set[str]]) -> None:
+    """The overview's normal path names declared states, runs from the initial state to a final
+    state, and each step of it is a transition of the machine (so the drawn line is true)."""
+    path = m.layout.normal_path
+    if not path:
+        return
+    names = [s.name for s in m.states]
+    for s in path:
+        if s not in names:
+            raise SpecError(m.name, "layout.normal_path names an undeclared state", state=s)
+    if len(set(path)) != len(path):
+        raise SpecError(m.name, f"layout.normal_path visits a state twice: {list(path)}")
+    if path[0] != m.initial:
+        raise SpecError(m.name, f"layout.normal_path must start at the initial state {m.initial!r}", state=path[0])
+    if path[-1] not in m.final:
+        raise SpecError(m.name, f"layout.normal_path must end in a final state {list(m.final)}", state=path[-1])
+    for a, b in zip(path, path[1:]):
+        if b not in succ[a]:
+            raise SpecError(m.name, f"layout.normal_path steps {a!r} -> {b!r}, but no transition does", state=a)

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "ff892384913753f89788cbea656fd7f94107df04d7badf9884f17aed96a56a2f"
+SPEC_SHA256: Final = "db59fedc5b590ce997987e2ee7431f2bc757cf349a462d4942323416e9d7a9f3"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"

@@ -1,4 +1,6 @@
-"""The committed diagrams (``diagrams/*.dot`` and ``*.svg``) are generated from the spec and fresh.
+"""Everything ``kvtier diagram`` generates is committed and fresh: ``diagrams/**/*.dot`` and
+``*.svg`` (full graphs, overviews, state details, recorded scenarios, the example counterexample),
+``docs/states/*.md`` and ``docs/review.md``.
 
 Regenerate with ``kvtier diagram`` (or ``python -m kvtier._tools.diagrams``).
 """
@@ -19,7 +21,7 @@ SPEC = load()
 
 def test_committed_diagrams_are_fresh() -> None:
     stale = diagrams.check()
-    assert stale == [], f"stale diagrams {stale}: run `python -m kvtier._tools.diagrams`"
+    assert stale == [], f"stale diagrams or pages {stale}: run `kvtier diagram`"
 
 
 def test_dot_is_byte_stable() -> None:
@@ -36,7 +38,23 @@ def test_a_spec_change_makes_the_dot_stale(tmp_path: Path) -> None:
     out = tmp_path / "d"
     diagrams.render_all(out, SPEC, svg=False)
     assert diagrams.check(out, SPEC, svg=False) == []
-    assert out / "producer.dot" in diagrams.check(out, edited, svg=False)
+    stale = diagrams.check(out, edited, svg=False)
+    for rel in ("producer.dot", "producer-overview.dot", "states/producer-parked.dot", "docs/states/producer.md"):
+        assert out / rel in stale, rel
+    assert out / "consumer.dot" not in stale
+
+
+def test_stale_pages_and_orphans_are_reported_and_orphans_removed(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    diagrams.render_all(out, SPEC, svg=False)
+    review = out / "docs" / "review.md"
+    review.write_text(review.read_text().replace("## 3. Properties", "## 3. Hand-edited"))
+    orphan = out / "states" / "producer-renamed_state.dot"
+    orphan.write_text("digraph x {}\n")
+    assert set(diagrams.check(out, SPEC, svg=False)) == {review, orphan}
+    changed = diagrams.render_all(out, SPEC, svg=False)
+    assert set(changed) == {review, orphan} and not orphan.exists()
+    assert diagrams.check(out, SPEC, svg=False) == []
 
 
 def test_dot_conventions() -> None:
@@ -66,9 +84,14 @@ def test_every_transition_branch_is_an_edge() -> None:
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` not installed")
 def test_render_all_writes_dot_and_svg(tmp_path: Path) -> None:
     written = diagrams.render_all(tmp_path)
-    assert sorted(p.name for p in written) == sorted(
-        f"{m}.{ext}" for m in SPEC.machines for ext in ("dot", "svg")
-    )
+    dots, docs = diagrams.expected(SPEC, tmp_path, tmp_path / "docs")
+    want = {tmp_path / d for d in dots} | {(tmp_path / d).with_suffix(".svg") for d in dots}
+    want |= {tmp_path / "docs" / d for d in docs}
+    assert set(written) == want
+    for machine in SPEC.machines:  # every kind of artefact is there
+        assert f"{machine}-overview.dot" in dots and f"states/{machine}-{SPEC.machines[machine].initial}.dot" in dots
+    assert any(d.startswith("scenarios/") for d in dots) and any(d.startswith("counterexamples/") for d in dots)
+    assert {"review.md", "states/producer.md"} <= set(docs)
     assert diagrams.check(tmp_path) == []
     assert diagrams.render_all(tmp_path) == []  # idempotent
     svg = (tmp_path / "session.svg").read_text()
@@ -80,6 +103,7 @@ def test_main_check_exit_codes(tmp_path: Path) -> None:
     assert diagrams.main(["--check"]) == 0
     assert diagrams.main(["--check", "--out", str(tmp_path)]) == 1
     assert diagrams.main(["--no-svg", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "docs" / "review.md").exists()  # a trial render never touches docs/
     assert diagrams.main(["--check", "--no-svg", "--out", str(tmp_path)]) == 0
 
 
