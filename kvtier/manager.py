@@ -188,6 +188,14 @@ class KvTierManager:
                 heartbeat_ivl_s=cfg.heartbeat_interval_s,
                 heartbeat_timeout_s=cfg.peer_timeout_s,
                 heartbeat_ttl_s=cfg.peer_timeout_s,
+                # libzmq cuts a peer whose frame exceeds the largest legal one before receiving
+                # it (consumers send us only control headers; producers also send blocks). Up
+                # to 2x the header cap still arrives, to be answered "oversize": a misconfigured
+                # peer learns why instead of seeing its connection vanish.
+                max_accepted_frame_bytes=2 * cfg.max_message_bytes,
+                max_frame_bytes=max(2 * cfg.max_message_bytes, pool.block_bytes),
+                handshake_ivl_s=cfg.handshake_timeout_s,
+                idle_timeout_s=cfg.handshake_timeout_s,
             )
         self.transport = transport
         try:
