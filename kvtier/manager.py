@@ -44,24 +44,18 @@ from kvtier.lifecycle import (
     TierCore,
 )
 from kvtier.lifecycle import effects as fx
+from kvtier.lifecycle._table import Reason as SpecReason
 from kvtier.lifecycle._table import SessionState
 from kvtier.memory import BlockPool
+from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
 from kvtier.transport import SendHandle, Transport, TransportError
 from kvtier.wire import messages as wm
-from kvtier.wire.messages import check_kv_request_id
-from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireError, WireLimits, encode_frames
+from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, Reason, WireError, WireLimits, encode_frames
 
 log = logging.getLogger("kvtier.manager")
 
 #: Largest block_data message we build (bytes of payload); limits.md: keep zmq messages ≤ 16 MiB.
 MAX_BATCH_BYTES = 8 << 20
-
-
-@attrs.define(slots=True)
-class _Req:
-    role: str  # "producer" | "consumer" | "local"
-    kv_request_id: str | None
-    peer: str | None
 
 
 @attrs.define(slots=True)
@@ -100,49 +94,29 @@ class _RateLimitedLog:
         return False
 
 
-def parse_params(req: RequestContext) -> _Req:
-    """Read a request's role from ``kv_transfer_params`` (vLLM shapes, see :class:`RequestContext`).
-
-    Raises:
-        ValueError: a role sub-dict is present but malformed; the message names the field.
-    """
-    params = req.kv_transfer_params
-    if params is None:
-        return _Req("local", None, None)
-    if not isinstance(params, Mapping):
-        raise ValueError(f"request {req.req_id!r}: kv_transfer_params must be a mapping, got {type(params).__name__}")
-    src = params.get("remote_prefiller")
-    if src is not None and params.get("remote_decoder") is not None:
-        raise ValueError(
-            f"request {req.req_id!r}: kv_transfer_params has both remote_prefiller and remote_decoder; "
-            "a request is either the producer or the consumer leg"
-        )
-    if src is not None:
-        if not isinstance(src, Mapping):
-            raise ValueError(f"request {req.req_id!r}: remote_prefiller must be a mapping, got {src!r}")
-        kid, host, port = src.get("kv_request_id"), src.get("remote_host"), src.get("remote_port")
-        _check_id(req, "remote_prefiller.kv_request_id", kid)
-        if not isinstance(host, str) or not host:
-            raise ValueError(f"request {req.req_id!r}: remote_prefiller.remote_host must be a non-empty str, got {host!r}")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise ValueError(f"request {req.req_id!r}: remote_prefiller.remote_port must be an int 1..65535, got {port!r}")
-        peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return _Req("consumer", kid, peer)
-    dst = params.get("remote_decoder")
-    if dst is not None:
-        if not isinstance(dst, Mapping):
-            raise ValueError(f"request {req.req_id!r}: remote_decoder must be a mapping, got {dst!r}")
-        kid = dst.get("kv_request_id")
-        _check_id(req, "remote_decoder.kv_request_id", kid)
-        return _Req("producer", kid, None)
-    return _Req("local", None, None)
+_JOB_LABELS = frozenset({r.value for r in SpecReason} | {"", "failed", "shutdown", "local", "peer_not_allowed"})
 
 
-def _check_id(req: RequestContext, field: str, kid: object) -> None:
+def _label(reason: str) -> str:
+    """A metric label for a job's failure reason. A failed transfer_done carries the producer's
+    reason string, so anything outside kvtier's own vocabulary is counted as ``other``."""
+    return reason if reason in _JOB_LABELS else "other"
+
+
+def _warn_if_open(cfg: TierConfig) -> None:
+    """One loud WARNING when the listener is reachable beyond this host without authentication."""
+    import ipaddress
+
     try:
-        check_kv_request_id(kid)
-    except Exception as exc:  # the wire's own rule, so every id we accept can be sent
-        raise ValueError(f"request {req.req_id!r}: {field} is invalid ({exc}): {kid!r:.80}") from None
+        loopback = ipaddress.ip_address(cfg.host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = cfg.host == "localhost"
+    if cfg.auth == "none" and not loopback:
+        log.warning(
+            "kvtier: SECURITY: listening on %s with auth='none': anyone who can reach this port can "
+            "fetch, abort or probe parked KV blocks (users' prompts). Set auth='curve' (docs/security.md).",
+            cfg.host,
+        )
 
 
 class KvTierManager:
@@ -181,6 +155,10 @@ class KvTierManager:
         own_transport = transport is None
         if transport is None:
             from kvtier.transport import ZmqTransport
+            from kvtier.transport.curve import curve_settings
+
+            curve = curve_settings(cfg.auth_secret_key_file, cfg.auth_allowed_keys_dir) if cfg.auth == "curve" else None
+            _warn_if_open(cfg)
 
             transport = ZmqTransport(
                 cfg.host,
@@ -196,6 +174,7 @@ class KvTierManager:
                 max_frame_bytes=max(2 * cfg.max_message_bytes, pool.block_bytes),
                 handshake_ivl_s=cfg.handshake_timeout_s,
                 idle_timeout_s=cfg.handshake_timeout_s,
+                curve=curve,
             )
         self.transport = transport
         try:
@@ -206,13 +185,14 @@ class KvTierManager:
             raise
 
     def _init_rest(self, cfg: TierConfig, pool: BlockPool, layout: str) -> None:
+        self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers)
         self.local_hello = HelloInput(PROTOCOL_VERSION, pool.block_bytes, layout, cfg.hash_seed)
         self.core = TierCore(CoreSettings.from_config(cfg), self.local_hello, gen_base=secrets.randbits(62))
         self._decoder = Decoder(
             limits=WireLimits(max_message_bytes=cfg.max_message_bytes, max_blocks_per_fetch=cfg.max_blocks_per_fetch),
             block_bytes=pool.block_bytes,
         )
-        self._requests: dict[str, _Req] = {}
+        self._requests: dict[str, TransferParams] = {}
         self._jobs: dict[int, _Job] = {}
         self._results: list[JobResult] = []
         self._transfers: dict[tuple[str, int], _Transfer] = {}
@@ -240,6 +220,9 @@ class KvTierManager:
         self.m_bytes_landed = Counter("kvtier_block_bytes_landed", "Block payload bytes written into slots", registry=r)
         self.m_late = Counter("kvtier_late_fetch_rejected", "Fetches answered transfer_done(fail)", ["reason"], registry=r)
         self.m_peer_down = Counter("kvtier_peer_down", "Sessions that ended", ["reason"], registry=r)
+        self.m_rejected_peer = Counter(
+            "kvtier_rejected_peer", "Requests whose producer endpoint is not in allowed_peers (nothing dialled)",
+            registry=r)
         self.m_internal = Counter("kvtier_internal_errors", "Unexpected exceptions caught in the poll loop", registry=r)
         self.g_records = Gauge("kvtier_records", "Live lifecycle records", ["machine"], registry=r)
         # evaluated when scraped, so the poll loop pays nothing for them. They capture the core,
@@ -309,7 +292,20 @@ class KvTierManager:
         """
         with self._lock:
             self._check_open()
-            info = parse_params(req)
+            try:
+                info = parse_params(req.kv_transfer_params, self._peer_policy)
+            except PeerNotAllowed as exc:
+                # No socket, no state: the request recomputes (lookup MISS; a load fails).
+                self._count(self.m_rejected_peer)
+                self._ratelog(self.clock(), "", "peer_not_allowed",
+                              "kvtier: request %s: refusing to dial %s (not in allowed_peers)",
+                              clip(req.req_id), clip(exc.endpoint))
+                info = TransferParams("refused")
+            except ValueError as exc:
+                raise ValueError(f"request {clip(req.req_id)}: {exc}") from None
+            if info.role == "refused":
+                self._requests[req.req_id] = info
+                return "local"
             prev = self._requests.get(req.req_id)
             if prev is not None:
                 if prev != info:
@@ -372,6 +368,11 @@ class KvTierManager:
         with self._lock:
             self._check_open()
             info = self._job_request(job)
+            if info.role == "refused":  # its producer is not in allowed_peers: nothing to load
+                self._check_job(job)
+                self._results.append(JobResult(job_id=job.job_id, success=False, reason="peer_not_allowed"))
+                self._count(self.m_jobs, "load", "fail", "peer_not_allowed")
+                return
             if info.role != "consumer":
                 raise UnknownRequest(
                     f"submit_load job {job.job_id}: request {job.req.req_id!r} has no remote_prefiller params"
@@ -485,7 +486,7 @@ class KvTierManager:
         if self._closed:
             raise RuntimeError("kvtier manager is shut down")
 
-    def _job_request(self, job: TransferJob) -> _Req:
+    def _job_request(self, job: TransferJob) -> TransferParams:
         info = self._requests.get(job.req.req_id)
         if info is None:
             raise UnknownRequest(
@@ -648,14 +649,16 @@ class KvTierManager:
             else:
                 log.error(
                     "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
-                    peer, msg.field, msg.theirs, msg.ours,
+                    peer, msg.field, msg.theirs, msg.ours or "(withheld)",
                 )
             self._run(core.hello_reject(peer, msg.gen, now))
         elif t is wm.Disconnect:
             self._run(core.disconnect(peer, msg.gen, now))
         elif t is wm.Error:
-            self._count(self.m_wire, "peer_reported_" + msg.reason)
-            self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %s %s", peer, msg.reason, msg.detail)
+            # Label values come from our own vocabulary only: a peer inventing reasons must not
+            # mint Prometheus label sets (one time series each).
+            self._count(self.m_wire, "peer_reported_" + (msg.reason if msg.reason in Reason.ALL else "other"))
+            self._ratelog(now, peer, "peer_error", "kvtier: %s reports an error: %.64s %.200s", peer, msg.reason, msg.detail)
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
 
@@ -737,7 +740,7 @@ class KvTierManager:
                 log.warning("kvtier: refusing a session from %s: max_peers=%s reached", e.peer, e.ours)
             else:
                 log.error("kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
-                          e.peer, e.field, e.ours, e.theirs)
+                          e.peer, e.field, e.ours or "(withheld)", e.theirs)
             self._send(e.peer, wm.HelloReject(gen=e.gen, reason=e.reason, field=e.field, ours=e.ours, theirs=e.theirs))
         elif t is fx.SendDisconnect:
             self._send(e.peer, wm.Disconnect(gen=e.gen, reason=e.reason))
@@ -774,7 +777,7 @@ class KvTierManager:
             log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
             return
         reason = None if ok else str(reason or "failed")
-        self._count(self.m_jobs, job.kind, "ok" if ok else "fail", reason or "")
+        self._count(self.m_jobs, job.kind, "ok" if ok else "fail", _label(reason or ""))
         if ok and job.kind == "load":
             res = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes,
                             transfer_time_s=self.clock() - job.submitted)

@@ -46,9 +46,13 @@ __all__ = [
     "load_identity",
     "load_allowed",
     "generate_keys",
+    "curve_settings",
 ]
 
 log = logging.getLogger("kvtier.transport.curve")
+
+ZAP_DOMAIN: Final = "kvtier"
+"""The ZAP domain our ROUTER asks the authenticator about (certificates are configured for it)."""
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -193,10 +197,23 @@ def generate_keys(directory: str | os.PathLike[str], name: str, endpoints: tuple
     for p in (pub, sec):
         if p.exists():
             raise ValueError(f"{str(p)!r} exists already; refusing to overwrite a key")
-    meta = {"endpoints": '"' + ", ".join(e.strip() for e in endpoints) + '"'} if endpoints else None
-    pub_s, sec_s = zmq.auth.create_certificates(d, name, metadata=meta)
+    pub_s, sec_s = zmq.auth.create_certificates(d, name)
     os.chmod(sec_s, 0o600)
+    if endpoints:
+        # pyzmq writes metadata into the secret file only; peers read it from the public one.
+        line = '    endpoints = "' + ", ".join(e.strip() for e in endpoints) + '"'
+        text = Path(pub_s).read_text(encoding="utf-8").replace("\nmetadata\n", f"\nmetadata\n{line}\n", 1)
+        Path(pub_s).write_text(text, encoding="utf-8")
     return Path(pub_s), Path(sec_s)
+
+
+def curve_settings(secret_file: str, allowed_dir: str) -> CurveSettings:
+    """Load both key files (config ``auth_secret_key_file`` / ``auth_allowed_keys_dir``).
+
+    Raises:
+        ValueError: either cannot be read (the message names the config key and the path).
+    """
+    return CurveSettings(load_identity(secret_file), load_allowed(allowed_dir), str(allowed_dir))
 
 
 class PrincipalAuthenticator(ThreadAuthenticator):
@@ -204,12 +221,22 @@ class PrincipalAuthenticator(ThreadAuthenticator):
 
     def __init__(self, context: zmq.Context, allowed: AllowedKeys, allowed_dir: str) -> None:
         super().__init__(context, log=logging.getLogger("kvtier.transport.zap"))
-        self._allowed = allowed
-        self._allowed_dir = allowed_dir
+        # not "_allowed": pyzmq's Authenticator uses that name for its IP allow-list
+        self._kv_allowed = allowed
+        self._kv_allowed_dir = allowed_dir
 
     def start(self) -> None:
         super().start()
-        self.configure_curve(domain="*", location=self._allowed_dir)
+        self.configure_curve(domain=ZAP_DOMAIN, location=self._kv_allowed_dir)
 
     def curve_user_id(self, client_public_key: bytes) -> str:
-        return self._allowed.principal(z85.encode(client_public_key))
+        return self._kv_allowed.principal(z85.encode(client_public_key))
+
+    def stop(self) -> None:
+        """Stop the ZAP thread; never hangs, even if the thread died (its pipe has no reader)."""
+        thread = getattr(self, "thread", None)
+        if thread is not None and thread.is_alive():
+            super().stop()
+        elif self.pipe is not None:
+            self.pipe.close(linger=0)
+            self.pipe = None

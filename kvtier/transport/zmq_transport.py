@@ -63,7 +63,7 @@ from kvtier.transport import (
     TransportError,
     TransportEvent,
 )
-from kvtier.transport.curve import CurveSettings, PrincipalAuthenticator
+from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
 
 
 __all__ = ["ZmqTransport", "parse_address"]
@@ -293,7 +293,7 @@ class ZmqTransport:
                 self._router.curve_server = True
                 self._router.curve_secretkey = curve.identity.secret
                 self._router.curve_publickey = curve.identity.public
-                self._router.zap_domain = b"kvtier"
+                self._router.zap_domain = ZAP_DOMAIN.encode()
             self._rmon = self._monitor(self._router, _ROUTER_EVENTS)
             self._router.bind(_endpoint(bind_host, port or "*"))
             endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -393,7 +393,7 @@ MALFORMED = [
     {"remote_decoder": {"kv_request_id": 5}},
     {"remote_decoder": {"kv_request_id": "has space"}},
     {"remote_decoder": "K"},
-    {"remote_prefiller": {"kv_request_id": "K", "remote_host": "127.0.0.1", "remote_port": "5710"}},
+    {"remote_prefiller": {"kv_request_id": "K", "remote_host": "127.0.0.1", "remote_port": "57x0"}},
     {"remote_prefiller": {"kv_request_id": "K", "remote_host": "127.0.0.1", "remote_port": True}},
     {"remote_prefiller": {"kv_request_id": "K", "remote_port": 5710}},
     {"remote_prefiller": []},
