@@ -296,7 +296,7 @@ class KvTierManager:
                 info = parse_params(req.kv_transfer_params, self._peer_policy)
             except PeerNotAllowed as exc:
                 # No socket, no state: the request recomputes (lookup MISS; a load fails).
-                self._count(self.m_rejected_peer)
+                self.m_rejected_peer.inc()
                 self._ratelog(self.clock(), "", "peer_not_allowed",
                               "kvtier: request %s: refusing to dial %s (not in allowed_peers)",
                               clip(req.req_id), clip(exc.endpoint))
