@@ -75,23 +75,38 @@ class _Transfer:
 
 
 class _RateLimitedLog:
-    """At most one log line per (peer, reason) per ``interval_s``."""
+    """At most one log line per (peer, reason) per ``interval_s``, and at most ``budget`` lines
+    per ``interval_s`` in all: a flood from ever-new peer ids cannot flood the log either."""
 
-    def __init__(self, interval_s: float = 10.0) -> None:
+    def __init__(self, interval_s: float = 10.0, budget: int = 50) -> None:
         self.interval_s = interval_s
+        self.budget = budget
         self._last: dict[tuple[str, str], float] = {}
+        self._window = float("-inf")
+        self._used = 0
+        self._suppressed = 0
 
     def __call__(self, now: float, peer: str, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> bool:
-        """Log unless this (peer, reason) logged within the interval; return whether it logged."""
+        """Log unless this (peer, reason) logged within the interval or the budget is spent;
+        return whether it logged."""
+        if now - self._window >= self.interval_s:
+            if self._suppressed:
+                log.warning("kvtier: %d more log lines about bad peer input suppressed in the last %.0f s",
+                            self._suppressed, self.interval_s)
+            self._window, self._used, self._suppressed = now, 0, 0
         key = (peer, reason)
         last = self._last.get(key)
-        if last is None or now - last >= self.interval_s:
-            self._last[key] = now
-            if len(self._last) > 4096:
-                self._last.clear()
-            log.log(level, msg, *args)
-            return True
-        return False
+        if last is not None and now - last < self.interval_s:
+            return False
+        if self._used >= self.budget:
+            self._suppressed += 1
+            return False
+        self._last[key] = now
+        if len(self._last) > 4096:
+            self._last.clear()
+        self._used += 1
+        log.log(level, msg, *args)
+        return True
 
 
 _JOB_LABELS = frozenset({r.value for r in SpecReason} | {"", "failed", "shutdown", "local", "peer_not_allowed"})
