@@ -109,6 +109,7 @@ def _positive_int(name: str, value: object) -> int:
 _ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 # Not EVENT_CLOSED: libzmq reports it for every failed connect attempt too (no connection existed).
 _DEALER_EVENTS = zmq.EVENT_DISCONNECTED
+_CURVE_OVERHEAD = 256  # bytes a CURVE MESSAGE command adds to a frame (libzmq: 33), with room
 _MAX_EVENTS = 65536  # undrained events beyond this drop the oldest (an owner that never reads)
 _MON_HEADER = struct.Struct("=HI")  # libzmq monitor frame 0: event id (u16), value (u32)
 
@@ -245,6 +246,13 @@ class ZmqTransport:
         if curve is not None and not isinstance(curve, CurveSettings):
             raise ValueError(f"curve must be a CurveSettings or None, got {type(curve).__name__}")
         self._curve = curve
+        if curve is not None:
+            # libzmq applies ZMQ_MAXMSGSIZE to the encrypted CURVE frame, which is a few dozen
+            # bytes longer than the payload: the caps above count payload bytes.
+            if self._opts[zmq.MAXMSGSIZE] > 0:
+                self._opts[zmq.MAXMSGSIZE] += _CURVE_OVERHEAD
+            if self._router_maxmsg > 0:
+                self._router_maxmsg += _CURVE_OVERHEAD
         ivl = _seconds_to_ms("heartbeat_ivl_s", heartbeat_ivl_s)
         if ivl:
             timeout_ms = _seconds_to_ms("heartbeat_timeout_s", heartbeat_timeout_s)

@@ -138,3 +138,22 @@ def test_cli_keys_generate(tmp_path) -> None:
     assert (tmp_path / "prefill-1.key_secret").stat().st_mode & 0o077 == 0
     r = CliRunner().invoke(cli, ["keys", "generate", str(tmp_path), "x", "--endpoint", "h:99999"])
     assert r.exit_code != 0 and "port" in r.output
+
+
+def test_frame_of_exactly_the_cap_passes_under_curve(keys) -> None:
+    # the caps count payload bytes; CURVE's framing overhead must not push a legal frame over
+    cap = 64 * 1024
+    kw = dict(FAST, max_frame_bytes=cap, max_accepted_frame_bytes=cap)
+    p = ZmqTransport(**kw, curve=curve_settings(str(keys["dir"] / "prefill-0.key_secret"), str(keys["allowed"])))
+    c = ZmqTransport(**kw, curve=curve_settings(str(keys["dir"] / "decode-0.key_secret"), str(keys["allowed"])))
+    try:
+        peer = c.connect(p.address)
+        c.send(peer, [b"x" * cap])
+        [(in_peer, frames)] = recv_until(p, 1)
+        assert len(frames[0]) == cap
+        p.send(in_peer, [b"y" * cap])
+        [(_, back)] = recv_until(c, 1)
+        assert len(back[0]) == cap
+    finally:
+        p.close()
+        c.close()
