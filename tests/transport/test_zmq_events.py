@@ -15,7 +15,7 @@ import zmq
 from kvtier.transport import CloseReason, PeerClosed, PeerInfo, SendFailure, ZmqTransport
 from kvtier.transport.zmq_transport import _Conn
 
-from test_zmq_transport import FAST, make, recv_until, until  # noqa: F401  (fixture)
+from test_zmq_transport import make, recv_until, until  # noqa: F401  (make is a fixture)
 
 pytestmark = pytest.mark.timeout(30)
 
