@@ -1,4 +1,4 @@
-"""``kvtier`` command line: ``demo``, ``top``, ``check``, ``diagram``, ``gen``, ``bench``.
+"""``kvtier`` command line: ``demo``, ``top``, ``check``, ``diagram``, ``gen``, ``bench``, ``keys``.
 
 Each command imports its implementation lazily so ``kvtier --help`` is instant.
 """
@@ -85,6 +85,28 @@ def bench(ctx: click.Context) -> None:
     from kvtier.bench import main as run_bench
 
     sys.exit(run_bench(list(ctx.args)))
+
+
+@cli.group()
+def keys() -> None:
+    """CURVE key pairs for ``auth = "curve"`` (docs/security.md)."""
+
+
+@keys.command("generate")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("name")
+@click.option("--endpoint", "endpoints", multiple=True, metavar="HOST[:PORT]",
+              help="An address this instance serves as a producer (repeatable); consumers dial it with this key.")
+def keys_generate(directory: str, name: str, endpoints: tuple[str, ...]) -> None:
+    """Write NAME.key (public: copy it into peers' auth_allowed_keys_dir) and NAME.key_secret
+    (this instance's auth_secret_key_file; mode 0600) into DIRECTORY. NAME is the principal."""
+    from kvtier.transport.curve import generate_keys
+
+    try:
+        pub, sec = generate_keys(directory, name, endpoints)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    click.echo(f"public: {pub}\nsecret: {sec}")
 
 
 def main() -> None:

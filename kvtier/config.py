@@ -347,7 +347,32 @@ class _OptionalInt:
         return f"`null` (off), or an integer or integral numeric string, {self.lo} ≤ n ≤ {self.hi}"
 
 
-_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone
+class _PeerList:
+    """A JSON list of ``allowed_peers`` entries (see :class:`kvtier.params.PeerPolicy`)."""
+
+    max_items: int = 4096
+    unit: str = ""
+
+    def convert(self, key: str, value: Any) -> tuple[str, ...]:
+        from kvtier.params import PeerPolicy
+
+        if not isinstance(value, (list, tuple)):
+            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
+        if not value:
+            raise _fail(key, value, 'must not be empty (use ["*"] for any peer)')
+        if len(value) > self.max_items:
+            raise _fail(key, value, f"more than {self.max_items} entries")
+        try:
+            PeerPolicy.from_entries(value)
+        except ValueError as exc:
+            raise _fail(key, value, str(exc)) from None
+        return tuple(e.strip() for e in value)
+
+    def describe(self) -> str:
+        return 'list of `"*"`, `"host:port"`, `"host"` or CIDR (`"10.0.0.0/8"`), non-empty'
+
+
+_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone | _PeerList
 _KIND = "kvtier.kind"
 
 MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
@@ -522,6 +547,29 @@ class TierConfig:
     (``instance_down``) until one is heard again (B11). Give every rank of one
     producer pod the same value; empty: a random name per manager."""
 
+    # ---- security (docs/security.md) -----------------------------------------
+    auth: str = _field(_Choice(("none", "curve")), "none")
+    """``curve``: every connection is authenticated and encrypted with libzmq CURVE, and only
+    peers whose public certificate is in ``auth_allowed_keys_dir`` get in. ``none``: plain TCP,
+    anyone who can reach ``host:port`` can talk to this tier (a loud warning is logged when
+    ``host`` is not a loopback address)."""
+
+    auth_secret_key_file: str = _field(_Str(4096, re.compile(r"[^\x00]+"), "a file path", allow_empty=True), "")
+    """This instance's secret certificate (``NAME.key_secret`` from ``kvtier keys generate``).
+    Required with ``auth=curve``; ``NAME`` is this instance's principal."""
+
+    auth_allowed_keys_dir: str = _field(_Str(4096, re.compile(r"[^\x00]+"), "a directory path", allow_empty=True), "")
+    """Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem
+    is that peer's principal. A producer's certificate lists its ``endpoints`` in its metadata,
+    which is how a consumer knows the key to expect before it dials. Required with
+    ``auth=curve``."""
+
+    allowed_peers: tuple[str, ...] = _field(_PeerList(), ("*",))
+    """Producer endpoints this tier may dial when a request's ``kv_transfer_params`` name them:
+    ``"host:port"``, ``"host"`` (any port), a CIDR network, or ``"*"`` (any: the default, for
+    compatibility; set it in production, see docs/security.md). A request naming another
+    endpoint is refused before any socket exists: lookup says MISS and the engine recomputes."""
+
     # ---- polling ------------------------------------------------------------
     poll_interval_s: float = _field(_Float(0.0001, 1.0), 0.001)
     """Cadence of the background poll thread (when ``background_poll``)."""
@@ -534,6 +582,10 @@ class TierConfig:
     def __attrs_post_init__(self) -> None:
         for rule in CROSS_FIELD_RULES:
             rule.check(self)
+        if self.auth == "curve":
+            for key in ("auth_secret_key_file", "auth_allowed_keys_dir"):
+                if not getattr(self, key):
+                    raise TierConfigError(f"auth='curve' needs {key} (see docs/security.md)", keys=("auth", key))
 
     # ---- dict round trip ----------------------------------------------------
 

@@ -55,9 +55,9 @@ from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle._table import ProducerState, SessionState
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
+from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
 from kvtier.transport import SendHandle, Transport, TransportError
 from kvtier.wire import messages as wm
-from kvtier.wire.messages import check_kv_request_id
 from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireError, WireLimits, encode, encode_frames
 
 log = logging.getLogger("kvtier.manager")
@@ -72,13 +72,6 @@ RECV_BUDGET = 8192
 
 
 @attrs.define(slots=True)
-class _Req:
-    role: str  # "producer" | "consumer" | "local"
-    kv_request_id: str | None
-    peer: str | None
-
-
-@attrs.define(slots=True)
 class _Job:
     kind: str  # "store" | "load"
     kv_request_id: str | None
@@ -87,23 +80,38 @@ class _Job:
 
 
 class _RateLimitedLog:
-    """At most one log line per (peer, reason) per ``interval_s``."""
+    """At most one log line per (peer, reason) per ``interval_s``, and at most ``budget`` lines
+    per ``interval_s`` in all: a flood from ever-new peer ids cannot flood the log either."""
 
-    def __init__(self, interval_s: float = 10.0) -> None:
+    def __init__(self, interval_s: float = 10.0, budget: int = 50) -> None:
         self.interval_s = interval_s
+        self.budget = budget
         self._last: dict[tuple[str, str], float] = {}
+        self._window = float("-inf")
+        self._used = 0
+        self._suppressed = 0
 
     def __call__(self, now: float, peer: str, reason: str, msg: str, *args: Any, level: int = logging.WARNING) -> bool:
-        """Log unless this (peer, reason) logged within the interval; return whether it logged."""
+        """Log unless this (peer, reason) logged within the interval or the budget is spent;
+        return whether it logged."""
+        if now - self._window >= self.interval_s:
+            if self._suppressed:
+                log.warning("kvtier: %d more log lines about bad peer input suppressed in the last %.0f s",
+                            self._suppressed, self.interval_s)
+            self._window, self._used, self._suppressed = now, 0, 0
         key = (peer, reason)
         last = self._last.get(key)
-        if last is None or now - last >= self.interval_s:
-            self._last[key] = now
-            if len(self._last) > 4096:
-                self._last.clear()
-            log.log(level, msg, *args)
-            return True
-        return False
+        if last is not None and now - last < self.interval_s:
+            return False
+        if self._used >= self.budget:
+            self._suppressed += 1
+            return False
+        self._last[key] = now
+        if len(self._last) > 4096:
+            self._last.clear()
+        self._used += 1
+        log.log(level, msg, *args)
+        return True
 
 
 def _quarantined(core: TierCore, jobs: Mapping[int, _Job], block_bytes: int) -> tuple[int, int]:
@@ -111,49 +119,20 @@ def _quarantined(core: TierCore, jobs: Mapping[int, _Job], block_bytes: int) -> 
     return len(recs), sum(jobs[j].nbytes for r in recs for j in r.jobs if j in jobs) // block_bytes
 
 
-def parse_params(req: RequestContext) -> _Req:
-    """Read a request's role from ``kv_transfer_params`` (vLLM shapes, see :class:`RequestContext`).
+def _warn_if_open(cfg: TierConfig) -> None:
+    """One loud WARNING when the listener is reachable beyond this host without authentication."""
+    import ipaddress
 
-    Raises:
-        ValueError: a role sub-dict is present but malformed; the message names the field.
-    """
-    params = req.kv_transfer_params
-    if params is None:
-        return _Req("local", None, None)
-    if not isinstance(params, Mapping):
-        raise ValueError(f"request {req.req_id!r}: kv_transfer_params must be a mapping, got {type(params).__name__}")
-    src = params.get("remote_prefiller")
-    if src is not None and params.get("remote_decoder") is not None:
-        raise ValueError(
-            f"request {req.req_id!r}: kv_transfer_params has both remote_prefiller and remote_decoder; "
-            "a request is either the producer or the consumer leg"
-        )
-    if src is not None:
-        if not isinstance(src, Mapping):
-            raise ValueError(f"request {req.req_id!r}: remote_prefiller must be a mapping, got {src!r}")
-        kid, host, port = src.get("kv_request_id"), src.get("remote_host"), src.get("remote_port")
-        _check_id(req, "remote_prefiller.kv_request_id", kid)
-        if not isinstance(host, str) or not host:
-            raise ValueError(f"request {req.req_id!r}: remote_prefiller.remote_host must be a non-empty str, got {host!r}")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise ValueError(f"request {req.req_id!r}: remote_prefiller.remote_port must be an int 1..65535, got {port!r}")
-        peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return _Req("consumer", kid, peer)
-    dst = params.get("remote_decoder")
-    if dst is not None:
-        if not isinstance(dst, Mapping):
-            raise ValueError(f"request {req.req_id!r}: remote_decoder must be a mapping, got {dst!r}")
-        kid = dst.get("kv_request_id")
-        _check_id(req, "remote_decoder.kv_request_id", kid)
-        return _Req("producer", kid, None)
-    return _Req("local", None, None)
-
-
-def _check_id(req: RequestContext, field: str, kid: object) -> None:
     try:
-        check_kv_request_id(kid)
-    except Exception as exc:  # the wire's own rule, so every id we accept can be sent
-        raise ValueError(f"request {req.req_id!r}: {field} is invalid ({exc}): {kid!r:.80}") from None
+        loopback = ipaddress.ip_address(cfg.host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = cfg.host == "localhost"
+    if cfg.auth == "none" and not loopback:
+        log.warning(
+            "kvtier: SECURITY: listening on %s with auth='none': anyone who can reach this port can "
+            "fetch, abort or probe parked KV blocks (users' prompts). Set auth='curve' (docs/security.md).",
+            cfg.host,
+        )
 
 
 class KvTierManager:
@@ -191,6 +170,10 @@ class KvTierManager:
         own_transport = transport is None
         if transport is None:
             from kvtier.transport import ZmqTransport
+            from kvtier.transport.curve import curve_settings
+
+            curve = curve_settings(cfg.auth_secret_key_file, cfg.auth_allowed_keys_dir) if cfg.auth == "curve" else None
+            _warn_if_open(cfg)
 
             transport = ZmqTransport(
                 cfg.host,
@@ -198,6 +181,15 @@ class KvTierManager:
                 heartbeat_ivl_s=cfg.heartbeat_interval_s,
                 heartbeat_timeout_s=cfg.peer_timeout_s,
                 heartbeat_ttl_s=cfg.peer_timeout_s,
+                # libzmq cuts a peer whose frame exceeds the largest legal one before receiving
+                # it (consumers send us only control headers; producers also send blocks). Up
+                # to 2x the header cap still arrives, to be answered "oversize": a misconfigured
+                # peer learns why instead of seeing its connection vanish.
+                max_accepted_frame_bytes=2 * cfg.max_message_bytes,
+                max_frame_bytes=max(2 * cfg.max_message_bytes, pool.block_bytes),
+                handshake_ivl_s=cfg.handshake_timeout_s,
+                idle_timeout_s=cfg.handshake_timeout_s,
+                curve=curve,
             )
         self.transport = transport
         try:
@@ -211,6 +203,7 @@ class KvTierManager:
 
     def _init_rest(self, cfg: TierConfig, pool: BlockPool, layout: str) -> None:
         self.instance = cfg.instance or secrets.token_hex(6)
+        self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers)
         self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg)
         self.local_hello = HelloInput(
             PROTOCOL_VERSION, pool.block_bytes, layout, cfg.hash_seed,
@@ -221,7 +214,7 @@ class KvTierManager:
             limits=WireLimits(max_message_bytes=cfg.max_message_bytes, max_blocks_per_fetch=cfg.max_blocks_per_fetch),
             block_bytes=pool.block_bytes,
         )
-        self._requests: dict[str, _Req] = {}
+        self._requests: dict[str, TransferParams] = {}
         self._jobs: dict[int, _Job] = {}
         self._results: list[JobResult] = []
         self._next_ping: dict[str, float] = {}
@@ -321,7 +314,19 @@ class KvTierManager:
         """
         with self._lock:
             self._check_open()
-            info = parse_params(req)
+            try:
+                info = parse_params(req.kv_transfer_params, self._peer_policy)
+            except PeerNotAllowed as exc:
+                # No socket, no state: the request recomputes (lookup MISS; a load fails).
+                self._metrics.rejected_peer()
+                self._plog("", "peer_not_allowed", "kvtier: request %s: refusing to dial %s (not in allowed_peers)",
+                           clip(req.req_id), clip(exc.endpoint))
+                info = TransferParams("refused")
+            except ValueError as exc:
+                raise ValueError(f"request {clip(req.req_id)}: {exc}") from None
+            if info.role == "refused":
+                self._requests[req.req_id] = info
+                return "local"
             prev = self._requests.get(req.req_id)
             if prev is not None:
                 if prev != info:
@@ -389,6 +394,11 @@ class KvTierManager:
         with self._lock:
             self._check_open()
             info = self._job_request(job)
+            if info.role == "refused":  # its producer is not in allowed_peers: nothing to load
+                self._check_job(job)
+                self._results.append(JobResult(job_id=job.job_id, success=False, reason="peer_not_allowed"))
+                self._metrics.job_done("load", False, "peer_not_allowed")
+                return
             if info.role != "consumer":
                 raise UnknownRequest(
                     f"submit_load job {job.job_id}: request {job.req.req_id!r} has no remote_prefiller params"
@@ -518,7 +528,7 @@ class KvTierManager:
             finally:
                 self._closed = True
                 linger = max(0.05, grace - (time.monotonic() - start))
-                self._close_transport(linger)
+                self.transport.close(linger_s=linger)
                 self._finish_plane()
         # outside the lock: a scrape in progress waits for that lock
         self._metrics.close()
@@ -538,7 +548,7 @@ class KvTierManager:
         if self._closed or self._closing:
             raise RuntimeError("kvtier manager is shut down" if self._closed else "kvtier manager is shutting down")
 
-    def _job_request(self, job: TransferJob) -> _Req:
+    def _job_request(self, job: TransferJob) -> TransferParams:
         info = self._requests.get(job.req.req_id)
         if info is None:
             raise UnknownRequest(
@@ -632,7 +642,7 @@ class KvTierManager:
                 except Exception:
                     self._metrics.internal_error()
                     log.exception("kvtier: error while handling a message from %s", self._who(peer))
-            for ev in self._transport_events():
+            for ev in self.transport.events():
                 self._run(self.core.connection_closed(ev.peer, self.clock()))
             applied += len(batch)
             if len(batch) < RECV_BATCH:  # every socket was read to empty after t0
@@ -640,21 +650,6 @@ class KvTierManager:
                 return self._t_empty
             if applied >= RECV_BUDGET:
                 return self._t_empty
-
-    # TODO(sec-merge): the transport grows events()/drop_peer()/close(linger_s); drop these shims
-    def _transport_events(self) -> list[Any]:
-        fn = getattr(self.transport, "events", None)
-        return fn() if fn is not None else []
-
-    def _drop_peer(self, peer: str) -> None:
-        fn = getattr(self.transport, "drop_peer", None)
-        (fn or self.transport.disconnect)(peer)
-
-    def _close_transport(self, linger_s: float) -> None:
-        try:
-            self.transport.close(linger_s=linger_s)
-        except TypeError:
-            self.transport.close()
 
     def _released(self, r: Released, now: float) -> list[fx.Effect]:
         posted = self._posted.pop((r.kv_request_id, r.round), now)
@@ -765,13 +760,14 @@ class KvTierManager:
                            "max_peers=%s sessions", self._who(peer), msg.ours, level=logging.ERROR)
             else:
                 self._plog(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, "
-                           "theirs %s)", self._who(peer), msg.field, msg.theirs, msg.ours, level=logging.ERROR)
+                           "theirs %s)", self._who(peer), msg.field, msg.theirs, msg.ours or "(withheld)",
+                           level=logging.ERROR)
             self._run(core.hello_reject(peer, msg.gen, now))
         elif t is wm.Disconnect:
             self._run(core.disconnect(peer, msg.gen, now))
         elif t is wm.Error:
             self._metrics.wire_error(msg.reason, reported_by_peer=True)
-            self._plog(peer, "peer_error", "kvtier: %s reports an error: %s %s", self._who(peer),
+            self._plog(peer, "peer_error", "kvtier: %s reports an error: %.64s %.200s", self._who(peer),
                        msg.reason, msg.detail)
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
@@ -890,13 +886,13 @@ class KvTierManager:
                            self._who(e.peer), e.ours)
             else:
                 self._plog(e.peer, e.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
-                           self._who(e.peer), e.field, e.ours, e.theirs, level=logging.ERROR)
+                           self._who(e.peer), e.field, e.ours or "(withheld)", e.theirs, level=logging.ERROR)
             self._peer_names.pop(e.peer, None)
             self._send(e.peer, wm.HelloReject(gen=e.gen, reason=e.reason, field=e.field, ours=e.ours, theirs=e.theirs))
         elif t is fx.SendDisconnect:
             self._send(e.peer, wm.Disconnect(gen=e.gen, reason=e.reason))
         elif t is fx.CloseConnection:
-            self._drop_peer(e.peer)
+            self.transport.drop_peer(e.peer)
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
             self._metrics.session_ended(e.reason)

@@ -159,6 +159,11 @@ SERIES: tuple[SeriesDef, ...] = (
     SeriesDef("kvtier_internal_errors_total", "counter", (), "errors",
               "Unexpected exceptions caught by the manager (a kvtier bug; see the log).",
               fed_by="internal_error"),
+    SeriesDef("kvtier_rejected_peer_total", "counter", (), "requests",
+              "Requests whose producer endpoint is not in allowed_peers: nothing was dialled, the "
+              "request recomputes (docs/security.md). A steady rate means a misconfigured router "
+              "or someone probing.",
+              fed_by="rejected_peer"),
 )
 
 _BY_NAME: Mapping[str, SeriesDef] = {s.name: s for s in SERIES}
@@ -359,6 +364,10 @@ class TierMetrics:
     def ignored(self, machine: str, reason: str | None) -> None:
         """An input was dropped by one of the spec's ignore rules."""
         self._inc("kvtier_ignored_inputs_total", machine if machine in _MACHINES else "other", bounded(reason))
+
+    def rejected_peer(self) -> None:
+        """A request named a producer endpoint outside ``allowed_peers``; nothing was dialled."""
+        self._inc("kvtier_rejected_peer_total")
 
     def internal_error(self) -> None:
         """An unexpected exception was caught (and logged) by the manager."""

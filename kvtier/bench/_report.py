@@ -129,12 +129,18 @@ def _p1(r: dict[str, Any]) -> str:
     rows = [[fmt_bytes(x["block_bytes"]), str(x["blocks"]), fmt_bytes(x["request_bytes"]),
              str(x["requests_per_sample"]), _mmm(x["kvtier_gbps"]), _mmm(x["raw_zmq_gbps"]),
              _mmm(x["ratio_vs_raw"]), f"{x['kvtier_request_s']['median'] * 1e3:.2f}",
-             f"{x['raw_request_s']['median'] * 1e3:.2f}", "yes" if x["verified"] else "NO"]
+             f"{x['raw_request_s']['median'] * 1e3:.2f}",
+             _mmm(x["kvtier_curve_gbps"]) if "kvtier_curve_gbps" in x else "—",
+             _mmm(x["curve_vs_plain"]) if "curve_vs_plain" in x else "—",
+             "yes" if x["verified"] else "NO"]
             for x in r["rows"]]
+    curve = r.get("curve")
     return _md_table(["block", "blocks", "request", "requests/sample", "kvtier GB/s", "raw pyzmq GB/s",
-                      "kvtier/raw", "kvtier ms/request", "raw ms/request", "bytes verified"], rows) + (
+                      "kvtier/raw", "kvtier ms/request", "raw ms/request", "CURVE GB/s", "CURVE/plain",
+                      "bytes verified"], rows) + (
         f"\n\nCells meeting ≥ 0.8×: {r['cells_meeting_target']}; over requests ≥ 8 MiB: "
-        f"{fmt_ratio(r.get('ratio_large'))}.")
+        f"{fmt_ratio(r.get('ratio_large'))}." + (
+            f" CURVE on vs off (same run): {fmt_ratio(curve)}." if curve else ""))
 
 
 def _p2(r: dict[str, Any]) -> str:

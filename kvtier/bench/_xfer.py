@@ -60,6 +60,7 @@ class Producer:
         torch.set_num_threads(1)
         _quiet_logs()
         self.mgr: Any = None
+        self.mgr_curve: Any = None
         self.pool: Any = None
         self.bufs: list[memoryview] = []
         self._jobs = itertools.count(1)
@@ -76,7 +77,11 @@ class Producer:
     def hello(self) -> dict[str, Any]:
         return {"raw_port": self.raw_port, "pid": os.getpid()}
 
-    def op_setup(self, block_bytes: int, num_blocks: int, config: dict[str, Any]) -> dict[str, Any]:
+    def op_setup(
+        self, block_bytes: int, num_blocks: int, config: dict[str, Any], curve_config: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """One manager with ``config``; with ``curve_config`` a second one (CURVE on) over the
+        same pool, so P1 measures auth on vs off in the same run on the same bytes."""
         from kvtier.manager import KvTierManager
         from kvtier.memory import BlockPool
 
@@ -89,22 +94,27 @@ class Producer:
             v.bitwise_xor_(_xor(i))
         self.bufs = [self.pool.buffer(i) for i in range(num_blocks)]
         self.mgr = KvTierManager(config, self.pool, layout="kvtier-bench")
-        return {"address": self.mgr.address}
+        if curve_config is not None:
+            self.mgr_curve = KvTierManager(curve_config, self.pool, layout="kvtier-bench")
+        return {"address": self.mgr.address,
+                "curve_address": self.mgr_curve.address if self.mgr_curve is not None else None}
 
-    def op_park(self, prefix: str, count: int, nblocks: int) -> list[str]:
-        """Park ``count`` fresh ids of ``nblocks`` blocks (slots 0..nblocks-1, keys k0..)."""
+    def op_park(self, prefix: str, count: int, nblocks: int, curve: bool = False) -> list[str]:
+        """Park ``count`` fresh ids of ``nblocks`` blocks (slots 0..nblocks-1, keys k0..), on the
+        CURVE manager if ``curve``."""
         from kvtier.api import RequestContext, TransferJob
 
         self._collect()
+        mgr = self.mgr_curve if curve else self.mgr
         keys = _keys(nblocks)
         slots = tuple(range(nblocks))
         ids = []
         for j in range(count):
             kid = f"{prefix}-{j}"
             req = RequestContext(req_id="P" + kid, kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
-            self.mgr.on_new_request(req)
-            self.mgr.submit_store(TransferJob(job_id=next(self._jobs), keys=keys, slots=slots, req=req))
-            self.mgr.on_request_finished(req)
+            mgr.on_new_request(req)
+            mgr.submit_store(TransferJob(job_id=next(self._jobs), keys=keys, slots=slots, req=req))
+            mgr.on_request_finished(req)
             ids.append(kid)
         return ids
 
@@ -117,8 +127,9 @@ class Producer:
         return {"finished_jobs": self.finished, "records": len(self.mgr.core.producer.records)}
 
     def _collect(self) -> None:
-        if self.mgr is not None:
-            self.finished += len(self.mgr.get_finished_jobs())
+        for mgr in (self.mgr, self.mgr_curve):
+            if mgr is not None:
+                self.finished += len(mgr.get_finished_jobs())
 
     def wait(self, conn: Any) -> None:
         """Serve the raw ROUTER until a command arrives on the pipe."""
@@ -153,9 +164,10 @@ class Producer:
                 router.send_multipart([rid, *bufs[first : min(n, first + per_msg)]], copy=False)
 
     def _shutdown(self) -> None:
-        if self.mgr is not None:
-            self.mgr.shutdown()
-            self.mgr = None
+        for mgr in (self.mgr, self.mgr_curve):
+            if mgr is not None:
+                mgr.shutdown()
+        self.mgr = self.mgr_curve = None
 
     def close(self) -> None:
         self._shutdown()
@@ -170,6 +182,7 @@ class Consumer:
         torch.set_num_threads(1)
         _quiet_logs()
         self.mgr: Any = None
+        self.mgr_curve: Any = None
         self.pool: Any = None
         self.ctx: Any = None
         self.dealer: Any = None
@@ -187,6 +200,8 @@ class Consumer:
         raw_port: int,
         config: dict[str, Any],
         copy_source: bool = False,
+        curve_producer: str | None = None,
+        curve_config: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         import torch
         import zmq
@@ -202,6 +217,9 @@ class Consumer:
         self.producer = producer
         self.host, _, port = producer.rpartition(":")
         self.port = int(port)
+        if curve_config is not None and curve_producer is not None:
+            self.mgr_curve = KvTierManager(curve_config, self.pool, layout="kvtier-bench")
+            self.curve_port = int(curve_producer.rpartition(":")[2])
         self.ctx = zmq.Context(1)
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
@@ -219,18 +237,21 @@ class Consumer:
         return {"pinned": self.pool.pinned}
 
     # -- helpers ----------------------------------------------------------------------------
-    def _req(self, kid: str) -> Any:
+    def _req(self, kid: str, port: int | None = None) -> Any:
         from kvtier.api import RequestContext
 
         return RequestContext(
             req_id="C" + kid,
             kv_transfer_params={
-                "remote_prefiller": {"kv_request_id": kid, "remote_host": self.host, "remote_port": self.port}
+                "remote_prefiller": {"kv_request_id": kid, "remote_host": self.host, "remote_port": port or self.port}
             },
         )
 
-    def _wait_job(self, job_id: int, timeout_s: float = 60.0) -> Any:
-        mgr = self.mgr
+    def _wait_job(self, job_id: int, timeout_s: float = 60.0, mgr: Any = None) -> Any:
+        mgr = mgr or self.mgr
+        # the other manager of the pair (plain vs CURVE) is polled too, or its idle session
+        # would miss its heartbeats while this one works
+        idle = [m for m in (self.mgr, self.mgr_curve) if m is not None and m is not mgr]
         deadline = time.monotonic() + timeout_s
         while True:
             for r in mgr.get_finished_jobs():
@@ -239,6 +260,8 @@ class Consumer:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id}: no result within {timeout_s} s")
             mgr.poll(0.05)
+            for m in idle:
+                m.poll(0)
 
     def _zero(self, n: int) -> None:
         for i in {0, n - 1}:
@@ -251,14 +274,14 @@ class Consumer:
         return all(torch.equal(self.views[i], base ^ _xor(i)) for i in {0, n - 1})
 
     # -- measurements -----------------------------------------------------------------------
-    def op_kvtier(self, ids: list[str], nblocks: int, verify: bool = False) -> dict[str, Any]:
+    def op_kvtier(self, ids: list[str], nblocks: int, verify: bool = False, curve: bool = False) -> dict[str, Any]:
         """Load each id in turn (one request at a time); seconds from the first submit_load to
-        the last successful JobResult."""
+        the last successful JobResult. ``curve``: through the CURVE pair of managers."""
         from kvtier.api import TransferJob
 
-        mgr = self.mgr
+        mgr = self.mgr_curve if curve else self.mgr
         keys, slots = _keys(nblocks), tuple(range(nblocks))
-        reqs = [self._req(k) for k in ids]
+        reqs = [self._req(k, self.curve_port if curve else None) for k in ids]
         for r in reqs:
             mgr.on_new_request(r)
         if verify:
@@ -268,7 +291,7 @@ class Consumer:
         for r in reqs:
             job = next(self._jobs)
             mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=slots, req=r))
-            res = self._wait_job(job)
+            res = self._wait_job(job, mgr=mgr)
             if not res.success:
                 failures.append(res.reason)
         seconds = time.perf_counter() - t0
@@ -341,7 +364,7 @@ class Consumer:
             job = next(self._jobs)
             t0 = time.perf_counter()
             mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=slots, req=r))
-            res = self._wait_job(job)
+            res = self._wait_job(job, mgr=mgr)
             kv.append(time.perf_counter() - t0)
             reasons.append(None if res.success else res.reason)
 
@@ -357,9 +380,10 @@ class Consumer:
         return {"kvtier": kv, "raw": raw, "reasons": reasons}
 
     def _shutdown(self) -> None:
-        if self.mgr is not None:
-            self.mgr.shutdown()
-            self.mgr = None
+        for mgr in (self.mgr, self.mgr_curve):
+            if mgr is not None:
+                mgr.shutdown()
+        self.mgr = self.mgr_curve = None
         if self.dealer is not None:
             self.dealer.close(linger=0)
             self.ctx.destroy(linger=0)

@@ -24,6 +24,27 @@ def _grid(quick: bool) -> list[tuple[int, int]]:
     return [(bs, n) for bs in sizes for n in counts if bs * n <= cap]
 
 
+def _curve_configs(keydir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Producer and consumer configs with ``auth = "curve"`` (keys generated into ``keydir``)."""
+    import os
+    import shutil
+
+    from kvtier.transport.curve import generate_keys
+
+    mine, allowed = os.path.join(keydir, "mine"), os.path.join(keydir, "allowed")
+    os.makedirs(allowed, exist_ok=True)
+    generate_keys(mine, "bench-prefill", ("127.0.0.1",))
+    generate_keys(mine, "bench-decode")
+    for n in ("bench-prefill", "bench-decode"):
+        shutil.copy(os.path.join(mine, f"{n}.key"), allowed)
+
+    def cfg(base: dict[str, Any], name: str) -> dict[str, Any]:
+        return {**base, "auth": "curve", "auth_secret_key_file": os.path.join(mine, f"{name}.key_secret"),
+                "auth_allowed_keys_dir": allowed}
+
+    return cfg(PRODUCER_CONFIG, "bench-prefill"), cfg(CONSUMER_CONFIG, "bench-decode")
+
+
 def _children() -> tuple[Child, Child]:
     prod = Child("kvtier.bench._xfer", "Producer", name="bench-producer")
     try:
@@ -50,8 +71,12 @@ def run(quick: bool, log: Callable[[str], None], which: set[str]) -> dict[str, d
 
 
 def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) -> dict[str, dict[str, Any]]:
+    import tempfile
+
     from kvtier.manager import MAX_BATCH_BYTES
 
+    keydir = tempfile.TemporaryDirectory(prefix="kvtier-bench-keys-")
+    p_curve, c_curve = _curve_configs(keydir.name)
     reps = 2 if quick else 7
     target_bytes = (8 if quick else 128) * MiB
     kmax = 40 if quick else 200
@@ -65,30 +90,36 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
         for bs in sorted({bs for bs, _ in grid}):
             ns = [n for b, n in grid if b == bs]
             nmax = max(ns)
-            addr = prod.call("setup", block_bytes=bs, num_blocks=nmax, config=PRODUCER_CONFIG)["address"]
+            info = prod.call("setup", block_bytes=bs, num_blocks=nmax, config=PRODUCER_CONFIG, curve_config=p_curve)
+            addr = info["address"]
             cons.call("setup", block_bytes=bs, num_blocks=nmax, producer=addr, raw_port=raw_port,
-                      config=CONSUMER_CONFIG, copy_source=True)
+                      config=CONSUMER_CONFIG, copy_source=True, curve_producer=info["curve_address"],
+                      curve_config=c_curve)
             per_msg = max(1, MAX_BATCH_BYTES // bs)
             # warm-up: session handshake, first-touch of zmq buffers, code paths
             ids = prod.call("park", prefix=f"w{bs}", count=2, nblocks=min(nmax, 8))
             cons.call("kvtier", ids=ids, nblocks=min(nmax, 8))
+            ids = prod.call("park", prefix=f"wc{bs}", count=2, nblocks=min(nmax, 8), curve=True)
+            cons.call("kvtier", ids=ids, nblocks=min(nmax, 8), curve=True)
             cons.call("raw", count=2, nblocks=min(nmax, 8), per_msg=per_msg)
             for n in ns:
                 nbytes = n * bs
                 k = max(2, min(kmax, math.ceil(target_bytes / nbytes)))
-                kv_s, raw_s, cp_s = [], [], []
+                kv_s, raw_s, cp_s, cv_s = [], [], [], []
                 verified = True
                 for rep in range(reps):
                     ids = prod.call("park", prefix=f"p1-{bs}-{n}-{rep}", count=k, nblocks=n)
+                    cids = prod.call("park", prefix=f"p1c-{bs}-{n}-{rep}", count=k, nblocks=n, curve=True)
                     verify = rep == 0
-                    order = ("raw", "kv") if rep % 2 == 0 else ("kv", "raw")
+                    order = ("raw", "kv", "curve") if rep % 2 == 0 else ("curve", "kv", "raw")
                     for what in order:
                         if what == "raw":
                             r = cons.call("raw", count=k, nblocks=n, per_msg=per_msg, verify=verify)
                             raw_s.append(r["seconds"])
                         else:
-                            r = cons.call("kvtier", ids=ids, nblocks=n, verify=verify)
-                            kv_s.append(r["seconds"])
+                            curve = what == "curve"
+                            r = cons.call("kvtier", ids=cids if curve else ids, nblocks=n, verify=verify, curve=curve)
+                            (cv_s if curve else kv_s).append(r["seconds"])
                             if r["failures"]:
                                 problems.append(f"{fmt_bytes(bs)}x{n}: kvtier loads failed: {r['failures'][:3]}")
                         if verify and not r.get("verified", True):
@@ -105,6 +136,8 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
                     "bytes_per_sample": moved,
                     "blocks_per_message": per_msg,
                     "kvtier_gbps": summary(gbps(kv_s)),
+                    "kvtier_curve_gbps": summary(gbps(cv_s)),
+                    "curve_vs_plain": paired_ratio(kv_s, cv_s),
                     "raw_zmq_gbps": summary(gbps(raw_s)),
                     "copy_gbps": summary(gbps(cp_s)),
                     "kvtier_request_s": summary([s / k for s in kv_s]),
@@ -118,11 +151,13 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
                 log(
                     f"P1 {fmt_bytes(bs):>7} x {n:<3}: kvtier {row['kvtier_gbps']['median']:.2f} GB/s, "
                     f"raw {row['raw_zmq_gbps']['median']:.2f}, copy_ {row['copy_gbps']['median']:.2f}, "
-                    f"ratio {row['ratio_vs_raw']['median']:.2f}"
+                    f"ratio {row['ratio_vs_raw']['median']:.2f}, CURVE {row['kvtier_curve_gbps']['median']:.2f} GB/s "
+                    f"({row['curve_vs_plain']['median']:.2f}x plain)"
                 )
         pstats = prod.call("stats")
     finally:
         noise = meter.stop()
+        keydir.cleanup()
     wall = time.monotonic() - t_start
 
     def headline(key: str) -> dict[str, Any]:
@@ -146,6 +181,8 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
         "baseline": {"label": "raw pyzmq, best cell", "value": best_raw["raw_zmq_gbps"]["median"], "unit": "GB/s"},
         "ratio": r1,
         "ratio_large": r1_big,
+        "curve": {"label": "CURVE on vs off (kvtier, same run, paired)", **headline("curve_vs_plain"),
+                  "best_gbps": max(r["kvtier_curve_gbps"]["median"] for r in rows)},
         "target": t1,
         "cells_meeting_target": f"{len(rows) - len(below)}/{len(rows)}",
         "worst_cell": {"block_bytes": worst["block_bytes"], "blocks": worst["blocks"],
@@ -159,7 +196,9 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
             f"{reps} interleaved repeats per cell (raw/kvtier order alternates); a repeat = k sequential "
             f"requests of n blocks (k*n*block ≈ {fmt_bytes(target_bytes)}, 2 ≤ k ≤ {kmax}); "
             "kvtier: submit_load → JobResult(success); raw: DEALER request → ROUTER streams the same "
-            "frames (same grouping per message, zero-copy) → recv_into the same pool slots."
+            "frames (same grouping per message, zero-copy) → recv_into the same pool slots. CURVE axis: "
+            "a second pair of managers with auth='curve' (libzmq CURVE: authenticated, encrypted) over "
+            "the same pools, interleaved with the plain pair in every repeat."
         ),
     }
     r2 = headline("ratio_vs_copy")

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "db59fedc5b590ce997987e2ee7431f2bc757cf349a462d4942323416e9d7a9f3"
+SPEC_SHA256: Final = "44caf047acc6e00c8ceac59eac81d5f90b6608fd26f337492161d9ad14df4ec9"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -88,6 +88,8 @@ class Reason(enum.StrEnum):
     """the transport could not send to the peer"""
     TOO_MANY_PEERS = "too_many_peers"
     """this manager already has max_peers sessions"""
+    PEER_NOT_ALLOWED = "peer_not_allowed"
+    """the request names a producer endpoint outside allowed_peers; nothing was dialled"""
     NO_RECORD = "no_record"
     """the id has no record in this machine (never seen or already pruned)"""
     STALE = "stale"

@@ -137,6 +137,10 @@ class SessionMachine(TableMachine):
             field, ours, theirs = "max_peers", str(self.max_peers), str(len(self.records) + 1)
         else:
             field, ours, theirs = self.local.first_mismatch(inp) or ("", "", "")
+            if field == "hash_seed":
+                # The seed keys every block hash: a stranger must not learn it by guessing wrong.
+                # The refusal names the field; our value stays here.
+                ours = ""
         out.append(SendHelloReject(rec.key, inp.gen, reason or "handshake_mismatch", field, ours, theirs))
 
     def effect_flush_queued(self, rec: SessionRecord, inp, reason, now, out) -> None:

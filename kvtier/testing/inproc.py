@@ -21,6 +21,12 @@ traffic between two addresses. :meth:`InprocNetwork.kill` makes an endpoint vani
 process died. A new ``InprocTransport`` at the same address is a restart.
 ``hold_completion=True`` keeps ``SendHandle.done`` False until :meth:`InprocTransport.complete`,
 to test "don't reuse a slot before its send is done".
+
+Connection events, as ``ZmqTransport`` reports them: :meth:`InprocNetwork.close_connection`
+(a reset), :meth:`InprocNetwork.kill` and :meth:`InprocTransport.close` report
+``PeerClosed(..., "disconnected")`` on the other end(s) of every connection; ``drop_peer``
+reports ``dropped`` locally and ``disconnected`` remotely, and releases held handles to that
+peer. ``principal=`` names an endpoint's authenticated identity for ``peer_info``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,15 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from kvtier.transport import SendFailure, SendHandle, TransportError
+from kvtier.transport import (
+    CloseReason,
+    PeerClosed,
+    PeerInfo,
+    SendFailure,
+    SendHandle,
+    TransportError,
+    TransportEvent,
+)
 
 __all__ = ["InprocNetwork", "InprocTransport"]
 
@@ -80,6 +94,18 @@ class InprocNetwork:
             self.dropped += len(t._inbox)
             t.close()
 
+    def close_connection(self, dialler: str, listener: str) -> bool:
+        """The TCP connection ``dialler`` → ``listener`` resets: both ends get a
+        ``PeerClosed(..., "disconnected")``, the listener forgets the dialler (sends to it fail
+        ``unreachable``) and held handles on both sides are released. The dialler keeps its
+        dial, as a zmq DEALER reconnects on its own. Returns False if no such connection."""
+        d, lis = self._endpoints.get(dialler), self._endpoints.get(listener)
+        if d is None or lis is None or listener not in d._dialled or dialler not in lis._inbound:
+            return False
+        d._connection_gone(listener, CloseReason.DISCONNECTED)
+        lis._connection_gone(_IN_PREFIX + dialler, CloseReason.DISCONNECTED)
+        return True
+
     # -- used by InprocTransport ---------------------------------------------------------------
 
     def _attach(self, t: InprocTransport) -> None:
@@ -91,7 +117,10 @@ class InprocNetwork:
         if self._endpoints.get(t.address) is t:
             del self._endpoints[t.address]
         for other in self._endpoints.values():
-            other._inbound.discard(t.address)
+            if t.address in other._inbound:
+                other._connection_gone(_IN_PREFIX + t.address, CloseReason.DISCONNECTED)
+            if t.address in other._dialled and other.address in t._inbound:
+                other._connection_gone(t.address, CloseReason.DISCONNECTED)
 
 
 class InprocTransport:
@@ -103,6 +132,8 @@ class InprocTransport:
         rcvhwm: inbox capacity in messages. Senders queue past it. ``None`` means unbounded.
         hold_completion: if True, handles of sent messages stay not ``done`` until
             :meth:`complete` is called (simulates zmq still reading zero-copy frames).
+        principal: this endpoint's authenticated name, as peers' :meth:`peer_info` reports it
+            (``None``: authentication off).
 
     Raises:
         TransportError: ``address`` is already taken on this network.
@@ -115,6 +146,7 @@ class InprocTransport:
         *,
         rcvhwm: int | None = None,
         hold_completion: bool = False,
+        principal: str | None = None,
     ) -> None:
         if not isinstance(address, str) or not address:
             raise ValueError(f"address must be a non-empty str, got {address!r}")
@@ -129,6 +161,8 @@ class InprocTransport:
         self._inbound: set[str] = set()  # addresses that dialled us
         self._queues: dict[str, deque[tuple[list[bytes], SendHandle]]] = {}
         self._held: list[SendHandle] = []
+        self._events: list[TransportEvent] = []
+        self.principal = principal
         self._closed = False
         network._attach(self)
 
@@ -240,10 +274,72 @@ class InprocTransport:
         elif peer.startswith(_IN_PREFIX):
             self._inbound.discard(peer[len(_IN_PREFIX) :])
 
-    def close(self) -> None:
-        """Detach from the network. Queued sends fail with ``closed``. Idempotent."""
+    def events(self) -> list[TransportEvent]:
+        """``PeerClosed`` records since the last call, oldest first."""
+        out, self._events = self._events, []
+        return out
+
+    def drop_peer(self, peer: str) -> bool:
+        """Cut the connection to ``peer``: queued sends fail ``disconnected``, held handles to
+        it are released, we report ``dropped`` and the other end ``disconnected``. A dialled
+        peer is forgotten (``connect`` dials again). False if not connected."""
+        if self._closed:
+            return False
+        self._fail_queue(peer, SendFailure.DISCONNECTED)
+        if peer in self._dialled:
+            other = self.network._endpoints.get(peer)
+            self._dialled.remove(peer)
+            self._release_held(peer)
+            self._events.append(PeerClosed(peer, CloseReason.DROPPED))
+            if other is not None and self.address in other._inbound:
+                other._connection_gone(_IN_PREFIX + self.address, CloseReason.DISCONNECTED)
+            return True
+        if peer.startswith(_IN_PREFIX) and peer[len(_IN_PREFIX) :] in self._inbound:
+            dialler = peer[len(_IN_PREFIX) :]
+            self._connection_gone(peer, CloseReason.DROPPED)
+            other = self.network._endpoints.get(dialler)
+            if other is not None and self.address in other._dialled:
+                other._connection_gone(self.address, CloseReason.DISCONNECTED)
+            return True
+        return False
+
+    def peer_info(self, peer: str) -> PeerInfo | None:
+        """The peer's address and its endpoint's ``principal``; None if not connected."""
+        if peer in self._dialled:
+            other = self.network._endpoints.get(peer)
+            return PeerInfo(peer, other.principal if other is not None else None)
+        if peer.startswith(_IN_PREFIX) and peer[len(_IN_PREFIX) :] in self._inbound:
+            other = self.network._endpoints.get(peer[len(_IN_PREFIX) :])
+            return PeerInfo(peer[len(_IN_PREFIX) :], other.principal if other is not None else None)
+        return None
+
+    def _connection_gone(self, peer: str, reason: str) -> None:
+        """Our connection to ``peer`` ended (see :meth:`InprocNetwork.close_connection`)."""
+        if peer.startswith(_IN_PREFIX):
+            self._inbound.discard(peer[len(_IN_PREFIX) :])
+            self._fail_queue(peer, SendFailure.UNREACHABLE)
+        self._release_held(peer)
+        self._events.append(PeerClosed(peer, reason))
+
+    def _release_held(self, peer: str) -> None:
+        keep = []
+        for h in self._held:
+            if h.peer == peer:
+                h._held = False
+            else:
+                keep.append(h)
+        self._held = keep
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """Detach from the network. With ``linger_s > 0`` queued sends get one last delivery
+        attempt first (delivery is instant here); what remains fails with ``closed``.
+        Idempotent."""
+        if isinstance(linger_s, bool) or not isinstance(linger_s, (int, float)) or not 0 <= linger_s < float("inf"):
+            raise ValueError(f"linger_s must be a finite number >= 0, got {linger_s!r}")
         if self._closed:
             return
+        if linger_s > 0:
+            self.flush()
         self._closed = True
         for peer in list(self._queues):
             self._fail_queue(peer, SendFailure.CLOSED)

@@ -284,9 +284,14 @@ class _Child:
         self.op_stop_manager()
 
 
-def _child_main(conn: Any, max_lifetime_s: float, log_level: int) -> None:
+def _child_main(conn: Any, max_lifetime_s: float, log_level: int, netns: str | None = None) -> None:
     """Entry point of the child process (must stay importable for ``spawn``)."""
     import logging
+
+    if netns is not None:  # before any thread or socket exists (kvtier.testing.netns)
+        from kvtier.testing.netns import enter
+
+        enter(netns)
 
     logging.basicConfig(level=log_level, format="[peer %(process)d] %(levelname)s %(name)s: %(message)s")
     child = _Child()
@@ -348,13 +353,17 @@ class PeerProcess:
         name: process name (shows in ``ps``).
         max_lifetime_s: the child exits on its own after this long, whatever happens.
         log_level: logging level inside the child (its logs go to the inherited stderr).
+        netns: run the child inside this network namespace (:mod:`kvtier.testing.netns`).
 
     ``start()`` returns at once (the child imports torch in the background); the first command
     waits for it to be ready.  Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, name: str = "kvtier-peer", *, max_lifetime_s: float = 600.0, log_level: int = 30) -> None:
+    def __init__(
+        self, name: str = "kvtier-peer", *, max_lifetime_s: float = 600.0, log_level: int = 30, netns: str | None = None
+    ) -> None:
         self.name = name
+        self.netns = netns
         self.max_lifetime_s = max_lifetime_s
         self.log_level = log_level
         self._proc: Any = None
@@ -371,7 +380,8 @@ class PeerProcess:
             return self
         parent, child = _CTX.Pipe(duplex=True)
         proc = _CTX.Process(
-            target=_child_main, args=(child, self.max_lifetime_s, self.log_level), name=self.name, daemon=True
+            target=_child_main, args=(child, self.max_lifetime_s, self.log_level, self.netns), name=self.name,
+            daemon=True,
         )
         proc.start()
         child.close()

@@ -20,10 +20,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, runtime_checkable
 
+import attrs
+
 from kvtier.errors import KvTierError
 
 __all__ = [
     "Transport",
+    "TransportEvent",
+    "PeerClosed",
+    "PeerInfo",
+    "CloseReason",
     "SendHandle",
     "SendFailure",
     "TransportError",
@@ -119,6 +125,52 @@ class SendHandle:
         return f"<SendHandle peer={self.peer!r} {state} done={self.done}>"
 
 
+class CloseReason:
+    """Why a :class:`PeerClosed` was reported (``event.reason``). Plain strings."""
+
+    DISCONNECTED: Final = "disconnected"
+    """The TCP connection closed or was reset (peer exit, network error, ZMTP heartbeat
+    timeout, a frame over the size cap): the transport cannot tell these apart."""
+    DROPPED: Final = "dropped"
+    """We closed it: :meth:`Transport.drop_peer`."""
+    IDLE_TIMEOUT: Final = "idle_timeout"
+    """An accepted connection delivered no message within ``idle_timeout_s``."""
+    ALL: Final = frozenset({DISCONNECTED, DROPPED, IDLE_TIMEOUT})
+
+
+@attrs.frozen(slots=True)
+class PeerClosed:
+    """The connection to or from ``peer`` is gone (reported once per connection).
+
+    For a dialled producer, zmq reconnects on its own afterwards; the session above decides
+    whether the session survives (it should not: messages in flight may be lost)."""
+
+    peer: str
+    reason: str
+    """One of :class:`CloseReason`."""
+
+
+TransportEvent = PeerClosed
+"""Everything :meth:`Transport.events` reports (one record type today)."""
+
+
+@attrs.frozen(slots=True)
+class PeerInfo:
+    """Who a peer is, for logs and for authorisation.
+
+    Attributes:
+        address: the remote ``ip:port`` of a peer that dialled us (``getpeername``), or the
+            ``host:port`` we dialled.
+        principal: the authenticated name of the peer (CURVE: the name of the allowed
+            certificate its key matched, or its z85 public key when no certificate names it);
+            ``None`` when authentication is off. For a dialled producer: the name of the
+            certificate whose key the producer had to prove it holds.
+    """
+
+    address: str
+    principal: str | None
+
+
 @runtime_checkable
 class Transport(Protocol):
     """What the manager needs from a transport. See docs/design.md §Transport."""
@@ -154,8 +206,22 @@ class Transport(Protocol):
         """Forget a peer: close its dialled connection and fail its queued sends."""
         ...
 
-    def close(self) -> None:
-        """Close everything. Idempotent, never hangs."""
+    def events(self) -> list[TransportEvent]:
+        """Connection events since the last call (oldest first), without blocking."""
+        ...
+
+    def drop_peer(self, peer: str) -> bool:
+        """Force the connection to ``peer`` closed: everything queued to it is released
+        (zero-copy sends complete) and our queued sends to it fail. False if unknown/gone."""
+        ...
+
+    def peer_info(self, peer: str) -> PeerInfo | None:
+        """Remote address and authenticated principal of ``peer``; None if unknown."""
+        ...
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close everything, first giving queued sends up to ``linger_s`` seconds to leave.
+        Idempotent, never blocks longer than ``linger_s`` (plus a few ms)."""
         ...
 
 

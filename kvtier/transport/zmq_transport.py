@@ -21,13 +21,32 @@ turns True when libzmq releases them. (pyzmq finishes trackers on its own proces
 "garbage collector" thread, started on the first zero-copy send. It is not ours and outlives
 every transport.)
 
+Connection events (:meth:`ZmqTransport.events`): every socket has a libzmq *socket monitor*
+(an inproc PAIR we read). For the ROUTER, the monitor reports ``ACCEPTED``/``DISCONNECTED`` with
+the connection's file descriptor, and every received message carries the fd it came in on
+(``zmq.SRCFD``); joining the two maps a TCP connection to the routing id (peer id) it speaks
+for. (``ZMQ_ROUTER_NOTIFY`` would do this directly but is a draft option this libzmq lacks.)
+libzmq queues a connection's monitor events before the fd can be closed or reused, and before
+any message of a new connection is readable, so draining the monitor whenever a message comes
+from an fd we have not seen (or from a reused one) keeps the map right.
+
+:meth:`ZmqTransport.drop_peer` cuts one peer that dialled us: ``shutdown(SHUT_RDWR)`` on a
+``dup`` of its fd (a ROUTER has no per-peer close). The dup pins the open socket, and its
+``getpeername()`` is compared with the one recorded at accept time first, so a number that
+libzmq closed and reused meanwhile is never shut down. Residual race, accepted: if the peer's
+connection closed and *the same remote ip:port* reconnected onto the *same fd number* between
+our last monitor drain and the dup, the new connection of that same remote endpoint is cut.
+
 Not thread-safe: one transport belongs to one I/O loop thread.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import secrets
+import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -35,7 +54,17 @@ from typing import Any
 
 import zmq
 
-from kvtier.transport import SendFailure, SendHandle, TransportError
+from kvtier.transport import (
+    CloseReason,
+    PeerClosed,
+    PeerInfo,
+    SendFailure,
+    SendHandle,
+    TransportError,
+    TransportEvent,
+)
+from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
+
 
 __all__ = ["ZmqTransport", "parse_address"]
 
@@ -77,6 +106,49 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
+_ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+# Not EVENT_CLOSED: libzmq reports it for every failed connect attempt too (no connection existed).
+_DEALER_EVENTS = zmq.EVENT_DISCONNECTED
+_CURVE_OVERHEAD = 256  # bytes a CURVE MESSAGE command adds to a frame (libzmq: 33), with room
+_MAX_EVENTS = 65536  # undrained events beyond this drop the oldest (an owner that never reads)
+_MON_HEADER = struct.Struct("=HI")  # libzmq monitor frame 0: event id (u16), value (u32)
+
+
+def _peername(fd: int) -> str:
+    """``ip:port`` of the remote end of socket ``fd`` ("" if it is not a connected socket)."""
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return ""
+    try:
+        return _fmt_sockaddr(s.getpeername())
+    except OSError:
+        return ""
+    finally:
+        s.close()
+
+
+def _fmt_sockaddr(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(addr)
+
+
+class _Conn:
+    """One TCP connection accepted by the ROUTER, keyed by its fd."""
+
+    __slots__ = ("fd", "peername", "accepted", "rid", "principal", "dropped")
+
+    def __init__(self, fd: int, peername: str, accepted: float) -> None:
+        self.fd = fd
+        self.peername = peername
+        self.accepted = accepted
+        self.rid: bytes | None = None
+        self.principal: str | None = None
+        self.dropped = False
+
+
 class _Pending:
     """One queued multipart message waiting for room below the high-water mark."""
 
@@ -105,9 +177,21 @@ class ZmqTransport:
             ceiling, in seconds, for dialled peers.
         zero_copy_threshold: frames of at least this many bytes are sent zero-copy when
             ``track=True``, and returned as ``memoryview`` (not ``bytes``) by :meth:`recv`.
-        max_frame_bytes: a peer sending a frame larger than this is disconnected by libzmq
-            (``ZMQ_MAXMSGSIZE``, per frame). ``None`` means no limit.
+        max_frame_bytes: a producer we dialled that sends a frame larger than this is
+            disconnected by libzmq (``ZMQ_MAXMSGSIZE``, per frame, checked before the frame is
+            received). ``None`` means no limit.
+        max_accepted_frame_bytes: the same cap for peers that dialled us (the ROUTER). Defaults
+            to ``max_frame_bytes``. A producer only receives control messages, so the manager
+            sets it to ``max_message_bytes``.
         io_threads: libzmq I/O threads for this transport's context.
+        connect_timeout_s: a TCP connect to a producer that gets no answer within this is
+            abandoned and retried after the reconnect interval (``ZMQ_CONNECT_TIMEOUT``;
+            without it a dropped SYN waits out the kernel's ~2 min). 0 turns it off.
+        handshake_ivl_s: a connection must finish the ZMTP (and CURVE) handshake within this
+            (``ZMQ_HANDSHAKE_IVL``). 0 turns it off.
+        idle_timeout_s: an accepted connection that delivers no message within this many
+            seconds is cut (connections that never say hello). ``None`` turns it off.
+        curve: CURVE keys (see :mod:`kvtier.transport.curve`); ``None`` means plain TCP.
 
     Raises:
         TransportError: the bind failed (port in use, bad host).
@@ -128,7 +212,12 @@ class ZmqTransport:
         reconnect_ivl_max_s: float = 2.0,
         zero_copy_threshold: int = 65536,
         max_frame_bytes: int | None = None,
+        max_accepted_frame_bytes: int | None = None,
         io_threads: int = 1,
+        connect_timeout_s: float = 2.0,
+        handshake_ivl_s: float = 10.0,
+        idle_timeout_s: float | None = None,
+        curve: CurveSettings | None = None,
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in 0..65535, got {port!r}")
@@ -143,7 +232,27 @@ class ZmqTransport:
             zmq.MAXMSGSIZE: -1 if max_frame_bytes is None else _positive_int(
                 "max_frame_bytes", max_frame_bytes
             ),
+            zmq.HANDSHAKE_IVL: _seconds_to_ms("handshake_ivl_s", handshake_ivl_s),
         }
+        self._connect_timeout_ms = _seconds_to_ms("connect_timeout_s", connect_timeout_s)
+        self._router_maxmsg = self._opts[zmq.MAXMSGSIZE] if max_accepted_frame_bytes is None else (
+            _positive_int("max_accepted_frame_bytes", max_accepted_frame_bytes)
+        )
+        if idle_timeout_s is not None:
+            _seconds_to_ms("idle_timeout_s", idle_timeout_s)
+            if idle_timeout_s <= 0:
+                raise ValueError(f"idle_timeout_s must be > 0 or None, got {idle_timeout_s}")
+        self._idle_timeout_s = idle_timeout_s
+        if curve is not None and not isinstance(curve, CurveSettings):
+            raise ValueError(f"curve must be a CurveSettings or None, got {type(curve).__name__}")
+        self._curve = curve
+        if curve is not None:
+            # libzmq applies ZMQ_MAXMSGSIZE to the encrypted CURVE frame, which is a few dozen
+            # bytes longer than the payload: the caps above count payload bytes.
+            if self._opts[zmq.MAXMSGSIZE] > 0:
+                self._opts[zmq.MAXMSGSIZE] += _CURVE_OVERHEAD
+            if self._router_maxmsg > 0:
+                self._router_maxmsg += _CURVE_OVERHEAD
         ivl = _seconds_to_ms("heartbeat_ivl_s", heartbeat_ivl_s)
         if ivl:
             timeout_ms = _seconds_to_ms("heartbeat_timeout_s", heartbeat_timeout_s)
@@ -168,16 +277,37 @@ class ZmqTransport:
         self._npending = 0
         self._poller: zmq.Poller | None = None
         self._rr = 0  # round-robin start offset for recv() fairness
-        self._in_addr: dict[str, str] = {}  # inbound peer id -> its IP (for log lines)
+        self._events: deque[TransportEvent] = deque(maxlen=_MAX_EVENTS)
+        self._conns: dict[int, _Conn] = {}  # ROUTER connections by fd
+        self._rid_fd: dict[bytes, int] = {}  # routing id -> fd of its current connection
+        self._unbound: dict[int, _Conn] = {}  # accepted, no message yet (accept order)
+        self._dealer_mons: dict[str, zmq.Socket] = {}
+        self._mon_n = 0
+        self._auth: PrincipalAuthenticator | None = None
+        self.idle_dropped = 0
+        """Accepted connections cut by ``idle_timeout_s`` (a counter)."""
+        self._router: zmq.Socket | None = None
+        self._rmon: zmq.Socket | None = None
         try:
+            if curve is not None:
+                # The ZAP handler must exist before the first connection is accepted.
+                self._auth = PrincipalAuthenticator(self._ctx, curve.allowed, curve.allowed_dir)
+                self._auth.start()
             self._router = self._socket(zmq.ROUTER, ipv6=self._ipv6)
+            self._router.setsockopt(zmq.MAXMSGSIZE, self._router_maxmsg)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            if curve is not None:
+                self._router.curve_server = True
+                self._router.curve_secretkey = curve.identity.secret
+                self._router.curve_publickey = curve.identity.public
+                self._router.zap_domain = ZAP_DOMAIN.encode()
+            self._rmon = self._monitor(self._router, _ROUTER_EVENTS)
             self._router.bind(_endpoint(bind_host, port or "*"))
             endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         except BaseException as exc:
             # Never leak a context (and its threads) from a failed constructor.
-            self._ctx.destroy(linger=0)
+            self._teardown()
             self._closed = True
             if isinstance(exc, zmq.ZMQError):
                 raise TransportError(f"cannot listen on {bind_host}:{port}: {exc}") from exc
@@ -225,21 +355,54 @@ class ZmqTransport:
         if address in self._dealers:
             return address
         host, port = parse_address(address)
+        server_key = None
+        if self._curve is not None:
+            server_key = self._curve.allowed.server_key_for(host, port)
+            if server_key is None:
+                # Never dial with a key the network could choose for us.
+                raise TransportError(
+                    f"cannot connect to {address}: no certificate in auth_allowed_keys_dir names "
+                    "this endpoint (metadata endpoints), so the producer's key is unknown"
+                )
+        sock = mon = None
         try:
             sock = self._socket(zmq.DEALER, ipv6=":" in host)
             # Random, stable identity: the producer keeps seeing the same peer id across our
             # reconnects. A leading 0 byte is reserved by libzmq for generated ids.
             sock.setsockopt(zmq.ROUTING_ID, b"k" + secrets.token_bytes(15))
-            try:
-                sock.connect(_endpoint(host, port))
-            except BaseException:
-                sock.close(linger=0)
-                raise
+            if self._connect_timeout_ms:
+                sock.setsockopt(zmq.CONNECT_TIMEOUT, self._connect_timeout_ms)
+            if self._curve is not None:
+                sock.curve_serverkey = server_key
+                sock.curve_publickey = self._curve.identity.public
+                sock.curve_secretkey = self._curve.identity.secret
+            mon = self._monitor(sock, _DEALER_EVENTS)
+            sock.connect(_endpoint(host, port))
         except zmq.ZMQError as exc:
+            for x in (mon, sock):
+                if x is not None:
+                    x.close(linger=0)
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
         self._dealers[address] = sock
+        self._dealer_mons[address] = mon
         self._poller = None
         return address
+
+    def _monitor(self, sock: zmq.Socket, events: int) -> zmq.Socket:
+        """A PAIR that receives ``sock``'s monitor events. Unbounded on our side, so a flood of
+        connections cannot make libzmq drop (and us miss) a ``DISCONNECTED``."""
+        self._mon_n += 1
+        addr = f"inproc://kvtier-mon-{id(self):x}-{self._mon_n}"
+        sock.monitor(addr, events)
+        mon = self._ctx.socket(zmq.PAIR)
+        try:
+            mon.setsockopt(zmq.LINGER, 0)
+            mon.setsockopt(zmq.RCVHWM, 0)
+            mon.connect(addr)
+        except BaseException:
+            mon.close(linger=0)
+            raise
+        return mon
 
     # -- send ----------------------------------------------------------------------------------
 
@@ -271,6 +434,9 @@ class ZmqTransport:
         if target is None:
             handle._mark_failed(SendFailure.UNKNOWN_PEER, f"no such peer {peer!r}")
             return handle
+        if target[1] is not None and self._is_dropped(target[1]):
+            handle._mark_failed(SendFailure.DISCONNECTED, f"{peer!r} was dropped")
+            return handle
         queue = self._queues.get(peer)
         if queue:  # keep per-peer FIFO order: never overtake queued messages
             queue.append(_Pending(frames, track, handle))
@@ -295,6 +461,10 @@ class ZmqTransport:
             if 0 < len(rid) <= 255:
                 return self._router, rid
         return None
+
+    def _is_dropped(self, rid: bytes) -> bool:
+        conn = self._conns.get(self._rid_fd.get(rid, -1))
+        return conn is not None and conn.dropped
 
     def _try_send(
         self,
@@ -405,6 +575,7 @@ class ZmqTransport:
         max_messages = _positive_int("max_messages", max_messages)
         if self._closed:
             return []
+        self._service()
         self._flush_all()
         socks: list[tuple[zmq.Socket, str | None]] = [(self._router, None)]
         socks.extend((s, p) for p, s in self._dealers.items())
@@ -427,12 +598,11 @@ class ZmqTransport:
                     active.remove(entry)
                     continue
                 if peer is None:
-                    peer = _IN_PREFIX + parts[0].bytes.hex()
-                    parts = parts[1:]
-                    if not parts:
+                    rid = parts[0].bytes
+                    if not self._from_connection(parts[0], rid) or len(parts) < 2:
                         continue
-                    if peer not in self._in_addr:
-                        self._remember_address(peer, parts[0])
+                    peer = _IN_PREFIX + rid.hex()
+                    parts = parts[1:]
                 out.append(
                     (peer, [p.bytes if len(p) < threshold else p.buffer for p in parts])
                 )
@@ -440,15 +610,202 @@ class ZmqTransport:
                     break
         return out
 
+    def _from_connection(self, frame: zmq.Frame, rid: bytes) -> bool:
+        """Bind ``rid`` to the connection (fd) ``frame`` came in on. False: drop the message
+        (it comes from a connection we dropped)."""
+        try:
+            fd = frame.get(zmq.SRCFD)
+        except zmq.ZMQError:  # pragma: no cover - every TCP frame has a source fd
+            return True
+        conn = self._conns.get(fd)
+        if conn is None or (conn.rid is not None and conn.rid != rid):
+            # The monitor has not told us about this fd (or its reuse) yet; it has by now.
+            self._drain_router_monitor()
+            conn = self._conns.get(fd)
+            if conn is None or (conn.rid is not None and conn.rid != rid):  # pragma: no cover
+                self._conn_closed(fd)
+                conn = self._conns[fd] = _Conn(fd, _peername(fd), time.monotonic())
+        if conn.dropped:
+            return False
+        if conn.rid is None:
+            conn.rid = rid
+            self._unbound.pop(fd, None)
+            # ROUTER_HANDOVER: a reconnect with the same routing id takes over the peer id; the
+            # connection it replaced then closes without a PeerClosed of its own.
+            self._rid_fd[rid] = fd
+            if self._curve is not None:
+                try:
+                    conn.principal = frame.get("User-Id")
+                except zmq.ZMQError:  # pragma: no cover - libzmq sets it after ZAP
+                    conn.principal = None
+        elif self._rid_fd.get(rid) != fd:
+            self._rid_fd[rid] = fd
+        return True
+
+    # -- connection events ---------------------------------------------------------------------
+
+    def events(self) -> list[TransportEvent]:
+        """Connection events since the last call, oldest first. Never blocks.
+
+        Returns:
+            :class:`~kvtier.transport.PeerClosed` records: one per connection of a known peer
+            that closed or reset (``disconnected``), was cut by :meth:`drop_peer`
+            (``dropped``). A connection that never delivered a message has no peer id and is
+            reported by nothing (see :attr:`idle_dropped`). ``[]`` after ``close()``.
+        """
+        if self._closed:
+            return []
+        self._service()
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    def _service(self) -> None:
+        """Housekeeping on every poll path: read monitor events, cut idle connections, and make
+        the ROUTER process its commands (a pipe closed by a shutdown releases its queued
+        zero-copy frames only when the socket does)."""
+        self._drain_router_monitor()
+        for address in list(self._dealer_mons):
+            self._drain_dealer_monitor(address)
+        if self._idle_timeout_s is not None and self._unbound:
+            cutoff = time.monotonic() - self._idle_timeout_s
+            for fd, conn in list(self._unbound.items()):
+                if conn.accepted > cutoff:
+                    break  # accept order: the rest are younger
+                del self._unbound[fd]
+                if self._shutdown_conn(conn):
+                    conn.dropped = True
+                    self.idle_dropped += 1
+        try:
+            self._router.get(zmq.EVENTS)
+        except zmq.ZMQError:  # pragma: no cover
+            pass
+
+    @staticmethod
+    def _monitor_events(mon: zmq.Socket) -> list[tuple[int, int]]:
+        """``(event, value)`` pairs waiting on a monitor PAIR, without blocking."""
+        out = []
+        while True:
+            try:
+                if not mon.get(zmq.EVENTS) & zmq.POLLIN:
+                    return out
+                frames = mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return out
+            out.append(_MON_HEADER.unpack_from(frames[0]))
+
+    def _drain_router_monitor(self) -> None:
+        for event, fd in self._monitor_events(self._rmon):
+            if event == zmq.EVENT_ACCEPTED:
+                self._conn_closed(fd)  # a missed close of an older connection on this fd
+                conn = self._conns[fd] = _Conn(fd, _peername(fd), time.monotonic())
+                self._unbound[fd] = conn
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self._conn_closed(fd)
+
+    def _conn_closed(self, fd: int) -> None:
+        conn = self._conns.pop(fd, None)
+        self._unbound.pop(fd, None)
+        if conn is None or conn.rid is None or self._rid_fd.get(conn.rid) != fd:
+            return
+        del self._rid_fd[conn.rid]
+        peer = _IN_PREFIX + conn.rid.hex()
+        self._fail_queue(peer, SendFailure.UNREACHABLE, "connection closed")
+        reason = CloseReason.DROPPED if conn.dropped else CloseReason.DISCONNECTED
+        self._events.append(PeerClosed(peer, reason))
+
+    def _drain_dealer_monitor(self, address: str) -> None:
+        for event, _ in self._monitor_events(self._dealer_mons[address]):
+            if event == zmq.EVENT_DISCONNECTED:
+                self._events.append(PeerClosed(address, CloseReason.DISCONNECTED))
+
+    def _shutdown_conn(self, conn: _Conn) -> bool:
+        """``shutdown(SHUT_RDWR)`` the connection behind ``conn.fd`` if it is still the one we
+        recorded (same remote ip:port on a dup of the fd). libzmq then sees the close, ends
+        the pipe and frees what was queued to it."""
+        try:
+            dup = socket.socket(fileno=os.dup(conn.fd))
+        except OSError:
+            return False
+        try:
+            if not conn.peername or _fmt_sockaddr(dup.getpeername()) != conn.peername:
+                return False  # the fd was closed (and maybe reused): not our connection any more
+            dup.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+        finally:
+            dup.close()
+
+    def drop_peer(self, peer: str) -> bool:
+        """Force the connection to ``peer`` closed, now.
+
+        - A peer that dialled us: its TCP connection is shut down (see the module docstring).
+          libzmq then frees everything queued to it, so zero-copy handles become ``done``
+          within a poll or two, and messages it still had in flight to us are discarded. A
+          :class:`~kvtier.transport.PeerClosed` (``dropped``) follows when libzmq reports the
+          close. The peer may dial again; that is a new connection.
+        - A producer we dialled: its DEALER is closed (``linger=0``) and a ``PeerClosed``
+          (``dropped``) is reported at once. ``connect()`` dials it afresh.
+
+        Our queued sends to ``peer`` fail with ``disconnected``; later sends fail too.
+
+        Returns:
+            True if a connection was cut; False if ``peer`` is unknown or already gone.
+        """
+        if self._closed:
+            return False
+        self._fail_queue(peer, SendFailure.DISCONNECTED)
+        if peer in self._dealers:
+            self._close_dealer(peer)
+            self._events.append(PeerClosed(peer, CloseReason.DROPPED))
+            return True
+        target = self._resolve(peer)
+        if target is None or target[1] is None:
+            return False
+        self._drain_router_monitor()
+        fd = self._rid_fd.get(target[1])
+        if fd is None:
+            return False
+        conn = self._conns[fd]
+        if conn.dropped:
+            return True
+        if not self._shutdown_conn(conn):
+            return False
+        conn.dropped = True
+        self._service()
+        return True
+
+    def peer_info(self, peer: str) -> PeerInfo | None:
+        """Remote address and authenticated principal of ``peer`` (see
+        :class:`~kvtier.transport.PeerInfo`), or None if no connection is known for it."""
+        if peer in self._dealers:
+            principal = None
+            if self._curve is not None:
+                host, port = parse_address(peer)
+                key = self._curve.allowed.server_key_for(host, port)
+                principal = self._curve.allowed.principal(key) if key else None
+            return PeerInfo(peer, principal)
+        target = self._resolve(peer)
+        if target is None or target[1] is None:
+            return None
+        fd = self._rid_fd.get(target[1])
+        if fd is None:
+            return None
+        conn = self._conns[fd]
+        return PeerInfo(conn.peername, conn.principal)
+
     def wait(self, timeout_s: float) -> bool:
-        """Block until a message is readable or ``timeout_s`` passes. Flushes queued sends as
-        their sockets become writable.
+        """Block until a message or a connection event is ready, or ``timeout_s`` passes.
+        Flushes queued sends as their sockets become writable, and cuts idle connections
+        when their time is up.
 
         Args:
             timeout_s: seconds, finite. Values <= 0 just poll.
 
         Returns:
-            True if at least one socket is readable (call :meth:`recv`), else False.
+            True if a message is readable (call :meth:`recv`) or an event is waiting (call
+            :meth:`events`), else False.
 
         Raises:
             ValueError: ``timeout_s`` is NaN or infinite.
@@ -460,17 +817,32 @@ class ZmqTransport:
         if self._closed:
             return False
         deadline = time.monotonic() + max(0.0, timeout_s)
+        # Only events new to this call wake it: a caller that never drains events() must not
+        # turn every wait into a busy loop.
+        seen = len(self._events)
+        self._service()
+        if len(self._events) > seen:
+            return True
         out_socks = self._sockets_with_pending()
+        mons = {self._rmon, *self._dealer_mons.values()}
         while True:
             poller = self._build_poller(out_socks)
-            remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+            now = time.monotonic()
+            until = deadline
+            if self._idle_timeout_s is not None and self._unbound:
+                until = min(until, next(iter(self._unbound.values())).accepted + self._idle_timeout_s)
+            remaining_ms = max(0, math.ceil((until - now) * 1000))
             try:
                 events = poller.poll(remaining_ms)
             except zmq.ZMQError:
                 return False
-            if any(ev & zmq.POLLIN for _, ev in events):
+            if any(ev & zmq.POLLIN and s not in mons for s, ev in events):
                 return True
-            if events:  # only POLLOUT: room opened up below some HWM
+            if any(s in mons for s, _ in events) or until < deadline:
+                self._service()
+                if len(self._events) > seen:
+                    return True
+            if any(ev & zmq.POLLOUT for _, ev in events):  # room opened up below some HWM
                 if not self._flush_all():
                     # POLLOUT on a ROUTER means "some pipe has room", maybe not the pipe we
                     # need. Stop watching it for this call instead of spinning.
@@ -495,61 +867,93 @@ class ZmqTransport:
         poller = zmq.Poller()
         for sock in (self._router, *self._dealers.values()):
             poller.register(sock, zmq.POLLIN | (zmq.POLLOUT if sock in out_socks else 0))
+        for mon in (self._rmon, *self._dealer_mons.values()):
+            poller.register(mon, zmq.POLLIN)
         if not out_socks:
             self._poller = poller
         return poller
 
     # -- teardown ------------------------------------------------------------------------------
 
-    def _remember_address(self, peer: str, frame: zmq.Frame) -> None:
-        try:
-            addr = frame.get("Peer-Address")
-        except (zmq.ZMQError, AttributeError):  # a transport without the property (e.g. ipc)
-            addr = ""
-        if len(self._in_addr) >= 4096:  # bounded: forget the oldest
-            del self._in_addr[next(iter(self._in_addr))]
-        self._in_addr[peer] = addr or ""
-
     def peer_address(self, peer: str) -> str:
-        """Where ``peer`` is: ``host:port`` for a producer we dialled, the remote IP for a peer
-        that dialled us (zmq's ``Peer-Address``; ``""`` if unknown). For log lines only."""
-        if peer.startswith(_IN_PREFIX):
-            return self._in_addr.get(peer, "")
-        return peer
+        """Where ``peer`` is: ``host:port`` for a producer we dialled or a peer that dialled us
+        (``""`` if unknown). For log lines only."""
+        info = self.peer_info(peer)
+        return info.address if info is not None else ""
 
     def disconnect(self, peer: str) -> None:
         """Forget ``peer`` and fail its queued sends with ``disconnected``.
 
         For a dialled producer this closes its DEALER (``linger=0``, in-flight messages are
-        dropped). A peer that dialled us cannot be cut off individually (libzmq's ROUTER has no
-        per-peer close), so only its queue is dropped. Unknown peers are ignored.
+        dropped); no event is reported. For a peer that dialled us only our queue is dropped;
+        :meth:`drop_peer` cuts its connection. Unknown peers are ignored.
         """
         self._fail_queue(peer, SendFailure.DISCONNECTED)
-        sock = self._dealers.pop(peer, None)
-        if sock is not None:
-            sock.close(linger=0)
-            self._poller = None
+        if peer in self._dealers:
+            self._close_dealer(peer)
 
-    def close(self) -> None:
-        """Close every socket with ``linger=0`` and terminate the context. Idempotent and
-        never blocks: queued sends fail with ``closed``."""
+    def _close_dealer(self, address: str) -> None:
+        sock = self._dealers.pop(address)
+        mon = self._dealer_mons.pop(address)
+        try:
+            sock.disable_monitor()
+        except zmq.ZMQError:  # pragma: no cover
+            pass
+        mon.close(linger=0)
+        sock.close(linger=0)
+        self._poller = None
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close every socket and terminate the context. Idempotent.
+
+        Args:
+            linger_s: seconds queued sends (ours and libzmq's) get to leave first, e.g. a
+                goodbye sent just before. Never blocks longer than that (plus a few ms);
+                0 closes at once. What has not left by then is dropped, and our still-queued
+                sends fail with ``closed``.
+
+        Raises:
+            ValueError: ``linger_s`` is negative, NaN or infinite.
+        """
+        linger_ms = _seconds_to_ms("linger_s", linger_s)
         if self._closed:
             return
+        if linger_ms:
+            deadline = time.monotonic() + linger_s
+            while self._npending and time.monotonic() < deadline:
+                self.wait(min(0.01, max(0.0, deadline - time.monotonic())))
+                self._flush_all()
+            linger_ms = max(0, int((deadline - time.monotonic()) * 1000))
         self._closed = True
         for peer in list(self._queues):
             self._fail_queue(peer, SendFailure.CLOSED)
-        for sock in self._dealers.values():
-            sock.close(linger=0)
-        self._dealers.clear()
-        self._router.close(linger=0)
+        self._teardown(linger_ms)
+
+    def _teardown(self, linger_ms: int = 0) -> None:
+        for address in list(self._dealers):
+            sock = self._dealers.pop(address)
+            self._dealer_mons.pop(address).close(linger=0)
+            sock.close(linger=linger_ms)
+        if self._rmon is not None:
+            self._rmon.close(linger=0)
+        if self._router is not None:
+            self._router.close(linger=linger_ms)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         self._poller = None
-        # Every socket is closed, so term() returns at once and joins libzmq's threads.
-        self._ctx.destroy(linger=0)
+        # Every socket is closed, so term() returns once each one's linger is over (at once for
+        # 0) and joins libzmq's threads.
+        self._ctx.destroy(linger=linger_ms)
 
     @property
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
+
+    def idle_connections(self) -> int:
+        """Accepted connections that have not delivered a message yet."""
+        return len(self._unbound)
 
     def peers(self) -> list[str]:
         """Peer ids of the producers we dialled (peers that dialled us are not tracked)."""

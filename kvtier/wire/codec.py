@@ -363,32 +363,48 @@ _MISSING_FIELD_RE: Final = re.compile(r"missing required field `([^`]{0,64})`")
 _LEADING_NAME_RE: Final = re.compile(r"([a-z_]+)\b")
 
 
+class _Probe(msgspec.Struct):
+    """The few header fields an error reply needs. Decoding into it skips every other field
+    without building objects for them (no lists of keys, no nested maps)."""
+
+    type: Any = None
+    gen: Any = None
+    kv_request_id: Any = None
+    version: Any = None
+
+
+_probe_decoder: Final = msgspec.msgpack.Decoder(_Probe)
+
+PROBE_MAX_BYTES: Final = 64 << 10
+"""A rejected header up to this size is scanned once more, for its ``type``/``gen``/
+``kv_request_id`` (so the reply can name the request). A larger one is classified from the
+decoder's error alone: rejecting it costs one pass over its bytes, whatever it holds."""
+
+
 def _classify(header: memoryview, exc: Exception) -> WireError:
-    """Turn a msgspec failure into the most specific WireError, reading what we safely can."""
+    """Turn a msgspec failure into the most specific WireError, reading what we cheaply can."""
     text = str(exc)
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         return WireError(MALFORMED, f"not msgpack: {text}")
-    # The typed decode failed, so parse the header untyped to see how far it got. It is bounded
-    # by max_message_bytes (already checked).
+    if header.nbytes > PROBE_MAX_BYTES:
+        return _classify_text(text)
     try:
-        raw = msgspec.msgpack.decode(header)
-    except Exception as exc2:
+        probe = _probe_decoder.decode(header)
+    except msgspec.ValidationError:  # not a map (or a map with non-string keys)
+        return WireError(MALFORMED, "header is not a msgpack map with string keys")
+    except msgspec.DecodeError as exc2:
         return WireError(MALFORMED, f"not msgpack: {exc2}")
-    if not isinstance(raw, dict):
-        return WireError(MALFORMED, f"header is a msgpack {type(raw).__name__}, not a map")
-    tag = raw.get("type")
+    tag = probe.type
     if not isinstance(tag, str):
         return WireError(MALFORMED, "header has no string 'type'")
-    rid = raw.get("kv_request_id")
-    rid = rid if _valid_id(rid) else ""
-    gen = raw.get("gen")
-    gen = gen if type(gen) is int and 0 <= gen < MAX_U63 else None
+    rid = probe.kv_request_id if _valid_id(probe.kv_request_id) else ""
+    gen = probe.gen if type(probe.gen) is int and 0 <= probe.gen < MAX_U63 else None
     if tag not in MESSAGE_TYPES:
         return WireError(UNKNOWN_TYPE, f"unknown message type {tag[:64]!r}", rid, gen=gen)
     # Check the version before any other field: a newer peer's hello may carry fields we do not
     # know, and it should get "version_mismatch", not "unknown field".
     if tag == "hello":
-        version = raw.get("version")
+        version = probe.version
         if version != PROTOCOL_VERSION or type(version) is not int:
             return WireError(
                 VERSION_MISMATCH,
@@ -398,14 +414,30 @@ def _classify(header: memoryview, exc: Exception) -> WireError:
                 theirs=str(version)[:32],
                 gen=gen,
             )
+    return WireError(BAD_FIELD, f"{tag}: {text}", rid, msg_type=tag, field=_field_of(tag, text), gen=gen)
+
+
+def _classify_text(text: str) -> WireError:
+    """A big rejected header: msgspec's message says which tag failed, if it got that far."""
+    m = re.search(r"Invalid value '([a-z_]{1,32})' - at `\$\.type`", text)
+    if m and m.group(1) not in MESSAGE_TYPES:
+        return WireError(UNKNOWN_TYPE, f"unknown message type {m.group(1)!r}")
+    if "Expected `object`" in text and "at `$" not in text:
+        return WireError(MALFORMED, "header is not a msgpack map")
+    if "missing required field `type`" in text or "at `$.type`" in text:
+        return WireError(MALFORMED, "header has no string 'type'")
+    return WireError(BAD_FIELD, f"header: {text}")
+
+
+def _field_of(tag: str, text: str) -> str:
     m = _PATH_RE.search(text) or _UNKNOWN_FIELD_RE.search(text) or _MISSING_FIELD_RE.search(text)
-    field = m.group(1) if m else ""
-    if not field:
-        # __post_init__ messages start with the field's name ("round must be ...").
-        m = _LEADING_NAME_RE.match(text)
-        if m and m.group(1) in MESSAGE_TYPES[tag].__struct_fields__:
-            field = m.group(1)
-    return WireError(BAD_FIELD, f"{tag}: {text}", rid, msg_type=tag, field=field, gen=gen)
+    if m:
+        return m.group(1)
+    # __post_init__ messages start with the field's name ("round must be ...").
+    m = _LEADING_NAME_RE.match(text)
+    if m and m.group(1) in MESSAGE_TYPES[tag].__struct_fields__:
+        return m.group(1)
+    return ""
 
 
 def _valid_id(v: object) -> bool:

@@ -393,11 +393,48 @@ MALFORMED = [
     {"remote_decoder": {"kv_request_id": 5}},
     {"remote_decoder": {"kv_request_id": "has space"}},
     {"remote_decoder": "K"},
-    {"remote_prefiller": {"kv_request_id": "K", "remote_host": "127.0.0.1", "remote_port": "5710"}},
+    {"remote_prefiller": {"kv_request_id": "K", "remote_host": "127.0.0.1", "remote_port": "57x0"}},
     {"remote_prefiller": {"kv_request_id": "K", "remote_host": "127.0.0.1", "remote_port": True}},
     {"remote_prefiller": {"kv_request_id": "K", "remote_port": 5710}},
     {"remote_prefiller": []},
 ]
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=30),
+                    st.sampled_from(["5710", "127.0.0.1", "169.254.169.254", "K", "a" * 300, "has space"]))
+_ANY = st.recursive(_SCALAR, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                    max_leaves=6)
+_SUB = st.fixed_dictionaries({}, optional={"kv_request_id": _ANY, "remote_host": _ANY, "remote_port": _ANY,
+                                           "consumer": _ANY})
+_PARAMS = st.one_of(_ANY, st.dictionaries(
+    st.sampled_from(["remote_prefiller", "remote_decoder", "prefill", "decode", "remote_kv_source", "x"]),
+    st.one_of(_SUB, _ANY), max_size=3))
+_fuzz_n = iter(range(10**9))
+
+
+@pytest.mark.timeout(120)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=100)
+@given(params=_PARAMS)
+def test_fuzzed_kv_transfer_params_never_raise_out_of_the_adapter(managers, params) -> None:
+    """B40 through vLLM's own manager and factory: whatever a client writes into
+    kv_transfer_params, on_new_request / lookup / on_request_finished never raise (the adapter
+    turns kvtier's ValueError into "no hand-off") and never dial an unlisted peer."""
+    pair = getattr(managers, "fuzz_pair", None)  # one engine for every example of this test
+    if pair is None:
+        pair = managers.fuzz_pair = managers({**TIER, "allowed_peers": ["127.0.0.1"]})
+    mgr, tier = pair
+    i = next(_fuzz_n)
+    ctx = ReqContext(f"fz-{i}", kv_transfer_params=params)  # type: ignore[arg-type]
+    with mgr.lock:
+        mgr.on_new_request(ctx)
+        mgr.lookup(keys(f"fz-{i}", 1)[0], ctx)
+        mgr.on_request_finished(ctx)
+        step(mgr)
+    for peer in tier._mgr.transport.peers():
+        assert peer.startswith("127.0.0.1:"), peer
 
 
 @pytest.mark.timeout(60)

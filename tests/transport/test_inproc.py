@@ -202,3 +202,78 @@ def test_address_taken_and_bad_args(net: InprocNetwork) -> None:
             t.send("x", frames)
     with pytest.raises(ValueError):
         t.recv(0)
+
+
+# -- connection events, drop_peer, peer_info, close(linger_s) -----------------------------------
+
+from kvtier.transport import CloseReason, PeerClosed, PeerInfo  # noqa: E402
+
+
+def _connected(net: InprocNetwork, **kw):
+    prod, cons = InprocTransport(net, P, **kw), InprocTransport(net, C, principal="decode-0")
+    cons.send(cons.connect(P), [b"hello"])
+    [(in_peer, _)] = prod.recv()
+    return prod, cons, in_peer
+
+
+def test_close_connection_reports_both_ends(net: InprocNetwork) -> None:
+    prod, cons, in_peer = _connected(net)
+    assert net.close_connection(C, P) is True
+    assert prod.events() == [PeerClosed(in_peer, CloseReason.DISCONNECTED)]
+    assert cons.events() == [PeerClosed(P, CloseReason.DISCONNECTED)]
+    assert prod.events() == [] and cons.events() == []
+    assert prod.send(in_peer, [b"x"]).error == SendFailure.UNREACHABLE
+    assert net.close_connection(C, P) is False  # already gone
+    cons.send(P, [b"again"])  # the dialler reconnects on its own, as a zmq DEALER does
+    assert texts(prod.recv()) == [(in_peer, [b"again"])]
+
+
+def test_kill_reports_peer_closed_to_both_kinds_of_peer(net: InprocNetwork) -> None:
+    prod, cons, in_peer = _connected(net)
+    net.kill(C)
+    assert prod.events() == [PeerClosed(in_peer, CloseReason.DISCONNECTED)]
+    prod2, cons2, in2 = _connected(InprocNetwork())
+    prod2.close()
+    assert cons2.events() == [PeerClosed(P, CloseReason.DISCONNECTED)]
+
+
+def test_drop_peer_releases_held_handles(net: InprocNetwork) -> None:
+    prod, cons, in_peer = _connected(net, hold_completion=True)
+    h = prod.send(in_peer, [b"block"], track=True)
+    other = prod.send(in_peer, [b"block2"], track=True)
+    assert h.sent and not h.done and not other.done
+    assert prod.drop_peer(in_peer) is True
+    assert h.done and other.done
+    assert prod.events() == [PeerClosed(in_peer, CloseReason.DROPPED)]
+    assert cons.events() == [PeerClosed(P, CloseReason.DISCONNECTED)]
+    assert prod.send(in_peer, [b"late"]).failed
+    assert prod.drop_peer(in_peer) is False
+
+
+def test_drop_dialled_peer(net: InprocNetwork) -> None:
+    prod, cons, in_peer = _connected(net)
+    assert cons.drop_peer(P) is True
+    assert cons.events() == [PeerClosed(P, CloseReason.DROPPED)]
+    assert prod.events() == [PeerClosed(in_peer, CloseReason.DISCONNECTED)]
+    assert cons.peers() == [] and cons.send(P, [b"x"]).error == SendFailure.UNKNOWN_PEER
+    assert cons.drop_peer(P) is False
+
+
+def test_peer_info(net: InprocNetwork) -> None:
+    prod, cons, in_peer = _connected(net)
+    assert prod.peer_info(in_peer) == PeerInfo(C, "decode-0")
+    assert cons.peer_info(P) == PeerInfo(P, None)
+    assert prod.peer_info("in:nobody") is None and prod.peer_info("x") is None
+
+
+def test_close_with_linger_flushes_queued_sends(net: InprocNetwork) -> None:
+    prod = InprocTransport(net, P, rcvhwm=1)
+    cons = InprocTransport(net, C)
+    cons.send(cons.connect(P), [b"1"])
+    h = cons.send(P, [b"2"])  # queued: the producer's inbox is full
+    assert not h.sent
+    prod.recv()  # room again, but nobody flushed yet
+    cons.close(linger_s=1.0)
+    assert h.sent and texts(prod.recv()) == [("in:" + C, [b"2"])]
+    with pytest.raises(ValueError):
+        prod.close(linger_s=-1)

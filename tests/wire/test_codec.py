@@ -479,3 +479,50 @@ def test_empty_fetch_is_valid_and_means_no_blocks_are_needed() -> None:
     them at once (bug-scenarios B20/B29)."""
     msg, payloads = decode(encode_frames(Fetch(gen=1, kv_request_id="r", round=0, keys=[])))
     assert isinstance(msg, Fetch) and msg.keys == [] and payloads == []
+
+
+# -- issue 10: a rejected header costs one pass over its bytes -------------------------------------
+
+
+class _CountingProbe:
+    def __init__(self, real) -> None:
+        self.real, self.calls = real, 0
+
+    def decode(self, buf):
+        self.calls += 1
+        return self.real.decode(buf)
+
+
+@pytest.mark.parametrize(
+    "header, reason",
+    [
+        ({"type": "fetch", "gen": 1, "kv_request_id": "a", "round": 0,
+          "keys": [b"k%06d" % i for i in range(20000)] + [b"x" * 300]}, "bad_field"),
+        ({"type": "bogus", "pad": "x" * 100_000}, "unknown_type"),
+        ({"pad": "x" * 100_000}, "malformed"),
+        ({"type": "ping", "gen": 1, "t": 0.0, "deep": [[[[[1] * 50] * 50] * 40]]}, "bad_field"),
+    ],
+)
+def test_big_malformed_header_is_not_decoded_twice(monkeypatch, header, reason) -> None:
+    import kvtier.wire.codec as codec
+
+    frame = msgspec.msgpack.encode(header)
+    assert len(frame) > codec.PROBE_MAX_BYTES
+    counting = _CountingProbe(codec._probe_decoder)
+    monkeypatch.setattr(codec, "_probe_decoder", counting)
+    with pytest.raises(WireError) as ei:
+        Decoder(limits=WireLimits(max_message_bytes=1 << 20)).decode([frame])
+    assert ei.value.reason == reason
+    assert counting.calls == 0
+
+
+def test_small_malformed_header_still_names_its_request(monkeypatch) -> None:
+    import kvtier.wire.codec as codec
+
+    counting = _CountingProbe(codec._probe_decoder)
+    monkeypatch.setattr(codec, "_probe_decoder", counting)
+    frame = msgspec.msgpack.encode({"type": "fetch", "gen": 7, "kv_request_id": "kv-1", "round": -1, "keys": []})
+    with pytest.raises(WireError) as ei:
+        Decoder().decode([frame])
+    assert (ei.value.reason, ei.value.kv_request_id, ei.value.gen, ei.value.field) == ("bad_field", "kv-1", 7, "round")
+    assert counting.calls == 1

@@ -1,0 +1,246 @@
+"""Untrusted request parameters: ``kv_transfer_params`` → a validated :class:`TransferParams`.
+
+``kv_transfer_params`` arrive with each request, and in many deployments a client can write them
+(vllm#47843: a client that names ``remote_host``/``remote_port`` makes the engine dial anywhere).
+So everything here runs *before* any connection, allocation or state change, checks type and
+bounds of every field it reads, never indexes a mapping that may lack the key, and raises only
+``ValueError`` (:class:`PeerNotAllowed` is one) with a message that names the field and quotes
+at most 80 characters of the offending value.
+
+Shapes accepted (unknown keys are ignored, so other connectors' params pass through):
+
+* producer (prefill) leg: ``{"remote_decoder": {"kv_request_id": K, "consumer": NAME?}}``;
+  ``consumer`` (optional) is the authenticated principal that alone may fetch ``K``.
+* consumer (decode) leg:
+  ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}``.
+* llm-d's names for the same roles: ``decode`` (= ``remote_decoder``), ``prefill`` and
+  ``remote_kv_source`` (= ``remote_prefiller``); llm-d-router renamed its sub-dicts to vLLM's
+  (llm-d/llm-d-router#2140), older routers still send the short ones.
+
+Outbound dials must match the ``allowed_peers`` policy (:class:`PeerPolicy`); a request naming
+any other endpoint raises :class:`PeerNotAllowed` and opens no socket.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from kvtier.wire.messages import check_kv_request_id
+
+__all__ = [
+    "PRODUCER_KEYS",
+    "CONSUMER_KEYS",
+    "TransferParams",
+    "PeerPolicy",
+    "PeerNotAllowed",
+    "parse_params",
+    "parse_host",
+    "parse_port",
+    "clip",
+]
+
+PRODUCER_KEYS: Final = ("remote_decoder", "decode")
+"""Keys whose sub-dict makes a request the producer leg (the remote party is a decoder)."""
+CONSUMER_KEYS: Final = ("remote_prefiller", "prefill", "remote_kv_source")
+"""Keys whose sub-dict makes a request the consumer leg (the remote party holds the KV)."""
+
+_LABEL_RE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_PRINCIPAL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}|[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
+_PORT_RE: Final = re.compile(r"[0-9]{1,5}")
+
+
+def clip(value: object, n: int = 80) -> str:
+    """``repr(value)`` cut to ``n`` characters: attacker strings never flood a log line."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ must not escape
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+class PeerNotAllowed(ValueError):
+    """A request names a producer endpoint outside ``allowed_peers``. Nothing was dialled."""
+
+    def __init__(self, message: str, endpoint: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+
+
+@attrs.frozen(slots=True)
+class TransferParams:
+    """A request's validated role in a KV hand-off.
+
+    Attributes:
+        role: ``"producer"``, ``"consumer"`` or ``"local"`` (no hand-off).
+        kv_request_id: the id the two legs share (``None`` for local).
+        peer: consumer leg: the producer's ``host:port`` (``[v6]:port`` for IPv6), else None.
+        consumer: producer leg: the principal allowed to fetch the id, if the request names one.
+    """
+
+    role: str
+    kv_request_id: str | None = None
+    peer: str | None = None
+    consumer: str | None = None
+
+
+LOCAL: Final = TransferParams("local")
+
+
+def parse_host(value: object, field: str) -> str:
+    """A hostname (RFC 1123 labels, ≤ 253 chars) or an IPv4/IPv6 literal (brackets allowed),
+    normalised: lower-case, IPs in canonical form, no brackets.
+
+    Raises:
+        ValueError: anything else (the message names ``field``).
+    """
+    if not isinstance(value, str) or not 0 < len(value) <= 255:
+        raise ValueError(f"{field} must be a hostname or IP address, got {clip(value)}")
+    text = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    name = text.rstrip(".").lower()
+    if 0 < len(name) <= 253 and all(_LABEL_RE.fullmatch(label) for label in name.split(".")):
+        return name
+    raise ValueError(f"{field} must be a hostname or IP address, got {clip(value)}")
+
+
+def parse_port(value: object, field: str) -> int:
+    """A TCP port 1..65535 given as an int or a decimal string (``5710`` or ``"5710"``).
+
+    Raises:
+        ValueError: bool, float, other types, or out of range (the message names ``field``).
+    """
+    if isinstance(value, str) and _PORT_RE.fullmatch(value.strip()):
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ValueError(f"{field} must be a port 1..65535 (int or decimal string), got {clip(value)}")
+    return value
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@attrs.frozen(slots=True)
+class PeerPolicy:
+    """Which producer endpoints a consumer may dial (config ``allowed_peers``).
+
+    Entries: ``"*"`` (any), ``"host:port"``, ``"host"`` (any port), or a CIDR network
+    (``"10.0.0.0/8"``, any port; matches IP-literal hosts only). Hostnames match by name, case
+    insensitively; nothing is resolved (a lookup at check time could differ from the one at dial
+    time).
+    """
+
+    any: bool = False
+    endpoints: frozenset[tuple[str, int]] = frozenset()
+    hosts: frozenset[str] = frozenset()
+    networks: tuple[Any, ...] = ()
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[str]) -> PeerPolicy:
+        """Raises ValueError naming the first bad entry."""
+        any_ = False
+        endpoints, hosts, networks = set(), set(), []
+        for entry in entries:
+            if not isinstance(entry, str) or not entry.strip():
+                raise ValueError(f"allowed_peers entry {clip(entry)} is not a non-empty string")
+            e = entry.strip()
+            if e == "*":
+                any_ = True
+            elif "/" in e:
+                try:
+                    networks.append(ipaddress.ip_network(e, strict=False))
+                except ValueError:
+                    raise ValueError(f"allowed_peers entry {clip(entry)} is not a valid CIDR network") from None
+            elif e.startswith("[") and "]:" in e or (e.count(":") == 1):
+                host, _, port = e.rpartition(":")
+                endpoints.add((parse_host(host, f"allowed_peers entry {e!r}"),
+                               parse_port(port, f"allowed_peers entry {e!r}")))
+            else:
+                hosts.add(parse_host(e, f"allowed_peers entry {e!r}"))
+        return cls(any_, frozenset(endpoints), frozenset(hosts), tuple(networks))
+
+    def allows(self, host: str, port: int) -> bool:
+        """Whether a dial to the (normalised) ``host``:``port`` is allowed."""
+        if self.any or (host, port) in self.endpoints or host in self.hosts:
+            return True
+        if self.networks:
+            try:
+                ip = ipaddress.ip_address(host)
+            except ValueError:
+                return False
+            return any(ip in net for net in self.networks)
+        return False
+
+
+ANY_PEER: Final = PeerPolicy(any=True)
+
+
+def _sub(params: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | None:
+    found = [(k, params[k]) for k in keys if params.get(k) is not None]
+    if len(found) > 1:
+        raise ValueError(f"kv_transfer_params names the same role twice: {', '.join(k for k, _ in found)}")
+    return found[0] if found else None
+
+
+def _kv_request_id(sub: Mapping[str, Any], field: str) -> str:
+    kid = sub.get("kv_request_id")
+    try:
+        check_kv_request_id(kid)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{field}.kv_request_id is invalid ({exc}): {clip(kid)}") from None
+    return kid  # type: ignore[return-value]
+
+
+def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParams:
+    """Validate one request's ``kv_transfer_params`` (see the module docstring).
+
+    Args:
+        params: the request's ``kv_transfer_params`` (``None``: a local request).
+        policy: the ``allowed_peers`` policy outbound dials must match.
+
+    Returns:
+        The request's :class:`TransferParams`.
+
+    Raises:
+        PeerNotAllowed: a consumer leg names a producer outside ``policy``.
+        ValueError: anything malformed; the message names the field.
+    """
+    if params is None:
+        return LOCAL
+    if not isinstance(params, Mapping):
+        raise ValueError(f"kv_transfer_params must be a mapping, got {type(params).__name__}")
+    src = _sub(params, CONSUMER_KEYS)
+    dst = _sub(params, PRODUCER_KEYS)
+    if src is not None and dst is not None:
+        raise ValueError(
+            f"kv_transfer_params has both {src[0]} and {dst[0]}; a request is either the producer or the consumer leg"
+        )
+    if src is not None:
+        key, sub = src
+        if not isinstance(sub, Mapping):
+            raise ValueError(f"{key} must be a mapping, got {clip(sub)}")
+        kid = _kv_request_id(sub, key)
+        host = parse_host(sub.get("remote_host"), f"{key}.remote_host")
+        port = parse_port(sub.get("remote_port"), f"{key}.remote_port")
+        peer = _endpoint(host, port)
+        if not policy.allows(host, port):
+            raise PeerNotAllowed(f"{key} names {clip(peer)}, which allowed_peers does not list", peer)
+        return TransferParams("consumer", kid, peer)
+    if dst is not None:
+        key, sub = dst
+        if not isinstance(sub, Mapping):
+            raise ValueError(f"{key} must be a mapping, got {clip(sub)}")
+        kid = _kv_request_id(sub, key)
+        consumer = sub.get("consumer")
+        if consumer is not None and not (isinstance(consumer, str) and _PRINCIPAL_RE.fullmatch(consumer)):
+            raise ValueError(f"{key}.consumer must be a principal name or a z85 public key, got {clip(consumer)}")
+        return TransferParams("producer", kid, None, consumer)
+    return LOCAL

@@ -1,0 +1,242 @@
+"""CURVE keys for kvtier: who we are, whom we let in, and which key a producer must hold.
+
+Everything cryptographic is libzmq's CURVE (CurveZMQ: Curve25519 key exchange, per-connection
+encryption and authentication) and pyzmq's :mod:`zmq.auth` (certificate files, the ZAP
+handler). This module only loads key files and maps keys to names.
+
+Files (the format ``zmq.auth.create_certificates`` writes, see ``kvtier keys generate``):
+
+- ``auth_secret_key_file``: this instance's ``NAME.key_secret``. Its public key is our identity;
+  its secret key never leaves the process.
+- ``auth_allowed_keys_dir``: public certificates (``*.key``) of the peers allowed to talk to us.
+  The file name's stem is the peer's **principal** (``decode-0.key`` → ``"decode-0"``): the name
+  the producer attributes every message of that connection to (ZAP ``User-Id``).
+
+How a consumer learns its producer's key before it dials: a certificate in the allowed directory
+whose metadata ``endpoints`` lists the dialled ``host:port`` (or just ``host``: any port)::
+
+    metadata
+        endpoints = "10.0.0.5:5710, prefill-0.svc:5710"
+
+``kvtier keys generate DIR NAME --endpoint HOST[:PORT]`` writes it. A dial to an address no
+allowed certificate names is refused before any socket exists (the consumer would otherwise have
+to trust whichever key the network hands it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Final
+
+import attrs
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+__all__ = [
+    "CurveIdentity",
+    "AllowedKeys",
+    "CurveSettings",
+    "PrincipalAuthenticator",
+    "load_identity",
+    "load_allowed",
+    "generate_keys",
+    "curve_settings",
+]
+
+log = logging.getLogger("kvtier.transport.curve")
+
+ZAP_DOMAIN: Final = "kvtier"
+"""The ZAP domain our ROUTER asks the authenticator about (certificates are configured for it)."""
+
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@attrs.frozen(repr=False)
+class CurveIdentity:
+    """This instance's key pair (32-byte z85-encoded keys, 40 ASCII bytes each)."""
+
+    name: str
+    public: bytes
+    secret: bytes
+
+    def __repr__(self) -> str:  # never print the secret key
+        return f"CurveIdentity(name={self.name!r}, public={self.public.decode()!r})"
+
+
+@attrs.frozen
+class AllowedKeys:
+    """The public keys we accept, by principal name, and the endpoints each one serves.
+
+    Attributes:
+        names: z85 public key → principal (certificate file stem).
+        endpoints: ``(host, port or None)`` → z85 public key of the producer serving there.
+    """
+
+    names: dict[bytes, str]
+    endpoints: dict[tuple[str, int | None], bytes]
+
+    def principal(self, public: bytes) -> str:
+        """The principal for a z85 public key (the key itself if no certificate names it)."""
+        return self.names.get(public) or public.decode("ascii", "replace")
+
+    def server_key_for(self, host: str, port: int) -> bytes | None:
+        """The producer key for a dial to ``host:port``: an exact ``host:port`` entry wins over a
+        ``host`` entry. ``None`` when no allowed certificate names the address."""
+        host = _norm_host(host)
+        return self.endpoints.get((host, port)) or self.endpoints.get((host, None))
+
+
+@attrs.frozen
+class CurveSettings:
+    """What a :class:`~kvtier.transport.ZmqTransport` needs to run CURVE."""
+
+    identity: CurveIdentity
+    allowed: AllowedKeys
+    allowed_dir: str
+
+
+def _norm_host(host: str) -> str:
+    host = host.strip().strip("[]").lower()
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    """The ``metadata`` section of a ZPL certificate file (``key = value`` lines)."""
+    out: dict[str, str] = {}
+    section = ""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line[0].isspace():
+            section = line.strip()
+            continue
+        if section == "metadata" and "=" in line:
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip().strip('"')
+    return out
+
+
+def _parse_endpoint(text: str) -> tuple[str, int | None]:
+    text = text.strip()
+    if text.count(":") == 1 or (text.startswith("[") and "]:" in text):
+        host, _, port = text.rpartition(":")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"bad port in endpoint {text!r}")
+        return _norm_host(host), int(port)
+    return _norm_host(text), None
+
+
+def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
+    """Read this instance's key pair from a ``*.key_secret`` certificate.
+
+    Raises:
+        ValueError: the file is missing, unreadable or has no secret key (the message names it).
+    """
+    path = Path(secret_file)
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"auth_secret_key_file {str(path)!r}: cannot read a certificate: {exc}") from None
+    if not secret:
+        raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key (use NAME.key_secret)")
+    return CurveIdentity(path.name.split(".")[0], public, secret)
+
+
+def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
+    """Read every public certificate (``*.key``) of ``directory``.
+
+    Raises:
+        ValueError: not a directory, no certificate in it, or a certificate that cannot be read.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} is not a directory")
+    names: dict[bytes, str] = {}
+    endpoints: dict[tuple[str, int | None], bytes] = {}
+    for path in sorted(d.glob("*.key")):
+        try:
+            public, _ = zmq.auth.load_certificate(path)
+            meta = _metadata(path)
+            eps = [_parse_endpoint(e) for e in meta.get("endpoints", "").split(",") if e.strip()]
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"auth_allowed_keys_dir: cannot read {str(path)!r}: {exc}") from None
+        names[public] = path.stem
+        for ep in eps:
+            endpoints[ep] = public
+    if not names:
+        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} holds no public certificate (*.key)")
+    return AllowedKeys(names, endpoints)
+
+
+def generate_keys(directory: str | os.PathLike[str], name: str, endpoints: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """Write ``NAME.key`` (public, give it to peers) and ``NAME.key_secret`` (keep it) into
+    ``directory``, with ``endpoints`` in the public certificate's metadata.
+
+    Returns:
+        ``(public_file, secret_file)``.
+
+    Raises:
+        ValueError: a bad name or endpoint, or the files exist already (never overwritten).
+    """
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(f"key name {name!r} must be 1..128 chars of [A-Za-z0-9._-], starting alphanumeric")
+    for e in endpoints:
+        _parse_endpoint(e)
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    pub, sec = d / f"{name}.key", d / f"{name}.key_secret"
+    for p in (pub, sec):
+        if p.exists():
+            raise ValueError(f"{str(p)!r} exists already; refusing to overwrite a key")
+    pub_s, sec_s = zmq.auth.create_certificates(d, name)
+    os.chmod(sec_s, 0o600)
+    if endpoints:
+        # pyzmq writes metadata into the secret file only; peers read it from the public one.
+        line = '    endpoints = "' + ", ".join(e.strip() for e in endpoints) + '"'
+        text = Path(pub_s).read_text(encoding="utf-8").replace("\nmetadata\n", f"\nmetadata\n{line}\n", 1)
+        Path(pub_s).write_text(text, encoding="utf-8")
+    return Path(pub_s), Path(sec_s)
+
+
+def curve_settings(secret_file: str, allowed_dir: str) -> CurveSettings:
+    """Load both key files (config ``auth_secret_key_file`` / ``auth_allowed_keys_dir``).
+
+    Raises:
+        ValueError: either cannot be read (the message names the config key and the path).
+    """
+    return CurveSettings(load_identity(secret_file), load_allowed(allowed_dir), str(allowed_dir))
+
+
+class PrincipalAuthenticator(ThreadAuthenticator):
+    """pyzmq's ZAP handler, reporting the certificate name as the connection's ``User-Id``."""
+
+    def __init__(self, context: zmq.Context, allowed: AllowedKeys, allowed_dir: str) -> None:
+        super().__init__(context, log=logging.getLogger("kvtier.transport.zap"))
+        # not "_allowed": pyzmq's Authenticator uses that name for its IP allow-list
+        self._kv_allowed = allowed
+        self._kv_allowed_dir = allowed_dir
+
+    def start(self) -> None:
+        super().start()
+        self.configure_curve(domain=ZAP_DOMAIN, location=self._kv_allowed_dir)
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self._kv_allowed.principal(z85.encode(client_public_key))
+
+    def stop(self) -> None:
+        """Stop the ZAP thread; never hangs, even if the thread died (its pipe has no reader)."""
+        thread = getattr(self, "thread", None)
+        if thread is not None and thread.is_alive():
+            super().stop()
+        elif self.pipe is not None:
+            self.pipe.close(linger=0)
+            self.pipe = None

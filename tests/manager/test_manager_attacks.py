@@ -1,0 +1,145 @@
+"""Issue 10's attacks that need no second host, each against a real manager on 127.0.0.1.
+
+(The CURVE, partition and slow-link attacks run over two namespaces in tests/security.)
+"""
+
+from __future__ import annotations
+
+import socket
+
+import msgspec
+import pytest
+import zmq
+
+from kvtier.transport import CloseReason, PeerClosed
+from mgr_helpers import Jobs, consumer_req, digests, fill_pattern, job, metric, metric_sum, producer_req, pump_until
+
+pytestmark = pytest.mark.timeout(60)
+
+pack = msgspec.msgpack.encode
+BB = 4096
+HB = {"heartbeat_interval_s": 0.1, "peer_timeout_s": 5.0}
+
+
+@pytest.fixture
+def zctx():
+    ctx = zmq.Context()
+    try:
+        yield ctx
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _dealer(zctx, p):
+    d = zctx.socket(zmq.DEALER)
+    d.linger = 0
+    d.connect(f"tcp://{p.host}:{p.port}")
+    return d
+
+
+def _replies(d, p, n, timeout_s=5.0) -> list:
+    out: list = []
+
+    def pred():
+        while d.poll(0):
+            out.append(d.recv_multipart())
+        return len(out) >= n
+
+    pump_until(pred, managers=[p], timeout_s=timeout_s)
+    return out
+
+
+def _served(make_manager, p, kv: str) -> None:
+    """A legitimate consumer still gets byte-exact blocks from ``p``."""
+    c = make_manager(HB, block_bytes=BB)
+    jobs, pjobs = Jobs(c), Jobs(p)
+    preq = producer_req(f"p-{kv}", kv)
+    p.on_new_request(preq)
+    want = fill_pattern(p.pool, [0, 1], seed=9)
+    p.submit_store(job(1, [b"a", b"b"], [0, 1], preq))
+    creq = consumer_req(f"c-{kv}", kv, p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, [b"a", b"b"], [3, 4], creq))
+    assert pump_until(lambda: jobs.has(2), managers=[p], jobs=[jobs, pjobs])
+    assert jobs.one(2).success and digests(c.pool, [3, 4]) == want
+
+
+def test_wrong_hello_is_refused_without_our_hash_seed(make_manager, zctx) -> None:
+    p = make_manager({**HB, "hash_seed": "s3cret-seed-value"}, block_bytes=BB)
+    d = _dealer(zctx, p)
+    d.send(pack({"type": "hello", "gen": 1, "version": 1, "instance": "x", "block_bytes": BB,
+                 "layout": "raw", "hash_seed": "guess"}))
+    [reply] = _replies(d, p, 1)
+    assert b"s3cret" not in b"".join(reply)
+    msg = msgspec.msgpack.decode(reply[0])
+    assert (msg["type"], msg["reason"], msg["field"], msg["ours"]) == ("hello_reject", "handshake_mismatch", "hash_seed", "")
+
+
+def test_idle_connections_are_cut_and_a_consumer_is_served(make_manager, zctx) -> None:
+    p = make_manager({**HB, "handshake_timeout_s": 0.5}, block_bytes=BB)
+    # 150 raw TCP connections that never speak ZMTP (libzmq's handshake timer cuts them) and 50
+    # zmq DEALERs that complete the ZMTP handshake but never send a message (our idle timer).
+    socks = [socket.create_connection((p.host, p.port)) for _ in range(150)]
+    silent = [_dealer(zctx, p) for _ in range(50)]
+    mons = [d.get_monitor_socket(zmq.EVENT_DISCONNECTED) for d in silent]
+    try:
+        assert pump_until(lambda: p.transport.idle_dropped >= 50 and p.transport.idle_connections() == 0,
+                          managers=[p], timeout_s=20.0), (p.transport.idle_dropped, p.transport.idle_connections())
+        for s in socks:  # every one was closed by the producer: EOF or reset (a hang times out)
+            s.settimeout(5.0)
+            try:
+                while s.recv(1 << 16):  # zmq's greeting bytes may come first
+                    pass
+            except ConnectionResetError:
+                pass
+        assert all(m.poll(5000) for m in mons)  # each silent DEALER saw its connection cut
+        _served(make_manager, p, "kv-idle")
+    finally:
+        for s in socks:
+            s.close()
+        for m in mons:
+            m.close(linger=0)
+
+
+def test_frame_over_the_socket_cap_is_never_received_whole(make_manager, zctx) -> None:
+    p = make_manager({**HB, "max_message_bytes": 4096}, block_bytes=BB)
+    d = _dealer(zctx, p)
+    mon = d.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    d.send(pack({"type": "ping", "gen": 1, "t": 0.0}))  # a first message: the connection is up
+    _replies(d, p, 1)
+    d.send(b"\x81" + b"x" * (16 << 20))  # 16 MiB header: libzmq cuts us before it is read
+    from zmq.utils.monitor import recv_monitor_message
+
+    assert pump_until(lambda: mon.poll(0) and recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED,
+                      managers=[p], timeout_s=5.0)
+    assert metric_sum(p, "kvtier_wire_errors_total") == 0  # never decoded, never counted
+    assert metric(p, "kvtier_internal_errors_total") == 0
+    mon.close(linger=0)
+    _served(make_manager, p, "kv-cap")
+
+
+def test_peer_invented_error_reasons_mint_no_label_sets(make_manager, zctx) -> None:
+    p = make_manager(HB, block_bytes=BB)
+    d = _dealer(zctx, p)
+    for i in range(500):
+        d.send(pack({"type": "error", "gen": 0, "reason": f"made-up-{i}", "detail": "x", "kv_request_id": ""}))
+    d.send(pack({"type": "error", "gen": 0, "reason": "malformed", "detail": "x", "kv_request_id": ""}))
+    assert pump_until(lambda: metric_sum(p, "kvtier_wire_errors_total") == 501, managers=[p])
+    labels = {k for k in p.stats() if k.startswith("kvtier_wire_errors_total")}
+    assert labels == {"kvtier_wire_errors_total{reason=peer_reported_other}",
+                      "kvtier_wire_errors_total{reason=peer_reported_malformed}"}
+    assert metric(p, "kvtier_wire_errors_total", reason="peer_reported_other") == 500
+
+
+def test_dropping_a_peer_reports_it(make_manager, zctx) -> None:
+    p = make_manager(HB, block_bytes=BB)
+    d = _dealer(zctx, p)
+    d.send(pack({"type": "ping", "gen": 1, "t": 0.0}))
+    _replies(d, p, 1)
+    [peer] = [k for k in p.transport._rid_fd]
+    in_peer = "in:" + peer.hex()
+    assert p.transport.peer_info(in_peer).address.startswith("127.0.0.1:")
+    assert p.transport.drop_peer(in_peer)
+    got: list = []
+    assert pump_until(lambda: got.extend(p.transport.events()) or got, managers=[p], timeout_s=5.0)
+    assert got == [PeerClosed(in_peer, CloseReason.DROPPED)]

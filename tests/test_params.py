@@ -1,0 +1,197 @@
+"""kvtier.params: untrusted kv_transfer_params (issue 10 item 5, B39, B40).
+
+Unit rules, the allowed_peers policy, and a Hypothesis fuzz through a real KvTierManager (on an
+in-memory transport) that never sees an exception other than the documented ValueError, and
+never dials an endpoint outside allowed_peers.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.api import LookupResult, RequestContext, TransferJob
+from kvtier.config import TierConfig, TierConfigError
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
+from kvtier.testing.inproc import InprocNetwork, InprocTransport
+
+POLICY = PeerPolicy.from_entries(["10.0.0.0/8", "prefill-0.svc:5710", "fd00::/8", "127.0.0.1"])
+
+
+def pref(**kw):
+    sub = {"kv_request_id": "kv-1", "remote_host": "10.1.2.3", "remote_port": 5710, **kw}
+    return {"remote_prefiller": {k: v for k, v in sub.items() if v is not ...}}
+
+
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        (None, TransferParams("local")),
+        ({}, TransferParams("local")),
+        ({"do_remote_decode": True}, TransferParams("local")),  # another connector's keys pass through
+        (pref(), TransferParams("consumer", "kv-1", "10.1.2.3:5710")),
+        (pref(remote_port="5710"), TransferParams("consumer", "kv-1", "10.1.2.3:5710")),
+        (pref(remote_port=" 5710 "), TransferParams("consumer", "kv-1", "10.1.2.3:5710")),
+        (pref(remote_host="PREFILL-0.svc."), TransferParams("consumer", "kv-1", "prefill-0.svc:5710")),
+        (pref(remote_host="[fd00::1]"), TransferParams("consumer", "kv-1", "[fd00::1]:5710")),
+        ({"prefill": pref()["remote_prefiller"]}, TransferParams("consumer", "kv-1", "10.1.2.3:5710")),
+        ({"remote_kv_source": pref()["remote_prefiller"]}, TransferParams("consumer", "kv-1", "10.1.2.3:5710")),
+        ({"remote_decoder": {"kv_request_id": "kv-2"}}, TransferParams("producer", "kv-2")),
+        ({"decode": {"kv_request_id": "kv-2", "consumer": "decode-0"}}, TransferParams("producer", "kv-2", None, "decode-0")),
+    ],
+)
+def test_accepted_shapes(params, expected) -> None:
+    assert parse_params(params, POLICY) == expected
+
+
+@pytest.mark.parametrize(
+    "params, names",
+    [
+        ("x", "mapping"),
+        (pref(kv_request_id=...), "remote_prefiller.kv_request_id"),
+        (pref(kv_request_id="a" * 257), "remote_prefiller.kv_request_id"),
+        (pref(kv_request_id="has space"), "remote_prefiller.kv_request_id"),
+        (pref(remote_host="evil host"), "remote_prefiller.remote_host"),
+        (pref(remote_host="a/b"), "remote_prefiller.remote_host"),
+        (pref(remote_host="x" * 300), "remote_prefiller.remote_host"),
+        (pref(remote_host=7), "remote_prefiller.remote_host"),
+        (pref(remote_port=0), "remote_prefiller.remote_port"),
+        (pref(remote_port=True), "remote_prefiller.remote_port"),
+        (pref(remote_port=5710.0), "remote_prefiller.remote_port"),
+        (pref(remote_port="5e3"), "remote_prefiller.remote_port"),
+        (pref(remote_port=10**100), "remote_prefiller.remote_port"),
+        ({"remote_prefiller": pref()["remote_prefiller"], "prefill": pref()["remote_prefiller"]}, "twice"),
+        ({**pref(), "remote_decoder": {"kv_request_id": "k"}}, "both"),
+        ({"remote_decoder": {"kv_request_id": "k", "consumer": "no spaces"}}, "remote_decoder.consumer"),
+        ({"decode": []}, "decode must be a mapping"),
+    ],
+)
+def test_refused_shapes_name_the_field(params, names) -> None:
+    with pytest.raises(ValueError, match=names) as ei:
+        parse_params(params, POLICY)
+    assert len(str(ei.value)) < 400  # attacker strings are clipped
+
+
+def test_peer_policy() -> None:
+    assert POLICY.allows("10.200.0.1", 1) and POLICY.allows("prefill-0.svc", 5710)
+    assert POLICY.allows("127.0.0.1", 9) and POLICY.allows("fd00::5", 1)
+    assert not POLICY.allows("prefill-0.svc", 5711) and not POLICY.allows("169.254.169.254", 80)
+    assert not POLICY.allows("evil.example", 5710)
+    with pytest.raises(PeerNotAllowed) as ei:
+        parse_params(pref(remote_host="169.254.169.254", remote_port=80), POLICY)
+    assert ei.value.endpoint == "169.254.169.254:80" and isinstance(ei.value, ValueError)
+    assert PeerPolicy.from_entries(["*"]).allows("anything", 1)
+    for bad in (["10.0.0.0/33"], ["h:0"], [""], [5], ["a b"]):
+        with pytest.raises(ValueError):
+            PeerPolicy.from_entries(bad)
+
+
+def test_allowed_peers_config_key() -> None:
+    assert TierConfig().allowed_peers == ("*",)
+    cfg = TierConfig.from_dict({"allowed_peers": ["10.0.0.0/8", "prefill-0:5710"]})
+    assert cfg.allowed_peers == ("10.0.0.0/8", "prefill-0:5710")
+    for bad in ([], "10.0.0.1", ["10.0.0.0/99"], [None]):
+        with pytest.raises(TierConfigError, match="allowed_peers"):
+            TierConfig.from_dict({"allowed_peers": bad})
+    with pytest.raises(TierConfigError, match="auth_secret_key_file"):
+        TierConfig.from_dict({"auth": "curve"})
+
+
+def test_clip() -> None:
+    assert clip("x" * 10_000).endswith("...") and len(clip("x" * 10_000)) == 80
+
+
+# -- through the manager ---------------------------------------------------------------------------
+
+
+class _SpyTransport(InprocTransport):
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.dialled: list[str] = []
+
+    def connect(self, address: str) -> str:
+        self.dialled.append(address)
+        return super().connect(address)
+
+
+@pytest.fixture(scope="module")
+def spy_mgr():
+    t = _SpyTransport(InprocNetwork(), "decode:1")
+    cfg = {"allowed_peers": ["10.0.0.0/8", "prefill-0.svc:5710", "127.0.0.1"]}
+    m = KvTierManager(cfg, BlockPool(8, 64, pin=False), transport=t)
+    yield m, t
+    m.shutdown()
+
+
+def test_unlisted_producer_is_never_dialled(spy_mgr) -> None:
+    m, t = spy_mgr
+    before = len(t.dialled)
+    req = RequestContext(req_id="ssrf-1", kv_transfer_params={"remote_prefiller": {"kv_request_id": "A", "remote_host": "169.254.169.254", "remote_port": 80}})
+    assert m.on_new_request(req) == "local"
+    assert len(t.dialled) == before
+    assert m.lookup(b"k", req) is LookupResult.MISS
+    m.submit_load(TransferJob(job_id=901, keys=(b"k",), slots=(0,), req=req))
+    [r] = [r for r in m.get_finished_jobs() if r.job_id == 901]
+    assert (r.success, r.reason) == (False, "peer_not_allowed")
+    assert m.stats()["kvtier_rejected_peer_total"] >= 1
+    assert len(t.dialled) == before
+    m.on_request_finished(req)
+
+
+# Hypothesis: arbitrary JSON-ish shapes, biased towards the keys the parser reads.
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True), st.text(max_size=40),
+    st.sampled_from(["5710", "0", "65536", "127.0.0.1", "10.1.2.3", "::1", "[fd00::1]", "169.254.169.254",
+                     "prefill-0.svc", "kv-1", "a" * 300, "evil host", "", " 80 "]),
+)
+_json = st.recursive(_scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+                     max_leaves=8)
+_sub = st.fixed_dictionaries({}, optional={
+    "kv_request_id": _json, "remote_host": _json, "remote_port": _json, "consumer": _json})
+_params = st.one_of(
+    _json,
+    st.dictionaries(st.sampled_from(["remote_prefiller", "remote_decoder", "prefill", "decode",
+                                     "remote_kv_source", "other"]), st.one_of(_sub, _json), max_size=3),
+)
+
+
+def _drive(m: KvTierManager, t: _SpyTransport, params, n: int) -> None:
+    before = len(t.dialled)
+    req = RequestContext(req_id=f"fz-{n}", kv_transfer_params=params)
+    try:
+        role = m.on_new_request(req)
+    except ValueError as exc:  # the documented one: it names the request (and the field)
+        assert str(exc).startswith(f"request 'fz-{n}': "), exc
+        assert len(t.dialled) == before
+        assert m.lookup(b"k", req) is LookupResult.MISS
+        return
+    for address in t.dialled[before:]:  # a dial only ever goes to an allowed endpoint
+        host, _, port = address.rpartition(":")
+        assert m._peer_policy.allows(host.strip("[]"), int(port)), address
+    m.lookup(b"k", req)
+    if role == "consumer":
+        m.submit_load(TransferJob(job_id=10_000_000 + n, keys=(b"k",), slots=(0,), req=req))
+    m.get_finished_jobs()
+    m.on_request_finished(req)
+    m.get_finished_jobs()
+
+
+_counter = iter(range(10**9))
+
+
+@given(_params)
+def test_fuzz_kv_transfer_params_never_escape(spy_mgr, params) -> None:
+    m, t = spy_mgr
+    _drive(m, t, params, next(_counter))
+
+
+@pytest.mark.slow
+@settings(max_examples=10_000)
+@given(_params)
+def test_fuzz_kv_transfer_params_10k(spy_mgr, params) -> None:
+    m, t = spy_mgr
+    _drive(m, t, params, next(_counter))

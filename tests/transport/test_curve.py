@@ -1,0 +1,159 @@
+"""CURVE on ZmqTransport (loopback): allowed peers talk encrypted and are named; strangers are
+refused by the ZAP handler before any message reaches us; consumers never dial unnamed keys."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+from click.testing import CliRunner
+
+from kvtier.cli import cli
+from kvtier.transport import PeerInfo, TransportError, ZmqTransport
+from kvtier.transport.curve import curve_settings, generate_keys, load_allowed, load_identity
+
+from test_zmq_transport import FAST, recv_until
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """prefill-0 (serves 127.0.0.1), decode-0 (allowed), mallory (not allowed anywhere)."""
+    mine = tmp_path / "keys"
+    generate_keys(mine, "prefill-0", ("127.0.0.1",))
+    generate_keys(mine, "decode-0")
+    generate_keys(tmp_path / "other", "mallory")
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    for n in ("prefill-0", "decode-0"):
+        (allowed / f"{n}.key").write_text((mine / f"{n}.key").read_text())
+    return {"dir": mine, "allowed": allowed, "mallory": tmp_path / "other" / "mallory.key_secret"}
+
+
+@pytest.fixture
+def pair(keys):
+    made = []
+    p = ZmqTransport(**FAST, curve=curve_settings(str(keys["dir"] / "prefill-0.key_secret"), str(keys["allowed"])))
+    made.append(p)
+    c = ZmqTransport(**FAST, curve=curve_settings(str(keys["dir"] / "decode-0.key_secret"), str(keys["allowed"])))
+    made.append(c)
+    yield p, c
+    for t in made:
+        t.close()
+
+
+def test_allowed_peer_is_served_and_named(pair) -> None:
+    p, c = pair
+    peer = c.connect(p.address)
+    c.send(peer, [b"hello", b"x" * 100_000])
+    [(in_peer, frames)] = recv_until(p, 1)
+    assert bytes(frames[1]) == b"x" * 100_000
+    info = p.peer_info(in_peer)
+    assert info is not None and info.principal == "decode-0"
+    assert c.peer_info(peer) == PeerInfo(p.address, "prefill-0")
+    p.send(in_peer, [b"reply"])
+    assert [bytes(f[0]) for _, f in recv_until(c, 1)] == [b"reply"]
+
+
+def _raw_dealer(ctx: zmq.Context, address: str, *, secret_file=None, server_key=None) -> zmq.Socket:
+    d = ctx.socket(zmq.DEALER)
+    d.linger = 0
+    if secret_file is not None:
+        pub, sec = zmq.auth.load_certificate(secret_file)
+        d.curve_publickey, d.curve_secretkey, d.curve_serverkey = pub, sec, server_key
+    d.connect(f"tcp://{address}")
+    return d
+
+
+@pytest.mark.parametrize("who", ["plain", "unlisted key"])
+def test_stranger_gets_nothing_in(pair, keys, who) -> None:
+    p, c = pair
+    server_key = load_identity(keys["dir"] / "prefill-0.key_secret").public
+    ctx = zmq.Context()
+    try:
+        kw = {} if who == "plain" else {"secret_file": keys["mallory"], "server_key": server_key}
+        d = _raw_dealer(ctx, p.address, **kw)
+        for _ in range(20):
+            d.send_multipart([b"hello"])
+        end = time.monotonic() + 1.0
+        got = []
+        while time.monotonic() < end:
+            p.wait(0.05)
+            got += p.recv()
+        assert got == []  # nothing of the stranger's reached the transport
+        # ...while the allowed consumer is served all along
+        peer = c.connect(p.address)
+        c.send(peer, [b"legit"])
+        assert [bytes(f[0]) for _, f in recv_until(p, 1)] == [b"legit"]
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_consumer_refuses_to_dial_an_endpoint_no_certificate_names(pair) -> None:
+    _, c = pair
+    with pytest.raises(TransportError, match="no certificate"):
+        c.connect("10.9.9.9:5710")
+    assert c.peers() == []
+
+
+def test_consumer_does_not_talk_to_an_impostor(keys) -> None:
+    # Someone else listens at the address prefill-0's certificate names: CURVE fails, nothing flows.
+    impostor = ZmqTransport(**FAST, curve=curve_settings(str(keys["mallory"]), str(keys["allowed"])))
+    c = ZmqTransport(**FAST, curve=curve_settings(str(keys["dir"] / "decode-0.key_secret"), str(keys["allowed"])))
+    try:
+        c.send(c.connect(impostor.address), [b"secret prompt"])
+        end = time.monotonic() + 1.0
+        got = []
+        while time.monotonic() < end:
+            impostor.wait(0.05)
+            got += impostor.recv()
+        assert got == []
+    finally:
+        impostor.close()
+        c.close()
+
+
+def test_key_files_are_checked(tmp_path, keys) -> None:
+    with pytest.raises(ValueError, match="auth_secret_key_file"):
+        load_identity(tmp_path / "missing.key_secret")
+    with pytest.raises(ValueError, match="secret-key"):
+        load_identity(keys["dir"] / "decode-0.key")  # a public certificate
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no public certificate"):
+        load_allowed(tmp_path / "empty")
+    with pytest.raises(ValueError, match="not a directory"):
+        load_allowed(tmp_path / "nope")
+    with pytest.raises(ValueError, match="exists already"):
+        generate_keys(keys["dir"], "decode-0")
+    assert "secret" not in repr(load_identity(keys["dir"] / "decode-0.key_secret")).replace("CurveIdentity", "")
+
+
+def test_cli_keys_generate(tmp_path) -> None:
+    r = CliRunner().invoke(cli, ["keys", "generate", str(tmp_path), "prefill-1", "--endpoint", "10.0.0.5:5710"])
+    assert r.exit_code == 0, r.output
+    allowed = load_allowed(tmp_path)
+    assert allowed.principal(allowed.server_key_for("10.0.0.5", 5710)) == "prefill-1"
+    assert (tmp_path / "prefill-1.key_secret").stat().st_mode & 0o077 == 0
+    r = CliRunner().invoke(cli, ["keys", "generate", str(tmp_path), "x", "--endpoint", "h:99999"])
+    assert r.exit_code != 0 and "port" in r.output
+
+
+def test_frame_of_exactly_the_cap_passes_under_curve(keys) -> None:
+    # the caps count payload bytes; CURVE's framing overhead must not push a legal frame over
+    cap = 64 * 1024
+    kw = dict(FAST, max_frame_bytes=cap, max_accepted_frame_bytes=cap)
+    p = ZmqTransport(**kw, curve=curve_settings(str(keys["dir"] / "prefill-0.key_secret"), str(keys["allowed"])))
+    c = ZmqTransport(**kw, curve=curve_settings(str(keys["dir"] / "decode-0.key_secret"), str(keys["allowed"])))
+    try:
+        peer = c.connect(p.address)
+        c.send(peer, [b"x" * cap])
+        [(in_peer, frames)] = recv_until(p, 1)
+        assert len(frames[0]) == cap
+        p.send(in_peer, [b"y" * cap])
+        [(_, back)] = recv_until(c, 1)
+        assert len(back[0]) == cap
+    finally:
+        p.close()
+        c.close()
