@@ -833,32 +833,34 @@ def transfer_stalled(h: Harness) -> None:
 @setup(block_bytes=MAX_BATCH_BYTES // 2 + 64, num_blocks=2, c_transport={"rcvhwm": 1})
 def peer_killed_mid_transfer(h: Harness) -> None:
     """Blocks are large enough that each travels in its own `block_data` message. The first one
-    lands; the producer's process dies before the second leaves its send queue. The consumer
-    hears nothing more: at `peer_timeout_s` (5 s) its session is declared dead and the load fails
-    once with `peer_timeout`, so the engine recomputes instead of waiting for `load_timeout_s`."""
+    lands; the producer's process dies before the second leaves its send queue. The consumer's
+    transport sees the connection close (the socket monitor): the session ends at once
+    (`peer_disconnected`) and the load fails once, without waiting for `peer_timeout_s` of
+    silence, so the engine recomputes at once (B11)."""
     _, creq = _park_then_connect(h, 2, seed=6)
     h.decode.load(10, creq, _keys("A", 2), [0, 1])
     h.poll("P")  # serves: block 0 fills the consumer's inbox, block 1 waits in the send queue
+    t = h.now
     h.kill("P")
-    h.poll("C")  # reads block 0
-    h.expect(h.consumer_state("A") == "in_flight", "half the blocks landed")
-    h.advance_to(7.0)
-    h.expect(h.decode.outcome(10) == (False, "peer_timeout"), "the load fails once, peer_timeout")
+    h.poll("C")  # reads block 0, then sees the connection close
+    h.expect(h.decode.outcome(10) == (False, "peer_disconnected"), "the load fails once, peer_disconnected")
+    h.expect(h.now == t, "no time passed: no wait for peer_timeout_s")
     h.expect(h.decode.lookup(creq, _keys("A", 1)[0]) is LookupResult.MISS, "lookups miss: the engine recomputes")
     h.decode.finish(creq)
     h.settle()
 
 
 @scenario("Shutdown with traffic in flight: every job still gets one result",
-          properties=("exactly_once_job_result", "fetch_always_answered"))
-@setup(p_transport={"hold_completion": True})
+          properties=("exactly_once_job_result", "fetch_always_answered", "no_block_returned_while_referenced"))
+@setup(p_cfg={"shutdown_grace_s": 0.2}, p_transport={"hold_completion": True})
 def shutdown_in_flight(h: Harness) -> None:
-    """The producer holds three ids: A parked (never fetched), B being served (its transfer not
-    yet released by the transport) and C awaiting blocks that were never stored. Its engine
-    shuts it down: every store job fails with `shutdown`; the producer answers C's fetch with
-    `transfer_done(FAIL, shutdown)` and ends the session with `disconnect`, and the consumer's
-    load of C fails at once, with no time passing (B's load had already succeeded). Nothing is
-    left waiting on either side."""
+    """The producer holds three ids: A parked (never fetched), B whose consumer already confirmed
+    receipt while the transport still holds its frames (`confirmed`), and C awaiting blocks that
+    were never stored. Its engine shuts it down (`shutdown_grace_s` 0.2 s): A's store job fails
+    with `shutdown` at once; C's fetch is answered `transfer_done(FAIL, shutdown)` with the
+    session's generation, so the consumer's load of C fails at once; B waits out the grace for
+    its release, which only closing the transport gives — then its store job succeeds (the
+    consumer confirmed every block). Every peer gets a goodbye; nothing is left waiting."""
     preq = {kv: h.prefill.request(f"p-{kv}", kv) for kv in ("A", "B")}
     h.prefill.store(1, preq["A"], _keys("A", 1), [0], seed=7)
     h.prefill.store(2, preq["B"], _keys("B", 2), [1, 2], seed=8)
@@ -868,18 +870,16 @@ def shutdown_in_flight(h: Harness) -> None:
     h.decode.load(10, creq["B"], _keys("B", 2), [4, 5])
     h.decode.load(11, creq["C"], _keys("C", 1), [6])
     h.settle()
-    h.expect(h.producer_state("B") == "serving" and h.producer_state("C") == "awaiting",
-             "B is being served, C waits for blocks")
+    h.expect(h.producer_state("B") == "confirmed" and h.producer_state("C") == "awaiting",
+             "B's receipt is in but the transport holds its frames; C waits for blocks")
     h.advance_to(2.0)
     h.prefill.shutdown()
     h.settle()
-    h.expect(h.prefill.outcome(1) == (False, "shutdown") and h.prefill.outcome(2) == (False, "shutdown"),
-             "every store job fails with shutdown")
+    h.expect(h.prefill.outcome(1) == (False, "shutdown"), "A's store job fails with shutdown")
+    h.expect(h.prefill.outcome(2) == (True, None), "B's store job succeeds once the closed transport let go")
     h.expect(h.decode.outcome(10) == (True, None), "B's load had completed")
-    # either message ends the load at once; the reason names the one that got through
-    h.expect(h.decode.outcome(11) in ((False, "shutdown"), (False, "peer_disconnected")),
-             "C's load fails once, at once")
-    h.expect(h.now == 2.0, "no time passed")
+    h.expect(h.decode.outcome(11) == (False, "shutdown"), "C's load fails once, at once, with shutdown")
+    h.expect(h.now == 2.0, "no time passed on the scenario clock")
     h.expect(h.slots_untouched([6]), "nothing landed for C")
     for kv in ("B", "C"):
         h.decode.finish(creq[kv])
