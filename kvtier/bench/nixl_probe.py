@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--lat-reps", type=int, default=200)
     ap.add_argument("--pump-ms", type=float, default=1.0,
-                    help="how often the consumer calls progress() (0 = spin; a tcp target needs it)")
+                    help="how often the consumer calls progress() (0 = spin; a tcp target needs it; "
+                         "the pipe wait rounds up to whole milliseconds)")
     a = ap.parse_args(argv)
     print(render(run(a.tls, a.rounds, a.reps, a.lat_reps, a.pump_ms / 1e3)))
     return 0

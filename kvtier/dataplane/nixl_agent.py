@@ -369,14 +369,14 @@ def _region_layout(region: object) -> tuple[int, int, int, object]:
             raise TypeError(
                 f"region must be a 2-D uint8 torch tensor or a writable 2-D byte buffer, got {type(region).__name__}"
             ) from None
-        if mv.ndim != 2 or mv.itemsize != 1 or mv.format not in ("B", "b", "c"):
-            raise ValueError(f"region must be 2-D bytes (num_blocks x block_bytes), got format {mv.format!r} ndim {mv.ndim}")
+        if mv.ndim != 2 or mv.format != "B":
+            raise ValueError(f"region must be 2-D uint8 (num_blocks x block_bytes), got format {mv.format!r} ndim {mv.ndim}")
         if mv.readonly:
             raise ValueError("region must be writable")
         if not mv.c_contiguous:
             raise ValueError("region must be C-contiguous")
         rows, cols = mv.shape  # type: ignore[misc]
-        addr = np.asarray(mv.cast("B", (rows, cols)) if mv.format != "B" else mv).ctypes.data
+        addr = np.asarray(mv).ctypes.data
         region = mv
     if rows < 1 or cols < 1:
         raise ValueError(f"region must have >= 1 block of >= 1 byte, got shape ({rows}, {cols})")
@@ -672,7 +672,7 @@ class NixlBlockAgent:
             # NIXL does not own a request whose post failed, and it is not in flight: release it.
             # (A post that raised a remote disconnect had still landed in full over CMA.)
             self._release_handle(handle)
-            self._classify(p, e)
+            self._classify(p, e, at_post=True)
             self._ready.append(XferResult(xid, peer, "failed", f"post failed: {_describe(e)}"))
             return xid
         if state == "PROC":
@@ -813,10 +813,14 @@ class NixlBlockAgent:
         if self._closed:
             raise NixlError(f"NIXL agent {self.name!r} is closed")
 
-    def _classify(self, p: _Peer, e: BaseException) -> None:
-        """Fault the peer for a peer-scope error: remote disconnect or an invalidated remote."""
+    def _classify(self, p: _Peer, e: BaseException, at_post: bool = False) -> None:
+        """Fault the peer for a peer-scope error: remote disconnect or an invalidated remote.
+
+        A post refused with ``nixlNotFoundError`` means NIXL invalidated the peer, and this
+        agent never removes a peer it can still post to, so only a disconnect did that.
+        """
         name = type(e).__name__
-        if name == _DISCONNECT:
+        if name == _DISCONNECT or (at_post and name == _NOT_FOUND):
             p.disconnected = True
         if p.fault is None and name in (_DISCONNECT, _NOT_FOUND):
             p.fault = f"{_describe(e)}"

@@ -246,20 +246,14 @@ class NixlPeer:
 
 
 def spawn_nixl_peer(
-    name: str,
-    num_blocks: int,
-    block_bytes: int,
-    *,
-    env: Mapping[str, str] | None = None,
-    netns: str | None = None,
-    layout: str = "",
-    pump_s: float = 0.0005,
-    start_timeout_s: float = 60.0,
+    name: str, num_blocks: int, block_bytes: int, *, env: Mapping[str, str] | None = None,
+    start_timeout_s: float = 60.0, **kw: Any
 ) -> Child:
-    """Start a child running :class:`NixlPeer`; ``.hello`` holds its descriptor and pid.
+    """Start a child running :class:`NixlPeer` (agent ``name``; ``kw``: ``netns``, ``layout``,
+    ``pump_s``); ``.hello`` holds its descriptor, pid and agent start-up seconds.
 
-    ``env`` defaults to ``{"UCX_NET_DEVICES": "lo", "NIXL_LOG_LEVEL": "WARN"}`` (merged under
-    what is given). Close it with ``.close()``; ``.kill()`` is SIGKILL by pid.
+    ``env`` is merged over ``{"UCX_NET_DEVICES": "lo", "NIXL_LOG_LEVEL": "WARN"}``. Close it
+    with ``.close()`` (asks, joins, then SIGKILLs by pid); ``.kill()`` is SIGKILL by pid.
     """
     full_env = {"UCX_NET_DEVICES": "lo", "NIXL_LOG_LEVEL": "WARN", **(env or {})}
     return Child(
@@ -271,7 +265,5 @@ def spawn_nixl_peer(
         num_blocks=num_blocks,
         block_bytes=block_bytes,
         env=full_env,
-        netns=netns,
-        layout=layout,
-        pump_s=pump_s,
+        **kw,
     )
