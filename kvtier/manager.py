@@ -343,6 +343,8 @@ class KvTierManager:
                 self._run(self.core.announce(info.kv_request_id, info.peer, self.clock()))
             else:
                 self._requests[req.req_id] = info
+                if info.role == "producer" and info.consumer is not None:
+                    self.core.producer_announce(info.kv_request_id, info.consumer)
             return info.role
 
     def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
@@ -376,7 +378,8 @@ class KvTierManager:
                 self._metrics.job_done("store", True, "local")
                 return
             digests = block_digests([self.pool.buffer(b) for b in job.slots], self.config.integrity)
-            inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots), digests)
+            inp = StoreInput(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots), digests,
+                             consumer=info.consumer)
             self._metrics.parked(info.kv_request_id, now)  # before the store: the first one starts the age
             effects = self.core.store(inp, now)
             # registered after the core accepted the input, before its effects (which may report it)
@@ -746,8 +749,10 @@ class KvTierManager:
             self._run(core.ping(peer, msg.gen, now))
         elif t is wm.Hello:
             self._name_peer(peer, msg.instance)
+            info = self.transport.peer_info(peer)
             hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, gen=msg.gen,
-                               data_plane=msg.data_plane, digest=msg.digest, instance=msg.instance)
+                               data_plane=msg.data_plane, digest=msg.digest, instance=msg.instance,
+                               principal=(info.principal if info is not None else None) or msg.instance)
             if self._plane_peer(peer, msg.gen, msg.data_plane, msg.descriptor):
                 self._run(core.hello(peer, hello, now))
         elif t is wm.HelloAck:
@@ -762,7 +767,7 @@ class KvTierManager:
                 self._plog(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, "
                            "theirs %s)", self._who(peer), msg.field, msg.theirs, msg.ours or "(withheld)",
                            level=logging.ERROR)
-            self._run(core.hello_reject(peer, msg.gen, now))
+            self._run(core.hello_reject(peer, msg.gen, now, msg.reason))
         elif t is wm.Disconnect:
             self._run(core.disconnect(peer, msg.gen, now))
         elif t is wm.Error:

@@ -118,6 +118,10 @@ class TableMachine:
             rec.timer = new_timer
             rec.tseq = self._deadlines.arm(now + self._durations[new_timer], rec.key) if new_timer else 0
 
+    def durations_of(self, timer: str) -> float:
+        """Seconds timer ``timer`` runs for (its config key's value)."""
+        return self._durations[timer]
+
     def restart_timer(self, rec: Any, now: float) -> None:
         """Restart the record's current timer from ``now``."""
         if rec.timer is not None:

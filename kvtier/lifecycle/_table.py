@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "44caf047acc6e00c8ceac59eac81d5f90b6608fd26f337492161d9ad14df4ec9"
+SPEC_SHA256: Final = "1a9a8d1cf1c65c6043b11ca231afa8ae0e9c7b5c9a811fa041079626a42503fb"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -90,6 +90,10 @@ class Reason(enum.StrEnum):
     """this manager already has max_peers sessions"""
     PEER_NOT_ALLOWED = "peer_not_allowed"
     """the request names a producer endpoint outside allowed_peers; nothing was dialled"""
+    NOT_AUTHORISED = "not_authorised"
+    """the peer is not the consumer the producer request named for this id; the refusal changes nothing"""
+    IDLE_EVICTED = "idle_evicted"
+    """an inbound session with nothing bound to it and no work for handshake_timeout_s was ended to admit a new peer at max_peers"""
     NO_RECORD = "no_record"
     """the id has no record in this machine (never seen or already pruned)"""
     STALE = "stale"
@@ -214,6 +218,10 @@ class ProducerGuard(enum.StrEnum):
     """the fetching peer already has max_pending_fetches_per_peer ids awaiting blocks"""
     SAME_ROUND = "same_round"
     """the input comes from the (peer, generation, round) the id is bound to"""
+    NOT_AUTHORISED = "not_authorised"
+    """the producer request named the consumer allowed to touch this id, and the input's peer is not it"""
+    BINDING_UNAUTHORISED = "binding_unauthorised"
+    """the store names a consumer for this id and the fetch already bound to it came from another peer"""
     FETCHED_ROUND = "fetched_round"
     """the abort names a round that sent a fetch: it concerns that fetch's binding, which this life does not have"""
     SUPPLY_COMPLETE = "supply_complete"
@@ -263,6 +271,8 @@ class ProducerEffect(enum.StrEnum):
     """remember that the engine finished the request: every store has been submitted"""
     NOTE_RECEIPT = "note_receipt"
     """remember that the consumer confirmed every block"""
+    UNBIND = "unbind"
+    """forget the binding (peer, generation, round, keys, slots): the id waits for its named consumer again"""
 
 
 PRODUCER_INITIAL: Final = ProducerState.ABSENT
@@ -295,6 +305,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ), None),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SHUTTING_DOWN, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.SHUTDOWN),
         Branch(ProducerGuard.FETCH_EMPTY, ProducerState.ABSENT, (ProducerEffect.REPLY_DONE_OK, ), None),
         Branch(ProducerGuard.PEER_BUSY, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
@@ -304,6 +315,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.ABSENT, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(ProducerGuard.FETCHED_ROUND, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
@@ -325,6 +337,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ), None),
     ), None),
     (ProducerState.PARKED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ProducerEffect.REPLY_DONE_OK, ), None),
         Branch(ProducerGuard.DEMAND_MET, ProducerState.SERVING, (ProducerEffect.BIND, ProducerEffect.START_TRANSFER, ), None),
         Branch(ProducerGuard.SUPPLY_COMPLETE, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_FETCH_FAILED, ), Reason.INCOMPLETE),
@@ -335,6 +348,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.PARKED, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(ProducerGuard.FETCHED_ROUND, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
@@ -360,10 +374,12 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.AWAITING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.AWAITING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
+        Branch(ProducerGuard.BINDING_UNAUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ProducerEffect.PARK_BLOCKS, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.STORE_MEETS_DEMAND, ProducerState.SERVING, (ProducerEffect.PARK_BLOCKS, ProducerEffect.START_TRANSFER, ), None),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.PARK_BLOCKS, ProducerEffect.RESTART_TIMER, ), None),
     ), None),
     (ProducerState.AWAITING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.AWAITING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -401,6 +417,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.SERVING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.SERVING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -439,6 +456,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.DELIVERING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -473,6 +491,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.CONFIRMED, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -505,6 +524,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
@@ -539,6 +559,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.QUARANTINED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.QUARANTINED, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
@@ -572,6 +593,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.DONE, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ROUND_FINISHED),
     ), None),
     (ProducerState.DONE, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.DONE, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(None, ProducerState.DONE, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ALREADY_SERVED),
     ), None),
     (ProducerState.DONE, ProducerEvent.RECEIPT): Rule(TRANSITION, (
@@ -600,6 +622,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.RECEIPT): Rule(TRANSITION, (
@@ -1031,7 +1054,7 @@ class SessionEvent(enum.StrEnum):
     HELLO_ACK = "hello_ack"
     """the peer accepted our hello"""
     HELLO_REJECT = "hello_reject"
-    """the peer rejected our hello (names the field that differs)"""
+    """the peer rejected our hello (names the field that differs, or too_many_peers)"""
     MESSAGE = "message"
     """any valid message from the peer"""
     DISCONNECT = "disconnect"
@@ -1041,7 +1064,7 @@ class SessionEvent(enum.StrEnum):
     SEND_FAILED = "send_failed"
     """the transport could not send to the peer"""
     GIVE_UP = "give_up"
-    """a record bound to this peer gave up on it (a transfer the data plane did not release, an abort the producer did not answer)"""
+    """a record bound to this peer gave up on it (a transfer the data plane did not release, an abort the producer did not answer), or an idle inbound session is evicted to admit a new peer at max_peers"""
     HANDSHAKE_DEADLINE = "handshake_deadline"
     """timer handshake fired"""
     LIVENESS_DEADLINE = "liveness_deadline"
@@ -1059,6 +1082,8 @@ class SessionGuard(enum.StrEnum):
     """this manager already has max_peers sessions (config max_peers)"""
     SAME_GEN = "same_gen"
     """the hello carries the generation this session already serves (a duplicate)"""
+    CAPACITY_REFUSAL = "capacity_refusal"
+    """the peer refused our hello because it already has max_peers sessions"""
 
 
 class SessionEffect(enum.StrEnum):
@@ -1158,6 +1183,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.READY, (SessionEffect.FLUSH_QUEUED, ), None),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.HELLO_REJECT): Rule(TRANSITION, (
+        Branch(SessionGuard.CAPACITY_REFUSAL, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.TOO_MANY_PEERS),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),

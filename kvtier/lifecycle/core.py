@@ -190,7 +190,13 @@ class TierCore:
         self.sessions.apply(rec, SessionEvent.MESSAGE, _Gen(gen), now, out)
         if was_ready:
             self._heard(peer)
+            if event != "ping":
+                rec.active = now
         return was_ready
+
+    def _principal(self, peer: str) -> str | None:
+        rec = self.sessions.records.get(peer)
+        return rec.principal if rec is not None else None
 
     # -- producer inputs (engine) --------------------------------------------------------------
     def store(self, inp: StoreInput, now: float) -> list[Effect]:
@@ -199,9 +205,15 @@ class TierCore:
         self.producer.store(inp, now, out)
         return self._settle(now, out)
 
+    def producer_announce(self, kv_request_id: str, consumer: str) -> None:
+        """A producer request names ``consumer`` (a principal) as the only peer allowed to fetch,
+        abort or otherwise touch ``kv_request_id`` (issue 10; docs/security.md)."""
+        self.producer.announce(kv_request_id, consumer)
+
     def producer_finished(self, kv_request_id: str, now: float) -> list[Effect]:
         out: list[Effect] = []
         self.producer.event(kv_request_id, ProducerEvent.REQUEST_FINISHED, now, out)
+        self.producer.forget(kv_request_id)
         return self._settle(now, out)
 
     def transfer_released(self, kv_request_id: str, round: int, now: float) -> list[Effect]:
@@ -273,6 +285,8 @@ class TierCore:
             if not (rec.state is SessionState.DEAD and rec.reason == "peer_restarted"):
                 return self._settle(now, out)
         # a new session (or the restarted peer's next generation)
+        if len(self.sessions.records) >= self.sessions.max_peers:
+            self._evict_idle(now, out)
         self.sessions.apply(self.sessions.record(peer), SessionEvent.HELLO, hello, now, out)
         if self.session_ready(peer):
             self._heard(peer)
@@ -290,14 +304,30 @@ class TierCore:
         self.sessions.apply(rec, SessionEvent.HELLO_ACK, None, now, out)
         return self._settle(now, out)
 
-    def hello_reject(self, peer: str, gen: int, now: float) -> list[Effect]:
+    def hello_reject(self, peer: str, gen: int, now: float, reason: str = "handshake_mismatch") -> list[Effect]:
+        """The peer refused our hello; ``reason`` is the one it gave (``too_many_peers`` for a
+        capacity refusal, so our loads fail with that reason, not a mismatch)."""
         out: list[Effect] = []
         rec = self.sessions.records.get(peer)
         if rec is None or rec.gen != gen:
             out.append(Ignored("session", peer, rec.state.value if rec else "absent", "hello_reject", "stale"))
             return out
-        self.sessions.apply(rec, SessionEvent.HELLO_REJECT, None, now, out)
+        self.sessions.apply(rec, SessionEvent.HELLO_REJECT, _Why(reason), now, out)
         return self._settle(now, out)
+
+    def _evict_idle(self, now: float, out: list[Effect]) -> None:
+        """At ``max_peers``, end the inbound session that has been idle longest — nothing bound to
+        it, nothing but pings for ``handshake_timeout_s`` — so a flood of hellos that never do any
+        work cannot lock legitimate consumers out; a busy manager still refuses (too_many_peers)."""
+        idle_for = self.sessions.durations_of("handshake")
+        busy = set(self.producer.by_peer) | set(self.consumer.by_peer)
+        idle = [
+            r for r in self.sessions.records.values()
+            if r.state is SessionState.READY and not r.dialled and r.key not in busy and now - r.active >= idle_for
+        ]
+        if idle:
+            victim = min(idle, key=lambda r: (r.active, r.key))
+            self.sessions.apply(victim, SessionEvent.GIVE_UP, _Why("idle_evicted"), now, out)
 
     def disconnect(self, peer: str, gen: int, now: float) -> list[Effect]:
         out: list[Effect] = []
@@ -333,20 +363,20 @@ class TierCore:
     def fetch(self, peer: str, gen: int, inp: FetchInput, now: float) -> list[Effect]:
         out: list[Effect] = []
         if self._gate(peer, gen, "fetch", now, out):
-            self.producer.fetch(attrs.evolve(inp, gen=gen), now, out)
+            self.producer.fetch(attrs.evolve(inp, gen=gen, principal=self._principal(peer)), now, out)
         return self._settle(now, out)
 
     def abort_fetch(self, peer: str, gen: int, inp: FetchInput, now: float) -> list[Effect]:
         out: list[Effect] = []
         if self._gate(peer, gen, "abort_fetch", now, out):
-            self.producer.abort_fetch(attrs.evolve(inp, gen=gen), now, out)
+            self.producer.abort_fetch(attrs.evolve(inp, gen=gen, principal=self._principal(peer)), now, out)
         return self._settle(now, out)
 
     def receipt(self, peer: str, gen: int, inp: FetchInput, now: float) -> list[Effect]:
         """The consumer confirmed that every block of its round landed intact."""
         out: list[Effect] = []
         if self._gate(peer, gen, "receipt", now, out):
-            self.producer.receipt(attrs.evolve(inp, gen=gen), now, out)
+            self.producer.receipt(attrs.evolve(inp, gen=gen, principal=self._principal(peer)), now, out)
         return self._settle(now, out)
 
     # -- consumer inputs (wire) ----------------------------------------------------------------

@@ -82,14 +82,17 @@ class StoreInput:
     keys: tuple[bytes, ...]
     blocks: tuple[int, ...]
     digests: tuple[int, ...] = ()
+    consumer: str | None = None
+    """The principal the producer request named as the only consumer of the id (issue 10)."""
 
 
 @attrs.frozen(slots=True)
 class FetchInput:
     """A consumer's fetch, abort or receipt for ``kv_request_id`` from ``peer`` (session
-    generation ``gen``) in ``round``.  ``slots`` are the consumer's destination slots (one per key;
-    one-sided planes write into them); ``fetched`` tells, for an abort, whether that round sent a
-    fetch (an abort of a fetched round concerns only the life that fetch bound)."""
+    generation ``gen``, authenticated ``principal``) in ``round``.  ``slots`` are the consumer's
+    destination slots (one per key; one-sided planes write into them); ``fetched`` tells, for an
+    abort, whether that round sent a fetch (an abort of a fetched round concerns only the life
+    that fetch bound)."""
 
     peer: str
     kv_request_id: str
@@ -98,20 +101,24 @@ class FetchInput:
     gen: int = 0
     slots: tuple[int, ...] = ()
     fetched: bool = False
+    principal: str | None = None
 
 
 _NO_BLOCKS: dict[bytes, tuple[int, int]] = {}
 
 
 class ProducerRecord(Record):
-    __slots__ = ("owner", "blocks", "jobs", "peer", "gen", "round", "demand", "slots", "supply_complete", "receipt")
+    __slots__ = ("owner", "consumer", "blocks", "jobs", "peer", "principal", "gen", "round", "demand", "slots",
+                 "supply_complete", "receipt")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, PRODUCER_INITIAL)
         self.owner: str | None = None
+        self.consumer: str | None = None  # the only principal allowed to touch the id, if named
         self.blocks: dict[bytes, tuple[int, int]] = _NO_BLOCKS  # key -> (pool block, digest)
         self.jobs: list[int] = []
         self.peer: str | None = None
+        self.principal: str | None = None  # the bound peer's principal
         self.gen = 0
         self.round = -1
         self.demand: tuple[bytes, ...] = ()
@@ -154,6 +161,9 @@ class ProducerMachine(TableMachine):
         self.retained: dict[str, None] = {}  # insertion-ordered: oldest first
         self.count_evicted = 0
         self.closing = False  # shutdown() began: new fetches for unknown ids are refused
+        # consumers named by producer requests whose id has no record yet (fetch-before-store):
+        # one entry per live producer request, dropped when it finishes
+        self.named: dict[str, str] = {}
         self._give_up = give_up or (lambda peer, reason: None)
 
     def new_record(self, key: str) -> ProducerRecord:
@@ -171,6 +181,17 @@ class ProducerMachine(TableMachine):
     def fetch(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
         self.apply(self.record(inp.kv_request_id), ProducerEvent.FETCH, inp, now, out)
         self._enforce_cap(now, out)
+
+    def announce(self, kv_request_id: str, consumer: str) -> None:
+        """A producer request names ``consumer`` as the only principal allowed to touch the id."""
+        self.named[kv_request_id] = consumer
+        rec = self.records.get(kv_request_id)
+        if rec is not None and rec.consumer is None:
+            rec.consumer = consumer
+
+    def forget(self, kv_request_id: str) -> None:
+        """The producer request finished: its stores (if any) carried the name onto the record."""
+        self.named.pop(kv_request_id, None)
 
     def abort_fetch(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
         self.apply(self.record(inp.kv_request_id), ProducerEvent.ABORT_FETCH, inp, now, out)
@@ -257,7 +278,7 @@ class ProducerMachine(TableMachine):
             self.by_peer.setdefault(rec.peer, set()).add(rec.key)
         if new in _RETAINED and old not in _RETAINED:
             self.retained[rec.key] = None
-            # a retained record answers late inputs from its state and reason alone
+            # a retained record answers late inputs from its state, reason and binding alone
             rec.blocks, rec.demand, rec.slots, rec.owner = _NO_BLOCKS, (), (), None
         if old in _RETAINED and new not in _RETAINED:
             self.retained.pop(rec.key, None)
@@ -290,6 +311,13 @@ class ProducerMachine(TableMachine):
     def guard_same_round(self, rec: ProducerRecord, inp: FetchInput) -> bool:
         return inp.peer == rec.peer and inp.round == rec.round and inp.gen == rec.gen
 
+    def guard_not_authorised(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+        named = rec.consumer or self.named.get(rec.key)
+        return named is not None and inp.principal != named
+
+    def guard_binding_unauthorised(self, rec: ProducerRecord, inp: StoreInput) -> bool:
+        return inp.consumer is not None and rec.principal != inp.consumer
+
     def guard_fetched_round(self, rec: ProducerRecord, inp: FetchInput) -> bool:
         return inp.fetched
 
@@ -306,6 +334,8 @@ class ProducerMachine(TableMachine):
     def effect_park_blocks(self, rec: ProducerRecord, inp: StoreInput, reason, now, out) -> None:
         if rec.owner is None:
             rec.owner = inp.owner
+        if rec.consumer is None:
+            rec.consumer = inp.consumer or self.named.get(rec.key)
         if rec.blocks is _NO_BLOCKS:
             rec.blocks = {}
         blocks = rec.blocks
@@ -322,6 +352,7 @@ class ProducerMachine(TableMachine):
 
     def effect_bind(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
         rec.peer = inp.peer
+        rec.principal = inp.principal
         rec.gen = inp.gen
         rec.round = inp.round
         rec.demand = inp.keys
@@ -391,3 +422,7 @@ class ProducerMachine(TableMachine):
 
     def effect_note_receipt(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
         rec.receipt = True
+
+    def effect_unbind(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        # the peer stays until the index update after this step (it keys the per-peer indexes)
+        rec.principal, rec.gen, rec.round, rec.demand, rec.slots = None, 0, -1, (), ()

@@ -52,6 +52,8 @@ class HelloInput:
     data_plane: str = "zmq"
     digest: str = "xxh3_64"
     instance: str = ""
+    principal: str | None = None
+    """Who the peer is: its CURVE principal, else (unauthenticated) its hello ``instance``."""
 
     def first_mismatch(self, other: HelloInput) -> tuple[str, str, str] | None:
         """(field, ours, theirs) of the first differing field, in handshake check order."""
@@ -63,13 +65,15 @@ class HelloInput:
 
 
 class SessionRecord(Record):
-    __slots__ = ("gen", "dialled", "instance")
+    __slots__ = ("gen", "dialled", "instance", "principal", "active")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, SESSION_INITIAL)
         self.gen = 0
         self.dialled = False
         self.instance = ""
+        self.principal: str | None = None
+        self.active = 0.0  # when the peer last sent something other than a ping
 
 
 class SessionMachine(TableMachine):
@@ -118,6 +122,9 @@ class SessionMachine(TableMachine):
     def guard_same_gen(self, rec: SessionRecord, inp: HelloInput) -> bool:
         return inp.gen == rec.gen
 
+    def guard_capacity_refusal(self, rec: SessionRecord, inp) -> bool:
+        return getattr(inp, "reason", None) == "too_many_peers"
+
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.gen = self.new_gen()
@@ -130,6 +137,8 @@ class SessionMachine(TableMachine):
     def effect_send_hello_ack(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:
         rec.gen = inp.gen
         rec.instance = inp.instance
+        rec.principal = inp.principal
+        rec.active = now
         out.append(SendHelloAck(rec.key, rec.gen))
 
     def effect_send_hello_reject(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:
