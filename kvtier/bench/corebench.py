@@ -110,7 +110,8 @@ def _dict_floor(cycles: int) -> float:
 
 
 _STORE_V = {"store_empty": False}
-_FETCH_V = {"fetch_empty": False, "demand_met": True, "peer_busy": False, "shutting_down": False}
+_FETCH_V = {"not_authorised": False, "fetch_empty": False, "demand_met": True, "peer_busy": False,
+            "shutting_down": False}
 _RECEIPT_V = {"same_round": True}
 
 

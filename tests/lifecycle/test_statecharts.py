@@ -109,8 +109,8 @@ def test_overview_draws_state_changes_only_merged_and_labelled_by_event() -> Non
                 assert events == want[(mm.group(1), mm.group(2))], line
                 checked += 1
         assert checked == len(want), m.name
-    # producer: shutdown from every live state is one edge, not six
-    assert sc.any_state_events(PRODUCER) == {"shutdown": "pruned"}
+    # session: a send failure from every live state is one edge, not three
+    assert sc.any_state_events(SPEC.machines["session"])["send_failed"] == "dead"
 
 
 def test_roles_make_terminal_retained_and_failure_states_distinct() -> None:
@@ -187,15 +187,16 @@ def _edit(old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-PATH_LINE = 'normal_path = ["absent", "parked", "serving", "done", "pruned"]'
+PATH_LINE = 'normal_path = ["absent", "parked", "serving", "delivering", "done", "pruned"]'
 
 
 @pytest.mark.parametrize("new, message", [
-    ('normal_path = ["absent", "parked", "quarantined", "done", "pruned"]', "undeclared state"),
-    ('normal_path = ["parked", "serving", "done", "pruned"]', "must start at the initial state"),
-    ('normal_path = ["absent", "parked", "serving", "done"]', "must end in a final state"),
-    ('normal_path = ["absent", "serving", "done", "pruned"]', "'absent' -> 'serving', but no transition"),
-    ('normal_path = ["absent", "parked", "serving", "done", "pruned"]\nrank = 1', "layout has unknown keys"),
+    ('normal_path = ["absent", "parked", "parking", "done", "pruned"]', "undeclared state"),
+    ('normal_path = ["parked", "serving", "delivering", "done", "pruned"]', "must start at the initial state"),
+    ('normal_path = ["absent", "parked", "serving", "delivering", "done"]', "must end in a final state"),
+    ('normal_path = ["absent", "serving", "delivering", "done", "pruned"]', "'absent' -> 'serving', but no transition"),
+    ('normal_path = ["absent", "parked", "serving", "delivering", "done", "pruned"]\nrank = 1',
+     "layout has unknown keys"),
 ])
 def test_layout_hint_is_validated(new: str, message: str) -> None:
     with pytest.raises(SpecError, match=message):
