@@ -143,8 +143,9 @@ def test_every_spec_property_is_checked() -> None:
 def test_a_check_reports_the_property_and_the_lane() -> None:
     """A property's check raises Fail naming the property, with the lane where it broke."""
     system = System(Bounds())
-    (job,) = system.engines.stuck(system.apply(system.initial(), ("load", 0, 0)))
-    assert job == ("engine:decode:1", "load job 2000 (c1 X) never gets a result")
+    loading = system.apply(system.initial(), ("load", 0, 0))
+    assert not system.quiescent(loading)
+    assert system.stuck(loading)[0] == ("engine:decode:1", "load job 2000 (c1 X) never gets a result")
     g = system.apply(system.initial(), ("store", 0))
     system.check_state(g)  # the store job is held by the parked record: it will get its result
     g = system.apply(system.initial(), ("abandon", 0))  # nothing stored, no record

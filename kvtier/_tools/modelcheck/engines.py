@@ -38,6 +38,7 @@ from kvtier.lifecycle.producer import StoreInput
 if TYPE_CHECKING:
     from kvtier._tools.modelcheck.encoding import CoreStep
     from kvtier._tools.modelcheck.state import Draft, State
+    from kvtier._tools.modelcheck.system import System
     from kvtier._tools.modelcheck.trace import Recorder
 
 __all__ = ["Engines"]
@@ -48,6 +49,15 @@ class Engines(Part):
 
     kinds = ("store", "abandon", "load", "c_finished", "drain", "shutdown")
 
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        b = self.b
+        self.owner_of: dict[int, tuple[int | None, int]] = {
+            **{self.store_job(i, k): (None, i) for i in range(b.ids) for k in range(b.chunks)},
+            **{self.load_job(c, i): (c, i) for c in range(b.consumers) for i in range(b.ids)},
+        }
+        """job id -> (consumer index, or None for a store job; id index), for every job there can be"""
+
     # -- jobs ----------------------------------------------------------------------------------
     @staticmethod
     def store_job(i: int, chunk: int) -> int:
@@ -57,13 +67,10 @@ class Engines(Part):
     def load_job(c: int, i: int) -> int:
         return 2000 + 100 * c + 10 * i
 
-    @staticmethod
-    def job_owner_of(job: int) -> tuple[int | None, int]:
-        """(consumer index, or None for a store job; id index) of ``job``."""
-        if job < 2000:
-            return None, (job - 1000) // 10
-        c, rest = divmod(job - 2000, 100)
-        return c, rest // 10
+    def engine_lane(self, job: int) -> str:
+        """The trace lane of the engine that submitted ``job``."""
+        c = self.owner_of[job][0]
+        return PREFILL if c is None else decode_lane(c)
 
     def describe_job(self, job: int) -> str:
         s = self.system
@@ -83,18 +90,6 @@ class Engines(Part):
             st.outstanding = st.outstanding - done
 
         return take_results
-
-    def busy(self, g: State) -> bool:
-        """Some job has no result yet."""
-        return bool(g.outstanding)
-
-    def stuck(self, g: State) -> list[tuple[str, str]]:
-        """(engine lane, text) per job without a result."""
-        out = []
-        for job in sorted(g.outstanding):
-            c, _ = self.job_owner_of(job)
-            out.append((PREFILL if c is None else decode_lane(c), f"{self.describe_job(job)} never gets a result"))
-        return out
 
     # -- actions -------------------------------------------------------------------------------
     def producer_actions(self, g: State, full: bool) -> list[tuple]:
@@ -221,7 +216,7 @@ class Engines(Part):
 
     def project(self, g: State, i: int) -> tuple:
         return (
-            tuple(sorted(j for j in g.outstanding if self.job_owner_of(j)[1] == i)),
+            tuple(sorted(j for j in g.outstanding if self.owner_of[j][1] == i)),
             g.stores[i],
             g.p_finished[i],
             g.loads[i],

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from kvtier._tools.modelcheck.state import put
-from kvtier._tools.modelcheck.trace import PRODUCER
+from kvtier._tools.modelcheck.trace import NETWORK, PRODUCER
 from kvtier.lifecycle.effects import JobDone, SendBlocks, SendTransferDone, WriteBlocks
 
 if TYPE_CHECKING:
@@ -152,8 +152,9 @@ def jobs_held_by_live_records(system: System, g: State) -> None:
         for j in jobs:
             held[j] = state
     engines = system.engines
+    owner_of = engines.owner_of
     for job in g.outstanding:
-        c, i = engines.job_owner_of(job)
+        c, i = owner_of[job]
         if c is None:
             if job not in held or held[job] not in P_LIVE:
                 where = f"held by a {held[job]} record" if job in held else "held by no record"
@@ -296,7 +297,7 @@ def _emits(effect: type) -> StepFilter:
 def quiescent(system: System, g: State) -> bool:
     """no_stuck_ids' goal: every job has its result, no transfer is in progress, no producer record
     is parked/awaiting/serving/cancelling, no consumer load is queued/in_flight/aborting/cancelling."""
-    if system.engines.busy(g) or system.transport.busy(g):
+    if g.outstanding or g.transfers:
         return False
     summaries = system.cores.summaries
     if any(s in P_LIVE for s, _ in summaries[g.p].producer.values()):
@@ -309,7 +310,8 @@ def quiescent(system: System, g: State) -> bool:
 
 def stuck(system: System, g: State) -> list[tuple[str, str]]:
     """Why ``g`` is not quiescent: (lane, text) per job, record and transfer that is not done."""
-    items = system.engines.stuck(g)
+    engines = system.engines
+    items = [(engines.engine_lane(job), f"{engines.describe_job(job)} never gets a result") for job in sorted(g.outstanding)]
     for kid, (s, _jobs) in sorted(system.cores.summaries[g.p].producer.items()):
         if s in P_LIVE:
             items.append((PRODUCER, f"producer {kid} stays {s}"))
@@ -317,7 +319,7 @@ def stuck(system: System, g: State) -> list[tuple[str, str]]:
         for kid, r in sorted(system.cores.summaries[sid].consumer.items()):
             if r[0] in C_LIVE:
                 items.append((system.lanes[c], f"{system.cnames[c]} {kid} stays {r[0]}"))
-    items.extend(system.transport.stuck(g))
+    items.extend((NETWORK, f"transfer {t[1]} r{t[2]} to {system.cnames[t[0]]} never ends") for t in g.transfers)
     return items
 
 

@@ -119,13 +119,6 @@ class Transport(Part):
     def _take_producer_step(self, st: Draft, c: int | None, step: CoreStep) -> None:
         st.transfers = after_effects(st.transfers, step.effects, self.system.cindex)
 
-    def busy(self, g: State) -> bool:
-        """Some transfer is in progress."""
-        return bool(g.transfers)
-
-    def stuck(self, g: State) -> list[tuple[str, str]]:
-        return [(NETWORK, f"transfer {t[1]} r{t[2]} to {self.system.cnames[t[0]]} never ends") for t in g.transfers]
-
     def label(self, g: State, action: tuple) -> str:
         t = action[1]
         return f"transport: {action[2]} {t[1]} r{t[2]} (to {self.system.cnames[t[0]]})"
