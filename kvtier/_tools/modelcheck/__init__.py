@@ -1,0 +1,63 @@
+"""Bounded exhaustive model check of the composed kvtier system (``kvtier check``).
+
+What is explored
+----------------
+One producer and ``consumers`` consumers, each a **real** :class:`~kvtier.lifecycle.TierCore`
+(so every lifecycle step runs the generated table through the real producer, consumer and
+session classes), living in an environment of four parts:
+
+* the **engines** (:mod:`.engines`): the prefill engine stores chunks and finishes requests (or
+  abandons them early), the decode engines load ids and may finish a live load; an operator may
+  drain and shut down the producer;
+* the **network** (:mod:`.network`): FIFO channels per direction and per consumer (``--reorder``:
+  any message), lost or duplicated messages (``faults``), session deaths (``crashes``), connection
+  set-up;
+* the **transport** (:mod:`.transport`): the data plane — a ``SendBlocks`` leaves a transfer that
+  ends ``complete`` or ``failed``, or ``released`` after a ``CancelTransfer``;
+* the **clock** (:mod:`.clock`): abstract time — any armed deadline may fire at any step, so every
+  ordering of deadlines is covered, whatever the configured durations.
+
+A state (:mod:`.state`) is the tuple of the cores' interned snapshots (:mod:`.encoding`) plus the
+environment's fields.  Core steps are memoised, so each distinct local step runs the real core
+once.  :mod:`.search` explores the states breadth-first (:mod:`.reduction`: partial-order
+reduction over ids), checks the properties (:mod:`.properties`, the spec's ``[properties]``) on
+every transition and state, then proves that no id is ever stuck; a violation comes back as a
+:class:`Result` with a text trace and structured steps (:mod:`.trace`,
+:func:`to_chart_steps`).
+
+Modules
+-------
+=================  ==========================================================================
+``bounds``         :class:`Bounds`: the size of the explored system
+``encoding``       TierCore snapshots (codec), interning, memoised core steps
+``state``          the global state tuple (which module owns which field) and its working copy
+``part``           the interface of an environment part (actions, labels, apply, core inputs)
+``engines``        prefill/decode engines and the operator: store, finish, load, abandon, drain
+``network``        channels, delivery, loss/duplication/reorder, crashes, connection set-up
+``transport``      the data plane: transfers and their reports
+``clock``          abstract time: which deadlines may fire
+``system``         the composed system: action order, apply, core steps, effects routing
+``properties``     each property as a documented checker; the registry (spec names)
+``reduction``      partial-order reduction (ample sets over id/consumer pairs)
+``search``         BFS, completion (liveness) search, counterexample reconstruction
+``trace``          trace lanes, structured steps, :func:`to_chart_steps`
+``result``         :class:`Result`, :class:`Violation`, :func:`format_result`
+``cli``            ``kvtier check`` options (:func:`main`)
+=================  ==========================================================================
+
+See ``docs/modelcheck.md`` for where to add an environment behaviour or a property.
+"""
+
+from __future__ import annotations
+
+from kvtier._tools.modelcheck.bounds import Bounds
+from kvtier._tools.modelcheck.cli import main
+from kvtier._tools.modelcheck.properties import PROPERTIES, REGISTRY
+from kvtier._tools.modelcheck.result import Result, Violation, format_result
+from kvtier._tools.modelcheck.search import check
+from kvtier._tools.modelcheck.trace import TraceStep, to_chart_steps
+
+__all__ = [
+    "PROPERTIES", "REGISTRY", "Bounds", "Result", "TraceStep", "Violation", "check", "format_result", "main",
+    "to_chart_steps",
+]

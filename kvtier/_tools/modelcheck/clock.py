@@ -1,0 +1,124 @@
+"""Abstract time: any armed deadline of any record may fire at any step.
+
+The model has no durations.  Every core input happens at ``now = NOW``; a restored core's
+deadlines are armed at +inf (:mod:`.encoding`), so none fires by itself.  Instead, in every state,
+each record that names a timer offers a nondeterministic step "its deadline fires": the record's
+deadline is re-armed at ``NOW`` and the core's own ``tick`` runs it.  So every ordering of
+deadlines relative to each other and to every other step is covered, whatever the configured
+durations — a superset of what any real clock can do.
+
+Two deadlines are restricted, by the bounds:
+
+* a session's ``liveness`` deadline firing is a session death seen from one side: it spends the
+  crash budget (:meth:`.network.Network.liveness_may_fire`) and is not a completion step;
+* ``prune`` deadlines fire only with ``prune_timers`` (a pruned id is fresh again, so a late fetch
+  then meets a new id).
+
+Deadlines are completion steps (the liveness search may use them): a stuck id cannot blame time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvtier._tools.modelcheck.part import CoreInput, Part
+from kvtier._tools.modelcheck.trace import CLOCK, PRODUCER
+from kvtier.lifecycle.core import TierCore
+
+if TYPE_CHECKING:
+    from kvtier._tools.modelcheck.state import Draft, State
+    from kvtier._tools.modelcheck.system import System
+    from kvtier._tools.modelcheck.trace import Recorder
+
+__all__ = ["NOW", "Clock"]
+
+NOW = 0.0
+"""The time of every core input (seconds; abstract: deadlines fire only when chosen to)."""
+
+
+class Clock(Part):
+    """Which deadlines may fire."""
+
+    kinds = ("fire",)
+
+    def __init__(self, system: System) -> None:
+        super().__init__(system)
+        self._fires: dict[tuple[str, int, bool], tuple[tuple, ...]] = {}
+
+    def actions(self, g: State, full: bool) -> list[tuple]:
+        """``("fire", core, machine, key)`` for every armed deadline the bounds let fire (the producer's
+        first, then each consumer's; per core in machine then key order)."""
+        s = self.system
+        liveness = s.network.liveness_may_fire(g, full)
+        out: list[tuple] = []
+        out.extend(self._core_fires("p", g.p, liveness))
+        for c, sid in enumerate(g.c):
+            out.extend(self._core_fires(s.cnames[c], sid, liveness))
+        return out
+
+    def _core_fires(self, comp: str, sid: int, liveness: bool) -> tuple[tuple, ...]:
+        """The deadlines of core ``comp`` in snapshot ``sid`` that may fire (cached: a function of the
+        snapshot and of whether liveness deadlines may fire)."""
+        key = (comp, sid, liveness)
+        got = self._fires.get(key)
+        if got is None:
+            fires = []
+            for machine, rkey, timer in self.system.cores.summaries[sid].timers:
+                if machine == "sessions" and timer == "liveness" and not liveness:
+                    continue
+                if timer == "prune" and not self.b.prune_timers:
+                    continue
+                fires.append(("fire", comp, machine, rkey))
+            got = self._fires[key] = tuple(fires)
+        return got
+
+    def _sid(self, g: State, comp: str) -> int:
+        return g.p if comp == "p" else g.c[self.system.cindex[comp]]
+
+    def label(self, g: State, action: tuple) -> str:
+        _, comp, machine, key = action
+        who = "P" if comp == "p" else comp
+        summ = self.system.cores.summaries[self._sid(g, comp)]
+        timer = next(t for m, k, t in summ.timers if (m, k) == (machine, key))
+        return f"timer {timer} of {who}.{machine.rstrip('s')}({key}) fires"
+
+    def apply(self, st: Draft, g: State, action: tuple, rec: Recorder | None) -> None:
+        s = self.system
+        _, comp, machine, key = action
+        if machine == "sessions":
+            s.network.on_session_deadline(st, s.cores.summaries[self._sid(g, comp)], key)
+        if rec is not None:
+            summ = s.cores.summaries[self._sid(g, comp)]
+            timer = next(t for m, k, t in summ.timers if (m, k) == (machine, key))
+            lane = PRODUCER if comp == "p" else s.lanes[s.cindex[comp]]
+            rec.add("timer", CLOCK, lane, f"{timer} deadline of {machine.rstrip('s')} {key}")
+        if comp == "p":
+            s.step_producer(st, ("fire", machine, key), rec)
+        else:
+            s.step_consumer(st, s.cindex[comp], ("fire", machine, key), rec)
+
+    # -- partial-order reduction ---------------------------------------------------------------
+    def process_of(self, action: tuple) -> int | None:
+        s = self.system
+        _, comp, machine, key = action
+        if comp != "p":
+            return s.cindex[comp]
+        return s.cindex[key] if machine == "sessions" else s.kindex[key]
+
+    def touches_producer(self, action: tuple) -> bool:
+        return action[1] == "p"
+
+    def shares_budget(self, g: State, action: tuple) -> bool:
+        return action[2] == "sessions" and g.crashes > 0
+
+    # -- core inputs ---------------------------------------------------------------------------
+    def core_inputs(self) -> dict[str, CoreInput]:
+        return {"fire": _fire}
+
+
+def _fire(core: TierCore, inp: tuple) -> list:
+    """("fire", machine, key): re-arm the record's deadline at NOW and let the core's tick run it."""
+    _, machine, key = inp
+    m = getattr(core, machine)
+    m.records[key].tseq = m._deadlines.arm(NOW, key)
+    return core.tick(NOW)
