@@ -175,13 +175,17 @@ class _Child:
         slots: Sequence[int],
         seed: int | None = None,
         fill_byte: int | None = None,
+        consumer: str | None = None,
     ) -> dict[str, Any]:
         from kvtier.api import RequestContext, TransferJob
 
         mgr = self._need()
         req = self.reqs.get(req_id)
         if req is None:
-            req = RequestContext(req_id=req_id, kv_transfer_params={"remote_decoder": {"kv_request_id": kv_id}})
+            decoder: dict[str, Any] = {"kv_request_id": kv_id}
+            if consumer is not None:
+                decoder["consumer"] = consumer
+            req = RequestContext(req_id=req_id, kv_transfer_params={"remote_decoder": decoder})
             mgr.on_new_request(req)
             self.reqs[req_id] = req
         self._fill(slots, seed, fill_byte)
@@ -504,10 +508,12 @@ class PeerProcess:
         seed: int | None = None,
         fill_byte: int | None = None,
         req_id: str | None = None,
+        consumer: str | None = None,
     ) -> dict[str, Any]:
-        """Announce (once) a producer request for ``kv_id``, fill ``slots`` with
-        :func:`block_pattern` (``seed``) or ``fill_byte``, submit a store job.  Returns
-        ``{"digests": [sha256 per slot], "immediate": [results of this job produced at once]}``."""
+        """Announce (once) a producer request for ``kv_id`` (naming ``consumer``, a principal, as
+        the only one allowed to fetch it, if given), fill ``slots`` with :func:`block_pattern`
+        (``seed``) or ``fill_byte``, submit a store job.  Returns ``{"digests": [sha256 per slot],
+        "immediate": [results of this job produced at once]}``."""
         return self.call(
             "store",
             req_id=req_id or f"p-{kv_id}",
@@ -517,6 +523,7 @@ class PeerProcess:
             slots=list(slots),
             seed=seed,
             fill_byte=fill_byte,
+            consumer=consumer,
         )
 
     def load(

@@ -2,7 +2,8 @@
 host a's veth address, the consumer process runs on host b; the link between them is real TCP.
 
 - CURVE: the allowed consumer is served byte-exact; a stranger (no key, or a key nobody listed)
-  cannot open a session, fetch, abort or otherwise destroy a parked id.
+  cannot open a session, fetch, abort or otherwise destroy a parked id; another *allowed* peer
+  cannot fetch or disturb an id whose producer request named its consumer.
 - A partition mid-transfer fails the load with a reason (nothing hangs); once healed a later load
   succeeds.
 - A rate-limited link (tc tbf) makes a slow transfer that still completes byte-exact.
@@ -52,10 +53,11 @@ def keys(tmp_path_factory, hosts):
     root = tmp_path_factory.mktemp("keys")
     generate_keys(root / "mine", "prefill-0", (hosts.addr_a,))
     generate_keys(root / "mine", "decode-0")
+    generate_keys(root / "mine", "decode-1")
     generate_keys(root / "other", "mallory")
     allowed = root / "allowed"
     allowed.mkdir()
-    for n in ("prefill-0", "decode-0"):
+    for n in ("prefill-0", "decode-0", "decode-1"):
         shutil.copy(root / "mine" / f"{n}.key", allowed)
     return {"root": root, "allowed": str(allowed)}
 
@@ -82,13 +84,26 @@ def procs(hosts, keys):
         c.close()
 
 
+@pytest.fixture(scope="module")
+def other_consumer(hosts, keys):
+    """A second consumer on host b whose key IS allowed in (principal ``decode-1``)."""
+    c = PeerProcess("kvt-decode-1", netns=hosts.b, max_lifetime_s=300).start()
+    try:
+        c.wait_ready()
+        c.start_manager({**TIMERS, **_curve(keys, "decode-1"), "host": hosts.addr_b, "port": 0,
+                         "allowed_peers": [f"{hosts.addr_a}:{PORT}"]}, num_blocks=64, block_bytes=BB)
+        yield c
+    finally:
+        c.close()
+
+
 _job = iter(range(1, 10**6))
 
 
-def _store(p: PeerProcess, kv: str, n: int, seed: int) -> list[str]:
+def _store(p: PeerProcess, kv: str, n: int, seed: int, consumer: str | None = None) -> list[str]:
     job = next(_job)
     slots = list(range(n))
-    out = p.store(kv, job, [f"{kv}/{i}".encode() for i in range(n)], slots, seed=seed)
+    out = p.store(kv, job, [f"{kv}/{i}".encode() for i in range(n)], slots, seed=seed, consumer=consumer)
     assert out["digests"] == [pattern_digest(seed, i, BB) for i in range(n)]
     return out["digests"]
 
@@ -152,6 +167,21 @@ def test_stranger_cannot_fetch_or_destroy_a_parked_id(hosts, keys, procs) -> Non
     assert p.state("kv-target") == "parked"
     r, slots = _load(c, hosts, "kv-target", 8, first_slot=32)
     assert r["success"], r  # the real consumer is still served, byte-exact
+    assert c.digests(slots) == want
+
+
+def test_an_allowed_peer_cannot_touch_an_id_named_for_another_consumer(hosts, procs, other_consumer) -> None:
+    """Issue 10 item 2: the producer request names ``decode-0``; ``decode-1`` is authenticated and
+    allowed in, knows the id, and fetches it: refused ``not_authorised``, the id untouched (still
+    parked, its timers unchanged), and the named consumer is served byte-exact afterwards."""
+    p, c = procs
+    want = _store(p, "kv-named", 8, seed=6, consumer="decode-0")
+    r, _ = _load(other_consumer, hosts, "kv-named", 8)
+    assert (r["success"], r["reason"]) == (False, "not_authorised"), r
+    other_consumer.finish("c-kv-named")  # its abort (of a round that fetched) changes nothing either
+    assert p.state("kv-named") == "parked"
+    r, slots = _load(c, hosts, "kv-named", 8, first_slot=200)
+    assert r["success"], r
     assert c.digests(slots) == want
 
 
