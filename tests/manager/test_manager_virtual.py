@@ -787,3 +787,35 @@ def test_fetch_refused_by_a_producer_with_a_smaller_limit_fails_at_once(pairs):
     assert _outcome(v.cjobs, 10) == (False, "peer_error")
     assert metric(v.P, "kvtier_wire_errors_total", reason="oversize") == 1
 
+
+
+@pytest.mark.parametrize("n", [3, 300])
+def test_b24_fetches_waiting_in_the_socket_beat_the_reap_after_a_stall(pairs, n):
+    """B24: the producer's loop stalls from 50 s to 70 s while the consumer's fetches for ``n``
+    parked ids (reap at 60 s) arrive at 55 s.  On the first poll after the stall the fetches are
+    applied before any deadline fires: every id is served, none reaped, and the consumer is not
+    declared dead because of the producer's own stall.  300 fetches are more than one read
+    batch (RECV_BATCH), so the emptiness rule, not the order within one batch, is what holds."""
+    v = pairs({**SCEN, "peer_timeout_s": 120.0}, {**SCEN, "peer_timeout_s": 120.0}, block_bytes=BB, num_blocks=2 * n)
+    P, C = v.P, v.C
+    for i in range(n):
+        _store(v, f"id{i}", 1 + i, [i], seed=i)
+    reqs = []
+    for i in range(n):
+        r = v.creq(f"c-{i}", f"id{i}")
+        C.on_new_request(r)
+        reqs.append(r)
+    v.step()
+    v.advance_to(50.0)
+    v.frozen.add("P")
+    v.advance_to(55.0)
+    for i, r in enumerate(reqs):
+        C.submit_load(job(10_000 + i, keys_for(f"id{i}", 1), [n + i], r))
+    v.advance_to(70.0)  # the producer polls nothing meanwhile: its reap deadlines (60 s) pass
+    assert P.core.producer.state_of("id0").value == "parked"
+    v.frozen.discard("P")
+    v.step()
+    assert metric(P, "kvtier_jobs_total", kind="store", outcome="fail", reason="reaped") == 0
+    assert all(_outcome(v.cjobs, 10_000 + i) == (True, None) for i in range(n))
+    assert all(_outcome(v.pjobs, 1 + i) == (True, None) for i in range(n))
+    assert metric(P, "kvtier_session_ends_total", reason="peer_timeout") == 0
