@@ -103,7 +103,9 @@ class CoreSettings:
 class TierCore:
     """Producer + consumer + session machines of one manager instance."""
 
-    #: session endings after which the peer's instance is suspect (not a clean goodbye)
+    #: instances remembered as suspect at most (oldest forgotten first): bounded bookkeeping
+    MAX_SUSPECT = 4096
+    #: session endings after which the peer's instance is suspect
     _ABNORMAL = frozenset(
         {"peer_timeout", "peer_disconnected", "send_failed", "transfer_stalled", "abort_unacknowledged"}
     )
@@ -111,7 +113,7 @@ class TierCore:
     def __init__(self, settings: CoreSettings, local: HelloInput, *, gen_base: int = 0) -> None:
         self.settings = settings
         self._give_ups: list[tuple[str, str]] = []
-        self.suspect: set[str] = set()
+        self.suspect: dict[str, None] = {}  # insertion-ordered set of suspect instances
         self.producer = ProducerMachine(
             settings.durations,
             park_clock=settings.park_clock,
@@ -151,7 +153,9 @@ class TierCore:
     def _peer_down(self, peer: str, reason: str, now: float, out: list[Effect]) -> None:
         rec = self.sessions.records.get(peer)
         if rec is not None and rec.instance and reason in self._ABNORMAL:
-            self.suspect.add(rec.instance)
+            self.suspect[rec.instance] = None
+            if len(self.suspect) > self.MAX_SUSPECT:
+                del self.suspect[next(iter(self.suspect))]
         self.producer.peer_lost(peer, now, out)
         self.consumer.peer_event(peer, ConsumerEvent.PEER_LOST, now, out, _Why(str(reason)))
 
@@ -175,7 +179,7 @@ class TierCore:
         if self.suspect:
             rec = self.sessions.records.get(peer)
             if rec is not None:
-                self.suspect.discard(rec.instance)
+                self.suspect.pop(rec.instance, None)
 
     def _gate(self, peer: str, gen: int, event: str, now: float, out: list[Effect]) -> bool:
         """Let a peer message through only on a ready session of the same generation."""
@@ -300,7 +304,7 @@ class TierCore:
             return out
         if rec.state is SessionState.HANDSHAKING:
             rec.instance = instance
-            self.suspect.discard(instance)
+            self.suspect.pop(instance, None)
         self.sessions.apply(rec, SessionEvent.HELLO_ACK, None, now, out)
         return self._settle(now, out)
 
