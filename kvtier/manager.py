@@ -204,7 +204,7 @@ class KvTierManager:
     def _init_rest(self, cfg: TierConfig, pool: BlockPool, layout: str) -> None:
         self.instance = cfg.instance or secrets.token_hex(6)
         self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers)
-        self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg)
+        self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg, layout=layout)
         self.local_hello = HelloInput(
             PROTOCOL_VERSION, pool.block_bytes, layout, cfg.hash_seed,
             data_plane=self.plane.name, digest=cfg.integrity,
@@ -611,7 +611,8 @@ class KvTierManager:
         budget = 0.05
         if nd is not None:
             budget = min(budget, max(0.0, nd - now))
-        return budget
+        plane = self.plane.max_wait_s()  # e.g. a UCX tcp target must progress its WRITEs
+        return budget if plane is None else min(budget, plane)
 
     def _poll_once(self) -> None:
         """Inbound first, then data-plane reports, heartbeats, and the deadlines that fell due

@@ -55,6 +55,8 @@ EXPECTED_DEFAULTS = {
     "max_message_bytes": 1 << 20,
     "hash_seed": "",
     "data_plane": "zmq",
+    "backends": ("UCX",),
+    "nixl_progress_interval_s": 0.001,
     "integrity": "xxh3_64",
     "instance": "",
 

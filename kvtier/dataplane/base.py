@@ -123,6 +123,12 @@ class DataPlane(Protocol):
         """Posted transfers whose blocks the plane still references."""
         ...
 
+    def max_wait_s(self) -> float | None:
+        """The longest the manager may wait for network input before calling :meth:`poll` again
+        (seconds), or ``None`` when the plane's own progress needs no calls (its data arrives on
+        the transport, whose wait wakes for it)."""
+        ...
+
     def close(self) -> list[Released | Revoked]:
         """Release everything (the transport is closed first, so nothing can be in flight) and
         report a ``Released`` for every transfer not reported yet and a ``Revoked`` for every peer
