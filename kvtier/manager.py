@@ -753,7 +753,9 @@ class KvTierManager:
                 self._run(core.hello(peer, hello, now))
         elif t is wm.HelloAck:
             self._name_peer(peer, msg.instance)
-            if self._plane_peer(peer, msg.gen, self.plane.name, msg.descriptor):
+            rec = self.core.sessions.records.get(peer)
+            accepted = rec is not None and rec.gen == msg.gen and rec.state is SessionState.HANDSHAKING
+            if self._plane_peer(peer, msg.gen, self.plane.name, msg.descriptor, accepted):
                 self._run(core.hello_ack(peer, msg.gen, now, msg.instance))
         elif t is wm.HelloReject:
             if msg.field == "max_peers":
@@ -773,13 +775,13 @@ class KvTierManager:
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
 
-    def _plane_peer(self, peer: str, gen: int, plane: str, descriptor: bytes) -> bool:
+    def _plane_peer(self, peer: str, gen: int, plane: str, descriptor: bytes, accepted: bool = False) -> bool:
         """Give the data plane the peer's descriptor before the handshake can complete. A
         descriptor our plane cannot use is a handshake mismatch, answered at once."""
         if plane != self.plane.name:
             return True  # the core refuses the hello (data_plane differs)
         try:
-            self.plane.add_peer(peer, descriptor)
+            self.plane.add_peer(peer, descriptor, accepted=accepted)
         except PlaneError as exc:
             self._metrics.wire_error("bad_field")
             log.error("kvtier: %s sent a data-plane descriptor we cannot use: %s", peer, exc)
@@ -897,7 +899,8 @@ class KvTierManager:
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
             self._metrics.session_ended(e.reason)
-            self.plane.remove_peer(e.peer)
+            if not self.core.session_ready(e.peer):  # else a restart's new session already took it
+                self.plane.remove_peer(e.peer)
             # a goodbye (ours or the peer's) is routine; every other ending is a fault
             level = logging.INFO if e.reason in ("shutdown", "peer_disconnected") else logging.WARNING
             self._plog(e.peer, e.reason, "kvtier: session with %s ended: %s", self._who(e.peer), e.reason,

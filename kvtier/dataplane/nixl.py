@@ -24,11 +24,19 @@ manager then checks their digests); a ``block_data`` with payload frames is refu
 :meth:`~NixlPlane.revoke` — make sure a producer can no longer write into our slots — cannot be
 done by anything a NIXL target does (measured: deregistering, re-registering and removing the
 initiator all left later WRITEs landing over CMA and tcp).  The rule here: **access is revoked
-when the producer's process is proven gone** — it runs on this host, in this PID namespace, and
-``/proc/<pid>`` is gone, a zombie, or another process (start time differs) — and a short drain of
-our own progress has applied whatever it had already put in our sockets.  A dead process writes
-nothing.  Until then (a live but unreachable producer, or one on another host) the load stays in
-``revoking`` and its slots stay out of the engine's hands, counted by
+once the producer's agent is proven unable to write into us**, by one of two proofs, each followed
+by a short drain of our own progress (over tcp our worker applies what the producer had already
+put in our sockets):
+
+1. *its process is gone*: it ran on this host, in this PID namespace, and ``/proc/<pid>`` is
+   gone, a zombie, or another process (start time differs).  A dead process writes nothing.
+2. *it accepted a fresh handshake from us* (its ``hello_ack`` to a later hello of ours): its
+   plane refuses our descriptor while any peer entry holds our agent, live or with a WRITE into us
+   still in flight (:meth:`NixlPlane.add_peer`), so at that moment every WRITE it ever posted
+   into us had ended, and its core posts only for bindings of the new session.
+
+Until then (a wedged producer, one on another host that no request dials again) the load stays
+in ``revoking`` and its slots stay out of the engine's hands, counted by
 ``kvtier_quarantined_blocks{role="consumer"}``.  :meth:`~NixlPlane.close` destroys the agent,
 which stops WRITEs over UCX tcp and RDMA (not over CMA: docs/dataplane.md), and reports every
 pending revocation done.
@@ -157,9 +165,12 @@ class _Xfer:
 
 @attrs.define(slots=True)
 class _Revocation:
-    owners: list[ProcessId]
+    """Pending revocation of one peer's access: the agents it wrote through, each with its
+    owner, until each one is proven done (its owner dead, or it accepted a fresh handshake)."""
+
+    agents: dict[str, ProcessId] = attrs.Factory(dict)
     checked: float = 0.0
-    dead_at: float | None = None
+    proven_at: float | None = None
     drained: int = 0
 
 
@@ -205,7 +216,7 @@ class NixlPlane:
         self._me = this_process()
         self._descriptor = msgspec.msgpack.encode(_Hello(self._agent.descriptor(), self._me))
         self._peers: dict[str, bytes] = {}  # peer -> the descriptor it was added with
-        self._owners: dict[str, ProcessId] = {}  # peer -> owner of its agent (kept after removal)
+        self._agents: dict[str, tuple[str, ProcessId]] = {}  # peer -> (its agent, owner); kept after removal
         self._xfers: dict[tuple[str, int], _Xfer] = {}
         self._by_write: dict[int, _Xfer] = {}
         self._revoking: dict[str, _Revocation] = {}
@@ -222,21 +233,26 @@ class NixlPlane:
     def descriptor(self) -> bytes:
         return self._descriptor
 
-    def add_peer(self, peer: str, descriptor: bytes) -> None:
-        """Load ``peer``'s agent from its descriptor (from its hello/hello_ack).
+    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
+        """Load ``peer``'s agent from its descriptor (from its hello or hello_ack).
 
-        A peer re-sending the descriptor it was added with is a no-op; a different one replaces
-        the old (a restarted process brings a new agent).
+        The same peer sending the descriptor it was added with is a no-op; a different one
+        replaces the old (a restarted process brings a new agent).  The wrapper refuses an agent
+        that another peer entry holds, live or still draining WRITEs: so a producer's plane
+        accepts a consumer's fresh hello only once none of its WRITEs into that consumer is in
+        flight, and ``accepted`` (the peer's hello_ack to our hello) completes a pending
+        revocation of the same agent (see :meth:`revoke`).
 
         Raises:
-            PlaneError: the descriptor is malformed, is for another block size or layout, or NIXL
-                refuses it (the message says which); nothing changed.
+            PlaneError: the descriptor is malformed, is for another block size or layout, names
+                an agent still in use by another of our peers, or NIXL refuses it (the message
+                says which); nothing changed.
         """
         if self._peers.get(peer) == descriptor:
             return
         try:
             hello = _HELLO.decode(descriptor)
-            decode_descriptor(hello.agent)  # validate before touching the live peer
+            agent = decode_descriptor(hello.agent).agent  # validate before touching the live peer
         except (msgspec.DecodeError, msgspec.ValidationError, NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
         if peer in self._peers:
@@ -246,10 +262,15 @@ class NixlPlane:
         except (NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
         self._peers[peer] = descriptor
-        self._owners[peer] = hello.owner
-        if len(self._owners) > 4 * len(self._peers) + 1024:  # forget owners nobody revokes
+        self._agents[peer] = (agent, hello.owner)
+        if len(self._agents) > 4 * len(self._peers) + 1024:  # forget agents nobody revokes
             keep = self._peers.keys() | self._revoking.keys()
-            self._owners = {p: o for p, o in self._owners.items() if p in keep}
+            self._agents = {p: a for p, a in self._agents.items() if p in keep}
+        if accepted:
+            now = time.monotonic()
+            for rev in self._revoking.values():
+                if rev.agents.pop(agent, None) is not None and not rev.agents and rev.proven_at is None:
+                    rev.proven_at = now
 
     def remove_peer(self, peer: str) -> None:
         """Stop posting to ``peer`` (its session ended). WRITEs already posted run to their end
@@ -353,34 +374,39 @@ class NixlPlane:
             raise PlaneError(f"block_data carries {len(payloads)} payload frames; the nixl plane takes none")
 
     def revoke(self, peer: str) -> bool:
-        """Start revoking ``peer``'s access to our slots; True if it is already proven gone.
+        """Start revoking ``peer``'s access to our slots; never done on return.
 
-        Completed (:class:`Revoked` from :meth:`poll`) once the owner of the agent ``peer``
-        handshook with is proven dead (:func:`process_gone`) and our own progress drained what it
-        had sent; never before.  See the module docstring."""
-        owner = self._owners.get(peer)
+        Reported done (:class:`Revoked` from :meth:`poll`) once the agent ``peer`` handshook
+        with is proven unable to write — its owner process is gone (:func:`process_gone`), or it
+        accepted a fresh handshake from us (its plane then had no WRITE into us in flight, and
+        posts only for the new session) — and our own progress has run for :data:`DRAIN_S`
+        since.  See the module docstring."""
         rev = self._revoking.get(peer)
         if rev is None:
-            rev = self._revoking[peer] = _Revocation([])
-        if owner is not None and owner not in rev.owners:
-            rev.owners.append(owner)
-            rev.dead_at = None
-        if owner is None and not rev.owners:
-            log.warning("kvtier: cannot revoke %s's NIXL access: its process is unknown; its slots stay held", peer)
+            rev = self._revoking[peer] = _Revocation()
+        known = self._agents.get(peer)
+        if known is not None and known[0] not in rev.agents:
+            rev.agents[known[0]] = known[1]
+            rev.proven_at = None
+        if not rev.agents:
+            log.warning("kvtier: cannot revoke %s's NIXL access: its agent is unknown; its slots stay held", peer)
         return False
 
     def _check_revocations(self, now: float) -> list[Revoked]:
         out: list[Revoked] = []
         for peer, rev in list(self._revoking.items()):
-            if rev.dead_at is None:
-                if now - rev.checked < CHECK_EVERY_S or not rev.owners:
+            if rev.proven_at is None:
+                if now - rev.checked < CHECK_EVERY_S or not rev.agents:
                     continue
                 rev.checked = now
-                if all(process_gone(o, self._me) for o in rev.owners):
-                    rev.dead_at = now
+                for agent, owner in list(rev.agents.items()):
+                    if process_gone(owner, self._me):
+                        del rev.agents[agent]
+                if not rev.agents:
+                    rev.proven_at = now
                 continue
-            rev.drained += 1  # poll() progressed once more since the death was seen
-            if rev.drained >= DRAIN_CALLS and now - rev.dead_at >= DRAIN_S:
+            rev.drained += 1  # poll() progressed once more since the proof
+            if rev.drained >= DRAIN_CALLS and now - rev.proven_at >= DRAIN_S:
                 del self._revoking[peer]
                 out.append(Revoked(peer))
         return out

@@ -66,7 +66,7 @@ class ZmqPlane:
     def descriptor(self) -> bytes:
         return b""
 
-    def add_peer(self, peer: str, descriptor: bytes) -> None:
+    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
         if descriptor:
             raise PlaneError(f"the zmq data plane takes no descriptor; {peer} sent {len(descriptor)} bytes")
 
