@@ -749,13 +749,14 @@ class KvTierManager:
             self._name_peer(peer, msg.instance)
             hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, gen=msg.gen,
                                data_plane=msg.data_plane, digest=msg.digest, instance=msg.instance)
-            if self._plane_peer(peer, msg.gen, msg.data_plane, msg.descriptor):
+            # a hello the core refuses (a field differs) gets no plane entry: the core names the field
+            if self.local_hello.first_mismatch(hello) or self._plane_peer(peer, msg.gen, msg.descriptor):
                 self._run(core.hello(peer, hello, now))
         elif t is wm.HelloAck:
             self._name_peer(peer, msg.instance)
             rec = self.core.sessions.records.get(peer)
             accepted = rec is not None and rec.gen == msg.gen and rec.state is SessionState.HANDSHAKING
-            if self._plane_peer(peer, msg.gen, self.plane.name, msg.descriptor, accepted):
+            if self._plane_peer(peer, msg.gen, msg.descriptor, accepted):
                 self._run(core.hello_ack(peer, msg.gen, now, msg.instance))
         elif t is wm.HelloReject:
             if msg.field == "max_peers":
@@ -775,11 +776,9 @@ class KvTierManager:
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
 
-    def _plane_peer(self, peer: str, gen: int, plane: str, descriptor: bytes, accepted: bool = False) -> bool:
+    def _plane_peer(self, peer: str, gen: int, descriptor: bytes, accepted: bool = False) -> bool:
         """Give the data plane the peer's descriptor before the handshake can complete. A
         descriptor our plane cannot use is a handshake mismatch, answered at once."""
-        if plane != self.plane.name:
-            return True  # the core refuses the hello (data_plane differs)
         try:
             self.plane.add_peer(peer, descriptor, accepted=accepted)
         except PlaneError as exc:
