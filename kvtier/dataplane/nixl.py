@@ -287,35 +287,47 @@ class NixlPlane:
         if peer not in self._peers:
             x.fail(f"no NIXL descriptor from {peer}")
             return
-        self._pump(x)
-        self._reap()
+        self._drive((x,))
 
-    def _pump(self, x: _Xfer) -> None:
-        bb = self._block_bytes
-        inside = sum(n for _, n in x.inflight.values())
-        while x.next < len(x.batches) and not (x.cancelled or x.failed):
-            b = x.batches[x.next]
-            n = len(b.blocks) * bb
-            if x.inflight and inside + n > WINDOW_BYTES:
+    def _drive(self, xs: Sequence[_Xfer]) -> None:
+        """Post one batch at a time per transfer and take finished WRITEs right after each post,
+        so a batch's header leaves as soon as its WRITE is done (over CMA a WRITE often ends
+        inside its post) and the consumer checks it while the next one is written."""
+        while True:
+            posted = False
+            for x in xs:
+                posted |= self._post_next(x)
+            if not self._reap() and not posted:
                 return
-            i = x.next
-            x.next += 1
-            if len(b.slots) != len(b.blocks):
-                x.fail(f"batch {i}: {len(b.blocks)} blocks but {len(b.slots)} slots")
-                return
-            try:
-                wid = self._agent.post_write(x.peer, b.blocks, b.slots)
-            except (ValueError, TypeError, NixlError) as exc:  # a bad slot, an unknown peer
-                x.fail(f"batch {i} not posted: {exc}")
-                return
-            self.posts += 1
-            x.inflight[wid] = (i, n)
-            self._by_write[wid] = x
-            inside += n
+            xs = [x for x in xs if x.key in self._xfers]
 
-    def _reap(self) -> None:
-        """Take the agent's outcomes: a finished WRITE's header goes out; more is posted."""
-        for ev in self._agent.poll():
+    def _post_next(self, x: _Xfer) -> bool:
+        """Post ``x``'s next batch if its window has room; whether one was posted."""
+        if x.next >= len(x.batches) or x.cancelled or x.failed:
+            return False
+        b = x.batches[x.next]
+        n = len(b.blocks) * self._block_bytes
+        if x.inflight and sum(m for _, m in x.inflight.values()) + n > WINDOW_BYTES:
+            return False
+        i = x.next
+        x.next += 1
+        if len(b.slots) != len(b.blocks):
+            x.fail(f"batch {i}: {len(b.blocks)} blocks but {len(b.slots)} slots")
+            return False
+        try:
+            wid = self._agent.post_write(x.peer, b.blocks, b.slots)
+        except (ValueError, TypeError, NixlError) as exc:  # a bad slot, an unknown peer
+            x.fail(f"batch {i} not posted: {exc}")
+            return False
+        self.posts += 1
+        x.inflight[wid] = (i, n)
+        self._by_write[wid] = x
+        return True
+
+    def _reap(self) -> bool:
+        """Take the agent's outcomes (a finished WRITE's header goes out); whether there were any."""
+        events = self._agent.poll()
+        for ev in events:
             if isinstance(ev, PeerFault):
                 log.info("kvtier: NIXL path to %s failed: %s", ev.peer, ev.cause)
                 continue
@@ -332,7 +344,7 @@ class NixlPlane:
                     x.fail(f"batch {i}: block_data not sent: {h.error}")
                 else:
                     x.moved += n
-            self._pump(x)
+        return bool(events)
 
     def cancel(self, kv_request_id: str, round: int) -> None:
         x = self._xfers.get((kv_request_id, round))
@@ -347,7 +359,7 @@ class NixlPlane:
         if self._closed:
             return []
         self._agent.progress()  # a UCX tcp target must call in for WRITEs into it to advance
-        self._reap()
+        self._drive(list(self._xfers.values()))
         out: list[Released | Revoked] = []
         for key, x in list(self._xfers.items()):
             if not x.inflight and (x.cancelled or x.failed or x.next == len(x.batches)):
