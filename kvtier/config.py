@@ -372,7 +372,30 @@ class _PeerList:
         return 'list of `"*"`, `"host:port"`, `"host"` or CIDR (`"10.0.0.0/8"`), non-empty'
 
 
-_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone | _PeerList
+class _NameList:
+    """A non-empty JSON list of distinct names (``[A-Za-z0-9_]``, at most 64 characters each)."""
+
+    max_items: int = 16
+    unit: str = ""
+    _NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+
+    def convert(self, key: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, (list, tuple)):
+            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
+        if not value or len(value) > self.max_items:
+            raise _fail(key, value, f"must list 1..{self.max_items} names")
+        for v in value:
+            if not isinstance(v, str) or not self._NAME.fullmatch(v):
+                raise _fail(key, value, f"{_safe_repr(v, 40)} is not a name of 1..64 [A-Za-z0-9_] characters")
+        if len(set(value)) != len(value):
+            raise _fail(key, value, "names a backend twice")
+        return tuple(value)
+
+    def describe(self) -> str:
+        return f"list of 1..{self.max_items} distinct names (`[A-Za-z0-9_]`, ≤ 64 chars)"
+
+
+_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone | _PeerList | _NameList
 _KIND = "kvtier.kind"
 
 MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
@@ -534,6 +557,18 @@ class TierConfig:
     connection; no extra dependency) or ``nixl`` (one-sided WRITEs through
     NIXL/UCX: memcpy speed on one host, RDMA across hosts). Both peers must
     use the same plane (checked in the handshake)."""
+
+    backends: tuple[str, ...] = _field(_NameList(), ("UCX",))
+    """``data_plane="nixl"`` only: the NIXL backend plugins to create, by NIXL's names, as
+    vLLM's ``p2p`` tier takes them (``["UCX"]``; ``UCX_*`` environment variables tune UCX, see
+    docs/dataplane.md). A plugin missing here fails the start with its name."""
+
+    nixl_progress_interval_s: float = _field(_Float(0.0001, 0.05), 0.001)
+    """``data_plane="nixl"`` only: the longest the manager waits between two calls into NIXL
+    while a peer may be writing into its pool or a WRITE of its own is in flight. Over UCX tcp a
+    WRITE into this pool advances only during those calls (over CMA and RDMA it needs none), so
+    this bounds a small WRITE's latency; NIXL's own progress thread is not used (it spins ~80 %
+    of a core when idle)."""
 
     integrity: str = _field(_Choice(("xxh3_64", "none")), "xxh3_64")
     """Per-block digest taken when blocks are parked and checked by the

@@ -204,7 +204,7 @@ class KvTierManager:
     def _init_rest(self, cfg: TierConfig, pool: BlockPool, layout: str) -> None:
         self.instance = cfg.instance or secrets.token_hex(6)
         self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers)
-        self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg)
+        self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg, layout=layout)
         self.local_hello = HelloInput(
             PROTOCOL_VERSION, pool.block_bytes, layout, cfg.hash_seed,
             data_plane=self.plane.name, digest=cfg.integrity,
@@ -418,9 +418,11 @@ class KvTierManager:
             self._run(effects)
 
     def get_finished_jobs(self) -> list[JobResult]:
-        """Poll once, then hand over every job result produced since the last call."""
+        """Hand over every job result produced since the last call; when there is none yet,
+        poll once first (results already produced go out without another network poll: a poll
+        costs tens of µs, issue 11 item 6)."""
         with self._lock:
-            if not self._closed:
+            if not self._closed and not self._results:
                 self._poll_once()
             out, self._results = self._results, []
             return out
@@ -614,7 +616,8 @@ class KvTierManager:
         budget = 0.05
         if nd is not None:
             budget = min(budget, max(0.0, nd - now))
-        return budget
+        plane = self.plane.max_wait_s()  # e.g. a UCX tcp target must progress its WRITEs
+        return budget if plane is None else min(budget, plane)
 
     def _poll_once(self) -> None:
         """Inbound first, then data-plane reports, heartbeats, and the deadlines that fell due
@@ -753,11 +756,14 @@ class KvTierManager:
             hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, gen=msg.gen,
                                data_plane=msg.data_plane, digest=msg.digest, instance=msg.instance,
                                principal=(info.principal if info is not None else None) or msg.instance)
-            if self._plane_peer(peer, msg.gen, msg.data_plane, msg.descriptor):
+            # a hello the core refuses (a field differs) gets no plane entry: the core names the field
+            if self.local_hello.first_mismatch(hello) or self._plane_peer(peer, msg.gen, msg.descriptor):
                 self._run(core.hello(peer, hello, now))
         elif t is wm.HelloAck:
             self._name_peer(peer, msg.instance)
-            if self._plane_peer(peer, msg.gen, self.plane.name, msg.descriptor):
+            rec = self.core.sessions.records.get(peer)
+            accepted = rec is not None and rec.gen == msg.gen and rec.state is SessionState.HANDSHAKING
+            if self._plane_peer(peer, msg.gen, msg.descriptor, accepted):
                 self._run(core.hello_ack(peer, msg.gen, now, msg.instance))
         elif t is wm.HelloReject:
             if msg.field == "max_peers":
@@ -777,13 +783,11 @@ class KvTierManager:
             if msg.kv_request_id:
                 self._run(core.peer_error(peer, msg.gen, msg.kv_request_id, now))
 
-    def _plane_peer(self, peer: str, gen: int, plane: str, descriptor: bytes) -> bool:
+    def _plane_peer(self, peer: str, gen: int, descriptor: bytes, accepted: bool = False) -> bool:
         """Give the data plane the peer's descriptor before the handshake can complete. A
         descriptor our plane cannot use is a handshake mismatch, answered at once."""
-        if plane != self.plane.name:
-            return True  # the core refuses the hello (data_plane differs)
         try:
-            self.plane.add_peer(peer, descriptor)
+            self.plane.add_peer(peer, descriptor, accepted=accepted)
         except PlaneError as exc:
             self._metrics.wire_error("bad_field")
             log.error("kvtier: %s sent a data-plane descriptor we cannot use: %s", peer, exc)
@@ -901,7 +905,8 @@ class KvTierManager:
             self._next_ping.pop(e.peer, None)
         elif t is fx.PeerDown:
             self._metrics.session_ended(e.reason)
-            self.plane.remove_peer(e.peer)
+            if not self.core.session_ready(e.peer):  # else a restart's new session already took it
+                self.plane.remove_peer(e.peer)
             # a goodbye (ours or the peer's) is routine; every other ending is a fault
             level = logging.INFO if e.reason in ("shutdown", "peer_disconnected") else logging.WARNING
             self._plog(e.peer, e.reason, "kvtier: session with %s ended: %s", self._who(e.peer), e.reason,

@@ -55,6 +55,8 @@ EXPECTED_DEFAULTS = {
     "max_message_bytes": 1 << 20,
     "hash_seed": "",
     "data_plane": "zmq",
+    "backends": ("UCX",),
+    "nixl_progress_interval_s": 0.001,
     "integrity": "xxh3_64",
     "instance": "",
 
@@ -348,6 +350,15 @@ def test_port_range(value):
         ("background_poll", "false"),
         ("background_poll", None),
         ("background_poll", 1.0),
+        ("data_plane", "NIXL"),
+        ("data_plane", "rdma"),
+        ("backends", "UCX"),
+        ("backends", []),
+        ("backends", ["UCX", "UCX"]),
+        ("backends", ["UCX", ""]),
+        ("backends", ["ucx transport"]),
+        ("backends", [1]),
+        ("backends", ["B"] * 17),
     ],
 )
 def test_every_non_numeric_key_rejects(key, value):
@@ -372,10 +383,18 @@ def test_every_non_numeric_key_rejects(key, value):
         ("park_clock", "last_store"),
         ("background_poll", True),
         ("background_poll", False),
+        ("data_plane", "nixl"),
     ],
 )
 def test_non_numeric_key_accepts(key, value):
     assert getattr(_build(key, value), key) == value
+
+
+@pytest.mark.parametrize("value", [["UCX"], ("UCX", "GDS"), ["MOONCAKE"], ["LIBFABRIC", "UCX"]])
+def test_backends_accepts_lists_of_backend_names(value):
+    cfg = _build("backends", value)
+    assert cfg.backends == tuple(value)
+    assert TierConfig.from_dict(cfg.to_dict()) == cfg
 
 
 def test_park_clock_suggests_the_close_choice():

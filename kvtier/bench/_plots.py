@@ -74,6 +74,9 @@ def plot_p1(r: dict[str, Any], out: Path, suffix: str) -> str:
                    color=c, marker="o", label=f"kvtier, {_size(bs)} blocks", capsize=2)
         a.plot(xs, [x["raw_zmq_gbps"]["median"] for x in rs], color=c, ls="--", marker="x",
                label=f"raw pyzmq, {_size(bs)}")
+        if rs and "kvtier_nixl_gbps" in rs[0]:
+            a.plot(xs, [x["kvtier_nixl_gbps"]["median"] for x in rs], color=c, ls=":", marker="s",
+                   label=f"kvtier nixl, {_size(bs)}")
     a.set_xscale("log")
     a.set_xlabel("bytes per request (MiB)")
     a.set_ylabel("GB/s landed in consumer slots (median, min–max)")
@@ -90,15 +93,22 @@ def plot_p2(r: dict[str, Any], out: Path, suffix: str) -> str:
     rows = r["rows"]
     labels = [f"{_size(x['block_bytes'])}×{x['blocks']}" for x in rows]
     xs = range(len(rows))
-    a.bar([x - 0.2 for x in xs], [x["kvtier_gbps"]["median"] for x in rows], 0.4, label="kvtier cross-process")
-    a.bar([x + 0.2 for x in xs], [x["copy_gbps"]["median"] for x in rows], 0.4, label="torch copy_ (1 thread)")
+    nixl = bool(rows) and "kvtier_nixl_gbps" in rows[0]
+    w = 0.27 if nixl else 0.4
+    a.bar([x - w for x in xs], [x["kvtier_gbps"]["median"] for x in rows], w, label="kvtier zmq plane")
+    if nixl:
+        a.bar(list(xs), [x["kvtier_nixl_gbps"]["median"] for x in rows], w, label="kvtier nixl plane")
+    a.bar([x + w for x in xs], [x["copy_gbps"]["median"] for x in rows], w, label="torch copy_ (1 thread)")
     a.set_xticks(list(xs), labels, rotation=60, fontsize=8)
     a.set_ylabel("GB/s (median)")
     a.set_yscale("log")
     a.set_title("P2 kvtier vs torch copy_ of the same bytes")
     a.legend()
     a.grid(alpha=0.3, axis="y")
-    _heatmap(b, rows, "ratio_vs_copy", "kvtier / copy_ (no target)", None, "magma")
+    if nixl:
+        _heatmap(b, rows, "nixl_vs_copy", "kvtier nixl / copy_ (target ≥ 0.6 for ≥ 8 MiB)", 0.6, "magma")
+    else:
+        _heatmap(b, rows, "ratio_vs_copy", "kvtier / copy_ (no target)", None, "magma")
     return _save(fig, out, "p2_vs_copy", suffix)
 
 
@@ -112,7 +122,11 @@ def plot_p3(r: dict[str, Any], out: Path, suffix: str) -> str:
     bins = np.logspace(np.log10(max(1.0, min(min(kv), min(raw)) * 0.8)), np.log10(hi * 1.2), 60)
     ax.hist(raw, bins=bins, alpha=0.6, label=f"raw DEALER/ROUTER RTT (median {r['baseline']['value']:.0f} µs)")
     ax.hist(kv, bins=bins, alpha=0.6,
-            label=f"kvtier late fetch → failed JobResult (median {r['kvtier']['value']:.0f} µs)")
+            label=f"kvtier zmq: late fetch → failed JobResult (median {r['kvtier']['value']:.0f} µs)")
+    nx = (r.get("planes") or {}).get("nixl")
+    if nx:
+        ax.hist(nx["samples"]["kvtier_us"], bins=bins, alpha=0.5,
+                label=f"kvtier nixl (median {nx['kvtier_latency_s']['median'] * 1e6:.0f} µs)")
     ax.axvline(3 * r["baseline"]["value"], color="red", ls=":", label="target: 3× raw median")
     ax.set_xscale("log")
     ax.set_xlabel("µs")

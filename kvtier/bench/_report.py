@@ -125,35 +125,52 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def _opt(x: dict[str, Any], key: str, **kw: Any) -> str:
+    return _mmm(x[key], **kw) if key in x else "—"
+
+
 def _p1(r: dict[str, Any]) -> str:
     rows = [[fmt_bytes(x["block_bytes"]), str(x["blocks"]), fmt_bytes(x["request_bytes"]),
-             str(x["requests_per_sample"]), _mmm(x["kvtier_gbps"]), _mmm(x["raw_zmq_gbps"]),
-             _mmm(x["ratio_vs_raw"]), f"{x['kvtier_request_s']['median'] * 1e3:.2f}",
+             str(x["requests_per_sample"]), _mmm(x["kvtier_gbps"]), _opt(x, "kvtier_nixl_gbps"),
+             _mmm(x["raw_zmq_gbps"]), _mmm(x["ratio_vs_raw"]), _opt(x, "nixl_vs_raw"),
+             f"{x['kvtier_request_s']['median'] * 1e3:.2f}",
+             f"{x['nixl_request_s']['median'] * 1e3:.2f}" if "nixl_request_s" in x else "—",
              f"{x['raw_request_s']['median'] * 1e3:.2f}",
-             _mmm(x["kvtier_curve_gbps"]) if "kvtier_curve_gbps" in x else "—",
-             _mmm(x["curve_vs_plain"]) if "curve_vs_plain" in x else "—",
+             _opt(x, "kvtier_curve_gbps"), _opt(x, "curve_vs_plain"),
              "yes" if x["verified"] else "NO"]
             for x in r["rows"]]
-    curve = r.get("curve")
-    return _md_table(["block", "blocks", "request", "requests/sample", "kvtier GB/s", "raw pyzmq GB/s",
-                      "kvtier/raw", "kvtier ms/request", "raw ms/request", "CURVE GB/s", "CURVE/plain",
-                      "bytes verified"], rows) + (
+    curve, nixl, one = r.get("curve"), r.get("nixl"), r.get("one_block_vs_raw") or {}
+    return _md_table(["block", "blocks", "request", "requests/sample", "zmq GB/s", "nixl GB/s", "raw pyzmq GB/s",
+                      "zmq/raw", "nixl/raw", "zmq ms/request", "nixl ms/request", "raw ms/request", "CURVE GB/s",
+                      "CURVE/plain", "bytes verified"], rows) + (
         f"\n\nCells meeting ≥ 0.8×: {r['cells_meeting_target']}; over requests ≥ 8 MiB: "
         f"{fmt_ratio(r.get('ratio_large'))}." + (
-            f" CURVE on vs off (same run): {fmt_ratio(curve)}." if curve else ""))
+            f" CURVE on vs off (same run): {fmt_ratio(curve)}." if curve else "") + (
+            f" NIXL plane vs raw pyzmq: {fmt_ratio(nixl)}; vs the zmq plane: {fmt_ratio(nixl['vs_plain'])}."
+            if nixl else "") + "".join(
+            f" 1-block requests, {plane}/raw: {fmt_ratio(v)}." for plane, v in one.items()))
 
 
 def _p2(r: dict[str, Any]) -> str:
-    rows = [[fmt_bytes(x["block_bytes"]), str(x["blocks"]), _mmm(x["kvtier_gbps"]), _mmm(x["copy_gbps"]),
-             _mmm(x["ratio_vs_copy"], fmt="{:.3f}")] for x in r["rows"]]
-    return _md_table(["block", "blocks", "kvtier GB/s", "torch copy_ GB/s", "kvtier/copy_"], rows)
+    rows = [[fmt_bytes(x["block_bytes"]), str(x["blocks"]), _mmm(x["kvtier_gbps"]), _opt(x, "kvtier_nixl_gbps"),
+             _mmm(x["copy_gbps"]), _mmm(x["ratio_vs_copy"], fmt="{:.3f}"), _opt(x, "nixl_vs_copy", fmt="{:.3f}")]
+            for x in r["rows"]]
+    tail = ""
+    if r.get("ratio_large_nixl"):
+        tail = (f"\n\nRequests ≥ 8 MiB: nixl/copy_ {fmt_ratio(r['ratio_large_nixl'])}, "
+                f"zmq/copy_ {fmt_ratio(r.get('ratio_large'))}.")
+    return _md_table(["block", "blocks", "zmq GB/s", "nixl GB/s", "torch copy_ GB/s", "zmq/copy_", "nixl/copy_"],
+                     rows) + tail
 
 
 def _p3(r: dict[str, Any]) -> str:
-    k, w = r["kvtier_latency_s"], r["raw_rtt_s"]
+    paths = []
+    for plane, p in (r.get("planes") or {"zmq": r}).items():
+        paths += [(f"{plane}: kvtier late fetch → failed JobResult", p["kvtier_latency_s"]),
+                  (f"{plane}: raw DEALER/ROUTER round trip (same batches)", p["raw_rtt_s"])]
     rows = [[name, f"{s['median'] * 1e6:.0f}", f"{s.get('p90', float('nan')) * 1e6:.0f}",
              f"{s.get('p99', float('nan')) * 1e6:.0f}", f"{s['min'] * 1e6:.0f}", str(s["n"])]
-            for name, s in (("kvtier late fetch → failed JobResult", k), ("raw DEALER/ROUTER round trip", w))]
+            for name, s in paths]
     return _md_table(["path", "median µs", "p90 µs", "p99 µs", "min µs", "n"], rows) + (
         f"\n\nFailed with reason `reaped`: {r['failed_with_reaped']}; producer still tombstoned: "
         f"{r['producer_tombstoned']}.")

@@ -4,6 +4,10 @@ Each child owns one :class:`~kvtier.manager.KvTierManager` (real ZeroMQ on 127.0
 raw pyzmq socket of the same type (producer: ROUTER, consumer: DEALER), so kvtier and the raw
 baseline run between the same two processes, over the same loopback, into the same pool memory.
 
+Each child can hold up to three managers over the same pool: ``zmq`` (the plain pair), ``curve``
+(CURVE on) and ``nixl`` (``data_plane="nixl"``: one-sided WRITEs through NIXL/UCX, CMA on this
+host), so every plane moves the same bytes between the same two processes in the same run.
+
 * The **producer** parks blocks (``submit_store``) on command; its manager runs with
   ``background_poll=True`` (the demo's configuration), so fetches are served by the manager's own
   poll thread.  Its main thread serves the raw ROUTER: a ``stream`` request is answered with the
@@ -59,8 +63,7 @@ class Producer:
 
         torch.set_num_threads(1)
         _quiet_logs()
-        self.mgr: Any = None
-        self.mgr_curve: Any = None
+        self.mgrs: dict[str, Any] = {}
         self.pool: Any = None
         self.bufs: list[memoryview] = []
         self._jobs = itertools.count(1)
@@ -77,11 +80,10 @@ class Producer:
     def hello(self) -> dict[str, Any]:
         return {"raw_port": self.raw_port, "pid": os.getpid()}
 
-    def op_setup(
-        self, block_bytes: int, num_blocks: int, config: dict[str, Any], curve_config: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """One manager with ``config``; with ``curve_config`` a second one (CURVE on) over the
-        same pool, so P1 measures auth on vs off in the same run on the same bytes."""
+    def op_setup(self, block_bytes: int, num_blocks: int, configs: dict[str, dict[str, Any]]) -> dict[str, str]:
+        """One manager per entry of ``configs`` (``zmq``, and optionally ``curve``, ``nixl``),
+        all over one pool, so P1 compares them in the same run on the same bytes.  Returns each
+        one's address."""
         from kvtier.manager import KvTierManager
         from kvtier.memory import BlockPool
 
@@ -93,19 +95,21 @@ class Producer:
             v.copy_(base)
             v.bitwise_xor_(_xor(i))
         self.bufs = [self.pool.buffer(i) for i in range(num_blocks)]
-        self.mgr = KvTierManager(config, self.pool, layout="kvtier-bench")
-        if curve_config is not None:
-            self.mgr_curve = KvTierManager(curve_config, self.pool, layout="kvtier-bench")
-        return {"address": self.mgr.address,
-                "curve_address": self.mgr_curve.address if self.mgr_curve is not None else None}
+        for name, config in configs.items():
+            self.mgrs[name] = KvTierManager(config, self.pool, layout="kvtier-bench")
+        return {name: m.address for name, m in self.mgrs.items()}
 
-    def op_park(self, prefix: str, count: int, nblocks: int, curve: bool = False) -> list[str]:
+    @property
+    def mgr(self) -> Any:
+        return self.mgrs["zmq"]
+
+    def op_park(self, prefix: str, count: int, nblocks: int, pair: str = "zmq") -> list[str]:
         """Park ``count`` fresh ids of ``nblocks`` blocks (slots 0..nblocks-1, keys k0..), on the
-        CURVE manager if ``curve``."""
+        manager ``pair``."""
         from kvtier.api import RequestContext, TransferJob
 
         self._collect()
-        mgr = self.mgr_curve if curve else self.mgr
+        mgr = self.mgrs[pair]
         keys = _keys(nblocks)
         slots = tuple(range(nblocks))
         ids = []
@@ -118,18 +122,18 @@ class Producer:
             ids.append(kid)
         return ids
 
-    def op_states(self, ids: list[str]) -> list[str]:
-        with self.mgr._lock:  # the poll thread may be applying inputs
-            return [self.mgr.core.producer.state_of(k).value for k in ids]
+    def op_states(self, ids: list[str], pair: str = "zmq") -> list[str]:
+        mgr = self.mgrs[pair]
+        with mgr._lock:  # the poll thread may be applying inputs
+            return [mgr.core.producer.state_of(k).value for k in ids]
 
     def op_stats(self) -> dict[str, Any]:
         self._collect()
         return {"finished_jobs": self.finished, "records": len(self.mgr.core.producer.records)}
 
     def _collect(self) -> None:
-        for mgr in (self.mgr, self.mgr_curve):
-            if mgr is not None:
-                self.finished += len(mgr.get_finished_jobs())
+        for mgr in self.mgrs.values():
+            self.finished += len(mgr.get_finished_jobs())
 
     def wait(self, conn: Any) -> None:
         """Serve the raw ROUTER until a command arrives on the pipe."""
@@ -164,10 +168,9 @@ class Producer:
                 router.send_multipart([rid, *bufs[first : min(n, first + per_msg)]], copy=False)
 
     def _shutdown(self) -> None:
-        for mgr in (self.mgr, self.mgr_curve):
-            if mgr is not None:
-                mgr.shutdown()
-        self.mgr = self.mgr_curve = None
+        for mgr in self.mgrs.values():
+            mgr.shutdown()
+        self.mgrs = {}
 
     def close(self) -> None:
         self._shutdown()
@@ -181,8 +184,8 @@ class Consumer:
 
         torch.set_num_threads(1)
         _quiet_logs()
-        self.mgr: Any = None
-        self.mgr_curve: Any = None
+        self.mgrs: dict[str, Any] = {}
+        self.ports: dict[str, int] = {}
         self.pool: Any = None
         self.ctx: Any = None
         self.dealer: Any = None
@@ -196,13 +199,13 @@ class Consumer:
         self,
         block_bytes: int,
         num_blocks: int,
-        producer: str,
+        producers: dict[str, str],
         raw_port: int,
-        config: dict[str, Any],
+        configs: dict[str, dict[str, Any]],
         copy_source: bool = False,
-        curve_producer: str | None = None,
-        curve_config: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """One manager per entry of ``configs`` (same names as the producer's), each loading from
+        the producer manager of that name (``producers``: name -> address)."""
         import torch
         import zmq
 
@@ -213,13 +216,10 @@ class Consumer:
         self.pool = BlockPool(num_blocks, block_bytes)
         self.bufs = [self.pool.buffer(i) for i in range(num_blocks)]
         self.views = [self.pool.view(i) for i in range(num_blocks)]
-        self.mgr = KvTierManager(config, self.pool, layout="kvtier-bench")
-        self.producer = producer
-        self.host, _, port = producer.rpartition(":")
-        self.port = int(port)
-        if curve_config is not None and curve_producer is not None:
-            self.mgr_curve = KvTierManager(curve_config, self.pool, layout="kvtier-bench")
-            self.curve_port = int(curve_producer.rpartition(":")[2])
+        for name, config in configs.items():
+            self.mgrs[name] = KvTierManager(config, self.pool, layout="kvtier-bench")
+            self.host, _, port = producers[name].rpartition(":")
+            self.ports[name] = int(port)
         self.ctx = zmq.Context(1)
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
@@ -237,21 +237,21 @@ class Consumer:
         return {"pinned": self.pool.pinned}
 
     # -- helpers ----------------------------------------------------------------------------
-    def _req(self, kid: str, port: int | None = None) -> Any:
+    def _req(self, kid: str, pair: str = "zmq") -> Any:
         from kvtier.api import RequestContext
 
         return RequestContext(
             req_id="C" + kid,
             kv_transfer_params={
-                "remote_prefiller": {"kv_request_id": kid, "remote_host": self.host, "remote_port": port or self.port}
+                "remote_prefiller": {"kv_request_id": kid, "remote_host": self.host, "remote_port": self.ports[pair]}
             },
         )
 
     def _wait_job(self, job_id: int, timeout_s: float = 60.0, mgr: Any = None) -> Any:
-        mgr = mgr or self.mgr
-        # the other manager of the pair (plain vs CURVE) is polled too, or its idle session
-        # would miss its heartbeats while this one works
-        idle = [m for m in (self.mgr, self.mgr_curve) if m is not None and m is not mgr]
+        mgr = mgr or self.mgrs["zmq"]
+        # the other managers are polled too, or their idle sessions would miss their heartbeats
+        # while this one works
+        idle = [m for m in self.mgrs.values() if m is not mgr]
         deadline = time.monotonic() + timeout_s
         while True:
             for r in mgr.get_finished_jobs():
@@ -274,14 +274,14 @@ class Consumer:
         return all(torch.equal(self.views[i], base ^ _xor(i)) for i in {0, n - 1})
 
     # -- measurements -----------------------------------------------------------------------
-    def op_kvtier(self, ids: list[str], nblocks: int, verify: bool = False, curve: bool = False) -> dict[str, Any]:
+    def op_kvtier(self, ids: list[str], nblocks: int, verify: bool = False, pair: str = "zmq") -> dict[str, Any]:
         """Load each id in turn (one request at a time); seconds from the first submit_load to
-        the last successful JobResult. ``curve``: through the CURVE pair of managers."""
+        the last successful JobResult, through the managers named ``pair``."""
         from kvtier.api import TransferJob
 
-        mgr = self.mgr_curve if curve else self.mgr
+        mgr = self.mgrs[pair]
         keys, slots = _keys(nblocks), tuple(range(nblocks))
-        reqs = [self._req(k, self.curve_port if curve else None) for k in ids]
+        reqs = [self._req(k, pair) for k in ids]
         for r in reqs:
             mgr.on_new_request(r)
         if verify:
@@ -341,14 +341,14 @@ class Consumer:
             out.append(time.perf_counter() - t0)
         return out
 
-    def op_late(self, ids: list[str], nblocks: int) -> dict[str, Any]:
+    def op_late(self, ids: list[str], nblocks: int, pair: str = "zmq") -> dict[str, Any]:
         """For each (tombstoned) id: one kvtier load (submit_load → failed JobResult) and one raw
         request/reply round trip, back to back, alternating which goes first."""
         from kvtier.api import TransferJob
 
-        mgr, dealer = self.mgr, self.dealer
+        mgr, dealer = self.mgrs[pair], self.dealer
         keys, slots = _keys(nblocks), tuple(range(nblocks))
-        reqs = [self._req(k) for k in ids]
+        reqs = [self._req(k, pair) for k in ids]
         for r in reqs:
             mgr.on_new_request(r)
         rtt_req = _HDR.pack(KIND_RTT, 0, 0) + b"x" * (RTT_PAD - _HDR.size)
@@ -380,10 +380,9 @@ class Consumer:
         return {"kvtier": kv, "raw": raw, "reasons": reasons}
 
     def _shutdown(self) -> None:
-        for mgr in (self.mgr, self.mgr_curve):
-            if mgr is not None:
-                mgr.shutdown()
-        self.mgr = self.mgr_curve = None
+        for mgr in self.mgrs.values():
+            mgr.shutdown()
+        self.mgrs = {}
         if self.dealer is not None:
             self.dealer.close(linger=0)
             self.ctx.destroy(linger=0)

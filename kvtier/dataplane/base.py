@@ -85,8 +85,12 @@ class DataPlane(Protocol):
         """What a peer needs to reach our memory (``b""`` for zmq), sent in hello/hello_ack."""
         ...
 
-    def add_peer(self, peer: str, descriptor: bytes) -> None:
-        """Prepare to move blocks to/from ``peer``. Raises PlaneError for a bad descriptor."""
+    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
+        """Prepare to move blocks to/from ``peer``. Raises PlaneError for a bad descriptor.
+
+        ``accepted``: the descriptor came with the peer's ``hello_ack`` to our current hello, so
+        the peer's plane took our descriptor in this handshake (a one-sided plane may learn from
+        that that the peer's earlier writes into us are over)."""
         ...
 
     def remove_peer(self, peer: str) -> None:
@@ -121,6 +125,12 @@ class DataPlane(Protocol):
 
     def referenced(self) -> int:
         """Posted transfers whose blocks the plane still references."""
+        ...
+
+    def max_wait_s(self) -> float | None:
+        """The longest the manager may wait for network input before calling :meth:`poll` again
+        (seconds), or ``None`` when the plane's own progress needs no calls (its data arrives on
+        the transport, whose wait wakes for it)."""
         ...
 
     def close(self) -> list[Released | Revoked]:

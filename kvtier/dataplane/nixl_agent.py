@@ -799,6 +799,7 @@ class NixlBlockAgent:
         self._closed = True
         self._local = self._reg = None
         self._agent = None  # the last reference: NIXL destroys the agent, UCX its worker
+        self._region = None  # and the region is the caller's again (no reference kept)
         return out
 
     def __enter__(self) -> NixlBlockAgent:

@@ -59,12 +59,14 @@ class ZmqPlane:
         self._pool = pool
         self._block_bytes = pool.block_bytes
         self._xfers: dict[tuple[str, int], _Xfer] = {}
+        self.posts = 0
+        """block_data messages handed to the transport since start (tests, benchmarks)."""
 
     # -- handshake -----------------------------------------------------------------------------
     def descriptor(self) -> bytes:
         return b""
 
-    def add_peer(self, peer: str, descriptor: bytes) -> None:
+    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
         if descriptor:
             raise PlaneError(f"the zmq data plane takes no descriptor; {peer} sent {len(descriptor)} bytes")
 
@@ -88,6 +90,7 @@ class ZmqPlane:
             frames = [b.header, *(pool.buffer(i) for i in b.blocks)]
             h = self._transport.send(x.peer, frames, track=True)
             x.next += 1
+            self.posts += 1
             if h.failed:
                 x.failed, x.detail = True, h.error
                 return
@@ -120,6 +123,9 @@ class ZmqPlane:
 
     def referenced(self) -> int:
         return sum(1 for x in self._xfers.values() if x.handles)
+
+    def max_wait_s(self) -> None:
+        return None  # payloads and trackers move on libzmq's threads; the transport wait wakes
 
     # -- consumer ------------------------------------------------------------------------------
     def land(self, slots: Sequence[int], payloads: Sequence[Any]) -> None:

@@ -11,6 +11,10 @@ Three processes, connected only as a PD deployment would be:
 * this process is the **proxy** and the referee: it also runs every prompt monolithically and
   checks the consumer's tokens are identical.
 
+``data_plane`` (``--data-plane``) picks how the blocks travel: ``zmq`` (payload frames on the
+control connection) or ``nixl`` (one-sided WRITEs into the consumer's slots through NIXL/UCX;
+``UCX_NET_DEVICES`` defaults to ``lo`` here, every process being on this host).
+
 A **late consumer** is held back past ``unbound_store_timeout_s``: the producer reaps the parked
 blocks, the consumer's fetch is refused with reason ``reaped`` within one round trip, and the
 consumer recomputes the prompt locally — still producing identical text.
@@ -267,10 +271,12 @@ def run(
     unbound_store_timeout_s: float = 1.0,
     late_delay_s: float | None = None,
     no_late: bool = False,
+    data_plane: str = "zmq",
     progress: DemoProgress | None = None,
 ) -> dict[str, Any]:
     """Run the demo; return a JSON-able report (see module docstring). ``progress`` hears every
-    stage as it starts (nothing is reported without one)."""
+    stage as it starts (nothing is reported without one).  ``data_plane``: ``"zmq"`` or
+    ``"nixl"`` (config key ``data_plane``)."""
     report = progress or _Quiet()
     report.stage("loading SmolLM2-135M (the first run converts its GGUF, ~30 s)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -293,7 +299,10 @@ def run(
         encoded.append((late_name, encoded[0][1]))
     late_delay = late_delay_s if late_delay_s is not None else unbound_store_timeout_s + 0.5
     pool_blocks = max(layout.num_blocks(len(ids)) for _, ids in encoded) + 4
-    cfg = dict(DEFAULT_CONFIG, unbound_store_timeout_s=unbound_store_timeout_s)
+    cfg = dict(DEFAULT_CONFIG, unbound_store_timeout_s=unbound_store_timeout_s, data_plane=data_plane)
+    if data_plane == "nixl":
+        os.environ.setdefault("UCX_NET_DEVICES", "lo")  # inherited by both workers: one host
+        os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
     report.stage("starting the producer and consumer processes (each loads the model)")
     pproc, pconn = _start(_producer_main, cfg, pool_blocks)
@@ -353,6 +362,7 @@ def run(
     ) and all(r["outcome"] == "fetched" for r in rows if not r["late"])
     summary = {
         "ok": ok,
+        "data_plane": data_plane,
         "pinned_memory": hello["pinned"],
         "block_bytes": hello["block_bytes"],
         "unbound_store_timeout_s": unbound_store_timeout_s,
@@ -370,7 +380,8 @@ def _print_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     con = Console(width=None if sys.stdout.isatty() else 160)
-    t = Table(title="kvtier demo: SmolLM2-135M, prefill and decode in separate processes")
+    t = Table(title="kvtier demo: SmolLM2-135M, prefill and decode in separate processes, "
+                    f"data plane {report['summary']['data_plane']}")
     for col in ("request", "prompt tok", "KV bytes", "blocks", "transfer ms", "GB/s", "outcome", "reason",
                 "KV ready: fetched / recompute", "identical"):
         t.add_column(col, justify="right" if col not in ("request", "outcome", "reason") else "left")

@@ -14,7 +14,10 @@ Code runs inside a namespace three ways: :meth:`~TwoHosts.exec` for a command (`
 exec``), :func:`enter` for the calling thread (``setns(2)``; do it *before* creating a zmq
 context: libzmq's I/O threads inherit the namespace of the thread that starts them), and
 :meth:`~TwoHosts.run` for a callable in a fresh thread that entered it.
-:class:`~kvtier.testing.peer_process.PeerProcess` takes ``netns=`` for whole processes.
+:class:`~kvtier.testing.peer_process.PeerProcess` and
+:func:`~kvtier.testing.nixl_peer.spawn_nixl_peer` take ``netns=`` for whole processes; they enter
+with ``sysfs=True``, because UCX lists network devices from ``/sys/class/net`` (NIXL tests set
+``UCX_NET_DEVICES`` to :attr:`TwoHosts.dev_a` / :attr:`TwoHosts.dev_b`).
 
 If namespaces cannot be made (not root, no ``ip``), :func:`unavailable_reason` says why, so tests
 skip with that reason.
@@ -36,6 +39,10 @@ __all__ = ["TwoHosts", "NetnsError", "enter", "unavailable_reason"]
 T = TypeVar("T")
 
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS_REC = 0x4000
+_MS_SLAVE = 0x80000
+_MNT_DETACH = 2
 
 
 class NetnsError(RuntimeError):
@@ -71,21 +78,34 @@ def open_text(path: str, ns: str) -> str:
     return p.stdout
 
 
-def enter(name: str) -> None:
+def enter(name: str, *, sysfs: bool = False) -> None:
     """Move the calling thread into namespace ``name`` (``setns(2)``). Threads it starts later
     inherit it.
 
+    ``sysfs=True`` (a whole, still single-threaded process) also does what ``ip netns exec``
+    does next: a private mount namespace with ``/sys`` remounted, so that ``/sys/class/net``
+    shows this namespace's devices (UCX reads it; without the remount it only offers ``lo``).
+
     Raises:
-        OSError: no such namespace, or not permitted.
+        OSError: no such namespace, or not permitted (the message names the step).
     """
     libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what} (entering network namespace {name!r}): {os.strerror(err)}")
+
     fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
     try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({name}): {os.strerror(err)}")
+        check(libc.setns(fd, _CLONE_NEWNET), "setns")
     finally:
         os.close(fd)
+    if sysfs:
+        check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        check(libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "making / a slave mount")
+        check(libc.umount2(b"/sys", _MNT_DETACH), "unmounting /sys")
+        check(libc.mount(name.encode(), b"/sys", b"sysfs", 0, None), "mounting sysfs")
 
 
 class TwoHosts:
@@ -128,6 +148,16 @@ class TwoHosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def dev_a(self) -> str:
+        """Host ``a``'s end of the veth pair (its interface name inside ``a``)."""
+        return self._veth_a
+
+    @property
+    def dev_b(self) -> str:
+        """Host ``b``'s end of the veth pair."""
+        return self._veth_b
 
     def close(self) -> None:
         """Delete both namespaces (and with them the veth pair). Idempotent."""

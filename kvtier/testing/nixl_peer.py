@@ -16,7 +16,6 @@ digest of what a slot must hold without asking anyone.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import time
@@ -30,37 +29,12 @@ from kvtier.testing.peer_process import block_pattern
 
 __all__ = ["NixlPeer", "enter_netns", "spawn_nixl_peer"]
 
-_CLONE_NEWNET = 0x40000000
-_CLONE_NEWNS = 0x00020000
-_MS_REC = 0x4000
-_MS_SLAVE = 0x80000
-_MNT_DETACH = 2
-
-
 def enter_netns(name: str) -> None:
-    """Move the calling (single-threaded) process into network namespace ``name``, as
-    ``ip netns exec`` does: ``setns`` into ``/var/run/netns/<name>``, then a private mount
-    namespace with ``/sys`` remounted, because UCX lists network devices from
-    ``/sys/class/net`` and the old sysfs shows the old namespace's devices.
+    """Move the calling (single-threaded) process into network namespace ``name`` as ``ip netns
+    exec`` does (:func:`kvtier.testing.netns.enter` with ``sysfs=True``)."""
+    from kvtier.testing.netns import enter
 
-    Open sockets and pipes keep working. Needs root. Raises ``OSError`` naming the step.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def check(rc: int, what: str) -> None:
-        if rc != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what} (entering network namespace {name!r}): {os.strerror(err)}")
-
-    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
-    try:
-        check(libc.setns(fd, _CLONE_NEWNET), "setns")
-    finally:
-        os.close(fd)
-    check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    check(libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "making / a slave mount")
-    check(libc.umount2(b"/sys", _MNT_DETACH), "unmounting /sys")
-    check(libc.mount(name.encode(), b"/sys", b"sysfs", 0, None), "mounting sysfs")
+    enter(name, sysfs=True)
 
 
 class NixlPeer:

@@ -284,18 +284,32 @@ class _Child:
     def op_pid(self) -> int:
         return os.getpid()
 
+    def op_plane(self) -> dict[str, Any]:
+        """The data plane's name and counters: ``posts`` (zmq: block_data messages sent; nixl:
+        WRITEs posted), ``referenced`` transfers."""
+        plane = self._need().plane
+        return {"name": plane.name, "posts": plane.posts, "referenced": plane.referenced()}
+
+    def op_corrupt(self, slot: int, offset: int = 0) -> None:
+        """Flip one byte of a pool slot in place (after it was parked: its digest is stale)."""
+        buf = self.pool.buffer(slot)
+        buf[offset] ^= 0xFF
+
     def op_exit(self) -> None:
         self.op_stop_manager()
 
 
-def _child_main(conn: Any, max_lifetime_s: float, log_level: int, netns: str | None = None) -> None:
+def _child_main(
+    conn: Any, max_lifetime_s: float, log_level: int, netns: str | None = None, env: Mapping[str, str] | None = None
+) -> None:
     """Entry point of the child process (must stay importable for ``spawn``)."""
     import logging
 
+    os.environ.update(env or {})  # before NIXL/UCX read it
     if netns is not None:  # before any thread or socket exists (kvtier.testing.netns)
         from kvtier.testing.netns import enter
 
-        enter(netns)
+        enter(netns, sysfs=True)
 
     logging.basicConfig(level=log_level, format="[peer %(process)d] %(levelname)s %(name)s: %(message)s")
     child = _Child()
@@ -358,16 +372,27 @@ class PeerProcess:
         max_lifetime_s: the child exits on its own after this long, whatever happens.
         log_level: logging level inside the child (its logs go to the inherited stderr).
         netns: run the child inside this network namespace (:mod:`kvtier.testing.netns`).
+        env: environment variables set in the child before anything is imported (``UCX_*``;
+            ``NIXL_LOG_LEVEL`` defaults to ``WARN``).
 
     ``start()`` returns at once (the child imports torch in the background); the first command
     waits for it to be ready.  Use as a context manager or call :meth:`close`.
     """
 
     def __init__(
-        self, name: str = "kvtier-peer", *, max_lifetime_s: float = 600.0, log_level: int = 30, netns: str | None = None
+        self,
+        name: str = "kvtier-peer",
+        *,
+        max_lifetime_s: float = 600.0,
+        log_level: int = 30,
+        netns: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.netns = netns
+        self.env = {"NIXL_LOG_LEVEL": "WARN", **(env or {})}
+        self.defaults: dict[str, Any] = {}
+        """Config keys :meth:`start_manager` puts under the test's own (e.g. ``data_plane``)."""
         self.max_lifetime_s = max_lifetime_s
         self.log_level = log_level
         self._proc: Any = None
@@ -384,7 +409,7 @@ class PeerProcess:
             return self
         parent, child = _CTX.Pipe(duplex=True)
         proc = _CTX.Process(
-            target=_child_main, args=(child, self.max_lifetime_s, self.log_level, self.netns), name=self.name,
+            target=_child_main, args=(child, self.max_lifetime_s, self.log_level, self.netns, self.env), name=self.name,
             daemon=True,
         )
         proc.start()
@@ -483,7 +508,8 @@ class PeerProcess:
         """(Re)start the child's manager with ``config`` over a fresh pool; returns its
         ``host:port`` (also in :attr:`address`, :attr:`host`, :attr:`port`)."""
         info = self.call(
-            "start_manager", config=dict(config), num_blocks=num_blocks, block_bytes=block_bytes, layout=layout
+            "start_manager", config={**self.defaults, **config}, num_blocks=num_blocks, block_bytes=block_bytes,
+            layout=layout,
         )
         self.address, self.host, self.port = info["address"], info["host"], info["port"]
         self.metrics_address: str | None = info["metrics_address"]  # config metrics_port, else None
@@ -588,6 +614,14 @@ class PeerProcess:
 
     def stats(self) -> dict[str, float]:
         return self.call("stats")
+
+    def plane(self) -> dict[str, Any]:
+        """The manager's data plane: ``{"name", "posts", "referenced"}``."""
+        return self.call("plane")
+
+    def corrupt(self, slot: int, offset: int = 0) -> None:
+        """Flip one byte of pool slot ``slot`` (e.g. after it was parked)."""
+        self.call("corrupt", slot=slot, offset=offset)
 
     def state(self, kv_id: str, machine: str = "producer") -> str:
         return self.call("state", kv_id=kv_id, machine=machine)

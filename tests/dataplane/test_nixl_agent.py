@@ -457,18 +457,18 @@ def test_across_network_namespaces_over_tcp_with_a_partition(request):
     WRITE; then the link goes down mid-stream and the producer faults the consumer and reports
     every posted WRITE, helped by ``UCX_TCP_USER_TIMEOUT`` (unset, unacknowledged data keeps a
     WRITE in flight for the kernel's retransmission timeout, many minutes)."""
-    from kvtier.testing._netns_nixl import netns_available, veth_pair
+    from kvtier.testing.netns import TwoHosts, unavailable_reason
 
-    why = netns_available()
+    why = unavailable_reason()
     if why:
         pytest.skip(why)
     tag = _tag(request)
-    with veth_pair() as net:
+    with TwoHosts() as net:
         peers = []
         try:
-            for i, role in enumerate(("prod", "cons")):
-                env = {"UCX_NET_DEVICES": net.dev[i], "UCX_TLS": "tcp", "UCX_TCP_USER_TIMEOUT": "2s"}
-                peers.append(spawn_nixl_peer(f"{role}-{tag}", NB, BB, env=env, netns=net.ns[i]))
+            for role, ns, dev in (("prod", net.a, net.dev_a), ("cons", net.b, net.dev_b)):
+                env = {"UCX_NET_DEVICES": dev, "UCX_TLS": "tcp", "UCX_TCP_USER_TIMEOUT": "2s"}
+                peers.append(spawn_nixl_peer(f"{role}-{tag}", NB, BB, env=env, netns=ns))
             p, c = peers
             p.call("add_peer", peer="consumer", descriptor=c.hello["descriptor"])
             p.call("fill", seed=11, blocks=list(range(NB)))
@@ -483,7 +483,7 @@ def test_across_network_namespaces_over_tcp_with_a_partition(request):
             end = time.monotonic() + WAIT_S
             while len(p.call("state")["results"]) < 6 and time.monotonic() < end:
                 time.sleep(0.05)
-            net.set_link(False)
+            net.link_down()
             cause = p.call("wait_fault", peer="consumer", within_s=WAIT_S)
             assert "DISCONNECT" in cause or "NOT_FOUND" in cause
             posted = p.call("stream_stop", peer="consumer")

@@ -16,9 +16,10 @@ pytestmark = [pytest.mark.model, pytest.mark.e2e]
 
 
 @pytest.mark.timeout(600)
-def test_demo_json_one_prompt_and_late_consumer(model_cache_dir) -> None:
+@pytest.mark.parametrize("data_plane", ["zmq", "nixl"])
+def test_demo_json_one_prompt_and_late_consumer(model_cache_dir, data_plane) -> None:
     cmd = [sys.executable, "-m", "kvtier.cli", "demo", "--prompts", "1", "--max-new-tokens", "6",
-           "--max-prompt-tokens", "256", "--unbound-store-timeout", "0.5", "--json"]
+           "--max-prompt-tokens", "256", "--unbound-store-timeout", "0.5", "--data-plane", data_plane, "--json"]
     env = dict(os.environ, KVTIER_CACHE_DIR=str(model_cache_dir), HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -37,3 +38,5 @@ def test_demo_json_one_prompt_and_late_consumer(model_cache_dir) -> None:
     assert late["store_ok"] is False and late["store_reason"] == "reaped"
     assert late["load_s"] < 5.0  # far below load_timeout_s (30 s): answered, not timed out
     assert report["summary"]["ok"] is True
+    assert report["summary"]["data_plane"] == data_plane
+    assert normal["gbps"] > 0  # the transfer's throughput, shown in the table

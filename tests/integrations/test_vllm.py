@@ -33,6 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # A private vLLM cache: a stale model-inspection cache elsewhere must not hide a missing dependency.
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="kvtier-vllm-cache-"))
+os.environ.setdefault("UCX_NET_DEVICES", "lo")  # the NIXL plane runs on loopback here
+os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
 try:  # any failure (ImportError, or e.g. a half-installed transformers' TypeError) => skip
     import numpy as np
@@ -204,9 +206,10 @@ def promote(prod: TieringOffloadingManager, cons: TieringOffloadingManager, ctx:
 
 # -- manager level --------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
-def test_manager_level_store_park_lookup_load_finish(managers) -> None:
-    prod, ptier = managers({**TIER, "unbound_store_timeout_s": "180", "locality": "REMOTE"})
-    cons, ctier = managers(TIER)
+@pytest.mark.parametrize("data_plane", ["zmq", "nixl"])
+def test_manager_level_store_park_lookup_load_finish(managers, data_plane) -> None:
+    prod, ptier = managers({**TIER, "unbound_store_timeout_s": "180", "locality": "REMOTE", "data_plane": data_plane})
+    cons, ctier = managers({**TIER, "data_plane": data_plane})
     assert ptier.config.unbound_store_timeout_s == 180.0  # the seed's string value is converted
     assert ptier.tier_type == "KvTierSecondaryTier" and ptier.cache_hit_source.name == "P2P"
     assert ptier.medium is None and ptier.locality is None
@@ -646,10 +649,14 @@ def model_dir() -> str:
 
 
 @pytest.mark.timeout(120)
-def test_pd_pair_over_zmq_with_real_schedulers(model_dir: str) -> None:
+@pytest.mark.parametrize("data_plane", ["zmq", "nixl"])
+def test_pd_pair_with_real_schedulers(model_dir: str, data_plane: str) -> None:
+    """Prefill and decode engines with vLLM's real schedulers, on each data plane (NIXL: the
+    adapter registers vLLM's primary-tier region with the agent; blocks are WRITten into it)."""
     load_timeout_s = 20.0
-    prefill = Engine("prefill", model_dir, {**TIER, "unbound_store_timeout_s": "5"})
-    decode = Engine("decode", model_dir, {**TIER, "load_timeout_s": load_timeout_s})
+    plane = {"data_plane": data_plane}
+    prefill = Engine("prefill", model_dir, {**TIER, **plane, "unbound_store_timeout_s": "5"})
+    decode = Engine("decode", model_dir, {**TIER, **plane, "load_timeout_s": load_timeout_s})
     engines = [prefill, decode]
     try:
         host, port = prefill.tier.address.rsplit(":", 1)

@@ -14,7 +14,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "vllm.md"
 def test_documented_kv_transfer_configs_are_valid() -> None:
     text = DOC.read_text(encoding="utf-8")
     blobs = re.findall(r"--kv-transfer-config '(\{.*?\})'", text, flags=re.S)
-    assert len(blobs) == 2, "expected the prefill and the decode example"
+    assert len(blobs) == 3, "expected the prefill, the decode and the NIXL decode example"
     for blob in blobs:
         cfg = json.loads(blob)
         assert cfg["kv_connector"] == "OffloadingConnector"
@@ -27,3 +27,5 @@ def test_documented_kv_transfer_configs_are_valid() -> None:
         TierConfig.from_dict(entry)  # every key known, every value valid
     prefill = json.loads(blobs[0])["kv_connector_extra_config"]["secondary_tiers"][0]
     assert prefill["port"] != 0, "a PD proxy must know the prefill engine's port"
+    nixl = TierConfig.from_dict(json.loads(blobs[2])["kv_connector_extra_config"]["secondary_tiers"][0])
+    assert nixl.data_plane == "nixl" and nixl.backends == ("UCX",)

@@ -8,6 +8,9 @@
 * ``victim``: a child of its own that the test may kill; killed/closed by the finaliser.
 * ``make_manager``: in-process managers on real zmq sockets (127.0.0.1, ephemeral port), shut
   down by the finaliser.
+* ``data_plane``: ``"zmq"`` unless a test parametrises it (``indirect=True``, see
+  ``mgr_helpers.BOTH_PLANES``); ``producer``, ``victim`` and ``make_manager`` configure their managers
+  with it.  NIXL runs on loopback (``UCX_NET_DEVICES=lo``), in the children and here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ from typing import Any
 import pytest
 
 from kvtier.testing.peer_process import PeerProcess
+
+# before any NIXL agent exists, here and (inherited) in every child
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+
+
+@pytest.fixture
+def data_plane(request: pytest.FixtureRequest) -> str:
+    return getattr(request, "param", "zmq")
 
 
 class PeerPool:
@@ -64,9 +76,10 @@ def peer_pool() -> Iterator[PeerPool]:
 
 
 @pytest.fixture
-def producer(peer_pool: PeerPool) -> Iterator[PeerProcess]:
+def producer(peer_pool: PeerPool, data_plane: str) -> Iterator[PeerProcess]:
     """The shared child process; the test starts its manager with ``start_manager``."""
     p = peer_pool.get_shared()
+    p.defaults = {"data_plane": data_plane}
     try:
         yield p
     finally:
@@ -79,9 +92,10 @@ def producer(peer_pool: PeerPool) -> Iterator[PeerProcess]:
 
 
 @pytest.fixture
-def victim(peer_pool: PeerPool) -> Iterator[PeerProcess]:
+def victim(peer_pool: PeerPool, data_plane: str) -> Iterator[PeerProcess]:
     """A child process of its own, which the test may kill -9."""
     p = peer_pool.take_spare()
+    p.defaults = {"data_plane": data_plane}
     try:
         yield p
     finally:
@@ -91,7 +105,7 @@ def victim(peer_pool: PeerPool) -> Iterator[PeerProcess]:
 
 
 @pytest.fixture
-def make_manager() -> Iterator[Any]:
+def make_manager(data_plane: str) -> Iterator[Any]:
     """``make_manager(config, num_blocks=64, block_bytes=4096, **kw)`` -> KvTierManager on a
     real ZmqTransport at 127.0.0.1:<ephemeral>; every one is shut down after the test."""
     from kvtier.manager import KvTierManager
@@ -100,7 +114,7 @@ def make_manager() -> Iterator[Any]:
     made: list[KvTierManager] = []
 
     def _make(config: dict | None = None, *, num_blocks: int = 64, block_bytes: int = 4096, **kw: Any):
-        cfg = {"host": "127.0.0.1", "port": 0, **(config or {})}
+        cfg = {"host": "127.0.0.1", "port": 0, "data_plane": data_plane, **(config or {})}
         m = KvTierManager(cfg, BlockPool(num_blocks, block_bytes, pin=False), **kw)
         made.append(m)
         return m

@@ -12,11 +12,14 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import pytest
+
 from kvtier.api import JobResult, RequestContext, TransferJob
 from kvtier.manager import KvTierManager
 from kvtier.testing.peer_process import block_pattern, pattern_digest, slot_digest
 
 __all__ = [
+    "BOTH_PLANES",
     "Jobs",
     "block_pattern",
     "consumer_req",
@@ -29,6 +32,10 @@ __all__ = [
     "pump_until",
     "slot_digest",
 ]
+
+#: Decorator: run a test once per data plane (parametrises the ``data_plane`` fixture, which
+#: ``producer``, ``victim`` and ``make_manager`` configure their managers with).
+BOTH_PLANES = pytest.mark.parametrize("data_plane", ["zmq", "nixl"], indirect=True)
 
 #: Upper bound of every wait in these tests.  Only there to stop a hung test; nothing asserts
 #: how long anything took.

@@ -19,6 +19,7 @@ import pytest
 from kvtier.api import LookupResult
 from kvtier.lifecycle._table import SessionState
 from mgr_helpers import (
+    BOTH_PLANES,
     SENTINEL,
     WAIT_S,
     Jobs,
@@ -64,6 +65,7 @@ def _wait_state(producer, kv_id, states, *, managers=(), timeout_s=WAIT_S):
 # -- the happy path ------------------------------------------------------------------------------
 
 
+@BOTH_PLANES
 def test_park_fetch_bind_transfer_done_bytes_identical(producer, make_manager):
     """park -> fetch -> bind -> transfer -> done: store ok on the producer, load ok on the
     consumer, every destination slot byte-identical to what the producer stored.  80 blocks of
@@ -95,12 +97,14 @@ def test_park_fetch_bind_transfer_done_bytes_identical(producer, make_manager):
     assert producer.state("kv-basic") == "done"
     assert metric(producer.stats(), "kvtier_block_bytes_sent_total") == n * BB
     assert metric(c, "kvtier_block_bytes_landed_total") == n * BB
+    assert producer.plane() == {"name": c.plane.name, "posts": 2, "referenced": 0}  # two 8 MiB batches
     # nothing more arrives for either job
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
     assert jobs.total() == 1
     assert all(x["job_id"] != 1 for x in producer.results())
 
 
+@BOTH_PLANES
 def test_decoder_first_fetch_before_store_succeeds(producer, make_manager):
     """The load is submitted before the producer stored anything: the producer binds the fetch
     (awaiting) and serves it when the store arrives within fetch_supply_timeout_s."""
@@ -123,6 +127,7 @@ def test_decoder_first_fetch_before_store_succeeds(producer, make_manager):
     assert all(x["job_id"] != 1 for x in producer.results())
 
 
+@BOTH_PLANES
 def test_consumer_in_the_child_producer_here(producer, make_manager):
     """The reverse direction: the producer runs in the test process, the consumer in the child."""
     producer.start_manager(CCFG, num_blocks=NB, block_bytes=BB)  # the child is the consumer now
@@ -172,6 +177,7 @@ def test_reap_after_unbound_store_timeout(producer):
     assert metric(stats, "kvtier_block_bytes_sent_total") == 0
 
 
+@BOTH_PLANES
 def test_late_fetch_after_reap_fails_reaped_and_sends_zero_bytes(producer, make_manager):
     """B01 over real sockets: a fetch for a reaped id is refused (reason ``reaped``); not one
     block byte is sent or lands, and the destination slots keep their sentinel fill."""
@@ -189,6 +195,7 @@ def test_late_fetch_after_reap_fails_reaped_and_sends_zero_bytes(producer, make_
 
     stats = producer.stats()
     assert metric(stats, "kvtier_block_bytes_sent_total") == 0
+    assert producer.plane()["posts"] == 0  # nixl: not one WRITE posted; zmq: not one block_data
     assert metric(stats, "kvtier_fetches_refused_total", reason="reaped") == 1
     assert metric(c, "kvtier_block_bytes_landed_total") == 0
     assert digests(c.pool, [30, 31, 32, 33]) == [sentinel_digest(BB)] * 4
@@ -210,6 +217,7 @@ def test_store_for_tombstoned_id_fails_at_once(producer):
     assert [x for x in producer.results() if x["job_id"] in (2, 3)] == []
 
 
+@BOTH_PLANES
 def test_fetch_after_prune_fails_supply_timeout_not_load_timeout(producer, make_manager):
     """Once a tombstone is pruned (tiny tombstone_retention_s) the id is unknown again: a
     fetch binds, waits fetch_supply_timeout_s for blocks that never come and fails with
@@ -282,6 +290,7 @@ def test_load_timeout_abort_then_late_data_is_not_written(producer, make_manager
     assert [(x["success"], x["reason"]) for x in res[1]] in ([(False, "aborted")], [(True, None)])
 
 
+@BOTH_PLANES
 def test_duplicate_fetch_and_unknown_id_fail_only_that_request(producer, make_manager):
     """Two consumers fetch the same id: the second fetch fails (``duplicate_fetch``) and the
     first is served.  A fetch for an id nobody stores fails with ``supply_timeout``.  Neither
@@ -321,6 +330,7 @@ def test_duplicate_fetch_and_unknown_id_fail_only_that_request(producer, make_ma
 # -- peer death ----------------------------------------------------------------------------------
 
 
+@BOTH_PLANES
 def test_peer_killed_mid_transfer_fails_each_job_once_and_consumer_keeps_serving(victim, producer, make_manager):
     """kill -9 the producer process while a 64 MiB transfer is on the wire (killed as soon as
     the first blocks land) and two of its fetches wait for blocks it never stored.  Every
@@ -368,7 +378,7 @@ def test_peer_killed_mid_transfer_fails_each_job_once_and_consumer_keeps_serving
 
     assert pump_until(lambda: jobs.has(101, 102, 103), jobs=[jobs]), dict(jobs.by_id)
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)  # no late duplicates
-    ok_reasons = {"peer_lost", "peer_timeout", "load_timeout"}
+    ok_reasons = {"peer_lost", "peer_disconnected", "peer_timeout", "load_timeout"}
     for jid, slot in waiting.items():
         r = jobs.one(jid)
         assert not r.success and r.reason in ok_reasons, r
@@ -431,6 +441,7 @@ def test_producer_restart_on_the_same_port_fails_old_loads_once_and_serves_new_o
 # -- drain and shutdown --------------------------------------------------------------------------
 
 
+@BOTH_PLANES
 def test_drain_jobs_returns_only_when_every_job_has_a_result(producer, make_manager):
     """Producer side (in the child): parked ids fail ``drained`` at once, an awaiting id fails
     ``drained`` and its consumer is told; an id already served keeps its success.  Consumer side

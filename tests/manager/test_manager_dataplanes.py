@@ -1,0 +1,259 @@
+"""The data-plane rules over real processes, on both planes (zmq and NIXL, loopback).
+
+* A store job's result comes only after the plane released the transfer: kill -9 of the consumer
+  mid-transfer fails the store, never while a send or a WRITE may still read its blocks.
+* A block changed after it was parked never reaches a consumer as a success (``corrupt``).
+* The handshake refuses another data plane, and a NIXL descriptor the plane cannot use.
+* NIXL only: a consumer whose producer cannot answer keeps the load's slots (``revoking``) until
+  the producer is proven unable to write — here by a fresh handshake the same producer accepts.
+
+Waits are bounded poll loops; nothing asserts on timing.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import zmq
+
+from kvtier.lifecycle import ConsumerState
+from kvtier.wire import messages as wm
+from kvtier.wire.codec import PROTOCOL_VERSION, Decoder
+from mgr_helpers import (
+    BOTH_PLANES,
+    SENTINEL,
+    WAIT_S,
+    Jobs,
+    consumer_req,
+    digests,
+    fill_pattern,
+    job,
+    keys_for,
+    metric,
+    producer_req,
+    pump_until,
+    sentinel_digest,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+BB = 128 * 1024
+NB = 96
+HB = {"heartbeat_interval_s": 0.1, "peer_timeout_s": 2.0}
+CCFG = {**HB, "load_timeout_s": 10.0, "fetch_supply_timeout_s": 5.0}
+
+
+def _record_order(p):
+    """Wrap the producer's plane reports and job results: one list, in the order they happened,
+    each with how many transfers the plane still referenced at that moment."""
+    events: list[tuple] = []
+    poll, finish = p.plane.poll, p._finish_job
+
+    def plane_poll():
+        out = poll()
+        events.extend(("released", r.kv_request_id, r.failed, p.plane.referenced()) for r in out)
+        return out
+
+    def finish_job(job_id, ok, reason):
+        events.append(("job", job_id, ok, reason, p.plane.referenced()))
+        finish(job_id, ok, reason)
+
+    p.plane.poll = plane_poll
+    p._finish_job = finish_job
+    return events
+
+
+@BOTH_PLANES
+def test_consumer_killed_mid_transfer_fails_the_store_only_after_the_plane_released(
+    data_plane, victim, make_manager, monkeypatch
+):
+    """The consumer process stops reading (paused) while 8 MiB are on their way, then dies by
+    kill -9.  The producer's store job fails exactly once, and only in a step where the plane had
+    already reported the transfer released (zmq: every tracker done; NIXL: every WRITE
+    terminal).  With NIXL, ``UCX_TLS=tcp`` on the producer makes the WRITE wait for the
+    consumer's progress, so it is really in flight when the consumer dies."""
+    if data_plane == "nixl":
+        monkeypatch.setenv("UCX_TLS", "tcp")
+    p = make_manager({**HB, "transfer_timeout_s": 20.0}, num_blocks=NB, block_bytes=BB)
+    pjobs = Jobs(p)
+    events = _record_order(p)
+    victim.start_manager(CCFG, num_blocks=NB, block_bytes=BB)
+    n = 64
+    keys = keys_for("kv-cut", n)
+    preq = producer_req("p1", "kv-cut")
+    p.on_new_request(preq)
+    fill_pattern(p.pool, range(n), seed=3)
+    p.submit_store(job(1, keys, list(range(n)), preq))
+
+    victim.call("announce", req_id="c-kv-cut", kv_id="kv-cut", host=p.host, port=p.port)
+    assert pump_until(lambda: any(r.state.value == "ready" for r in p.core.sessions.records.values()),
+                      managers=[p]), "no session"
+    victim.pause()  # from now on the consumer reads nothing and makes no NIXL progress
+    victim.load("kv-cut", 7, keys, list(range(n)), host=p.host, port=p.port)
+    assert pump_until(lambda: p.core.producer.state_of("kv-cut").value in ("serving", "delivering"),
+                      managers=[p], jobs=[pjobs])
+    in_flight = p.plane.referenced() > 0
+    victim.kill()
+
+    assert pump_until(lambda: pjobs.has(1), managers=[p], jobs=[pjobs]), events
+    pump_until(lambda: False, managers=[p], jobs=[pjobs], timeout_s=0.3)
+    r = pjobs.one(1)
+    assert not r.success and r.reason in ("peer_lost", "transfer_failed"), r
+    released = [e for e in events if e[0] == "released"]
+    assert len(released) == 1 and released[0][1] == "kv-cut", events
+    job_event = next(e for e in events if e[0] == "job")
+    assert events.index(released[0]) < events.index(job_event), events
+    assert job_event[4] == 0, events  # nothing referenced when the engine got its blocks back
+    print(f"{data_plane}: WRITE/send in flight at the kill: {in_flight}; events {events}")
+    if data_plane == "nixl":
+        assert in_flight and released[0][2] is True  # the WRITE failed, it did not complete
+
+
+@BOTH_PLANES
+def test_block_changed_after_park_fails_the_load_corrupt(producer, make_manager):
+    """A parked block is overwritten after its digest was taken (as a reused engine block would
+    be): the consumer checks every block as it lands, fails the load ``corrupt`` and never
+    reports those bytes as the parked ones; the producer's store fails too (aborted)."""
+    producer.start_manager(HB, num_blocks=NB, block_bytes=BB)
+    keys = keys_for("kv-bad", 4)
+    producer.store("kv-bad", 1, keys, [0, 1, 2, 3], seed=8)
+    producer.corrupt(2, offset=777)
+    c = make_manager(CCFG, num_blocks=NB, block_bytes=BB)
+    c.pool.tensor.fill_(SENTINEL)
+    jobs = Jobs(c)
+    req = consumer_req("c1", "kv-bad", producer.host, producer.port)
+    c.on_new_request(req)
+    c.submit_load(job(5, keys, [10, 11, 12, 13], req))
+    assert pump_until(lambda: jobs.has(5), jobs=[jobs])
+    r = jobs.one(5)
+    assert (r.success, r.reason) == (False, "corrupt")
+    assert c.lookup(keys[0], req).name == "MISS"
+    assert metric(c, "kvtier_block_bytes_landed_total") == 0
+    res = producer.wait_results([1])
+    assert [(x["success"], x["reason"]) for x in res[1]] == [(False, "aborted")]
+    pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
+    assert jobs.total() == 1
+
+
+def test_data_plane_mismatch_is_refused_in_the_handshake(make_manager):
+    """A NIXL consumer dialling a zmq producer: the producer refuses the hello naming
+    ``data_plane``, and the load fails ``handshake_mismatch`` without a byte moved."""
+    p = make_manager({**HB, "data_plane": "zmq"})
+    c = make_manager({**HB, "data_plane": "nixl", "load_timeout_s": 30.0})
+    jobs = Jobs(c)
+    preq = producer_req("p1", "kv-dp")
+    p.on_new_request(preq)
+    p.submit_store(job(1, [b"k"], [0], preq))
+    creq = consumer_req("c1", "kv-dp", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, [b"k"], [3], creq))
+    assert pump_until(lambda: jobs.has(2), managers=[p], jobs=[jobs])
+    assert (jobs.one(2).success, jobs.one(2).reason) == (False, "handshake_mismatch")
+    assert metric(p, "kvtier_session_ends_total", reason="handshake_mismatch") == 1
+    assert metric(p, "kvtier_block_bytes_sent_total") == 0
+
+
+def _other_pool_descriptor(block_bytes: int) -> bytes:
+    """A well-formed NIXL plane descriptor of a pool with another block size."""
+    import numpy as np
+
+    from kvtier.dataplane.nixl import _Hello, this_process
+    from kvtier.dataplane.nixl_agent import NixlBlockAgent
+
+    agent = NixlBlockAgent("other-pool-agent", np.zeros((4, block_bytes), np.uint8), layout="raw")
+    try:
+        return msgspec.msgpack.encode(_Hello(agent.descriptor(), this_process()))
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("data_plane", ["nixl"], indirect=True)
+def test_unusable_nixl_descriptor_is_refused_naming_the_descriptor(data_plane, make_manager):
+    """A hello that matches every compared field but carries a descriptor the NIXL plane cannot
+    use (garbage, none, or a pool of another block size) is refused at once, with
+    ``field="descriptor"``; the producer keeps serving its parked blocks to a good consumer."""
+    p = make_manager(HB, num_blocks=8, block_bytes=4096)
+    bad = {"garbage": b"\x93not a descriptor", "empty": b"", "other block size": _other_pool_descriptor(8192)}
+    ctx = zmq.Context()
+    dec = Decoder(block_bytes=4096)
+    try:
+        for gen, (label, descriptor) in enumerate(bad.items(), start=11):
+            d = ctx.socket(zmq.DEALER)
+            d.linger = 0
+            d.connect(f"tcp://{p.address}")
+            hello = wm.Hello(gen=gen, version=PROTOCOL_VERSION, instance="mallory", block_bytes=4096, layout="raw",
+                             hash_seed="", data_plane="nixl", descriptor=descriptor)
+            d.send(msgspec.msgpack.encode(hello))
+            got: list = []
+
+            def reply(sock=d, into=got):
+                if sock.poll(0):
+                    into.append(dec.decode(sock.recv_multipart())[0])
+                return bool(into)
+
+            assert pump_until(reply, managers=[p]), label
+            assert isinstance(got[0], wm.HelloReject) and got[0].field == "descriptor", (label, got[0])
+            d.close()
+    finally:
+        ctx.destroy(linger=0)
+    assert metric(p, "kvtier_internal_errors_total") == 0
+
+
+@pytest.mark.parametrize("data_plane", ["nixl"], indirect=True)
+def test_nixl_unanswered_abort_holds_the_slots_until_a_fresh_handshake_proves_the_writes_over(
+    data_plane, producer, make_manager
+):
+    """The producer wedges (paused) with a fetch in its queue.  The consumer's load times out,
+    its abort goes unanswered, it gives the session up: on NIXL it cannot tell whether the
+    producer will still WRITE into the slots, so the load waits in ``revoking`` — no result,
+    its 4 slots counted as quarantined — while the producer lives and says nothing.  The producer
+    wakes, serves the stale fetch (its WRITE lands in the held slots) and sees the session gone.
+    A later request dials it again; its plane accepts our descriptor only because none of its
+    WRITEs into us is in flight any more, and that hello_ack completes the revocation: the old
+    load fails exactly once (``load_timeout``), the new one succeeds byte-exact."""
+    producer.start_manager({**HB, "peer_timeout_s": 30.0, "heartbeat_interval_s": 0.2}, num_blocks=NB, block_bytes=BB)
+    keys = keys_for("kv-wedged", 4)
+    stored = producer.store("kv-wedged", 1, keys, [0, 1, 2, 3], seed=33)
+    c = make_manager({"load_timeout_s": 1.0, "abort_ack_timeout_s": 0.4, "fetch_supply_timeout_s": 0.5,
+                      "handshake_timeout_s": 0.9, "peer_timeout_s": 30.0, "heartbeat_interval_s": 0.2},
+                     num_blocks=NB, block_bytes=BB)
+    c.pool.tensor.fill_(SENTINEL)
+    jobs = Jobs(c)
+    req = consumer_req("c1", "kv-wedged", producer.host, producer.port)
+    c.on_new_request(req)
+    peer = f"{producer.host}:{producer.port}"
+    assert pump_until(lambda: c.core.session_ready(peer), managers=[c])
+
+    dst = [40, 41, 42, 43]
+    producer.pause()
+    try:
+        c.submit_load(job(5, keys, dst, req))
+        state = lambda: c.core.consumer.state_of("kv-wedged")  # noqa: E731
+        assert pump_until(lambda: state() is ConsumerState.REVOKING, jobs=[jobs]), state()
+        pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)
+        assert not jobs.has(5)  # the slots are not handed back while the producer may write
+        assert metric(c, "kvtier_quarantined_blocks", role="consumer") == 4
+    finally:
+        producer.resume()
+
+    # the producer serves the stale fetch, then learns the session is gone; it stays alive
+    assert pump_until(lambda: producer.state("kv-wedged") == "tombstoned", managers=[c], jobs=[jobs])
+    pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)
+    assert not jobs.has(5) and c.core.consumer.state_of("kv-wedged") is ConsumerState.REVOKING
+    # whatever is in the held slots is the sentinel or the parked bytes, nothing else
+    assert all(d in (sentinel_digest(BB), s) for d, s in zip(digests(c.pool, dst), stored["digests"]))
+
+    keys2 = keys_for("kv-next", 3)
+    stored2 = producer.store("kv-next", 2, keys2, [4, 5, 6], seed=34)
+    req2 = consumer_req("c2", "kv-next", producer.host, producer.port)
+    c.on_new_request(req2)
+    assert pump_until(lambda: jobs.has(5), jobs=[jobs], timeout_s=WAIT_S)
+    assert (jobs.one(5).success, jobs.one(5).reason) == (False, "load_timeout")
+    assert metric(c, "kvtier_quarantined_blocks", role="consumer") == 0
+    assert pump_until(lambda: c.core.session_ready(peer), managers=[c], jobs=[jobs])
+    c.submit_load(job(6, keys2, [50, 51, 52], req2))
+    assert pump_until(lambda: jobs.has(6), jobs=[jobs])
+    assert jobs.one(6).success
+    assert digests(c.pool, [50, 51, 52]) == stored2["digests"]
+    pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
+    assert jobs.total() == 2
