@@ -132,15 +132,21 @@ def _p1(r: dict[str, Any]) -> str:
              f"{x['raw_request_s']['median'] * 1e3:.2f}",
              _mmm(x["kvtier_curve_gbps"]) if "kvtier_curve_gbps" in x else "—",
              _mmm(x["curve_vs_plain"]) if "curve_vs_plain" in x else "—",
+             _mmm(x["kvtier_nodigest_gbps"]) if "kvtier_nodigest_gbps" in x else "—",
+             _mmm(x["digest_vs_none"], fmt="{:.3f}") if "digest_vs_none" in x else "—",
              "yes" if x["verified"] else "NO"]
             for x in r["rows"]]
-    curve = r.get("curve")
+    curve, integ = r.get("curve"), r.get("integrity")
     return _md_table(["block", "blocks", "request", "requests/sample", "kvtier GB/s", "raw pyzmq GB/s",
                       "kvtier/raw", "kvtier ms/request", "raw ms/request", "CURVE GB/s", "CURVE/plain",
-                      "bytes verified"], rows) + (
+                      "digest off GB/s", "digest on/off", "bytes verified"], rows) + (
         f"\n\nCells meeting ≥ 0.8×: {r['cells_meeting_target']}; over requests ≥ 8 MiB: "
         f"{fmt_ratio(r.get('ratio_large'))}." + (
-            f" CURVE on vs off (same run): {fmt_ratio(curve)}." if curve else ""))
+            f" CURVE on vs off (same run): {fmt_ratio(curve)}." if curve else "") + (
+            f" Integrity digest on vs off (same run): {fmt_ratio(integ, 3)} of the throughput, i.e. a cost of "
+            f"{integ['cost'] * 100:.1f} % (median over cells; worst cell {integ['cost_worst_cell'] * 100:.1f} %); "
+            "store-side XXH3-64 rate: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in integ["store_digest_gbps"].items())
+            + "." if integ else ""))
 
 
 def _p2(r: dict[str, Any]) -> str:

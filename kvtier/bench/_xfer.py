@@ -60,7 +60,7 @@ class Producer:
         torch.set_num_threads(1)
         _quiet_logs()
         self.mgr: Any = None
-        self.mgr_curve: Any = None
+        self.alt: dict[str, Any] = {}  # variant name ("curve", "nodigest") -> manager over the same pool
         self.pool: Any = None
         self.bufs: list[memoryview] = []
         self._jobs = itertools.count(1)
@@ -78,10 +78,12 @@ class Producer:
         return {"raw_port": self.raw_port, "pid": os.getpid()}
 
     def op_setup(
-        self, block_bytes: int, num_blocks: int, config: dict[str, Any], curve_config: dict[str, Any] | None = None
+        self, block_bytes: int, num_blocks: int, config: dict[str, Any], curve_config: dict[str, Any] | None = None,
+        alt_configs: dict[str, dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """One manager with ``config``; with ``curve_config`` a second one (CURVE on) over the
-        same pool, so P1 measures auth on vs off in the same run on the same bytes."""
+        """One manager with ``config``; with ``curve_config`` a second one (CURVE on), and one per
+        ``alt_configs`` entry (e.g. ``"nodigest"``: integrity off), all over the same pool, so P1
+        measures each variant against the plain one in the same run on the same bytes."""
         from kvtier.manager import KvTierManager
         from kvtier.memory import BlockPool
 
@@ -94,18 +96,22 @@ class Producer:
             v.bitwise_xor_(_xor(i))
         self.bufs = [self.pool.buffer(i) for i in range(num_blocks)]
         self.mgr = KvTierManager(config, self.pool, layout="kvtier-bench")
+        variants = dict(alt_configs or {})
         if curve_config is not None:
-            self.mgr_curve = KvTierManager(curve_config, self.pool, layout="kvtier-bench")
+            variants["curve"] = curve_config
+        for name, cfg in variants.items():
+            self.alt[name] = KvTierManager(cfg, self.pool, layout="kvtier-bench")
         return {"address": self.mgr.address,
-                "curve_address": self.mgr_curve.address if self.mgr_curve is not None else None}
+                "curve_address": self.alt["curve"].address if "curve" in self.alt else None,
+                "alt_addresses": {name: m.address for name, m in self.alt.items()}}
 
-    def op_park(self, prefix: str, count: int, nblocks: int, curve: bool = False) -> list[str]:
+    def op_park(self, prefix: str, count: int, nblocks: int, curve: bool = False, variant: str = "") -> list[str]:
         """Park ``count`` fresh ids of ``nblocks`` blocks (slots 0..nblocks-1, keys k0..), on the
-        CURVE manager if ``curve``."""
+        CURVE manager if ``curve``, on the ``variant`` manager if one is named."""
         from kvtier.api import RequestContext, TransferJob
 
         self._collect()
-        mgr = self.mgr_curve if curve else self.mgr
+        mgr = self.alt[variant or "curve"] if (variant or curve) else self.mgr
         keys = _keys(nblocks)
         slots = tuple(range(nblocks))
         ids = []
@@ -127,9 +133,23 @@ class Producer:
         return {"finished_jobs": self.finished, "records": len(self.mgr.core.producer.records)}
 
     def _collect(self) -> None:
-        for mgr in (self.mgr, self.mgr_curve):
+        for mgr in (self.mgr, *self.alt.values()):
             if mgr is not None:
                 self.finished += len(mgr.get_finished_jobs())
+
+    def op_digest_rate(self, nblocks: int, algorithm: str = "xxh3_64", min_s: float = 0.05) -> dict[str, Any]:
+        """What the store path pays per byte for ``integrity``: ``block_digests`` over ``nblocks``
+        pool blocks, repeated for at least ``min_s`` seconds; returns bytes/s."""
+        from kvtier.integrity import block_digests
+
+        bufs = self.bufs[:nblocks]
+        done, t0 = 0, time.perf_counter()
+        while True:
+            block_digests(bufs, algorithm)
+            done += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_s:
+                return {"bytes_per_s": done * nblocks * self.pool.block_bytes / dt, "seconds": dt}
 
     def wait(self, conn: Any) -> None:
         """Serve the raw ROUTER until a command arrives on the pipe."""
@@ -164,10 +184,10 @@ class Producer:
                 router.send_multipart([rid, *bufs[first : min(n, first + per_msg)]], copy=False)
 
     def _shutdown(self) -> None:
-        for mgr in (self.mgr, self.mgr_curve):
+        for mgr in (self.mgr, *self.alt.values()):
             if mgr is not None:
                 mgr.shutdown()
-        self.mgr = self.mgr_curve = None
+        self.mgr, self.alt = None, {}
 
     def close(self) -> None:
         self._shutdown()
@@ -182,7 +202,8 @@ class Consumer:
         torch.set_num_threads(1)
         _quiet_logs()
         self.mgr: Any = None
-        self.mgr_curve: Any = None
+        self.alt: dict[str, Any] = {}  # variant name -> manager over the same pool
+        self.alt_ports: dict[str, int] = {}  # variant name -> the producer's port for it
         self.pool: Any = None
         self.ctx: Any = None
         self.dealer: Any = None
@@ -202,7 +223,9 @@ class Consumer:
         copy_source: bool = False,
         curve_producer: str | None = None,
         curve_config: dict[str, Any] | None = None,
+        alt: dict[str, tuple[str, dict[str, Any]]] | None = None,
     ) -> dict[str, Any]:
+        """``alt``: variant name -> (its producer address, its consumer config)."""
         import torch
         import zmq
 
@@ -217,9 +240,12 @@ class Consumer:
         self.producer = producer
         self.host, _, port = producer.rpartition(":")
         self.port = int(port)
+        variants = dict(alt or {})
         if curve_config is not None and curve_producer is not None:
-            self.mgr_curve = KvTierManager(curve_config, self.pool, layout="kvtier-bench")
-            self.curve_port = int(curve_producer.rpartition(":")[2])
+            variants["curve"] = (curve_producer, curve_config)
+        for name, (address, cfg) in variants.items():
+            self.alt[name] = KvTierManager(cfg, self.pool, layout="kvtier-bench")
+            self.alt_ports[name] = int(address.rpartition(":")[2])
         self.ctx = zmq.Context(1)
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
@@ -249,9 +275,9 @@ class Consumer:
 
     def _wait_job(self, job_id: int, timeout_s: float = 60.0, mgr: Any = None) -> Any:
         mgr = mgr or self.mgr
-        # the other manager of the pair (plain vs CURVE) is polled too, or its idle session
-        # would miss its heartbeats while this one works
-        idle = [m for m in (self.mgr, self.mgr_curve) if m is not None and m is not mgr]
+        # the other managers (plain, CURVE, ...) are polled too, or their idle sessions would
+        # miss their heartbeats while this one works
+        idle = [m for m in (self.mgr, *self.alt.values()) if m is not None and m is not mgr]
         deadline = time.monotonic() + timeout_s
         while True:
             for r in mgr.get_finished_jobs():
@@ -274,14 +300,18 @@ class Consumer:
         return all(torch.equal(self.views[i], base ^ _xor(i)) for i in {0, n - 1})
 
     # -- measurements -----------------------------------------------------------------------
-    def op_kvtier(self, ids: list[str], nblocks: int, verify: bool = False, curve: bool = False) -> dict[str, Any]:
+    def op_kvtier(
+        self, ids: list[str], nblocks: int, verify: bool = False, curve: bool = False, variant: str = ""
+    ) -> dict[str, Any]:
         """Load each id in turn (one request at a time); seconds from the first submit_load to
-        the last successful JobResult. ``curve``: through the CURVE pair of managers."""
+        the last successful JobResult. ``curve``: through the CURVE pair of managers;
+        ``variant``: through that pair."""
         from kvtier.api import TransferJob
 
-        mgr = self.mgr_curve if curve else self.mgr
+        name = variant or ("curve" if curve else "")
+        mgr = self.alt[name] if name else self.mgr
         keys, slots = _keys(nblocks), tuple(range(nblocks))
-        reqs = [self._req(k, self.curve_port if curve else None) for k in ids]
+        reqs = [self._req(k, self.alt_ports[name] if name else None) for k in ids]
         for r in reqs:
             mgr.on_new_request(r)
         if verify:
@@ -380,10 +410,10 @@ class Consumer:
         return {"kvtier": kv, "raw": raw, "reasons": reasons}
 
     def _shutdown(self) -> None:
-        for mgr in (self.mgr, self.mgr_curve):
+        for mgr in (self.mgr, *self.alt.values()):
             if mgr is not None:
                 mgr.shutdown()
-        self.mgr = self.mgr_curve = None
+        self.mgr, self.alt, self.alt_ports = None, {}, {}
         if self.dealer is not None:
             self.dealer.close(linger=0)
             self.ctx.destroy(linger=0)

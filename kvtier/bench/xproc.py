@@ -14,6 +14,9 @@ KiB, MiB = 1 << 10, 1 << 20
 
 PRODUCER_CONFIG: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "background_poll": True}
 CONSUMER_CONFIG: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "background_poll": False}
+# The integrity axis of P1: the same managers with the per-block digest off ("integrity": "none").
+NODIGEST = {"integrity": "none"}
+DIGEST_COST_TARGET = 0.10  # issue 9: the digest is on by default where it costs at most 10 %
 
 
 def _grid(quick: bool) -> list[tuple[int, int]]:
@@ -90,36 +93,45 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
         for bs in sorted({bs for bs, _ in grid}):
             ns = [n for b, n in grid if b == bs]
             nmax = max(ns)
-            info = prod.call("setup", block_bytes=bs, num_blocks=nmax, config=PRODUCER_CONFIG, curve_config=p_curve)
+            info = prod.call("setup", block_bytes=bs, num_blocks=nmax, config=PRODUCER_CONFIG, curve_config=p_curve,
+                             alt_configs={"nodigest": {**PRODUCER_CONFIG, **NODIGEST}})
             addr = info["address"]
             cons.call("setup", block_bytes=bs, num_blocks=nmax, producer=addr, raw_port=raw_port,
                       config=CONSUMER_CONFIG, copy_source=True, curve_producer=info["curve_address"],
-                      curve_config=c_curve)
+                      curve_config=c_curve,
+                      alt={"nodigest": (info["alt_addresses"]["nodigest"], {**CONSUMER_CONFIG, **NODIGEST})})
+            store_digest = prod.call("digest_rate", nblocks=nmax)["bytes_per_s"]
             per_msg = max(1, MAX_BATCH_BYTES // bs)
             # warm-up: session handshake, first-touch of zmq buffers, code paths
             ids = prod.call("park", prefix=f"w{bs}", count=2, nblocks=min(nmax, 8))
             cons.call("kvtier", ids=ids, nblocks=min(nmax, 8))
             ids = prod.call("park", prefix=f"wc{bs}", count=2, nblocks=min(nmax, 8), curve=True)
             cons.call("kvtier", ids=ids, nblocks=min(nmax, 8), curve=True)
+            ids = prod.call("park", prefix=f"wn{bs}", count=2, nblocks=min(nmax, 8), variant="nodigest")
+            cons.call("kvtier", ids=ids, nblocks=min(nmax, 8), variant="nodigest")
             cons.call("raw", count=2, nblocks=min(nmax, 8), per_msg=per_msg)
             for n in ns:
                 nbytes = n * bs
                 k = max(2, min(kmax, math.ceil(target_bytes / nbytes)))
-                kv_s, raw_s, cp_s, cv_s = [], [], [], []
+                kv_s, raw_s, cp_s, cv_s, nd_s = [], [], [], [], []
                 verified = True
                 for rep in range(reps):
-                    ids = prod.call("park", prefix=f"p1-{bs}-{n}-{rep}", count=k, nblocks=n)
-                    cids = prod.call("park", prefix=f"p1c-{bs}-{n}-{rep}", count=k, nblocks=n, curve=True)
+                    parked = {
+                        "kv": prod.call("park", prefix=f"p1-{bs}-{n}-{rep}", count=k, nblocks=n),
+                        "curve": prod.call("park", prefix=f"p1c-{bs}-{n}-{rep}", count=k, nblocks=n, curve=True),
+                        "nodigest": prod.call("park", prefix=f"p1n-{bs}-{n}-{rep}", count=k, nblocks=n,
+                                              variant="nodigest"),
+                    }
                     verify = rep == 0
-                    order = ("raw", "kv", "curve") if rep % 2 == 0 else ("curve", "kv", "raw")
-                    for what in order:
+                    order = ("raw", "kv", "nodigest", "curve")
+                    for what in order if rep % 2 == 0 else order[::-1]:
                         if what == "raw":
                             r = cons.call("raw", count=k, nblocks=n, per_msg=per_msg, verify=verify)
                             raw_s.append(r["seconds"])
                         else:
-                            curve = what == "curve"
-                            r = cons.call("kvtier", ids=cids if curve else ids, nblocks=n, verify=verify, curve=curve)
-                            (cv_s if curve else kv_s).append(r["seconds"])
+                            r = cons.call("kvtier", ids=parked[what], nblocks=n, verify=verify,
+                                          variant="" if what == "kv" else what)
+                            {"kv": kv_s, "curve": cv_s, "nodigest": nd_s}[what].append(r["seconds"])
                             if r["failures"]:
                                 problems.append(f"{fmt_bytes(bs)}x{n}: kvtier loads failed: {r['failures'][:3]}")
                         if verify and not r.get("verified", True):
@@ -138,6 +150,10 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
                     "kvtier_gbps": summary(gbps(kv_s)),
                     "kvtier_curve_gbps": summary(gbps(cv_s)),
                     "curve_vs_plain": paired_ratio(kv_s, cv_s),
+                    "kvtier_nodigest_gbps": summary(gbps(nd_s)),
+                    # throughput with the digest / without it, pairwise (1 - this = the digest's cost)
+                    "digest_vs_none": paired_ratio(nd_s, kv_s),
+                    "store_digest_gbps": store_digest / 1e9,
                     "raw_zmq_gbps": summary(gbps(raw_s)),
                     "copy_gbps": summary(gbps(cp_s)),
                     "kvtier_request_s": summary([s / k for s in kv_s]),
@@ -152,7 +168,8 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
                     f"P1 {fmt_bytes(bs):>7} x {n:<3}: kvtier {row['kvtier_gbps']['median']:.2f} GB/s, "
                     f"raw {row['raw_zmq_gbps']['median']:.2f}, copy_ {row['copy_gbps']['median']:.2f}, "
                     f"ratio {row['ratio_vs_raw']['median']:.2f}, CURVE {row['kvtier_curve_gbps']['median']:.2f} GB/s "
-                    f"({row['curve_vs_plain']['median']:.2f}x plain)"
+                    f"({row['curve_vs_plain']['median']:.2f}x plain), digest off "
+                    f"{row['kvtier_nodigest_gbps']['median']:.2f} GB/s (on/off {row['digest_vs_none']['median']:.3f})"
                 )
         pstats = prod.call("stats")
     finally:
@@ -183,6 +200,16 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
         "ratio_large": r1_big,
         "curve": {"label": "CURVE on vs off (kvtier, same run, paired)", **headline("curve_vs_plain"),
                   "best_gbps": max(r["kvtier_curve_gbps"]["median"] for r in rows)},
+        "integrity": {
+            "label": "integrity xxh3_64 vs none: kvtier throughput ratio (same run, paired)",
+            **headline("digest_vs_none"),
+            "cost": 1.0 - headline("digest_vs_none")["median"],
+            "cost_large": (1.0 - headline_of(big, "digest_vs_none")["median"]) if big else None,
+            "cost_worst_cell": 1.0 - min(r["digest_vs_none"]["median"] for r in rows),
+            "store_digest_gbps": {fmt_bytes(r["block_bytes"]): r["store_digest_gbps"] for r in rows},
+            "target": target("<=", DIGEST_COST_TARGET, 1.0 - headline("digest_vs_none")["median"],
+                             "digest costs ≤ 10 % of kvtier's throughput (median over cells): on by default"),
+        },
         "target": t1,
         "cells_meeting_target": f"{len(rows) - len(below)}/{len(rows)}",
         "worst_cell": {"block_bytes": worst["block_bytes"], "blocks": worst["blocks"],
@@ -198,7 +225,11 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
             "kvtier: submit_load → JobResult(success); raw: DEALER request → ROUTER streams the same "
             "frames (same grouping per message, zero-copy) → recv_into the same pool slots. CURVE axis: "
             "a second pair of managers with auth='curve' (libzmq CURVE: authenticated, encrypted) over "
-            "the same pools, interleaved with the plain pair in every repeat."
+            "the same pools, interleaved with the plain pair in every repeat. Integrity axis: a third pair "
+            "with integrity='none' (no per-block XXH3-64 digest at store, none checked on landing), "
+            "interleaved the same way; the plain pair has the default integrity='xxh3_64'. The timed load "
+            "includes the consumer's check; the producer's digest is taken at submit_store (before the "
+            "timed load), so its rate is measured separately over the same pool blocks (store_digest_gbps)."
         ),
     }
     r2 = headline("ratio_vs_copy")

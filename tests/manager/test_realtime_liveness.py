@@ -22,7 +22,7 @@ import time
 import pytest
 
 import kvtier.manager
-from kvtier.lifecycle._table import ProducerState, SessionState
+from kvtier.lifecycle._table import SessionState
 from kvtier.testing import wedge
 from mgr_helpers import (
     SENTINEL,
