@@ -12,7 +12,7 @@ import pytest
 
 from kvtier.bench.corebench import RETAINED_TARGET_B, retained_breakdown, retained_bytes
 
-N = 100  # ids per measurement (the 2000-key run builds N x 2000 fresh key objects)
+N = 60  # ids per measurement (the 2000-key run builds N x 2000 fresh key objects)
 
 
 @pytest.mark.parametrize("end", ["done", "tombstoned"])

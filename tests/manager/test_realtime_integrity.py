@@ -127,9 +127,10 @@ def _stalled_transfer_trial(p, pjobs: Jobs, consumer, trial: int, *, throttle: f
         while time.monotonic() < end:
             w.step()
             pjobs.pump()
-            if w.states[-1] == "quarantined":
+            if w.states[-1] == "quarantined" and ctl is None:
                 # the session was ended to force the release: it comes within a poll or two;
-                # a shorter bound so that a missing release fails fast
+                # a shorter bound so that a missing release fails fast (a throttled consumer
+                # may also release the frames by reading them, slowly: the general bound)
                 end = min(end, w.entered["quarantined"] + QUARANTINE_BOUND_S)
             if pjobs.has(pjob):
                 # the moment the engine learns the result: it may reuse the blocks at once

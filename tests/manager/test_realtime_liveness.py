@@ -2,8 +2,8 @@
 
 Real processes over real ZeroMQ, with the expected values of bug-scenarios B24 and B11:
 
-* B24 — the producer's process stops polling for 2.5 s (its main thread sleeps, holding nothing)
-  while a consumer sends 300 fetches for parked ids whose ``unbound_store_timeout_s`` (1.5 s)
+* B24 — the producer's process stops polling for 3 s (its main thread sleeps, holding nothing)
+  while a consumer sends 300 fetches for parked ids whose ``unbound_store_timeout_s`` (2 s)
   expires during the stall, and the producer's own ``peer_timeout_s`` (1 s) is shorter than the
   stall.  After the stall every id is served, none is reaped, and nobody is declared dead.  The
   same with a backlog larger than one poll's read budget (``RECV_BUDGET``, made small here).
@@ -54,9 +54,11 @@ def _session_ready(c, host, port) -> bool:
 
 # -- B24 -----------------------------------------------------------------------------------------
 
-P_B24 = {"unbound_store_timeout_s": 1.5, "peer_timeout_s": 1.0, "heartbeat_interval_s": 0.2,
+# unbound_store_timeout_s leaves the 300 stores (one command, ~0.3 s) time to finish before the
+# stall begins; the stall outlasts it, and the producer's own peer_timeout_s
+P_B24 = {"unbound_store_timeout_s": 2.0, "peer_timeout_s": 1.0, "heartbeat_interval_s": 0.2,
          "shutdown_grace_s": 0.2}
-STALL_S = 2.5  # > unbound_store_timeout_s and > the producer's peer_timeout_s
+STALL_S = 3.0
 
 
 def _load_all(c, cjobs, host, port, n, first_job=1000):
@@ -71,8 +73,8 @@ def _load_all(c, cjobs, host, port, n, first_job=1000):
 
 
 def test_b24_stalled_producer_serves_what_queued_during_the_stall(producer, make_manager):
-    """B24: 300 ids are parked in the producer's process, which then stalls for 2.5 s (no poll,
-    main thread asleep).  Their reap deadline (1.5 s) and the consumer's liveness on the
+    """B24: 300 ids are parked in the producer's process, which then stalls for 3 s (no poll,
+    main thread asleep).  Their reap deadline (2 s) and the consumer's liveness on the
     producer (peer_timeout_s=1 s) fall due inside the stall, while the consumer's 300 fetches
     and its pings wait in the producer's socket.  Expected: on the first poll after the stall the
     fetches are applied before any deadline — every load succeeds byte-exact, no id is reaped, and
@@ -91,7 +93,7 @@ def test_b24_stalled_producer_serves_what_queued_during_the_stall(producer, make
     assert all(s["immediate"] == [] for s in stored)
     producer.stall(STALL_S)  # returns at once; the child sleeps STALL_S from its reply on
     t_stall = time.monotonic()
-    # Every reap deadline is at most 1.5 s after the last store, which came before the stall
+    # Every reap deadline is at most 2 s after the last store, which came before the stall
     # began: all of them fall due inside it.
     _load_all(c, cjobs, host, port, N_IDS)
     pump_until(lambda: time.monotonic() - t_stall > STALL_S, managers=[c], jobs=[cjobs], timeout_s=BOUND_S)
@@ -113,7 +115,7 @@ def test_b24_stalled_producer_serves_what_queued_during_the_stall(producer, make
 def test_b24_backlog_larger_than_one_polls_read_budget(make_manager, monkeypatch):
     """B24 with a backlog larger than one poll's read budget: RECV_BUDGET is 64 messages here
     (8192 in production) and 300 fetches (plus pings) queue while the producer is not polled for
-    2.5 s, past every reap deadline (1.5 s).  A poll that stops at its budget fires no deadline
+    3 s, past every reap deadline (2 s).  A poll that stops at its budget fires no deadline
     past the time the queue was last seen empty.  Expected: every load succeeds byte-exact, none
     is reaped."""
     monkeypatch.setattr(kvtier.manager, "RECV_BUDGET", 64)
