@@ -139,7 +139,7 @@ def _p1(r: dict[str, Any]) -> str:
              _opt(x, "kvtier_curve_gbps"), _opt(x, "curve_vs_plain"),
              "yes" if x["verified"] else "NO"]
             for x in r["rows"]]
-    curve, nixl, one = r.get("curve"), r.get("nixl"), r.get("one_block_vs_raw") or {}
+    curve, nixl, one, integ = r.get("curve"), r.get("nixl"), r.get("one_block_vs_raw") or {}, r.get("integrity")
     return _md_table(["block", "blocks", "request", "requests/sample", "zmq GB/s", "nixl GB/s", "raw pyzmq GB/s",
                       "zmq/raw", "nixl/raw", "zmq ms/request", "nixl ms/request", "raw ms/request", "CURVE GB/s",
                       "CURVE/plain", "bytes verified"], rows) + (
@@ -148,7 +148,11 @@ def _p1(r: dict[str, Any]) -> str:
             f" CURVE on vs off (same run): {fmt_ratio(curve)}." if curve else "") + (
             f" NIXL plane vs raw pyzmq: {fmt_ratio(nixl)}; vs the zmq plane: {fmt_ratio(nixl['vs_plain'])}."
             if nixl else "") + "".join(
-            f" 1-block requests, {plane}/raw: {fmt_ratio(v)}." for plane, v in one.items()))
+            f" 1-block requests, {plane}/raw: {fmt_ratio(v)}." for plane, v in one.items()) + (
+            f" Integrity digest on vs off (same run): {fmt_ratio(integ, 3)} of the throughput, i.e. a cost of "
+            f"{integ['cost'] * 100:.1f} % (median over cells; worst cell {integ['cost_worst_cell'] * 100:.1f} %); "
+            "store-side XXH3-64 rate: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in integ["store_digest_gbps"].items())
+            + "." if integ else ""))
 
 
 def _p2(r: dict[str, Any]) -> str:

@@ -135,6 +135,20 @@ class Producer:
         for mgr in self.mgrs.values():
             self.finished += len(mgr.get_finished_jobs())
 
+    def op_digest_rate(self, nblocks: int, algorithm: str = "xxh3_64", min_s: float = 0.05) -> dict[str, Any]:
+        """What the store path pays per byte for ``integrity``: ``block_digests`` over ``nblocks``
+        pool blocks, repeated for at least ``min_s`` seconds; returns bytes/s."""
+        from kvtier.integrity import block_digests
+
+        bufs = [self.pool.buffer(i) for i in range(nblocks)]
+        done, t0 = 0, time.perf_counter()
+        while True:
+            block_digests(bufs, algorithm)
+            done += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_s:
+                return {"bytes_per_s": done * nblocks * self.pool.block_bytes / dt, "seconds": dt}
+
     def wait(self, conn: Any) -> None:
         """Serve the raw ROUTER until a command arrives on the pipe."""
         import zmq

@@ -4,7 +4,8 @@
   from the same spec (:mod:`kvtier._tools.reference`), on the same event sequence.
 * P5: ``TierCore.tick`` cost with N tombstones + N parked ids vs the seed's O(n) scan, and the full
   ``KvTierManager.poll()`` tick (idle zmq transport and InprocTransport).
-* P6: bookkeeping bytes per tracked id (tracemalloc) vs a ``transitions`` model per id.
+* P6: bookkeeping bytes per tracked id (tracemalloc) vs a ``transitions`` model per id, and
+  bytes per retained (done / tombstoned) id after 1-key and 2000-key fetches.
 * P8: 1,000,000 ids through park → reap → tombstone → prune on a virtual clock, in a fresh
   child process (clean RSS), memory back to baseline.
 """
@@ -464,6 +465,97 @@ def _core_bytes(n: int, blocks: int) -> dict[str, float]:
     return {"parked": parked / n, "tombstoned": tombstoned / n}
 
 
+RETAINED_TARGET_B = 256
+"""Bytes one retained (done or tombstoned) producer id may cost, whatever its fetch named."""
+
+
+def retained_bytes(n: int, fetch_keys: int, end: str) -> dict[str, float]:
+    """Bytes per *retained* producer id: stored, fetched with ``fetch_keys`` keys, served, then
+    ``end`` = ``"done"`` (released + receipt) or ``"tombstoned"`` (released, then the fetched
+    round aborted).
+
+    Objects the engine owns anyway (id and owner strings, job ids, each store job's keys and
+    slots) are built before the tracemalloc baseline; what the shell builds per input — the
+    StoreInput with its digests, the decoded fetch with *fresh* key bytes, its round and
+    generation ints — is built inside it and dropped after the call, so whatever the core keeps
+    of them counts.  Returns ``{"retained": B/id right after the id entered retention,
+    "steady": B/id once the deadlines of its earlier states (reap, transfer) have surfaced and
+    been dropped — what it costs for the rest of tombstone_retention_s}``.
+
+    Raises:
+        ValueError: ``end`` is neither ``"done"`` nor ``"tombstoned"``.
+    """
+    from kvtier.lifecycle._table import ProducerEvent, ProducerState
+    from kvtier.lifecycle.producer import FetchInput, ProducerMachine, StoreInput
+
+    if end not in ("done", "tombstoned"):
+        raise ValueError(f"end must be 'done' or 'tombstoned', got {end!r}")
+    ids = [f"req-{i:07d}" for i in range(n)]
+    owners = ["engine-" + k for k in ids]
+    job_ids = list(range(10**6, 10**6 + n))
+    job_keys = [tuple(b"%s/%05d" % (k.encode(), j) for j in range(fetch_keys)) for k in ids]
+    job_slots = [tuple(range(fetch_keys)) for _ in range(n)]
+    peer = "in:" + "6b" * 16  # one session's peer id, shared by every record bound to it
+    gen = (0x2A5A5A5A5A5A5A5A).to_bytes(8, "little")
+    m = ProducerMachine(_durations(), tombstone_max=4 * n)
+    out: list[Any] = []
+    with _Traced() as tm:
+        for i in range(n):
+            digests = tuple(range(10**9, 10**9 + fetch_keys))
+            m.store(StoreInput(ids[i], owners[i], job_ids[i], job_keys[i], job_slots[i], digests), 1.0, out)
+            del digests
+            # what the decoder hands over: new bytes for every key, new ints for round and gen
+            fetch = FetchInput(peer, ids[i], 10_000 + i, tuple(bytes(memoryview(k)) for k in job_keys[i]),
+                               gen=int.from_bytes(gen, "little"))
+            m.fetch(fetch, 1.0, out)
+            del fetch
+            m.transfer_event(ids[i], 10_000 + i, ProducerEvent.TRANSFER_RELEASED, 1.0, out)
+            late = FetchInput(peer, ids[i], 10_000 + i, gen=int.from_bytes(gen, "little"), fetched=True)
+            if end == "done":
+                m.receipt(late, 1.0, out)
+            else:
+                m.abort_fetch(late, 1.0, out)
+            del late
+            out.clear()  # effects are handed to the shell, not kept
+        retained = tm.mark()
+        m.tick(100.0, out)  # past the reap (61 s) and transfer (31 s) deadlines, before the prune
+        out.clear()
+        steady = tm.mark()
+    want = ProducerState.DONE if end == "done" else ProducerState.TOMBSTONED
+    assert all(r.state is want for r in m.records.values()) and len(m.records) == n
+    return {"retained": retained / n, "steady": steady / n}
+
+
+def retained_breakdown(fetch_keys: int, end: str) -> dict[str, int]:
+    """``sys.getsizeof`` of one retained producer record and of each object it still owns
+    (attribute name -> bytes; shared singletons such as ``None``, ``()`` and small ints count 0).
+    Deterministic: for the P6 report and for the test that the record does not grow."""
+    from kvtier.lifecycle._table import ProducerEvent
+    from kvtier.lifecycle.producer import FetchInput, ProducerMachine, ProducerRecord, StoreInput
+
+    m = ProducerMachine(_durations())
+    keys = tuple(b"k/%05d" % j for j in range(fetch_keys))
+    out: list[Any] = []
+    m.store(StoreInput("req-0", "engine-req-0", 10**6, keys, tuple(range(fetch_keys)),
+                       tuple(range(10**9, 10**9 + fetch_keys))), 1.0, out)
+    m.fetch(FetchInput("in:peer", "req-0", 10_000, tuple(bytes(memoryview(k)) for k in keys), gen=2**61 + 5), 1.0, out)
+    m.transfer_event("req-0", 10_000, ProducerEvent.TRANSFER_RELEASED, 1.0, out)
+    late = FetchInput("in:peer", "req-0", 10_000, gen=2**61 + 5, fetched=True)
+    (m.receipt if end == "done" else m.abort_fetch)(late, 1.0, out)
+    rec = m.records["req-0"]
+    shared = (None, (), True, False, rec.key, rec.peer, rec.state, rec.reason, rec.timer)
+    sizes = {"record": sys.getsizeof(rec)}
+    for name in (*ProducerRecord.__slots__, "key", "state", "reason", "timer", "tseq"):
+        v = getattr(rec, name)
+        if any(v is x for x in shared) or (isinstance(v, int) and -5 <= v <= 256):
+            sizes[name] = 0
+        elif isinstance(v, dict) and not v:
+            sizes[name] = 0  # the shared empty block map
+        else:
+            sizes[name] = sys.getsizeof(v)
+    return sizes
+
+
 def _transitions_bytes(n: int) -> dict[str, float]:
     from kvtier._tools import reference
 
@@ -489,14 +581,25 @@ def run_p6(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
     reps = 2 if quick else 3
     meter = CpuMeter()
     t_start = time.monotonic()
+    n_ret = 300 if quick else 1_000  # the same for both fetch sizes: per-id dict overheads then match
     c1, c16, tr = [], [], []
+    ret: dict[tuple[str, int], list[dict[str, float]]] = {}
     for rep in range(reps):
         c1.append(_core_bytes(n_core, 1))
         tr.append(_transitions_bytes(n_tr))
         c16.append(_core_bytes(n_core // 4, 16))
         log(f"P6 rep {rep}: core parked {c1[-1]['parked']:.0f} B/id (16 blocks: {c16[-1]['parked']:.0f}), "
             f"tombstoned {c1[-1]['tombstoned']:.0f}; transitions {tr[-1]['parked']:.0f} / {tr[-1]['tombstoned']:.0f}")
+        for end in ("done", "tombstoned"):
+            for k in (1, 2000):
+                ret.setdefault((end, k), []).append(retained_bytes(n_ret, k, end))
+        log("P6 rep {}: retained B/id (just retained / steady): ".format(rep) + ", ".join(
+            f"{e} {k} key(s) {v[-1]['retained']:.0f}/{v[-1]['steady']:.0f}" for (e, k), v in ret.items()))
     noise = meter.stop()
+    retained = {f"{e}_{k}_key{'s' if k > 1 else ''}_{w}": statistics.median(r[w] for r in v)
+                for (e, k), v in ret.items() for w in ("retained", "steady")}
+    worst_steady = max(v for name, v in retained.items() if name.endswith("_steady"))
+    worst_now = max(v for name, v in retained.items() if name.endswith("_retained"))
 
     def med(rows: list[dict[str, float]], key: str) -> float:
         return statistics.median(r[key] for r in rows)
@@ -517,7 +620,17 @@ def run_p6(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
             "targets": [
                 target("<=", 300.0, core_p, "≤ 300 B per parked id (1 block)"),
                 target("<=", 300.0, core_t, "≤ 300 B per tombstoned id"),
+                target("<=", float(RETAINED_TARGET_B), worst_steady,
+                       f"≤ {RETAINED_TARGET_B} B per retained (done/tombstoned) id, 1- or 2000-key fetch, "
+                       "once its earlier deadlines surfaced"),
+                target("<=", float(RETAINED_TARGET_B), worst_now,
+                       f"≤ {RETAINED_TARGET_B} B per retained id right after it entered retention"),
             ],
+            "retained_bytes_per_id": retained,
+            "retained_record_breakdown": {
+                f"{end}_{k}_key{'s' if k > 1 else ''}": retained_breakdown(k, end)
+                for end in ("done", "tombstoned") for k in (1, 2000)
+            },
             "bytes_per_id": {
                 "core_parked_1_block": core_p,
                 "core_parked_16_blocks": med(c16, "parked"),
@@ -526,7 +639,8 @@ def run_p6(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
                 "transitions_parked": tr_p,
                 "transitions_tombstoned": tr_t,
             },
-            "n": {"core": n_core, "core_16_blocks": n_core // 4, "transitions": n_tr},
+            "n": {"core": n_core, "core_16_blocks": n_core // 4, "transitions": n_tr,
+                  "retained": n_ret},
             "noise": noise,
             "wall_s": round(time.monotonic() - t_start, 1),
             "method": (
@@ -536,7 +650,10 @@ def run_p6(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
                 "inside it and dropped, so what the core retains of them counts. Includes the record, its "
                 "containers, the records-dict slot, deadline-heap entries and indexes. transitions: "
                 "kvtier._tools.reference model per id "
-                "(add_model + store), then reap_deadline."
+                "(add_model + store), then reap_deadline. Retained ids (retained_bytes): store, fetch "
+                "(1 or 2000 fresh key objects, fresh round/generation ints), release, then receipt (done) or "
+                "abort of the fetched round (tombstoned); measured right after, and again after a tick past "
+                "the reap/transfer deadlines (their stale heap entries dropped; the prune entry stays)."
             ),
         }
     }

@@ -96,6 +96,7 @@ class _Child:
         self.paused = False
         self.results: list[dict[str, Any]] = []
         self.reqs: dict[str, Any] = {}
+        self.stall_s = 0.0  # set by op_stall: the loop sleeps this long after replying
 
     # -- helpers ---------------------------------------------------------------------------------
     def _need(self) -> Any:
@@ -193,6 +194,11 @@ class _Child:
         mgr.submit_store(TransferJob(job_id=job_id, keys=tuple(keys), slots=tuple(slots), req=req))
         return {"digests": digests, "immediate": self._immediate(job_id)}
 
+    def op_store_batch(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Several :meth:`op_store` calls in one command (one pipe round trip): ids stored
+        together start their park clocks within milliseconds of each other."""
+        return [self.op_store(**dict(it)) for it in items]
+
     def _immediate(self, job_id: int) -> list[dict[str, Any]]:
         """Results of ``job_id`` produced by the submit call itself (handed over here and not
         again by ``results``); other results stay queued."""
@@ -256,6 +262,12 @@ class _Child:
 
     def op_pause(self) -> None:
         self.paused = True
+
+    def op_stall(self, seconds: float) -> None:
+        """After replying, the whole loop sleeps ``seconds``: no poll, no command, no lock held
+        (a long engine step or GC pause, bug-scenarios B24).  libzmq's own threads keep
+        receiving meanwhile, so what peers send waits in the sockets."""
+        self.stall_s = float(seconds)
 
     def op_resume(self) -> None:
         self.paused = False
@@ -349,6 +361,9 @@ def _child_main(
                     break
                 if op == "exit":
                     return
+                if child.stall_s > 0:
+                    time.sleep(child.stall_s)
+                    child.stall_s = 0.0
             if active:
                 try:
                     child.step()
@@ -598,6 +613,23 @@ class PeerProcess:
 
     def poll_for(self, seconds: float) -> None:
         self.call("poll_for", seconds=seconds, timeout_s=seconds + 30.0)
+
+    def store_batch(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Several :meth:`store` calls (dicts of its keyword arguments, ``req_id`` optional) in
+        one command (one pipe round trip); returns their answers in order."""
+        norm = []
+        for it in items:
+            it = dict(it)
+            it.setdefault("req_id", f"p-{it['kv_id']}")
+            it["keys"], it["slots"] = list(it["keys"]), list(it["slots"])
+            norm.append(it)
+        return self.call("store_batch", items=norm, timeout_s=120.0)
+
+    def stall(self, seconds: float) -> None:
+        """The child's loop sleeps ``seconds`` right after answering (returns at once): the
+        manager is not polled, no command is read, nothing is held.  Like :meth:`pause`, but
+        bounded and with the process's main thread really blocked."""
+        self.call("stall", seconds=seconds)
 
     def pause(self) -> None:
         """Stop polling: nothing the peer receives is processed, no deadline fires."""

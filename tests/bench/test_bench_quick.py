@@ -61,6 +61,11 @@ def test_quick_suite_writes_every_benchmark(tmp_path: Path) -> None:
 
     # per-benchmark detail a reader relies on
     assert all(row["verified"] for row in results["P1"]["rows"])
+    integ = results["P1"]["integrity"]  # digest on vs off, measured in the same run
+    assert _number(integ["cost"]) and integ["min"] <= integ["median"] <= integ["max"]
+    assert all(_number(row["digest_vs_none"]["median"]) for row in results["P1"]["rows"])
+    retained = results["P6"]["retained_bytes_per_id"]  # 1- and 2000-key fetches, done and tombstoned
+    assert len(retained) == 8 and all(_number(v) and v > 0 for v in retained.values())
     assert results["P3"]["failed_with_reaped"].split("/")[0] == results["P3"]["failed_with_reaped"].split("/")[1]
     assert results["P8"]["result"]["final"]["records"] == 0
     if results["P7"]["status"] == "ok":

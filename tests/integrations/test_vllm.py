@@ -739,3 +739,70 @@ def test_pd_pair_driven_by_engine_steps_only(model_dir: str) -> None:
             e.shutdown()
     for e in engines:
         assert_released(e.manager, e.engine_id)
+
+
+# -- issue 9: a producer request with nothing stored; remote_port as a string --------------------
+@pytest.mark.timeout(60)
+def test_nothing_stored_is_refused_in_one_round_trip_through_the_adapter(managers) -> None:
+    """vLLM could not store the producer request's chunks (no prepare/complete_store, so kvtier
+    never sees a store job) and the request finished.  The decode request's promotion then MISSes
+    at once with the kvtier reason ``nothing_stored`` — well inside promote()'s 10 s bound while
+    fetch_supply_timeout_s is 30 s — and vLLM recomputes.  The decode side names the producer with
+    ``remote_port`` as a numeric string, as a JSON proxy writes it."""
+    slow = {"fetch_supply_timeout_s": "30", "load_timeout_s": "60"}
+    prod, ptier = managers({**TIER, **slow})
+    cons, ctier = managers({**TIER, **slow})
+    host, port = ptier.address.rsplit(":", 1)
+    ks = keys("never-stored", 2)
+    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "K9"}})
+    with prod.lock:
+        prod.on_new_request(P)
+        step(prod, ("req-P",))
+        prod.on_request_finished(P)  # finished without a single store
+        step(prod)
+    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
+        "kv_request_id": "K9", "remote_host": host, "remote_port": str(port)}})
+    with cons.lock:
+        cons.on_new_request(D)
+        assert [cons.lookup(k, D) for k in ks] == [LookupResult.HIT_PENDING] * 2
+        step(cons, ("req-D",))
+    assert LookupResult.MISS in promote(prod, cons, D, ks)
+    assert stat(ctier, "kvtier_jobs_total{kind=load,outcome=fail,reason=nothing_stored}") == 1
+    assert stat(ptier, "kvtier_fetches_refused_total{reason=nothing_stored}") == 1
+    with cons.lock:
+        assert [cons.lookup(k, D) for k in ks] == [LookupResult.MISS] * 2
+        cons.on_request_finished(D)
+        step(cons)
+    assert not cons._jobs and not prod._jobs
+
+
+@pytest.mark.timeout(60)
+def test_remote_port_as_a_numeric_string_loads_through_the_adapter(managers) -> None:
+    """``remote_port: "<digits>"`` is accepted and the promotion loads the producer's bytes."""
+    prod, ptier = managers(TIER)
+    cons, _ = managers(TIER)
+    host, port = ptier.address.rsplit(":", 1)
+    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
+    cview = np.asarray(cons.primary_tier.get_kv_memoryview())
+    ks = keys("string-port", 2)
+    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "K10"}})
+    with prod.lock:
+        prod.on_new_request(P)
+    producer_store(prod, P, ks, pview)
+    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
+        "kv_request_id": "K10", "remote_host": host, "remote_port": str(port)}})
+    with cons.lock:
+        cons.on_new_request(D)
+        step(cons, ("req-D",))
+    assert promote(prod, cons, D, ks) == [LookupResult.HIT] * 2
+    with cons.lock:
+        spec = cons.prepare_load(ks, D)
+        for k, cid in zip(ks, spec.chunk_ids.tolist()):
+            assert np.array_equal(cview[cid], pattern(k))
+        cons.complete_load(ks, D)
+        cons.on_request_finished(D)
+        step(cons)
+    with prod.lock:
+        prod.on_request_finished(P)
+        step(prod)
+    del pview, cview

@@ -3,7 +3,7 @@
 * ``peer_pool`` (session): child processes running a KvTierManager (kvtier.testing.peer_process).
   A spawn costs seconds (torch import), so one long-lived child serves every test through
   ``producer`` (a fresh manager per test), and one spare is started at the same time, in the
-  background, for the test that kill -9s a producer.
+  background, for the test that kill -9s (or SIGSTOPs) a child; taking it starts the next spare.
 * ``producer``: the shared child, with its manager stopped again after the test.
 * ``victim``: a child of its own that the test may kill; killed/closed by the finaliser.
 * ``make_manager``: in-process managers on real zmq sockets (127.0.0.1, ephemeral port), shut
@@ -55,6 +55,9 @@ class PeerPool:
 
     def take_spare(self) -> PeerProcess:
         p = self.spares.pop() if self.spares else self._new("kvtier-peer-victim")
+        # the next test that kills or wedges a child finds one ready: it imports torch now,
+        # while this test runs, instead of on that test's clock
+        self.spares.append(self._new("kvtier-peer-spare"))
         p.wait_ready()
         return p
 
