@@ -56,7 +56,7 @@ from kvtier.lifecycle._table import ProducerState, SessionState
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
 from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
-from kvtier.transport import SendHandle, Transport, TransportError
+from kvtier.transport import CloseReason, SendHandle, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireError, WireLimits, encode, encode_frames
 
@@ -649,7 +649,8 @@ class KvTierManager:
                     self._metrics.internal_error()
                     log.exception("kvtier: error while handling a message from %s", self._who(peer))
             for ev in self.transport.events():
-                self._run(self.core.connection_closed(ev.peer, self.clock()))
+                if ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
+                    self._run(self.core.connection_closed(ev.peer, self.clock()))
             applied += len(batch)
             if len(batch) < RECV_BATCH:  # every socket was read to empty after t0
                 self._t_empty = max(self._t_empty, t0)
@@ -775,7 +776,7 @@ class KvTierManager:
                            level=logging.ERROR)
             self._run(core.hello_reject(peer, msg.gen, now, msg.reason))
         elif t is wm.Disconnect:
-            self._run(core.disconnect(peer, msg.gen, now))
+            self._run(core.disconnect(peer, msg.gen, now, msg.reason))
         elif t is wm.Error:
             self._metrics.wire_error(msg.reason, reported_by_peer=True)
             self._plog(peer, "peer_error", "kvtier: %s reports an error: %.64s %.200s", self._who(peer),

@@ -791,7 +791,7 @@ def abort_racing_completion(h: Harness) -> None:
 @scenario("Transfer stalled past its deadline: the blocks stay quarantined until the transport lets go",
           properties=("exactly_once_job_result", "no_block_returned_while_referenced", "fetch_always_answered"))
 @setup(p_cfg={"transfer_timeout_s": 10.0, "peer_timeout_s": 120.0}, c_cfg={"peer_timeout_s": 120.0},
-       p_transport={"hold_completion": True})
+       p_transport={"hold_completion": True, "hold_after_drop": True})
 def transfer_stalled(h: Harness) -> None:
     """The producer hands A's blocks to its transport, but the consumer's process stalls and reads
     nothing, so zmq keeps holding the zero-copy frames. At `transfer_timeout_s` (10 s) the producer

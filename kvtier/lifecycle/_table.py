@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "1a9a8d1cf1c65c6043b11ca231afa8ae0e9c7b5c9a811fa041079626a42503fb"
+SPEC_SHA256: Final = "bd3c94d83fde962604a537a586129fde204ca130995f388be2df1b5668e0be79"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -45,7 +45,7 @@ class Reason(enum.StrEnum):
     DRAINED = "drained"
     """drain_jobs ended the id before a consumer fetched it"""
     SHUTDOWN = "shutdown"
-    """the manager shut down"""
+    """the manager shut down (ours, or the peer's: its goodbye said so)"""
     DUPLICATE_FETCH = "duplicate_fetch"
     """a second fetch for an id that is already bound to another round"""
     TOO_MANY_PENDING = "too_many_pending"
@@ -1084,6 +1084,8 @@ class SessionGuard(enum.StrEnum):
     """the hello carries the generation this session already serves (a duplicate)"""
     CAPACITY_REFUSAL = "capacity_refusal"
     """the peer refused our hello because it already has max_peers sessions"""
+    PEER_SHUTTING_DOWN = "peer_shutting_down"
+    """the peer's disconnect says it is shutting down (its goodbye)"""
 
 
 class SessionEffect(enum.StrEnum):
@@ -1157,6 +1159,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.HELLO_REJECT): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
+        Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.CONNECTING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1188,6 +1191,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
+        Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1219,6 +1223,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.READY, (SessionEffect.RESTART_TIMER, ), None),
     ), None),
     (SessionState.READY, SessionEvent.DISCONNECT): Rule(TRANSITION, (
+        Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.READY, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (

@@ -333,13 +333,15 @@ class TierCore:
             victim = min(idle, key=lambda r: (r.active, r.key))
             self.sessions.apply(victim, SessionEvent.GIVE_UP, _Why("idle_evicted"), now, out)
 
-    def disconnect(self, peer: str, gen: int, now: float) -> list[Effect]:
+    def disconnect(self, peer: str, gen: int, now: float, reason: str = "") -> list[Effect]:
+        """The peer said goodbye (``reason`` from its disconnect: ``shutdown`` makes our loads
+        fail with ``shutdown``), or answered that it does not know our session."""
         out: list[Effect] = []
         rec = self.sessions.records.get(peer)
         if rec is None or (rec.gen != gen and gen != 0):
             out.append(Ignored("session", peer, rec.state.value if rec else "absent", "disconnect", "stale"))
             return out
-        self.sessions.apply(rec, SessionEvent.DISCONNECT, None, now, out)
+        self.sessions.apply(rec, SessionEvent.DISCONNECT, _Why(reason), now, out)
         return self._settle(now, out)
 
     def connection_closed(self, peer: str, now: float) -> list[Effect]:

@@ -122,6 +122,9 @@ class SessionMachine(TableMachine):
     def guard_same_gen(self, rec: SessionRecord, inp: HelloInput) -> bool:
         return inp.gen == rec.gen
 
+    def guard_peer_shutting_down(self, rec: SessionRecord, inp) -> bool:
+        return getattr(inp, "reason", None) == "shutdown"
+
     def guard_capacity_refusal(self, rec: SessionRecord, inp) -> bool:
         return getattr(inp, "reason", None) == "too_many_peers"
 
@@ -163,8 +166,9 @@ class SessionMachine(TableMachine):
         out.append(SendDisconnect(rec.key, rec.gen, reason or "shutdown"))
 
     def effect_close_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        if rec.dialled:
-            out.append(CloseConnection(rec.key))
+        # inbound connections too: the transport shuts them down, so a peer that stopped reading
+        # cannot keep zero-copy frames (and the producer's blocks) referenced forever
+        out.append(CloseConnection(rec.key))
 
     def effect_peer_down(self, rec: SessionRecord, inp, reason, now, out) -> None:
         out.append(PeerDown(rec.key, reason or "peer_lost"))

@@ -340,7 +340,7 @@ class FakeNetwork:
         if kind == "hello_reject":
             return core.hello_reject(peer, gen, now)
         if kind == "disconnect":
-            return core.disconnect(peer, gen, now)
+            return core.disconnect(peer, gen, now, env.reason or "")
         if kind == "ping":
             return core.ping(peer, gen, now)
         raise ValueError(f"unknown message kind {kind!r}")

@@ -117,6 +117,8 @@ class InprocNetwork:
         if self._endpoints.get(t.address) is t:
             del self._endpoints[t.address]
         for other in self._endpoints.values():
+            if self.is_partitioned(t.address, other.address):
+                continue  # the FIN is lost with everything else: the other end must time out
             if t.address in other._inbound:
                 other._connection_gone(_IN_PREFIX + t.address, CloseReason.DISCONNECTED)
             if t.address in other._dialled and other.address in t._inbound:
@@ -130,6 +132,9 @@ class InprocTransport:
         network: the shared hub.
         address: this endpoint's address, conventionally ``"host:port"``.
         rcvhwm: inbox capacity in messages. Senders queue past it. ``None`` means unbounded.
+        hold_after_drop: with ``hold_completion``, even cutting the connection does not release
+            the held handles (a transport that cannot confirm a release, such as a posted
+            one-sided WRITE): only :meth:`complete` does.
         hold_completion: if True, handles of sent messages stay not ``done`` until
             :meth:`complete` is called (simulates zmq still reading zero-copy frames).
         principal: this endpoint's authenticated name, as peers' :meth:`peer_info` reports it
@@ -147,6 +152,7 @@ class InprocTransport:
         rcvhwm: int | None = None,
         hold_completion: bool = False,
         principal: str | None = None,
+        hold_after_drop: bool = False,
     ) -> None:
         if not isinstance(address, str) or not address:
             raise ValueError(f"address must be a non-empty str, got {address!r}")
@@ -156,6 +162,7 @@ class InprocTransport:
         self.address = address
         self.rcvhwm = rcvhwm
         self.hold_completion = hold_completion
+        self.hold_after_drop = hold_after_drop
         self._inbox: deque[tuple[str, list[bytes]]] = deque()
         self._dialled: list[str] = []  # peers we connected to, in order
         self._inbound: set[str] = set()  # addresses that dialled us
@@ -181,6 +188,8 @@ class InprocTransport:
             raise ValueError(f"cannot connect to {address!r}")
         if address not in self._dialled:
             self._dialled.append(address)
+            # an earlier connection's close is history, not news about this one (as zmq's)
+            self._events = [e for e in self._events if e.peer != address]
         target = self.network._endpoints.get(address)
         if target is not None:
             target._inbound.add(self.address)
@@ -281,8 +290,9 @@ class InprocTransport:
 
     def drop_peer(self, peer: str) -> bool:
         """Cut the connection to ``peer``: queued sends fail ``disconnected``, held handles to
-        it are released, we report ``dropped`` and the other end ``disconnected``. A dialled
-        peer is forgotten (``connect`` dials again). False if not connected."""
+        it are released, we report ``dropped`` and the other end ``disconnected`` (unless the two
+        are partitioned: then the close is lost like everything else). A dialled peer is
+        forgotten (``connect`` dials again). False if not connected."""
         if self._closed:
             return False
         self._fail_queue(peer, SendFailure.DISCONNECTED)
@@ -291,14 +301,16 @@ class InprocTransport:
             self._dialled.remove(peer)
             self._release_held(peer)
             self._events.append(PeerClosed(peer, CloseReason.DROPPED))
-            if other is not None and self.address in other._inbound:
+            if (other is not None and self.address in other._inbound
+                    and not self.network.is_partitioned(self.address, peer)):
                 other._connection_gone(_IN_PREFIX + self.address, CloseReason.DISCONNECTED)
             return True
         if peer.startswith(_IN_PREFIX) and peer[len(_IN_PREFIX) :] in self._inbound:
             dialler = peer[len(_IN_PREFIX) :]
             self._connection_gone(peer, CloseReason.DROPPED)
             other = self.network._endpoints.get(dialler)
-            if other is not None and self.address in other._dialled:
+            if (other is not None and self.address in other._dialled
+                    and not self.network.is_partitioned(self.address, dialler)):
                 other._connection_gone(self.address, CloseReason.DISCONNECTED)
             return True
         return False
@@ -322,6 +334,8 @@ class InprocTransport:
         self._events.append(PeerClosed(peer, reason))
 
     def _release_held(self, peer: str) -> None:
+        if self.hold_after_drop:
+            return
         keep = []
         for h in self._held:
             if h.peer == peer:

@@ -354,6 +354,9 @@ class ZmqTransport:
             raise TransportError("connect() on a closed transport")
         if address in self._dealers:
             return address
+        # what happened to an earlier connection to this address is history now: its events must
+        # not be read as news about the new one
+        self._events = deque((e for e in self._events if e.peer != address), maxlen=_MAX_EVENTS)
         host, port = parse_address(address)
         server_key = None
         if self._curve is not None:

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import zmq
 
+from kvtier.wire import PROTOCOL_VERSION
 from kvtier.testing.peer_process import PeerProcess, pattern_digest
 from mgr_helpers import Jobs, consumer_req, digests, job, metric, metric_sum, pump_until
 
@@ -36,7 +37,7 @@ def _garbage(rng: random.Random, kv: str) -> list[list[bytes]]:
     deep: object = 1
     for _ in range(200):
         deep = [deep]
-    hello = {"type": "hello", "gen": gen, "version": 1, "instance": "fz", "block_bytes": BB, "layout": "raw",
+    hello = {"type": "hello", "gen": gen, "version": PROTOCOL_VERSION, "instance": "fz", "block_bytes": BB, "layout": "raw",
              "hash_seed": ""}
     return [
         [rng.randbytes(rng.randrange(1, 2048))],  # random bytes

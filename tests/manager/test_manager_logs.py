@@ -33,12 +33,15 @@ def test_a_goodbye_is_routine_and_names_both_peers(make_manager, caplog) -> None
     caplog.set_level(logging.DEBUG, logger="kvtier.manager")
     p, c = _session(make_manager)
     c.shutdown()
-    assert pump_until(lambda: _lines(caplog, "ended: peer_disconnected"), managers=[p])
-    (down,) = _lines(caplog, "ended: peer_disconnected")
+    # the producer reads the consumer's goodbye: its session ends with the goodbye's reason
+    inbound = lambda: [r for r in _lines(caplog, "ended: shutdown") if "(in:" in r.getMessage()]  # noqa: E731
+    assert pump_until(inbound, managers=[p])
+    (down,) = inbound()
     assert down.levelno == logging.INFO
     # the producer only knows the consumer by an inbound routing id: the line adds its IP and instance
-    assert "session with 127.0.0.1 (in:" in down.getMessage() and f"instance {c.instance}" in down.getMessage()
-    (bye,) = _lines(caplog, "ended: shutdown")
+    assert "session with 127.0.0.1:" in down.getMessage() and "(in:" in down.getMessage()
+    assert f"instance {c.instance}" in down.getMessage()
+    (bye,) = [r for r in _lines(caplog, "ended: shutdown") if "(in:" not in r.getMessage()]
     assert bye.levelno == logging.INFO
     assert f"session with {p.address} instance {p.instance} ended" in bye.getMessage()
 

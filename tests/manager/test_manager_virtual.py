@@ -287,7 +287,7 @@ def test_b09_silent_producer_all_loads_fail_once_by_peer_timeout(pairs):
     v.step()
     assert v.P.core.producer.state_of("A").value == "awaiting"  # the prefill is still running
     v.advance_to(0.5)
-    v.crash_producer()
+    v.net.partition(v.P_ADDR, v.C_ADDR)  # power lost: nothing more arrives, not even a FIN/RST
     v.advance_to(0.5 + 5.0 + 1.0)
     for jid, (kv, r, slots) in loads.items():
         assert _outcome(v.cjobs, jid) == (False, "peer_timeout")
@@ -310,7 +310,7 @@ def test_b09_load_timeout_then_abort_ack_timeout_when_liveness_is_slower(pairs):
     C.submit_load(job(10, keys_for("A", 4), [0, 1, 2, 3], ca))
     v.step()
     v.advance_to(0.5)
-    v.crash_producer()
+    v.net.partition(v.P_ADDR, v.C_ADDR)  # power lost: no FIN/RST, only silence
     v.advance_to(29.75)
     assert not v.cjobs.has(10)
     v.advance_to(30.0)
@@ -615,7 +615,7 @@ def test_confirmed_transfer_waits_for_the_release_and_quarantines_past_its_deadl
     v = pairs(
         {**SCEN, "transfer_timeout_s": 10.0},
         block_bytes=BB,
-        p_transport=lambda net, addr: InprocTransport(net, addr, hold_completion=True),
+        p_transport=lambda net, addr: InprocTransport(net, addr, hold_completion=True, hold_after_drop=True),
     )
     P, C = v.P, v.C
     _store(v, "A", 1, [0, 1], seed=1)

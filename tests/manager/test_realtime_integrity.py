@@ -57,10 +57,6 @@ QUARANTINE_BOUND_S = 5.0  # bound on the release after the session was ended (im
 #: says "an inbound connection is shut down".  The fix is in kvtier/lifecycle/session.py
 #: (emit ``CloseConnection`` for every session; the manager's performer already calls
 #: ``transport.drop_peer``, which shuts an inbound connection down).
-CLOSE_INBOUND_BUG = (
-    "lifecycle bug (reported): session close_connection is emitted only for dialled sessions, so a "
-    "producer never cuts a consumer's inbound connection and the stalled frames are never released"
-)
 MIB = 1 << 20
 BB = MIB  # 8 blocks per block_data batch (8 MiB)
 N = 64  # 64 MiB: far more than the kernel's socket buffers absorb from a stopped reader
@@ -163,7 +159,6 @@ def _check_consumer(t: dict, consumer) -> str:
     return r["reason"]
 
 
-@pytest.mark.xfail(strict=True, reason=CLOSE_INBOUND_BUG)
 def test_b32_stopped_consumer_blocks_never_returned_while_zmq_holds_them(victim, make_manager):
     """B32/B26, 3 trials: the consumer is SIGSTOPped before the producer starts a 64 MiB transfer
     (transfer_timeout_s=0.5).  Expected per trial: the transfer deadline finds zmq holding the

@@ -27,6 +27,7 @@ import msgspec
 import pytest
 import zmq
 
+from kvtier.wire import PROTOCOL_VERSION
 from kvtier.testing.netns import TwoHosts, unavailable_reason
 from kvtier.testing.peer_process import PeerProcess, pattern_digest
 from kvtier.transport import ZmqTransport
@@ -180,7 +181,7 @@ def _stranger(hosts: TwoHosts, secret_file, server_key, kv: str) -> list:
                 d.curve_publickey, d.curve_secretkey, d.curve_serverkey = pub, sec, server_key
             d.connect(f"tcp://{hosts.addr_a}:{PORT}")
             enc = msgspec.msgpack.encode
-            d.send(enc({"type": "hello", "gen": 7, "version": 1, "instance": "mallory", "block_bytes": BB,
+            d.send(enc({"type": "hello", "gen": 7, "version": PROTOCOL_VERSION, "instance": "mallory", "block_bytes": BB,
                         "layout": "raw", "hash_seed": ""}))
             d.send(enc({"type": "fetch", "gen": 7, "kv_request_id": kv, "round": 0, "keys": []}))
             d.send(enc({"type": "abort_fetch", "gen": 7, "kv_request_id": kv, "round": 0}))
