@@ -302,7 +302,8 @@ class Shadow:
         except Rejected as exc:
             expected = exc
         self._invoked.clear()
-        old_tseq = rec.tseq
+        key = rec.key
+        old_tseq = self.machine.timer_token(key)
         n_out = len(out)
         where = f"{self.ref.name} {rec.key!r}: {ev!r} in {state!r} with guards {valuation}"
         try:
@@ -341,17 +342,18 @@ class Shadow:
         if not final:
             if rec.timer != expected.timer:
                 problems.append(f"timer: core {rec.timer!r}, reference {expected.timer!r}")
-            if expected.rearmed and (rec.tseq == old_tseq or rec.tseq == 0):
+            tseq = self.machine.timer_token(key)
+            if expected.rearmed and (tseq == old_tseq or tseq == 0):
                 problems.append("timer: reference re-armed it, the core did not")
             if (
                 expected.timer is not None
                 and not expected.rearmed
                 and expected.kind == "transition"
                 and old_tseq
-                and rec.tseq != old_tseq
+                and tseq != old_tseq
             ):
                 problems.append("timer: the core re-armed it, the reference did not")
-            if expected.timer is not None and rec.tseq == 0:
+            if expected.timer is not None and tseq == 0:
                 problems.append(f"timer {expected.timer!r} is armed per the spec but the core has no live deadline")
         if problems:
             raise Divergence(where + ": " + "; ".join(problems))

@@ -118,6 +118,23 @@ class TableMachine:
             rec.timer = new_timer
             rec.tseq = self._deadlines.arm(now + self._durations[new_timer], rec.key) if new_timer else 0
 
+    def enter(self, rec: Any, state: Any, now: float) -> Any:
+        """Put a fresh record straight into ``state`` at ``now`` (seconds), indexed and with its
+        timer armed as if a transition had brought it there; for tests and the model checker,
+        which start from arbitrary states.  Returns the record now stored under its key (a
+        machine may store a smaller record for some states)."""
+        old = rec.state
+        rec.state = state
+        self._retime(rec, old, state, now)
+        self._index(rec, old, state)
+        return self.records.get(rec.key, rec)
+
+    def timer_token(self, key: Any) -> Any:
+        """An opaque token for ``key``'s live deadline: 0 when none; a different value once the
+        timer is re-armed (the reference checker compares them)."""
+        rec = self.records.get(key)
+        return rec.tseq if rec is not None else 0
+
     def durations_of(self, timer: str) -> float:
         """Seconds timer ``timer`` runs for (its config key's value)."""
         return self._durations[timer]

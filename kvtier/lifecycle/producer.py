@@ -25,6 +25,7 @@ supplies guard predicates and effect builders.  It knows nothing of sockets, tor
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -127,6 +128,33 @@ class ProducerRecord(Record):
         self.receipt = False
 
 
+class RetainedRecord(Record):
+    """What a done or tombstoned id keeps for the rest of ``tombstone_retention_s`` (issue 9 item
+    7: ≤ 256 B per id): its state, reason and named consumer — all a late fetch, abort, receipt or
+    store is answered from.  The fields of a live record read as their empty values (class
+    attributes, not slots), so code that scans every record needs no special case; writing one
+    raises AttributeError, which is the point: nothing may bind or park a retained id."""
+
+    __slots__ = ("consumer",)
+    owner = None
+    peer = None
+    principal = None
+    gen = 0
+    round = -1
+    blocks = _NO_BLOCKS
+    jobs: tuple[int, ...] = ()
+    demand: tuple[bytes, ...] = ()
+    slots: tuple[int, ...] = ()
+    supply_complete = False
+    receipt = False
+
+    def __init__(self, rec: Record) -> None:
+        super().__init__(rec.key, rec.state)
+        self.reason = rec.reason
+        self.timer = rec.timer
+        self.consumer = rec.consumer
+
+
 class ProducerMachine(TableMachine):
     """All producer records of one manager. Inputs take ``now`` (seconds) and append effects."""
 
@@ -158,7 +186,15 @@ class ProducerMachine(TableMachine):
         self.max_pending = max_pending_fetches_per_peer
         self.by_peer: dict[str, set[str]] = {}
         self.awaiting_per_peer: dict[str, int] = {}
-        self.retained: dict[str, None] = {}  # insertion-ordered: oldest first
+        # retained id -> when its prune deadline falls (seconds); insertion-ordered, so oldest
+        # first: the retention period is one constant, so with a monotonic ``now`` this is also
+        # deadline order and the prune timer needs no heap entry of its own
+        self.retained: dict[str, float] = {}
+        # the same ids in the same order; popping the front of a dict is O(size) in CPython, of a
+        # deque O(1).  An id that leaves retention out of order (close, a test firing its prune)
+        # leaves a stale entry here, skipped when it reaches the front.
+        self._prune_order: deque[str] = deque()
+        self._prune_at = (float("nan"), float("nan"))  # (now, now + retention): one float per batch
         self.count_evicted = 0
         self.closing = False  # shutdown() began: new fetches for unknown ids are refused
         # consumers named by producer requests whose id has no record yet (fetch-before-store):
@@ -237,13 +273,66 @@ class ProducerMachine(TableMachine):
         self._enforce_cap(now, out)
 
     def tick(self, now: float, out: list[Effect]) -> int:
-        fired = super().tick(now, out)
+        fired = super().tick(now, out)  # reap, supply, transfer and cancel deadlines (the heap)
+        retained, order = self.retained, self._prune_order
+        while order:
+            key = order[0]
+            when = retained.get(key)
+            if when is None:
+                order.popleft()  # stale: the id left retention out of order
+            elif when > now:
+                break
+            else:
+                self.apply(self.records[key], ProducerEvent.PRUNE_DEADLINE, None, now, out)
+                fired += 1
         self._enforce_cap(now, out)
         return fired
 
+    def next_deadline(self) -> float | None:
+        """Earliest pending deadline (seconds, caller's clock) or None: the heap's or the oldest
+        retained id's prune."""
+        heap = super().next_deadline()
+        retained, order = self.retained, self._prune_order
+        while order and order[0] not in retained:
+            order.popleft()
+        prune = retained[order[0]] if order else None
+        if heap is None or (prune is not None and prune < heap):
+            return prune
+        return heap
+
+    def timer_token(self, key: Any) -> Any:
+        return self.retained.get(key) or super().timer_token(key)
+
+    def deadline_of(self, key: Any) -> float | None:
+        if key in self.retained:
+            return self.retained[key]
+        return super().deadline_of(key)
+
+    def _retime(self, rec: Any, old: Any, new: Any, now: float) -> None:
+        if new in _RETAINED and old not in _RETAINED:
+            # the prune timer lives in ``retained`` (oldest first), not the heap; entries the
+            # heap still holds for this id (reap, transfer) go stale with tseq 0
+            rec.timer, rec.tseq = self.STATE_TIMER[new], 0
+            if self._prune_at[0] != now:
+                self._prune_at = (now, now + self._durations[rec.timer])
+            self.retained[rec.key] = self._prune_at[1]
+            self._prune_order.append(rec.key)
+            return
+        super()._retime(rec, old, new, now)
+
+    def _index(self, rec: Any, old: Any, new: Any) -> None:
+        super()._index(rec, old, new)
+        if new in _RETAINED and old not in _RETAINED:
+            # from here on the id is answered from its state, reason and named consumer alone
+            self.records[rec.key] = RetainedRecord(rec)
+
     def _enforce_cap(self, now: float, out: list[Effect]) -> None:
-        while len(self.retained) > self.tombstone_max:
-            key = next(iter(self.retained))
+        retained, order = self.retained, self._prune_order
+        while len(retained) > self.tombstone_max:
+            key = order[0]
+            if key not in retained:
+                order.popleft()
+                continue
             self.count_evicted += 1
             self.apply(self.records[key], ProducerEvent.PRUNE_DEADLINE, None, now, out)
 
@@ -276,12 +365,13 @@ class ProducerMachine(TableMachine):
                     del self.by_peer[rec.peer]
         if new in _BOUND and old not in _BOUND:
             self.by_peer.setdefault(rec.peer, set()).add(rec.key)
-        if new in _RETAINED and old not in _RETAINED:
-            self.retained[rec.key] = None
-            # a retained record answers late inputs from its state, reason and binding alone
-            rec.blocks, rec.demand, rec.slots, rec.owner = _NO_BLOCKS, (), (), None
         if old in _RETAINED and new not in _RETAINED:
             self.retained.pop(rec.key, None)
+            order = self._prune_order
+            if order and order[0] == rec.key:
+                order.popleft()
+            elif len(order) > 64 + 2 * len(self.retained):
+                self._prune_order = deque(k for k in order if k in self.retained)
 
     # -- guards (names match spec/lifecycle.toml) ----------------------------------------------
     def guard_store_empty(self, rec: ProducerRecord, inp: StoreInput) -> bool:

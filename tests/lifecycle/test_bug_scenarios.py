@@ -208,7 +208,7 @@ def test_b03_store_after_reap_fails_at_once_and_pins_nothing() -> None:
     assert prune_at == 120.0
     job2, out = s.store("A", 1, 61.0, start=1)
     assert of(out, JobDone) == [JobDone(job2, False, "reaped")]
-    assert rec.state is ProducerState.TOMBSTONED and rec.blocks == {} and rec.jobs == []
+    assert rec.state is ProducerState.TOMBSTONED and rec.blocks == {} and not rec.jobs
     assert s.p.producer.deadline_of("A") == prune_at  # retention not extended
     assert done_fail(s.fetch("A", keys("A", 2), 62.0), "A").reason == "reaped"
     s.p.tick(120.0)
@@ -380,7 +380,7 @@ def test_b13_a_second_owner_cannot_park_under_a_live_id() -> None:
     assert of(out, SendBlocks)[0].blocks == (0, 1, 2, 3)
     out = s.complete("A", 0, 2.5)
     assert of(out, JobDone) == [JobDone(j1, True, None)]
-    assert s.p.producer.state_of("A") is ProducerState.DONE and rec.blocks == {} and rec.jobs == []
+    assert s.p.producer.state_of("A") is ProducerState.DONE and rec.blocks == {} and not rec.jobs
     assert s.p.pending_jobs() == 0
 
 

@@ -102,13 +102,8 @@ def _exhaustive(name: str) -> dict[str, int]:
         key = f"k{n}"
         rec = machine.new_record(key)
         st = machine.INITIAL.__class__(state)
-        rec.state = st
         if st is not machine.INITIAL:
-            machine.records[key] = rec
-            machine.on_state_change(rec, machine.INITIAL, st)
-            rec.timer = machine.STATE_TIMER[st]
-            if rec.timer is not None:
-                rec.tseq = machine._deadlines.arm(100.0, key)
+            rec = machine.enter(rec, st, 1.0)
             shadow.models[key] = ref.new_model(key, state)
         ev = type(next(iter(machine.TABLE))[1])(event)
         rule = spec_m.rules[(state, event)]

@@ -30,15 +30,11 @@ def test_retained_record_does_not_grow_with_the_fetch(end: str) -> None:
     assert big["retained"] < 2048  # the first release: ~147,000 B per id
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reported to the lead: a retained producer id costs ~450 B once its earlier deadlines surfaced "
-    "(~680 B right after retention): the 15-slot record 152 B, a fresh empty jobs list 56 B, the "
-    "fetch's generation int 36 B and round int 28 B, the prune heap entry (tuple, float, seq int) "
-    "~116 B, the records and retained dict slots; plus 2 stale heap entries (~230 B) until the reap "
-    "and transfer deadlines surface"))
 @pytest.mark.parametrize("end", ["done", "tombstoned"])
 def test_retained_id_costs_at_most_the_target(end: str) -> None:
     """Issue 9 item 7's target: ≤ 256 B per retained id (done or tombstoned), whatever its fetch
-    named, for the rest of ``tombstone_retention_s``."""
+    named, for the rest of ``tombstone_retention_s``: the live record is swapped for a
+    six-slot RetainedRecord and the prune timer is the id's place in ``retained`` (no heap
+    entry)."""
     got = retained_bytes(N, 2000, end)
     assert got["steady"] <= RETAINED_TARGET_B, got

@@ -207,7 +207,7 @@ def test_b03_store_after_reap_fails_at_once_and_never_reparks(pairs):
     v.step()
     assert _outcome(v.pjobs, 2) == (False, "reaped")
     rec = P.core.producer.records["A"]
-    assert rec.state.value == "tombstoned" and rec.blocks == {} and rec.jobs == []
+    assert rec.state.value == "tombstoned" and rec.blocks == {} and not rec.jobs
     assert not P._jobs  # nothing pinned for A
 
     v.advance_to(62.0)
