@@ -5,6 +5,8 @@ real machine classes (:class:`~kvtier.lifecycle.producer.ProducerMachine`,
 :class:`~kvtier.lifecycle.consumer.ConsumerMachine`) behave with one realistic bug, taken from
 ``bug-scenarios.md``; on exit the classes are restored exactly.  The patch is made on the
 *classes* (their table and effect builders), so build the cores **inside** the ``with`` block.
+One entry, ``deadlines_before_input``, plants a bug in the shell's poll policy instead: it
+patches the model checker's clock rule, which only ``kvtier check`` runs.
 
 The stateful suite (``tests/stateful/test_planted.py``) and the model checker
 (``kvtier check --bug NAME``, ``tests/model/test_modelcheck.py``) must find every one of them;
@@ -257,6 +259,19 @@ def abort_ignores_round() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def deadlines_before_input() -> Iterator[None]:
+    """The first release's shell (B24): deadlines fire against "now", so one may fire while a
+    message that arrived before it is still unread in the socket — a fetch that queued during a
+    stall meets an id reaped a moment ago.  A policy of the shell's poll loop, not of the core, so
+    the planted patch switches the model checker's clock rule off
+    (:attr:`kvtier._tools.modelcheck.clock.Clock.input_first`); only ``kvtier check`` sees it."""
+    from kvtier._tools.modelcheck.clock import Clock
+
+    with _patched(Clock, "input_first", False):
+        yield
+
+
 PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "bind_ignores_tombstone": bind_ignores_tombstone,
     "dup_ack_releases_twice": dup_ack_releases_twice,
@@ -268,5 +283,6 @@ PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "cancel_deadline_returns_blocks": cancel_deadline_returns_blocks,
     "success_without_receipt": success_without_receipt,
     "abort_ignores_round": abort_ignores_round,
+    "deadlines_before_input": deadlines_before_input,
 }
 """Planted bug name -> context manager factory (``with PLANTED[name](): ...``)."""

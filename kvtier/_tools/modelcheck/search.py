@@ -26,21 +26,41 @@ from collections import deque
 from contextlib import nullcontext
 from typing import Any
 
-from kvtier._tools.modelcheck.bounds import Bounds
+from kvtier._tools.modelcheck.bounds import PROFILES, Bounds
 from kvtier._tools.modelcheck.properties import Fail
-from kvtier._tools.modelcheck.reduction import ample
+from kvtier._tools.modelcheck.reduction import ample, visit_key
 from kvtier._tools.modelcheck.result import Result, Violation
 from kvtier._tools.modelcheck.state import State
 from kvtier._tools.modelcheck.system import System
 from kvtier._tools.modelcheck.trace import NETWORK, Recorder, TraceStep
 
-__all__ = ["check"]
+__all__ = ["check", "check_profiles"]
 
 
-def check(bounds: Bounds | None = None, *, bug: str | None = None, progress: bool = False) -> Result:
+def check_profiles(
+    names: tuple[str, ...] | None = None, *, bug: str | None = None, progress: bool = False
+) -> list[Result]:
+    """Explore the named :data:`~.bounds.PROFILES` (all, in order, by default) one after another,
+    stopping after the first that finds a violation or gives up; returns their results in order.
+    Raises KeyError for an unknown profile or bug."""
+    out: list[Result] = []
+    for name in names or tuple(PROFILES):
+        if name not in PROFILES:
+            raise KeyError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+        r = check(PROFILES[name], bug=bug, progress=progress, profile=name)
+        out.append(r)
+        if not r.ok:
+            break
+    return out
+
+
+def check(
+    bounds: Bounds | None = None, *, bug: str | None = None, progress: bool = False, profile: str | None = None
+) -> Result:
     """Explore ``bounds`` (with planted bug ``bug`` of :mod:`kvtier.testing.planted` active, if
-    given) and return the result.  Raises KeyError naming the known bugs for an unknown ``bug``;
-    ``progress`` prints a state count to stderr every 100,000 states."""
+    given) and return the result (``profile``: the name the report gives the bounds).  Raises
+    KeyError naming the known bugs for an unknown ``bug``; ``progress`` prints a state count to
+    stderr every 100,000 states."""
     bounds = bounds or Bounds()
     if bug is not None:
         from kvtier.testing.planted import PLANTED
@@ -51,7 +71,9 @@ def check(bounds: Bounds | None = None, *, bug: str | None = None, progress: boo
     else:
         ctx = nullcontext()
     with ctx:
-        return _search(bounds, bug, progress)
+        r = _search(bounds, bug, progress)
+    r.profile = profile
+    return r
 
 
 class _Trail:
@@ -113,6 +135,7 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
         return result
 
     depth_of: dict[State, int] = {init: 0}
+    visited: set[object] = {visit_key(system, init)}
     try:
         system.check_state(init)
         # 1. safety: BFS to the depth bound with every kind of step
@@ -125,10 +148,15 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
                 try:
                     if ng is None:
                         ng = system.apply(g, action)
-                    if ng not in parent:
-                        system.check_state(ng)
+                    if ng in parent:
+                        continue
+                    key = visit_key(system, ng)
+                    if key in visited:
+                        continue
+                    system.check_state(ng)
                 except Fail as f:
                     return fail(g, action, f)
+                visited.add(key)
                 if ng not in parent:
                     parent[ng] = (g, action)
                     depth_of[ng] = d + 1
