@@ -50,14 +50,15 @@ See ``docs/modelcheck.md`` for where to add an environment behaviour or a proper
 
 from __future__ import annotations
 
-from kvtier._tools.modelcheck.bounds import Bounds
+from kvtier._tools.modelcheck.bounds import PROFILES, Bounds
+from kvtier._tools.modelcheck.chart import chart_dot, chart_steps, write_chart
 from kvtier._tools.modelcheck.cli import main
 from kvtier._tools.modelcheck.properties import PROPERTIES, REGISTRY
 from kvtier._tools.modelcheck.result import Result, Violation, format_result
-from kvtier._tools.modelcheck.search import check
+from kvtier._tools.modelcheck.search import check, check_profiles
 from kvtier._tools.modelcheck.trace import TraceStep, to_chart_steps
 
 __all__ = [
-    "PROPERTIES", "REGISTRY", "Bounds", "Result", "TraceStep", "Violation", "check", "format_result", "main",
-    "to_chart_steps",
+    "PROFILES", "PROPERTIES", "REGISTRY", "Bounds", "Result", "TraceStep", "Violation", "chart_dot", "chart_steps",
+    "check", "check_profiles", "format_result", "main", "to_chart_steps", "write_chart",
 ]

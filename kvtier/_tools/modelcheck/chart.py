@@ -1,8 +1,8 @@
 """Counterexamples as sequence charts: ``kvtier check --chart DIR`` and ``kvtier diagram``.
 
 A violation's structured steps (:func:`.trace.to_chart_steps`) are drawn by the sequence-chart
-renderer (:mod:`kvtier._tools.seqchart`): one lane per actor (the clock, the prefill engine, the
-producer, the network, each consumer and its decode engine), one row per thing that happened,
+renderer (:mod:`kvtier._tools.seqchart`): one lane per actor (the prefill engine, the producer,
+the network, each consumer and its decode engine), one row per thing that happened,
 the broken property in a red box at the end, labelled with the checker's message.  The DOT text
 depends only on the counterexample, so it is byte-stable (``kvtier diagram --check`` compares it).
 """
@@ -23,12 +23,16 @@ __all__ = ["chart_dot", "chart_name", "chart_steps", "chart_title", "write_chart
 
 
 def chart_steps(result: Result) -> list[Step]:
-    """The counterexample of ``result`` as :class:`~kvtier._tools.seqchart.Step` rows; the last
-    (``violation``) row carries the property and the checker's message, wrapped.  Empty when every
-    property held."""
+    """The counterexample of ``result`` as :class:`~kvtier._tools.seqchart.Step` rows: a deadline
+    firing is a (yellow) box on the lane of the core it fired in rather than an arrow from the
+    clock across the chart; the last (``violation``) row carries the property and the checker's
+    message, wrapped.  Empty when every property held."""
     from kvtier._tools.seqchart import Step
 
-    steps = [Step(**d) for d in to_chart_steps(result)]
+    steps = [
+        Step(d["dst"], d["dst"], d["label"], "timer", None) if d["kind"] == "timer" else Step(**d)
+        for d in to_chart_steps(result)
+    ]
     v = result.violation
     if steps and v is not None and steps[-1].kind == "violation":
         last = steps[-1]
