@@ -116,8 +116,8 @@ def test_the_tombstone_count_cap_is_checked_too() -> None:
 @pytest.mark.parametrize(
     "bounds",
     [
-        Bounds(crashes=1, depth=9),
-        Bounds(drain=True, shutdown=True, depth=8),
+        Bounds(crashes=1, depth=8),
+        Bounds(drain=True, shutdown=True, depth=7),
         Bounds(routing="any", loads_per_id=2, depth=7),
         Bounds(chunks=2),
         Bounds(park_clock="first_store"),

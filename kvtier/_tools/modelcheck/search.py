@@ -1,13 +1,16 @@
 """The search: safety by breadth-first exploration, liveness by completion, counterexamples.
 
 1. **Safety.**  Breadth-first from the initial state to the depth bound, with every kind of step
-   (shortest counterexamples first), expanding an ample set per state (:mod:`.reduction`).  Every
-   transition runs the properties' step checks, every new state their state checks
+   (shortest counterexamples first), expanding an ample set per state and merging states that
+   differ only in how a finished pair ended (:mod:`.reduction`, :func:`~.reduction.visit_key`).
+   Every transition runs the properties' step checks, every new state their state checks
    (:mod:`.properties`); the first :class:`~.properties.Fail` stops the search.
 2. **Liveness** (``no_stuck_ids``: ``fetch_always_answered`` and the liveness half of
    ``exactly_once_job_result``).  From every explored state a *quiescent* state
-   (:func:`.properties.quiescent`) must be reachable by *completion* steps only — deliveries,
-   transport reports, deadlines, the producer's request finishing (``actions(g, full=False)``).
+   (:func:`.properties.quiescent`) must be reachable by *completion* steps only — arrivals and
+   deliveries, the data plane's releases once the session that carried them ended, revocations,
+   deadlines, the producer's request finishing, a shutdown's grace ending
+   (``actions(g, full=False)``).
    New work, faults, crashes and the consumer giving up on its own are not completion steps (an
    engine waits for its load), so a load that only ends when its engine abandons it counts as
    stuck.  Each state first tries a greedy path (the first completion step in priority order;
@@ -16,6 +19,9 @@
 3. **Counterexamples.**  Each reached state remembers its parent and the action that reached it;
    a violation replays the path from the initial state with a :class:`~.trace.Recorder`, which
    yields both the text trace and the structured steps (:mod:`.trace`).
+
+:func:`check` explores one :class:`~.bounds.Bounds`; :func:`check_profiles` the named
+:data:`~.bounds.PROFILES` in turn (what a plain ``kvtier check`` does).
 """
 
 from __future__ import annotations

@@ -8,9 +8,12 @@
   liveness search's greedy completion path);
 * :meth:`System.apply` — the successor state (the part that owns the action's kind applies it);
 * :meth:`System.step_producer` / :meth:`System.step_consumer` — one core step: run it (memoised),
-  run the properties' step checks, then let the environment take the step's effects (the engines
-  their job results, the transport its transfers, the network the messages), and record it;
-* :meth:`System.feed` — how a core input reaches the TierCore API (the owning part's handler).
+  record it, run the properties' step checks, then let the environment take the step's effects
+  (the engines their job results, the transport its transfers and revocations, the network the
+  messages);
+* :meth:`System.feed` — how a core input reaches the TierCore API (the owning part's handler),
+  followed by the shell's synchronous answers (a connection comes up, blocks are landed, a
+  receiver-applied plane's access is revoked) within the same core step.
 """
 
 from __future__ import annotations
