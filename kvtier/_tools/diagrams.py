@@ -47,8 +47,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvtier._tools.spec import Machine, Spec, load
+
+if TYPE_CHECKING:
+    from kvtier._tools.modelcheck import Result
 
 DIAGRAM_DIR = Path(__file__).resolve().parents[2] / "diagrams"
 DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
@@ -62,6 +66,7 @@ __all__ = [
     "EXAMPLE_BUG",
     "check",
     "counterexample_lines",
+    "counterexample_result",
     "dot_source",
     "expected",
     "main",
@@ -196,13 +201,30 @@ def counterexample_lines(bug: str) -> tuple[str, ...]:
     return tuple(proc.stdout.splitlines())
 
 
+@functools.cache
+def counterexample_result(bug: str) -> Result:
+    """The model checker's :class:`~kvtier._tools.modelcheck.Result` for ``bug`` at the default
+    (``core``) bounds, run in this process (cached per process; deterministic, so the chart drawn
+    from its structured steps is byte-stable).
+
+    Raises:
+        RuntimeError: the checker reported no violation for ``bug``.
+    """
+    from kvtier._tools.modelcheck import Bounds, check
+
+    result = check(Bounds(), bug=bug, profile="core")
+    if result.violation is None:
+        raise RuntimeError(f"`kvtier check --bug {bug}` found no violation: {result.states} states explored")
+    return result
+
+
 def expected(spec: Spec, out_dir: Path = DIAGRAM_DIR, docs_dir: Path = DOCS_DIR,
              ) -> tuple[dict[str, str], dict[str, str]]:
     """What the generated files must contain: ``(dots, docs)``, each ``{relative path: text}``
     (``dots`` relative to ``out_dir``, ``docs`` to ``docs_dir``).  Runs every recorded scenario
     (they assert their outcomes: a failing one raises
     :class:`~kvtier._tools.scenarios.ScenarioFailed`) and the model checker for
-    :data:`EXAMPLE_BUG`."""
+    :data:`EXAMPLE_BUG` (its chart is drawn from the checker's structured steps)."""
     from kvtier._tools import reviewdoc, scenarios, seqchart, statecharts
 
     dots: dict[str, str] = {}
@@ -220,9 +242,11 @@ def expected(spec: Spec, out_dir: Path = DIAGRAM_DIR, docs_dir: Path = DOCS_DIR,
         trace = scenarios.record(sc, spec)
         dots[f"scenarios/{sc.name}.dot"] = seqchart.render_dot(scenarios.LANES, trace.steps(), sc.title)
         recorded.append((sc.name, sc.title, sc.doc, sc.properties, tuple(trace.checks)))
-    title = f"kvtier check --bug {EXAMPLE_BUG}: counterexample"
-    steps = seqchart.steps_from_trace_lines(counterexample_lines(EXAMPLE_BUG))
-    dots[f"counterexamples/{EXAMPLE_BUG}.dot"] = seqchart.render_dot(seqchart.lanes_for_trace(steps), steps, title)
+    from kvtier._tools.modelcheck.chart import chart_dot, chart_title
+
+    result = counterexample_result(EXAMPLE_BUG)
+    title = chart_title(result)
+    dots[f"counterexamples/{EXAMPLE_BUG}.dot"] = chart_dot(result)
     docs["review.md"] = reviewdoc.review_page(
         spec, diagrams_rel=rel, scenarios=recorded, awaiting=scenarios.AWAITING,
         counterexample=(EXAMPLE_BUG, title),

@@ -242,9 +242,9 @@ def review_page(
             "`kvtier check` explores every interleaving of the real cores within its bounds and "
             "prints the shortest path to a violated property. Planted bugs "
             "(`kvtier/testing/planted.py`) prove it finds them; this chart is the counterexample "
-            f"it prints for the planted bug `{bug}`, drawn by "
-            "`kvtier._tools.seqchart.render_counterexample` (engine calls, messages, deadlines, "
-            "and the violation in red):",
+            f"it prints for the planted bug `{bug}`, drawn from the checker's structured steps by "
+            "`kvtier._tools.seqchart` (engine calls, messages, deadlines, the data plane's reports, "
+            f"and the violation in red; `kvtier check --bug {bug} --chart DIR` draws it too):",
             "",
             f"![{title}]({diagrams_rel}/counterexamples/{bug}.svg)",
             "",

@@ -138,11 +138,13 @@ class Trace:
 
 def _msg_label(msg: Any) -> tuple[str, str]:
     """(type, compact text) of a decoded wire message: the fields a reviewer needs, none of the
-    per-run random ones (generation, instance token, ping time)."""
+    per-run random ones (generation, instance token, ping time) and none of the bulk ones (digests,
+    destination slots, data-plane descriptors, the handshake's configuration fields)."""
     mtype = type(msg).__name__
     tag = getattr(type(msg), "__struct_config__", None)
     name = tag.tag if tag is not None and isinstance(tag.tag, str) else mtype
-    skip = {"gen", "instance", "t", "version", "layout", "hash_seed", "block_bytes"}
+    skip = {"gen", "instance", "t", "version", "layout", "hash_seed", "block_bytes", "data_plane", "digest",
+            "descriptor", "digests", "slots"}
     parts = []
     for field in msg.__struct_fields__:
         if field in skip:
@@ -160,6 +162,8 @@ def _msg_label(msg: Any) -> tuple[str, str]:
             continue
         elif field == "ok":
             parts.append("ok" if value else "FAIL")
+        elif field == "fetched":
+            parts.append("fetched" if value else "not fetched")
         elif field == "reason" and value == "":
             continue
         elif field == "detail":

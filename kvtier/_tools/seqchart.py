@@ -2,8 +2,9 @@
 
 The input is deliberately generic — a list of :class:`Lane` and a list of :class:`Step` — so the
 same renderer draws a scenario trace recorded from two real managers
-(:mod:`kvtier._tools.scenarios`) and a model checker counterexample (:func:`steps_from_trace_lines`
-turns the checker's text trace into steps; :func:`render_counterexample` draws it).
+(:mod:`kvtier._tools.scenarios`) and a model checker counterexample (the checker's structured steps,
+``kvtier._tools.modelcheck.to_chart_steps``, or its printed trace read back by
+:func:`steps_from_trace_lines`; :func:`render_counterexample` draws either).
 
 Layout: every lane is a column of invisible points, one per step row, chained top to bottom
 (``group`` + heavy weight keep the column straight); each row is a ``rank=same`` subgraph whose
@@ -328,10 +329,33 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(lines)
 
 
+_MODEL_LANES = {"clock": "clock", "engine:prefill": "engine (prefill)", "producer": "producer", "network": "network"}
+_MODEL_LANE_RE = re.compile(r"^(consumer|engine:decode):(\d+)$")
+
+
+def _model_lanes(used: set[str]) -> list[Lane]:
+    """Lanes for the model checker's structured steps (``kvtier._tools.modelcheck.trace``): the
+    clock, the producer's engine, the producer, the network (messages cross it), then each consumer
+    and its engine by number; only the lanes the steps use, unknown keys last."""
+    lanes = [Lane(k, label) for k, label in _MODEL_LANES.items() if k in used]
+    numbered = sorted(
+        (int(m.group(2)), m.group(1) != "consumer", k)
+        for k in used if (m := _MODEL_LANE_RE.match(k))
+    )
+    for n, is_engine, k in numbered:
+        lanes.append(Lane(k, f"engine (decode c{n})" if is_engine else f"consumer c{n}"))
+    lanes.extend(Lane(k, k) for k in sorted(used - {ln.key for ln in lanes}))
+    return lanes
+
+
 def lanes_for_trace(steps: Sequence[Step]) -> list[Lane]:
     """Lanes for counterexample steps: the producer's engine, the producer, then each consumer
-    and its engine in order of first appearance (``c1``, ``c1.e``, ``c2`` …)."""
+    and its engine in order of first appearance (``c1``, ``c1.e``, ``c2`` …).  Steps in the model
+    checker's own lane vocabulary (``producer``, ``consumer:1``, ``engine:decode:1``, ``network``,
+    ``clock``: :func:`kvtier._tools.modelcheck.to_chart_steps`) get those lanes instead."""
     used = {k for s in steps for k in (s.src, s.dst)}
+    if used & {"producer", "engine:prefill"} or any(_MODEL_LANE_RE.match(k) for k in used):
+        return _model_lanes(used)
     consumers = sorted({k for k in used if k not in ("pe", "P") and not k.endswith(".e")},
                        key=lambda k: (len(k), k))
     lanes = [Lane("pe", "engine (prefill)"), Lane("P", "producer")]

@@ -63,7 +63,9 @@ _BOUND = frozenset(
         ProducerState.QUARANTINED,
     }
 )
-_RETAINED = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED})
+#: states a finished id is retained in (as a RetainedRecord) until pruned
+RETAINED = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED})
+_RETAINED = RETAINED
 #: states in which the data plane may reference the id's blocks
 REFERENCED = frozenset(
     {ProducerState.SERVING, ProducerState.CONFIRMED, ProducerState.CANCELLING, ProducerState.QUARANTINED}

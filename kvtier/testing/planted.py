@@ -5,6 +5,8 @@ real machine classes (:class:`~kvtier.lifecycle.producer.ProducerMachine`,
 :class:`~kvtier.lifecycle.consumer.ConsumerMachine`) behave with one realistic bug, taken from
 ``bug-scenarios.md``; on exit the classes are restored exactly.  The patch is made on the
 *classes* (their table and effect builders), so build the cores **inside** the ``with`` block.
+One entry, ``deadlines_before_input``, plants a bug in the shell's poll policy instead: it
+patches the model checker's clock rule, which only ``kvtier check`` runs.
 
 The stateful suite (``tests/stateful/test_planted.py``) and the model checker
 (``kvtier check --bug NAME``, ``tests/model/test_modelcheck.py``) must find every one of them;
@@ -33,7 +35,7 @@ from kvtier.lifecycle._table import (
 )
 from kvtier.lifecycle.consumer import ConsumerMachine
 from kvtier.lifecycle.effects import JobDone, SendBlocks
-from kvtier.lifecycle.producer import ProducerMachine
+from kvtier.lifecycle.producer import RETAINED, ProducerMachine, ProducerRecord, RetainedRecord
 
 __all__ = ["PLANTED"]
 
@@ -65,6 +67,29 @@ def _rule(*branches: Branch) -> Rule:
     return Rule(TRANSITION, tuple(branches), None)
 
 
+def _revive_retained(method: str) -> AbstractContextManager[None]:
+    """The bugs below treat a tombstoned id as live on one input (``method``, taking an input
+    with ``kv_request_id``): its lookup hands out a full record again (the correct core keeps
+    only a RetainedRecord, which cannot be bound or parked).  An id still retained afterwards is
+    slimmed back, so only the planted rule changes what the core does."""
+    original = getattr(ProducerMachine, method)
+
+    def wrapped(self: ProducerMachine, inp: Any, now: float, out: list) -> None:
+        key = inp.kv_request_id
+        rec = self.records.get(key)
+        if isinstance(rec, RetainedRecord):
+            live = ProducerRecord(key)
+            live.state, live.reason, live.timer, live.tseq, live.consumer = (
+                rec.state, rec.reason, rec.timer, rec.tseq, rec.consumer)
+            self.records[key] = live
+        original(self, inp, now, out)
+        rec = self.records.get(key)
+        if rec is not None and rec.state in RETAINED and not isinstance(rec, RetainedRecord):
+            self.records[key] = RetainedRecord(rec)
+
+    return _patched(ProducerMachine, method, wrapped)
+
+
 @contextmanager
 def bind_ignores_tombstone() -> Iterator[None]:
     """A fetch for a tombstoned id binds and starts a transfer from the freed blocks (B01)."""
@@ -85,6 +110,7 @@ def bind_ignores_tombstone() -> Iterator[None]:
             )
         )
         stack.enter_context(_patched(ProducerMachine, "effect_start_transfer", start_transfer))
+        stack.enter_context(_revive_retained("fetch"))
         yield
 
 
@@ -175,7 +201,7 @@ def store_reparks_tombstone() -> Iterator[None]:
                 Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS,), None)
             )
         },
-    ):
+    ), _revive_retained("store"):
         yield
 
 
@@ -257,6 +283,19 @@ def abort_ignores_round() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def deadlines_before_input() -> Iterator[None]:
+    """The first release's shell (B24): deadlines fire against "now", so one may fire while a
+    message that arrived before it is still unread in the socket — a fetch that queued during a
+    stall meets an id reaped a moment ago.  A policy of the shell's poll loop, not of the core, so
+    the planted patch switches the model checker's clock rule off
+    (:attr:`kvtier._tools.modelcheck.clock.Clock.input_first`); only ``kvtier check`` sees it."""
+    from kvtier._tools.modelcheck.clock import Clock
+
+    with _patched(Clock, "input_first", False):
+        yield
+
+
 PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "bind_ignores_tombstone": bind_ignores_tombstone,
     "dup_ack_releases_twice": dup_ack_releases_twice,
@@ -268,5 +307,6 @@ PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "cancel_deadline_returns_blocks": cancel_deadline_returns_blocks,
     "success_without_receipt": success_without_receipt,
     "abort_ignores_round": abort_ignores_round,
+    "deadlines_before_input": deadlines_before_input,
 }
 """Planted bug name -> context manager factory (``with PLANTED[name](): ...``)."""

@@ -49,13 +49,15 @@ def test_the_recorder_sees_real_wire_messages_calls_results_and_deadlines() -> N
     trace = record(BY_NAME["happy_path"], SPEC)
     steps = trace.steps()
     msgs = [s.label for s in steps if s.kind == "msg"]
+    # protocol v2: the consumer's receipt ends a round (the producer sends no transfer_done(ok))
     assert msgs == ["hello", "hello_ack", "fetch(A, r0, 4 keys)", "block_data(A, r0, blocks [0:4])",
-                    "transfer_done(A, r0, ok)"]
-    assert [s.label for s in steps if s.kind == "result"] == ["job 1 ok", "job 10 ok"]
+                    "receipt(A, r0)"]
+    # the store job succeeds only on the consumer's receipt, so after the load
+    assert [s.label for s in steps if s.kind == "result"] == ["job 10 ok", "job 1 ok"]
     assert [(s.src, s.dst) for s in steps if s.kind == "call"][:2] == [("pe", "P"), ("pe", "P")]
     timers = [s for s in steps if s.kind == "timer"]
     assert len(timers) == 1 and timers[0].t == 61.0 and "A: done → pruned" in timers[0].label
-    assert "A: writes 4 blocks into slots 4, 5, 6, 7" in [s.label for s in steps]
+    assert "A: lands 4 blocks in slots 4, 5, 6, 7 and checks their digests" in [s.label for s in steps]
     # pings are recorded but not drawn
     quiet = [s for s in trace.steps(include_quiet=True) if s.label.startswith(("ping", "pong"))]
     assert len(quiet) > 50
@@ -65,10 +67,15 @@ def test_a_message_that_never_arrives_says_so() -> None:
     steps = record(BY_NAME["peer_killed_mid_transfer"], SPEC).steps()
     data = [s.label for s in steps if s.label.startswith("block_data")]
     assert data == ["block_data(A, r0, blocks [0:1])", "block_data(A, r0, blocks [1:2])\n(never delivered)"]
-    timers = [s.label for s in steps if s.kind == "timer"]
-    # the session's liveness deadline fired; the load's failure followed from it (a note, not a timer)
-    assert timers == ["liveness_deadline (peer_timeout_s)\nsession with producer: ready → dead"]
-    assert "A: in_flight → failed" in [s.label for s in steps if s.kind == "note"]
+    # no deadline fired: the transport saw the connection close and the session ended at once (B11)
+    assert [s.label for s in steps if s.kind == "timer"] == []
+    labels = [s.label for s in steps]
+    closed = labels.index("transport: connection_closed with producer")
+    assert labels[closed + 1] == "session with producer: ready → dead"
+    assert "job 10 failed (peer_disconnected)" in labels[closed:]
+    # no terminal answer came: the load fails only once the plane confirmed no write can land
+    notes = [s.label for s in steps if s.kind == "note"]
+    assert notes.index("A: in_flight → revoking") < notes.index("A: revoking → failed")
 
 
 def test_a_scenario_that_stops_showing_its_outcome_fails(monkeypatch: pytest.MonkeyPatch) -> None:

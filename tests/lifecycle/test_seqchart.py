@@ -140,7 +140,7 @@ def test_steps_from_trace_lines_without_header_or_steps() -> None:
 def test_a_planted_bug_counterexample_renders_as_a_chart() -> None:
     """A real `kvtier check --bug` run: its printed trace becomes a chart whose steps are the
     trace's steps and whose last box is the violated property."""
-    lines = diagrams.counterexample_lines("bind_ignores_tombstone")
+    lines = diagrams.counterexample_lines("prune_before_retention")
     numbered = [ln for ln in lines if re.match(r"^\s*\d+\.\s", ln)]
     prop = next(ln.split()[2].rstrip(":") for ln in lines if ln.startswith("VIOLATION of "))
     assert prop in load().properties
@@ -152,7 +152,28 @@ def test_a_planted_bug_counterexample_renders_as_a_chart() -> None:
     assert len(actions) == len(numbered)
     assert any(s.kind == "timer" and "reap" in s.label for s in steps)
     assert any(s.kind == "msg" and s.src == "c1" and s.dst == "P" and "fetch X" in s.label for s in steps)
-    dot, svg = render_counterexample(steps, "bind_ignores_tombstone")
+    dot, svg = render_counterexample(steps, "prune_before_retention")
     svg = html.unescape(svg)
     assert prop in svg and "consumer c1" in svg
-    assert dot == render_dot(lanes_for_trace(steps), steps, "bind_ignores_tombstone")
+    assert dot == render_dot(lanes_for_trace(steps), steps, "prune_before_retention")
+
+
+def test_model_checker_lanes_for_its_structured_steps() -> None:
+    """Steps in the model checker's own lane vocabulary (kvtier._tools.modelcheck.to_chart_steps)
+    get its lanes: only those used, the producer side first, the network between the producer and
+    the consumers, each consumer beside its engine, by number."""
+    steps = [
+        Step("engine:decode:2", "consumer:2", "load(Y)", "call"),
+        Step("consumer:2", "producer", "fetch Y r0", "msg"),
+        Step("network", "producer", "transfer_released(Y r0)", "result"),
+        Step("consumer:10", "consumer:10", "note", "note"),
+        Step("engine:prefill", "producer", "store(Y chunk 0)", "call"),
+        Step("somewhere", "somewhere", "unknown lane", "note"),
+    ]
+    lanes = lanes_for_trace(steps)
+    assert [(ln.key, ln.label) for ln in lanes] == [
+        ("engine:prefill", "engine (prefill)"), ("producer", "producer"), ("network", "network"),
+        ("consumer:2", "consumer c2"), ("engine:decode:2", "engine (decode c2)"), ("consumer:10", "consumer c10"),
+        ("somewhere", "somewhere"),
+    ]
+    assert render_dot(lanes, steps, "model").startswith("digraph seqchart {")

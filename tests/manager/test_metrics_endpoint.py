@@ -121,9 +121,11 @@ def test_two_process_run_shows_every_series_with_the_values_of_the_run(producer,
     assert q.total("kvtier_sessions", state="ready") == 1
     assert q.total("kvtier_block_bytes_sent_total") == 0
 
-    # a consumer that says goodbye: a routine session end on the producer, and its endpoint closes
+    # a consumer that says goodbye: a routine session end on the producer (its goodbye names
+    # the shutdown, so the reason is ``shutdown``, not a lost peer), and its endpoint closes
     c.shutdown()
-    assert pump_until(lambda: _get(paddr).total("kvtier_session_ends_total", reason="peer_disconnected") == 1)
+    assert pump_until(lambda: _get(paddr).total("kvtier_session_ends_total", reason="shutdown") == 1)
+    assert _get(paddr).total("kvtier_session_ends_total", reason="peer_disconnected") == 0
     assert _get(paddr).total("kvtier_sessions") == 0
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(f"http://{caddr}/metrics", timeout=5)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kvtier._tools import modelcheck
-from kvtier._tools.modelcheck import Bounds, check, format_result
+from kvtier._tools.modelcheck import PROFILES, Bounds, check, check_profiles, format_result
 from kvtier.testing.planted import PLANTED
 
 EXPECTED = {
@@ -19,6 +19,10 @@ EXPECTED = {
     "write_after_abort": "no_write_after_terminal",
     "store_reparks_tombstone": "tombstoned_never_reparks",
     "abort_never_gives_up": "no_stuck_ids",
+    "cancel_deadline_returns_blocks": "no_block_returned_while_referenced",
+    "success_without_receipt": "no_success_without_receipt",
+    "abort_ignores_round": "lives_never_mix",
+    "deadlines_before_input": "input_before_deadline",
 }
 
 
@@ -42,6 +46,24 @@ def test_default_bounds_pass_on_the_real_core() -> None:
     assert elapsed < 120, f"the default model check took {elapsed:.0f} s"
 
 
+def test_every_profile_is_explored_to_exhaustion() -> None:
+    """A plain `kvtier check` explores every profile; each passes and is exhausted, not cut."""
+    t0 = time.perf_counter()
+    results = check_profiles()
+    elapsed = time.perf_counter() - t0
+    assert [r.profile for r in results] == list(PROFILES)
+    for r in results:
+        text = format_result(r)
+        print(text)
+        assert r.ok, text
+        assert r.max_depth < r.bounds.depth, text
+    assert results[0].bounds == Bounds() and results[0].states > 10_000
+    # each profile adds its behaviour
+    reuse, sessions, shutdown, one_sided = (PROFILES[n] for n in ("reuse", "sessions", "shutdown", "one-sided"))
+    assert reuse.lives > 1 and sessions.crashes > 0 and shutdown.shutdown and one_sided.one_sided
+    assert elapsed < 180, f"the profiles took {elapsed:.0f} s"
+
+
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_each_planted_bug_fails_with_a_trace(bug: str) -> None:
     r = check(Bounds(), bug=bug)
@@ -56,21 +78,28 @@ def test_each_planted_bug_fails_with_a_trace(bug: str) -> None:
 
 def test_main_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert modelcheck.main(["--ids", "1", "--consumers", "1"]) == 0
-    assert "ok   no_stuck_ids" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok   no_stuck_ids" in out and "ids=1 consumers=1" in out and "[core]" not in out
+    assert modelcheck.main(["--profile", "one-sided"]) == 0
+    assert "kvtier model check [one-sided]" in capsys.readouterr().out
     assert modelcheck.main(["--bug", "reap_forgets_jobs"]) == 1
     out = capsys.readouterr().out
     assert "VIOLATION of exactly_once_job_result" in out and "counterexample:" in out
+    assert "[core]" in out and "[reuse]" not in out, "the profiles stop at the first violation"
     assert modelcheck.main(["--bug", "no_such_bug"]) == 2
+    assert modelcheck.main(["--ids", "0"]) == 2
+    assert modelcheck.main(["--lives", "11"]) == 2
     assert modelcheck.main(["--list-bugs"]) == 0
     assert set(PLANTED) <= set(line.split(":")[0] for line in capsys.readouterr().out.splitlines())
     assert modelcheck.main(["--depth", "3", "--max-states", "50", "--no-reduce"]) == 3
 
 
-@pytest.mark.parametrize("bug", [None, "bind_ignores_tombstone", "write_after_abort", "store_reparks_tombstone"])
+@pytest.mark.parametrize("bug", [None, *sorted(PLANTED)])
 def test_partial_order_reduction_agrees_with_the_plain_search(bug: str | None) -> None:
-    """At a depth both can afford, the reduced search reaches the same verdict as the plain one."""
-    small = Bounds(depth=8)
-    reduced, plain = check(small, bug=bug), check(Bounds(depth=8, reduce=False), bug=bug)
+    """At a depth both can afford, the reduced search (ample sets and finished pairs merged) reaches
+    the same verdict as the plain one."""
+    small = Bounds(depth=7)
+    reduced, plain = check(small, bug=bug), check(Bounds(depth=7, reduce=False), bug=bug)
     assert (reduced.violation is None) == (plain.violation is None)
     if bug is not None:
         assert reduced.violation.prop == plain.violation.prop == EXPECTED[bug]
@@ -87,15 +116,20 @@ def test_the_tombstone_count_cap_is_checked_too() -> None:
 @pytest.mark.parametrize(
     "bounds",
     [
-        Bounds(crashes=1, depth=9),
-        Bounds(drain=True, shutdown=True, depth=8),
+        Bounds(crashes=1, depth=8),
+        Bounds(drain=True, shutdown=True, depth=7),
         Bounds(routing="any", loads_per_id=2, depth=7),
         Bounds(chunks=2),
         Bounds(park_clock="first_store"),
         Bounds(reorder=True, depth=10),
         Bounds(fault_scope="total", depth=10),
+        Bounds(ids=1, consumers=1, lives=2),
+        Bounds(ids=1, consumers=1, crashes=1),
+        Bounds(ids=1, consumers=1, shutdown=True),
+        Bounds(ids=1, consumers=1, lives=2, shutdown=True, crashes=1, faults=0, depth=14),
     ],
-    ids=["crash", "drain-shutdown", "two-consumers-per-id", "chunks2", "first-store", "reorder", "faults-total"],
+    ids=["crash", "drain-shutdown", "two-consumers-per-id", "chunks2", "first-store", "reorder", "faults-total",
+         "reuse-faults", "sessions-faults", "shutdown-faults", "everything"],
 )
 def test_richer_configurations(bounds: Bounds) -> None:
     r = check(bounds)

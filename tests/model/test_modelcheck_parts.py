@@ -3,15 +3,31 @@ time, the network's budgets, the property registry, and the structured counterex
 
 from __future__ import annotations
 
+import html
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from kvtier._tools.modelcheck import PROPERTIES, REGISTRY, Bounds, check, encoding, format_result, to_chart_steps
+from kvtier._tools.modelcheck import (
+    PROPERTIES,
+    REGISTRY,
+    Bounds,
+    chart_dot,
+    chart_steps,
+    check,
+    encoding,
+    format_result,
+    main,
+    to_chart_steps,
+)
 from kvtier._tools.modelcheck.encoding import Codec
 from kvtier._tools.modelcheck.properties import Fail
+from kvtier._tools.modelcheck.reduction import visit_key
+from kvtier._tools.modelcheck.state import State
 from kvtier._tools.modelcheck.system import System
 from kvtier._tools.modelcheck.trace import KINDS
 from kvtier._tools.modelcheck.transport import Transfer, after_effects, after_report, reports
@@ -65,40 +81,92 @@ def test_the_codec_refuses_core_state_it_does_not_know(monkeypatch: pytest.Monke
 
 
 def test_transport_reports_of_a_transfer() -> None:
-    live = Transfer(0, "X", 3, False)
-    assert reports(live, failures=True) == ("complete", "failed")
-    assert reports(live, failures=False) == ("complete",)
-    assert reports(live._replace(cancelled=True), failures=True) == ("released",)
+    t = Transfer(0, "X", 3, 101, (5,))
+    assert reports(t, failures=True, completion=False, session_ended=False) == ("released", "failed")
+    assert reports(t, failures=False, completion=False, session_ended=True) == ("released",)
+    # as a completion step (the liveness search), only once the session that carried it ended
+    assert reports(t, failures=True, completion=True, session_ended=False) == ()
+    assert reports(t, failures=True, completion=True, session_ended=True) == ("released",)
 
 
 def test_transport_follows_send_and_cancel() -> None:
     consumers = {"c1": 0, "c2": 1}
-    t = after_effects((), (SendBlocks("c2", "Y", 1, (7,)), JobDone(5, True)), consumers)
-    assert t == (Transfer(1, "Y", 1, False),)
-    t = after_effects(t, (SendBlocks("c1", "X", 0, (3,)), SendBlocks("elsewhere", "Z", 0, (1,))), consumers)
-    assert t == (Transfer(0, "X", 0, False), Transfer(1, "Y", 1, False))  # sorted; unknown peers carry nothing
-    # a cancel names peer, id and round: only that transfer is cancelled
-    t = after_effects(t, (CancelTransfer("c1", "Y", 1), CancelTransfer("c2", "Y", 1)), consumers)
-    assert t == (Transfer(0, "X", 0, False), Transfer(1, "Y", 1, True))
-    assert after_report(t, Transfer(1, "Y", 1, True)) == (Transfer(0, "X", 0, False),)
+    t = after_effects((), (SendBlocks("c2", "Y", 1, (7,), gen=102), JobDone(5, True)), consumers)
+    assert t == (Transfer(1, "Y", 1, 102, (7,)),)
+    t = after_effects(t, (SendBlocks("c1", "X", 0, (3,), gen=101), SendBlocks("elsewhere", "Z", 0, (1,))), consumers)
+    assert t == (Transfer(0, "X", 0, 101, (3,)), Transfer(1, "Y", 1, 102, (7,)))  # sorted; unknown peers carry nothing
+    # a cancel stops the posting, not the references: only a report ends them
+    assert after_effects(t, (CancelTransfer("c2", "Y", 1),), consumers) == t
+    assert after_report(t, Transfer(1, "Y", 1, 102, (7,))) == (Transfer(0, "X", 0, 101, (3,)),)
 
 
-def test_a_cancelled_transfer_is_released_to_the_producer() -> None:
-    """Through the composed system: serving, the consumer aborts, the producer cancels, the
-    transport releases, the producer's record leaves ``cancelling``."""
-    system = System(Bounds(transfer_failures=False))
+def _serving(system: System) -> State:
     g = system.initial()
     for action in (("store", 0), ("load", 0, 0), ("deliver", 1, 0)):  # the fetch reaches the producer
         g = system.apply(g, action)
-    assert g.transfers == (Transfer(0, "X", 0, False),)
-    assert [a for a in system.actions(g, True) if a[0] == "transport"] == [("transport", g.transfers[0], "complete")]
-    g = system.apply(g, ("c_finished", 0, 0))  # consumer gives up: abort_fetch queued
+    return g
+
+
+def test_references_outlive_a_cancel_until_the_plane_reports() -> None:
+    """Through the composed system: serving, the consumer aborts, the producer cancels; the plane
+    keeps its references (no completion step releases them while the session is up) until it
+    reports; then the producer gives its terminal answer."""
+    system = System(Bounds(transfer_failures=False))
+    g = _serving(system)
+    t = Transfer(0, "X", 0, 101, (0,))
+    assert g.transfers == (t,)
+    assert [a for a in system.actions(g, True) if a[0] == "transport"] == [("transport", t, "released")]
+    g = system.apply(g, ("c_finished", 0, 0))  # the consumer's engine gives up: abort_fetch queued
     g = system.apply(g, ("deliver", 1, 0))
-    assert g.transfers == (Transfer(0, "X", 0, True),)
-    assert system.cores.summaries[g.p].producer["X"][0] == "cancelling"
-    g = system.apply(g, ("transport", g.transfers[0], "released"))
-    assert g.transfers == ()
-    assert system.cores.summaries[g.p].producer["X"][0] != "cancelling"
+    assert system.cores.summaries[g.p].producer["X"][0] == "cancelling" and g.transfers == (t,)
+    assert not [a for a in system.actions(g, False) if a[0] == "transport"], "the session is up: not a completion step"
+    g = system.apply(g, ("transport", t, "released"))
+    assert g.transfers == () and system.cores.summaries[g.p].producer["X"][0] == "tombstoned"
+    assert system.cores.msgs[g.chans[0][-1]].kind == "abort_ack"  # the terminal answer, only now
+
+
+def test_a_release_is_a_completion_step_once_the_session_is_gone() -> None:
+    """The quarantine path: the cancel deadline ends the session (give_up), and only then may the
+    liveness search count on the plane's release."""
+    system = System(Bounds())
+    g = _serving(system)
+    t = g.transfers[0]
+    for timer in ("transfer", "cancel"):  # serving -> cancelling -> quarantined (+ give_up)
+        g = system.apply(g, ("fire", "p", "producer", "X"))
+    assert system.cores.summaries[g.p].producer["X"][0] == "quarantined"
+    assert "c1" not in system.cores.summaries[g.p].sessions, "force_release ended the session"
+    assert ("transport", t, "released") in list(system.actions(g, False))
+    g = system.apply(g, ("transport", t, "released"))
+    assert system.cores.summaries[g.p].producer["X"][0] == "tombstoned" and not g.outstanding - {2000}
+
+
+def test_the_consumer_shell_lands_blocks_and_answers_at_once() -> None:
+    """A block_data is landed in the step that reads it (blocks_landed), the load succeeds and its
+    receipt goes out; with the corrupt fault the round is remembered and the load aborts."""
+    system = System(Bounds())
+    g = _serving(system)
+    ok = system.apply(g, ("deliver", 0, 0))
+    assert system.cores.summaries[ok.c[0]].consumer["X"][0] == "loaded"
+    assert [system.cores.msgs[m].kind for m in ok.chans[1]] == ["receipt"]
+    assert ("corrupt", 0, 0) in system.network.faults(g)
+    bad = system.apply(g, ("corrupt", 0, 0))
+    assert system.cores.summaries[bad.c[0]].consumer["X"][0] == "aborting"
+    assert bad.corrupted == frozenset({(0, 0, 0)}) and bad.faults == (0, 1)
+
+
+def test_a_one_sided_plane_confirms_revocation_later() -> None:
+    for one_sided in (False, True):
+        system = System(Bounds(one_sided=one_sided, crashes=1))
+        g = _serving(system)
+        g = system.apply(g, ("crash", 0))  # the consumer's load: in_flight -> revoking
+        state = system.cores.summaries[g.c[0]].consumer["X"][0]
+        if not one_sided:
+            assert state == "failed" and g.revokes == ()
+            continue
+        assert state == "revoking" and g.revokes == ((0, "X", 0),)
+        assert ("revoked", 0, "X", 0) in list(system.actions(g, False))
+        g = system.apply(g, ("revoked", 0, "X", 0))
+        assert system.cores.summaries[g.c[0]].consumer["X"][0] == "failed" and g.revokes == ()
 
 
 # -- clock and network ---------------------------------------------------------------------------
@@ -126,6 +194,110 @@ def test_fault_budgets_per_connection_or_in_total() -> None:
         assert g.faults == budgets and g.chans[3] == ()
         faults = system.network.faults(g)
         assert faults == ([("drop", 1, 0), ("dup", 1, 0)] if scope == "per_peer" else [])
+
+
+def test_an_unread_message_holds_back_the_deadlines_it_concerns() -> None:
+    """Receive batching: a fetch for X that arrived in the producer's socket holds back X's reap
+    deadline (the shell reads before it ticks); the planted first-release shell does not."""
+    system = System(Bounds())
+    g = system.apply(system.initial(), ("store", 0))
+    g = system.apply(g, ("load", 0, 0))
+    reap = ("fire", "p", "producer", "X")
+    assert reap in system.clock.actions(g, True)
+    assert ("arrive", 1, 0) in system.network.arrivals(g)
+    arrived = system.apply(g, ("arrive", 1, 0))
+    assert arrived.arrived == (0, 1, 0, 0) and system.network.unread_concerns(arrived, None) == {"c1", "X"}
+    assert reap not in system.clock.actions(arrived, True)
+    assert ("fire", "c1", "consumer", "X") in system.clock.actions(arrived, True), "the consumer's are not held"
+    read = system.apply(arrived, ("deliver", 1, 0))
+    assert read.arrived == (0, 0, 0, 0) and system.cores.summaries[read.p].producer["X"][0] == "serving"
+    with PLANTED["deadlines_before_input"]():
+        assert reap in system.clock.actions(arrived, True)
+        with pytest.raises(Fail) as exc:
+            system.apply(arrived, reap)
+    assert exc.value.prop == "input_before_deadline"
+    assert reap not in system.clock.actions(arrived, True), "the planted rule is restored"
+
+
+def test_an_arrival_happens_only_where_it_can_hold_a_deadline_back() -> None:
+    system = System(Bounds())
+    g = system.apply(system.initial(), ("load", 0, 0))  # a fetch for X, which the producer does not know
+    assert system.network.arrivals(g) == [], "nothing at the producer has a deadline it could hold back"
+    assert System(Bounds(batching=False)).network.arrivals(system.apply(g, ("store", 0))) == []
+
+
+def test_a_pruned_id_lives_again() -> None:
+    """lives=2: once X's tombstone is pruned the prefill engine stores it again (new store jobs),
+    and the decode engine, once its request finished, loads it again (a new load job)."""
+    system = System(Bounds(ids=1, consumers=1, lives=2))
+    g = system.apply(system.initial(), ("abandon", 0))  # nothing stored: X tombstoned
+    assert ("store", 0) not in system.engines.producer_actions(g, True)
+    g = system.apply(g, ("fire", "p", "producer", "X"))  # prune
+    assert ("store", 0) in system.engines.producer_actions(g, True)
+    assert system.label(g, ("store", 0)) == "P.store(X life 2 chunk 0) + P.request_finished"
+    g = system.apply(g, ("store", 0))
+    assert g.lives == (1,) and g.outstanding == {system.engines.store_job(0, 0, 1)} == {1100}
+    g = system.apply(g, ("load", 0, 0))
+    g = system.apply(g, ("deliver", 1, 0))
+    g = system.apply(g, ("deliver", 0, 0))  # block_data: loaded
+    assert ("c_finished", 0, 0) in system.engines.consumer_actions(g, True)
+    g = system.apply(g, ("c_finished", 0, 0))
+    assert ("load", 0, 0) in system.engines.consumer_actions(g, True)
+    g = system.apply(g, ("load", 0, 0))
+    assert 2001 in g.outstanding and system.engines.describe_job(2001) == "load job 2001 (c1 X load 2)"
+
+
+def test_shutdown_then_close_with_a_transfer_in_flight() -> None:
+    """The producer shuts down (begin) with a transfer in flight, then its grace ends (close, a
+    completion step): the session ends, the release becomes a completion step, and messages to the
+    closed producer are dropped unread."""
+    system = System(Bounds(shutdown=True))
+    g = _serving(system)
+    assert ("shutdown", 0) in system.engines.operator_actions(g, True)
+    g = system.apply(g, ("shutdown", 0))
+    assert ("store", 1) not in system.engines.producer_actions(g, True), "no new work after shutdown()"
+    assert system.cores.summaries[g.p].producer["X"][0] == "serving", "work in flight goes on (in_grace)"
+    assert ("close", 0) in system.engines.operator_actions(g, False)
+    g = system.apply(g, ("close", 0))
+    assert system.cores.summaries[g.p].producer["X"][0] == "cancelling" and g.shut[0] == 2
+    assert ("transport", g.transfers[0], "released") in list(system.actions(g, False))
+    g = system.apply(g, ("load", 1, 1))  # c2 fetches from the closed producer: dropped
+    assert system.label(g, ("deliver", 3, 0)).endswith("(dropped: the receiver has closed)")
+    p_before = g.p
+    g = system.apply(g, ("deliver", 3, 0))
+    assert g.p == p_before and g.chans[3] == ()
+
+
+def test_a_connection_close_ends_both_sessions() -> None:
+    system = System(Bounds(crashes=1))
+    g = _serving(system)
+    assert ("cut", 0) in system.network.crashes(g)
+    g = system.apply(g, ("cut", 0))
+    assert g.crashes == 0
+    assert "c1" not in system.cores.summaries[g.p].sessions and "p" not in system.cores.summaries[g.c[0]].sessions
+    assert system.cores.summaries[g.p].producer["X"][0] == "cancelling"
+    assert ("transport", g.transfers[0], "released") in list(system.actions(g, False))
+
+
+def test_a_finished_pair_is_one_state_however_it_finished() -> None:
+    """The search merges states that differ only in how a finished pair ended (visit_key)."""
+    system = System(Bounds())
+    g = system.initial()
+    assert visit_key(system, g) == g, "no pair finished"
+    ends = []
+    prune = ("fire", "p", "producer", "X")
+    for path in (
+        [("abandon", 0), ("load", 0, 0), ("deliver", 1, 0), ("deliver", 0, 0), prune],  # failed: nothing_stored
+        [("store", 0), ("load", 0, 0), ("deliver", 1, 0), ("deliver", 0, 0), ("deliver", 1, 0), "release", prune],
+    ):
+        h = g
+        for a in path:
+            h = system.apply(h, ("transport", h.transfers[0], "released") if a == "release" else a)
+        assert not [a for a in system.actions(h, True) if system.owner[a[0]].process_of(a) == 0]
+        ends.append(h)
+    assert ends[0] != ends[1] and visit_key(system, ends[0]) == visit_key(system, ends[1])
+    assert visit_key(system, ends[0])[0][0] == "finished"
+    assert visit_key(System(Bounds(reduce=False)), ends[0]) == ends[0]
 
 
 # -- properties ----------------------------------------------------------------------------------
@@ -189,7 +361,9 @@ def test_structured_trace_of_a_write_after_abort() -> None:
     assert ("call", "engine:decode:1", "consumer:1", "load(X)") in steps
     assert ("msg", "consumer:1", "producer", "fetch X r0 keys=1 g101") in steps
     assert ("timer", "clock", "consumer:1", "load deadline of consumer X") in steps
-    assert steps[-2] == ("msg", "producer", "consumer:1", "block_data X r0 [0:1] g101")
+    assert steps[-3] == ("msg", "producer", "consumer:1", "block_data X r0 [0:1] g101")
+    # the violating step shows what the core did: it asked to land the blocks
+    assert steps[-2] == ("note", "consumer:1", "consumer:1", "LandBlocks(X), ignored blocks_landed (late_data)")
     assert steps[-1] == ("violation", "consumer:1", "consumer:1", "violates no_write_after_terminal")
 
 
@@ -211,3 +385,39 @@ def test_python_dash_m_runs_the_check() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "ok   exactly_once_job_result" in out.stdout
+
+
+# -- counterexample charts -----------------------------------------------------------------------
+
+
+def test_a_counterexample_chart_is_drawn_from_the_structured_steps() -> None:
+    r = check(Bounds(), bug="cancel_deadline_returns_blocks")
+    steps = chart_steps(r)
+    assert len(steps) == len(r.steps)
+    for drawn, step in zip(steps, r.steps):  # a deadline is a box on its core's lane, not an arrow from the clock
+        assert (drawn.src, drawn.dst, drawn.kind) == ((step.dst, step.dst) if step.kind == "timer" else (step.src, step.dst)) + (step.kind,)
+    assert steps[-1].label.replace("\n", " ").startswith("no_block_returned_while_referenced: the producer reported store job 1000")
+    assert all(len(line) <= 60 for line in steps[-1].label.split("\n"))
+    dot = chart_dot(r)
+    assert dot == chart_dot(check(Bounds(), bug="cancel_deadline_returns_blocks")), "byte-stable"
+    assert dot.startswith("digraph seqchart {") and "kvtier check --bug cancel_deadline_returns_blocks" in dot
+    heads = re.findall(r'label="?([^"]+?)"? fillcolor="#dde6f5"', dot)
+    assert heads[: len(heads) // 2] == [
+        "engine (prefill)", "producer", "consumer c1", "engine (decode c1)"
+    ], "only the lanes the steps use, in the model's order"
+    with pytest.raises(ValueError, match="no counterexample"):
+        chart_dot(check(Bounds(ids=1, consumers=1, faults=0)))
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` not installed")
+def test_kvtier_check_chart_writes_the_counterexample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "charts"
+    assert main(["--bug", "deadlines_before_input", "--chart", str(out)]) == 1
+    printed = capsys.readouterr().out
+    dot, svg = out / "deadlines_before_input.dot", out / "deadlines_before_input.svg"
+    assert f"chart: {dot} {svg}" in printed and "counterexample:" in printed
+    text = html.unescape(svg.read_text())
+    assert "<svg" in text and "input_before_deadline: a deadline of" in text and "arrived, unread: fetch X r0" in text
+    assert dot.read_text() == chart_dot(check(Bounds(), bug="deadlines_before_input", profile="core"))
+    assert main(["--ids", "1", "--consumers", "1", "--faults", "0", "--chart", str(tmp_path / "none")]) == 0
+    assert not (tmp_path / "none").exists(), "no violation, no chart"

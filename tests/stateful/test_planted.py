@@ -38,6 +38,10 @@ EXPECTED = {
 # that the bounded hunt does not reach reliably.  `kvtier check` finds it in every run
 # (tests/model/test_modelcheck.py); HYPOTHESIS_PROFILE=explore finds it here too.
 NOT_HUNTED = {"abort_never_gives_up"}
+# deadlines_before_input plants the bug in the shell's poll policy (deadlines before unread input),
+# which the stateful suite's cores-only world cannot see; `kvtier check` models the sockets and
+# finds it (tests/model/test_modelcheck.py).
+NOT_HUNTED |= {"deadlines_before_input"}
 # bugs that need a longer quiet stretch (a transfer left alone past two deadlines while nothing
 # else happens) get more examples; the seed stays fixed, so the run stays deterministic
 EXAMPLES = {"cancel_deadline_returns_blocks": 6000}

@@ -4,41 +4,60 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from kvtier._tools.modelcheck.bounds import Bounds
-from kvtier._tools.modelcheck.result import format_result
-from kvtier._tools.modelcheck.search import check
+import attrs
+
+from kvtier._tools.modelcheck.bounds import PROFILES, Bounds
+from kvtier._tools.modelcheck.result import Result, format_result
+from kvtier._tools.modelcheck.search import check, check_profiles
 
 __all__ = ["main"]
+
+# option -> Bounds field, for the options that change one bound
+_INT = ("ids", "consumers", "depth", "faults", "chunks", "loads_per_id", "lives", "crashes", "tombstone_max",
+        "max_pending", "max_states")
+_CHOICE = {"park_clock": ("last_store", "first_store"), "routing": ("fixed", "any"),
+           "fault_scope": ("per_peer", "total")}
+_ON = ("drain", "shutdown", "reorder", "one_sided")
+_OFF = {"no_transfer_failures": "transfer_failures", "no_prune_timers": "prune_timers", "no_abandon": "abandon",
+        "no_reduce": "reduce", "no_batching": "batching", "no_corruption": "corruption"}
+_HELP = {
+    "faults": "lost, duplicated or corrupt messages (per connection)",
+    "lives": "lives per id: store and load it again after its tombstone is pruned",
+    "crashes": "session deaths (disconnect, connection close, liveness deadline)",
+    "reorder": "deliver any queued message, not only the oldest",
+    "one_sided": "a one-sided data plane: revocations complete later",
+    "no_reduce": "no partial-order reduction",
+    "no_batching": "apply each message as it arrives (no unread messages in sockets)",
+    "no_corruption": "no corrupt landings among the faults",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     """``kvtier check``: 0 when every property holds, 1 on a violation (trace printed), 2 on a
-    usage error, 3 when the state space exceeded ``--max-states``."""
-    ap = argparse.ArgumentParser(prog="kvtier check", description="Bounded exhaustive model check of the lifecycle.")
-    d = Bounds()
+    usage error, 3 when the state space exceeded ``--max-states``.
+
+    Without bound options it explores every profile of :data:`~.bounds.PROFILES` in turn (``--profile
+    NAME``: that one); a bound option explores one configuration, the profile (default ``core``) with
+    that change."""
+    ap = argparse.ArgumentParser(
+        prog="kvtier check",
+        description="Bounded exhaustive model check of the lifecycle.  Without options: every profile "
+        f"({', '.join(PROFILES)}), each explored to exhaustion.",
+    )
     ap.add_argument("--bug", default=None, help="run against a planted bug variant (kvtier.testing.planted)")
     ap.add_argument("--list-bugs", action="store_true", help="list planted bug variants and exit")
-    ap.add_argument("--ids", type=int, default=d.ids)
-    ap.add_argument("--consumers", type=int, default=d.consumers)
-    ap.add_argument("--depth", type=int, default=d.depth)
-    ap.add_argument("--faults", type=int, default=d.faults, help="lost or duplicated messages")
-    ap.add_argument("--chunks", type=int, default=d.chunks)
-    ap.add_argument("--loads-per-id", type=int, default=d.loads_per_id)
-    ap.add_argument("--crashes", type=int, default=d.crashes)
-    ap.add_argument("--tombstone-max", type=int, default=d.tombstone_max)
-    ap.add_argument("--max-pending", type=int, default=d.max_pending)
-    ap.add_argument("--park-clock", choices=("last_store", "first_store"), default=d.park_clock)
-    ap.add_argument("--no-transfer-failures", action="store_true")
-    ap.add_argument("--drain", action="store_true")
-    ap.add_argument("--shutdown", action="store_true")
-    ap.add_argument("--reorder", action="store_true", help="deliver any queued message, not only the oldest")
-    ap.add_argument("--routing", choices=("fixed", "any"), default=d.routing)
-    ap.add_argument("--fault-scope", choices=("per_peer", "total"), default=d.fault_scope)
-    ap.add_argument("--no-prune-timers", action="store_true")
-    ap.add_argument("--no-abandon", action="store_true")
-    ap.add_argument("--no-reduce", action="store_true", help="no partial-order reduction")
-    ap.add_argument("--max-states", type=int, default=d.max_states)
+    ap.add_argument("--profile", choices=tuple(PROFILES), default=None,
+                    help="explore one profile (with bound options: the base they change; default core)")
+    ap.add_argument("--chart", type=Path, default=None, metavar="DIR",
+                    help="on a violation, also draw the counterexample as a sequence chart: DIR/<bug>.dot and .svg")
+    for name in _INT:
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=_HELP.get(name))
+    for name, choices in _CHOICE.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", choices=choices, default=None)
+    for name in (*_ON, *_OFF):
+        ap.add_argument(f"--{name.replace('_', '-')}", action="store_true", help=_HELP.get(name))
     args = ap.parse_args(argv)
     if args.list_bugs:
         from kvtier.testing.planted import PLANTED
@@ -46,37 +65,47 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in sorted(PLANTED.items()):
             print(f"{name}: {(fn.__doc__ or '').strip().splitlines()[0]}")
         return 0
-    if min(args.ids, args.consumers) < 1 or args.depth < 0 or args.faults < 0 or args.chunks < 1:
-        print("kvtier check: --ids, --consumers and --chunks must be >= 1; --depth, --faults >= 0", file=sys.stderr)
-        return 2
-    bounds = Bounds(
-        ids=args.ids,
-        consumers=args.consumers,
-        depth=args.depth,
-        faults=args.faults,
-        chunks=args.chunks,
-        loads_per_id=args.loads_per_id,
-        crashes=args.crashes,
-        tombstone_max=args.tombstone_max,
-        max_pending=args.max_pending,
-        park_clock=args.park_clock,
-        transfer_failures=not args.no_transfer_failures,
-        drain=args.drain,
-        shutdown=args.shutdown,
-        reorder=args.reorder,
-        routing=args.routing,
-        fault_scope=args.fault_scope,
-        prune_timers=not args.no_prune_timers,
-        abandon=not args.no_abandon,
-        reduce=not args.no_reduce,
-        max_states=args.max_states,
-    )
+    changes: dict[str, object] = {n: getattr(args, n) for n in (*_INT, *_CHOICE) if getattr(args, n) is not None}
+    changes.update({n: True for n in _ON if getattr(args, n)})
+    changes.update({field: False for opt, field in _OFF.items() if getattr(args, opt)})
     try:
-        r = check(bounds, bug=args.bug, progress=True)
+        if changes or args.profile:
+            base = args.profile or "core"
+            bounds = attrs.evolve(PROFILES[base], **changes)
+            problem = _invalid(bounds)
+            if problem:
+                print(f"kvtier check: {problem}", file=sys.stderr)
+                return 2
+            results = [check(bounds, bug=args.bug, progress=True, profile=base if not changes else None)]
+        else:
+            results = check_profiles(bug=args.bug, progress=True)
     except KeyError as exc:
         print(f"kvtier check: {exc.args[0]}", file=sys.stderr)
         return 2
-    print(format_result(r))
-    if r.truncated:
-        return 3
-    return 0 if r.ok else 1
+    print("\n\n".join(format_result(r) for r in results))
+    bad = next((r for r in results if r.violation is not None), None)
+    if bad is not None and args.chart is not None:
+        _chart(bad, args.chart)
+    if bad is not None:
+        return 1
+    return 3 if any(r.truncated for r in results) else 0
+
+
+def _invalid(b: Bounds) -> str | None:
+    """What is wrong with ``b``, or None."""
+    if min(b.ids, b.consumers, b.chunks, b.lives) < 1 or b.depth < 0 or b.faults < 0 or b.crashes < 0:
+        return "--ids, --consumers, --chunks and --lives must be >= 1; --depth, --faults, --crashes >= 0"
+    if max(b.ids, b.consumers, b.chunks, b.lives) > 10:
+        return "--ids, --consumers, --chunks and --lives must be <= 10 (job ids encode them in decimal digits)"
+    return None
+
+
+def _chart(r: Result, directory: Path) -> None:
+    from kvtier._tools.modelcheck.chart import write_chart
+
+    try:
+        paths = write_chart(r, directory)
+    except FileNotFoundError as exc:  # no Graphviz: the text trace above is the counterexample
+        print(f"kvtier check: no chart: {exc}", file=sys.stderr)
+        return
+    print(f"chart: {' '.join(str(p) for p in paths)}")

@@ -7,6 +7,19 @@ deadline is re-armed at ``NOW`` and the core's own ``tick`` runs it.  So every o
 deadlines relative to each other and to every other step is covered, whatever the configured
 durations — a superset of what any real clock can do.
 
+**Input before deadlines.**  The shell fires a manager's deadlines only at the time its inbound
+queue was last seen empty (``KvTierManager._drain_inbound``; docs/lifecycle.md, "Deadlines never
+beat input that arrived first").  So no deadline may fire while a message that concerns it has
+arrived in the core's sockets and was not read yet (:mod:`.network`, receive batching;
+:meth:`.network.Network.unread_concerns`: a message concerns the deadlines of the id it names and
+of its sender's session): :attr:`Clock.input_first`.  The shell's rule is stronger (it waits for
+*every* unread message); the model's lets more deadlines fire, so it covers every ordering the
+shell can produce, and it keeps the id/consumer pairs independent for the partial-order reduction
+(:mod:`.reduction`): a deadline of one pair never waits for another pair's messages.  The property
+``input_before_deadline`` checks every firing against it; the planted bug
+``deadlines_before_input`` (the first release's shell, which ticked against "now") switches the
+rule off.
+
 Two deadlines are restricted, by the bounds:
 
 * a session's ``liveness`` deadline firing is a session death seen from one side: it spends the
@@ -41,20 +54,34 @@ class Clock(Part):
 
     kinds = ("fire",)
 
+    input_first = True
+    """the shell's rule: a core's deadlines fire only when its sockets hold no unread message"""
+
     def __init__(self, system: System) -> None:
         super().__init__(system)
         self._fires: dict[tuple[str, int, bool], tuple[tuple, ...]] = {}
 
     def actions(self, g: State, full: bool) -> list[tuple]:
         """``("fire", core, machine, key)`` for every armed deadline the bounds let fire (the producer's
-        first, then each consumer's; per core in machine then key order)."""
+        first, then each consumer's; per core in machine then key order), unless an unread message
+        in the core's sockets concerns it (:attr:`input_first`)."""
         s = self.system
         liveness = s.network.liveness_may_fire(g, full)
+        concerns = s.network.unread_concerns if self.input_first and self.b.batching else None
         out: list[tuple] = []
-        out.extend(self._core_fires("p", g.p, liveness))
-        for c, sid in enumerate(g.c):
-            out.extend(self._core_fires(s.cnames[c], sid, liveness))
+        for c, comp, sid in ((None, "p", g.p), *((c, s.cnames[c], sid) for c, sid in enumerate(g.c))):
+            fires = self._core_fires(comp, sid, liveness)
+            if concerns is not None and fires:
+                blocked = concerns(g, c)
+                if blocked:
+                    fires = tuple(f for f in fires if f[3] not in blocked)
+            out.extend(fires)
         return out
+
+    def firable(self, g: State, comp: str, sid: int) -> frozenset[str]:
+        """The record keys of core ``comp`` (snapshot ``sid``) whose deadlines may fire in ``g``,
+        input aside."""
+        return frozenset(f[3] for f in self._core_fires(comp, sid, self.system.network.liveness_may_fire(g, True)))
 
     def _core_fires(self, comp: str, sid: int, liveness: bool) -> tuple[tuple, ...]:
         """The deadlines of core ``comp`` in snapshot ``sid`` that may fire (cached: a function of the

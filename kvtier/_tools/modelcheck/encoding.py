@@ -27,6 +27,7 @@ input to the part of the environment that owns its kind.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -34,6 +35,8 @@ from typing import Any, ClassVar
 import attrs
 
 from kvtier.lifecycle.core import CoreSettings, TierCore
+from kvtier.lifecycle.producer import RETAINED as P_RETAINED_STATES
+from kvtier.lifecycle.producer import RetainedRecord
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.fakenet import Envelope, to_envelope
 
@@ -84,23 +87,28 @@ def _thaw(v: Any) -> Any:
 class Codec:
     """Snapshot a TierCore into a hashable tuple and restore a fresh TierCore from one.
 
-    A snapshot is ``(records, next_gen, next_round, retained)`` where ``records`` holds, per machine
-    in :data:`MACHINES` order, the sorted ``(key, field values)`` of every record (``key`` and
-    ``tseq`` excluded: the key is the tuple's first item, the deadline sequence is re-armed).
-    Raises RuntimeError at construction when a machine has an attribute the codec does not know.
+    A snapshot is ``(records, next_gen, next_round, retained, suspect, closing, named)`` where
+    ``records`` holds, per machine in :data:`MACHINES` order, the sorted ``(key, field values)`` of
+    every record (``key`` and ``tseq`` excluded: the key is the tuple's first item, the deadline
+    sequence is re-armed); ``suspect`` is the core's suspect producer instances (sorted),
+    ``closing`` whether the producer's shutdown began, ``named`` the producer's named consumers
+    (sorted items).  Raises RuntimeError at construction when a machine has an attribute the codec
+    does not know.
     """
 
     # Attributes of the machines: configuration, indexes rebuilt by on_state_change, counters (not
     # state), or state this codec snapshots.  Anything else is new state the codec does not know.
     KNOWN: ClassVar[dict[str, set[str]]] = {
-        "core": {"consumer", "producer", "sessions", "settings"},
+        # _give_ups is empty between inputs (the core settles it before returning; snapshot() checks)
+        "core": {"_give_ups", "consumer", "producer", "sessions", "settings", "suspect"},
         "producer": {
-            "_deadlines", "_durations", "_effects", "_guards", "awaiting_per_peer", "by_peer", "count_evicted",
-            "ignored", "max_pending", "park_clock_last", "records", "retained", "tombstone_max",
+            "_deadlines", "_durations", "_effects", "_give_up", "_guards", "awaiting_per_peer", "by_peer", "closing",
+            "_prune_at", "_prune_order", "count_evicted", "ignored", "max_pending", "named", "park_clock_last",
+            "records", "retained", "tombstone_max",
         },
         "consumer": {
-            "_deadlines", "_durations", "_effects", "_guards", "_next_round", "_session_ready", "by_peer", "ignored",
-            "records",
+            "_deadlines", "_durations", "_effects", "_give_up", "_guards", "_instance_down", "_next_round",
+            "_session_gen", "_session_ready", "by_peer", "ignored", "records",
         },
         "sessions": {
             "_deadlines", "_durations", "_effects", "_guards", "_next_gen", "_on_peer_down", "_on_ready", "ignored",
@@ -125,6 +133,8 @@ class Codec:
         }
 
     def snapshot(self, core: TierCore) -> tuple:
+        if core._give_ups:  # pragma: no cover - a core input returned before settling its give-ups
+            raise RuntimeError(f"model check: a core returned with give-ups unsettled: {core._give_ups}")
         parts = []
         for name in MACHINES:
             m = getattr(core, name)
@@ -138,10 +148,13 @@ class Codec:
             core.sessions._next_gen,
             core.consumer._next_round,
             tuple(core.producer.retained),
+            tuple(sorted(core.suspect)),
+            core.producer.closing,
+            tuple(sorted(core.producer.named.items())),
         )
 
     def restore(self, snap: tuple) -> TierCore:
-        (recs_by_machine, next_gen, next_round, retained) = snap
+        (recs_by_machine, next_gen, next_round, retained, suspect, closing, named) = snap
         core = TierCore(self.settings, LOCAL)
         for name, recs in zip(MACHINES, recs_by_machine):
             m = getattr(core, name)
@@ -150,13 +163,23 @@ class Codec:
                 rec = m.new_record(key)
                 for f, v in zip(fields, values):
                     setattr(rec, f, _thaw(v))
+                if m is core.producer and rec.state in P_RETAINED_STATES:
+                    # a retained id is its small record plus its place in ``retained`` (below)
+                    rec = RetainedRecord(rec)
+                    m.records[key] = rec
+                    continue
                 m.records[key] = rec
                 m.on_state_change(rec, m.INITIAL, rec.state)
                 if rec.timer is not None:
                     rec.tseq = m._deadlines.arm(math.inf, key)
         core.sessions._next_gen = next_gen
         core.consumer._next_round = next_round
-        core.producer.retained = dict.fromkeys(retained)
+        # prune deadlines at +inf like every other timer: only a "fire" step runs one
+        core.producer.retained = dict.fromkeys(retained, math.inf)
+        core.producer._prune_order = collections.deque(retained)
+        core.suspect = dict.fromkeys(suspect)
+        core.producer.closing = closing
+        core.producer.named = dict(named)
         return core
 
     @staticmethod
@@ -174,8 +197,8 @@ class Codec:
 class Summary:
     """What the model needs to know about one core snapshot (computed once per snapshot)."""
 
-    producer: dict[str, tuple[str, tuple[int, ...]]]
-    """kv_request_id -> (state, job ids held)"""
+    producer: dict[str, tuple[str, tuple[int, ...], str | None, int]]
+    """kv_request_id -> (state, job ids held, bound peer, bound round)"""
     consumer: dict[str, tuple[str, int, int | None]]
     """kv_request_id -> (state, round, load job id)"""
     sessions: dict[str, tuple[str, int]]
@@ -195,7 +218,7 @@ def summarise(core: TierCore) -> Summary:
             if rec.timer is not None:
                 timers.append((name, key, rec.timer))
     return Summary(
-        producer={k: (r.state.value, tuple(r.jobs)) for k, r in core.producer.records.items()},
+        producer={k: (r.state.value, tuple(r.jobs), r.peer, r.round) for k, r in core.producer.records.items()},
         consumer={k: (r.state.value, r.round, r.job_id) for k, r in core.consumer.records.items()},
         sessions={k: (r.state.value, r.gen) for k, r in core.sessions.records.items()},
         timers=tuple(timers),
@@ -209,6 +232,8 @@ class CoreStep:
 
     snap: int
     """the snapshot id after the step"""
+    pre_snap: int
+    """the snapshot id before the step"""
     effects: tuple
     envelopes: tuple[int, ...]
     """message ids (see :meth:`Cores.mid`) of the messages the effects put on the wire, in order"""
@@ -285,25 +310,25 @@ class Cores:
     def step(self, name: str, sid: int, inp: tuple) -> CoreStep:
         """Apply input ``inp`` to the core ``name`` (its peer name: "p", "c1"...) in snapshot ``sid``.
 
-        ``inp`` is a tuple whose first item names its kind; a ``("deliver", mid)`` input carries an
-        interned message id, resolved here."""
+        ``inp`` is a tuple whose first item names its kind; a ``("deliver", mid, ...)`` input carries
+        an interned message id, resolved here."""
         key = (sid, inp)
         hit = self.memo.get(key)
         if hit is not None:
             return hit
         self.core_steps += 1
         core = self.codec.restore(self.snaps[sid])
-        effects = self.feed(core, ("deliver", self.msgs[inp[1]]) if inp[0] == "deliver" else inp)
+        effects = self.feed(core, ("deliver", self.msgs[inp[1]], *inp[2:]) if inp[0] == "deliver" else inp)
         envs = tuple(self.mid(e) for e in (to_envelope(name, core, eff) for eff in effects) if e is not None)
         dead = tuple(
             f"{mname} {key} ({rec.state.value}, timer {rec.timer})"
             for mname in MACHINES
             for key, rec in getattr(core, mname).records.items()
-            if rec.timer is not None and not getattr(core, mname)._is_live(key, rec.tseq)
+            if rec.timer is not None and not getattr(core, mname).timer_token(key)
         )
         snap = self.intern(core)
         result = CoreStep(
-            snap, tuple(effects), envs, dead, inp, self.summaries[sid], self.summaries[snap],
+            snap, sid, tuple(effects), envs, dead, inp, self.summaries[sid], self.summaries[snap],
             frozenset(type(e) for e in effects),
         )
         self.memo[key] = result

@@ -33,10 +33,10 @@ import attrs
 
 from kvtier._tools.modelcheck.state import put
 from kvtier._tools.modelcheck.trace import NETWORK, PRODUCER
-from kvtier.lifecycle.effects import JobDone, SendBlocks, SendTransferDone, WriteBlocks
+from kvtier.lifecycle.effects import JobDone, LandBlocks, SendBlocks, SendTransferDone
 
 if TYPE_CHECKING:
-    from kvtier._tools.modelcheck.encoding import CoreStep
+    from kvtier._tools.modelcheck.encoding import CoreStep, Summary
     from kvtier._tools.modelcheck.state import Draft, State
     from kvtier._tools.modelcheck.system import System
 
@@ -53,13 +53,13 @@ __all__ = [
     "stuck",
 ]
 
-P_LIVE = frozenset({"parked", "awaiting", "serving", "cancelling"})
+P_LIVE = frozenset({"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"})
 """producer states that still hold jobs, blocks or a fetch"""
 P_RETAINED = frozenset({"done", "tombstoned"})
 """producer states retained after an id ended (until pruned)"""
-P_LATE = frozenset({"done", "tombstoned", "cancelling"})
+P_LATE = frozenset({"done", "tombstoned", "cancelling", "quarantined"})
 """producer states in which a fetch is late"""
-C_LIVE = frozenset({"queued", "in_flight", "aborting", "cancelling"})
+C_LIVE = frozenset({"queued", "in_flight", "aborting", "cancelling", "revoking"})
 """consumer states of a load that has no result yet"""
 
 
@@ -148,7 +148,7 @@ def jobs_held_by_live_records(system: System, g: State) -> None:
     summaries = system.cores.summaries
     ps = summaries[g.p]
     held: dict[int, str] = {}
-    for state, jobs in ps.producer.values():
+    for state, jobs, *_binding in ps.producer.values():
         for j in jobs:
             held[j] = state
     engines = system.engines
@@ -175,13 +175,21 @@ def jobs_held_by_live_records(system: System, g: State) -> None:
                 )
 
 
+_NO_REC = ("absent", (), None, -1)
+"""the producer summary of an id without a record"""
+
+
+def _pstate(summary: Summary, kid: str) -> str:
+    return summary.producer.get(kid, _NO_REC)[0]
+
+
 def blocks_only_when_serving(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
     """no_bytes_for_tombstoned: the producer emits ``SendBlocks`` only on a parked/awaiting ->
     serving step of that id (never for a tombstoned, done, pruned or unknown id)."""
     for eff in step.effects:
         if isinstance(eff, SendBlocks):
-            before = step.pre.producer.get(eff.kv_request_id, ("absent", ()))[0]
-            after = step.post.producer.get(eff.kv_request_id, ("absent", ()))[0]
+            before = _pstate(step.pre, eff.kv_request_id)
+            after = _pstate(step.post, eff.kv_request_id)
             if before not in ("parked", "awaiting") or after != "serving":
                 raise Fail(
                     "no_bytes_for_tombstoned",
@@ -193,14 +201,17 @@ def blocks_only_when_serving(system: System, st: Draft, c: int | None, step: Cor
 
 def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
     """late_fetch_one_rtt: a fetch that passes the session gate for an id that is done, tombstoned,
-    cancelling, or ended and no longer retained (``retired``) is answered ``transfer_done(fail)``
-    in the step that receives it.  Runs on steps that receive a fetch."""
+    cancelling, quarantined, or ended and no longer retained (``retired``) is answered
+    ``transfer_done(fail)`` in the step that receives it — except a duplicate of the very fetch a
+    cancelling or quarantined id is bound to, whose terminal answer waits for the data plane's
+    release (no write may land after it).  Runs on steps that receive a fetch."""
     env = system.cores.msgs[step.inp[1]]
     sess = step.pre.sessions.get(env.src)
     gated = sess is not None and sess[0] == "ready" and sess[1] == env.gen
     kid = env.kv_request_id
-    before = step.pre.producer.get(kid, ("absent", ()))[0]
-    if gated and (before in P_LATE or st.retired[system.kindex[kid]]):
+    before, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
+    own = (peer, rnd) == (env.src, env.round) and before in ("cancelling", "quarantined")
+    if gated and not own and (before in P_LATE or st.retired[system.kindex[kid]]):
         answered = any(
             isinstance(e, SendTransferDone)
             and not e.ok
@@ -208,7 +219,7 @@ def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep
             for e in step.effects
         )
         if not answered:
-            after = step.post.producer.get(kid, ("absent", ()))[0]
+            after = _pstate(step.post, kid)
             why = before if before in P_LATE else "ended (retired) but no longer retained"
             raise Fail(
                 "late_fetch_one_rtt",
@@ -218,8 +229,13 @@ def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep
             )
 
 
-def _receives_a_fetch(system: System, step: CoreStep) -> bool:
-    return step.inp[0] == "deliver" and system.cores.msgs[step.inp[1]].kind == "fetch"
+def _receives(*kinds: str) -> StepFilter:
+    """A ``when`` filter: the step reads a message of one of ``kinds``."""
+
+    def receives(system: System, step: CoreStep) -> bool:
+        return step.inp[0] == "deliver" and system.cores.msgs[step.inp[1]].kind in kinds
+
+    return receives
 
 
 def ended_ids_stay_ended(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
@@ -228,10 +244,10 @@ def ended_ids_stay_ended(system: System, st: Draft, c: int | None, step: CoreSte
 
     Keeps the history field ``retired`` (per id: ended and not pruned since), which
     :func:`late_fetch_answered` reads too."""
-    pre, post = step.pre.producer, step.post.producer
+    pre, post = step.pre, step.post
     for i, kid in enumerate(system.kids):
-        before = pre.get(kid, ("absent", ()))[0]
-        after = post.get(kid, ("absent", ()))[0]
+        before = _pstate(pre, kid)
+        after = _pstate(post, kid)
         if before == after:
             continue
         if after in ("parked", "awaiting", "serving") and st.retired[i]:
@@ -244,30 +260,192 @@ def ended_ids_stay_ended(system: System, st: Draft, c: int | None, step: CoreSte
             st.retired = put(st.retired, i, True)
         elif before in P_RETAINED and after == "absent":
             st.retired = put(st.retired, i, False)  # pruned by its deadline or the count cap: the id is fresh again
-        elif before in P_LIVE and after == "absent" and step.inp[0] != "shutdown":
+        elif before in P_LIVE and after == "absent":
             st.retired = put(st.retired, i, True)  # ended without a tombstone (never legitimate; see above)
 
 
 def _moves_a_producer_id(system: System, step: CoreStep) -> bool:
-    pre, post = step.pre.producer, step.post.producer
-    return any(pre.get(kid, ("absent", ()))[0] != post.get(kid, ("absent", ()))[0] for kid in system.kids)
+    pre, post = step.pre, step.post
+    return any(_pstate(pre, kid) != _pstate(post, kid) for kid in system.kids)
 
 
 def writes_only_in_flight(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_write_after_terminal: a consumer emits ``WriteBlocks`` only for a record in ``in_flight``
-    and only for block data of its current round."""
+    """no_write_after_terminal, receiver-applied half: a consumer lands block data (``LandBlocks``)
+    only for a record in ``in_flight`` and only for block data of its current round."""
     for eff in step.effects:
-        if isinstance(eff, WriteBlocks):
+        if isinstance(eff, LandBlocks):
             rec = step.pre.consumer.get(eff.kv_request_id)
             env = system.cores.msgs[step.inp[1]] if step.inp[0] == "deliver" else None
             if rec is None or rec[0] != "in_flight" or (env is not None and env.round != rec[1]):
                 state = rec[0] if rec else "absent"
                 raise Fail(
                     "no_write_after_terminal",
-                    f"{_who(system, c)} wrote block data for {eff.kv_request_id} into slots {eff.slots} while its load was "
-                    f"{state}" + (f" (message round {env.round}, load round {rec[1]})" if rec and env else ""),
+                    f"{_who(system, c)} landed block data for {eff.kv_request_id} in slots {eff.slots} while its load "
+                    f"was {state}" + (f" (message round {env.round}, load round {rec[1]})" if rec and env else ""),
                     _lane(system, c),
                 )
+
+
+def _live_jobs(system: System, c: int, step: CoreStep, ok: bool) -> list[tuple[str, int]]:
+    """(id, round) of every live load job of consumer ``c`` this step reports with result ``ok``
+    (not a new job refused alone: that one never fetched)."""
+    out = []
+    owner_of = system.engines.owner_of
+    for eff in step.effects:
+        if isinstance(eff, JobDone) and eff.ok == ok and eff.job_id in owner_of:
+            kid = system.kids[owner_of[eff.job_id][1]]
+            rec = step.pre.consumer.get(kid)
+            if rec is not None and rec[2] == eff.job_id:
+                out.append((kid, rec[1]))
+    return out
+
+
+def fails_only_when_no_write_can_land(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_write_after_terminal, one-sided half (``one_sided``; on a receiver-applied plane nothing
+    lands outside ``in_flight``, whoever still sends): a load is reported failed (its slots handed
+    back) only when the producer can no longer write into them — its data plane references no
+    transfer of the load's round, or the consumer's plane revoked the producer's access in this
+    step (``access_revoked``)."""
+    for kid, rnd in _live_jobs(system, c, step, False):
+        referenced = any(t[0] == c and t[1] == kid and t[2] == rnd for t in st.transfers)
+        if not referenced:
+            continue
+        if step.inp != ("revoked", kid, rnd):
+            raise Fail(
+                "no_write_after_terminal",
+                f"{system.cnames[c]} reported its load of {kid} (round {rnd}) failed while the producer's data plane "
+                f"still references the round's transfer and its access was not revoked: a write may still land",
+                system.lanes[c],
+            )
+
+
+def no_write_after_terminal(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_write_after_terminal: both halves (:func:`writes_only_in_flight`,
+    :func:`fails_only_when_no_write_can_land`)."""
+    if LandBlocks in step.types:
+        writes_only_in_flight(system, st, c, step)
+    if JobDone in step.types and system.b.one_sided:
+        fails_only_when_no_write_can_land(system, st, c, step)
+
+
+def _lands_or_fails_a_load(system: System, step: CoreStep) -> bool:
+    return LandBlocks in step.types or (
+        system.b.one_sided and any(isinstance(e, JobDone) and not e.ok for e in step.effects)
+    )
+
+
+def _store_jobs(system: System, step: CoreStep) -> list[tuple[JobDone, int]]:
+    """Every store job result of a producer step, with the index of its id."""
+    owner_of = system.engines.owner_of
+    return [
+        (eff, owner_of[eff.job_id][1])
+        for eff in step.effects
+        if isinstance(eff, JobDone) and owner_of.get(eff.job_id, (0,))[0] is None
+    ]
+
+
+def no_store_result_while_referenced(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_block_returned_while_referenced: a store job's result (success or failure) is reported only
+    in a step where the data plane references none of the job's blocks (``State.transfers`` before
+    the step: a release takes the transfer out before the producer hears of it)."""
+    for eff, i in _store_jobs(system, step):
+        block = eff.job_id % 1000  # the model stores chunk k of a job in pool block job % 1000
+        kid = system.kids[i]
+        for t in st.transfers:
+            if t[1] == kid and block in t[4]:
+                raise Fail(
+                    "no_block_returned_while_referenced",
+                    f"the producer reported {system.engines.describe_job(eff.job_id)} "
+                    f"({'ok' if eff.ok else 'failed: ' + str(eff.reason)}) while the data plane still references "
+                    f"its block in the transfer of {kid} r{t[2]} to {system.cnames[t[0]]}: the engine may reuse it "
+                    f"under a send",
+                    PRODUCER,
+                )
+
+
+def success_needs_receipt_p(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_success_without_receipt, producer half: a store job succeeds only after the current life's
+    binding received its consumer's receipt (or its fetch named zero keys).  Keeps the history
+    field ``receipted`` (per id: a receipt naming the current binding's (peer, round) was
+    delivered; cleared when the id's record is pruned: a new life)."""
+    inp = step.inp
+    env = system.cores.msgs[inp[1]] if inp[0] == "deliver" else None
+    if env is not None and env.kind == "receipt":
+        _state, _jobs, peer, rnd = step.pre.producer.get(env.kv_request_id, _NO_REC)
+        if (peer, rnd) == (env.src, env.round):
+            st.receipted = put(st.receipted, system.kindex[env.kv_request_id], True)
+    empty_fetch = env is not None and env.kind == "fetch" and not env.keys
+    for eff, i in _store_jobs(system, step):
+        if eff.ok and not st.receipted[i] and not empty_fetch:
+            raise Fail(
+                "no_success_without_receipt",
+                f"the producer reported {system.engines.describe_job(eff.job_id)} succeeded, but no receipt from the "
+                f"consumer its life was bound to was delivered: nobody confirmed the blocks landed intact",
+                PRODUCER,
+            )
+    for i, kid in enumerate(system.kids):
+        if st.receipted[i] and kid not in step.post.producer:
+            st.receipted = put(st.receipted, i, False)
+
+
+def _receipt_or_store_result(system: System, step: CoreStep) -> bool:
+    if step.inp[0] == "deliver" and system.cores.msgs[step.inp[1]].kind == "receipt":
+        return True
+    return JobDone in step.types or any(kid in step.pre.producer and kid not in step.post.producer for kid in system.kids)
+
+
+def success_needs_receipt_c(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_success_without_receipt, consumer half: a load succeeds only if no block of its round
+    landed corrupt (``State.corrupted``, kept by :mod:`.network`'s ``corrupt`` fault)."""
+    for kid, rnd in _live_jobs(system, c, step, True):
+        if (c, system.kindex[kid], rnd) in st.corrupted:
+            raise Fail(
+                "no_success_without_receipt",
+                f"{system.cnames[c]} reported its load of {kid} (round {rnd}) succeeded although a block of the round "
+                f"landed corrupt",
+                system.lanes[c],
+            )
+
+
+def deadline_after_input(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """input_before_deadline: a deadline fires at a core only when no message that concerns it (one
+    naming its id, or any message from its session's peer) arrived in the core's sockets and is
+    still unread (:meth:`.network.Network.unread_concerns`)."""
+    key = step.inp[2]
+    if key in system.network.unread_concerns(st, c):
+        raise Fail(
+            "input_before_deadline",
+            f"a deadline of {_who(system, c)}'s record {key} fired while a message about it had arrived in "
+            f"{_who(system, c)}'s socket and was not read yet: the deadline beat input that came first",
+            _lane(system, c),
+        )
+
+
+def _fires(system: System, step: CoreStep) -> bool:
+    return step.inp[0] == "fire"
+
+
+def binding_messages_keep_to_their_life(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """lives_never_mix: a consumer message that refers to a binding — a ``receipt``, an
+    ``abort_fetch`` of a round that fetched — changes the producer's record of the id only if it
+    names that record's current binding (peer, round).  Runs on steps that read one."""
+    env = system.cores.msgs[step.inp[1]]
+    if env.kind == "abort_fetch" and not env.fetched:
+        return
+    kid = env.kv_request_id
+    cores = system.cores
+    before = cores.precords(step.pre_snap).get(("producer", kid))
+    after = cores.precords(step.snap).get(("producer", kid))
+    if before == after:
+        return
+    state, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
+    if (peer, rnd) != (env.src, env.round):
+        raise Fail(
+            "lives_never_mix",
+            f"{env.kind} of {env.src} round {env.round} changed {kid} ({state} -> {_pstate(step.post, kid)}), but "
+            + (f"that life is bound to {peer} round {rnd}" if peer is not None and rnd >= 0 else "that life is not bound"),
+            PRODUCER,
+        )
 
 
 def retained_within_cap(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
@@ -295,12 +473,13 @@ def _emits(effect: type) -> StepFilter:
 
 
 def quiescent(system: System, g: State) -> bool:
-    """no_stuck_ids' goal: every job has its result, no transfer is in progress, no producer record
-    is parked/awaiting/serving/cancelling, no consumer load is queued/in_flight/aborting/cancelling."""
-    if g.outstanding or g.transfers:
+    """no_stuck_ids' goal: every job has its result, the data plane references nothing and has no
+    revocation to confirm, no producer record is live (:data:`P_LIVE`), no consumer load is live
+    (:data:`C_LIVE`)."""
+    if g.outstanding or g.transfers or g.revokes:
         return False
     summaries = system.cores.summaries
-    if any(s in P_LIVE for s, _ in summaries[g.p].producer.values()):
+    if any(r[0] in P_LIVE for r in summaries[g.p].producer.values()):
         return False
     for sid in g.c:
         if any(r[0] in C_LIVE for r in summaries[sid].consumer.values()):
@@ -312,14 +491,21 @@ def stuck(system: System, g: State) -> list[tuple[str, str]]:
     """Why ``g`` is not quiescent: (lane, text) per job, record and transfer that is not done."""
     engines = system.engines
     items = [(engines.engine_lane(job), f"{engines.describe_job(job)} never gets a result") for job in sorted(g.outstanding)]
-    for kid, (s, _jobs) in sorted(system.cores.summaries[g.p].producer.items()):
+    for kid, (s, *_rest) in sorted(system.cores.summaries[g.p].producer.items()):
         if s in P_LIVE:
             items.append((PRODUCER, f"producer {kid} stays {s}"))
     for c, sid in enumerate(g.c):
         for kid, r in sorted(system.cores.summaries[sid].consumer.items()):
             if r[0] in C_LIVE:
                 items.append((system.lanes[c], f"{system.cnames[c]} {kid} stays {r[0]}"))
-    items.extend((NETWORK, f"transfer {t[1]} r{t[2]} to {system.cnames[t[0]]} never ends") for t in g.transfers)
+    items.extend(
+        (NETWORK, f"the data plane never releases the transfer of {t[1]} r{t[2]} to {system.cnames[t[0]]}")
+        for t in g.transfers
+    )
+    items.extend(
+        (system.lanes[c], f"{system.cnames[c]}'s data plane never confirms the revocation for {kid} r{rnd}")
+        for c, kid, rnd in g.revokes
+    )
     return items
 
 
@@ -332,22 +518,38 @@ REGISTRY: tuple[Property, ...] = (
         producer_step=deadline_armed, consumer_step=deadline_armed, when=_leaves_a_timer_unarmed,
     ),
     Property(
+        "input_before_deadline", ("input_before_deadline",),
+        producer_step=deadline_after_input, consumer_step=deadline_after_input, when=_fires,
+    ),
+    Property(
         "exactly_once_job_result", ("exactly_once_job_result",),
         producer_step=one_result_per_job, consumer_step=one_result_per_job, when=_emits(JobDone),
         state=jobs_held_by_live_records,
     ),
     Property(
+        "no_block_returned_while_referenced", ("no_block_returned_while_referenced",),
+        producer_step=no_store_result_while_referenced, when=_emits(JobDone),
+    ),
+    Property(
+        "no_success_without_receipt", ("no_success_without_receipt",),
+        producer_step=success_needs_receipt_p, consumer_step=success_needs_receipt_c, when=_receipt_or_store_result,
+    ),
+    Property(
+        "lives_never_mix", ("lives_never_mix",),
+        producer_step=binding_messages_keep_to_their_life, when=_receives("receipt", "abort_fetch"),
+    ),
+    Property(
         "no_bytes_for_tombstoned", ("no_bytes_for_tombstoned",),
         producer_step=blocks_only_when_serving, when=_emits(SendBlocks),
     ),
-    Property("late_fetch_one_rtt", ("late_fetch_one_rtt",), producer_step=late_fetch_answered, when=_receives_a_fetch),
+    Property("late_fetch_one_rtt", ("late_fetch_one_rtt",), producer_step=late_fetch_answered, when=_receives("fetch")),
     Property(
         "tombstoned_never_reparks", ("tombstoned_never_reparks",),
         producer_step=ended_ids_stay_ended, when=_moves_a_producer_id,
     ),
     Property(
         "no_write_after_terminal", ("no_write_after_terminal",),
-        consumer_step=writes_only_in_flight, when=_emits(WriteBlocks),
+        consumer_step=no_write_after_terminal, when=_lands_or_fails_a_load,
     ),
     Property("bounded_bookkeeping", ("bounded_bookkeeping",), producer_step=retained_within_cap, when=_over_the_cap),
     # From every explored state, a quiescent state is reachable by completion steps only (see
@@ -364,6 +566,10 @@ PROPERTIES: tuple[str, ...] = (
     "late_fetch_one_rtt",
     "no_write_after_terminal",
     "bounded_bookkeeping",
+    "no_block_returned_while_referenced",
+    "no_success_without_receipt",
+    "input_before_deadline",
+    "lives_never_mix",
     "no_stuck_ids",
 )
 """Every property's name, in the order the report lists them."""

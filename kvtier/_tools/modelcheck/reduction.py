@@ -12,8 +12,19 @@ state, :func:`ample` looks for one pair whose enabled steps
 * leave every other pair's projection (:meth:`.system.System.projection`) unchanged,
 
 and expands only those (a persistent set); otherwise every enabled step.  Successors computed for
-the check are handed back so the search does not compute them again.  The default configuration
-is explored to exhaustion this way (the longest path is ~27 steps).
+the check are handed back so the search does not compute them again.
+
+**Finished pairs** (:func:`visit_key`).  The ample sets run one pair's steps until it has none
+left (it is *finished*: nothing queued, no deadline that may fire, no engine work), then the
+next pair's.  Without more, the second pair would be explored once per distinct way the first
+one finished (a failure reason, a fault budget left or spent ...) — the same steps each time, since
+nothing a pair does depends on another pair's records (the premise of the reduction).  So the
+search deduplicates states by :func:`visit_key`, in which a finished pair is a marker: two states
+that differ only in how a finished pair ended are one.  Each finished pair was checked when it
+finished (every property of that state, and liveness from it), and a finished pair never moves
+again (no other pair's step changes its projection: the reduction checks it).
+
+The default configuration is explored to exhaustion this way.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ if TYPE_CHECKING:
     from kvtier._tools.modelcheck.state import State
     from kvtier._tools.modelcheck.system import System
 
-__all__ = ["ample", "applies"]
+__all__ = ["ample", "applies", "visit_key"]
 
 
 def applies(b: Bounds) -> bool:
@@ -83,3 +94,25 @@ def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, Stat
         if ok:
             return out
     return full
+
+
+FINISHED = "finished"
+"""the marker of a finished pair in a :func:`visit_key`"""
+
+
+def visit_key(system: System, g: State) -> object:
+    """What the search deduplicates ``g`` by: ``g`` itself, or — when the reduction applies and a
+    pair is finished (no enabled step belongs to it) while no enabled step couples the pairs — each
+    unfinished pair's projection, :data:`FINISHED` for each finished one, and what the pairs share
+    (:meth:`.system.System.shared`)."""
+    b = system.b
+    if not applies(b) or b.tombstone_max < b.ids:
+        return g
+    owner = system.owner
+    busy: set[int | None] = {owner[a[0]].process_of(a) for a in system.actions(g, True)}
+    if None in busy or len(busy) == b.ids:
+        return g
+    return (
+        tuple(system.projection(g, i) if i in busy else FINISHED for i in range(b.ids)),
+        system.shared(g),
+    )

@@ -28,6 +28,8 @@ class Violation:
 class Result:
     bounds: Bounds
     bug: str | None
+    profile: str | None = None
+    """the name of the :data:`~.bounds.PROFILES` entry explored, if it was one"""
     states: int = 0
     transitions: int = 0
     frontier_closure: int = 0
@@ -58,11 +60,14 @@ def format_result(r: Result) -> str:
     """The report ``kvtier check`` prints: bounds, counts, each property's verdict, the trace."""
     b = r.bounds
     head = (
-        f"kvtier model check{f' (planted bug: {r.bug})' if r.bug else ''}: ids={b.ids} consumers={b.consumers} "
-        f"depth={b.depth} faults={b.faults} chunks={b.chunks} loads_per_id={b.loads_per_id} crashes={b.crashes} "
-        f"tombstone_max={b.tombstone_max} max_pending={b.max_pending} park_clock={b.park_clock}"
+        f"kvtier model check{f' [{r.profile}]' if r.profile else ''}"
+        f"{f' (planted bug: {r.bug})' if r.bug else ''}: ids={b.ids} consumers={b.consumers} "
+        f"depth={b.depth} faults={b.faults} chunks={b.chunks} loads_per_id={b.loads_per_id} lives={b.lives} "
+        f"crashes={b.crashes} tombstone_max={b.tombstone_max} max_pending={b.max_pending} park_clock={b.park_clock}"
         f" routing={b.routing} fault_scope={b.fault_scope}"
         f"{' drain' if b.drain else ''}{' shutdown' if b.shutdown else ''}{' reorder' if b.reorder else ''}"
+        f"{' one-sided' if b.one_sided else ''}{'' if b.batching else ' no-batching'}"
+        f"{'' if b.corruption else ' no-corruption'}"
         f"{'' if b.prune_timers else ' no-prune-timers'}{'' if b.abandon else ' no-abandon'}"
         f"{' no-transfer-failures' if not b.transfer_failures else ''}"
     )

@@ -1,13 +1,16 @@
 """The search: safety by breadth-first exploration, liveness by completion, counterexamples.
 
 1. **Safety.**  Breadth-first from the initial state to the depth bound, with every kind of step
-   (shortest counterexamples first), expanding an ample set per state (:mod:`.reduction`).  Every
-   transition runs the properties' step checks, every new state their state checks
+   (shortest counterexamples first), expanding an ample set per state and merging states that
+   differ only in how a finished pair ended (:mod:`.reduction`, :func:`~.reduction.visit_key`).
+   Every transition runs the properties' step checks, every new state their state checks
    (:mod:`.properties`); the first :class:`~.properties.Fail` stops the search.
 2. **Liveness** (``no_stuck_ids``: ``fetch_always_answered`` and the liveness half of
    ``exactly_once_job_result``).  From every explored state a *quiescent* state
-   (:func:`.properties.quiescent`) must be reachable by *completion* steps only — deliveries,
-   transport reports, deadlines, the producer's request finishing (``actions(g, full=False)``).
+   (:func:`.properties.quiescent`) must be reachable by *completion* steps only — arrivals and
+   deliveries, the data plane's releases once the session that carried them ended, revocations,
+   deadlines, the producer's request finishing, a shutdown's grace ending
+   (``actions(g, full=False)``).
    New work, faults, crashes and the consumer giving up on its own are not completion steps (an
    engine waits for its load), so a load that only ends when its engine abandons it counts as
    stuck.  Each state first tries a greedy path (the first completion step in priority order;
@@ -16,6 +19,9 @@
 3. **Counterexamples.**  Each reached state remembers its parent and the action that reached it;
    a violation replays the path from the initial state with a :class:`~.trace.Recorder`, which
    yields both the text trace and the structured steps (:mod:`.trace`).
+
+:func:`check` explores one :class:`~.bounds.Bounds`; :func:`check_profiles` the named
+:data:`~.bounds.PROFILES` in turn (what a plain ``kvtier check`` does).
 """
 
 from __future__ import annotations
@@ -26,21 +32,41 @@ from collections import deque
 from contextlib import nullcontext
 from typing import Any
 
-from kvtier._tools.modelcheck.bounds import Bounds
+from kvtier._tools.modelcheck.bounds import PROFILES, Bounds
 from kvtier._tools.modelcheck.properties import Fail
-from kvtier._tools.modelcheck.reduction import ample
+from kvtier._tools.modelcheck.reduction import ample, visit_key
 from kvtier._tools.modelcheck.result import Result, Violation
 from kvtier._tools.modelcheck.state import State
 from kvtier._tools.modelcheck.system import System
 from kvtier._tools.modelcheck.trace import NETWORK, Recorder, TraceStep
 
-__all__ = ["check"]
+__all__ = ["check", "check_profiles"]
 
 
-def check(bounds: Bounds | None = None, *, bug: str | None = None, progress: bool = False) -> Result:
+def check_profiles(
+    names: tuple[str, ...] | None = None, *, bug: str | None = None, progress: bool = False
+) -> list[Result]:
+    """Explore the named :data:`~.bounds.PROFILES` (all, in order, by default) one after another,
+    stopping after the first that finds a violation or gives up; returns their results in order.
+    Raises KeyError for an unknown profile or bug."""
+    out: list[Result] = []
+    for name in names or tuple(PROFILES):
+        if name not in PROFILES:
+            raise KeyError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+        r = check(PROFILES[name], bug=bug, progress=progress, profile=name)
+        out.append(r)
+        if not r.ok:
+            break
+    return out
+
+
+def check(
+    bounds: Bounds | None = None, *, bug: str | None = None, progress: bool = False, profile: str | None = None
+) -> Result:
     """Explore ``bounds`` (with planted bug ``bug`` of :mod:`kvtier.testing.planted` active, if
-    given) and return the result.  Raises KeyError naming the known bugs for an unknown ``bug``;
-    ``progress`` prints a state count to stderr every 100,000 states."""
+    given) and return the result (``profile``: the name the report gives the bounds).  Raises
+    KeyError naming the known bugs for an unknown ``bug``; ``progress`` prints a state count to
+    stderr every 100,000 states."""
     bounds = bounds or Bounds()
     if bug is not None:
         from kvtier.testing.planted import PLANTED
@@ -51,7 +77,9 @@ def check(bounds: Bounds | None = None, *, bug: str | None = None, progress: boo
     else:
         ctx = nullcontext()
     with ctx:
-        return _search(bounds, bug, progress)
+        r = _search(bounds, bug, progress)
+    r.profile = profile
+    return r
 
 
 class _Trail:
@@ -113,6 +141,7 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
         return result
 
     depth_of: dict[State, int] = {init: 0}
+    visited: set[object] = {visit_key(system, init)}
     try:
         system.check_state(init)
         # 1. safety: BFS to the depth bound with every kind of step
@@ -125,10 +154,15 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
                 try:
                     if ng is None:
                         ng = system.apply(g, action)
-                    if ng not in parent:
-                        system.check_state(ng)
+                    if ng in parent:
+                        continue
+                    key = visit_key(system, ng)
+                    if key in visited:
+                        continue
+                    system.check_state(ng)
                 except Fail as f:
                     return fail(g, action, f)
+                visited.add(key)
                 if ng not in parent:
                     parent[ng] = (g, action)
                     depth_of[ng] = d + 1

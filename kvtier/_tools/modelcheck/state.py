@@ -8,12 +8,16 @@ module that changes it:
 field               owner
 ==================  ===================================================================
 ``p``, ``c``        the cores (:mod:`.encoding`), changed only by a core step
-``chans``           :mod:`.network` (channels)
-``transfers``       :mod:`.transport` (the data plane)
-``stores`` ...      :mod:`.engines` (``stores``, ``p_finished``, ``loads``, ``outstanding``,
-                    ``drained``, ``shut``)
+``chans``           :mod:`.network` (channels; ``arrived``: whether each channel's oldest message
+``arrived``         waits in the receiver's socket, unread)
+``transfers``       :mod:`.transport` (the data plane's references; ``revokes``: revocations a
+``revokes``         one-sided plane has not confirmed yet)
+``stores`` ...      :mod:`.engines` (``stores``, ``p_finished``, ``lives``, ``loads``,
+                    ``outstanding``, ``drained``, ``shut``)
 ``retired``         :mod:`.properties` (history of ``tombstoned_never_reparks``)
-``faults``          :mod:`.network` (fault budgets)
+``receipted``       :mod:`.properties` (history of ``no_success_without_receipt``)
+``corrupted``       :mod:`.network` (the rounds whose blocks it made land corrupt)
+``faults``          :mod:`.network` (fault budgets: loss, duplication, a corrupt landing)
 ``crashes``         :mod:`.network` (crash budget; a session's liveness deadline spends it too)
 ==================  ===================================================================
 
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Draft", "State", "put"]
+__all__ = ["FIELDS", "Draft", "State", "put"]
 
 
 class State(NamedTuple):
@@ -37,25 +41,39 @@ class State(NamedTuple):
     c: tuple[int, ...]
     """each consumer's core snapshot id"""
     chans: tuple[tuple[int, ...], ...]
-    """message ids; index 2*c: producer -> consumer c; 2*c+1: consumer c -> producer"""
-    transfers: tuple[tuple[int, str, int, bool], ...]
-    """transfers in progress, sorted (:class:`.transport.Transfer`)"""
+    """message ids, oldest first; index 2*c: producer -> consumer c; 2*c+1: consumer c -> producer"""
+    arrived: tuple[int, ...]
+    """per channel: 1 when its oldest message arrived in the receiver's socket and waits unread"""
+    transfers: tuple[tuple, ...]
+    """transfers whose blocks the data plane references, sorted (:class:`.transport.Transfer`)"""
+    revokes: tuple[tuple[int, str, int], ...]
+    """(consumer, id, round) revocations the one-sided plane has not confirmed yet, sorted"""
     stores: tuple[int, ...]
-    """per id: chunks the prefill engine has stored"""
+    """per id: chunks the prefill engine has stored in the id's current life"""
     p_finished: tuple[bool, ...]
-    """per id: the prefill engine finished the request"""
+    """per id: the prefill engine finished the current life's request"""
+    lives: tuple[int, ...]
+    """per id: the current life (0: the first; the prefill engine stores a pruned id again)"""
     loads: tuple[tuple[int, ...], ...]
-    """per consumer, per id: 0 not loaded, 1 load submitted, 2 request finished"""
+    """per consumer, per id: 0 never loaded; 2k-1 the k-th load submitted; 2k its request finished"""
     outstanding: frozenset[int]
     """jobs submitted that have no result yet"""
     retired: tuple[bool, ...]
     """per id: the id ended and was not pruned since"""
+    receipted: tuple[bool, ...]
+    """per id: the current life's binding received its consumer's receipt"""
+    corrupted: frozenset[tuple[int, int, int]]
+    """(consumer, id, round) of every round a block of which landed corrupt"""
     faults: tuple[int, ...]
     """fault budgets left (per consumer connection, or one in total)"""
     crashes: int
     """session deaths left"""
     drained: bool
-    shut: bool
+    shut: tuple[int, ...]
+    """per manager (0 the producer, 1+c consumer c): 0 running, 1 shutting down, 2 closed"""
+
+
+FIELDS = State._fields
 
 
 def put(t: tuple, i: int, v: Any) -> tuple:
@@ -66,15 +84,14 @@ def put(t: tuple, i: int, v: Any) -> tuple:
 class Draft:
     """A working copy of a :class:`State`: fields are replaced, channels copied on first write."""
 
-    __slots__ = (
-        "_copied", "c", "chans", "crashes", "drained", "faults", "loads", "outstanding", "p", "p_finished", "retired",
-        "shut", "stores", "transfers",
-    )
+    __slots__ = ("_copied", *FIELDS)
 
     def __init__(self, g: State) -> None:
+        # unpacked by hand: this runs once per transition
         (
-            self.p, self.c, chans, self.transfers, self.stores, self.p_finished, self.loads, self.outstanding,
-            self.retired, self.faults, self.crashes, self.drained, self.shut,
+            self.p, self.c, chans, self.arrived, self.transfers, self.revokes, self.stores, self.p_finished,
+            self.lives, self.loads, self.outstanding, self.retired, self.receipted, self.corrupted, self.faults,
+            self.crashes, self.drained, self.shut,
         ) = g
         self.chans: list = list(chans)
         self._copied: set[int] = set()
@@ -92,6 +109,7 @@ class Draft:
             chans[i] = tuple(chans[i])
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (this runs once per transition)
         return tuple.__new__(State, (
-            self.p, self.c, tuple(chans), self.transfers, self.stores, self.p_finished, self.loads, self.outstanding,
-            self.retired, self.faults, self.crashes, self.drained, self.shut,
+            self.p, self.c, tuple(chans), self.arrived, self.transfers, self.revokes, self.stores, self.p_finished,
+            self.lives, self.loads, self.outstanding, self.retired, self.receipted, self.corrupted, self.faults,
+            self.crashes, self.drained, self.shut,
         ))

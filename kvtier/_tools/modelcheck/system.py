@@ -8,9 +8,12 @@
   liveness search's greedy completion path);
 * :meth:`System.apply` — the successor state (the part that owns the action's kind applies it);
 * :meth:`System.step_producer` / :meth:`System.step_consumer` — one core step: run it (memoised),
-  run the properties' step checks, then let the environment take the step's effects (the engines
-  their job results, the transport its transfers, the network the messages), and record it;
-* :meth:`System.feed` — how a core input reaches the TierCore API (the owning part's handler).
+  record it, run the properties' step checks, then let the environment take the step's effects
+  (the engines their job results, the transport its transfers and revocations, the network the
+  messages);
+* :meth:`System.feed` — how a core input reaches the TierCore API (the owning part's handler),
+  followed by the shell's synchronous answers (a connection comes up, blocks are landed, a
+  receiver-applied plane's access is revoked) within the same core step.
 """
 
 from __future__ import annotations
@@ -82,9 +85,15 @@ class System:
         self._stages_c: tuple[dict[int, tuple[Stage, ...]], ...] = tuple({} for _ in self.cnames)
 
     def feed(self, core: TierCore, inp: tuple) -> list:
-        """Apply core input ``inp`` to ``core`` (connections that open come up in the same step)."""
+        """Apply core input ``inp`` to ``core``, then the shell's synchronous answers to its effects
+        (and to theirs): a connection that opens comes up (:meth:`.network.Network.answer`), blocks
+        are landed and a receiver-applied plane's access revoked (:meth:`.transport.Transport.answer`)."""
         effects = self._inputs[inp[0]](core, inp)
-        return effects + self.network.connected(core, effects)
+        todo = effects
+        while todo:
+            todo = self.network.answer(core, inp, todo) + self.transport.answer(core, inp, todo)
+            effects = effects + todo
+        return effects
 
     def initial(self) -> State:
         """Every core fresh, every consumer's session to the producer ready, nothing else."""
@@ -100,16 +109,21 @@ class System:
             p=p,
             c=tuple(cs),
             chans=tuple(() for _ in range(2 * self.b.consumers)),
+            arrived=(0,) * (2 * self.b.consumers),
             transfers=(),
+            revokes=(),
             stores=(0,) * n,
             p_finished=(False,) * n,
+            lives=(0,) * n,
             loads=tuple((0,) * n for _ in self.cnames),
             outstanding=frozenset(),
             retired=(False,) * n,
+            receipted=(False,) * n,
+            corrupted=frozenset(),
             faults=(self.b.faults,) * (self.b.consumers if self.b.fault_scope == "per_peer" else 1),
             crashes=self.b.crashes,
             drained=False,
-            shut=False,
+            shut=(0,) * (1 + self.b.consumers),
         )
 
     # -- actions -------------------------------------------------------------------------------
@@ -119,24 +133,29 @@ class System:
         load), lazily, in the priority order the liveness search tries them."""
         if not full:
             return self._completion(g)
-        engines, network = self.engines, self.network
+        engines, network, transport = self.engines, self.network, self.transport
         acts = network.deliveries(g)
-        acts += self.transport.actions(g)
+        acts += network.arrivals(g)
+        acts += transport.actions(g, True)
+        acts += transport.revocations(g)
         acts += self.clock.actions(g, True)
         acts += engines.producer_actions(g, True)
         acts += engines.consumer_actions(g, True)
         acts += network.faults(g)
         acts += network.crashes(g)
-        acts += engines.operator_actions(g)
+        acts += engines.operator_actions(g, True)
         return acts
 
     def _completion(self, g: State) -> Iterator[tuple]:
         # the same order as actions(g, full=True), restricted to completion steps
         yield from self.network.deliveries(g)
-        yield from self.transport.actions(g)
+        yield from self.network.arrivals(g)
+        yield from self.transport.actions(g, False)
+        yield from self.transport.revocations(g)
         yield from self.clock.actions(g, False)
         yield from self.engines.producer_actions(g, False)
         yield from self.engines.consumer_actions(g, False)
+        yield from self.engines.operator_actions(g, False)
 
     def label(self, g: State, action: tuple) -> str:
         """Human-readable text of ``action`` in state ``g``."""
@@ -154,26 +173,26 @@ class System:
         """One step of the producer's core."""
         step = self.cores.step("p", st.p, inp)
         st.p = step.snap
+        if rec is not None:  # before the checks: a violating step shows what the core did
+            rec.core_step("P", PRODUCER, PREFILL, step.pre, step.post, step.effects)
         stages = self._stages_p.get(id(step))
         if stages is None:
             stages = self._stages_p[id(step)] = self._pipeline(step, None)
         for stage in stages:
             stage(st, None, step)
-        if rec is not None:
-            rec.core_step("P", PRODUCER, PREFILL, step.pre, step.post, step.effects)
 
     def step_consumer(self, st: Draft, c: int, inp: tuple, rec: Recorder | None) -> None:
         """One step of consumer ``c``'s core."""
         step = self.cores.step(self.cnames[c], st.c[c], inp)
         st.c = put(st.c, c, step.snap)
+        if rec is not None:
+            rec.core_step(self.cnames[c], self.lanes[c], decode_lane(c), step.pre, step.post, step.effects)
         cache = self._stages_c[c]
         stages = cache.get(id(step))
         if stages is None:
             stages = cache[id(step)] = self._pipeline(step, c)
         for stage in stages:
             stage(st, c, step)
-        if rec is not None:
-            rec.core_step(self.cnames[c], self.lanes[c], decode_lane(c), step.pre, step.post, step.effects)
 
     def _pipeline(self, step: CoreStep, c: int | None) -> tuple[Stage, ...]:
         """What follows core step ``step`` of the producer (``c`` None) or consumer ``c``, in order:
@@ -203,6 +222,17 @@ class System:
         return stuck(self, g)
 
     # -- for the partial-order reduction (.reduction; the parts answer for their actions) -------
+    def shared(self, g: State) -> tuple:
+        """Everything no pair's projection holds: the producer core's counters and retained order,
+        the budgets the pairs share, the operator's and the producer's shutdown."""
+        return (
+            self.cores.snaps[g.p][1:],
+            g.crashes,
+            g.faults if self.b.fault_scope != "per_peer" else None,
+            g.drained,
+            g.shut[0],
+        )
+
     def projection(self, g: State, i: int) -> tuple:
         """Everything that belongs to pair ``i`` (id i with consumer i): its producer records, the
         consumer's core, and each part's slice of the environment."""
@@ -212,5 +242,6 @@ class System:
             precs.get(("sessions", self.cnames[i])),
             g.c[i],
             g.retired[i],
+            g.receipted[i],
             *(part.project(g, i) for part in self.parts),
         )

@@ -92,14 +92,17 @@ class Recorder:
 
     def core_step(self, who: str, lane: str, engine: str, pre: Summary, post: Summary, effects: tuple) -> None:
         """A core step on ``lane`` (``who``: its prefix in the text note): the text note, a note step
-        with its state changes and effects, a result step to ``engine`` per job result."""
+        with its state changes and effects, a result step to ``engine`` per job result; nothing
+        when the step changed no state and had no effect worth showing."""
         changes = _changes(pre, post)
         texts = [(eff, _effect_text(eff)) for eff in effects]
-        self.notes.append(f"{who}: " + (", ".join(changes + [t for _, t in texts if t]) or "(no change)"))
+        if not changes and not any(t for _, t in texts):
+            return  # nothing to show (e.g. the producer noting that the prefill finished)
+        self.notes.append(f"{who}: " + ", ".join(changes + [t for _, t in texts if t]))
         other = changes + [t for eff, t in texts if t and not isinstance(eff, JobDone)]
         results = [t for eff, t in texts if t and isinstance(eff, JobDone)]
-        if other or not results:
-            self.add("note", lane, lane, ", ".join(other) or "(no change)")
+        if other:
+            self.add("note", lane, lane, ", ".join(other))
         for t in results:
             self.add("result", lane, engine, t)
 
@@ -125,9 +128,12 @@ def _effect_text(eff: Any) -> str | None:
         return f"JobDone({eff.job_id}, {'ok' if eff.ok else 'fail ' + str(eff.reason)})"
     if name == "SendTransferDone":
         return f"transfer_done({eff.kv_request_id} r{eff.round} {'ok' if eff.ok else 'fail ' + str(eff.reason)})"
-    if name in ("SendBlocks", "WriteBlocks", "SendFetch", "SendAbortFetch", "SendAbortAck", "CancelTransfer"):
+    if name == "SendAbortFetch":
+        return f"SendAbortFetch({eff.kv_request_id}{'' if eff.fetched else ', not fetched'})"
+    if name in ("SendBlocks", "LandBlocks", "SendFetch", "SendReceipt", "SendAbortAck", "CancelTransfer",
+                "RevokeAccess"):
         return f"{name}({getattr(eff, 'kv_request_id', '')})"
-    if name in ("PeerDown", "SendDisconnect", "SendHello", "SendHelloAck", "OpenConnection"):
+    if name in ("PeerDown", "SendDisconnect", "SendHello", "SendHelloAck", "OpenConnection", "CloseConnection"):
         return name
     return None
 
