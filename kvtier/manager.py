@@ -616,7 +616,8 @@ class KvTierManager:
         budget = 0.05
         if nd is not None:
             budget = min(budget, max(0.0, nd - now))
-        plane = self.plane.max_wait_s()  # e.g. a UCX tcp target must progress its WRITEs
+        # e.g. a UCX tcp target must progress WRITEs into it, but only while a load is out
+        plane = self.plane.max_wait_s(receiving=bool(self.core.consumer.by_peer))
         return budget if plane is None else min(budget, plane)
 
     def _poll_once(self) -> None:

@@ -265,17 +265,23 @@ class Consumer:
         mgr = mgr or self.mgrs["zmq"]
         # the other managers are polled too, or their idle sessions would miss their heartbeats
         # while this one works
+        # while this one works — every 50 ms, which heartbeats need; polling them on every wake
+        # would put their ticks on the measured manager's critical path
         idle = [m for m in self.mgrs.values() if m is not mgr]
-        deadline = time.monotonic() + timeout_s
+        now = time.monotonic()
+        deadline, idle_at = now + timeout_s, now + 0.05
         while True:
             for r in mgr.get_finished_jobs():
                 if r.job_id == job_id:
                     return r
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"job {job_id}: no result within {timeout_s} s")
             mgr.poll(0.05)
-            for m in idle:
-                m.poll(0)
+            if now >= idle_at:
+                idle_at = now + 0.05
+                for m in idle:
+                    m.poll(0)
 
     def _zero(self, n: int) -> None:
         for i in {0, n - 1}:

@@ -70,6 +70,8 @@ def _pairs(curve: tuple[dict[str, Any], dict[str, Any]]) -> tuple[dict[str, dict
     if _nixl_available() is None:
         prod["nixl"] = {**PRODUCER_CONFIG, "data_plane": "nixl"}
         cons["nixl"] = {**CONSUMER_CONFIG, "data_plane": "nixl"}
+        prod["nixl_nodigest"] = {**prod["nixl"], **NODIGEST}
+        cons["nixl_nodigest"] = {**cons["nixl"], **NODIGEST}
     return prod, cons
 
 
@@ -190,6 +192,9 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
                         "nixl_vs_raw": paired_ratio(raw_s, nx),
                         "nixl_vs_copy": paired_ratio(cp_s, nx),
                         "nixl_vs_plain": paired_ratio(kv_s, nx),
+                        "kvtier_nixl_nodigest_gbps": gbps(secs["nixl_nodigest"]),
+                        "nixl_nodigest_vs_copy": paired_ratio(cp_s, secs["nixl_nodigest"]),
+                        "nixl_digest_vs_none": paired_ratio(secs["nixl_nodigest"], nx),
                     })
                 rows.append(row)
                 log(
@@ -197,7 +202,9 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
                     f"raw {row['raw_zmq_gbps']['median']:.2f}, copy_ {row['copy_gbps']['median']:.2f}, "
                     f"ratio {row['ratio_vs_raw']['median']:.2f}, CURVE {row['kvtier_curve_gbps']['median']:.2f} GB/s"
                     + (f", NIXL {row['kvtier_nixl_gbps']['median']:.2f} GB/s "
-                       f"({row['nixl_vs_copy']['median']:.2f}x copy_)" if "nixl" in secs else "")
+                       f"({row['nixl_vs_copy']['median']:.2f}x copy_; without digests "
+                       f"{row['kvtier_nixl_nodigest_gbps']['median']:.2f} GB/s, "
+                       f"{row['nixl_nodigest_vs_copy']['median']:.2f}x copy_)" if "nixl" in secs else "")
                 )
         pstats = prod.call("stats")
     finally:

@@ -127,10 +127,12 @@ class DataPlane(Protocol):
         """Posted transfers whose blocks the plane still references."""
         ...
 
-    def max_wait_s(self) -> float | None:
+    def max_wait_s(self, receiving: bool = True) -> float | None:
         """The longest the manager may wait for network input before calling :meth:`poll` again
         (seconds), or ``None`` when the plane's own progress needs no calls (its data arrives on
-        the transport, whose wait wakes for it)."""
+        the transport, whose wait wakes for it).  ``receiving``: whether any load of this manager
+        is outstanding, i.e. whether a peer may be writing into the pool at all (the core knows;
+        an idle consumer need not be woken for WRITEs nobody was asked for)."""
         ...
 
     def close(self) -> list[Released | Revoked]:

@@ -369,10 +369,13 @@ class NixlPlane:
             out.extend(self._check_revocations(time.monotonic()))
         return out
 
-    def max_wait_s(self) -> float | None:
-        """While a peer could be writing into us or a WRITE of ours is in flight: the progress
-        interval (``nixl_progress_interval_s``); otherwise ``None``."""
-        if self._peers or self._xfers or self._revoking:
+    def max_wait_s(self, receiving: bool = True) -> float | None:
+        """While a WRITE of ours is in flight, a revocation is pending, or a peer could be writing
+        into us (``receiving``: a load of ours is outstanding): the progress interval
+        (``nixl_progress_interval_s``); otherwise ``None``, so an idle manager is not woken every
+        interval (the first release woke 1,000 times a second per connected peer, and those
+        wake-ups took the core from the manager that was working)."""
+        if self._xfers or self._revoking or (receiving and self._peers):
             return self._interval
         return None
 

@@ -124,7 +124,7 @@ class ZmqPlane:
     def referenced(self) -> int:
         return sum(1 for x in self._xfers.values() if x.handles)
 
-    def max_wait_s(self) -> None:
+    def max_wait_s(self, receiving: bool = True) -> None:
         return None  # payloads and trackers move on libzmq's threads; the transport wait wakes
 
     # -- consumer ------------------------------------------------------------------------------
