@@ -157,14 +157,18 @@ def _p1(r: dict[str, Any]) -> str:
 
 def _p2(r: dict[str, Any]) -> str:
     rows = [[fmt_bytes(x["block_bytes"]), str(x["blocks"]), _mmm(x["kvtier_gbps"]), _opt(x, "kvtier_nixl_gbps"),
-             _mmm(x["copy_gbps"]), _mmm(x["ratio_vs_copy"], fmt="{:.3f}"), _opt(x, "nixl_vs_copy", fmt="{:.3f}")]
+             _mmm(x["copy_gbps"]), _mmm(x["ratio_vs_copy"], fmt="{:.3f}"), _opt(x, "nixl_vs_copy", fmt="{:.3f}"),
+             _opt(x, "nixl_nodigest_vs_copy", fmt="{:.3f}"), _opt(x, "nixl_window_vs_copy", fmt="{:.3f}")]
             for x in r["rows"]]
     tail = ""
     if r.get("ratio_large_nixl"):
-        tail = (f"\n\nRequests ≥ 8 MiB: nixl/copy_ {fmt_ratio(r['ratio_large_nixl'])}, "
+        tail = (f"\n\nRequests ≥ 8 MiB: nixl/copy_ {fmt_ratio(r['ratio_large_nixl'])} one request at a time, "
+                f"{fmt_ratio(r.get('ratio_large_nixl_window'))} with several in flight, "
+                f"{fmt_ratio(r.get('ratio_large_nixl_nodigest'))} without digests (digest cost "
+                f"{(r.get('nixl_digest_cost_large') or 0) * 100:.1f} %); "
                 f"zmq/copy_ {fmt_ratio(r.get('ratio_large'))}.")
-    return _md_table(["block", "blocks", "zmq GB/s", "nixl GB/s", "torch copy_ GB/s", "zmq/copy_", "nixl/copy_"],
-                     rows) + tail
+    return _md_table(["block", "blocks", "zmq GB/s", "nixl GB/s", "torch copy_ GB/s", "zmq/copy_", "nixl/copy_",
+                      "nixl no digest/copy_", "nixl in flight/copy_"], rows) + tail
 
 
 def _p3(r: dict[str, Any]) -> str:

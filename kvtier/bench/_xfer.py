@@ -294,9 +294,12 @@ class Consumer:
         return all(torch.equal(self.views[i], base ^ _xor(i)) for i in {0, n - 1})
 
     # -- measurements -----------------------------------------------------------------------
-    def op_kvtier(self, ids: list[str], nblocks: int, verify: bool = False, pair: str = "zmq") -> dict[str, Any]:
-        """Load each id in turn (one request at a time); seconds from the first submit_load to
-        the last successful JobResult, through the managers named ``pair``."""
+    def op_kvtier(self, ids: list[str], nblocks: int, verify: bool = False, pair: str = "zmq",
+                  window: int = 1) -> dict[str, Any]:
+        """Load the ids with at most ``window`` requests outstanding (1: one at a time, each
+        request's whole latency on the clock; more: as an engine with many requests keeps
+        several loads in flight, each into its own slots); seconds from the first submit_load
+        to the last successful JobResult, through the managers named ``pair``."""
         from kvtier.api import TransferJob
 
         mgr = self.mgrs[pair]
@@ -307,13 +310,18 @@ class Consumer:
         if verify:
             self._zero(nblocks)
         failures = []
+        if window > 1 and window * nblocks > self.pool.num_blocks:
+            raise ValueError(f"window {window} x {nblocks} blocks exceeds the pool ({self.pool.num_blocks} slots)")
         t0 = time.perf_counter()
-        for r in reqs:
-            job = next(self._jobs)
-            mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=slots, req=r))
-            res = self._wait_job(job, mgr=mgr)
-            if not res.success:
-                failures.append(res.reason)
+        if window == 1:
+            for r in reqs:
+                job = next(self._jobs)
+                mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=slots, req=r))
+                res = self._wait_job(job, mgr=mgr)
+                if not res.success:
+                    failures.append(res.reason)
+        else:
+            failures = self._windowed(mgr, reqs, keys, nblocks, window)
         seconds = time.perf_counter() - t0
         for r in reqs:
             mgr.on_request_finished(r)
@@ -321,6 +329,37 @@ class Consumer:
         if verify:
             out["verified"] = self._check(nblocks)
         return out
+
+    def _windowed(self, mgr: Any, reqs: list[Any], keys: tuple[bytes, ...], nblocks: int, window: int) -> list[Any]:
+        from kvtier.api import TransferJob
+
+        free = [tuple(range(w * nblocks, (w + 1) * nblocks)) for w in range(window)]
+        out: dict[int, tuple[int, ...]] = {}  # job -> its slots
+        failures: list[Any] = []
+        pending = list(reqs)
+        idle = [m for m in self.mgrs.values() if m is not mgr]
+        deadline, idle_at = time.monotonic() + 60.0, time.monotonic() + 0.05
+        while pending or out:
+            while pending and free:
+                job, slots = next(self._jobs), free.pop()
+                out[job] = slots
+                mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=slots, req=pending.pop(0)))
+            for r in mgr.get_finished_jobs():
+                if r.job_id in out:
+                    free.append(out.pop(r.job_id))
+                    if not r.success:
+                        failures.append(r.reason)
+            if not out and not pending:
+                break
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"{len(out)} windowed loads: no result within 60 s")
+            mgr.poll(0.05)
+            if now >= idle_at:
+                idle_at = now + 0.05
+                for m in idle:
+                    m.poll(0)
+        return failures
 
     def op_raw(self, count: int, nblocks: int, per_msg: int, verify: bool = False) -> dict[str, Any]:
         """``count`` request→stream exchanges on the raw DEALER, each frame landed with recv_into

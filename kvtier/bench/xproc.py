@@ -59,6 +59,7 @@ def _nixl_available() -> str | None:
 
 
 NODIGEST = {"integrity": "none"}
+WINDOW = 4  # P2's windowed NIXL run: requests in flight at once (an engine loads many requests)
 DIGEST_COST_TARGET = 0.10  # issue 9: the digest is on by default where it costs at most 10 %
 
 
@@ -110,7 +111,8 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
 
     keydir = tempfile.TemporaryDirectory(prefix="kvtier-bench-keys-")
     pcfgs, ccfgs = _pairs(_curve_configs(keydir.name))
-    pairs = list(pcfgs)  # zmq, curve[, nixl]
+    pairs = list(pcfgs)  # zmq, curve, nodigest[, nixl, nixl_nodigest]
+    nixl_on = "nixl" in pairs
     reps = 2 if quick else 7
     target_bytes = (8 if quick else 128) * MiB
     kmax = 40 if quick else 200
@@ -125,8 +127,9 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
             ns = [n for b, n in grid if b == bs]
             nmax = max(ns)
             addrs = prod.call("setup", block_bytes=bs, num_blocks=nmax, configs=pcfgs)
-            cons.call("setup", block_bytes=bs, num_blocks=nmax, producers=addrs, raw_port=raw_port,
-                      configs=ccfgs, copy_source=True)
+            # the consumer's pool holds WINDOW requests' slots for the windowed NIXL run
+            cons.call("setup", block_bytes=bs, num_blocks=nmax * (WINDOW if nixl_on else 1), producers=addrs,
+                      raw_port=raw_port, configs=ccfgs, copy_source=True)
             store_digest = prod.call("digest_rate", nblocks=nmax)["bytes_per_s"]
             per_msg = max(1, MAX_BATCH_BYTES // bs)
             # warm-up: session handshakes, first-touch of buffers, code paths
@@ -137,20 +140,26 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
             for n in ns:
                 nbytes = n * bs
                 k = max(2, min(kmax, math.ceil(target_bytes / nbytes)))
-                secs: dict[str, list[float]] = {name: [] for name in ("raw", "copy", *pairs)}
+                windowed = nixl_on and nbytes >= 8 * MiB  # P2's cells: also WINDOW requests in flight
+                runs = [*pairs, *(["nixl_window"] if windowed else [])]
+                secs: dict[str, list[float]] = {name: [] for name in ("raw", "copy", *runs)}
                 verified = True
                 for rep in range(reps):
-                    ids = {pair: prod.call("park", prefix=f"p1{pair}-{bs}-{n}-{rep}", count=k, nblocks=n, pair=pair)
-                           for pair in pairs}
+                    ids = {pair: prod.call("park", prefix=f"p1{pair}-{bs}-{n}-{rep}", count=k, nblocks=n,
+                                           pair="nixl" if pair == "nixl_window" else pair)
+                           for pair in runs}
                     verify = rep == 0
-                    order = ["raw", *pairs]
+                    order = ["raw", *runs]
                     if rep % 2:
                         order.reverse()
                     for what in order:
                         if what == "raw":
                             r = cons.call("raw", count=k, nblocks=n, per_msg=per_msg, verify=verify)
                         else:
-                            r = cons.call("kvtier", ids=ids[what], nblocks=n, verify=verify, pair=what)
+                            if what == "nixl_window":  # into WINDOW slot ranges: checked by digest only
+                                r = cons.call("kvtier", ids=ids[what], nblocks=n, pair="nixl", window=WINDOW)
+                            else:
+                                r = cons.call("kvtier", ids=ids[what], nblocks=n, verify=verify, pair=what)
                             if r["failures"]:
                                 problems.append(f"{fmt_bytes(bs)}x{n}: {what} loads failed: {r['failures'][:3]}")
                         secs[what].append(r["seconds"])
@@ -195,6 +204,11 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
                         "kvtier_nixl_nodigest_gbps": gbps(secs["nixl_nodigest"]),
                         "nixl_nodigest_vs_copy": paired_ratio(cp_s, secs["nixl_nodigest"]),
                         "nixl_digest_vs_none": paired_ratio(secs["nixl_nodigest"], nx),
+                    })
+                if windowed:
+                    row.update({
+                        "kvtier_nixl_window_gbps": gbps(secs["nixl_window"]),
+                        "nixl_window_vs_copy": paired_ratio(cp_s, secs["nixl_window"]),
                     })
                 rows.append(row)
                 log(
@@ -286,7 +300,11 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
     p2_targets = [{"text": "zmq: none (reported)", "op": None, "value": None, "achieved": r2["median"], "met": None}]
     if nixl and big:
         worst_big = min(r["nixl_vs_copy"]["median"] for r in big)
-        p2_targets.append(target(">=", 0.6, worst_big, "nixl ≥ 0.6× torch copy_ for every request ≥ 8 MiB"))
+        p2_targets.append(target(">=", 0.6, worst_big,
+                                 "nixl ≥ 0.6× torch copy_ for every request ≥ 8 MiB (one request at a time)"))
+        worst_win = min(r["nixl_window_vs_copy"]["median"] for r in big)
+        p2_targets.append(target(">=", 0.6, worst_win,
+                                 f"nixl ≥ 0.6× torch copy_ for every request ≥ 8 MiB ({WINDOW} requests in flight)"))
     p2 = {
         "id": "P2",
         "title": "Same-host throughput: kvtier cross-process vs torch copy_ of the same bytes",
@@ -298,18 +316,27 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
         "ratio_zmq": r2,
         "ratio_large": headline_of(big, "ratio_vs_copy") if big else None,
         "ratio_large_nixl": headline_of(big, "nixl_vs_copy") if (big and nixl) else None,
+        "ratio_large_nixl_window": headline_of(big, "nixl_window_vs_copy") if (big and nixl) else None,
+        "ratio_large_nixl_nodigest": headline_of(big, "nixl_nodigest_vs_copy") if (big and nixl) else None,
+        "nixl_digest_cost_large": (1.0 - headline_of(big, "nixl_digest_vs_none")["median"]) if (big and nixl) else None,
         "targets": p2_targets,
         "rows": [
             {"block_bytes": r["block_bytes"], "blocks": r["blocks"], "kvtier_gbps": r["kvtier_gbps"],
              "copy_gbps": r["copy_gbps"], "ratio_vs_copy": r["ratio_vs_copy"],
-             **({"kvtier_nixl_gbps": r["kvtier_nixl_gbps"], "nixl_vs_copy": r["nixl_vs_copy"]} if nixl else {})}
+             **({"kvtier_nixl_gbps": r["kvtier_nixl_gbps"], "nixl_vs_copy": r["nixl_vs_copy"],
+                 "nixl_nodigest_vs_copy": r["nixl_nodigest_vs_copy"]} if nixl else {}),
+             **({"kvtier_nixl_window_gbps": r["kvtier_nixl_window_gbps"],
+                 "nixl_window_vs_copy": r["nixl_window_vs_copy"]} if "nixl_window_vs_copy" in r else {})}
             for r in rows
         ],
         "noise": noise,
         "wall_s": round(wall, 1),
         "method": "same run as P1: after each repeat of the planes and raw, per-block torch copy_ (1 thread) of "
         "the same number of bytes into the same pool slots, from a pre-faulted source region. The headline "
-        "ratio is the NIXL plane's when NIXL is installed (zmq: ratio_zmq).",
+        "ratio is the NIXL plane's when NIXL is installed (zmq: ratio_zmq), one request at a time (each "
+        f"request's fixed cost on the clock); for requests ≥ 8 MiB the NIXL plane is also run with {WINDOW} "
+        "requests in flight, each into its own slots (nixl_window: how an engine with many requests loads), "
+        "and without digests (nixl_nodigest).",
     }
     return {"P1": p1, "P2": p2}
 
