@@ -116,6 +116,9 @@ class TableMachine:
         new_timer = self.STATE_TIMER[new]
         if new_timer != self.STATE_TIMER[old]:
             rec.timer = new_timer
+            if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
+                rec.tseq = 0
+                self._deadlines.retire(self._is_live)
             rec.tseq = self._deadlines.arm(now + self._durations[new_timer], rec.key) if new_timer else 0
 
     def enter(self, rec: Any, state: Any, now: float) -> Any:
@@ -142,6 +145,9 @@ class TableMachine:
     def restart_timer(self, rec: Any, now: float) -> None:
         """Restart the record's current timer from ``now``."""
         if rec.timer is not None:
+            if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
+                rec.tseq = 0
+                self._deadlines.retire(self._is_live)
             rec.tseq = self._deadlines.arm(now + self._durations[rec.timer], rec.key)
 
     # -- deadlines ---------------------------------------------------------------------------

@@ -314,7 +314,10 @@ class ProducerMachine(TableMachine):
         if new in _RETAINED and old not in _RETAINED:
             # the prune timer lives in ``retained`` (oldest first), not the heap; entries the
             # heap still holds for this id (reap, transfer) go stale with tseq 0
-            rec.timer, rec.tseq = self.STATE_TIMER[new], 0
+            if rec.tseq:
+                rec.tseq = 0
+                self._deadlines.retire(self._is_live)
+            rec.timer = self.STATE_TIMER[new]
             if self._prune_at[0] != now:
                 self._prune_at = (now, now + self._durations[rec.timer])
             self.retained[rec.key] = self._prune_at[1]
