@@ -115,7 +115,7 @@ class _RateLimitedLog:
 
 
 def _quarantined(core: TierCore, jobs: Mapping[int, _Job], block_bytes: int) -> tuple[int, int]:
-    recs = [r for r in core.producer.referenced() if r.state is ProducerState.QUARANTINED]
+    recs = [core.producer.records[k] for k in core.producer.quarantined]
     return len(recs), sum(jobs[j].nbytes for r in recs for j in r.jobs if j in jobs) // block_bytes
 
 
@@ -677,7 +677,7 @@ class KvTierManager:
     def _report_quarantine(self, now: float) -> None:
         """Blocks held back from the engine because the plane never released them: say so, loudly
         and rate-limited (the gauge ``kvtier_quarantined_blocks`` counts them)."""
-        if not any(r.state is ProducerState.QUARANTINED for r in self.core.producer.referenced()):
+        if not self.core.producer.quarantined:  # O(1): this runs on every poll
             return
         ids, blocks = self.quarantined()
         self._plog("*", "quarantined",

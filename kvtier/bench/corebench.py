@@ -209,7 +209,7 @@ def run_p4(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
                 "inputs built beforehand, effects collected, tick() every 1024 cycles; transitions: "
                 f"{tr_cycles} cycles of kvtier._tools.reference (transitions.Machine from spec/lifecycle.toml, "
                 "auto_transitions=False) with the guard valuation given (transitions evaluates no guard and "
-                "builds no effect). Timed with the thread's CPU time (time.thread_time). Floor: the same four "
+                "builds no effect). Timed with the thread's CPU time (time.thread_time). Floor: the same five "
                 "transitions as bare dict[(state, event)] lookups on a slotted object, measured in each repeat; "
                 "'scaled to the limits machine' = core µs × 0.063 µs (limits.md §6) / floor µs."
             ),
@@ -544,7 +544,11 @@ def retained_breakdown(fetch_keys: int, end: str) -> dict[str, int]:
     (m.receipt if end == "done" else m.abort_fetch)(late, 1.0, out)
     rec = m.records["req-0"]
     shared = (None, (), True, False, rec.key, rec.peer, rec.state, rec.reason, rec.timer)
-    sizes = {"record": sys.getsizeof(rec)}
+    # the stored record (a RetainedRecord: its own slots are key, state, reason, timer, tseq and
+    # consumer; a live record's other fields read as shared empty class attributes) and its
+    # prune time in ``retained`` (one float, shared by every id retained in the same step); the
+    # rest of an id's cost is its slot in ``records``, ``retained`` and the prune-order deque
+    sizes = {"record": sys.getsizeof(rec), "prune_time": sys.getsizeof(m.retained["req-0"])}
     for name in (*ProducerRecord.__slots__, "key", "state", "reason", "timer", "tseq"):
         v = getattr(rec, name)
         if any(v is x for x in shared) or (isinstance(v, int) and -5 <= v <= 256):

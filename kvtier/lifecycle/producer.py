@@ -188,13 +188,19 @@ class ProducerMachine(TableMachine):
         self.max_pending = max_pending_fetches_per_peer
         self.by_peer: dict[str, set[str]] = {}
         self.awaiting_per_peer: dict[str, int] = {}
+        # ids in quarantined: the shell asks every poll, so an index, not a scan of every record
+        self.quarantined: set[str] = set()
         # retained id -> when its prune deadline falls (seconds); insertion-ordered, so oldest
         # first: the retention period is one constant, so with a monotonic ``now`` this is also
         # deadline order and the prune timer needs no heap entry of its own
         self.retained: dict[str, float] = {}
         # the same ids in the same order; popping the front of a dict is O(size) in CPython, of a
-        # deque O(1).  An id that leaves retention out of order (close, a test firing its prune)
-        # leaves a stale entry here, skipped when it reaches the front.
+        # deque O(1).  Ids leave retention from the front (prune deadline, tombstone_max); only
+        # close() (the end of the manager) or a test firing one id's prune takes one out of
+        # order, leaving a stale entry here that is skipped when it reaches the front.  (Were
+        # that id retained again before its stale entry surfaced, the stale entry would stand
+        # for the new life and hold the ids behind it back until the new life's prune: late,
+        # never early.  It cannot happen after close().)
         self._prune_order: deque[str] = deque()
         self._prune_at = (float("nan"), float("nan"))  # (now, now + retention): one float per batch
         self.count_evicted = 0
@@ -370,6 +376,10 @@ class ProducerMachine(TableMachine):
                     del self.by_peer[rec.peer]
         if new in _BOUND and old not in _BOUND:
             self.by_peer.setdefault(rec.peer, set()).add(rec.key)
+        if new is ProducerState.QUARANTINED:
+            self.quarantined.add(rec.key)
+        elif old is ProducerState.QUARANTINED:
+            self.quarantined.discard(rec.key)
         if old in _RETAINED and new not in _RETAINED:
             self.retained.pop(rec.key, None)
             order = self._prune_order

@@ -104,7 +104,7 @@ class Codec:
         "producer": {
             "_deadlines", "_durations", "_effects", "_give_up", "_guards", "awaiting_per_peer", "by_peer", "closing",
             "_prune_at", "_prune_order", "count_evicted", "ignored", "max_pending", "named", "park_clock_last",
-            "records", "retained", "tombstone_max",
+            "quarantined", "records", "retained", "tombstone_max",
         },
         "consumer": {
             "_deadlines", "_durations", "_effects", "_give_up", "_guards", "_instance_down", "_next_round",
@@ -189,6 +189,7 @@ class Codec:
             {k: frozenset(v) for k, v in p.by_peer.items() if v},
             dict(p.awaiting_per_peer),
             list(p.retained),
+            frozenset(p.quarantined),
             {k: frozenset(v) for k, v in c.by_peer.items() if v},
         )
 
