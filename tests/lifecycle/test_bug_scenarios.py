@@ -558,8 +558,10 @@ def test_b31_lost_abort_the_producers_own_deadlines_end_it(producer_state: str) 
         out = s.p.tick(60.0)  # the plane never released: quarantine, the session is ended to force it
         assert of(out, JobDone) == [] and of(out, PeerDown) == [PeerDown(C, "transfer_stalled")]
         assert s.p.producer.state_of("A") is ProducerState.QUARANTINED
+        assert s.p.producer.quarantined == {"A"}  # the index the shell's gauge and log read
         assert s.p.pending_jobs() == 1  # the engine cannot reuse blocks a send may still read
         out = s.p.transfer_released("A", rnd, 60.01)  # the dropped connection released them
         assert of(out, JobDone) == [JobDone(sjob, False, "transfer_timeout")]
+        assert s.p.producer.quarantined == set()
     assert s.p.producer.state_of("A") is ProducerState.TOMBSTONED
     assert s.p.pending_jobs() == 0 and s.c.pending_jobs() == 0

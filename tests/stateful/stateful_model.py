@@ -58,6 +58,7 @@ DURATIONS = {
 }
 TOMBSTONE_MAX = 2
 P_LIVE = {"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
+P_BOUND = P_LIVE - {"parked"}  # bound to a consumer: indexed per peer
 P_RETAINED = {"done", "tombstoned"}
 P_LATE = {"done", "tombstoned", "cancelling", "quarantined"}
 C_LIVE = {"queued", "in_flight", "aborting", "cancelling", "revoking"}
@@ -426,6 +427,20 @@ def make_machine(
                     assert any(
                         r.job_id == job and r.state.value in C_LIVE for r in core.consumer.records.values()
                     ), f"exactly_once_job_result: load job {job} of {owner} has no result and no live load"
+
+        @invariant()
+        def producer_indexes_match_its_records(self) -> None:
+            # the shell reads these indexes instead of scanning (quarantine gauge and log on every
+            # poll, per-peer fan-out), so a drifted index is a wrong gauge or a missed session end
+            prod = self.p.producer
+            recs = prod.records.values()
+            assert prod.quarantined == {r.key for r in recs if r.state.value == "quarantined"}
+            assert set(prod.retained) == {r.key for r in recs if r.state.value in ("done", "tombstoned")}
+            bound: dict[str, set[str]] = {}
+            for r in recs:
+                if r.state.value in P_BOUND:
+                    bound.setdefault(r.peer, set()).add(r.key)
+            assert {peer: set(keys) for peer, keys in prod.by_peer.items()} == bound
 
         @invariant()
         def bounded_bookkeeping(self) -> None:

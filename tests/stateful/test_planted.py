@@ -65,7 +65,8 @@ def steps_of(exc: BaseException) -> list[str]:
         n
         for n in notes
         if n.startswith("state.")
-        and not n.startswith(("state.teardown", "state.bounded_bookkeeping", "state.jobs_without_result"))
+        and not n.startswith(("state.teardown", "state.bounded_bookkeeping", "state.jobs_without_result",
+                                "state.producer_indexes"))
     ]
 
 
