@@ -555,7 +555,8 @@ class TierConfig:
     data_plane: str = _field(_Choice(("zmq", "nixl")), "zmq")
     """How block bytes travel: ``zmq`` (payload frames on the control
     connection; no extra dependency) or ``nixl`` (one-sided WRITEs through
-    NIXL/UCX: memcpy speed on one host, RDMA across hosts). Both peers must
+    NIXL/UCX: shared-memory copies (CMA) on one host, RDMA across hosts;
+    ~1.9x the zmq plane's throughput on one host, docs/dataplane.md). Both peers must
     use the same plane (checked in the handshake)."""
 
     backends: tuple[str, ...] = _field(_NameList(), ("UCX",))
