@@ -264,7 +264,6 @@ class Consumer:
     def _wait_job(self, job_id: int, timeout_s: float = 60.0, mgr: Any = None) -> Any:
         mgr = mgr or self.mgrs["zmq"]
         # the other managers are polled too, or their idle sessions would miss their heartbeats
-        # while this one works
         # while this one works — every 50 ms, which heartbeats need; polling them on every wake
         # would put their ticks on the measured manager's critical path
         idle = [m for m in self.mgrs.values() if m is not mgr]
