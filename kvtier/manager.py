@@ -217,6 +217,9 @@ class KvTierManager:
         self._requests: dict[str, TransferParams] = {}
         self._jobs: dict[int, _Job] = {}
         self._results: list[JobResult] = []
+        # ids of the results in _results: a job is outstanding until get_finished_jobs hands its
+        # result over, so its id cannot be submitted again before then (exactly one result per id)
+        self._reported: set[int] = set()
         self._next_ping: dict[str, float] = {}
         # the block_data being processed: its digests and payload frames (LandBlocks reads them)
         self._landing: tuple[list[int], list[memoryview]] = ([], [])
@@ -349,11 +352,12 @@ class KvTierManager:
 
     def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
         """HIT if ``key`` can be loaded for ``req`` from its remote producer; MISS otherwise
-        (including after the id's load failed, so the engine recomputes)."""
+        (including after the id's load failed, so the engine recomputes, and once :meth:`shutdown`
+        began, when a new load would raise)."""
         with self._lock:
             info = self._requests.get(req.req_id)
-            if info is None or info.role != "consumer":
-                return LookupResult.MISS
+            if info is None or info.role != "consumer" or self._closed or self._closing:
+                return LookupResult.MISS  # (shutting down: a load submitted now would raise)
             return LookupResult.MISS if self.core.load_failed(info.kv_request_id) else LookupResult.HIT
 
     def submit_store(self, job: TransferJob) -> None:
@@ -365,7 +369,8 @@ class KvTierManager:
 
         Raises:
             UnknownRequest: the request was never passed to :meth:`on_new_request`.
-            DuplicateJob: ``job.job_id`` is outstanding.
+            DuplicateJob: ``job.job_id`` is outstanding (submitted, and its result not yet handed over
+                by :meth:`get_finished_jobs`).
             ValueError: keys/slots lengths differ, duplicate keys, or a slot outside the pool.
         """
         with self._lock:
@@ -374,7 +379,7 @@ class KvTierManager:
             self._check_job(job)
             now = self.clock()
             if info.role != "producer":
-                self._results.append(JobResult(job_id=job.job_id, success=True))
+                self._report(JobResult(job_id=job.job_id, success=True))
                 self._metrics.job_done("store", True, "local")
                 return
             digests = block_digests([self.pool.buffer(b) for b in job.slots], self.config.integrity)
@@ -391,7 +396,8 @@ class KvTierManager:
 
         Raises:
             UnknownRequest: the request was never announced, or is not a consumer request.
-            DuplicateJob: ``job.job_id`` is outstanding.
+            DuplicateJob: ``job.job_id`` is outstanding (submitted, and its result not yet handed over
+                by :meth:`get_finished_jobs`).
             ValueError: keys/slots lengths differ, duplicate keys, or a slot outside the pool.
         """
         with self._lock:
@@ -399,7 +405,7 @@ class KvTierManager:
             info = self._job_request(job)
             if info.role == "refused":  # its producer is not in allowed_peers: nothing to load
                 self._check_job(job)
-                self._results.append(JobResult(job_id=job.job_id, success=False, reason="peer_not_allowed"))
+                self._report(JobResult(job_id=job.job_id, success=False, reason="peer_not_allowed"))
                 self._metrics.job_done("load", False, "peer_not_allowed")
                 return
             if info.role != "consumer":
@@ -425,6 +431,7 @@ class KvTierManager:
             if not self._closed and not self._results:
                 self._poll_once()
             out, self._results = self._results, []
+            self._reported.clear()
             return out
 
     def on_request_finished(self, req: RequestContext) -> None:
@@ -566,6 +573,8 @@ class KvTierManager:
             raise ValueError(f"job_id must be a non-negative int, got {job.job_id!r:.40}")
         if job.job_id in self._jobs:
             raise DuplicateJob(f"job {job.job_id} is already outstanding")
+        if job.job_id in self._reported:
+            raise DuplicateJob(f"job {job.job_id} is already outstanding (its result has not been collected yet)")
         if len(job.keys) != len(job.slots):
             raise ValueError(f"job {job.job_id}: {len(job.keys)} keys but {len(job.slots)} slots")
         if len(set(job.keys)) != len(job.keys):
@@ -969,4 +978,8 @@ class KvTierManager:
             res = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes, transfer_time_s=elapsed)
         else:
             res = JobResult(job_id=job_id, success=ok, reason=reason)
+        self._report(res)
+
+    def _report(self, res: JobResult) -> None:
         self._results.append(res)
+        self._reported.add(res.job_id)

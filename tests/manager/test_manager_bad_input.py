@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import zmq
 
-from kvtier.api import DuplicateJob, RequestContext, UnknownRequest
+from kvtier.api import DuplicateJob, LookupResult, RequestContext, UnknownRequest
 from kvtier.config import TierConfig
 from kvtier.integrity import digest
 from kvtier.manager import KvTierManager
@@ -285,6 +285,34 @@ def test_duplicate_job_id_raises_and_leaves_the_first_job_alone(mgr):
     assert list(mgr._jobs) == [1]
     mgr.drain_jobs(timeout_s=5.0)
     assert [(r.job_id, r.success, r.reason) for r in mgr.get_finished_jobs()] == [(1, False, "drained")]
+
+
+def test_job_id_whose_result_is_not_collected_yet_is_still_outstanding(mgr):
+    # A local request's store and a refused load get their result at once; until
+    # get_finished_jobs hands it over the id is outstanding, so a second submission with that id
+    # is refused instead of producing two results with one job_id (review2).
+    local = RequestContext(req_id="l1", kv_transfer_params=None)
+    mgr.on_new_request(local)
+    mgr.submit_store(job(100, [b"a"], [0], local))
+    with pytest.raises(DuplicateJob, match="100"):
+        mgr.submit_store(job(100, [b"b"], [1], local))
+    creq = consumer_req("c1", "kv-2", "127.0.0.1", 9)
+    mgr.on_new_request(creq)
+    with pytest.raises(DuplicateJob, match="100"):
+        mgr.submit_load(job(100, [b"c"], [2], creq))
+    assert [(r.job_id, r.success) for r in mgr.get_finished_jobs()] == [(100, True)]
+    mgr.submit_store(job(100, [b"d"], [3], local))  # handed over: the id is free again
+    assert [(r.job_id, r.success) for r in mgr.get_finished_jobs()] == [(100, True)]
+
+
+def test_lookup_misses_once_shutdown_began(mgr):
+    creq = consumer_req("c1", "kv-2", "127.0.0.1", 9)
+    mgr.on_new_request(creq)
+    assert mgr.lookup(b"a", creq) is LookupResult.HIT
+    mgr.shutdown(grace_s=0.05)
+    assert mgr.lookup(b"a", creq) is LookupResult.MISS  # a load submitted now would raise
+    with pytest.raises(RuntimeError, match="shut down"):
+        mgr.submit_load(job(1, [b"a"], [0], creq))
 
 
 @pytest.mark.parametrize("slot", [8, 1000, -1, True, False, 1.0, "1", None])
