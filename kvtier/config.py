@@ -327,7 +327,7 @@ class _MustBeNone:
         raise _fail(key, value, self.why)
 
     def describe(self) -> str:
-        return "must be absent (any value is rejected)"
+        return "absent (or null through the Python API); any other value is rejected"
 
 
 @attrs.frozen
@@ -594,13 +594,13 @@ class TierConfig:
 
     auth_secret_key_file: str = _field(_Str(4096, re.compile(r"[^\x00]+"), "a file path", allow_empty=True), "")
     """This instance's secret certificate (``NAME.key_secret`` from ``kvtier keys generate``).
-    Required with ``auth=curve``; ``NAME`` is this instance's principal."""
+    Required with ``auth=curve``, refused without it; ``NAME`` is this instance's principal."""
 
     auth_allowed_keys_dir: str = _field(_Str(4096, re.compile(r"[^\x00]+"), "a directory path", allow_empty=True), "")
     """Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem
     is that peer's principal. A producer's certificate lists its ``endpoints`` in its metadata,
     which is how a consumer knows the key to expect before it dials. Required with
-    ``auth=curve``."""
+    ``auth=curve``, refused without it."""
 
     allowed_peers: tuple[str, ...] = _field(_PeerList(), ("*",))
     """Producer endpoints this tier may dial when a request's ``kv_transfer_params`` name them:
@@ -624,6 +624,16 @@ class TierConfig:
             for key in ("auth_secret_key_file", "auth_allowed_keys_dir"):
                 if not getattr(self, key):
                     raise TierConfigError(f"auth='curve' needs {key} (see docs/security.md)", keys=("auth", key))
+        else:
+            # Fail closed: key files without auth='curve' would run unauthenticated while the
+            # operator believes otherwise (a forgotten auth key, a template switched half-way).
+            given = [k for k in ("auth_secret_key_file", "auth_allowed_keys_dir") if getattr(self, k)]
+            if given:
+                raise TierConfigError(
+                    f"{' and '.join(given)} set but auth='none': nothing would be authenticated; set "
+                    f"auth='curve' to use the keys, or remove {'them' if len(given) > 1 else 'it'}",
+                    keys=("auth", *given),
+                )
 
     # ---- dict round trip ----------------------------------------------------
 

@@ -114,6 +114,13 @@ class _RateLimitedLog:
         return True
 
 
+def _check_req(req: Any, where: str) -> None:
+    """The engine's request handle must be a RequestContext (a clear TypeError, not an
+    AttributeError from deep inside)."""
+    if not isinstance(req, RequestContext):
+        raise TypeError(f"{where}: req must be a kvtier.api.RequestContext, got {type(req).__name__}")
+
+
 def _quarantined(core: TierCore, jobs: Mapping[int, _Job], block_bytes: int) -> tuple[int, int]:
     recs = [core.producer.records[k] for k in core.producer.quarantined]
     return len(recs), sum(jobs[j].nbytes for r in recs for j in r.jobs if j in jobs) // block_bytes
@@ -164,6 +171,8 @@ class KvTierManager:
             raise TypeError(f"config must be a TierConfig or a mapping of its keys, got {type(config).__name__}")
         self.config = config if isinstance(config, TierConfig) else TierConfig.from_dict(dict(config))
         cfg = self.config
+        if not isinstance(pool, BlockPool):
+            raise TypeError(f"pool must be a kvtier.memory.BlockPool, got {type(pool).__name__}")
         self.pool = pool
         self.clock = clock
         self._lock = threading.RLock()
@@ -315,6 +324,7 @@ class KvTierManager:
         A consumer request opens (or reuses) the session to its producer.
         Raises ValueError for malformed ``kv_transfer_params`` (the message names the field).
         """
+        _check_req(req, "on_new_request")
         with self._lock:
             self._check_open()
             try:
@@ -354,6 +364,7 @@ class KvTierManager:
         """HIT if ``key`` can be loaded for ``req`` from its remote producer; MISS otherwise
         (including after the id's load failed, so the engine recomputes, and once :meth:`shutdown`
         began, when a new load would raise)."""
+        _check_req(req, "lookup")
         with self._lock:
             info = self._requests.get(req.req_id)
             if info is None or info.role != "consumer" or self._closed or self._closing:
@@ -438,6 +449,7 @@ class KvTierManager:
         """The engine is done with ``req``. Producer: blocks not yet fetched wait for a fetch or
         the reap (an unmet bound fetch fails at once). Consumer: an unfinished load is aborted and
         its job fails with reason ``cancelled``."""
+        _check_req(req, "on_request_finished")
         with self._lock:
             info = self._requests.pop(req.req_id, None)
             if info is None or self._closed:
@@ -561,6 +573,10 @@ class KvTierManager:
             raise RuntimeError("kvtier manager is shut down" if self._closed else "kvtier manager is shutting down")
 
     def _job_request(self, job: TransferJob) -> TransferParams:
+        if not isinstance(job, TransferJob):
+            raise TypeError(f"expected a kvtier.api.TransferJob, got {type(job).__name__}")
+        if not isinstance(job.req, RequestContext):
+            raise TypeError(f"job {job.job_id!r:.40}: req must be a RequestContext, got {type(job.req).__name__}")
         info = self._requests.get(job.req.req_id)
         if info is None:
             raise UnknownRequest(
@@ -575,6 +591,9 @@ class KvTierManager:
             raise DuplicateJob(f"job {job.job_id} is already outstanding")
         if job.job_id in self._reported:
             raise DuplicateJob(f"job {job.job_id} is already outstanding (its result has not been collected yet)")
+        for name in ("keys", "slots"):  # sized and re-iterable: a generator would be consumed by the checks
+            if not isinstance(getattr(job, name), (tuple, list)):
+                raise TypeError(f"job {job.job_id}: {name} must be a tuple or list, got {type(getattr(job, name)).__name__}")
         if len(job.keys) != len(job.slots):
             raise ValueError(f"job {job.job_id}: {len(job.keys)} keys but {len(job.slots)} slots")
         if len(set(job.keys)) != len(job.keys):

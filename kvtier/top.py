@@ -162,21 +162,52 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
     return "—" if x is None or math.isnan(x) else fmt.format(x)
 
 
-def render(rows: Sequence[Row], interval_s: float) -> Table:
-    """The frame: one line per endpoint."""
-    t = Table(title=f"kvtier top — every {interval_s:g} s", title_justify="left")
-    for col in ("endpoint", "listener", "parked", "bound", "retained", "pinned GB", "oldest park s",
-                "sessions", "out GB/s", "in GB/s", "GB/s per transfer", "late fetch/s", "failed jobs/s"):
+_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
+    ("parked", lambda r: _num(r.parked, "{:.0f}")),
+    ("bound", lambda r: _num(r.bound, "{:.0f}")),
+    ("retained", lambda r: _num(r.retained, "{:.0f}")),
+    ("pinned GB", lambda r: _num(r.pinned_gb, "{:.3f}")),
+    ("oldest park s", lambda r: _num(r.oldest_park_s, "{:.1f}")),
+    ("sessions", lambda r: _num(r.sessions, "{:.0f}")),
+    ("out GB/s", lambda r: _num(r.out_gbps, _GBPS)),
+    ("in GB/s", lambda r: _num(r.in_gbps, _GBPS)),
+    ("GB/s per transfer", lambda r: _num(r.per_transfer_gbps, _GBPS)),
+    ("late fetch/s", lambda r: _num(r.late_per_s)),
+    ("failed jobs/s", lambda r: _num(r.failed_per_s)),
+)
+
+
+def _wide_width(rows: Sequence[Row]) -> int:
+    """Columns the one-line-per-endpoint table needs (rich: a border and two spaces per cell)."""
+    cols = [[r.url for r in rows], [r.error or r.listener for r in rows],
+            *[[get(r) for r in rows] for _, get in _COLUMNS]]
+    heads = ["endpoint", "listener", *[h for h, _ in _COLUMNS]]
+    return 1 + sum(max(len(h), *(len(c) for c in col)) + 3 for h, col in zip(heads, cols))
+
+
+def render(rows: Sequence[Row], interval_s: float, width: int | None = None) -> Table:
+    """The frame: one line per endpoint; on a console narrower than that table (``width``, in
+    columns), one column per endpoint instead, so that every figure stays readable at 80 columns."""
+    title = f"kvtier top — every {interval_s:g} s"
+    if width is not None and rows and _wide_width(rows) > width:
+        t = Table(title=title, title_justify="left")
+        t.add_column("", justify="left", no_wrap=True)
+        for r in rows:
+            t.add_column(r.url.removeprefix("http://").removesuffix("/metrics"), justify="right", overflow="fold")
+        t.add_row("listener", *[r.listener if not r.error else "[red]unreachable[/]" for r in rows])
+        for head, get in _COLUMNS:
+            t.add_row(head, *["—" if r.error else get(r) for r in rows])
+        if any(r.error for r in rows):
+            t.add_row("error", *[f"[red]{r.error}[/]" if r.error else "" for r in rows])
+        return t
+    t = Table(title=title, title_justify="left")
+    for col in ("endpoint", "listener", *[h for h, _ in _COLUMNS]):
         t.add_column(col, justify="left" if col in ("endpoint", "listener") else "right")
     for r in rows:
         if r.error:
-            t.add_row(r.url, f"[red]{r.error}[/]", *["—"] * 11)
+            t.add_row(r.url, f"[red]{r.error}[/]", *["—"] * len(_COLUMNS))
             continue
-        t.add_row(r.url, r.listener, _num(r.parked, "{:.0f}"), _num(r.bound, "{:.0f}"),
-                  _num(r.retained, "{:.0f}"), _num(r.pinned_gb, "{:.3f}"), _num(r.oldest_park_s, "{:.1f}"),
-                  _num(r.sessions, "{:.0f}"), _num(r.out_gbps, _GBPS), _num(r.in_gbps, _GBPS),
-                  _num(r.per_transfer_gbps, _GBPS),
-                  _num(r.late_per_s), _num(r.failed_per_s))
+        t.add_row(r.url, r.listener, *[get(r) for _, get in _COLUMNS])
     return t
 
 
@@ -198,7 +229,7 @@ def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             cur = scrape(url, timeout_s)
             rows.append(row(prev[url], cur))
             prev[url] = cur
-        return render(rows, interval_s), any(r.error for r in rows)
+        return render(rows, interval_s, console.width), any(r.error for r in rows)
 
     if once:
         frame()

@@ -65,7 +65,6 @@ _BOUND = frozenset(
 )
 #: states a finished id is retained in (as a RetainedRecord) until pruned
 RETAINED = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED})
-_RETAINED = RETAINED
 #: states in which the data plane may reference the id's blocks
 REFERENCED = frozenset(
     {ProducerState.SERVING, ProducerState.CONFIRMED, ProducerState.CANCELLING, ProducerState.QUARANTINED}
@@ -317,7 +316,7 @@ class ProducerMachine(TableMachine):
         return super().deadline_of(key)
 
     def _retime(self, rec: Any, old: Any, new: Any, now: float) -> None:
-        if new in _RETAINED and old not in _RETAINED:
+        if new in RETAINED and old not in RETAINED:
             # the prune timer lives in ``retained`` (oldest first), not the heap; entries the
             # heap still holds for this id (reap, transfer) go stale with tseq 0
             if rec.tseq:
@@ -333,7 +332,7 @@ class ProducerMachine(TableMachine):
 
     def _index(self, rec: Any, old: Any, new: Any) -> None:
         super()._index(rec, old, new)
-        if new in _RETAINED and old not in _RETAINED:
+        if new in RETAINED and old not in RETAINED:
             # from here on the id is answered from its state, reason and named consumer alone
             self.records[rec.key] = RetainedRecord(rec)
 
@@ -380,7 +379,7 @@ class ProducerMachine(TableMachine):
             self.quarantined.add(rec.key)
         elif old is ProducerState.QUARANTINED:
             self.quarantined.discard(rec.key)
-        if old in _RETAINED and new not in _RETAINED:
+        if old in RETAINED and new not in RETAINED:
             self.retained.pop(rec.key, None)
             order = self._prune_order
             if order and order[0] == rec.key:

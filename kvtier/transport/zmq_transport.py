@@ -42,6 +42,7 @@ Not thread-safe: one transport belongs to one I/O loop thread.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -108,7 +109,17 @@ def _positive_int(name: str, value: object) -> int:
 
 _ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 # Not EVENT_CLOSED: libzmq reports it for every failed connect attempt too (no connection existed).
-_DEALER_EVENTS = zmq.EVENT_DISCONNECTED
+_DEALER_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+# What a failed handshake to a producer most likely means, for the operator (the session itself
+# ends as peer_disconnected on the DISCONNECTED that follows).
+_HANDSHAKE_FAILED = {
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): "it refused our key (is our public certificate in its auth_allowed_keys_dir?)",
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): "the handshake did not complete (the key we hold for it, from our "
+    "auth_allowed_keys_dir, may not be its key, or it does not run auth='curve')",
+    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): "it does not speak our ZMTP/CURVE (a plain-TCP or other service?)",
+}
+log = logging.getLogger("kvtier.transport")
 _CURVE_OVERHEAD = 256  # bytes a CURVE MESSAGE command adds to a frame (libzmq: 33), with room
 _MAX_EVENTS = 65536  # undrained events beyond this drop the oldest (an owner that never reads)
 _MON_HEADER = struct.Struct("=HI")  # libzmq monitor frame 0: event id (u16), value (u32)
@@ -289,6 +300,8 @@ class ZmqTransport:
         self._auth: PrincipalAuthenticator | None = None
         self.idle_dropped = 0
         """Accepted connections cut by ``idle_timeout_s`` (a counter)."""
+        self.handshake_failures: set[tuple[str, int]] = set()
+        """``(producer address, libzmq EVENT_HANDSHAKE_FAILED_*)`` seen on our dials (each logged once)."""
         self._router: zmq.Socket | None = None
         self._rmon: zmq.Socket | None = None
         try:
@@ -724,6 +737,10 @@ class ZmqTransport:
         for event, _ in self._monitor_events(self._dealer_mons[address]):
             if event == zmq.EVENT_DISCONNECTED:
                 self._events.append(PeerClosed(address, CloseReason.DISCONNECTED))
+            elif event in _HANDSHAKE_FAILED and (address, event) not in self.handshake_failures:
+                # once per producer and kind: libzmq retries the connect and fails the same way
+                self.handshake_failures.add((address, event))
+                log.warning("kvtier: handshake with producer %s failed: %s", address, _HANDSHAKE_FAILED[event])
 
     def _shutdown_conn(self, conn: _Conn) -> bool:
         """``shutdown(SHUT_RDWR)`` the connection behind ``conn.fd`` if it is still the one we

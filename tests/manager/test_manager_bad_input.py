@@ -410,3 +410,42 @@ def test_supply_timeout_not_shorter_than_load_timeout_is_refused():
     with pytest.raises(ValueError, match="fetch_supply_timeout_s") as exc:
         TierConfig.from_dict({"load_timeout_s": 5.0, "fetch_supply_timeout_s": 5.0})
     assert "load_timeout_s" in str(exc.value)
+
+
+def test_wrong_types_in_api_calls_raise_type_error_naming_the_argument(mgr):
+    """The engine passes None, a generator or a foreign object: a TypeError that names the
+    argument, never an AttributeError from inside the manager; nothing is registered."""
+    from kvtier.api import TransferJob
+
+    with pytest.raises(TypeError, match="on_new_request: req must be a kvtier.api.RequestContext, got NoneType"):
+        mgr.on_new_request(None)
+    with pytest.raises(TypeError, match="lookup: req must be"):
+        mgr.lookup(b"a", {"req_id": "r1"})
+    with pytest.raises(TypeError, match="on_request_finished: req must be"):
+        mgr.on_request_finished("r1")
+    req = producer_req("p1", "kv-1")
+    mgr.on_new_request(req)
+    with pytest.raises(TypeError, match="expected a kvtier.api.TransferJob, got dict"):
+        mgr.submit_store({"job_id": 1, "keys": (b"a",), "slots": (0,), "req": req})
+    with pytest.raises(TypeError, match="job 1: req must be a RequestContext, got NoneType"):
+        mgr.submit_store(TransferJob(job_id=1, keys=(b"a",), slots=(0,), req=None))
+    with pytest.raises(TypeError, match="job 1: keys must be a tuple or list, got NoneType"):
+        mgr.submit_store(TransferJob(job_id=1, keys=None, slots=(0,), req=req))
+    with pytest.raises(TypeError, match="job 1: slots must be a tuple or list, got generator"):
+        mgr.submit_store(TransferJob(job_id=1, keys=(b"a",), slots=(s for s in [0]), req=req))
+    mgr.submit_store(job(1, [b"a"], [0], req))  # job 1 was never registered by the refusals
+    assert list(mgr._jobs) == [1]
+
+
+def test_manager_without_a_block_pool_raises_type_error():
+    with pytest.raises(TypeError, match="pool must be a kvtier.memory.BlockPool, got NoneType"):
+        KvTierManager({}, None, transport=InprocTransport(InprocNetwork(), "nopool:1"))
+
+
+def test_key_files_without_curve_are_refused_not_ignored():
+    """Fail closed: an operator who set key files but forgot auth='curve' would otherwise run
+    unauthenticated believing the opposite."""
+    with pytest.raises(ValueError, match="auth_secret_key_file set but auth='none'"):
+        TierConfig.from_dict({"auth_secret_key_file": "/etc/kvtier/me.key_secret"})
+    with pytest.raises(ValueError, match="auth_secret_key_file and auth_allowed_keys_dir set but auth='none'"):
+        TierConfig.from_dict({"auth_secret_key_file": "/k", "auth_allowed_keys_dir": "/d", "auth": "none"})

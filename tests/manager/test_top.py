@@ -91,3 +91,25 @@ def test_endpoint_urls(target: str, url: str) -> None:
 def test_a_target_without_a_port_is_refused_by_name(target: str) -> None:
     res = CliRunner().invoke(cli, ["top", target, "--once"])
     assert res.exit_code == 2 and ("host:port" in res.output or "empty" in res.output), res.output
+
+
+def test_top_at_80_columns_shows_one_column_per_endpoint(make_manager) -> None:
+    """A console too narrow for one line per endpoint gets the table turned: every figure and
+    the dead endpoint's error stay readable (the wide table squeezed them to two characters)."""
+    cfg = {"metrics_port": 0, "background_poll": True}
+    p = make_manager(cfg, block_bytes=65536)
+    held = producer_req("p1", "kv-held")
+    p.on_new_request(held)
+    p.submit_store(job(1, keys_for("kv-held", 2), [0, 1], held))
+    dead = f"127.0.0.1:{_dead_port()}"
+    res = CliRunner().invoke(cli, ["top", p.metrics_address, dead, "--once", "--interval", "0.2"],
+                             env={"COLUMNS": "80"})
+    assert res.exit_code == 1, res.output
+    lines = res.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, res.output
+    assert _cells(res.output, "parked")[1:] == ["1", "—"]
+    assert _cells(res.output, "pinned GB")[1:] == [f"{2 * 65536 / 1e9:.3f}", "—"]
+    assert _cells(res.output, "listener")[1] == p.address
+    assert _cells(res.output, "listener")[2] == "unreachable"
+    assert _cells(res.output, "error")[1:2] == [""]  # the live endpoint has none
+    assert "URLError" in _cells(res.output, "error")[2] or "Connection" in res.output, res.output

@@ -157,3 +157,43 @@ def test_frame_of_exactly_the_cap_passes_under_curve(keys) -> None:
     finally:
         p.close()
         c.close()
+
+
+def _dial_and_wait_for(c: ZmqTransport, address: str, event: int) -> None:
+    c.send(c.connect(address), [b"hello"])
+    end = time.monotonic() + 10.0
+    while (address, event) not in c.handshake_failures and time.monotonic() < end:
+        c.wait(0.05)
+        c.recv()
+        c.events()
+
+
+def test_a_producer_refusing_our_key_is_named_in_the_log(pair, keys, caplog) -> None:
+    """Found by a review: the consumer only saw peer_disconnected. libzmq tells the dialler why
+    (HANDSHAKE_FAILED_AUTH); the operator gets one warning naming the producer and the fix."""
+    p, _ = pair
+    c = ZmqTransport(**FAST, curve=curve_settings(str(keys["mallory"]), str(keys["allowed"])))
+    try:
+        with caplog.at_level("WARNING", logger="kvtier.transport"):
+            _dial_and_wait_for(c, p.address, int(zmq.EVENT_HANDSHAKE_FAILED_AUTH))
+            for _ in range(10):  # libzmq keeps retrying: still one line
+                c.wait(0.05)
+                c.events()
+        lines = [r.getMessage() for r in caplog.records if "handshake" in r.getMessage()]
+        assert lines == [f"kvtier: handshake with producer {p.address} failed: it refused our key "
+                         "(is our public certificate in its auth_allowed_keys_dir?)"], lines
+    finally:
+        c.close()
+
+
+def test_an_impostor_producer_is_named_in_the_log(keys, caplog) -> None:
+    impostor = ZmqTransport(**FAST, curve=curve_settings(str(keys["mallory"]), str(keys["allowed"])))
+    c = ZmqTransport(**FAST, curve=curve_settings(str(keys["dir"] / "decode-0.key_secret"), str(keys["allowed"])))
+    try:
+        with caplog.at_level("WARNING", logger="kvtier.transport"):
+            _dial_and_wait_for(c, impostor.address, int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL))
+        assert (impostor.address, int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)) in c.handshake_failures
+        assert any("may not be its key" in r.getMessage() for r in caplog.records)
+    finally:
+        impostor.close()
+        c.close()
