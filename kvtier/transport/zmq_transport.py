@@ -738,7 +738,10 @@ class ZmqTransport:
             if event == zmq.EVENT_DISCONNECTED:
                 self._events.append(PeerClosed(address, CloseReason.DISCONNECTED))
             elif event in _HANDSHAKE_FAILED and (address, event) not in self.handshake_failures:
-                # once per producer and kind: libzmq retries the connect and fails the same way
+                # once per producer and kind: libzmq retries the connect and fails the same way,
+                # and each failed load may dial again (bounded: addresses come from requests)
+                if len(self.handshake_failures) >= 4096:
+                    self.handshake_failures.clear()
                 self.handshake_failures.add((address, event))
                 log.warning("kvtier: handshake with producer %s failed: %s", address, _HANDSHAKE_FAILED[event])
 
