@@ -33,6 +33,7 @@ KIND_RTT = 2
 _HDR = struct.Struct("<BII")  # kind, nblocks, blocks per message
 RTT_PAD = 96  # bytes of the raw RTT request (a kvtier fetch header with a few keys is ~100-200 B)
 RTT_REPLY = b"r" * 64  # a transfer_done header is ~70 B
+IDLE_POLL_S = 0.05  # how often the managers not being measured are polled (heartbeats need it)
 
 
 def _pattern(block_bytes: int) -> Any:
@@ -263,12 +264,8 @@ class Consumer:
 
     def _wait_job(self, job_id: int, timeout_s: float = 60.0, mgr: Any = None) -> Any:
         mgr = mgr or self.mgrs["zmq"]
-        # the other managers are polled too, or their idle sessions would miss their heartbeats
-        # while this one works — every 50 ms, which heartbeats need; polling them on every wake
-        # would put their ticks on the measured manager's critical path
-        idle = [m for m in self.mgrs.values() if m is not mgr]
         now = time.monotonic()
-        deadline, idle_at = now + timeout_s, now + 0.05
+        deadline, idle_at = now + timeout_s, now + IDLE_POLL_S
         while True:
             for r in mgr.get_finished_jobs():
                 if r.job_id == job_id:
@@ -276,11 +273,20 @@ class Consumer:
             now = time.monotonic()
             if now > deadline:
                 raise TimeoutError(f"job {job_id}: no result within {timeout_s} s")
-            mgr.poll(0.05)
-            if now >= idle_at:
-                idle_at = now + 0.05
-                for m in idle:
-                    m.poll(0)
+            idle_at = self._poll(mgr, now, idle_at)
+
+    def _poll(self, mgr: Any, now: float, idle_at: float) -> float:
+        """Wait for ``mgr`` (up to ``IDLE_POLL_S``) and, once ``idle_at`` has passed, poll the other
+        managers too (their idle sessions would miss their heartbeats while this one works) —
+        every ``IDLE_POLL_S``, which heartbeats need; polling them on every wake would put their
+        ticks on the measured manager's critical path. Returns the next ``idle_at``."""
+        mgr.poll(IDLE_POLL_S)
+        if now < idle_at:
+            return idle_at
+        for m in self.mgrs.values():
+            if m is not mgr:
+                m.poll(0)
+        return now + IDLE_POLL_S
 
     def _zero(self, n: int) -> None:
         for i in {0, n - 1}:
@@ -336,8 +342,7 @@ class Consumer:
         out: dict[int, tuple[int, ...]] = {}  # job -> its slots
         failures: list[Any] = []
         pending = list(reqs)
-        idle = [m for m in self.mgrs.values() if m is not mgr]
-        deadline, idle_at = time.monotonic() + 60.0, time.monotonic() + 0.05
+        deadline, idle_at = time.monotonic() + 60.0, time.monotonic() + IDLE_POLL_S
         while pending or out:
             while pending and free:
                 job, slots = next(self._jobs), free.pop()
@@ -353,11 +358,7 @@ class Consumer:
             now = time.monotonic()
             if now > deadline:
                 raise TimeoutError(f"{len(out)} windowed loads: no result within 60 s")
-            mgr.poll(0.05)
-            if now >= idle_at:
-                idle_at = now + 0.05
-                for m in idle:
-                    m.poll(0)
+            idle_at = self._poll(mgr, now, idle_at)
         return failures
 
     def op_raw(self, count: int, nblocks: int, per_msg: int, verify: bool = False) -> dict[str, Any]:

@@ -196,9 +196,7 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
                 for action in system.actions(cur, False):
                     result.transitions += 1
                     try:
-                        ng = system.apply(cur, action)
-                        if ng not in parent:
-                            system.check_state(ng)
+                        ng = _successor(system, cur, action, parent)
                     except Fail as f:
                         return fail(cur, action, f)
                     if ng not in parent:
@@ -232,6 +230,15 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
         result.seconds = time.perf_counter() - t0
 
 
+def _successor(system: System, g: State, action: object, known: dict) -> State:
+    """``action`` applied to ``g``; a state not in ``known`` yet has its properties checked (raises
+    :class:`Fail`)."""
+    ng = system.apply(g, action)
+    if ng not in known:
+        system.check_state(ng)
+    return ng
+
+
 def _exhaustive_completion(system: System, g0: State, parent: dict, result: Result) -> bool:
     """Search every completion path from ``g0`` for a quiescent state (the greedy path failed)."""
     seen = {g0}
@@ -243,9 +250,7 @@ def _exhaustive_completion(system: System, g0: State, parent: dict, result: Resu
         for action in system.actions(g, False):
             result.transitions += 1
             try:
-                ng = system.apply(g, action)
-                if ng not in parent:
-                    system.check_state(ng)
+                ng = _successor(system, g, action, parent)
             except Fail:
                 continue  # reported by the main search if reachable there; here only reachability matters
             if ng not in parent:
