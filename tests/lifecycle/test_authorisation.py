@@ -119,6 +119,7 @@ def test_a_capacity_refusal_fails_the_load_with_too_many_peers() -> None:
 
 
 def test_idle_inbound_sessions_are_evicted_to_admit_a_new_peer_at_max_peers() -> None:
+    # B22: session GC never takes a session that still has work bound to it
     p = producer(max_peers=2)
     connect(p, "idle", "idle", gen=1, now=0.0)
     connect(p, "busy", "busy", gen=2, now=0.0)

@@ -27,6 +27,7 @@ HB = {"heartbeat_interval_s": 0.1, "peer_timeout_s": 2.0}
 def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
     make_manager, caplog, field, p_kw, c_kw, p_value, c_value
 ):
+    # B37: a layout, block-size or hash-seed mismatch is refused in the handshake, nothing moves
     caplog.set_level(logging.ERROR, logger="kvtier.manager")
     p_kw, c_kw = dict(p_kw), dict(c_kw)
     p = make_manager({**HB, **p_kw.pop("config", {})}, **p_kw)

@@ -222,7 +222,7 @@ def test_store_never_succeeds_without_the_consumers_receipt(make_manager, n, blo
     after ``stop_after`` of them and never sends a receipt; then it is SIGKILLed.  Expected: no
     store result while it lives (the producer serves or waits for the receipt), and after the
     kill the store job fails — it is never reported successful ("handed to libzmq" is not
-    "delivered")."""
+    "delivered"); and the blocks held for the dead reader come back (B27)."""
     p = make_manager({"peer_timeout_s": 60.0, "heartbeat_interval_s": 0.5, "transfer_timeout_s": 60.0},
                      num_blocks=n, block_bytes=block_bytes)
     pjobs = Jobs(p)
