@@ -112,7 +112,7 @@ SERIES: tuple[SeriesDef, ...] = (
               "are consumers that came late.", fed_by="fetch_refused"),
     SeriesDef("kvtier_store_jobs_awaiting_receipt", "gauge", (), "jobs",
               "Store jobs whose blocks were sent and which wait for the consumer's receipt "
-              "before they are reported.", fed_by="watch_awaiting_receipt"),
+              "before they are reported.", fed_by="scrape"),
     # ---- consumer ------------------------------------------------------------------------------
     SeriesDef("kvtier_consumer_loads", "gauge", ("state",), "ids",
               "Consumer-side ids (announced requests and their loads), by consumer state.",
@@ -139,7 +139,7 @@ SERIES: tuple[SeriesDef, ...] = (
               "failure (local: a store for a request without a remote decoder).", fed_by="job_done"),
     SeriesDef("kvtier_quarantined_blocks", "gauge", ("role",), "blocks",
               "Blocks kept out of reuse because a transfer touching them could not be proven "
-              "finished, by role.", fed_by="watch_quarantined"),
+              "finished, by role.", fed_by="scrape"),
     # ---- sessions and the wire -------------------------------------------------------------------
     SeriesDef("kvtier_sessions", "gauge", ("state",), "sessions",
               "Control sessions with peers, by session state.", fed_by="scrape"),
@@ -170,7 +170,8 @@ _BY_NAME: Mapping[str, SeriesDef] = {s.name: s for s in SERIES}
 
 
 class _Live(Collector):
-    """The scrape-time gauges: one pass over the core's records under the manager's lock.
+    """The scrape-time gauges: one core snapshot (:meth:`TierCore.snapshot`) under the manager's
+    lock.
 
     Holds the core, the lock and plain values — never the manager — so a registry kept alive by
     a scraper cannot keep the manager (and its block pool) alive.
@@ -185,8 +186,6 @@ class _Live(Collector):
         self._clock = clock
         self._block_bytes = block_bytes
         self._parked_at = owner._parked_at
-        self._quarantined = owner._quarantined
-        self._awaiting = owner._awaiting_receipt
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         for s in SERIES:
@@ -197,38 +196,27 @@ class _Live(Collector):
         if not self._lock.acquire(timeout=self.LOCK_TIMEOUT_S):
             return  # the manager is wedged: scrape what is not live rather than hang the scraper
         try:
-            families = self._compute()
+            snap = self._core.snapshot()
+            now = self._clock()
         finally:
             self._lock.release()
-        yield from families
+        yield from self._families(snap, now)
 
     def _gauge(self, name: str) -> GaugeMetricFamily:
         s = _BY_NAME[name]
         return GaugeMetricFamily(s.name, s.help, labels=CONST_LABELS + s.labels)
 
-    def _compute(self) -> list[GaugeMetricFamily]:
+    def _families(self, snap: Any, now: float) -> list[GaugeMetricFamily]:
         const = list(self._const)
-        core = self._core
-        now = self._clock()
-        parked = collections.Counter()
-        pinned = collections.Counter()
-        retained = collections.Counter()
-        oldest = 0.0
         parked_at = self._parked_at
-        producer = core.producer.records
-        for kid, rec in producer.items():
-            state = rec.state
-            if state in _RETAINED:
-                retained[state.value, bounded(rec.reason)] += 1
-                continue
-            parked[state.value] += 1
-            pinned[state.value] += len(rec.blocks)
-            if state is ProducerState.PARKED:
-                t0 = parked_at.get(kid)
-                if t0 is not None and now - t0 > oldest:
-                    oldest = now - t0
-        if len(parked_at) > len(producer):  # forget ids that are no longer parked
-            for kid in [k for k in parked_at if k not in producer]:
+        oldest = 0.0
+        for kid in snap.parked:
+            t0 = parked_at.get(kid)
+            if t0 is not None and now - t0 > oldest:
+                oldest = now - t0
+        if len(parked_at) > len(snap.parked):  # forget ids that are no longer parked
+            keep = set(snap.parked)
+            for kid in [k for k in parked_at if k not in keep]:
                 del parked_at[kid]
         out = []
         g = self._gauge("kvtier_parked_ids")
@@ -236,39 +224,36 @@ class _Live(Collector):
         for state in ProducerState:
             if state in _RETAINED or state in (ProducerState.ABSENT, ProducerState.PRUNED):
                 continue
-            g.add_metric(const + [state.value], parked.get(state.value, 0))
-            p.add_metric(const + [state.value], pinned.get(state.value, 0) * self._block_bytes)
+            g.add_metric(const + [state.value], snap.producer.get(state.value, 0))
+            p.add_metric(const + [state.value], snap.pinned_blocks.get(state.value, 0) * self._block_bytes)
         out += [g, p]
         g = self._gauge("kvtier_oldest_parked_age_seconds")
         g.add_metric(const, max(oldest, 0.0))
         out.append(g)
         g = self._gauge("kvtier_retained_ids")
+        retained = dict(snap.retained)
         for state in sorted(_RETAINED):
             retained.setdefault((state.value, ""), 0)  # both states present from the first scrape
         for (state, reason), n in sorted(retained.items()):
-            g.add_metric(const + [state, reason], n)
+            g.add_metric(const + [state, bounded(reason) if reason else ""], n)
         out.append(g)
-        out.append(self._by_state("kvtier_consumer_loads", core.consumer.records, ConsumerState,
-                                  (ConsumerState.ABSENT,)))
-        out.append(self._by_state("kvtier_sessions", core.sessions.records, SessionState,
+        out.append(self._by_state("kvtier_consumer_loads", snap.consumer, ConsumerState, (ConsumerState.ABSENT,)))
+        out.append(self._by_state("kvtier_sessions", snap.sessions, SessionState,
                                   (SessionState.ABSENT, SessionState.DEAD)))
         g = self._gauge("kvtier_quarantined_blocks")
-        for role in ROLES:
-            source = self._quarantined.get(role)
-            g.add_metric(const + [role], float(source()) if source is not None else 0.0)
+        g.add_metric(const + ["producer"], float(snap.quarantined_blocks))
+        g.add_metric(const + ["consumer"], float(snap.revoking_slots))
         out.append(g)
         g = self._gauge("kvtier_store_jobs_awaiting_receipt")
-        source = self._awaiting[0]
-        g.add_metric(const, float(source()) if source is not None else 0.0)
+        g.add_metric(const, float(snap.awaiting_receipt_jobs))
         out.append(g)
         return out
 
-    def _by_state(self, name: str, records: Mapping[Any, Any], states: Iterable[Any], skip: tuple) -> GaugeMetricFamily:
-        counts = collections.Counter(rec.state for rec in records.values())
+    def _by_state(self, name: str, counts: Mapping[str, int], states: Iterable[Any], skip: tuple) -> GaugeMetricFamily:
         g = self._gauge(name)
         for state in states:
             if state not in skip:
-                g.add_metric(list(self._const) + [state.value], counts.get(state, 0))
+                g.add_metric(list(self._const) + [state.value], counts.get(state.value, 0))
         return g
 
 
@@ -299,10 +284,8 @@ class TierMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.const_values: tuple[str, str] = (tier, listener)
-        self._producer = core.producer
+        self._core = core
         self._parked_at: dict[str, float] = {}
-        self._quarantined: dict[str, Callable[[], float]] = {}
-        self._awaiting_receipt: list[Callable[[], float] | None] = [None]
         self._children: dict[tuple[str, ...], Any] = {}
         self._metrics: dict[str, Any] = {}
         self._taps: list[_Tap] = []
@@ -379,24 +362,13 @@ class TierMetrics:
 
     def parked(self, kv_request_id: str, now: float) -> None:
         """A store for ``kv_request_id`` is about to be applied at ``now``: the one that creates
-        the id's producer record starts its park age (call it before ``TierCore.store``)."""
-        if self._producer.state_of(kv_request_id) is ProducerState.ABSENT:
+        the id's producer record starts its park age (call it before the core applies the store)."""
+        if self._core.producer_state(kv_request_id) is ProducerState.ABSENT:
             self._parked_at[kv_request_id] = now
-            if len(self._parked_at) > 2 * len(self._producer.records) + 1024:
-                live = self._producer.records
-                for kid in [k for k in self._parked_at if k not in live and k != kv_request_id]:
+            if len(self._parked_at) > 2 * self._core.producer_count() + 1024:  # forget ids no longer parked
+                state_of, parked = self._core.producer_state, ProducerState.PARKED
+                for kid in [k for k in self._parked_at if k != kv_request_id and state_of(k) is not parked]:
                     del self._parked_at[kid]
-
-    def watch_quarantined(self, role: str, source: Callable[[], float]) -> None:
-        """Read ``kvtier_quarantined_blocks{role}`` from ``source()`` at each scrape (under the
-        manager's lock). ``role``: producer|consumer."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        self._quarantined[role] = source
-
-    def watch_awaiting_receipt(self, source: Callable[[], float]) -> None:
-        """Read ``kvtier_store_jobs_awaiting_receipt`` from ``source()`` at each scrape."""
-        self._awaiting_receipt[0] = source
 
     # -- reading ----------------------------------------------------------------------------------
     def samples(self) -> dict[str, float]:

@@ -151,4 +151,5 @@ class ZmqPlane:
         out = [r for r in self.poll() if isinstance(r, Released)]
         out += [Released(k, r, True, x.moved, "closed") for (k, r), x in self._xfers.items()]
         self._xfers.clear()
+        self._pool = None  # nothing reads the pool after close: the engine may unmap it
         return out

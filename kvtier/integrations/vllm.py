@@ -84,9 +84,9 @@ except Exception as _exc:  # any failure: a half-installed stack raises TypeErro
         f"failed: {_exc!r}. Install it as docs/integrations/vllm.md describes (make setup)."
     ) from _exc
 
-from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob
+from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, TransferJob
 from kvtier.config import TierConfig, TierConfigError
-from kvtier.lifecycle.errors import InvalidTransition
+from kvtier.lifecycle import Reason
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
 from kvtier.metrics import CONST_LABELS, SERIES
@@ -135,7 +135,7 @@ class _StatsBridge:
     bounded :meth:`~kvtier.metrics.TierMetrics.tap`)."""
 
     def __init__(self, mgr: KvTierManager) -> None:
-        self._metrics = mgr._metrics
+        self._metrics = mgr.tier_metrics
         self._tap = self._metrics.tap()
         self._last: dict[tuple[str, tuple[str, ...]], float] = {}
         self._labels = {s.name: CONST_LABELS + s.labels for s in SERIES}
@@ -224,14 +224,6 @@ class _ReqStates:
         self.by_tier: dict[int, _Req] = {}
 
 
-class _Outstanding:
-    __slots__ = ("load", "req")
-
-    def __init__(self, load: bool, req: _Req) -> None:
-        self.load = load
-        self.req = req
-
-
 def _truncate(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -285,19 +277,6 @@ def vllm_layout(offloading_spec: Any, row_bytes: int) -> str:
 def _vllm_seed_ready() -> bool:
     """True once vLLM's ``init_none_hash`` has run in this process."""
     return getattr(_vllm_kv_cache_utils, "_NONE_HASH_SEED", None) is not None
-
-
-def _set_hash_seed(mgr: KvTierManager, seed: str) -> None:
-    """Advertise and check ``seed`` in every later handshake of ``mgr``."""
-    setter = getattr(mgr, "set_hash_seed", None)
-    if setter is not None:
-        setter(seed)
-        return
-    # A KvTierManager without set_hash_seed(): the hello we send and the one peers' hellos are
-    # compared against are these two attributes.
-    with mgr._lock:
-        mgr.local_hello = attrs.evolve(mgr.local_hello, hash_seed=seed)
-        mgr.core.sessions.local = mgr.local_hello
 
 
 class KvTierSecondaryTier(SecondaryTierManager):
@@ -365,8 +344,6 @@ class KvTierSecondaryTier(SecondaryTierManager):
         self._explicit_seed = explicit_seed
         self._seed = config.hash_seed  # what our handshakes advertise now
         self._seed_done = False
-        self._outstanding: dict[int, _Outstanding] = {}
-        self._local_results: list[tuple[int, bool, str | None]] = []
         self._warn_params = _Throttled()
         self._warn_internal = _Throttled()
         self._drain_timeout_s = (
@@ -389,6 +366,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
             self._release_check("constructor failure")
             raise
         del pool
+        self._ledger: KvTierManager = self._mgr
+        """The manager, kept after shutdown for its job ledger (it drops the pool then)."""
         self.config = self._mgr.config
         self._stats = _StatsBridge(self._mgr)
         log.info(
@@ -468,15 +447,21 @@ class KvTierSecondaryTier(SecondaryTierManager):
                 return
             mgr = self._mgr
             if mgr is not None and seed != self._seed:
-                _set_hash_seed(mgr, seed)
+                mgr.set_hash_seed(seed)
                 self._seed = seed
         except Exception:
             self._seed_done = True  # do not retry (and log) at every poll
             self._warn_internal(logging.ERROR, "kvtier: could not resolve vLLM's hash seed", exc_info=True)
 
-    def _fail_locally(self, job_id: int, reason: str) -> None:
-        """Report ``job_id`` failed at the next poll (a job kvtier's manager never took)."""
-        self._local_results.append((job_id, False, reason))
+    def _fail_locally(self, job_id: int, reason: Reason, *, load: bool, req: _Req | None = None) -> None:
+        """Report ``job_id`` failed at the next poll (a job kvtier's manager never took); a
+        failed load makes the request's lookups MISS."""
+        if load and req is not None:
+            req.load_failed = True
+        try:
+            self._ledger.finish_job(job_id, store=not load, success=False, reason=reason)
+        except DuplicateJob:
+            log.error("kvtier: job %d submitted twice; ignoring the second submission", job_id)
 
     def _release_check(self, when: str) -> None:
         """Warn if anything still references the pool over vLLM's primary memory."""
@@ -553,29 +538,26 @@ class KvTierSecondaryTier(SecondaryTierManager):
 
     def _submit(self, job: VllmTransferJob, *, load: bool) -> None:
         job_id = job.job_id
-        if job_id in self._outstanding:  # vLLM never reuses an id; never report one twice
+        if job_id in self._ledger.outstanding_jobs():  # vLLM never reuses an id; never report one twice
             log.error("kvtier: job %d submitted twice; ignoring the second submission", job_id)
             return
         req = self._state(job.req_context) or self._announce(job.req_context)
-        self._outstanding[job_id] = _Outstanding(load, req)
         mgr = self._mgr
-        if mgr is None:
-            return self._fail_locally(job_id, "shutdown")
+        if mgr is None or req.role == "closed":
+            return self._fail_locally(job_id, Reason.SHUTDOWN, load=load, req=req)
         if req.role == "invalid":
-            return self._fail_locally(job_id, "invalid_kv_transfer_params")
-        if req.role == "closed":
-            return self._fail_locally(job_id, "shutdown")
+            return self._fail_locally(job_id, Reason.INVALID_PARAMS, load=load, req=req)
         if load and req.role != "consumer":
-            return self._fail_locally(job_id, "not_a_consumer")
+            return self._fail_locally(job_id, Reason.NOT_A_CONSUMER, load=load, req=req)
         # keys may be a set (connector-driven stores): iterate it exactly once and pair it
         # positionally with chunk_ids, as vLLM built chunk_ids by iterating the same collection.
         keys = tuple(k if type(k) is bytes else bytes(k) for k in job.keys)
         slots = tuple(job.chunk_ids.tolist())
         if len(keys) != len(slots):
             log.error("kvtier: job %d has %d keys but %d chunk_ids; failing it", job_id, len(keys), len(slots))
-            return self._fail_locally(job_id, "bad_job")
-        if not keys:
-            self._local_results.append((job_id, True, None))
+            return self._fail_locally(job_id, Reason.BAD_JOB, load=load, req=req)
+        if not keys and not load:
+            mgr.finish_job(job_id, store=True, success=True)
             return
         kjob = TransferJob(job_id=job_id, keys=keys, slots=slots, req=req.rc)
         try:
@@ -584,46 +566,32 @@ class KvTierSecondaryTier(SecondaryTierManager):
             else:
                 mgr.submit_store(kjob)
         except Exception as exc:
-            if job_id in getattr(mgr, "_jobs", ()) and not isinstance(exc, InvalidTransition):
+            if job_id in mgr.outstanding_jobs():
                 # The manager took the job and its core may be acting on it (sending from or
                 # writing into these rows): only the manager's own result may release them.
                 self._warn_internal(logging.ERROR, "kvtier: error after job %d was accepted", job_id, exc_info=True)
                 return
-            # Refused before registration, or refused by the core (InvalidTransition leaves the
-            # record unchanged: nothing is sent from or written into these rows): fail it here.
-            # Should the manager still report it later, that second result is dropped in
-            # get_finished_jobs (exactly once).
+            # Refused before the manager registered it (nothing is sent from or written into
+            # these rows): fail it here.
             self._warn_internal(
                 logging.WARNING, "kvtier: %s job %d refused: %s", "load" if load else "store", job_id,
                 _truncate(str(exc)),
             )
-            self._fail_locally(job_id, type(exc).__name__)
+            self._fail_locally(job_id, Reason.JOB_REFUSED, load=load, req=req)
 
     def get_finished_jobs(self) -> Iterable[VllmJobResult]:
         self._resolve_seed()
-        items: list[tuple[int, bool, str | None, float | None, int | None]] = []
-        if self._local_results:
-            local, self._local_results = self._local_results, []
-            items.extend((job_id, ok, reason, None, None) for job_id, ok, reason in local)
-        mgr = self._mgr
-        if mgr is not None:
-            try:
-                results: list[JobResult] = mgr.get_finished_jobs()
-            except Exception:
-                self._warn_internal(logging.ERROR, "kvtier: poll failed", exc_info=True)
-                results = []
-            items.extend((r.job_id, r.success, r.reason, r.transfer_time_s, r.transfer_bytes) for r in results)
+        try:
+            results: list[JobResult] = self._ledger.get_finished_jobs()
+        except Exception:
+            self._warn_internal(logging.ERROR, "kvtier: poll failed", exc_info=True)
+            return []
         out: list[VllmJobResult] = []
-        for job_id, ok, reason, t, nbytes in items:
-            entry = self._outstanding.pop(job_id, None)
-            if entry is None:  # exactly once: vLLM asserts on an unknown or repeated id
-                log.error("kvtier: dropping a result for job %d, which is not outstanding", job_id)
-                continue
-            if not ok:
-                if entry.load:
-                    entry.req.load_failed = True  # lookups MISS from now on: vLLM recomputes
-                log.debug("kvtier: %s job %d failed: %s", "load" if entry.load else "store", job_id, reason)
-            out.append(VllmJobResult(job_id=job_id, success=ok, transfer_time=t, transfer_bytes=nbytes))
+        for r in results:
+            if not r.success:
+                log.debug("kvtier: job %d failed: %s", r.job_id, r.reason)
+            out.append(VllmJobResult(job_id=r.job_id, success=r.success, transfer_time=r.transfer_time_s,
+                                     transfer_bytes=r.transfer_bytes))
         return out
 
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -640,13 +608,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
             self._warn_internal(logging.ERROR, "kvtier: on_request_finished failed", exc_info=True)
 
     def has_pending_work(self) -> bool:
-        if self._outstanding or self._local_results:
-            return True
-        mgr = self._mgr
-        if mgr is None:
-            return False
         try:
-            return mgr.has_pending_work()
+            return self._ledger.has_pending_work()
         except Exception:
             return False
 
@@ -679,6 +642,4 @@ class KvTierSecondaryTier(SecondaryTierManager):
             except Exception:  # pragma: no cover - a manager that refuses: _release_check collects
                 pass
             del mgr
-            self._outstanding.clear()
-            self._local_results.clear()
             self._release_check("shutdown")

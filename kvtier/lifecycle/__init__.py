@@ -1,33 +1,31 @@
-"""kvtier's sans-I/O lifecycle core (stdlib + attrs only; no zmq, no torch, no clock).
+"""kvtier's sans-I/O lifecycle core (stdlib, attrs and msgspec only; no zmq, no torch, no clock).
 
 Generated tables live in :mod:`kvtier.lifecycle._table` (from ``spec/lifecycle.toml``);
-:class:`TierCore` applies them.
+:class:`TierCore` applies them.  The shell hands it :mod:`~kvtier.lifecycle.inputs` and performs
+the :mod:`~kvtier.lifecycle.effects` it returns.
 """
 
-from kvtier.lifecycle._table import (
-    ConsumerState,
-    ProducerState,
-    Reason,
-    SessionState,
-)
-from kvtier.lifecycle.consumer import LoadInput, MessageInput
+from kvtier.lifecycle import effects, inputs
+from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.errors import InvalidTransition, LifecycleError
-from kvtier.lifecycle.producer import FetchInput, StoreInput
 from kvtier.lifecycle.session import HelloInput
+from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, ProducerView, SessionView
 
 __all__ = [
     "ConsumerState",
+    "ConsumerView",
     "CoreSettings",
-    "FetchInput",
+    "CoreSnapshot",
     "HelloInput",
     "InvalidTransition",
     "LifecycleError",
-    "LoadInput",
-    "MessageInput",
     "ProducerState",
+    "ProducerView",
     "Reason",
     "SessionState",
-    "StoreInput",
+    "SessionView",
     "TierCore",
+    "effects",
+    "inputs",
 ]

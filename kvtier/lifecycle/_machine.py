@@ -5,6 +5,10 @@ type, guard predicates and effect builders named exactly as in the spec; this cl
 ``(state, event)`` pair up in the generated table, picks the first branch whose guard holds
 (fallback last), updates the record, arms or disarms the state's timer, and asks the effect
 builders to append effects.  It performs no I/O and reads no clock.
+
+At construction the table is *compiled* once per machine: each rule's guards and effects become
+bound methods, so applying an input is one dict lookup plus the calls the branch names (P4 in
+docs/benchmarks.md measures the cost per event).
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from kvtier.lifecycle._table import IGNORE, REJECT, Branch, Rule, TimerSpec
+from kvtier.lifecycle._table import IGNORE, REJECT, Reason, Rule, TimerSpec
 from kvtier.lifecycle.deadlines import DeadlineQueue
 from kvtier.lifecycle.effects import Effect, Ignored
 from kvtier.lifecycle.errors import InvalidTransition
+
+Guard = Callable[[Any, Any, float], bool]
+EffectBuilder = Callable[[Any, Any, "Reason | None", float, list], None]
 
 
 class Record:
@@ -26,13 +33,19 @@ class Record:
     def __init__(self, key: Any, state: Any) -> None:
         self.key = key
         self.state = state
-        self.reason: str | None = None
+        self.reason: Reason | None = None
         self.timer: str | None = None
         self.tseq = 0
 
 
 class TableMachine:
-    """Applies one generated table. Subclasses set the class attributes and implement hooks."""
+    """Applies one generated table. Subclasses set the class attributes and implement hooks.
+
+    Guards are ``guard_<name>(rec, inp, now) -> bool`` and effects ``effect_<name>(rec, inp,
+    reason, now, out)``, where ``inp`` is the input record of the event (``None`` for timer
+    events), ``now`` the time of the input (seconds) and ``reason`` the :class:`Reason` the
+    transition records.
+    """
 
     NAME: ClassVar[str]
     TABLE: ClassVar[Mapping[tuple[Any, Any], Rule]]
@@ -49,12 +62,15 @@ class TableMachine:
         self._durations = {name: float(durations[t.config_key]) for name, t in self.TIMERS.items()}
         self.records: dict[Any, Record] = {}
         self._deadlines = DeadlineQueue()
-        self._guards: dict[Any, Callable[[Any, Any], bool]] = {
-            g: getattr(self, f"guard_{g.value}") for g in self.GUARD_ENUM
-        }
-        self._effects: dict[Any, Callable[[Any, Any, str | None, float, list[Effect]], None]] = {
-            e: getattr(self, f"effect_{e.value}") for e in self.EFFECT_ENUM
-        }
+        guards: dict[Any, Guard] = {g: getattr(self, f"guard_{g.value}") for g in self.GUARD_ENUM}
+        effects: dict[Any, EffectBuilder] = {e: getattr(self, f"effect_{e.value}") for e in self.EFFECT_ENUM}
+        self._rules: dict[tuple[Any, Any], tuple[Any, Any, tuple]] = {}
+        for key, rule in self.TABLE.items():
+            branches = tuple(
+                (guards[b.guard] if b.guard is not None else None, b.dest, tuple(effects[e] for e in b.effects), b.reason)
+                for b in rule.branches
+            )
+            self._rules[key] = (rule.kind, rule.reason, branches)
         self.ignored = 0
 
     # -- hooks ------------------------------------------------------------------------------
@@ -72,37 +88,37 @@ class TableMachine:
         rec = self.records.get(key)
         return rec if rec is not None else self.new_record(key)
 
-    def apply(self, rec: Any, event: Any, inp: Any, now: float, out: list[Effect]) -> Branch | None:
+    def apply(self, rec: Any, event: Any, inp: Any, now: float, out: list[Effect]) -> bool:
         """Apply ``event`` (with input record ``inp``) to ``rec`` at time ``now`` (seconds).
 
-        Returns the branch taken, or None if an ignore rule dropped the input.
+        Returns False if an ignore rule dropped the input (an :class:`Ignored` effect says so),
+        True if a branch was taken.
         Raises :class:`InvalidTransition` for a reject rule (the record is unchanged).
         """
-        rule = self.TABLE[rec.state, event]
-        if rule.kind is IGNORE:
+        kind, rule_reason, branches = self._rules[rec.state, event]
+        if kind is IGNORE:
             self.ignored += 1
-            out.append(Ignored(self.NAME, str(rec.key), rec.state.value, event.value, rule.reason.value))
-            return None
-        if rule.kind is REJECT:
-            raise InvalidTransition(self.NAME, str(rec.key), rec.state.value, event.value, rule.reason.value)
-        guards = self._guards
-        for branch in rule.branches:
-            if branch.guard is None or guards[branch.guard](rec, inp):
+            out.append(Ignored(self.NAME, str(rec.key), rec.state, event, rule_reason))
+            return False
+        if kind is REJECT:
+            raise InvalidTransition(self.NAME, str(rec.key), rec.state.value, event.value, rule_reason.value)
+        for guard, new, effects, reason in branches:
+            if guard is None or guard(rec, inp, now):
                 break
-        reason = (branch.reason.value if branch.reason else None) or getattr(inp, "reason", None) or rec.reason
+        if reason is None:
+            reason = getattr(inp, "reason", None) or rec.reason
         old = rec.state
-        new = branch.dest
         if new is not old:
             rec.reason = reason
             rec.state = new
-            self._retime(rec, old, new, now)
-        effects = self._effects
-        for eff in branch.effects:
-            effects[eff](rec, inp, reason, now, out)
+            if self.STATE_TIMER[new] != self.STATE_TIMER[old]:
+                self._retime(rec, old, new, now)
+        for eff in effects:
+            eff(rec, inp, reason, now, out)
         if new is not old:
             # after the effects, so indexes see what they recorded (e.g. the bound peer)
             self._index(rec, old, new)
-        return branch
+        return True
 
     def _index(self, rec: Any, old: Any, new: Any) -> None:
         self.on_state_change(rec, old, new)
@@ -113,13 +129,13 @@ class TableMachine:
             self.records[rec.key] = rec
 
     def _retime(self, rec: Any, old: Any, new: Any, now: float) -> None:
+        """Called when ``new``'s timer differs from ``old``'s: disarm the old, arm the new."""
         new_timer = self.STATE_TIMER[new]
-        if new_timer != self.STATE_TIMER[old]:
-            rec.timer = new_timer
-            if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
-                rec.tseq = 0
-                self._deadlines.retire(self._is_live)
-            rec.tseq = self._deadlines.arm(now + self._durations[new_timer], rec.key) if new_timer else 0
+        rec.timer = new_timer
+        if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
+            rec.tseq = 0
+            self._deadlines.retire(self._is_live)
+        rec.tseq = self._deadlines.arm(now + self._durations[new_timer], rec.key) if new_timer else 0
 
     def enter(self, rec: Any, state: Any, now: float) -> Any:
         """Put a fresh record straight into ``state`` at ``now`` (seconds), indexed and with its
@@ -128,7 +144,8 @@ class TableMachine:
         machine may store a smaller record for some states)."""
         old = rec.state
         rec.state = state
-        self._retime(rec, old, state, now)
+        if self.STATE_TIMER[state] != self.STATE_TIMER[old]:
+            self._retime(rec, old, state, now)
         self._index(rec, old, state)
         return self.records.get(rec.key, rec)
 
@@ -171,7 +188,7 @@ class TableMachine:
         dq.maybe_compact(len(self.records), self._is_live)
         return fired
 
-    def effect_restart_timer(self, rec: Any, inp: Any, reason: str | None, now: float, out: list[Effect]) -> None:
+    def effect_restart_timer(self, rec: Any, inp: Any, reason: Reason | None, now: float, out: list[Effect]) -> None:
         self.restart_timer(rec, now)
 
     def deadline_of(self, key: Any) -> float | None:
@@ -179,7 +196,4 @@ class TableMachine:
         rec = self.records.get(key)
         if rec is None or not rec.tseq:
             return None
-        for when, seq, k in self._deadlines._heap:
-            if k == key and seq == rec.tseq:
-                return when
-        return None
+        return self._deadlines.when_of(key, rec.tseq)

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "bd3c94d83fde962604a537a586129fde204ca130995f388be2df1b5668e0be79"
+SPEC_SHA256: Final = "87560a646a5e04c4a4e69e5e7d3dce496301bd3112ed5ca903505b6106f57da4"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -94,6 +94,16 @@ class Reason(enum.StrEnum):
     """the peer is not the consumer the producer request named for this id; the refusal changes nothing"""
     IDLE_EVICTED = "idle_evicted"
     """an inbound session with nothing bound to it and no work for handshake_timeout_s was ended to admit a new peer at max_peers"""
+    LOCAL = "local"
+    """a local-only request: nothing was parked or fetched, so the job succeeded at once"""
+    INVALID_PARAMS = "invalid_params"
+    """the request's kv_transfer_params were malformed, so the tier hands nothing off for it"""
+    NOT_A_CONSUMER = "not_a_consumer"
+    """a load for a request that names no remote producer"""
+    BAD_JOB = "bad_job"
+    """the engine's job was malformed (e.g. keys and slots of different lengths)"""
+    JOB_REFUSED = "job_refused"
+    """the manager refused the job; its error is logged"""
     NO_RECORD = "no_record"
     """the id has no record in this machine (never seen or already pruned)"""
     STALE = "stale"
@@ -1038,8 +1048,10 @@ class SessionState(enum.StrEnum):
     """We dialled the peer; the connection is being set up."""
     HANDSHAKING = "handshaking"
     """hello sent; waiting for hello_ack. Fetches queue behind it."""
+    ATTACHING = "attaching"
+    """The handshake's fields match (their hello, or their hello_ack to ours); the data plane is taking the peer's descriptor. Nothing but the plane's answer moves it."""
     READY = "ready"
-    """Handshake done; every message received restarts the liveness timer."""
+    """Handshake done and the data plane holds the peer's descriptor. Every message notes when the peer was last heard; the heartbeat timer pings (dialled side) and ends a session silent for peer_timeout_s."""
     DEAD = "dead"
     """Session over (final); everything bound to it was told peer_lost. A reconnect is a new generation."""
 
@@ -1055,8 +1067,16 @@ class SessionEvent(enum.StrEnum):
     """the peer accepted our hello"""
     HELLO_REJECT = "hello_reject"
     """the peer rejected our hello (names the field that differs, or too_many_peers)"""
+    PLANE_ATTACHED = "plane_attached"
+    """the data plane took the peer's descriptor"""
+    PLANE_REFUSED = "plane_refused"
+    """the data plane refused the peer's descriptor (malformed, for another pool, or its agent still in use)"""
     MESSAGE = "message"
-    """any valid message from the peer"""
+    """a valid work message from the peer (fetch, block_data, receipt, transfer_done, abort_fetch, abort_ack, error)"""
+    PING = "ping"
+    """the peer's ping arrived"""
+    PONG = "pong"
+    """the peer's pong (the answer to our ping) arrived"""
     DISCONNECT = "disconnect"
     """the peer said disconnect, or answered that it does not know our session"""
     CONNECTION_CLOSED = "connection_closed"
@@ -1067,8 +1087,8 @@ class SessionEvent(enum.StrEnum):
     """a record bound to this peer gave up on it (a transfer the data plane did not release, an abort the producer did not answer), or an idle inbound session is evicted to admit a new peer at max_peers"""
     HANDSHAKE_DEADLINE = "handshake_deadline"
     """timer handshake fired"""
-    LIVENESS_DEADLINE = "liveness_deadline"
-    """timer liveness fired"""
+    HEARTBEAT_DEADLINE = "heartbeat_deadline"
+    """timer heartbeat fired"""
     SHUTDOWN = "shutdown"
     """shutdown() began: sessions stay up to carry work in flight and the goodbyes"""
     CLOSE = "close"
@@ -1086,27 +1106,45 @@ class SessionGuard(enum.StrEnum):
     """the peer refused our hello because it already has max_peers sessions"""
     PEER_SHUTTING_DOWN = "peer_shutting_down"
     """the peer's disconnect says it is shutting down (its goodbye)"""
+    DIALLED = "dialled"
+    """we dialled this peer (we are its consumer; it answers our pings)"""
+    SILENT = "silent"
+    """nothing has been heard from the peer for peer_timeout_s"""
 
 
 class SessionEffect(enum.StrEnum):
     OPEN_CONNECTION = "open_connection"
     """open a transport connection to the peer"""
     SEND_HELLO = "send_hello"
-    """send our hello"""
+    """send our hello (with our data plane's descriptor)"""
+    NOTE_PEER = "note_peer"
+    """remember the peer's generation, instance and principal from its hello"""
+    NOTE_INSTANCE = "note_instance"
+    """remember the instance the peer's hello_ack names (sessions to one instance share fate)"""
+    ATTACH_PEER = "attach_peer"
+    """hand the peer's descriptor to the data plane (accepted: it came with the peer's hello_ack to our hello); the plane answers plane_attached or plane_refused"""
     SEND_HELLO_ACK = "send_hello_ack"
-    """send hello_ack"""
+    """send hello_ack (with our data plane's descriptor)"""
     SEND_HELLO_REJECT = "send_hello_reject"
     """send hello_reject naming the first mismatching field (never the value of a secret field)"""
     FLUSH_QUEUED = "flush_queued"
     """tell every queued load on this peer that the session is ready"""
     REPLY_UNKNOWN_SESSION = "reply_unknown_session"
     """answer disconnect(reason=peer_disconnected): we have no session with this peer"""
+    NOTE_HEARD = "note_heard"
+    """remember that the peer was heard now"""
+    NOTE_ACTIVE = "note_active"
+    """remember that the peer did work now (idle eviction at max_peers spares it)"""
+    SEND_PING = "send_ping"
+    """send ping"""
+    SEND_PONG = "send_pong"
+    """answer the peer's ping with pong"""
     SEND_DISCONNECT = "send_disconnect"
     """send disconnect"""
     CLOSE_CONNECTION = "close_connection"
     """close the transport connection to the peer (a dialled socket is closed; an inbound connection is shut down), so nothing stays queued to it"""
     PEER_DOWN = "peer_down"
-    """tell every producer and consumer record bound to this peer: peer_lost"""
+    """tell every producer and consumer record bound to this peer: peer_lost; the data plane forgets the peer"""
     RESTART_TIMER = "restart_timer"
     """restart the current state's timer from now"""
 
@@ -1115,14 +1153,15 @@ SESSION_INITIAL: Final = SessionState.ABSENT
 SESSION_FINAL: Final = frozenset({SessionState.DEAD})
 SESSION_TIMERS: Final = MappingProxyType({
     "handshake": TimerSpec("handshake", SessionEvent.HANDSHAKE_DEADLINE, "handshake_timeout_s"),
-    "liveness": TimerSpec("liveness", SessionEvent.LIVENESS_DEADLINE, "peer_timeout_s"),
+    "heartbeat": TimerSpec("heartbeat", SessionEvent.HEARTBEAT_DEADLINE, "heartbeat_interval_s"),
 })
 """Timer name -> (event it fires, config key that sets its duration in seconds)."""
 SESSION_STATE_TIMER: Final = MappingProxyType({
     SessionState.ABSENT: None,
     SessionState.CONNECTING: 'handshake',
     SessionState.HANDSHAKING: 'handshake',
-    SessionState.READY: 'liveness',
+    SessionState.ATTACHING: 'handshake',
+    SessionState.READY: 'heartbeat',
     SessionState.DEAD: None,
 })
 """State -> name of the timer armed while in it (None: no timer)."""
@@ -1134,12 +1173,20 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.ABSENT, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.HELLO): Rule(TRANSITION, (
         Branch(SessionGuard.TOO_MANY_PEERS, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, ), Reason.TOO_MANY_PEERS),
-        Branch(SessionGuard.HELLO_COMPATIBLE, SessionState.READY, (SessionEffect.SEND_HELLO_ACK, ), None),
+        Branch(SessionGuard.HELLO_COMPATIBLE, SessionState.ATTACHING, (SessionEffect.NOTE_PEER, SessionEffect.ATTACH_PEER, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, ), Reason.HANDSHAKE_MISMATCH),
     ), None),
     (SessionState.ABSENT, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.HELLO_REJECT): Rule(IGNORE, (), Reason.NO_RECORD),
+    (SessionState.ABSENT, SessionEvent.PLANE_ATTACHED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (SessionState.ABSENT, SessionEvent.PLANE_REFUSED): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.MESSAGE): Rule(TRANSITION, (
+        Branch(None, SessionState.ABSENT, (SessionEffect.REPLY_UNKNOWN_SESSION, ), None),
+    ), None),
+    (SessionState.ABSENT, SessionEvent.PING): Rule(TRANSITION, (
+        Branch(None, SessionState.ABSENT, (SessionEffect.REPLY_UNKNOWN_SESSION, ), None),
+    ), None),
+    (SessionState.ABSENT, SessionEvent.PONG): Rule(TRANSITION, (
         Branch(None, SessionState.ABSENT, (SessionEffect.REPLY_UNKNOWN_SESSION, ), None),
     ), None),
     (SessionState.ABSENT, SessionEvent.DISCONNECT): Rule(IGNORE, (), Reason.NO_RECORD),
@@ -1147,7 +1194,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.ABSENT, SessionEvent.SEND_FAILED): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.GIVE_UP): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.HANDSHAKE_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
-    (SessionState.ABSENT, SessionEvent.LIVENESS_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (SessionState.ABSENT, SessionEvent.HEARTBEAT_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.CONNECTING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
@@ -1157,7 +1204,11 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.HELLO_REJECT): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.CONNECTING, SessionEvent.PLANE_ATTACHED): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.CONNECTING, SessionEvent.PLANE_REFUSED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.CONNECTING, SessionEvent.PING): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.CONNECTING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
@@ -1174,7 +1225,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
     ), None),
-    (SessionState.CONNECTING, SessionEvent.LIVENESS_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.CONNECTING, SessionEvent.HEARTBEAT_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
     (SessionState.CONNECTING, SessionEvent.CLOSE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
@@ -1183,13 +1234,17 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.HELLO_ACK): Rule(TRANSITION, (
-        Branch(None, SessionState.READY, (SessionEffect.FLUSH_QUEUED, ), None),
+        Branch(None, SessionState.ATTACHING, (SessionEffect.NOTE_INSTANCE, SessionEffect.ATTACH_PEER, ), None),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.HELLO_REJECT): Rule(TRANSITION, (
         Branch(SessionGuard.CAPACITY_REFUSAL, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.TOO_MANY_PEERS),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
     ), None),
+    (SessionState.HANDSHAKING, SessionEvent.PLANE_ATTACHED): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.HANDSHAKING, SessionEvent.PLANE_REFUSED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.HANDSHAKING, SessionEvent.PING): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.HANDSHAKING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
@@ -1206,9 +1261,46 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
     ), None),
-    (SessionState.HANDSHAKING, SessionEvent.LIVENESS_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.HANDSHAKING, SessionEvent.HEARTBEAT_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
     (SessionState.HANDSHAKING, SessionEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.HELLO_REJECT): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.PLANE_ATTACHED): Rule(TRANSITION, (
+        Branch(SessionGuard.DIALLED, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.FLUSH_QUEUED, ), None),
+        Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.NOTE_ACTIVE, SessionEffect.SEND_HELLO_ACK, ), None),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.PLANE_REFUSED): Rule(TRANSITION, (
+        Branch(SessionGuard.DIALLED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.PING): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
+        Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.SEND_FAILED): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.HEARTBEAT_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (SessionState.ATTACHING, SessionEvent.CLOSE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
     ), None),
     (SessionState.READY, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
@@ -1219,8 +1311,16 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.READY, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.HELLO_REJECT): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.READY, SessionEvent.PLANE_ATTACHED): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.READY, SessionEvent.PLANE_REFUSED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.MESSAGE): Rule(TRANSITION, (
-        Branch(None, SessionState.READY, (SessionEffect.RESTART_TIMER, ), None),
+        Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.NOTE_ACTIVE, ), None),
+    ), None),
+    (SessionState.READY, SessionEvent.PING): Rule(TRANSITION, (
+        Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.SEND_PONG, ), None),
+    ), None),
+    (SessionState.READY, SessionEvent.PONG): Rule(TRANSITION, (
+        Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, ), None),
     ), None),
     (SessionState.READY, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
@@ -1236,8 +1336,10 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.READY, SessionEvent.HANDSHAKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
-    (SessionState.READY, SessionEvent.LIVENESS_DEADLINE): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_TIMEOUT),
+    (SessionState.READY, SessionEvent.HEARTBEAT_DEADLINE): Rule(TRANSITION, (
+        Branch(SessionGuard.SILENT, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_TIMEOUT),
+        Branch(SessionGuard.DIALLED, SessionState.READY, (SessionEffect.SEND_PING, SessionEffect.RESTART_TIMER, ), None),
+        Branch(None, SessionState.READY, (SessionEffect.RESTART_TIMER, ), None),
     ), None),
     (SessionState.READY, SessionEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
     (SessionState.READY, SessionEvent.CLOSE): Rule(TRANSITION, (

@@ -20,9 +20,10 @@ All decisions come from ``_table.CONSUMER_TABLE``; this module supplies guards a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-import attrs
+import msgspec
 
 from kvtier.lifecycle._machine import Record, TableMachine
 from kvtier.lifecycle._table import (
@@ -35,41 +36,29 @@ from kvtier.lifecycle._table import (
     ConsumerEvent,
     ConsumerGuard,
     ConsumerState,
+    Reason,
 )
-from kvtier.lifecycle.effects import (
-    Effect,
-    Ignored,
-    JobDone,
-    LandBlocks,
-    RevokeAccess,
-    SendAbortFetch,
-    SendFetch,
-    SendReceipt,
-)
+from kvtier.lifecycle.effects import Effect, Ignored, JobDone, LandBlocks, RevokeAccess, Send
+from kvtier.lifecycle.inputs import LoadSubmitted
+from kvtier.lifecycle.notes import GiveUp, Notes
+from kvtier.lifecycle.session import SessionMachine
+from kvtier.wire import messages as wm
 
 
-@attrs.frozen(slots=True)
-class LoadInput:
-    """A load job: fetch ``keys`` into pool slots ``slots`` (same length, same order)."""
-
-    kv_request_id: str
-    job_id: int
-    keys: tuple[bytes, ...]
-    slots: tuple[int, ...]
-
-
-@attrs.frozen(slots=True)
-class MessageInput:
-    """A producer message about ``kv_request_id``: block_data (``first``/``count``),
-    transfer_done (``ok``/``reason``) or abort_ack; or the shell's ``blocks_landed`` report
-    (``first``/``count``, ``ok`` False when a block did not match its digest)."""
+class MessageInput(msgspec.Struct, frozen=True, gc=False):
+    """A producer message about ``kv_request_id``: block_data (``first``/``count``, with the
+    ``digests`` it carries and its ``payloads``), transfer_done (``ok``/``reason``) or abort_ack;
+    or the shell's ``blocks_landed`` report (``first``/``count``, ``ok`` False when a block did
+    not match its digest)."""
 
     kv_request_id: str
     round: int
     first: int = 0
     count: int = 0
     ok: bool = True
-    reason: str | None = None
+    reason: Reason | None = None
+    digests: tuple[int, ...] = ()
+    payloads: tuple[Any, ...] = ()
 
 
 class ConsumerRecord(Record):
@@ -101,22 +90,16 @@ class ConsumerMachine(TableMachine):
     EFFECT_ENUM = ConsumerEffect
 
     def __init__(
-        self,
-        durations: Mapping[str, float],
-        session_ready: Callable[[str], bool],
-        *,
-        session_gen: Callable[[str], int] = lambda peer: 0,
-        instance_down: Callable[[str], bool] = lambda peer: False,
-        give_up: Callable[[str, str], None] = lambda peer, reason: None,
+        self, durations: Mapping[str, float], sessions: SessionMachine, notes: Notes, *, one_sided: bool = False
     ) -> None:
-        """``session_ready(peer)`` / ``session_gen(peer)`` / ``instance_down(peer)`` read the
-        session machine; ``give_up(peer, reason)`` asks the core to end the session after the
-        current input (the ``give_up_peer`` effect)."""
+        """``sessions``: the session machine, read only (is a producer's session ready, its
+        generation, is its instance suspect); ``notes``: the core's queue (``give_up_peer`` asks
+        through it to end a session); ``one_sided``: the data plane writes into our slots, so a
+        fetch names them."""
         super().__init__(durations)
-        self._session_ready = session_ready
-        self._session_gen = session_gen
-        self._instance_down = instance_down
-        self._give_up = give_up
+        self._sessions = sessions
+        self._notes = notes
+        self._one_sided = one_sided
         self.by_peer: dict[str, set[str]] = {}
         self._next_round = 0
 
@@ -130,7 +113,7 @@ class ConsumerMachine(TableMachine):
             rec.peer = peer
         self.apply(rec, ConsumerEvent.ANNOUNCE, None, now, out)
 
-    def submit_load(self, inp: LoadInput, now: float, out: list[Effect]) -> None:
+    def submit_load(self, inp: LoadSubmitted, now: float, out: list[Effect]) -> None:
         if len(inp.keys) != len(inp.slots):
             raise ValueError(f"load job {inp.job_id}: {len(inp.keys)} keys but {len(inp.slots)} slots")
         self.apply(self.record(inp.kv_request_id), ConsumerEvent.SUBMIT_LOAD, inp, now, out)
@@ -141,7 +124,7 @@ class ConsumerMachine(TableMachine):
         stale (a peer cannot touch another peer's loads)."""
         rec = self.records.get(inp.kv_request_id)
         if rec is not None and rec.peer != peer:
-            out.append(Ignored(self.NAME, inp.kv_request_id, rec.state.value, event.value, "stale"))
+            out.append(Ignored(self.NAME, inp.kv_request_id, rec.state, event, Reason.STALE))
             return
         self.apply(rec if rec is not None else self.new_record(inp.kv_request_id), event, inp, now, out)
 
@@ -181,41 +164,41 @@ class ConsumerMachine(TableMachine):
                     del self.by_peer[rec.peer]
 
     # -- guards --------------------------------------------------------------------------------
-    def guard_load_empty(self, rec: ConsumerRecord, inp: LoadInput) -> bool:
+    def guard_load_empty(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:
         return not inp.keys
 
-    def guard_session_ready(self, rec: ConsumerRecord, inp: LoadInput) -> bool:
-        return self._session_ready(rec.peer)
+    def guard_session_ready(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:
+        return self._sessions.ready(rec.peer)
 
-    def guard_instance_down(self, rec: ConsumerRecord, inp: LoadInput) -> bool:
-        return self._session_ready(rec.peer) and self._instance_down(rec.peer)
+    def guard_instance_down(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:
+        return self._sessions.instance_down(rec.peer)
 
-    def guard_corrupt(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
+    def guard_corrupt(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return not inp.ok
 
-    def guard_engine_finished(self, rec: ConsumerRecord, inp: object) -> bool:
+    def guard_engine_finished(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         return rec.engine_finished
 
-    def guard_other_round(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
+    def guard_other_round(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return inp.round != rec.round
 
-    def guard_blocks_valid(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
+    def guard_blocks_valid(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         first, count = inp.first, inp.count
         if count <= 0 or first < 0 or first + count > len(rec.keys):
             return False
         return not any(rec.landed[first : first + count])
 
-    def guard_completes(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
+    def guard_completes(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return rec.n_landed + inp.count == len(rec.keys)
 
-    def guard_done_fail(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
+    def guard_done_fail(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return not inp.ok
 
-    def guard_all_received(self, rec: ConsumerRecord, inp: MessageInput) -> bool:
+    def guard_all_received(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return rec.n_landed == len(rec.keys)
 
     # -- effects -------------------------------------------------------------------------------
-    def _take_job(self, rec: ConsumerRecord, inp: LoadInput) -> None:
+    def _take_job(self, rec: ConsumerRecord, inp: LoadSubmitted) -> None:
         # rounds are unique per manager, so a reused id never matches an old round
         rec.job_id = inp.job_id
         rec.keys = inp.keys
@@ -225,16 +208,20 @@ class ConsumerMachine(TableMachine):
         rec.landed = bytearray(len(inp.keys))
         rec.n_landed = 0
 
-    def effect_accept_load(self, rec: ConsumerRecord, inp: LoadInput, reason, now, out) -> None:
+    def effect_accept_load(self, rec: ConsumerRecord, inp: LoadSubmitted, reason, now, out) -> None:
         self._take_job(rec, inp)
 
     def effect_send_fetch(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         rec.fetched = True
-        out.append(SendFetch(rec.peer, rec.key, rec.round, rec.keys, gen=self._session_gen(rec.peer), slots=rec.slots))
+        slots = list(rec.slots) if self._one_sided else []
+        msg = wm.Fetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, keys=list(rec.keys),
+                       slots=slots)
+        out.append(Send(rec.peer, msg))
 
     def effect_land_blocks(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
         first, count = inp.first, inp.count
-        out.append(LandBlocks(rec.peer, rec.key, rec.round, first, count, rec.slots[first : first + count]))
+        out.append(LandBlocks(rec.peer, rec.key, rec.round, first, rec.slots[first : first + count], inp.digests,
+                              inp.payloads))
 
     def effect_note_landed(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
         first, count = inp.first, inp.count
@@ -242,13 +229,13 @@ class ConsumerMachine(TableMachine):
         rec.n_landed += count
 
     def effect_send_receipt(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
-        out.append(SendReceipt(rec.peer, rec.key, rec.round, gen=self._session_gen(rec.peer)))
+        out.append(Send(rec.peer, wm.Receipt(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round)))
 
     def effect_revoke_access(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
-        out.append(RevokeAccess(rec.peer, rec.key, rec.round))
+        out.append(RevokeAccess(rec.peer))
 
     def effect_give_up_peer(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
-        self._give_up(rec.peer, "abort_unacknowledged")
+        self._notes.append(GiveUp(rec.peer, Reason.ABORT_UNACKNOWLEDGED))
 
     def effect_note_finished(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         rec.engine_finished = True
@@ -262,17 +249,18 @@ class ConsumerMachine(TableMachine):
             out.append(JobDone(rec.job_id, False, reason))
             rec.job_id = None
 
-    def effect_fail_new_job(self, rec: ConsumerRecord, inp: LoadInput, reason, now, out) -> None:
+    def effect_fail_new_job(self, rec: ConsumerRecord, inp: LoadSubmitted, reason, now, out) -> None:
         out.append(JobDone(inp.job_id, False, reason))
 
-    def effect_report_new_job_ok(self, rec: ConsumerRecord, inp: LoadInput, reason, now, out) -> None:
+    def effect_report_new_job_ok(self, rec: ConsumerRecord, inp: LoadSubmitted, reason, now, out) -> None:
         out.append(JobDone(inp.job_id, True, None))
 
     def effect_send_abort(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         if rec.round < 0:  # nothing fetched yet: a fresh round names this cancellation
             rec.round = self._next_round
             self._next_round += 1
-        out.append(SendAbortFetch(rec.peer, rec.key, rec.round, gen=self._session_gen(rec.peer), fetched=rec.fetched))
+        msg = wm.AbortFetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, fetched=rec.fetched)
+        out.append(Send(rec.peer, msg))
 
     def effect_note_stale(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
-        out.append(Ignored(self.NAME, rec.key, rec.state.value, "message", reason or "stale"))
+        out.append(Ignored(self.NAME, rec.key, rec.state, "message", reason or Reason.STALE))

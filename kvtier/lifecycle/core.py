@@ -2,43 +2,82 @@
 
 Theory of operation
 -------------------
-The I/O shell (``kvtier.manager``) turns every engine call, every decoded wire message and every
-clock reading into one method call here, passing ``now`` (seconds on the shell's clock).  Each
-method returns the effects to perform, in order (:mod:`kvtier.lifecycle.effects`).  The core
-decides everything about the life of a ``kv_request_id``: when to send blocks, when to refuse,
-when a job is done or failed, when a session is dead.  It never touches a socket, a tensor or a
-clock, and it never raises because of what a *peer* sent: peer inputs are applied, answered or
-ignored according to the spec.  :class:`~kvtier.lifecycle.errors.InvalidTransition` and
-``ValueError`` are raised only for misuse by the local caller.
+The I/O shell (``kvtier.shell``) turns every engine call, decoded wire message, transport event
+and data-plane report into an input record (:mod:`kvtier.lifecycle.inputs`) and hands each to
+:meth:`TierCore.handle` with ``now`` (seconds on the shell's clock), which returns the effects to
+perform, in order (:mod:`kvtier.lifecycle.effects`).  The core decides everything about the life
+of a ``kv_request_id``: when to send blocks, when to refuse, when a job is done or failed, when a
+session is dead, when to ping, whether a malformed message gets an answer.  It never touches a
+socket, a tensor or a clock, and it never raises because of what a *peer* sent: peer inputs are
+applied, answered or ignored according to the spec.  :class:`~kvtier.lifecycle.errors.InvalidTransition`
+and ``ValueError`` are raised only for misuse by the local caller.
 
-Sessions gate the network: a message from a peer with no ready session (or tagged with another
-generation) never reaches the producer or consumer records.
+Three tables, no switchboards:
 
-Two things cross machines and are settled by this class after each input, in order: a record that
-*gives up* on its peer (a transfer the data plane did not release, an abort the producer did not
-answer) ends that peer's session (``give_up``), and sessions to one producer *instance* share
-fate: when one dies abnormally the instance is suspect, and new loads to any session of that
-instance fail fast (``instance_down``) until one of them is heard from again (B11).
+* ``_APPLY``: input type → the method that applies it;
+* ``_RECEIVE``: wire message type → the method that turns it into a machine event (the session
+  gate first: a message from a peer with no ready session, or tagged with another generation,
+  never reaches the producer or consumer records);
+* ``_ROUTE``: note type → what one machine's note means for another (a record that gives up on
+  its peer ends the session; a session that ends tells every record bound to it; a session that
+  becomes ready lets its queued loads fetch).  Notes are routed after the transition that made
+  them, so no machine ever re-enters another mid-transition.
+
+The input-before-deadline contract (spec property ``input_before_deadline``, decision I3) is
+stated once, in :func:`kvtier.lifecycle.driver.drive`: inputs are applied (and what their effects
+report applied right after) in arrival order, and only then do deadlines fire, up to the time the
+shell last saw its inbound queue empty — so a deadline never beats a message that was already
+waiting when it fell due.  The shell, the model checker and the stateful suite all drive the core
+through that one function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-import attrs
+import msgspec
 
 from kvtier.lifecycle._table import (
     ConsumerEvent,
     ConsumerState,
     ProducerEvent,
     ProducerState,
+    Reason,
     SessionEvent,
     SessionState,
 )
-from kvtier.lifecycle.consumer import ConsumerMachine, LoadInput, MessageInput
-from kvtier.lifecycle.effects import Effect, Ignored
-from kvtier.lifecycle.producer import FetchInput, ProducerMachine, StoreInput
+from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput
+from kvtier.lifecycle.effects import Effect, Ignored, Send
+from kvtier.lifecycle.inputs import (
+    AccessRevoked,
+    AttachRefused,
+    BlocksLanded,
+    ConnectFailed,
+    ConnectionClosed,
+    ConnectionUp,
+    ConsumerNamed,
+    Dial,
+    DrainStarted,
+    GraceEnded,
+    Input,
+    LoadAnnounced,
+    LoadSubmitted,
+    Malformed,
+    PeerAttached,
+    Received,
+    RequestFinished,
+    SendFailed,
+    ShutdownStarted,
+    StoreSubmitted,
+    TransferReleased,
+)
+from kvtier.lifecycle.notes import GiveUp, Notes, PeerLost, SessionReady
+from kvtier.lifecycle.producer import RETAINED, FetchInput, ProducerMachine
 from kvtier.lifecycle.session import HelloInput, SessionMachine
+from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, ProducerView, SessionView
+from kvtier.wire import messages as wm
+
+__all__ = ["CoreSettings", "TIMER_KEYS", "TierCore"]
 
 TIMER_KEYS = (
     "unbound_store_timeout_s",
@@ -48,48 +87,43 @@ TIMER_KEYS = (
     "load_timeout_s",
     "abort_ack_timeout_s",
     "handshake_timeout_s",
+    "heartbeat_interval_s",
     "peer_timeout_s",
 )
 
-
 _P_IN_FLIGHT = frozenset(
-    {
-        ProducerState.SERVING,
-        ProducerState.DELIVERING,
-        ProducerState.CONFIRMED,
-        ProducerState.CANCELLING,
-        ProducerState.QUARANTINED,
-    }
+    {ProducerState.SERVING, ProducerState.DELIVERING, ProducerState.CONFIRMED, ProducerState.CANCELLING,
+     ProducerState.QUARANTINED}
 )
+_P_AWAITING_RECEIPT = frozenset({ProducerState.SERVING, ProducerState.DELIVERING})
 _C_IN_FLIGHT = frozenset(
     {ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING, ConsumerState.REVOKING}
 )
+_REASONS = frozenset(r.value for r in Reason)
 
 
-@attrs.frozen(slots=True)
-class _Gen:
-    gen: int
+class _Why(msgspec.Struct, frozen=True, gc=False):
+    """The reason an input carries into a machine (a session's end, a peer's goodbye)."""
+
+    reason: Reason | None
 
 
-@attrs.frozen(slots=True)
-class _Why:
-    """The reason a consumer's session died, handed to its loads' peer_lost."""
-
-    reason: str
-
-
-@attrs.frozen(kw_only=True)
-class CoreSettings:
-    """Everything the core needs from the config (durations in seconds)."""
+class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the core needs from the config (durations in seconds, keyed by config key)."""
 
     durations: Mapping[str, float]
     park_clock: str = "last_store"
     tombstone_max: int = 65536
     max_pending_fetches_per_peer: int = 1024
     max_peers: int = 128
+    one_sided: bool = False
+    """The data plane writes into the consumer's slots (fetches name them)."""
+    error_reply_interval_s: float = 10.0
+    """At most one unsolicited ``error`` answer per (peer, reason) per this many seconds (a malformed message
+    that names no ``kv_request_id``): a flood of garbage gets a bounded echo."""
 
     @classmethod
-    def from_config(cls, config: object) -> CoreSettings:
+    def from_config(cls, config: object, *, one_sided: bool = False) -> CoreSettings:
         """Build from any object with the TierConfig attribute names."""
         return cls(
             durations={k: float(getattr(config, k)) for k in TIMER_KEYS},
@@ -97,377 +131,572 @@ class CoreSettings:
             tombstone_max=config.tombstone_max,  # type: ignore[attr-defined]
             max_pending_fetches_per_peer=config.max_pending_fetches_per_peer,  # type: ignore[attr-defined]
             max_peers=config.max_peers,  # type: ignore[attr-defined]
+            one_sided=one_sided,
         )
+
+
+def _reason(text: str) -> Reason:
+    """A reason code from the wire: one of ours, else ``peer_error`` (a same-version peer names
+    only codes of the shared vocabulary; anything else is its fault, not a new meaning)."""
+    return Reason(text) if text in _REASONS else Reason.PEER_ERROR
 
 
 class TierCore:
-    """Producer + consumer + session machines of one manager instance."""
+    """Producer + consumer + session machines of one manager instance.
 
-    #: instances remembered as suspect at most (oldest forgotten first): bounded bookkeeping
-    MAX_SUSPECT = 4096
-    #: session endings after which the peer's instance is suspect
-    _ABNORMAL = frozenset(
-        {"peer_timeout", "peer_disconnected", "send_failed", "transfer_stalled", "abort_unacknowledged"}
-    )
+    Args:
+        settings: timers and limits (:class:`CoreSettings`).
+        local: our hello: protocol version, block size, layout, hash seed, data plane, digest,
+            instance and data-plane descriptor (``gen`` unused).
+        gen_base: first session generation minus one (random per process, so a restart never
+            reuses a live generation).
+    """
 
     def __init__(self, settings: CoreSettings, local: HelloInput, *, gen_base: int = 0) -> None:
         self.settings = settings
-        self._give_ups: list[tuple[str, str]] = []
-        self.suspect: dict[str, None] = {}  # insertion-ordered set of suspect instances
-        self.producer = ProducerMachine(
-            settings.durations,
-            park_clock=settings.park_clock,
-            tombstone_max=settings.tombstone_max,
-            max_pending_fetches_per_peer=settings.max_pending_fetches_per_peer,
-            give_up=self._note_give_up,
+        self._notes: Notes = Notes()
+        d = settings.durations
+        self._producer = ProducerMachine(
+            d, park_clock=settings.park_clock, tombstone_max=settings.tombstone_max,
+            max_pending_fetches_per_peer=settings.max_pending_fetches_per_peer, notes=self._notes,
         )
-        self.sessions = SessionMachine(
-            settings.durations,
-            local,
-            gen_base=gen_base,
-            on_peer_down=self._peer_down,
-            on_ready=self._ready,
-            max_peers=settings.max_peers,
-        )
-        self.consumer = ConsumerMachine(
-            settings.durations,
-            self.session_ready,
-            session_gen=lambda peer: self.session_gen(peer) or 0,
-            instance_down=self._instance_down,
-            give_up=self._note_give_up,
-        )
+        self._sessions = SessionMachine(d, local, self._notes, gen_base=gen_base, max_peers=settings.max_peers)
+        self._consumer = ConsumerMachine(d, self._sessions, self._notes, one_sided=settings.one_sided)
+        self._error_replies: dict[tuple[str, str], float] = {}
+        self._APPLY = {
+            Received: self._received,
+            StoreSubmitted: self._store,
+            LoadAnnounced: self._announce,
+            Dial: self._dial,
+            LoadSubmitted: self._load,
+            ConsumerNamed: self._named,
+            RequestFinished: self._finished,
+            DrainStarted: self._drain,
+            ShutdownStarted: self._shutdown,
+            GraceEnded: self._close,
+            Malformed: self._malformed,
+            ConnectionUp: self._connection_up,
+            ConnectFailed: self._send_failed,
+            ConnectionClosed: self._connection_closed,
+            SendFailed: self._send_failed,
+            TransferReleased: self._released,
+            AccessRevoked: self._revoked,
+            BlocksLanded: self._landed,
+            PeerAttached: self._attached,
+            AttachRefused: self._attached,
+        }
+        self._RECEIVE = {
+            wm.Fetch: self._rx_fetch,
+            wm.AbortFetch: self._rx_abort_fetch,
+            wm.Receipt: self._rx_receipt,
+            wm.BlockData: self._rx_block_data,
+            wm.TransferDone: self._rx_transfer_done,
+            wm.AbortAck: self._rx_abort_ack,
+            wm.Error: self._rx_error,
+            wm.Ping: self._rx_ping,
+            wm.Pong: self._rx_pong,
+            wm.Hello: self._rx_hello,
+            wm.HelloAck: self._rx_hello_ack,
+            wm.HelloReject: self._rx_hello_reject,
+            wm.Disconnect: self._rx_disconnect,
+        }
+        self._ROUTE = {
+            GiveUp: self._route_give_up,
+            PeerLost: self._route_peer_lost,
+            SessionReady: self._route_ready,
+        }
 
-    # -- session helpers -----------------------------------------------------------------------
-    def session_ready(self, peer: str) -> bool:
-        rec = self.sessions.records.get(peer)
-        return rec is not None and rec.state is SessionState.READY
+    # =========================================================================================
+    # The contract with the shell
+    # =========================================================================================
+    def handle(self, inp: Input, now: float) -> list[Effect]:
+        """Apply one input at ``now`` (seconds); return the effects to perform, in order.
 
-    def session_gen(self, peer: str) -> int | None:
-        rec = self.sessions.records.get(peer)
-        return rec.gen if rec is not None else None
-
-    def _instance_down(self, peer: str) -> bool:
-        rec = self.sessions.records.get(peer)
-        return rec is not None and bool(rec.instance) and rec.instance in self.suspect
-
-    def _peer_down(self, peer: str, reason: str, now: float, out: list[Effect]) -> None:
-        rec = self.sessions.records.get(peer)
-        if rec is not None and rec.instance and reason in self._ABNORMAL:
-            self.suspect[rec.instance] = None
-            if len(self.suspect) > self.MAX_SUSPECT:
-                del self.suspect[next(iter(self.suspect))]
-        self.producer.peer_lost(peer, now, out)
-        self.consumer.peer_event(peer, ConsumerEvent.PEER_LOST, now, out, _Why(str(reason)))
-
-    def _ready(self, peer: str, now: float, out: list[Effect]) -> None:
-        self.consumer.peer_event(peer, ConsumerEvent.HANDSHAKE_READY, now, out)
-
-    def _note_give_up(self, peer: str, reason: str) -> None:
-        # deferred: the record that gives up finishes its own transition first
-        self._give_ups.append((peer, reason))
-
-    def _settle(self, now: float, out: list[Effect]) -> list[Effect]:
-        """End the sessions records gave up on during this input (they may give up on more)."""
-        while self._give_ups:
-            peer, reason = self._give_ups.pop(0)
-            rec = self.sessions.records.get(peer)
-            if rec is not None:
-                self.sessions.apply(rec, SessionEvent.GIVE_UP, _Why(reason), now, out)
+        Raises:
+            InvalidTransition, ValueError: misuse by the *engine* (the record is unchanged); peer,
+            transport and plane inputs never raise.
+        """
+        out: list[Effect] = []
+        self._APPLY[type(inp)](inp, now, out)
+        if self._notes:
+            self._settle(now, out)
         return out
 
-    def _heard(self, peer: str) -> None:
-        if self.suspect:
-            rec = self.sessions.records.get(peer)
-            if rec is not None:
-                self.suspect.pop(rec.instance, None)
+    def step(self, inputs: Iterable[Input], now: float) -> list[Effect]:
+        """Apply ``inputs`` in order (no performing in between); return all their effects."""
+        out: list[Effect] = []
+        for inp in inputs:
+            out.extend(self.handle(inp, now))
+        return out
 
-    def _gate(self, peer: str, gen: int, event: str, now: float, out: list[Effect]) -> bool:
-        """Let a peer message through only on a ready session of the same generation."""
-        rec = self.sessions.records.get(peer)
+    def fire(self, now: float) -> list[Effect]:
+        """Fire every deadline due at ``now``: O(expired) amortised.  The shell calls it through
+        :func:`kvtier.lifecycle.driver.drive`, with the time its inbound queue was last seen
+        empty, never with a time at which input may still be unread."""
+        out: list[Effect] = []
+        self._fire(now, out)
+        return out
+
+    def next_deadline(self) -> float | None:
+        """Earliest pending deadline (seconds) over all machines, or None."""
+        best = None
+        for m in (self._sessions, self._producer, self._consumer):
+            d = m.next_deadline()
+            if d is not None and (best is None or d < best):
+                best = d
+        return best
+
+    def _fire(self, now: float, out: list[Effect]) -> None:
+        self._sessions.tick(now, out)
+        self._settle(now, out)
+        self._producer.tick(now, out)
+        self._settle(now, out)
+        self._consumer.tick(now, out)
+        self._settle(now, out)
+
+    def _settle(self, now: float, out: list[Effect]) -> None:
+        """Route the notes the last transitions queued (they may queue more)."""
+        notes, route = self._notes, self._ROUTE
+        while notes:
+            note = notes.popleft()
+            route[type(note)](note, now, out)
+
+    # =========================================================================================
+    # Read API: everything the shell, metrics and tests ask (nothing outside reads records)
+    # =========================================================================================
+    def session(self, peer: str) -> SessionView | None:
+        """The live session with ``peer``, or None."""
+        rec = self._sessions.records.get(peer)
         if rec is None:
-            self.sessions.apply(self.sessions.new_record(peer), SessionEvent.MESSAGE, _Gen(gen), now, out)
-            return False
-        if rec.gen != gen:
-            out.append(Ignored("session", peer, rec.state.value, event, "stale"))
-            return False
-        was_ready = rec.state is SessionState.READY
-        self.sessions.apply(rec, SessionEvent.MESSAGE, _Gen(gen), now, out)
-        if was_ready:
-            self._heard(peer)
-            if event != "ping":
-                rec.active = now
-        return was_ready
+            return None
+        return SessionView(rec.key, rec.state, rec.gen, rec.dialled, rec.instance, rec.principal, rec.heard)
 
-    def _principal(self, peer: str) -> str | None:
-        rec = self.sessions.records.get(peer)
-        return rec.principal if rec is not None else None
+    def session_gen(self, peer: str) -> int | None:
+        """The generation of the live session with ``peer`` (None when there is none)."""
+        rec = self._sessions.records.get(peer)
+        return rec.gen if rec is not None else None
 
-    # -- producer inputs (engine) --------------------------------------------------------------
-    def store(self, inp: StoreInput, now: float) -> list[Effect]:
-        """The engine submitted a store job. Raises ValueError if keys/blocks/digests lengths differ."""
-        out: list[Effect] = []
-        self.producer.store(inp, now, out)
-        return self._settle(now, out)
+    def session_ready(self, peer: str) -> bool:
+        """True when the session with ``peer`` is ready."""
+        return self._sessions.ready(peer)
 
-    def producer_announce(self, kv_request_id: str, consumer: str) -> None:
-        """A producer request names ``consumer`` (a principal) as the only peer allowed to fetch,
-        abort or otherwise touch ``kv_request_id`` (issue 10; docs/security.md)."""
-        self.producer.announce(kv_request_id, consumer)
+    def sessions(self) -> list[SessionView]:
+        """Every live session (peer order)."""
+        return [v for p in sorted(self._sessions.records) if (v := self.session(p)) is not None]
 
-    def producer_finished(self, kv_request_id: str, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        self.producer.event(kv_request_id, ProducerEvent.REQUEST_FINISHED, now, out)
-        self.producer.forget(kv_request_id)
-        return self._settle(now, out)
+    def producer_state(self, kv_request_id: str) -> ProducerState:
+        """The producer state of ``kv_request_id`` (``absent`` when there is no record)."""
+        return self._producer.state_of(kv_request_id)
 
-    def transfer_released(self, kv_request_id: str, round: int, now: float) -> list[Effect]:
-        """The data plane moved (or stopped moving) the transfer and holds no reference to its
-        blocks any more."""
-        out: list[Effect] = []
-        self.producer.transfer_event(kv_request_id, round, ProducerEvent.TRANSFER_RELEASED, now, out)
-        return self._settle(now, out)
+    def consumer_state(self, kv_request_id: str) -> ConsumerState:
+        """The consumer state of ``kv_request_id`` (``absent`` when there is no record)."""
+        return self._consumer.state_of(kv_request_id)
 
-    def transfer_failed(self, kv_request_id: str, round: int, now: float) -> list[Effect]:
-        """The data plane failed the transfer and holds no reference to its blocks any more."""
-        out: list[Effect] = []
-        self.producer.transfer_event(kv_request_id, round, ProducerEvent.TRANSFER_FAILED, now, out)
-        return self._settle(now, out)
+    def session_state(self, peer: str) -> SessionState:
+        """The session state with ``peer`` (``absent`` when there is no record)."""
+        rec = self._sessions.records.get(peer)
+        return rec.state if rec is not None else SessionState.ABSENT
 
-    # -- consumer inputs (engine, shell) ---------------------------------------------------------
-    def announce(self, kv_request_id: str, peer: str, now: float) -> list[Effect]:
-        """The engine announced a request to fetch ``kv_request_id`` from producer ``peer``
-        (``host:port``). Dials a session if none is live."""
-        out: list[Effect] = []
-        if peer not in self.sessions.records:
-            self.sessions.apply(self.sessions.new_record(peer), SessionEvent.DIAL, None, now, out)
-        self.consumer.announce(kv_request_id, peer, now, out)
-        if peer not in self.sessions.records:  # the dial was refused (max_peers): fail fast
-            rec = self.consumer.records.get(kv_request_id)
-            if rec is not None:
-                self.consumer.apply(rec, ConsumerEvent.PEER_LOST, _Why("too_many_peers"), now, out)
-        return self._settle(now, out)
+    def producer(self, kv_request_id: str) -> ProducerView | None:
+        """A snapshot of the producer record of ``kv_request_id``, or None."""
+        r = self._producer.records.get(kv_request_id)
+        if r is None:
+            return None
+        return ProducerView(
+            r.key, r.state, r.reason, tuple(r.jobs), r.peer, r.gen, r.round, tuple(r.demand), r.consumer,
+            tuple(r.blocks), r.receipt, self._producer.deadline_of(r.key),
+        )
 
-    def submit_load(self, inp: LoadInput, now: float) -> list[Effect]:
-        """Raises InvalidTransition if the id was never announced; ValueError on length mismatch."""
-        out: list[Effect] = []
-        self.consumer.submit_load(inp, now, out)
-        return self._settle(now, out)
+    def consumer(self, kv_request_id: str) -> ConsumerView | None:
+        """A snapshot of the consumer record of ``kv_request_id``, or None."""
+        r = self._consumer.records.get(kv_request_id)
+        if r is None:
+            return None
+        return ConsumerView(r.key, r.state, r.reason, r.peer, r.job_id, r.round, tuple(r.keys), tuple(r.slots),
+                            r.n_landed, self._consumer.deadline_of(r.key))
 
-    def consumer_finished(self, kv_request_id: str, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        self.consumer.event(kv_request_id, ConsumerEvent.REQUEST_FINISHED, now, out)
-        return self._settle(now, out)
+    def producer_ids(self) -> list[str]:
+        """Every id the producer keeps a record of (live or retained), sorted."""
+        return sorted(self._producer.records)
 
-    def blocks_landed(self, peer: str, inp: MessageInput, now: float) -> list[Effect]:
-        """The shell landed the blocks a ``LandBlocks`` named and checked their digests
-        (``inp.ok`` False: at least one did not match)."""
-        out: list[Effect] = []
-        self.consumer.message(peer, ConsumerEvent.BLOCKS_LANDED, inp, now, out)
-        return self._settle(now, out)
+    def consumer_ids(self) -> list[str]:
+        """Every id the consumer keeps a record of, sorted."""
+        return sorted(self._consumer.records)
 
-    def access_revoked(self, peer: str, kv_request_id: str, round: int, now: float) -> list[Effect]:
-        """The data plane made sure ``peer`` can no longer write into this load's slots."""
-        out: list[Effect] = []
-        self.consumer.message(peer, ConsumerEvent.ACCESS_REVOKED, MessageInput(kv_request_id, round), now, out)
-        return self._settle(now, out)
+    def tracks(self, kv_request_id: str) -> bool:
+        """True while the producer keeps anything about ``kv_request_id``: a record, a retained
+        entry, a per-peer index entry or a live deadline (a pruned id leaves nothing behind)."""
+        p = self._producer
+        return (
+            kv_request_id in p.records
+            or kv_request_id in p.retained
+            or any(kv_request_id in ids for ids in p.by_peer.values())
+            or p.deadline_of(kv_request_id) is not None
+        )
+
+    def producer_count(self) -> int:
+        """Producer records (live and retained)."""
+        return len(self._producer.records)
+
+    def retained(self) -> int:
+        """Done or tombstoned ids retained (bounded by ``tombstone_max``)."""
+        return len(self._producer.retained)
+
+    def evicted(self) -> int:
+        """Retained ids evicted early by the ``tombstone_max`` cap since start."""
+        return self._producer.count_evicted
+
+    def quarantined(self) -> frozenset[str]:
+        """Producer ids in ``quarantined``: the data plane never confirmed their release, so
+        their store jobs stay outstanding (decision I1). O(1) to ask whether there are any."""
+        return frozenset(self._producer.quarantined)
+
+    def quarantined_count(self) -> int:
+        """How many producer ids are quarantined (O(1): the shell asks every tick)."""
+        return len(self._producer.quarantined)
+
+    def quarantined_blocks(self) -> int:
+        """Pool blocks held by quarantined producer ids."""
+        recs = self._producer.records
+        return sum(len(recs[k].blocks) for k in self._producer.quarantined)
+
+    def quarantined_jobs(self) -> tuple[int, ...]:
+        """The store jobs of the quarantined ids."""
+        recs = self._producer.records
+        return tuple(j for k in sorted(self._producer.quarantined) for j in recs[k].jobs)
+
+    def revoking_slots(self) -> int:
+        """Consumer slots held in ``revoking`` (no write may land, not yet proven)."""
+        return sum(len(r.slots) for r in self._consumer.records.values() if r.state is ConsumerState.REVOKING)
+
+    def awaiting_receipt_jobs(self) -> int:
+        """Store jobs whose blocks were handed over and that wait for the consumer's receipt."""
+        return sum(len(r.jobs) for r in self._producer.records.values() if r.state in _P_AWAITING_RECEIPT)
+
+    def loading(self) -> bool:
+        """True while any load of ours is outstanding (a peer may be writing into our pool)."""
+        return bool(self._consumer.by_peer)
+
+    def snapshot(self) -> CoreSnapshot:
+        """Counts for the metrics endpoint (O(records): computed at scrape time, not per tick)."""
+        live: dict[str, int] = {}
+        pinned: dict[str, int] = {}
+        retained: dict[tuple[str, str], int] = {}
+        parked: list[str] = []
+        for kid, r in self._producer.records.items():
+            st = r.state.value
+            if r.state in RETAINED:
+                key = (st, r.reason.value if r.reason is not None else "")
+                retained[key] = retained.get(key, 0) + 1
+                continue
+            live[st] = live.get(st, 0) + 1
+            pinned[st] = pinned.get(st, 0) + len(r.blocks)
+            if r.state is ProducerState.PARKED:
+                parked.append(kid)
+
+        def count(records: Mapping) -> dict[str, int]:
+            c: dict[str, int] = {}
+            for r in records.values():
+                c[r.state.value] = c.get(r.state.value, 0) + 1
+            return c
+
+        return CoreSnapshot(
+            producer=live, pinned_blocks=pinned, retained=retained, parked=tuple(parked),
+            consumer=count(self._consumer.records), sessions=count(self._sessions.records),
+            awaiting_receipt_jobs=self.awaiting_receipt_jobs(), quarantined_blocks=self.quarantined_blocks(),
+            revoking_slots=self.revoking_slots(),
+        )
 
     def load_failed(self, kv_request_id: str) -> bool:
         """True when lookups for this id must MISS (the engine should recompute)."""
-        return self.consumer.state_of(kv_request_id) is ConsumerState.FAILED
+        return self._consumer.state_of(kv_request_id) is ConsumerState.FAILED
 
-    # -- session inputs (transport / wire) -----------------------------------------------------
-    def transport_up(self, peer: str, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        self.sessions.apply(self.sessions.record(peer), SessionEvent.TRANSPORT_UP, None, now, out)
-        return self._settle(now, out)
+    def busy(self) -> bool:
+        """True while a transfer or a load is in flight (what shutdown's grace waits for)."""
+        return any(r.state in _P_IN_FLIGHT for r in self._producer.records.values()) or any(
+            r.state in _C_IN_FLIGHT for r in self._consumer.records.values()
+        )
 
-    def hello(self, peer: str, hello: HelloInput, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        rec = self.sessions.records.get(peer)
+    def pending_jobs(self) -> int:
+        """Jobs handed to the core that have no result yet."""
+        return self._producer.pending_jobs() + self._consumer.pending_jobs()
+
+    def outstanding_jobs(self) -> frozenset[int]:
+        """The ids of the jobs handed to the core that have no result yet."""
+        jobs = {j for r in self._producer.records.values() for j in r.jobs}
+        jobs.update(r.job_id for r in self._consumer.records.values() if r.job_id is not None)
+        return frozenset(jobs)
+
+    def set_local(self, local: HelloInput) -> None:
+        """Replace our hello (e.g. the hash seed became known); established sessions keep the
+        one they were checked with, every later handshake uses this one."""
+        self._sessions.local = local
+
+    @property
+    def local(self) -> HelloInput:
+        return self._sessions.local
+
+    # =========================================================================================
+    # Engine inputs
+    # =========================================================================================
+    def _store(self, inp: StoreSubmitted, now: float, out: list[Effect]) -> None:
+        self._producer.store(inp, now, out)
+
+    def _named(self, inp: ConsumerNamed, now: float, out: list[Effect]) -> None:
+        self._producer.announce(inp.kv_request_id, inp.consumer)
+
+    def _dial(self, inp: Dial, now: float, out: list[Effect]) -> None:
+        sessions = self._sessions
+        if inp.peer not in sessions.records:
+            sessions.apply(sessions.new_record(inp.peer), SessionEvent.DIAL, None, now, out)
+
+    def _announce(self, inp: LoadAnnounced, now: float, out: list[Effect]) -> None:
+        sessions, peer = self._sessions, inp.peer
+        if peer not in sessions.records:
+            sessions.apply(sessions.new_record(peer), SessionEvent.DIAL, None, now, out)
+        # a refused dial (max_peers) queued PeerLost: routed after this input, it fails the
+        # load announced here at once (too_many_peers)
+        self._consumer.announce(inp.kv_request_id, peer, now, out)
+
+    def _load(self, inp: LoadSubmitted, now: float, out: list[Effect]) -> None:
+        self._consumer.submit_load(inp, now, out)
+
+    def _finished(self, inp: RequestFinished, now: float, out: list[Effect]) -> None:
+        if inp.producer:
+            self._producer.event(inp.kv_request_id, ProducerEvent.REQUEST_FINISHED, now, out)
+            self._producer.forget(inp.kv_request_id)
+        else:
+            self._consumer.event(inp.kv_request_id, ConsumerEvent.REQUEST_FINISHED, now, out)
+
+    def _drain(self, inp: DrainStarted, now: float, out: list[Effect]) -> None:
+        self._producer.broadcast(ProducerEvent.DRAIN, now, out)
+
+    def _shutdown(self, inp: ShutdownStarted, now: float, out: list[Effect]) -> None:
+        self._producer.broadcast(ProducerEvent.SHUTDOWN, now, out)
+        self._consumer.broadcast(ConsumerEvent.SHUTDOWN, now, out)
+
+    def _close(self, inp: GraceEnded, now: float, out: list[Effect]) -> None:
+        """Everything still live is given up and every session ends (a goodbye to each peer).
+        Records whose blocks the data plane still references wait for its release, which
+        closing the plane produces."""
+        self._producer.broadcast(ProducerEvent.CLOSE, now, out)
+        self._consumer.broadcast(ConsumerEvent.CLOSE, now, out)
+        sessions = self._sessions
+        for peer in sorted(sessions.records):
+            rec = sessions.records.get(peer)
+            if rec is not None:
+                sessions.apply(rec, SessionEvent.CLOSE, None, now, out)
+                self._settle(now, out)
+
+    # =========================================================================================
+    # Transport and data-plane inputs
+    # =========================================================================================
+    def _session_event(self, peer: str, event: SessionEvent, inp: object, now: float, out: list[Effect]) -> None:
+        rec = self._sessions.records.get(peer)
         if rec is not None:
-            self.sessions.apply(rec, SessionEvent.HELLO, hello, now, out)
-            if not (rec.state is SessionState.DEAD and rec.reason == "peer_restarted"):
-                return self._settle(now, out)
+            self._sessions.apply(rec, event, inp, now, out)
+
+    def _connection_up(self, inp: ConnectionUp, now: float, out: list[Effect]) -> None:
+        self._session_event(inp.peer, SessionEvent.TRANSPORT_UP, None, now, out)
+
+    def _send_failed(self, inp: SendFailed | ConnectFailed, now: float, out: list[Effect]) -> None:
+        self._session_event(inp.peer, SessionEvent.SEND_FAILED, None, now, out)
+
+    def _connection_closed(self, inp: ConnectionClosed, now: float, out: list[Effect]) -> None:
+        self._session_event(inp.peer, SessionEvent.CONNECTION_CLOSED, None, now, out)
+
+    def _attached(self, inp: PeerAttached | AttachRefused, now: float, out: list[Effect]) -> None:
+        rec = self._sessions.records.get(inp.peer)
+        event = SessionEvent.PLANE_ATTACHED if type(inp) is PeerAttached else SessionEvent.PLANE_REFUSED
+        if rec is None or rec.gen != inp.gen:
+            out.append(Ignored("session", inp.peer, rec.state if rec else SessionState.ABSENT, event, Reason.STALE))
+            return
+        self._sessions.apply(rec, event, inp, now, out)
+
+    def _released(self, inp: TransferReleased, now: float, out: list[Effect]) -> None:
+        event = ProducerEvent.TRANSFER_FAILED if inp.failed else ProducerEvent.TRANSFER_RELEASED
+        self._producer.transfer_event(inp.kv_request_id, inp.round, event, now, out)
+
+    def _revoked(self, inp: AccessRevoked, now: float, out: list[Effect]) -> None:
+        consumer = self._consumer
+        for key in sorted(consumer.by_peer.get(inp.peer, ())):
+            rec = consumer.records.get(key)
+            if rec is not None and rec.state is ConsumerState.REVOKING:
+                consumer.apply(rec, ConsumerEvent.ACCESS_REVOKED, None, now, out)
+
+    def _landed(self, inp: BlocksLanded, now: float, out: list[Effect]) -> None:
+        m = MessageInput(inp.kv_request_id, inp.round, inp.first, inp.count, inp.ok, inp.reason)
+        self._consumer.message(inp.peer, ConsumerEvent.BLOCKS_LANDED, m, now, out)
+
+    def _malformed(self, inp: Malformed, now: float, out: list[Effect]) -> None:
+        """Answer a message that did not decode: a hello of another protocol version gets a
+        handshake refusal naming the version; one that names a ``kv_request_id`` gets an
+        ``error`` so its sender can fail that request at once; anything else an ``error`` at
+        most once per (peer, reason) per ``error_reply_interval_s``."""
+        peer = inp.peer
+        if inp.reason == "version_mismatch" and inp.msg_type == "hello" and inp.gen is not None:
+            out.append(Send(peer, wm.HelloReject(gen=inp.gen, reason=Reason.HANDSHAKE_MISMATCH.value, field="version",
+                                                 ours=str(wm.PROTOCOL_VERSION), theirs=inp.theirs or "?")))
+            return
+        if not inp.kv_request_id:
+            key = (peer, inp.reason)
+            last = self._error_replies.get(key)
+            if last is not None and now - last < self.settings.error_reply_interval_s:
+                return
+            if len(self._error_replies) >= 4096:  # bounded: peer ids come from connections
+                self._error_replies.clear()
+            self._error_replies[key] = now
+        out.append(Send(peer, wm.Error(gen=self._sessions.gen(peer), reason=inp.reason, detail=inp.detail[:4096],
+                                       kv_request_id=inp.kv_request_id)))
+
+    # =========================================================================================
+    # Peer messages
+    # =========================================================================================
+    def _received(self, inp: Received, now: float, out: list[Effect]) -> None:
+        self._RECEIVE[type(inp.msg)](inp, now, out)
+
+    def _gate(self, peer: str, msg: object, event: SessionEvent, now: float, out: list[Effect]) -> bool:
+        """Let a peer message through only on a ready session of the same generation."""
+        sessions = self._sessions
+        rec = sessions.records.get(peer)
+        if rec is None:
+            sessions.apply(sessions.new_record(peer), event, msg, now, out)
+            return False
+        if rec.gen != msg.gen:  # type: ignore[attr-defined]
+            out.append(Ignored("session", peer, rec.state, event, Reason.STALE))
+            return False
+        ready = rec.state is SessionState.READY
+        sessions.apply(rec, event, msg, now, out)
+        return ready
+
+    def _fetch_input(self, peer: str, msg, *, keys=(), slots=(), fetched=False) -> FetchInput:
+        rec = self._sessions.records.get(peer)
+        return FetchInput(peer, msg.kv_request_id, msg.round, keys, msg.gen, slots, fetched,
+                          rec.principal if rec is not None else None)
+
+    def _rx_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg = inp.msg
+        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+            f = self._fetch_input(inp.peer, msg, keys=tuple(msg.keys), slots=tuple(msg.slots))
+            self._producer.fetch(f, now, out)
+
+    def _rx_abort_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg = inp.msg
+        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+            self._producer.abort_fetch(self._fetch_input(inp.peer, msg, fetched=msg.fetched), now, out)
+
+    def _rx_receipt(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg = inp.msg
+        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+            self._producer.receipt(self._fetch_input(inp.peer, msg), now, out)
+
+    def _rx_block_data(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg = inp.msg
+        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+            m = MessageInput(msg.kv_request_id, msg.round, msg.first, msg.count, digests=tuple(msg.digests),
+                             payloads=inp.payloads)
+            self._consumer.message(inp.peer, ConsumerEvent.BLOCK_DATA, m, now, out)
+
+    def _rx_transfer_done(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg = inp.msg
+        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+            reason = None if msg.ok else _reason(msg.reason or Reason.TRANSFER_FAILED.value)
+            m = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=reason)
+            self._consumer.message(inp.peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
+
+    def _rx_abort_ack(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg = inp.msg
+        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+            self._consumer.message(inp.peer, ConsumerEvent.ABORT_ACK, MessageInput(msg.kv_request_id, msg.round), now, out)
+
+    def _rx_error(self, inp: Received, now: float, out: list[Effect]) -> None:
+        """The peer answered ``error`` (it could not accept our message).  One that names one of
+        our live loads fails that load now with ``peer_error`` instead of at its deadline;
+        anything else about the id is unaffected."""
+        msg, peer = inp.msg, inp.peer
+        rec = self._consumer.records.get(msg.kv_request_id) if msg.kv_request_id else None
+        if rec is None or rec.peer != peer:
+            return
+        if self._gate(peer, msg, SessionEvent.MESSAGE, now, out):
+            m = MessageInput(msg.kv_request_id, rec.round, ok=False, reason=Reason.PEER_ERROR)
+            self._consumer.message(peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
+
+    def _rx_ping(self, inp: Received, now: float, out: list[Effect]) -> None:
+        self._gate(inp.peer, inp.msg, SessionEvent.PING, now, out)
+
+    def _rx_pong(self, inp: Received, now: float, out: list[Effect]) -> None:
+        self._gate(inp.peer, inp.msg, SessionEvent.PONG, now, out)
+
+    def _rx_hello(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg, peer, sessions = inp.msg, inp.peer, self._sessions
+        hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, msg.gen, msg.data_plane,
+                           msg.digest, msg.instance, inp.principal or msg.instance, msg.descriptor)
+        rec = sessions.records.get(peer)
+        if rec is not None:
+            sessions.apply(rec, SessionEvent.HELLO, hello, now, out)
+            self._settle(now, out)
+            if not (rec.state is SessionState.DEAD and rec.reason is Reason.PEER_RESTARTED):
+                return
         # a new session (or the restarted peer's next generation)
-        if len(self.sessions.records) >= self.sessions.max_peers:
+        if len(sessions.records) >= sessions.max_peers:
             self._evict_idle(now, out)
-        self.sessions.apply(self.sessions.record(peer), SessionEvent.HELLO, hello, now, out)
-        if self.session_ready(peer):
-            self._heard(peer)
-        return self._settle(now, out)
+        sessions.apply(sessions.new_record(peer), SessionEvent.HELLO, hello, now, out)
 
-    def hello_ack(self, peer: str, gen: int, now: float, instance: str = "") -> list[Effect]:
-        out: list[Effect] = []
-        rec = self.sessions.records.get(peer)
-        if rec is None or rec.gen != gen:
-            out.append(Ignored("session", peer, rec.state.value if rec else "absent", "hello_ack", "stale"))
-            return out
-        if rec.state is SessionState.HANDSHAKING:
-            rec.instance = instance
-            self.suspect.pop(instance, None)
-        self.sessions.apply(rec, SessionEvent.HELLO_ACK, None, now, out)
-        return self._settle(now, out)
+    def _rx_hello_ack(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg, peer = inp.msg, inp.peer
+        rec = self._sessions.records.get(peer)
+        if rec is None or rec.gen != msg.gen:
+            out.append(Ignored("session", peer, rec.state if rec else SessionState.ABSENT, SessionEvent.HELLO_ACK,
+                               Reason.STALE))
+            return
+        self._sessions.apply(rec, SessionEvent.HELLO_ACK, msg, now, out)
 
-    def hello_reject(self, peer: str, gen: int, now: float, reason: str = "handshake_mismatch") -> list[Effect]:
-        """The peer refused our hello; ``reason`` is the one it gave (``too_many_peers`` for a
-        capacity refusal, so our loads fail with that reason, not a mismatch)."""
-        out: list[Effect] = []
-        rec = self.sessions.records.get(peer)
-        if rec is None or rec.gen != gen:
-            out.append(Ignored("session", peer, rec.state.value if rec else "absent", "hello_reject", "stale"))
-            return out
-        self.sessions.apply(rec, SessionEvent.HELLO_REJECT, _Why(reason), now, out)
-        return self._settle(now, out)
+    def _rx_hello_reject(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg, peer = inp.msg, inp.peer
+        rec = self._sessions.records.get(peer)
+        if rec is None or rec.gen != msg.gen:
+            out.append(Ignored("session", peer, rec.state if rec else SessionState.ABSENT, SessionEvent.HELLO_REJECT,
+                               Reason.STALE))
+            return
+        self._sessions.apply(rec, SessionEvent.HELLO_REJECT, _Why(_reason(msg.reason)), now, out)
+
+    def _rx_disconnect(self, inp: Received, now: float, out: list[Effect]) -> None:
+        """The peer said goodbye (``shutdown`` makes our loads fail with ``shutdown``), or
+        answered that it does not know our session (gen 0 is accepted: it may not know ours)."""
+        msg, peer = inp.msg, inp.peer
+        rec = self._sessions.records.get(peer)
+        if rec is None or (rec.gen != msg.gen and msg.gen != 0):
+            out.append(Ignored("session", peer, rec.state if rec else SessionState.ABSENT, SessionEvent.DISCONNECT,
+                               Reason.STALE))
+            return
+        why = _reason(msg.reason) if msg.reason else None
+        self._sessions.apply(rec, SessionEvent.DISCONNECT, _Why(why), now, out)
 
     def _evict_idle(self, now: float, out: list[Effect]) -> None:
         """At ``max_peers``, end the inbound session that has been idle longest — nothing bound to
         it, nothing but pings for ``handshake_timeout_s`` — so a flood of hellos that never do any
         work cannot lock legitimate consumers out; a busy manager still refuses (too_many_peers)."""
-        idle_for = self.sessions.durations_of("handshake")
-        busy = set(self.producer.by_peer) | set(self.consumer.by_peer)
+        sessions = self._sessions
+        idle_for = sessions.durations_of("handshake")
+        busy = set(self._producer.by_peer) | set(self._consumer.by_peer)
         idle = [
-            r for r in self.sessions.records.values()
+            r for r in sessions.records.values()
             if r.state is SessionState.READY and not r.dialled and r.key not in busy and now - r.active >= idle_for
         ]
         if idle:
             victim = min(idle, key=lambda r: (r.active, r.key))
-            self.sessions.apply(victim, SessionEvent.GIVE_UP, _Why("idle_evicted"), now, out)
+            sessions.apply(victim, SessionEvent.GIVE_UP, _Why(Reason.IDLE_EVICTED), now, out)
+            self._settle(now, out)
 
-    def disconnect(self, peer: str, gen: int, now: float, reason: str = "") -> list[Effect]:
-        """The peer said goodbye (``reason`` from its disconnect: ``shutdown`` makes our loads
-        fail with ``shutdown``), or answered that it does not know our session."""
-        out: list[Effect] = []
-        rec = self.sessions.records.get(peer)
-        if rec is None or (rec.gen != gen and gen != 0):
-            out.append(Ignored("session", peer, rec.state.value if rec else "absent", "disconnect", "stale"))
-            return out
-        self.sessions.apply(rec, SessionEvent.DISCONNECT, _Why(reason), now, out)
-        return self._settle(now, out)
+    # =========================================================================================
+    # Notes between machines
+    # =========================================================================================
+    def _route_give_up(self, note: GiveUp, now: float, out: list[Effect]) -> None:
+        self._session_event(note.peer, SessionEvent.GIVE_UP, _Why(note.reason), now, out)
 
-    def connection_closed(self, peer: str, now: float) -> list[Effect]:
-        """The transport saw the peer's connection close or reset: the session is dead at once."""
-        out: list[Effect] = []
-        rec = self.sessions.records.get(peer)
-        if rec is not None:
-            self.sessions.apply(rec, SessionEvent.CONNECTION_CLOSED, None, now, out)
-        return self._settle(now, out)
+    def _route_peer_lost(self, note: PeerLost, now: float, out: list[Effect]) -> None:
+        self._producer.peer_lost(note.peer, now, out)
+        self._consumer.peer_event(note.peer, ConsumerEvent.PEER_LOST, now, out, _Why(note.reason))
 
-    def send_failed(self, peer: str, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        rec = self.sessions.records.get(peer)
-        if rec is not None:
-            self.sessions.apply(rec, SessionEvent.SEND_FAILED, None, now, out)
-        return self._settle(now, out)
-
-    def ping(self, peer: str, gen: int, now: float) -> list[Effect]:
-        """Any liveness-only message (ping/pong)."""
-        out: list[Effect] = []
-        self._gate(peer, gen, "ping", now, out)
-        return self._settle(now, out)
-
-    # -- producer inputs (wire) ----------------------------------------------------------------
-    def fetch(self, peer: str, gen: int, inp: FetchInput, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        if self._gate(peer, gen, "fetch", now, out):
-            self.producer.fetch(attrs.evolve(inp, gen=gen, principal=self._principal(peer)), now, out)
-        return self._settle(now, out)
-
-    def abort_fetch(self, peer: str, gen: int, inp: FetchInput, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        if self._gate(peer, gen, "abort_fetch", now, out):
-            self.producer.abort_fetch(attrs.evolve(inp, gen=gen, principal=self._principal(peer)), now, out)
-        return self._settle(now, out)
-
-    def receipt(self, peer: str, gen: int, inp: FetchInput, now: float) -> list[Effect]:
-        """The consumer confirmed that every block of its round landed intact."""
-        out: list[Effect] = []
-        if self._gate(peer, gen, "receipt", now, out):
-            self.producer.receipt(attrs.evolve(inp, gen=gen, principal=self._principal(peer)), now, out)
-        return self._settle(now, out)
-
-    # -- consumer inputs (wire) ----------------------------------------------------------------
-    def block_data(self, peer: str, gen: int, inp: MessageInput, now: float) -> list[Effect]:
-        """Returns a LandBlocks effect iff the blocks may land (load in flight, range valid)."""
-        out: list[Effect] = []
-        if self._gate(peer, gen, "block_data", now, out):
-            self.consumer.message(peer, ConsumerEvent.BLOCK_DATA, inp, now, out)
-        return self._settle(now, out)
-
-    def transfer_done(self, peer: str, gen: int, inp: MessageInput, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        if self._gate(peer, gen, "transfer_done", now, out):
-            self.consumer.message(peer, ConsumerEvent.TRANSFER_DONE, inp, now, out)
-        return self._settle(now, out)
-
-    def peer_error(self, peer: str, gen: int, kv_request_id: str, now: float) -> list[Effect]:
-        """The peer answered ``error`` about ``kv_request_id`` (it could not accept our message):
-        the id's live load fails now with reason ``peer_error`` instead of waiting for its
-        deadline.  Anything else about the id is unaffected."""
-        out: list[Effect] = []
-        rec = self.consumer.records.get(kv_request_id)
-        if rec is None or rec.peer != peer:
-            return out
-        if self._gate(peer, gen, "error", now, out):
-            inp = MessageInput(kv_request_id, rec.round, ok=False, reason="peer_error")
-            self.consumer.message(peer, ConsumerEvent.TRANSFER_DONE, inp, now, out)
-        return self._settle(now, out)
-
-    def abort_ack(self, peer: str, gen: int, inp: MessageInput, now: float) -> list[Effect]:
-        out: list[Effect] = []
-        if self._gate(peer, gen, "abort_ack", now, out):
-            self.consumer.message(peer, ConsumerEvent.ABORT_ACK, inp, now, out)
-        return self._settle(now, out)
-
-    # -- time and global -----------------------------------------------------------------------
-    def next_deadline(self) -> float | None:
-        """Earliest pending deadline (seconds) over all machines, or None."""
-        ds = [d for d in (m.next_deadline() for m in (self.sessions, self.producer, self.consumer)) if d is not None]
-        return min(ds) if ds else None
-
-    def tick(self, now: float) -> list[Effect]:
-        """Fire every deadline due at ``now``: O(expired) amortised.  The shell passes the time its
-        inbound queue was last seen empty, so no deadline beats input that arrived before it."""
-        out: list[Effect] = []
-        self.sessions.tick(now, out)
-        self.producer.tick(now, out)
-        self.consumer.tick(now, out)
-        return self._settle(now, out)
-
-    def drain(self, now: float) -> list[Effect]:
-        """End every parked or awaiting id (their jobs fail with reason ``drained``); transfers in
-        flight keep going and end by their own events or deadlines."""
-        out: list[Effect] = []
-        self.producer.broadcast(ProducerEvent.DRAIN, now, out)
-        return self._settle(now, out)
-
-    def shutdown(self, now: float) -> list[Effect]:
-        """Shutdown begins: parked and awaiting ids end now (jobs fail ``shutdown``; a bound
-        consumer is told), queued loads fail, later fetches for unknown ids are refused; transfers
-        and loads in flight, and the sessions carrying them, go on until :meth:`close`."""
-        out: list[Effect] = []
-        self.producer.broadcast(ProducerEvent.SHUTDOWN, now, out)
-        self.consumer.broadcast(ConsumerEvent.SHUTDOWN, now, out)
-        return self._settle(now, out)
-
-    def close(self, now: float) -> list[Effect]:
-        """The grace is over: everything still live is given up and every session ends (a goodbye
-        to each peer).  Records whose blocks the data plane still references wait for its
-        release, which closing the plane produces."""
-        out: list[Effect] = []
-        self.producer.broadcast(ProducerEvent.CLOSE, now, out)
-        self.consumer.broadcast(ConsumerEvent.CLOSE, now, out)
-        for peer in sorted(self.sessions.records):
-            rec = self.sessions.records.get(peer)
-            if rec is not None:
-                self.sessions.apply(rec, SessionEvent.CLOSE, None, now, out)
-        return self._settle(now, out)
-
-    def busy(self) -> bool:
-        """True while a transfer or a load is in flight (what shutdown's grace waits for)."""
-        return any(r.state in _P_IN_FLIGHT for r in self.producer.records.values()) or any(
-            r.state in _C_IN_FLIGHT for r in self.consumer.records.values()
-        )
-
-    def pending_jobs(self) -> int:
-        """Jobs handed to the core that have no result yet."""
-        return self.producer.pending_jobs() + self.consumer.pending_jobs()
+    def _route_ready(self, note: SessionReady, now: float, out: list[Effect]) -> None:
+        self._consumer.peer_event(note.peer, ConsumerEvent.HANDSHAKE_READY, now, out)

@@ -69,5 +69,12 @@ class DeadlineQueue:
         heapq.heapify(self._heap)
         self._stale = 0
 
+    def when_of(self, key: Any, seq: int) -> float | None:
+        """When the entry ``(key, seq)`` falls due, or None (O(n): tests and introspection)."""
+        for when, s, k in self._heap:
+            if k == key and s == seq:
+                return when
+        return None
+
     def __len__(self) -> int:
         return len(self._heap)

@@ -26,10 +26,10 @@ supplies guard predicates and effect builders.  It knows nothing of sockets, tor
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import attrs
+import msgspec
 
 from kvtier.lifecycle._machine import Record, TableMachine
 from kvtier.lifecycle._table import (
@@ -42,16 +42,12 @@ from kvtier.lifecycle._table import (
     ProducerEvent,
     ProducerGuard,
     ProducerState,
+    Reason,
 )
-from kvtier.lifecycle.effects import (
-    CancelTransfer,
-    Effect,
-    Ignored,
-    JobDone,
-    SendAbortAck,
-    SendBlocks,
-    SendTransferDone,
-)
+from kvtier.lifecycle.effects import CancelTransfer, Effect, Ignored, JobDone, Send, SendBlocks
+from kvtier.lifecycle.inputs import StoreSubmitted
+from kvtier.lifecycle.notes import GiveUp, Notes
+from kvtier.wire import messages as wm
 
 _BOUND = frozenset(
     {
@@ -71,25 +67,7 @@ REFERENCED = frozenset(
 )
 
 
-@attrs.frozen(slots=True)
-class StoreInput:
-    """A store job: ``keys[i]`` is stored in pool block ``blocks[i]`` whose bytes had digest
-    ``digests[i]`` when they were parked (``digests`` is empty when integrity checking is off);
-    ``owner`` is the engine's request id (two requests may not park under one kv_request_id,
-    bug-scenarios B13)."""
-
-    kv_request_id: str
-    owner: str
-    job_id: int
-    keys: tuple[bytes, ...]
-    blocks: tuple[int, ...]
-    digests: tuple[int, ...] = ()
-    consumer: str | None = None
-    """The principal the producer request named as the only consumer of the id (issue 10)."""
-
-
-@attrs.frozen(slots=True)
-class FetchInput:
+class FetchInput(msgspec.Struct, frozen=True, gc=False):
     """A consumer's fetch, abort or receipt for ``kv_request_id`` from ``peer`` (session
     generation ``gen``, authenticated ``principal``) in ``round``.  ``slots`` are the consumer's
     destination slots (one per key; one-sided planes write into them); ``fetched`` tells, for an
@@ -175,10 +153,10 @@ class ProducerMachine(TableMachine):
         park_clock: str = "last_store",
         tombstone_max: int = 65536,
         max_pending_fetches_per_peer: int = 1024,
-        give_up: Callable[[str, str], None] | None = None,
+        notes: Notes | None = None,
     ) -> None:
-        """``give_up(peer, reason)`` asks the core to end the session with ``peer`` after the
-        current input (the ``force_release`` effect)."""
+        """``notes``: the core's queue; ``force_release`` asks through it to end the session with
+        the bound peer once the current input is applied."""
         super().__init__(durations)
         if park_clock not in ("last_store", "first_store"):
             raise ValueError(f"park_clock must be 'last_store' or 'first_store', got {park_clock!r}")
@@ -207,13 +185,13 @@ class ProducerMachine(TableMachine):
         # consumers named by producer requests whose id has no record yet (fetch-before-store):
         # one entry per live producer request, dropped when it finishes
         self.named: dict[str, str] = {}
-        self._give_up = give_up or (lambda peer, reason: None)
+        self._notes: Notes = notes if notes is not None else Notes()
 
     def new_record(self, key: str) -> ProducerRecord:
         return ProducerRecord(key)
 
     # -- inputs --------------------------------------------------------------------------------
-    def store(self, inp: StoreInput, now: float, out: list[Effect]) -> None:
+    def store(self, inp: StoreSubmitted, now: float, out: list[Effect]) -> None:
         if len(inp.keys) != len(inp.blocks):
             raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.blocks)} blocks")
         if inp.digests and len(inp.digests) != len(inp.keys):
@@ -256,8 +234,8 @@ class ProducerMachine(TableMachine):
         no longer bound to is stale and dropped."""
         rec = self.records.get(kv_request_id)
         if rec is None or rec.round != round or rec.state not in _BOUND:
-            state = rec.state.value if rec is not None else "absent"
-            out.append(Ignored(self.NAME, kv_request_id, state, event.value, "stale"))
+            state = rec.state if rec is not None else ProducerState.ABSENT
+            out.append(Ignored(self.NAME, kv_request_id, state, event, Reason.STALE))
             return
         self.apply(rec, event, None, now, out)
         self._enforce_cap(now, out)
@@ -388,54 +366,54 @@ class ProducerMachine(TableMachine):
                 self._prune_order = deque(k for k in order if k in self.retained)
 
     # -- guards (names match spec/lifecycle.toml) ----------------------------------------------
-    def guard_store_empty(self, rec: ProducerRecord, inp: StoreInput) -> bool:
+    def guard_store_empty(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
         return not inp.keys
 
-    def guard_other_owner(self, rec: ProducerRecord, inp: StoreInput) -> bool:
+    def guard_other_owner(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
         return rec.owner is not None and inp.owner != rec.owner
 
-    def guard_park_clock_last(self, rec: ProducerRecord, inp: StoreInput) -> bool:
+    def guard_park_clock_last(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
         return self.park_clock_last
 
-    def guard_fetch_empty(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+    def guard_fetch_empty(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return not inp.keys
 
-    def guard_demand_met(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+    def guard_demand_met(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         blocks = rec.blocks
         return all(k in blocks for k in inp.keys)
 
-    def guard_store_meets_demand(self, rec: ProducerRecord, inp: StoreInput) -> bool:
+    def guard_store_meets_demand(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
         blocks = rec.blocks
         new = set(inp.keys)
         return all(k in blocks or k in new for k in rec.demand)
 
-    def guard_peer_busy(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+    def guard_peer_busy(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return self.awaiting_per_peer.get(inp.peer, 0) >= self.max_pending
 
-    def guard_same_round(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+    def guard_same_round(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return inp.peer == rec.peer and inp.round == rec.round and inp.gen == rec.gen
 
-    def guard_not_authorised(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+    def guard_not_authorised(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         named = rec.consumer or self.named.get(rec.key)
         return named is not None and inp.principal != named
 
-    def guard_binding_unauthorised(self, rec: ProducerRecord, inp: StoreInput) -> bool:
+    def guard_binding_unauthorised(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
         return inp.consumer is not None and rec.principal != inp.consumer
 
-    def guard_fetched_round(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+    def guard_fetched_round(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return inp.fetched
 
-    def guard_supply_complete(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+    def guard_supply_complete(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return rec.supply_complete
 
-    def guard_shutting_down(self, rec: ProducerRecord, inp: FetchInput) -> bool:
+    def guard_shutting_down(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return self.closing
 
-    def guard_receipt_seen(self, rec: ProducerRecord, inp: object) -> bool:
+    def guard_receipt_seen(self, rec: ProducerRecord, inp: object, now: float) -> bool:
         return rec.receipt
 
     # -- effects (names match spec/lifecycle.toml) ---------------------------------------------
-    def effect_park_blocks(self, rec: ProducerRecord, inp: StoreInput, reason, now, out) -> None:
+    def effect_park_blocks(self, rec: ProducerRecord, inp: StoreSubmitted, reason, now, out) -> None:
         if rec.owner is None:
             rec.owner = inp.owner
         if rec.consumer is None:
@@ -448,10 +426,10 @@ class ProducerMachine(TableMachine):
             blocks.setdefault(k, (b, d))
         rec.jobs.append(inp.job_id)
 
-    def effect_report_store_ok(self, rec, inp: StoreInput, reason, now, out) -> None:
+    def effect_report_store_ok(self, rec, inp: StoreSubmitted, reason, now, out) -> None:
         out.append(JobDone(inp.job_id, True, None))
 
-    def effect_fail_store_job(self, rec, inp: StoreInput, reason, now, out) -> None:
+    def effect_fail_store_job(self, rec, inp: StoreSubmitted, reason, now, out) -> None:
         out.append(JobDone(inp.job_id, False, reason))
 
     def effect_bind(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
@@ -477,10 +455,10 @@ class ProducerMachine(TableMachine):
         )
 
     def effect_cancel_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
-        out.append(CancelTransfer(rec.peer, rec.key, rec.round))
+        out.append(CancelTransfer(rec.key, rec.round))
 
     def effect_force_release(self, rec: ProducerRecord, inp, reason, now, out) -> None:
-        self._give_up(rec.peer, "transfer_stalled")
+        self._notes.append(GiveUp(rec.peer, Reason.TRANSFER_STALLED))
 
     def effect_complete_jobs(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         for job in rec.jobs:
@@ -496,33 +474,33 @@ class ProducerMachine(TableMachine):
 
     def effect_reply_done_ok(self, rec: ProducerRecord, inp: FetchInput | None, reason, now, out) -> None:
         if inp is not None:
-            out.append(SendTransferDone(inp.peer, rec.key, inp.round, True, None, gen=inp.gen))
+            out.append(Send(inp.peer, _done(inp.gen, rec.key, inp.round, True, None)))
         else:
-            out.append(SendTransferDone(rec.peer, rec.key, rec.round, True, None, gen=rec.gen))
+            out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, True, None)))
 
     def effect_reply_done_fail(self, rec: ProducerRecord, inp, reason, now, out) -> None:
-        out.append(SendTransferDone(rec.peer, rec.key, rec.round, False, reason, gen=rec.gen))
+        out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, False, reason)))
 
     def effect_reply_terminal(self, rec: ProducerRecord, inp, reason, now, out) -> None:
-        if reason == "aborted":
-            out.append(SendAbortAck(rec.peer, rec.key, rec.round, gen=rec.gen))
+        if reason is Reason.ABORTED:
+            out.append(Send(rec.peer, wm.AbortAck(gen=rec.gen, kv_request_id=rec.key, round=rec.round)))
         else:
-            out.append(SendTransferDone(rec.peer, rec.key, rec.round, False, reason, gen=rec.gen))
+            out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, False, reason)))
 
     def effect_reply_fetch_failed(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(SendTransferDone(inp.peer, rec.key, inp.round, False, reason, gen=inp.gen))
+        out.append(Send(inp.peer, _done(inp.gen, rec.key, inp.round, False, reason)))
 
     def effect_reply_abort_ack(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(SendAbortAck(inp.peer, rec.key, inp.round, gen=inp.gen))
+        out.append(Send(inp.peer, wm.AbortAck(gen=inp.gen, kv_request_id=rec.key, round=inp.round)))
 
     def effect_note_supply_complete(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         rec.supply_complete = True
 
     def effect_note_duplicate(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(Ignored(self.NAME, rec.key, rec.state.value, "duplicate", "stale"))
+        out.append(Ignored(self.NAME, rec.key, rec.state.value, "duplicate", Reason.STALE))
 
     def effect_note_stale(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(Ignored(self.NAME, rec.key, rec.state.value, "other_round", "stale"))
+        out.append(Ignored(self.NAME, rec.key, rec.state.value, "other_round", Reason.STALE))
 
     def effect_note_receipt(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
         rec.receipt = True
@@ -530,3 +508,8 @@ class ProducerMachine(TableMachine):
     def effect_unbind(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         # the peer stays until the index update after this step (it keys the per-peer indexes)
         rec.principal, rec.gen, rec.round, rec.demand, rec.slots = None, 0, -1, (), ()
+
+
+def _done(gen: int, kv_request_id: str, round: int, ok: bool, reason: Reason | None) -> wm.TransferDone:
+    return wm.TransferDone(gen=gen, kv_request_id=kv_request_id, round=round, ok=ok,
+                           reason=reason.value if reason is not None else "")

@@ -1,20 +1,34 @@
 """Session machine: one generation of the control session with one peer.
 
 Theory of operation: a consumer *dials* a producer (``connecting`` → ``handshaking``: our hello
-carries protocol version, block size, layout fingerprint, hash seed and a generation number);
-the producer answers ``hello_ack`` or ``hello_reject`` naming the mismatching field and both
-values.  A producer learns of a consumer from its hello.  While ``ready``, every message restarts
-the liveness timer (pings every ``heartbeat_interval_s`` keep an idle session alive); silence for
-``peer_timeout_s``, a disconnect, a send failure or a restart ends the session (``dead``) and
-every record bound to the peer is told ``peer_lost``.  A reconnect is a new record with a new
-generation; messages tagged with another generation are dropped.
+carries protocol version, block size, layout fingerprint, hash seed, data plane, digest and a
+generation number); the producer answers ``hello_ack`` or ``hello_reject`` naming the mismatching
+field and both values.  A producer learns of a consumer from its hello.  Once the fields match,
+the data plane is given the peer's descriptor (``attaching``); only when the plane took it is the
+session ``ready`` — so accepting a handshake is the core's decision, reported to the plane as an
+effect (``AttachPeer(accepted=...)``), never something the shell infers.
+
+While ``ready``, every message notes when the peer was last heard; the ``heartbeat`` timer fires
+every ``heartbeat_interval_s``: the dialled side pings, and either side ends a session silent for
+``peer_timeout_s`` (so a silent peer is declared lost within ``peer_timeout_s +
+heartbeat_interval_s``).  A disconnect, a closed connection, a send failure or a restart also end
+the session (``dead``), and every record bound to the peer is told ``peer_lost``.  A reconnect is
+a new record with a new generation; messages tagged with another generation are dropped.
+
+Sessions to one producer *instance* share fate: when one dies abnormally the instance is
+*suspect*, and new loads to any session of that instance fail fast (``instance_down``) until one
+of them is heard from again (decision I7).
+
+What crosses machines is not called but queued: ``peer_down`` queues :class:`PeerLost` and
+``flush_queued`` queues :class:`SessionReady` on the core's note queue, which the core routes
+after this transition finished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-import attrs
+import msgspec
 
 from kvtier.lifecycle._machine import Record, TableMachine
 from kvtier.lifecycle._table import (
@@ -23,26 +37,28 @@ from kvtier.lifecycle._table import (
     SESSION_STATE_TIMER,
     SESSION_TABLE,
     SESSION_TIMERS,
+    Reason,
     SessionEffect,
     SessionGuard,
+    SessionState,
 )
-from kvtier.lifecycle.effects import (
-    CloseConnection,
-    Effect,
-    OpenConnection,
-    PeerDown,
-    SendDisconnect,
-    SendHello,
-    SendHelloAck,
-    SendHelloReject,
+from kvtier.lifecycle.effects import AttachPeer, CloseConnection, DetachPeer, Effect, OpenConnection, Send, SessionEnded
+from kvtier.lifecycle.inputs import AttachRefused
+from kvtier.lifecycle.notes import Notes, PeerLost, SessionReady
+from kvtier.wire import messages as wm
+
+#: session endings after which the peer's instance is suspect (decision I7)
+ABNORMAL = frozenset(
+    {Reason.PEER_TIMEOUT, Reason.PEER_DISCONNECTED, Reason.SEND_FAILED, Reason.TRANSFER_STALLED,
+     Reason.ABORT_UNACKNOWLEDGED}
 )
 
 
-@attrs.frozen(slots=True)
-class HelloInput:
-    """What a hello announces. Ours is built from the config and the block pool; the peer's
-    arrives on the wire.  ``gen`` is the dialling side's session generation; ``instance`` names
-    the peer's manager instance (sessions to one instance share fate, B11) and is not compared."""
+class HelloInput(msgspec.Struct, frozen=True):
+    """What a hello announces. Ours is built from the config, the block pool and the data
+    plane; the peer's arrives on the wire.  ``gen`` is the dialling side's session generation;
+    ``instance`` names the peer's manager instance (sessions to one instance share fate) and is
+    not compared, nor is ``descriptor`` (the data plane's, checked by the plane)."""
 
     version: int
     block_bytes: int
@@ -54,6 +70,7 @@ class HelloInput:
     instance: str = ""
     principal: str | None = None
     """Who the peer is: its CURVE principal, else (unauthenticated) its hello ``instance``."""
+    descriptor: bytes = b""
 
     def first_mismatch(self, other: HelloInput) -> tuple[str, str, str] | None:
         """(field, ours, theirs) of the first differing field, in handshake check order."""
@@ -65,7 +82,7 @@ class HelloInput:
 
 
 class SessionRecord(Record):
-    __slots__ = ("gen", "dialled", "instance", "principal", "active")
+    __slots__ = ("gen", "dialled", "instance", "principal", "heard", "active")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, SESSION_INITIAL)
@@ -73,7 +90,8 @@ class SessionRecord(Record):
         self.dialled = False
         self.instance = ""
         self.principal: str | None = None
-        self.active = 0.0  # when the peer last sent something other than a ping
+        self.heard = 0.0  # when the peer was last heard (any message)
+        self.active = 0.0  # when the peer last did work (anything but pings)
 
 
 class SessionMachine(TableMachine):
@@ -88,22 +106,22 @@ class SessionMachine(TableMachine):
     GUARD_ENUM = SessionGuard
     EFFECT_ENUM = SessionEffect
 
+    #: instances remembered as suspect at most (oldest forgotten first): bounded bookkeeping
+    MAX_SUSPECT = 4096
+
     def __init__(
-        self,
-        durations: Mapping[str, float],
-        local: HelloInput,
-        *,
-        gen_base: int,
-        on_peer_down: Callable[[str, str, float, list[Effect]], None],
-        on_ready: Callable[[str, float, list[Effect]], None],
-        max_peers: int = 128,
+        self, durations: Mapping[str, float], local: HelloInput, notes: Notes, *, gen_base: int, max_peers: int = 128
     ) -> None:
+        """``durations``: seconds per config key (the session's timers and ``peer_timeout_s``);
+        ``local``: our hello (``instance`` and ``descriptor`` included); ``notes``: the core's
+        queue for what this machine tells the others."""
         super().__init__(durations)
+        self.peer_timeout_s = float(durations["peer_timeout_s"])
         self.max_peers = max_peers
         self.local = local
+        self._notes = notes
         self._next_gen = gen_base
-        self._on_peer_down = on_peer_down
-        self._on_ready = on_ready
+        self.suspect: dict[str, None] = {}  # insertion-ordered set of suspect instances
 
     def new_record(self, key: str) -> SessionRecord:
         return SessionRecord(key)
@@ -112,21 +130,42 @@ class SessionMachine(TableMachine):
         self._next_gen = (self._next_gen + 1) % (1 << 63)
         return self._next_gen
 
+    # -- reads (the consumer machine and the core ask) -------------------------------------
+    def ready(self, peer: str) -> bool:
+        rec = self.records.get(peer)
+        return rec is not None and rec.state is SessionState.READY
+
+    def gen(self, peer: str) -> int:
+        """The generation our messages to ``peer`` carry (0 when there is no session)."""
+        rec = self.records.get(peer)
+        return rec.gen if rec is not None else 0
+
+    def instance_down(self, peer: str) -> bool:
+        """The session to ``peer`` is ready but its instance is suspect (decision I7)."""
+        rec = self.records.get(peer)
+        return rec is not None and rec.state is SessionState.READY and bool(rec.instance) and rec.instance in self.suspect
+
     # -- guards --------------------------------------------------------------------------------
-    def guard_hello_compatible(self, rec: SessionRecord, inp: HelloInput) -> bool:
+    def guard_hello_compatible(self, rec: SessionRecord, inp: HelloInput, now: float) -> bool:
         return self.local.first_mismatch(inp) is None
 
-    def guard_too_many_peers(self, rec: SessionRecord, inp) -> bool:
+    def guard_too_many_peers(self, rec: SessionRecord, inp, now: float) -> bool:
         return len(self.records) >= self.max_peers
 
-    def guard_same_gen(self, rec: SessionRecord, inp: HelloInput) -> bool:
+    def guard_same_gen(self, rec: SessionRecord, inp: HelloInput, now: float) -> bool:
         return inp.gen == rec.gen
 
-    def guard_peer_shutting_down(self, rec: SessionRecord, inp) -> bool:
-        return getattr(inp, "reason", None) == "shutdown"
+    def guard_peer_shutting_down(self, rec: SessionRecord, inp, now: float) -> bool:
+        return getattr(inp, "reason", None) is Reason.SHUTDOWN
 
-    def guard_capacity_refusal(self, rec: SessionRecord, inp) -> bool:
-        return getattr(inp, "reason", None) == "too_many_peers"
+    def guard_capacity_refusal(self, rec: SessionRecord, inp, now: float) -> bool:
+        return getattr(inp, "reason", None) is Reason.TOO_MANY_PEERS
+
+    def guard_dialled(self, rec: SessionRecord, inp, now: float) -> bool:
+        return rec.dialled
+
+    def guard_silent(self, rec: SessionRecord, inp, now: float) -> bool:
+        return now - rec.heard >= self.peer_timeout_s
 
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
@@ -135,35 +174,63 @@ class SessionMachine(TableMachine):
         out.append(OpenConnection(rec.key))
 
     def effect_send_hello(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        out.append(SendHello(rec.key, rec.gen))
+        h = self.local
+        out.append(Send(rec.key, wm.Hello(
+            gen=rec.gen, version=h.version, instance=h.instance, block_bytes=h.block_bytes, layout=h.layout,
+            hash_seed=h.hash_seed, data_plane=h.data_plane, digest=h.digest, descriptor=h.descriptor)))
 
-    def effect_send_hello_ack(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:
+    def effect_note_peer(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:
         rec.gen = inp.gen
         rec.instance = inp.instance
         rec.principal = inp.principal
-        rec.active = now
-        out.append(SendHelloAck(rec.key, rec.gen))
 
-    def effect_send_hello_reject(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:
-        if reason == "too_many_peers":
-            field, ours, theirs = "max_peers", str(self.max_peers), str(len(self.records) + 1)
+    def effect_note_instance(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        rec.instance = inp.instance
+        self.suspect.pop(inp.instance, None)
+
+    def effect_attach_peer(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        out.append(AttachPeer(rec.key, rec.gen, inp.descriptor, rec.dialled))
+
+    def effect_send_hello_ack(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        out.append(Send(rec.key, wm.HelloAck(gen=rec.gen, instance=self.local.instance, descriptor=self.local.descriptor)))
+
+    def effect_send_hello_reject(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        if isinstance(inp, AttachRefused):
+            gen, field, ours, theirs = inp.gen, "descriptor", "", ""
+        elif reason is Reason.TOO_MANY_PEERS:
+            gen, field, ours, theirs = inp.gen, "max_peers", str(self.max_peers), str(len(self.records) + 1)
         else:
+            gen = inp.gen
             field, ours, theirs = self.local.first_mismatch(inp) or ("", "", "")
             if field == "hash_seed":
                 # The seed keys every block hash: a stranger must not learn it by guessing wrong.
                 # The refusal names the field; our value stays here.
                 ours = ""
-        out.append(SendHelloReject(rec.key, inp.gen, reason or "handshake_mismatch", field, ours, theirs))
+        why = (reason or Reason.HANDSHAKE_MISMATCH).value
+        out.append(Send(rec.key, wm.HelloReject(gen=gen, reason=why, field=field, ours=ours, theirs=theirs)))
 
     def effect_flush_queued(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        self._on_ready(rec.key, now, out)
+        self._notes.append(SessionReady(rec.key))
 
     def effect_reply_unknown_session(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        gen = getattr(inp, "gen", 0)
-        out.append(SendDisconnect(rec.key, gen, "peer_disconnected"))
+        out.append(Send(rec.key, wm.Disconnect(gen=getattr(inp, "gen", 0), reason=Reason.PEER_DISCONNECTED.value)))
+
+    def effect_note_heard(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        rec.heard = now
+        if self.suspect and rec.instance:
+            self.suspect.pop(rec.instance, None)
+
+    def effect_note_active(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        rec.active = now
+
+    def effect_send_ping(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        out.append(Send(rec.key, wm.Ping(gen=rec.gen, t=now)))
+
+    def effect_send_pong(self, rec: SessionRecord, inp: wm.Ping, reason, now, out) -> None:
+        out.append(Send(rec.key, wm.Pong(gen=inp.gen, t=inp.t)))
 
     def effect_send_disconnect(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        out.append(SendDisconnect(rec.key, rec.gen, reason or "shutdown"))
+        out.append(Send(rec.key, wm.Disconnect(gen=rec.gen, reason=(reason or Reason.SHUTDOWN).value)))
 
     def effect_close_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         # inbound connections too: the transport shuts them down, so a peer that stopped reading
@@ -171,5 +238,11 @@ class SessionMachine(TableMachine):
         out.append(CloseConnection(rec.key))
 
     def effect_peer_down(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        out.append(PeerDown(rec.key, reason or "peer_lost"))
-        self._on_peer_down(rec.key, reason or "peer_lost", now, out)
+        why = reason or Reason.PEER_LOST
+        if rec.instance and why in ABNORMAL:
+            self.suspect[rec.instance] = None
+            if len(self.suspect) > self.MAX_SUSPECT:
+                del self.suspect[next(iter(self.suspect))]
+        out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance))
+        out.append(DetachPeer(rec.key))
+        self._notes.append(PeerLost(rec.key, why))

@@ -255,6 +255,12 @@ class InprocTransport:
             self._wake_senders()
         return out
 
+    def service(self, max_messages: int = 1000) -> tuple[list[tuple[str, list[memoryview | bytes]]], list[TransportEvent], bool]:
+        """One pass, as ``ZmqTransport.service``: up to ``max_messages`` messages, every event,
+        and whether the inbox is now empty."""
+        msgs = self.recv(max_messages)
+        return msgs, self.events(), not self._inbox
+
     def wait(self, timeout_s: float) -> bool:
         """Never sleeps. Flushes, then returns True iff the inbox is non-empty."""
         if self._closed:

@@ -190,6 +190,12 @@ class Transport(Protocol):
         """Drain up to ``max_messages`` received messages without blocking."""
         ...
 
+    def service(self, max_messages: int = 1000) -> tuple[list[tuple[str, list[memoryview | bytes]]], list[TransportEvent], bool]:
+        """One non-blocking pass: up to ``max_messages`` received messages, every connection
+        event, and whether every socket was read to empty (then everything that arrived before
+        the pass began was returned)."""
+        ...
+
     def wait(self, timeout_s: float) -> bool:
         """Block until something is readable (True) or ``timeout_s`` passes (False)."""
         ...

@@ -296,6 +296,8 @@ class ZmqTransport:
         self._rid_fd: dict[bytes, int] = {}  # routing id -> fd of its current connection
         self._unbound: dict[int, _Conn] = {}  # accepted, no message yet (accept order)
         self._dealer_mons: dict[str, zmq.Socket] = {}
+        self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
+        self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
         self._mon_n = 0
         self._auth: PrincipalAuthenticator | None = None
         self.idle_dropped = 0
@@ -404,6 +406,8 @@ class ZmqTransport:
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
         self._dealers[address] = sock
         self._dealer_mons[address] = mon
+        self._dealer_peer[sock] = address
+        self._mon_peer[mon] = address
         self._poller = None
         return address
 
@@ -629,6 +633,82 @@ class ZmqTransport:
                     break
         return out
 
+    def service(self, max_messages: int = 1000) -> tuple[list[tuple[str, list[memoryview | bytes]]], list[TransportEvent], bool]:
+        """One non-blocking pass over what the poller reports readable: monitors first (their
+        connection events), then the data sockets, round-robin, until each is empty or
+        ``max_messages`` were read.  Also flushes queued sends and cuts accepted connections
+        whose idle time is up.  Sockets the poller does not report are not touched.
+
+        Returns:
+            ``(messages, events, drained)``: messages as :meth:`recv` returns them, events as
+            :meth:`events` does, and whether every socket was read to empty in this pass (then
+            everything that arrived before the pass began has been returned).
+        """
+        max_messages = _positive_int("max_messages", max_messages)
+        if self._closed:
+            return [], [], True
+        if self._npending:
+            self._flush_all()
+        poller = self._poller if self._poller is not None else self._build_poller(set())
+        try:
+            ready = poller.poll(0)
+        except zmq.ZMQError:
+            return [], [], True
+        data: list[tuple[zmq.Socket, str | None]] = []
+        if ready:
+            rmon, dmons = self._rmon, self._mon_peer
+            for sock, ev in ready:
+                if sock is rmon:
+                    self._drain_router_monitor()
+                elif sock in dmons:
+                    self._drain_dealer_monitor(dmons[sock])
+                elif ev & _POLLIN:
+                    data.append((sock, None if sock is self._router else self._dealer_peer[sock]))
+        if self._idle_timeout_s is not None and self._unbound:
+            self._cut_idle()
+        out: list[tuple[str, list[memoryview | bytes]]] = []
+        drained = True
+        if data:
+            drained = self._read(data, max_messages, out)
+        events: list[TransportEvent] = []
+        if self._events:
+            events = list(self._events)
+            self._events.clear()
+        return out, events, drained
+
+    def _read(self, active: list[tuple[zmq.Socket, str | None]], max_messages: int,
+              out: list[tuple[str, list[memoryview | bytes]]]) -> bool:
+        """Read ``active`` sockets round-robin into ``out``; True when every one is empty."""
+        threshold = self._zc_threshold
+        while active:
+            for entry in list(active):
+                if len(out) >= max_messages:
+                    return False
+                sock, peer = entry
+                try:
+                    parts = sock.recv_multipart(_NOBLOCK, copy=False)
+                except zmq.ZMQError:  # Again: empty now (or a socket error: skip it this pass)
+                    active.remove(entry)
+                    continue
+                if peer is None:
+                    rid = parts[0].bytes
+                    if not self._from_connection(parts[0], rid) or len(parts) < 2:
+                        continue
+                    peer = _IN_PREFIX + rid.hex()
+                    parts = parts[1:]
+                out.append((peer, [p.bytes if len(p) < threshold else p.buffer for p in parts]))
+        return True
+
+    def _cut_idle(self) -> None:
+        cutoff = time.monotonic() - self._idle_timeout_s  # type: ignore[operator]
+        for fd, conn in list(self._unbound.items()):
+            if conn.accepted > cutoff:
+                break  # accept order: the rest are younger
+            del self._unbound[fd]
+            if self._shutdown_conn(conn):
+                conn.dropped = True
+                self.idle_dropped += 1
+
     def _from_connection(self, frame: zmq.Frame, rid: bytes) -> bool:
         """Bind ``rid`` to the connection (fd) ``frame`` came in on. False: drop the message
         (it comes from a connection we dropped)."""
@@ -687,14 +767,7 @@ class ZmqTransport:
         for address in list(self._dealer_mons):
             self._drain_dealer_monitor(address)
         if self._idle_timeout_s is not None and self._unbound:
-            cutoff = time.monotonic() - self._idle_timeout_s
-            for fd, conn in list(self._unbound.items()):
-                if conn.accepted > cutoff:
-                    break  # accept order: the rest are younger
-                del self._unbound[fd]
-                if self._shutdown_conn(conn):
-                    conn.dropped = True
-                    self.idle_dropped += 1
+            self._cut_idle()
         try:
             self._router.get(_EVENTS)
         except zmq.ZMQError:  # pragma: no cover
@@ -921,6 +994,8 @@ class ZmqTransport:
     def _close_dealer(self, address: str) -> None:
         sock = self._dealers.pop(address)
         mon = self._dealer_mons.pop(address)
+        self._dealer_peer.pop(sock, None)
+        self._mon_peer.pop(mon, None)
         try:
             sock.disable_monitor()
         except zmq.ZMQError:  # pragma: no cover

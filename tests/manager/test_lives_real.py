@@ -88,7 +88,7 @@ def test_b14_straggler_of_a_pruned_life_never_touches_the_next_life(make_manager
         raw.receipt("kv-life", 7)
         assert _result(p, pjobs, 1).success
         p.on_request_finished(r1)
-        assert pump_until(lambda: p.core.producer.state_of("kv-life") is ProducerState.ABSENT, timeout_s=BOUND_S)
+        assert pump_until(lambda: p.core.producer_state("kv-life") is ProducerState.ABSENT, timeout_s=BOUND_S)
 
         r2 = producer_req("p-life-2", "kv-life")
         p.on_new_request(r2)
@@ -101,7 +101,7 @@ def test_b14_straggler_of_a_pruned_life_never_touches_the_next_life(make_manager
         raw.receipt("kv-life", 7)
         raw.ping()  # answered after the receipt was applied (one FIFO connection)
         raw.expect(wm.Pong, timeout_s=BOUND_S, skip=())
-        assert p.core.producer.state_of("kv-life") is ProducerState.PARKED
+        assert p.core.producer_state("kv-life") is ProducerState.PARKED
         pjobs.pump()
         assert not pjobs.has(2), pjobs.by_id
 
@@ -109,7 +109,7 @@ def test_b14_straggler_of_a_pruned_life_never_touches_the_next_life(make_manager
         raw.receipt("kv-life", 8)
         r = _result(p, pjobs, 2)
         assert (r.success, r.reason) == (True, None)
-        assert p.core.producer.state_of("kv-life") is ProducerState.DONE
+        assert p.core.producer_state("kv-life") is ProducerState.DONE
     assert pjobs.total() == 2
     assert metric(p, "kvtier_internal_errors_total") == 0
 
@@ -134,7 +134,7 @@ def test_duplicate_hello_on_a_ready_session_is_answered_and_loads_continue(make_
         assert _serve(raw, "kv-dup", 1, keys_for("kv-dup", 1)) == stored
         raw.receipt("kv-dup", 1)
         assert _result(p, pjobs, 1).success
-        assert p.core.sessions.records[peer].state is SessionState.READY
+        assert p.core.session_state(peer) is SessionState.READY
 
         raw.gen += 1  # the peer restarted: a new generation on the same connection
         raw.hello()
@@ -171,12 +171,12 @@ def test_producer_request_finished_with_nothing_stored_is_refused_in_one_round_t
     c.on_new_request(creq)
     if order == "finish_then_fetch":
         p.on_request_finished(preq)
-        assert p.core.producer.state_of("kv-none") is ProducerState.TOMBSTONED
+        assert p.core.producer_state("kv-none") is ProducerState.TOMBSTONED
         c.submit_load(job(1, keys_for("kv-none", 2), [0, 1], creq))
         want = "nothing_stored"
     else:
         c.submit_load(job(1, keys_for("kv-none", 2), [0, 1], creq))
-        assert pump_until(lambda: p.core.producer.state_of("kv-none") is ProducerState.AWAITING, managers=[p, c],
+        assert pump_until(lambda: p.core.producer_state("kv-none") is ProducerState.AWAITING, managers=[p, c],
                           timeout_s=BOUND_S)
         p.on_request_finished(preq)
         want = "incomplete"

@@ -282,7 +282,7 @@ def test_duplicate_job_id_raises_and_leaves_the_first_job_alone(mgr):
     with pytest.raises(DuplicateJob):  # job ids are unique across stores and loads
         mgr.submit_load(job(1, [b"c"], [2], creq))
     assert mgr.get_finished_jobs() == []
-    assert list(mgr._jobs) == [1]
+    assert mgr.jobs_in_flight() == {1}
     mgr.drain_jobs(timeout_s=5.0)
     assert [(r.job_id, r.success, r.reason) for r in mgr.get_finished_jobs()] == [(1, False, "drained")]
 
@@ -327,7 +327,7 @@ def test_slot_outside_pool_or_not_an_int_raises_value_error(mgr, slot):
         mgr.submit_load(job(2, [b"a"], [slot], creq))
     # nothing was registered: the same job ids are still free
     mgr.submit_store(job(1, [b"a"], [0], req))
-    assert list(mgr._jobs) == [1]
+    assert mgr.jobs_in_flight() == {1}
 
 
 @pytest.mark.parametrize(
@@ -386,7 +386,7 @@ def test_malformed_kv_transfer_params_raise_value_error_naming_the_field(mgr, pa
         mgr.on_new_request(req)
     with pytest.raises(UnknownRequest):  # the bad request was not registered
         mgr.submit_store(job(1, [b"a"], [0], req))
-    assert mgr.core.sessions.records == {}  # and nothing was dialled
+    assert mgr.core.sessions() == []  # and nothing was dialled
 
 
 def test_request_announced_twice_with_different_params_raises(mgr):
@@ -434,7 +434,7 @@ def test_wrong_types_in_api_calls_raise_type_error_naming_the_argument(mgr):
     with pytest.raises(TypeError, match="job 1: slots must be a tuple or list, got generator"):
         mgr.submit_store(TransferJob(job_id=1, keys=(b"a",), slots=(s for s in [0]), req=req))
     mgr.submit_store(job(1, [b"a"], [0], req))  # job 1 was never registered by the refusals
-    assert list(mgr._jobs) == [1]
+    assert mgr.jobs_in_flight() == {1}
 
 
 def test_manager_without_a_block_pool_raises_type_error():

@@ -44,22 +44,23 @@ CCFG = {**HB, "load_timeout_s": 10.0, "fetch_supply_timeout_s": 5.0}
 
 
 def _record_order(p):
-    """Wrap the producer's plane reports and job results: one list, in the order they happened,
-    each with how many transfers the plane still referenced at that moment."""
+    """Wrap the producer's plane reports and its job-result handover: one list, in the order they
+    happened, each with how many transfers the plane still referenced at that moment."""
     events: list[tuple] = []
-    poll, finish = p.plane.poll, p._finish_job
+    poll, take = p.plane.poll, p.get_finished_jobs
 
     def plane_poll():
         out = poll()
         events.extend(("released", r.kv_request_id, r.failed, p.plane.referenced()) for r in out)
         return out
 
-    def finish_job(job_id, ok, reason):
-        events.append(("job", job_id, ok, reason, p.plane.referenced()))
-        finish(job_id, ok, reason)
+    def get_finished_jobs():
+        out = take()
+        events.extend(("job", r.job_id, r.success, r.reason, p.plane.referenced()) for r in out)
+        return out
 
     p.plane.poll = plane_poll
-    p._finish_job = finish_job
+    p.get_finished_jobs = get_finished_jobs
     return events
 
 
@@ -86,11 +87,11 @@ def test_consumer_killed_mid_transfer_fails_the_store_only_after_the_plane_relea
     p.submit_store(job(1, keys, list(range(n)), preq))
 
     victim.call("announce", req_id="c-kv-cut", kv_id="kv-cut", host=p.host, port=p.port)
-    assert pump_until(lambda: any(r.state.value == "ready" for r in p.core.sessions.records.values()),
+    assert pump_until(lambda: any(r.state.value == "ready" for r in p.core.sessions()),
                       managers=[p]), "no session"
     victim.pause()  # from now on the consumer reads nothing and makes no NIXL progress
     victim.load("kv-cut", 7, keys, list(range(n)), host=p.host, port=p.port)
-    assert pump_until(lambda: p.core.producer.state_of("kv-cut").value in ("serving", "delivering"),
+    assert pump_until(lambda: p.core.producer_state("kv-cut").value in ("serving", "delivering"),
                       managers=[p], jobs=[pjobs])
     in_flight = p.plane.referenced() > 0
     victim.kill()
@@ -228,7 +229,7 @@ def test_nixl_unanswered_abort_holds_the_slots_until_a_fresh_handshake_proves_th
     producer.pause()
     try:
         c.submit_load(job(5, keys, dst, req))
-        state = lambda: c.core.consumer.state_of("kv-wedged")  # noqa: E731
+        state = lambda: c.core.consumer_state("kv-wedged")  # noqa: E731
         assert pump_until(lambda: state() is ConsumerState.REVOKING, jobs=[jobs]), state()
         pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)
         assert not jobs.has(5)  # the slots are not handed back while the producer may write
@@ -239,7 +240,7 @@ def test_nixl_unanswered_abort_holds_the_slots_until_a_fresh_handshake_proves_th
     # the producer serves the stale fetch, then learns the session is gone; it stays alive
     assert pump_until(lambda: producer.state("kv-wedged") == "tombstoned", managers=[c], jobs=[jobs])
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)
-    assert not jobs.has(5) and c.core.consumer.state_of("kv-wedged") is ConsumerState.REVOKING
+    assert not jobs.has(5) and c.core.consumer_state("kv-wedged") is ConsumerState.REVOKING
     # whatever is in the held slots is the sentinel or the parked bytes, nothing else
     assert all(d in (sentinel_digest(BB), s) for d, s in zip(digests(c.pool, dst), stored["digests"]))
 

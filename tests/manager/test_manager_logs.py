@@ -24,7 +24,7 @@ def _session(make_manager, cfg=None):
     p = make_manager(dict(cfg or {}))
     c = make_manager(dict(cfg or {}))
     c.on_new_request(consumer_req("c1", "kv-log", p.host, p.port))
-    assert pump_until(lambda: c.core.session_ready(p.address) and len(p.core.sessions.records) == 1,
+    assert pump_until(lambda: c.core.session_ready(p.address) and len(p.core.sessions()) == 1,
                       managers=[p, c])
     return p, c
 

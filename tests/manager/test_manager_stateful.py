@@ -145,7 +145,7 @@ class ManagerPair(RuleBasedStateMachine):
             self.v.step()
         req = self.c_reqs.get(kv)
         if req is None:
-            if self.v.C.core.consumer.state_of(kv).value != "absent":
+            if self.v.C.core.consumer_state(kv).value != "absent":
                 # The previous request's record is still alive (cancelling): announcing a new
                 # request for the same id now hits a known bug, pinned by
                 # test_reused_kv_request_id_on_the_consumer_never_leaks_a_job (xfail).
@@ -211,7 +211,7 @@ class ManagerPair(RuleBasedStateMachine):
     @rule()
     def drain_producer(self) -> None:
         self.v.P.drain_jobs(timeout_s=5.0)  # must return: nothing on the producer side waits
-        assert not self.v.P._jobs
+        assert not self.v.P.jobs_in_flight()
         self._after()
 
     @precondition(lambda self: self.v.P is not None)
@@ -255,7 +255,7 @@ class ManagerPair(RuleBasedStateMachine):
             assert not self.p_out, f"store jobs without a result after every deadline: {sorted(self.p_out)}"
             assert not self.c_out, f"load jobs without a result after every deadline: {sorted(self.c_out)}"
             for m in (self.v.P, self.v.C):
-                assert m._jobs == {}
+                assert not m.jobs_in_flight()
                 assert metric_internal(m) == 0, "the manager caught an internal error (e.g. a duplicate job result)"
         finally:
             self.v.close()

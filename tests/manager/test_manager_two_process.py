@@ -572,6 +572,6 @@ def test_idle_session_is_kept_alive_by_heartbeats(producer, make_manager):
     peer = f"{producer.host}:{producer.port}"
     assert pump_until(lambda: c.core.session_ready(peer), managers=[c])
     pump_until(lambda: False, managers=[c], timeout_s=2.0)
-    assert c.core.sessions.records[peer].state is SessionState.READY
+    assert c.core.session_state(peer) is SessionState.READY
     assert metric_sum(c, "kvtier_session_ends_total") == 0
     assert metric_sum(producer.stats(), "kvtier_session_ends_total") == 0

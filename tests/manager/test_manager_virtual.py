@@ -70,13 +70,8 @@ def _store(v: VirtualPair, kv: str, job_id: int, slots, seed: int, *, keys=None,
 
 
 def _no_refs(m: KvTierManager, kv: str) -> None:
-    prod = m.core.producer
-    assert kv not in prod.records
-    assert kv not in prod.retained
-    assert all(kv not in ids for ids in prod.by_peer.values())
-    assert all(k != kv for _, _, k in prod._deadlines._heap)
-    assert all(j.kv_request_id != kv for j in m._jobs.values())
-    assert all(key[0] != kv for key in m.plane._xfers)
+    assert not m.core.tracks(kv)
+    assert not m.jobs_in_flight(kv)
 
 
 # -- B01 -----------------------------------------------------------------------------------------
@@ -87,10 +82,10 @@ def test_b01_late_fetch_refused_in_one_rtt_with_zero_data(pairs):
     P, C = v.P, v.C
     _store(v, "A", 1, [0, 1, 2, 3], seed=1)
     v.advance_to(59.75)
-    assert not v.pjobs.has(1) and P.core.producer.state_of("A").value == "parked"
+    assert not v.pjobs.has(1) and P.core.producer_state("A").value == "parked"
     v.advance_to(60.0)
     assert _outcome(v.pjobs, 1) == (False, "reaped")
-    assert P.core.producer.state_of("A").value == "tombstoned"
+    assert P.core.producer_state("A").value == "tombstoned"
 
     v.advance_to(61.0)  # B reuses the 4 slots A's store job released
     _, dig_b = _store(v, "B", 2, [0, 1, 2, 3], seed=2)
@@ -111,9 +106,9 @@ def test_b01_late_fetch_refused_in_one_rtt_with_zero_data(pairs):
     assert not v.pjobs.has(2)
 
     v.advance_to(119.75)
-    assert P.core.producer.state_of("A").value == "tombstoned"
+    assert P.core.producer_state("A").value == "tombstoned"
     v.advance_to(120.0)
-    assert P.core.producer.state_of("A").value == "absent"  # pruned
+    assert P.core.producer_state("A").value == "absent"  # pruned
     _no_refs(P, "A")
 
     # t=125: a fetch(A) is now an unknown id: it waits for blocks (B15), never gets data
@@ -123,7 +118,7 @@ def test_b01_late_fetch_refused_in_one_rtt_with_zero_data(pairs):
     C.on_new_request(ca2)
     C.submit_load(job(11, keys_for("A", 4), [4, 5, 6, 7], ca2))
     v.step()
-    assert P.core.producer.state_of("A").value == "awaiting"
+    assert P.core.producer_state("A").value == "awaiting"
     v.advance_to(134.75)
     assert not v.cjobs.has(11)
     v.advance_to(135.0)  # fetch_supply_timeout_s = 10
@@ -203,12 +198,12 @@ def test_b03_store_after_reap_fails_at_once_and_never_reparks(pairs):
     v.advance_to(61.0)
     fill_pattern(P.pool, [1], seed=2)
     P.submit_store(job(2, [b"b2"], [1], req))  # a late chunk of the same prefill
-    assert [(r.job_id, r.success, r.reason) for r in P._results] == [(2, False, "reaped")]  # in the call
+    assert not P.jobs_in_flight() and P.outstanding_jobs() == {2}  # answered in the call, not collected
     v.step()
     assert _outcome(v.pjobs, 2) == (False, "reaped")
-    rec = P.core.producer.records["A"]
-    assert rec.state.value == "tombstoned" and rec.blocks == {} and not rec.jobs
-    assert not P._jobs  # nothing pinned for A
+    rec = P.core.producer("A")
+    assert rec.state.value == "tombstoned" and rec.parked == () and not rec.jobs
+    assert not P.outstanding_jobs()  # nothing pinned for A
 
     v.advance_to(62.0)
     ca = v.creq("c-A", "A")
@@ -217,9 +212,9 @@ def test_b03_store_after_reap_fails_at_once_and_never_reparks(pairs):
     v.step()
     assert _outcome(v.cjobs, 10) == (False, "reaped")
     v.advance_to(119.75)
-    assert P.core.producer.state_of("A").value == "tombstoned"
+    assert P.core.producer_state("A").value == "tombstoned"
     v.advance_to(120.0)  # retention counted from the reap, not extended by the store at 61
-    assert P.core.producer.state_of("A").value == "absent"
+    assert P.core.producer_state("A").value == "absent"
     _no_refs(P, "A")
     assert metric(P, "kvtier_block_bytes_sent_total") == 0
 
@@ -236,7 +231,7 @@ def test_b05_consumer_rejects_before_fetching_producer_frees_blocks_in_one_rtt(p
     v.advance_to(1.0)
     v.C.on_request_finished(ca)  # rejected before it was ever scheduled: no load, no fetch
     v.step()
-    assert v.P.core.producer.state_of("A").value == "tombstoned"
+    assert v.P.core.producer_state("A").value == "tombstoned"
     assert _outcome(v.pjobs, 1) == (False, "aborted")
 
 
@@ -249,13 +244,13 @@ def test_b05_cancel_during_load_before_store_tombstones_and_refuses_the_later_st
     C.on_new_request(ca)
     C.submit_load(job(10, keys_for("A", 4), [0, 1, 2, 3], ca))
     v.step()
-    assert P.core.producer.state_of("A").value == "awaiting"
+    assert P.core.producer_state("A").value == "awaiting"
     v.advance_to(1.0)
     C.on_request_finished(ca)
     v.step()
     assert _outcome(v.cjobs, 10) == (False, "cancelled")
-    assert P.core.producer.state_of("A").value == "tombstoned"
-    assert P.core.producer.records["A"].reason == "aborted"
+    assert P.core.producer_state("A").value == "tombstoned"
+    assert P.core.producer("A").reason == "aborted"
     v.advance_to(2.0)
     _store(v, "A", 1, [0, 1, 2, 3], seed=1)
     v.step()
@@ -285,7 +280,7 @@ def test_b09_silent_producer_all_loads_fail_once_by_peer_timeout(pairs):
         C.submit_load(job(jid, keys_for(kv, len(slots)), slots, r))
         loads[jid] = (kv, r, slots)
     v.step()
-    assert v.P.core.producer.state_of("A").value == "awaiting"  # the prefill is still running
+    assert v.P.core.producer_state("A").value == "awaiting"  # the prefill is still running
     v.advance_to(0.5)
     v.net.partition(v.P_ADDR, v.C_ADDR)  # power lost: nothing more arrives, not even a FIN/RST
     v.advance_to(0.5 + 5.0 + 1.0)
@@ -314,7 +309,7 @@ def test_b09_load_timeout_then_abort_ack_timeout_when_liveness_is_slower(pairs):
     v.advance_to(29.75)
     assert not v.cjobs.has(10)
     v.advance_to(30.0)
-    assert C.core.consumer.state_of("A").value in ("aborting", "failed")
+    assert C.core.consumer_state("A").value in ("aborting", "failed")
     v.advance_to(30.0 + 5.0)  # abort_ack_timeout_s = 5
     assert _outcome(v.cjobs, 10) == (False, "load_timeout")
     assert digests(C.pool, [0, 1, 2, 3]) == [sentinel_digest(BB)] * 4
@@ -339,7 +334,7 @@ def test_load_timeout_abort_is_acknowledged_and_late_data_is_dropped(pairs):
     v.advance_to(1.0)
     C.submit_load(job(10, keys_for("A", 4), [4, 5, 6, 7], ca))
     v.advance_to(31.0)  # T_load after the submit
-    assert C.core.consumer.state_of("A").value == "aborting"
+    assert C.core.consumer_state("A").value == "aborting"
     assert not v.cjobs.has(10)
     v.advance_to(32.0)
     v.frozen.discard("P")
@@ -364,15 +359,15 @@ def test_liveness_timeout_when_pings_stop_arriving_then_a_new_session_works(pair
     C.on_new_request(ca)
     C.submit_load(job(10, keys_for("A", 2), [0, 1], ca))
     v.step()
-    assert P.core.producer.state_of("A").value == "awaiting"
+    assert P.core.producer_state("A").value == "awaiting"
     v.advance_to(1.0)
     v.net.partition(v.P_ADDR, v.C_ADDR)
     v.advance_to(8.0)
     assert _outcome(v.cjobs, 10) == (False, "peer_timeout")
     assert metric(C, "kvtier_session_ends_total", reason="peer_timeout") == 1
     assert metric(P, "kvtier_session_ends_total", reason="peer_timeout") == 1
-    assert P.core.producer.state_of("A").value == "tombstoned"
-    assert P.core.producer.records["A"].reason == "peer_lost"
+    assert P.core.producer_state("A").value == "tombstoned"
+    assert P.core.producer("A").reason == "peer_lost"
 
     v.net.heal(v.P_ADDR, v.C_ADDR)
     _, dig = _store(v, "B", 1, [5, 6], seed=9)
@@ -397,7 +392,7 @@ def test_b10_handshake_never_acknowledged_fails_queued_load_at_handshake_timeout
     assert C.lookup(keys_for("A", 1)[0], ca) is LookupResult.HIT
     C.submit_load(job(10, keys_for("A", 2), [0, 1], ca))
     v.step()
-    assert C.core.consumer.state_of("A").value == "queued"
+    assert C.core.consumer_state("A").value == "queued"
     v.advance_to(4.75)
     assert not v.cjobs.has(10)
     v.advance_to(5.0)  # handshake_timeout_s = 5
@@ -419,7 +414,7 @@ def test_b16_consumer_never_shows_up_reap_then_prune_leaves_no_trace(pairs):
     assert not v.pjobs.has(1)
     v.advance_to(60.0)
     assert _outcome(v.pjobs, 1) == (False, "reaped")
-    assert P.core.producer.state_of("A").value == "tombstoned"
+    assert P.core.producer_state("A").value == "tombstoned"
     v.advance_to(120.0)
     _no_refs(P, "A")
     assert metric_sum(P, "kvtier_parked_ids") == 0 and metric_sum(P, "kvtier_retained_ids") == 0
@@ -442,7 +437,7 @@ def test_b16_reaper_runs_without_any_engine_call():
         end = time.monotonic() + 8.0
         while time.monotonic() < end:
             with m._lock:
-                gone = "A" not in m.core.producer.records and not m._jobs
+                gone = m.core.producer("A") is None and not m.jobs_in_flight()
             if gone:
                 break
             time.sleep(0.02)
@@ -488,12 +483,12 @@ def test_b17_transfer_failure_is_told_to_the_consumer_at_once(pairs):
     assert v.now == 1.0
     assert _outcome(v.cjobs, 10) == (False, "transfer_failed")  # the consumer falls back now
     assert _outcome(v.pjobs, 1) == (False, "transfer_failed")  # the producer released A's blocks
-    assert P.core.producer.state_of("A").value == "tombstoned"
+    assert P.core.producer_state("A").value == "tombstoned"
     assert digests(C.pool, [0, 1, 2, 3]) == [sentinel_digest(BB)] * 4
 
     # a late duplicate failure and a malformed message for the cleared id are ignored
     gen = P.core.session_gen("in:" + v.C_ADDR)
-    rnd = C.core.consumer.records["A"].round
+    rnd = C.core.consumer("A").round
     flaky.send("in:" + v.C_ADDR, encode_frames(wm.TransferDone(gen=gen, kv_request_id="A", round=rnd, ok=False,
                                                                reason="transfer_failed")))
     flaky.send("in:" + v.C_ADDR, [b"\xc1garbage"])
@@ -524,7 +519,7 @@ def test_producer_restart_fails_old_loads_once_drops_stale_generation_new_loads_
         C.submit_load(job(jid, keys_for(kv, 1), [jid - 10], r))
         old[jid] = r
     v.step()
-    assert C.core.consumer.state_of("K1").value == "in_flight"
+    assert C.core.consumer_state("K1").value == "in_flight"
 
     v.crash_producer()
     v.advance_to(0.5)
@@ -549,18 +544,17 @@ def test_producer_restart_fails_old_loads_once_drops_stale_generation_new_loads_
     C.transport.send(v.P_ADDR, encode_frames(wm.Fetch(gen=old_gen, kv_request_id="K-stale", round=999,
                                                       keys=[b"x"])))
     v.step()
-    assert P2.core.producer.state_of("K-stale").value == "absent"
+    assert P2.core.producer_state("K-stale").value == "absent"
     assert metric(P2, "kvtier_ignored_inputs_total", machine="session", reason="stale") == stale_before + 1
     c_stale_before = metric(C, "kvtier_ignored_inputs_total", machine="session", reason="stale")
-    rnd_guess = C.core.consumer._next_round
+    C.submit_load(job(13, keys_for("K3", 2), [5, 6], c3))
+    live_round = C.core.consumer("K3").round
+    # an answer of the old session that names the live load's very round: dropped by generation
     P2.transport.send("in:" + v.C_ADDR, encode_frames(wm.TransferDone(
-        gen=old_gen, kv_request_id="K3", round=rnd_guess, ok=False, reason="reaped")))
+        gen=old_gen, kv_request_id="K3", round=live_round, ok=False, reason="reaped")))
     v.step()
     assert metric(C, "kvtier_ignored_inputs_total", machine="session", reason="stale") == c_stale_before + 1
     assert C.core.session_ready(v.P_ADDR)
-
-    C.submit_load(job(13, keys_for("K3", 2), [5, 6], c3))
-    v.step()
     assert _outcome(v.cjobs, 13) == (True, None)
     assert digests(C.pool, [5, 6]) == dig3
     assert _outcome(v.pjobs, 2) == (True, None)
@@ -596,8 +590,8 @@ def test_reused_kv_request_id_on_the_consumer_never_leaks_a_job(pairs, first_req
     if first_request_state == "loaded":
         C.on_request_finished(c1)
     v.advance(40.0)
-    assert C.core.consumer.state_of("A").value == "absent"
-    assert 2 not in C._jobs and not v.cjobs.has(2)
+    assert C.core.consumer_state("A").value == "absent"
+    assert 2 not in C.outstanding_jobs() and not v.cjobs.has(2)
     assert len(v.cjobs.by_id.get(1, [])) == 1
     assert C.on_new_request(c2) == "consumer"  # the id is free again
 
@@ -625,11 +619,11 @@ def test_confirmed_transfer_waits_for_the_release_and_quarantines_past_its_deadl
     C.submit_load(job(10, keys_for("A", 2), [0, 1], ca))
     v.step()
     assert _outcome(v.cjobs, 10) == (True, None)  # the last block landed and matched
-    assert P.core.producer.state_of("A").value == "confirmed"  # receipt in, frames still held
+    assert P.core.producer_state("A").value == "confirmed"  # receipt in, frames still held
     v.advance_to(10.75)
     assert not v.pjobs.has(1)
     v.advance_to(11.0)
-    assert P.core.producer.state_of("A").value == "quarantined"
+    assert P.core.producer_state("A").value == "quarantined"
     assert not v.pjobs.has(1)  # never reported while the transport references the blocks
     assert P.quarantined() == (1, 2)
     assert metric(P, "kvtier_session_ends_total", reason="transfer_stalled") == 1
@@ -638,7 +632,7 @@ def test_confirmed_transfer_waits_for_the_release_and_quarantines_past_its_deadl
     P.transport.complete()
     v.step()
     assert _outcome(v.pjobs, 1) == (True, None)
-    assert P.core.producer.state_of("A").value == "done"
+    assert P.core.producer_state("A").value == "done"
     v.advance_to(60.0)
     assert v.cjobs.total() == 1 and v.pjobs.total() == 1
 
@@ -656,7 +650,7 @@ def test_b12_fetch_for_missing_blocks_after_the_prefill_finished_is_refused_in_o
     v.step()
     assert _outcome(v.cjobs, 10) == (False, "incomplete")
     assert _outcome(v.pjobs, 1) == (False, "incomplete")  # A's blocks released at once
-    assert P.core.producer.state_of("A").value == "tombstoned"
+    assert P.core.producer_state("A").value == "tombstoned"
     assert metric(P, "kvtier_block_bytes_sent_total") == 0
 
 
@@ -672,7 +666,7 @@ def test_b12_fetch_for_missing_blocks_is_answered_by_supply_timeout_not_t_load(p
     C.on_new_request(ca)
     C.submit_load(job(10, keys_for("A", 5), [0, 1, 2, 3, 4], ca))
     v.step()
-    assert P.core.producer.state_of("A").value == "awaiting"
+    assert P.core.producer_state("A").value == "awaiting"
     v.advance_to(12.0)
     assert _outcome(v.cjobs, 10) == (False, "supply_timeout")
     assert _outcome(v.pjobs, 1) == (False, "supply_timeout")  # A's blocks released
@@ -695,7 +689,7 @@ def test_b13_reused_kv_request_id_on_the_producer_is_refused_and_the_first_owner
     assert _outcome(v.cjobs, 10) == (True, None)
     assert digests(C.pool, [0, 1, 2, 3]) == dig  # r1's blocks, not r2's
     assert _outcome(v.pjobs, 1) == (True, None)
-    assert not P._jobs and P.core.producer.records["A"].blocks == {}
+    assert not P.jobs_in_flight() and P.core.producer("A").parked == ()
 
 
 def test_b15_demand_for_never_stored_ids_is_bounded_and_does_not_block_legit_transfers(pairs):
@@ -735,7 +729,7 @@ def test_b20_zero_block_store_and_load_complete_at_once(pairs):
     v.step()
     assert _outcome(v.pjobs, 1) == (True, None)
     assert _outcome(v.cjobs, 10) == (True, None)
-    assert P.core.producer.state_of("A").value == "absent"  # nothing pinned, nothing retained
+    assert P.core.producer_state("A").value == "absent"  # nothing pinned, nothing retained
     assert metric(P, "kvtier_block_bytes_sent_total") == 0
 
 
@@ -756,7 +750,7 @@ def test_b29_fetching_a_subset_releases_every_parked_block(pairs):
     assert _outcome(v.cjobs, 10) == (True, None)
     assert digests(C.pool, range(6)) == [pattern_digest(4, i, BB) for i in range(1, 7)]
     assert _outcome(v.pjobs, 1) == (True, None) and _outcome(v.pjobs, 2) == (True, None)
-    assert not P._jobs and P.core.producer.records["A"].blocks == {}
+    assert not P.jobs_in_flight() and P.core.producer("A").parked == ()
     assert metric(P, "kvtier_block_bytes_sent_total") == 6 * BB
 
 
@@ -770,7 +764,7 @@ def test_fetch_over_the_producers_header_limit_is_refused_at_submit(pairs):
     C.on_new_request(ca)
     with pytest.raises(ValueError, match="max_message_bytes"):
         C.submit_load(job(10, keys, list(range(n)), ca))
-    assert 10 not in C._jobs
+    assert 10 not in C.outstanding_jobs()
 
 
 def test_fetch_refused_by_a_producer_with_a_smaller_limit_fails_at_once(pairs):
@@ -812,7 +806,7 @@ def test_b24_fetches_waiting_in_the_socket_beat_the_reap_after_a_stall(pairs, n)
     for i, r in enumerate(reqs):
         C.submit_load(job(10_000 + i, keys_for(f"id{i}", 1), [n + i], r))
     v.advance_to(70.0)  # the producer polls nothing meanwhile: its reap deadlines (60 s) pass
-    assert P.core.producer.state_of("id0").value == "parked"
+    assert P.core.producer_state("id0").value == "parked"
     v.frozen.discard("P")
     v.step()
     assert metric(P, "kvtier_jobs_total", kind="store", outcome="fail", reason="reaped") == 0

@@ -86,7 +86,7 @@ class _Watch:
 
     def step(self) -> None:
         self.p.poll(0.002)
-        st = self.p.core.producer.state_of(self.kv)
+        st = self.p.core.producer_state(self.kv)
         if not self.states or self.states[-1] != st.value:
             self.states.append(st.value)
             self.referenced_when.setdefault(st.value, self.p.plane.referenced())
@@ -105,8 +105,8 @@ def _stalled_transfer_trial(p, pjobs: Jobs, consumer, trial: int, *, throttle: f
     dst = list(range(N))
     assert consumer.load(kv, cjob, keys, dst, host=p.host, port=p.port, sentinel=SENTINEL) == []
     # fetch before store: the transfer starts only once the consumer is already stopped
-    assert pump_until(lambda: p.core.producer.state_of(kv) is ProducerState.AWAITING, managers=[p],
-                      timeout_s=BOUND_S), p.core.producer.state_of(kv)
+    assert pump_until(lambda: p.core.producer_state(kv) is ProducerState.AWAITING, managers=[p],
+                      timeout_s=BOUND_S), p.core.producer_state(kv)
     stalled0 = metric(p, "kvtier_session_ends_total", reason="transfer_stalled")
     w = _Watch(p, pjobs, kv)
     ctl = wedge.Throttle(consumer.pid, run_s=0.002, stop_s=throttle) if throttle else None
@@ -248,11 +248,11 @@ def test_store_never_succeeds_without_the_consumers_receipt(make_manager, n, blo
         assert stop_after <= got <= n
         # alive, not reading (or done reading), no receipt: the store job has no result
         pump_until(lambda: False, managers=[p], jobs=[pjobs], timeout_s=0.5)
-        state = p.core.producer.state_of(kv)
+        state = p.core.producer_state(kv)
         assert not pjobs.has(1), pjobs.by_id
         assert state in (ProducerState.SERVING, ProducerState.DELIVERING), state
         if got == n:  # every byte went out: the plane released them, only the receipt is missing
-            assert pump_until(lambda: p.core.producer.state_of(kv) is ProducerState.DELIVERING, managers=[p])
+            assert pump_until(lambda: p.core.producer_state(kv) is ProducerState.DELIVERING, managers=[p])
         child.kill()
     assert pump_until(lambda: pjobs.has(1), managers=[p], jobs=[pjobs], timeout_s=BOUND_S)
     pump_until(lambda: False, managers=[p], jobs=[pjobs], timeout_s=0.2)
@@ -308,22 +308,22 @@ def test_b21_shutdown_mid_transfer_with_a_wedged_consumer(producer, victim, make
     wedge_slots = list(range(8, 8 + N))
     wedged.load("kv-wedged", 301, keys_for("kv-wedged", N), list(range(N)), host=host, port=port)
     for kv in ("kv-await", "kv-wedged"):
-        assert pump_until(lambda kv=kv: p.core.producer.state_of(kv) is ProducerState.AWAITING, managers=[p],
+        assert pump_until(lambda kv=kv: p.core.producer_state(kv) is ProducerState.AWAITING, managers=[p],
                           timeout_s=BOUND_S), kv
     slow = wedge.Throttle(healthy.pid, run_s=0.002, stop_s=0.1) if healthy_speed == "slow" else None
     wedge.stop(wedged.pid)
     try:
         store("kv-wedged", 3, wedge_slots, seed=3)
-        assert p.core.producer.state_of("kv-wedged") is ProducerState.SERVING
+        assert p.core.producer_state("kv-wedged") is ProducerState.SERVING
         # the big transfer to the healthy consumer: shut down as soon as it is under way
         big_slots = list(range(8 + N, 8 + 2 * N))
         big = store("kv-big", 4, big_slots, seed=4)
         healthy.load("kv-big", 203, keys_for("kv-big", N), list(range(N)), host=host, port=port)
         if slow is not None:
             wedge.stop(healthy.pid)  # the throttle lets it run again, a little at a time
-        assert pump_until(lambda: p.core.producer.state_of("kv-big") is not ProducerState.PARKED, managers=[p],
+        assert pump_until(lambda: p.core.producer_state("kv-big") is not ProducerState.PARKED, managers=[p],
                           timeout_s=BOUND_S)
-        big_state = p.core.producer.state_of("kv-big")
+        big_state = p.core.producer_state("kv-big")
         if slow is not None:
             slow.start()
         t0 = time.monotonic()

@@ -208,15 +208,15 @@ def test_b11_a_dead_rank_fails_new_loads_to_its_sibling_until_the_sibling_is_hea
     assert pump_until(lambda: all(_session_ready(c, r.host, r.port) for r in (rank0, rank1)), managers=[c],
                       timeout_s=BOUND_S)
     p0, p1 = f"{rank0.host}:{rank0.port}", f"{rank1.host}:{rank1.port}"
-    assert c.core.sessions.records[p0].instance == c.core.sessions.records[p1].instance == "pod-x"
+    assert c.core.session(p0).instance == c.core.session(p1).instance == "pod-x"
     before = rank1.store("kv-before", 1, keys_for("kv-before", 1), [0], seed=110)
     after = rank1.store("kv-after", 2, keys_for("kv-after", 2), [1, 2], seed=111)
 
     rank1.pause()  # silent: it answers no ping until resumed
     try:
         rank0.kill()
-        assert pump_until(lambda: c.core.sessions.records.get(p0) is None
-                          or c.core.sessions.records[p0].state is SessionState.DEAD, managers=[c], timeout_s=BOUND_S)
+        assert pump_until(lambda: c.core.session(p0) is None
+                          or c.core.session_state(p0) is SessionState.DEAD, managers=[c], timeout_s=BOUND_S)
         assert metric(c, "kvtier_session_ends_total", reason="peer_disconnected") == 1
         assert c.core.session_ready(p1)  # the sibling's own session has not noticed anything
         rb = consumer_req("c-before", "kv-before", rank1.host, rank1.port)

@@ -1,0 +1,51 @@
+"""The contract between the core and whoever performs its effects: the order of one tick.
+
+:func:`drive` is the only place that says in which order inputs, effects and deadlines meet, and
+the shell (:mod:`kvtier.shell.loop`), the model checker and the stateful suite all call it, so
+the rule the model checker verifies is the rule that runs:
+
+1. Inputs are applied in arrival order.  After each one, its effects are performed and what the
+   performers report (a landing checked, a connection up, a descriptor taken) is applied — and
+   performed — before the next input.  A ``block_data`` is therefore landed and checked before the
+   ``transfer_done`` that followed it on the wire is looked at.
+2. Only then do deadlines fire, and only up to ``deadlines_at``: the time the shell last saw its
+   inbound queue empty (spec property ``input_before_deadline``, decision I3).  Every message that
+   arrived before that time is among the inputs already applied, so no deadline beats input that
+   was waiting when it fell due; a stalled loop reaps nothing because of its own stall.
+
+``perform(effects) -> inputs`` is the caller's: it carries the effects out (or models doing so)
+and returns what they reported.  The driver never performs I/O itself.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+
+from kvtier.lifecycle.core import TierCore
+from kvtier.lifecycle.effects import Effect
+from kvtier.lifecycle.inputs import Input
+
+__all__ = ["Perform", "drive", "settle"]
+
+Perform = Callable[[Sequence[Effect]], Sequence[Input]]
+
+
+def settle(core: TierCore, effects: Sequence[Effect], now: float, perform: Perform) -> None:
+    """Perform ``effects``; apply what the performers report, one input at a time (each one's
+    effects performed before the next), until nothing more is reported."""
+    pending: deque[Input] = deque(perform(effects) if effects else ())
+    while pending:
+        produced = perform(core.handle(pending.popleft(), now))
+        if produced:
+            pending.extendleft(reversed(produced))  # an input's consequences come before later inputs
+
+
+def drive(core: TierCore, inputs: Iterable[Input], now: float, *, deadlines_at: float | None,
+          perform: Perform) -> None:
+    """One tick at ``now`` (seconds): every input (with its consequences), then the deadlines due
+    at ``deadlines_at`` (None: none fire)."""
+    for inp in inputs:
+        settle(core, core.handle(inp, now), now, perform)
+    if deadlines_at is not None:
+        settle(core, core.fire(deadlines_at), now, perform)

@@ -1,0 +1,245 @@
+"""Inputs: every fact the shell hands the core, as small frozen records (past tense).
+
+:meth:`~kvtier.lifecycle.TierCore.step` takes a sequence of these; one table in the core maps each
+input type to the code that applies it, and for :class:`Received` a second table maps the wire
+message type to the machine event it becomes.  Four sources:
+
+* the **engine** (through the manager's API): :class:`StoreSubmitted`, :class:`LoadAnnounced`, :class:`Dial`,
+  :class:`LoadSubmitted`, :class:`ConsumerNamed`, :class:`RequestFinished`, and the operator's
+  :class:`DrainStarted`, :class:`ShutdownStarted`, :class:`GraceEnded`;
+* **peers**: :class:`Received` (a decoded wire message, with its payload frames) and
+  :class:`Malformed` (a message that did not decode);
+* the **transport**: :class:`ConnectionUp`, :class:`ConnectFailed`, :class:`ConnectionClosed`,
+  :class:`SendFailed`;
+* the **data plane**: :class:`TransferReleased`, :class:`AccessRevoked`, :class:`BlocksLanded`,
+  :class:`PeerAttached`, :class:`AttachRefused`.
+
+Time is not an input: every step is given ``now``, and deadlines fire inside the step (the
+``input_before_deadline`` contract of :meth:`~kvtier.lifecycle.TierCore.step`).
+
+msgspec Structs for the same reason as the effects (decision C3 in docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from kvtier.lifecycle._table import Reason
+
+__all__ = [
+    "AccessRevoked",
+    "AttachRefused",
+    "BlocksLanded",
+    "ConnectFailed",
+    "ConnectionClosed",
+    "ConnectionUp",
+    "ConsumerNamed",
+    "Dial",
+    "DrainStarted",
+    "GraceEnded",
+    "Input",
+    "LoadAnnounced",
+    "LoadSubmitted",
+    "Malformed",
+    "PeerAttached",
+    "Received",
+    "RequestFinished",
+    "SendFailed",
+    "ShutdownStarted",
+    "StoreSubmitted",
+    "TransferReleased",
+]
+
+
+class _Input(msgspec.Struct, frozen=True, gc=False):
+    pass
+
+
+# -- engine ---------------------------------------------------------------------------------------
+class StoreSubmitted(_Input):
+    """A store job: ``keys[i]`` is stored in pool block ``blocks[i]`` whose bytes had digest
+    ``digests[i]`` when they were parked (``digests`` is empty when integrity checking is off);
+    ``owner`` is the engine's request id (two requests may not park under one kv_request_id);
+    ``consumer`` the principal the producer request named as the only consumer of the id."""
+
+    kv_request_id: str
+    owner: str
+    job_id: int
+    keys: tuple[bytes, ...]
+    blocks: tuple[int, ...]
+    digests: tuple[int, ...] = ()
+    consumer: str | None = None
+
+
+class LoadAnnounced(_Input):
+    """The engine announced a request that fetches ``kv_request_id`` from producer ``peer``
+    (``host:port``); a session is dialled if none is live."""
+
+    kv_request_id: str
+    peer: str
+
+
+class Dial(_Input):
+    """Open a session to producer ``peer`` (``host:port``) ahead of any request (a consumer that
+    knows its prefill instances; tests).  Nothing happens if a session exists."""
+
+    peer: str
+
+
+class LoadSubmitted(_Input):
+    """A load job: fetch ``keys`` into pool slots ``slots`` (same length, same order)."""
+
+    kv_request_id: str
+    job_id: int
+    keys: tuple[bytes, ...]
+    slots: tuple[int, ...]
+
+
+class ConsumerNamed(_Input):
+    """A producer request names ``consumer`` (a principal) as the only peer allowed to fetch,
+    abort or otherwise touch ``kv_request_id`` (docs/security.md)."""
+
+    kv_request_id: str
+    consumer: str
+
+
+class RequestFinished(_Input):
+    """The engine finished the request that parks (``producer=True``) or loads
+    ``kv_request_id``."""
+
+    kv_request_id: str
+    producer: bool
+
+
+class DrainStarted(_Input):
+    """``drain_jobs()``: parked and awaiting ids end now (jobs fail ``drained``)."""
+
+
+class ShutdownStarted(_Input):
+    """``shutdown()`` began: no new work; work in flight may finish within the grace."""
+
+
+class GraceEnded(_Input):
+    """The shutdown grace is over: everything still live ends; every session says goodbye."""
+
+
+# -- peers ----------------------------------------------------------------------------------------
+class Received(_Input):
+    """A decoded wire message ``msg`` from ``peer``, with the ``block_data`` payload frames
+    (``payloads``) and, for a ``hello``, the peer's authenticated ``principal`` (CURVE; None when
+    authentication is off)."""
+
+    peer: str
+    msg: Any
+    payloads: tuple[Any, ...] = ()
+    principal: str | None = None
+
+
+class Malformed(_Input):
+    """A message from ``peer`` that did not decode: ``reason`` is the wire error code
+    (:class:`kvtier.wire.codec.WireReason`), the rest what could be read of it."""
+
+    peer: str
+    reason: str
+    detail: str = ""
+    msg_type: str | None = None
+    kv_request_id: str = ""
+    gen: int | None = None
+    theirs: str | None = None
+
+
+# -- transport ------------------------------------------------------------------------------------
+class ConnectionUp(_Input):
+    """The transport has a connection object for dialled ``peer``."""
+
+    peer: str
+
+
+class ConnectFailed(_Input):
+    """The transport could not dial ``peer`` (refused, bad address)."""
+
+    peer: str
+    detail: str = ""
+
+
+class ConnectionClosed(_Input):
+    """The transport saw ``peer``'s connection close or reset."""
+
+    peer: str
+
+
+class SendFailed(_Input):
+    """The transport could not send to ``peer``."""
+
+    peer: str
+
+
+# -- data plane -----------------------------------------------------------------------------------
+class TransferReleased(_Input):
+    """The plane holds no reference to the blocks of round ``round`` of ``kv_request_id`` any
+    more: it moved every one (``failed`` False) or gave up."""
+
+    kv_request_id: str
+    round: int
+    failed: bool = False
+
+
+class AccessRevoked(_Input):
+    """The producer ``peer`` can no longer write into this manager's slots."""
+
+    peer: str
+
+
+class BlocksLanded(_Input):
+    """The shell landed blocks ``first..first+count-1`` of round ``round`` of ``kv_request_id``
+    from ``peer`` and checked them: ``ok`` False when one did not match its parked digest (or the
+    payload did not fit the plane)."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+    first: int
+    count: int
+    ok: bool
+    reason: Reason | None = None
+
+
+class PeerAttached(_Input):
+    """The data plane took the descriptor of ``peer``'s session generation ``gen``."""
+
+    peer: str
+    gen: int
+
+
+class AttachRefused(_Input):
+    """The data plane refused the descriptor of ``peer``'s session generation ``gen``."""
+
+    peer: str
+    gen: int
+    detail: str = ""
+
+
+Input = (
+    StoreSubmitted
+    | LoadAnnounced
+    | Dial
+    | LoadSubmitted
+    | ConsumerNamed
+    | RequestFinished
+    | DrainStarted
+    | ShutdownStarted
+    | GraceEnded
+    | Received
+    | Malformed
+    | ConnectionUp
+    | ConnectFailed
+    | ConnectionClosed
+    | SendFailed
+    | TransferReleased
+    | AccessRevoked
+    | BlocksLanded
+    | PeerAttached
+    | AttachRefused
+)

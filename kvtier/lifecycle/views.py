@@ -1,0 +1,84 @@
+"""Read-only views of the core's records, for the shell, the metrics endpoint and tests.
+
+Nothing outside :mod:`kvtier.lifecycle` reads a machine's records: it asks
+:class:`~kvtier.lifecycle.TierCore`, which answers with these frozen snapshots (made on demand;
+none of them is on a per-message path).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
+
+__all__ = ["ConsumerView", "CoreSnapshot", "ProducerView", "SessionView"]
+
+
+class SessionView(msgspec.Struct, frozen=True):
+    """One live session: ``peer`` id, state, the generation our messages carry, whether we
+    dialled it, the peer's instance and authenticated principal, and when it was last heard
+    (seconds, the core's clock)."""
+
+    peer: str
+    state: SessionState
+    gen: int
+    dialled: bool
+    instance: str
+    principal: str | None
+    heard: float
+
+
+class ProducerView(msgspec.Struct, frozen=True):
+    """One producer record: state and reason, outstanding store ``jobs``, the binding (peer,
+    generation, round, demanded keys), the named consumer, the parked keys, whether the receipt
+    was seen, and the live deadline (seconds, or None)."""
+
+    kv_request_id: str
+    state: ProducerState
+    reason: Reason | None
+    jobs: tuple[int, ...]
+    peer: str | None
+    gen: int
+    round: int
+    demand: tuple[bytes, ...]
+    consumer: str | None
+    parked: tuple[bytes, ...]
+    receipt: bool
+    deadline: float | None
+
+
+class ConsumerView(msgspec.Struct, frozen=True):
+    """One consumer record: state and reason, the producer ``peer``, the live load job (or
+    None), its round, keys and slots, how many blocks landed, and the live deadline."""
+
+    kv_request_id: str
+    state: ConsumerState
+    reason: Reason | None
+    peer: str
+    job_id: int | None
+    round: int
+    keys: tuple[bytes, ...]
+    slots: tuple[int, ...]
+    landed: int
+    deadline: float | None
+
+
+class CoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """What the metrics endpoint reads at each scrape.
+
+    ``producer``: live producer records per state (retained ones excluded); ``pinned_blocks``:
+    pool blocks those records hold, per state; ``retained``: done/tombstoned ids per (state,
+    reason); ``parked``: the ids in ``parked`` (for the oldest-parked age); ``consumer`` and
+    ``sessions``: records per state; ``awaiting_receipt_jobs``: store jobs handed over and waiting
+    for the consumer's receipt; ``quarantined_blocks``: pool blocks of quarantined producer ids;
+    ``revoking_slots``: consumer slots held until a revocation is proven."""
+
+    producer: dict[str, int]
+    pinned_blocks: dict[str, int]
+    retained: dict[tuple[str, str], int]
+    parked: tuple[str, ...]
+    consumer: dict[str, int]
+    sessions: dict[str, int]
+    awaiting_receipt_jobs: int
+    quarantined_blocks: int
+    revoking_slots: int

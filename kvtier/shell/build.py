@@ -1,0 +1,72 @@
+"""Building a manager's parts from its config: the transport, the data plane, the core.
+
+One job: construction and its failure messages.  Nothing here runs after ``__init__``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import Any
+
+from kvtier.config import TierConfig
+from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
+from kvtier.transport import Transport
+from kvtier.wire.codec import PROTOCOL_VERSION
+
+log = logging.getLogger("kvtier.manager")
+
+__all__ = ["make_core", "make_transport"]
+
+
+def _warn_if_open(cfg: TierConfig) -> None:
+    """One loud WARNING when the listener is reachable beyond this host without authentication."""
+    try:
+        loopback = ipaddress.ip_address(cfg.host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = cfg.host == "localhost"
+    if cfg.auth == "none" and not loopback:
+        log.warning(
+            "kvtier: SECURITY: listening on %s with auth='none': anyone who can reach this port can "
+            "fetch, abort or probe parked KV blocks (users' prompts). Set auth='curve' (docs/security.md).",
+            cfg.host,
+        )
+
+
+def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
+    """The ZeroMQ transport listening on ``cfg.host:cfg.port`` (CURVE when ``auth='curve'``).
+
+    Raises:
+        TransportError: the port is taken or the host cannot be bound.
+    """
+    from kvtier.transport import ZmqTransport
+    from kvtier.transport.curve import curve_settings
+
+    curve = curve_settings(cfg.auth_secret_key_file, cfg.auth_allowed_keys_dir) if cfg.auth == "curve" else None
+    _warn_if_open(cfg)
+    return ZmqTransport(
+        cfg.host,
+        cfg.port,
+        heartbeat_ivl_s=cfg.heartbeat_interval_s,
+        heartbeat_timeout_s=cfg.peer_timeout_s,
+        heartbeat_ttl_s=cfg.peer_timeout_s,
+        # libzmq cuts a peer whose frame exceeds the largest legal one before receiving it
+        # (consumers send us only control headers; producers also send blocks). Up to 2x the
+        # header cap still arrives, to be answered "oversize": a misconfigured peer learns why
+        # instead of seeing its connection vanish.
+        max_accepted_frame_bytes=2 * cfg.max_message_bytes,
+        max_frame_bytes=max(2 * cfg.max_message_bytes, block_bytes),
+        handshake_ivl_s=cfg.handshake_timeout_s,
+        idle_timeout_s=cfg.handshake_timeout_s,
+        curve=curve,
+    )
+
+
+def local_hello(cfg: TierConfig, *, block_bytes: int, layout: str, instance: str, plane: Any) -> HelloInput:
+    """Our hello: what every handshake compares, plus our instance and data-plane descriptor."""
+    return HelloInput(PROTOCOL_VERSION, block_bytes, layout, cfg.hash_seed, data_plane=plane.name,
+                      digest=cfg.integrity, instance=instance, descriptor=plane.descriptor())
+
+
+def make_core(cfg: TierConfig, hello: HelloInput, *, one_sided: bool, gen_base: int) -> TierCore:
+    return TierCore(CoreSettings.from_config(cfg, one_sided=one_sided), hello, gen_base=gen_base)

@@ -1,0 +1,59 @@
+"""Checks of engine API arguments: a clear ``TypeError``/``ValueError`` naming what was wrong,
+before anything reaches the core (whose own misuse errors are for states, not shapes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtier.api import RequestContext, TransferJob
+
+__all__ = ["check_fetch_size", "check_job", "check_req"]
+
+
+def check_req(req: Any, where: str) -> None:
+    """The engine's request handle must be a :class:`~kvtier.api.RequestContext`."""
+    if not isinstance(req, RequestContext):
+        raise TypeError(f"{where}: req must be a kvtier.api.RequestContext, got {type(req).__name__}")
+
+
+def check_job_type(job: Any) -> None:
+    if not isinstance(job, TransferJob):
+        raise TypeError(f"expected a kvtier.api.TransferJob, got {type(job).__name__}")
+    if not isinstance(job.req, RequestContext):
+        raise TypeError(f"job {job.job_id!r:.40}: req must be a RequestContext, got {type(job.req).__name__}")
+
+
+def check_job(job: TransferJob, *, num_blocks: int, max_blocks: int) -> None:
+    """Shape of a store or load job: a non-negative int id, equal-length key and slot sequences
+    without duplicates, at most ``max_blocks`` blocks, slots inside the pool, keys of 1..256
+    bytes.  Raises ``TypeError``/``ValueError`` naming the field."""
+    if isinstance(job.job_id, bool) or not isinstance(job.job_id, int) or job.job_id < 0:
+        raise ValueError(f"job_id must be a non-negative int, got {job.job_id!r:.40}")
+    for name in ("keys", "slots"):  # sized and re-iterable: a generator would be consumed by the checks
+        if not isinstance(getattr(job, name), (tuple, list)):
+            raise TypeError(f"job {job.job_id}: {name} must be a tuple or list, got {type(getattr(job, name)).__name__}")
+    if len(job.keys) != len(job.slots):
+        raise ValueError(f"job {job.job_id}: {len(job.keys)} keys but {len(job.slots)} slots")
+    if len(set(job.keys)) != len(job.keys):
+        raise ValueError(f"job {job.job_id}: duplicate keys")
+    if len(set(job.slots)) != len(job.slots):
+        raise ValueError(f"job {job.job_id}: duplicate slots (two blocks cannot share a slot)")
+    if len(job.keys) > max_blocks:
+        raise ValueError(f"job {job.job_id}: {len(job.keys)} blocks > max_blocks_per_fetch")
+    for s in job.slots:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_blocks:
+            raise ValueError(f"job {job.job_id}: slot {s!r} is outside the pool (0..{num_blocks - 1})")
+    for k in job.keys:
+        if not isinstance(k, bytes) or not 0 < len(k) <= 256:
+            raise ValueError(f"job {job.job_id}: keys must be 1..256 bytes, got {k!r:.40}")
+
+
+def check_fetch_size(job: TransferJob, max_message_bytes: int) -> None:
+    """The fetch header must fit the producer's ``max_message_bytes`` (assumed equal to ours);
+    msgpack: ~3 bytes of framing per key plus the fixed fields."""
+    size = 256 + sum(len(k) + 3 for k in job.keys)
+    if size > max_message_bytes:
+        raise ValueError(
+            f"job {job.job_id}: a fetch of {len(job.keys)} keys ({size} bytes) exceeds max_message_bytes="
+            f"{max_message_bytes} (a fetch is one message); raise max_message_bytes on both sides"
+        )

@@ -1,0 +1,129 @@
+"""Inbound: what arrived since the last tick, as core inputs.
+
+One service pass over the transport (only what its poller reports readable is read), then the
+data plane's reports.  Three small tables turn them into inputs: decoded wire messages become
+:class:`~kvtier.lifecycle.inputs.Received` (undecodable ones :class:`~kvtier.lifecycle.inputs.Malformed`),
+transport events and plane reports their own input types.  Nothing here decides: the core answers
+a malformed message, ends a session, fails a load.
+
+The pass also says when the inbound queue was last seen empty (``quiet_since``): the time before
+a read pass that emptied every socket.  The core fires deadlines only up to that time, so a
+deadline never beats a message that was already waiting (decision I3).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kvtier.dataplane import DataPlane, Released, Revoked
+from kvtier.lifecycle import inputs as ix
+from kvtier.metrics import TierMetrics
+from kvtier.shell.logs import RateLimitedLog
+from kvtier.transport import CloseReason, Transport
+from kvtier.wire import messages as wm
+from kvtier.wire.codec import Decoder, WireError
+
+__all__ = ["Inbound", "RECV_BATCH", "RECV_BUDGET"]
+
+#: Messages read per service pass, and at most per tick: the budget keeps engine calls from
+#: waiting behind a flood; deadlines then wait for the queue to be seen empty.
+RECV_BATCH = 256
+RECV_BUDGET = 8192
+
+
+class Inbound:
+    """Collects one tick's inputs for one manager (under its lock)."""
+
+    def __init__(self, *, transport: Transport, plane: DataPlane, decoder: Decoder, metrics: TierMetrics,
+                 logs: RateLimitedLog, clock: Callable[[], float], posted: dict[tuple[str, int], float]) -> None:
+        self.transport = transport
+        self.plane = plane
+        self.decoder = decoder
+        self.metrics = metrics
+        self.logs = logs
+        self.clock = clock
+        self._posted = posted
+        self.quiet_since = clock()
+        """When the inbound queue was last seen empty (seconds, the manager's clock)."""
+        self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input]] = {
+            Released: self._released,
+            Revoked: lambda r, now: ix.AccessRevoked(r.peer),
+        }
+        self.RECEIVED_NOTES: dict[type, Callable[[str, Any], None]] = {
+            wm.Hello: lambda peer, m: self.logs.name(peer, m.instance),
+            wm.HelloAck: lambda peer, m: self.logs.name(peer, m.instance),
+            wm.HelloReject: self._note_rejected,
+            wm.Error: self._note_error,
+        }
+
+    def collect(self, budget: int = RECV_BUDGET) -> list[ix.Input]:
+        """Read up to ``budget`` messages (and every connection event), then the plane's reports.
+        Advances :attr:`quiet_since` when a pass emptied every socket."""
+        out: list[ix.Input] = []
+        read = 0
+        while True:
+            t0 = self.clock()
+            messages, events, drained = self.transport.service(min(RECV_BATCH, budget - read))
+            for peer, frames in messages:
+                out.append(self._decode(peer, frames))
+            for ev in events:
+                if ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
+                    out.append(ix.ConnectionClosed(ev.peer))
+            read += len(messages)
+            if drained:
+                if t0 > self.quiet_since:
+                    self.quiet_since = t0
+                break
+            if read >= budget:
+                break
+        reports = self.plane.poll()
+        if reports:
+            now = self.clock()
+            table = self.PLANE_REPORTS
+            out.extend(table[type(r)](r, now) for r in reports)
+        return out
+
+    def _decode(self, peer: str, frames: list[Any]) -> ix.Input:
+        try:
+            msg, payloads = self.decoder.decode(frames)
+        except WireError as err:
+            self.metrics.wire_error(err.reason)
+            if err.reason == "version_mismatch":
+                self.logs(peer, err.reason, "kvtier: %s speaks protocol version %s, we speak %s", self.logs.who(peer),
+                          err.theirs, wm.PROTOCOL_VERSION, level=logging.ERROR)
+            else:
+                self.logs(peer, err.reason, "kvtier: bad message from %s: %s", self.logs.who(peer), err)
+            return ix.Malformed(peer, err.reason, err.detail, err.msg_type or None, err.kv_request_id, err.gen,
+                                err.theirs or None)
+        note = self.RECEIVED_NOTES.get(type(msg))
+        principal = None
+        if note is not None:
+            note(peer, msg)
+            if type(msg) is wm.Hello:
+                info = self.transport.peer_info(peer)
+                principal = info.principal if info is not None else None
+        return ix.Received(peer, msg, tuple(payloads) if payloads else (), principal)
+
+    def _released(self, r: Released, now: float) -> ix.Input:
+        posted = self._posted.pop((r.kv_request_id, r.round), now)
+        if r.failed:
+            self.logs(r.kv_request_id, "transfer_failed", "kvtier: transfer %s round %d failed in the data plane: %s",
+                      r.kv_request_id, r.round, r.detail, level=logging.DEBUG)
+        else:
+            self.metrics.transfer("producer", r.nbytes, now - posted)
+        return ix.TransferReleased(r.kv_request_id, r.round, r.failed)
+
+    def _note_rejected(self, peer: str, msg: wm.HelloReject) -> None:
+        if msg.field == "max_peers":
+            self.logs(peer, "hello_reject", "kvtier: %s refused the session: it already has max_peers=%s sessions",
+                      self.logs.who(peer), msg.ours, level=logging.ERROR)
+        else:
+            self.logs(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
+                      self.logs.who(peer), msg.field, msg.theirs, msg.ours or "(withheld)", level=logging.ERROR)
+
+    def _note_error(self, peer: str, msg: wm.Error) -> None:
+        self.metrics.wire_error(msg.reason, reported_by_peer=True)
+        self.logs(peer, "peer_error", "kvtier: %s reports an error: %.64s %.200s", self.logs.who(peer), msg.reason,
+                  msg.detail)
