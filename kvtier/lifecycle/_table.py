@@ -1,6 +1,6 @@
 # ============================================================================================
 # GENERATED FILE — DO NOT EDIT.
-# Source: spec/lifecycle.toml   Generator: python -m kvtier._tools.specgen
+# Source: spec/lifecycle.toml   Generator: python -m tools gen
 # A test (tests/lifecycle/test_spec.py) fails when this file does not match the spec.
 # ============================================================================================
 """kvtier lifecycle tables, generated from ``spec/lifecycle.toml``.
@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "bd3c94d83fde962604a537a586129fde204ca130995f388be2df1b5668e0be79"
+SPEC_SHA256: Final = "0c19f512a77d1cea1d0af85ede2ce0398c38ef4ebfd82d9fedc2f8134a055d74"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1260,4 +1260,4 @@ PROPERTIES: Final = MappingProxyType({
     "input_before_deadline": ("safety", "A deadline never fires while a message that arrived before it is still unread: the shell fires deadlines at the time its inbound queue was last seen empty."),
     "lives_never_mix": ("safety", "A consumer message that refers to a binding (an abort of a fetched round, a receipt) changes only the life that round bound; producer messages carry the round, so an earlier round's answer never touches a later load."),
 })
-"""Property name -> (kind, statement). Verified by tests and `kvtier check`."""
+"""Property name -> (kind, statement). Verified by tests and `python -m tools check`."""

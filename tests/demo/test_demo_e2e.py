@@ -1,4 +1,4 @@
-"""The main job end to end: `kvtier demo` on the real SmolLM2 model, in three processes.
+"""The main job end to end: `python -m demo` on the real SmolLM2 model, in three processes.
 
 One short prompt plus the late-consumer scenario, so CI proves the demo works on every change.
 """

@@ -1,4 +1,4 @@
-"""docs/review.md (kvtier._tools.reviewdoc): every spec property is established by a test or the
+"""docs/review.md (tools.reviewdoc): every spec property is established by a test or the
 model checker, the timing keys come from the config and the spec, and the README shows the
 overview (freshness of the page itself: tests/lifecycle/test_diagrams.py)."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier._tools import reviewdoc
-from kvtier._tools.spec import SPEC_PATH, load, loads
+from tools import reviewdoc
+from tools.spec import load, loads, spec_path
 
 SPEC = load()
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_every_property_is_established_by_a_test_or_the_model_checker() -> None:
 
 def test_a_property_nothing_checks_fails_the_page(tmp_path: Path) -> None:
     name = "blocks_are_" + "purple"  # built here so this file does not name it
-    text = SPEC_PATH.read_text() + f'\n[properties.{name}]\nkind = "safety"\ndoc = "Every block is purple."\n'
+    text = spec_path().read_text() + f'\n[properties.{name}]\nkind = "safety"\ndoc = "Every block is purple."\n'
     spec = loads(text)
     ev = reviewdoc.evidence(spec)
     assert not ev[name].established
