@@ -39,13 +39,16 @@ def test_a_property_nothing_checks_fails_the_page(tmp_path: Path) -> None:
         reviewdoc.review_page(spec, diagrams_rel="../diagrams", scenarios=[], awaiting={}, counterexample=None)
     # a test file that names it is evidence (whole words only)
     (tmp_path / "tests").mkdir()
-    (tmp_path / "kvtier" / "_tools").mkdir(parents=True)
+    (tmp_path / "tools").mkdir()
     (tmp_path / "tests" / "test_purple.py").write_text(f"def test_{name}_ish(): ...\n")
     assert not reviewdoc.evidence(spec, tmp_path)[name].established
     (tmp_path / "tests" / "test_purple.py").write_text(f"PROP = '{name}'\n")
     assert reviewdoc.evidence(spec, tmp_path)[name].tests == ("tests/test_purple.py",)
     (tmp_path / "tests" / "test_purple.py").unlink()
-    (tmp_path / "kvtier" / "_tools" / "modelcheck.py").write_text(f"PROPERTIES = ('{name}',)\n")
+    (tmp_path / "tests" / "support").mkdir()  # test machinery naming it is not evidence
+    (tmp_path / "tests" / "support" / "peer.py").write_text(f"PROP = '{name}'\n")
+    assert not reviewdoc.evidence(spec, tmp_path)[name].established
+    (tmp_path / "tools" / "modelcheck.py").write_text(f"PROPERTIES = ('{name}',)\n")
     assert reviewdoc.evidence(spec, tmp_path)[name].model_check
 
 
