@@ -244,7 +244,7 @@ def review_page(
         out += [
             "`python -m tools check` explores every interleaving of the real cores within its bounds and "
             "prints the shortest path to a violated property. Planted bugs "
-            "(`kvtier/testing/planted.py`) prove it finds them; this chart is the counterexample "
+            "(`tools/planted.py`) prove it finds them; this chart is the counterexample "
             f"it prints for the planted bug `{bug}`, drawn from the checker's structured steps by "
             "`tools.seqchart` (engine calls, messages, deadlines, the data plane's reports, "
             f"and the violation in red; `python -m tools check --bug {bug} --chart DIR` draws it too):",

@@ -21,7 +21,7 @@ two properties, the first listed is reported); :data:`PROPERTIES` is the order o
 
 Adding a property: write its checker below (docstring: what it proves and how), add a
 :class:`Property` to :data:`REGISTRY` and its name to :data:`PROPERTIES`, and plant a bug that
-breaks it (``kvtier/testing/planted.py``; ``tests/model/test_modelcheck.py`` ``EXPECTED``).
+breaks it (``tools/planted.py``; ``tests/model/test_modelcheck.py`` ``EXPECTED``).
 """
 
 from __future__ import annotations
