@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from bench._util import CpuMeter, paired_ratio, summary, target
-from tools.child import Child
+from tools.child import Child, start_all
 
 
 def _setup_model() -> tuple[Any, Any, Any]:
@@ -185,15 +185,8 @@ def run_p7(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
     # background_poll on both sides, as in the demo: a consumer busy in a multi-second prefill
     # must still answer heartbeats, or the producer ends the session after peer_timeout_s
     cfg_c = {"host": "127.0.0.1", "port": 0, "background_poll": True}
-    prod = Child("bench.pd", "PDProducer", name="bench-pd-producer").start()
-    cons = Child("bench.pd", "PDConsumer", name="bench-pd-consumer").start()
-    try:
-        prod.wait_ready(600)
-        cons.wait_ready(600)
-    except BaseException:
-        cons.close()
-        prod.close()
-        raise
+    prod, cons = start_all(Child("bench.pd", "PDProducer", name="bench-pd-producer"),
+                           Child("bench.pd", "PDConsumer", name="bench-pd-consumer"), timeout_s=600)
     rows = []
     try:
         setup = prod.call("setup", max_tokens=max_len, config=cfg_p, timeout_s=900)

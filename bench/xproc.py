@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable
 
 from bench._util import CpuMeter, fmt_bytes, paired_ratio, summary, target
-from tools.child import Child
+from tools.child import Child, start_all
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -81,15 +81,8 @@ def _children() -> tuple[Child, Child]:
     # one host: UCX on loopback (CMA does the copies); quiet NIXL; inherited by both children
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
-    prod = Child("bench._xfer", "Producer", name="bench-producer").start()
-    cons = Child("bench._xfer", "Consumer", name="bench-consumer").start()  # both import torch at once
-    try:
-        prod.wait_ready(300)
-        cons.wait_ready(300)
-    except BaseException:
-        cons.close()
-        prod.close()
-        raise
+    prod, cons = start_all(Child("bench._xfer", "Producer", name="bench-producer"),
+                           Child("bench._xfer", "Consumer", name="bench-consumer"), timeout_s=300)
     return prod, cons
 
 

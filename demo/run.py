@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.config import DEFAULTS
-from tools.child import Child
+from tools.child import Child, start_all
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -300,12 +300,10 @@ def run(
 
     report.stage("starting the producer and consumer processes (each loads the model)")
     workers = {"cfg": cfg, "pool_blocks": pool_blocks}
-    prod = Child(__name__, "ProducerWorker", workers, name="demo-producer").start()
-    cons = Child(__name__, "ConsumerWorker", workers, name="demo-consumer").start()
+    prod, cons = start_all(Child(__name__, "ProducerWorker", workers, name="demo-producer"),
+                           Child(__name__, "ConsumerWorker", workers, name="demo-consumer"), timeout_s=600)
     rows: list[dict[str, Any]] = []
     try:
-        prod.wait_ready(600)
-        cons.wait_ready(600)
         hello = prod.hello
         report.requests(len(encoded))
         for i, (name, ids) in enumerate(encoded):

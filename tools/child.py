@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Child", "ChildError"]
+__all__ = ["Child", "ChildError", "start_all"]
 
 _CTX = mp.get_context("spawn")
 
@@ -296,3 +296,21 @@ class Child:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def start_all(*children: Child, timeout_s: float = 120.0) -> tuple[Child, ...]:
+    """Start every child at once (they import in parallel), then wait until each is ready.
+
+    Raises:
+        TimeoutError, ChildError: as :meth:`Child.wait_ready`; every child is closed first.
+    """
+    for child in children:
+        child.start()
+    try:
+        for child in children:
+            child.wait_ready(timeout_s)
+    except BaseException:
+        for child in reversed(children):
+            child.close()
+        raise
+    return children

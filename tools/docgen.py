@@ -100,25 +100,26 @@ def render_page(current: str, blocks: tuple[str, ...]) -> str:
     return current
 
 
-def stale_pages(root: Path) -> list[Path]:
-    """The pages under ``root`` whose generated blocks differ from a fresh render."""
-    out = []
-    for rel, blocks in PAGES.items():
-        path = root / rel
-        text = path.read_text(encoding="utf-8")
-        if render_page(text, blocks) != text:
-            out.append(path)
-    return out
-
-
-def write_pages(root: Path) -> list[Path]:
-    """Render every page's blocks under ``root``; returns the pages that changed."""
-    written = []
+def _stale(root: Path) -> dict[Path, str]:
+    """Page under ``root`` -> its fresh text, for every page whose generated blocks changed."""
+    out = {}
     for rel, blocks in PAGES.items():
         path = root / rel
         text = path.read_text(encoding="utf-8")
         fresh = render_page(text, blocks)
         if fresh != text:
-            path.write_text(fresh, encoding="utf-8")
-            written.append(path)
-    return written
+            out[path] = fresh
+    return out
+
+
+def stale_pages(root: Path) -> list[Path]:
+    """The pages under ``root`` whose generated blocks differ from a fresh render."""
+    return list(_stale(root))
+
+
+def write_pages(root: Path) -> list[Path]:
+    """Render every page's blocks under ``root``; returns the pages that changed."""
+    stale = _stale(root)
+    for path, fresh in stale.items():
+        path.write_text(fresh, encoding="utf-8")
+    return list(stale)
