@@ -42,7 +42,7 @@ $(STAMP): requirements/base.txt requirements/vllm.txt pyproject.toml
 	@touch $(STAMP)
 
 demo: setup
-	$(BIN)/kvtier demo
+	$(BIN)/python -m demo
 
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
@@ -51,16 +51,16 @@ test-all: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m ""
 
 bench: setup
-	$(BIN)/kvtier bench
+	$(BIN)/python -m bench
 
 check: setup
-	$(BIN)/kvtier check
+	$(BIN)/python -m tools check
 
 diagrams: setup
-	$(BIN)/kvtier diagram
+	$(BIN)/python -m tools diagram
 
 gen: setup
-	$(BIN)/python -m kvtier._tools.specgen
+	$(BIN)/python -m tools gen
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

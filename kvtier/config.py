@@ -3,10 +3,10 @@
 ``TierConfig`` holds every key a user can write in a vLLM
 ``kv_connector_extra_config.secondary_tiers[i]`` entry for kvtier, plus
 kvtier's own timers and limits.  It is the single source of truth for the keys,
-their defaults, units, bounds and descriptions: ``DEFAULTS`` and
-``config_table()`` are derived from the class, and ``docs/configuration.md``
-is rendered from ``config_table()`` (``python -m kvtier.config --write`` /
-``--check``).
+their defaults, units, bounds and descriptions (each field's metadata):
+``DEFAULTS`` and ``config_table()`` are derived from the class, and
+``docs/configuration.md`` is rendered from ``config_table()`` by the
+repository's tools (``python -m tools docs``; this module renders nothing).
 
 Rules (B25 in the bug-scenario catalogue):
 
@@ -32,24 +32,16 @@ Rules (B25 in the bug-scenario catalogue):
 
 from __future__ import annotations
 
-import ast
 import difflib
-import functools
-import inspect
-import json
 import math
 import re
 import sys
-import textwrap
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import attrs
-
-from kvtier import _gendoc as gendoc
-from kvtier._gendoc import END, begin_marker, replace_block
 
 __all__ = [
     "CROSS_FIELD_RULES",
@@ -59,7 +51,6 @@ __all__ = [
     "TierConfig",
     "TierConfigError",
     "config_table",
-    "render_config_doc",
 ]
 
 # --------------------------------------------------------------------------
@@ -397,14 +388,17 @@ class _NameList:
 
 _Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone | _PeerList | _NameList
 _KIND = "kvtier.kind"
+_DOC = "kvtier.doc"
 
 MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
 MIN_DURATION_S = 0.001  # 1 ms: finer than any poll tick; denormals like 1e-320 are typos
 _TIMEOUT = _Float(MIN_DURATION_S, MAX_TIMEOUT_S)
 
 
-def _field(kind: _Kind, default: Any) -> Any:
-    """An attrs field whose converter is ``kind.convert`` (defaults are converted too)."""
+def _field(kind: _Kind, default: Any, *, doc: str) -> Any:
+    """An attrs field whose converter is ``kind.convert`` (defaults are converted too); ``kind``
+    (validation and unit) and ``doc`` (what the key means, whitespace folded) are kept in the
+    field's metadata, where :func:`config_table` reads them."""
 
     def convert(value: Any, field: attrs.Attribute) -> Any:
         return kind.convert(field.name, value)
@@ -412,7 +406,7 @@ def _field(kind: _Kind, default: Any) -> Any:
     return attrs.field(
         default=default,
         converter=attrs.Converter(convert, takes_field=True),
-        metadata={_KIND: kind},
+        metadata={_KIND: kind, _DOC: " ".join(doc.split())},
     )
 
 
@@ -442,180 +436,179 @@ class TierConfig:
     """
 
     # ---- vLLM secondary_tiers[] entry keys --------------------------------
-    type: str = _field(_Str(128, _IDENT_RE, "a Python identifier"), "KvTierSecondaryTier")
-    """Class name vLLM's SecondaryTierFactory loads from ``module_path``.
-    vLLM pops it and passes it to the tier as ``tier_type``; it is also the
-    tier's metrics label."""
+    type: str = _field(_Str(128, _IDENT_RE, "a Python identifier"), "KvTierSecondaryTier", doc="""
+        Class name vLLM's SecondaryTierFactory loads from ``module_path``.
+        vLLM pops it and passes it to the tier as ``tier_type``; it is also the
+        tier's metrics label.""")
 
     module_path: str = _field(
-        _Str(256, _DOTTED_RE, "a dotted module path"), "kvtier.integrations.vllm"
-    )
-    """Python module that holds ``type``. vLLM pops it before calling the tier."""
+        _Str(256, _DOTTED_RE, "a dotted module path"), "kvtier.integrations.vllm", doc="""
+        Python module that holds ``type``. vLLM pops it before calling the tier.""")
 
     host: str = _field(
-        _Str(255, re.compile(r"[^\s/]+"), "an address without whitespace or '/'"), "127.0.0.1"
-    )
-    """Address the producer's listener binds to. Consumers dial the producer at
-    the ``remote_host``/``remote_port`` carried in ``kv_transfer_params``, so
-    set this to an address they can reach (``0.0.0.0`` binds every interface)."""
+        _Str(255, re.compile(r"[^\s/]+"), "an address without whitespace or '/'"), "127.0.0.1", doc="""
+        Address the producer's listener binds to. Consumers dial the producer at
+        the ``remote_host``/``remote_port`` carried in ``kv_transfer_params``, so
+        set this to an address they can reach (``0.0.0.0`` binds every interface).""")
 
-    port: int = _field(_Int(0, 65535), 0)
-    """TCP port of the producer's listener; 0 picks a free ephemeral port
-    (read the bound address back from the tier)."""
+    port: int = _field(_Int(0, 65535), 0, doc="""
+        TCP port of the producer's listener; 0 picks a free ephemeral port
+        (read the bound address back from the tier).""")
 
-    metrics_port: int | None = _field(_OptionalInt(0, 65535), None)
-    """TCP port of the Prometheus endpoint (``GET /metrics``, docs/metrics.md),
-    bound on ``host``; ``null`` serves none, 0 picks a free ephemeral port.
-    Under vLLM data parallelism the engine's ``data_parallel_index`` is added,
-    as for ``port``."""
+    metrics_port: int | None = _field(_OptionalInt(0, 65535), None, doc="""
+        TCP port of the Prometheus endpoint (``GET /metrics``, docs/metrics.md),
+        bound on ``host``; ``null`` serves none, 0 picks a free ephemeral port.
+        Under vLLM data parallelism the engine's ``data_parallel_index`` is added,
+        as for ``port``.""")
 
-    locality: str | None = _field(_OptionalStr(), None)
-    """Accepted for vLLM compatibility (its factory forwards it) and ignored."""
+    locality: str | None = _field(_OptionalStr(), None, doc="""
+        Accepted for vLLM compatibility (its factory forwards it) and ignored.""")
 
-    backpressure: None = _field(_MustBeNone(_BACKPRESSURE_WHY), None)
-    """Must be absent: kvtier does its own flow control. Omit the key entirely;
-    under vLLM even ``"backpressure": null`` is turned into ``{}`` by the spec
-    and refused by vLLM's factory before kvtier sees it."""
+    backpressure: None = _field(_MustBeNone(_BACKPRESSURE_WHY), None, doc="""
+        Must be absent: kvtier does its own flow control. Omit the key entirely;
+        under vLLM even ``"backpressure": null`` is turned into ``{}`` by the spec
+        and refused by vLLM's factory before kvtier sees it.""")
 
     # ---- producer lifecycle -------------------------------------------------
-    unbound_store_timeout_s: float = _field(_TIMEOUT, 60.0)
-    """How long stored blocks of a ``kv_request_id`` that no consumer has
-    fetched yet stay parked (pinned) before they are reaped and the id is
-    tombstoned."""
+    unbound_store_timeout_s: float = _field(_TIMEOUT, 60.0, doc="""
+        How long stored blocks of a ``kv_request_id`` that no consumer has
+        fetched yet stay parked (pinned) before they are reaped and the id is
+        tombstoned.""")
 
-    park_clock: str = _field(_Choice(("last_store", "first_store")), "last_store")
-    """Which store starts the reap clock of a parked id: ``last_store`` (every
-    store restarts it, so a long prefill is not reaped mid-way) or
-    ``first_store`` (vLLM p2p behaviour: the first store decides)."""
+    park_clock: str = _field(_Choice(("last_store", "first_store")), "last_store", doc="""
+        Which store starts the reap clock of a parked id: ``last_store`` (every
+        store restarts it, so a long prefill is not reaped mid-way) or
+        ``first_store`` (vLLM p2p behaviour: the first store decides).""")
 
-    tombstone_retention_s: float = _field(_TIMEOUT, 600.0)
-    """How long a reaped or finished ``kv_request_id`` is remembered, so a late
-    fetch for it is refused at once instead of waiting for blocks."""
+    tombstone_retention_s: float = _field(_TIMEOUT, 600.0, doc="""
+        How long a reaped or finished ``kv_request_id`` is remembered, so a late
+        fetch for it is refused at once instead of waiting for blocks.""")
 
-    tombstone_max: int = _field(_Int(1, 4_194_304, "ids"), 65_536)
-    """Count cap on remembered (done or tombstoned) ids; the oldest are
-    forgotten first when it is reached."""
+    tombstone_max: int = _field(_Int(1, 4_194_304, "ids"), 65_536, doc="""
+        Count cap on remembered (done or tombstoned) ids; the oldest are
+        forgotten first when it is reached.""")
 
-    fetch_supply_timeout_s: float = _field(_TIMEOUT, 10.0)
-    """How long a bound fetch waits for blocks that are not stored yet (e.g. a
-    fetch that arrives before the store) before the producer answers it with
-    a failure."""
+    fetch_supply_timeout_s: float = _field(_TIMEOUT, 10.0, doc="""
+        How long a bound fetch waits for blocks that are not stored yet (e.g. a
+        fetch that arrives before the store) before the producer answers it with
+        a failure.""")
 
-    transfer_timeout_s: float = _field(_TIMEOUT, 30.0)
-    """A transfer that has started must finish within this time, or it fails."""
+    transfer_timeout_s: float = _field(_TIMEOUT, 30.0, doc="""
+        A transfer that has started must finish within this time, or it fails.""")
 
     # ---- consumer -----------------------------------------------------------
-    load_timeout_s: float = _field(_TIMEOUT, 30.0)
-    """How long the consumer waits for a load to finish before it gives up and
-    aborts the fetch; the load is reported failed (``load_timeout``) when the
-    producer acknowledges the abort, or ``abort_ack_timeout_s`` later at most."""
+    load_timeout_s: float = _field(_TIMEOUT, 30.0, doc="""
+        How long the consumer waits for a load to finish before it gives up and
+        aborts the fetch; the load is reported failed (``load_timeout``) when the
+        producer acknowledges the abort, or ``abort_ack_timeout_s`` later at most.""")
 
-    abort_ack_timeout_s: float = _field(_TIMEOUT, 5.0)
-    """How long the consumer waits for the producer's terminal answer to an
-    abort. Past it the session to that producer is ended
-    (``abort_unacknowledged``) and the load fails once the data plane confirms
-    the producer can no longer write into its slots (at once on the zmq
-    plane)."""
+    abort_ack_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
+        How long the consumer waits for the producer's terminal answer to an
+        abort. Past it the session to that producer is ended
+        (``abort_unacknowledged``) and the load fails once the data plane confirms
+        the producer can no longer write into its slots (at once on the zmq
+        plane).""")
 
     # ---- sessions -----------------------------------------------------------
-    handshake_timeout_s: float = _field(_TIMEOUT, 5.0)
-    """How long a new session may take to complete its hello/hello_ack."""
+    handshake_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
+        How long a new session may take to complete its hello/hello_ack.""")
 
-    heartbeat_interval_s: float = _field(_Float(MIN_DURATION_S, 3600.0), 1.0)
-    """Interval between pings on an otherwise idle session."""
+    heartbeat_interval_s: float = _field(_Float(MIN_DURATION_S, 3600.0), 1.0, doc="""
+        Interval between pings on an otherwise idle session.""")
 
-    peer_timeout_s: float = _field(_TIMEOUT, 5.0)
-    """Silence longer than this marks the peer lost; its requests fail. A
-    connection that closes or resets ends its session at once."""
+    peer_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
+        Silence longer than this marks the peer lost; its requests fail. A
+        connection that closes or resets ends its session at once.""")
 
-    shutdown_grace_s: float = _field(_Float(MIN_DURATION_S, 600.0), 3.0)
-    """How long ``shutdown()`` lets transfers and loads in flight finish and
-    the goodbyes flush before it gives up on them; shutdown returns within
-    this time (plus a few milliseconds) even when a peer is wedged."""
+    shutdown_grace_s: float = _field(_Float(MIN_DURATION_S, 600.0), 3.0, doc="""
+        How long ``shutdown()`` lets transfers and loads in flight finish and
+        the goodbyes flush before it gives up on them; shutdown returns within
+        this time (plus a few milliseconds) even when a peer is wedged.""")
 
     # ---- limits -------------------------------------------------------------
-    max_peers: int = _field(_Int(1, 4096, "peers"), 128)
-    """Maximum concurrent sessions (inbound and outbound together)."""
+    max_peers: int = _field(_Int(1, 4096, "peers"), 128, doc="""
+        Maximum concurrent sessions (inbound and outbound together).""")
 
-    max_blocks_per_fetch: int = _field(_Int(1, 1_048_576, "blocks"), 65_536)
-    """Maximum number of keys in one fetch."""
+    max_blocks_per_fetch: int = _field(_Int(1, 1_048_576, "blocks"), 65_536, doc="""
+        Maximum number of keys in one fetch.""")
 
-    max_pending_fetches_per_peer: int = _field(_Int(1, 1_048_576, "fetches"), 1024)
-    """Maximum fetches one peer may have outstanding; more are refused."""
+    max_pending_fetches_per_peer: int = _field(_Int(1, 1_048_576, "fetches"), 1024, doc="""
+        Maximum fetches one peer may have outstanding; more are refused.""")
 
-    max_message_bytes: int = _field(_Int(4096, 268_435_456, "bytes"), 1_048_576)
-    """Largest control-message header accepted (1 MiB by default); bigger
-    messages are answered with an error and dropped."""
+    max_message_bytes: int = _field(_Int(4096, 268_435_456, "bytes"), 1_048_576, doc="""
+        Largest control-message header accepted (1 MiB by default); bigger
+        messages are answered with an error and dropped.""")
 
-    hash_seed: str = _field(_Str(1024, allow_empty=True), "")
-    """Block-hash seed advertised in the handshake; both sides must agree, or
-    the session is refused. Empty means "not set"."""
+    hash_seed: str = _field(_Str(1024, allow_empty=True), "", doc="""
+        Block-hash seed advertised in the handshake; both sides must agree, or
+        the session is refused. Empty means "not set".""")
 
     # ---- data path ----------------------------------------------------------
-    data_plane: str = _field(_Choice(("zmq", "nixl")), "zmq")
-    """How block bytes travel: ``zmq`` (payload frames on the control
-    connection; no extra dependency) or ``nixl`` (one-sided WRITEs through
-    NIXL/UCX: shared-memory copies (CMA) on one host, RDMA across hosts;
-    ~1.9x the zmq plane's throughput on one host, docs/dataplane.md). Both peers must
-    use the same plane (checked in the handshake)."""
+    data_plane: str = _field(_Choice(("zmq", "nixl")), "zmq", doc="""
+        How block bytes travel: ``zmq`` (payload frames on the control
+        connection; no extra dependency) or ``nixl`` (one-sided WRITEs through
+        NIXL/UCX: shared-memory copies (CMA) on one host, RDMA across hosts;
+        ~1.9x the zmq plane's throughput on one host, docs/dataplane.md). Both peers must
+        use the same plane (checked in the handshake).""")
 
-    backends: tuple[str, ...] = _field(_NameList(), ("UCX",))
-    """``data_plane="nixl"`` only: the NIXL backend plugins to create, by NIXL's names, as
-    vLLM's ``p2p`` tier takes them (``["UCX"]``; ``UCX_*`` environment variables tune UCX, see
-    docs/dataplane.md). A plugin missing here fails the start with its name."""
+    backends: tuple[str, ...] = _field(_NameList(), ("UCX",), doc="""
+        ``data_plane="nixl"`` only: the NIXL backend plugins to create, by NIXL's names, as
+        vLLM's ``p2p`` tier takes them (``["UCX"]``; ``UCX_*`` environment variables tune UCX, see
+        docs/dataplane.md). A plugin missing here fails the start with its name.""")
 
-    nixl_progress_interval_s: float = _field(_Float(0.0001, 0.05), 0.001)
-    """``data_plane="nixl"`` only: the longest the manager waits between two calls into NIXL
-    while a peer may be writing into its pool or a WRITE of its own is in flight. Over UCX tcp a
-    WRITE into this pool advances only during those calls (over CMA and RDMA it needs none), so
-    this bounds a small WRITE's latency; NIXL's own progress thread is not used (it spins ~80 %
-    of a core when idle)."""
+    nixl_progress_interval_s: float = _field(_Float(0.0001, 0.05), 0.001, doc="""
+        ``data_plane="nixl"`` only: the longest the manager waits between two calls into NIXL
+        while a peer may be writing into its pool or a WRITE of its own is in flight. Over UCX tcp a
+        WRITE into this pool advances only during those calls (over CMA and RDMA it needs none), so
+        this bounds a small WRITE's latency; NIXL's own progress thread is not used (it spins ~80 %
+        of a core when idle).""")
 
-    integrity: str = _field(_Choice(("xxh3_64", "none")), "xxh3_64")
-    """Per-block digest taken when blocks are parked and checked by the
-    consumer as they land; a mismatch fails the load (``corrupt``) instead of
-    reporting bytes that are not the parked ones. ``none`` turns the check
-    off. Both peers must agree (checked in the handshake). On by default on
-    both planes: it costs ~2 % of the zmq plane's throughput and ~13-15 % of
-    the NIXL plane's (P1, docs/decisions.md I12)."""
+    integrity: str = _field(_Choice(("xxh3_64", "none")), "xxh3_64", doc="""
+        Per-block digest taken when blocks are parked and checked by the
+        consumer as they land; a mismatch fails the load (``corrupt``) instead of
+        reporting bytes that are not the parked ones. ``none`` turns the check
+        off. Both peers must agree (checked in the handshake). On by default on
+        both planes: it costs ~2 % of the zmq plane's throughput and ~13-15 % of
+        the NIXL plane's (P1, docs/decisions.md I12).""")
 
-    instance: str = _field(_Str(128, allow_empty=True), "")
-    """Name this manager gives itself in handshakes. Sessions to one instance
-    share fate: when one dies, new loads to its siblings fail fast
-    (``instance_down``) until one is heard again (B11). Give every rank of one
-    producer pod the same value; empty: a random name per manager."""
+    instance: str = _field(_Str(128, allow_empty=True), "", doc="""
+        Name this manager gives itself in handshakes. Sessions to one instance
+        share fate: when one dies, new loads to its siblings fail fast
+        (``instance_down``) until one is heard again (B11). Give every rank of one
+        producer pod the same value; empty: a random name per manager.""")
 
     # ---- security (docs/security.md) -----------------------------------------
-    auth: str = _field(_Choice(("none", "curve")), "none")
-    """``curve``: every connection is authenticated and encrypted with libzmq CURVE, and only
-    peers whose public certificate is in ``auth_allowed_keys_dir`` get in. ``none``: plain TCP,
-    anyone who can reach ``host:port`` can talk to this tier (a loud warning is logged when
-    ``host`` is not a loopback address)."""
+    auth: str = _field(_Choice(("none", "curve")), "none", doc="""
+        ``curve``: every connection is authenticated and encrypted with libzmq CURVE, and only
+        peers whose public certificate is in ``auth_allowed_keys_dir`` get in. ``none``: plain TCP,
+        anyone who can reach ``host:port`` can talk to this tier (a loud warning is logged when
+        ``host`` is not a loopback address).""")
 
-    auth_secret_key_file: str = _field(_Str(4096, re.compile(r"[^\x00]+"), "a file path", allow_empty=True), "")
-    """This instance's secret certificate (``NAME.key_secret`` from ``kvtier keys generate``).
-    Required with ``auth=curve``, refused without it; ``NAME`` is this instance's principal."""
+    auth_secret_key_file: str = _field(_Str(4096, re.compile(r"[^\x00]+"), "a file path", allow_empty=True), "", doc="""
+        This instance's secret certificate (``NAME.key_secret`` from ``kvtier keys generate``).
+        Required with ``auth=curve``, refused without it; ``NAME`` is this instance's principal.""")
 
-    auth_allowed_keys_dir: str = _field(_Str(4096, re.compile(r"[^\x00]+"), "a directory path", allow_empty=True), "")
-    """Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem
-    is that peer's principal. A producer's certificate lists its ``endpoints`` in its metadata,
-    which is how a consumer knows the key to expect before it dials. Required with
-    ``auth=curve``, refused without it."""
+    auth_allowed_keys_dir: str = _field(
+        _Str(4096, re.compile(r"[^\x00]+"), "a directory path", allow_empty=True), "", doc="""
+        Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem
+        is that peer's principal. A producer's certificate lists its ``endpoints`` in its metadata,
+        which is how a consumer knows the key to expect before it dials. Required with
+        ``auth=curve``, refused without it.""")
 
-    allowed_peers: tuple[str, ...] = _field(_PeerList(), ("*",))
-    """Producer endpoints this tier may dial when a request's ``kv_transfer_params`` name them:
-    ``"host:port"``, ``"host"`` (any port), a CIDR network, or ``"*"`` (any: the default, for
-    compatibility; set it in production, see docs/security.md). A request naming another
-    endpoint is refused before any socket exists: lookup says MISS and the engine recomputes."""
+    allowed_peers: tuple[str, ...] = _field(_PeerList(), ("*",), doc="""
+        Producer endpoints this tier may dial when a request's ``kv_transfer_params`` name them:
+        ``"host:port"``, ``"host"`` (any port), a CIDR network, or ``"*"`` (any: the default, for
+        compatibility; set it in production, see docs/security.md). A request naming another
+        endpoint is refused before any socket exists: lookup says MISS and the engine recomputes.""")
 
     # ---- polling ------------------------------------------------------------
-    poll_interval_s: float = _field(_Float(0.0001, 1.0), 0.001)
-    """Cadence of the background poll thread (when ``background_poll``)."""
+    poll_interval_s: float = _field(_Float(0.0001, 1.0), 0.001, doc="""
+        Cadence of the background poll thread (when ``background_poll``).""")
 
-    background_poll: bool = _field(_Bool(), False)
-    """Run a background thread that polls the transport every
-    ``poll_interval_s``; when false, kvtier is driven only by the engine's
-    calls."""
+    background_poll: bool = _field(_Bool(), False, doc="""
+        Run a background thread that polls the transport every
+        ``poll_interval_s``; when false, kvtier is driven only by the engine's
+        calls.""")
 
     def __attrs_post_init__(self) -> None:
         for rule in CROSS_FIELD_RULES:
@@ -759,7 +752,8 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
 
 
 # --------------------------------------------------------------------------
-# documentation table
+# the schema as data (docs/configuration.md and the README's table are rendered from it by the
+# repository's tools: python -m tools docs)
 # --------------------------------------------------------------------------
 
 
@@ -773,73 +767,10 @@ class ConfigRow(NamedTuple):
     validation: str
 
 
-@functools.cache
-def _field_docstrings() -> Mapping[str, str]:
-    """The string literal under each field of ``TierConfig`` (its docstring)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(TierConfig)))
-    (cls,) = tree.body
-    assert isinstance(cls, ast.ClassDef)
-    docs: dict[str, str] = {}
-    body = cls.body
-    for node, nxt in zip(body, body[1:]):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
-    return MappingProxyType(docs)
-
-
 def config_table() -> list[ConfigRow]:
     """One ``ConfigRow`` per key, in declaration order."""
-    docs = _field_docstrings()
     rows = []
     for a in attrs.fields(TierConfig):
         kind: _Kind = a.metadata[_KIND]
-        rows.append(ConfigRow(a.name, a.default, kind.unit, docs.get(a.name, ""), kind.describe()))
+        rows.append(ConfigRow(a.name, a.default, kind.unit, a.metadata[_DOC], kind.describe()))
     return rows
-
-
-_COMMAND = "python -m kvtier.config --write"
-_BEGIN = begin_marker(_COMMAND)
-_END = END
-
-
-def _cell(text: str) -> str:
-    """Docstring RST (``x``) to Markdown (`x`); escape table pipes."""
-    return text.replace("``", "`").replace("|", "\\|")
-
-
-def render_config_table() -> str:
-    """The generated part of ``docs/configuration.md`` (keys table + relations)."""
-    lines = [
-        "| key | default | unit | description | validation |",
-        "|---|---|---|---|---|",
-    ]
-    for row in config_table():
-        default = json.dumps(row.default)
-        lines.append(
-            f"| `{row.key}` | `{default}` | {row.unit} | {_cell(row.description)} "
-            f"| {_cell(row.validation)} |"
-        )
-    lines += ["", "Cross-field relations (checked at construction):", ""]
-    for rule in CROSS_FIELD_RULES:
-        lines.append(f"* `{rule.text()}` — {rule.why}.")
-    return "\n".join(lines)
-
-
-def render_config_doc(current: str) -> str:
-    """``current`` (the doc's text) with its generated block replaced."""
-    return replace_block(current, _COMMAND, render_config_table())
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m kvtier.config --write|--check [PATH]``: (re)render the doc table."""
-    return gendoc.main(argv, command=_COMMAND, default_path="docs/configuration.md", render=render_config_doc)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

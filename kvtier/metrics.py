@@ -3,8 +3,8 @@
 One :class:`TierMetrics` per :class:`~kvtier.manager.KvTierManager` owns a private
 ``prometheus_client`` :class:`~prometheus_client.CollectorRegistry`, so several managers in one
 process never collide.  Every series is declared once, as data, in :data:`SERIES` (name, type,
-labels, unit, meaning); the registry, the documentation table in ``docs/metrics.md``
-(``python -m kvtier.metrics --write`` / ``--check``) and the vLLM bridge in
+labels, unit, meaning); the registry, the documentation table in ``docs/metrics.md`` (rendered
+by the repository's tools, ``python -m tools docs``) and the vLLM bridge in
 :mod:`kvtier.integrations.vllm` are all derived from it.
 
 Two kinds of series:
@@ -36,8 +36,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvtier import _gendoc as gendoc
-from kvtier._gendoc import replace_block
 from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
 from kvtier.wire.codec import Reason as WireReason
 
@@ -48,7 +46,6 @@ __all__ = [
     "SeriesDef",
     "TierMetrics",
     "bounded",
-    "render_metrics_table",
 ]
 
 CONST_LABELS: tuple[str, ...] = ("tier", "listener")
@@ -457,27 +454,3 @@ class _Tap:
         out = list(self._buf)
         self._buf.clear()
         return out
-
-
-# -- the documentation table -----------------------------------------------------------------------
-_COMMAND = "python -m kvtier.metrics --write"
-
-
-def render_metrics_table() -> str:
-    """The generated table of ``docs/metrics.md``: one row per series of :data:`SERIES`."""
-    lines = ["| series | type | labels | unit | meaning |", "|---|---|---|---|---|"]
-    for s in SERIES:
-        labels = ", ".join(f"`{label}`" for label in s.labels) or "—"
-        text = s.help.replace("|", "\\|")
-        lines.append(f"| `{s.name}` | {s.kind} | {labels} | {s.unit} | {text} |")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m kvtier.metrics --write|--check [PATH]``: (re)render the series table."""
-    return gendoc.main(argv, command=_COMMAND, default_path="docs/metrics.md",
-                       render=lambda text: replace_block(text, _COMMAND, render_metrics_table()))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

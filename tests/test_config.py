@@ -14,6 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier import config as config_mod
+from tools import docgen
+from tools.cli import run
+from tools.docgen import render_page
 from kvtier.config import (
     CROSS_FIELD_RULES,
     DEFAULTS,
@@ -600,21 +603,31 @@ def test_doc_documents_every_key_with_the_code_default():
 
 def test_doc_generated_block_is_fresh():
     current = DOC.read_text(encoding="utf-8")
-    assert config_mod.render_config_doc(current) == current, (
-        "docs/configuration.md is stale: run python -m kvtier.config --write"
+    assert render_page(current, ("config table",)) == current, (
+        "docs/configuration.md is stale: run python -m tools docs"
     )
+    assert run(["docs", "--check"]) == 0
 
 
-def test_doc_check_cli(tmp_path):
-    stale = tmp_path / "configuration.md"
-    stale.write_text(
-        f"x\n{config_mod._BEGIN}\nold\n{config_mod._END}\ny\n", encoding="utf-8"
-    )
-    assert config_mod.main(["--check", str(stale)]) == 1
-    assert config_mod.main(["--write", str(stale)]) == 0
-    assert config_mod.main(["--check", str(stale)]) == 0
-    text = stale.read_text(encoding="utf-8")
-    assert text.startswith("x\n") and text.endswith("y\n")
+def test_docs_command_finds_and_rewrites_a_stale_table(tmp_path):
+    for rel in docgen.PAGES:  # a copy of the pages, one of them with an old table
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO / rel).read_text(encoding="utf-8"), encoding="utf-8")
+    page = tmp_path / "docs" / "configuration.md"
+    fresh = page.read_text(encoding="utf-8")
+    start = fresh.index(docgen.begin_marker("config table")) + len(docgen.begin_marker("config table"))
+    page.write_text(fresh[:start] + "\nold\n" + fresh[fresh.index(docgen.END, start):], encoding="utf-8")
+    assert docgen.stale_pages(tmp_path) == [page]
+    assert docgen.write_pages(tmp_path) == [page]
+    assert docgen.stale_pages(tmp_path) == [] and page.read_text(encoding="utf-8") == fresh
+
+
+def test_the_runtime_renders_no_docs():
+    """The tables are rendered by the repository's tools from declarations (docs/decisions.md W4):
+    the config module neither parses its own source nor carries a renderer."""
+    source = (REPO / "kvtier" / "config.py").read_text(encoding="utf-8")
+    assert "import ast" not in source and "getsource" not in source
+    assert not hasattr(config_mod, "render_config_doc") and not hasattr(config_mod, "main")
 
 
 def test_doc_mentions_every_cross_field_rule():

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.config import DEFAULTS, render_config_doc
+from kvtier.config import DEFAULTS
+from tools.docgen import render_page
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_config_table_is_fresh() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert render_config_doc(text) == text, "run: python -m kvtier.config --write README.md"
+    assert render_page(text, ("config table",)) == text, "run: python -m tools docs"
     for key in DEFAULTS:
         assert f"`{key}`" in text
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from kvtier.lifecycle._table import IGNORE, REJECT, Reason, Rule, TimerSpec
+from kvtier.lifecycle._table import IGNORE, TRANSITION, Reason, Rule, TimerSpec
 from kvtier.lifecycle.deadlines import DeadlineQueue
 from kvtier.lifecycle.effects import Effect, Ignored
 from kvtier.lifecycle.errors import InvalidTransition
@@ -65,20 +65,56 @@ class TableMachine:
         guards: dict[Any, Guard] = {g: getattr(self, f"guard_{g.value}") for g in self.GUARD_ENUM}
         effects: dict[Any, EffectBuilder] = {e: getattr(self, f"effect_{e.value}") for e in self.EFFECT_ENUM}
         self._rules: dict[tuple[Any, Any], tuple[Any, Any, tuple]] = {}
-        for key, rule in self.TABLE.items():
-            branches = tuple(
-                (guards[b.guard] if b.guard is not None else None, b.dest, tuple(effects[e] for e in b.effects), b.reason)
-                for b in rule.branches
-            )
-            self._rules[key] = (rule.kind, rule.reason, branches)
+        ops: dict[tuple[Any, Any], tuple[Any, tuple]] = {}
+        for (state, event), rule in self.TABLE.items():
+            branches = []
+            for b in rule.branches:
+                if b.dest is not state and (state, b.dest) not in ops:
+                    ops[state, b.dest] = (self.retime_op(state, b.dest), self.index_ops(state, b.dest))
+                retime, index = ops.get((state, b.dest), (None, ()))
+                branches.append((guards[b.guard] if b.guard is not None else None, b.dest,
+                                 tuple(effects[e] for e in b.effects), b.reason, b.dest is not state, retime, index))
+            self._rules[state, event] = (rule.kind, rule.reason, tuple(branches))
         self.ignored = 0
 
     # -- hooks ------------------------------------------------------------------------------
     def new_record(self, key: Any) -> Record:  # pragma: no cover - overridden
         return Record(key, self.INITIAL)
 
-    def on_state_change(self, rec: Any, old: Any, new: Any) -> None:
-        """Index maintenance when a record changes state (overridden)."""
+    def retime_op(self, old: Any, new: Any) -> Callable[[Any, float], None] | None:
+        """What a move from ``old`` to ``new`` does to the record's timer (compiled once per
+        pair): disarm the old state's, arm the new state's; None when both name the same one."""
+        if self.STATE_TIMER[new] == self.STATE_TIMER[old]:
+            return None
+        timer = self.STATE_TIMER[new]
+        duration = self._durations[timer] if timer else 0.0
+        dq, live = self._deadlines, self._is_live
+
+        def retime(rec: Any, now: float) -> None:
+            rec.timer = timer
+            if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
+                rec.tseq = 0
+                dq.retire(live)
+            rec.tseq = dq.arm(now + duration, rec.key, timer) if timer else 0
+
+        return retime
+
+    def index_ops(self, old: Any, new: Any) -> tuple[Callable[[Any], None], ...]:
+        """Index maintenance for a move from ``old`` to ``new`` (compiled once per pair), run
+        after the branch's effects so they see what the effects recorded.  The base class keeps
+        ``records``: a record enters it when it leaves the initial state and leaves it (and
+        :meth:`on_delete` runs) on reaching a final state or the initial one again."""
+        records = self.records
+        if new in self.FINAL or new is self.INITIAL:
+            def drop(rec: Any) -> None:
+                if records.pop(rec.key, None) is not None:
+                    self.on_delete(rec)
+            return (drop,)
+        if old is self.INITIAL:
+            def insert(rec: Any) -> None:
+                records[rec.key] = rec
+            return (insert,)
+        return ()
 
     def on_delete(self, rec: Any) -> None:
         """Called once when a record reaches a final state or falls back to the initial one."""
@@ -96,46 +132,27 @@ class TableMachine:
         Raises :class:`InvalidTransition` for a reject rule (the record is unchanged).
         """
         kind, rule_reason, branches = self._rules[rec.state, event]
-        if kind is IGNORE:
-            self.ignored += 1
-            out.append(Ignored(self.NAME, str(rec.key), rec.state, event, rule_reason))
-            return False
-        if kind is REJECT:
+        if kind is not TRANSITION:
+            if kind is IGNORE:
+                self.ignored += 1
+                out.append(Ignored(self.NAME, str(rec.key), rec.state, event, rule_reason))
+                return False
             raise InvalidTransition(self.NAME, str(rec.key), rec.state.value, event.value, rule_reason.value)
-        for guard, new, effects, reason in branches:
+        for guard, new, effects, reason, changed, retime, index in branches:
             if guard is None or guard(rec, inp, now):
                 break
         if reason is None:
             reason = getattr(inp, "reason", None) or rec.reason
-        old = rec.state
-        if new is not old:
+        if changed:
             rec.reason = reason
             rec.state = new
-            if self.STATE_TIMER[new] != self.STATE_TIMER[old]:
-                self._retime(rec, old, new, now)
+            if retime is not None:
+                retime(rec, now)
         for eff in effects:
             eff(rec, inp, reason, now, out)
-        if new is not old:
-            # after the effects, so indexes see what they recorded (e.g. the bound peer)
-            self._index(rec, old, new)
+        for op in index:
+            op(rec)
         return True
-
-    def _index(self, rec: Any, old: Any, new: Any) -> None:
-        self.on_state_change(rec, old, new)
-        if new in self.FINAL or new is self.INITIAL:
-            if self.records.pop(rec.key, None) is not None:
-                self.on_delete(rec)
-        elif old is self.INITIAL:
-            self.records[rec.key] = rec
-
-    def _retime(self, rec: Any, old: Any, new: Any, now: float) -> None:
-        """Called when ``new``'s timer differs from ``old``'s: disarm the old, arm the new."""
-        new_timer = self.STATE_TIMER[new]
-        rec.timer = new_timer
-        if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
-            rec.tseq = 0
-            self._deadlines.retire(self._is_live)
-        rec.tseq = self._deadlines.arm(now + self._durations[new_timer], rec.key) if new_timer else 0
 
     def enter(self, rec: Any, state: Any, now: float) -> Any:
         """Put a fresh record straight into ``state`` at ``now`` (seconds), indexed and with its
@@ -144,9 +161,11 @@ class TableMachine:
         machine may store a smaller record for some states)."""
         old = rec.state
         rec.state = state
-        if self.STATE_TIMER[state] != self.STATE_TIMER[old]:
-            self._retime(rec, old, state, now)
-        self._index(rec, old, state)
+        retime = self.retime_op(old, state)
+        if retime is not None:
+            retime(rec, now)
+        for op in self.index_ops(old, state):
+            op(rec)
         return self.records.get(rec.key, rec)
 
     def timer_token(self, key: Any) -> Any:
@@ -165,7 +184,7 @@ class TableMachine:
             if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
                 rec.tseq = 0
                 self._deadlines.retire(self._is_live)
-            rec.tseq = self._deadlines.arm(now + self._durations[rec.timer], rec.key)
+            rec.tseq = self._deadlines.arm(now + self._durations[rec.timer], rec.key, rec.timer)
 
     # -- deadlines ---------------------------------------------------------------------------
     def _is_live(self, key: Any, seq: int) -> bool:

@@ -1,6 +1,6 @@
 # ============================================================================================
 # GENERATED FILE — DO NOT EDIT.
-# Source: spec/lifecycle.toml   Generator: python -m kvtier._tools.specgen
+# Source: spec/lifecycle.toml   Generator: python -m tools gen
 # A test (tests/lifecycle/test_spec.py) fails when this file does not match the spec.
 # ============================================================================================
 """kvtier lifecycle tables, generated from ``spec/lifecycle.toml``.
@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "87560a646a5e04c4a4e69e5e7d3dce496301bd3112ed5ca903505b6106f57da4"
+SPEC_SHA256: Final = "76f55e0c2ff7b78dddea6aa29dfff5e42cbb05de4c83feb71f9f42a51faec36d"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1362,4 +1362,4 @@ PROPERTIES: Final = MappingProxyType({
     "input_before_deadline": ("safety", "A deadline never fires while a message that arrived before it is still unread: the shell fires deadlines at the time its inbound queue was last seen empty."),
     "lives_never_mix": ("safety", "A consumer message that refers to a binding (an abort of a fetched round, a receipt) changes only the life that round bound; producer messages carry the round, so an earlier round's answer never touches a later load."),
 })
-"""Property name -> (kind, statement). Verified by tests and `kvtier check`."""
+"""Property name -> (kind, statement). Verified by tests and `python -m tools check`."""

@@ -153,15 +153,23 @@ class ConsumerMachine(TableMachine):
     def pending_jobs(self) -> int:
         return sum(1 for r in self.records.values() if r.job_id is not None)
 
-    def on_state_change(self, rec: ConsumerRecord, old: ConsumerState, new: ConsumerState) -> None:
+    def index_ops(self, old: Any, new: Any) -> tuple:
+        ops: list = []
         if old is ConsumerState.ABSENT:
-            self.by_peer.setdefault(rec.peer, set()).add(rec.key)
+            ops.append(self._by_peer_add)
         if new is ConsumerState.FINISHED:
-            peers = self.by_peer.get(rec.peer)
-            if peers is not None:
-                peers.discard(rec.key)
-                if not peers:
-                    del self.by_peer[rec.peer]
+            ops.append(self._by_peer_drop)
+        return (*ops, *super().index_ops(old, new))
+
+    def _by_peer_add(self, rec: ConsumerRecord) -> None:
+        self.by_peer.setdefault(rec.peer, set()).add(rec.key)
+
+    def _by_peer_drop(self, rec: ConsumerRecord) -> None:
+        peers = self.by_peer.get(rec.peer)
+        if peers is not None:
+            peers.discard(rec.key)
+            if not peers:
+                del self.by_peer[rec.peer]
 
     # -- guards --------------------------------------------------------------------------------
     def guard_load_empty(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:

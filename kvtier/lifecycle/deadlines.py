@@ -1,80 +1,117 @@
-"""A deadline queue with O(log n) arm and O(expired) expiry.
+"""Deadlines with O(1) arm and O(expired) expiry: one FIFO lane per timer.
 
-Entries are ``(when, seq, key)`` in a heap.  Re-arming a key does not search the heap: the record
-remembers the ``seq`` of its live entry and older entries are skipped when they surface (lazy
-deletion).  The owner reports each entry it makes stale (:meth:`DeadlineQueue.retire`), and the
-queue drops all stale entries once they are more than half of it (and more than 64), so stale
-entries never outnumber live ones for long: an id that moved on (parked → serving → done) does not
-keep paying for the deadlines of its earlier states.
+Every timer of a machine runs for one fixed duration (its config key), and the core is fed a
+monotonic ``now``, so the deadlines armed on one timer come out in the order they were armed: a
+lane is a FIFO of ``(when, seq, key)``, arming is an append, and the earliest deadline of the
+machine is the earliest of its lanes' heads (a machine has at most five timers).  An entry that
+arrives out of order (a caller's clock stepped back) is put in its place, at O(lane) cost, so a
+deadline never fires early nor late.
+
+Re-arming a key does not search a lane: the record remembers the ``seq`` of its live entry and
+older entries are skipped when they surface (lazy deletion).  The owner reports each entry it
+makes stale (:meth:`DeadlineQueue.retire`), and the queue drops all stale entries once they are
+more than half of it (and more than :data:`STALE_FLOOR`), so stale entries never outnumber live ones for long: an
+id that moved on (parked → serving → done) does not keep paying for the deadlines of its earlier
+states.  (Decision D5: a heap until the third release; the lanes halve the cost of a timer change,
+P4 in docs/benchmarks.md.)
 """
 
 from __future__ import annotations
 
-import heapq
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 IsLive = Callable[[Any, int], bool]
 
+#: Stale entries tolerated before a compaction is considered (~100 B each): below this, heads
+#: that surface are dropped by the ticks, and a compaction would cost more than it frees.
+STALE_FLOOR = 4096
+
+__all__ = ["DeadlineQueue"]
+
 
 class DeadlineQueue:
-    """Deadlines in seconds (the caller's clock), keyed by record key."""
+    """Deadlines in seconds (the caller's clock), keyed by record key, in lanes (one per timer)."""
 
-    __slots__ = ("_heap", "_seq", "_stale")
+    __slots__ = ("_lanes", "_seq", "_stale", "_size")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Any]] = []
+        self._lanes: dict[Any, deque[tuple[float, int, Any]]] = {}
         self._seq = 0
         self._stale = 0  # entries known to be stale (an estimate: owners may under-report)
+        self._size = 0
 
-    def arm(self, when: float, key: Any) -> int:
-        """Schedule ``key`` at ``when``; return the entry's seq (the record keeps it)."""
-        self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, key))
-        return self._seq
+    def arm(self, when: float, key: Any, lane: Any = None) -> int:
+        """Schedule ``key`` at ``when`` on ``lane`` (its timer); return the entry's seq (the
+        record keeps it)."""
+        self._seq = seq = self._seq + 1
+        q = self._lanes.get(lane)
+        if q is None:
+            q = self._lanes[lane] = deque()
+        if q and q[-1][0] > when:  # out of order: keep the lane sorted
+            entries = sorted([*q, (when, seq, key)])
+            q.clear()
+            q.extend(entries)
+        else:
+            q.append((when, seq, key))
+        self._size += 1
+        return seq
+
+    def _head(self, is_live: IsLive) -> deque[tuple[float, int, Any]] | None:
+        """The lane whose live head is earliest (stale heads are dropped on the way)."""
+        best = None
+        for q in self._lanes.values():
+            while q and not is_live(q[0][2], q[0][1]):
+                q.popleft()
+                self._size -= 1
+                self._stale = max(0, self._stale - 1)
+            if q and (best is None or q[0][0] < best[0][0]):
+                best = q
+        return best
 
     def next_when(self, is_live: IsLive) -> float | None:
         """Earliest live deadline, discarding stale heads."""
-        heap = self._heap
-        while heap and not is_live(heap[0][2], heap[0][1]):
-            heapq.heappop(heap)
-            self._stale = max(0, self._stale - 1)
-        return heap[0][0] if heap else None
+        q = self._head(is_live)
+        return q[0][0] if q is not None else None
 
     def pop_due(self, now: float, is_live: IsLive) -> Any | None:
         """Pop and return the key of the earliest live entry with ``when <= now``, or None."""
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, seq, key = heapq.heappop(heap)
-            if is_live(key, seq):
-                return key
-            self._stale = max(0, self._stale - 1)
-        return None
+        q = self._head(is_live)
+        if q is None or q[0][0] > now:
+            return None
+        self._size -= 1
+        return q.popleft()[2]
 
     def retire(self, is_live: IsLive) -> None:
         """One live entry just went stale (its record re-armed or dropped its timer).  Once stale
-        entries are over half the heap (and over 64), drop them all: O(n) then, amortised O(1)."""
+        entries are over half the queue (and over 64), drop them all: O(n) then, amortised O(1)."""
         self._stale += 1
-        if self._stale > 64 and 2 * self._stale > len(self._heap):
+        if self._stale > STALE_FLOOR and 2 * self._stale > self._size:
             self._compact(is_live)
 
     def maybe_compact(self, live_records: int, is_live: IsLive) -> None:
         """Drop stale entries (O(n)) once they outnumber live records 4:1 (a backstop for stale
         entries nobody reported); amortised O(1)."""
-        if len(self._heap) > 64 + 4 * live_records:
+        if self._size > STALE_FLOOR + 4 * live_records:
             self._compact(is_live)
 
     def _compact(self, is_live: IsLive) -> None:
-        self._heap = [e for e in self._heap if is_live(e[2], e[1])]
-        heapq.heapify(self._heap)
+        size = 0
+        for lane, q in self._lanes.items():
+            kept = deque(e for e in q if is_live(e[2], e[1]))
+            self._lanes[lane] = kept
+            size += len(kept)
+        self._size = size
         self._stale = 0
 
     def when_of(self, key: Any, seq: int) -> float | None:
         """When the entry ``(key, seq)`` falls due, or None (O(n): tests and introspection)."""
-        for when, s, k in self._heap:
-            if k == key and s == seq:
-                return when
+        for q in self._lanes.values():
+            for when, s, k in q:
+                if k == key and s == seq:
+                    return when
         return None
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self._size

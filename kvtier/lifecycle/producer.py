@@ -127,10 +127,12 @@ class RetainedRecord(Record):
     supply_complete = False
     receipt = False
 
-    def __init__(self, rec: Record) -> None:
-        super().__init__(rec.key, rec.state)
+    def __init__(self, rec: Record) -> None:  # no super().__init__: every slot is set here
+        self.key = rec.key
+        self.state = rec.state
         self.reason = rec.reason
         self.timer = rec.timer
+        self.tseq = rec.tseq
         self.consumer = rec.consumer
 
 
@@ -197,11 +199,13 @@ class ProducerMachine(TableMachine):
         if inp.digests and len(inp.digests) != len(inp.keys):
             raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.digests)} digests")
         self.apply(self.record(inp.kv_request_id), ProducerEvent.STORE, inp, now, out)
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
 
     def fetch(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
         self.apply(self.record(inp.kv_request_id), ProducerEvent.FETCH, inp, now, out)
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
 
     def announce(self, kv_request_id: str, consumer: str) -> None:
         """A producer request names ``consumer`` as the only principal allowed to touch the id."""
@@ -216,16 +220,19 @@ class ProducerMachine(TableMachine):
 
     def abort_fetch(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
         self.apply(self.record(inp.kv_request_id), ProducerEvent.ABORT_FETCH, inp, now, out)
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
 
     def receipt(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
         self.apply(self.record(inp.kv_request_id), ProducerEvent.RECEIPT, inp, now, out)
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
 
     def event(self, kv_request_id: str, event: ProducerEvent, now: float, out: list[Effect], inp: Any = None) -> None:
         """Apply an input that carries no payload (request_finished, …)."""
         self.apply(self.record(kv_request_id), event, inp, now, out)
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
 
     def transfer_event(
         self, kv_request_id: str, round: int, event: ProducerEvent, now: float, out: list[Effect]
@@ -238,14 +245,16 @@ class ProducerMachine(TableMachine):
             out.append(Ignored(self.NAME, kv_request_id, state, event, Reason.STALE))
             return
         self.apply(rec, event, None, now, out)
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
 
     def peer_lost(self, peer: str, now: float, out: list[Effect]) -> None:
         for key in sorted(self.by_peer.get(peer, ())):
             rec = self.records.get(key)
             if rec is not None and rec.peer == peer:
                 self.apply(rec, ProducerEvent.PEER_LOST, None, now, out)
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
 
     def broadcast(self, event: ProducerEvent, now: float, out: list[Effect]) -> None:
         """drain / shutdown / close: apply to every live record (in key order, deterministically)."""
@@ -255,7 +264,8 @@ class ProducerMachine(TableMachine):
             rec = self.records.get(key)
             if rec is not None:
                 self.apply(rec, event, None, now, out)
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
 
     def tick(self, now: float, out: list[Effect]) -> int:
         fired = super().tick(now, out)  # reap, supply, transfer and cancel deadlines (the heap)
@@ -270,7 +280,8 @@ class ProducerMachine(TableMachine):
             else:
                 self.apply(self.records[key], ProducerEvent.PRUNE_DEADLINE, None, now, out)
                 fired += 1
-        self._enforce_cap(now, out)
+        if len(self.retained) > self.tombstone_max:
+            self._enforce_cap(now, out)
         return fired
 
     def next_deadline(self) -> float | None:
@@ -293,26 +304,24 @@ class ProducerMachine(TableMachine):
             return self.retained[key]
         return super().deadline_of(key)
 
-    def _retime(self, rec: Any, old: Any, new: Any, now: float) -> None:
-        if new in RETAINED and old not in RETAINED:
+    def retime_op(self, old: Any, new: Any):
+        if not (new in RETAINED and old not in RETAINED):
+            return super().retime_op(old, new)
+        timer = self.STATE_TIMER[new]
+
+        def retain(rec: Any, now: float) -> None:
             # the prune timer lives in ``retained`` (oldest first), not the heap; entries the
             # heap still holds for this id (reap, transfer) go stale with tseq 0
             if rec.tseq:
                 rec.tseq = 0
                 self._deadlines.retire(self._is_live)
-            rec.timer = self.STATE_TIMER[new]
+            rec.timer = timer
             if self._prune_at[0] != now:
-                self._prune_at = (now, now + self._durations[rec.timer])
+                self._prune_at = (now, now + self._durations[timer])
             self.retained[rec.key] = self._prune_at[1]
             self._prune_order.append(rec.key)
-            return
-        super()._retime(rec, old, new, now)
 
-    def _index(self, rec: Any, old: Any, new: Any) -> None:
-        super()._index(rec, old, new)
-        if new in RETAINED and old not in RETAINED:
-            # from here on the id is answered from its state, reason and named consumer alone
-            self.records[rec.key] = RetainedRecord(rec)
+        return retain
 
     def _enforce_cap(self, now: float, out: list[Effect]) -> None:
         retained, order = self.retained, self._prune_order
@@ -338,32 +347,60 @@ class ProducerMachine(TableMachine):
         return [r for r in self.records.values() if r.state in REFERENCED]
 
     # -- indexes -------------------------------------------------------------------------------
-    def on_state_change(self, rec: ProducerRecord, old: ProducerState, new: ProducerState) -> None:
-        if old is ProducerState.AWAITING:
-            self.awaiting_per_peer[rec.peer] -= 1
-            if not self.awaiting_per_peer[rec.peer]:
-                del self.awaiting_per_peer[rec.peer]
-        if new is ProducerState.AWAITING:
-            self.awaiting_per_peer[rec.peer] = self.awaiting_per_peer.get(rec.peer, 0) + 1
+    def index_ops(self, old: Any, new: Any) -> tuple:
+        S = ProducerState
+        ops: list = []
+        if old is S.AWAITING:
+            ops.append(self._awaiting_dec)
+        if new is S.AWAITING:
+            ops.append(self._awaiting_inc)
         if old in _BOUND and new not in _BOUND:
-            peers = self.by_peer.get(rec.peer)
-            if peers is not None:
-                peers.discard(rec.key)
-                if not peers:
-                    del self.by_peer[rec.peer]
+            ops.append(self._unbind_peer)
         if new in _BOUND and old not in _BOUND:
-            self.by_peer.setdefault(rec.peer, set()).add(rec.key)
-        if new is ProducerState.QUARANTINED:
-            self.quarantined.add(rec.key)
-        elif old is ProducerState.QUARANTINED:
-            self.quarantined.discard(rec.key)
+            ops.append(self._bind_peer)
+        if new is S.QUARANTINED:
+            ops.append(lambda rec: self.quarantined.add(rec.key))
+        elif old is S.QUARANTINED:
+            ops.append(lambda rec: self.quarantined.discard(rec.key))
         if old in RETAINED and new not in RETAINED:
-            self.retained.pop(rec.key, None)
-            order = self._prune_order
-            if order and order[0] == rec.key:
-                order.popleft()
-            elif len(order) > 64 + 2 * len(self.retained):
-                self._prune_order = deque(k for k in order if k in self.retained)
+            ops.append(self._unretain)
+        ops.extend(super().index_ops(old, new))
+        if new in RETAINED and old not in RETAINED:
+            ops.append(self._swap_retained)
+        return tuple(ops)
+
+    def _awaiting_dec(self, rec: ProducerRecord) -> None:
+        per = self.awaiting_per_peer
+        per[rec.peer] -= 1
+        if not per[rec.peer]:
+            del per[rec.peer]
+
+    def _awaiting_inc(self, rec: ProducerRecord) -> None:
+        per = self.awaiting_per_peer
+        per[rec.peer] = per.get(rec.peer, 0) + 1
+
+    def _unbind_peer(self, rec: ProducerRecord) -> None:
+        peers = self.by_peer.get(rec.peer)
+        if peers is not None:
+            peers.discard(rec.key)
+            if not peers:
+                del self.by_peer[rec.peer]
+
+    def _bind_peer(self, rec: ProducerRecord) -> None:
+        self.by_peer.setdefault(rec.peer, set()).add(rec.key)
+
+    def _unretain(self, rec: Any) -> None:
+        self.retained.pop(rec.key, None)
+        order = self._prune_order
+        if order and order[0] == rec.key:
+            order.popleft()
+        elif len(order) > 64 + 2 * len(self.retained):
+            self._prune_order = deque(k for k in order if k in self.retained)
+
+    def _swap_retained(self, rec: Any) -> None:
+        # from here on the id is answered from its state, reason and named consumer alone
+        if rec.key in self.records:
+            self.records[rec.key] = RetainedRecord(rec)
 
     # -- guards (names match spec/lifecycle.toml) ----------------------------------------------
     def guard_store_empty(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
@@ -379,8 +416,7 @@ class ProducerMachine(TableMachine):
         return not inp.keys
 
     def guard_demand_met(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
-        blocks = rec.blocks
-        return all(k in blocks for k in inp.keys)
+        return all(map(rec.blocks.__contains__, inp.keys))
 
     def guard_store_meets_demand(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
         blocks = rec.blocks
@@ -418,12 +454,14 @@ class ProducerMachine(TableMachine):
             rec.owner = inp.owner
         if rec.consumer is None:
             rec.consumer = inp.consumer or self.named.get(rec.key)
-        if rec.blocks is _NO_BLOCKS:
-            rec.blocks = {}
-        blocks = rec.blocks
         digests = inp.digests or (0,) * len(inp.keys)
-        for k, b, d in zip(inp.keys, inp.blocks, digests):
-            blocks.setdefault(k, (b, d))
+        if rec.blocks is _NO_BLOCKS:
+            # the first store: nothing parked yet (a later store never replaces a parked key)
+            rec.blocks = dict(zip(inp.keys, zip(inp.blocks, digests)))
+        else:
+            blocks = rec.blocks
+            for k, b, d in zip(inp.keys, inp.blocks, digests):
+                blocks.setdefault(k, (b, d))
         rec.jobs.append(inp.job_id)
 
     def effect_report_store_ok(self, rec, inp: StoreSubmitted, reason, now, out) -> None:
@@ -441,18 +479,9 @@ class ProducerMachine(TableMachine):
         rec.slots = inp.slots
 
     def effect_start_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
-        parked = [rec.blocks[k] for k in rec.demand]
-        out.append(
-            SendBlocks(
-                rec.peer,
-                rec.key,
-                rec.round,
-                tuple(b for b, _ in parked),
-                gen=rec.gen,
-                digests=tuple(d for _, d in parked),
-                slots=rec.slots,
-            )
-        )
+        # every demanded key is parked (the guard said so): (block, digest) pairs in fetch order
+        blocks, digests = zip(*map(rec.blocks.__getitem__, rec.demand))
+        out.append(SendBlocks(rec.peer, rec.key, rec.round, blocks, rec.gen, digests, rec.slots))
 
     def effect_cancel_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         out.append(CancelTransfer(rec.key, rec.round))

@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark suite: ``kvtier bench --quick`` runs every benchmark end to end and
+"""Smoke test of the benchmark suite: ``python -m bench --quick`` runs every benchmark end to end and
 writes well-formed results and plots.  It asserts nothing about timings (they depend on the
 machine and on what else runs on it): only that every benchmark produced numbers."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench import BENCHMARKS, main
+from bench import BENCHMARKS, main
 
 pytestmark = pytest.mark.e2e
 

@@ -30,8 +30,8 @@ from kvtier.dataplane.nixl_agent import (
     decode_descriptor,
     load_nixl_api,
 )
-from kvtier.testing.nixl_peer import spawn_nixl_peer
-from kvtier.testing.peer_process import pattern_digest
+from tests.support.nixl_peer import spawn_nixl_peer
+from tests.support.peer_process import pattern_digest
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -457,7 +457,7 @@ def test_across_network_namespaces_over_tcp_with_a_partition(request):
     WRITE; then the link goes down mid-stream and the producer faults the consumer and reports
     every posted WRITE, helped by ``UCX_TCP_USER_TIMEOUT`` (unset, unacknowledged data keeps a
     WRITE in flight for the kernel's retransmission timeout, many minutes)."""
-    from kvtier.testing.netns import TwoHosts, unavailable_reason
+    from tests.support.netns import TwoHosts, unavailable_reason
 
     why = unavailable_reason()
     if why:

@@ -31,7 +31,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def _seed_from_default_cache(entry: Path) -> None:
-    from kvtier.demo import model as M
+    from demo import model as M
 
     saved = os.environ.pop("KVTIER_CACHE_DIR", None)
     try:
@@ -53,7 +53,7 @@ def _seed_from_default_cache(entry: Path) -> None:
 @pytest.fixture(scope="session")
 def model_cache_dir() -> Iterator[Path]:
     """``KVTIER_CACHE_DIR`` pointed at the persistent test cache for the whole session."""
-    from kvtier.demo import model as M
+    from demo import model as M
 
     saved = os.environ.get("KVTIER_CACHE_DIR")
     os.environ["KVTIER_CACHE_DIR"] = str(TEST_CACHE_DIR)
@@ -78,7 +78,7 @@ def smollm2(model_cache_dir: Path):
     """
     import torch
 
-    from kvtier.demo import model as M
+    from demo import model as M
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

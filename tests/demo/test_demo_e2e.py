@@ -1,4 +1,4 @@
-"""The main job end to end: `kvtier demo` on the real SmolLM2 model, in three processes.
+"""The main job end to end: `python -m demo` on the real SmolLM2 model, in three processes.
 
 One short prompt plus the late-consumer scenario, so CI proves the demo works on every change.
 """
@@ -9,8 +9,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.model, pytest.mark.e2e]
 
@@ -18,10 +21,10 @@ pytestmark = [pytest.mark.model, pytest.mark.e2e]
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("data_plane", ["zmq", "nixl"])
 def test_demo_json_one_prompt_and_late_consumer(model_cache_dir, data_plane) -> None:
-    cmd = [sys.executable, "-m", "kvtier.cli", "demo", "--prompts", "1", "--max-new-tokens", "6",
+    cmd = [sys.executable, "-m", "demo", "--prompts", "1", "--max-new-tokens", "6",
            "--max-prompt-tokens", "256", "--unbound-store-timeout", "0.5", "--data-plane", data_plane, "--json"]
     env = dict(os.environ, KVTIER_CACHE_DIR=str(model_cache_dir), HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)  # stdout is exactly one JSON document ...
     assert "loading SmolLM2" not in proc.stdout + proc.stderr  # ... and --json shows no progress

@@ -1,4 +1,4 @@
-"""kvtier.demo.model against the real SmolLM2-135M-Instruct (no mocks of the model)."""
+"""demo.model against the real SmolLM2-135M-Instruct (no mocks of the model)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvtier.demo import model as M
+from demo import model as M
 
 pytestmark = pytest.mark.model
 

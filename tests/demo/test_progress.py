@@ -1,4 +1,4 @@
-"""`kvtier demo` shows progress from its first second (without loading the model here)."""
+"""`python -m demo` shows progress from its first second (without loading the model here)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kvtier.demo.run import RichProgress
+from demo.run import RichProgress
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_first_stage_is_reported_before_torch_or_the_model_loads() -> None:
     code = (
         "import sys\n"
-        "from kvtier.demo.run import run\n"
+        "from demo.run import run\n"
         "class Seen(Exception): pass\n"
         "class First:\n"
         "    def stage(self, text):\n"

@@ -13,8 +13,8 @@ from typing import Any
 import attrs
 import pytest
 
-from kvtier._tools import reference
-from kvtier._tools.spec import load
+from tools import reference
+from tools.spec import load
 from kvtier.lifecycle import InvalidTransition, TierCore
 from kvtier.lifecycle import deadlines as deadlines_mod
 from kvtier.lifecycle import effects as effects_mod
@@ -130,7 +130,7 @@ def test_core_agrees_with_the_reference_on_every_state_event_and_guard_value(nam
 
 @pytest.mark.parametrize(("bug", "name"), [("reap_forgets_jobs", "producer"), ("write_after_abort", "consumer")])
 def test_exhaustive_agreement_catches_a_table_that_drifted_from_the_spec(bug: str, name: str) -> None:
-    from kvtier.testing.planted import PLANTED
+    from tools.planted import PLANTED
 
     with PLANTED[bug](), pytest.raises(reference.Divergence):
         _exhaustive(name)

@@ -1,8 +1,8 @@
-"""Everything ``kvtier diagram`` generates is committed and fresh: ``diagrams/**/*.dot`` and
+"""Everything ``python -m tools diagram`` generates is committed and fresh: ``diagrams/**/*.dot`` and
 ``*.svg`` (full graphs, overviews, state details, recorded scenarios, the example counterexample),
 ``docs/states/*.md`` and ``docs/review.md``.
 
-Regenerate with ``kvtier diagram`` (or ``python -m kvtier._tools.diagrams``).
+Regenerate with ``python -m tools diagram`` (``make diagrams``).
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from kvtier._tools import diagrams
-from kvtier._tools.spec import load, loads
-from kvtier._tools.spec import SPEC_PATH
+from tools import diagrams
+from tools.cli import run
+from tools.spec import load, loads, spec_path
 
 SPEC = load()
 
 
 def test_committed_diagrams_are_fresh() -> None:
     stale = diagrams.check()
-    assert stale == [], f"stale diagrams or pages {stale}: run `kvtier diagram`"
+    assert stale == [], f"stale diagrams or pages {stale}: run `python -m tools diagram`"
 
 
 def test_dot_is_byte_stable() -> None:
@@ -30,7 +30,7 @@ def test_dot_is_byte_stable() -> None:
 
 
 def test_a_spec_change_makes_the_dot_stale(tmp_path: Path) -> None:
-    text = SPEC_PATH.read_text().replace(
+    text = spec_path().read_text().replace(
         'parked = { doc = "Blocks stored, pinned, no fetch yet.", timer = "reap" }',
         'parked = { doc = "Blocks stored, pinned, no fetch yet.", timer = "supply" }',
     )
@@ -96,15 +96,15 @@ def test_render_all_writes_dot_and_svg(tmp_path: Path) -> None:
     assert diagrams.render_all(tmp_path) == []  # idempotent
     svg = (tmp_path / "session.svg").read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
-    assert (tmp_path / "session.dot").read_text() == (diagrams.DIAGRAM_DIR / "session.dot").read_text()
+    assert (tmp_path / "session.dot").read_text() == (diagrams.diagram_dir() / "session.dot").read_text()
 
 
 def test_main_check_exit_codes(tmp_path: Path) -> None:
-    assert diagrams.main(["--check"]) == 0
-    assert diagrams.main(["--check", "--out", str(tmp_path)]) == 1
-    assert diagrams.main(["--no-svg", "--out", str(tmp_path)]) == 0
+    assert run(["diagram", "--check"]) == 0
+    assert run(["diagram", "--check", "--out", str(tmp_path)]) == 1
+    assert run(["diagram", "--no-svg", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "docs" / "review.md").exists()  # a trial render never touches docs/
-    assert diagrams.main(["--check", "--no-svg", "--out", str(tmp_path)]) == 0
+    assert run(["diagram", "--check", "--no-svg", "--out", str(tmp_path)]) == 0
 
 
 def test_lifecycle_doc_explains_every_name() -> None:

@@ -1,7 +1,7 @@
 """Differential testing: random event traces through real TierCores, every table step mirrored by
 the transitions-based reference interpreter built from the same spec.
 
-A :class:`kvtier._tools.reference.Shadow` sits on each machine of each core, so every ``apply``
+A :class:`tools.reference.Shadow` sits on each machine of each core, so every ``apply``
 — engine calls, wire messages, ticks, peer loss broadcasts, tombstone-cap evictions — is compared
 with the reference: same destination state, same effect builders (names, order), same reason,
 same timer.  A divergence raises inside the trace and Hypothesis shrinks it.
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvtier._tools import reference
+from tools import reference
 from kvtier.lifecycle import InvalidTransition, TierCore
 from kvtier.lifecycle.consumer import LoadInput
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
@@ -222,7 +222,7 @@ def test_a_typical_trace_touches_every_machine() -> None:
 
 
 def test_the_shadow_catches_a_drifted_core() -> None:
-    from kvtier.testing.planted import PLANTED
+    from tools.planted import PLANTED
 
     trace = [("store", 0, 1, 0), ("advance", 5), ("tick",)]
     with PLANTED["reap_forgets_jobs"](), pytest.raises(reference.Divergence, match="effects"):

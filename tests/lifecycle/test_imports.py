@@ -1,7 +1,7 @@
 """Dependency rules (docs/design.md): the lifecycle core and the wire codec are pure.
 
 ``kvtier/lifecycle/`` and ``kvtier/wire/`` import neither zmq nor torch nor ``time`` (the core
-takes ``now`` as an argument), and the core never imports the dev-time tools (``kvtier._tools``,
+takes ``now`` as an argument), and the core never imports the dev-time tools (``tools``,
 ``transitions``, ``graphviz``).  Checked by scanning the source with ``ast``, so an import inside a
 function counts too.
 """
@@ -15,8 +15,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "kvtier"
 FORBIDDEN = {
-    "lifecycle": {"zmq", "torch", "time", "kvtier._tools", "transitions", "graphviz", "socket", "threading", "asyncio"},
-    "wire": {"zmq", "torch", "time", "kvtier._tools", "transitions", "socket"},
+    "lifecycle": {"zmq", "torch", "time", "tools", "transitions", "graphviz", "socket", "threading", "asyncio"},
+    "wire": {"zmq", "torch", "time", "tools", "transitions", "socket"},
 }
 
 

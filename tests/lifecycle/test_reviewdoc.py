@@ -1,4 +1,4 @@
-"""docs/review.md (kvtier._tools.reviewdoc): every spec property is established by a test or the
+"""docs/review.md (tools.reviewdoc): every spec property is established by a test or the
 model checker, the timing keys come from the config and the spec, and the README shows the
 overview (freshness of the page itself: tests/lifecycle/test_diagrams.py)."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier._tools import reviewdoc
-from kvtier._tools.spec import SPEC_PATH, load, loads
+from tools import reviewdoc
+from tools.spec import load, loads, spec_path
 
 SPEC = load()
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_every_property_is_established_by_a_test_or_the_model_checker() -> None:
 
 def test_a_property_nothing_checks_fails_the_page(tmp_path: Path) -> None:
     name = "blocks_are_" + "purple"  # built here so this file does not name it
-    text = SPEC_PATH.read_text() + f'\n[properties.{name}]\nkind = "safety"\ndoc = "Every block is purple."\n'
+    text = spec_path().read_text() + f'\n[properties.{name}]\nkind = "safety"\ndoc = "Every block is purple."\n'
     spec = loads(text)
     ev = reviewdoc.evidence(spec)
     assert not ev[name].established
@@ -39,13 +39,16 @@ def test_a_property_nothing_checks_fails_the_page(tmp_path: Path) -> None:
         reviewdoc.review_page(spec, diagrams_rel="../diagrams", scenarios=[], awaiting={}, counterexample=None)
     # a test file that names it is evidence (whole words only)
     (tmp_path / "tests").mkdir()
-    (tmp_path / "kvtier" / "_tools").mkdir(parents=True)
+    (tmp_path / "tools").mkdir()
     (tmp_path / "tests" / "test_purple.py").write_text(f"def test_{name}_ish(): ...\n")
     assert not reviewdoc.evidence(spec, tmp_path)[name].established
     (tmp_path / "tests" / "test_purple.py").write_text(f"PROP = '{name}'\n")
     assert reviewdoc.evidence(spec, tmp_path)[name].tests == ("tests/test_purple.py",)
     (tmp_path / "tests" / "test_purple.py").unlink()
-    (tmp_path / "kvtier" / "_tools" / "modelcheck.py").write_text(f"PROPERTIES = ('{name}',)\n")
+    (tmp_path / "tests" / "support").mkdir()  # test machinery naming it is not evidence
+    (tmp_path / "tests" / "support" / "peer.py").write_text(f"PROP = '{name}'\n")
+    assert not reviewdoc.evidence(spec, tmp_path)[name].established
+    (tmp_path / "tools" / "modelcheck.py").write_text(f"PROPERTIES = ('{name}',)\n")
     assert reviewdoc.evidence(spec, tmp_path)[name].model_check
 
 

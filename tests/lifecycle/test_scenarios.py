@@ -1,4 +1,4 @@
-"""Recorded scenarios (kvtier._tools.scenarios): each one runs two real managers on a virtual
+"""Recorded scenarios (tools.scenarios): each one runs two real managers on a virtual
 clock, asserts its outcomes, and its recorded trace IS the committed chart."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier._tools import diagrams, scenarios, seqchart
-from kvtier._tools.scenarios import SCENARIOS, Harness, Scenario, ScenarioFailed, record
-from kvtier._tools.spec import load
+from tools import diagrams, scenarios, seqchart
+from tools.scenarios import SCENARIOS, Harness, Scenario, ScenarioFailed, record
+from tools.spec import load
 
 SPEC = load()
 BY_NAME = {s.name: s for s in SCENARIOS}
@@ -41,8 +41,8 @@ def test_scenario_holds_and_its_chart_is_its_recorded_trace(name: str) -> None:
     assert trace.checks[-1].startswith("every job (")  # the exactly-once check ran
     assert all(p in SPEC.properties for p in s.properties)
     dot = seqchart.render_dot(scenarios.LANES, trace.steps(), s.title)
-    committed = diagrams.DIAGRAM_DIR / "scenarios" / f"{name}.dot"
-    assert committed.read_text() == dot, f"diagrams/scenarios/{name}.dot is stale: run `kvtier diagram`"
+    committed = diagrams.diagram_dir() / "scenarios" / f"{name}.dot"
+    assert committed.read_text() == dot, f"diagrams/scenarios/{name}.dot is stale: run `python -m tools diagram`"
 
 
 def test_the_recorder_sees_real_wire_messages_calls_results_and_deadlines() -> None:
@@ -108,7 +108,7 @@ def test_scenario_registration_rules() -> None:
 
 
 def test_review_page_lists_each_scenario_with_its_chart_and_asserted_outcomes() -> None:
-    page = (Path(diagrams.DOCS_DIR) / "review.md").read_text()
+    page = (diagrams.docs_dir() / "review.md").read_text()
     for s in SCENARIOS:
         assert f"../diagrams/scenarios/{s.name}.svg" in page
         assert s.title in page

@@ -1,5 +1,5 @@
-"""Sequence charts (kvtier._tools.seqchart): the generic Lane/Step renderer, and a model-checker
-counterexample -- from a real ``kvtier check --bug`` run -- drawn as a chart."""
+"""Sequence charts (tools.seqchart): the generic Lane/Step renderer, and a model-checker
+counterexample -- from a real ``python -m tools check --bug`` run -- drawn as a chart."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from kvtier._tools import diagrams
-from kvtier._tools.spec import load
-from kvtier._tools.seqchart import (
+from tools import diagrams
+from tools.spec import load
+from tools.seqchart import (
     Lane,
     Step,
     lanes_for_trace,
@@ -138,7 +138,7 @@ def test_steps_from_trace_lines_without_header_or_steps() -> None:
 
 @needs_dot
 def test_a_planted_bug_counterexample_renders_as_a_chart() -> None:
-    """A real `kvtier check --bug` run: its printed trace becomes a chart whose steps are the
+    """A real `python -m tools check --bug` run: its printed trace becomes a chart whose steps are the
     trace's steps and whose last box is the violated property."""
     lines = diagrams.counterexample_lines("prune_before_retention")
     numbered = [ln for ln in lines if re.match(r"^\s*\d+\.\s", ln)]
@@ -159,7 +159,7 @@ def test_a_planted_bug_counterexample_renders_as_a_chart() -> None:
 
 
 def test_model_checker_lanes_for_its_structured_steps() -> None:
-    """Steps in the model checker's own lane vocabulary (kvtier._tools.modelcheck.to_chart_steps)
+    """Steps in the model checker's own lane vocabulary (tools.modelcheck.to_chart_steps)
     get its lanes: only those used, the producer side first, the network between the producer and
     the consumers, each consumer beside its engine, by number."""
     steps = [

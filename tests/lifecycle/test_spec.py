@@ -1,4 +1,4 @@
-"""The spec validator and the table generator (``kvtier._tools.spec``, ``kvtier._tools.specgen``).
+"""The spec validator and the table generator (``tools.spec``, ``tools.specgen``).
 
 Every rule of ``spec/README.md`` has a test that feeds a small spec breaking exactly that rule;
 the checked-in ``kvtier/lifecycle/_table.py`` must equal what the generator renders from the
@@ -8,14 +8,16 @@ spec, so editing the spec without regenerating fails here.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from kvtier._tools import specgen
-from kvtier._tools.spec import SPEC_PATH, SpecError, load, loads
+from tools import specgen
+from tools.cli import run
+from tools.spec import SpecError, load, loads, spec_path
 from kvtier.lifecycle import _table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,23 +211,23 @@ def test_the_real_spec_validates() -> None:
 
 
 def test_generated_table_is_fresh() -> None:
-    """Editing spec/lifecycle.toml without `python -m kvtier._tools.specgen` fails here."""
-    assert specgen.TABLE_PATH.read_text() == specgen.render(load())
+    """Editing spec/lifecycle.toml without `python -m tools gen` fails here."""
+    assert specgen.table_path(ROOT).read_text() == specgen.render(load())
 
 
 def test_any_spec_edit_makes_the_table_stale() -> None:
-    edited = SPEC_PATH.read_text() + "\n# an innocent comment\n"
-    assert specgen.render(loads(edited)) != specgen.TABLE_PATH.read_text()
+    edited = spec_path().read_text() + "\n# an innocent comment\n"
+    assert specgen.render(loads(edited)) != specgen.table_path(ROOT).read_text()
 
 
 def test_generated_table_has_the_do_not_edit_header() -> None:
-    head = specgen.TABLE_PATH.read_text().splitlines()[:4]
+    head = specgen.table_path(ROOT).read_text().splitlines()[:4]
     assert "GENERATED FILE" in head[1] and "DO NOT EDIT" in head[1]
     assert "spec/lifecycle.toml" in head[2]
 
 
 def test_spec_sha256_matches_the_spec_file() -> None:
-    assert _table.SPEC_SHA256 == hashlib.sha256(SPEC_PATH.read_bytes()).hexdigest()
+    assert _table.SPEC_SHA256 == hashlib.sha256(spec_path().read_bytes()).hexdigest()
     assert load().sha256 == _table.SPEC_SHA256
 
 
@@ -234,24 +236,33 @@ def test_render_is_deterministic() -> None:
 
 
 def test_specgen_check_exit_codes(tmp_path: Path) -> None:
-    assert specgen.main(["--check"]) == 0
+    assert run(["gen", "--check"]) == 0
     stale = tmp_path / "_table.py"
-    stale.write_text(specgen.TABLE_PATH.read_text() + "# edited by hand\n")
-    assert specgen.main(["--check", "--out", str(stale)]) == 1
-    assert specgen.main(["--check", "--out", str(tmp_path / "missing.py")]) == 1
+    stale.write_text(specgen.table_path(ROOT).read_text() + "# edited by hand\n")
+    assert run(["gen", "--check", "--out", str(stale)]) == 1
+    assert run(["gen", "--check", "--out", str(tmp_path / "missing.py")]) == 1
     bad = tmp_path / "bad.toml"
     bad.write_text(spec_text(ignore=[]))
-    assert specgen.main(["--check", "--spec", str(bad), "--out", str(stale)]) == 2
+    assert run(["gen", "--check", "--spec", str(bad), "--out", str(stale)]) == 2
     # regenerating into the stale file makes it fresh
-    assert specgen.main(["--out", str(stale)]) == 0
-    assert specgen.main(["--check", "--out", str(stale)]) == 0
+    assert run(["gen", "--out", str(stale)]) == 0
+    assert run(["gen", "--check", "--out", str(stale)]) == 0
 
 
-def test_specgen_runs_as_a_module() -> None:
+def test_the_tools_run_as_a_module_from_the_checkout_only(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "kvtier._tools.specgen", "--check"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "tools", "gen", "--check"], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
+    # outside any checkout (the tools still importable): a clear refusal, nothing written
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "tools", "gen"], cwd=tmp_path, capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 1 and "is not inside a kvtier checkout" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    proc = subprocess.run([sys.executable, "-m", "tools", "--root", str(tmp_path), "gen", "--check"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "is not a kvtier checkout" in proc.stderr, proc.stderr
 
 
 def test_rejects_a_timer_that_fires_into_a_state_with_the_same_timer() -> None:

@@ -1,4 +1,4 @@
-"""Reviewer views of the machines (kvtier._tools.statecharts): the overview is legible at
+"""Reviewer views of the machines (tools.statecharts): the overview is legible at
 1200 px, draws the normal path as a straight line and only state changes; per-state details and
 tables cover every branch; hover text carries the spec's prose; the layout hint is validated."""
 
@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import pytest
 
-from kvtier._tools import statecharts as sc
-from kvtier._tools.spec import SPEC_PATH, SpecError, load, loads
+from tools import statecharts as sc
+from tools.spec import SpecError, load, loads, spec_path
 
 SPEC = load()
 PRODUCER = SPEC.machines["producer"]
@@ -182,7 +182,7 @@ def test_machine_page_names_every_guard_effect_reason_and_ignore_rule() -> None:
 
 
 def _edit(old: str, new: str) -> str:
-    text = SPEC_PATH.read_text()
+    text = spec_path().read_text()
     assert old in text
     return text.replace(old, new)
 

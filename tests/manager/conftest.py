@@ -1,6 +1,6 @@
 """Fixtures for the runtime manager tests.
 
-* ``peer_pool`` (session): child processes running a KvTierManager (kvtier.testing.peer_process).
+* ``peer_pool`` (session): child processes running a KvTierManager (tests.support.peer_process).
   A spawn costs seconds (torch import), so one long-lived child serves every test through
   ``producer`` (a fresh manager per test), and one spare is started at the same time, in the
   background, for the test that kill -9s (or SIGSTOPs) a child; taking it starts the next spare.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kvtier.testing.peer_process import PeerProcess
+from tests.support.peer_process import PeerProcess
 
 # before any NIXL agent exists, here and (inherited) in every child
 os.environ.setdefault("UCX_NET_DEVICES", "lo")

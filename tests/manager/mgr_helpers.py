@@ -16,7 +16,7 @@ import pytest
 
 from kvtier.api import JobResult, RequestContext, TransferJob
 from kvtier.manager import KvTierManager
-from kvtier.testing.peer_process import block_pattern, pattern_digest, slot_digest
+from tests.support.peer_process import block_pattern, pattern_digest, slot_digest
 
 __all__ = [
     "BOTH_PLANES",

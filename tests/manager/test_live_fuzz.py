@@ -1,7 +1,7 @@
 """Live fuzzing (issue 10 item 7): raw zmq sockets flood a producer with garbage of every kind
 while a legitimate consumer keeps completing byte-exact transfers from it.
 
-The producer runs in its own process (kvtier.testing.peer_process) so that its memory can be
+The producer runs in its own process (tests.support.peer_process) so that its memory can be
 measured alone. Pass: the producer never raises (internal errors 0) and stays alive, the
 consumer's session is never lost and every load it makes succeeds byte-exact, and the producer's
 RSS grows by less than a generous bound. Bounded: ``FLOOD_S`` of flood, under 30 s in all.
@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from kvtier.wire import PROTOCOL_VERSION
-from kvtier.testing.peer_process import PeerProcess, pattern_digest
+from tests.support.peer_process import PeerProcess, pattern_digest
 from mgr_helpers import Jobs, consumer_req, digests, job, metric, metric_sum, pump_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -3,7 +3,7 @@
 * B14 — a ``kv_request_id`` reused after its tombstone was pruned: a straggler ``abort_fetch``
   (and ``receipt``) of the first life, arriving while the second life is parked, is acknowledged
   and changes nothing; the second life is then fetched and served with *its* bytes.  The consumer
-  here is a raw DEALER speaking the wire protocol (:mod:`kvtier.testing.raw_peer`), so the
+  here is a raw DEALER speaking the wire protocol (:mod:`tests.support.raw_peer`), so the
   straggler is sent exactly when the test wants it.
 * I5 / B30 — a second ``hello`` with the same generation on a ready session is answered
   ``hello_ack`` again; the session stays up and loads continue.
@@ -22,7 +22,7 @@ import hashlib
 import pytest
 
 from kvtier.lifecycle._table import ProducerState, SessionState
-from kvtier.testing.raw_peer import RawConsumer
+from tests.support.raw_peer import RawConsumer
 from kvtier.wire import messages as wm
 from mgr_helpers import (
     SENTINEL,

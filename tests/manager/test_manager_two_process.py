@@ -1,6 +1,6 @@
 """Two managers in two processes, real bytes over real zmq sockets on 127.0.0.1.
 
-The producer runs in a child process (kvtier.testing.peer_process), the consumer in the test
+The producer runs in a child process (tests.support.peer_process), the consumer in the test
 process (and once the reverse).  Block contents are deterministic patterns, and
 every successful load is checked slot by slot against the sha256 of what the producer stored.
 Waits are bounded poll loops (``WAIT_S``); nothing asserts on timing.

@@ -1,6 +1,6 @@
 """The metrics endpoint over real HTTP, checked against what a two-process run did.
 
-The producer runs in a child process (kvtier.testing.peer_process) with ``metrics_port: 0``; the
+The producer runs in a child process (tests.support.peer_process) with ``metrics_port: 0``; the
 consumer runs here, with an endpoint of its own.  One id is fetched (the load is submitted before
 the store, so no reap can race it), one is left parked until it is reaped and then fetched late.
 Both endpoints are scraped with ``GET /metrics`` and every value is compared with the run.

@@ -29,8 +29,8 @@ import time
 import pytest
 
 from kvtier.lifecycle._table import ProducerState
-from kvtier.testing import wedge
-from kvtier.testing.raw_peer import RawChild
+from tests.support import wedge
+from tests.support.raw_peer import raw_child
 from mgr_helpers import (
     SENTINEL,
     Jobs,
@@ -232,19 +232,14 @@ def test_store_never_succeeds_without_the_consumers_receipt(make_manager, n, blo
     for i in range(n):
         p.pool.view(i).fill_(i % 251)
     p.submit_store(job(1, keys_for(kv, n), range(n), preq))
-    args = ["consume", "--address", p.address, "--kv", kv, "--keys", str(n), "--block-bytes", str(block_bytes),
-            "--stop-after", str(stop_after)]
-    with RawChild(*args) as child:
-        events: list[dict] = []
-
-        def said(kind: str) -> bool:
-            while (e := child.poll_event()) is not None:
-                events.append(e)
-            return any(e["event"] == kind for e in events)
-
-        assert pump_until(lambda: said("ready"), managers=[p], timeout_s=BOUND_S), events
-        assert pump_until(lambda: said("stopped"), managers=[p], timeout_s=BOUND_S), events
-        got = next(e["blocks"] for e in events if e["event"] == "stopped")
+    child = raw_child(p.address, block_bytes=block_bytes)
+    try:
+        assert pump_until(child.is_ready, managers=[p], timeout_s=BOUND_S), "the raw consumer's hello"
+        child.send("consume", kv=kv, keys=n, stop_after=stop_after)
+        assert pump_until(child.has_answer, managers=[p], timeout_s=BOUND_S), "the raw consumer stopping"
+        said = child.result()
+        assert said["end"] == "stopped", said
+        got = said["blocks"]
         assert stop_after <= got <= n
         # alive, not reading (or done reading), no receipt: the store job has no result
         pump_until(lambda: False, managers=[p], jobs=[pjobs], timeout_s=0.5)
@@ -253,7 +248,9 @@ def test_store_never_succeeds_without_the_consumers_receipt(make_manager, n, blo
         assert state in (ProducerState.SERVING, ProducerState.DELIVERING), state
         if got == n:  # every byte went out: the plane released them, only the receipt is missing
             assert pump_until(lambda: p.core.producer_state(kv) is ProducerState.DELIVERING, managers=[p])
-        child.kill()
+    finally:
+        child.kill()  # SIGKILL: no goodbye reaches the producer
+        child.close()
     assert pump_until(lambda: pjobs.has(1), managers=[p], jobs=[pjobs], timeout_s=BOUND_S)
     pump_until(lambda: False, managers=[p], jobs=[pjobs], timeout_s=0.2)
     r = pjobs.one(1)

@@ -23,7 +23,7 @@ import pytest
 
 import kvtier.manager
 from kvtier.lifecycle._table import SessionState
-from kvtier.testing import wedge
+from tests.support import wedge
 from mgr_helpers import (
     SENTINEL,
     Jobs,

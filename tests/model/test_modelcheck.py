@@ -1,4 +1,4 @@
-"""``kvtier check``: the bounded exhaustive model check passes on the real core and finds every
+"""``python -m tools check``: the bounded exhaustive model check passes on the real core and finds every
 planted bug with a readable counterexample trace."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from kvtier._tools import modelcheck
-from kvtier._tools.modelcheck import PROFILES, Bounds, check, check_profiles, format_result
-from kvtier.testing.planted import PLANTED
+from tools import modelcheck
+from tools.modelcheck import PROFILES, Bounds, check, check_profiles, format_result
+from tools.planted import PLANTED
 
 EXPECTED = {
     "bind_ignores_tombstone": "no_bytes_for_tombstoned",
@@ -47,7 +47,7 @@ def test_default_bounds_pass_on_the_real_core() -> None:
 
 
 def test_every_profile_is_explored_to_exhaustion() -> None:
-    """A plain `kvtier check` explores every profile; each passes and is exhausted, not cut."""
+    """A plain `python -m tools check` explores every profile; each passes and is exhausted, not cut."""
     t0 = time.perf_counter()
     results = check_profiles()
     elapsed = time.perf_counter() - t0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier._tools.modelcheck import (
+from tools.modelcheck import (
     PROPERTIES,
     REGISTRY,
     Bounds,
@@ -24,17 +24,17 @@ from kvtier._tools.modelcheck import (
     main,
     to_chart_steps,
 )
-from kvtier._tools.modelcheck.encoding import Codec
-from kvtier._tools.modelcheck.properties import Fail
-from kvtier._tools.modelcheck.reduction import visit_key
-from kvtier._tools.modelcheck.state import State
-from kvtier._tools.modelcheck.system import System
-from kvtier._tools.modelcheck.trace import KINDS
-from kvtier._tools.modelcheck.transport import Transfer, after_effects, after_report, reports
-from kvtier._tools.spec import load as load_spec
+from tools.modelcheck.encoding import Codec
+from tools.modelcheck.properties import Fail
+from tools.modelcheck.reduction import visit_key
+from tools.modelcheck.state import State
+from tools.modelcheck.system import System
+from tools.modelcheck.trace import KINDS
+from tools.modelcheck.transport import Transfer, after_effects, after_report, reports
+from tools.spec import load as load_spec
 from kvtier.lifecycle.core import TierCore
 from kvtier.lifecycle.effects import CancelTransfer, JobDone, SendBlocks
-from kvtier.testing.planted import PLANTED
+from tools.planted import PLANTED
 
 LANE = re.compile(r"^(engine:prefill|producer|consumer:\d+|engine:decode:\d+|network|clock)$")
 
@@ -380,7 +380,7 @@ def test_structured_trace_of_a_stuck_load_and_a_clean_run() -> None:
 
 def test_python_dash_m_runs_the_check() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "kvtier._tools.modelcheck", "--ids", "1", "--consumers", "1", "--depth", "4"],
+        [sys.executable, "-m", "tools.modelcheck", "--ids", "1", "--consumers", "1", "--depth", "4"],
         check=False, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr
@@ -400,7 +400,7 @@ def test_a_counterexample_chart_is_drawn_from_the_structured_steps() -> None:
     assert all(len(line) <= 60 for line in steps[-1].label.split("\n"))
     dot = chart_dot(r)
     assert dot == chart_dot(check(Bounds(), bug="cancel_deadline_returns_blocks")), "byte-stable"
-    assert dot.startswith("digraph seqchart {") and "kvtier check --bug cancel_deadline_returns_blocks" in dot
+    assert dot.startswith("digraph seqchart {") and "python -m tools check --bug cancel_deadline_returns_blocks" in dot
     heads = re.findall(r'label="?([^"]+?)"? fillcolor="#dde6f5"', dot)
     assert heads[: len(heads) // 2] == [
         "engine (prefill)", "producer", "consumer c1", "engine (decode c1)"

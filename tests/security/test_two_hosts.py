@@ -1,4 +1,4 @@
-"""Issues 10 and 11 over two network namespaces (kvtier.testing.netns): the producer process
+"""Issues 10 and 11 over two network namespaces (tests.support.netns): the producer process
 listens on host a's veth address, the consumer process runs on host b; the link between them is
 real TCP.  Every test but B42 runs on both data planes: zmq, and NIXL with UCX over TCP on the
 veth (``UCX_TLS=tcp``, ``UCX_NET_DEVICES`` = each host's veth end, ``UCX_TCP_USER_TIMEOUT=2s``;
@@ -28,8 +28,8 @@ import pytest
 import zmq
 
 from kvtier.wire import PROTOCOL_VERSION
-from kvtier.testing.netns import TwoHosts, unavailable_reason
-from kvtier.testing.peer_process import PeerProcess, pattern_digest
+from tests.support.netns import TwoHosts, unavailable_reason
+from tests.support.peer_process import PeerProcess, pattern_digest
 from kvtier.transport import ZmqTransport
 from kvtier.transport.curve import generate_keys
 

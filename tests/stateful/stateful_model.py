@@ -16,7 +16,7 @@ of a one-sided producer completes only on the ``finish_revoke`` rule, and a ``co
 a round's blocks land with a digest mismatch.  Ids are reused: once an id's tombstone is pruned,
 its next life may be stored and loaded again while messages of the earlier life are still in
 flight (``lives_never_mix``).  ``input_before_deadline`` is a property of the shell's poll order,
-not of the core: ``kvtier check`` models it, and tests/manager checks the manager against it.
+not of the core: ``python -m tools check`` models it, and tests/manager checks the manager against it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Test the tests: the stateful suite must FIND every planted bug (``kvtier.testing.planted``) and
+"""Test the tests: the stateful suite must FIND every planted bug (``tools.planted``) and
 shrink it to a short counterexample (style anchors rule 14; Hypothesis' own
 ``test_bad_machines_fail``).
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvtier.testing.planted import PLANTED
+from tools.planted import PLANTED
 from stateful_model import make_machine
 
 Hunt = make_machine(("A",), ("c1",), full=False, opening=True, chunks=2)
@@ -35,11 +35,11 @@ EXPECTED = {
     "abort_ignores_round": "lives_never_mix",
 }
 # abort_never_gives_up needs a lost abort_ack after a timed-out load: a deep, rare interleaving
-# that the bounded hunt does not reach reliably.  `kvtier check` finds it in every run
+# that the bounded hunt does not reach reliably.  `python -m tools check` finds it in every run
 # (tests/model/test_modelcheck.py); HYPOTHESIS_PROFILE=explore finds it here too.
 NOT_HUNTED = {"abort_never_gives_up"}
 # deadlines_before_input plants the bug in the shell's poll policy (deadlines before unread input),
-# which the stateful suite's cores-only world cannot see; `kvtier check` models the sockets and
+# which the stateful suite's cores-only world cannot see; `python -m tools check` models the sockets and
 # finds it (tests/model/test_modelcheck.py).
 NOT_HUNTED |= {"deadlines_before_input"}
 # bugs that need a longer quiet stretch (a transfer left alone past two deadlines while nothing

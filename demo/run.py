@@ -1,0 +1,411 @@
+"""``python -m demo`` (``make demo``): disaggregated prefill/decode of SmolLM2-135M through kvtier.
+
+Three processes, connected only as a PD deployment would be:
+
+* the **producer** (prefill instance) runs the prompt, writes its KV cache into its block pool
+  block by block, parks it under a fresh ``kv_request_id`` (``submit_store``) and returns the first
+  generated token — as a prefill instance answers a PD proxy;
+* the **consumer** (decode instance) is handed ``(kv_request_id, host, port)`` by the proxy,
+  fetches the blocks into its own pool slots through kvtier (``submit_load``), rebuilds the
+  model's ``DynamicCache`` from the slots and decodes greedily;
+* this process is the **proxy** and the referee: it also runs every prompt monolithically and
+  checks the consumer's tokens are identical.
+
+``data_plane`` (``--data-plane``) picks how the blocks travel: ``zmq`` (payload frames on the
+control connection) or ``nixl`` (one-sided WRITEs into the consumer's slots through NIXL/UCX;
+``UCX_NET_DEVICES`` defaults to ``lo`` here, every process being on this host).
+
+A **late consumer** is held back past ``unbound_store_timeout_s``: the producer reaps the parked
+blocks, the consumer's fetch is refused with reason ``reaped`` within one round trip, and the
+consumer recomputes the prompt locally — still producing identical text.
+
+Every process uses one torch thread so the float32 results are bit-reproducible across processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kvtier.config import DEFAULTS
+from tools.child import Child, start_all
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "host": "127.0.0.1",
+    "port": 0,
+    "background_poll": True,
+}
+
+
+def block_keys(ids: list[int], tokens_per_block: int) -> tuple[bytes, ...]:
+    """Chained content hashes of the prompt's blocks (like vLLM's prefix block hashes): key i
+    names tokens ``[0, (i+1)*tokens_per_block)``, so both sides derive the same keys."""
+    keys = []
+    prev = b"kvtier-demo"
+    for i in range(0, len(ids), tokens_per_block):
+        chunk = ",".join(map(str, ids[i : i + tokens_per_block])).encode()
+        prev = hashlib.sha256(prev + b"|" + chunk).digest()[:16]
+        keys.append(prev)
+    return tuple(keys)
+
+
+# -- progress ---------------------------------------------------------------------------------
+class DemoProgress(Protocol):
+    """What :func:`run` reports while it works: the current stage, and requests done of total."""
+
+    def stage(self, text: str) -> None: ...
+
+    def requests(self, total: int) -> None: ...
+
+    def advance(self) -> None: ...
+
+
+class _Quiet:
+    """The reporter of ``--json`` runs: says nothing."""
+
+    def stage(self, text: str) -> None:
+        pass
+
+    def requests(self, total: int) -> None:
+        pass
+
+    def advance(self) -> None:
+        pass
+
+
+class RichProgress:
+    """Progress on a rich console: on a terminal a live line (spinner, stage, bar, requests done,
+    elapsed time) that disappears before the final table; elsewhere (a pipe, a CI log) one
+    timestamped line per stage.  Use as a context manager."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self._t0 = time.monotonic()
+        self._progress = None
+        if console.is_terminal:
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+            self._task = self._progress.add_task("python -m demo", total=None)
+
+    def __enter__(self) -> RichProgress:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def stage(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+        else:
+            self.console.print(f"[{time.monotonic() - self._t0:6.1f} s] {text}", highlight=False, markup=False,
+                               soft_wrap=True)
+
+    def requests(self, total: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=total, completed=0)
+
+    def advance(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+
+# -- worker processes ---------------------------------------------------------------------------
+def _setup_worker() -> tuple[Any, Any, Any]:
+    import torch
+
+    from demo.model import KvLayout, load_model
+
+    torch.set_num_threads(1)
+    model, tok = load_model()
+    return model, tok, KvLayout.for_model(model)
+
+
+class ProducerWorker:
+    """The producer process (a :class:`tools.child.Child` handler): prefill, park, report."""
+
+    def __init__(self, cfg: dict[str, Any], pool_blocks: int) -> None:
+        from kvtier.manager import KvTierManager
+        from kvtier.memory import BlockPool
+
+        self.model, _tok, self.layout = _setup_worker()
+        self.pool = BlockPool(pool_blocks, self.layout.block_bytes)
+        self.mgr = KvTierManager(cfg, self.pool, layout=self.layout.fingerprint())
+        self.jobs: dict[int, tuple[str, list[int]]] = {}
+        self.outcomes: dict[str, dict[str, Any]] = {}
+        self.job_ids = itertools.count(1)
+
+    def hello(self) -> dict[str, Any]:
+        return {"address": self.mgr.address, "pinned": self.pool.pinned, "block_bytes": self.layout.block_bytes}
+
+    def _collect(self) -> None:
+        for r in self.mgr.get_finished_jobs():
+            kid, slots = self.jobs.pop(r.job_id)
+            self.pool.free(slots)
+            self.outcomes[kid] = {"store_ok": r.success, "store_reason": r.reason}
+
+    def wait(self, conn: Any) -> None:
+        while not conn.poll(0.005):  # store results free their blocks as they come
+            self._collect()
+
+    def op_prefill(self, kv_request_id: str, ids: list[int]) -> dict[str, Any]:
+        from kvtier.api import RequestContext, TransferJob
+        from demo.model import cache_to_blocks, prefill
+
+        kid, layout, pool = kv_request_id, self.layout, self.pool
+        t0 = time.perf_counter()
+        cache, first = prefill(self.model, ids)
+        prefill_s = time.perf_counter() - t0
+        blocks, num_tokens = cache_to_blocks(cache, layout)
+        slots = pool.alloc(len(blocks))
+        for s, b in zip(slots, blocks):
+            pool.view(s).copy_(b)
+        req = RequestContext(req_id=f"prefill-{kid}", kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
+        self.mgr.on_new_request(req)
+        job = next(self.job_ids)
+        self.jobs[job] = (kid, slots)
+        self.mgr.submit_store(TransferJob(job_id=job, keys=block_keys(ids, layout.tokens_per_block), slots=tuple(slots),
+                                          req=req))
+        self.mgr.on_request_finished(req)
+        return {"first_token": first, "num_tokens": num_tokens, "blocks": len(blocks),
+                "kv_bytes": len(blocks) * layout.block_bytes, "prefill_s": prefill_s}
+
+    def op_results(self) -> dict[str, Any]:
+        self._collect()
+        return {"outcomes": self.outcomes, "stats": self.mgr.stats()}
+
+    def close(self) -> None:
+        self.mgr.shutdown()
+
+
+class ConsumerWorker:
+    """The consumer process (a :class:`tools.child.Child` handler): fetch, decode or recompute."""
+
+    def __init__(self, cfg: dict[str, Any], pool_blocks: int) -> None:
+        from demo.model import eos_token_ids
+        from kvtier.manager import KvTierManager
+        from kvtier.memory import BlockPool
+
+        self.model, tok, self.layout = _setup_worker()
+        self.eos = eos_token_ids(tok)
+        self.pool = BlockPool(pool_blocks, self.layout.block_bytes)
+        self.mgr = KvTierManager(cfg, self.pool, layout=self.layout.fingerprint())
+        self.job_ids = itertools.count(1)
+
+    def op_decode(self, kv_request_id: str, ids: list[int], producer: str, num_tokens: int, first_token: int,
+                  max_new_tokens: int) -> dict[str, Any]:
+        from demo.model import blocks_to_cache, decode_greedy, prefill, recompute_decode
+        from kvtier.api import LookupResult, RequestContext, TransferJob
+
+        kid, mgr, pool, layout, model = kv_request_id, self.mgr, self.pool, self.layout, self.model
+        host, port = producer.rsplit(":", 1)
+        req = RequestContext(req_id=f"decode-{kid}", kv_transfer_params={
+            "remote_prefiller": {"kv_request_id": kid, "remote_host": host, "remote_port": int(port)}})
+        mgr.on_new_request(req)
+        keys = block_keys(ids, layout.tokens_per_block)
+        hit = all(mgr.lookup(k, req) is LookupResult.HIT for k in keys)
+        slots = pool.alloc(len(keys))
+        job = next(self.job_ids)
+        t0 = time.perf_counter()
+        mgr.submit_load(TransferJob(job_id=job, keys=keys, slots=tuple(slots), req=req))
+        result = None
+        while result is None:
+            for r in mgr.get_finished_jobs():
+                result = r
+            if result is None:
+                time.sleep(0.0002)
+        load_s = time.perf_counter() - t0
+        row: dict[str, Any] = {"lookup_hit": hit, "load_s": load_s, "load_ok": result.success,
+                               "reason": result.reason}
+        if result.success:
+            t1 = time.perf_counter()
+            cache = blocks_to_cache([pool.view(s) for s in slots], num_tokens, layout)
+            row["kv_ready_s"] = load_s + (time.perf_counter() - t1)
+            tokens = decode_greedy(model, cache, first_token, max_new_tokens, self.eos)
+            row["outcome"] = "fetched"
+        else:
+            t1 = time.perf_counter()
+            tokens = recompute_decode(model, ids, max_new_tokens, self.eos)
+            row["recompute_total_s"] = time.perf_counter() - t1
+            row["outcome"] = "recomputed"
+        pool.free(slots)
+        mgr.on_request_finished(req)
+        # the local-recompute comparison: how long until a KV cache is ready without kvtier
+        t2 = time.perf_counter()
+        prefill(model, ids)
+        row["recompute_kv_ready_s"] = time.perf_counter() - t2
+        row["tokens"] = tokens
+        return row
+
+    def op_results(self) -> dict[str, Any]:
+        return {"stats": self.mgr.stats()}
+
+    def close(self) -> None:
+        self.mgr.shutdown()
+
+
+# -- the proxy / referee -----------------------------------------------------------------------
+def run(
+    num_prompts: int | None = None,
+    max_prompt_tokens: int = 2048,
+    max_new_tokens: int = 24,
+    unbound_store_timeout_s: float = 1.0,
+    late_delay_s: float | None = None,
+    no_late: bool = False,
+    data_plane: str = "zmq",
+    progress: DemoProgress | None = None,
+) -> dict[str, Any]:
+    """Run the demo; return a JSON-able report (see module docstring). ``progress`` hears every
+    stage as it starts (nothing is reported without one).  ``data_plane``: ``"zmq"`` or
+    ``"nixl"`` (config key ``data_plane``)."""
+    report = progress or _Quiet()
+    report.stage("loading SmolLM2-135M (the first run converts its GGUF, ~30 s)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from demo.model import KvLayout, demo_prompts, encode_prompt, eos_token_ids, load_model, recompute_decode
+
+    torch.set_num_threads(1)
+    model, tok = load_model()  # converts and caches the GGUF once, before the workers start
+    layout = KvLayout.for_model(model)
+    prompts = demo_prompts(max_prompt_tokens, tok)
+    if num_prompts is not None:
+        prompts = prompts[:num_prompts]
+    if not prompts:
+        raise SystemExit(f"python -m demo: no prompt fits in {max_prompt_tokens} tokens; raise --max-prompt-tokens")
+    encoded = [(name, encode_prompt(tok, text)) for name, text in prompts]
+    late_name = None
+    if not no_late:
+        late_name = "late:" + encoded[0][0]
+        encoded.append((late_name, encoded[0][1]))
+    late_delay = late_delay_s if late_delay_s is not None else unbound_store_timeout_s + 0.5
+    pool_blocks = max(layout.num_blocks(len(ids)) for _, ids in encoded) + 4
+    cfg = dict(DEFAULT_CONFIG, unbound_store_timeout_s=unbound_store_timeout_s, data_plane=data_plane)
+    if data_plane == "nixl":
+        os.environ.setdefault("UCX_NET_DEVICES", "lo")  # inherited by both workers: one host
+        os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+
+    report.stage("starting the producer and consumer processes (each loads the model)")
+    workers = {"cfg": cfg, "pool_blocks": pool_blocks}
+    prod, cons = start_all(Child(__name__, "ProducerWorker", workers, name="demo-producer"),
+                           Child(__name__, "ConsumerWorker", workers, name="demo-consumer"), timeout_s=600)
+    rows: list[dict[str, Any]] = []
+    try:
+        hello = prod.hello
+        report.requests(len(encoded))
+        for i, (name, ids) in enumerate(encoded):
+            late = name == late_name
+            report.stage(f"{name}: monolithic run (the reference tokens)")
+            reference = recompute_decode(model, ids, max_new_tokens, eos_token_ids(tok))  # monolithic
+            kid = f"demo-{os.getpid()}-{i}"
+            report.stage(f"{name}: PD run — prefill on the producer, park")
+            pre = prod.call("prefill", kv_request_id=kid, ids=ids)
+            if late:
+                report.stage(f"{name}: late consumer — held back {late_delay:.1f} s, past the park timeout")
+                time.sleep(late_delay)  # the consumer is queued somewhere: past the park timeout
+                report.stage(f"{name}: late consumer — fetch after the reap (expect a refusal), recompute locally")
+            else:
+                report.stage(f"{name}: PD run — fetch over kvtier, decode on the consumer")
+            dec = cons.call("decode", kv_request_id=kid, ids=ids, producer=hello["address"],
+                            num_tokens=pre["num_tokens"], first_token=pre["first_token"],
+                            max_new_tokens=max_new_tokens)
+            rows.append({
+                "name": name, "kv_request_id": kid, "prompt_tokens": len(ids), "blocks": pre["blocks"],
+                "kv_bytes": pre["kv_bytes"], "prefill_s": pre["prefill_s"], "late": name == late_name,
+                "outcome": dec["outcome"], "reason": dec["reason"], "load_s": dec["load_s"],
+                "gbps": (pre["kv_bytes"] / dec["load_s"] / 1e9) if dec["load_ok"] and dec["load_s"] > 0 else None,
+                "kv_ready_fetched_s": dec.get("kv_ready_s"), "kv_ready_recompute_s": dec["recompute_kv_ready_s"],
+                "identical": dec["tokens"] == reference, "tokens": dec["tokens"], "reference": reference,
+                "text": tok.decode(dec["tokens"], skip_special_tokens=True),
+            })
+            report.advance()
+        report.stage("collecting the producer's results")
+        pres = prod.call("results")
+    finally:
+        cons.close(20.0)
+        prod.close(20.0)
+    for row in rows:
+        row.update(pres["outcomes"].get(row["kv_request_id"], {}))
+    fetched = [r for r in rows if r["outcome"] == "fetched"]
+    ok = all(r["identical"] for r in rows) and (
+        no_late or any(r["late"] and r["reason"] == "reaped" for r in rows)
+    ) and all(r["outcome"] == "fetched" for r in rows if not r["late"])
+    summary = {
+        "ok": ok,
+        "data_plane": data_plane,
+        "pinned_memory": hello["pinned"],
+        "block_bytes": hello["block_bytes"],
+        "unbound_store_timeout_s": unbound_store_timeout_s,
+        "load_timeout_s": float(DEFAULTS["load_timeout_s"]),
+        "median_kv_ready_fetched_s": statistics.median(r["kv_ready_fetched_s"] for r in fetched) if fetched else None,
+        "median_kv_ready_recompute_s": statistics.median(r["kv_ready_recompute_s"] for r in fetched) if fetched else None,
+        "late_rejection_ms": next((r["load_s"] * 1e3 for r in rows if r["late"]), None),
+        "producer_metrics": {k: v for k, v in pres["stats"].items() if v and "_bucket{" not in k},
+    }
+    return {"summary": summary, "requests": rows}
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 160)
+    t = Table(title="python -m demo: SmolLM2-135M, prefill and decode in separate processes, "
+                    f"data plane {report['summary']['data_plane']}")
+    for col in ("request", "prompt tok", "KV bytes", "blocks", "transfer ms", "GB/s", "outcome", "reason",
+                "KV ready: fetched / recompute", "identical"):
+        t.add_column(col, justify="right" if col not in ("request", "outcome", "reason") else "left")
+    for r in report["requests"]:
+        kvr = (f"{r['kv_ready_fetched_s'] * 1e3:.0f} / {r['kv_ready_recompute_s'] * 1e3:.0f} ms"
+               if r["kv_ready_fetched_s"] is not None else f"— / {r['kv_ready_recompute_s'] * 1e3:.0f} ms")
+        t.add_row(r["name"], str(r["prompt_tokens"]), f"{r['kv_bytes']:,}", str(r["blocks"]),
+                  f"{r['load_s'] * 1e3:.2f}", f"{r['gbps']:.2f}" if r["gbps"] else "—", r["outcome"],
+                  r["reason"] or "—", kvr, "[green]yes[/]" if r["identical"] else "[red]NO[/]")
+    con.print(t)
+    s = report["summary"]
+    if s["median_kv_ready_fetched_s"] is not None:
+        con.print(f"time to first decode step (KV ready): fetched via kvtier {s['median_kv_ready_fetched_s'] * 1e3:.1f} ms "
+                  f"vs recompute {s['median_kv_ready_recompute_s'] * 1e3:.1f} ms (median over fetched requests)")
+    late = next((r for r in report["requests"] if r["late"]), None)
+    if late is not None:
+        if late["outcome"] == "recomputed":
+            con.print(f"late consumer: fetch refused with reason '{late['reason']}' in {late['load_s'] * 1e3:.2f} ms "
+                      f"(no {s['load_timeout_s']:.0f} s load timeout); it recomputed locally")
+        else:
+            con.print("late consumer: the fetch was NOT refused (was it really late?)")
+    con.print(f"pool memory: {'pinned' if s['pinned_memory'] else 'pageable (no accelerator on this machine)'}; "
+              f"block = {s['block_bytes']:,} bytes")
+    con.print("[bold green]OK[/]: every decode is identical to the monolithic run" if s["ok"]
+              else "[bold red]FAILED[/]: see the table")
+
+
+def main(*, as_json: bool = False, **opts: Any) -> int:
+    """CLI entry: run, print a table (or JSON), exit 0 iff every row is identical and the late
+    consumer was refused with ``reaped``."""
+    if as_json:
+        report = run(**opts)
+        for r in report["requests"]:
+            r.pop("text", None)
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        # the progress starts before run() imports torch: the user sees it from the first second
+        with RichProgress(Console()) as progress:
+            report = run(progress=progress, **opts)
+        _print_report(report)
+    return 0 if report["summary"]["ok"] else 1

@@ -1,1 +1,0 @@
-"""Development-time generators (spec → table, spec → diagrams). Never imported at run time."""

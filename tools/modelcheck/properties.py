@@ -1,0 +1,588 @@
+"""The properties the model check proves, one documented checker each, and their registry.
+
+The names are the spec's (``spec/lifecycle.toml`` ``[properties]``); :data:`REGISTRY` maps each
+model property to the spec properties it covers.  A property is checked through up to three hooks:
+
+* ``producer_step`` / ``consumer_step`` — run after a core step of the producer / a consumer
+  (``hook(system, draft, c, step)``: ``c`` the consumer index, None for the producer; ``step``
+  the memoised :class:`~.encoding.CoreStep` with its input, the core's summary before and after,
+  and its effects), on every explored transition whose core step passes the property's ``when``
+  filter; may update the property's own history fields of the draft state (``retired``).
+  ``when(system, step)`` depends on the memoised step only, so it is evaluated once per distinct
+  core step: it keeps the hooks off the many steps they have nothing to say about;
+* ``state`` — run on every new global state;
+* liveness (``no_stuck_ids``) is not a hook: the search (:mod:`.search`) asks :func:`quiescent`
+  of the states reachable by completion steps, and reports :func:`stuck` when none is.
+
+A hook raises :class:`Fail` to report a violation; the search turns it into a counterexample.
+
+The registry lists the properties in the order their hooks run on one step (when one step breaks
+two properties, the first listed is reported); :data:`PROPERTIES` is the order of the report.
+
+Adding a property: write its checker below (docstring: what it proves and how), add a
+:class:`Property` to :data:`REGISTRY` and its name to :data:`PROPERTIES`, and plant a bug that
+breaks it (``tools/planted.py``; ``tests/model/test_modelcheck.py`` ``EXPECTED``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from tools.modelcheck.state import put
+from tools.modelcheck.trace import NETWORK, PRODUCER
+from kvtier.lifecycle.effects import JobDone, LandBlocks, SendBlocks, SendTransferDone
+
+if TYPE_CHECKING:
+    from tools.modelcheck.encoding import CoreStep, Summary
+    from tools.modelcheck.state import Draft, State
+    from tools.modelcheck.system import System
+
+__all__ = [
+    "C_LIVE",
+    "PROPERTIES",
+    "P_LATE",
+    "P_LIVE",
+    "P_RETAINED",
+    "REGISTRY",
+    "Fail",
+    "Property",
+    "quiescent",
+    "stuck",
+]
+
+P_LIVE = frozenset({"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"})
+"""producer states that still hold jobs, blocks or a fetch"""
+P_RETAINED = frozenset({"done", "tombstoned"})
+"""producer states retained after an id ended (until pruned)"""
+P_LATE = frozenset({"done", "tombstoned", "cancelling", "quarantined"})
+"""producer states in which a fetch is late"""
+C_LIVE = frozenset({"queued", "in_flight", "aborting", "cancelling", "revoking"})
+"""consumer states of a load that has no result yet"""
+
+
+class Fail(Exception):
+    """A property is violated (raised by a hook; the search reports it with a counterexample)."""
+
+    def __init__(self, prop: str, message: str, lane: str | None = None) -> None:
+        super().__init__(message)
+        self.prop = prop
+        self.message = message
+        self.lane = lane
+        """the trace lane (:mod:`.trace`) where it broke, for the structured trace"""
+
+
+StepHook = Callable[["System", "Draft", "int | None", "CoreStep"], None]
+StepFilter = Callable[["System", "CoreStep"], bool]
+StateHook = Callable[["System", "State"], None]
+
+
+@attrs.frozen
+class Property:
+    """One property of the registry."""
+
+    name: str
+    """the name the report uses (the spec's, where the spec has one)"""
+    covers: tuple[str, ...]
+    """the spec ``[properties]`` it checks (all or part of)"""
+    producer_step: StepHook | None = None
+    consumer_step: StepHook | None = None
+    when: StepFilter | None = None
+    """the core steps the step hooks need to see (None: every step); the hooks run only when it holds"""
+    state: StateHook | None = None
+    liveness: bool = False
+    """checked by the search's completion phase (:func:`quiescent`, :func:`stuck`)"""
+
+
+# ------------------------------------------------------------------------------------------------
+# checkers
+
+
+def _who(system: System, c: int | None) -> str:
+    return "the producer" if c is None else system.cnames[c]
+
+
+def _lane(system: System, c: int | None) -> str:
+    return PRODUCER if c is None else system.lanes[c]
+
+
+def deadline_armed(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """every_state_has_deadline_or_exit: after every step, a record in a state that names a timer has
+    a live deadline (otherwise nothing would ever move it).  Runs on steps that leave one without."""
+    raise Fail(
+        "every_state_has_deadline_or_exit",
+        f"{_who(system, c)}: {', '.join(step.dead_timers)}: the state names a timer but no deadline is pending, so "
+        f"nothing will ever move it",
+        _lane(system, c),
+    )
+
+
+def _leaves_a_timer_unarmed(system: System, step: CoreStep) -> bool:
+    return bool(step.dead_timers)
+
+
+def one_result_per_job(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """exactly_once_job_result (safety half, per step): no job gets a second result — every
+    ``JobDone`` names a job still outstanding, at most once per step."""
+    seen: set[int] = set()
+    for eff in step.effects:
+        if isinstance(eff, JobDone):
+            if eff.job_id not in st.outstanding or eff.job_id in seen:
+                raise Fail(
+                    "exactly_once_job_result",
+                    f"{_who(system, c)} reported {system.engines.describe_job(eff.job_id)} again "
+                    f"(JobDone ok={eff.ok} reason={eff.reason}); it already had its result",
+                    _lane(system, c),
+                )
+            seen.add(eff.job_id)
+
+
+def jobs_held_by_live_records(system: System, g: State) -> None:
+    """exactly_once_job_result (per state): a job without a result is held by a live record (so it
+    will get one): a store job by a producer record in a live state, a load job by its consumer's
+    record for the id, in a live state, with that job id."""
+    if not g.outstanding:
+        return
+    summaries = system.cores.summaries
+    ps = summaries[g.p]
+    held: dict[int, str] = {}
+    for state, jobs, *_binding in ps.producer.values():
+        for j in jobs:
+            held[j] = state
+    engines = system.engines
+    owner_of = engines.owner_of
+    for job in g.outstanding:
+        c, i = owner_of[job]
+        if c is None:
+            if job not in held or held[job] not in P_LIVE:
+                where = f"held by a {held[job]} record" if job in held else "held by no record"
+                raise Fail(
+                    "exactly_once_job_result",
+                    f"{engines.describe_job(job)} has no result and is {where}: it will never get one",
+                    PRODUCER,
+                )
+        else:
+            kid = system.kids[i]
+            rec = summaries[g.c[c]].consumer.get(kid)
+            if rec is None or rec[0] not in C_LIVE or rec[2] != job:
+                state = rec[0] if rec else "absent"
+                raise Fail(
+                    "exactly_once_job_result",
+                    f"{engines.describe_job(job)} has no result but {system.cnames[c]}'s record for {kid} is {state}",
+                    system.lanes[c],
+                )
+
+
+_NO_REC = ("absent", (), None, -1)
+"""the producer summary of an id without a record"""
+
+
+def _pstate(summary: Summary, kid: str) -> str:
+    return summary.producer.get(kid, _NO_REC)[0]
+
+
+def blocks_only_when_serving(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_bytes_for_tombstoned: the producer emits ``SendBlocks`` only on a parked/awaiting ->
+    serving step of that id (never for a tombstoned, done, pruned or unknown id)."""
+    for eff in step.effects:
+        if isinstance(eff, SendBlocks):
+            before = _pstate(step.pre, eff.kv_request_id)
+            after = _pstate(step.post, eff.kv_request_id)
+            if before not in ("parked", "awaiting") or after != "serving":
+                raise Fail(
+                    "no_bytes_for_tombstoned",
+                    f"the producer sent blocks for {eff.kv_request_id} on a {before} -> {after} step "
+                    f"(blocks are sent only on parked/awaiting -> serving)",
+                    _lane(system, c),
+                )
+
+
+def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """late_fetch_one_rtt: a fetch that passes the session gate for an id that is done, tombstoned,
+    cancelling, quarantined, or ended and no longer retained (``retired``) is answered
+    ``transfer_done(fail)`` in the step that receives it — except a duplicate of the very fetch a
+    cancelling or quarantined id is bound to, whose terminal answer waits for the data plane's
+    release (no write may land after it).  Runs on steps that receive a fetch."""
+    env = system.cores.msgs[step.inp[1]]
+    sess = step.pre.sessions.get(env.src)
+    gated = sess is not None and sess[0] == "ready" and sess[1] == env.gen
+    kid = env.kv_request_id
+    before, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
+    own = (peer, rnd) == (env.src, env.round) and before in ("cancelling", "quarantined")
+    if gated and not own and (before in P_LATE or st.retired[system.kindex[kid]]):
+        answered = any(
+            isinstance(e, SendTransferDone)
+            and not e.ok
+            and (e.peer, e.kv_request_id, e.round) == (env.src, kid, env.round)
+            for e in step.effects
+        )
+        if not answered:
+            after = _pstate(step.post, kid)
+            why = before if before in P_LATE else "ended (retired) but no longer retained"
+            raise Fail(
+                "late_fetch_one_rtt",
+                f"a fetch for {kid} (round {env.round}) from {env.src} reached the producer while {kid} was "
+                f"{why}; it was not answered transfer_done(fail) in the same step (-> {after})",
+                _lane(system, c),
+            )
+
+
+def _receives(*kinds: str) -> StepFilter:
+    """A ``when`` filter: the step reads a message of one of ``kinds``."""
+
+    def receives(system: System, step: CoreStep) -> bool:
+        return step.inp[0] == "deliver" and system.cores.msgs[step.inp[1]].kind in kinds
+
+    return receives
+
+
+def ended_ids_stay_ended(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """tombstoned_never_reparks: an id that ended (tombstoned, done, or dropped without a tombstone)
+    is never parked, awaiting or serving again until it was pruned from done/tombstoned.
+
+    Keeps the history field ``retired`` (per id: ended and not pruned since), which
+    :func:`late_fetch_answered` reads too."""
+    pre, post = step.pre, step.post
+    for i, kid in enumerate(system.kids):
+        before = _pstate(pre, kid)
+        after = _pstate(post, kid)
+        if before == after:
+            continue
+        if after in ("parked", "awaiting", "serving") and st.retired[i]:
+            raise Fail(
+                "tombstoned_never_reparks",
+                f"{kid} ended earlier and was not pruned through its tombstone, yet it went {before} -> {after}",
+                _lane(system, c),
+            )
+        if after in P_RETAINED:
+            st.retired = put(st.retired, i, True)
+        elif before in P_RETAINED and after == "absent":
+            st.retired = put(st.retired, i, False)  # pruned by its deadline or the count cap: the id is fresh again
+        elif before in P_LIVE and after == "absent":
+            st.retired = put(st.retired, i, True)  # ended without a tombstone (never legitimate; see above)
+
+
+def _moves_a_producer_id(system: System, step: CoreStep) -> bool:
+    pre, post = step.pre, step.post
+    return any(_pstate(pre, kid) != _pstate(post, kid) for kid in system.kids)
+
+
+def writes_only_in_flight(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_write_after_terminal, receiver-applied half: a consumer lands block data (``LandBlocks``)
+    only for a record in ``in_flight`` and only for block data of its current round."""
+    for eff in step.effects:
+        if isinstance(eff, LandBlocks):
+            rec = step.pre.consumer.get(eff.kv_request_id)
+            env = system.cores.msgs[step.inp[1]] if step.inp[0] == "deliver" else None
+            if rec is None or rec[0] != "in_flight" or (env is not None and env.round != rec[1]):
+                state = rec[0] if rec else "absent"
+                raise Fail(
+                    "no_write_after_terminal",
+                    f"{_who(system, c)} landed block data for {eff.kv_request_id} in slots {eff.slots} while its load "
+                    f"was {state}" + (f" (message round {env.round}, load round {rec[1]})" if rec and env else ""),
+                    _lane(system, c),
+                )
+
+
+def _live_jobs(system: System, c: int, step: CoreStep, ok: bool) -> list[tuple[str, int]]:
+    """(id, round) of every live load job of consumer ``c`` this step reports with result ``ok``
+    (not a new job refused alone: that one never fetched)."""
+    out = []
+    owner_of = system.engines.owner_of
+    for eff in step.effects:
+        if isinstance(eff, JobDone) and eff.ok == ok and eff.job_id in owner_of:
+            kid = system.kids[owner_of[eff.job_id][1]]
+            rec = step.pre.consumer.get(kid)
+            if rec is not None and rec[2] == eff.job_id:
+                out.append((kid, rec[1]))
+    return out
+
+
+def fails_only_when_no_write_can_land(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_write_after_terminal, one-sided half (``one_sided``; on a receiver-applied plane nothing
+    lands outside ``in_flight``, whoever still sends): a load is reported failed (its slots handed
+    back) only when the producer can no longer write into them — its data plane references no
+    transfer of the load's round, or the consumer's plane revoked the producer's access in this
+    step (``access_revoked``)."""
+    for kid, rnd in _live_jobs(system, c, step, False):
+        referenced = any(t[0] == c and t[1] == kid and t[2] == rnd for t in st.transfers)
+        if not referenced:
+            continue
+        if step.inp != ("revoked", kid, rnd):
+            raise Fail(
+                "no_write_after_terminal",
+                f"{system.cnames[c]} reported its load of {kid} (round {rnd}) failed while the producer's data plane "
+                f"still references the round's transfer and its access was not revoked: a write may still land",
+                system.lanes[c],
+            )
+
+
+def no_write_after_terminal(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_write_after_terminal: both halves (:func:`writes_only_in_flight`,
+    :func:`fails_only_when_no_write_can_land`)."""
+    if LandBlocks in step.types:
+        writes_only_in_flight(system, st, c, step)
+    if JobDone in step.types and system.b.one_sided:
+        fails_only_when_no_write_can_land(system, st, c, step)
+
+
+def _lands_or_fails_a_load(system: System, step: CoreStep) -> bool:
+    return LandBlocks in step.types or (
+        system.b.one_sided and any(isinstance(e, JobDone) and not e.ok for e in step.effects)
+    )
+
+
+def _store_jobs(system: System, step: CoreStep) -> list[tuple[JobDone, int]]:
+    """Every store job result of a producer step, with the index of its id."""
+    owner_of = system.engines.owner_of
+    return [
+        (eff, owner_of[eff.job_id][1])
+        for eff in step.effects
+        if isinstance(eff, JobDone) and owner_of.get(eff.job_id, (0,))[0] is None
+    ]
+
+
+def no_store_result_while_referenced(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_block_returned_while_referenced: a store job's result (success or failure) is reported only
+    in a step where the data plane references none of the job's blocks (``State.transfers`` before
+    the step: a release takes the transfer out before the producer hears of it)."""
+    for eff, i in _store_jobs(system, step):
+        block = eff.job_id % 1000  # the model stores chunk k of a job in pool block job % 1000
+        kid = system.kids[i]
+        for t in st.transfers:
+            if t[1] == kid and block in t[4]:
+                raise Fail(
+                    "no_block_returned_while_referenced",
+                    f"the producer reported {system.engines.describe_job(eff.job_id)} "
+                    f"({'ok' if eff.ok else 'failed: ' + str(eff.reason)}) while the data plane still references "
+                    f"its block in the transfer of {kid} r{t[2]} to {system.cnames[t[0]]}: the engine may reuse it "
+                    f"under a send",
+                    PRODUCER,
+                )
+
+
+def success_needs_receipt_p(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_success_without_receipt, producer half: a store job succeeds only after the current life's
+    binding received its consumer's receipt (or its fetch named zero keys).  Keeps the history
+    field ``receipted`` (per id: a receipt naming the current binding's (peer, round) was
+    delivered; cleared when the id's record is pruned: a new life)."""
+    inp = step.inp
+    env = system.cores.msgs[inp[1]] if inp[0] == "deliver" else None
+    if env is not None and env.kind == "receipt":
+        _state, _jobs, peer, rnd = step.pre.producer.get(env.kv_request_id, _NO_REC)
+        if (peer, rnd) == (env.src, env.round):
+            st.receipted = put(st.receipted, system.kindex[env.kv_request_id], True)
+    empty_fetch = env is not None and env.kind == "fetch" and not env.keys
+    for eff, i in _store_jobs(system, step):
+        if eff.ok and not st.receipted[i] and not empty_fetch:
+            raise Fail(
+                "no_success_without_receipt",
+                f"the producer reported {system.engines.describe_job(eff.job_id)} succeeded, but no receipt from the "
+                f"consumer its life was bound to was delivered: nobody confirmed the blocks landed intact",
+                PRODUCER,
+            )
+    for i, kid in enumerate(system.kids):
+        if st.receipted[i] and kid not in step.post.producer:
+            st.receipted = put(st.receipted, i, False)
+
+
+def _receipt_or_store_result(system: System, step: CoreStep) -> bool:
+    if step.inp[0] == "deliver" and system.cores.msgs[step.inp[1]].kind == "receipt":
+        return True
+    return JobDone in step.types or any(kid in step.pre.producer and kid not in step.post.producer for kid in system.kids)
+
+
+def success_needs_receipt_c(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_success_without_receipt, consumer half: a load succeeds only if no block of its round
+    landed corrupt (``State.corrupted``, kept by :mod:`.network`'s ``corrupt`` fault)."""
+    for kid, rnd in _live_jobs(system, c, step, True):
+        if (c, system.kindex[kid], rnd) in st.corrupted:
+            raise Fail(
+                "no_success_without_receipt",
+                f"{system.cnames[c]} reported its load of {kid} (round {rnd}) succeeded although a block of the round "
+                f"landed corrupt",
+                system.lanes[c],
+            )
+
+
+def deadline_after_input(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """input_before_deadline: a deadline fires at a core only when no message that concerns it (one
+    naming its id, or any message from its session's peer) arrived in the core's sockets and is
+    still unread (:meth:`.network.Network.unread_concerns`)."""
+    key = step.inp[2]
+    if key in system.network.unread_concerns(st, c):
+        raise Fail(
+            "input_before_deadline",
+            f"a deadline of {_who(system, c)}'s record {key} fired while a message about it had arrived in "
+            f"{_who(system, c)}'s socket and was not read yet: the deadline beat input that came first",
+            _lane(system, c),
+        )
+
+
+def _fires(system: System, step: CoreStep) -> bool:
+    return step.inp[0] == "fire"
+
+
+def binding_messages_keep_to_their_life(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """lives_never_mix: a consumer message that refers to a binding — a ``receipt``, an
+    ``abort_fetch`` of a round that fetched — changes the producer's record of the id only if it
+    names that record's current binding (peer, round).  Runs on steps that read one."""
+    env = system.cores.msgs[step.inp[1]]
+    if env.kind == "abort_fetch" and not env.fetched:
+        return
+    kid = env.kv_request_id
+    cores = system.cores
+    before = cores.precords(step.pre_snap).get(("producer", kid))
+    after = cores.precords(step.snap).get(("producer", kid))
+    if before == after:
+        return
+    state, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
+    if (peer, rnd) != (env.src, env.round):
+        raise Fail(
+            "lives_never_mix",
+            f"{env.kind} of {env.src} round {env.round} changed {kid} ({state} -> {_pstate(step.post, kid)}), but "
+            + (f"that life is bound to {peer} round {rnd}" if peer is not None and rnd >= 0 else "that life is not bound"),
+            PRODUCER,
+        )
+
+
+def retained_within_cap(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """bounded_bookkeeping: the producer never retains more than ``tombstone_max`` done/tombstoned ids.
+    Runs on steps that leave more."""
+    raise Fail(
+        "bounded_bookkeeping",
+        f"the producer retains {step.post.retained} done/tombstoned ids, more than tombstone_max="
+        f"{system.b.tombstone_max}",
+        _lane(system, c),
+    )
+
+
+def _over_the_cap(system: System, step: CoreStep) -> bool:
+    return step.post.retained > system.b.tombstone_max
+
+
+def _emits(effect: type) -> StepFilter:
+    """A ``when`` filter: the step emits an ``effect``."""
+
+    def emits(system: System, step: CoreStep) -> bool:
+        return effect in step.types
+
+    return emits
+
+
+def quiescent(system: System, g: State) -> bool:
+    """no_stuck_ids' goal: every job has its result, the data plane references nothing and has no
+    revocation to confirm, no producer record is live (:data:`P_LIVE`), no consumer load is live
+    (:data:`C_LIVE`)."""
+    if g.outstanding or g.transfers or g.revokes:
+        return False
+    summaries = system.cores.summaries
+    if any(r[0] in P_LIVE for r in summaries[g.p].producer.values()):
+        return False
+    for sid in g.c:
+        if any(r[0] in C_LIVE for r in summaries[sid].consumer.values()):
+            return False
+    return True
+
+
+def stuck(system: System, g: State) -> list[tuple[str, str]]:
+    """Why ``g`` is not quiescent: (lane, text) per job, record and transfer that is not done."""
+    engines = system.engines
+    items = [(engines.engine_lane(job), f"{engines.describe_job(job)} never gets a result") for job in sorted(g.outstanding)]
+    for kid, (s, *_rest) in sorted(system.cores.summaries[g.p].producer.items()):
+        if s in P_LIVE:
+            items.append((PRODUCER, f"producer {kid} stays {s}"))
+    for c, sid in enumerate(g.c):
+        for kid, r in sorted(system.cores.summaries[sid].consumer.items()):
+            if r[0] in C_LIVE:
+                items.append((system.lanes[c], f"{system.cnames[c]} {kid} stays {r[0]}"))
+    items.extend(
+        (NETWORK, f"the data plane never releases the transfer of {t[1]} r{t[2]} to {system.cnames[t[0]]}")
+        for t in g.transfers
+    )
+    items.extend(
+        (system.lanes[c], f"{system.cnames[c]}'s data plane never confirms the revocation for {kid} r{rnd}")
+        for c, kid, rnd in g.revokes
+    )
+    return items
+
+
+# ------------------------------------------------------------------------------------------------
+# the registry
+
+REGISTRY: tuple[Property, ...] = (
+    Property(
+        "every_state_has_deadline_or_exit", ("every_state_has_deadline_or_exit",),
+        producer_step=deadline_armed, consumer_step=deadline_armed, when=_leaves_a_timer_unarmed,
+    ),
+    Property(
+        "input_before_deadline", ("input_before_deadline",),
+        producer_step=deadline_after_input, consumer_step=deadline_after_input, when=_fires,
+    ),
+    Property(
+        "exactly_once_job_result", ("exactly_once_job_result",),
+        producer_step=one_result_per_job, consumer_step=one_result_per_job, when=_emits(JobDone),
+        state=jobs_held_by_live_records,
+    ),
+    Property(
+        "no_block_returned_while_referenced", ("no_block_returned_while_referenced",),
+        producer_step=no_store_result_while_referenced, when=_emits(JobDone),
+    ),
+    Property(
+        "no_success_without_receipt", ("no_success_without_receipt",),
+        producer_step=success_needs_receipt_p, consumer_step=success_needs_receipt_c, when=_receipt_or_store_result,
+    ),
+    Property(
+        "lives_never_mix", ("lives_never_mix",),
+        producer_step=binding_messages_keep_to_their_life, when=_receives("receipt", "abort_fetch"),
+    ),
+    Property(
+        "no_bytes_for_tombstoned", ("no_bytes_for_tombstoned",),
+        producer_step=blocks_only_when_serving, when=_emits(SendBlocks),
+    ),
+    Property("late_fetch_one_rtt", ("late_fetch_one_rtt",), producer_step=late_fetch_answered, when=_receives("fetch")),
+    Property(
+        "tombstoned_never_reparks", ("tombstoned_never_reparks",),
+        producer_step=ended_ids_stay_ended, when=_moves_a_producer_id,
+    ),
+    Property(
+        "no_write_after_terminal", ("no_write_after_terminal",),
+        consumer_step=no_write_after_terminal, when=_lands_or_fails_a_load,
+    ),
+    Property("bounded_bookkeeping", ("bounded_bookkeeping",), producer_step=retained_within_cap, when=_over_the_cap),
+    # From every explored state, a quiescent state is reachable by completion steps only (see
+    # .search): every fetch is answered, every job gets its result, no id is stuck.
+    Property("no_stuck_ids", ("fetch_always_answered", "exactly_once_job_result"), liveness=True),
+)
+"""Every property, in the order their hooks run on a step."""
+
+PROPERTIES: tuple[str, ...] = (
+    "exactly_once_job_result",
+    "every_state_has_deadline_or_exit",
+    "tombstoned_never_reparks",
+    "no_bytes_for_tombstoned",
+    "late_fetch_one_rtt",
+    "no_write_after_terminal",
+    "bounded_bookkeeping",
+    "no_block_returned_while_referenced",
+    "no_success_without_receipt",
+    "input_before_deadline",
+    "lives_never_mix",
+    "no_stuck_ids",
+)
+"""Every property's name, in the order the report lists them."""
+
+if sorted(PROPERTIES) != sorted(p.name for p in REGISTRY):  # pragma: no cover - caught at import
+    raise RuntimeError("modelcheck.properties: PROPERTIES and REGISTRY name different properties")
+
+PRODUCER_STEP_CHECKS: tuple[tuple[StepHook, StepFilter | None], ...] = tuple(
+    (p.producer_step, p.when) for p in REGISTRY if p.producer_step
+)
+"""(hook, when) of every property that checks producer steps, in registry order"""
+CONSUMER_STEP_CHECKS: tuple[tuple[StepHook, StepFilter | None], ...] = tuple(
+    (p.consumer_step, p.when) for p in REGISTRY if p.consumer_step
+)
+"""(hook, when) of every property that checks consumer steps, in registry order"""
+STATE_CHECKS: tuple[StateHook, ...] = tuple(p.state for p in REGISTRY if p.state)

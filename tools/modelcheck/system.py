@@ -1,0 +1,247 @@
+"""The composed system: one producer core, the consumer cores, and the environment's parts.
+
+:class:`System` wires the parts (:mod:`.engines`, :mod:`.network`, :mod:`.transport`,
+:mod:`.clock`) to the cores (:mod:`.encoding`) and the properties (:mod:`.properties`):
+
+* :meth:`System.actions` — every action enabled in a state, in breadth-first order (the order
+  decides which of the shortest counterexamples is reported, and is the priority order of the
+  liveness search's greedy completion path);
+* :meth:`System.apply` — the successor state (the part that owns the action's kind applies it);
+* :meth:`System.step_producer` / :meth:`System.step_consumer` — one core step: run it (memoised),
+  record it, run the properties' step checks, then let the environment take the step's effects
+  (the engines their job results, the transport its transfers and revocations, the network the
+  messages);
+* :meth:`System.feed` — how a core input reaches the TierCore API (the owning part's handler),
+  followed by the shell's synchronous answers (a connection comes up, blocks are landed, a
+  receiver-applied plane's access is revoked) within the same core step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from functools import partial
+
+from tools.modelcheck.bounds import Bounds
+from tools.modelcheck.clock import Clock
+from tools.modelcheck.encoding import Cores, CoreStep
+from tools.modelcheck.engines import Engines
+from tools.modelcheck.network import Network
+from tools.modelcheck.part import CoreInput, Part, Stage
+from tools.modelcheck.properties import (
+    CONSUMER_STEP_CHECKS,
+    PRODUCER_STEP_CHECKS,
+    STATE_CHECKS,
+    quiescent,
+    stuck,
+)
+from tools.modelcheck.state import Draft, State, put
+from tools.modelcheck.trace import PREFILL, PRODUCER, Recorder, consumer_lane, decode_lane
+from tools.modelcheck.transport import Transport
+from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings, TierCore
+
+__all__ = ["System"]
+
+
+
+class System:
+    """The composed system explored under bounds ``b``."""
+
+    def __init__(self, b: Bounds) -> None:
+        self.b = b
+        self.kids = tuple(chr(ord("X") + i) if i < 3 else f"I{i}" for i in range(b.ids))
+        """kv_request_ids: X, Y, Z, I3, I4..."""
+        self.cnames = tuple(f"c{i + 1}" for i in range(b.consumers))
+        """consumer peer names: c1, c2... (the producer is "p")"""
+        self.kindex = {k: i for i, k in enumerate(self.kids)}
+        self.cindex = {c: i for i, c in enumerate(self.cnames)}
+        self.lanes = tuple(consumer_lane(c) for c in range(b.consumers))
+        """each consumer's trace lane"""
+        self.engines = Engines(self)
+        self.network = Network(self)
+        self.transport = Transport(self)
+        self.clock = Clock(self)
+        self.parts: tuple[Part, ...] = (self.engines, self.network, self.transport, self.clock)
+        parts = self.parts
+        self.owner: dict[str, Part] = {}
+        """action kind -> the part that owns it"""
+        self._inputs: dict[str, CoreInput] = {}
+        for part in parts:
+            for table, names in ((self.owner, part.kinds), (self._inputs, part.core_inputs())):
+                taken = set(names) & set(table)
+                if taken:
+                    raise RuntimeError(f"model check: {type(part).__name__} claims {sorted(taken)}, already claimed")
+            self.owner.update(dict.fromkeys(part.kinds, part))
+            self._inputs.update(part.core_inputs())
+        self._apply = {kind: part.apply for kind, part in self.owner.items()}  # bound once: called per transition
+        settings = CoreSettings(
+            durations={k: 10.0 for k in TIMER_KEYS},  # any value: abstract time ignores durations
+            park_clock=b.park_clock,
+            tombstone_max=b.tombstone_max,
+            max_pending_fetches_per_peer=b.max_pending,
+        )
+        self.cores = Cores(settings, self.feed)
+        # the pipeline of each distinct core step, by id(step): the producer's, then each consumer's
+        self._stages_p: dict[int, tuple[Stage, ...]] = {}
+        self._stages_c: tuple[dict[int, tuple[Stage, ...]], ...] = tuple({} for _ in self.cnames)
+
+    def feed(self, core: TierCore, inp: tuple) -> list:
+        """Apply core input ``inp`` to ``core``, then the shell's synchronous answers to its effects
+        (and to theirs): a connection that opens comes up (:meth:`.network.Network.answer`), blocks
+        are landed and a receiver-applied plane's access revoked (:meth:`.transport.Transport.answer`)."""
+        effects = self._inputs[inp[0]](core, inp)
+        todo = effects
+        while todo:
+            todo = self.network.answer(core, inp, todo) + self.transport.answer(core, inp, todo)
+            effects = effects + todo
+        return effects
+
+    def initial(self) -> State:
+        """Every core fresh, every consumer's session to the producer ready, nothing else."""
+        cores = self.cores
+        p = cores.intern(cores.fresh())
+        cs = []
+        for name in self.cnames:
+            c = cores.intern(cores.fresh(gen_base=100 * (len(cs) + 1)))
+            p, c = self.network.handshake(p, c, name)
+            cs.append(c)
+        n = self.b.ids
+        return State(
+            p=p,
+            c=tuple(cs),
+            chans=tuple(() for _ in range(2 * self.b.consumers)),
+            arrived=(0,) * (2 * self.b.consumers),
+            transfers=(),
+            revokes=(),
+            stores=(0,) * n,
+            p_finished=(False,) * n,
+            lives=(0,) * n,
+            loads=tuple((0,) * n for _ in self.cnames),
+            outstanding=frozenset(),
+            retired=(False,) * n,
+            receipted=(False,) * n,
+            corrupted=frozenset(),
+            faults=(self.b.faults,) * (self.b.consumers if self.b.fault_scope == "per_peer" else 1),
+            crashes=self.b.crashes,
+            drained=False,
+            shut=(0,) * (1 + self.b.consumers),
+        )
+
+    # -- actions -------------------------------------------------------------------------------
+    def actions(self, g: State, full: bool) -> Iterable[tuple]:
+        """Actions enabled in ``g``: every one (``full``: a list), or completion steps only (no new
+        work, no faults, no crashes, and no consumer giving up on its own: an engine waits for its
+        load), lazily, in the priority order the liveness search tries them."""
+        if not full:
+            return self._completion(g)
+        engines, network, transport = self.engines, self.network, self.transport
+        acts = network.deliveries(g)
+        acts += network.arrivals(g)
+        acts += transport.actions(g, True)
+        acts += transport.revocations(g)
+        acts += self.clock.actions(g, True)
+        acts += engines.producer_actions(g, True)
+        acts += engines.consumer_actions(g, True)
+        acts += network.faults(g)
+        acts += network.crashes(g)
+        acts += engines.operator_actions(g, True)
+        return acts
+
+    def _completion(self, g: State) -> Iterator[tuple]:
+        # the same order as actions(g, full=True), restricted to completion steps
+        yield from self.network.deliveries(g)
+        yield from self.network.arrivals(g)
+        yield from self.transport.actions(g, False)
+        yield from self.transport.revocations(g)
+        yield from self.clock.actions(g, False)
+        yield from self.engines.producer_actions(g, False)
+        yield from self.engines.consumer_actions(g, False)
+        yield from self.engines.operator_actions(g, False)
+
+    def label(self, g: State, action: tuple) -> str:
+        """Human-readable text of ``action`` in state ``g``."""
+        return self.owner[action[0]].label(g, action)
+
+    def apply(self, g: State, action: tuple, rec: Recorder | None = None) -> State:
+        """Successor of ``g``; raises :class:`~.properties.Fail` on a safety violation. Records the
+        trace of the step into ``rec`` if given."""
+        st = Draft(g)
+        self._apply[action[0]](st, g, action, rec)
+        return st.freeze()
+
+    # -- core steps ----------------------------------------------------------------------------
+    def step_producer(self, st: Draft, inp: tuple, rec: Recorder | None) -> None:
+        """One step of the producer's core."""
+        step = self.cores.step("p", st.p, inp)
+        st.p = step.snap
+        if rec is not None:  # before the checks: a violating step shows what the core did
+            rec.core_step("P", PRODUCER, PREFILL, step.pre, step.post, step.effects)
+        stages = self._stages_p.get(id(step))
+        if stages is None:
+            stages = self._stages_p[id(step)] = self._pipeline(step, None)
+        for stage in stages:
+            stage(st, None, step)
+
+    def step_consumer(self, st: Draft, c: int, inp: tuple, rec: Recorder | None) -> None:
+        """One step of consumer ``c``'s core."""
+        step = self.cores.step(self.cnames[c], st.c[c], inp)
+        st.c = put(st.c, c, step.snap)
+        if rec is not None:
+            rec.core_step(self.cnames[c], self.lanes[c], decode_lane(c), step.pre, step.post, step.effects)
+        cache = self._stages_c[c]
+        stages = cache.get(id(step))
+        if stages is None:
+            stages = cache[id(step)] = self._pipeline(step, c)
+        for stage in stages:
+            stage(st, c, step)
+
+    def _pipeline(self, step: CoreStep, c: int | None) -> tuple[Stage, ...]:
+        """What follows core step ``step`` of the producer (``c`` None) or consumer ``c``, in order:
+        the property checks that need to see it (registry order, see :mod:`.properties`), then the
+        parts of the environment that take its effects.  Every stage is ``stage(draft, c, step)``.
+
+        Depends on the memoised step (and the core) only, so it is built once per step and core and
+        cached by the step's identity (the memo keeps every step alive)."""
+        checks = PRODUCER_STEP_CHECKS if c is None else CONSUMER_STEP_CHECKS
+        stages: list[Stage] = [partial(hook, self) for hook, when in checks if when is None or when(self, step)]
+        for part in self.parts:
+            stage = part.after_step(step, c)
+            if stage is not None:
+                stages.append(stage)
+        return tuple(stages)
+
+    # -- properties ----------------------------------------------------------------------------
+    def check_state(self, g: State) -> None:
+        """The properties' checks of one state."""
+        for check in STATE_CHECKS:
+            check(self, g)
+
+    def quiescent(self, g: State) -> bool:
+        return quiescent(self, g)
+
+    def stuck(self, g: State) -> list[tuple[str, str]]:
+        return stuck(self, g)
+
+    # -- for the partial-order reduction (.reduction; the parts answer for their actions) -------
+    def shared(self, g: State) -> tuple:
+        """Everything no pair's projection holds: the producer core's counters and retained order,
+        the budgets the pairs share, the operator's and the producer's shutdown."""
+        return (
+            self.cores.snaps[g.p][1:],
+            g.crashes,
+            g.faults if self.b.fault_scope != "per_peer" else None,
+            g.drained,
+            g.shut[0],
+        )
+
+    def projection(self, g: State, i: int) -> tuple:
+        """Everything that belongs to pair ``i`` (id i with consumer i): its producer records, the
+        consumer's core, and each part's slice of the environment."""
+        precs = self.cores.precords(g.p)
+        return (
+            precs.get(("producer", self.kids[i])),
+            precs.get(("sessions", self.cnames[i])),
+            g.c[i],
+            g.retired[i],
+            g.receipted[i],
+            *(part.project(g, i) for part in self.parts),
+        )

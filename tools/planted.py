@@ -1,0 +1,312 @@
+"""Planted-bug variants of the lifecycle core, to test the tests (style anchors, rule 14).
+
+Each entry of :data:`PLANTED` is a context manager factory.  Inside ``with PLANTED[name]():`` the
+real machine classes (:class:`~kvtier.lifecycle.producer.ProducerMachine`,
+:class:`~kvtier.lifecycle.consumer.ConsumerMachine`) behave with one realistic bug, taken from
+``bug-scenarios.md``; on exit the classes are restored exactly.  The patch is made on the
+*classes* (their table and effect builders), so build the cores **inside** the ``with`` block.
+One entry, ``deadlines_before_input``, plants a bug in the shell's poll policy instead: it
+patches the model checker's clock rule, which only ``python -m tools check`` runs.
+
+The stateful suite (``tests/stateful/test_planted.py``) and the model checker
+(``python -m tools check --bug NAME``, ``tests/model/test_modelcheck.py``) must find every one of them;
+if a change to the tests stops finding one, the tests got weaker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from types import MappingProxyType
+from typing import Any
+
+from kvtier.lifecycle._table import (
+    TRANSITION,
+    Branch,
+    ConsumerEffect,
+    ConsumerEvent,
+    ConsumerGuard,
+    ConsumerState,
+    ProducerEffect,
+    ProducerEvent,
+    ProducerState,
+    Reason,
+    Rule,
+)
+from kvtier.lifecycle.consumer import ConsumerMachine
+from kvtier.lifecycle.effects import JobDone, SendBlocks
+from kvtier.lifecycle.producer import RETAINED, ProducerMachine, ProducerRecord, RetainedRecord
+
+__all__ = ["PLANTED"]
+
+
+@contextmanager
+def _patched(cls: type, name: str, value: Any) -> Iterator[None]:
+    had = name in cls.__dict__
+    old = cls.__dict__.get(name)
+    setattr(cls, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(cls, name, old)
+        else:
+            delattr(cls, name)
+
+
+def _table(cls: type, changes: dict[tuple[Any, Any], Rule]) -> AbstractContextManager[None]:
+    table = dict(cls.TABLE)
+    for key in changes:
+        if key not in table:  # pragma: no cover - guards against a renamed state or event
+            raise KeyError(f"planted bug patches a pair the table does not have: {key}")
+    table.update(changes)
+    return _patched(cls, "TABLE", MappingProxyType(table))
+
+
+def _rule(*branches: Branch) -> Rule:
+    return Rule(TRANSITION, tuple(branches), None)
+
+
+def _revive_retained(method: str) -> AbstractContextManager[None]:
+    """The bugs below treat a tombstoned id as live on one input (``method``, taking an input
+    with ``kv_request_id``): its lookup hands out a full record again (the correct core keeps
+    only a RetainedRecord, which cannot be bound or parked).  An id still retained afterwards is
+    slimmed back, so only the planted rule changes what the core does."""
+    original = getattr(ProducerMachine, method)
+
+    def wrapped(self: ProducerMachine, inp: Any, now: float, out: list) -> None:
+        key = inp.kv_request_id
+        rec = self.records.get(key)
+        if isinstance(rec, RetainedRecord):
+            live = ProducerRecord(key)
+            live.state, live.reason, live.timer, live.tseq, live.consumer = (
+                rec.state, rec.reason, rec.timer, rec.tseq, rec.consumer)
+            self.records[key] = live
+        original(self, inp, now, out)
+        rec = self.records.get(key)
+        if rec is not None and rec.state in RETAINED and not isinstance(rec, RetainedRecord):
+            self.records[key] = RetainedRecord(rec)
+
+    return _patched(ProducerMachine, method, wrapped)
+
+
+@contextmanager
+def bind_ignores_tombstone() -> Iterator[None]:
+    """A fetch for a tombstoned id binds and starts a transfer from the freed blocks (B01)."""
+
+    def start_transfer(self: ProducerMachine, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        # the record's block map was cleared when the jobs failed: send whatever the slots hold now
+        out.append(SendBlocks(rec.peer, rec.key, rec.round, tuple(rec.blocks.get(k, 0) for k in rec.demand)))
+
+    with ExitStack() as stack:
+        stack.enter_context(
+            _table(
+                ProducerMachine,
+                {
+                    (ProducerState.TOMBSTONED, ProducerEvent.FETCH): _rule(
+                        Branch(None, ProducerState.SERVING, (ProducerEffect.BIND, ProducerEffect.START_TRANSFER), None)
+                    )
+                },
+            )
+        )
+        stack.enter_context(_patched(ProducerMachine, "effect_start_transfer", start_transfer))
+        stack.enter_context(_revive_retained("fetch"))
+        yield
+
+
+@contextmanager
+def dup_ack_releases_twice() -> Iterator[None]:
+    """The consumer reports a load job again when a transfer_done or abort_ack arrives for a load
+    that already ended (a duplicated message releases the slots twice)."""
+
+    def report_ok(self: ConsumerMachine, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        out.append(JobDone(rec.job_id, True, None))  # job_id is not cleared
+
+    def fail_job(self: ConsumerMachine, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        if rec.job_id is not None:
+            out.append(JobDone(rec.job_id, False, reason))  # job_id is not cleared
+
+    again_ok = _rule(Branch(None, ConsumerState.LOADED, (ConsumerEffect.REPORT_LOAD_OK,), None))
+    again_fail = _rule(Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB,), None))
+    with ExitStack() as stack:
+        stack.enter_context(
+            _table(
+                ConsumerMachine,
+                {
+                    (ConsumerState.LOADED, ConsumerEvent.TRANSFER_DONE): again_ok,
+                    (ConsumerState.FAILED, ConsumerEvent.TRANSFER_DONE): again_fail,
+                    (ConsumerState.FAILED, ConsumerEvent.ABORT_ACK): again_fail,
+                },
+            )
+        )
+        stack.enter_context(_patched(ConsumerMachine, "effect_report_load_ok", report_ok))
+        stack.enter_context(_patched(ConsumerMachine, "effect_fail_job", fail_job))
+        yield
+
+
+@contextmanager
+def reap_forgets_jobs() -> Iterator[None]:
+    """The reap deadline tombstones a parked id without failing its store jobs: the engine never
+    learns it may release the blocks (B16)."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.PARKED, ProducerEvent.REAP_DEADLINE): _rule(
+                Branch(None, ProducerState.TOMBSTONED, (), Reason.REAPED)
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def prune_before_retention() -> Iterator[None]:
+    """The reap deadline deletes the record at once instead of tombstoning it, so a late fetch
+    waits for blocks and a late store parks again (B01/B03 with the tombstone retention gone)."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.PARKED, ProducerEvent.REAP_DEADLINE): _rule(
+                Branch(None, ProducerState.PRUNED, (ProducerEffect.FAIL_JOBS,), Reason.REAPED)
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def write_after_abort() -> Iterator[None]:
+    """Block data that arrives while the load is aborting is still written into the slots, although
+    the load may be reported failed (and its slots reused) any moment (B08)."""
+    with _table(
+        ConsumerMachine,
+        {
+            (ConsumerState.ABORTING, ConsumerEvent.BLOCK_DATA): _rule(
+                Branch(ConsumerGuard.BLOCKS_VALID, ConsumerState.ABORTING, (ConsumerEffect.LAND_BLOCKS,), None),
+                Branch(None, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE,), None),
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def store_reparks_tombstone() -> Iterator[None]:
+    """A store for a tombstoned id parks its blocks again, pinning memory for an id that can never
+    be fetched (B03)."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.TOMBSTONED, ProducerEvent.STORE): _rule(
+                Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS,), None)
+            )
+        },
+    ), _revive_retained("store"):
+        yield
+
+
+@contextmanager
+def abort_never_gives_up() -> Iterator[None]:
+    """When abort_ack does not come, the consumer re-arms its abort deadline instead of failing the
+    load, so one lost abort (or abort_ack) keeps the load and its slots forever (B31, B09)."""
+    original = ConsumerMachine.effect_note_stale
+
+    def note_stale(self: ConsumerMachine, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        if inp is None:  # the abort_ack deadline: wait another round instead of giving up
+            self.restart_timer(rec, now)
+            return
+        original(self, rec, inp, reason, now, out)
+
+    with ExitStack() as stack:
+        stack.enter_context(
+            _table(
+                ConsumerMachine,
+                {
+                    (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK_DEADLINE): _rule(
+                        Branch(None, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE,), None)
+                    )
+                },
+            )
+        )
+        stack.enter_context(_patched(ConsumerMachine, "effect_note_stale", note_stale))
+        yield
+
+
+@contextmanager
+def cancel_deadline_returns_blocks() -> Iterator[None]:
+    """The first release's B26/B32 bug: when a cancelled transfer is not released in time, the
+    store jobs fail (the engine may reuse the blocks) while the data plane still references them;
+    the consumer then lands the reused bytes."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.CANCELLING, ProducerEvent.CANCEL_DEADLINE): _rule(
+                Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL), None)
+            ),
+            (ProducerState.CONFIRMED, ProducerEvent.CANCEL_DEADLINE): _rule(
+                Branch(None, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS,), None)
+            ),
+        },
+    ):
+        yield
+
+
+@contextmanager
+def success_without_receipt() -> Iterator[None]:
+    """The first release's "sent to libzmq is delivered": the store jobs succeed as soon as the data
+    plane released the blocks, although the consumer never confirmed receipt (it died after 8 of
+    200 blocks)."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.SERVING, ProducerEvent.TRANSFER_RELEASED): _rule(
+                Branch(None, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ProducerEffect.REPLY_DONE_OK), None)
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def abort_ignores_round() -> Iterator[None]:
+    """The first release's B14 bug: an abort for a round that fetched an earlier life of a reused id
+    still tombstones the id's new, unbound life."""
+    with _table(
+        ProducerMachine,
+        {
+            (ProducerState.PARKED, ProducerEvent.ABORT_FETCH): _rule(
+                Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK),
+                       Reason.ABORTED)
+            )
+        },
+    ):
+        yield
+
+
+@contextmanager
+def deadlines_before_input() -> Iterator[None]:
+    """The first release's shell (B24): deadlines fire against "now", so one may fire while a
+    message that arrived before it is still unread in the socket — a fetch that queued during a
+    stall meets an id reaped a moment ago.  A policy of the shell's poll loop, not of the core, so
+    the planted patch switches the model checker's clock rule off
+    (:attr:`tools.modelcheck.clock.Clock.input_first`); only ``python -m tools check`` sees it."""
+    from tools.modelcheck.clock import Clock
+
+    with _patched(Clock, "input_first", False):
+        yield
+
+
+PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
+    "bind_ignores_tombstone": bind_ignores_tombstone,
+    "dup_ack_releases_twice": dup_ack_releases_twice,
+    "reap_forgets_jobs": reap_forgets_jobs,
+    "prune_before_retention": prune_before_retention,
+    "write_after_abort": write_after_abort,
+    "store_reparks_tombstone": store_reparks_tombstone,
+    "abort_never_gives_up": abort_never_gives_up,
+    "cancel_deadline_returns_blocks": cancel_deadline_returns_blocks,
+    "success_without_receipt": success_without_receipt,
+    "abort_ignores_round": abort_ignores_round,
+    "deadlines_before_input": deadlines_before_input,
+}
+"""Planted bug name -> context manager factory (``with PLANTED[name](): ...``)."""
