@@ -126,11 +126,11 @@ class Producer:
     def op_states(self, ids: list[str], pair: str = "zmq") -> list[str]:
         mgr = self.mgrs[pair]
         with mgr._lock:  # the poll thread may be applying inputs
-            return [mgr.core.producer.state_of(k).value for k in ids]
+            return [mgr.core.producer_state(k).value for k in ids]
 
     def op_stats(self) -> dict[str, Any]:
         self._collect()
-        return {"finished_jobs": self.finished, "records": len(self.mgr.core.producer.records)}
+        return {"finished_jobs": self.finished, "records": self.mgr.core.producer_count()}
 
     def _collect(self) -> None:
         for mgr in self.mgrs.values():

@@ -327,11 +327,12 @@ class KvTierManager:
                             nbytes=len(job.slots) * self.pool.block_bytes)
             self._loop.run(effects)
 
-    def get_finished_jobs(self) -> list[JobResult]:
+    def get_finished_jobs(self, *, poll: bool = True) -> list[JobResult]:
         """Hand over every job result produced since the last call; when there is none yet,
-        tick once first (results already produced go out without another network pass)."""
+        tick once first (results already produced go out without another network pass).
+        ``poll=False``: only results already produced, no network pass at all."""
         with self._lock:
-            if not self._closed and not self._jobs.ready:
+            if poll and not self._closed and not self._jobs.ready:
                 self._loop.tick()
             return self._jobs.take()
 
@@ -489,6 +490,19 @@ class KvTierManager:
             self._loop.outbound.pool = None
         # outside the lock: a scrape in progress waits for that lock
         self._metrics.close()
+
+    def close_abruptly(self) -> None:
+        """Close the sockets now, with no goodbye, no grace and no further results: what a crash
+        looks like to the peers (fault injection in tests and benchmarks; an engine calls
+        :meth:`shutdown`).  The manager does nothing afterwards.  Idempotent."""
+        if self._thread is not None:
+            self._thread.join(timeout_s=5.0)
+            self._thread = None
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.transport.close()
 
     def _finish_plane(self) -> None:
         """After the transport closed: the plane holds nothing any more; report its releases so

@@ -533,10 +533,10 @@ class Harness:
         self.trace.checks.append(what)
 
     def producer_state(self, kv_id: str) -> str:
-        return self.P.core.producer.state_of(kv_id).value
+        return self.P.core.producer_state(kv_id).value
 
     def consumer_state(self, kv_id: str) -> str:
-        return self.C.core.consumer.state_of(kv_id).value
+        return self.C.core.consumer_state(kv_id).value
 
     def slots_hold_pattern(self, slots: Sequence[int], seed: int) -> bool:
         pool = self.C.pool

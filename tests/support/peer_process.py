@@ -80,11 +80,7 @@ class PeerHandler:
         mgr = self.mgr
         if mgr is None:
             return
-        if self.paused:
-            with mgr._lock:
-                done, mgr._results = mgr._results, []
-        else:
-            done = mgr.get_finished_jobs()
+        done = mgr.get_finished_jobs(poll=not self.paused)
         self.results.extend(_result_dict(r) for r in done)
 
     def step(self) -> None:
@@ -135,8 +131,7 @@ class PeerHandler:
         process lives on, so a new manager can be started on the same port."""
         mgr, self.mgr = self.mgr, None
         if mgr is not None:
-            mgr._closed = True  # so its finaliser-free object never touches the sockets again
-            mgr.transport.close()
+            mgr.close_abruptly()
         self.results, self.reqs, self.paused = [], {}, False
 
     def op_store(
