@@ -125,7 +125,7 @@ class Producer:
 
     def op_states(self, ids: list[str], pair: str = "zmq") -> list[str]:
         mgr = self.mgrs[pair]
-        with mgr._lock:  # the poll thread may be applying inputs
+        with mgr.lock:  # the poll thread may be applying inputs
             return [mgr.core.producer_state(k).value for k in ids]
 
     def op_stats(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ their defaults, units, bounds and descriptions (each field's metadata):
 ``docs/configuration.md`` is rendered from ``config_table()`` by the
 repository's tools (``python -m tools docs``; this module renders nothing).
 
-Rules (B25 in the bug-scenario catalogue):
+Rules (scenario B25, docs/scenarios.md):
 
 * Every bad value fails closed at construction with a ``TierConfigError``
   (a ``ValueError``) whose message names the key and the offending value's

@@ -3,9 +3,9 @@
 The producer takes a 64-bit digest of every block when the engine parks it (``submit_store``),
 before any data plane could touch it; the digests travel with the transfer (``block_data``) and
 the consumer checks every block as it lands.  A block whose bytes changed in between — the engine
-reused it while a send still read it (bug-scenarios B26/B32), a plane wrote the wrong slot, a
+reused it while a send still read it (scenarios B26/B32, docs/scenarios.md), a plane wrote the wrong slot, a
 link corrupted it — fails the load with reason ``corrupt`` instead of being reported as a
-success.  Architecture decision 12: success means the consumer has the parked bytes.
+success.  Decision I2: success means the consumer has the parked bytes.
 
 The digest is XXH3-64 from the maintained ``xxhash`` package: not cryptographic (it detects
 accidents, not a forging producer — an authenticated peer is trusted with the bytes it sends, see

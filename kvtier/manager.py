@@ -147,6 +147,13 @@ class KvTierManager:
                                       interval_s=cfg.poll_interval_s, closed=lambda: self._closed,
                                       on_error=self._metrics.internal_error)
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The manager's re-entrant lock: every public method takes it (and the poll thread, while
+        it ticks).  Hold it to read :attr:`core` consistently while ``background_poll`` runs, or
+        to make several calls atomic."""
+        return self._lock
+
     # -- metrics ---------------------------------------------------------------------------------
     @property
     def metrics(self) -> CollectorRegistry:

@@ -171,7 +171,7 @@ def _drive(m: KvTierManager, t: _SpyTransport, params, n: int) -> None:
         return
     for address in t.dialled[before:]:  # a dial only ever goes to an allowed endpoint
         host, _, port = address.rpartition(":")
-        assert m._peer_policy.allows(host.strip("[]"), int(port)), address
+        assert PeerPolicy.from_entries(m.config.allowed_peers).allows(host.strip("[]"), int(port)), address
     m.lookup(b"k", req)
     if role == "consumer":
         m.submit_load(TransferJob(job_id=10_000_000 + n, keys=(b"k",), slots=(0,), req=req))

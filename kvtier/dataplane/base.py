@@ -6,7 +6,7 @@ Contract (the safety argument in docs/lifecycle.md rests on it):
   transfer, the plane may read the producer's blocks.  It reports ``Released`` exactly once per
   posted transfer, and only when it holds no reference to any of its blocks — whether it moved
   them all (``failed=False``) or gave up (``failed=True``).  Nothing else returns blocks to the
-  engine (architecture decision 11).
+  engine (decision I1).
 * **Cancel** stops posting; what is already posted runs to completion (no engine can be trusted to
   cancel a posted transfer).  A transfer whose references outlive the producer's patience is
   forced out by ending the session: the transport drops the connection and the plane's references

@@ -373,8 +373,8 @@ class NixlPlane:
         """While a WRITE of ours is in flight, a revocation is pending, or a peer could be writing
         into us (``receiving``: a load of ours is outstanding): the progress interval
         (``nixl_progress_interval_s``); otherwise ``None``, so an idle manager is not woken every
-        interval (the first release woke 1,000 times a second per connected peer, and those
-        wake-ups took the core from the manager that was working)."""
+        interval (waking 1,000 times a second per connected peer takes the core from the
+        manager that is working)."""
         if self._xfers or self._revoking or (receiving and self._peers):
             return self._interval
         return None

@@ -276,6 +276,11 @@ class TierCore:
         rec = self._sessions.records.get(peer)
         return rec.gen if rec is not None else None
 
+    def suspect_instances(self) -> frozenset[str]:
+        """Producer instances whose sessions are suspect (one died abnormally, none heard from
+        since): new loads to any of their sessions fail fast (decision I7)."""
+        return frozenset(self._sessions.suspect)
+
     def session_ready(self, peer: str) -> bool:
         """True when the session with ``peer`` is ready."""
         return self._sessions.ready(peer)

@@ -7,7 +7,7 @@ the blocks are handed to the data plane (``serving``).  Two facts end a transfer
 plane *released* every block (it references none of them any more) and the consumer sent a
 *receipt* (every block landed and matched its digest).  Only then do the store jobs succeed
 (``done``); a job's result is never reported while the plane may still read its blocks (rule 11 of
-the architecture, bug-scenarios B26/B32).  A transfer that is given up (deadline, abort, peer
+decision I1, scenarios B26/B32).  A transfer that is given up (deadline, abort, peer
 death, shutdown) waits in ``cancelling`` for the release; if the plane does not release in time the
 session with the peer is ended to force it and the id waits in ``quarantined`` — its jobs stay
 outstanding rather than be reported early.  The terminal answer to the consumer is sent only when
@@ -108,9 +108,9 @@ class ProducerRecord(Record):
 
 
 class RetainedRecord(Record):
-    """What a done or tombstoned id keeps for the rest of ``tombstone_retention_s`` (issue 9 item
-    7: ≤ 256 B per id): its state, reason and named consumer — all a late fetch, abort, receipt or
-    store is answered from.  The fields of a live record read as their empty values (class
+    """What a done or tombstoned id keeps for the rest of ``tombstone_retention_s`` (decision
+    I8: ≤ 256 B per id): its state, reason and named consumer — all a late fetch, abort, receipt
+    or store is answered from.  The fields of a live record read as their empty values (class
     attributes, not slots), so code that scans every record needs no special case; writing one
     raises AttributeError, which is the point: nothing may bind or park a retained id."""
 

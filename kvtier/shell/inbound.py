@@ -58,9 +58,12 @@ class Inbound:
             wm.Error: self._note_error,
         }
 
-    def collect(self, budget: int = RECV_BUDGET) -> list[ix.Input]:
-        """Read up to ``budget`` messages (and every connection event), then the plane's reports.
-        Advances :attr:`quiet_since` when a pass emptied every socket."""
+    def collect(self, budget: int | None = None) -> list[ix.Input]:
+        """Read up to ``budget`` messages (default :data:`RECV_BUDGET`) and every connection
+        event, then the plane's reports.  Advances :attr:`quiet_since` when a pass emptied every
+        socket."""
+        if budget is None:
+            budget = RECV_BUDGET
         out: list[ix.Input] = []
         read = 0
         while True:

@@ -298,6 +298,7 @@ class ZmqTransport:
         self._dealer_mons: dict[str, zmq.Socket] = {}
         self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
         self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
+        self._mon_set: frozenset[zmq.Socket] | None = None
         self._mon_n = 0
         self._auth: PrincipalAuthenticator | None = None
         self.idle_dropped = 0
@@ -409,6 +410,7 @@ class ZmqTransport:
         self._dealer_peer[sock] = address
         self._mon_peer[mon] = address
         self._poller = None
+        self._mon_set = None
         return address
 
     def _monitor(self, sock: zmq.Socket, events: int) -> zmq.Socket:
@@ -917,13 +919,11 @@ class ZmqTransport:
             return False
         deadline = time.monotonic() + max(0.0, timeout_s)
         # Only events new to this call wake it: a caller that never drains events() must not
-        # turn every wait into a busy loop.
+        # turn every wait into a busy loop.  Monitors are read only when the poller reports
+        # them readable (the loop below), never up front: an idle wait costs one poll.
         seen = len(self._events)
-        self._service()
-        if len(self._events) > seen:
-            return True
-        out_socks = self._sockets_with_pending()
-        mons = {self._rmon, *self._dealer_mons.values()}
+        out_socks = self._sockets_with_pending() if self._queues else set()
+        mons = self._monitors()
         while True:
             poller = self._build_poller(out_socks)
             now = time.monotonic()
@@ -951,6 +951,12 @@ class ZmqTransport:
                 continue
             if time.monotonic() >= deadline:
                 return False
+
+    def _monitors(self) -> frozenset[zmq.Socket]:
+        mons = self._mon_set
+        if mons is None:
+            mons = self._mon_set = frozenset({self._rmon, *self._dealer_mons.values()})
+        return mons
 
     def _sockets_with_pending(self) -> set[zmq.Socket]:
         socks = set()
@@ -996,6 +1002,7 @@ class ZmqTransport:
         mon = self._dealer_mons.pop(address)
         self._dealer_peer.pop(sock, None)
         self._mon_peer.pop(mon, None)
+        self._mon_set = None
         try:
             sock.disable_monitor()
         except zmq.ZMQError:  # pragma: no cover

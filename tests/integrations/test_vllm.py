@@ -436,7 +436,7 @@ def test_fuzzed_kv_transfer_params_never_raise_out_of_the_adapter(managers, para
         mgr.lookup(keys(f"fz-{i}", 1)[0], ctx)
         mgr.on_request_finished(ctx)
         step(mgr)
-    for peer in tier._mgr.transport.peers():
+    for peer in tier.kvtier.transport.peers():
         assert peer.startswith("127.0.0.1:"), peer
 
 

@@ -125,7 +125,7 @@ def test_duplicate_hello_on_a_ready_session_is_answered_and_loads_continue(make_
         first = raw.hello()
         again = raw.hello()
         assert again.instance == first.instance == p.instance
-        (peer,) = [k for k, rec in p.core.sessions.records.items() if rec.state is SessionState.READY]
+        (peer,) = [v.peer for v in p.core.sessions() if v.state is SessionState.READY]
         assert metric_sum(p, "kvtier_session_ends_total") == 0
         req = producer_req("p-dup", "kv-dup")
         p.on_new_request(req)

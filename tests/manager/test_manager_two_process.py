@@ -478,9 +478,9 @@ def test_drain_jobs_returns_only_when_every_job_has_a_result(producer, make_mana
     rp = consumer_req("c-parked", "kv-parked-1", host, port)
     c.on_new_request(rp)
     c.submit_load(job(12, keys_for("kv-parked-1", 2), [20, 21], rp))
-    assert 12 in c._jobs
+    assert 12 in c.jobs_in_flight()
     c.drain_jobs(timeout_s=WAIT_S)
-    assert not c._jobs  # the manager's own outstanding-job table is empty
+    assert not c.jobs_in_flight()  # every job has its result (not yet collected)
     jobs.pump()
     assert (jobs.one(12).success, jobs.one(12).reason) == (False, "drained")
     assert not c.has_pending_work()

@@ -436,7 +436,7 @@ def test_b16_reaper_runs_without_any_engine_call():
         m.submit_store(job(1, [b"a"], [0], req))
         end = time.monotonic() + 8.0
         while time.monotonic() < end:
-            with m._lock:
+            with m.lock:
                 gone = m.core.producer("A") is None and not m.jobs_in_flight()
             if gone:
                 break

@@ -141,7 +141,7 @@ def test_a_wedged_manager_does_not_hang_the_scrape(make_manager, monkeypatch) ->
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with m._lock:
+        with m.lock:
             held.set()
             release.wait(10)
 
@@ -159,9 +159,9 @@ def test_a_wedged_manager_does_not_hang_the_scrape(make_manager, monkeypatch) ->
 
 def test_the_tap_keeps_every_observation_up_to_its_bound(make_manager) -> None:
     m = make_manager({})
-    tap = m._metrics.tap(max_observations=3)
+    tap = m.tier_metrics.tap(max_observations=3)
     for i in range(5):
-        m._metrics.tick_lag(i / 10)
+        m.tier_metrics.tick_lag(i / 10)
     assert [v for _, _, v in tap.take()] == [0.2, 0.3, 0.4] and tap.dropped == 2
     assert tap.take() == []
 

@@ -86,6 +86,10 @@ class _Watch:
 
     def step(self) -> None:
         self.p.poll(0.002)
+        self.observe()
+
+    def observe(self) -> None:
+        """Record the state now (also after a result collection, which may tick the manager)."""
         st = self.p.core.producer_state(self.kv)
         if not self.states or self.states[-1] != st.value:
             self.states.append(st.value)
@@ -123,6 +127,7 @@ def _stalled_transfer_trial(p, pjobs: Jobs, consumer, trial: int, *, throttle: f
         while time.monotonic() < end:
             w.step()
             pjobs.pump()
+            w.observe()
             if w.states[-1] == "quarantined" and ctl is None:
                 # the session was ended to force the release: it comes within a poll or two;
                 # a shorter bound so that a missing release fails fast (a throttled consumer

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-import kvtier.manager
+import kvtier.shell.inbound
 from kvtier.lifecycle._table import SessionState
 from tests.support import wedge
 from mgr_helpers import (
@@ -118,8 +118,8 @@ def test_b24_backlog_larger_than_one_polls_read_budget(make_manager, monkeypatch
     3 s, past every reap deadline (2 s).  A poll that stops at its budget fires no deadline
     past the time the queue was last seen empty.  Expected: every load succeeds byte-exact, none
     is reaped."""
-    monkeypatch.setattr(kvtier.manager, "RECV_BUDGET", 64)
-    monkeypatch.setattr(kvtier.manager, "RECV_BATCH", 16)
+    monkeypatch.setattr(kvtier.shell.inbound, "RECV_BUDGET", 64)
+    monkeypatch.setattr(kvtier.shell.inbound, "RECV_BATCH", 16)
     p = make_manager({**P_B24, "peer_timeout_s": 60.0}, num_blocks=N_IDS, block_bytes=BB)
     c = make_manager(C_CFG, num_blocks=N_IDS, block_bytes=BB)
     c.pool.tensor.fill_(SENTINEL)
@@ -229,7 +229,7 @@ def test_b11_a_dead_rank_fails_new_loads_to_its_sibling_until_the_sibling_is_hea
     assert rank1.state("kv-before") == "parked"  # the refused load never reached the sibling
 
     # heard from again (the consumer's next ping is answered with a pong): loads to it work
-    assert pump_until(lambda: "pod-x" not in c.core.suspect, managers=[c], timeout_s=BOUND_S)
+    assert pump_until(lambda: "pod-x" not in c.core.suspect_instances(), managers=[c], timeout_s=BOUND_S)
     ra = consumer_req("c-after", "kv-after", rank1.host, rank1.port)
     c.on_new_request(ra)
     c.submit_load(job(20, keys_for("kv-after", 2), [5, 6], ra))

@@ -265,8 +265,8 @@ class PeerHandler:
 
     def op_state(self, kv_id: str, machine: str = "producer") -> str:
         core = self._need().core
-        m = core.producer if machine == "producer" else core.consumer
-        return m.state_of(kv_id).value
+        state = core.producer_state(kv_id) if machine == "producer" else core.consumer_state(kv_id)
+        return state.value
 
     def op_drain(self, drain_timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """``drain_jobs`` in the child; returns the results collected afterwards."""
