@@ -37,7 +37,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
-from kvtier.wire.codec import Reason as WireReason
+from kvtier.wire.codec import WireReason
 
 __all__ = [
     "CONST_LABELS",
@@ -58,7 +58,7 @@ ROLES: tuple[str, ...] = ("producer", "consumer")
 #: own words (``local``: a store for a request with no remote decoder; ``failed``: a job failure
 #: without a reason).  A label value outside it is reported as ``other``.
 VOCABULARY: frozenset[str] = frozenset(
-    {r.value for r in Reason} | set(WireReason.ALL) | {"local", "failed", ""}
+    {r.value for r in Reason} | {r.value for r in WireReason} | {"failed", ""}
 )
 
 _MACHINES = frozenset({"producer", "consumer", "session"})

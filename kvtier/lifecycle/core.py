@@ -551,7 +551,7 @@ class TierCore:
             if len(self._error_replies) >= 4096:  # bounded: peer ids come from connections
                 self._error_replies.clear()
             self._error_replies[key] = now
-        out.append(Send(peer, wm.Error(gen=self._sessions.gen(peer), reason=inp.reason, detail=inp.detail[:4096],
+        out.append(Send(peer, wm.Error(gen=self._sessions.gen(peer), reason=str(inp.reason), detail=inp.detail[:4096],
                                        kv_request_id=inp.kv_request_id)))
 
     # =========================================================================================

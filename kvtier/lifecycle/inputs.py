@@ -139,7 +139,7 @@ class Received(_Input):
 
 class Malformed(_Input):
     """A message from ``peer`` that did not decode: ``reason`` is the wire error code
-    (:class:`kvtier.wire.codec.WireReason`), the rest what could be read of it."""
+    (:class:`kvtier.wire.codec.WireReason`, a ``str`` enum), the rest what could be read of it."""
 
     peer: str
     reason: str

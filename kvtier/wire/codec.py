@@ -21,6 +21,8 @@ importing zmq.
 
 from __future__ import annotations
 
+import enum
+
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
@@ -60,32 +62,32 @@ __all__ = [
 
 # -- reason codes ---------------------------------------------------------------------------------
 
-MALFORMED: Final = "malformed"
-"""Not a kvtier header: bad msgpack, not a map, no string ``type``, frames not buffers."""
-UNKNOWN_TYPE: Final = "unknown_type"
-"""A well-formed map whose ``type`` names no known message."""
-OVERSIZE: Final = "oversize"
-"""Header larger than ``max_message_bytes``, or a count beyond ``max_blocks_per_fetch``."""
-BAD_FIELD: Final = "bad_field"
-"""A known message with a missing, unknown, mistyped or out-of-range field."""
-BAD_PAYLOAD: Final = "bad_payload"
-"""Wrong number or size of payload frames for the message."""
-VERSION_MISMATCH: Final = "version_mismatch"
-"""A ``hello`` whose ``version`` is not :data:`PROTOCOL_VERSION`."""
+
+class WireReason(enum.StrEnum):
+    """Why a message was refused by the codec (stable on the wire: the ``reason`` of an
+    ``error`` reply, and a metric label)."""
+
+    MALFORMED = "malformed"
+    """Not a kvtier header: bad msgpack, not a map, no string ``type``, frames not buffers."""
+    UNKNOWN_TYPE = "unknown_type"
+    """A well-formed map whose ``type`` names no known message."""
+    OVERSIZE = "oversize"
+    """Header larger than ``max_message_bytes``, or a count beyond ``max_blocks_per_fetch``."""
+    BAD_FIELD = "bad_field"
+    """A known message with a missing, unknown, mistyped or out-of-range field."""
+    BAD_PAYLOAD = "bad_payload"
+    """Wrong number or size of payload frames for the message."""
+    VERSION_MISMATCH = "version_mismatch"
+    """A ``hello`` whose ``version`` is not :data:`PROTOCOL_VERSION`."""
 
 
-class Reason:
-    """Namespace of the wire reason codes (plain ``str`` constants, stable on the wire)."""
-
-    MALFORMED: Final = MALFORMED
-    UNKNOWN_TYPE: Final = UNKNOWN_TYPE
-    OVERSIZE: Final = OVERSIZE
-    BAD_FIELD: Final = BAD_FIELD
-    BAD_PAYLOAD: Final = BAD_PAYLOAD
-    VERSION_MISMATCH: Final = VERSION_MISMATCH
-    ALL: Final = frozenset(
-        {MALFORMED, UNKNOWN_TYPE, OVERSIZE, BAD_FIELD, BAD_PAYLOAD, VERSION_MISMATCH}
-    )
+Reason = WireReason  # the codec's own name for it (kvtier.lifecycle.Reason is the lifecycle's)
+MALFORMED: Final = WireReason.MALFORMED.value
+UNKNOWN_TYPE: Final = WireReason.UNKNOWN_TYPE.value
+OVERSIZE: Final = WireReason.OVERSIZE.value
+BAD_FIELD: Final = WireReason.BAD_FIELD.value
+BAD_PAYLOAD: Final = WireReason.BAD_PAYLOAD.value
+VERSION_MISMATCH: Final = WireReason.VERSION_MISMATCH.value
 
 
 class WireError(KvTierError):
@@ -120,7 +122,7 @@ class WireError(KvTierError):
     ) -> None:
         detail = detail[:512]
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+        self.reason = WireReason(reason)
         self.detail = detail
         self.kv_request_id = kv_request_id
         self.msg_type = msg_type
