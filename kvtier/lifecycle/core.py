@@ -74,7 +74,7 @@ from kvtier.lifecycle.inputs import (
 from kvtier.lifecycle.notes import GiveUp, Notes, PeerLost, SessionReady
 from kvtier.lifecycle.producer import RETAINED, FetchInput, ProducerMachine
 from kvtier.lifecycle.session import HelloInput, SessionMachine
-from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, ProducerView, SessionView
+from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, DeadlineView, ProducerView, SessionView
 from kvtier.wire import messages as wm
 
 __all__ = ["CoreSettings", "TIMER_KEYS", "TierCore"]
@@ -245,6 +245,17 @@ class TierCore:
             if d is not None and (best is None or d < best):
                 best = d
         return best
+
+    def deadlines(self) -> list[DeadlineView]:
+        """Every live deadline, earliest first (ties: machine, then key).  O(records): for tests,
+        tools and introspection, never a per-tick path."""
+        out = []
+        for m in (self._sessions, self._producer, self._consumer):
+            out.extend(DeadlineView(when, m.NAME, key, lane) for when, _seq, key, lane in m._deadlines.live(m._is_live))
+        p = self._producer
+        out.extend(DeadlineView(when, p.NAME, key, p.records[key].timer) for key, when in p.retained.items())
+        out.sort(key=lambda d: (d.when, d.machine, d.key))
+        return out
 
     def _fire(self, now: float, out: list[Effect]) -> None:
         self._sessions.tick(now, out)

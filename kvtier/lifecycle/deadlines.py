@@ -113,5 +113,13 @@ class DeadlineQueue:
                     return when
         return None
 
+    def live(self, is_live: IsLive) -> list[tuple[float, int, Any, Any]]:
+        """Every live entry as ``(when, seq, key, lane)``, in firing order (when, then arm order):
+        O(n), for snapshots and introspection."""
+        out = [(when, seq, key, lane) for lane, q in self._lanes.items() for when, seq, key in q
+               if is_live(key, seq)]
+        out.sort(key=lambda e: (e[0], e[1]))
+        return out
+
     def __len__(self) -> int:
         return self._size

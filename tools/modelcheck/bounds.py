@@ -35,7 +35,17 @@ class Bounds:
     again and a decode engine load it again (up to this many times), while messages of the earlier
     life are still in flight (``lives_never_mix``)."""
     crashes: int = 0
-    """session deaths (two-sided disconnect, or one side's liveness timer)."""
+    """session deaths (two-sided disconnect, connection close, or one side's heartbeat finding
+    the peer silent for peer_timeout_s)."""
+    pings: bool = False
+    """a ready session's heartbeat may fire without silence: the dialled side (the consumer) pings,
+    the producer answers pong (at most one in flight per session)."""
+    connected: bool = True
+    """sessions are ready before the search starts; False: a consumer's first load dials, and the
+    handshake (hello, hello_ack, the planes taking the descriptors) is explored."""
+    attach_later: bool = False
+    """a data plane takes (or, not as a completion step, refuses) a peer's descriptor in a later
+    step than the one that handed it over, so sessions wait in ``attaching``."""
     tombstone_max: int = 2
     """the producer's retained-id cap (below ``ids`` the count bound evicts; that couples the ids and
     defeats most of the partial-order reduction, so keep the depth small then)."""
