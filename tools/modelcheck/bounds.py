@@ -90,9 +90,11 @@ PROFILES: Mapping[str, Bounds] = MappingProxyType({
     # an id stored and loaded again after its tombstone was pruned, while the earlier life's messages
     # are still in flight (no faults: a fault budget spanning two lives multiplies the states 20x)
     "reuse": Bounds(ids=1, consumers=1, faults=0, lives=2),
-    # the session dies under the traffic: both sides see disconnect, or both transports see the
-    # connection close, or one side's liveness deadline fires
-    "sessions": Bounds(ids=1, consumers=1, faults=0, crashes=1),
+    # the session's life: the first load dials and the handshake runs (hello, hello_ack, each data
+    # plane taking -- or refusing -- the peer's descriptor in a later step), heartbeats ping and
+    # pong, and the session dies under the traffic: both sides see disconnect, or both transports
+    # see the connection close, or one side's heartbeat finds the peer silent
+    "sessions": Bounds(ids=1, consumers=1, faults=0, crashes=1, pings=True, connected=False, attach_later=True),
     # both managers shut down (begin, then the grace ends) with traffic in flight, and drain_jobs
     "shutdown": Bounds(ids=1, consumers=1, faults=0, shutdown=True, drain=True),
     # a one-sided data plane: a consumer's revocation of the producer's access completes later

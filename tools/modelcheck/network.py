@@ -26,7 +26,8 @@
   heartbeat finds the peer silent (a :mod:`.clock` step that spends the same budget).  A later
   announce reconnects with a new generation.
 * **Heartbeats** (``pings``): the dialled side's heartbeat sends a ``ping``, the peer answers
-  ``pong``; at most one of either per session is in flight (:meth:`Network.pinging`).
+  ``pong`` (or ``disconnect``, if it has no session with us); one at a time, and none while a
+  goodbye is in flight (:meth:`Network.pinging`).
 * **Connections** come up at once: an ``OpenConnection`` effect is answered by ``ConnectionUp`` in
   the same core step (:meth:`Network.answers`).  Each consumer is connected to the producer by a
   hello / hello_ack handshake before the search starts (:meth:`Network.handshake`), unless the
@@ -102,9 +103,13 @@ class Network(Part):
                 rec.add("msg", src, dst, str(self.system.cores.msgs[m]).split(" ", 1)[1])
 
     def pinging(self, g: State, c: int) -> bool:
-        """Whether a ping or pong of consumer ``c``'s session is in flight (one at a time)."""
+        """Whether a ping of consumer ``c``'s session, or the answer to one (a pong; a producer
+        without the session answers ``disconnect``), or a goodbye is in flight: then its heartbeat
+        does not ping again (one ping at a time, and none once the session is ending — a bound
+        of the model, or a consumer the producer forgot would ping an unbounded queue of
+        goodbyes)."""
         msgs = self.system.cores.msgs
-        return any(msgs[m].kind in ("ping", "pong") for ch in (2 * c, 2 * c + 1) for m in g.chans[ch])
+        return any(msgs[m].kind in ("ping", "pong", "disconnect") for ch in (2 * c, 2 * c + 1) for m in g.chans[ch])
 
     def budget_of(self, ch: int) -> int:
         """The fault budget channel ``ch`` spends from."""
