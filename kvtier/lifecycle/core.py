@@ -46,6 +46,7 @@ from kvtier.lifecycle._table import (
     SessionEvent,
     SessionState,
 )
+from kvtier.lifecycle._machine import TableMachine
 from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput
 from kvtier.lifecycle.effects import Effect, Ignored, Send
 from kvtier.lifecycle.inputs import (
@@ -245,6 +246,12 @@ class TierCore:
             if d is not None and (best is None or d < best):
                 best = d
         return best
+
+    def machines(self) -> dict[str, TableMachine]:
+        """The producer, consumer and session machines, by spec machine name: for machine-level
+        checkers only (the reference interpreter shadows every transition, ``tools/reference.py``).
+        Everything else asks the read API."""
+        return {"producer": self._producer, "consumer": self._consumer, "session": self._sessions}
 
     def deadlines(self) -> list[DeadlineView]:
         """Every live deadline, earliest first (ties: machine, then key).  O(records): for tests,
