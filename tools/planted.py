@@ -1,8 +1,8 @@
 """Planted-bug variants of the lifecycle core, to test the tests (style anchors, rule 14).
 
 Each entry of :data:`PLANTED` is a context manager factory.  Inside ``with PLANTED[name]():`` the
-code that runs behaves with one realistic bug, taken from the bug scenarios (docs/lifecycle.md
-names them); on exit it is restored exactly.  Most patch the machine classes
+code that runs behaves with one realistic bug (each docstring says which, and the bug scenario it
+comes from); on exit it is restored exactly.  Most patch the machine classes
 (:class:`~kvtier.lifecycle.producer.ProducerMachine`,
 :class:`~kvtier.lifecycle.consumer.ConsumerMachine`: their table and effect builders), so build
 the cores **inside** the ``with`` block.  One, ``deadlines_before_input``, plants the first
