@@ -264,6 +264,11 @@ class TierCore:
         out.sort(key=lambda d: (d.when, d.machine, d.key))
         return out
 
+    def deadline_entries(self) -> int:
+        """Entries in the machines' deadline queues, stale ones not yet dropped included (what
+        the deadlines cost in memory: for benchmarks; O(1))."""
+        return sum(len(m._deadlines) for m in (self._sessions, self._producer, self._consumer))
+
     def _fire(self, now: float, out: list[Effect]) -> None:
         self._sessions.tick(now, out)
         self._settle(now, out)
