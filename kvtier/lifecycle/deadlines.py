@@ -121,5 +121,12 @@ class DeadlineQueue:
         out.sort(key=lambda e: (e[0], e[1]))
         return out
 
+    def clear(self) -> None:
+        """Forget every entry (in place: the owner's compiled timer operations hold this queue)."""
+        self._lanes.clear()
+        self._seq = 0
+        self._stale = 0
+        self._size = 0
+
     def __len__(self) -> int:
         return self._size

@@ -41,6 +41,7 @@ import msgspec
 from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
 from kvtier.lifecycle.consumer import ConsumerRecord
 from kvtier.lifecycle.core import CoreSettings, TierCore
+from kvtier.lifecycle.deadlines import DeadlineQueue
 from kvtier.lifecycle.producer import _NO_BLOCKS, RETAINED, ProducerRecord
 from kvtier.lifecycle.session import HelloInput, SessionRecord
 
@@ -142,11 +143,12 @@ class CoreState(msgspec.Struct, frozen=True, gc=False):
 
 #: Every attribute of the core and of each machine, by what it is: ``state`` (exported),
 #: ``index`` (rebuilt by :func:`restore`, checked by :func:`index_problems`), ``config``,
-#: ``counter`` (metrics, not state) or ``cache``.  :func:`unknown_state` checks it is complete.
+#: ``counter`` (metrics, not state), ``cache`` or ``machine`` (one of the core's machines).
+#: :func:`unknown_state` checks it is complete.
 KNOWN: dict[str, dict[str, str]] = {
     "core": {
-        "settings": "config", "_notes": "state", "_producer": "state", "_sessions": "state",
-        "_consumer": "state", "_error_replies": "state", "_APPLY": "config", "_RECEIVE": "config",
+        "settings": "config", "_notes": "state", "_producer": "machine", "_sessions": "machine",
+        "_consumer": "machine", "_error_replies": "state", "_APPLY": "config", "_RECEIVE": "config",
         "_ROUTE": "config",
     },
     "session": {
@@ -247,11 +249,49 @@ def export(core: TierCore) -> CoreState:
     )
 
 
-def restore(state: CoreState, settings: CoreSettings, local: HelloInput) -> TierCore:
-    """A fresh core with ``settings`` and our hello ``local`` in ``state``: each record entered
+#: What a reset sets the scalar attributes that are not configuration to (containers are emptied
+#: in place instead); a scalar classified later without an entry here fails the reset loudly.
+_FRESH: dict[tuple[str, str], Any] = {
+    ("session", "ignored"): 0, ("session", "_next_gen"): 0,
+    ("producer", "ignored"): 0, ("producer", "count_evicted"): 0, ("producer", "closing"): False,
+    ("producer", "_prune_at"): (math.nan, math.nan),
+    ("consumer", "ignored"): 0, ("consumer", "_next_round"): 0,
+}
+
+
+def _reset(core: TierCore) -> None:
+    """Empty ``core`` as if it were new (configuration and compiled rules kept)."""
+    for name, obj in _parts(core).items():
+        for attr, kind in KNOWN[name].items():
+            if kind in ("config", "machine"):
+                continue
+            value = getattr(obj, attr)
+            if isinstance(value, (dict, set, deque, list, DeadlineQueue)):
+                value.clear()  # in place: the compiled rules hold some of these
+            else:
+                setattr(obj, attr, _FRESH[(name, attr)])
+
+
+def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into: TierCore | None = None) -> TierCore:
+    """A core with ``settings`` and our hello ``local`` in ``state``: each record entered
     through its machine's index maintenance, each deadline armed at the time ``state`` names
-    (``math.inf``: armed, never due by itself).  O(records log records)."""
-    core = TierCore(settings, local)
+    (``math.inf``: armed, never due by itself).  O(records log records).
+
+    ``into``: a core built with the same ``settings`` to reuse (emptied first) instead of building
+    a new one — a model checker restores thousands of states, and building a core compiles its
+    tables.
+
+    Raises:
+        ValueError: ``into`` was built with other settings.
+    """
+    if into is None:
+        core = TierCore(settings, local)
+    else:
+        if into.settings != settings:
+            raise ValueError("restore: the core to restore into has other settings")
+        core = into
+        _reset(core)
+        core.set_local(local)
     sm, pm, cm = core._sessions, core._producer, core._consumer
     timed: dict[str, list[tuple[float, Any, Any]]] = {"session": [], "producer": [], "consumer": []}
     for e in state.sessions:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tools.modelcheck import (
+    PROFILES,
     PROPERTIES,
     REGISTRY,
     Bounds,
@@ -459,3 +460,34 @@ def test_kvtier_check_chart_writes_the_counterexample(tmp_path: Path, capsys: py
     assert dot.read_text() == chart_dot(check(Bounds(), bug="deadlines_before_input", profile="core"))
     assert main(["--ids", "1", "--consumers", "1", "--faults", "0", "--chart", str(tmp_path / "none")]) == 0
     assert not (tmp_path / "none").exists(), "no violation, no chart"
+
+
+def test_a_sessions_life_is_explored_from_the_dial() -> None:
+    """connected=False, attach_later: the first load dials; the producer's session waits in
+    attaching until its plane takes (or refuses) the descriptor, then answers hello_ack; the
+    consumer's session attaches the same way before its queued load fetches."""
+    system = System(PROFILES["sessions"])
+    g = system.initial()
+    s = system.cores.summaries
+    assert s[g.p].sessions == {} and s[g.c[0]].sessions == {}, "no session before the first load"
+    g = system.apply(g, ("load", 0, 0))
+    assert s[g.c[0]].sessions["p"][0] == "handshaking" and s[g.c[0]].consumer["X"][0] == "queued"
+    g = system.apply(g, ("deliver", 1, 0))  # the hello
+    gen = s[g.p].sessions["c1"][1]
+    assert s[g.p].sessions["c1"][0] == "attaching" and g.attaches == ((0, "c1", gen),) and g.chans[0] == ()
+    acts = system.transport.attachments(g, True)
+    assert ("attached", 0, "c1", gen, True) in acts and ("attached", 0, "c1", gen, False) in acts
+    assert system.transport.attachments(g, False) == [("attached", 0, "c1", gen, True)], \
+        "a refusal is not a completion step"
+    refused = system.apply(g, ("attached", 0, "c1", gen, False))
+    assert "c1" not in s[refused.p].sessions and system.cores.msgs[refused.chans[0][0]].kind == "hello_reject"
+    g = system.apply(g, ("attached", 0, "c1", gen, True))
+    assert s[g.p].sessions["c1"][0] == "ready" and system.cores.msgs[g.chans[0][0]].kind == "hello_ack"
+    g = system.apply(g, ("deliver", 0, 0))  # the hello_ack: the consumer's plane takes the producer's
+    assert s[g.c[0]].sessions["p"][0] == "attaching" and g.attaches == ((1, "p", gen),)
+    assert ("fire", "c1", "session", "p", "") in system.clock.actions(g, True), "the handshake deadline"
+    g = system.apply(g, ("attached", 1, "p", gen, True))
+    assert s[g.c[0]].sessions["p"][0] == "ready" and s[g.c[0]].consumer["X"][0] == "in_flight"
+    assert system.cores.msgs[g.chans[1][0]].kind == "fetch"
+    assert ("fire", "c1", "session", "p", "") in system.clock.actions(g, False), "the heartbeat pings"
+    assert ("fire", "c1", "session", "p", "silent") in system.clock.actions(g, True)

@@ -79,6 +79,7 @@ class Clock(Part):
     def __init__(self, system: System) -> None:
         super().__init__(system)
         self._fires: dict[tuple[str, int], tuple[tuple, ...]] = {}
+        self._variant_cache: dict[tuple[str, int, bool], tuple] = {}
 
     def actions(self, g: State, full: bool) -> list[tuple]:
         """``("fire", core, machine, key, variant)`` for every live deadline the bounds let fall
@@ -92,20 +93,34 @@ class Clock(Part):
 
     def _core_actions(self, g: State, c: int | None, full: bool) -> list[tuple]:
         s = self.system
-        network = s.network
         comp, sid = ("p", g.p) if c is None else (s.cnames[c], g.c[c])
-        silence = network.silence_may_end(g, full)
-        out: list[tuple] = []
-        for f in self._core_fires(comp, sid):
-            if f[2] == "session" and f[4] == "heartbeat":
-                if silence:
-                    out.append((*f[:4], SILENT))
-                dialled = s.cores.summaries[sid].sessions[f[3]][2]
-                if dialled and self.b.pings and not network.pinging(g, c if c is not None else s.cindex[f[3]]):
-                    out.append((*f[:4], ""))
-                continue
-            out.append((*f[:4], ""))
-        return out
+        silence = s.network.silence_may_end(g, full)
+        always, pings = self._variants(comp, sid, silence)
+        if not pings:
+            return list(always)
+        pinging = s.network.pinging
+        return [*always, *(a for a, pair in pings if not pinging(g, pair))]
+
+    def _variants(self, comp: str, sid: int, silence: bool) -> tuple[tuple[tuple, ...], tuple[tuple[tuple, int], ...]]:
+        """The fire actions of core ``comp`` in snapshot ``sid``: those offered whatever the
+        channels hold, and the pings (with the pair whose channels must hold no ping) — cached per
+        snapshot and whether silence may end a session."""
+        key = (comp, sid, silence)
+        got = self._variant_cache.get(key)
+        if got is None:
+            s = self.system
+            always: list[tuple] = []
+            pings: list[tuple[tuple, int]] = []
+            for f in self._core_fires(comp, sid):
+                if f[2] == "session" and f[4] == "heartbeat":
+                    if silence:
+                        always.append((*f[:4], SILENT))
+                    if self.b.pings and s.cores.summaries[sid].sessions[f[3]][2]:  # the dialled side pings
+                        pings.append(((*f[:4], ""), s.cindex[comp] if comp != "p" else s.cindex[f[3]]))
+                    continue
+                always.append((*f[:4], ""))
+            got = self._variant_cache[key] = (tuple(always), tuple(pings))
+        return got
 
     def firable(self, g: State, c: int | None) -> frozenset[str]:
         """The record keys of the producer (``c`` None) or consumer ``c`` whose deadlines may fall

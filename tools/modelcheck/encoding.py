@@ -167,13 +167,19 @@ class Cores:
         self._precs: dict[int, dict[tuple[str, str], Any]] = {}
         self.msgs: list[Envelope] = []
         self._mids: dict[tuple, int] = {}
+        # two scratch cores, restored into for every step and every verification (building a core
+        # compiles its tables: most of a step's cost otherwise)
+        self._scratch = TierCore(settings, LOCAL)
+        self._check = TierCore(settings, LOCAL)
 
     def fresh(self, **kwargs: Any) -> TierCore:
         """A new core with the model's settings (``kwargs`` go to :class:`TierCore`)."""
         return TierCore(self.settings, LOCAL, **kwargs)
 
-    def restore(self, state: CoreState) -> TierCore:
-        return snapshot.restore(state, self.settings, LOCAL)
+    def restore(self, state: CoreState, *, scratch: bool = False) -> TierCore:
+        """A core in ``state``: a new one, or (``scratch``) the step's scratch core, valid until the
+        next scratch restore."""
+        return snapshot.restore(state, self.settings, LOCAL, into=self._scratch if scratch else None)
 
     def mid(self, env: Envelope) -> int:
         """Intern a message: states hold small ints, not Envelope objects."""
@@ -199,7 +205,7 @@ class Cores:
 
     def _verify(self, core: TierCore, state: CoreState) -> None:
         problems = snapshot.index_problems(core)
-        again = self.restore(state)
+        again = snapshot.restore(state, self.settings, LOCAL, into=self._check)
         if timeless(snapshot.export(again)) != state:
             problems.append("a restored core exports another state")
         if snapshot.indexes(again) != snapshot.indexes(core):

@@ -127,7 +127,7 @@ class System:
         plan = self._inputs[inp[0]](inp)
         if plan.retime is not None:
             state = snapshot.retime(state, plan.retime)
-        core = self.cores.restore(state)
+        core = self.cores.restore(state, scratch=True)
         seen: list = []
         answers = self._answers
 
