@@ -1,8 +1,9 @@
 """In-process benchmarks of the sans-I/O lifecycle core.
 
-* P4: events/s of the generated core (``ProducerMachine``) vs a ``transitions`` machine built
-  from the same spec (:mod:`tools.reference`), on the same event sequence.
-* P5: ``TierCore.tick`` cost with N tombstones + N parked ids vs the seed's O(n) scan, and the full
+* P4: events/s of the generated core (``ProducerMachine``, fed the input records the core hands
+  it) vs a ``transitions`` machine built from the same spec (:mod:`tools.reference`), on the same
+  event sequence.
+* P5: ``TierCore.fire`` cost with N tombstones + N parked ids vs the seed's O(n) scan, and the full
   ``KvTierManager.poll()`` tick (idle zmq transport and InprocTransport).
 * P6: bookkeeping bytes per tracked id (tracemalloc) vs a ``transitions`` model per id, and
   bytes per retained (done / tombstoned) id after 1-key and 2000-key fetches.
@@ -35,6 +36,7 @@ def _durations(**over: float) -> dict[str, float]:
         "load_timeout_s": 30.0,
         "abort_ack_timeout_s": 5.0,
         "handshake_timeout_s": 5.0,
+        "heartbeat_interval_s": 3600.0,  # no session in these cores: nothing to ping
         "peer_timeout_s": 5.0,
     }
     d.update(over)
@@ -49,13 +51,15 @@ def _durations(**over: float) -> dict[str, float]:
 
 def _core_cycles(cycles: int) -> float:
     """Seconds for ``cycles`` × (store, fetch, transfer_released, receipt, prune) on a
-    ProducerMachine."""
-    from kvtier.lifecycle._table import ProducerEvent
-    from kvtier.lifecycle.producer import FetchInput, ProducerMachine, StoreInput
+    ProducerMachine, given the records the core hands it (a ``StoreSubmitted`` input; the
+    producer's view of a decoded fetch or receipt)."""
+    from kvtier.lifecycle._table import ProducerEvent, ProducerState
+    from kvtier.lifecycle.inputs import StoreSubmitted
+    from kvtier.lifecycle.producer import FetchInput, ProducerMachine
 
     m = ProducerMachine(_durations())
     ids = [f"req-{i:06d}" for i in range(1024)]
-    stores = [StoreInput(k, "engine-" + k, i, _KEY, (i,)) for i, k in enumerate(ids)]
+    stores = [StoreSubmitted(k, "engine-" + k, i, _KEY, (i,)) for i, k in enumerate(ids)]
     fetches = [FetchInput("in:6b3f00aa", k, 1, _KEY) for k in ids]
     released, prune = ProducerEvent.TRANSFER_RELEASED, ProducerEvent.PRUNE_DEADLINE
     store, fetch, tev, receipt, ev, tick = m.store, m.fetch, m.transfer_event, m.receipt, m.event, m.tick
@@ -75,7 +79,7 @@ def _core_cycles(cycles: int) -> float:
             out.clear()
             tick(now, out)
     seconds = _clock() - t0
-    assert not m.records, "every id must be pruned"
+    assert all(m.state_of(k) is ProducerState.ABSENT for k in ids), "every id must be pruned"
     return seconds
 
 
@@ -207,7 +211,8 @@ def run_p4(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
                 "demand_met), transfer_released (serving→delivering), receipt (delivering→done), "
                 "prune_deadline (done→pruned) on 1024 rotating "
                 f"ids; core: {core_cycles} cycles through ProducerMachine.store/fetch/transfer_event/event with "
-                "inputs built beforehand, effects collected, tick() every 1024 cycles; transitions: "
+                "inputs built beforehand (StoreSubmitted records, the producer's FetchInput view of a decoded "
+                "fetch or receipt), effects collected, tick() every 1024 cycles; transitions: "
                 f"{tr_cycles} cycles of tools.reference (transitions.Machine from spec/lifecycle.toml, "
                 "auto_transitions=False) with the guard valuation given (transitions evaluates no guard and "
                 "builds no effect). Timed with the thread's CPU time (time.thread_time). Floor: the same five "
@@ -243,23 +248,32 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def _loaded_core(n: int, rounds: int, per_round: int) -> tuple[Any, float, list[float]]:
     """A TierCore with n tombstones (reaped), n parked ids and ``rounds`` × ``per_round`` awaiting
-    ids whose supply deadlines fall at the returned tick times (one round per tick)."""
-    from kvtier.lifecycle import CoreSettings, FetchInput, HelloInput, StoreInput, TierCore
+    ids whose supply deadlines fall at the returned tick times (one round per tick), all through
+    its inputs (the fetches from ``per_round`` ready sessions)."""
+    from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
+    from kvtier.lifecycle import inputs as ix
+    from kvtier.wire import messages as wm
 
-    settings = CoreSettings(durations=_durations(), tombstone_max=4 * n + rounds * per_round + 1024,
+    settings = CoreSettings(durations=_durations(peer_timeout_s=3600.0), tombstone_max=4 * n + rounds * per_round + 1024,
                             max_pending_fetches_per_peer=1 << 20)
-    core = TierCore(settings, HelloInput(1, 4096, "bench", ""))
+    core = TierCore(settings, HelloInput(wm.PROTOCOL_VERSION, 4096, "bench", "", instance="bench"))
     t0 = 1000.0
+    for m in range(per_round):  # the consumers' sessions, ready
+        peer = f"in:peer{m}"
+        core.handle(ix.Received(peer, wm.Hello(gen=m + 1, version=wm.PROTOCOL_VERSION, instance=peer, block_bytes=4096,
+                                               layout="bench", hash_seed="")), t0 - 60.0)
+        core.handle(ix.PeerAttached(peer, m + 1), t0 - 60.0)
     for i in range(n):
-        core.store(StoreInput(f"t{i}", "e", i, _KEY, (0,)), t0 - 60.0)
-    core.tick(t0)  # reap all of them → n tombstones, prune due at t0 + 600
+        core.handle(ix.StoreSubmitted(f"t{i}", "e", i, _KEY, (0,)), t0 - 60.0)
+    core.fire(t0)  # reap all of them → n tombstones, prune due at t0 + 600
     for i in range(n):
-        core.store(StoreInput(f"p{i}", "e", n + i, _KEY, (0,)), t0)  # reap due at t0 + 60
+        core.handle(ix.StoreSubmitted(f"p{i}", "e", n + i, _KEY, (0,)), t0)  # reap due at t0 + 60
     due_ticks = []
     for j in range(rounds):
         tj = t0 + 1.0 + j * 0.01
-        for m in range(per_round):
-            core.producer.fetch(FetchInput(f"in:peer{m}", f"a{j}-{m}", 1, _KEY), tj, [])  # supply due tj + 10
+        for m in range(per_round):  # supply due tj + 10
+            fetch = wm.Fetch(gen=m + 1, kv_request_id=f"a{j}-{m}", round=1, keys=list(_KEY))
+            core.handle(ix.Received(f"in:peer{m}", fetch), tj)
         due_ticks.append(tj + 10.0 + 1e-6)
     return core, t0, due_ticks
 
@@ -305,12 +319,12 @@ def run_p5(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
     cores, seeds = {}, {}
     for n in ns:
         core, t0, due = _loaded_core(n, rounds, per_round)
-        assert len(core.producer.records) == 2 * n + rounds * per_round
+        assert core.producer_count() == 2 * n + rounds * per_round
         cores[n] = (core, t0, due)
         # the seed's records: same population, each with its deadline
         seed = {}
-        for k, r in core.producer.records.items():
-            st = r.state.value
+        for k in core.producer_ids():
+            st = core.producer_state(k).value
             seed[k] = _SeedRec(k, st, t0 + (600.0 if st == "tombstoned" else 60.0 if st == "parked" else 11.0))
         seeds[n] = seed
     idle: dict[int, list[float]] = {n: [] for n in ns}
@@ -327,10 +341,10 @@ def run_p5(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
         for n in ns:
             core, t0, _ = cores[n]
             base = t0 + 0.5 + i * 1e-5
-            first[n].append(_timed(lambda: core.tick(base)))
+            first[n].append(_timed(lambda: core.fire(base)))
             for r in range(1, 5):
                 now = base + r * 1e-6
-                idle[n].append(_timed(lambda: core.tick(now)))
+                idle[n].append(_timed(lambda: core.fire(now)))
         for n in ns:
             if i < scan_calls[n]:
                 seed = seeds[n]
@@ -339,15 +353,15 @@ def run_p5(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
         for n in ns:
             core, _, due = cores[n]
             out: list[Any] = []
-            few[n].append(_timed(lambda: out.extend(core.tick(due[j]))))
-            fired[n].append(sum(1 for e in out if type(e).__name__ == "SendTransferDone"))
+            few[n].append(_timed(lambda: out.extend(core.fire(due[j]))))
+            fired[n].append(sum(1 for e in out if type(e).__name__ == "Send" and e.msg.TYPE == "transfer_done"))
     rows = []
     for n in ns:
-        p = cores[n][0].producer
+        core = cores[n][0]
         rows.append({
             "n": n,
-            "records": len(p.records),
-            "deadline_heap": len(p._deadlines),
+            "records": core.producer_count(),
+            "deadline_heap": core.deadline_entries(),
             "core_tick_idle_us": summary(idle[n]),
             "core_tick_idle_first_us": summary(first[n]),
             "core_tick_few_due_us": summary(few[n]),
@@ -388,7 +402,7 @@ def run_p5(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
             "id": "P5",
             "title": "Poll tick cost with N tombstones + N parked ids",
             "status": "ok",
-            "kvtier": {"label": "TierCore.tick, nothing due, N=10k (median)",
+            "kvtier": {"label": "TierCore.fire, nothing due, N=10k (median)",
                        "value": at10k["core_tick_idle_us"]["median"], "unit": "µs"},
             "baseline": {"label": "seed O(n) scan, N=10k (median)", "value": at10k["seed_scan_us"]["median"],
                          "unit": "µs"},
@@ -406,7 +420,7 @@ def run_p5(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
             "noise": noise,
             "wall_s": round(time.monotonic() - t_start, 1),
             "method": (
-                "TierCore populated through its inputs: N ids stored then reaped by tick (→ N tombstones, prune "
+                "TierCore populated through its inputs: N ids stored then reaped by fire (→ N tombstones, prune "
                 "due in 600 s), N ids parked (reap due in 60 s), plus awaiting ids whose supply deadlines fall "
                 f"{per_round} per tick; each tick timed alone (perf_counter_ns). Seed baseline: a dict of the same "
                 "records scanned for passed deadlines each tick (its O(n) reaper), interleaved with the idle "
@@ -439,12 +453,23 @@ class _Traced:
         tracemalloc.stop()
 
 
+def _bench_core(n: int) -> Any:
+    """A producer TierCore sized for ``n`` retained ids (no session)."""
+    from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
+    from kvtier.wire import messages as wm
+
+    return TierCore(CoreSettings(durations=_durations(peer_timeout_s=3600.0), tombstone_max=4 * n),
+                    HelloInput(wm.PROTOCOL_VERSION, 4096, "bench", "", instance="bench"))
+
+
 def _core_bytes(n: int, blocks: int) -> dict[str, float]:
     """Bytes per id the core keeps. What the engine owns anyway is built before the baseline: the
     id and owner strings, the block-key bytes and each job's keys/slots tuples (vLLM keeps them
-    until the job result). The StoreInput records the shell builds are made inside the traced
-    region and dropped after the call, so whatever of them the core retains is counted."""
-    from kvtier.lifecycle.producer import ProducerMachine, StoreInput
+    until the job result). The StoreSubmitted records the shell builds are made inside the traced
+    region and dropped after the call, as are the effects the core returns, so whatever the core
+    retains of them is counted."""
+    from kvtier.lifecycle import ProducerState
+    from kvtier.lifecycle.inputs import StoreSubmitted
 
     keys = tuple(b"%016d" % i for i in range(blocks))
     ids = [f"req-{i:07d}" for i in range(n)]
@@ -452,17 +477,15 @@ def _core_bytes(n: int, blocks: int) -> dict[str, float]:
     job_keys = [tuple(keys) for _ in range(n)] if blocks > 1 else [(b"k%015d" % i,) for i in range(n)]
     job_slots = [tuple(range(i, i + blocks)) for i in range(n)]
     job_ids = list(range(10**6, 10**6 + n))  # the engine's job ids (ints above the small-int cache)
-    m = ProducerMachine(_durations(), tombstone_max=4 * n)
-    out: list[Any] = []
+    core = _bench_core(n)
     with _Traced() as tm:
         for i in range(n):
-            m.store(StoreInput(ids[i], owners[i], job_ids[i], job_keys[i], job_slots[i]), 1.0, out)
+            assert not core.handle(StoreSubmitted(ids[i], owners[i], job_ids[i], job_keys[i], job_slots[i]), 1.0)
         parked = tm.mark()
-        assert len(m.records) == n and not out
-        m.tick(100.0, out)  # unbound_store_timeout 60 s: every id is reaped → tombstoned
-        out.clear()  # effects are handed to the shell, not kept
+        assert core.producer_count() == n
+        core.fire(100.0)  # unbound_store_timeout 60 s: every id is reaped → tombstoned (effects dropped)
         tombstoned = tm.mark()
-    assert all(r.state.value == "tombstoned" for r in m.records.values())
+    assert all(core.producer_state(k) is ProducerState.TOMBSTONED for k in ids)
     return {"parked": parked / n, "tombstoned": tombstoned / n}
 
 
@@ -473,21 +496,23 @@ RETAINED_TARGET_B = 256
 def retained_bytes(n: int, fetch_keys: int, end: str) -> dict[str, float]:
     """Bytes per *retained* producer id: stored, fetched with ``fetch_keys`` keys, served, then
     ``end`` = ``"done"`` (released + receipt) or ``"tombstoned"`` (released, then the fetched
-    round aborted).
+    round aborted), all through :meth:`TierCore.handle` on a ready session.
 
     Objects the engine owns anyway (id and owner strings, job ids, each store job's keys and
-    slots) are built before the tracemalloc baseline; what the shell builds per input — the
-    StoreInput with its digests, the decoded fetch with *fresh* key bytes, its round and
-    generation ints — is built inside it and dropped after the call, so whatever the core keeps
-    of them counts.  Returns ``{"retained": B/id right after the id entered retention,
-    "steady": B/id once the deadlines of its earlier states (reap, transfer) have surfaced and
-    been dropped — what it costs for the rest of tombstone_retention_s}``.
+    slots) and the session are built before the tracemalloc baseline; what the shell builds per
+    input — the StoreSubmitted with its digests, the decoded fetch with *fresh* key bytes, its
+    round and generation ints, the receipt or abort — is built inside it and dropped after the
+    call (as are the effects), so whatever the core keeps of them counts.  Returns
+    ``{"retained": B/id right after the id entered retention, "steady": B/id once the deadlines
+    of its earlier states (reap, transfer) have surfaced and been dropped — what it costs for the
+    rest of tombstone_retention_s}``.
 
     Raises:
         ValueError: ``end`` is neither ``"done"`` nor ``"tombstoned"``.
     """
-    from kvtier.lifecycle._table import ProducerEvent, ProducerState
-    from kvtier.lifecycle.producer import FetchInput, ProducerMachine, StoreInput
+    from kvtier.lifecycle import ProducerState
+    from kvtier.lifecycle import inputs as ix
+    from kvtier.wire import messages as wm
 
     if end not in ("done", "tombstoned"):
         raise ValueError(f"end must be 'done' or 'tombstoned', got {end!r}")
@@ -498,47 +523,53 @@ def retained_bytes(n: int, fetch_keys: int, end: str) -> dict[str, float]:
     job_slots = [tuple(range(fetch_keys)) for _ in range(n)]
     peer = "in:" + "6b" * 16  # one session's peer id, shared by every record bound to it
     gen = (0x2A5A5A5A5A5A5A5A).to_bytes(8, "little")
-    m = ProducerMachine(_durations(), tombstone_max=4 * n)
-    out: list[Any] = []
+    core = _bench_core(n)
+    g = int.from_bytes(gen, "little")
+    core.handle(ix.Received(peer, wm.Hello(gen=g, version=wm.PROTOCOL_VERSION, instance="consumer", block_bytes=4096,
+                                           layout="bench", hash_seed="")), 1.0)
+    core.handle(ix.PeerAttached(peer, g), 1.0)
+    assert core.session_ready(peer)
     with _Traced() as tm:
         for i in range(n):
             digests = tuple(range(10**9, 10**9 + fetch_keys))
-            m.store(StoreInput(ids[i], owners[i], job_ids[i], job_keys[i], job_slots[i], digests), 1.0, out)
+            core.handle(ix.StoreSubmitted(ids[i], owners[i], job_ids[i], job_keys[i], job_slots[i], digests), 1.0)
             del digests
             # what the decoder hands over: new bytes for every key, new ints for round and gen
-            fetch = FetchInput(peer, ids[i], 10_000 + i, tuple(bytes(memoryview(k)) for k in job_keys[i]),
-                               gen=int.from_bytes(gen, "little"))
-            m.fetch(fetch, 1.0, out)
+            fetch = wm.Fetch(gen=int.from_bytes(gen, "little"), kv_request_id=ids[i], round=10_000 + i,
+                             keys=[bytes(memoryview(k)) for k in job_keys[i]])
+            core.handle(ix.Received(peer, fetch), 1.0)
             del fetch
-            m.transfer_event(ids[i], 10_000 + i, ProducerEvent.TRANSFER_RELEASED, 1.0, out)
-            late = FetchInput(peer, ids[i], 10_000 + i, gen=int.from_bytes(gen, "little"), fetched=True)
+            core.handle(ix.TransferReleased(ids[i], 10_000 + i), 1.0)
             if end == "done":
-                m.receipt(late, 1.0, out)
+                late: Any = wm.Receipt(gen=int.from_bytes(gen, "little"), kv_request_id=ids[i], round=10_000 + i)
             else:
-                m.abort_fetch(late, 1.0, out)
+                late = wm.AbortFetch(gen=int.from_bytes(gen, "little"), kv_request_id=ids[i], round=10_000 + i,
+                                     fetched=True)
+            core.handle(ix.Received(peer, late), 1.0)
             del late
-            out.clear()  # effects are handed to the shell, not kept
         retained = tm.mark()
-        m.tick(100.0, out)  # past the reap (61 s) and transfer (31 s) deadlines, before the prune
-        out.clear()
+        core.fire(100.0)  # past the reap (61 s) and transfer (31 s) deadlines, before the prune
         steady = tm.mark()
     want = ProducerState.DONE if end == "done" else ProducerState.TOMBSTONED
-    assert all(r.state is want for r in m.records.values()) and len(m.records) == n
+    assert all(core.producer_state(k) is want for k in ids) and core.retained() == n
     return {"retained": retained / n, "steady": steady / n}
 
 
 def retained_breakdown(fetch_keys: int, end: str) -> dict[str, int]:
     """``sys.getsizeof`` of one retained producer record and of each object it still owns
     (attribute name -> bytes; shared singletons such as ``None``, ``()`` and small ints count 0).
-    Deterministic: for the P6 report and for the test that the record does not grow."""
+    Deterministic: for the P6 report and for the test that the record does not grow.  It measures
+    the machine's own record object, so it drives a ProducerMachine alone (what the core hands
+    it: the store job, its view of the fetch and of the receipt or abort)."""
     from kvtier.lifecycle._table import ProducerEvent
-    from kvtier.lifecycle.producer import FetchInput, ProducerMachine, ProducerRecord, StoreInput
+    from kvtier.lifecycle.inputs import StoreSubmitted
+    from kvtier.lifecycle.producer import FetchInput, ProducerMachine, ProducerRecord
 
     m = ProducerMachine(_durations())
     keys = tuple(b"k/%05d" % j for j in range(fetch_keys))
     out: list[Any] = []
-    m.store(StoreInput("req-0", "engine-req-0", 10**6, keys, tuple(range(fetch_keys)),
-                       tuple(range(10**9, 10**9 + fetch_keys))), 1.0, out)
+    m.store(StoreSubmitted("req-0", "engine-req-0", 10**6, keys, tuple(range(fetch_keys)),
+                           tuple(range(10**9, 10**9 + fetch_keys))), 1.0, out)
     m.fetch(FetchInput("in:peer", "req-0", 10_000, tuple(bytes(memoryview(k)) for k in keys), gen=2**61 + 5), 1.0, out)
     m.transfer_event("req-0", 10_000, ProducerEvent.TRANSFER_RELEASED, 1.0, out)
     late = FetchInput("in:peer", "req-0", 10_000, gen=2**61 + 5, fetched=True)
@@ -649,16 +680,16 @@ def run_p6(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
             "noise": noise,
             "wall_s": round(time.monotonic() - t_start, 1),
             "method": (
-                "tracemalloc, bytes still allocated after storing N ids into a ProducerMachine, then after a "
-                "tick reaps them all (effects dropped). Engine-owned objects (id/owner strings, job ids, key bytes, "
-                "each job's keys/slots tuples) are built before the baseline; the StoreInput records are built "
+                "tracemalloc, bytes still allocated after storing N ids into a producer TierCore, then after "
+                "fire() reaps them all (effects dropped). Engine-owned objects (id/owner strings, job ids, key "
+                "bytes, each job's keys/slots tuples) are built before the baseline; the StoreSubmitted records are built "
                 "inside it and dropped, so what the core retains of them counts. Includes the record, its "
                 "containers, the records-dict slot, deadline-heap entries and indexes. transitions: "
                 "tools.reference model per id "
-                "(add_model + store), then reap_deadline. Retained ids (retained_bytes): store, fetch "
-                "(1 or 2000 fresh key objects, fresh round/generation ints), release, then receipt (done) or "
-                "abort of the fetched round (tombstoned); measured right after, and again after a tick past "
-                "the reap/transfer deadlines (their stale heap entries dropped; the prune entry stays)."
+                "(add_model + store), then reap_deadline. Retained ids (retained_bytes, through TierCore.handle on "
+                "a ready session): store, fetch message (1 or 2000 fresh key objects, fresh round/generation ints), "
+                "release, then receipt (done) or abort of the fetched round (tombstoned); measured right after, "
+                "and again after fire() past the reap/transfer deadlines (their stale entries dropped)."
             ),
         }
     }
@@ -676,14 +707,15 @@ class ScaleRunner:
         return {"rss": _rss()}
 
     def op_run(self, n: int, batch: int = 1000, dt: float = 0.1) -> dict[str, Any]:
-        from kvtier.lifecycle import CoreSettings, HelloInput, StoreInput, TierCore
+        from kvtier.lifecycle import CoreSettings, HelloInput, TierCore, snapshot
+        from kvtier.lifecycle.inputs import StoreSubmitted
         from kvtier.testing.clock import VirtualClock
+        from kvtier.wire import messages as wm
 
         gc.collect()
         rss0, blocks0 = _rss(), sys.getallocatedblocks()
         settings = CoreSettings(durations=_durations(unbound_store_timeout_s=1.0, tombstone_retention_s=5.0))
-        core = TierCore(settings, HelloInput(1, 4096, "bench", ""))
-        p = core.producer
+        core = TierCore(settings, HelloInput(wm.PROTOCOL_VERSION, 4096, "bench", "", instance="bench"))
         clock = VirtualClock(0.0)
         timeline = []
         peak_rss, peak_records, peak_heap = rss0, 0, 0
@@ -695,34 +727,35 @@ class ScaleRunner:
             now = clock.now()
             for _ in range(min(batch, n - i)):
                 kid = f"id{i}"
-                core.store(StoreInput(kid, kid, i, _KEY, (i & 1023,)), now)
+                core.handle(StoreSubmitted(kid, kid, i, _KEY, (i & 1023,)), now)
                 i += 1
-            fired += len(core.tick(now))
+            fired += len(core.fire(now))
             clock.advance(dt)
             step += 1
             if step % 10 == 0:
                 rss = _rss()
                 peak_rss = max(peak_rss, rss)
-                peak_records = max(peak_records, len(p.records))
-                peak_heap = max(peak_heap, len(p._deadlines))
+                peak_records = max(peak_records, core.producer_count())
+                peak_heap = max(peak_heap, core.deadline_entries())
                 if step % 10 == 0:
-                    timeline.append({"t": round(now, 2), "records": len(p.records), "retained": len(p.retained),
-                                     "heap": len(p._deadlines), "rss_mib": rss / 2**20})
+                    timeline.append({"t": round(now, 2), "records": core.producer_count(), "retained": core.retained(),
+                                     "heap": core.deadline_entries(), "rss_mib": rss / 2**20})
         # let every deadline pass: reap the last parked ids, then prune every tombstone
-        while p.records:
+        while core.producer_count():
             clock.advance(1.0)
-            fired += len(core.tick(clock.now()))
-            timeline.append({"t": round(clock.now(), 2), "records": len(p.records), "retained": len(p.retained),
-                             "heap": len(p._deadlines), "rss_mib": _rss() / 2**20})
+            fired += len(core.fire(clock.now()))
+            timeline.append({"t": round(clock.now(), 2), "records": core.producer_count(), "retained": core.retained(),
+                             "heap": core.deadline_entries(), "rss_mib": _rss() / 2**20})
         seconds = time.perf_counter() - t0
         gc.collect()
+        by_peer, awaiting, _quarantined, _retained, _consumer_by_peer = snapshot.indexes(core)
         state = {
-            "records": len(p.records),
-            "retained": len(p.retained),
-            "by_peer": len(p.by_peer),
-            "awaiting_per_peer": len(p.awaiting_per_peer),
-            "deadline_heap": len(p._deadlines),
-            "evicted_by_cap": p.count_evicted,
+            "records": core.producer_count(),
+            "retained": core.retained(),
+            "by_peer": len(by_peer),
+            "awaiting_per_peer": len(awaiting),
+            "deadline_heap": core.deadline_entries(),
+            "evicted_by_cap": core.evicted(),
         }
         blocks1, rss1 = sys.getallocatedblocks(), _rss()
         rss_trim = _malloc_trim_rss()
@@ -810,7 +843,8 @@ def run_p8(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
             "wall_s": round(time.monotonic() - t_start, 1),
             "method": (
                 "fresh child process; TierCore with unbound_store_timeout_s=1, tombstone_retention_s=5, default "
-                "tombstone_max; 1000 new ids stored every 0.1 virtual s (10k ids/s), tick after each batch; "
+                "tombstone_max; 1000 new ids stored (TierCore.handle) every 0.1 virtual s (10k ids/s), fire() "
+                "after each batch; "
                 "then the clock runs on until every record is pruned. Python heap blocks "
                 "(sys.getallocatedblocks) and RSS before/after (and after glibc malloc_trim(0)); peak RSS "
                 "sampled every 10 batches and from VmHWM."

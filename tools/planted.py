@@ -1,12 +1,14 @@
 """Planted-bug variants of the lifecycle core, to test the tests (style anchors, rule 14).
 
 Each entry of :data:`PLANTED` is a context manager factory.  Inside ``with PLANTED[name]():`` the
-real machine classes (:class:`~kvtier.lifecycle.producer.ProducerMachine`,
-:class:`~kvtier.lifecycle.consumer.ConsumerMachine`) behave with one realistic bug, taken from
-``bug-scenarios.md``; on exit the classes are restored exactly.  The patch is made on the
-*classes* (their table and effect builders), so build the cores **inside** the ``with`` block.
-One entry, ``deadlines_before_input``, plants a bug in the shell's poll policy instead: it
-patches the model checker's clock rule, which only ``python -m tools check`` runs.
+code that runs behaves with one realistic bug (each docstring says which, and the bug scenario it
+comes from); on exit it is restored exactly.  Most patch the machine classes
+(:class:`~kvtier.lifecycle.producer.ProducerMachine`,
+:class:`~kvtier.lifecycle.consumer.ConsumerMachine`: their table and effect builders), so build
+the cores **inside** the ``with`` block.  One, ``deadlines_before_input``, plants the first
+release's tick order in :func:`kvtier.lifecycle.driver.drive` itself — the function the shell,
+the model checker and the stateful suite all call — by swapping the function's code, so every
+reference to it (``from ... import drive`` included) runs the bug.
 
 The stateful suite (``tests/stateful/test_planted.py``) and the model checker
 (``python -m tools check --bug NAME``, ``tests/model/test_modelcheck.py``) must find every one of them;
@@ -283,17 +285,28 @@ def abort_ignores_round() -> Iterator[None]:
         yield
 
 
+def _drive_deadlines_first(core: Any, inputs: Any, now: float, *, deadlines_at: float | None, perform: Any) -> None:
+    # runs as kvtier.lifecycle.driver.drive (its code swapped in): ``settle`` is the driver's
+    settle(core, core.fire(now), now, perform)  # noqa: F821 - resolved in the driver's globals
+    for inp in inputs:
+        settle(core, core.handle(inp, now), now, perform)  # noqa: F821
+
+
 @contextmanager
 def deadlines_before_input() -> Iterator[None]:
-    """The first release's shell (B24): deadlines fire against "now", so one may fire while a
-    message that arrived before it is still unread in the socket — a fetch that queued during a
-    stall meets an id reaped a moment ago.  A policy of the shell's poll loop, not of the core, so
-    the planted patch switches the model checker's clock rule off
-    (:attr:`tools.modelcheck.clock.Clock.input_first`); only ``python -m tools check`` sees it."""
-    from tools.modelcheck.clock import Clock
+    """The first release's shell (B24): a tick fires the deadlines due at "now" before it applies
+    the input it read, so one may fire while a message that arrived before it fell due is still
+    unapplied — a fetch that queued during a stall meets an id reaped a moment ago.  Planted in
+    :func:`kvtier.lifecycle.driver.drive` (its code object is swapped for the buggy one)."""
+    from kvtier.lifecycle import driver
 
-    with _patched(Clock, "input_first", False):
+    fn = driver.drive
+    original = fn.__code__
+    fn.__code__ = _drive_deadlines_first.__code__
+    try:
         yield
+    finally:
+        fn.__code__ = original
 
 
 PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {

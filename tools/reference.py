@@ -34,7 +34,7 @@ from transitions import Machine, MachineError, State
 
 from tools import spec as specmod
 
-__all__ = ["Divergence", "Outcome", "ReferenceMachine", "Rejected", "Shadow", "build", "valuations"]
+__all__ = ["Divergence", "Outcome", "ReferenceMachine", "Rejected", "Shadow", "build", "shadow_core", "valuations"]
 
 
 class Rejected(Exception):
@@ -235,11 +235,15 @@ class Shadow:
 
     Installs an instance-level ``apply`` on ``machine`` (a
     :class:`kvtier.lifecycle._machine.TableMachine`) and wraps its effect builders to record which
-    ones run.  Before each input it evaluates *every* guard of the (state, event) rule with the
+    ones run (:meth:`~kvtier.lifecycle._machine.TableMachine.compile` rebuilds the machine's rules
+    with them).  Before each input it evaluates *every* guard of the (state, event) rule with the
     core's own predicates, hands that valuation to the reference, then lets the core apply the
     input and compares: kind (transition / ignore / reject), destination state, effect builders
     invoked (names, in order), reason, armed timer and whether it was re-armed — and that a
     state with a timer always has a live deadline.  A mismatch raises :class:`Divergence`.
+
+    The shadow sees what ``apply`` is given (the record, the event, the input) and the machine's
+    public answers (``timer_token``); it keeps its own model per record key.
 
     Attributes:
         checked: inputs compared so far.
@@ -255,8 +259,10 @@ class Shadow:
         self._keep = keep
         self._invoked: list[str] = []
         self._orig_apply = machine.apply
-        self._guard_enum = machine.GUARD_ENUM
-        machine._effects = {e: self._recorder(e.value, f) for e, f in machine._effects.items()}
+        for e in machine.EFFECT_ENUM:
+            name = f"effect_{e.value}"
+            setattr(machine, name, self._recorder(e.value, getattr(machine, name)))
+        machine.compile()
         machine.apply = self.apply
 
     def _recorder(self, name: str, fn: Any) -> Any:
@@ -275,12 +281,9 @@ class Shadow:
     def _model_for(self, rec: Any) -> _Model:
         key = rec.key
         model = self.models.get(key)
-        fresh = self.machine.records.get(key) is not rec
-        if fresh:
+        if rec.state is self.machine.INITIAL:  # a record in the initial state is a fresh one
             if model is not None:
                 self.ref.drop_model(model)
-            if rec.state is not self.machine.INITIAL:
-                raise Divergence(f"{self.ref.name} {key!r}: unregistered record in {rec.state.value!r}")
             model = self.ref.new_model(key)
             self.models[key] = model
         elif model is None or model.state != rec.state.value:
@@ -295,19 +298,20 @@ class Shadow:
 
         model = self._model_for(rec)
         state, ev = rec.state.value, event.value
-        guards = self._guard_enum
-        valuation = {g: bool(self.machine._guards[guards(g)](rec, inp)) for g in self.ref.guards_of(state, ev)}
+        machine = self.machine
+        valuation = {g: bool(getattr(machine, f"guard_{g}")(rec, inp, now)) for g in self.ref.guards_of(state, ev)}
         try:
             expected: Outcome | Rejected = self.ref.fire(model, ev, valuation)
         except Rejected as exc:
             expected = exc
         self._invoked.clear()
         key = rec.key
-        old_tseq = self.machine.timer_token(key)
+        old_tseq = machine.timer_token(key)
+        old_reason = rec.reason
         n_out = len(out)
         where = f"{self.ref.name} {rec.key!r}: {ev!r} in {state!r} with guards {valuation}"
         try:
-            branch = self._orig_apply(rec, event, inp, now, out)
+            took = self._orig_apply(rec, event, inp, now, out)
         except InvalidTransition as exc:
             if not isinstance(expected, Rejected):
                 raise Divergence(f"{where}: core raised {exc}, reference did {expected}") from exc
@@ -318,7 +322,7 @@ class Shadow:
             raise
         if isinstance(expected, Rejected):
             raise Divergence(f"{where}: reference rejects ({expected.reason}) but the core applied it")
-        got_kind = "ignore" if branch is None else "transition"
+        got_kind = "transition" if took else "ignore"
         problems = []
         if got_kind != expected.kind:
             problems.append(f"kind: core {got_kind}, reference {expected.kind}")
@@ -326,23 +330,25 @@ class Shadow:
             problems.append(f"state: core {rec.state.value!r}, reference {expected.state!r}")
         if tuple(self._invoked) != expected.effects:
             problems.append(f"effects: core {tuple(self._invoked)}, reference {expected.effects}")
-        if branch is not None:
-            core_reason = branch.reason.value if branch.reason is not None else None
-            core_guard = branch.guard.value if branch.guard is not None else None
-            if core_reason != expected.reason:
-                problems.append(f"reason: core {core_reason!r}, reference {expected.reason!r}")
-            if core_guard != expected.guard:
-                problems.append(f"guard: core {core_guard!r}, reference {expected.guard!r}")
+        if took:
+            # a move records the branch's reason (or, for a branch without one, the input's, else
+            # the record keeps its own); a self-transition keeps the record's reason
+            moved = expected.state != state
+            want = (expected.reason or getattr(inp, "reason", None) or old_reason) if moved else old_reason
+            core_reason = rec.reason.value if rec.reason is not None else None
+            want_reason = want.value if hasattr(want, "value") else want
+            if core_reason != want_reason:
+                problems.append(f"reason: core {core_reason!r}, reference {want_reason!r} (branch {expected.reason!r})")
         else:
             ignored = out[n_out:]
             core_reason = getattr(ignored[-1], "reason", None) if ignored else None
             if core_reason != expected.reason:
                 problems.append(f"ignore reason: core {core_reason!r}, reference {expected.reason!r}")
-        final = rec.state in self.machine.FINAL or rec.state is self.machine.INITIAL
+        final = rec.state in machine.FINAL or rec.state is machine.INITIAL
         if not final:
             if rec.timer != expected.timer:
                 problems.append(f"timer: core {rec.timer!r}, reference {expected.timer!r}")
-            tseq = self.machine.timer_token(key)
+            tseq = machine.timer_token(key)
             if expected.rearmed and (tseq == old_tseq or tseq == 0):
                 problems.append("timer: reference re-armed it, the core did not")
             if (
@@ -362,7 +368,7 @@ class Shadow:
         if final:
             self.ref.drop_model(model)
             self.models.pop(rec.key, None)
-        return branch
+        return took
 
     def _note(self, key: Any, state: str, event: str, what: Outcome | str) -> None:
         self.trace.append((key, state, event, what))
@@ -373,8 +379,4 @@ class Shadow:
 def shadow_core(core: Any, refs: Mapping[str, ReferenceMachine] | None = None) -> dict[str, Shadow]:
     """Attach a :class:`Shadow` to each machine of a :class:`~kvtier.lifecycle.TierCore`."""
     refs = refs if refs is not None else build()
-    return {
-        "producer": Shadow(core.producer, refs["producer"]),
-        "consumer": Shadow(core.consumer, refs["consumer"]),
-        "session": Shadow(core.sessions, refs["session"]),
-    }
+    return {name: Shadow(machine, refs[name]) for name, machine in core.machines().items()}

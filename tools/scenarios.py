@@ -14,9 +14,9 @@ lifecycle cores, the wire codec and the block pools are the production ones.  Wh
   :mod:`kvtier.wire.codec` at ``send`` and marks it delivered when the receiver's ``recv``
   hands it over (a message that never arrives is labelled so); pings and pongs are recorded but
   left out of charts;
-* every lifecycle state change, deadline and ignored input — by :class:`RecordingCore`, a thin
-  proxy around the manager's :class:`~kvtier.lifecycle.TierCore` that compares record states
-  before and after each input.
+* every lifecycle state change, deadline and ignored input — by :class:`RecordingCore`, which
+  wraps the manager's :class:`~kvtier.lifecycle.TierCore` entry points (``handle``, ``fire``) and
+  compares record states (its read API) before and after each input.
 
 Adding a scenario is one function::
 
@@ -45,6 +45,7 @@ import attrs
 from tools.seqchart import Lane, Step
 from tools.spec import Spec, load
 from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob
+from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import Ignored, LandBlocks
 from kvtier.manager import MAX_BATCH_BYTES, KvTierManager
 from kvtier.memory import BlockPool
@@ -233,51 +234,64 @@ class RecordingTransport(InprocTransport):
 
 
 class RecordingCore:
-    """Proxy around a :class:`~kvtier.lifecycle.TierCore`: every input method is forwarded, and
-    the record states before and after are compared; changes, fired deadlines, transport reports
-    and ignored inputs are added to the trace on ``lane``.  Attribute reads pass through."""
+    """Records what a manager's :class:`~kvtier.lifecycle.TierCore` does: :meth:`install` wraps
+    the core's two entry points (``handle`` and ``fire``) on the instance, so every input the
+    manager's shell applies — and every firing of its deadlines — passes through here; the record
+    states before and after (the core's read API) are compared, and changes, fired deadlines,
+    transport reports and ignored inputs are added to the trace on ``lane``."""
 
-    _TRANSPORT_INPUTS = frozenset(
-        {"transfer_failed", "transfer_released", "send_failed", "connection_closed", "access_revoked"}
-    )
-    # Every other public method is an input and is recorded, so an input added to the core later
-    # is recorded without a change here (a query recorded by mistake just records nothing).
-    _QUERIES = frozenset({"session_ready", "session_gen", "load_failed", "next_deadline", "pending_jobs", "busy"})
+    #: inputs that report what the transport or the data plane did: noted on the lane
+    _TRANSPORT_INPUTS = (ix.TransferReleased, ix.SendFailed, ix.ConnectFailed, ix.ConnectionClosed, ix.AccessRevoked)
 
     def __init__(self, core: Any, trace: Trace, lane: str, spec: Spec, peer_names: dict[str, str]) -> None:
-        object.__setattr__(self, "_core", core)
-        object.__setattr__(self, "_trace", trace)
-        object.__setattr__(self, "_lane", lane)
-        object.__setattr__(self, "_spec", spec)
-        object.__setattr__(self, "_peer_names", peer_names)
+        self._core = core
+        self._trace = trace
+        self._lane = lane
+        self._spec = spec
+        self._peer_names = peer_names
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._core, name)
-        if name.startswith("_") or name in self._QUERIES or not callable(attr):
-            return attr
+    @classmethod
+    def install(cls, core: Any, trace: Trace, lane: str, spec: Spec, peer_names: dict[str, str]) -> RecordingCore:
+        """Record ``core`` from now on; returns the recorder."""
+        rec = cls(core, trace, lane, spec, peer_names)
+        handle, fire = core.handle, core.fire
 
-        def wrapped(*args: Any, **kw: Any) -> Any:
-            before = self._snapshot()
-            if name in self._TRANSPORT_INPUTS:
-                self._trace.add(self._lane, self._lane, f"transport: {name} " + " ".join(
-                    self._peer_names.get(a, str(a)) if isinstance(a, str) else f"r{a}" for a in args[:-1]
-                ), "note")
-            effects = attr(*args, **kw)
-            self._record(name, before, self._snapshot(), effects)
-            return effects
+        def recorded_handle(inp: Any, now: float) -> list[Any]:
+            return rec._run(lambda: handle(inp, now), inp)
 
-        return wrapped
+        def recorded_fire(now: float) -> list[Any]:
+            return rec._run(lambda: fire(now), None)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._core, name, value)
+        core.handle = recorded_handle
+        core.fire = recorded_fire
+        return rec
+
+    def _run(self, apply: Callable[[], list[Any]], inp: Any) -> list[Any]:
+        before = self._snapshot()
+        if isinstance(inp, self._TRANSPORT_INPUTS):
+            self._trace.add(self._lane, self._lane, f"transport: {self._describe(inp)}", "note")
+        effects = apply()
+        self._record(inp is None, before, self._snapshot(), effects)
+        return effects
+
+    def _describe(self, inp: Any) -> str:
+        if isinstance(inp, ix.TransferReleased):
+            return f"{'transfer_failed' if inp.failed else 'transfer_released'} {inp.kv_request_id} r{inp.round}"
+        name = {ix.SendFailed: "send_failed", ix.ConnectFailed: "connect_failed", ix.ConnectionClosed: "connection_closed",
+                ix.AccessRevoked: "access_revoked"}[type(inp)]
+        return f"{name} {self._peer_names.get(inp.peer, inp.peer)}"
 
     def _snapshot(self) -> dict[tuple[str, str], tuple[str, float | None]]:
-        """(state, live deadline) of every record, by (machine, key)."""
+        """(state, live deadline) of every record, by (machine, key), from the read API."""
         core = self._core
+        due = {(d.machine, d.key): d.when for d in core.deadlines()}
         out = {}
-        for mname, machine in (("session", core.sessions), ("producer", core.producer), ("consumer", core.consumer)):
-            for key, rec in machine.records.items():
-                out[(mname, key)] = (rec.state.value, machine.deadline_of(key) if rec.timer else None)
+        for v in core.sessions():
+            out[("session", v.peer)] = (v.state.value, due.get(("session", v.peer)))
+        for kid in core.producer_ids():
+            out[("producer", kid)] = (core.producer_state(kid).value, due.get(("producer", kid)))
+        for kid in core.consumer_ids():
+            out[("consumer", kid)] = (core.consumer_state(kid).value, due.get(("consumer", kid)))
         return out
 
     def _gone_to(self, machine: str, state: str) -> str:
@@ -291,7 +305,7 @@ class RecordingCore:
     def _who(self, machine: str, key: str) -> str:
         return f"session {self._peer_names.get(key, key)}" if machine == "session" else key
 
-    def _record(self, name: str, before: dict, after: dict, effects: list[Any]) -> None:
+    def _record(self, firing: bool, before: dict, after: dict, effects: list[Any]) -> None:
         now = self._trace.clock.now()
         fired, followed = [], []
         for k in list(dict.fromkeys([*before, *after])):
@@ -304,9 +318,9 @@ class RecordingCore:
             b = b if b is not None else self._gone_to(machine, a)
             change = f"{self._who(machine, key)}: {a} → {b}"
             deadline = before.get(k, (None, None))[1]
-            # a deadline that was due is what moved the record; anything else a tick changed
+            # a deadline that was due is what moved the record; anything else a firing changed
             # followed from it (a dead session's peer_lost, say)
-            if name == "tick" and deadline is not None and deadline <= now and m.state(a).timer:
+            if firing and deadline is not None and deadline <= now and m.state(a).timer:
                 t = m.timers[m.state(a).timer]
                 fired.append(f"{t.event} ({t.config_key})\n{change}")
             else:
@@ -321,7 +335,7 @@ class RecordingCore:
                 self._trace.add(self._lane, self._lane,
                                 f"{e.kv_request_id}: lands {n} block{'s' if n != 1 else ''} in slots "
                                 f"{', '.join(map(str, e.slots))} and checks their digests", "note")
-            elif isinstance(e, Ignored) and e.event not in ("ping", "message"):
+            elif isinstance(e, Ignored) and e.event not in ("ping", "pong", "message", "heartbeat_deadline"):
                 self._trace.add(self._lane, self._lane,
                                 f"{self._who(e.machine, e.key)}: ignores {e.event} in {e.state} ({e.reason})", "note")
 
@@ -470,7 +484,7 @@ class Harness:
                                        lanes_by_address=self._lanes_by_address, **tkw)
         mgr = KvTierManager(cfg, BlockPool(num_blocks, block_bytes, pin=False), clock=self.clock.now,
                             transport=transport)
-        mgr.core = RecordingCore(mgr.core, self.trace, lane, self.spec, peer_names)  # type: ignore[assignment]
+        RecordingCore.install(mgr.core, self.trace, lane, self.spec, peer_names)
         return mgr
 
     # -- driving --------------------------------------------------------------------------------
@@ -783,6 +797,7 @@ def abort_racing_completion(h: Harness) -> None:
     _, creq = _park_then_connect(h, 2, seed=2)
     h.decode.load(10, creq, _keys("A", 2), [4, 5])  # fetch sent; the consumer is not polled yet
     h.poll("P")  # the producer serves; its transport moves the blocks: block_data in flight
+    h.poll("P")  # its next tick reads the plane's report that it holds none of them any more
     h.expect(h.producer_state("A") == "delivering", "the blocks are moved; the producer waits for the receipt")
     h.decode.finish(creq)  # the engine gives up before reading them
     h.settle()

@@ -10,13 +10,14 @@ from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, Sessio
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.errors import InvalidTransition, LifecycleError
 from kvtier.lifecycle.session import HelloInput
-from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, ProducerView, SessionView
+from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, DeadlineView, ProducerView, SessionView
 
 __all__ = [
     "ConsumerState",
     "ConsumerView",
     "CoreSettings",
     "CoreSnapshot",
+    "DeadlineView",
     "HelloInput",
     "InvalidTransition",
     "LifecycleError",

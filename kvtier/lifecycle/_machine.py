@@ -62,9 +62,17 @@ class TableMachine:
         self._durations = {name: float(durations[t.config_key]) for name, t in self.TIMERS.items()}
         self.records: dict[Any, Record] = {}
         self._deadlines = DeadlineQueue()
+        self._rules: dict[tuple[Any, Any], tuple[Any, Any, tuple]] = {}
+        self.compile()
+        self.ignored = 0
+
+    def compile(self) -> None:
+        """(Re)build the rules from the table and the machine's current ``guard_*`` and
+        ``effect_*`` callables (at construction; again after a test or a checker replaced some on
+        the instance, e.g. to record which effect builders run)."""
         guards: dict[Any, Guard] = {g: getattr(self, f"guard_{g.value}") for g in self.GUARD_ENUM}
         effects: dict[Any, EffectBuilder] = {e: getattr(self, f"effect_{e.value}") for e in self.EFFECT_ENUM}
-        self._rules: dict[tuple[Any, Any], tuple[Any, Any, tuple]] = {}
+        rules: dict[tuple[Any, Any], tuple[Any, Any, tuple]] = {}
         ops: dict[tuple[Any, Any], tuple[Any, tuple]] = {}
         for (state, event), rule in self.TABLE.items():
             branches = []
@@ -74,8 +82,9 @@ class TableMachine:
                 retime, index = ops.get((state, b.dest), (None, ()))
                 branches.append((guards[b.guard] if b.guard is not None else None, b.dest,
                                  tuple(effects[e] for e in b.effects), b.reason, b.dest is not state, retime, index))
-            self._rules[state, event] = (rule.kind, rule.reason, tuple(branches))
-        self.ignored = 0
+            rules[state, event] = (rule.kind, rule.reason, tuple(branches))
+        self._rules.clear()
+        self._rules.update(rules)
 
     # -- hooks ------------------------------------------------------------------------------
     def new_record(self, key: Any) -> Record:  # pragma: no cover - overridden

@@ -46,6 +46,7 @@ from kvtier.lifecycle._table import (
     SessionEvent,
     SessionState,
 )
+from kvtier.lifecycle._machine import TableMachine
 from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput
 from kvtier.lifecycle.effects import Effect, Ignored, Send
 from kvtier.lifecycle.inputs import (
@@ -74,7 +75,7 @@ from kvtier.lifecycle.inputs import (
 from kvtier.lifecycle.notes import GiveUp, Notes, PeerLost, SessionReady
 from kvtier.lifecycle.producer import RETAINED, FetchInput, ProducerMachine
 from kvtier.lifecycle.session import HelloInput, SessionMachine
-from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, ProducerView, SessionView
+from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, DeadlineView, ProducerView, SessionView
 from kvtier.wire import messages as wm
 
 __all__ = ["CoreSettings", "TIMER_KEYS", "TierCore"]
@@ -245,6 +246,28 @@ class TierCore:
             if d is not None and (best is None or d < best):
                 best = d
         return best
+
+    def machines(self) -> dict[str, TableMachine]:
+        """The producer, consumer and session machines, by spec machine name: for machine-level
+        checkers only (the reference interpreter shadows every transition, ``tools/reference.py``).
+        Everything else asks the read API."""
+        return {"producer": self._producer, "consumer": self._consumer, "session": self._sessions}
+
+    def deadlines(self) -> list[DeadlineView]:
+        """Every live deadline, earliest first (ties: machine, then key).  O(records): for tests,
+        tools and introspection, never a per-tick path."""
+        out = []
+        for m in (self._sessions, self._producer, self._consumer):
+            out.extend(DeadlineView(when, m.NAME, key, lane) for when, _seq, key, lane in m._deadlines.live(m._is_live))
+        p = self._producer
+        out.extend(DeadlineView(when, p.NAME, key, p.records[key].timer) for key, when in p.retained.items())
+        out.sort(key=lambda d: (d.when, d.machine, d.key))
+        return out
+
+    def deadline_entries(self) -> int:
+        """Entries in the machines' deadline queues, stale ones not yet dropped included (what
+        the deadlines cost in memory: for benchmarks; O(1))."""
+        return sum(len(m._deadlines) for m in (self._sessions, self._producer, self._consumer))
 
     def _fire(self, now: float, out: list[Effect]) -> None:
         self._sessions.tick(now, out)

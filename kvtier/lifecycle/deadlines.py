@@ -113,5 +113,20 @@ class DeadlineQueue:
                     return when
         return None
 
+    def live(self, is_live: IsLive) -> list[tuple[float, int, Any, Any]]:
+        """Every live entry as ``(when, seq, key, lane)``, in firing order (when, then arm order):
+        O(n), for snapshots and introspection."""
+        out = [(when, seq, key, lane) for lane, q in self._lanes.items() for when, seq, key in q
+               if is_live(key, seq)]
+        out.sort(key=lambda e: (e[0], e[1]))
+        return out
+
+    def clear(self) -> None:
+        """Forget every entry (in place: the owner's compiled timer operations hold this queue)."""
+        self._lanes.clear()
+        self._seq = 0
+        self._stale = 0
+        self._size = 0
+
     def __len__(self) -> int:
         return self._size

@@ -11,7 +11,7 @@ import msgspec
 
 from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
 
-__all__ = ["ConsumerView", "CoreSnapshot", "ProducerView", "SessionView"]
+__all__ = ["ConsumerView", "CoreSnapshot", "DeadlineView", "ProducerView", "SessionView"]
 
 
 class SessionView(msgspec.Struct, frozen=True):
@@ -61,6 +61,17 @@ class ConsumerView(msgspec.Struct, frozen=True):
     slots: tuple[int, ...]
     landed: int
     deadline: float | None
+
+
+class DeadlineView(msgspec.Struct, frozen=True):
+    """One live deadline: when it falls due (seconds, the core's clock), the machine
+    (``"session"``, ``"producer"`` or ``"consumer"``), the record's key and the timer's name
+    (spec/lifecycle.toml)."""
+
+    when: float
+    machine: str
+    key: str
+    timer: str
 
 
 class CoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,9 +2,9 @@
 
 The lifecycle core never reads a clock: every entry point takes ``now``.  Tests keep one
 :class:`VirtualClock` and pass ``clock.now()``; time moves only when the test says so.  Moving time
-does **not** fire deadlines: a test (or the shell under test) calls ``core.tick(clock.now())``
-separately, so the window between "a deadline passed" and "the deadline was handled" stays
-explorable (tooling notes §3, the lesson of the first stateful model).
+does **not** fire deadlines: a test (or the shell under test) fires them separately
+(``core.fire(clock.now())``, or a tick through :func:`kvtier.lifecycle.driver.drive`), so the
+window between "a deadline passed" and "the deadline was handled" stays explorable.
 """
 
 from __future__ import annotations

@@ -19,6 +19,14 @@ effect is answered at once with ``BlocksLanded`` (ok, unless the test marked the
 :attr:`FakeNetwork.corrupt`); a ``RevokeAccess`` is answered at once with ``AccessRevoked`` unless
 ``revoke_later`` is set (then :meth:`FakeNetwork.finish_revoke` does it).
 
+Like the real shell it drives every core through :func:`kvtier.lifecycle.driver.drive` and
+:func:`~kvtier.lifecycle.driver.settle`: a core's effects are performed in order and what the
+performers report (a connection up, a descriptor taken, blocks landed, access revoked) is applied
+after them, before anything else.  Receive batching is there too: :meth:`FakeNetwork.arrive`
+moves a message into the receiver's socket, where it waits unread, and :meth:`FakeNetwork.tick`
+is one pass of the receiver's loop: every unread message, then the deadlines due at the time
+its socket was last seen empty (the ``input_before_deadline`` contract).
+
 Endpoints are named; the name of an endpoint is the ``peer`` string the other cores use for it
 (a consumer announces a request with ``peer=<producer name>``; the producer sees the consumer by
 its name).  Messages carry the generation the sending core put in them, as on the wire, so
@@ -32,7 +40,7 @@ from typing import Any
 
 import attrs
 
-from kvtier.lifecycle import Reason, TierCore
+from kvtier.lifecycle import Reason, TierCore, driver
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import Effect
@@ -122,7 +130,9 @@ class FakeNetwork:
             ``ConnectionUp`` itself and passes the effects to :meth:`route`.
 
     Attributes:
-        queues: ``(src, dst) -> list[Envelope]``, oldest first.
+        queues: ``(src, dst) -> list[Envelope]``, oldest first (in the network).
+        inbox: ``dst -> [(arrival time, Envelope)]``: arrived in the receiver's socket, unread
+            (:meth:`arrive`, :meth:`tick`).
         transfers: data-plane transfers in progress, oldest first.
         corrupt: ``(kv_request_id, round)`` pairs whose blocks land with a digest mismatch.
         revoke_later: when True, ``RevokeAccess`` waits in :attr:`revokes` for
@@ -131,14 +141,18 @@ class FakeNetwork:
         undeliverable: messages addressed to a name with no attached core (counted, dropped).
     """
 
+    #: effects the network, the transport or the plane consume (the others are the test's to check)
+    NETWORK_EFFECTS = (fx.Send, fx.SendBlocks, fx.CancelTransfer, fx.OpenConnection, fx.AttachPeer,
+                       fx.CloseConnection, fx.DetachPeer)
+
     def __init__(self, *, auto_transport_up: bool = True) -> None:
         self.cores: dict[str, TierCore] = {}
         self.queues: dict[tuple[str, str], list[Envelope]] = {}
+        self.inbox: dict[str, list[tuple[float, Envelope]]] = {}
         self.transfers: list[Transfer] = []
         self.corrupt: set[tuple[str, int]] = set()
         self.revoke_later = False
         self.revokes: list[tuple[str, str]] = []  # (core name, producer peer) awaiting finish_revoke
-        self._answers: list[Effect] = []  # effects of the shell's synchronous answers
         self.auto_transport_up = auto_transport_up
         self.log: list[str] = []
         self.undeliverable = 0
@@ -149,68 +163,87 @@ class FakeNetwork:
         self.cores[name] = core
 
     def kill(self, name: str) -> list[Envelope]:
-        """``name`` crashed: its core is detached, every message to or from it and every transfer
-        it was sending is lost. Returns the lost messages."""
+        """``name`` crashed: its core is detached, every message to or from it (in the network or
+        unread in its socket) and every transfer it was sending is lost. Returns the lost
+        messages."""
         self.cores.pop(name, None)
-        lost: list[Envelope] = []
+        lost: list[Envelope] = [env for _, env in self.inbox.pop(name, [])]
         for (src, dst), q in self.queues.items():
             if name in (src, dst):
                 lost.extend(q)
                 q.clear()
+        for dst, unread in self.inbox.items():
+            lost.extend(env for _, env in unread if env.src == name)
+            unread[:] = [(t, env) for t, env in unread if env.src != name]
         self.transfers = [t for t in self.transfers if t.src != name]
+        self.revokes = [r for r in self.revokes if r[0] != name]
         self.log.append(f"kill {name} ({len(lost)} messages lost)")
         return lost
 
-    # -- effects -> messages -------------------------------------------------------------------
-    def route(self, src: str, effects: Iterable[Effect], now: float) -> list[Effect]:
-        """Queue the network effects ``src``'s core returned and answer the shell's synchronous
-        ones; return the others (job results, writes, session ends, ignored inputs …) in order,
-        for the test to check."""
-        local: list[Effect] = []
+    # -- performing effects --------------------------------------------------------------------
+    def performer(self, src: str, seen: list[Effect] | None = None) -> driver.Perform:
+        """The ``perform`` of ``src``'s shell (for :func:`~kvtier.lifecycle.driver.drive`):
+        queue the messages, post the transfers, and return the synchronous answers (connection
+        up, descriptor taken, blocks landed, access revoked) as inputs.  Every effect performed is
+        appended to ``seen``."""
         core = self.cores.get(src)
-        for eff in effects:
-            t = type(eff)
-            if t is fx.Send:
-                self._queue(Envelope(src, eff.peer, eff.msg))
-            elif t is fx.SendBlocks:
-                self.transfers.append(Transfer(src, eff.peer, eff.kv_request_id, eff.round, eff.blocks))
-                if eff.blocks:
-                    msg = wm.BlockData(gen=eff.gen, kv_request_id=eff.kv_request_id, round=eff.round, first=0,
-                                       count=len(eff.blocks), digests=list(eff.digests))
-                    self._queue(Envelope(src, eff.peer, msg, eff.blocks))
-            elif t is fx.CancelTransfer:
-                for tr in self.transfers:
-                    if (tr.src, tr.kv_request_id, tr.round) == (src, eff.kv_request_id, eff.round):
-                        tr.cancelled = True
-            elif t is fx.OpenConnection:
-                if self.auto_transport_up and core is not None:
-                    local.extend(self._answer(src, core, ix.ConnectionUp(eff.peer), now))
-            elif t is fx.AttachPeer:
-                if core is not None:
-                    local.extend(self._answer(src, core, ix.PeerAttached(eff.peer, eff.gen), now))
-            elif t is fx.LandBlocks:
-                local.append(eff)
-                if core is not None:
-                    ok = (eff.kv_request_id, eff.round) not in self.corrupt
-                    landed = ix.BlocksLanded(eff.peer, eff.kv_request_id, eff.round, eff.first, len(eff.slots), ok,
-                                             None if ok else Reason.CORRUPT)
-                    local.extend(self._answer(src, core, landed, now))
-            elif t is fx.RevokeAccess:
-                local.append(eff)
-                if self.revoke_later:
-                    self.revokes.append((src, eff.peer))
-                elif core is not None:
-                    local.extend(self._answer(src, core, ix.AccessRevoked(eff.peer), now))
-            elif t in (fx.CloseConnection, fx.DetachPeer):
-                pass
-            else:
-                local.append(eff)
-        return local
 
-    def _answer(self, src: str, core: TierCore, inp: ix.Input, now: float) -> list[Effect]:
-        answer = core.handle(inp, now)
-        self._answers.extend(answer)
-        return self.route(src, answer, now)
+        def perform(effects: Iterable[Effect]) -> list[ix.Input]:
+            answers: list[ix.Input] = []
+            for eff in effects:
+                if seen is not None:
+                    seen.append(eff)
+                t = type(eff)
+                if t is fx.Send:
+                    self._queue(Envelope(src, eff.peer, eff.msg))
+                elif t is fx.SendBlocks:
+                    self.transfers.append(Transfer(src, eff.peer, eff.kv_request_id, eff.round, eff.blocks))
+                    if eff.blocks:
+                        msg = wm.BlockData(gen=eff.gen, kv_request_id=eff.kv_request_id, round=eff.round, first=0,
+                                           count=len(eff.blocks), digests=list(eff.digests))
+                        self._queue(Envelope(src, eff.peer, msg, eff.blocks))
+                elif t is fx.CancelTransfer:
+                    for tr in self.transfers:
+                        if (tr.src, tr.kv_request_id, tr.round) == (src, eff.kv_request_id, eff.round):
+                            tr.cancelled = True
+                elif t is fx.OpenConnection:
+                    if self.auto_transport_up:
+                        answers.append(ix.ConnectionUp(eff.peer))
+                elif t is fx.AttachPeer:
+                    answers.append(ix.PeerAttached(eff.peer, eff.gen))
+                elif t is fx.LandBlocks:
+                    ok = (eff.kv_request_id, eff.round) not in self.corrupt
+                    answers.append(ix.BlocksLanded(eff.peer, eff.kv_request_id, eff.round, eff.first, len(eff.slots),
+                                                   ok, None if ok else Reason.CORRUPT))
+                elif t is fx.RevokeAccess:
+                    if self.revoke_later:
+                        self.revokes.append((src, eff.peer))
+                    else:
+                        answers.append(ix.AccessRevoked(eff.peer))
+            return answers if core is not None else []
+
+        return perform
+
+    def route(self, src: str, effects: Iterable[Effect], now: float) -> list[Effect]:
+        """Perform the effects ``src``'s core returned (and apply what the performers report,
+        :func:`~kvtier.lifecycle.driver.settle`); return the effects that are not the network's
+        (job results, landings, revocations, session ends, ignored inputs …), the answers'
+        included, in order, for the test to check."""
+        seen: list[Effect] = []
+        core = self.cores.get(src)
+        effects = list(effects)
+        if core is None:
+            self.performer(src, seen)(effects)
+        else:
+            driver.settle(core, effects, now, self.performer(src, seen))
+        return [e for e in seen if not isinstance(e, self.NETWORK_EFFECTS)]
+
+    def apply(self, name: str, inp: ix.Input, now: float) -> list[Effect]:
+        """Apply one input to ``name``'s core and perform everything it leads to; returns every
+        effect performed (the input's first, then its answers')."""
+        seen: list[Effect] = []
+        driver.drive(self.cores[name], (inp,), now, deadlines_at=None, perform=self.performer(name, seen))
+        return seen
 
     def _queue(self, env: Envelope) -> None:
         self.queues.setdefault((env.src, env.dst), []).append(env)
@@ -221,11 +254,12 @@ class FakeNetwork:
 
     # -- the network's nondeterminism ----------------------------------------------------------
     def directions(self) -> list[tuple[str, str]]:
-        """``(src, dst)`` pairs with messages in flight, sorted."""
+        """``(src, dst)`` pairs with messages in the network, sorted."""
         return sorted(d for d, q in self.queues.items() if q)
 
     def in_flight(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+        """Messages in the network or unread in a socket."""
+        return sum(len(q) for q in self.queues.values()) + sum(len(q) for q in self.inbox.values())
 
     def pending(self, src: str, dst: str) -> list[Envelope]:
         return list(self.queues.get((src, dst), ()))
@@ -252,13 +286,13 @@ class FakeNetwork:
         return env
 
     def deliver(self, src: str, dst: str, i: int, now: float) -> tuple[Envelope, list[Effect]]:
-        """Deliver message ``i % len`` of ``src -> dst`` into ``dst``'s core at ``now``.
+        """Deliver message ``i % len`` of ``src -> dst`` into ``dst``'s core at ``now`` (read the
+        moment it arrives: one input, no deadlines).
 
-        Returns the message and the receiving core's effects (network effects already queued:
-        the list holds every effect, network ones included, for the test to inspect), followed by
-        the effects of the shell's synchronous answers (``BlocksLanded``, ``AccessRevoked``,
-        ``PeerAttached``).  A message to a detached name is dropped and counted in
-        ``undeliverable``.
+        Returns the message and every effect performed: the receiving core's (network ones
+        included), then those of the shell's synchronous answers (``BlocksLanded``,
+        ``AccessRevoked``, ``PeerAttached``).  A message to a detached name is dropped and
+        counted in ``undeliverable``.
         """
         q, j = self._pick(src, dst, i)
         env = q.pop(j)
@@ -267,60 +301,87 @@ class FakeNetwork:
             self.undeliverable += 1
             self.log.append(f"undeliverable {env}")
             return env, []
-        effects = self.dispatch(core, env, now)
         self.log.append(f"deliver {env}")
-        self._answers = []
-        self.route(dst, effects, now)
-        answered, self._answers = self._answers, []
-        return env, effects + answered
+        seen: list[Effect] = []
+        driver.drive(core, (self.received(env),), now, deadlines_at=None, perform=self.performer(dst, seen))
+        return env, seen
+
+    def arrive(self, src: str, dst: str, i: int, now: float) -> Envelope:
+        """Message ``i % len`` of ``src -> dst`` arrives in ``dst``'s socket at ``now`` and waits
+        there, unread, until ``dst``'s next :meth:`tick` (lost if ``dst`` has no core)."""
+        q, j = self._pick(src, dst, i)
+        env = q.pop(j)
+        if dst not in self.cores:
+            self.undeliverable += 1
+            self.log.append(f"undeliverable {env}")
+            return env
+        self.inbox.setdefault(dst, []).append((now, env))
+        self.log.append(f"arrive {env}")
+        return env
+
+    def unread(self, name: str) -> list[tuple[float, Envelope]]:
+        """``(arrival time, message)`` waiting unread in ``name``'s socket, oldest first."""
+        return list(self.inbox.get(name, ()))
+
+    def tick(self, name: str, now: float, *, core: Any = None) -> list[Effect]:
+        """One pass of ``name``'s loop at ``now``: read every unread message, then fire the
+        deadlines due at the time its socket was last seen empty — the first unread message's
+        arrival, or ``now`` when there was none (:func:`~kvtier.lifecycle.driver.drive`).
+        ``core``: what to drive instead of the attached core (an observing proxy).  Returns every
+        effect performed."""
+        unread = self.inbox.pop(name, [])
+        quiet = unread[0][0] if unread else now
+        for _, env in unread:
+            self.log.append(f"read {env}")
+        seen: list[Effect] = []
+        target = core if core is not None else self.cores[name]
+        driver.drive(target, [self.received(env) for _, env in unread], now, deadlines_at=quiet,
+                     perform=self.performer(name, seen))
+        return seen
+
+    @staticmethod
+    def received(env: Envelope) -> ix.Received:
+        """The input the receiving end of ``env`` is given."""
+        return ix.Received(env.src, env.msg)
 
     @staticmethod
     def dispatch(core: TierCore, env: Envelope, now: float) -> list[Effect]:
-        """Feed one message into ``core`` (the receiving end of ``env``)."""
+        """Feed one message into ``core`` (the receiving end of ``env``) and return its effects
+        unperformed."""
         return core.handle(ix.Received(env.src, env.msg), now)
 
     # -- the data plane ------------------------------------------------------------------------
     def finish_transfer(self, i: int, now: float, *, ok: bool = True) -> tuple[Transfer, list[Effect]]:
         """The data plane is done with transfer ``i % len`` and references none of its blocks:
-        feed ``TransferReleased`` (failed unless ``ok`` or cancelled); route the effects."""
+        feed ``TransferReleased`` (failed unless ``ok`` or cancelled) and perform what follows;
+        returns the transfer and every effect performed."""
         if not self.transfers:
             raise IndexError("no transfer in progress")
         t = self.transfers.pop(i % len(self.transfers))
-        core = self.cores.get(t.src)
-        if core is None:
+        if t.src not in self.cores:
             return t, []
         failed = not (ok or t.cancelled)
-        effects = core.handle(ix.TransferReleased(t.kv_request_id, t.round, failed), now)
         self.log.append(f"transfer {'failed' if failed else 'released'} {t.kv_request_id} r{t.round}")
-        self.route(t.src, effects, now)
-        return t, effects
+        return t, self.apply(t.src, ix.TransferReleased(t.kv_request_id, t.round, failed), now)
 
     def finish_revoke(self, i: int, now: float) -> list[Effect]:
-        """A one-sided plane confirms revocation ``i % len`` (see ``revoke_later``)."""
+        """A one-sided plane confirms revocation ``i % len`` (see ``revoke_later``); returns every
+        effect performed."""
         src, peer = self.revokes.pop(i % len(self.revokes))
-        core = self.cores.get(src)
-        if core is None:
+        if src not in self.cores:
             return []
-        effects = core.handle(ix.AccessRevoked(peer), now)
-        self.route(src, effects, now)
-        return effects
+        return self.apply(src, ix.AccessRevoked(peer), now)
 
     def connect(self, consumer: str, producer: str, now: float) -> list[Effect]:
         """Complete a handshake between two attached cores at once (dial, hello, hello_ack),
-        delivering only the handshake messages. Returns every effect produced."""
-        c = self.cores[consumer]
+        delivering only the handshake messages. Returns every effect performed."""
         out: list[Effect] = []
-        if c.session(producer) is None:
-            first = c.handle(ix.Dial(producer), now)
-            out += first
-            self.route(consumer, first, now)
+        if self.cores[consumer].session(producer) is None:
+            out += self.apply(consumer, ix.Dial(producer), now)
         for src, dst in ((consumer, producer), (producer, consumer)):
             q = self.queues.get((src, dst), [])
-            for env in list(q):
+            for j, env in enumerate(q):
                 if env.kind in ("hello", "hello_ack", "hello_reject"):
-                    q.remove(env)
-                    effects = self.dispatch(self.cores[dst], env, now)
-                    out += effects
-                    self.route(dst, effects, now)
+                    out += self.deliver(src, dst, j, now)[1]
                     break
         return out

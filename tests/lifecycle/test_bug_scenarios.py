@@ -1,4 +1,4 @@
-"""Regression tests for the public bug scenarios (``shared/reference/bug-scenarios.md``).
+"""Regression tests for the bug scenarios (B-numbers; each test's docstring says what its scenario is).
 
 Each test replays one scenario against :class:`~kvtier.lifecycle.TierCore` with explicit ``now``
 values and checks the *expected* outcome the scenario states.  Scenario parameters: ``T_park`` =
@@ -15,28 +15,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
-from kvtier.lifecycle import ConsumerState, ProducerState, TierCore
-from kvtier.lifecycle.consumer import LoadInput, MessageInput
+from kvtier.lifecycle import ConsumerState, ProducerState, Reason, TierCore, snapshot
+from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import CoreSettings
 from kvtier.lifecycle.effects import (
     CancelTransfer,
     Ignored,
     JobDone,
-    SendAbortAck,
-    SendAbortFetch,
-    SendBlocks,
-    SendFetch,
-    SendTransferDone,
     LandBlocks,
-    PeerDown,
     RevokeAccess,
+    Send,
+    SendBlocks,
+    SessionEnded,
 )
-from kvtier.lifecycle.producer import FetchInput, StoreInput
 from kvtier.lifecycle.session import HelloInput
+from kvtier.wire import messages as wm
 
-LOCAL = HelloInput(version=1, block_bytes=16, layout="scenarios", hash_seed="")
+LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="scenarios", hash_seed="", instance="scen")
 BASE = {
     "unbound_store_timeout_s": 60.0,  # T_park
     "tombstone_retention_s": 60.0,  # T_tomb
@@ -45,7 +43,8 @@ BASE = {
     "transfer_timeout_s": 30.0,
     "abort_ack_timeout_s": 5.0,
     "handshake_timeout_s": 5.0,
-    "peer_timeout_s": 1000.0,  # a live peer keeps pinging; scenarios that kill a peer lower it
+    "heartbeat_interval_s": 1000.0,  # a live peer is heard; scenarios that kill a peer ping and lower the timeout
+    "peer_timeout_s": 1000.0,
 }
 C = "decode-1"  # the consumer as the producer sees it
 P = "prefill:5710"  # the producer as the consumer dials it
@@ -55,8 +54,23 @@ def of(effects: list[Any], kind: type) -> list[Any]:
     return [e for e in effects if isinstance(e, kind)]
 
 
+def sent(effects: list[Any], kind: type) -> list[Any]:
+    """The wire messages of type ``kind`` the effects send."""
+    return [e.msg for e in effects if isinstance(e, Send) and isinstance(e.msg, kind)]
+
+
+def ended(effects: list[Any]) -> list[tuple[str, str]]:
+    """(peer, reason) of every session the effects say ended."""
+    return [(e.peer, e.reason) for e in of(effects, SessionEnded)]
+
+
 def keys(kid: str, n: int, start: int = 0) -> tuple[bytes, ...]:
     return tuple(f"{kid}:{i}".encode() for i in range(start, start + n))
+
+
+def entry(core: TierCore, kid: str) -> snapshot.ProducerEntry:
+    """The producer record of ``kid`` as the core exports it (owner and block map included)."""
+    return next(e for e in snapshot.export(core).producer if e.kv_request_id == kid)
 
 
 class Pair:
@@ -69,13 +83,17 @@ class Pair:
             max_pending_fetches_per_peer=max_pending,
         )
         self.p = TierCore(settings, LOCAL, gen_base=0)
-        self.c = TierCore(settings, LOCAL, gen_base=100)
-        self.c.announce("__warmup__", P, 0.0)  # dials
-        self.c.transport_up(P, 0.0)
+        self.c = TierCore(settings, msgspec.structs.replace(LOCAL, instance="cons"), gen_base=100)
+        self.c.handle(ix.LoadAnnounced("__warmup__", P), 0.0)  # dials
+        (hello,) = sent(self.c.handle(ix.ConnectionUp(P), 0.0), wm.Hello)
         self.gen = self.c.session_gen(P)
-        self.p.hello(C, HelloInput(1, 16, "scenarios", "", gen=self.gen), 0.0)
-        self.c.hello_ack(P, self.gen, 0.0)
-        self.c.consumer_finished("__warmup__", 0.0)
+        assert hello.gen == self.gen
+        self.p.handle(ix.Received(C, hello), 0.0)
+        (ack,) = sent(self.p.handle(ix.PeerAttached(C, self.gen), 0.0), wm.HelloAck)
+        self.c.handle(ix.Received(P, ack), 0.0)
+        self.c.handle(ix.PeerAttached(P, self.gen), 0.0)
+        assert self.c.session_ready(P) and self.p.session_ready(C)
+        self.c.handle(ix.RequestFinished("__warmup__", producer=False), 0.0)
         self.job = 0
 
     def next_job(self) -> int:
@@ -87,38 +105,59 @@ class Pair:
               blocks: tuple[int, ...] | None = None) -> tuple[int, list[Any]]:
         job = self.next_job()
         b = blocks if blocks is not None else tuple(range(start, start + n))
-        return job, self.p.store(StoreInput(kid, owner or f"req-{kid}", job, keys(kid, n, start), b), t)
+        return job, self.p.handle(ix.StoreSubmitted(kid, owner or f"req-{kid}", job, keys(kid, n, start), b), t)
+
+    def to_p(self, msg: Any, t: float) -> list[Any]:
+        """``msg`` from the consumer reaches the producer at ``t``."""
+        return self.p.handle(ix.Received(C, msg), t)
+
+    def to_c(self, msg: Any, t: float) -> list[Any]:
+        """``msg`` from the producer reaches the consumer at ``t``."""
+        return self.c.handle(ix.Received(P, msg), t)
 
     def fetch(self, kid: str, ks: tuple[bytes, ...], t: float, rnd: int = 0) -> list[Any]:
-        return self.p.fetch(C, self.gen, FetchInput(C, kid, rnd, ks), t)
+        return self.to_p(wm.Fetch(gen=self.gen, kv_request_id=kid, round=rnd, keys=list(ks)), t)
 
     def abort(self, kid: str, t: float, rnd: int = 0, *, fetched: bool = False) -> list[Any]:
-        return self.p.abort_fetch(C, self.gen, FetchInput(C, kid, rnd, fetched=fetched), t)
+        return self.to_p(wm.AbortFetch(gen=self.gen, kv_request_id=kid, round=rnd, fetched=fetched), t)
+
+    def receipt(self, kid: str, rnd: int, t: float) -> list[Any]:
+        return self.to_p(wm.Receipt(gen=self.gen, kv_request_id=kid, round=rnd), t)
+
+    def done(self, kid: str, rnd: int, t: float, *, ok: bool = True, reason: str = "") -> list[Any]:
+        """The producer's ``transfer_done`` for round ``rnd`` reaches the consumer."""
+        return self.to_c(wm.TransferDone(gen=self.gen, kv_request_id=kid, round=rnd, ok=ok, reason=reason), t)
 
     def revoked(self, out: list[Any], t: float) -> list[Any]:
-        """The consumer's zmq plane confirms every ``RevokeAccess`` in ``out`` at once (it is
+        """The consumer's zmq plane confirms the ``RevokeAccess`` in ``out`` at once (it is
         receiver-applied); returns ``out`` plus what the confirmations caused."""
         more: list[Any] = []
-        for e in of(out, RevokeAccess):
-            more += self.c.access_revoked(e.peer, e.kv_request_id, e.round, t)
+        for peer in dict.fromkeys(e.peer for e in of(out, RevokeAccess)):
+            more += self.c.handle(ix.AccessRevoked(peer), t)
         return out + more
 
     def complete(self, kid: str, rnd: int, t: float) -> list[Any]:
         """The data plane released the transfer and the consumer's receipt arrived."""
-        out = self.p.transfer_released(kid, rnd, t)
-        return out + self.p.receipt(C, self.gen, FetchInput(C, kid, rnd), t)
+        out = self.p.handle(ix.TransferReleased(kid, rnd), t)
+        return out + self.receipt(kid, rnd, t)
 
     # consumer side
     def load(self, kid: str, n: int, t: float) -> tuple[int, int, list[Any]]:
         job = self.next_job()
-        out = self.c.announce(kid, P, t)
-        out += self.c.submit_load(LoadInput(kid, job, keys(kid, n), tuple(range(100, 100 + n))), t)
-        rnd = of(out, SendFetch)[0].round if of(out, SendFetch) else -1
+        out = self.c.handle(ix.LoadAnnounced(kid, P), t)
+        out += self.c.handle(ix.LoadSubmitted(kid, job, keys(kid, n), tuple(range(100, 100 + n))), t)
+        fetches = sent(out, wm.Fetch)
+        rnd = fetches[0].round if fetches else -1
         return job, rnd, out
 
+    def forward_fetch(self, out: list[Any], t: float) -> list[Any]:
+        """The consumer's fetch in ``out`` reaches the producer."""
+        (f,) = sent(out, wm.Fetch)
+        return self.to_p(f, t)
 
-def done_fail(effects: list[Any], kid: str) -> SendTransferDone:
-    fails = [e for e in of(effects, SendTransferDone) if e.kv_request_id == kid and not e.ok]
+
+def done_fail(effects: list[Any], kid: str) -> wm.TransferDone:
+    fails = [m for m in sent(effects, wm.TransferDone) if m.kv_request_id == kid and not m.ok]
     assert len(fails) == 1, effects
     return fails[0]
 
@@ -128,29 +167,29 @@ def done_fail(effects: list[Any], kid: str) -> SendTransferDone:
 
 def test_b01_late_fetch_after_reap_is_refused_in_one_rtt_and_sends_no_bytes() -> None:
     """B01. Not expressible in the core: the ``kvtier_fetches_refused_total`` counter (the shell counts
-    ``SendTransferDone(fail)`` effects) and the consumer's local prefill fallback."""
+    refusals it sends) and the consumer's local prefill fallback."""
     s = Pair()
     job_a, out = s.store("A", 4, 0.0, blocks=(0, 1, 2, 3))
-    assert out == [] and s.p.producer.state_of("A") is ProducerState.PARKED
-    out = s.p.tick(60.0)
-    assert of(out, JobDone) == [JobDone(job_a, False, "reaped")]  # the 4 blocks are released
-    assert s.p.producer.state_of("A") is ProducerState.TOMBSTONED
-    assert s.p.producer.records["A"].blocks == {}
+    assert out == [] and s.p.producer_state("A") is ProducerState.PARKED
+    out = s.p.fire(60.0)
+    assert of(out, JobDone) == [JobDone(job_a, False, Reason.REAPED)]  # the 4 blocks are released
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
+    assert s.p.producer("A").parked == ()
     job_b, out = s.store("B", 4, 61.0, blocks=(0, 1, 2, 3))  # B reuses the same pool blocks
-    b_before = dict(s.p.producer.records["B"].blocks)
+    b_before = entry(s.p, "B").blocks
     out = s.fetch("A", keys("A", 4), 62.0)
     assert done_fail(out, "A").reason == "reaped"
     assert of(out, SendBlocks) == [] and of(out, JobDone) == []
-    assert s.p.producer.records["B"].blocks == b_before
-    assert s.p.producer.state_of("B") is ProducerState.PARKED
-    s.p.tick(119.9)
-    assert s.p.producer.state_of("A") is ProducerState.TOMBSTONED
-    s.p.tick(120.0)
-    assert s.p.producer.state_of("A") is ProducerState.ABSENT  # pruned at t=120
+    assert entry(s.p, "B").blocks == b_before
+    assert s.p.producer_state("B") is ProducerState.PARKED
+    s.p.fire(119.9)
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
+    s.p.fire(120.0)
+    assert s.p.producer_state("A") is ProducerState.ABSENT  # pruned at t=120
     # t=125: handled as an unknown id (B15), never as data
     out = s.fetch("A", keys("A", 4), 125.0)
-    assert of(out, SendBlocks) == [] and s.p.producer.state_of("A") is ProducerState.AWAITING
-    out = s.p.tick(135.0)
+    assert of(out, SendBlocks) == [] and s.p.producer_state("A") is ProducerState.AWAITING
+    out = s.p.fire(135.0)
     assert done_fail(out, "A").reason == "supply_timeout"
     assert of(out, SendBlocks) == []
 
@@ -168,11 +207,11 @@ def test_b02_park_clock_for_a_chunked_prefill(park_clock: str) -> None:
         job, out = s.store("A", 1, t, start=i)
         jobs.append(job)
         assert out == []
-    assert s.p.producer.deadline_of("A") == (60.0 if park_clock == "first_store" else 73.0)
-    out = s.p.tick(60.0)
+    assert s.p.producer("A").deadline == (60.0 if park_clock == "first_store" else 73.0)
+    out = s.p.fire(60.0)
     out += s.fetch("A", keys("A", 12), 65.0)
     if park_clock == "first_store":
-        assert of(out, JobDone) == [JobDone(j, False, "reaped") for j in jobs]
+        assert of(out, JobDone) == [JobDone(j, False, Reason.REAPED) for j in jobs]
         assert done_fail(out, "A").reason == "reaped"  # at t=65, not t=95
         assert of(out, SendBlocks) == []
     else:
@@ -181,7 +220,7 @@ def test_b02_park_clock_for_a_chunked_prefill(park_clock: str) -> None:
         assert len(send.blocks) == 12
         out = s.complete("A", 0, 66.0)
         assert of(out, JobDone) == [JobDone(j, True, None) for j in jobs]  # 12 chunks released
-        assert of(out, SendTransferDone) == []  # the consumer's receipt ended it: nothing to answer
+        assert sent(out, wm.TransferDone) == []  # the consumer's receipt ended it: nothing to answer
 
 
 def test_b02_variant_t_park_180_serves_the_fetch_at_65() -> None:
@@ -189,12 +228,12 @@ def test_b02_variant_t_park_180_serves_the_fetch_at_65() -> None:
     the transfer completes and the 12 chunks are released."""
     s = Pair(park_clock="first_store", unbound_store_timeout_s=180.0)
     jobs = [s.store("A", 1, float(i), start=i)[0] for i in range(12)]
-    assert s.p.tick(60.0) == []
+    assert s.p.fire(60.0) == []
     out = s.fetch("A", keys("A", 12), 65.0)
     assert len(of(out, SendBlocks)[0].blocks) == 12
     out = s.complete("A", 0, 65.5)
     assert of(out, JobDone) == [JobDone(j, True, None) for j in jobs]
-    assert of(out, SendTransferDone) == []
+    assert sent(out, wm.TransferDone) == []
 
 
 def test_b03_store_after_reap_fails_at_once_and_pins_nothing() -> None:
@@ -202,17 +241,17 @@ def test_b03_store_after_reap_fails_at_once_and_pins_nothing() -> None:
     retention; a late fetch is refused in one RTT; the tombstone is pruned at t=120."""
     s = Pair()
     s.store("A", 1, 0.0)
-    s.p.tick(60.0)
-    rec = s.p.producer.records["A"]
-    prune_at = s.p.producer.deadline_of("A")
+    s.p.fire(60.0)
+    prune_at = s.p.producer("A").deadline
     assert prune_at == 120.0
     job2, out = s.store("A", 1, 61.0, start=1)
-    assert of(out, JobDone) == [JobDone(job2, False, "reaped")]
-    assert rec.state is ProducerState.TOMBSTONED and rec.blocks == {} and not rec.jobs
-    assert s.p.producer.deadline_of("A") == prune_at  # retention not extended
+    assert of(out, JobDone) == [JobDone(job2, False, Reason.REAPED)]
+    v = s.p.producer("A")
+    assert v.state is ProducerState.TOMBSTONED and v.parked == () and v.jobs == ()
+    assert s.p.producer("A").deadline == prune_at  # retention not extended
     assert done_fail(s.fetch("A", keys("A", 2), 62.0), "A").reason == "reaped"
-    s.p.tick(120.0)
-    assert s.p.producer.state_of("A") is ProducerState.ABSENT
+    s.p.fire(120.0)
+    assert s.p.producer_state("A") is ProducerState.ABSENT
 
 
 def test_b05_consumer_cancels_before_fetching_and_the_producer_releases_at_once() -> None:
@@ -221,16 +260,16 @@ def test_b05_consumer_cancels_before_fetching_and_the_producer_releases_at_once(
     A with reason ``aborted``; later stores fail and later fetches are refused."""
     s = Pair()
     job, _ = s.store("A", 4, 0.0)
-    s.c.announce("A", P, 0.5)
-    out = s.c.consumer_finished("A", 1.0)
-    (abort,) = of(out, SendAbortFetch)
-    assert s.c.consumer.state_of("A") is ConsumerState.ABSENT  # finished: nothing to wait for
-    out = s.p.abort_fetch(C, s.gen, FetchInput(C, "A", abort.round), 1.0)
-    assert of(out, JobDone) == [JobDone(job, False, "aborted")]
-    assert of(out, SendAbortAck) == [SendAbortAck(C, "A", abort.round, gen=s.gen)]
-    assert s.p.producer.state_of("A") is ProducerState.TOMBSTONED
+    s.c.handle(ix.LoadAnnounced("A", P), 0.5)
+    out = s.c.handle(ix.RequestFinished("A", producer=False), 1.0)
+    (abort,) = sent(out, wm.AbortFetch)
+    assert s.c.consumer_state("A") is ConsumerState.ABSENT  # finished: nothing to wait for
+    out = s.to_p(abort, 1.0)
+    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
+    assert of(out, Send) == [Send(C, wm.AbortAck(gen=s.gen, kv_request_id="A", round=abort.round))]
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
     job2, out = s.store("A", 4, 2.0, start=4)
-    assert of(out, JobDone) == [JobDone(job2, False, "aborted")]
+    assert of(out, JobDone) == [JobDone(job2, False, Reason.ABORTED)]
     assert done_fail(s.fetch("A", keys("A", 4), 3.0), "A").reason == "aborted"
 
 
@@ -238,10 +277,10 @@ def test_b05_abort_before_the_first_store() -> None:
     """B05 ordering variant: the abort arrives before the first store; the store is rejected."""
     s = Pair()
     out = s.abort("A", 0.0)
-    assert of(out, SendAbortAck) and s.p.producer.state_of("A") is ProducerState.TOMBSTONED
+    assert sent(out, wm.AbortAck) and s.p.producer_state("A") is ProducerState.TOMBSTONED
     job, out = s.store("A", 4, 1.0)
-    assert of(out, JobDone) == [JobDone(job, False, "aborted")]
-    assert s.p.producer.records["A"].blocks == {}
+    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
+    assert s.p.producer("A").parked == ()
 
 
 def test_b05_without_an_abort_t_park_is_the_only_bound() -> None:
@@ -249,8 +288,8 @@ def test_b05_without_an_abort_t_park_is_the_only_bound() -> None:
     (T_park) is the bound."""
     s = Pair()
     job, _ = s.store("A", 4, 0.0)
-    assert s.p.tick(59.9) == []
-    assert of(s.p.tick(60.0), JobDone) == [JobDone(job, False, "reaped")]
+    assert s.p.fire(59.9) == []
+    assert of(s.p.fire(60.0), JobDone) == [JobDone(job, False, Reason.REAPED)]
 
 
 def test_b06_abort_propagation_frees_capacity_and_the_rest_are_reaped() -> None:
@@ -267,12 +306,13 @@ def test_b06_abort_propagation_frees_capacity_and_the_rest_are_reaped() -> None:
     for i in range(60):
         out = s.abort(f"R{i}", 2.0)
         freed += of(out, JobDone)
-    assert freed == [JobDone(jobs[i], False, "aborted") for i in range(60)]  # 600 blocks free
-    parked = [k for k, r in s.p.producer.records.items() if r.state is ProducerState.PARKED]
-    assert len(parked) == 40 and sum(len(s.p.producer.records[k].blocks) for k in parked) == 400
+    assert freed == [JobDone(jobs[i], False, Reason.ABORTED) for i in range(60)]  # 600 blocks free
+    parked = [v for k in s.p.producer_ids() if (v := s.p.producer(k)).state is ProducerState.PARKED]
+    assert len(parked) == 40 and sum(len(v.parked) for v in parked) == 400
+    assert s.p.snapshot().pinned_blocks == {"parked": 400}
     zjob, out = s.store("Z", 10, 3.0)
-    assert out == [] and s.p.producer.state_of("Z") is ProducerState.PARKED
-    reaped = of(s.p.tick(70.0), JobDone)
+    assert out == [] and s.p.producer_state("Z") is ProducerState.PARKED
+    reaped = of(s.p.fire(70.0), JobDone)
     assert {j.job_id for j in reaped} == {jobs[i] for i in range(60, 100)} | {zjob}
     assert all(j.reason == "reaped" for j in reaped)
 
@@ -284,44 +324,46 @@ def test_b08_completion_after_the_consumer_cancelled_is_reported_once() -> None:
     s = Pair()
     s.store("A", 4, 0.0)
     job, rnd, out = s.load("A", 4, 0.0)
-    assert of(out, SendFetch)
-    out = s.c.consumer_finished("A", 1.0)
-    assert of(out, JobDone) == [] and of(out, SendAbortFetch)
-    assert s.c.consumer.state_of("A") is ConsumerState.CANCELLING
-    out = s.c.transfer_done(P, s.gen, MessageInput("A", rnd, ok=True), 2.0)
-    assert of(out, JobDone) == [JobDone(job, False, "cancelled")]
-    assert s.c.consumer.state_of("A") is ConsumerState.ABSENT
-    out = s.c.abort_ack(P, s.gen, MessageInput("A", rnd), 2.5)
+    assert sent(out, wm.Fetch)
+    out = s.c.handle(ix.RequestFinished("A", producer=False), 1.0)
+    assert of(out, JobDone) == [] and sent(out, wm.AbortFetch)
+    assert s.c.consumer_state("A") is ConsumerState.CANCELLING
+    out = s.done("A", rnd, 2.0)
+    assert of(out, JobDone) == [JobDone(job, False, Reason.CANCELLED)]
+    assert s.c.consumer_state("A") is ConsumerState.ABSENT
+    out = s.to_c(wm.AbortAck(gen=s.gen, kv_request_id="A", round=rnd), 2.5)
     assert of(out, JobDone) == [] and of(out, Ignored)
-    out = s.c.transfer_done(P, s.gen, MessageInput("A", rnd, ok=True), 3.0)
+    out = s.done("A", rnd, 3.0)
     assert of(out, JobDone) == []
 
 
 def test_b09_silent_producer_loads_end_by_the_consumers_own_deadlines() -> None:
-    """B09: the producer loses power at t=0.5.  With heartbeats (peer_timeout_s=5) the session is
-    declared dead at t=5 and every load to that peer fails at once (with the session's reason,
-    ``peer_timeout``).  If the peer
-    stays connected but silent about the load, T_load fires at t=30: the fetch is aborted and the
-    load fails when no write can land any more — on abort_ack, or abort_ack_timeout_s later (t=35).
-    Not expressible: releasing the slots and the local-recompute fallback (the shell, on the
-    JobDone)."""
-    s = Pair(peer_timeout_s=5.0)
+    """B09: the producer loses power at t=0.5.  With heartbeats (every second, peer_timeout_s=5)
+    the session is declared dead at t=5 and every load to that peer fails at once (with the
+    session's reason, ``peer_timeout``).  If the peer stays connected but silent about the load,
+    T_load fires at t=30: the fetch is aborted and the load fails when no write can land any more
+    — on abort_ack, or abort_ack_timeout_s later (t=35).  Not expressible: releasing the slots and
+    the local-recompute fallback (the shell, on the JobDone)."""
+    s = Pair(peer_timeout_s=5.0, heartbeat_interval_s=1.0)
     s.store("A", 4, 0.0)
     s.store("B", 4, 0.0)
     j1, _, _ = s.load("A", 4, 0.0)
     j2, _, _ = s.load("B", 4, 0.0)
-    out = s.c.tick(5.0)  # the session dies; the loads fail with its reason once no write can land
+    out = s.c.fire(4.0)  # heard at 0: the heartbeats ping, nothing ends yet
+    assert sent(out, wm.Ping) and ended(out) == [] and of(out, JobDone) == []
+    out = s.c.fire(5.0)  # silent for peer_timeout_s: the session dies; the loads fail once no write can land
+    assert ended(out) == [(P, "peer_timeout")]
     assert of(out, JobDone) == [] and len(of(out, RevokeAccess)) == 2
     out = s.revoked(out, 5.0)
-    assert sorted(of(out, JobDone), key=lambda j: j.job_id) == [JobDone(j1, False, "peer_timeout"),
-                                                                 JobDone(j2, False, "peer_timeout")]
+    assert sorted(of(out, JobDone), key=lambda j: j.job_id) == [JobDone(j1, False, Reason.PEER_TIMEOUT),
+                                                                 JobDone(j2, False, Reason.PEER_TIMEOUT)]
     s2 = Pair()
     job, rnd, _ = s2.load("A", 4, 0.0)
-    out = s2.c.tick(30.0)
-    assert of(out, SendAbortFetch) and of(out, JobDone) == []
-    assert s2.c.consumer.state_of("A") is ConsumerState.ABORTING
-    out = s2.revoked(s2.c.tick(35.0), 35.0)  # unanswered: session given up, access revoked
-    assert of(out, JobDone) == [JobDone(job, False, "load_timeout")]
+    out = s2.c.fire(30.0)
+    assert sent(out, wm.AbortFetch) and of(out, JobDone) == []
+    assert s2.c.consumer_state("A") is ConsumerState.ABORTING
+    out = s2.revoked(s2.c.fire(35.0), 35.0)  # unanswered: session given up, access revoked
+    assert of(out, JobDone) == [JobDone(job, False, Reason.LOAD_TIMEOUT)]
 
 
 def test_b12_fetch_for_blocks_that_will_never_come_is_answered_promptly() -> None:
@@ -332,17 +374,17 @@ def test_b12_fetch_for_blocks_that_will_never_come_is_answered_promptly() -> Non
     s = Pair()
     ks = keys("A", 4)
     for i in (0, 1, 3):
-        s.p.store(StoreInput("A", "req-A", 10 + i, (ks[i],), (i,)), 0.0)
-    s.p.producer_finished("A", 0.5)
+        s.p.handle(ix.StoreSubmitted("A", "req-A", 10 + i, (ks[i],), (i,)), 0.0)
+    s.p.handle(ix.RequestFinished("A", producer=True), 0.5)
     out = s.fetch("A", ks, 2.0)
     assert done_fail(out, "A").reason == "incomplete" and of(out, SendBlocks) == []
     assert sorted(j.job_id for j in of(out, JobDone)) == [10, 11, 13]
     s = Pair()
     for i in (0, 1, 3):
-        s.p.store(StoreInput("A", "req-A", 10 + i, (ks[i],), (i,)), 0.0)
+        s.p.handle(ix.StoreSubmitted("A", "req-A", 10 + i, (ks[i],), (i,)), 0.0)
     out = s.fetch("A", ks, 2.0)
-    assert out == [] and s.p.producer.state_of("A") is ProducerState.AWAITING
-    assert done_fail(s.p.tick(12.0), "A").reason == "supply_timeout"
+    assert out == [] and s.p.producer_state("A") is ProducerState.AWAITING
+    assert done_fail(s.p.fire(12.0), "A").reason == "supply_timeout"
 
 
 def test_b12_second_round_for_a_live_id_is_refused_and_the_first_is_untouched() -> None:
@@ -350,18 +392,18 @@ def test_b12_second_round_for_a_live_id_is_refused_and_the_first_is_untouched() 
     (``duplicate_fetch``); an exact network duplicate of the live round is ignored."""
     s = Pair()
     s.store("A", 2, 0.0)
-    s.p.producer.records["A"]  # parked
+    assert s.p.producer_state("A") is ProducerState.PARKED
     ks = keys("A", 3)  # one key missing: the round waits in awaiting
     assert s.fetch("A", ks, 1.0, rnd=7) == []
-    rec = s.p.producer.records["A"]
     out = s.fetch("A", ks, 1.5, rnd=8)
     fail = done_fail(out, "A")
     assert (fail.round, fail.reason) == (8, "duplicate_fetch")
-    assert (rec.state, rec.round, rec.peer) == (ProducerState.AWAITING, 7, C)
+    v = s.p.producer("A")
+    assert (v.state, v.round, v.peer) == (ProducerState.AWAITING, 7, C)
     out = s.fetch("A", ks, 1.6, rnd=7)  # the network repeated round 7
-    assert of(out, SendTransferDone) == [] and of(out, Ignored)
+    assert sent(out, wm.TransferDone) == [] and of(out, Ignored)
     # the first round goes on: the missing block arrives and is sent
-    out = s.p.store(StoreInput("A", "req-A", 99, (ks[2],), (9,)), 2.0)
+    out = s.p.handle(ix.StoreSubmitted("A", "req-A", 99, (ks[2],), (9,)), 2.0)
     assert of(out, SendBlocks)[0].round == 7
 
 
@@ -371,16 +413,17 @@ def test_b13_a_second_owner_cannot_park_under_a_live_id() -> None:
     codec's job (``kvtier.wire.messages``), not the core's."""
     s = Pair()
     j1, _ = s.store("A", 4, 0.0, owner="r1", blocks=(0, 1, 2, 3))
-    before = dict(s.p.producer.records["A"].blocks)
+    before = entry(s.p, "A")
     j2, out = s.store("A", 4, 1.0, owner="r2", blocks=(4, 5, 6, 7))
-    assert of(out, JobDone) == [JobDone(j2, False, "id_in_use")]
-    rec = s.p.producer.records["A"]
-    assert rec.blocks == before and rec.jobs == [j1] and rec.owner == "r1"
+    assert of(out, JobDone) == [JobDone(j2, False, Reason.ID_IN_USE)]
+    after = entry(s.p, "A")
+    assert after == before and after.jobs == (j1,) and after.owner == "r1"
     out = s.fetch("A", keys("A", 4), 2.0)
     assert of(out, SendBlocks)[0].blocks == (0, 1, 2, 3)
     out = s.complete("A", 0, 2.5)
     assert of(out, JobDone) == [JobDone(j1, True, None)]
-    assert s.p.producer.state_of("A") is ProducerState.DONE and rec.blocks == {} and not rec.jobs
+    v = s.p.producer("A")
+    assert v.state is ProducerState.DONE and v.parked == () and v.jobs == ()
     assert s.p.pending_jobs() == 0
 
 
@@ -393,19 +436,20 @@ def test_b15_unknown_id_demand_is_bounded_in_time_and_count() -> None:
     refused = 0
     for i in range(10_001):
         out = s.fetch(f"X{i}", (b"k",), 0.0)
-        refused += sum(1 for e in of(out, SendTransferDone) if e.reason == "too_many_pending")
+        refused += sum(1 for m in sent(out, wm.TransferDone) if m.reason == "too_many_pending")
     assert refused == 10_001 - 100
-    assert s.p.producer.awaiting_per_peer[C] == 100
+    awaiting_per_peer = snapshot.indexes(s.p)[1]
+    assert awaiting_per_peer == ((C, 100),)
     jy, _ = s.store("Y", 2, 0.1)
     out = s.fetch("Y", keys("Y", 2), 0.2)
     assert of(out, SendBlocks), "a legitimate fetch is not refused by the pending bound"
     out = s.complete("Y", 0, 0.3)
     assert of(out, JobDone) == [JobDone(jy, True, None)]
-    assert of(s.p.tick(9.9), SendTransferDone) == []
-    out = s.p.tick(10.0)
-    fails = of(out, SendTransferDone)
+    assert sent(s.p.fire(9.9), wm.TransferDone) == []
+    out = s.p.fire(10.0)
+    fails = sent(out, wm.TransferDone)
     assert len(fails) == 100 and {f.reason for f in fails} == {"supply_timeout"}
-    assert not s.p.producer.awaiting_per_peer
+    assert snapshot.indexes(s.p)[1] == ()
     s.abort("T", 11.0)  # T tombstoned (aborted)
     assert done_fail(s.fetch("T", (b"k",), 11.5), "T").reason == "aborted"
 
@@ -413,13 +457,12 @@ def test_b15_unknown_id_demand_is_bounded_in_time_and_count() -> None:
 def test_b15_unknown_id_fetch_fails_after_fetch_supply_timeout_never_30s() -> None:
     s = Pair(fetch_supply_timeout_s=7.0)
     job, rnd, out = s.load("X", 1, 0.0)
-    (fetch,) = of(out, SendFetch)
-    assert s.p.fetch(C, s.gen, FetchInput(C, "X", fetch.round, fetch.keys), 0.0) == []
-    out = s.p.tick(7.0)
+    assert s.forward_fetch(out, 0.0) == []
+    out = s.p.fire(7.0)
     fail = done_fail(out, "X")
     assert fail.reason == "supply_timeout"
-    out = s.c.transfer_done(P, s.gen, MessageInput("X", rnd, ok=False, reason=fail.reason), 7.0)
-    assert of(out, JobDone) == [JobDone(job, False, "supply_timeout")]  # at t=7, not t=30
+    out = s.to_c(fail, 7.0)
+    assert of(out, JobDone) == [JobDone(job, False, Reason.SUPPLY_TIMEOUT)]  # at t=7, not t=30
 
 
 def test_b16_a_consumer_that_never_comes_the_reaper_alone_reclaims() -> None:
@@ -427,14 +470,12 @@ def test_b16_a_consumer_that_never_comes_the_reaper_alone_reclaims() -> None:
     fails, blocks released, tombstoned); at t=120 pruned and no structure references A."""
     s = Pair()
     job, _ = s.store("A", 4, 0.0)
-    out = s.p.tick(60.0)
-    assert of(out, JobDone) == [JobDone(job, False, "reaped")]
-    assert s.p.producer.state_of("A") is ProducerState.TOMBSTONED
-    s.p.tick(120.0)
-    prod = s.p.producer
-    assert "A" not in prod.records and "A" not in prod.retained
-    assert all("A" not in ids for ids in prod.by_peer.values())
-    assert all(key != "A" for _, _, key in prod._deadlines._heap)
+    out = s.p.fire(60.0)
+    assert of(out, JobDone) == [JobDone(job, False, Reason.REAPED)]
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
+    s.p.fire(120.0)
+    assert not s.p.tracks("A")  # no record, no retained entry, no per-peer index entry, no deadline
+    assert all(d.key != "A" for d in s.p.deadlines())
     assert s.p.pending_jobs() == 0
 
 
@@ -445,25 +486,24 @@ def test_b17_transfer_failure_is_told_to_the_consumer_at_once() -> None:
     s = Pair()
     job, _ = s.store("A", 4, 0.0)
     cjob, rnd, out = s.load("A", 4, 1.0)
-    (fetch,) = of(out, SendFetch)
-    s.p.fetch(C, s.gen, FetchInput(C, "A", rnd, fetch.keys), 1.0)
-    out = s.p.transfer_failed("A", rnd, 1.2)
+    s.forward_fetch(out, 1.0)
+    out = s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.2)
     assert done_fail(out, "A").reason == "transfer_failed"
-    assert of(out, JobDone) == [JobDone(job, False, "transfer_failed")]
-    out = s.c.transfer_done(P, s.gen, MessageInput("A", rnd, ok=False, reason="transfer_failed"), 1.2)
-    assert of(out, JobDone) == [JobDone(cjob, False, "transfer_failed")]
-    assert of(s.p.transfer_failed("A", rnd, 1.3), Ignored)  # late report: ignored
+    assert of(out, JobDone) == [JobDone(job, False, Reason.TRANSFER_FAILED)]
+    out = s.done("A", rnd, 1.2, ok=False, reason="transfer_failed")
+    assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED)]
+    assert of(s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.3), Ignored)  # late report: ignored
     # the Done lost: the consumer's own deadline ends the load
     s2 = Pair()
     s2.store("A", 4, 0.0)
     cjob, rnd, out = s2.load("A", 4, 1.0)
-    s2.p.fetch(C, s2.gen, FetchInput(C, "A", rnd, of(out, SendFetch)[0].keys), 1.0)
-    s2.p.transfer_failed("A", rnd, 1.2)  # Done(fail) never arrives
-    assert of(s2.c.tick(30.9), SendAbortFetch) == []
-    assert of(s2.c.tick(31.0), SendAbortFetch)
-    out = s2.c.tick(36.0)  # no answer to the abort: the session is given up, access revoked
-    assert of(out, JobDone) == [] and of(out, PeerDown) == [PeerDown(P, "abort_unacknowledged")]
-    assert of(s2.revoked(out, 36.0), JobDone) == [JobDone(cjob, False, "load_timeout")]
+    s2.forward_fetch(out, 1.0)
+    s2.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.2)  # Done(fail) never arrives
+    assert sent(s2.c.fire(30.9), wm.AbortFetch) == []
+    assert sent(s2.c.fire(31.0), wm.AbortFetch)
+    out = s2.c.fire(36.0)  # no answer to the abort: the session is given up, access revoked
+    assert of(out, JobDone) == [] and ended(out) == [(P, "abort_unacknowledged")]
+    assert of(s2.revoked(out, 36.0), JobDone) == [JobDone(cjob, False, Reason.LOAD_TIMEOUT)]
 
 
 def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
@@ -474,16 +514,16 @@ def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
     s = Pair()
     s.store("A", 8, 0.0)
     cjob, rnd, out = s.load("A", 8, 0.0)
-    s.p.fetch(C, s.gen, FetchInput(C, "A", rnd, of(out, SendFetch)[0].keys), 0.0)
-    out = s.c.block_data(P, s.gen, MessageInput("A", rnd, first=0, count=4), 0.5)
-    assert of(out, LandBlocks) == [LandBlocks(P, "A", rnd, 0, 4, (100, 101, 102, 103))]
-    out = s.p.transfer_failed("A", rnd, 1.0)
+    s.forward_fetch(out, 0.0)
+    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=0, count=4), 0.5)
+    assert of(out, LandBlocks) == [LandBlocks(P, "A", rnd, 0, (100, 101, 102, 103))]
+    out = s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.0)
     fail = done_fail(out, "A")
-    out = s.c.transfer_done(P, s.gen, MessageInput("A", rnd, ok=False, reason=fail.reason), 1.0)
-    assert of(out, JobDone) == [JobDone(cjob, False, "transfer_failed")]
+    out = s.to_c(fail, 1.0)
+    assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED)]
     assert s.c.pending_jobs() == 0 and s.p.pending_jobs() == 0
     # a straggling block for that load is never written
-    out = s.c.block_data(P, s.gen, MessageInput("A", rnd, first=4, count=4), 1.1)
+    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=4, count=4), 1.1)
     assert of(out, LandBlocks) == []
 
 
@@ -494,21 +534,21 @@ def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
     with the others."""
     s = Pair()
     job, out = s.store("A", 0, 0.0)
-    assert out == [JobDone(job, True, None)] and "A" not in s.p.producer.records
+    assert out == [JobDone(job, True, None)] and s.p.producer("A") is None
     out = s.fetch("A", (), 1.0)
-    assert of(out, SendTransferDone) == [SendTransferDone(C, "A", 0, True, None, gen=s.gen)]
+    assert of(out, Send) == [Send(C, wm.TransferDone(gen=s.gen, kv_request_id="A", round=0, ok=True, reason=""))]
     assert of(out, SendBlocks) == []
     assert s.p.pending_jobs() == 0
     cjob = s.next_job()
-    s.c.announce("E", P, 1.0)
-    out = s.c.submit_load(LoadInput("E", cjob, (), ()), 1.0)
+    s.c.handle(ix.LoadAnnounced("E", P), 1.0)
+    out = s.c.handle(ix.LoadSubmitted("E", cjob, (), ()), 1.0)
     assert of(out, JobDone) == [JobDone(cjob, True, None)]
-    (empty,) = of(out, SendFetch)  # a zero-key fetch tells the producer to release E at once
-    assert empty.keys == ()
+    (empty,) = sent(out, wm.Fetch)  # a zero-key fetch tells the producer to release E at once
+    assert empty.keys == []
     je, _ = s.store("E", 2, 0.5)
-    out = s.p.fetch(C, s.gen, FetchInput(C, "E", empty.round, ()), 1.0)
+    out = s.to_p(empty, 1.0)
     assert of(out, JobDone) == [JobDone(je, True, None)] and of(out, SendBlocks) == []
-    assert of(out, SendTransferDone)[0].ok and s.p.producer.state_of("E") is ProducerState.DONE
+    assert sent(out, wm.TransferDone)[0].ok and s.p.producer_state("E") is ProducerState.DONE
     # a final empty chunk after non-empty ones
     j1, _ = s.store("B", 2, 2.0)
     j2, out = s.store("B", 0, 2.5)
@@ -527,7 +567,7 @@ def test_b29_fetching_a_subset_releases_every_parked_block() -> None:
     assert len(of(out, SendBlocks)[0].blocks) == 6
     out = s.complete("A", 0, 1.5)
     assert of(out, JobDone) == [JobDone(job, True, None)]
-    assert s.p.producer.records["A"].blocks == {} and s.p.pending_jobs() == 0
+    assert s.p.producer("A").parked == () and s.p.pending_jobs() == 0
 
 
 @pytest.mark.parametrize("producer_state", ["awaiting", "serving"])
@@ -541,27 +581,28 @@ def test_b31_lost_abort_the_producers_own_deadlines_end_it(producer_state: str) 
     if producer_state == "serving":
         sjob, _ = s.store("A", 4, 0.0)
     cjob, rnd, out = s.load("A", 4, 0.0)
-    s.p.fetch(C, s.gen, FetchInput(C, "A", rnd, of(out, SendFetch)[0].keys), 0.0)
-    assert s.p.producer.state_of("A").value == producer_state
-    out = s.c.tick(30.0)
-    assert of(out, SendAbortFetch)  # ... and it is lost
-    out = s.c.tick(35.0)  # unanswered: the consumer gives the session up and revokes access
-    assert of(out, JobDone) == [] and of(out, PeerDown) == [PeerDown(P, "abort_unacknowledged")]
-    assert of(s.revoked(out, 35.0), JobDone) == [JobDone(cjob, False, "load_timeout")]
-    assert s.c.consumer.state_of("A") is ConsumerState.FAILED
+    s.forward_fetch(out, 0.0)
+    assert s.p.producer_state("A").value == producer_state
+    out = s.c.fire(30.0)
+    assert sent(out, wm.AbortFetch)  # ... and it is lost
+    out = s.c.fire(35.0)  # unanswered: the consumer gives the session up and revokes access
+    assert of(out, JobDone) == [] and ended(out) == [(P, "abort_unacknowledged")]
+    assert of(s.revoked(out, 35.0), JobDone) == [JobDone(cjob, False, Reason.LOAD_TIMEOUT)]
+    assert s.c.consumer_state("A") is ConsumerState.FAILED
     if producer_state == "awaiting":
-        out = s.p.tick(10.0)
+        out = s.p.fire(10.0)
         assert done_fail(out, "A").reason == "supply_timeout"
     else:
-        out = s.p.tick(30.0)  # transfer_timeout_s: cancel; the terminal answer waits for the release
-        assert of(out, CancelTransfer) and of(out, SendTransferDone) == [] and of(out, JobDone) == []
-        out = s.p.tick(60.0)  # the plane never released: quarantine, the session is ended to force it
-        assert of(out, JobDone) == [] and of(out, PeerDown) == [PeerDown(C, "transfer_stalled")]
-        assert s.p.producer.state_of("A") is ProducerState.QUARANTINED
-        assert s.p.producer.quarantined == {"A"}  # the index the shell's gauge and log read
+        out = s.p.fire(30.0)  # transfer_timeout_s: cancel; the terminal answer waits for the release
+        assert of(out, CancelTransfer) and sent(out, wm.TransferDone) == [] and of(out, JobDone) == []
+        out = s.p.fire(60.0)  # the plane never released: quarantine, the session is ended to force it
+        assert of(out, JobDone) == [] and ended(out) == [(C, "transfer_stalled")]
+        assert s.p.producer_state("A") is ProducerState.QUARANTINED
+        assert s.p.quarantined() == {"A"} and s.p.quarantined_count() == 1  # what the shell's gauge and log read
+        assert s.p.quarantined_jobs() == (sjob,) and s.p.quarantined_blocks() == 4
         assert s.p.pending_jobs() == 1  # the engine cannot reuse blocks a send may still read
-        out = s.p.transfer_released("A", rnd, 60.01)  # the dropped connection released them
-        assert of(out, JobDone) == [JobDone(sjob, False, "transfer_timeout")]
-        assert s.p.producer.quarantined == set()
-    assert s.p.producer.state_of("A") is ProducerState.TOMBSTONED
+        out = s.p.handle(ix.TransferReleased("A", rnd), 60.01)  # the dropped connection released them
+        assert of(out, JobDone) == [JobDone(sjob, False, Reason.TRANSFER_TIMEOUT)]
+        assert s.p.quarantined() == frozenset() and s.p.quarantined_count() == 0
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
     assert s.p.pending_jobs() == 0 and s.c.pending_jobs() == 0

@@ -10,35 +10,38 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import attrs
+import msgspec
 import pytest
 
 from tools import reference
 from tools.spec import load
-from kvtier.lifecycle import InvalidTransition, TierCore
+from kvtier.lifecycle import InvalidTransition, TierCore, snapshot
 from kvtier.lifecycle import deadlines as deadlines_mod
 from kvtier.lifecycle import effects as effects_mod
-from kvtier.lifecycle._table import ConsumerGuard, ProducerEvent, ProducerGuard, SessionGuard
-from kvtier.lifecycle.consumer import ConsumerMachine, LoadInput
+from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle._table import ConsumerGuard, ProducerGuard, SessionGuard
+from kvtier.lifecycle.consumer import ConsumerMachine
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
-from kvtier.lifecycle.producer import FetchInput, ProducerMachine, StoreInput
+from kvtier.lifecycle.notes import Notes
+from kvtier.lifecycle.producer import ProducerMachine
 from kvtier.lifecycle.session import HelloInput, SessionMachine
 from kvtier.testing.fakenet import FakeNetwork
+from kvtier.wire import messages as wm
 
 DURATIONS = {k: 10.0 for k in TIMER_KEYS}
-LOCAL = HelloInput(version=1, block_bytes=16, layout="test", hash_seed="")
+LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="test", hash_seed="", instance="test")
 SPEC = load()
 REFS = reference.build(SPEC)
 
 
 def make_machine(name: str) -> Any:
+    """A machine on its own (the exhaustive agreement drives one machine at a time)."""
     if name == "producer":
         return ProducerMachine(DURATIONS)
+    sessions = SessionMachine(DURATIONS, LOCAL, Notes(), gen_base=0)
     if name == "consumer":
-        return ConsumerMachine(DURATIONS, lambda peer: True)
-    return SessionMachine(
-        DURATIONS, LOCAL, gen_base=0, on_peer_down=lambda *a: None, on_ready=lambda *a: None
-    )
+        return ConsumerMachine(DURATIONS, sessions, Notes())
+    return sessions
 
 
 # -- every name in the spec has an implementation ------------------------------------------------
@@ -93,11 +96,13 @@ def _exhaustive(name: str) -> dict[str, int]:
     for n, (state, event, valuation) in enumerate(_cases(name)):
         machine = make_machine(name)
         current = dict(valuation)
-        machine._guards = {g: (lambda rec, inp, g=g: current.get(g.value, False)) for g in machine.GUARD_ENUM}
+        for g in machine.GUARD_ENUM:
+            setattr(machine, f"guard_{g.value}", lambda rec, inp, now, g=g: current.get(g.value, False))
         # effect builders are stubbed (their inputs are not built here) except the timer one
-        machine._effects = {
-            e: (f if e.value == "restart_timer" else (lambda *args: None)) for e, f in machine._effects.items()
-        }
+        for e in machine.EFFECT_ENUM:
+            if e.value != "restart_timer":
+                setattr(machine, f"effect_{e.value}", lambda *args: None)
+        machine.compile()
         shadow = reference.Shadow(machine, ref)
         key = f"k{n}"
         rec = machine.new_record(key)
@@ -160,7 +165,8 @@ def no_io(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _all_effect_types() -> tuple[type, ...]:
     return tuple(
-        v for v in vars(effects_mod).values() if isinstance(v, type) and attrs.has(v) and v.__module__ == effects_mod.__name__
+        v for v in vars(effects_mod).values()
+        if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == effects_mod.__name__
     )
 
 
@@ -172,10 +178,9 @@ def test_effects_are_returned_not_performed(no_io: None) -> None:
     net.attach("c", c)
     seen: list[Any] = []
     now = 0.0
-    seen += p.store(StoreInput("A", "r1", 1, (b"k1", b"k2"), (3, 4)), now)
-    for eff_list in (c.announce("A", "p", now), c.submit_load(LoadInput("A", 2, (b"k1", b"k2"), (7, 8)), now)):
-        seen += eff_list
-        net.route("c", eff_list, now)
+    seen += net.apply("p", ix.StoreSubmitted("A", "r1", 1, (b"k1", b"k2"), (3, 4)), now)
+    seen += net.apply("c", ix.LoadAnnounced("A", "p"), now)
+    seen += net.apply("c", ix.LoadSubmitted("A", 2, (b"k1", b"k2"), (7, 8)), now)
     while net.directions() or net.transfers:
         for src, dst in net.directions():
             _, effs = net.deliver(src, dst, 0, now)
@@ -183,48 +188,39 @@ def test_effects_are_returned_not_performed(no_io: None) -> None:
         if net.transfers:
             _, effs = net.finish_transfer(0, now)
             seen += effs
-    seen += p.tick(100.0) + c.tick(100.0)
+    seen += p.fire(100.0) + c.fire(100.0)
     kinds = _all_effect_types()
     assert seen and all(isinstance(e, kinds) for e in seen)
     for e in seen:
-        with pytest.raises(attrs.exceptions.FrozenInstanceError):
-            setattr(e, attrs.fields(type(e))[0].name, None)
+        with pytest.raises(AttributeError):
+            setattr(e, type(e).__struct_fields__[0], None)
     names = {type(e).__name__ for e in seen}
-    assert {"SendBlocks", "LandBlocks", "SendReceipt", "JobDone", "SendFetch"} <= names
+    assert {"SendBlocks", "LandBlocks", "Send", "JobDone", "OpenConnection", "AttachPeer"} <= names
+    sent = {e.msg.TYPE for e in seen if isinstance(e, effects_mod.Send)}
+    assert {"hello", "hello_ack", "fetch", "receipt"} <= sent
     assert p.pending_jobs() == 0 and c.pending_jobs() == 0
 
 
-# -- reject leaves the record unchanged ----------------------------------------------------------
+# -- reject leaves the core unchanged ------------------------------------------------------------
 
-
-def _snapshot(rec: Any) -> dict[str, Any]:
-    out = {}
-    for klass in type(rec).__mro__:
-        for slot in getattr(klass, "__slots__", ()):
-            v = getattr(rec, slot)
-            out[slot] = v.copy() if isinstance(v, (dict, list, bytearray)) else v
-    return out
+#: (machine, event) of each reject rule -> the engine input that hits it on a fresh core
+REJECT_INPUTS = {("consumer", "submit_load"): ix.LoadSubmitted("A", 1, (b"k",), (0,))}
 
 
 @pytest.mark.parametrize("name", ["producer", "consumer", "session"])
-def test_reject_rules_raise_and_leave_the_record_unchanged(name: str) -> None:
+def test_reject_rules_raise_and_leave_the_core_unchanged(name: str) -> None:
     spec_m = SPEC.machines[name]
     rejects = [(s, e, r) for (s, e), r in spec_m.rules.items() if r.kind == "reject"]
     for state, event, rule in rejects:
-        machine = make_machine(name)
-        rec = machine.new_record("k")
-        st = machine.INITIAL.__class__(state)
-        rec.state = st
-        if st is not machine.INITIAL:
-            machine.records["k"] = rec
-        before = _snapshot(rec)
-        records_before = dict(machine.records)
-        ev_cls = type(next(iter(machine.TABLE))[1])
+        assert state == spec_m.initial and (name, event) in REJECT_INPUTS, (
+            f"teach this test to reach the reject rule ({name}, {state}, {event})")
+        core = TierCore(CoreSettings(durations=DURATIONS), LOCAL)
+        before = snapshot.export(core)
         with pytest.raises(InvalidTransition) as info:
-            machine.apply(rec, ev_cls(event), None, 1.0, [])
-        assert (info.value.state, info.value.event, info.value.reason) == (state, event, rule.reason)
-        assert _snapshot(rec) == before
-        assert machine.records == records_before
+            core.handle(REJECT_INPUTS[(name, event)], 1.0)
+        assert (info.value.machine, info.value.state, info.value.event, info.value.reason) == (
+            name, state, event, rule.reason)
+        assert snapshot.export(core) == before
     if name == "consumer":
         assert rejects, "the consumer spec rejects submit_load for an unannounced id"
 
@@ -232,57 +228,62 @@ def test_reject_rules_raise_and_leave_the_record_unchanged(name: str) -> None:
 def test_submit_load_before_announce_raises_and_creates_nothing() -> None:
     core = TierCore(CoreSettings(durations=DURATIONS), LOCAL)
     with pytest.raises(InvalidTransition) as info:
-        core.submit_load(LoadInput("A", 1, (b"k",), (0,)), 0.0)
+        core.handle(ix.LoadSubmitted("A", 1, (b"k",), (0,)), 0.0)
     assert info.value.reason == "not_announced"
-    assert "A" not in core.consumer.records and core.pending_jobs() == 0
+    assert core.consumer_ids() == [] and core.consumer("A") is None and core.pending_jobs() == 0
 
 
 # -- deadlines cost O(expired) -------------------------------------------------------------------
 
 
-class _CountingHeapq:
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.pops = 0
-
-    def heappop(self, heap: list) -> Any:
-        self.pops += 1
-        return self.real.heappop(heap)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
+def _ready_producer(durations: dict[str, float], **kw: Any) -> TierCore:
+    """A producer core with a ready inbound session from ``c`` (gen 7)."""
+    p = TierCore(CoreSettings(durations=durations, **kw), LOCAL)
+    p.handle(ix.Received("c", wm.Hello(gen=7, version=wm.PROTOCOL_VERSION, instance="c", block_bytes=16,
+                                        layout="test", hash_seed="")), 0.0)
+    p.handle(ix.PeerAttached("c", 7), 0.0)
+    assert p.session_ready("c")
+    return p
 
 
 def test_tick_with_nothing_due_pops_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    durations = dict(DURATIONS, unbound_store_timeout_s=100.0, tombstone_retention_s=1000.0)
-    m = ProducerMachine(durations, tombstone_max=100_000)
-    out: list[Any] = []
+    durations = dict(DURATIONS, unbound_store_timeout_s=100.0, tombstone_retention_s=1000.0, heartbeat_interval_s=1000.0,
+                     peer_timeout_s=1000.0)
+    p = _ready_producer(durations, tombstone_max=100_000)
     for i in range(20_000):
-        m.store(StoreInput(f"id{i}", f"r{i}", i, (b"k",), (i,)), 0.0, out)
+        p.handle(ix.StoreSubmitted(f"id{i}", f"r{i}", i, (b"k",), (i,)), 0.0)
     for i in range(10_000):
-        m.abort_fetch(FetchInput("c", f"id{i}", 0), 0.0, out)
-    states = {m.state_of(f"id{i}").value for i in (0, 19_999)}
+        p.handle(ix.Received("c", wm.AbortFetch(gen=7, kv_request_id=f"id{i}", round=0, fetched=False)), 0.0)
+    states = {p.producer_state(f"id{i}").value for i in (0, 19_999)}
     assert states == {"tombstoned", "parked"}
-    counter = _CountingHeapq(deadlines_mod.heapq)
-    monkeypatch.setattr(deadlines_mod, "heapq", counter)
-    out.clear()
+    popped = []
+    real = deadlines_mod.DeadlineQueue.pop_due
+
+    def counting(self: Any, now: float, is_live: Any) -> Any:
+        key = real(self, now, is_live)
+        if key is not None:
+            popped.append(key)
+        return key
+
+    monkeypatch.setattr(deadlines_mod.DeadlineQueue, "pop_due", counting)
     t0 = time.perf_counter()
-    fired = m.tick(50.0, out)
+    out = p.fire(50.0)
     elapsed = time.perf_counter() - t0
-    assert fired == 0 and out == [] and counter.pops == 0
+    assert out == [] and popped == []
     assert elapsed < 0.05, f"an idle tick over 20k records took {elapsed * 1000:.1f} ms"
     # exactly the expired ones are handled when they are due
-    fired = m.tick(100.0, out)
-    assert fired == 10_000
-    assert counter.pops <= 10_000 + 10_000  # the fired entries plus at most the stale ones superseded
-    counter.pops = 0
-    assert m.tick(150.0, out) == 0 and counter.pops == 0
+    out = p.fire(100.0)
+    reaped = [e for e in out if isinstance(e, effects_mod.JobDone)]
+    assert len(reaped) == 10_000 and {e.reason for e in reaped} == {"reaped"}
+    assert len(popped) == 10_000
+    popped.clear()
+    assert p.fire(150.0) == [] and popped == []
 
 
 def test_drain_respects_the_tombstone_count_cap() -> None:
-    m = ProducerMachine(DURATIONS, tombstone_max=2)
-    out: list[Any] = []
+    core = TierCore(CoreSettings(durations=DURATIONS, tombstone_max=2), LOCAL)
     for i in range(5):
-        m.store(StoreInput(f"id{i}", "r", i, (b"k",), (i,)), 0.0, out)
-    m.broadcast(ProducerEvent.DRAIN, 1.0, out)  # what TierCore.drain does
-    assert len(m.retained) <= 2
+        core.handle(ix.StoreSubmitted(f"id{i}", "r", i, (b"k",), (i,)), 0.0)
+    out = core.handle(ix.DrainStarted(), 1.0)
+    assert sorted(e.job_id for e in out if isinstance(e, effects_mod.JobDone)) == list(range(5))
+    assert core.retained() <= 2 and core.evicted() == 3

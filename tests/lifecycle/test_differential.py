@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 
 from tools import reference
 from kvtier.lifecycle import InvalidTransition, TierCore
-from kvtier.lifecycle.consumer import LoadInput
+from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
-from kvtier.lifecycle.producer import FetchInput, StoreInput
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
-from kvtier.testing.fakenet import Envelope, FakeNetwork
+from kvtier.testing.fakenet import FakeNetwork
+from kvtier.wire import messages as wm
 
 REFS = reference.build()
-LOCAL = HelloInput(version=1, block_bytes=16, layout="diff", hash_seed="")
+LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="diff", hash_seed="", instance="diff")
 IDS = ("A", "B", "C")
 CONSUMERS = ("c1", "c2")
 DURATIONS = {k: 4.0 for k in TIMER_KEYS} | {"tombstone_retention_s": 9.0, "load_timeout_s": 7.0}
@@ -73,18 +73,16 @@ class Harness:
         if kind == "store":
             kid, n, owner = args
             keys = tuple(f"{IDS[kid]}{k}".encode() for k in range(n))
-            net.route("p", p.store(StoreInput(IDS[kid], f"r{owner}", self.job, keys, tuple(range(n))), now), now)
+            net.apply("p", ix.StoreSubmitted(IDS[kid], f"r{owner}", self.job, keys, tuple(range(n))), now)
         elif kind == "load":
             c, kid, n, announce = args
-            core = self.cores[CONSUMERS[c]]
             if announce:
-                net.route(CONSUMERS[c], core.announce(IDS[kid], "p", now), now)
+                net.apply(CONSUMERS[c], ix.LoadAnnounced(IDS[kid], "p"), now)
             keys = tuple(f"{IDS[kid]}{k}".encode() for k in range(n))
             try:
-                effs = core.submit_load(LoadInput(IDS[kid], self.job, keys, tuple(range(n))), now)
+                net.apply(CONSUMERS[c], ix.LoadSubmitted(IDS[kid], self.job, keys, tuple(range(n))), now)
             except InvalidTransition:
                 return
-            net.route(CONSUMERS[c], effs, now)
         elif kind == "net":
             what, d, i = args
             dirs = net.directions()
@@ -93,6 +91,8 @@ class Harness:
             src, dst = dirs[d % len(dirs)]
             if what == "deliver":
                 net.deliver(src, dst, i, now)
+            elif what == "arrive":
+                net.arrive(src, dst, i, now)
             elif what == "drop":
                 net.drop(src, dst, i)
             else:
@@ -104,49 +104,53 @@ class Harness:
         elif kind == "advance":
             self.clock.advance(args[0])
         elif kind == "tick":
-            for name, core in self.cores.items():
-                net.route(name, core.tick(now), now)
+            for name in self.cores:
+                net.tick(name, now)
         elif kind == "p_finished":
-            net.route("p", p.producer_finished(IDS[args[0]], now), now)
+            net.apply("p", ix.RequestFinished(IDS[args[0]], producer=True), now)
         elif kind == "c_finished":
             c, kid = args
-            net.route(CONSUMERS[c], self.cores[CONSUMERS[c]].consumer_finished(IDS[kid], now), now)
+            net.apply(CONSUMERS[c], ix.RequestFinished(IDS[kid], producer=False), now)
         elif kind == "drain":
-            net.route("p", p.drain(now), now)
+            net.apply("p", ix.DrainStarted(), now)
         elif kind == "shutdown":
             name = ("p",) + CONSUMERS
-            who = name[args[0] % 3]
-            net.route(who, self.cores[who].shutdown(now), now)
+            net.apply(name[args[0] % 3], ix.ShutdownStarted(), now)
         elif kind == "session":
             c, what = args
             cname = CONSUMERS[c]
             core = self.cores[cname]
+            pgen = p.session_gen(cname) or 0
             if what == "disconnect":
-                gen = core.session_gen("p")
-                net.route(cname, core.disconnect("p", gen or 0, now), now)
-                pgen = p.session_gen(cname)
-                net.route("p", p.disconnect(cname, pgen or 0, now), now)
+                net.apply(cname, ix.Received("p", wm.Disconnect(gen=core.session_gen("p") or 0, reason="")), now)
+                net.apply("p", ix.Received(cname, wm.Disconnect(gen=pgen, reason="")), now)
             elif what == "send_failed":
-                net.route("p", p.send_failed(cname, now), now)
+                net.apply("p", ix.SendFailed(cname), now)
+            elif what == "connection_closed":
+                net.apply(cname, ix.ConnectionClosed("p"), now)
             elif what == "bad_hello":
-                bad = HelloInput(version=1, block_bytes=32, layout="diff", hash_seed="", gen=77)
-                net.route("p", p.hello(cname, bad, now), now)
+                bad = wm.Hello(gen=77, version=wm.PROTOCOL_VERSION, instance=cname, block_bytes=32, layout="diff",
+                               hash_seed="")
+                net.apply("p", ix.Received(cname, bad), now)
             elif what == "forged_fetch":
                 kid = IDS[self.job % len(IDS)]
-                net.route("p", p.fetch(cname, 999_999, FetchInput(cname, kid, 5, (b"x",)), now), now)
+                net.apply("p", ix.Received(cname, wm.Fetch(gen=999_999, kv_request_id=kid, round=5, keys=[b"x"])), now)
             elif what == "ping":
-                gen = p.session_gen(cname)
-                net.route("p", p.ping(cname, gen or 0, now), now)
+                net.apply("p", ix.Received(cname, wm.Ping(gen=pgen, t=now)), now)
+            elif what == "pong":
+                net.apply(cname, ix.Received("p", wm.Pong(gen=core.session_gen("p") or 0, t=now)), now)
+            elif what == "stale_attach":
+                net.apply(cname, ix.AttachRefused("p", (core.session_gen("p") or 0) + 1, "stale"), now)
         elif kind == "stale_msg":
             c, kid, rnd = args
             cname = CONSUMERS[c]
             gen = self.cores[cname].session_gen("p") or 0
-            for env in (
-                Envelope("p", cname, "transfer_done", gen, IDS[kid], rnd, ok=False, reason="stale"),
-                Envelope("p", cname, "block_data", gen, IDS[kid], rnd, first=0, count=1),
-                Envelope("p", cname, "abort_ack", gen, IDS[kid], rnd),
+            for msg in (
+                wm.TransferDone(gen=gen, kv_request_id=IDS[kid], round=rnd, ok=False, reason="stale"),
+                wm.BlockData(gen=gen, kv_request_id=IDS[kid], round=rnd, first=0, count=1),
+                wm.AbortAck(gen=gen, kv_request_id=IDS[kid], round=rnd),
             ):
-                FakeNetwork.dispatch(self.cores[cname], env, now)
+                net.apply(cname, ix.Received("p", msg), now)
 
 
 ids = st.integers(0, len(IDS) - 1)
@@ -154,8 +158,8 @@ cons = st.integers(0, len(CONSUMERS) - 1)
 OPS = st.one_of(
     st.tuples(st.just("store"), ids, st.integers(0, 2), st.integers(0, 1)),
     st.tuples(st.just("load"), cons, ids, st.integers(0, 2), st.booleans()),
-    st.tuples(st.just("net"), st.sampled_from(["deliver", "deliver", "deliver", "drop", "dup"]), st.integers(0, 3),
-              st.integers(0, 3)),
+    st.tuples(st.just("net"), st.sampled_from(["deliver", "deliver", "deliver", "arrive", "drop", "dup"]),
+              st.integers(0, 3), st.integers(0, 3)),
     st.tuples(st.just("transfer"), st.integers(0, 2), st.booleans()),
     st.tuples(st.just("advance"), st.integers(0, 6)),
     st.tuples(st.just("tick")),
@@ -163,8 +167,8 @@ OPS = st.one_of(
     st.tuples(st.just("c_finished"), cons, ids),
     st.tuples(st.just("drain")),
     st.tuples(st.just("shutdown"), st.integers(0, 2)),
-    st.tuples(st.just("session"), cons, st.sampled_from(["disconnect", "send_failed", "bad_hello", "forged_fetch",
-                                                         "ping"])),
+    st.tuples(st.just("session"), cons, st.sampled_from(["disconnect", "send_failed", "connection_closed", "bad_hello",
+                                                         "forged_fetch", "ping", "pong", "stale_attach"])),
     st.tuples(st.just("stale_msg"), cons, ids, st.integers(0, 3)),
 )
 TRACES = st.lists(st.one_of(OPS, st.tuples(st.just("net"), st.just("deliver"), st.integers(0, 3),
@@ -178,13 +182,15 @@ def run_trace(config: tuple[int, int, str, bool], trace: list[tuple]) -> int:
     h = Harness(tombstone_max=config[0], max_pending=config[1], park_clock=config[2], connect=config[3])
     for op in trace:
         h.do(op)
-    # let everything settle: deliver in order, finish transfers, run time forward
+    # let everything settle: read what waits unread, deliver in order, finish transfers, run time forward
     for _ in range(50):
-        if not (h.net.directions() or h.net.transfers):
+        if not (h.net.directions() or h.net.transfers or any(h.net.inbox.values())):
             h.do(("advance", 5))
             h.do(("tick",))
             if not (h.net.directions() or h.net.transfers):
                 break
+        for name in [n for n, q in h.net.inbox.items() if q]:
+            h.net.tick(name, h.clock.now())
         for src, dst in h.net.directions():
             h.net.deliver(src, dst, 0, h.clock.now())
         if h.net.transfers:

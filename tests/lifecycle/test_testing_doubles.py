@@ -8,13 +8,13 @@ import math
 import pytest
 
 from kvtier.lifecycle import TierCore
-from kvtier.lifecycle.consumer import LoadInput
+from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.effects import JobDone, LandBlocks
-from kvtier.lifecycle.producer import StoreInput
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
 from kvtier.testing.fakenet import Envelope, FakeNetwork
+from kvtier.wire import messages as wm
 
 
 def test_virtual_clock_moves_only_forward() -> None:
@@ -34,9 +34,9 @@ def test_virtual_clock_moves_only_forward() -> None:
     assert VirtualClock(5).now() == 5.0
 
 
-def _pair() -> tuple[FakeNetwork, TierCore, TierCore]:
-    cs = CoreSettings(durations={k: 10.0 for k in TIMER_KEYS})
-    local = HelloInput(1, 16, "x", "")
+def _pair(**durations: float) -> tuple[FakeNetwork, TierCore, TierCore]:
+    cs = CoreSettings(durations={**{k: 10.0 for k in TIMER_KEYS}, **durations})
+    local = HelloInput(wm.PROTOCOL_VERSION, 16, "x", "", instance="x")
     net = FakeNetwork()
     p, c = TierCore(cs, local), TierCore(cs, local, gen_base=50)
     net.attach("p", p)
@@ -46,16 +46,21 @@ def _pair() -> tuple[FakeNetwork, TierCore, TierCore]:
 
 def test_fake_network_carries_a_whole_transfer() -> None:
     net, p, c = _pair()
-    p.store(StoreInput("A", "r", 1, (b"k0", b"k1"), (3, 4)), 0.0)
-    net.route("c", c.announce("A", "p", 0.0), 0.0)  # dial: transport comes up at once, hello queued
+    net.apply("p", ix.StoreSubmitted("A", "r", 1, (b"k0", b"k1"), (3, 4)), 0.0)
+    effs = net.apply("c", ix.LoadAnnounced("A", "p"), 0.0)  # dial: the transport comes up at once, hello queued
+    assert [type(e).__name__ for e in effs] == ["OpenConnection", "Send"]
     assert [e.kind for e in net.pending("c", "p")] == ["hello"]
-    net.deliver("c", "p", 0, 0.0)
+    _, effs = net.deliver("c", "p", 0, 0.0)  # the producer's plane takes the descriptor: ready, hello_ack
+    assert [type(e).__name__ for e in effs] == ["AttachPeer", "Send"] and p.session_ready("c")
     net.deliver("p", "c", 0, 0.0)  # hello_ack
-    net.route("c", c.submit_load(LoadInput("A", 2, (b"k0", b"k1"), (8, 9)), 0.0), 0.0)
+    assert c.session_ready("p")
+    net.apply("c", ix.LoadSubmitted("A", 2, (b"k0", b"k1"), (8, 9)), 0.0)
     _, effs = net.deliver("c", "p", 0, 0.0)  # fetch -> SendBlocks
     assert len(net.transfers) == 1 and [e.kind for e in net.pending("p", "c")] == ["block_data"]
     _, effs = net.deliver("p", "c", 0, 0.0)
-    assert LandBlocks("p", "A", 0, 0, 2, (8, 9)) in effs and JobDone(2, True, None) in effs
+    assert LandBlocks("p", "A", 0, 0, (8, 9), (0, 0)) in effs and JobDone(2, True, None) in effs
+    assert effs.index(LandBlocks("p", "A", 0, 0, (8, 9), (0, 0))) < effs.index(JobDone(2, True, None)), \
+        "the landing is performed (and reported) before the load succeeds"
     assert [e.kind for e in net.pending("c", "p")] == ["receipt"]
     _, effs = net.finish_transfer(0, 0.0)  # released, but the store succeeds only on the receipt
     assert not any(isinstance(e, JobDone) for e in effs)
@@ -67,13 +72,13 @@ def test_fake_network_carries_a_whole_transfer() -> None:
 def test_fake_network_reorders_drops_and_duplicates() -> None:
     net = FakeNetwork()
     for i in range(3):
-        net.send(Envelope("a", "b", "ping", 0, round=i))
+        net.send(Envelope("a", "b", wm.Ping(gen=0, t=float(i))))
     assert net.directions() == [("a", "b")]
-    assert net.duplicate("a", "b", 4).round == 1  # 4 % 3 == 1; the copy goes to the end
-    assert [e.round for e in net.pending("a", "b")] == [0, 1, 2, 1]
-    assert net.drop("a", "b", 0).round == 0
+    assert net.duplicate("a", "b", 4).msg.t == 1.0  # 4 % 3 == 1; the copy goes to the end
+    assert [e.msg.t for e in net.pending("a", "b")] == [0.0, 1.0, 2.0, 1.0]
+    assert net.drop("a", "b", 0).msg.t == 0.0
     env, effs = net.deliver("a", "b", 4, 0.0)  # 4 % 3 == 1; nobody attached as "b": counted, dropped
-    assert env.round == 2 and effs == [] and net.undeliverable == 1
+    assert env.msg.t == 2.0 and effs == [] and net.undeliverable == 1
     with pytest.raises(IndexError):
         net.deliver("b", "a", 0, 0.0)
     assert any(line.startswith("drop") for line in net.log)
@@ -81,7 +86,29 @@ def test_fake_network_reorders_drops_and_duplicates() -> None:
 
 def test_fake_network_kill_loses_everything_in_flight() -> None:
     net, p, c = _pair()
-    net.route("c", c.announce("A", "p", 0.0), 0.0)
+    net.apply("c", ix.LoadAnnounced("A", "p"), 0.0)
     assert net.in_flight() == 1
     lost = net.kill("c")
     assert len(lost) == 1 and net.in_flight() == 0 and "c" not in net.cores
+
+
+def test_an_unread_message_is_read_before_the_deadlines_it_arrived_before() -> None:
+    """Receive batching: a fetch that arrived at t=5 waits unread; a tick at t=20, past the reap
+    deadline (t=10), reads it first and fires only what was due when the socket was last empty
+    (t=5): the id is served, not reaped."""
+    net, p, c = _pair(heartbeat_interval_s=100.0, peer_timeout_s=100.0, load_timeout_s=100.0)
+    net.connect("c", "p", 0.0)
+    net.apply("p", ix.StoreSubmitted("A", "r", 1, (b"k0",), (3,)), 0.0)  # reaped at t=10 unless fetched
+    net.apply("c", ix.LoadAnnounced("A", "p"), 0.0)
+    net.apply("c", ix.LoadSubmitted("A", 2, (b"k0",), (8,)), 0.0)
+    env = net.arrive("c", "p", 0, 5.0)
+    assert env.kind == "fetch" and net.unread("p") == [(5.0, env)] and net.in_flight() == 1
+    effs = net.tick("p", 20.0)
+    assert net.unread("p") == [] and p.producer_state("A").value == "serving"
+    assert [e.kind for e in net.pending("p", "c")] == ["block_data"]
+    assert not any(isinstance(e, JobDone) for e in effs), "the reap deadline did not beat the fetch"
+    net2, p2, c2 = _pair(heartbeat_interval_s=100.0, peer_timeout_s=100.0, load_timeout_s=100.0)
+    net2.connect("c", "p", 0.0)
+    net2.apply("p", ix.StoreSubmitted("A", "r", 1, (b"k0",), (3,)), 0.0)
+    effs = net2.tick("p", 20.0)  # nothing unread: the deadlines due now fire
+    assert JobDone(1, False, "reaped") in effs and p2.producer_state("A").value == "tombstoned"

@@ -60,7 +60,8 @@ def test_every_profile_is_explored_to_exhaustion() -> None:
     assert results[0].bounds == Bounds() and results[0].states > 10_000
     # each profile adds its behaviour
     reuse, sessions, shutdown, one_sided = (PROFILES[n] for n in ("reuse", "sessions", "shutdown", "one-sided"))
-    assert reuse.lives > 1 and sessions.crashes > 0 and shutdown.shutdown and one_sided.one_sided
+    assert reuse.lives > 1 and shutdown.shutdown and one_sided.one_sided
+    assert sessions.crashes > 0 and sessions.pings and not sessions.connected and sessions.attach_later
     assert elapsed < 180, f"the profiles took {elapsed:.0f} s"
 
 
@@ -125,11 +126,12 @@ def test_the_tombstone_count_cap_is_checked_too() -> None:
         Bounds(fault_scope="total", depth=10),
         Bounds(ids=1, consumers=1, lives=2),
         Bounds(ids=1, consumers=1, crashes=1),
+        Bounds(ids=1, consumers=1, crashes=1, pings=True, connected=False, attach_later=True, depth=16),
         Bounds(ids=1, consumers=1, shutdown=True),
         Bounds(ids=1, consumers=1, lives=2, shutdown=True, crashes=1, faults=0, depth=14),
     ],
     ids=["crash", "drain-shutdown", "two-consumers-per-id", "chunks2", "first-store", "reorder", "faults-total",
-         "reuse-faults", "sessions-faults", "shutdown-faults", "everything"],
+         "reuse-faults", "sessions-faults", "session-life-faults", "shutdown-faults", "everything"],
 )
 def test_richer_configurations(bounds: Bounds) -> None:
     r = check(bounds)

@@ -1,4 +1,4 @@
-"""The model checker's parts, each at its seam: the snapshot codec, the transport model, abstract
+"""The model checker's parts, each at its seam: interned core exports, the transport model, abstract
 time, the network's budgets, the property registry, and the structured counterexample trace."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tools.modelcheck import (
+    PROFILES,
     PROPERTIES,
     REGISTRY,
     Bounds,
@@ -24,7 +25,7 @@ from tools.modelcheck import (
     main,
     to_chart_steps,
 )
-from tools.modelcheck.encoding import Codec
+from tools.modelcheck.encoding import timeless
 from tools.modelcheck.properties import Fail
 from tools.modelcheck.reduction import visit_key
 from tools.modelcheck.state import State
@@ -32,6 +33,7 @@ from tools.modelcheck.system import System
 from tools.modelcheck.trace import KINDS
 from tools.modelcheck.transport import Transfer, after_effects, after_report, reports
 from tools.spec import load as load_spec
+from kvtier.lifecycle import snapshot
 from kvtier.lifecycle.core import TierCore
 from kvtier.lifecycle.effects import CancelTransfer, JobDone, SendBlocks
 from tools.planted import PLANTED
@@ -50,9 +52,13 @@ def test_a_restored_snapshot_is_the_same_core() -> None:
     cores = system.cores
     for sid in (g.p, *g.c):
         snap = cores.snaps[sid]
-        again = cores.codec.restore(snap)
-        assert cores.codec.snapshot(again) == snap
-        assert Codec.indexes(again) == Codec.indexes(cores.codec.restore(snap))
+        again = cores.restore(snap)
+        assert timeless(snapshot.export(again)) == snap
+        assert snapshot.index_problems(again) == []
+        assert snapshot.indexes(again) == snapshot.indexes(cores.restore(snap))
+    p = cores.snaps[g.p]
+    assert [(e.kv_request_id, e.state.value, e.deadline) for e in p.producer] == [("X", "parked", float("inf"))]
+    assert [(e.peer, e.state.value) for e in p.sessions] == [("c1", "ready"), ("c2", "ready")]
 
 
 def test_core_steps_are_memoised() -> None:
@@ -66,14 +72,14 @@ def test_core_steps_are_memoised() -> None:
     assert a == b and system.cores.core_steps - before == ran
 
 
-def test_the_codec_refuses_core_state_it_does_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_model_refuses_core_state_the_export_does_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
     class Grown(TierCore):
         def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            self.producer.new_field = {}  # type: ignore[attr-defined]
+            self._producer.new_field = {}  # type: ignore[attr-defined]
 
     monkeypatch.setattr(encoding, "TierCore", Grown)
-    with pytest.raises(RuntimeError, match=r"producer has state the snapshot codec does not know: \['new_field'\]"):
+    with pytest.raises(RuntimeError, match=r"does not export: \['producer.new_field'\]"):
         System(Bounds())
 
 
@@ -96,7 +102,7 @@ def test_transport_follows_send_and_cancel() -> None:
     t = after_effects(t, (SendBlocks("c1", "X", 0, (3,), gen=101), SendBlocks("elsewhere", "Z", 0, (1,))), consumers)
     assert t == (Transfer(0, "X", 0, 101, (3,)), Transfer(1, "Y", 1, 102, (7,)))  # sorted; unknown peers carry nothing
     # a cancel stops the posting, not the references: only a report ends them
-    assert after_effects(t, (CancelTransfer("c2", "Y", 1),), consumers) == t
+    assert after_effects(t, (CancelTransfer("Y", 1),), consumers) == t
     assert after_report(t, Transfer(1, "Y", 1, 102, (7,))) == (Transfer(0, "X", 0, 101, (3,)),)
 
 
@@ -132,7 +138,7 @@ def test_a_release_is_a_completion_step_once_the_session_is_gone() -> None:
     g = _serving(system)
     t = g.transfers[0]
     for timer in ("transfer", "cancel"):  # serving -> cancelling -> quarantined (+ give_up)
-        g = system.apply(g, ("fire", "p", "producer", "X"))
+        g = system.apply(g, ("fire", "p", "producer", "X", ""))
     assert system.cores.summaries[g.p].producer["X"][0] == "quarantined"
     assert "c1" not in system.cores.summaries[g.p].sessions, "force_release ended the session"
     assert ("transport", t, "released") in list(system.actions(g, False))
@@ -163,9 +169,9 @@ def test_a_one_sided_plane_confirms_revocation_later() -> None:
         if not one_sided:
             assert state == "failed" and g.revokes == ()
             continue
-        assert state == "revoking" and g.revokes == ((0, "X", 0),)
-        assert ("revoked", 0, "X", 0) in list(system.actions(g, False))
-        g = system.apply(g, ("revoked", 0, "X", 0))
+        assert state == "revoking" and g.revokes == (0,)
+        assert ("revoked", 0) in list(system.actions(g, False))
+        g = system.apply(g, ("revoked", 0))
         assert system.cores.summaries[g.c[0]].consumer["X"][0] == "failed" and g.revokes == ()
 
 
@@ -176,12 +182,25 @@ def test_any_armed_deadline_may_fire() -> None:
     system = System(Bounds())
     g = system.apply(system.initial(), ("store", 0))
     fires = system.clock.actions(g, True)
-    assert ("fire", "p", "producer", "X") in fires  # the parked id's reap deadline
-    assert not any(a[2] == "sessions" for a in fires), "liveness deadlines are crashes: none without a crash budget"
+    assert ("fire", "p", "producer", "X", "") in fires  # the parked id's reap deadline
+    assert not any(a[2] == "session" for a in fires), "a silent heartbeat is a crash; pings are off"
     crashy = System(Bounds(crashes=1))
     g = crashy.apply(crashy.initial(), ("store", 0))
-    assert any(a[2] == "sessions" for a in crashy.clock.actions(g, True))
-    assert not any(a[2] == "sessions" for a in crashy.clock.actions(g, False)), "not a completion step"
+    silent = [a for a in crashy.clock.actions(g, True) if a[2] == "session"]
+    assert ("fire", "p", "session", "c1", "silent") in silent and ("fire", "c1", "session", "p", "silent") in silent
+    assert not any(a[2] == "session" for a in crashy.clock.actions(g, False)), "not a completion step"
+    pinging = System(Bounds(pings=True))
+    g = pinging.initial()
+    heard = [a for a in pinging.clock.actions(g, False) if a[2] == "session"]
+    assert heard == [("fire", "c1", "session", "p", ""), ("fire", "c2", "session", "p", "")], \
+        "the dialled side pings (a completion step); the accepting side's heartbeat changes nothing"
+    g = pinging.apply(g, heard[0])
+    assert [pinging.cores.msgs[m].kind for m in g.chans[1]] == ["ping"]
+    assert ("fire", "c1", "session", "p", "") not in pinging.clock.actions(g, True), "one ping in flight"
+    g = pinging.apply(g, ("deliver", 1, 0))
+    assert [pinging.cores.msgs[m].kind for m in g.chans[0]] == ["pong"]
+    g = pinging.apply(g, ("deliver", 0, 0))
+    assert g == pinging.initial(), "a ping answered leaves nothing behind"
 
 
 def test_fault_budgets_per_connection_or_in_total() -> None:
@@ -196,27 +215,42 @@ def test_fault_budgets_per_connection_or_in_total() -> None:
         assert faults == ([("drop", 1, 0), ("dup", 1, 0)] if scope == "per_peer" else [])
 
 
-def test_an_unread_message_holds_back_the_deadlines_it_concerns() -> None:
-    """Receive batching: a fetch for X that arrived in the producer's socket holds back X's reap
-    deadline (the shell reads before it ticks); the planted first-release shell does not."""
+def test_an_unread_message_is_read_before_the_deadlines_it_concerns() -> None:
+    """Receive batching: when X's reap deadline falls due while a fetch for X waits unread in the
+    producer's socket, the tick (the real driver) reads the fetch first and fires nothing due
+    after the socket was last empty: X is served, not reaped.  The planted first-release tick
+    fires first, and the check sees it in the code that runs."""
     system = System(Bounds())
     g = system.apply(system.initial(), ("store", 0))
     g = system.apply(g, ("load", 0, 0))
-    reap = ("fire", "p", "producer", "X")
+    reap = ("fire", "p", "producer", "X", "")
     assert reap in system.clock.actions(g, True)
     assert ("arrive", 1, 0) in system.network.arrivals(g)
     arrived = system.apply(g, ("arrive", 1, 0))
-    assert arrived.arrived == (0, 1, 0, 0) and system.network.unread_concerns(arrived, None) == {"c1", "X"}
-    assert reap not in system.clock.actions(arrived, True)
-    assert ("fire", "c1", "consumer", "X") in system.clock.actions(arrived, True), "the consumer's are not held"
+    fetch = arrived.chans[1][0]
+    assert arrived.arrived == (0, 1, 0, 0) and system.network.unread_for(arrived, None, "X") == [(1, fetch)]
+    assert system.network.unread_for(arrived, None, "c1") == [(1, fetch)], "it is from c1's session too"
+    assert system.network.unread_for(arrived, 0, "X") == [], "the consumer's deadlines wait for nothing"
+    assert reap in system.clock.actions(arrived, True)
+    assert system.label(arrived, reap) == "timer reap of P.producer(X) fires, the tick reading first: c1->p fetch X r0 keys=1 g101"
+    ticked = system.apply(arrived, reap)
     read = system.apply(arrived, ("deliver", 1, 0))
+    assert ticked == read, "the tick read the fetch and the reap did not fire: the same as reading it"
     assert read.arrived == (0, 0, 0, 0) and system.cores.summaries[read.p].producer["X"][0] == "serving"
+
+
+    def tick(system: System) -> State:  # core steps are memoised per system: a fresh one runs the driver
+        g = system.initial()
+        for a in (("store", 0), ("load", 0, 0), ("arrive", 1, 0)):
+            g = system.apply(g, a)
+        return system.apply(g, reap)
+
     with PLANTED["deadlines_before_input"]():
-        assert reap in system.clock.actions(arrived, True)
         with pytest.raises(Fail) as exc:
-            system.apply(arrived, reap)
+            tick(System(Bounds()))
     assert exc.value.prop == "input_before_deadline"
-    assert reap not in system.clock.actions(arrived, True), "the planted rule is restored"
+    again = System(Bounds())
+    assert again.cores.summaries[tick(again).p].producer["X"][0] == "serving", "the planted driver is restored"
 
 
 def test_an_arrival_happens_only_where_it_can_hold_a_deadline_back() -> None:
@@ -232,7 +266,7 @@ def test_a_pruned_id_lives_again() -> None:
     system = System(Bounds(ids=1, consumers=1, lives=2))
     g = system.apply(system.initial(), ("abandon", 0))  # nothing stored: X tombstoned
     assert ("store", 0) not in system.engines.producer_actions(g, True)
-    g = system.apply(g, ("fire", "p", "producer", "X"))  # prune
+    g = system.apply(g, ("fire", "p", "producer", "X", ""))  # prune
     assert ("store", 0) in system.engines.producer_actions(g, True)
     assert system.label(g, ("store", 0)) == "P.store(X life 2 chunk 0) + P.request_finished"
     g = system.apply(g, ("store", 0))
@@ -285,7 +319,7 @@ def test_a_finished_pair_is_one_state_however_it_finished() -> None:
     g = system.initial()
     assert visit_key(system, g) == g, "no pair finished"
     ends = []
-    prune = ("fire", "p", "producer", "X")
+    prune = ("fire", "p", "producer", "X", "")
     for path in (
         [("abandon", 0), ("load", 0, 0), ("deliver", 1, 0), ("deliver", 0, 0), prune],  # failed: nothing_stored
         [("store", 0), ("load", 0, 0), ("deliver", 1, 0), ("deliver", 0, 0), ("deliver", 1, 0), "release", prune],
@@ -348,7 +382,12 @@ def test_structured_trace_mirrors_the_text_trace(bug: str) -> None:
         assert first.kind in ("call", "msg", "timer", "result", "note"), first
     last = r.steps[-1]
     assert (last.kind, last.label) == ("violation", f"violates {r.violation.prop}")
-    delivered = [line.split("deliver ", 1)[1].split("   <-- ")[0] for line in numbered if "deliver " in line]
+    delivered = []
+    for line in numbered:  # a delivery, or the unread messages a tick reads before its deadlines
+        if "deliver " in line:
+            delivered.append(line.split("deliver ", 1)[1].split("   <-- ")[0])
+        elif "the tick reading first: " in line:
+            delivered.extend(line.split("the tick reading first: ", 1)[1].split("   <-- ")[0].split("; "))
     msgs = [s for s in r.steps if s.kind == "msg" and s.dst != "network"]
     assert [m.label for m in msgs] == [d.split(" ", 1)[1] for d in delivered]
     chart = to_chart_steps(r)
@@ -421,3 +460,34 @@ def test_kvtier_check_chart_writes_the_counterexample(tmp_path: Path, capsys: py
     assert dot.read_text() == chart_dot(check(Bounds(), bug="deadlines_before_input", profile="core"))
     assert main(["--ids", "1", "--consumers", "1", "--faults", "0", "--chart", str(tmp_path / "none")]) == 0
     assert not (tmp_path / "none").exists(), "no violation, no chart"
+
+
+def test_a_sessions_life_is_explored_from_the_dial() -> None:
+    """connected=False, attach_later: the first load dials; the producer's session waits in
+    attaching until its plane takes (or refuses) the descriptor, then answers hello_ack; the
+    consumer's session attaches the same way before its queued load fetches."""
+    system = System(PROFILES["sessions"])
+    g = system.initial()
+    s = system.cores.summaries
+    assert s[g.p].sessions == {} and s[g.c[0]].sessions == {}, "no session before the first load"
+    g = system.apply(g, ("load", 0, 0))
+    assert s[g.c[0]].sessions["p"][0] == "handshaking" and s[g.c[0]].consumer["X"][0] == "queued"
+    g = system.apply(g, ("deliver", 1, 0))  # the hello
+    gen = s[g.p].sessions["c1"][1]
+    assert s[g.p].sessions["c1"][0] == "attaching" and g.attaches == ((0, "c1", gen),) and g.chans[0] == ()
+    acts = system.transport.attachments(g, True)
+    assert ("attached", 0, "c1", gen, True) in acts and ("attached", 0, "c1", gen, False) in acts
+    assert system.transport.attachments(g, False) == [("attached", 0, "c1", gen, True)], \
+        "a refusal is not a completion step"
+    refused = system.apply(g, ("attached", 0, "c1", gen, False))
+    assert "c1" not in s[refused.p].sessions and system.cores.msgs[refused.chans[0][0]].kind == "hello_reject"
+    g = system.apply(g, ("attached", 0, "c1", gen, True))
+    assert s[g.p].sessions["c1"][0] == "ready" and system.cores.msgs[g.chans[0][0]].kind == "hello_ack"
+    g = system.apply(g, ("deliver", 0, 0))  # the hello_ack: the consumer's plane takes the producer's
+    assert s[g.c[0]].sessions["p"][0] == "attaching" and g.attaches == ((1, "p", gen),)
+    assert ("fire", "c1", "session", "p", "") in system.clock.actions(g, True), "the handshake deadline"
+    g = system.apply(g, ("attached", 1, "p", gen, True))
+    assert s[g.c[0]].sessions["p"][0] == "ready" and s[g.c[0]].consumer["X"][0] == "in_flight"
+    assert system.cores.msgs[g.chans[1][0]].kind == "fetch"
+    assert ("fire", "c1", "session", "p", "") in system.clock.actions(g, False), "the heartbeat pings"
+    assert ("fire", "c1", "session", "p", "silent") in system.clock.actions(g, True)

@@ -1,22 +1,30 @@
 """The Hypothesis state machine shared by ``test_interleavings.py`` and ``test_planted.py``.
 
 One producer :class:`~kvtier.lifecycle.TierCore` and two consumer cores joined by a
-:class:`~kvtier.testing.FakeNetwork`, time from a :class:`~kvtier.testing.VirtualClock`.  Rules
-are engine calls (store, load, request finished on either side, drain, shutdown), network
-nondeterminism (deliver any queued message, drop, duplicate), the transport finishing a transfer,
-**moving time** and, separately, **ticking** a core (so "a deadline passed but was not handled
-yet" is explorable), and a consumer crashing (its process and jobs are gone) and restarting.
+:class:`~kvtier.testing.FakeNetwork`, time from a :class:`~kvtier.testing.VirtualClock`.  Every
+core is driven the way the shell drives it: through :func:`kvtier.lifecycle.driver.drive` (the
+fake network is the shell).  Rules are engine calls (store, load, request finished on either
+side, drain, shutdown), network nondeterminism (deliver any queued message at once, let one
+*arrive* in its receiver's socket to wait there unread, drop, duplicate), the transport finishing
+a transfer, **moving time** and, separately, a core's **tick** (it reads every unread message,
+then fires the deadlines due when its socket was last seen empty — so "a deadline passed but was
+not handled yet" and "a message waited while a deadline fell due" are both explorable), and a
+consumer crashing (its process and jobs are gone) and restarting.
 
-Invariants are the spec's ``[properties]``; liveness is checked in ``teardown``: once the network
-is drained and time runs on, every job has its result and no record waits in a live state.
+Invariants are the spec's ``[properties]``, read through the core's read API and checked on every
+core input the driver applies (:class:`Checked` stands between the shell and each core, so a
+batch of inputs is checked one input at a time); liveness is checked in ``teardown``: once the
+network is drained and time runs on, every job has its result and no record waits in a live
+state.  ``input_before_deadline`` is checked on every tick: no deadline due after a message
+arrived may fire while that message is still unapplied.
 
 The fake data plane is the worst case the seam allows: a posted transfer keeps its references
 until the ``finish_transfer`` rule (any number of steps after a cancel), a consumer's revocation
 of a one-sided producer completes only on the ``finish_revoke`` rule, and a ``corrupt`` rule makes
 a round's blocks land with a digest mismatch.  Ids are reused: once an id's tombstone is pruned,
 its next life may be stored and loaded again while messages of the earlier life are still in
-flight (``lives_never_mix``).  ``input_before_deadline`` is a property of the shell's poll order,
-not of the core: ``python -m tools check`` models it, and tests/manager checks the manager against it.
+flight (``lives_never_mix``).  Sessions ping: the consumers' heartbeats send pings the producer
+answers, through the same lossy network.
 """
 
 from __future__ import annotations
@@ -24,19 +32,18 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import note as _hnote
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from kvtier.lifecycle import InvalidTransition, TierCore
-from kvtier.lifecycle.consumer import LoadInput
+from kvtier.lifecycle import InvalidTransition, TierCore, snapshot
+from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import CoreSettings
-from kvtier.lifecycle.effects import JobDone, LandBlocks, SendBlocks, SendTransferDone
-from kvtier.lifecycle.producer import StoreInput
+from kvtier.lifecycle.effects import JobDone, LandBlocks, Send, SendBlocks
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
-from kvtier.testing.fakenet import FakeNetwork
-
+from kvtier.testing.fakenet import Envelope, FakeNetwork
+from kvtier.wire import messages as wm
 
 
 def note(text: str) -> None:
@@ -45,7 +52,7 @@ def note(text: str) -> None:
         _hnote(text)
 
 
-LOCAL = HelloInput(version=1, block_bytes=16, layout="stateful", hash_seed="")
+LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="stateful", hash_seed="", instance="stateful")
 DURATIONS = {
     "unbound_store_timeout_s": 6.0,
     "fetch_supply_timeout_s": 3.0,
@@ -54,14 +61,52 @@ DURATIONS = {
     "load_timeout_s": 5.0,
     "abort_ack_timeout_s": 2.0,
     "handshake_timeout_s": 2.0,
-    "peer_timeout_s": 1000.0,  # the shell's pings keep sessions alive; crashes are explicit rules
+    "heartbeat_interval_s": 5.0,  # the consumers ping every 5 s; a lost pong or a dead peer shows
+    "peer_timeout_s": 60.0,  # ... after a minute of silence
 }
+QUIET = {"heartbeat_interval_s": 1000.0, "peer_timeout_s": 1000.0}
+"""Durations for the planted-bug hunt: sessions never ping nor time out (crashes are rules)."""
 TOMBSTONE_MAX = 2
 P_LIVE = {"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
-P_BOUND = P_LIVE - {"parked"}  # bound to a consumer: indexed per peer
 P_RETAINED = {"done", "tombstoned"}
 P_LATE = {"done", "tombstoned", "cancelling", "quarantined"}
 C_LIVE = {"queued", "in_flight", "aborting", "cancelling", "revoking"}
+
+
+class Checked:
+    """The core as the fake network's shell sees it: every ``handle`` and ``fire`` passes through
+    to the real core and is checked by the state machine against the spec's properties (one
+    input — or one firing of the deadlines — at a time, whatever the driver batches); everything
+    else (the read API) is the core's own.  ``unread``: during a tick, the messages that waited
+    unread in the socket, with their arrival times, until the driver applies them."""
+
+    def __init__(self, machine: Any, name: str, core: TierCore) -> None:
+        self.machine = machine
+        self.name = name
+        self.core = core
+        self.unread: list[tuple[float, ix.Received]] = []
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.core, attr)
+
+    def handle(self, inp: Any, now: float) -> list[Any]:
+        for i, (_, waiting) in enumerate(self.unread):
+            if waiting == inp:
+                del self.unread[i]
+                break
+        return self.machine._checked(self.name, lambda: self.core.handle(inp, now), inp)
+
+    def fire(self, now: float) -> list[Any]:
+        if self.unread:  # input_before_deadline: nothing due after the first unread arrival fires first
+            first = min(t for t, _ in self.unread)
+            early = [f"{d.machine} {d.key} ({d.timer}, due {d.when})" for d in self.core.deadlines()
+                     if first < d.when <= now]
+            if early:
+                self.machine.broken = True
+                raise AssertionError(
+                    f"input_before_deadline: {self.name}'s tick at {now} fires {early} before applying "
+                    f"{[w.msg.TYPE for _, w in self.unread]} that arrived at {[t for t, _ in self.unread]}")
+        return self.machine._checked(self.name, lambda: self.core.fire(now), None)
 
 
 def make_machine(
@@ -73,6 +118,7 @@ def make_machine(
     steps: tuple[int, ...] = (8, 1, 2, 4),
     reorder: bool = True,
     chunks: int = 1,
+    quiet_sessions: bool = False,
 ) -> type:
     """The state machine class for ``ids`` and consumer names.  ``full=False`` leaves out the
     stop (drain / shutdown) and peer-failure rules: the planted-bug hunt uses one id, one consumer
@@ -80,10 +126,12 @@ def make_machine(
     every example with an ``initialize`` step that stores and/or loads the first id (in an order
     Hypothesis chooses), the prefix every lifecycle bug needs.  ``steps``: the time steps the
     ``advance`` rule may take; ``reorder=False`` delivers only the oldest message of a direction
-    (zmq keeps per-connection order; the hunt does not need reordering)."""
+    (zmq keeps per-connection order); ``quiet_sessions``: no heartbeats, no silence timeouts
+    (:data:`QUIET`)."""
     POS = st.integers(0, 3) if reorder else st.just(0)
     CHUNKS = chunks  # one-key stores per id; a load fetches every key
     IDS, CONSUMERS = ids, consumers
+    durations = {**DURATIONS, **(QUIET if quiet_sessions else {})}
 
     class Machine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -91,77 +139,97 @@ def make_machine(
             self.clock = VirtualClock()
             self.net = FakeNetwork()
             self.net.revoke_later = True  # a one-sided plane: revocation takes its time
-            self.cs = CoreSettings(durations=DURATIONS, tombstone_max=TOMBSTONE_MAX, max_pending_fetches_per_peer=2)
-            self.p = TierCore(self.cs, LOCAL)
-            self.net.attach("p", self.p)
-            self.cores: dict[str, TierCore] = {"p": self.p}
-            self.generation = 0
-            for c in CONSUMERS:
-                self._start_consumer(c)
-                self.net.connect(c, "p", 0.0)  # sessions start ready; failures and restarts re-handshake
-            self.next_job = 1
+            self.cs = CoreSettings(durations=durations, tombstone_max=TOMBSTONE_MAX, max_pending_fetches_per_peer=2)
+            self.broken = False
             self.outstanding: dict[int, str] = {}  # job -> core name that owes its result
             self.stores = {k: 0 for k in IDS}
             self.p_finished = {k: False for k in IDS}
             self.loaded: set[tuple[str, str]] = set()
             self.retired = {k: False for k in IDS}
             self.shut: set[str] = set()
-            self.broken = False
             self.store_of: dict[int, str] = {}  # store job -> id
             self.fetched_ids: set[str] = set()  # ids whose current life a non-empty fetch bound
             self.receipts: set[str] = set()  # ids whose current life received its consumer's receipt
-            self.revoked: set[tuple[str, str, int]] = set()  # (consumer, id, round) whose access was revoked
+            self.gone: set[int] = set()  # ids of transfers to a consumer process that died (no write lands)
+            # consumers whose control messages were reordered or duplicated: one-sided write safety
+            # assumes one session's messages in order and at most once (decision I11), so its check
+            # is off for them (it holds with loss)
+            self.disordered: set[str] = set()
+            self.p = TierCore(self.cs, LOCAL)
+            self.cores: dict[str, TierCore] = {"p": self.p}
+            self.checked: dict[str, Checked] = {}
+            self._attach("p", self.p)
+            self.generation = 0
+            for c in CONSUMERS:
+                self._start_consumer(c)
+                self.net.connect(c, "p", 0.0)  # sessions start ready; failures and restarts re-handshake
+            self.next_job = 1
+
+        def _attach(self, name: str, core: TierCore) -> None:
+            self.cores[name] = core
+            self.checked[name] = Checked(self, name, core)
+            self.net.attach(name, self.checked[name])  # type: ignore[arg-type]
 
         def _start_consumer(self, c: str) -> None:
             self.generation += 1
-            core = TierCore(self.cs, LOCAL, gen_base=10_000 * self.generation)
-            self.cores[c] = core
-            self.net.attach(c, core)
+            self._attach(c, TierCore(self.cs, LOCAL, gen_base=10_000 * self.generation))
 
-        # -- running one step and checking the spec's properties ----------------------------------
+        # -- checking the spec's properties, one core input at a time -----------------------------
         def _pstates(self) -> dict[str, str]:
-            return {k: self.p.producer.state_of(k).value for k in IDS}
+            return {k: self.p.producer_state(k).value for k in IDS}
 
         def _cstates(self, c: str) -> dict[str, tuple[str, int]]:
-            core = self.cores[c]
             out = {}
             for k in IDS:
-                rec = core.consumer.records.get(k)
-                out[k] = (rec.state.value, rec.round) if rec is not None else ("absent", -1)
+                v = self.cores[c].consumer(k)
+                out[k] = (v.state.value, v.round) if v is not None else ("absent", -1)
             return out
 
-        def _step(self, who: str, effects_of: Any, *, fetch: Any = None, msg: Any = None) -> list[Any]:
+        def _loads(self, c: str) -> dict[int, tuple[str, int]]:
+            """Live load jobs of consumer ``c``: job -> (id, round)."""
+            core = self.cores[c]
+            return {v.job_id: (k, v.round) for k in core.consumer_ids() if (v := core.consumer(k)) and v.job_id is not None}
+
+        def _checked(self, who: str, apply: Any, inp: Any) -> list[Any]:
             try:
-                return self._checked_step(who, effects_of, fetch=fetch, msg=msg)
+                return self._check(who, apply, inp)
             except AssertionError:
                 self.broken = True  # Hypothesis still runs teardown: do not bury this failure under another
                 raise
 
-        def _checked_step(self, who: str, effects_of: Any, *, fetch: Any = None, msg: Any = None) -> list[Any]:
+        def _check(self, who: str, apply: Any, inp: Any) -> list[Any]:
+            """Run ``apply()`` (one ``handle(inp)`` of ``who``'s core, or, ``inp`` None, one
+            ``fire``) and check every property that one core call can break."""
+            msg = inp.msg if isinstance(inp, ix.Received) else None
+            src = inp.peer if msg is not None else None
             pre_p = self._pstates()
             pre_c = self._cstates(who) if who != "p" else {}
-            pre_bind = {k: (r.peer, r.round) for k, r in self.p.producer.records.items()}
+            pre_loads = self._loads(who) if who != "p" else {}
+            pre_bind = {k: (v.peer, v.round) for k in self.p.producer_ids() if (v := self.p.producer(k))}
+            fetch = msg if who == "p" and isinstance(msg, wm.Fetch) else None
             pre_gate = None
             if fetch is not None:
-                rec = self.p.sessions.records.get(fetch.src)
-                pre_gate = rec is not None and rec.state.value == "ready" and rec.gen == fetch.gen
-            effects = effects_of()
+                sess = self.p.session(src)
+                pre_gate = sess is not None and sess.state.value == "ready" and sess.gen == fetch.gen
+                if fetch.keys and pre_p[fetch.kv_request_id] in ("absent", "parked"):
+                    self.fetched_ids.add(fetch.kv_request_id)
+            effects = apply()
             post_p = self._pstates()
-            if msg is not None and msg.kind in ("receipt", "abort_fetch") and (msg.kind == "receipt" or msg.fetched):
+            if who == "p" and (isinstance(msg, wm.Receipt) or (isinstance(msg, wm.AbortFetch) and msg.fetched)):
                 k = msg.kv_request_id
                 if pre_p[k] != post_p[k]:
-                    assert pre_bind.get(k) == (msg.src, msg.round), (
-                        f"lives_never_mix: {msg.kind} of {msg.src} round {msg.round} moved {k} {pre_p[k]} -> "
+                    assert pre_bind.get(k) == (src, msg.round), (
+                        f"lives_never_mix: {msg.TYPE} of {src} round {msg.round} moved {k} {pre_p[k]} -> "
                         f"{post_p[k]}, but that life was bound to {pre_bind.get(k)}"
                     )
-                if msg.kind == "receipt" and pre_bind.get(k) == (msg.src, msg.round):
+                if isinstance(msg, wm.Receipt) and pre_bind.get(k) == (src, msg.round):
                     self.receipts.add(k)
             for eff in effects:
                 if isinstance(eff, JobDone):
                     owner = self.outstanding.pop(eff.job_id, None)
                     assert owner == who, f"exactly_once_job_result: {who} reported job {eff.job_id} (ok={eff.ok}, " \
                                          f"{eff.reason}) that {'had its result already' if owner is None else 'is ' + owner + 's'}"
-                    self._check_job_result(who, eff)
+                    self._check_job_result(who, eff, pre_loads, revoked=isinstance(inp, ix.AccessRevoked))
                 elif isinstance(eff, SendBlocks):
                     k = eff.kv_request_id
                     assert pre_p[k] in ("parked", "awaiting") and post_p[k] == "serving", (
@@ -170,13 +238,17 @@ def make_machine(
                 elif isinstance(eff, LandBlocks):
                     state, rnd = pre_c.get(eff.kv_request_id, ("absent", -1))
                     assert state == "in_flight", f"no_write_after_terminal: {who} landed {eff.kv_request_id} while {state}"
+                    assert not isinstance(msg, wm.BlockData) or msg.round == rnd, (
+                        f"no_write_after_terminal: {who} landed block data of round {msg.round} into the load of "
+                        f"round {rnd}")
             if fetch is not None and pre_gate:
                 k = fetch.kv_request_id
-                own = pre_bind.get(k) == (fetch.src, fetch.round)  # a duplicate of the bound fetch:
+                own = pre_bind.get(k) == (src, fetch.round)  # a duplicate of the bound fetch:
                 # its terminal answer waits for the data plane's release (no write may land after it)
                 if (pre_p[k] in P_LATE or self.retired[k]) and not (own and pre_p[k] in ("cancelling", "quarantined")):
                     assert any(
-                        isinstance(e, SendTransferDone) and not e.ok and (e.kv_request_id, e.round) == (k, fetch.round)
+                        isinstance(e, Send) and isinstance(e.msg, wm.TransferDone) and not e.msg.ok
+                        and (e.msg.kv_request_id, e.msg.round) == (k, fetch.round)
                         for e in effects
                     ), f"late_fetch_one_rtt: fetch for {k} while {pre_p[k]} (retired={self.retired[k]}) not refused at once"
             for k in IDS:
@@ -193,7 +265,8 @@ def make_machine(
                     self.retired[k] = True
             return effects
 
-        def _check_job_result(self, who: str, eff: JobDone) -> None:
+        def _check_job_result(self, who: str, eff: JobDone, pre_loads: dict[int, tuple[str, int]], *,
+                              revoked: bool) -> None:
             if who == "p":
                 k = self.store_of[eff.job_id]
                 assert not any(t.src == "p" and t.kv_request_id == k for t in self.net.transfers), (
@@ -204,18 +277,19 @@ def make_machine(
                     f"no_success_without_receipt: store job {eff.job_id} of {k} succeeded without the consumer's receipt"
                 )
                 return
-            rec = next((r for r in self.cores[who].consumer.records.values() if r.job_id == eff.job_id), None)
-            if rec is None:
+            load = pre_loads.get(eff.job_id)
+            if load is None:  # a new job refused alone: it never fetched
                 return
-            key = (who, rec.key, rec.round)
+            kid, rnd = load
             if eff.ok:
-                assert (rec.key, rec.round) not in self.net.corrupt, (
-                    f"no_success_without_receipt: {who} reported load {rec.key} round {rec.round} ok with a corrupt block"
+                assert (kid, rnd) not in self.net.corrupt, (
+                    f"no_success_without_receipt: {who} reported load {kid} round {rnd} ok with a corrupt block"
                 )
-            elif key not in self.revoked:
+            elif not revoked and who not in self.disordered:  # a revocation proves no write can land any more
                 assert not any(
-                    (t.src, t.dst, t.kv_request_id, t.round) == ("p", who, rec.key, rec.round) for t in self.net.transfers
-                ), (f"no_write_after_terminal: {who} reported load {rec.key} round {rec.round} failed while the "
+                    (t.src, t.dst, t.kv_request_id, t.round) == ("p", who, kid, rnd) and id(t) not in self.gone
+                    for t in self.net.transfers
+                ), (f"no_write_after_terminal: {who} reported load {kid} round {rnd} failed while the "
                     "producer may still write into its slots")
 
         def _new_life(self, k: str) -> None:
@@ -227,15 +301,24 @@ def make_machine(
             self.fetched_ids.discard(k)
             self.loaded = {(c, kk) for c, kk in self.loaded if kk != k}
 
-        def _call(self, who: str, fn: Any) -> list[Any]:
+        def _call(self, who: str, *inputs: ix.Input) -> list[Any]:
+            """Engine (or operator) inputs to ``who``'s core, applied and performed now."""
             now = self.clock.now()
+            return [e for inp in inputs for e in self.net.apply(who, inp, now)]
 
-            def run() -> list[Any]:
-                effs = fn(now)
-                self.net.route(who, effs, now)
-                return effs
-
-            return self._step(who, run)
+        def _tick(self, who: str) -> list[Any]:
+            """One pass of ``who``'s loop: its unread messages, then its deadlines (checked: no
+            deadline fires before input that arrived first)."""
+            now = self.clock.now()
+            unread = self.net.unread(who)
+            for t, env in unread:
+                note(f"{who} reads {env} (arrived at {t})")
+            checked = self.checked[who]
+            checked.unread = [(t, FakeNetwork.received(env)) for t, env in unread]
+            try:
+                return self.net.tick(who, now)
+            finally:
+                checked.unread = []
 
         # -- engine rules --------------------------------------------------------------------------
         @rule(k=st.sampled_from(IDS))
@@ -249,14 +332,14 @@ def make_machine(
             self.outstanding[job] = "p"
             self.store_of[job] = k
             note(f"store {k} chunk {chunk} (job {job})")
-            self._call("p", lambda now: self.p.store(StoreInput(k, f"req-{k}", job, (f"{k}{chunk}".encode(),), (job,)), now))
+            self._call("p", ix.StoreSubmitted(k, f"req-{k}", job, (f"{k}{chunk}".encode(),), (job,)))
 
         @rule(k=st.sampled_from(IDS))
         def producer_finished(self, k: str) -> None:
             if "p" in self.shut:
                 return
             self.p_finished[k] = True
-            self._call("p", lambda now: self.p.producer_finished(k, now))
+            self._call("p", ix.RequestFinished(k, producer=True))
 
         @rule(c=st.sampled_from(CONSUMERS), k=st.sampled_from(IDS))
         def load(self, c: str, k: str) -> None:
@@ -266,25 +349,20 @@ def make_machine(
             job = self.next_job
             self.next_job += 1
             keys = tuple(f"{k}{i}".encode() for i in range(CHUNKS))
-            core = self.cores[c]
 
-            def go(now: float) -> list[Any]:
-                effs = core.announce(k, "p", now)
-                try:
-                    effs += core.submit_load(LoadInput(k, job, keys, tuple(range(job, job + CHUNKS))), now)
-                except InvalidTransition as exc:  # e.g. the id is still known from an earlier load
-                    note(f"load refused: {exc}")
-                    return effs
-                self.outstanding[job] = c
-                return effs
-
-            self._call(c, go)
+            self._call(c, ix.LoadAnnounced(k, "p"))
+            self.outstanding[job] = c  # registered first: its effects may already report it
+            try:
+                self._call(c, ix.LoadSubmitted(k, job, keys, tuple(range(job, job + CHUNKS))))
+            except InvalidTransition as exc:  # e.g. the id is still known from an earlier load
+                del self.outstanding[job]
+                note(f"load refused: {exc}")
 
         @rule(c=st.sampled_from(CONSUMERS), k=st.sampled_from(IDS))
         def consumer_finished(self, c: str, k: str) -> None:
             if c in self.shut:
                 return
-            self._call(c, lambda now: self.cores[c].consumer_finished(k, now))
+            self._call(c, ix.RequestFinished(k, producer=False))
 
         @rule(what=st.sampled_from(("drain", "shutdown p") + tuple(f"shutdown {c}" for c in CONSUMERS)))
         def stop(self, what: str) -> None:
@@ -292,7 +370,7 @@ def make_machine(
             messages to it are lost, what it sent — disconnects — stays in flight)."""
             if what == "drain":
                 if "p" not in self.shut:
-                    self._call("p", lambda now: self.p.drain(now))
+                    self._call("p", ix.DrainStarted())
                 return
             who = what.split()[1]
             if who in self.shut:
@@ -300,17 +378,16 @@ def make_machine(
             self.shut.add(who)
             # shutdown() with a zero grace: begin, close, then the transport and the data plane are
             # closed, which releases every transfer and revokes every producer's access
-            self._call(who, lambda now: self.cores[who].shutdown(now))
-            self._call(who, lambda now: self.cores[who].close(now))
+            self._call(who, ix.ShutdownStarted())
+            self._call(who, ix.GraceEnded())
             while any(t.src == who for t in self.net.transfers):
                 i = next(i for i, t in enumerate(self.net.transfers) if t.src == who)
-                self._step(who, lambda i=i: self.net.finish_transfer(i, self.clock.now(), ok=False)[1])
+                self.net.finish_transfer(i, self.clock.now(), ok=False)
             while any(src == who for src, _ in self.net.revokes):
-                i = next(i for i, (src, _) in enumerate(self.net.revokes) if src == who)
-                _, eff = self.net.revokes[i]
-                self.revoked.add((who, eff.kv_request_id, eff.round))
-                self._step(who, lambda i=i: self.net.finish_revoke(i, self.clock.now()))
+                self.net.finish_revoke(next(i for i, (src, _) in enumerate(self.net.revokes) if src == who),
+                                       self.clock.now())
             self.net.cores.pop(who, None)
+            self.net.inbox.pop(who, None)
 
         # -- time: moving it and handling deadlines are separate rules ----------------------------
         @rule(dt=st.sampled_from(steps))
@@ -319,34 +396,41 @@ def make_machine(
 
         @rule(who=st.sampled_from(("p",) + CONSUMERS))
         def tick(self, who: str) -> None:
-            self._call(who, lambda now: self.cores[who].tick(now))
+            if who in self.net.cores:
+                self._tick(who)
 
         # -- the network ---------------------------------------------------------------------------
-        @rule(d=st.integers(0, 5), i=POS)
-        def deliver(self, d: int, i: int) -> None:
+        def _pick(self, d: int, i: int) -> tuple[str, str, Envelope] | None:
+            """Message ``i`` of direction ``d``; notes the pair disordered when it overtakes an
+            older message (in the network or unread in the receiver's socket)."""
             dirs = self.net.directions()
             if not dirs:
-                return
+                return None
             src, dst = dirs[d % len(dirs)]
             q = self.net.queues[(src, dst)]
-            env = q[i % len(q)]
-            note(f"deliver {env}")
-            if dst not in self.net.cores:
-                self.net.deliver(src, dst, i, self.clock.now())
-                return
-            self._deliver_step(src, dst, i, env)
+            if i % len(q) or any(env.src == src for _, env in self.net.unread(dst)):
+                self.disordered.add(dst if src == "p" else src)
+            return src, dst, q[i % len(q)]
 
-        def _deliver_step(self, src: str, dst: str, i: int, env: Any) -> None:
-            if dst == "p" and env.kind == "fetch" and env.keys:
-                rec = self.p.producer.records.get(env.kv_request_id)
-                if rec is None or rec.state.value in ("absent", "parked"):
-                    self.fetched_ids.add(env.kv_request_id)
-            self._step(
-                dst,
-                lambda: self.net.deliver(src, dst, i, self.clock.now())[1],
-                fetch=env if (dst == "p" and env.kind == "fetch") else None,
-                msg=env if dst == "p" else None,
-            )
+        @rule(d=st.integers(0, 5), i=POS)
+        def deliver(self, d: int, i: int) -> None:
+            """A message is read the moment it arrives."""
+            picked = self._pick(d, i)
+            if picked is None:
+                return
+            src, dst, env = picked
+            note(f"deliver {env}")
+            self.net.deliver(src, dst, i, self.clock.now())
+
+        @rule(d=st.integers(0, 5), i=POS)
+        def arrive(self, d: int, i: int) -> None:
+            """A message arrives in its receiver's socket and waits there, unread, for a tick."""
+            dirs = self.net.directions()
+            if dirs:  # the receiver reads its socket in arrival order: only overtaking in the network
+                src, dst = dirs[d % len(dirs)]  # reorders (an arrival after an unread one does not)
+                if i % len(self.net.queues[(src, dst)]):
+                    self.disordered.add(dst if src == "p" else src)
+                note(f"arrive {self.net.arrive(src, dst, i, self.clock.now())} at {self.clock.now()}")
 
         @rule(d=st.integers(0, 5), i=st.integers(0, 3), dup=st.booleans())
         def fault(self, d: int, i: int, dup: bool) -> None:
@@ -355,7 +439,9 @@ def make_machine(
             if not dirs:
                 return
             if dup:
-                note(f"duplicate {self.net.duplicate(*dirs[d % len(dirs)], i)}")
+                src, dst = dirs[d % len(dirs)]
+                self.disordered.add(dst if src == "p" else src)
+                note(f"duplicate {self.net.duplicate(src, dst, i)}")
             else:
                 note(f"drop {self.net.drop(*dirs[d % len(dirs)], i)}")
 
@@ -363,27 +449,21 @@ def make_machine(
         def finish_transfer(self, i: int, ok: bool) -> None:
             if not self.net.transfers:
                 return
-            t = self.net.transfers[i % len(self.net.transfers)]
-            self._step(t.src, lambda: self.net.finish_transfer(i, self.clock.now(), ok=ok)[1])
+            self.net.finish_transfer(i, self.clock.now(), ok=ok)
 
         @rule(i=st.integers(0, 2))
         def finish_revoke(self, i: int) -> None:
             """A consumer's one-sided plane confirms the producer can no longer write."""
             if not self.net.revokes:
                 return
-            src, eff = self.net.revokes[i % len(self.net.revokes)]
-            if src not in self.net.cores:
-                self.net.revokes.remove((src, eff))
-                return
-            self.revoked.add((src, eff.kv_request_id, eff.round))
-            self._step(src, lambda: self.net.finish_revoke(i, self.clock.now()))
+            self.net.finish_revoke(i, self.clock.now())
 
         @rule(k=st.sampled_from(IDS), c=st.sampled_from(CONSUMERS))
         def corrupt(self, k: str, c: str) -> None:
             """The blocks of ``c``'s live round of ``k`` land with a digest mismatch."""
-            rec = self.cores[c].consumer.records.get(k)
-            if rec is not None and rec.round >= 0:
-                self.net.corrupt.add((k, rec.round))
+            v = self.cores[c].consumer(k)
+            if v is not None and v.round >= 0:
+                self.net.corrupt.add((k, v.round))
 
         # -- peers crash and restart ---------------------------------------------------------------
         @rule(c=st.sampled_from(CONSUMERS), crash=st.booleans())
@@ -391,31 +471,33 @@ def make_machine(
             """``crash=False``: the session between the producer and ``c`` dies and both ends see the
             disconnect (a later announce reconnects).  ``crash=True``: the consumer process dies (its
             engine and its jobs with it) and a new one starts at the same address; the producer learns
-            of it from the new hello (peer_restarted) or from its own liveness deadline."""
+            of it from the new hello (peer_restarted) or from its own heartbeat finding it silent."""
             if crash:
+                self.gone |= {id(t) for t in self.net.transfers if t.dst == c}
                 self.net.kill(c)
                 for job, owner in list(self.outstanding.items()):
                     if owner == c:
                         del self.outstanding[job]
                 self.loaded = {(cc, k) for cc, k in self.loaded if cc != c}
                 self.shut.discard(c)
+                self.disordered.discard(c)  # a new process: nothing of the old one's reaches it
                 self._start_consumer(c)
                 return
-            core = self.cores[c]
-            gen = core.session_gen("p")
+            gen = self.cores[c].session_gen("p")
             if gen is not None and c not in self.shut:
-                self._call(c, lambda now: core.disconnect("p", gen, now))
+                self._call(c, ix.Received("p", wm.Disconnect(gen=gen, reason="")))
             pgen = self.p.session_gen(c)
             if pgen is not None and "p" not in self.shut:
-                self._call("p", lambda now: self.p.disconnect(c, pgen, now))
+                self._call("p", ix.Received(c, wm.Disconnect(gen=pgen, reason="")))
 
         # -- invariants ----------------------------------------------------------------------------
         @invariant()
         def jobs_without_result_are_held_by_live_records(self) -> None:
             held = {}
-            for k, rec in self.p.producer.records.items():
-                for j in rec.jobs:
-                    held[j] = rec.state.value
+            for k in self.p.producer_ids():
+                v = self.p.producer(k)
+                for j in v.jobs:
+                    held[j] = v.state.value
             for job, owner in self.outstanding.items():
                 if owner == "p":
                     assert held.get(job) in P_LIVE, (
@@ -425,29 +507,25 @@ def make_machine(
                 else:
                     core = self.cores[owner]
                     assert any(
-                        r.job_id == job and r.state.value in C_LIVE for r in core.consumer.records.values()
+                        (v := core.consumer(k)) is not None and v.job_id == job and v.state.value in C_LIVE
+                        for k in core.consumer_ids()
                     ), f"exactly_once_job_result: load job {job} of {owner} has no result and no live load"
 
         @invariant()
         def producer_indexes_match_its_records(self) -> None:
             # the shell reads these indexes instead of scanning (quarantine gauge and log on every
             # poll, per-peer fan-out), so a drifted index is a wrong gauge or a missed session end
-            prod = self.p.producer
-            recs = prod.records.values()
-            assert prod.quarantined == {r.key for r in recs if r.state.value == "quarantined"}
-            assert set(prod.retained) == {r.key for r in recs if r.state.value in ("done", "tombstoned")}
-            bound: dict[str, set[str]] = {}
-            for r in recs:
-                if r.state.value in P_BOUND:
-                    bound.setdefault(r.peer, set()).add(r.key)
-            assert {peer: set(keys) for peer, keys in prod.by_peer.items()} == bound
+            assert snapshot.index_problems(self.p) == []
+            views = [self.p.producer(k) for k in self.p.producer_ids()]
+            assert self.p.quarantined() == {v.kv_request_id for v in views if v.state.value == "quarantined"}
+            assert self.p.quarantined_count() == len(self.p.quarantined())
+            assert self.p.retained() == sum(1 for v in views if v.state.value in P_RETAINED)
 
         @invariant()
         def bounded_bookkeeping(self) -> None:
-            prod = self.p.producer
-            assert len(prod.retained) <= TOMBSTONE_MAX
-            live = sum(1 for r in prod.records.values() if r.state.value in P_LIVE)
-            assert len(prod.records) <= live + len(prod.retained)
+            assert self.p.retained() <= TOMBSTONE_MAX
+            live = sum(1 for k in self.p.producer_ids() if self.p.producer_state(k).value in P_LIVE)
+            assert self.p.producer_count() <= live + self.p.retained()
 
         # -- liveness ------------------------------------------------------------------------------
         def teardown(self) -> None:
@@ -455,43 +533,44 @@ def make_machine(
             record stays in a live state."""
             if self.broken:
                 return
-            for _ in range(60):
+            for _ in range(200):
                 if not (self.net.directions() or self.net.transfers or self.net.revokes or self.outstanding
-                        or self._live_records()):
+                        or self._live_records() or any(self.net.inbox.values())):
                     break
                 busy = False
+                for who in [w for w, q in self.net.inbox.items() if q]:
+                    busy = True
+                    if who in self.net.cores:
+                        self._tick(who)
+                    else:
+                        self.net.inbox.pop(who)
                 for src, dst in self.net.directions():
                     busy = True
-                    if dst in self.net.cores:
-                        env = self.net.queues[(src, dst)][0]
-                        self._deliver_step(src, dst, 0, env)
-                    else:
-                        self.net.deliver(src, dst, 0, self.clock.now())
+                    self.net.deliver(src, dst, 0, self.clock.now())
                 if self.net.transfers:
                     busy = True
-                    t = self.net.transfers[0]
-                    self._step(t.src, lambda: self.net.finish_transfer(0, self.clock.now())[1])
+                    self.net.finish_transfer(0, self.clock.now())
                 if self.net.revokes:
                     busy = True
                     self.finish_revoke(0)
                 if not busy:
-                    nxt = [d for d in (core.next_deadline() for core in self.cores.values()) if d is not None]
+                    nxt = [d for w, core in self.cores.items() if w in self.net.cores
+                           if (d := core.next_deadline()) is not None]
                     if not nxt:
                         break
                     self.clock.set(max(self.clock.now(), min(nxt)))
-                    for who in self.cores:
-                        self._call(who, lambda now, w=who: self.cores[w].tick(now))
+                    for who in list(self.net.cores):
+                        self._tick(who)
                     if not self.outstanding and not self._live_records():
                         break
             assert not self.outstanding, f"liveness: jobs without a result after settling: {self.outstanding}"
             assert not self._live_records(), f"liveness: records stuck after settling: {self._live_records()}"
 
         def _live_records(self) -> list[str]:
-            stuck = [f"p:{k}:{r.state.value}" for k, r in self.p.producer.records.items() if r.state.value in P_LIVE]
+            stuck = [f"p:{k}:{s}" for k in self.p.producer_ids() if (s := self.p.producer_state(k).value) in P_LIVE]
             for c in CONSUMERS:
-                stuck += [
-                    f"{c}:{k}:{r.state.value}" for k, r in self.cores[c].consumer.records.items() if r.state.value in C_LIVE
-                ]
+                core = self.cores[c]
+                stuck += [f"{c}:{k}:{s}" for k in core.consumer_ids() if (s := core.consumer_state(k).value) in C_LIVE]
             return stuck
 
     if not full:

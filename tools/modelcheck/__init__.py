@@ -4,7 +4,8 @@ What is explored
 ----------------
 One producer and ``consumers`` consumers, each a **real** :class:`~kvtier.lifecycle.TierCore`
 (so every lifecycle step runs the generated table through the real producer, consumer and
-session classes), living in an environment of four parts:
+session classes) driven through :func:`kvtier.lifecycle.driver.drive`, as the shell drives it,
+living in an environment of four parts:
 
 * the **engines** (:mod:`.engines`): the prefill engine stores chunks and finishes requests (or
   abandons them early), and stores an id again once it was pruned (``lives``); the decode engines
@@ -12,19 +13,21 @@ session classes), living in an environment of four parts:
   shut each manager down (begin, then the grace ends: ``close``) with traffic in flight;
 * the **network** (:mod:`.network`): FIFO channels per direction and per consumer (``--reorder``:
   any message), receive batching (a message may wait unread in the receiver's socket), lost,
-  duplicated or corrupt-landing messages (``faults``), session deaths by disconnect, connection
-  close or liveness deadline (``crashes``), connection set-up, closed managers;
+  duplicated or corrupt-landing messages (``faults``), heartbeats (``pings``), session deaths by
+  disconnect, connection close or a heartbeat finding the peer silent (``crashes``), connection
+  set-up (or the whole handshake: ``connected=False``), closed managers;
 * the **transport** (:mod:`.transport`): the data plane — a ``SendBlocks`` leaves a transfer whose
   references outlive a cancel until the plane reports ``released`` (or ``failed``); a report is a
   completion step only once the session that carried it ended — and the consumer's shell, which
   lands blocks (``blocks_landed``) and has access revoked (``access_revoked``, at once or, on a
-  one-sided plane, later);
-* the **clock** (:mod:`.clock`): abstract time — any armed deadline may fire at any step, except
-  while a message that concerns it waits unread in the core's socket (the shell reads before it
-  ticks), so every ordering of deadlines is covered, whatever the configured durations.
+  one-sided plane, later) and the planes taking peers' descriptors (at once, or later:
+  ``attach_later``);
+* the **clock** (:mod:`.clock`): abstract time — any armed deadline may fall due at any step; the
+  tick that follows reads the unread messages that concern it first (the driver's contract), so
+  every ordering of deadlines is covered, whatever the configured durations.
 
-A state (:mod:`.state`) is the tuple of the cores' interned snapshots (:mod:`.encoding`) plus the
-environment's fields.  Core steps are memoised, so each distinct local step runs the real core
+A state (:mod:`.state`) is the tuple of the cores' interned exports (:mod:`.encoding`, on
+:mod:`kvtier.lifecycle.snapshot`) plus the environment's fields.  Core steps are memoised, so each distinct local step runs the real core
 once.  :mod:`.search` explores the states breadth-first (:mod:`.reduction`: partial-order
 reduction over ids, finished pairs merged), checks the properties (:mod:`.properties`, the spec's
 ``[properties]``) on every transition and state, then proves that no id is ever stuck; a
@@ -36,14 +39,14 @@ Modules
 -------
 =================  ==========================================================================
 ``bounds``         :class:`Bounds`: the size of the explored system; :data:`PROFILES`
-``encoding``       TierCore snapshots (codec), interning, memoised core steps
+``encoding``       TierCore exports (kvtier.lifecycle.snapshot), interning, memoised core steps
 ``state``          the global state tuple (which module owns which field) and its working copy
 ``part``           the interface of an environment part (actions, labels, apply, core inputs)
 ``engines``        prefill/decode engines and the operator: store, finish, load, reuse, drain,
                    shutdown, close
 ``network``        channels, receive batching, faults, crashes, connection set-up
 ``transport``      the data plane (transfers, their reports) and the consumer's shell
-``clock``          abstract time: which deadlines may fire
+``clock``          abstract time: which deadlines may fall due, and the tick that follows
 ``system``         the composed system: action order, apply, core steps, effects routing
 ``properties``     each property as a documented checker; the registry (spec names)
 ``reduction``      partial-order reduction (ample sets over id/consumer pairs; finished pairs)

@@ -35,7 +35,17 @@ class Bounds:
     again and a decode engine load it again (up to this many times), while messages of the earlier
     life are still in flight (``lives_never_mix``)."""
     crashes: int = 0
-    """session deaths (two-sided disconnect, or one side's liveness timer)."""
+    """session deaths (two-sided disconnect, connection close, or one side's heartbeat finding
+    the peer silent for peer_timeout_s)."""
+    pings: bool = False
+    """a ready session's heartbeat may fire without silence: the dialled side (the consumer) pings,
+    the producer answers pong (at most one in flight per session)."""
+    connected: bool = True
+    """sessions are ready before the search starts; False: a consumer's first load dials, and the
+    handshake (hello, hello_ack, the planes taking the descriptors) is explored."""
+    attach_later: bool = False
+    """a data plane takes (or, not as a completion step, refuses) a peer's descriptor in a later
+    step than the one that handed it over, so sessions wait in ``attaching``."""
     tombstone_max: int = 2
     """the producer's retained-id cap (below ``ids`` the count bound evicts; that couples the ids and
     defeats most of the partial-order reduction, so keep the depth small then)."""
@@ -80,9 +90,11 @@ PROFILES: Mapping[str, Bounds] = MappingProxyType({
     # an id stored and loaded again after its tombstone was pruned, while the earlier life's messages
     # are still in flight (no faults: a fault budget spanning two lives multiplies the states 20x)
     "reuse": Bounds(ids=1, consumers=1, faults=0, lives=2),
-    # the session dies under the traffic: both sides see disconnect, or both transports see the
-    # connection close, or one side's liveness deadline fires
-    "sessions": Bounds(ids=1, consumers=1, faults=0, crashes=1),
+    # the session's life: the first load dials and the handshake runs (hello, hello_ack, each data
+    # plane taking -- or refusing -- the peer's descriptor in a later step), heartbeats ping and
+    # pong, and the session dies under the traffic: both sides see disconnect, or both transports
+    # see the connection close, or one side's heartbeat finds the peer silent
+    "sessions": Bounds(ids=1, consumers=1, faults=0, crashes=1, pings=True, connected=False, attach_later=True),
     # both managers shut down (begin, then the grace ends) with traffic in flight, and drain_jobs
     "shutdown": Bounds(ids=1, consumers=1, faults=0, shutdown=True, drain=True),
     # a one-sided data plane: a consumer's revocation of the producer's access completes later

@@ -19,13 +19,16 @@ _INT = ("ids", "consumers", "depth", "faults", "chunks", "loads_per_id", "lives"
         "max_pending", "max_states")
 _CHOICE = {"park_clock": ("last_store", "first_store"), "routing": ("fixed", "any"),
            "fault_scope": ("per_peer", "total")}
-_ON = ("drain", "shutdown", "reorder", "one_sided")
+_ON = ("drain", "shutdown", "reorder", "one_sided", "pings", "attach_later")
 _OFF = {"no_transfer_failures": "transfer_failures", "no_prune_timers": "prune_timers", "no_abandon": "abandon",
-        "no_reduce": "reduce", "no_batching": "batching", "no_corruption": "corruption"}
+        "no_reduce": "reduce", "no_batching": "batching", "no_corruption": "corruption", "unconnected": "connected"}
 _HELP = {
     "faults": "lost, duplicated or corrupt messages (per connection)",
     "lives": "lives per id: store and load it again after its tombstone is pruned",
-    "crashes": "session deaths (disconnect, connection close, liveness deadline)",
+    "crashes": "session deaths (disconnect, connection close, a heartbeat finding the peer silent)",
+    "pings": "heartbeats without silence: the consumer pings, the producer answers",
+    "attach_later": "the data planes take or refuse descriptors in a later step (sessions wait in attaching)",
+    "unconnected": "no session before the search: the first load dials and the handshake is explored",
     "reorder": "deliver any queued message, not only the oldest",
     "one_sided": "a one-sided data plane: revocations complete later",
     "no_reduce": "no partial-order reduction",

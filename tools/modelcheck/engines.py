@@ -33,14 +33,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tools.modelcheck.clock import NOW
-from tools.modelcheck.part import CoreInput, Part, Stage
+from tools.modelcheck.part import CoreInput, Drive, Part, Stage
 from tools.modelcheck.state import put
 from tools.modelcheck.trace import PREFILL, PRODUCER, decode_lane
-from kvtier.lifecycle.consumer import LoadInput
-from kvtier.lifecycle.core import TierCore
+from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import JobDone
-from kvtier.lifecycle.producer import StoreInput
 
 if TYPE_CHECKING:
     from tools.modelcheck.encoding import CoreStep
@@ -296,25 +293,24 @@ class Engines(Part):
         return {
             "store": _store,
             "load": _load,
-            "p_finished": lambda core, inp: core.producer_finished(inp[1], NOW),
-            "c_finished": lambda core, inp: core.consumer_finished(inp[1], NOW),
-            "drain": lambda core, inp: core.drain(NOW),
-            "shutdown": lambda core, inp: core.shutdown(NOW),
-            "close": lambda core, inp: core.close(NOW),
+            "p_finished": lambda inp: Drive((ix.RequestFinished(inp[1], producer=True),)),
+            "c_finished": lambda inp: Drive((ix.RequestFinished(inp[1], producer=False),)),
+            "drain": lambda inp: Drive((ix.DrainStarted(),)),
+            "shutdown": lambda inp: Drive((ix.ShutdownStarted(),)),
+            "close": lambda inp: Drive((ix.GraceEnded(),)),
         }
 
 
-def _store(core: TierCore, inp: tuple) -> list:
+def _store(inp: tuple) -> Drive:
     """("store", kid, chunk, job): one one-key chunk (key ``b"<kid>.<chunk>"``, block ``job % 1000``)."""
     _, kid, chunk, job = inp
     key = f"{kid}.{chunk}".encode()
-    return core.store(StoreInput(kid, f"req-{kid}", job, (key,), (job % 1000,)), NOW)
+    return Drive((ix.StoreSubmitted(kid, f"req-{kid}", job, (key,), (job % 1000,)),))
 
 
-def _load(core: TierCore, inp: tuple) -> list:
+def _load(inp: tuple) -> Drive:
     """("load", kid, chunks, job, producer): announce the id, then submit a load of every key."""
     _, kid, chunks, job, producer = inp
     keys = tuple(f"{kid}.{k}".encode() for k in range(chunks))
-    out = core.announce(kid, producer, NOW)
-    out += core.submit_load(LoadInput(kid, job, keys, tuple(range(job % 1000, job % 1000 + chunks))), NOW)
-    return out
+    return Drive((ix.LoadAnnounced(kid, producer),
+                  ix.LoadSubmitted(kid, job, keys, tuple(range(job % 1000, job % 1000 + chunks)))))

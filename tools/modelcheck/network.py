@@ -8,10 +8,10 @@
   *arrive* in the receiver's socket and wait there unread (``arrive``; ``arrived[ch]`` says it
   did) until a ``deliver`` reads it and feeds it to the receiving core, whose session gate drops
   messages of an old generation.  A message may also be read the moment it arrives (``deliver``
-  of a message still in the network).  What the socket is for: the shell
-  (``KvTierManager._drain_inbound``) fires a manager's deadlines only when its sockets were seen
-  empty, so :mod:`.clock` lets no deadline fire while a message that concerns it is unread
-  (``input_before_deadline``).  Two simplifications keep the state space small, and lose nothing:
+  of a message still in the network).  What the socket is for: the shell's tick
+  (:func:`kvtier.lifecycle.driver.drive`) reads what waits in its sockets before it fires the
+  deadlines due when they were last seen empty, so when a deadline falls due (:mod:`.clock`) the
+  unread messages that concern it are the tick's input (``input_before_deadline``).  Two simplifications keep the state space small, and lose nothing:
   at most one message per channel waits unread (more would only block more deadlines), and a
   message arrives early only if it concerns a deadline the receiver could fire now (an arrival
   that blocks nothing is the same as reading it at once).  ``reorder``: any in-network message
@@ -23,11 +23,15 @@
   ``no_success_without_receipt``).
 * **Crashes** (``crashes`` session deaths): both sides see ``disconnect`` (``crash``), or both
   sides' transports see the connection close (``cut``: ``connection_closed``), or one side's
-  liveness deadline fires (a :mod:`.clock` step that spends the same budget).  A later announce
-  reconnects with a new generation.
-* **Connections** come up at once: an ``OpenConnection`` effect is answered by ``transport_up`` in
-  the same core step (:meth:`Network.answer`), and each consumer is connected to the producer by
-  a hello / hello_ack handshake before the search starts (:meth:`Network.handshake`).
+  heartbeat finds the peer silent (a :mod:`.clock` step that spends the same budget).  A later
+  announce reconnects with a new generation.
+* **Heartbeats** (``pings``): the dialled side's heartbeat sends a ``ping``, the peer answers
+  ``pong`` (or ``disconnect``, if it has no session with us); one at a time, and none while a
+  goodbye is in flight (:meth:`Network.pinging`).
+* **Connections** come up at once: an ``OpenConnection`` effect is answered by ``ConnectionUp`` in
+  the same core step (:meth:`Network.answers`).  Each consumer is connected to the producer by a
+  hello / hello_ack handshake before the search starts (:meth:`Network.handshake`), unless the
+  bounds explore the handshake (``connected=False``: the first load dials).
 * **A closed manager** (``shutdown``: its ``close()`` ran) is a process that exited: a message
   read for it is dropped.
 
@@ -41,14 +45,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tools.modelcheck.clock import NOW
-from tools.modelcheck.part import CoreInput, Part, Stage
+from tools.modelcheck.part import Answer, CoreInput, Drive, Part, Stage
 from tools.modelcheck.state import put
 from tools.modelcheck.trace import NETWORK, PRODUCER
-from kvtier.lifecycle._table import SessionEvent
-from kvtier.lifecycle.core import TierCore
+from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import OpenConnection
-from kvtier.testing.fakenet import FakeNetwork
+from kvtier.wire import messages as wm
 
 if TYPE_CHECKING:
     from tools.modelcheck.encoding import CoreStep, Summary
@@ -74,21 +76,40 @@ class Network(Part):
         """The channel consumer ``c`` -> producer."""
         return 2 * c + 1
 
-    def unread_concerns(self, g: State | Draft, comp: int | None) -> frozenset[str]:
-        """The record keys whose deadlines the unread messages in the sockets of the producer
-        (``comp`` None) or consumer ``comp`` concern: the id each names and its sender's session
-        (any message restarts the session's liveness timer).  Empty when nothing is unread."""
+    def unread_for(self, g: State | Draft, c: int | None, key: str) -> list[tuple[int, int]]:
+        """``(channel, message id)`` of every message waiting unread in the sockets of the
+        producer (``c`` None) or consumer ``c`` that concerns the deadline of record ``key``: it
+        names the id, or comes from the session's peer.  Empty when the receiver has closed
+        (what it had unread is lost with it)."""
         arrived = g.arrived
-        chans = range(1, len(arrived), 2) if comp is None else (2 * comp,)
-        keys: set[str] = set()
+        chans = range(1, len(arrived), 2) if c is None else (2 * c,)
+        out = []
         msgs = self.system.cores.msgs
         for ch in chans:
-            if arrived[ch]:
-                env = msgs[g.chans[ch][0]]
-                keys.add(env.src)
-                if env.kv_request_id:
-                    keys.add(env.kv_request_id)
-        return frozenset(keys)
+            if arrived[ch] and not self._closed(g, ch):
+                m = g.chans[ch][0]
+                env = msgs[m]
+                if env.src == key or env.kv_request_id == key:
+                    out.append((ch, m))
+        return out
+
+    def read_unread(self, st: Draft, c: int | None, unread: list[tuple[int, int]], rec: Recorder | None) -> None:
+        """The tick reads ``unread`` (from :meth:`unread_for`): out of the sockets."""
+        for ch, m in unread:
+            del st.chan(ch)[0]
+            st.arrived = put(st.arrived, ch, 0)
+            if rec is not None:
+                src, dst = self._ends(ch)
+                rec.add("msg", src, dst, str(self.system.cores.msgs[m]).split(" ", 1)[1])
+
+    def pinging(self, g: State, c: int) -> bool:
+        """Whether a ping of consumer ``c``'s session, or the answer to one (a pong; a producer
+        without the session answers ``disconnect``), or a goodbye is in flight: then its heartbeat
+        does not ping again (one ping at a time, and none once the session is ending — a bound
+        of the model, or a consumer the producer forgot would ping an unbounded queue of
+        goodbyes)."""
+        msgs = self.system.cores.msgs
+        return any(msgs[m].kind in ("ping", "pong", "disconnect") for ch in (2 * c, 2 * c + 1) for m in g.chans[ch])
 
     def budget_of(self, ch: int) -> int:
         """The fault budget channel ``ch`` spends from."""
@@ -124,21 +145,18 @@ class Network(Part):
         cst = cores.step(name, st.snap, ("deliver", ack))
         return pst.snap, cst.snap
 
-    def answer(self, core: TierCore, inp: tuple, effects: list) -> list:
-        """The shell's synchronous answers: a connection opened comes up at once (``transport_up``
-        per ``OpenConnection``)."""
-        more: list = []
-        for eff in effects:
-            if isinstance(eff, OpenConnection):
-                more.extend(core.transport_up(eff.peer, NOW))
-        return more
+    def answers(self) -> dict[type, Answer]:
+        """The transport's synchronous answer: a connection opened comes up at once."""
+        return {OpenConnection: lambda eff, inp: ix.ConnectionUp(eff.peer)}
 
-    def liveness_may_fire(self, g: State, full: bool) -> bool:
-        """A session's liveness deadline is a crash: only outside completion, while crashes are left."""
+    def silence_may_end(self, g: State | Draft, full: bool) -> bool:
+        """A heartbeat that finds its peer silent is a crash: only outside completion, while
+        crashes are left."""
         return full and g.crashes > 0
 
-    def on_session_deadline(self, st: Draft, summary: Summary, peer: str) -> None:
-        """A session deadline fires in a core (``summary``): a ready session dying spends a crash."""
+    def on_silence(self, st: Draft, summary: Summary, peer: str) -> None:
+        """A heartbeat finds ``peer`` silent in a core (``summary``): the ready session dying
+        spends a crash."""
         if summary.sessions[peer][0] == "ready":
             st.crashes -= 1
 
@@ -161,12 +179,12 @@ class Network(Part):
         if not self.b.batching:
             return []
         out: list[tuple] = []
-        clock, msgs, s = self.system.clock, self.system.cores.msgs, self.system
+        clock, msgs = self.system.clock, self.system.cores.msgs
         for ch, q in enumerate(g.chans):
             if g.arrived[ch] or not q:
                 continue
             c = ch // 2
-            firable = clock.firable(g, "p" if ch % 2 else s.cnames[c], g.p if ch % 2 else g.c[c])
+            firable = clock.firable(g, None if ch % 2 else c)
             if not firable:
                 continue
             for j in range(len(q)) if self.b.reorder else (0,):
@@ -331,15 +349,8 @@ class Network(Part):
     # -- core inputs ---------------------------------------------------------------------------
     def core_inputs(self) -> dict[str, CoreInput]:
         return {
-            "deliver": lambda core, inp: FakeNetwork.dispatch(core, inp[1], NOW),
-            "disconnect": lambda core, inp: core.disconnect(inp[1], inp[2], NOW),
-            "closed": lambda core, inp: core.connection_closed(inp[1], NOW),
-            "dial": _dial,
+            "deliver": lambda inp: Drive((ix.Received(inp[1].src, inp[1].msg),)),
+            "disconnect": lambda inp: Drive((ix.Received(inp[1], wm.Disconnect(gen=inp[2], reason="")),)),
+            "closed": lambda inp: Drive((ix.ConnectionClosed(inp[1]),)),
+            "dial": lambda inp: Drive((ix.Dial(inp[1]),)),
         }
-
-
-def _dial(core: TierCore, inp: tuple) -> list:
-    """("dial", peer): open a session to ``peer`` (the consumer side of a connection)."""
-    out: list = []
-    core.sessions.apply(core.sessions.new_record(inp[1]), SessionEvent.DIAL, None, NOW, out)
-    return out

@@ -16,15 +16,18 @@ owned by one part, which
   what it shares with the others.
 
 A part also names the **core inputs** it produces (:meth:`Part.core_inputs`): input kind ->
-``handler(core, inp) -> effects``, the only place that calls the TierCore API for that input.
+``handler(inp) -> Drive``, the only place that says which :mod:`kvtier.lifecycle.inputs` records
+an input is and how the driver is asked to apply them; and the **answers** its performers give
+(:meth:`Part.answers`): what the shell reports back for an effect within the same core step (a
+connection up, blocks landed …), applied by :func:`kvtier.lifecycle.driver.drive` itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from kvtier.lifecycle.core import TierCore
+import attrs
 
 if TYPE_CHECKING:
     from tools.modelcheck.encoding import CoreStep
@@ -32,10 +35,28 @@ if TYPE_CHECKING:
     from tools.modelcheck.system import System
     from tools.modelcheck.trace import Recorder
 
-__all__ = ["CoreInput", "Part", "Stage"]
+__all__ = ["Answer", "CoreInput", "Drive", "Part", "Stage"]
 
-CoreInput = Callable[[TierCore, tuple], list]
-"""``handler(core, inp) -> effects``: feed one input to a (restored) core."""
+
+@attrs.frozen
+class Drive:
+    """How one model input is applied: the input records handed to
+    :func:`kvtier.lifecycle.driver.drive`, the time deadlines fire at (None: none), how the
+    restored state is prepared first (:func:`kvtier.lifecycle.snapshot.retime`'s ``clock``;
+    None: as it is), and whether the inputs are messages that arrived before the deadline that
+    is due fell due (``unread``: then no deadline may fire before they are applied)."""
+
+    inputs: tuple[Any, ...]
+    deadlines_at: float | None = None
+    retime: Callable[[str, str, str, float], float] | None = None
+    unread: bool = False
+
+
+CoreInput = Callable[[tuple], Drive]
+"""``handler(inp) -> Drive``: how a model input reaches a (restored) core."""
+
+Answer = Callable[[Any, tuple], Any]
+"""``answer(eff, inp) -> input | None``: a performer's synchronous report."""
 
 Stage = Callable[["Draft", "int | None", "CoreStep"], None]
 """``stage(draft, c, step)``: something that follows core step ``step`` of the producer (``c``
@@ -54,6 +75,12 @@ class Part:
 
     def core_inputs(self) -> dict[str, CoreInput]:
         """Input kind -> handler, for the core inputs this part's actions produce."""
+        return {}
+
+    def answers(self) -> dict[type, Answer]:
+        """Effect type -> ``answer(eff, inp) -> input | None``: what this part's performer
+        reports for an effect within the same core step (``inp``: the model input being
+        applied).  Each effect type is answered by one part at most."""
         return {}
 
     def after_step(self, step: CoreStep, c: int | None) -> Stage | None:

@@ -33,7 +33,8 @@ import attrs
 
 from tools.modelcheck.state import put
 from tools.modelcheck.trace import NETWORK, PRODUCER
-from kvtier.lifecycle.effects import JobDone, LandBlocks, SendBlocks, SendTransferDone
+from kvtier.lifecycle.effects import JobDone, LandBlocks, Send, SendBlocks
+from kvtier.wire import messages as wm
 
 if TYPE_CHECKING:
     from tools.modelcheck.encoding import CoreStep, Summary
@@ -205,35 +206,50 @@ def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep
     ``transfer_done(fail)`` in the step that receives it — except a duplicate of the very fetch a
     cancelling or quarantined id is bound to, whose terminal answer waits for the data plane's
     release (no write may land after it).  Runs on steps that receive a fetch."""
-    env = system.cores.msgs[step.inp[1]]
-    sess = step.pre.sessions.get(env.src)
-    gated = sess is not None and sess[0] == "ready" and sess[1] == env.gen
-    kid = env.kv_request_id
-    before, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
-    own = (peer, rnd) == (env.src, env.round) and before in ("cancelling", "quarantined")
-    if gated and not own and (before in P_LATE or st.retired[system.kindex[kid]]):
-        answered = any(
-            isinstance(e, SendTransferDone)
-            and not e.ok
-            and (e.peer, e.kv_request_id, e.round) == (env.src, kid, env.round)
-            for e in step.effects
-        )
-        if not answered:
-            after = _pstate(step.post, kid)
-            why = before if before in P_LATE else "ended (retired) but no longer retained"
-            raise Fail(
-                "late_fetch_one_rtt",
-                f"a fetch for {kid} (round {env.round}) from {env.src} reached the producer while {kid} was "
-                f"{why}; it was not answered transfer_done(fail) in the same step (-> {after})",
-                _lane(system, c),
+    for env in _read(system, step):
+        if env.kind != "fetch":
+            continue
+        sess = step.pre.sessions.get(env.src)
+        gated = sess is not None and sess[0] == "ready" and sess[1] == env.gen
+        kid = env.kv_request_id
+        before, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
+        own = (peer, rnd) == (env.src, env.round) and before in ("cancelling", "quarantined")
+        if gated and not own and (before in P_LATE or st.retired[system.kindex[kid]]):
+            answered = any(
+                type(e) is Send
+                and type(e.msg) is wm.TransferDone
+                and not e.msg.ok
+                and (e.peer, e.msg.kv_request_id, e.msg.round) == (env.src, kid, env.round)
+                for e in step.effects
             )
+            if not answered:
+                after = _pstate(step.post, kid)
+                why = before if before in P_LATE else "ended (retired) but no longer retained"
+                raise Fail(
+                    "late_fetch_one_rtt",
+                    f"a fetch for {kid} (round {env.round}) from {env.src} reached the producer while {kid} was "
+                    f"{why}; it was not answered transfer_done(fail) in the same step (-> {after})",
+                    _lane(system, c),
+                )
+
+
+def _read(system: System, step: CoreStep) -> tuple:
+    """The messages a core step reads: the one it delivers, or those a tick read before its
+    deadlines (a ``fire`` input names them last)."""
+    inp = step.inp
+    msgs = system.cores.msgs
+    if inp[0] == "deliver":
+        return (msgs[inp[1]],)
+    if inp[0] == "fire":
+        return tuple(msgs[m] for m in inp[-1])
+    return ()
 
 
 def _receives(*kinds: str) -> StepFilter:
     """A ``when`` filter: the step reads a message of one of ``kinds``."""
 
     def receives(system: System, step: CoreStep) -> bool:
-        return step.inp[0] == "deliver" and system.cores.msgs[step.inp[1]].kind in kinds
+        return any(env.kind in kinds for env in _read(system, step))
 
     return receives
 
@@ -272,16 +288,18 @@ def _moves_a_producer_id(system: System, step: CoreStep) -> bool:
 def writes_only_in_flight(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
     """no_write_after_terminal, receiver-applied half: a consumer lands block data (``LandBlocks``)
     only for a record in ``in_flight`` and only for block data of its current round."""
+    read = _read(system, step)
     for eff in step.effects:
         if isinstance(eff, LandBlocks):
             rec = step.pre.consumer.get(eff.kv_request_id)
-            env = system.cores.msgs[step.inp[1]] if step.inp[0] == "deliver" else None
-            if rec is None or rec[0] != "in_flight" or (env is not None and env.round != rec[1]):
+            other = sorted(env.round for env in read if env.kind == "block_data"
+                           and env.kv_request_id == eff.kv_request_id and rec is not None and env.round != rec[1])
+            if rec is None or rec[0] != "in_flight" or other:
                 state = rec[0] if rec else "absent"
                 raise Fail(
                     "no_write_after_terminal",
                     f"{_who(system, c)} landed block data for {eff.kv_request_id} in slots {eff.slots} while its load "
-                    f"was {state}" + (f" (message round {env.round}, load round {rec[1]})" if rec and env else ""),
+                    f"was {state}" + (f" (message round {other[0]}, load round {rec[1]})" if rec and other else ""),
                     _lane(system, c),
                 )
 
@@ -310,7 +328,7 @@ def fails_only_when_no_write_can_land(system: System, st: Draft, c: int | None, 
         referenced = any(t[0] == c and t[1] == kid and t[2] == rnd for t in st.transfers)
         if not referenced:
             continue
-        if step.inp != ("revoked", kid, rnd):
+        if step.inp[0] != "revoked":
             raise Fail(
                 "no_write_after_terminal",
                 f"{system.cnames[c]} reported its load of {kid} (round {rnd}) failed while the producer's data plane "
@@ -368,13 +386,13 @@ def success_needs_receipt_p(system: System, st: Draft, c: int | None, step: Core
     binding received its consumer's receipt (or its fetch named zero keys).  Keeps the history
     field ``receipted`` (per id: a receipt naming the current binding's (peer, round) was
     delivered; cleared when the id's record is pruned: a new life)."""
-    inp = step.inp
-    env = system.cores.msgs[inp[1]] if inp[0] == "deliver" else None
-    if env is not None and env.kind == "receipt":
-        _state, _jobs, peer, rnd = step.pre.producer.get(env.kv_request_id, _NO_REC)
-        if (peer, rnd) == (env.src, env.round):
-            st.receipted = put(st.receipted, system.kindex[env.kv_request_id], True)
-    empty_fetch = env is not None and env.kind == "fetch" and not env.keys
+    read = _read(system, step)
+    for env in read:
+        if env.kind == "receipt":
+            _state, _jobs, peer, rnd = step.pre.producer.get(env.kv_request_id, _NO_REC)
+            if (peer, rnd) == (env.src, env.round):
+                st.receipted = put(st.receipted, system.kindex[env.kv_request_id], True)
+    empty_fetch = any(env.kind == "fetch" and not env.keys for env in read)
     for eff, i in _store_jobs(system, step):
         if eff.ok and not st.receipted[i] and not empty_fetch:
             raise Fail(
@@ -389,7 +407,7 @@ def success_needs_receipt_p(system: System, st: Draft, c: int | None, step: Core
 
 
 def _receipt_or_store_result(system: System, step: CoreStep) -> bool:
-    if step.inp[0] == "deliver" and system.cores.msgs[step.inp[1]].kind == "receipt":
+    if any(env.kind == "receipt" for env in _read(system, step)):
         return True
     return JobDone in step.types or any(kid in step.pre.producer and kid not in step.post.producer for kid in system.kids)
 
@@ -408,11 +426,13 @@ def success_needs_receipt_c(system: System, st: Draft, c: int | None, step: Core
 
 
 def deadline_after_input(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """input_before_deadline: a deadline fires at a core only when no message that concerns it (one
-    naming its id, or any message from its session's peer) arrived in the core's sockets and is
-    still unread (:meth:`.network.Network.unread_concerns`)."""
-    key = step.inp[2]
-    if key in system.network.unread_concerns(st, c):
+    """input_before_deadline: when a deadline falls due while messages that concern it (naming
+    its id, or from its session's peer) wait unread in the core's sockets, the shell's tick —
+    :func:`kvtier.lifecycle.driver.drive`, run on the real core — fires no deadline before it has
+    applied them (the core it drives notes any ``fire`` that found a deadline due while one of
+    them was unapplied: ``CoreStep.early``)."""
+    if step.early:
+        key = step.inp[2]
         raise Fail(
             "input_before_deadline",
             f"a deadline of {_who(system, c)}'s record {key} fired while a message about it had arrived in "
@@ -422,30 +442,31 @@ def deadline_after_input(system: System, st: Draft, c: int | None, step: CoreSte
 
 
 def _fires(system: System, step: CoreStep) -> bool:
-    return step.inp[0] == "fire"
+    return step.inp[0] == "fire" and bool(step.inp[-1])
 
 
 def binding_messages_keep_to_their_life(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
     """lives_never_mix: a consumer message that refers to a binding — a ``receipt``, an
     ``abort_fetch`` of a round that fetched — changes the producer's record of the id only if it
     names that record's current binding (peer, round).  Runs on steps that read one."""
-    env = system.cores.msgs[step.inp[1]]
-    if env.kind == "abort_fetch" and not env.fetched:
-        return
-    kid = env.kv_request_id
     cores = system.cores
-    before = cores.precords(step.pre_snap).get(("producer", kid))
-    after = cores.precords(step.snap).get(("producer", kid))
-    if before == after:
-        return
-    state, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
-    if (peer, rnd) != (env.src, env.round):
-        raise Fail(
-            "lives_never_mix",
-            f"{env.kind} of {env.src} round {env.round} changed {kid} ({state} -> {_pstate(step.post, kid)}), but "
-            + (f"that life is bound to {peer} round {rnd}" if peer is not None and rnd >= 0 else "that life is not bound"),
-            PRODUCER,
-        )
+    for env in _read(system, step):
+        if env.kind not in ("receipt", "abort_fetch") or (env.kind == "abort_fetch" and not env.fetched):
+            continue
+        kid = env.kv_request_id
+        before = cores.precords(step.pre_snap).get(("producer", kid))
+        after = cores.precords(step.snap).get(("producer", kid))
+        if before == after:
+            continue
+        state, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
+        if (peer, rnd) != (env.src, env.round):
+            raise Fail(
+                "lives_never_mix",
+                f"{env.kind} of {env.src} round {env.round} changed {kid} ({state} -> {_pstate(step.post, kid)}), but "
+                + (f"that life is bound to {peer} round {rnd}" if peer is not None and rnd >= 0
+                   else "that life is not bound"),
+                PRODUCER,
+            )
 
 
 def retained_within_cap(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
@@ -503,8 +524,8 @@ def stuck(system: System, g: State) -> list[tuple[str, str]]:
         for t in g.transfers
     )
     items.extend(
-        (system.lanes[c], f"{system.cnames[c]}'s data plane never confirms the revocation for {kid} r{rnd}")
-        for c, kid, rnd in g.revokes
+        (system.lanes[c], f"{system.cnames[c]}'s data plane never confirms the revocation of the producer's access")
+        for c in g.revokes
     )
     return items
 

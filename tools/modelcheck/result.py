@@ -67,6 +67,7 @@ def format_result(r: Result) -> str:
         f" routing={b.routing} fault_scope={b.fault_scope}"
         f"{' drain' if b.drain else ''}{' shutdown' if b.shutdown else ''}{' reorder' if b.reorder else ''}"
         f"{' one-sided' if b.one_sided else ''}{'' if b.batching else ' no-batching'}"
+        f"{' pings' if b.pings else ''}{'' if b.connected else ' unconnected'}{' attach-later' if b.attach_later else ''}"
         f"{'' if b.corruption else ' no-corruption'}"
         f"{'' if b.prune_timers else ' no-prune-timers'}{'' if b.abandon else ' no-abandon'}"
         f"{' no-transfer-failures' if not b.transfer_failures else ''}"

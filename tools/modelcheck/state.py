@@ -11,14 +11,15 @@ field               owner
 ``chans``           :mod:`.network` (channels; ``arrived``: whether each channel's oldest message
 ``arrived``         waits in the receiver's socket, unread)
 ``transfers``       :mod:`.transport` (the data plane's references; ``revokes``: revocations a
-``revokes``         one-sided plane has not confirmed yet)
+``revokes``         one-sided plane has not confirmed yet; ``attaches``: descriptors a plane has
+``attaches``        not taken or refused yet)
 ``stores`` ...      :mod:`.engines` (``stores``, ``p_finished``, ``lives``, ``loads``,
                     ``outstanding``, ``drained``, ``shut``)
 ``retired``         :mod:`.properties` (history of ``tombstoned_never_reparks``)
 ``receipted``       :mod:`.properties` (history of ``no_success_without_receipt``)
 ``corrupted``       :mod:`.network` (the rounds whose blocks it made land corrupt)
 ``faults``          :mod:`.network` (fault budgets: loss, duplication, a corrupt landing)
-``crashes``         :mod:`.network` (crash budget; a session's liveness deadline spends it too)
+``crashes``         :mod:`.network` (crash budget; a silent session's heartbeat spends it too)
 ==================  ===================================================================
 
 A new kind of environment state is a new field here (keep the tuple flat) plus, when the field has
@@ -46,8 +47,11 @@ class State(NamedTuple):
     """per channel: 1 when its oldest message arrived in the receiver's socket and waits unread"""
     transfers: tuple[tuple, ...]
     """transfers whose blocks the data plane references, sorted (:class:`.transport.Transfer`)"""
-    revokes: tuple[tuple[int, str, int], ...]
-    """(consumer, id, round) revocations the one-sided plane has not confirmed yet, sorted"""
+    revokes: tuple[int, ...]
+    """consumers whose one-sided plane has not confirmed the producer's access revoked yet, sorted"""
+    attaches: tuple[tuple[int, str, int], ...]
+    """(manager, peer, generation) of every descriptor a data plane has not taken or refused yet,
+    sorted (manager 0 the producer, 1+c consumer c)"""
     stores: tuple[int, ...]
     """per id: chunks the prefill engine has stored in the id's current life"""
     p_finished: tuple[bool, ...]
@@ -89,7 +93,8 @@ class Draft:
     def __init__(self, g: State) -> None:
         # unpacked by hand: this runs once per transition
         (
-            self.p, self.c, chans, self.arrived, self.transfers, self.revokes, self.stores, self.p_finished,
+            self.p, self.c, chans, self.arrived, self.transfers, self.revokes, self.attaches, self.stores,
+            self.p_finished,
             self.lives, self.loads, self.outstanding, self.retired, self.receipted, self.corrupted, self.faults,
             self.crashes, self.drained, self.shut,
         ) = g
@@ -109,7 +114,8 @@ class Draft:
             chans[i] = tuple(chans[i])
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (this runs once per transition)
         return tuple.__new__(State, (
-            self.p, self.c, tuple(chans), self.arrived, self.transfers, self.revokes, self.stores, self.p_finished,
+            self.p, self.c, tuple(chans), self.arrived, self.transfers, self.revokes, self.attaches, self.stores,
+            self.p_finished,
             self.lives, self.loads, self.outstanding, self.retired, self.receipted, self.corrupted, self.faults,
             self.crashes, self.drained, self.shut,
         ))

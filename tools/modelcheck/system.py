@@ -11,9 +11,12 @@
   record it, run the properties' step checks, then let the environment take the step's effects
   (the engines their job results, the transport its transfers and revocations, the network the
   messages);
-* :meth:`System.feed` — how a core input reaches the TierCore API (the owning part's handler),
-  followed by the shell's synchronous answers (a connection comes up, blocks are landed, a
-  receiver-applied plane's access is revoked) within the same core step.
+* :meth:`System.feed` — how a core input reaches the core: the owning part's handler says which
+  input records and which deadline time; a core restored from the interned state is driven
+  through :func:`kvtier.lifecycle.driver.drive` — the function the shell runs — with a performer
+  that gives the shell's synchronous answers (a connection comes up, the plane takes a
+  descriptor, blocks are landed, a receiver-applied plane's access is revoked) within the same
+  core step.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 
 from tools.modelcheck.bounds import Bounds
-from tools.modelcheck.clock import Clock
+from tools.modelcheck.clock import NOW, Clock
 from tools.modelcheck.encoding import Cores, CoreStep
 from tools.modelcheck.engines import Engines
 from tools.modelcheck.network import Network
-from tools.modelcheck.part import CoreInput, Part, Stage
+from tools.modelcheck.part import Answer, CoreInput, Part, Stage
 from tools.modelcheck.properties import (
     CONSUMER_STEP_CHECKS,
     PRODUCER_STEP_CHECKS,
@@ -37,9 +40,36 @@ from tools.modelcheck.properties import (
 from tools.modelcheck.state import Draft, State, put
 from tools.modelcheck.trace import PREFILL, PRODUCER, Recorder, consumer_lane, decode_lane
 from tools.modelcheck.transport import Transport
+from kvtier.lifecycle import driver, snapshot
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings, TierCore
+from kvtier.lifecycle.snapshot import CoreState
 
 __all__ = ["System"]
+
+
+class _Observed:
+    """What :func:`~kvtier.lifecycle.driver.drive` is handed instead of the core: it passes every
+    call on and notes whether a deadline was due when ``fire`` was called while one of the
+    ``unread`` inputs (messages that arrived before the deadline fell due) was not applied yet —
+    the one thing ``input_before_deadline`` forbids."""
+
+    __slots__ = ("core", "unread", "early")
+
+    def __init__(self, core: TierCore, unread: tuple) -> None:
+        self.core = core
+        self.unread = {id(i) for i in unread}
+        self.early = False
+
+    def handle(self, inp: object, now: float) -> list:
+        self.unread.discard(id(inp))
+        return self.core.handle(inp, now)  # type: ignore[arg-type]
+
+    def fire(self, now: float) -> list:
+        if self.unread:
+            due = self.core.next_deadline()
+            if due is not None and due <= now:
+                self.early = True
+        return self.core.fire(now)
 
 
 
@@ -65,13 +95,17 @@ class System:
         self.owner: dict[str, Part] = {}
         """action kind -> the part that owns it"""
         self._inputs: dict[str, CoreInput] = {}
+        self._answers: dict[type, Answer] = {}
         for part in parts:
-            for table, names in ((self.owner, part.kinds), (self._inputs, part.core_inputs())):
+            answers = part.answers()
+            for table, names in ((self.owner, part.kinds), (self._inputs, part.core_inputs()), (self._answers, answers)):
                 taken = set(names) & set(table)
                 if taken:
-                    raise RuntimeError(f"model check: {type(part).__name__} claims {sorted(taken)}, already claimed")
+                    raise RuntimeError(f"model check: {type(part).__name__} claims {sorted(taken, key=str)}, already "
+                                       f"claimed")
             self.owner.update(dict.fromkeys(part.kinds, part))
             self._inputs.update(part.core_inputs())
+            self._answers.update(answers)
         self._apply = {kind: part.apply for kind, part in self.owner.items()}  # bound once: called per transition
         settings = CoreSettings(
             durations={k: 10.0 for k in TIMER_KEYS},  # any value: abstract time ignores durations
@@ -84,25 +118,44 @@ class System:
         self._stages_p: dict[int, tuple[Stage, ...]] = {}
         self._stages_c: tuple[dict[int, tuple[Stage, ...]], ...] = tuple({} for _ in self.cnames)
 
-    def feed(self, core: TierCore, inp: tuple) -> list:
-        """Apply core input ``inp`` to ``core``, then the shell's synchronous answers to its effects
-        (and to theirs): a connection that opens comes up (:meth:`.network.Network.answer`), blocks
-        are landed and a receiver-applied plane's access revoked (:meth:`.transport.Transport.answer`)."""
-        effects = self._inputs[inp[0]](core, inp)
-        todo = effects
-        while todo:
-            todo = self.network.answer(core, inp, todo) + self.transport.answer(core, inp, todo)
-            effects = effects + todo
-        return effects
+    def feed(self, name: str, state: CoreState, inp: tuple) -> tuple[TierCore, list, bool]:
+        """Restore core ``name`` from ``state`` and apply model input ``inp`` through
+        :func:`kvtier.lifecycle.driver.drive`, with the shell's synchronous answers to its effects
+        (and to theirs) reported by the parts' performers (:meth:`.part.Part.answers`).  Returns
+        the core after the step, every effect performed, in order, and whether a deadline fired
+        while an unread message that arrived before it was not applied yet."""
+        plan = self._inputs[inp[0]](inp)
+        if plan.retime is not None:
+            state = snapshot.retime(state, plan.retime)
+        core = self.cores.restore(state, scratch=True)
+        seen: list = []
+        answers = self._answers
+
+        def perform(effects: list) -> list:
+            reported = []
+            for eff in effects:
+                seen.append(eff)
+                answer = answers.get(type(eff))
+                if answer is not None:
+                    got = answer(eff, inp)
+                    if got is not None:
+                        reported.append(got)
+            return reported
+
+        observed = _Observed(core, plan.inputs if plan.unread else ())
+        driver.drive(observed, plan.inputs, NOW, deadlines_at=plan.deadlines_at, perform=perform)  # type: ignore[arg-type]
+        return core, seen, observed.early
 
     def initial(self) -> State:
-        """Every core fresh, every consumer's session to the producer ready, nothing else."""
+        """Every core fresh, every consumer's session to the producer ready (unless the bounds
+        leave the handshake to be explored: ``connected=False``), nothing else."""
         cores = self.cores
         p = cores.intern(cores.fresh())
         cs = []
         for name in self.cnames:
             c = cores.intern(cores.fresh(gen_base=100 * (len(cs) + 1)))
-            p, c = self.network.handshake(p, c, name)
+            if self.b.connected:
+                p, c = self.network.handshake(p, c, name)
             cs.append(c)
         n = self.b.ids
         return State(
@@ -112,6 +165,7 @@ class System:
             arrived=(0,) * (2 * self.b.consumers),
             transfers=(),
             revokes=(),
+            attaches=(),
             stores=(0,) * n,
             p_finished=(False,) * n,
             lives=(0,) * n,
@@ -138,6 +192,7 @@ class System:
         acts += network.arrivals(g)
         acts += transport.actions(g, True)
         acts += transport.revocations(g)
+        acts += transport.attachments(g, True)
         acts += self.clock.actions(g, True)
         acts += engines.producer_actions(g, True)
         acts += engines.consumer_actions(g, True)
@@ -152,6 +207,7 @@ class System:
         yield from self.network.arrivals(g)
         yield from self.transport.actions(g, False)
         yield from self.transport.revocations(g)
+        yield from self.transport.attachments(g, False)
         yield from self.clock.actions(g, False)
         yield from self.engines.producer_actions(g, False)
         yield from self.engines.consumer_actions(g, False)
@@ -226,7 +282,7 @@ class System:
         """Everything no pair's projection holds: the producer core's counters and retained order,
         the budgets the pairs share, the operator's and the producer's shutdown."""
         return (
-            self.cores.snaps[g.p][1:],
+            self.cores.shared(g.p),
             g.crashes,
             g.faults if self.b.fault_scope != "per_peer" else None,
             g.drained,
@@ -239,7 +295,7 @@ class System:
         precs = self.cores.precords(g.p)
         return (
             precs.get(("producer", self.kids[i])),
-            precs.get(("sessions", self.cnames[i])),
+            precs.get(("session", self.cnames[i])),
             g.c[i],
             g.retired[i],
             g.receipted[i],

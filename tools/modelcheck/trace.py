@@ -126,14 +126,22 @@ def _effect_text(eff: Any) -> str | None:
         return f"ignored {eff.event} ({eff.reason})"
     if name == "JobDone":
         return f"JobDone({eff.job_id}, {'ok' if eff.ok else 'fail ' + str(eff.reason)})"
-    if name == "SendTransferDone":
-        return f"transfer_done({eff.kv_request_id} r{eff.round} {'ok' if eff.ok else 'fail ' + str(eff.reason)})"
-    if name == "SendAbortFetch":
-        return f"SendAbortFetch({eff.kv_request_id}{'' if eff.fetched else ', not fetched'})"
-    if name in ("SendBlocks", "LandBlocks", "SendFetch", "SendReceipt", "SendAbortAck", "CancelTransfer",
-                "RevokeAccess"):
-        return f"{name}({getattr(eff, 'kv_request_id', '')})"
-    if name in ("PeerDown", "SendDisconnect", "SendHello", "SendHelloAck", "OpenConnection", "CloseConnection"):
+    if name == "Send":
+        msg = eff.msg
+        kind = msg.TYPE
+        if kind == "transfer_done":
+            return f"transfer_done({msg.kv_request_id} r{msg.round} {'ok' if msg.ok else 'fail ' + msg.reason})"
+        if kind == "abort_fetch":
+            return f"abort_fetch({msg.kv_request_id}{'' if msg.fetched else ', not fetched'})"
+        kid = getattr(msg, "kv_request_id", "")
+        return f"{kind}({kid})" if kid else kind
+    if name in ("SendBlocks", "LandBlocks", "CancelTransfer"):
+        return f"{name}({eff.kv_request_id})"
+    if name in ("RevokeAccess", "AttachPeer"):
+        return f"{name}({eff.peer})"
+    if name == "SessionEnded":
+        return f"SessionEnded({eff.peer}, {eff.reason})"
+    if name in ("OpenConnection", "CloseConnection"):
         return name
     return None
 

@@ -3,9 +3,9 @@
 The life of one transfer::
 
     producer core                   data plane (this module)                 producer core
-    SendBlocks(peer, id, r, gen) -> Transfer(c, id, r, gen, blocks) --"released"--> transfer_released(id, r)
-                                    (references the blocks)         --"failed"----> transfer_failed(id, r)
-    CancelTransfer(peer, id, r)  -> (nothing more is posted; the references may linger)
+    SendBlocks(peer, id, r, gen) -> Transfer(c, id, r, gen, blocks) --"released"--> TransferReleased(id, r)
+                                    (references the blocks)         --"failed"----> TransferReleased(id, r, failed)
+    CancelTransfer(id, r)        -> (nothing more is posted; the references may linger)
 
 * ``SendBlocks`` also puts one ``block_data`` message on the consumer's channel (:mod:`.network`
   does that, like every message); the :class:`Transfer` is the plane's side: its blocks are
@@ -18,14 +18,18 @@ The life of one transfer::
   producer has closed (its plane closes).  So the liveness search must find its way to quiescence
   with a plane that never releases while the session is up: through the ``cancel`` deadline,
   ``quarantined``, ``force_release`` → ``give_up`` → the session's end.
-* **The consumer's shell** answers at once, in the core step that asked (:meth:`Transport.answer`):
-  a ``LandBlocks`` with ``blocks_landed`` (ok, or corrupt when :mod:`.network`'s ``corrupt`` fault
+* **The consumer's shell** answers at once, in the core step that asked (:meth:`Transport.answers`):
+  a ``LandBlocks`` with ``BlocksLanded`` (ok, or corrupt when :mod:`.network`'s ``corrupt`` fault
   delivered the block_data), and, on a receiver-applied plane, a ``RevokeAccess`` with
-  ``access_revoked``.  On a one-sided plane (``one_sided``) the revocation waits in
+  ``AccessRevoked``.  On a one-sided plane (``one_sided``) the revocation waits in
   ``State.revokes`` until a later step confirms it (a completion step).
+* **Descriptors**: a session's ``AttachPeer`` is taken at once (``PeerAttached``), or, with
+  ``attach_later``, waits in ``State.attaches`` until the plane takes it (a completion step) or
+  refuses it (``AttachRefused``: not a completion step), so the handshake's ``attaching`` state
+  meets deadlines, a peer's goodbye and the session's end.
 * The pure functions :func:`reports`, :func:`after_effects` and :func:`after_report` are the
   transfer model; :class:`Transport` plugs them into the composed system (state fields
-  ``transfers``, ``revokes``).
+  ``transfers``, ``revokes``, ``attaches``).
 """
 
 from __future__ import annotations
@@ -33,12 +37,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from tools.modelcheck.clock import NOW
-from tools.modelcheck.part import CoreInput, Part, Stage
+from tools.modelcheck.part import Answer, CoreInput, Drive, Part, Stage
 from tools.modelcheck.trace import NETWORK, PRODUCER
-from kvtier.lifecycle.consumer import MessageInput
-from kvtier.lifecycle.core import TierCore
-from kvtier.lifecycle.effects import LandBlocks, RevokeAccess, SendBlocks
+from kvtier.lifecycle import Reason
+from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle.effects import AttachPeer, LandBlocks, RevokeAccess, SendBlocks
 
 if TYPE_CHECKING:
     from tools.modelcheck.encoding import CoreStep
@@ -66,7 +69,7 @@ OUTCOMES: Mapping[str, str] = {
     "released": "transfer_released",
     "failed": "transfer_failed",
 }
-"""report -> the :class:`~kvtier.lifecycle.TierCore` method that tells the producer."""
+"""report -> the producer's event it becomes (a ``TransferReleased`` input, ``failed`` or not)."""
 
 
 def reports(t: Transfer, *, failures: bool, completion: bool, session_ended: bool) -> tuple[str, ...]:
@@ -99,7 +102,7 @@ def after_report(transfers: tuple[Transfer, ...], t: Transfer) -> tuple[Transfer
 class Transport(Part):
     """The data plane (and the consumer shell's landing) as a part of the composed system."""
 
-    kinds = ("transport", "revoked")
+    kinds = ("transport", "revoked", "attached")
 
     def session_ended(self, g: State, t: Transfer) -> bool:
         """Whether the session that carried ``t`` is over (or the producer closed its plane)."""
@@ -122,57 +125,92 @@ class Transport(Part):
         return out
 
     def revocations(self, g: State) -> list[tuple]:
-        """``("revoked", c, id, round)``: a one-sided plane confirms a revocation (a completion step)."""
-        return [("revoked", *r) for r in g.revokes]
+        """``("revoked", c)``: a one-sided plane confirms a revocation (a completion step)."""
+        return [("revoked", c) for c in g.revokes]
 
-    def answer(self, core: TierCore, inp: tuple, effects: list) -> list:
-        """The consumer shell's synchronous answers to a core step's ``effects``: every
-        ``LandBlocks`` is landed and checked (``blocks_landed``; corrupt when ``inp`` is a corrupt
-        delivery), every ``RevokeAccess`` of a receiver-applied plane confirmed
-        (``access_revoked``)."""
-        more: list = []
-        for eff in effects:
-            if isinstance(eff, LandBlocks):
-                ok = not (inp[0] == "deliver" and inp[2:] == ("corrupt",))
-                landed = MessageInput(eff.kv_request_id, eff.round, eff.first, eff.count, ok=ok,
-                                      reason=None if ok else "corrupt")
-                more.extend(core.blocks_landed(eff.peer, landed, NOW))
-            elif isinstance(eff, RevokeAccess) and not self.b.one_sided:
-                more.extend(core.access_revoked(eff.peer, eff.kv_request_id, eff.round, NOW))
-        return more
+    def attachments(self, g: State, full: bool) -> list[tuple]:
+        """``("attached", manager, peer, gen, ok)``: a plane takes a descriptor (a completion step)
+        or refuses it (``ok`` False; not a completion step)."""
+        out = [("attached", *a, True) for a in g.attaches]
+        if full:
+            out.extend(("attached", *a, False) for a in g.attaches)
+        return out
+
+    def answers(self) -> dict[type, Answer]:
+        """The consumer shell's synchronous answers: every ``LandBlocks`` is landed and checked
+        (``BlocksLanded``; corrupt when the input is a corrupt delivery), every ``RevokeAccess`` of
+        a receiver-applied plane confirmed (``AccessRevoked``), every ``AttachPeer`` taken
+        (``PeerAttached``) unless the plane takes descriptors later."""
+        out: dict[type, Answer] = {LandBlocks: _landed}
+        if not self.b.one_sided:
+            out[RevokeAccess] = lambda eff, inp: ix.AccessRevoked(eff.peer)
+        if not self.b.attach_later:
+            out[AttachPeer] = lambda eff, inp: ix.PeerAttached(eff.peer, eff.gen)
+        return out
 
     def after_step(self, step: CoreStep, c: int | None) -> Stage | None:
         """A producer step that sends blocks posts a transfer; a consumer step that asks a one-sided
-        plane to revoke access leaves a revocation to confirm."""
-        if c is None:
-            return self._take_producer_step if SendBlocks in step.types else None
-        if not self.b.one_sided or RevokeAccess not in step.types:
+        plane to revoke access leaves a revocation to confirm; with ``attach_later`` a step that
+        hands a descriptor to the plane leaves it to take or refuse."""
+        stages: list[Stage] = []
+        if c is None and SendBlocks in step.types:
+            stages.append(self._take_producer_step)
+        if c is not None and self.b.one_sided and RevokeAccess in step.types:
+            def revoke(st: Draft, c: int | None, step: CoreStep) -> None:
+                st.revokes = tuple(sorted(set(st.revokes) | {c}))
+
+            stages.append(revoke)
+        if self.b.attach_later and AttachPeer in step.types:
+            m = 0 if c is None else 1 + c
+            new = {(m, e.peer, e.gen) for e in step.effects if isinstance(e, AttachPeer)}
+
+            def attach(st: Draft, c: int | None, step: CoreStep) -> None:
+                st.attaches = tuple(sorted(set(st.attaches) | new))
+
+            stages.append(attach)
+        if not stages:
             return None
-        new = tuple((c, e.kv_request_id, e.round) for e in step.effects if isinstance(e, RevokeAccess))
+        if len(stages) == 1:
+            return stages[0]
 
-        def revoke(st: Draft, c: int | None, step: CoreStep) -> None:
-            st.revokes = tuple(sorted(set(st.revokes) | set(new)))
+        def all_of(st: Draft, c: int | None, step: CoreStep) -> None:
+            for stage in stages:
+                stage(st, c, step)
 
-        return revoke
+        return all_of
 
     def _take_producer_step(self, st: Draft, c: int | None, step: CoreStep) -> None:
         st.transfers = after_effects(st.transfers, step.effects, self.system.cindex)
 
     def label(self, g: State, action: tuple) -> str:
         if action[0] == "revoked":
-            _, c, kid, rnd = action
-            return f"{self.system.cnames[c]}'s data plane: access revoked for {kid} r{rnd}"
+            return f"{self.system.cnames[action[1]]}'s data plane: the producer's access revoked"
+        if action[0] == "attached":
+            _, m, peer, gen, ok = action
+            who = "P" if m == 0 else self.system.cnames[m - 1]
+            return f"{who}'s data plane {'takes' if ok else 'REFUSES'} the descriptor of {peer} (gen {gen})"
         t = action[1]
         return f"transport: {action[2]} {t[1]} r{t[2]} (to {self.system.cnames[t[0]]})"
 
     def apply(self, st: Draft, g: State, action: tuple, rec: Recorder | None) -> None:
         s = self.system
         if action[0] == "revoked":
-            _, c, kid, rnd = action
-            st.revokes = tuple(r for r in st.revokes if r != action[1:])
+            c = action[1]
+            st.revokes = tuple(r for r in st.revokes if r != c)
             if rec is not None:
-                rec.add("result", NETWORK, s.lanes[c], f"access_revoked({kid} r{rnd})")
-            s.step_consumer(st, c, ("revoked", kid, rnd), rec)
+                rec.add("result", NETWORK, s.lanes[c], "access_revoked(p)")
+            s.step_consumer(st, c, ("revoked",), rec)
+            return
+        if action[0] == "attached":
+            _, m, peer, gen, ok = action
+            st.attaches = tuple(a for a in st.attaches if a != (m, peer, gen))
+            lane = PRODUCER if m == 0 else s.lanes[m - 1]
+            if rec is not None:
+                rec.add("result", NETWORK, lane, f"{'plane_attached' if ok else 'plane_refused'}({peer})")
+            if m == 0:
+                s.step_producer(st, ("attached", peer, gen, ok), rec)
+            else:
+                s.step_consumer(st, m - 1, ("attached", peer, gen, ok), rec)
             return
         _, t, outcome = action
         st.transfers = after_report(st.transfers, t)
@@ -184,26 +222,35 @@ class Transport(Part):
     def process_of(self, action: tuple) -> int | None:
         if action[0] == "revoked":
             return action[1]
+        if action[0] == "attached":
+            _, m, peer, _gen, _ok = action
+            return m - 1 if m else self.system.cindex[peer]
         return self.system.kindex[action[1][1]]
 
     def touches_producer(self, action: tuple) -> bool:
-        return action[0] == "transport"
+        return action[0] == "transport" or (action[0] == "attached" and action[1] == 0)
 
     def project(self, g: State, i: int) -> tuple:
-        return tuple(t for t in g.transfers if t[0] == i), tuple(r for r in g.revokes if r[0] == i)
+        cname = self.system.cnames[i]
+        return (
+            tuple(t for t in g.transfers if t[0] == i),
+            i in g.revokes,
+            tuple(a for a in g.attaches if a[0] == 1 + i or (a[0] == 0 and a[1] == cname)),
+        )
 
     # -- core inputs ---------------------------------------------------------------------------
     def core_inputs(self) -> dict[str, CoreInput]:
-        return {"transport": _report, "revoked": _revoked}
+        return {
+            "transport": lambda inp: Drive((ix.TransferReleased(inp[1], inp[2], inp[3] == "failed"),)),
+            "revoked": lambda inp: Drive((ix.AccessRevoked("p"),)),
+            "attached": lambda inp: Drive(
+                (ix.PeerAttached(inp[1], inp[2]) if inp[3] else ix.AttachRefused(inp[1], inp[2], "model"),)),
+        }
 
 
-def _report(core: TierCore, inp: tuple) -> list:
-    """("transport", kid, round, report): tell the producer core (see :data:`OUTCOMES`)."""
-    _, kid, rnd, outcome = inp
-    return getattr(core, OUTCOMES[outcome])(kid, rnd, NOW)
-
-
-def _revoked(core: TierCore, inp: tuple) -> list:
-    """("revoked", kid, round): the consumer's one-sided plane confirms the producer's access is gone."""
-    _, kid, rnd = inp
-    return core.access_revoked("p", kid, rnd, NOW)
+def _landed(eff: LandBlocks, inp: tuple) -> ix.BlocksLanded:
+    """The consumer's shell lands ``eff``'s blocks and checks their digests: a mismatch when the
+    input is a corrupt delivery."""
+    ok = not (inp[0] == "deliver" and inp[2:] == ("corrupt",))
+    return ix.BlocksLanded(eff.peer, eff.kv_request_id, eff.round, eff.first, len(eff.slots), ok,
+                           None if ok else Reason.CORRUPT)
