@@ -100,10 +100,10 @@ class TableMachine:
         dq, live = self._deadlines, self._is_live
 
         def retime(rec: Any, now: float) -> None:
-            rec.timer = timer
             if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
                 rec.tseq = 0
-                dq.retire(live)
+                dq.retire(live, rec.timer)
+            rec.timer = timer
             rec.tseq = dq.arm(now + duration, rec.key, timer) if timer else 0
 
         return retime
@@ -192,7 +192,7 @@ class TableMachine:
         if rec.timer is not None:
             if rec.tseq:  # its entry goes stale (0 first, so a compaction right now drops it)
                 rec.tseq = 0
-                self._deadlines.retire(self._is_live)
+                self._deadlines.retire(self._is_live, rec.timer)
             rec.tseq = self._deadlines.arm(now + self._durations[rec.timer], rec.key, rec.timer)
 
     # -- deadlines ---------------------------------------------------------------------------

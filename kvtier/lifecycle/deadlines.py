@@ -83,10 +83,19 @@ class DeadlineQueue:
         self._size -= 1
         return q.popleft()[2]
 
-    def retire(self, is_live: IsLive) -> None:
-        """One live entry just went stale (its record re-armed or dropped its timer).  Once stale
-        entries are over half the queue (and over 64), drop them all: O(n) then, amortised O(1)."""
+    def retire(self, is_live: IsLive, lane: Any = None) -> None:
+        """One live entry of ``lane`` just went stale (its record re-armed or dropped its timer).
+        Stale entries at the head of that lane go at once (records usually leave a timer in the
+        order they armed it, so this is where the stale entry usually is); once stale entries
+        are over half the queue (and over :data:`STALE_FLOOR`), drop them all: O(n) then,
+        amortised O(1)."""
         self._stale += 1
+        q = self._lanes.get(lane)
+        if q:
+            while q and not is_live(q[0][2], q[0][1]):
+                q.popleft()
+                self._size -= 1
+                self._stale = max(0, self._stale - 1)
         if self._stale > STALE_FLOOR and 2 * self._stale > self._size:
             self._compact(is_live)
 

@@ -314,7 +314,7 @@ class ProducerMachine(TableMachine):
             # heap still holds for this id (reap, transfer) go stale with tseq 0
             if rec.tseq:
                 rec.tseq = 0
-                self._deadlines.retire(self._is_live)
+                self._deadlines.retire(self._is_live, rec.timer)
             rec.timer = timer
             if self._prune_at[0] != now:
                 self._prune_at = (now, now + self._durations[timer])
