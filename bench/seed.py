@@ -172,9 +172,9 @@ def _alias_nixl() -> None:
         return
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -250,7 +250,14 @@ class _System:
 class _Side:
     """One process: a TieringOffloadingManager per system, a raw NIXL agent, copy_ tensors."""
 
-    def __init__(self, role: str, systems: Sequence[str], max_blocks: int, tag: str) -> None:
+    def __init__(self, role: str, systems: Sequence[str], max_blocks: int, tag: str, host: str = "127.0.0.1",
+                 netns: str | None = None, env: dict[str, str] | None = None) -> None:
+        if netns is not None:
+            # before any thread or socket exists: UCX and libzmq threads inherit the namespace
+            from kvtier.testing.netns import enter
+
+            enter(netns, sysfs=True)
+        os.environ.update(env or {})
         os.environ.setdefault("UCX_NET_DEVICES", "lo")
         os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
         os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")  # what vLLM sets before importing NIXL
@@ -265,6 +272,7 @@ class _Side:
         self.np = np
         self.role = role
         self.tag = tag
+        self.host = host
         self.rows = max_blocks + 8
         self.systems: dict[str, _System] = {}
         self.base = np.random.default_rng(1).integers(0, 2**63, ROW // 8, dtype=np.uint64)
@@ -296,12 +304,12 @@ class _Side:
         )
         from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
-        port = _free_port()
+        port = _free_port(self.host)
         producer = self.role == "producer"
         if name == "seed":
-            entry: dict[str, Any] = {"type": "p2p", "host": "127.0.0.1", "port": port}
+            entry: dict[str, Any] = {"type": "p2p", "host": self.host, "port": port}
         else:
-            entry = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "host": "127.0.0.1",
+            entry = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "host": self.host,
                      "port": port, "data_plane": name.removeprefix("kvtier_")}
         if producer:
             entry["unbound_store_timeout_s"] = UNBOUND_S
@@ -321,7 +329,7 @@ class _Side:
             ),
         )
         mgr = OffloadingSpecFactory.create_spec(cfg).get_manager()
-        s = _System(name, mgr, f"127.0.0.1:{port}")
+        s = _System(name, mgr, f"{self.host}:{port}")
         s.view = self.np.asarray(mgr.primary_tier.get_kv_memoryview()).view(self.np.uint64)
         return s
 
@@ -532,8 +540,31 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def run(quick: bool = False, log: Callable[[str], None] = print, rounds: int | None = None,
-        late_rounds: int | None = None, systems: Sequence[str] = SYSTEMS) -> dict[str, Any]:
-    """Run P0; returns a result record (``rows`` per size and system, ``late``, ``machine``)."""
+        late_rounds: int | None = None, systems: Sequence[str] = SYSTEMS, two_hosts: bool = False) -> dict[str, Any]:
+    """Run P0; returns a result record (``rows`` per size and system, ``late``, ``machine``).
+
+    ``two_hosts``: producer and consumer in two network namespaces joined by a veth pair
+    (:class:`kvtier.testing.netns.TwoHosts`; root), NIXL with UCX over TCP on it."""
+    if two_hosts:
+        from kvtier.testing.netns import TwoHosts, unavailable_reason
+
+        why = unavailable_reason()
+        if why:
+            raise RuntimeError(f"two hosts: {why}")
+        with TwoHosts() as h:
+            def ucx(dev: str) -> dict[str, str]:
+                return {"UCX_TLS": "tcp", "UCX_NET_DEVICES": dev, "UCX_TCP_USER_TIMEOUT": "2s"}
+
+            sides = ({"host": h.addr_a, "netns": h.a, "env": ucx(h.dev_a)},
+                     {"host": h.addr_b, "netns": h.b, "env": ucx(h.dev_b)})
+            res = _run(quick, log, rounds, late_rounds, systems, sides)
+        res["two_hosts"] = True
+        return res
+    return _run(quick, log, rounds, late_rounds, systems, ({}, {}))
+
+
+def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_rounds: int | None,
+         systems: Sequence[str], sides: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
     from kvtier.bench._util import CpuMeter, machine_info, summary
 
     sizes = QUICK_SIZES_MIB if quick else SIZES_MIB
@@ -544,9 +575,9 @@ def run(quick: bool = False, log: Callable[[str], None] = print, rounds: int | N
     meter = CpuMeter()
     log(f"P0: starting producer and consumer ({', '.join(systems)}; {max_blocks} MiB primaries)")
     tag = uuid.uuid4().hex[:8]
-    prod = _Child("producer", systems=list(systems), max_blocks=max_blocks, tag=tag)
+    prod = _Child("producer", systems=list(systems), max_blocks=max_blocks, tag=tag, **sides[0])
     try:
-        cons = _Child("consumer", systems=list(systems), max_blocks=max_blocks, tag=tag)
+        cons = _Child("consumer", systems=list(systems), max_blocks=max_blocks, tag=tag, **sides[1])
     except BaseException:
         prod.close()
         _remove_shm(tag)
@@ -720,7 +751,8 @@ def render(res: dict[str, Any]) -> str:
     def us(x: float) -> str:
         return f"{x * 1e6:.0f} µs"
 
-    lines = [f"P0 ({'quick' if res['quick'] else 'full'}, {res['rounds']} interleaved rounds, 1 MiB blocks; "
+    where = "two network namespaces, UCX over tcp on a veth" if res.get("two_hosts") else "one host"
+    lines = [f"P0 ({'quick' if res['quick'] else 'full'}, {where}, {res['rounds']} interleaved rounds, 1 MiB blocks; "
              f"median (min–max))", "",
              "| consumer `submit_load` → result | " + " | ".join(names[c] for c in cols) + " |",
              "|---|" + "---|" * len(cols)]
@@ -774,12 +806,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--late-rounds", type=int, default=None, help="late-fetch rounds (default 3; quick 1)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--json", default=None, help="also write the result record here")
+    ap.add_argument("--two-hosts", action="store_true",
+                    help="producer and consumer in two network namespaces, NIXL over UCX tcp (root)")
     a = ap.parse_args(argv)
     systems = [s.strip() for s in a.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
         ap.error(f"unknown systems {bad}; choose from {','.join(SYSTEMS)}")
-    res = run(a.quick, lambda m: print(m, file=sys.stderr, flush=True), a.rounds, a.late_rounds, systems)
+    res = run(a.quick, lambda m: print(m, file=sys.stderr, flush=True), a.rounds, a.late_rounds, systems,
+              two_hosts=a.two_hosts)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=str)
