@@ -9,7 +9,7 @@ success.  Decision I2: success means the consumer has the parked bytes.
 
 The digest is XXH3-64 from the maintained ``xxhash`` package: not cryptographic (it detects
 accidents, not a forging producer — an authenticated peer is trusted with the bytes it sends, see
-docs/security.md) but as fast as memory can be read (decision I13: on this 2-vCPU host one thread
+docs/security.md) but as fast as memory can be read (docs/decisions.md I13: on this 2-vCPU host one thread
 reads DRAM at ~20 GB/s and XXH3 keeps up with it; BLAKE3, CRC32C, MurmurHash3, BLAKE2b and SHA-256
 were measured slower per core).  ``"none"`` turns the check off; both peers must agree, it is part
 of the handshake.
