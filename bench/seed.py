@@ -4,7 +4,9 @@ Producer and consumer are two spawned processes on one host.  Each builds, the w
 them, one ``TieringOffloadingManager`` per system under test (``TieringOffloadingSpec(...)
 .get_manager()``: a real CPU primary tier over ``/dev/shm``, the tier loaded by vLLM's
 ``SecondaryTierFactory``), and drives it in the order vLLM's offloading connector does, holding
-the manager's lock, with vLLM's ``vllm_offload_tier_poll`` thread (1 ms) as the only poller:
+the manager's lock, with vLLM's ``vllm_offload_tier_poll`` thread (1 ms) as the only poller of the
+system being measured (the others' poll threads are stopped meanwhile and their heartbeats kept by
+one poll every 0.25 s):
 
 * ``seed``: ``{"type": "p2p"}`` — the p2p tier with its NIXL data plane and ZeroMQ control;
 * ``kvtier_nixl`` / ``kvtier_zmq``: ``{"type": "KvTierSecondaryTier", "module_path":
@@ -65,6 +67,8 @@ short enough for the late-fetch rows."""
 POLL_S = 0.001
 """vLLM's ``tier_poll_interval_s`` (its default)."""
 TOKENS = 16
+IDLE_POLL_S = 0.25
+"""How often the systems not being measured are polled (their poll threads are stopped)."""
 
 # -- child processes ---------------------------------------------------------------------------------
 
@@ -282,6 +286,9 @@ class _Side:
         for s in self.systems.values():
             s.pause()
         self.active: str | None = None
+        self._stop = threading.Event()
+        self._keeper = threading.Thread(target=self._keep_idle, name="p0-idle-poll", daemon=True)
+        self._keeper.start()
         self.req_n = 0
         from kvtier.dataplane.nixl_agent import NixlBlockAgent
 
@@ -357,6 +364,15 @@ class _Side:
         from vllm.v1.kv_offload.base import ScheduleEndContext
 
         mgr.on_schedule_end(ScheduleEndContext(new_req_ids=list(new), preempted_req_ids=()))
+
+    def _keep_idle(self) -> None:
+        """Poll the paused systems every IDLE_POLL_S: their sessions' heartbeats must go on (kvtier
+        ends a session after peer_timeout_s = 5 s of silence), at a rate that costs nothing."""
+        while not self._stop.wait(IDLE_POLL_S):
+            for name, s in list(self.systems.items()):
+                if name != self.active and s.mgr._tier_poll_thread is None:
+                    with s.mgr.lock:
+                        s.mgr.poll_tiers()
 
     # -- ops ---------------------------------------------------------------------------------
     def op_activate(self, system: str) -> None:
@@ -506,6 +522,9 @@ class _Side:
         return dt
 
     def close(self) -> None:
+        self._stop.set()
+        if self._keeper.is_alive():
+            self._keeper.join(5)
         for s in self.systems.values():
             s.view = None
             try:
