@@ -25,16 +25,20 @@ byte-exact in the consumer's primary rows:
 * ``submit_store``: the producer engine thread's time inside ``tier.submit_store`` (wall and that
   thread's CPU), median;
 * ``cpu``: CPU seconds per GB moved in each process (``getrusage``, all threads, from just before
-  the store to the end of the hand-off);
+  the store to the end of the hand-off), and the same split by thread (the engine's main thread,
+  vLLM's tier poll thread, kvtier's digest pool, libzmq's I/O threads, the rest: UCX, torch), from
+  ``/proc/self/task`` — where the time goes;
 * ``late``: a fetch for an id the producer reaped (``unbound_store_timeout_s`` passed): the
   consumer's ``submit_load`` → the failed result.
 
 The seed imports ``nixl`` while ``nixl-cu12`` installs ``nixl_cu12``: the child processes alias
 one to the other in ``sys.modules`` (NIXL's meta package does the same); kvtier never does.
 
-Usage: ``python -m kvtier.bench.seed [--quick] [--rounds N] [--json PATH]`` prints a markdown table.
-Only :func:`kvtier.bench._util.summary` and ``machine_info`` are used from the suite's helpers;
-the two child processes are this module's own (a pipe and ``spawn``).
+In the suite: ``python -m bench --only P0`` (part of ``make bench``).  Alone, with more knobs:
+``python -m bench.seed [--quick] [--rounds N] [--systems a,b] [--two-hosts] [--json PATH]`` prints
+the markdown tables; ``--two-hosts`` runs producer and consumer in two network namespaces joined by
+a veth pair (root), NIXL with UCX over TCP on it.  The two children are
+:class:`tools.child.Child` processes running :class:`Side`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import resource
 import socket
@@ -67,94 +70,9 @@ short enough for the late-fetch rows."""
 POLL_S = 0.001
 """vLLM's ``tier_poll_interval_s`` (its default)."""
 TOKENS = 16
+TITLE = "the seed (vLLM 0.33.0 p2p) vs kvtier through vLLM's TieringOffloadingManager"
 IDLE_POLL_S = 0.25
 """How often the systems not being measured are polled (their poll threads are stopped)."""
-
-# -- child processes ---------------------------------------------------------------------------------
-
-
-class ChildError(RuntimeError):
-    """A benchmark child raised (the message carries its traceback) or died."""
-
-
-def _child_main(conn: Any, role: str, kwargs: dict[str, Any]) -> None:
-    try:
-        side = _Side(role, **kwargs)
-        conn.send({"ok": side.hello()})
-    except BaseException:
-        conn.send({"error": traceback.format_exc()})
-        return
-    try:
-        while True:
-            try:
-                cmd = conn.recv()
-            except EOFError:
-                break
-            op = cmd.pop("op")
-            if op == "stop":
-                break
-            try:
-                conn.send({"ok": getattr(side, "op_" + op)(**cmd)})
-            except BaseException:
-                conn.send({"error": traceback.format_exc()})
-    finally:
-        side.close()
-        try:
-            conn.send({"ok": "stopped"})
-        except (OSError, ValueError):
-            pass
-
-
-class _Child:
-    def __init__(self, role: str, timeout_s: float = 300.0, **kwargs: Any) -> None:
-        ctx = mp.get_context("spawn")
-        self.role = role
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(theirs, role, kwargs), name=f"p0-{role}", daemon=True)
-        self.proc.start()
-        theirs.close()
-        self.hello = self._reply(timeout_s, "start")
-
-    def _reply(self, timeout_s: float, what: str) -> Any:
-        if not self.conn.poll(timeout_s):
-            self.kill()
-            raise ChildError(f"{self.role}: no answer to {what!r} within {timeout_s} s")
-        try:
-            msg = self.conn.recv()
-        except EOFError:
-            raise ChildError(f"{self.role}: died during {what!r} (exit code {self.proc.exitcode})") from None
-        if "error" in msg:
-            raise ChildError(f"{self.role}: {what!r} failed:\n{msg['error']}")
-        return msg["ok"]
-
-    def send(self, op: str, **kw: Any) -> None:
-        self.conn.send({"op": op, **kw})
-        self._pending = op
-
-    def result(self, timeout_s: float = 300.0) -> Any:
-        return self._reply(timeout_s, self._pending)
-
-    def call(self, op: str, timeout_s: float = 300.0, **kw: Any) -> Any:
-        self.send(op, **kw)
-        return self.result(timeout_s)
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.conn.send({"op": "stop"})
-                if self.conn.poll(60):
-                    self.conn.recv()
-            except (OSError, EOFError, ValueError):
-                pass
-            self.proc.join(20)
-        self.kill()
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        self.conn.close()
-
 
 # -- inside a child ----------------------------------------------------------------------------------
 
@@ -185,6 +103,38 @@ def _free_port(host: str = "127.0.0.1") -> int:
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+_GROUPS = (
+    ("kvtier-digest", "digest pool"),
+    ("kvtier-poll", "kvtier poll thread"),
+    ("vllm_offload_tier", "vLLM tier poll"),
+    ("ZMQbg", "libzmq I/O"),
+    ("p0-idle", "idle poller"),
+    ("p2p", "the seed's threads"),
+)
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of every live thread of this process, summed by group: the digest pool,
+    kvtier's poll thread, vLLM's tier poll thread, libzmq's I/O threads, the main (engine)
+    thread, and ``other`` (UCX/NIXL progress threads, torch, …).  From
+    ``/proc/self/task/*/schedstat`` (nanoseconds on a CPU; a thread that ended is no longer
+    counted)."""
+    main = str(os.getpid())
+    python = {str(t.native_id): t.name for t in threading.enumerate()}  # comm says "python" for these
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = python.get(tid) or f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                cpu = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+        group = "engine (main)" if tid == main else next((g for p, g in _GROUPS if name.startswith(p)), "other")
+        out[group] = out.get(group, 0.0) + cpu
+    return out
 
 
 def _key_hash(kid: str, i: int) -> bytes:
@@ -251,14 +201,14 @@ class _System:
             self.mgr._start_tier_poll_thread()
 
 
-class _Side:
+class Side:
     """One process: a TieringOffloadingManager per system, a raw NIXL agent, copy_ tensors."""
 
     def __init__(self, role: str, systems: Sequence[str], max_blocks: int, tag: str, host: str = "127.0.0.1",
                  netns: str | None = None, env: dict[str, str] | None = None) -> None:
         if netns is not None:
             # before any thread or socket exists: UCX and libzmq threads inherit the namespace
-            from kvtier.testing.netns import enter
+            from tests.support.netns import enter
 
             enter(netns, sysfs=True)
         os.environ.update(env or {})
@@ -388,6 +338,11 @@ class _Side:
     def op_cpu(self) -> float:
         return _cpu_s()
 
+    def op_threads(self) -> dict[str, float]:
+        """CPU seconds of this process's threads so far, summed by thread group (see
+        :func:`thread_cpu`)."""
+        return thread_cpu()
+
     def op_store(self, system: str, kid: str, n: int) -> dict[str, Any]:
         """Producer: prepare_store, write the rows, complete_store (→ tier.submit_store), finish."""
         from vllm.v1.kv_offload.base import ReqContext
@@ -414,11 +369,11 @@ class _Side:
         return {"job": jid, "submit_store_s": s.rec.store_wall[jid], "submit_store_cpu_s": s.rec.store_cpu[jid],
                 "complete_store_s": complete}
 
-    def op_stored(self, system: str, job: int, timeout_s: float = 120.0) -> bool:
+    def op_stored(self, system: str, job: int, wait_s: float = 120.0) -> bool:
         """Producer: wait for the store job's result (the consumer fetched it, or it was reaped)."""
         s = self.systems[system]
-        _, ok = s.rec.wait(job, timeout_s)
-        deadline = time.monotonic() + timeout_s
+        _, ok = s.rec.wait(job, wait_s)
+        deadline = time.monotonic() + wait_s
         while s.mgr._jobs:  # the manager processed it too (rows unpinned)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{system}: store jobs left {list(s.mgr._jobs)}")
@@ -426,7 +381,7 @@ class _Side:
         return ok
 
     def op_load(self, system: str, kid: str, n: int, host: str, port: int, expect_ok: bool = True,
-                timeout_s: float = 120.0) -> dict[str, Any]:
+                wait_s: float = 120.0) -> dict[str, Any]:
         """Consumer: lookups (HIT_PENDING) → on_schedule_end (→ tier.submit_load) → the result →
         lookups HIT → prepare_load, every row checked byte-exact → complete_load, finish."""
         from vllm.v1.kv_offload.base import LookupResult, ReqContext
@@ -443,9 +398,9 @@ class _Side:
         if first != [LookupResult.HIT_PENDING] * n:
             raise RuntimeError(f"{system}: first lookups {set(first)}, expected HIT_PENDING")
         (jid,) = set(s.rec.submitted) - before
-        t_done, ok = s.rec.wait(jid, timeout_s)
+        t_done, ok = s.rec.wait(jid, wait_s)
         out: dict[str, Any] = {"load_s": t_done - s.rec.submitted.pop(jid), "ok": ok, "exact": None}
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + wait_s
         while True:  # the manager applies the result (under its lock, from its poll thread)
             with s.mgr.lock:
                 res = [s.mgr.lookup(k, ctx) for k in ks]
@@ -474,7 +429,7 @@ class _Side:
     def op_raw_peer(self, descriptor: bytes) -> None:
         self.agent.add_peer("peer", descriptor)
 
-    def op_raw_write(self, kid: str, n: int, timeout_s: float = 60.0) -> dict[str, float]:
+    def op_raw_write(self, kid: str, n: int, wait_s: float = 60.0) -> dict[str, float]:
         """Producer: one WRITE of blocks 0..n-1 into the consumer's slots n-1..0 with a
         notification; busy-polls post → ``DONE``."""
         r64 = self.region.view(self.np.uint64)
@@ -483,19 +438,19 @@ class _Side:
         slots = list(range(n - 1, -1, -1))
         t0 = time.perf_counter()
         xid = self.agent.post_write("peer", list(range(n)), slots, notif=kid.encode())
-        deadline = t0 + timeout_s
+        deadline = t0 + wait_s
         while time.perf_counter() < deadline:
             for ev in self.agent.poll():
                 if getattr(ev, "xfer_id", None) == xid:
                     if ev.status != "done":
                         raise RuntimeError(f"raw WRITE failed: {ev.detail}")
                     return {"posted": t0, "done_s": time.perf_counter() - t0}
-        raise TimeoutError(f"raw WRITE of {n} blocks not done within {timeout_s} s")
+        raise TimeoutError(f"raw WRITE of {n} blocks not done within {wait_s} s")
 
-    def op_raw_recv(self, kid: str, n: int, timeout_s: float = 60.0) -> dict[str, Any]:
+    def op_raw_recv(self, kid: str, n: int, wait_s: float = 60.0) -> dict[str, Any]:
         """Consumer: progress our agent (a UCX tcp target must) until the WRITE's notification
         arrives, then check every slot byte-exact."""
-        deadline = time.perf_counter() + timeout_s
+        deadline = time.perf_counter() + wait_s
         want = kid.encode()
         while time.perf_counter() < deadline:
             for note in self.agent.progress():
@@ -505,7 +460,7 @@ class _Side:
                     exact = all(self._exact(r64[n - 1 - i], kid, i) for i in range(n))
                     return {"notified": t, "exact": exact}
             time.sleep(0.00005)
-        raise TimeoutError(f"no notification for {kid} within {timeout_s} s")
+        raise TimeoutError(f"no notification for {kid} within {wait_s} s")
 
     def op_copy(self, n: int) -> float:
         """Consumer: torch ``copy_`` of ``n`` source blocks into ``n`` destination rows, one by one."""
@@ -563,9 +518,9 @@ def run(quick: bool = False, log: Callable[[str], None] = print, rounds: int | N
     """Run P0; returns a result record (``rows`` per size and system, ``late``, ``machine``).
 
     ``two_hosts``: producer and consumer in two network namespaces joined by a veth pair
-    (:class:`kvtier.testing.netns.TwoHosts`; root), NIXL with UCX over TCP on it."""
+    (:class:`tests.support.netns.TwoHosts`; root), NIXL with UCX over TCP on it."""
     if two_hosts:
-        from kvtier.testing.netns import TwoHosts, unavailable_reason
+        from tests.support.netns import TwoHosts, unavailable_reason
 
         why = unavailable_reason()
         if why:
@@ -584,7 +539,7 @@ def run(quick: bool = False, log: Callable[[str], None] = print, rounds: int | N
 
 def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_rounds: int | None,
          systems: Sequence[str], sides: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
-    from kvtier.bench._util import CpuMeter, machine_info, summary
+    from bench._util import CpuMeter, machine_info, summary
 
     sizes = QUICK_SIZES_MIB if quick else SIZES_MIB
     rounds = rounds or (3 if quick else 9)
@@ -594,11 +549,14 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
     meter = CpuMeter()
     log(f"P0: starting producer and consumer ({', '.join(systems)}; {max_blocks} MiB primaries)")
     tag = uuid.uuid4().hex[:8]
-    prod = _Child("producer", systems=list(systems), max_blocks=max_blocks, tag=tag, **sides[0])
+    from tools.child import Child, start_all
+
+    children = [Child("bench.seed", "Side", {"role": role, "systems": list(systems), "max_blocks": max_blocks,
+                                             "tag": tag, **side}, name=f"p0-{role}", call_timeout_s=300)
+                for role, side in zip(("producer", "consumer"), sides)]
     try:
-        cons = _Child("consumer", systems=list(systems), max_blocks=max_blocks, tag=tag, **sides[1])
+        prod, cons = start_all(*children, timeout_s=300)
     except BaseException:
-        prod.close()
         _remove_shm(tag)
         raise
     samples: dict[tuple[int, str], dict[str, list[float]]] = {}
@@ -615,14 +573,20 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
             for c in (prod, cons):
                 c.call("activate", system=system)
             c0p, c0c = prod.call("cpu"), cons.call("cpu")
+            t0p, t0c = prod.call("threads"), cons.call("threads")
             st = prod.call("store", system=system, kid=kid, n=n)
             ld = cons.call("load", system=system, kid=kid, n=n, host=host, port=int(port))
             if not prod.call("stored", system=system, job=st["job"]):
                 raise RuntimeError(f"{system}: the producer's store job failed after a successful load")
             c1p, c1c = prod.call("cpu"), cons.call("cpu")
-            return {"load_s": ld["load_s"], "submit_store_s": st["submit_store_s"],
-                    "submit_store_cpu_s": st["submit_store_cpu_s"], "complete_store_s": st["complete_store_s"],
-                    "cpu_prod_s": c1p - c0p, "cpu_cons_s": c1c - c0c}
+            t1p, t1c = prod.call("threads"), cons.call("threads")
+            out = {"load_s": ld["load_s"], "submit_store_s": st["submit_store_s"],
+                   "submit_store_cpu_s": st["submit_store_cpu_s"], "complete_store_s": st["complete_store_s"],
+                   "cpu_prod_s": c1p - c0p, "cpu_cons_s": c1c - c0c}
+            for side, a, b in (("prod", t0p, t1p), ("cons", t0c, t1c)):
+                for group in set(a) | set(b):
+                    out[f"thr_{side}_{group}"] = b.get(group, 0.0) - a.get(group, 0.0)
+            return out
 
         def raw_write(kid: str, n: int) -> dict[str, float]:
             cons.send("raw_recv", kid=kid, n=n)
@@ -687,11 +651,15 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
                 gb = mib * MiB / 1e9
                 row["cpu_s_per_gb"] = {"producer": _median(d["cpu_prod_s"]) / gb,
                                        "consumer": _median(d["cpu_cons_s"]) / gb}
+                row["thread_cpu_s_per_gb"] = {  # mean over the rounds: per hand-off it is noise
+                    side: {k.split("_", 2)[2]: sum(v) / len(v) / gb for k, v in sorted(d.items())
+                           if k.startswith(f"thr_{tag}_") and sum(v) > 0}
+                    for side, tag in (("producer", "prod"), ("consumer", "cons"))}
             rows.append(row)
     noise = meter.stop()
     targets = _targets(samples, sizes, systems)
     ratio, kv, base = _headline(samples, sizes, systems)
-    return {"id": "P0", "title": "the seed (vLLM 0.33.0 p2p) vs kvtier through vLLM's TieringOffloadingManager",
+    return {"id": "P0", "title": TITLE,
             "status": "ok", "quick": quick, "rounds": rounds, "block_bytes": ROW, "rows": rows,
             "late_s": {s: summary(v) for s, v in late.items() if v}, "ratio": ratio, "kvtier": kv,
             "baseline": base, "targets": targets, "noise": noise, "machine": machine_info(),
@@ -706,7 +674,7 @@ def _paired(samples: dict, mib: int, a: str, b: str, key: str = "load_s") -> lis
 
 def _headline(samples: dict, sizes: Sequence[int], systems: Sequence[str]) -> tuple[dict, dict, dict]:
     """The suite's headline: kvtier nixl's hand-off time over the seed's at the largest size."""
-    from kvtier.bench._util import summary
+    from bench._util import summary
 
     mib = max(sizes)
     a = "kvtier_nixl" if "kvtier_nixl" in systems else systems[-1]
@@ -720,7 +688,7 @@ def _headline(samples: dict, sizes: Sequence[int], systems: Sequence[str]) -> tu
 
 def _targets(samples: dict, sizes: Sequence[int], systems: Sequence[str]) -> list[dict[str, Any]]:
     """The targets of the issue that P0 measures, each from the per-round paired ratios' median."""
-    from kvtier.bench._util import target
+    from bench._util import target
 
     out: list[dict[str, Any]] = []
 
@@ -798,6 +766,16 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"| {mib} MiB | " + " | ".join(
             f"{by[(mib, s)]['cpu_s_per_gb']['producer']:.2f} / {by[(mib, s)]['cpu_s_per_gb']['consumer']:.2f}"
             for s in systems) + " |")
+    big = max(sizes)
+    thr = {s: by[(big, s)].get("thread_cpu_s_per_gb") for s in systems if by.get((big, s))}
+    if any(thr.values()):
+        lines += ["", f"| CPU s per GB by thread, {big} MiB (producer; consumer) | " + " | ".join(
+            names[s] for s in systems) + " |", "|---|" + "---|" * len(systems)]
+        for side in ("producer", "consumer"):
+            groups = sorted({g for s in systems for g in (thr.get(s) or {}).get(side, {})})
+            for g in groups:
+                lines.append(f"| {side}: {g} | " + " | ".join(
+                    f"{(thr.get(s) or {}).get(side, {}).get(g, 0.0):.3f}" for s in systems) + " |")
     if res.get("late_s"):
         lines += ["", "| late fetch (reaped id): `submit_load` → failed result | " + " | ".join(
             names[s] for s in systems if s in res["late_s"]) + " |", "|---|" + "---|" * len(res["late_s"])]
@@ -818,8 +796,34 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def unavailable() -> str | None:
+    """Why P0 cannot run here (NIXL or vLLM 0.33.0's p2p tier missing), or None."""
+    try:
+        import importlib
+
+        importlib.import_module("nixl_cu12")
+    except ImportError as exc:
+        return f"NIXL (nixl-cu12) is not installed: {exc}"
+    try:
+        from vllm.v1.kv_offload.tiering.p2p.manager import P2PSecondaryTierManager  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a half-installed stack raises TypeError and the like
+        return f"vLLM 0.33.0's p2p tier is not importable: {exc!r}"
+    return None
+
+
+def run_p0(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """The suite's entry (``python -m bench --only P0``): one host, every system; skipped with
+    the reason when NIXL or vLLM's p2p tier is missing."""
+    why = unavailable()
+    if why is not None:
+        return {"P0": {"id": "P0", "title": TITLE, "status": "skipped", "reason": why}}
+    res = run(quick, log)
+    res["method"] = render(res)
+    return {"P0": res}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvtier.bench.seed", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.seed", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 and 8 MiB only, 3 rounds, 1 late round")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 9; quick 3)")
     ap.add_argument("--late-rounds", type=int, default=None, help="late-fetch rounds (default 3; quick 1)")

@@ -1,4 +1,4 @@
-"""Smoke test of P0 (``kvtier.bench.seed``): the seed's p2p tier and kvtier's adapter on both
+"""Smoke test of P0 (``bench/seed.py``): the seed's p2p tier and kvtier's adapter on both
 planes, driven through vLLM's TieringOffloadingManager in two processes, hand off every size of
 ``--quick`` byte-exact (the benchmark raises otherwise), and the result record is complete.
 Nothing about timings is asserted."""
@@ -16,7 +16,7 @@ try:
 except Exception as exc:  # noqa: BLE001 - a half-installed stack raises TypeError and the like
     pytest.skip(f"vLLM 0.33.0's p2p tier is not importable here: {exc!r}", allow_module_level=True)
 
-from kvtier.bench import seed
+from bench import seed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
