@@ -156,6 +156,13 @@ class KvTierManager:
                                       on_error=self._metrics.internal_error)
 
     @property
+    def digest_pool(self) -> DigestPool | None:
+        """The pool that takes large stores' digests and does large landings (config
+        ``digest_threads``; ``None`` with ``digest_threads=0`` or ``integrity="none"``); closed,
+        its threads joined, by :meth:`shutdown` and :meth:`close_abruptly`."""
+        return self._digest_pool
+
+    @property
     def lock(self) -> threading.RLock:
         """The manager's re-entrant lock: every public method takes it (and the poll thread, while
         it ticks).  Hold it to read :attr:`core` consistently while ``background_poll`` runs, or

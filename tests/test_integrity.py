@@ -28,6 +28,7 @@ from kvtier.integrity import (
     check_blocks,
     default_threads,
     digest,
+    land_blocks,
     usable_cpus,
 )
 
@@ -250,3 +251,35 @@ def test_default_size_follows_the_machine() -> None:
         assert p.threads == n
     finally:
         p.close()
+
+
+# -- landing: copy then check --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [4096, GIL_RELEASE_BYTES + 1, 2 * MiB])
+def test_land_copies_and_checks_block_by_block_serial_and_pooled(pool: DigestPool, size: int) -> None:
+    src = blocks(6, size, seed=3)
+    want = [digest(b) for b in src]
+    for run in ("serial", "pool"):
+        dst = blocks(6, size, seed=99)
+        bad = land_blocks(dst, src, want, "xxh3_64") if run == "serial" else pool.submit_land(dst, src, want).result()
+        assert bad == -1 and [bytes(d) for d in dst] == [bytes(b) for b in src], run
+    wrong = list(want)
+    wrong[4] ^= 1
+    wrong[2] ^= 1
+    dst = blocks(6, size, seed=98)
+    assert pool.submit_land(dst, src, wrong).result() == 2
+    assert [bytes(d) for d in dst] == [bytes(b) for b in src]  # the pool copies every block
+    dst = blocks(6, size, seed=97)
+    assert land_blocks(dst, src, wrong, "xxh3_64") == 2
+    assert bytes(dst[2]) == bytes(src[2]) and bytes(dst[3]) != bytes(src[3])  # stops after the first
+    assert land_blocks(blocks(6, size), src, [], "none") == -1
+    assert land_blocks(blocks(6, size), src, want[:3], "xxh3_64") == 0  # a short digest list
+
+
+def test_land_refuses_a_size_mismatch_before_copying(pool: DigestPool) -> None:
+    src, dst = blocks(2, 4096), blocks(2, 8192)
+    with pytest.raises(ValueError, match="block 0 has 4096 bytes"):
+        pool.submit_land(dst, src, [0, 0])
+    with pytest.raises(ValueError, match="block 0 has 4096 bytes"):
+        land_blocks(dst, src, [0, 0], "xxh3_64")
