@@ -205,7 +205,8 @@ class Side:
     """One process: a TieringOffloadingManager per system, a raw NIXL agent, copy_ tensors."""
 
     def __init__(self, role: str, systems: Sequence[str], max_blocks: int, tag: str, host: str = "127.0.0.1",
-                 netns: str | None = None, env: dict[str, str] | None = None) -> None:
+                 netns: str | None = None, env: dict[str, str] | None = None, limits: bool = False,
+                 batch_bytes: int | None = None, tail_bytes: int | None = None) -> None:
         if netns is not None:
             # before any thread or socket exists: UCX and libzmq threads inherit the namespace
             from tests.support.netns import enter
@@ -223,6 +224,11 @@ class Side:
 
         for name in ("vllm", "kvtier"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        if batch_bytes is not None or tail_bytes is not None:  # measuring batch sizes (decision I14)
+            import kvtier.shell.outbound as outbound
+
+            outbound.MAX_BATCH_BYTES = batch_bytes or outbound.MAX_BATCH_BYTES
+            outbound.TAIL_BYTES = tail_bytes or outbound.TAIL_BYTES
         self.np = np
         self.role = role
         self.tag = tag
@@ -240,6 +246,8 @@ class Side:
         self._keeper = threading.Thread(target=self._keep_idle, name="p0-idle-poll", daemon=True)
         self._keeper.start()
         self.req_n = 0
+        if not limits:
+            return
         from kvtier.dataplane.nixl_agent import NixlBlockAgent
 
         self.region = np.zeros((max_blocks, ROW), dtype=np.uint8)
@@ -266,8 +274,10 @@ class Side:
         if name == "seed":
             entry: dict[str, Any] = {"type": "p2p", "host": self.host, "port": port}
         else:
+            # peer_timeout_s: a pair not being measured is frozen (SIGSTOP) for a while; its
+            # sessions must still be there when it is thawed (the seed's have no such timer)
             entry = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "host": self.host,
-                     "port": port, "data_plane": name.removeprefix("kvtier_")}
+                     "port": port, "data_plane": name.removeprefix("kvtier_"), "peer_timeout_s": 600.0}
         if producer:
             entry["unbound_store_timeout_s"] = UNBOUND_S
         cfg = OffloadingConfig(
@@ -292,7 +302,7 @@ class Side:
 
     def hello(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "addresses": {n: s.address for n, s in self.systems.items()},
-                "descriptor": self.agent.descriptor()}
+                "descriptor": self.agent.descriptor() if self.agent is not None else None}
 
     # -- helpers -----------------------------------------------------------------------------
     def _keys(self, kid: str, n: int) -> list[bytes]:
@@ -514,11 +524,16 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def run(quick: bool = False, log: Callable[[str], None] = print, rounds: int | None = None,
-        late_rounds: int | None = None, systems: Sequence[str] = SYSTEMS, two_hosts: bool = False) -> dict[str, Any]:
+        late_rounds: int | None = None, systems: Sequence[str] = SYSTEMS, two_hosts: bool = False,
+        sizes: Sequence[int] | None = None, batch_bytes: int | None = None,
+        tail_bytes: int | None = None) -> dict[str, Any]:
     """Run P0; returns a result record (``rows`` per size and system, ``late``, ``machine``).
 
     ``two_hosts``: producer and consumer in two network namespaces joined by a veth pair
-    (:class:`tests.support.netns.TwoHosts`; root), NIXL with UCX over TCP on it."""
+    (:class:`tests.support.netns.TwoHosts`; root), NIXL with UCX over TCP on it.  ``sizes``: MiB
+    per request (default 1, 8, 64, 256; quick 1, 8).  ``batch_bytes``/``tail_bytes``: kvtier's
+    batch plan in the children (measuring it; default the shipped constants)."""
+    plan = {"batch_bytes": batch_bytes, "tail_bytes": tail_bytes}
     if two_hosts:
         from tests.support.netns import TwoHosts, unavailable_reason
 
@@ -529,49 +544,87 @@ def run(quick: bool = False, log: Callable[[str], None] = print, rounds: int | N
             def ucx(dev: str) -> dict[str, str]:
                 return {"UCX_TLS": "tcp", "UCX_NET_DEVICES": dev, "UCX_TCP_USER_TIMEOUT": "2s"}
 
-            sides = ({"host": h.addr_a, "netns": h.a, "env": ucx(h.dev_a)},
-                     {"host": h.addr_b, "netns": h.b, "env": ucx(h.dev_b)})
-            res = _run(quick, log, rounds, late_rounds, systems, sides)
+            sides = ({"host": h.addr_a, "netns": h.a, "env": ucx(h.dev_a), **plan},
+                     {"host": h.addr_b, "netns": h.b, "env": ucx(h.dev_b), **plan})
+            res = _run(quick, log, rounds, late_rounds, systems, sides, sizes)
         res["two_hosts"] = True
         return res
-    return _run(quick, log, rounds, late_rounds, systems, ({}, {}))
+    return _run(quick, log, rounds, late_rounds, systems, (plan, plan), sizes)
+
+
+SETTLE_S = 0.05
+"""After a frozen pair is thawed, this long before it is measured (heartbeats, deadlines due)."""
 
 
 def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_rounds: int | None,
-         systems: Sequence[str], sides: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
-    from bench._util import CpuMeter, machine_info, summary
+         systems: Sequence[str], sides: tuple[dict[str, Any], dict[str, Any]],
+         sizes: Sequence[int] | None = None) -> dict[str, Any]:
+    """Every system, and the limits, in a pair of processes of its own; only the pair being
+    measured runs, the others are frozen (SIGSTOP): the seed's NIXL agent runs its progress
+    thread, which keeps a core busy even when idle, and would otherwise run beside every other
+    system's hand-offs."""
+    import signal
 
-    sizes = QUICK_SIZES_MIB if quick else SIZES_MIB
+    from bench._util import CpuMeter, machine_info, summary
+    from tools.child import Child, start_all
+
+    sizes = tuple(sizes or (QUICK_SIZES_MIB if quick else SIZES_MIB))
     rounds = rounds or (3 if quick else 9)
     late_rounds = late_rounds or (1 if quick else 3)
     max_blocks = max(sizes)
     t_start = time.monotonic()
     meter = CpuMeter()
-    log(f"P0: starting producer and consumer ({', '.join(systems)}; {max_blocks} MiB primaries)")
+    names = [*systems, "limits"]
+    log(f"P0: starting a producer and a consumer for each of {', '.join(names)} ({max_blocks} MiB primaries)")
     tag = uuid.uuid4().hex[:8]
-    from tools.child import Child, start_all
-
-    children = [Child("bench.seed", "Side", {"role": role, "systems": list(systems), "max_blocks": max_blocks,
-                                             "tag": tag, **side}, name=f"p0-{role}", call_timeout_s=300)
-                for role, side in zip(("producer", "consumer"), sides)]
+    children: list[Child] = []
+    for name in names:
+        for role, side in zip(("producer", "consumer"), sides):
+            kw = {"role": role, "systems": [] if name == "limits" else [name], "max_blocks": max_blocks,
+                  "tag": tag, "limits": name == "limits", **side}
+            children.append(Child("bench.seed", "Side", kw, name=f"p0-{name}-{role}", call_timeout_s=300))
     try:
-        prod, cons = start_all(*children, timeout_s=300)
+        start_all(*children, timeout_s=600)
     except BaseException:
         _remove_shm(tag)
         raise
+    pairs = {name: (children[2 * i], children[2 * i + 1]) for i, name in enumerate(names)}
+    frozen: set[str] = set()
+
+    def freeze(name: str) -> None:
+        for c in pairs[name]:
+            os.kill(c.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        frozen.add(name)
+
+    def thaw(name: str) -> None:
+        if name in frozen:
+            for c in pairs[name]:
+                try:
+                    os.kill(c.pid, signal.SIGCONT)  # type: ignore[arg-type]
+                except ProcessLookupError:  # it died (its caller reports why)
+                    pass
+            frozen.discard(name)
+            time.sleep(SETTLE_S)
+
+    def only(name: str) -> tuple[Child, Child]:
+        for other in names:
+            if other != name and other not in frozen:
+                freeze(other)
+        thaw(name)
+        return pairs[name]
+
     samples: dict[tuple[int, str], dict[str, list[float]]] = {}
     late: dict[str, list[float]] = {s: [] for s in systems}
     try:
-        prod.call("raw_peer", descriptor=cons.hello["descriptor"])
-        cons.call("raw_peer", descriptor=prod.hello["descriptor"])
-        addrs = prod.hello["addresses"]
+        lp, lc = only("limits")
+        lp.call("raw_peer", descriptor=lc.hello["descriptor"])
+        lc.call("raw_peer", descriptor=lp.hello["descriptor"])
         seq = iter(range(10**9))
 
         def hand_off(system: str, n: int) -> dict[str, float]:
+            prod, cons = only(system)
             kid = f"p0-{system}-{n}-{next(seq)}"
-            host, port = addrs[system].rsplit(":", 1)
-            for c in (prod, cons):
-                c.call("activate", system=system)
+            host, port = prod.hello["addresses"][system].rsplit(":", 1)
             c0p, c0c = prod.call("cpu"), cons.call("cpu")
             t0p, t0c = prod.call("threads"), cons.call("threads")
             st = prod.call("store", system=system, kid=kid, n=n)
@@ -589,6 +642,7 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
             return out
 
         def raw_write(kid: str, n: int) -> dict[str, float]:
+            prod, cons = only("limits")
             cons.send("raw_recv", kid=kid, n=n)
             w = prod.call("raw_write", kid=kid, n=n)
             got = cons.result()
@@ -598,10 +652,12 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
 
         log("P0: warm-up (handshakes, first touch)")
         for system in systems:
+            for c in only(system):
+                c.call("activate", system=system)
             hand_off(system, min(8, max_blocks))
             hand_off(system, max_blocks)
         raw_write("warm", max_blocks)
-        cons.call("copy", n=max_blocks)
+        only("limits")[1].call("copy", n=max_blocks)
 
         for r in range(rounds):
             order = list(systems[r % len(systems):]) + list(systems[: r % len(systems)])
@@ -617,15 +673,15 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
                 d = samples.setdefault((mib, "raw_nixl"), {})
                 d.setdefault("load_s", []).append(raw["done_s"])
                 d.setdefault("notified_s", []).append(raw["notified_s"])
-                samples.setdefault((mib, "copy"), {}).setdefault("load_s", []).append(cons.call("copy", n=n))
+                samples.setdefault((mib, "copy"), {}).setdefault("load_s", []).append(
+                    only("limits")[1].call("copy", n=n))
             log(f"P0: round {r + 1}/{rounds} done ({time.monotonic() - t_start:.0f} s)")
 
         log("P0: late fetches (reaped ids)")
         for r in range(late_rounds):
             for system in systems:
-                host, port = addrs[system].rsplit(":", 1)
-                for c in (prod, cons):
-                    c.call("activate", system=system)
+                prod, cons = only(system)
+                host, port = prod.hello["addresses"][system].rsplit(":", 1)
                 kid = f"late-{system}-{r}"
                 st = prod.call("store", system=system, kid=kid, n=1)
                 time.sleep(UNBOUND_S + 0.5)
@@ -633,8 +689,10 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
                 late[system].append(ld["load_s"])
                 prod.call("stored", system=system, job=st["job"])
     finally:
-        cons.close()
-        prod.close()
+        for name in list(frozen):
+            thaw(name)
+        for c in reversed(children):  # consumers first: their producers see a clean disconnect
+            c.close()
         _remove_shm(tag)
 
     rows = []
