@@ -183,6 +183,41 @@ class _Recorder:
             return self.finished.pop(job_id)
 
 
+class _Trace:
+    """When kvtier's data plane posted a transfer, reported what (``Released``, ``Notified``,
+    ``Landed`` …) and started landings: ``(event, perf_counter)`` pairs, for the per-hop table."""
+
+    def __init__(self, plane: Any) -> None:
+        self.events: list[tuple[str, float]] = []
+        post, poll, land = plane.post, plane.poll, plane.land
+        ev = self.events
+
+        def traced_post(*a: Any) -> Any:
+            ev.append(("post", time.perf_counter()))
+            return post(*a)
+
+        def traced_poll() -> Any:
+            out = poll()
+            if out:
+                t = time.perf_counter()
+                ev.extend((type(r).__name__, t) for r in out)
+            return out
+
+        def traced_land(*a: Any) -> Any:
+            ev.append(("land", time.perf_counter()))
+            bad = land(*a)
+            if bad is not None:
+                ev.append(("Landed", time.perf_counter()))  # done on the calling thread
+            return bad
+
+        plane.post, plane.poll, plane.land = traced_post, traced_poll, traced_land  # instance attributes
+
+    def take(self) -> list[tuple[str, float]]:
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+
 class _System:
     def __init__(self, name: str, mgr: Any, address: str) -> None:
         self.name = name
@@ -191,6 +226,8 @@ class _System:
         self.rec = _Recorder(self.tier)
         self.address = address
         self.view: Any = None  # the primary as (rows, ROW // 8) uint64
+        kv = getattr(self.tier, "kvtier", None)
+        self.trace = _Trace(kv.plane) if kv is not None else None
 
     def pause(self) -> None:
         self.mgr._stop_tier_poll_thread()
@@ -358,6 +395,8 @@ class Side:
         from vllm.v1.kv_offload.base import ReqContext
 
         s = self.systems[system]
+        if s.trace is not None:
+            s.trace.take()
         ks = self._keys(kid, n)
         ctx = ReqContext(f"P-{kid}", kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
         with s.mgr.lock:
@@ -379,10 +418,15 @@ class Side:
         return {"job": jid, "submit_store_s": s.rec.store_wall[jid], "submit_store_cpu_s": s.rec.store_cpu[jid],
                 "complete_store_s": complete}
 
+    def op_trace(self) -> list[tuple[str, float]]:
+        """Producer: the plane events of the last hand-off :meth:`op_stored` waited for."""
+        return getattr(self, "last_trace", [])
+
     def op_stored(self, system: str, job: int, wait_s: float = 120.0) -> bool:
         """Producer: wait for the store job's result (the consumer fetched it, or it was reaped)."""
         s = self.systems[system]
         _, ok = s.rec.wait(job, wait_s)
+        self.last_trace = s.trace.take() if s.trace is not None else []
         deadline = time.monotonic() + wait_s
         while s.mgr._jobs:  # the manager processed it too (rows unpinned)
             if time.monotonic() > deadline:
@@ -401,6 +445,8 @@ class Side:
         ctx = ReqContext(f"D-{kid}", kv_transfer_params={"remote_prefiller": {
             "kv_request_id": kid, "remote_host": host, "remote_port": port}})
         before = set(s.rec.submitted)
+        if s.trace is not None:
+            s.trace.take()
         with s.mgr.lock:
             s.mgr.on_new_request(ctx)
             first = [s.mgr.lookup(k, ctx) for k in ks]
@@ -409,7 +455,9 @@ class Side:
             raise RuntimeError(f"{system}: first lookups {set(first)}, expected HIT_PENDING")
         (jid,) = set(s.rec.submitted) - before
         t_done, ok = s.rec.wait(jid, wait_s)
-        out: dict[str, Any] = {"load_s": t_done - s.rec.submitted.pop(jid), "ok": ok, "exact": None}
+        t_sub = s.rec.submitted.pop(jid)
+        out: dict[str, Any] = {"load_s": t_done - t_sub, "ok": ok, "exact": None, "t_submit": t_sub,
+                               "t_done": t_done, "trace": s.trace.take() if s.trace is not None else []}
         deadline = time.monotonic() + wait_s
         while True:  # the manager applies the result (under its lock, from its poll thread)
             with s.mgr.lock:
@@ -639,6 +687,7 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
             for side, a, b in (("prod", t0p, t1p), ("cons", t0c, t1c)):
                 for group in set(a) | set(b):
                     out[f"thr_{side}_{group}"] = b.get(group, 0.0) - a.get(group, 0.0)
+            out.update(_hops(ld, prod.call("trace")))
             return out
 
         def raw_write(kid: str, n: int) -> dict[str, float]:
@@ -709,6 +758,9 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
                 gb = mib * MiB / 1e9
                 row["cpu_s_per_gb"] = {"producer": _median(d["cpu_prod_s"]) / gb,
                                        "consumer": _median(d["cpu_cons_s"]) / gb}
+                hops = {k: summary(d[k]) for k, _ in HOPS if d.get(k)}
+                if hops:
+                    row["hops_s"] = hops
                 row["thread_cpu_s_per_gb"] = {  # mean over the rounds: per hand-off it is noise
                     side: {k.split("_", 2)[2]: sum(v) / len(v) / gb for k, v in sorted(d.items())
                            if k.startswith(f"thr_{tag}_") and sum(v) > 0}
@@ -722,6 +774,32 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
             "late_s": {s: summary(v) for s, v in late.items() if v}, "ratio": ratio, "kvtier": kv,
             "baseline": base, "targets": targets, "noise": noise, "machine": machine_info(),
             "wall_s": time.monotonic() - t_start}
+
+
+HOPS = (
+    ("hop_fetch", "submit_load → the producer's plane posts (fetch, producer tick)"),
+    ("hop_write", "post → the producer's plane released every block (WRITEs / sends done)"),
+    ("hop_first", "post → the consumer's first landing starts (first batch written / sent)"),
+    ("hop_stream", "first → last landing started (the other batches)"),
+    ("hop_check", "last landing started → every landing checked"),
+    ("hop_result", "every landing checked → the job's result reaches vLLM"),
+)
+
+
+def _hops(load: dict[str, Any], producer: list[tuple[str, float]]) -> dict[str, float]:
+    """Where a kvtier hand-off's time went (seconds per hop, see :data:`HOPS`), from the two
+    planes' traces; empty for the seed (whose plane is not traced)."""
+    cons = load.get("trace") or []
+    posts = [t for e, t in producer if e == "post"]
+    lands = [t for e, t in cons if e == "land"]
+    landed = [t for e, t in cons if e == "Landed"]
+    if not (posts and lands and landed):
+        return {}
+    released = [t for e, t in producer if e == "Released"]
+    out = {"hop_write": released[-1] - posts[0]} if released else {}
+    return out | {"hop_fetch": posts[0] - load["t_submit"], "hop_first": lands[0] - posts[0],
+            "hop_stream": lands[-1] - lands[0], "hop_check": max(landed) - lands[-1],
+            "hop_result": load["t_done"] - max(landed)}
 
 
 def _paired(samples: dict, mib: int, a: str, b: str, key: str = "load_s") -> list[float]:
@@ -824,6 +902,16 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"| {mib} MiB | " + " | ".join(
             f"{by[(mib, s)]['cpu_s_per_gb']['producer']:.2f} / {by[(mib, s)]['cpu_s_per_gb']['consumer']:.2f}"
             for s in systems) + " |")
+    hop_systems = [s for s in systems if any("hops_s" in by.get((m, s), {}) for m in sizes)]
+    if hop_systems:
+        lines += ["", "| where kvtier's hand-off time goes, median ms (" + ", ".join(
+            f"{names[s]}" for s in hop_systems) + ") | " + " | ".join(f"{m} MiB" for m in sizes) + " |",
+            "|---|" + "---|" * len(sizes)]
+        for s in hop_systems:
+            for k, text in HOPS:
+                lines.append(f"| {names[s]}: {text} | " + " | ".join(
+                    f"{by[(m, s)]['hops_s'][k]['median'] * 1e3:.2f}" if k in by.get((m, s), {}).get("hops_s", {})
+                    else "—" for m in sizes) + " |")
     big = max(sizes)
     thr = {s: by[(big, s)].get("thread_cpu_s_per_gb") for s in systems if by.get((big, s))}
     if any(thr.values()):

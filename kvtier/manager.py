@@ -396,6 +396,12 @@ class KvTierManager:
         with self._lock:
             return self._jobs.outstanding()
 
+    def is_outstanding(self, job_id: int) -> bool:
+        """Whether job ``job_id`` is in :meth:`outstanding_jobs` (O(1), for a caller that asks per
+        submitted job)."""
+        with self._lock:
+            return self._jobs.is_outstanding(job_id)
+
     def jobs_in_flight(self, kv_request_id: str | None = None) -> frozenset[int]:
         """Ids of the submitted jobs that have no result yet (the core still works on them), all
         or only those of ``kv_request_id``."""
