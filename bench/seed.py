@@ -243,7 +243,8 @@ class Side:
 
     def __init__(self, role: str, systems: Sequence[str], max_blocks: int, tag: str, host: str = "127.0.0.1",
                  netns: str | None = None, env: dict[str, str] | None = None, limits: bool = False,
-                 batch_bytes: int | None = None, tail_bytes: int | None = None) -> None:
+                 batch_bytes: int | None = None, tail_bytes: int | None = None,
+                 window_bytes: int | None = None) -> None:
         if netns is not None:
             # before any thread or socket exists: UCX and libzmq threads inherit the namespace
             from tests.support.netns import enter
@@ -266,6 +267,10 @@ class Side:
 
             outbound.MAX_BATCH_BYTES = batch_bytes or outbound.MAX_BATCH_BYTES
             outbound.TAIL_BYTES = tail_bytes or outbound.TAIL_BYTES
+        if window_bytes is not None:
+            import kvtier.dataplane.nixl as nixl_plane
+
+            nixl_plane.WINDOW_BYTES = window_bytes
         self.np = np
         self.role = role
         self.tag = tag
@@ -574,14 +579,15 @@ def _median(xs: Sequence[float]) -> float:
 def run(quick: bool = False, log: Callable[[str], None] = print, rounds: int | None = None,
         late_rounds: int | None = None, systems: Sequence[str] = SYSTEMS, two_hosts: bool = False,
         sizes: Sequence[int] | None = None, batch_bytes: int | None = None,
-        tail_bytes: int | None = None) -> dict[str, Any]:
+        tail_bytes: int | None = None, window_bytes: int | None = None) -> dict[str, Any]:
     """Run P0; returns a result record (``rows`` per size and system, ``late``, ``machine``).
 
     ``two_hosts``: producer and consumer in two network namespaces joined by a veth pair
     (:class:`tests.support.netns.TwoHosts`; root), NIXL with UCX over TCP on it.  ``sizes``: MiB
     per request (default 1, 8, 64, 256; quick 1, 8).  ``batch_bytes``/``tail_bytes``: kvtier's
-    batch plan in the children (measuring it; default the shipped constants)."""
-    plan = {"batch_bytes": batch_bytes, "tail_bytes": tail_bytes}
+    batch plan and the NIXL plane's window in the children (measuring them; default the shipped
+    constants)."""
+    plan = {"batch_bytes": batch_bytes, "tail_bytes": tail_bytes, "window_bytes": window_bytes}
     if two_hosts:
         from tests.support.netns import TwoHosts, unavailable_reason
 
@@ -977,13 +983,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the result record here")
     ap.add_argument("--two-hosts", action="store_true",
                     help="producer and consumer in two network namespaces, NIXL over UCX tcp (root)")
+    ap.add_argument("--sizes", default=None, help="comma-separated MiB per request (default 1,8,64,256)")
+    ap.add_argument("--batch-mib", type=float, default=None, help="kvtier's largest batch (measuring it)")
+    ap.add_argument("--tail-mib", type=float, default=None, help="kvtier's last batch (measuring it)")
+    ap.add_argument("--window-mib", type=float, default=None, help="the NIXL plane's window (measuring it)")
     a = ap.parse_args(argv)
+    mib = (lambda x: None if x is None else int(x * MiB))
     systems = [s.strip() for s in a.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
         ap.error(f"unknown systems {bad}; choose from {','.join(SYSTEMS)}")
+    sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else None
     res = run(a.quick, lambda m: print(m, file=sys.stderr, flush=True), a.rounds, a.late_rounds, systems,
-              two_hosts=a.two_hosts)
+              two_hosts=a.two_hosts, sizes=sizes, batch_bytes=mib(a.batch_mib), tail_bytes=mib(a.tail_mib),
+              window_bytes=mib(a.window_mib))
+    res["plan"] = {"batch_mib": a.batch_mib, "tail_mib": a.tail_mib, "window_mib": a.window_mib}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=str)

@@ -142,7 +142,8 @@ class KvTierManager:
         self._work = ByteWork(algorithm=cfg.integrity, digest_pool=self._digest_pool, block_bytes=pool.block_bytes,
                               metrics=self._metrics, logs=self._logs)
         outbound = Outbound(transport=self.transport, plane=self.plane, pool=pool, jobs=self._jobs,
-                            metrics=self._metrics, logs=self._logs, work=self._work, clock=self.clock)
+                            metrics=self._metrics, logs=self._logs, work=self._work, clock=self.clock,
+                            loads=self.core.consumer)
         inbound = Inbound(transport=self.transport, plane=self.plane, decoder=decoder, metrics=self._metrics,
                           logs=self._logs, clock=self.clock, posted=outbound.posted, work=self._work)
         self._loop = Loop(core=self.core, inbound=inbound, outbound=outbound, work=self._work, clock=self.clock,

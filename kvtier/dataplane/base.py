@@ -159,6 +159,12 @@ class DataPlane(Protocol):
                 was landed."""
         ...
 
+    def finish_landings(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for every landing running on the digest pool; whether
+        they all ended (:meth:`poll` reports them).  For a load whose last blocks have landed:
+        its result then goes out in this tick instead of the next."""
+        ...
+
     def revoke(self, peer: str) -> bool:
         """Make sure ``peer`` can no longer write into our slots. True when that already holds on
         return; otherwise :class:`Revoked` is reported by :meth:`poll` later."""

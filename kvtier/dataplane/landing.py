@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Any, Final
 
 from kvtier.dataplane.base import Landed
@@ -87,6 +87,14 @@ class Landings:
     def pending(self, peer: str | None = None) -> int:
         """Landings still running (of ``peer``, or all)."""
         return len(self._pending) if peer is None else self._per_peer.get(peer, 0)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for every landing still running; whether they all
+        ended (their reports come from the next :meth:`poll`)."""
+        if not self._pending:
+            return True
+        _, not_done = wait([item[2] for item in self._pending], timeout=timeout_s)
+        return not not_done
 
     def max_wait_s(self) -> float | None:
         """:data:`LANDING_WAIT_S` while a landing runs on the pool, else ``None``."""

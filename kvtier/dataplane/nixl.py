@@ -412,6 +412,11 @@ class NixlPlane:
             raise PlaneError(f"block_data carries {len(payloads)} payload frames; the nixl plane takes none")
         return self._landings.land(peer, key, slots, None, digests)
 
+    def finish_landings(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the landings running on the digest pool (see
+        :meth:`DataPlane.finish_landings <kvtier.dataplane.base.DataPlane.finish_landings>`)."""
+        return self._landings.wait(timeout_s)
+
     def revoke(self, peer: str) -> bool:
         """Start revoking ``peer``'s access to our slots; never done on return.
 

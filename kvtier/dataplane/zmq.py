@@ -154,6 +154,11 @@ class ZmqPlane:
         except ValueError as exc:
             raise PlaneError(f"block_data: {exc}") from None
 
+    def finish_landings(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the landings running on the digest pool (see
+        :meth:`DataPlane.finish_landings <kvtier.dataplane.base.DataPlane.finish_landings>`)."""
+        return self._landings.wait(timeout_s)
+
     def revoke(self, peer: str) -> bool:
         # receiver-applied: nothing lands unless the core lets it, once the copies it let start ended
         if not self._landings.pending(peer):

@@ -78,10 +78,12 @@ class Outbound:
         metrics, logs: counters and rate-limited lines.
         work: the per-byte work (landings on the digest pool, and what waits for them).
         clock: seconds (the manager's clock).
+        loads: the core's consumer view by ``kv_request_id`` (how many blocks a load has landed).
     """
 
     def __init__(self, *, transport: Transport, plane: DataPlane, pool: Any, jobs: JobLedger, metrics: TierMetrics,
-                 logs: RateLimitedLog, work: ByteWork, clock: Callable[[], float]) -> None:
+                 logs: RateLimitedLog, work: ByteWork, clock: Callable[[], float],
+                 loads: Callable[[str], Any] = lambda kv_request_id: None) -> None:
         self.transport = transport
         self.plane = plane
         self.pool = pool
@@ -90,6 +92,7 @@ class Outbound:
         self.logs = logs
         self.work = work
         self.clock = clock
+        self.loads = loads  # kv_request_id -> the core's ConsumerView (read API), for a load's last batch
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
@@ -205,10 +208,14 @@ class Outbound:
             self.metrics.wire_error("bad_payload")
             self.logs(e.peer, "bad_payload", "kvtier: bad block_data from %s: %s", self.logs.who(e.peer), exc)
             return [ix.BlocksLanded(e.peer, e.kv_request_id, e.round, e.first, count, False, Reason.CORRUPT)]
+        work = self.work
+        view = self.loads(e.kv_request_id)
+        if view is not None and work.last(key, view.landed, len(view.keys)) and (bad is None or work.held()):
+            work.settle = True  # the load's result can go out in this tick (Loop.tick)
         if bad is None:
-            self.work.landing(e.peer, key)
+            work.landing(e.peer, key)
             return None
-        return [self.work.result(e.peer, key, bad)]
+        return [work.result(e.peer, key, bad)]
 
     def _revoke(self, e: fx.RevokeAccess) -> Inputs | None:
         return [ix.AccessRevoked(e.peer)] if self.plane.revoke(e.peer) else None

@@ -122,6 +122,10 @@ class ByteWork:
         self._lands: dict[tuple[str, Any], _Item] = {}  # (peer, key) -> its landing entry
         self._front: str | None = None  # the peer whose queue's head is being applied
         self._after = _NO_BOUND  # the arrival bound of the input being applied
+        self._landing_blocks: dict[tuple[str, int], int] = {}  # (kv_request_id, round) -> blocks landing
+        self.settle = False
+        """A load's last blocks started landing in this tick while some of its landings run on the
+        pool: the loop waits for them before the tick ends (:meth:`last`)."""
 
     # -- producer: stores ----------------------------------------------------------------------
     def store(self, inp: ix.StoreSubmitted, buffers: Sequence[Any]) -> ix.StoreSubmitted | None:
@@ -186,6 +190,14 @@ class ByteWork:
         else:
             q.append(item)
         self._lands[(peer, key)] = item
+        load = (key[0], key[1])
+        self._landing_blocks[load] = self._landing_blocks.get(load, 0) + key[3]
+
+    def last(self, key: Any, landed: int, blocks: int) -> bool:
+        """Whether landing ``key`` = ``(kv_request_id, round, first, count)`` is a load's last:
+        ``landed`` of its ``blocks`` blocks landed already and the others land now (on the pool
+        or in this call)."""
+        return landed + self._landing_blocks.get((key[0], key[1]), 0) + key[3] >= blocks
 
     def landed(self, peer: str, key: Any, bad: int) -> None:
         """The plane reports the landing ``key`` of ``peer`` ended (``bad``: first mismatch, -1)."""
@@ -194,6 +206,12 @@ class ByteWork:
             log.error("kvtier: a landing nobody waits for was reported (%s %r)", peer, key)
             return
         item.bad = bad
+        load = (key[0], key[1])
+        n = self._landing_blocks.get(load, 0) - key[3]
+        if n > 0:
+            self._landing_blocks[load] = n
+        else:
+            self._landing_blocks.pop(load, None)
 
     def result(self, peer: str, key: Any, bad: int) -> ix.BlocksLanded:
         """The ``blocks_landed`` input for landing ``key`` = ``(kv_request_id, round, first,
