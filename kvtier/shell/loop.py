@@ -119,7 +119,9 @@ class Loop:
         :data:`MAX_WAIT_S`, and no longer than the data plane's progress allows."""
         nd = self.core.next_deadline()
         budget = MAX_WAIT_S
-        if nd is not None:
+        # a deadline held back by work still running (a landing on the pool) cannot fire before
+        # that work ends: the plane's wait below bounds the sleep, not the deadline (else: a spin)
+        if nd is not None and nd <= self.work.floor():
             budget = min(budget, max(0.0, nd - self.clock()))
         # e.g. a UCX tcp target must progress WRITEs into it, but only while a load is out
         plane = self.outbound.plane.max_wait_s(receiving=self.core.loading())
