@@ -3,6 +3,10 @@
 Every headline figure is a ratio of two things measured side by side, interleaved (A B A B …),
 in the same run; medians with min–max.  The suite:
 
+* **P0** the seed — vLLM 0.33.0's own ``p2p`` tier — vs kvtier's adapter (both planes), driven
+  through vLLM's ``TieringOffloadingManager`` in two processes, with a raw NIXL WRITE and torch
+  ``copy_`` as the limits: hand-off time, late-fetch refusal, CPU per GB (per thread), the engine
+  thread's time per ``submit_store`` (``bench/seed.py``).
 * **P1** cross-process throughput: two KvTierManagers (one per process, ZeroMQ on 127.0.0.1) vs
   raw pyzmq ROUTER/DEALER moving the same frames into the same pool slots (``recv_into``).
 * **P2** the same kvtier transfers vs torch ``copy_`` of the same bytes.
@@ -39,6 +43,7 @@ from typing import Any
 __all__ = ["BENCHMARKS", "main"]
 
 BENCHMARKS: dict[str, str] = {
+    "P0": "the seed (vLLM's p2p tier) vs kvtier through vLLM",
     "P1": "cross-process throughput vs raw pyzmq",
     "P2": "cross-process throughput vs torch copy_",
     "P3": "late-fetch rejection latency vs a raw round trip",
@@ -54,12 +59,13 @@ Runner = Callable[[bool, Callable[[str], None], set[str]], dict[str, dict[str, A
 
 def _groups() -> list[tuple[set[str], Runner]]:
     """Benchmarks that share a setup run together (P1-P3: one pair of processes)."""
-    from bench import corebench, pd, xproc
+    from bench import corebench, pd, seed, xproc
 
     def single(fn: Callable[[bool, Callable[[str], None]], dict[str, dict[str, Any]]]) -> Runner:
         return lambda quick, log, which: fn(quick, log)
 
     return [
+        ({"P0"}, single(seed.run_p0)),
         ({"P4"}, single(corebench.run_p4)),
         ({"P5"}, single(corebench.run_p5)),
         ({"P6"}, single(corebench.run_p6)),

@@ -58,6 +58,37 @@ def _heatmap(ax: Any, rows: list[dict[str, Any]], key: str, title: str, good: fl
     ax.figure.colorbar(im, ax=ax, shrink=0.8)
 
 
+def plot_p0(r: dict[str, Any], out: Path, suffix: str) -> str:
+    """Hand-off time per request size for every system and limit (left); the engine thread's CPU
+    per ``submit_store`` (right)."""
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+    names = {"seed": "the seed (vLLM p2p, NIXL)", "kvtier_nixl": "kvtier nixl", "kvtier_zmq": "kvtier zmq",
+             "raw_nixl": "raw NIXL WRITE", "copy": "torch copy_"}
+    styles = {"raw_nixl": ":", "copy": ":"}
+    systems = [s for s in names if any(x["system"] == s for x in r["rows"])]
+    for s in systems:
+        rs = sorted((x for x in r["rows"] if x["system"] == s), key=lambda x: x["mib"])
+        xs = [x["mib"] for x in rs]
+        a.errorbar(xs, [x["load_s"]["median"] * 1e3 for x in rs],
+                   yerr=[[(x["load_s"]["median"] - x["load_s"]["min"]) * 1e3 for x in rs],
+                         [(x["load_s"]["max"] - x["load_s"]["median"]) * 1e3 for x in rs]],
+                   marker="o", ls=styles.get(s, "-"), label=names[s], capsize=2)
+        if "submit_store_cpu_s" in (rs[0] if rs else {}):
+            b.plot(xs, [x["submit_store_cpu_s"]["median"] * 1e6 for x in rs], marker="o", label=names[s])
+    for ax in (a, b):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("MiB per request (1 MiB blocks)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    a.set_ylabel("consumer submit_load → result, ms (median, min–max)")
+    a.set_title("P0 hand-off through vLLM's TieringOffloadingManager")
+    b.set_ylabel("engine thread CPU in tier.submit_store, µs (median)")
+    b.set_title("P0 the engine's thread per submit_store")
+    return _save(fig, out, "p0_seed", suffix)
+
+
 def plot_p1(r: dict[str, Any], out: Path, suffix: str) -> str:
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
@@ -295,6 +326,6 @@ def plot_summary(results: dict[str, dict[str, Any]], out: Path, suffix: str) -> 
 
 
 PLOTS: dict[str, Callable[[dict[str, Any], Path, str], str]] = {
-    "P1": plot_p1, "P2": plot_p2, "P3": plot_p3, "P4": plot_p4,
+    "P0": plot_p0, "P1": plot_p1, "P2": plot_p2, "P3": plot_p3, "P4": plot_p4,
     "P5": plot_p5, "P6": plot_p6, "P7": plot_p7, "P8": plot_p8,
 }

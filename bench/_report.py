@@ -119,7 +119,8 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         fn = _DETAIL.get(bid)
         if fn is None or r.get("status") in ("error", "skipped"):
             continue
-        parts += ["", f"## {bid}: {r['title']}", "", r.get("method", ""), "", fn(r)]
+        method = "" if bid == "P0" else r.get("method", "")  # P0's method is its rendered tables
+        parts += ["", f"## {bid}: {r['title']}", "", method, "", fn(r)]
         if r.get("problems"):
             parts += ["", "Problems: " + "; ".join(r["problems"])]
     return "\n".join(parts) + "\n"
@@ -127,6 +128,12 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
 
 def _opt(x: dict[str, Any], key: str, **kw: Any) -> str:
     return _mmm(x[key], **kw) if key in x else "—"
+
+
+def _p0(r: dict[str, Any]) -> str:
+    from bench.seed import render
+
+    return render(r)
 
 
 def _p1(r: dict[str, Any]) -> str:
@@ -242,4 +249,4 @@ def _p8(r: dict[str, Any]) -> str:
     return _md_table(["", ""], rows)
 
 
-_DETAIL = {"P1": _p1, "P2": _p2, "P3": _p3, "P4": _p4, "P5": _p5, "P6": _p6, "P7": _p7, "P8": _p8}
+_DETAIL = {"P0": _p0, "P1": _p1, "P2": _p2, "P3": _p3, "P4": _p4, "P5": _p5, "P6": _p6, "P7": _p7, "P8": _p8}

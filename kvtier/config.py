@@ -571,6 +571,14 @@ class TierConfig:
         both planes: it costs ~2 % of the zmq plane's throughput and ~13-15 % of
         the NIXL plane's (P1, docs/decisions.md I12).""")
 
+    digest_threads: int | None = _field(_OptionalInt(0, 256), None, doc="""
+        Threads that take the digests of large stores and check (zmq: copy and check) large
+        landings, off the thread that calls the manager and outside its lock: ``null`` (the
+        default) sizes the pool from the machine (the CPUs this process may use, capped by a
+        cgroup quota, at most 8); ``0`` does all of it on the calling thread, under the lock (the
+        engine's thread then pays per byte stored). Small stores (≤ 64 KiB) and landings (≤ 1 MiB)
+        are always done on the calling thread. Unused with ``integrity="none"`` (decision I14).""")
+
     instance: str = _field(_Str(128, allow_empty=True), "", doc="""
         Name this manager gives itself in handshakes. Sessions to one instance
         share fate: when one dies, new loads to its siblings fail fast

@@ -31,8 +31,8 @@ from prometheus_client import CollectorRegistry
 
 from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
 from kvtier.config import TierConfig
-from kvtier.dataplane import DataPlane, Released, make_plane
-from kvtier.integrity import block_digests
+from kvtier.dataplane import DataPlane, make_plane
+from kvtier.integrity import DigestPool, default_threads
 from kvtier.lifecycle import ConsumerState, InvalidTransition, Reason, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.driver import drive
@@ -46,6 +46,7 @@ from kvtier.shell.jobs import JobLedger
 from kvtier.shell.logs import RateLimitedLog
 from kvtier.shell.loop import Loop, PollThread
 from kvtier.shell.outbound import MAX_BATCH_BYTES, Outbound
+from kvtier.shell.perbyte import ByteWork
 from kvtier.transport import Transport, TransportError
 from kvtier.wire.codec import Decoder, WireLimits
 
@@ -109,8 +110,13 @@ class KvTierManager:
         cfg, pool = self.config, self.pool
         self.instance = cfg.instance or secrets.token_hex(6)
         self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers)
+        # digests and landings that grow with bytes run here, off the thread that holds the lock
+        # (decision I14); its threads start with the first large store or landing
+        threads = default_threads() if cfg.digest_threads is None else cfg.digest_threads
+        self._digest_pool: DigestPool | None = (
+            DigestPool(threads, name=f"kvtier-digest-{self.instance}") if threads and cfg.integrity != "none" else None)
         self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg,
-                                           layout=layout)
+                                           layout=layout, digest_pool=self._digest_pool)
         hello = local_hello(cfg, block_bytes=pool.block_bytes, layout=layout, instance=self.instance, plane=self.plane)
         self.core: TierCore = make_core(cfg, hello, one_sided=self.plane.one_sided, gen_base=secrets.randbits(62))
         """The lifecycle core (its read API: sessions, states, quarantine, snapshots)."""
@@ -133,11 +139,14 @@ class KvTierManager:
             limits=WireLimits(max_message_bytes=cfg.max_message_bytes, max_blocks_per_fetch=cfg.max_blocks_per_fetch),
             block_bytes=pool.block_bytes,
         )
+        self._work = ByteWork(algorithm=cfg.integrity, digest_pool=self._digest_pool, block_bytes=pool.block_bytes,
+                              metrics=self._metrics, logs=self._logs)
         outbound = Outbound(transport=self.transport, plane=self.plane, pool=pool, jobs=self._jobs,
-                            metrics=self._metrics, logs=self._logs, integrity=cfg.integrity, clock=self.clock)
+                            metrics=self._metrics, logs=self._logs, work=self._work, clock=self.clock,
+                            loads=self.core.consumer)
         inbound = Inbound(transport=self.transport, plane=self.plane, decoder=decoder, metrics=self._metrics,
-                          logs=self._logs, clock=self.clock, posted=outbound.posted)
-        self._loop = Loop(core=self.core, inbound=inbound, outbound=outbound, clock=self.clock,
+                          logs=self._logs, clock=self.clock, posted=outbound.posted, work=self._work)
+        self._loop = Loop(core=self.core, inbound=inbound, outbound=outbound, work=self._work, clock=self.clock,
                           metrics=self._metrics, logs=self._logs)
         if not pool.pinned:
             log.info("kvtier: block pool is pageable (no accelerator): transfers still work, without DMA pinning")
@@ -146,6 +155,13 @@ class KvTierManager:
             self._thread = PollThread(lock=self._lock, loop=self._loop, wait=self.transport.wait,
                                       interval_s=cfg.poll_interval_s, closed=lambda: self._closed,
                                       on_error=self._metrics.internal_error)
+
+    @property
+    def digest_pool(self) -> DigestPool | None:
+        """The pool that takes large stores' digests and does large landings (config
+        ``digest_threads``; ``None`` with ``digest_threads=0`` or ``integrity="none"``); closed,
+        its threads joined, by :meth:`shutdown` and :meth:`close_abruptly`."""
+        return self._digest_pool
 
     @property
     def lock(self) -> threading.RLock:
@@ -268,8 +284,11 @@ class KvTierManager:
         """Park ``job``'s blocks for the request's remote decoder (or report success at once for a
         local-only request).  The engine must keep the blocks unchanged until the job result: it
         comes only once the consumer confirmed receipt (success) or the id ended, and never while
-        the data plane may still read the blocks.  A digest of each block is taken here (config
-        ``integrity``), so bytes changed later can never reach a consumer as a success.
+        the data plane may still read the blocks.  A digest of each block (config ``integrity``) is
+        taken before anything can read the blocks and before anything else about the id is
+        applied — on the digest pool's threads for a large store (this call does O(blocks) work
+        then), on this thread for a small one — so bytes changed later can never reach a consumer
+        as a success (decision I14).
 
         Raises:
             TypeError: ``job`` is not a :class:`~kvtier.api.TransferJob` (or has mistyped fields).
@@ -288,14 +307,20 @@ class KvTierManager:
                 self._jobs.report(JobResult(job_id=job.job_id, success=True))
                 self._metrics.job_done("store", True, Reason.LOCAL)
                 return
-            digests = block_digests([self.pool.buffer(b) for b in job.slots], self.config.integrity)
-            inp = ix.StoreSubmitted(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots),
-                                    digests, info.consumer)
+            slots = tuple(job.slots)
+            pool = self.pool
+            inp = self._work.store(
+                ix.StoreSubmitted(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), slots, (),
+                                  info.consumer),
+                [pool.buffer(b) for b in slots])
             self._metrics.parked(info.kv_request_id, now)  # before the store: the first one starts the age
+            nbytes = len(slots) * pool.block_bytes
+            if inp is None:  # held for its digests: applied in its turn, by a later tick
+                self._jobs.open(job.job_id, store=True, kv_request_id=info.kv_request_id, now=now, nbytes=nbytes)
+                return
             effects = self.core.handle(inp, now)
             # registered after the core accepted the input, before its effects (which may report it)
-            self._jobs.open(job.job_id, store=True, kv_request_id=info.kv_request_id, now=now,
-                            nbytes=len(job.slots) * self.pool.block_bytes)
+            self._jobs.open(job.job_id, store=True, kv_request_id=info.kv_request_id, now=now, nbytes=nbytes)
             self._loop.run(effects)
 
     def submit_load(self, job: TransferJob) -> None:
@@ -371,6 +396,12 @@ class KvTierManager:
         yet (each gets exactly one result; an id in this set cannot be submitted again)."""
         with self._lock:
             return self._jobs.outstanding()
+
+    def is_outstanding(self, job_id: int) -> bool:
+        """Whether job ``job_id`` is in :meth:`outstanding_jobs` (O(1), for a caller that asks per
+        submitted job)."""
+        with self._lock:
+            return self._jobs.is_outstanding(job_id)
 
     def jobs_in_flight(self, kv_request_id: str | None = None) -> frozenset[int]:
         """Ids of the submitted jobs that have no result yet (the core still works on them), all
@@ -495,6 +526,8 @@ class KvTierManager:
             # a shut-down manager never touches its pool again: only the engine's own reference
             # (``self.pool``, the engine's object) may keep it alive
             self._loop.outbound.pool = None
+            if self._digest_pool is not None:
+                self._digest_pool.close()
         # outside the lock: a scrape in progress waits for that lock
         self._metrics.close()
 
@@ -510,13 +543,16 @@ class KvTierManager:
                 return
             self._closed = True
             self.transport.close()
+            if self._digest_pool is not None:
+                self._digest_pool.close()  # lets its running digests and landings end: none starts again
 
     def _finish_plane(self) -> None:
         """After the transport closed: the plane holds nothing any more; report its releases so
         the last store jobs get their result, then fail anything the core still holds."""
-        inputs = [ix.TransferReleased(r.kv_request_id, r.round, r.failed) if isinstance(r, Released)
-                  else ix.AccessRevoked(r.peer) for r in self.plane.close()]
-        drive(self.core, inputs, self.clock(), deadlines_at=None, perform=self._loop.outbound.perform)
+        inputs = self._loop.inbound.reports(self.plane.close())  # landings still running end first
+        drive(self.core, self._work.inputs(inputs, float("inf")), self.clock(), deadlines_at=None,
+              perform=self._loop.outbound.perform)
+        drive(self.core, self._work.drain(), self.clock(), deadlines_at=None, perform=self._loop.outbound.perform)
         for job_id in self._jobs.open_ids():  # nothing should remain; never leave a job without a result
             log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
             self._jobs.finish(job_id, False, Reason.SHUTDOWN, self.clock())

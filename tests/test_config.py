@@ -61,6 +61,7 @@ EXPECTED_DEFAULTS = {
     "backends": ("UCX",),
     "nixl_progress_interval_s": 0.001,
     "integrity": "xxh3_64",
+    "digest_threads": None,
     "instance": "",
 
     "auth": "none",

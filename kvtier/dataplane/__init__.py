@@ -6,10 +6,12 @@ bytes and reports what happened — posted transfers released or failed, blocks 
 revoked; the lifecycle core (:mod:`kvtier.lifecycle`) alone decides what that means for an id.
 """
 
-from kvtier.dataplane.base import Batch, DataPlane, PlaneError, Released, Revoked
+from kvtier.dataplane.base import Batch, DataPlane, Landed, Notified, PlaneError, Released, Report, Revoked
+from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.zmq import ZmqPlane
 
-__all__ = ["Batch", "DataPlane", "PlaneError", "Released", "Revoked", "ZmqPlane", "make_plane"]
+__all__ = ["Batch", "DataPlane", "Landed", "Landings", "Notified", "PlaneError", "Released", "Report", "Revoked",
+           "ZmqPlane", "make_plane"]
 
 
 def make_plane(name: str, **kwargs: object) -> DataPlane:

@@ -12,10 +12,19 @@ Contract (the safety argument in docs/lifecycle.md rests on it):
   forced out by ending the session: the transport drops the connection and the plane's references
   with it.
 * **Landing** (consumer): on a receiver-applied plane (``one_sided=False``) block bytes reach a
-  slot only through :meth:`DataPlane.land`, which the core allows only while the load is in
+  slot only through :meth:`DataPlane.land`, which the core asks for only while the load is in
   flight.  On a one-sided plane the producer writes into the slots itself, so the consumer must
   not hand a slot back until the producer's terminal answer — or until :meth:`DataPlane.revoke`
-  confirmed that the producer can no longer write (:class:`Revoked`).
+  confirmed that the producer can no longer write (:class:`Revoked`).  ``land`` also checks every
+  block against its parked digest.  A landing too large to do on the caller's thread runs on the
+  manager's :class:`~kvtier.integrity.DigestPool` and is reported by :meth:`DataPlane.poll`
+  (:class:`Landed`); a receiver-applied plane's ``revoke`` is true only once no landing into a
+  load of that peer is still copying (the shell holds every later input of the peer behind its
+  landings, so a load's slots are handed back only after its copies ended: decision I14).
+* **Notifications** (one-sided planes): a batch's ``block_data`` header may reach the consumer
+  with the data itself instead of on the control connection (NIXL: the WRITE's notification,
+  delivered after its bytes); the plane reports it as :class:`Notified` and the shell hands it to
+  the core as if the transport had delivered it.
 * A plane never decides: it never fails a job, never ends a session, never answers a peer.
 """
 
@@ -28,7 +37,7 @@ import attrs
 
 from kvtier.errors import KvTierError
 
-__all__ = ["Batch", "DataPlane", "PlaneError", "Released", "Revoked"]
+__all__ = ["Batch", "DataPlane", "Landed", "Notified", "PlaneError", "Released", "Revoked"]
 
 
 class PlaneError(KvTierError):
@@ -72,6 +81,31 @@ class Revoked:
     peer: str
 
 
+@attrs.frozen(slots=True)
+class Landed:
+    """A landing :meth:`DataPlane.land` started (it returned ``None``) has ended: the blocks are
+    in their slots and were checked; ``bad`` is the index (in the landing) of the first block that
+    did not match its digest, ``-1`` when all matched.  ``key`` is the caller's, unchanged."""
+
+    peer: str
+    key: Any
+    bad: int
+
+
+@attrs.frozen(slots=True)
+class Notified:
+    """A ``block_data`` header (``frames``, as the transport would deliver them) that ``peer``'s
+    one-sided plane sent along with the data it wrote into our slots, which were complete when it
+    arrived."""
+
+    peer: str
+    frames: tuple[bytes, ...]
+
+
+Report = Released | Revoked | Landed | Notified
+"""What :meth:`DataPlane.poll` reports."""
+
+
 @runtime_checkable
 class DataPlane(Protocol):
     """How block bytes travel. Not thread-safe: the manager calls it under its lock."""
@@ -107,15 +141,28 @@ class DataPlane(Protocol):
         Unknown transfers are ignored."""
         ...
 
-    def poll(self) -> list[Released | Revoked]:
+    def poll(self) -> list[Report]:
         """What happened since the last call."""
         ...
 
-    def land(self, slots: Sequence[int], payloads: Sequence[Any]) -> None:
-        """Put the blocks of one ``block_data`` into ``slots``.
+    def land(self, peer: str, key: Any, slots: Sequence[int], payloads: Sequence[Any],
+             digests: Sequence[int]) -> int | None:
+        """Put the blocks of one ``block_data`` from ``peer`` into ``slots`` and check each against
+        its digest (``digests[i]`` for ``slots[i]``; the manager's ``integrity`` algorithm).
+
+        Returns the index of the first mismatching block, or ``-1`` when all match, when done on
+        return (small landings: handing them to another thread would cost more than doing them);
+        else ``None``, and :meth:`poll` reports :class:`Landed` with ``key`` once done.
 
         Raises:
-            PlaneError: the payload frames do not fit this plane (wrong count)."""
+            PlaneError: the payload frames do not fit this plane (wrong count or size); nothing
+                was landed."""
+        ...
+
+    def finish_landings(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for every landing running on the digest pool; whether
+        they all ended (:meth:`poll` reports them).  For a load whose last blocks have landed:
+        its result then goes out in this tick instead of the next."""
         ...
 
     def revoke(self, peer: str) -> bool:
@@ -135,8 +182,13 @@ class DataPlane(Protocol):
         an idle consumer need not be woken for WRITEs nobody was asked for)."""
         ...
 
-    def close(self) -> list[Released | Revoked]:
+    max_header_bytes: int | None
+    """The largest encoded ``block_data`` header the plane can carry (a NIXL notification is at
+    most 4 KiB), or ``None`` (no limit beyond the wire's)."""
+
+    def close(self) -> list[Report]:
         """Release everything (the transport is closed first, so nothing can be in flight) and
-        report a ``Released`` for every transfer not reported yet and a ``Revoked`` for every peer
-        whose revocation was still pending."""
+        report a ``Released`` for every transfer not reported yet, a ``Landed`` for every landing
+        not reported yet (waiting for it to end: nothing may write into the pool after close) and
+        a ``Revoked`` for every peer whose revocation was still pending."""
         ...

@@ -5,12 +5,19 @@ block pool registered once).  What travels where (docs/dataplane.md):
 
 * **Control connection** (the manager's transport, unchanged): ``hello``/``hello_ack`` carry this
   plane's descriptor (:meth:`NixlPlane.descriptor`: the agent's NIXL metadata and region, plus the
-  process identity revocation needs); the consumer's ``fetch`` names its destination slots; after
-  a batch's WRITE completed, the batch's ``block_data`` header (digests, no payload frames) tells
-  the consumer that those blocks are in its slots, and the consumer checks them.
-* **Data** (NIXL/UCX): one WRITE per batch (``MAX_BATCH_BYTES`` of blocks), from the producer's
-  registered pool into the slots the fetch named; over CMA on one host, UCX tcp or RDMA across
-  hosts.
+  process identity revocation needs); the consumer's ``fetch`` names its destination slots; the
+  producer's terminal answers (``transfer_done``, ``abort_ack``) and the consumer's ``receipt``.
+* **Data** (NIXL/UCX): one WRITE per batch, from the producer's registered pool into the slots the
+  fetch named; over CMA on one host, UCX tcp or RDMA across hosts.  Each WRITE carries the batch's
+  ``block_data`` header (digests, no payload frames) as its NIXL *notification*, which NIXL
+  delivers after the WRITE's bytes: the consumer's :meth:`~NixlPlane.poll` reports it
+  (:class:`~kvtier.dataplane.base.Notified`) and the blocks are checked as soon as the manager
+  sees it — no control message, no tick of the producer's manager between a WRITE's end and the
+  consumer's check (decision I14).  NIXL sends a notification when the producer's agent learns
+  that its WRITE completed, i.e. when the producer polls it; :meth:`~NixlPlane.poll` does at every
+  tick and :meth:`~NixlPlane.max_wait_s` keeps those ticks ``nixl_progress_interval_s`` apart while
+  a WRITE is in flight.  A notification carries at most :data:`MAX_NOTIF_BYTES`, so a batch names
+  at most ~400 blocks (8 bytes of digest each).
 
 Producer side.  :meth:`NixlPlane.post` checks every slot against the consumer's descriptor (a
 bad slot fails the transfer; nothing raises) and posts WRITEs, at most :data:`WINDOW_BYTES` of a
@@ -19,8 +26,9 @@ transfer still moves.  ``Released`` is reported only once every posted WRITE of 
 terminal (NIXL said DONE or failed): the wrapper never releases a handle still in ``PROC``, and a
 posted WRITE keeps reading the source blocks until it ends (docs/nixl.md, experiment 2).
 
-Consumer side.  :meth:`~NixlPlane.land` lands nothing: the bytes are already in the slots (the
-manager then checks their digests); a ``block_data`` with payload frames is refused.
+Consumer side.  :meth:`~NixlPlane.land` copies nothing: the bytes are already in the slots; it
+checks their digests (on the digest pool when the batch is large,
+:mod:`kvtier.dataplane.landing`); a ``block_data`` with payload frames is refused.
 :meth:`~NixlPlane.revoke` — make sure a producer can no longer write into our slots — cannot be
 done by anything a NIXL target does (measured: deregistering, re-registering and removing the
 initiator all left later WRITEs landing over CMA and tcp).  The rule here: **access is revoked
@@ -62,8 +70,17 @@ from typing import Any, Final
 import attrs
 import msgspec
 
-from kvtier.dataplane.base import Batch, PlaneError, Released, Revoked
-from kvtier.dataplane.nixl_agent import NixlBlockAgent, NixlError, PeerFault, XferResult, decode_descriptor
+from kvtier.dataplane.base import Batch, Notified, PlaneError, Released, Report, Revoked
+from kvtier.dataplane.landing import Landings
+from kvtier.dataplane.nixl_agent import (
+    MAX_NOTIF_BYTES,
+    NixlBlockAgent,
+    NixlError,
+    PeerFault,
+    XferResult,
+    decode_descriptor,
+)
+from kvtier.integrity import DigestPool
 from kvtier.transport import Transport
 
 __all__ = ["DRAIN_S", "NixlPlane", "ProcessId", "WINDOW_BYTES", "process_gone", "this_process"]
@@ -187,8 +204,9 @@ class NixlPlane:
         pool: the block pool (``tensor``: a ``num_blocks x block_bytes`` uint8 CPU tensor, or
             ``region``/a 2-D writable buffer; registered once).
         config: the :class:`~kvtier.config.TierConfig` (``backends``,
-            ``nixl_progress_interval_s``, ``instance``); ``None``: defaults.
+            ``nixl_progress_interval_s``, ``instance``, ``integrity``); ``None``: defaults.
         layout: the handshake's layout string (part of the descriptor's fingerprint).
+        digest_pool: where large batches are checked; ``None``: on the caller's thread.
 
     Raises:
         PlaneError: NIXL is not installed, or its agent or backend cannot start here (the message
@@ -199,10 +217,13 @@ class NixlPlane:
 
     name = "nixl"
     one_sided = True
+    max_header_bytes = MAX_NOTIF_BYTES
 
-    def __init__(self, *, transport: Transport, pool: Any, config: Any = None, layout: str = "", **_: Any) -> None:
+    def __init__(self, *, transport: Transport, pool: Any, config: Any = None, layout: str = "",
+                 digest_pool: DigestPool | None = None, **_: Any) -> None:
         self._transport = transport
         self._block_bytes = int(pool.block_bytes)
+        self._landings = Landings(pool, getattr(config, "integrity", "xxh3_64"), digest_pool)
         backends = tuple(getattr(config, "backends", ("UCX",)))
         self._interval = float(getattr(config, "nixl_progress_interval_s", 0.001))
         region = getattr(pool, "tensor", None)
@@ -315,8 +336,9 @@ class NixlPlane:
             x.fail(f"batch {i}: {len(b.blocks)} blocks but {len(b.slots)} slots")
             return False
         try:
-            wid = self._agent.post_write(x.peer, b.blocks, b.slots)
-        except (ValueError, TypeError, NixlError) as exc:  # a bad slot, an unknown peer
+            # the header travels as the WRITE's notification, which NIXL delivers after its bytes
+            wid = self._agent.post_write(x.peer, b.blocks, b.slots, notif=b.header)
+        except (ValueError, TypeError, NixlError) as exc:  # a bad slot, an unknown peer, a header too long
             x.fail(f"batch {i} not posted: {exc}")
             return False
         self.posts += 1
@@ -325,7 +347,8 @@ class NixlPlane:
         return True
 
     def _reap(self) -> bool:
-        """Take the agent's outcomes (a finished WRITE's header goes out); whether there were any."""
+        """Take the agent's outcomes; whether there were any.  (Taking a WRITE's outcome is what
+        makes NIXL send its notification.)"""
         events = self._agent.poll()
         for ev in events:
             if isinstance(ev, PeerFault):
@@ -338,12 +361,8 @@ class NixlPlane:
             i, n = x.inflight.pop(ev.xfer_id)
             if ev.status != "done":
                 x.fail(f"batch {i}: WRITE failed: {ev.detail}")
-            elif not x.failed:
-                h = self._transport.send(x.peer, [x.batches[i].header])
-                if h.failed:
-                    x.fail(f"batch {i}: block_data not sent: {h.error}")
-                else:
-                    x.moved += n
+            else:
+                x.moved += n
         return bool(events)
 
     def cancel(self, kv_request_id: str, round: int) -> None:
@@ -355,12 +374,14 @@ class NixlPlane:
         return sum(1 for x in self._xfers.values() if x.inflight)
 
     # -- both ----------------------------------------------------------------------------------
-    def poll(self) -> list[Released | Revoked]:
+    def poll(self) -> list[Report]:
         if self._closed:
             return []
-        self._agent.progress()  # a UCX tcp target must call in for WRITEs into it to advance
+        # a UCX tcp target must call in for WRITEs into it to advance; what arrived complete
+        # comes with its notification
+        out: list[Report] = [Notified(n.peer, (n.message,)) for n in self._agent.progress() if n.peer is not None]
+        out.extend(self._landings.poll())
         self._drive(list(self._xfers.values()))
-        out: list[Released | Revoked] = []
         for key, x in list(self._xfers.items()):
             if not x.inflight and (x.cancelled or x.failed or x.next == len(x.batches)):
                 del self._xfers[key]
@@ -377,16 +398,24 @@ class NixlPlane:
         manager that is working)."""
         if self._xfers or self._revoking or (receiving and self._peers):
             return self._interval
-        return None
+        return self._landings.max_wait_s()
 
     # -- consumer ------------------------------------------------------------------------------
-    def land(self, slots: Sequence[int], payloads: Sequence[Any]) -> None:
-        """Nothing to copy: the producer's WRITE already put the blocks in ``slots``.
+    def land(self, peer: str, key: Any, slots: Sequence[int], payloads: Sequence[Any],
+             digests: Sequence[int]) -> int | None:
+        """Nothing to copy: the producer's WRITE already put the blocks in ``slots``; check them
+        (see :meth:`DataPlane.land <kvtier.dataplane.base.DataPlane.land>`).
 
         Raises:
             PlaneError: the ``block_data`` carried payload frames (never on a one-sided plane)."""
         if payloads:
             raise PlaneError(f"block_data carries {len(payloads)} payload frames; the nixl plane takes none")
+        return self._landings.land(peer, key, slots, None, digests)
+
+    def finish_landings(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the landings running on the digest pool (see
+        :meth:`DataPlane.finish_landings <kvtier.dataplane.base.DataPlane.finish_landings>`)."""
+        return self._landings.wait(timeout_s)
 
     def revoke(self, peer: str) -> bool:
         """Start revoking ``peer``'s access to our slots; never done on return.
@@ -431,7 +460,7 @@ class NixlPlane:
         return tuple(self._revoking)
 
     # -- teardown ------------------------------------------------------------------------------
-    def close(self) -> list[Released | Revoked]:
+    def close(self) -> list[Report]:
         """Destroy the agent (after at most :data:`CLOSE_WAIT_S` for WRITEs in flight) and report
         a ``Released`` for every transfer and a ``Revoked`` for every pending revocation.  Called
         after the transport closed: no header goes out any more, so a transfer not fully
@@ -440,7 +469,7 @@ class NixlPlane:
             return []
         for x in self._xfers.values():
             x.cancelled = True
-        out: list[Released | Revoked] = []
+        out: list[Report] = []
         for ev in self._agent.close(timeout_s=CLOSE_WAIT_S):
             if isinstance(ev, XferResult):
                 x = self._by_write.pop(ev.xfer_id, None)
@@ -457,4 +486,5 @@ class NixlPlane:
         out.extend(Revoked(p) for p in self._revoking)
         self._revoking.clear()
         self._peers.clear()
+        out.extend(self._landings.close())  # checks only read the pool; let them end first
         return out

@@ -8,9 +8,11 @@ one large transfer cannot fill the connection's queue ahead of the control messa
 ``Released`` is reported once every posted tracker is done (libzmq no longer references the
 frames: they reached the kernel, or the connection carrying them was dropped).
 
-Consumer side: receiver-applied.  :meth:`ZmqPlane.land` copies the payload frames into the slots,
-and the core calls it only while the load is in flight, so nothing can land in a slot after the
-load ended: revocation is immediate.
+Consumer side: receiver-applied.  :meth:`ZmqPlane.land` copies the payload frames into the
+slots and checks each block right after copying it (:mod:`kvtier.dataplane.landing`), and the core
+asks for it only while the load is in flight.  A large landing copies on the digest pool's threads;
+until it ended, :meth:`ZmqPlane.revoke` of that peer is not true (reported by :meth:`~ZmqPlane.poll`
+once the copies are over), so a load's slots are handed back only when nothing copies into them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any, Final
 
 import attrs
 
-from kvtier.dataplane.base import Batch, PlaneError, Released, Revoked
+from kvtier.dataplane.base import Batch, PlaneError, Released, Report, Revoked
+from kvtier.dataplane.landing import Landings
+from kvtier.integrity import DigestPool
 from kvtier.transport import SendHandle, Transport
 
 __all__ = ["WINDOW_BYTES", "ZmqPlane"]
@@ -49,15 +53,22 @@ class ZmqPlane:
         transport: the control transport (its per-peer FIFO keeps ``block_data`` ordered before a
             later ``transfer_done``).
         pool: the block pool (``buffer(i)`` gives a block's bytes, ``block_bytes`` its size).
+        config: the :class:`~kvtier.config.TierConfig` (``integrity``: the digest checked as
+            blocks land); ``None``: XXH3-64.
+        digest_pool: where large landings copy and check; ``None``: on the caller's thread.
     """
 
     name = "zmq"
     one_sided = False
+    max_header_bytes = None
 
-    def __init__(self, *, transport: Transport, pool: Any, **_: Any) -> None:
+    def __init__(self, *, transport: Transport, pool: Any, config: Any = None, digest_pool: DigestPool | None = None,
+                 **_: Any) -> None:
         self._transport = transport
         self._pool = pool
         self._block_bytes = pool.block_bytes
+        self._landings = Landings(pool, getattr(config, "integrity", "xxh3_64"), digest_pool)
+        self._revoking: set[str] = set()
         self._xfers: dict[tuple[str, int], _Xfer] = {}
         self.posts = 0
         """block_data messages handed to the transport since start (tests, benchmarks)."""
@@ -102,8 +113,12 @@ class ZmqPlane:
         if x is not None:
             x.cancelled = True
 
-    def poll(self) -> list[Released | Revoked]:
-        out: list[Released | Revoked] = []
+    def poll(self) -> list[Report]:
+        out: list[Report] = list(self._landings.poll())
+        if self._revoking:
+            for peer in [p for p in self._revoking if not self._landings.pending(p)]:
+                self._revoking.discard(peer)
+                out.append(Revoked(peer))
         for key, x in list(self._xfers.items()):
             if x.handles:
                 left = []
@@ -124,21 +139,34 @@ class ZmqPlane:
     def referenced(self) -> int:
         return sum(1 for x in self._xfers.values() if x.handles)
 
-    def max_wait_s(self, receiving: bool = True) -> None:
-        return None  # payloads and trackers move on libzmq's threads; the transport wait wakes
+    def max_wait_s(self, receiving: bool = True) -> float | None:
+        # payloads and trackers move on libzmq's threads, whose input wakes the transport's wait;
+        # a landing on the digest pool does not
+        return self._landings.max_wait_s()
 
     # -- consumer ------------------------------------------------------------------------------
-    def land(self, slots: Sequence[int], payloads: Sequence[Any]) -> None:
+    def land(self, peer: str, key: Any, slots: Sequence[int], payloads: Sequence[Any],
+             digests: Sequence[int]) -> int | None:
         if len(payloads) != len(slots):
             raise PlaneError(f"block_data carries {len(payloads)} payload frames for {len(slots)} blocks")
-        pool = self._pool
-        for slot, data in zip(slots, payloads):
-            pool.buffer(slot)[:] = data
+        try:
+            return self._landings.land(peer, key, slots, payloads, digests)
+        except ValueError as exc:
+            raise PlaneError(f"block_data: {exc}") from None
+
+    def finish_landings(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the landings running on the digest pool (see
+        :meth:`DataPlane.finish_landings <kvtier.dataplane.base.DataPlane.finish_landings>`)."""
+        return self._landings.wait(timeout_s)
 
     def revoke(self, peer: str) -> bool:
-        return True  # receiver-applied: nothing lands unless the core lets it
+        # receiver-applied: nothing lands unless the core lets it, once the copies it let start ended
+        if not self._landings.pending(peer):
+            return True
+        self._revoking.add(peer)
+        return False
 
-    def close(self) -> list[Released]:
+    def close(self) -> list[Report]:
         """Called after the transport was closed, so libzmq has dropped every frame: report every
         transfer still known as released (failed unless all of it had been moved)."""
         for x in self._xfers.values():
@@ -148,8 +176,11 @@ class ZmqPlane:
         deadline = time.monotonic() + 0.5
         while any(not h.done for x in self._xfers.values() for h, _ in x.handles) and time.monotonic() < deadline:
             time.sleep(0.001)
-        out = [r for r in self.poll() if isinstance(r, Released)]
+        out: list[Report] = self.poll()
         out += [Released(k, r, True, x.moved, "closed") for (k, r), x in self._xfers.items()]
+        out += self._landings.close()
+        out += [Revoked(p) for p in sorted(self._revoking)]
+        self._revoking.clear()
         self._xfers.clear()
         self._pool = None  # nothing reads the pool after close: the engine may unmap it
         return out

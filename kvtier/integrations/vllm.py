@@ -538,7 +538,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
 
     def _submit(self, job: VllmTransferJob, *, load: bool) -> None:
         job_id = job.job_id
-        if job_id in self._ledger.outstanding_jobs():  # vLLM never reuses an id; never report one twice
+        if self._ledger.is_outstanding(job_id):  # vLLM never reuses an id; never report one twice
             log.error("kvtier: job %d submitted twice; ignoring the second submission", job_id)
             return
         req = self._state(job.req_context) or self._announce(job.req_context)
@@ -566,7 +566,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
             else:
                 mgr.submit_store(kjob)
         except Exception as exc:
-            if job_id in mgr.outstanding_jobs():
+            if mgr.is_outstanding(job_id):
                 # The manager took the job and its core may be acting on it (sending from or
                 # writing into these rows): only the manager's own result may release them.
                 self._warn_internal(logging.ERROR, "kvtier: error after job %d was accepted", job_id, exc_info=True)

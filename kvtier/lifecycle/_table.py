@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "76f55e0c2ff7b78dddea6aa29dfff5e42cbb05de4c83feb71f9f42a51faec36d"
+SPEC_SHA256: Final = "c8d94ff93158ad2c3d1f2df21e047f0996198abc749017848bfdf75944ca7fe1"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -728,7 +728,7 @@ class ConsumerGuard(enum.StrEnum):
     OTHER_ROUND = "other_round"
     """the message names a round other than this id's current round"""
     BLOCKS_VALID = "blocks_valid"
-    """first..first+count lies inside the fetch, none of those blocks landed yet, and one digest per block is given"""
+    """first..first+count lies inside the fetch, none of those blocks landed or is landing yet, and one digest per block is given"""
     CORRUPT = "corrupt"
     """a landed block's bytes do not match the digest taken when it was parked"""
     DONE_FAIL = "done_fail"
@@ -747,7 +747,7 @@ class ConsumerEffect(enum.StrEnum):
     SEND_FETCH = "send_fetch"
     """send fetch(kv_request_id, round, keys, slots) to the producer"""
     LAND_BLOCKS = "land_blocks"
-    """ask the shell to land the blocks first..first+count-1 in their slots (zmq: copy the payload frames; one-sided planes: already written) and check their digests; it answers blocks_landed"""
+    """ask the shell to land the blocks first..first+count-1 in their slots (zmq: copy the payload frames; one-sided planes: already written) and check their digests, and mark them landing (a second block_data naming one of them is not valid); it answers blocks_landed, at once or, for a landing on the digest pool, in a later step"""
     NOTE_LANDED = "note_landed"
     """record that these blocks landed intact"""
     REPORT_LOAD_OK = "report_load_ok"

@@ -228,6 +228,9 @@ class ConsumerMachine(TableMachine):
 
     def effect_land_blocks(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
         first, count = inp.first, inp.count
+        # landing (2) until blocks_landed: its answer may come in a later step (a landing on the
+        # digest pool), and a block_data naming these blocks again meanwhile is not valid
+        rec.landed[first : first + count] = b"\x02" * count
         out.append(LandBlocks(rec.peer, rec.key, rec.round, first, rec.slots[first : first + count], inp.digests,
                               inp.payloads))
 

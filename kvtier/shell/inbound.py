@@ -9,6 +9,11 @@ a malformed message, ends a session, fails a load.
 The pass also says when the inbound queue was last seen empty (``quiet_since``): the time before
 a read pass that emptied every socket.  The core fires deadlines only up to that time, so a
 deadline never beats a message that was already waiting (decision I3).
+
+Two plane reports are not inputs themselves: a ``block_data`` header that came with a NIXL WRITE
+(:class:`~kvtier.dataplane.Notified`) is decoded like one the transport delivered, and a landing
+that ended on the digest pool (:class:`~kvtier.dataplane.Landed`) goes to the per-byte work
+(:mod:`kvtier.shell.perbyte`), which releases it, and what waited behind it, in order.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.dataplane import DataPlane, Released, Revoked
+from kvtier.dataplane import DataPlane, Landed, Notified, Released, Revoked
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
+from kvtier.shell.perbyte import ByteWork
 from kvtier.shell.logs import RateLimitedLog
 from kvtier.transport import CloseReason, Transport
 from kvtier.wire import messages as wm
@@ -37,9 +43,11 @@ class Inbound:
     """Collects one tick's inputs for one manager (under its lock)."""
 
     def __init__(self, *, transport: Transport, plane: DataPlane, decoder: Decoder, metrics: TierMetrics,
-                 logs: RateLimitedLog, clock: Callable[[], float], posted: dict[tuple[str, int], float]) -> None:
+                 logs: RateLimitedLog, clock: Callable[[], float], posted: dict[tuple[str, int], float],
+                 work: ByteWork) -> None:
         self.transport = transport
         self.plane = plane
+        self.work = work
         self.decoder = decoder
         self.metrics = metrics
         self.logs = logs
@@ -47,9 +55,11 @@ class Inbound:
         self._posted = posted
         self.quiet_since = clock()
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
-        self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input]] = {
+        self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
             Released: self._released,
             Revoked: lambda r, now: ix.AccessRevoked(r.peer),
+            Notified: lambda r, now: self._decode(r.peer, list(r.frames)),
+            Landed: lambda r, now: self.work.landed(r.peer, r.key, r.bad),
         }
         self.RECEIVED_NOTES: dict[type, Callable[[str, Any], None]] = {
             wm.Hello: lambda peer, m: self.logs.name(peer, m.instance),
@@ -83,10 +93,14 @@ class Inbound:
                 break
         reports = self.plane.poll()
         if reports:
-            now = self.clock()
-            table = self.PLANE_REPORTS
-            out.extend(table[type(r)](r, now) for r in reports)
+            out.extend(self.reports(reports))
         return out
+
+    def reports(self, reports: list[Any]) -> list[ix.Input]:
+        """The inputs the plane's ``reports`` make (a landing's goes to the per-byte work)."""
+        now = self.clock()
+        table = self.PLANE_REPORTS
+        return [i for i in (table[type(r)](r, now) for r in reports) if i is not None]
 
     def _decode(self, peer: str, frames: list[Any]) -> ix.Input:
         try:

@@ -85,6 +85,10 @@ class JobLedger:
             return list(self._open)
         return [j for j, job in self._open.items() if job.kv_request_id == kv_request_id]
 
+    def is_outstanding(self, job_id: int) -> bool:
+        """Whether ``job_id`` has no collected result yet (O(1); :meth:`outstanding` builds a set)."""
+        return job_id in self._open or job_id in self._reported
+
     def outstanding(self) -> frozenset[int]:
         """Every id that has no collected result yet (open, or reported but not taken)."""
         return frozenset(self._open) | frozenset(self._reported)

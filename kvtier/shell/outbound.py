@@ -13,21 +13,53 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtier.dataplane import Batch, DataPlane, PlaneError
-from kvtier.integrity import check_blocks
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
 from kvtier.shell.jobs import JobLedger
 from kvtier.shell.logs import RateLimitedLog
+from kvtier.shell.perbyte import ByteWork
 from kvtier.transport import Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode, encode_frames
 
-__all__ = ["MAX_BATCH_BYTES", "Outbound"]
+__all__ = ["MAX_BATCH_BYTES", "Outbound", "TAIL_BYTES", "plan_batches"]
 
 #: Largest block_data message we build (bytes of payload); limits.md: keep zmq messages ≤ 16 MiB.
 MAX_BATCH_BYTES = 8 << 20
+
+#: The last batch of a transfer holds at most this many bytes (at least one block), the one before
+#: it twice as many, and so on up to MAX_BATCH_BYTES: the consumer checks each batch while the
+#: next one travels, so what it still has to check once the last bytes arrived is small
+#: (decision I14).
+TAIL_BYTES = 1 << 20
+
+
+def plan_batches(n: int, per: int, tail: int) -> list[int]:
+    """Batch sizes (in blocks) for a transfer of ``n`` blocks: batches of ``per`` blocks, ending
+    in a taper that halves down to two of ``tail`` (``n=256, per=8, tail=1``: 31 × 8, 4, 2, 1,
+    1); a transfer of at most ``tail`` blocks is one batch.  Sizes sum to ``n``, none is empty.
+
+    Raises:
+        ValueError: ``per`` or ``tail`` is not positive.
+    """
+    if per < 1 or tail < 1:
+        raise ValueError(f"per and tail must be positive, got {per} and {tail}")
+    tail = min(tail, per)
+    if n <= tail:
+        return [n] if n > 0 else []
+    sizes: list[int] = []
+    size, second = tail, False
+    while n > 0:  # built from the end
+        take = min(size, n)
+        sizes.append(take)
+        n -= take
+        if second:
+            size = min(per, size * 2)
+        second = True
+    sizes.reverse()
+    return sizes
 
 #: Messages whose failed send ends the session (a lost fetch, answer or receipt would otherwise
 #: wait for a deadline); goodbyes, refusals and heartbeats to a peer that is already gone do not.
@@ -44,23 +76,27 @@ class Outbound:
         transport, plane, pool: what effects act on.
         jobs: the job ledger (``JobDone`` goes there).
         metrics, logs: counters and rate-limited lines.
-        integrity: the digest algorithm both peers agreed on (``none``: no check).
+        work: the per-byte work (landings on the digest pool, and what waits for them).
         clock: seconds (the manager's clock).
+        loads: the core's consumer view by ``kv_request_id`` (how many blocks a load has landed).
     """
 
     def __init__(self, *, transport: Transport, plane: DataPlane, pool: Any, jobs: JobLedger, metrics: TierMetrics,
-                 logs: RateLimitedLog, integrity: str, clock: Callable[[], float]) -> None:
+                 logs: RateLimitedLog, work: ByteWork, clock: Callable[[], float],
+                 loads: Callable[[str], Any] = lambda kv_request_id: None) -> None:
         self.transport = transport
         self.plane = plane
         self.pool = pool
         self.jobs = jobs
         self.metrics = metrics
         self.logs = logs
-        self.integrity = integrity
+        self.work = work
         self.clock = clock
+        self.loads = loads  # kv_request_id -> the core's ConsumerView (read API), for a load's last batch
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
+        self._tail = max(1, TAIL_BYTES // pool.block_bytes)
         self.PERFORMERS: dict[type, Callable[[Any], Inputs | None]] = {
             fx.Send: self._send,
             fx.JobDone: self._job_done,
@@ -129,38 +165,57 @@ class Outbound:
 
     # -- data plane ----------------------------------------------------------------------------
     def _send_blocks(self, e: fx.SendBlocks) -> None:
-        """Cut the transfer into block_data batches (≤ ``MAX_BATCH_BYTES`` each) for the plane."""
+        """Cut the transfer into block_data batches for the plane (:func:`plan_batches`: at most
+        ``MAX_BATCH_BYTES`` each — and no larger than the plane's header limit allows — tapering
+        to ``TAIL_BYTES``)."""
         per, one_sided = self._per_batch, self.plane.one_sided
+        if self.plane.max_header_bytes is not None:
+            per = min(per, self._header_fits(e))
         batches = []
-        for first in range(0, len(e.blocks), per):
-            blocks = e.blocks[first : first + per]
+        first = 0
+        for count in plan_batches(len(e.blocks), per, self._tail):
+            end = first + count
             header = encode(wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=first,
-                                         count=len(blocks), digests=list(e.digests[first : first + per])))
-            batches.append(Batch(first, blocks, e.slots[first : first + per] if one_sided else (), header))
+                                         count=count, digests=list(e.digests[first:end])))
+            batches.append(Batch(first, e.blocks[first:end], e.slots[first:end] if one_sided else (), header))
+            first = end
         self.posted[(e.kv_request_id, e.round)] = self.clock()
         self.plane.post(e.peer, e.kv_request_id, e.round, batches)
+
+    def _header_fits(self, e: fx.SendBlocks) -> int:
+        """Blocks per batch whose ``block_data`` header fits the plane's ``max_header_bytes``."""
+        limit = self.plane.max_header_bytes or 0
+        if not e.digests:
+            return self._per_batch
+        one = len(encode(wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=len(e.blocks),
+                                      count=1, digests=[2**64 - 1])))
+        # each further digest takes at most 9 bytes (a msgpack uint64); 4 more for a longer
+        # count and the digest array's longer length prefix
+        return max(1, 1 + (limit - one - 4) // 9)
 
     def _cancel(self, e: fx.CancelTransfer) -> None:
         self.plane.cancel(e.kv_request_id, e.round)
 
-    def _land(self, e: fx.LandBlocks) -> Inputs:
-        """Land one block_data's blocks and check each against its parked digest."""
+    def _land(self, e: fx.LandBlocks) -> Inputs | None:
+        """Land one block_data's blocks and check each against its parked digest (the plane does
+        both; a large landing ends on the digest pool, and its ``blocks_landed`` comes from the
+        per-byte work in a later tick)."""
         count = len(e.slots)
+        key = (e.kv_request_id, e.round, e.first, count)
         try:
-            self.plane.land(e.slots, e.payloads)
+            bad = self.plane.land(e.peer, key, e.slots, e.payloads, e.digests)
         except PlaneError as exc:
             self.metrics.wire_error("bad_payload")
             self.logs(e.peer, "bad_payload", "kvtier: bad block_data from %s: %s", self.logs.who(e.peer), exc)
             return [ix.BlocksLanded(e.peer, e.kv_request_id, e.round, e.first, count, False, Reason.CORRUPT)]
-        pool = self.pool
-        bad = check_blocks([pool.buffer(s) for s in e.slots], e.digests, self.integrity)
-        if bad < 0:
-            self.metrics.landed(count * pool.block_bytes)
-            return [ix.BlocksLanded(e.peer, e.kv_request_id, e.round, e.first, count, True)]
-        self.logs(e.peer, "corrupt",
-                  "kvtier: block %d of %s round %d from %s does not match its parked digest; the load fails",
-                  e.first + bad, e.kv_request_id, e.round, self.logs.who(e.peer))
-        return [ix.BlocksLanded(e.peer, e.kv_request_id, e.round, e.first, count, False, Reason.CORRUPT)]
+        work = self.work
+        view = self.loads(e.kv_request_id)
+        if view is not None and work.last(key, view.landed, len(view.keys)) and (bad is None or work.held()):
+            work.settle = True  # the load's result can go out in this tick (Loop.tick)
+        if bad is None:
+            work.landing(e.peer, key)
+            return None
+        return [work.result(e.peer, key, bad)]
 
     def _revoke(self, e: fx.RevokeAccess) -> Inputs | None:
         return [ix.AccessRevoked(e.peer)] if self.plane.revoke(e.peer) else None

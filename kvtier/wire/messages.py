@@ -52,8 +52,9 @@ __all__ = [
     "MESSAGE_TYPES",
 ]
 
-PROTOCOL_VERSION: Final = 2
-"""Bumped on any incompatible change to a message's fields or meaning."""
+PROTOCOL_VERSION: Final = 3
+"""Bumped on any incompatible change to a message's fields, meaning or channel (3: the NIXL plane's
+``block_data`` travels as its WRITE's notification, docs/protocol.md)."""
 
 MAX_U63: Final = 2**63
 """Exclusive upper bound of every integer field. Ints must fit a signed 64-bit value everywhere."""

@@ -45,6 +45,11 @@ def test_quick_suite_writes_every_benchmark(tmp_path: Path) -> None:
         if bid == "P7" and r["status"] == "skipped":
             assert not _model_installed(), "P7 skipped although the model is installed"
             continue
+        if bid == "P0" and r["status"] == "skipped":
+            from bench.seed import unavailable
+
+            assert unavailable() is not None, "P0 skipped although NIXL and vLLM's p2p tier are importable"
+            continue
         assert r["status"] == "ok", (bid, r.get("problems") or r.get("error"))
         for key in ("median", "min", "max"):
             assert _number(r["ratio"][key]), (bid, "ratio", key, r["ratio"])

@@ -127,6 +127,13 @@ class Jobs:
         return sum(len(v) for v in self.by_id.values())
 
 
+def in_core(mgr: KvTierManager, kv_id: str, job_id: int) -> bool:
+    """Whether store job ``job_id`` of ``kv_id`` reached ``mgr``'s core, or already has its result
+    (a large store is held until the digest pool took its digests, decision I14)."""
+    view = mgr.core.producer(kv_id)
+    return (view is not None and job_id in view.jobs) or job_id not in mgr.jobs_in_flight(kv_id)
+
+
 def pump_until(
     pred: Callable[[], bool],
     *,

@@ -22,12 +22,14 @@ HB = {"heartbeat_interval_s": 0.1, "peer_timeout_s": 2.0}
         ("hash_seed", {"config": {"hash_seed": "seed-prefill"}}, {"config": {"hash_seed": "seed-decode"}},
          "seed-prefill", "seed-decode"),
         ("layout", {"layout": "raw"}, {"layout": "bf16[32,2,8,16,128]"}, "raw", "bf16[32,2,8,16,128]"),
+        # the block digest: a consumer that would check nothing (or another hash) never gets blocks
+        ("digest", {"config": {"integrity": "xxh3_64"}}, {"config": {"integrity": "none"}}, "xxh3_64", "none"),
     ],
 )
 def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
     make_manager, caplog, field, p_kw, c_kw, p_value, c_value
 ):
-    # B37: a layout, block-size or hash-seed mismatch is refused in the handshake, nothing moves
+    # B37: a layout, block-size, hash-seed or digest mismatch is refused in the handshake, nothing moves
     caplog.set_level(logging.ERROR, logger="kvtier.manager")
     p_kw, c_kw = dict(p_kw), dict(c_kw)
     p = make_manager({**HB, **p_kw.pop("config", {})}, **p_kw)

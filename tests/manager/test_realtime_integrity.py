@@ -35,6 +35,7 @@ from mgr_helpers import (
     SENTINEL,
     Jobs,
     fill_pattern,
+    in_core,
     job,
     keys_for,
     metric,
@@ -295,6 +296,7 @@ def test_b21_shutdown_mid_transfer_with_a_wedged_consumer(producer, victim, make
         p.on_new_request(preq)
         digs = fill_pattern(p.pool, slots, seed)
         p.submit_store(job(job_id, keys_for(kv, len(slots)), slots, preq))
+        assert pump_until(lambda: in_core(p, kv, job_id), managers=[p])  # its digests are taken
         return digs
 
     # a done id (retained): nothing may change for it

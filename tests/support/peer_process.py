@@ -150,7 +150,8 @@ class PeerHandler:
         naming ``consumer``, a principal, as the only one allowed to fetch it, if given), fill
         ``slots`` with :func:`block_pattern` (``seed``) or ``fill_byte``, submit a store job.
         Returns ``{"digests": [sha256 per slot], "immediate": [results of this job produced at
-        once]}``."""
+        once]}`` once the store reached the manager's core (a large store's digests are taken on
+        its digest pool first; unless paused, this polls until then)."""
         from kvtier.api import RequestContext, TransferJob
 
         mgr = self._need()
@@ -166,6 +167,12 @@ class PeerHandler:
         self._fill(slots, seed, fill_byte)
         digests = [slot_digest(self.pool, s) for s in slots]
         mgr.submit_store(TransferJob(job_id=job_id, keys=tuple(keys), slots=tuple(slots), req=req))
+        deadline = time.monotonic() + 30.0
+        while not self.paused and job_id in mgr.jobs_in_flight(kv_id) and time.monotonic() < deadline:
+            view = mgr.core.producer(kv_id)
+            if view is not None and job_id in view.jobs:
+                break
+            mgr.poll(0.0005)
         return {"digests": digests, "immediate": self._immediate(job_id)}
 
     def op_store_batch(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,42 @@
+"""Smoke test of P0 (``bench/seed.py``): the seed's p2p tier and kvtier's adapter on both
+planes, driven through vLLM's TieringOffloadingManager in two processes, hand off every size of
+``--quick`` byte-exact (the benchmark raises otherwise), and the result record is complete.
+Nothing about timings is asserted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("nixl_cu12", reason="P0 needs NIXL (nixl-cu12)")
+try:
+    import vllm  # noqa: F401
+    from vllm.v1.kv_offload.tiering.p2p.manager import P2PSecondaryTierManager  # noqa: F401
+except Exception as exc:  # noqa: BLE001 - a half-installed stack raises TypeError and the like
+    pytest.skip(f"vLLM 0.33.0's p2p tier is not importable here: {exc!r}", allow_module_level=True)
+
+from bench import seed
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@pytest.mark.timeout(600)
+def test_quick_p0_hands_off_every_size_on_every_system() -> None:
+    res = seed.run(quick=True, log=lambda m: None, rounds=1, late_rounds=1)
+    got = {(r["mib"], r["system"]) for r in res["rows"]}
+    want = {(m, s) for m in seed.QUICK_SIZES_MIB for s in (*seed.SYSTEMS, "raw_nixl", "copy")}
+    assert got == want
+    for r in res["rows"]:
+        assert _number(r["load_s"]["median"]) and r["load_s"]["median"] > 0, r
+        if r["system"] in seed.SYSTEMS:
+            assert _number(r["submit_store_s"]["median"]), r
+            assert all(_number(v) and v >= 0 for v in r["cpu_s_per_gb"].values()), r
+    assert set(res["late_s"]) == set(seed.SYSTEMS)
+    assert res["targets"] and all(t["achieved"] is None or _number(t["achieved"]) for t in res["targets"])
+    text = seed.render(res)
+    assert "the seed (NIXL)" in text and "late fetch" in text

@@ -1,0 +1,218 @@
+"""The order of inputs around per-byte work (kvtier.shell.perbyte.ByteWork), with futures the test
+completes by hand, and the batch plan (kvtier.shell.outbound.plan_batches).
+
+* a held store releases, with its digests, before the later engine inputs about its id; other ids
+  are not held; ``flush`` waits for every digest and keeps the engine's order;
+* a peer's input arriving while one of its landings runs is held until the landing's result, which
+  comes first; a further ``block_data`` is not held (its check overlaps), unless an input is
+  already held; a landing started by a released input precedes what is still held;
+* deadlines may fire no later than the arrival of the oldest thing held.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvtier.lifecycle import inputs as ix
+from kvtier.shell.outbound import plan_batches
+from kvtier.shell.perbyte import INLINE_STORE_BYTES, ByteWork
+from kvtier.wire import messages as wm
+
+BB = INLINE_STORE_BYTES  # one block is small enough to hash inline, four are not
+
+
+class FakePool:
+    def __init__(self) -> None:
+        self.futures: list[Future] = []
+
+    def submit_digests(self, buffers, algorithm):
+        f: Future = Future()
+        self.futures.append(f)
+        return f
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def landed(self, n: int) -> None:
+        self.bytes += n
+
+
+class Logs:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, key, reason, fmt, *args, **kw) -> None:
+        self.lines.append(fmt % args)
+
+    def who(self, peer: str) -> str:
+        return peer
+
+
+def _work(pool=None) -> ByteWork:
+    return ByteWork(algorithm="xxh3_64", digest_pool=pool, block_bytes=BB, metrics=Counters(), logs=Logs())
+
+
+def _store(kid: str, job: int, n: int = 4) -> ix.StoreSubmitted:
+    return ix.StoreSubmitted(kid, "req-" + kid, job, tuple(b"k%d" % i for i in range(n)), tuple(range(n)))
+
+
+def _bufs(n: int = 4) -> list[bytes]:
+    return [bytes([i]) * BB for i in range(n)]
+
+
+def _bd(peer: str, kid: str = "kv", first: int = 0, count: int = 1) -> ix.Received:
+    return ix.Received(peer, wm.BlockData(gen=1, kv_request_id=kid, round=0, first=first, count=count,
+                                          digests=[1] * count))
+
+
+def _done(peer: str, kid: str = "kv") -> ix.Received:
+    return ix.Received(peer, wm.TransferDone(gen=1, kv_request_id=kid, round=0, ok=False, reason="aborted"))
+
+
+# -- stores ----------------------------------------------------------------------------------------
+
+
+def test_a_small_store_is_hashed_here_and_applied_at_once() -> None:
+    work = _work(FakePool())
+    small = _store("kv", 1, n=1)
+    ready = work.store(small, [b"x" * BB])
+    assert ready is not None and len(ready.digests) == 1 and work.held() == 0
+
+
+def test_a_held_store_keeps_the_engine_order_of_its_id() -> None:
+    pool = FakePool()
+    work = _work(pool)
+    assert work.store(_store("kv", 1), _bufs()) is None
+    named, end = ix.ConsumerNamed("kv", "decoder"), ix.RequestFinished("kv", producer=True)
+    assert work.holds(named) and work.holds(end)
+    assert not work.holds(ix.RequestFinished("other", producer=True))  # another id: not held
+    assert not work.holds(ix.RequestFinished("kv", producer=False))  # the consumer side: not held
+    second = work.store(_store("kv", 2, n=1), [b"y" * BB])  # small (hashed here), but behind the first
+    assert second is None
+    assert not work.ready() and list(work.inputs((), 0.0)) == []
+    pool.futures[0].set_result((11, 12, 13, 14))
+    assert work.ready()
+    out = list(work.inputs((), 0.0))
+    assert [type(i).__name__ for i in out] == ["StoreSubmitted", "ConsumerNamed", "RequestFinished",
+                                                "StoreSubmitted"]
+    assert out[0].digests == (11, 12, 13, 14) and out[0].job_id == 1 and out[3].job_id == 2
+    assert work.held() == 0 and not work.holds(ix.RequestFinished("kv", producer=True))
+
+
+def test_ids_release_independently_in_submission_order() -> None:
+    pool = FakePool()
+    work = _work(pool)
+    work.store(_store("a", 1), _bufs())
+    work.store(_store("b", 2), _bufs())
+    pool.futures[1].set_result((1, 2, 3, 4))  # b's digests first: b goes, a still waits
+    assert [i.job_id for i in work.inputs((), 0.0)] == [2]
+    pool.futures[0].set_result((5, 6, 7, 8))
+    assert [i.job_id for i in work.inputs((), 0.0)] == [1]
+
+
+def test_flush_waits_for_every_digest_in_the_engines_order() -> None:
+    pool = FakePool()
+    work = _work(pool)
+    work.store(_store("a", 1), _bufs())
+    work.holds(ix.RequestFinished("a", producer=True))
+    work.store(_store("b", 2), _bufs())
+    for f in pool.futures:
+        f.set_result((0, 0, 0, 0))
+    out = work.flush()
+    assert [(type(i).__name__, i.kv_request_id) for i in out] == [
+        ("StoreSubmitted", "a"), ("RequestFinished", "a"), ("StoreSubmitted", "b")]
+    assert work.held() == 0
+
+
+def test_without_a_pool_every_store_is_hashed_here() -> None:
+    work = _work(None)
+    ready = work.store(_store("kv", 1), _bufs())
+    assert ready is not None and len(ready.digests) == 4
+
+
+# -- landings --------------------------------------------------------------------------------------
+
+
+def test_what_follows_a_landing_from_its_peer_waits_for_it() -> None:
+    work = _work()
+    work.landing("P", ("kv", 0, 0, 4))
+    batch = [_done("P"), _bd("Q"), ix.ConnectionClosed("P"), ix.TransferReleased("x", 1)]
+    out = list(work.inputs(batch, after=5.0))
+    assert out == [_bd("Q"), ix.TransferReleased("x", 1)]  # another peer's and the plane's go on
+    assert work.floor() == 5.0  # what it holds arrived after 5.0
+    work.landed("P", ("kv", 0, 0, 4), -1)
+    out = list(work.inputs((), after=6.0))
+    assert out[0] == ix.BlocksLanded("P", "kv", 0, 0, 4, True)
+    assert out[1:] == [_done("P"), ix.ConnectionClosed("P")]
+    assert work.held() == 0
+
+
+def test_a_further_block_data_is_not_held_behind_landings_only() -> None:
+    work = _work()
+    work.landing("P", ("kv", 0, 0, 4))
+    assert list(work.inputs([_bd("P", first=4)], after=1.0)) == [_bd("P", first=4)]
+    work.landing("P", ("kv", 0, 4, 1))  # the one it started
+    assert list(work.inputs([_done("P"), _bd("P", kid="kv2")], after=2.0)) == []  # behind a held input
+    work.landed("P", ("kv", 0, 4, 1), 0)  # the second ends first: still behind the first
+    assert list(work.inputs((), after=3.0)) == []
+    work.landed("P", ("kv", 0, 0, 4), -1)
+    out = list(work.inputs((), after=3.0))
+    assert [type(i).__name__ for i in out] == ["BlocksLanded", "BlocksLanded", "Received", "Received"]
+    assert out[1].ok is False and out[1].reason == "corrupt"
+    assert type(out[2].msg) is wm.TransferDone and type(out[3].msg) is wm.BlockData
+
+
+def test_a_landing_started_by_a_released_input_precedes_what_is_still_held() -> None:
+    work = _work()
+    work.landing("P", ("kv", 0, 0, 4))
+    list(work.inputs([_done("P", kid="kvA"), _bd("P", kid="kvB"), _done("P", kid="kvB")], after=1.0))
+    work.landed("P", ("kv", 0, 0, 4), -1)
+    gen = work.inputs((), after=2.0)
+    assert next(gen) == ix.BlocksLanded("P", "kv", 0, 0, 4, True)
+    assert next(gen) == _done("P", kid="kvA")
+    assert next(gen) == _bd("P", kid="kvB")
+    work.landing("P", ("kvB", 0, 0, 1))  # what applying that block_data started
+    assert list(gen) == []  # kvB's transfer_done waits for it
+    work.landed("P", ("kvB", 0, 0, 1), -1)
+    assert list(work.inputs((), after=3.0)) == [ix.BlocksLanded("P", "kvB", 0, 0, 1, True), _done("P", kid="kvB")]
+
+
+def test_deadlines_wait_for_the_oldest_thing_held() -> None:
+    work = _work()
+    assert work.floor() == float("inf")
+    gen = work.inputs([_bd("P")], after=4.0)
+    next(gen)
+    work.landing("P", ("kv", 0, 0, 1))  # started while applying a block_data read after 4.0
+    list(gen)
+    list(work.inputs([_done("P")], after=9.0))
+    assert work.floor() == 4.0
+    work.landed("P", ("kv", 0, 0, 1), -1)
+    list(work.inputs((), after=10.0))
+    assert work.floor() == float("inf")
+
+
+# -- the batch plan --------------------------------------------------------------------------------
+
+
+def test_the_plan_tapers_to_the_tail() -> None:
+    assert plan_batches(256, 8, 1) == [8] * 31 + [4, 2, 1, 1]
+    assert plan_batches(8, 8, 1) == [4, 2, 1, 1]
+    assert plan_batches(1, 8, 1) == [1]
+    assert plan_batches(0, 8, 1) == []
+    assert plan_batches(64, 64, 8) == [32, 16, 8, 8]
+    with pytest.raises(ValueError):
+        plan_batches(4, 0, 1)
+
+
+@given(st.integers(0, 5000), st.integers(1, 600), st.integers(1, 600))
+def test_the_plan_covers_every_block_within_the_bounds(n: int, per: int, tail: int) -> None:
+    sizes = plan_batches(n, per, tail)
+    assert sum(sizes) == n and all(1 <= s <= per for s in sizes)
+    if n > min(tail, per):
+        assert sizes[-1] == min(tail, per)
