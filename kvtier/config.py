@@ -513,6 +513,12 @@ class TierConfig:
     handshake_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
         How long a new session may take to complete its hello/hello_ack.""")
 
+    connect_timeout_s: float = _field(_TIMEOUT, 2.0, doc="""
+        How long a dial to a producer may wait for the TCP connection. A dial that gets no
+        answer within it fails its loads (``connect_timeout``); one that is refused (nothing
+        listens at the address) fails them at once (``connect_refused``). The session's
+        ``handshake_timeout_s`` still bounds the whole dial.""")
+
     heartbeat_interval_s: float = _field(_Float(MIN_DURATION_S, 3600.0), 1.0, doc="""
         Interval between pings on an otherwise idle session.""")
 

@@ -85,6 +85,12 @@ class DataPlane(Protocol):
         """What a peer needs to reach our memory (``b""`` for zmq), sent in hello/hello_ack."""
         ...
 
+    def session_descriptor(self, peer: str, gen: int) -> bytes:
+        """The descriptor the session of generation ``gen`` that we dial to ``peer`` announces in
+        its hello: ``b""`` for :meth:`descriptor`; a plane that withdraws access per session
+        (NIXL windows) makes one for this session here."""
+        ...
+
     def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
         """Prepare to move blocks to/from ``peer``. Raises PlaneError for a bad descriptor.
 

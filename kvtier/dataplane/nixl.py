@@ -233,6 +233,9 @@ class NixlPlane:
     def descriptor(self) -> bytes:
         return self._descriptor
 
+    def session_descriptor(self, peer: str, gen: int) -> bytes:
+        return b""
+
     def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
         """Load ``peer``'s agent from its descriptor (from its hello or hello_ack).
 

@@ -66,6 +66,9 @@ class ZmqPlane:
     def descriptor(self) -> bytes:
         return b""
 
+    def session_descriptor(self, peer: str, gen: int) -> bytes:
+        return b""
+
     def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
         if descriptor:
             raise PlaneError(f"the zmq data plane takes no descriptor; {peer} sent {len(descriptor)} bytes")

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "76f55e0c2ff7b78dddea6aa29dfff5e42cbb05de4c83feb71f9f42a51faec36d"
+SPEC_SHA256: Final = "61560f42e3a630fc1c42d2d9d7527f3897b72680253608b895a5ab1043ac209e"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -83,7 +83,11 @@ class Reason(enum.StrEnum):
     PEER_DISCONNECTED = "peer_disconnected"
     """the peer said disconnect, did not know our session, or its connection closed"""
     PEER_RESTARTED = "peer_restarted"
-    """the peer reconnected with a new generation"""
+    """the peer reconnected with a new generation (or a new session from the same consumer replaced this one)"""
+    CONNECT_REFUSED = "connect_refused"
+    """the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent"""
+    CONNECT_TIMEOUT = "connect_timeout"
+    """the producer's address did not answer the connection within connect_timeout_s"""
     SEND_FAILED = "send_failed"
     """the transport could not send to the peer"""
     TOO_MANY_PEERS = "too_many_peers"
@@ -711,7 +715,7 @@ class ConsumerEvent(enum.StrEnum):
     REQUEST_FINISHED = "request_finished"
     """the engine finished the request"""
     PEER_LOST = "peer_lost"
-    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled)"""
+    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled, connect_refused, connect_timeout)"""
     SHUTDOWN = "shutdown"
     """shutdown() began: no new work; loads in flight may finish within shutdown_grace_s"""
     CLOSE = "close"
@@ -722,7 +726,7 @@ class ConsumerGuard(enum.StrEnum):
     LOAD_EMPTY = "load_empty"
     """the load job names zero keys"""
     INSTANCE_DOWN = "instance_down"
-    """the session to the producer is ready but another session to the same producer instance died and none has been heard from since"""
+    """the session to the producer (ready, or still dialling an address whose instance is known) belongs to a producer instance one of whose sessions died abnormally, and none has been heard from since"""
     SESSION_READY = "session_ready"
     """the session to the producer is ready"""
     OTHER_ROUND = "other_round"
@@ -1060,7 +1064,9 @@ class SessionEvent(enum.StrEnum):
     DIAL = "dial"
     """a consumer needs this producer and no session exists"""
     TRANSPORT_UP = "transport_up"
-    """the transport has a connection object for the peer (zmq connects asynchronously)"""
+    """the transport has a connection object for the peer (zmq connects asynchronously), and the data plane the descriptor this session's hello carries"""
+    CONNECT_FAILED = "connect_failed"
+    """the dial never connected: the address refused it, is unreachable, or did not answer within connect_timeout_s (or this manager cannot dial it)"""
     HELLO = "hello"
     """the peer's hello arrived (version, block layout, hash seed, data plane, generation)"""
     HELLO_ACK = "hello_ack"
@@ -1110,13 +1116,15 @@ class SessionGuard(enum.StrEnum):
     """we dialled this peer (we are its consumer; it answers our pings)"""
     SILENT = "silent"
     """nothing has been heard from the peer for peer_timeout_s"""
+    CONNECT_TIMED_OUT = "connect_timed_out"
+    """the dial got no answer within connect_timeout_s (rather than a refusal)"""
 
 
 class SessionEffect(enum.StrEnum):
     OPEN_CONNECTION = "open_connection"
-    """open a transport connection to the peer"""
+    """open a transport connection to the peer; the session starts with the instance the peer's address last answered for (sessions to one instance share fate, also before the handshake)"""
     SEND_HELLO = "send_hello"
-    """send our hello (with our data plane's descriptor)"""
+    """send our hello (with the data plane's descriptor for this session, and the generation of our previous session to this address, which it replaces)"""
     NOTE_PEER = "note_peer"
     """remember the peer's generation, instance and principal from its hello"""
     NOTE_INSTANCE = "note_instance"
@@ -1171,6 +1179,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.CONNECTING, (SessionEffect.OPEN_CONNECTION, ), None),
     ), None),
     (SessionState.ABSENT, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.NO_RECORD),
+    (SessionState.ABSENT, SessionEvent.CONNECT_FAILED): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.HELLO): Rule(TRANSITION, (
         Branch(SessionGuard.TOO_MANY_PEERS, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, ), Reason.TOO_MANY_PEERS),
         Branch(SessionGuard.HELLO_COMPATIBLE, SessionState.ATTACHING, (SessionEffect.NOTE_PEER, SessionEffect.ATTACH_PEER, ), None),
@@ -1200,6 +1209,10 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.TRANSPORT_UP): Rule(TRANSITION, (
         Branch(None, SessionState.HANDSHAKING, (SessionEffect.SEND_HELLO, ), None),
+    ), None),
+    (SessionState.CONNECTING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
+        Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),
     (SessionState.CONNECTING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.STALE),
@@ -1232,6 +1245,10 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.HANDSHAKING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
+        Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
+    ), None),
     (SessionState.HANDSHAKING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.HELLO_ACK): Rule(TRANSITION, (
         Branch(None, SessionState.ATTACHING, (SessionEffect.NOTE_INSTANCE, SessionEffect.ATTACH_PEER, ), None),
@@ -1268,6 +1285,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.ATTACHING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.CONNECT_FAILED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.HELLO_REJECT): Rule(IGNORE, (), Reason.STALE),
@@ -1305,6 +1323,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.READY, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.READY, SessionEvent.CONNECT_FAILED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.HELLO): Rule(TRANSITION, (
         Branch(SessionGuard.SAME_GEN, SessionState.READY, (SessionEffect.SEND_HELLO_ACK, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.PEER_DOWN, ), Reason.PEER_RESTARTED),

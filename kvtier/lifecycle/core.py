@@ -176,7 +176,7 @@ class TierCore:
             GraceEnded: self._close,
             Malformed: self._malformed,
             ConnectionUp: self._connection_up,
-            ConnectFailed: self._send_failed,
+            ConnectFailed: self._connect_failed,
             ConnectionClosed: self._connection_closed,
             SendFailed: self._send_failed,
             TransferReleased: self._released,
@@ -502,9 +502,12 @@ class TierCore:
             self._sessions.apply(rec, event, inp, now, out)
 
     def _connection_up(self, inp: ConnectionUp, now: float, out: list[Effect]) -> None:
-        self._session_event(inp.peer, SessionEvent.TRANSPORT_UP, None, now, out)
+        self._session_event(inp.peer, SessionEvent.TRANSPORT_UP, inp, now, out)
 
-    def _send_failed(self, inp: SendFailed | ConnectFailed, now: float, out: list[Effect]) -> None:
+    def _connect_failed(self, inp: ConnectFailed, now: float, out: list[Effect]) -> None:
+        self._session_event(inp.peer, SessionEvent.CONNECT_FAILED, inp, now, out)
+
+    def _send_failed(self, inp: SendFailed, now: float, out: list[Effect]) -> None:
         self._session_event(inp.peer, SessionEvent.SEND_FAILED, None, now, out)
 
     def _connection_closed(self, inp: ConnectionClosed, now: float, out: list[Effect]) -> None:
@@ -635,7 +638,7 @@ class TierCore:
     def _rx_hello(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg, peer, sessions = inp.msg, inp.peer, self._sessions
         hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, msg.gen, msg.data_plane,
-                           msg.digest, msg.instance, inp.principal or msg.instance, msg.descriptor)
+                           msg.digest, msg.instance, inp.principal or msg.instance, msg.descriptor, msg.replaces)
         rec = sessions.records.get(peer)
         if rec is not None:
             sessions.apply(rec, SessionEvent.HELLO, hello, now, out)
@@ -643,6 +646,8 @@ class TierCore:
             if not (rec.state is SessionState.DEAD and rec.reason is Reason.PEER_RESTARTED):
                 return
         # a new session (or the restarted peer's next generation)
+        if hello.replaces:
+            self._supersede(peer, hello, now, out)
         if len(sessions.records) >= sessions.max_peers:
             self._evict_idle(now, out)
         sessions.apply(sessions.new_record(peer), SessionEvent.HELLO, hello, now, out)
@@ -676,6 +681,20 @@ class TierCore:
             return
         why = _reason(msg.reason) if msg.reason else None
         self._sessions.apply(rec, SessionEvent.DISCONNECT, _Why(why), now, out)
+
+    def _supersede(self, peer: str, hello: HelloInput, now: float, out: list[Effect]) -> None:
+        """A consumer's hello names the generation of its previous session to us (``replaces``):
+        it opens a new session to an address only once its record of the old one is gone, so an
+        inbound session of that generation from the same instance and principal is dead on its
+        side, whatever we still believe.  End it now (``peer_restarted``), before the new one is
+        admitted: its data-plane entry holds the consumer's agent, which the new session's
+        descriptor names again (decision N14)."""
+        sessions = self._sessions
+        for r in list(sessions.records.values()):
+            if (r.key != peer and not r.dialled and r.gen == hello.replaces and r.instance == hello.instance
+                    and r.principal == hello.principal):
+                sessions.apply(r, SessionEvent.GIVE_UP, _Why(Reason.PEER_RESTARTED), now, out)
+                self._settle(now, out)
 
     def _evict_idle(self, now: float, out: list[Effect]) -> None:
         """At ``max_peers``, end the inbound session that has been idle longest — nothing bound to

@@ -116,10 +116,12 @@ class RevokeAccess(_Effect):
 
 
 class OpenConnection(_Effect):
-    """Session: open a transport connection to ``peer`` (a ``host:port``); report
-    ``ConnectionUp`` or ``ConnectFailed``."""
+    """Session: open a transport connection to ``peer`` (a ``host:port``) for session generation
+    ``gen``; report ``ConnectionUp`` (with the data plane's descriptor for this session) or
+    ``ConnectFailed``."""
 
     peer: str
+    gen: int = 0
 
 
 class CloseConnection(_Effect):

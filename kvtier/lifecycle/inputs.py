@@ -152,16 +152,20 @@ class Malformed(_Input):
 
 # -- transport ------------------------------------------------------------------------------------
 class ConnectionUp(_Input):
-    """The transport has a connection object for dialled ``peer``."""
+    """The transport has a connection object for dialled ``peer``; ``descriptor`` is the data
+    plane's descriptor for this session (``b""``: the plane's one descriptor, ``HelloInput``'s)."""
 
     peer: str
+    descriptor: bytes = b""
 
 
 class ConnectFailed(_Input):
-    """The transport could not dial ``peer`` (refused, bad address)."""
+    """The dial to ``peer`` never connected: refused or unreachable, or (``timed_out``) no
+    answer within ``connect_timeout_s``; or the transport could not dial it (``detail``)."""
 
     peer: str
     detail: str = ""
+    timed_out: bool = False
 
 
 class ConnectionClosed(_Input):

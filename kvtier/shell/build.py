@@ -57,6 +57,7 @@ def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
         max_accepted_frame_bytes=2 * cfg.max_message_bytes,
         max_frame_bytes=max(2 * cfg.max_message_bytes, block_bytes),
         handshake_ivl_s=cfg.handshake_timeout_s,
+        connect_timeout_s=cfg.connect_timeout_s,
         idle_timeout_s=cfg.handshake_timeout_s,
         curve=curve,
     )

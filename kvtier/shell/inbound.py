@@ -72,7 +72,9 @@ class Inbound:
             for peer, frames in messages:
                 out.append(self._decode(peer, frames))
             for ev in events:
-                if ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
+                if ev.reason in CloseReason.DIAL_FAILED:  # the dial never connected
+                    out.append(ix.ConnectFailed(ev.peer, ev.reason, ev.reason == CloseReason.CONNECT_TIMEOUT))
+                elif ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
                     out.append(ix.ConnectionClosed(ev.peer))
             read += len(messages)
             if drained:

@@ -181,11 +181,12 @@ class Outbound:
     # -- transport -----------------------------------------------------------------------------
     def _open(self, e: fx.OpenConnection) -> Inputs:
         try:
-            self.transport.connect(e.peer)
+            # fail_fast: a refused dial is reported at once (ConnectFailed), never retried
+            self.transport.connect(e.peer, fail_fast=True)
         except (TransportError, ValueError) as exc:
             self.logs(e.peer, "connect", "kvtier: cannot connect to %s: %s", e.peer, exc)
             return [ix.ConnectFailed(e.peer, str(exc))]
-        return [ix.ConnectionUp(e.peer)]
+        return [ix.ConnectionUp(e.peer, self.plane.session_descriptor(e.peer, e.gen))]
 
     def _close(self, e: fx.CloseConnection) -> None:
         self.transport.drop_peer(e.peer)

@@ -193,9 +193,14 @@ class Hello(_Msg, tag="hello"):
     data_plane: str = "zmq"
     digest: str = "xxh3_64"
     descriptor: bytes = b""
+    replaces: int = 0
+    """The generation of the sender's previous session to this address (0: none): a producer
+    still holding an inbound session of that generation from the same instance ends it
+    (``peer_restarted``) before admitting this one (decision N14)."""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
+        _u63("replaces", self.replaces)
         _u63("version", self.version)
         if self.version != PROTOCOL_VERSION:
             raise ValueError(f"version {self.version} != {PROTOCOL_VERSION}")
