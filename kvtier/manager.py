@@ -112,7 +112,8 @@ class KvTierManager:
         self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg,
                                            layout=layout)
         hello = local_hello(cfg, block_bytes=pool.block_bytes, layout=layout, instance=self.instance, plane=self.plane)
-        self.core: TierCore = make_core(cfg, hello, one_sided=self.plane.one_sided, gen_base=secrets.randbits(62))
+        self.core: TierCore = make_core(cfg, hello, one_sided=self.plane.one_sided, gen_base=secrets.randbits(62),
+                                        revoke_bounded=self.plane.revocation_bounded)
         """The lifecycle core (its read API: sessions, states, quarantine, snapshots)."""
         self._jobs = JobLedger()
         self._requests: dict[str, TransferParams] = {}

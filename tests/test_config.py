@@ -50,6 +50,7 @@ EXPECTED_DEFAULTS = {
     "abort_ack_timeout_s": 5.0,
     "handshake_timeout_s": 5.0,
     "connect_timeout_s": 2.0,
+    "revoke_timeout_s": 1.0,
     "heartbeat_interval_s": 1.0,
     "peer_timeout_s": 5.0,
     "shutdown_grace_s": 3.0,

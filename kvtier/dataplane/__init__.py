@@ -6,10 +6,11 @@ bytes and reports what happened — posted transfers released or failed, blocks 
 revoked; the lifecycle core (:mod:`kvtier.lifecycle`) alone decides what that means for an id.
 """
 
-from kvtier.dataplane.base import Batch, DataPlane, PlaneError, Released, Revoked
+from kvtier.dataplane.base import AttachFailed, Attached, Batch, DataPlane, PlaneError, Released, Revoked
 from kvtier.dataplane.zmq import ZmqPlane
 
-__all__ = ["Batch", "DataPlane", "PlaneError", "Released", "Revoked", "ZmqPlane", "make_plane"]
+__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "PlaneError", "Released", "Revoked", "ZmqPlane",
+           "make_plane"]
 
 
 def make_plane(name: str, **kwargs: object) -> DataPlane:

@@ -28,7 +28,7 @@ import attrs
 
 from kvtier.errors import KvTierError
 
-__all__ = ["Batch", "DataPlane", "PlaneError", "Released", "Revoked"]
+__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "PlaneError", "Released", "Revoked"]
 
 
 class PlaneError(KvTierError):
@@ -72,6 +72,23 @@ class Revoked:
     peer: str
 
 
+@attrs.frozen(slots=True)
+class Attached:
+    """A deferred :meth:`DataPlane.add_peer` for ``peer``'s session ``gen`` is done."""
+
+    peer: str
+    gen: int
+
+
+@attrs.frozen(slots=True)
+class AttachFailed:
+    """A deferred :meth:`DataPlane.add_peer` for ``peer``'s session ``gen`` failed (``detail``)."""
+
+    peer: str
+    gen: int
+    detail: str = ""
+
+
 @runtime_checkable
 class DataPlane(Protocol):
     """How block bytes travel. Not thread-safe: the manager calls it under its lock."""
@@ -91,8 +108,15 @@ class DataPlane(Protocol):
         (NIXL windows) makes one for this session here."""
         ...
 
-    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
-        """Prepare to move blocks to/from ``peer``. Raises PlaneError for a bad descriptor.
+    revocation_bounded: bool
+    """True when :meth:`revoke` withdraws a peer's access by itself, within ``revoke_timeout_s``
+    (receiver-applied planes; NIXL over a shared-memory pool); False when it waits for proof
+    about the peer (then the core holds a load's slots past its revoke deadline, and says so)."""
+
+    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False, gen: int = 0) -> bool:
+        """Prepare to move blocks to/from ``peer`` (its session generation ``gen``).  Returns
+        True when done now; False when deferred (then :meth:`poll` reports :class:`Attached` or
+        :class:`AttachFailed` for ``gen`` later).  Raises PlaneError for a bad descriptor.
 
         ``accepted``: the descriptor came with the peer's ``hello_ack`` to our current hello, so
         the peer's plane took our descriptor in this handshake (a one-sided plane may learn from
@@ -113,7 +137,7 @@ class DataPlane(Protocol):
         Unknown transfers are ignored."""
         ...
 
-    def poll(self) -> list[Released | Revoked]:
+    def poll(self) -> list[Released | Revoked | Attached | AttachFailed]:
         """What happened since the last call."""
         ...
 

@@ -543,6 +543,53 @@ class NixlBlockAgent:
         """Encoded :class:`NixlDescriptor` of this agent and region (a few hundred bytes)."""
         return self._descriptor
 
+    def open_window(self, addr: int) -> tuple[Any, bytes]:
+        """Register a second mapping of the region at ``addr`` (a *window*: the same
+        ``num_blocks x block_bytes`` pages at another address) and describe it for a peer.
+
+        Returns ``(registration, descriptor)``: the descriptor names the window's address as
+        ``base_addr`` and carries the agent metadata (partial: this registration and the
+        connection information) a peer needs to WRITE into it.  :meth:`close_window` withdraws
+        the registration (an RDMA NIC then refuses its key; CMA and UCX tcp write by virtual
+        address, which the caller withdraws itself: :mod:`kvtier.memory.shared`).
+
+        Raises:
+            NixlError: NIXL refused the registration, or the agent is closed.
+        """
+        self._check_open()
+        size = self.num_blocks * self.block_bytes
+        try:
+            reg = self._agent.register_memory([(addr, size, 0, "")], mem_type="DRAM")
+        except Exception as e:
+            raise NixlError(f"could not register a window of the region with NIXL: {_describe(e)}") from e
+        try:
+            try:
+                metadata = self._agent.get_partial_agent_metadata(reg, True)
+            except Exception:  # an older NIXL: the whole metadata (every registration)
+                metadata = self._agent.get_agent_metadata()
+            desc = msgspec.msgpack.encode(NixlDescriptor(
+                v=DESCRIPTOR_VERSION, agent=self.name, metadata=bytes(metadata), base_addr=addr,
+                num_blocks=self.num_blocks, block_bytes=self.block_bytes, fingerprint=self.fingerprint))
+        except BaseException:
+            self.close_window(reg)
+            raise
+        return reg, desc
+
+    def close_window(self, registration: Any) -> None:
+        """Deregister a window made by :meth:`open_window` (best effort; idempotent per handle)."""
+        if self._closed or registration is None:
+            return
+        try:
+            self._agent.deregister_memory(registration)
+        except Exception as e:
+            log.warning("nixl agent %s: deregistering a window failed: %s", self.name, _describe(e))
+
+    def holder(self, agent: str) -> tuple[str, bool, int] | None:
+        """Who holds NIXL agent ``agent``: ``(peer, removed, WRITEs in flight)``, or None.  A
+        removed holder still draining WRITEs keeps the agent until the last one ends."""
+        p = self._by_agent.get(agent)
+        return None if p is None else (p.name, p.removed, p.inflight)
+
     def add_peer(self, peer: str, descriptor: bytes) -> None:
         """Make ``peer``'s region a WRITE target: load its metadata, prepare all its slots once.
 

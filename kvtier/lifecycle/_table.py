@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "61560f42e3a630fc1c42d2d9d7527f3897b72680253608b895a5ab1043ac209e"
+SPEC_SHA256: Final = "406b7629c0d9052743290d4c8176fb669c9e1485206f21c520d0ea1a189fffcb"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -682,7 +682,7 @@ class ConsumerState(enum.StrEnum):
     CANCELLING = "cancelling"
     """The engine finished the request during the load; abort_fetch sent; waits for the producer's terminal answer."""
     REVOKING = "revoking"
-    """The producer cannot answer (session dead or abort unanswered); waits until the data plane confirms no write from it can land in the slots."""
+    """The producer cannot answer (session dead or abort unanswered); the data plane withdraws its access; waits until that is certain: the plane says so, or the revoke deadline passes (a plane that withdraws by itself is done by then). A plane that cannot withdraw keeps the slots past it, saying so."""
     LOADED = "loaded"
     """Every block landed and matched its digest; success reported, receipt sent; waits for the engine to finish the request."""
     FAILED = "failed"
@@ -708,6 +708,8 @@ class ConsumerEvent(enum.StrEnum):
     """abort_ack(kv_request_id, round) arrived: the producer's terminal answer to an abort"""
     ACCESS_REVOKED = "access_revoked"
     """the data plane confirmed that the producer can no longer write into this load's slots"""
+    REVOKE_DEADLINE = "revoke_deadline"
+    """timer revoke fired"""
     LOAD_DEADLINE = "load_deadline"
     """timer load fired"""
     ABORT_ACK_DEADLINE = "abort_ack_deadline"
@@ -743,6 +745,8 @@ class ConsumerGuard(enum.StrEnum):
     """these blocks are the last ones of the fetch still missing"""
     ENGINE_FINISHED = "engine_finished"
     """the engine finished the request while the load was ending"""
+    REVOKE_UNBOUNDED = "revoke_unbounded"
+    """the data plane cannot withdraw a producer's access by itself (a NIXL pool that is not shared memory): only its report of a proof ends revoking"""
 
 
 class ConsumerEffect(enum.StrEnum):
@@ -774,6 +778,10 @@ class ConsumerEffect(enum.StrEnum):
     """remember that the engine finished the request"""
     NOTE_STALE = "note_stale"
     """count a message for an old round; nothing else"""
+    NOTE_HELD = "note_held"
+    """say that the load's slots are still held, why, and until what (an operator line per revoke_timeout_s)"""
+    RESTART_TIMER = "restart_timer"
+    """restart the current state's timer from now"""
 
 
 CONSUMER_INITIAL: Final = ConsumerState.ABSENT
@@ -781,6 +789,7 @@ CONSUMER_FINAL: Final = frozenset({ConsumerState.FINISHED})
 CONSUMER_TIMERS: Final = MappingProxyType({
     "load": TimerSpec("load", ConsumerEvent.LOAD_DEADLINE, "load_timeout_s"),
     "abort_ack": TimerSpec("abort_ack", ConsumerEvent.ABORT_ACK_DEADLINE, "abort_ack_timeout_s"),
+    "revoke": TimerSpec("revoke", ConsumerEvent.REVOKE_DEADLINE, "revoke_timeout_s"),
 })
 """Timer name -> (event it fires, config key that sets its duration in seconds)."""
 CONSUMER_STATE_TIMER: Final = MappingProxyType({
@@ -790,7 +799,7 @@ CONSUMER_STATE_TIMER: Final = MappingProxyType({
     ConsumerState.IN_FLIGHT: 'load',
     ConsumerState.ABORTING: 'abort_ack',
     ConsumerState.CANCELLING: 'abort_ack',
-    ConsumerState.REVOKING: None,
+    ConsumerState.REVOKING: 'revoke',
     ConsumerState.LOADED: None,
     ConsumerState.FAILED: None,
     ConsumerState.FINISHED: None,
@@ -807,6 +816,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABSENT, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ConsumerState.ABSENT, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.NO_RECORD),
@@ -826,6 +836,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ANNOUNCED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.ANNOUNCED, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -852,6 +863,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.QUEUED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.QUEUED, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.LOAD_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.LOAD_TIMEOUT),
     ), None),
@@ -892,6 +904,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.IN_FLIGHT, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.LOAD_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.ABORTING, (ConsumerEffect.SEND_ABORT, ), Reason.LOAD_TIMEOUT),
     ), None),
@@ -922,6 +935,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.ABORTING, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
@@ -952,6 +966,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.CANCELLING, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
@@ -985,6 +1000,11 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
+    (ConsumerState.REVOKING, ConsumerEvent.REVOKE_DEADLINE): Rule(TRANSITION, (
+        Branch(ConsumerGuard.REVOKE_UNBOUNDED, ConsumerState.REVOKING, (ConsumerEffect.NOTE_HELD, ConsumerEffect.RESTART_TIMER, ), None),
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
     (ConsumerState.REVOKING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.REVOKING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.REVOKING, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -1004,6 +1024,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.LOADED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.LOADED, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -1026,6 +1047,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.FAILED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.FAILED, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (

@@ -38,7 +38,7 @@ from kvtier.lifecycle._table import (
     ConsumerState,
     Reason,
 )
-from kvtier.lifecycle.effects import Effect, Ignored, JobDone, LandBlocks, RevokeAccess, Send
+from kvtier.lifecycle.effects import Effect, Ignored, JobDone, LandBlocks, RevokeAccess, Send, SlotsHeld
 from kvtier.lifecycle.inputs import LoadSubmitted
 from kvtier.lifecycle.notes import GiveUp, Notes
 from kvtier.lifecycle.session import SessionMachine
@@ -90,16 +90,19 @@ class ConsumerMachine(TableMachine):
     EFFECT_ENUM = ConsumerEffect
 
     def __init__(
-        self, durations: Mapping[str, float], sessions: SessionMachine, notes: Notes, *, one_sided: bool = False
+        self, durations: Mapping[str, float], sessions: SessionMachine, notes: Notes, *, one_sided: bool = False,
+        revoke_bounded: bool = True,
     ) -> None:
         """``sessions``: the session machine, read only (is a producer's session ready, its
         generation, is its instance suspect); ``notes``: the core's queue (``give_up_peer`` asks
         through it to end a session); ``one_sided``: the data plane writes into our slots, so a
-        fetch names them."""
+        fetch names them; ``revoke_bounded``: the plane withdraws a producer's access by itself
+        within ``revoke_timeout_s``."""
         super().__init__(durations)
         self._sessions = sessions
         self._notes = notes
         self._one_sided = one_sided
+        self._revoke_bounded = revoke_bounded
         self.by_peer: dict[str, set[str]] = {}
         self._next_round = 0
 
@@ -205,6 +208,9 @@ class ConsumerMachine(TableMachine):
     def guard_all_received(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return rec.n_landed == len(rec.keys)
 
+    def guard_revoke_unbounded(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
+        return not self._revoke_bounded
+
     # -- effects -------------------------------------------------------------------------------
     def _take_job(self, rec: ConsumerRecord, inp: LoadSubmitted) -> None:
         # rounds are unique per manager, so a reused id never matches an old round
@@ -269,6 +275,9 @@ class ConsumerMachine(TableMachine):
             self._next_round += 1
         msg = wm.AbortFetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, fetched=rec.fetched)
         out.append(Send(rec.peer, msg))
+
+    def effect_note_held(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        out.append(SlotsHeld(rec.peer, rec.key, len(rec.slots)))
 
     def effect_note_stale(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(Ignored(self.NAME, rec.key, rec.state, "message", reason or Reason.STALE))

@@ -86,6 +86,7 @@ TIMER_KEYS = (
     "tombstone_retention_s",
     "load_timeout_s",
     "abort_ack_timeout_s",
+    "revoke_timeout_s",
     "handshake_timeout_s",
     "heartbeat_interval_s",
     "peer_timeout_s",
@@ -118,12 +119,16 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_peers: int = 128
     one_sided: bool = False
     """The data plane writes into the consumer's slots (fetches name them)."""
+    revoke_bounded: bool = True
+    """The data plane withdraws a producer's access by itself within ``revoke_timeout_s``
+    (zmq; NIXL over a shared-memory pool), so a load in ``revoking`` is answered at its revoke
+    deadline at the latest."""
     error_reply_interval_s: float = 10.0
     """At most one unsolicited ``error`` answer per (peer, reason) per this many seconds (a malformed message
     that names no ``kv_request_id``): a flood of garbage gets a bounded echo."""
 
     @classmethod
-    def from_config(cls, config: object, *, one_sided: bool = False) -> CoreSettings:
+    def from_config(cls, config: object, *, one_sided: bool = False, revoke_bounded: bool = True) -> CoreSettings:
         """Build from any object with the TierConfig attribute names."""
         return cls(
             durations={k: float(getattr(config, k)) for k in TIMER_KEYS},
@@ -132,6 +137,7 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
             max_pending_fetches_per_peer=config.max_pending_fetches_per_peer,  # type: ignore[attr-defined]
             max_peers=config.max_peers,  # type: ignore[attr-defined]
             one_sided=one_sided,
+            revoke_bounded=revoke_bounded,
         )
 
 
@@ -161,7 +167,8 @@ class TierCore:
             max_pending_fetches_per_peer=settings.max_pending_fetches_per_peer, notes=self._notes,
         )
         self._sessions = SessionMachine(d, local, self._notes, gen_base=gen_base, max_peers=settings.max_peers)
-        self._consumer = ConsumerMachine(d, self._sessions, self._notes, one_sided=settings.one_sided)
+        self._consumer = ConsumerMachine(d, self._sessions, self._notes, one_sided=settings.one_sided,
+                                         revoke_bounded=settings.revoke_bounded)
         self._error_replies: dict[tuple[str, str], float] = {}
         self._APPLY = {
             Received: self._received,

@@ -40,6 +40,7 @@ __all__ = [
     "Send",
     "SendBlocks",
     "SessionEnded",
+    "SlotsHeld",
 ]
 
 
@@ -158,6 +159,16 @@ class SessionEnded(_Effect):
     instance: str = ""
 
 
+class SlotsHeld(_Effect):
+    """Consumer: ``slots`` slots of load ``kv_request_id`` are still held past the revoke
+    deadline, because the data plane cannot withdraw ``peer``'s access by itself; for the
+    operator's log (repeated every ``revoke_timeout_s`` while it lasts)."""
+
+    peer: str
+    kv_request_id: str
+    slots: int
+
+
 class Ignored(_Effect):
     """An input dropped by an ignore rule, or a duplicate/stale note; for metrics and
     rate-limited logs only."""
@@ -181,5 +192,6 @@ Effect = (
     | AttachPeer
     | DetachPeer
     | SessionEnded
+    | SlotsHeld
     | Ignored
 )

@@ -69,5 +69,7 @@ def local_hello(cfg: TierConfig, *, block_bytes: int, layout: str, instance: str
                       digest=cfg.integrity, instance=instance, descriptor=plane.descriptor())
 
 
-def make_core(cfg: TierConfig, hello: HelloInput, *, one_sided: bool, gen_base: int) -> TierCore:
-    return TierCore(CoreSettings.from_config(cfg, one_sided=one_sided), hello, gen_base=gen_base)
+def make_core(cfg: TierConfig, hello: HelloInput, *, one_sided: bool, gen_base: int,
+              revoke_bounded: bool = True) -> TierCore:
+    settings = CoreSettings.from_config(cfg, one_sided=one_sided, revoke_bounded=revoke_bounded)
+    return TierCore(settings, hello, gen_base=gen_base)

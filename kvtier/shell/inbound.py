@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.dataplane import DataPlane, Released, Revoked
+from kvtier.dataplane import AttachFailed, Attached, DataPlane, Released, Revoked
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
 from kvtier.shell.logs import RateLimitedLog
@@ -50,6 +50,8 @@ class Inbound:
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input]] = {
             Released: self._released,
             Revoked: lambda r, now: ix.AccessRevoked(r.peer),
+            Attached: lambda r, now: ix.PeerAttached(r.peer, r.gen),
+            AttachFailed: lambda r, now: ix.AttachRefused(r.peer, r.gen, r.detail),
         }
         self.RECEIVED_NOTES: dict[type, Callable[[str, Any], None]] = {
             wm.Hello: lambda peer, m: self.logs.name(peer, m.instance),

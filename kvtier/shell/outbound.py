@@ -73,6 +73,7 @@ class Outbound:
             fx.AttachPeer: self._attach,
             fx.DetachPeer: self._detach,
             fx.SessionEnded: self._session_ended,
+            fx.SlotsHeld: self._slots_held,
             fx.Ignored: self._ignored,
         }
         self.SEND_NOTES: dict[type, Callable[[str, Any], None]] = {
@@ -165,9 +166,10 @@ class Outbound:
     def _revoke(self, e: fx.RevokeAccess) -> Inputs | None:
         return [ix.AccessRevoked(e.peer)] if self.plane.revoke(e.peer) else None
 
-    def _attach(self, e: fx.AttachPeer) -> Inputs:
+    def _attach(self, e: fx.AttachPeer) -> Inputs | None:
         try:
-            self.plane.add_peer(e.peer, e.descriptor, accepted=e.accepted)
+            if not self.plane.add_peer(e.peer, e.descriptor, accepted=e.accepted, gen=e.gen):
+                return None  # deferred: the plane reports Attached / AttachFailed later
         except PlaneError as exc:
             self.metrics.wire_error("bad_field")
             self.logs(e.peer, "descriptor", "kvtier: %s sent a data-plane descriptor we cannot use: %s",
@@ -183,10 +185,11 @@ class Outbound:
         try:
             # fail_fast: a refused dial is reported at once (ConnectFailed), never retried
             self.transport.connect(e.peer, fail_fast=True)
-        except (TransportError, ValueError) as exc:
+            descriptor = self.plane.session_descriptor(e.peer, e.gen)
+        except (TransportError, ValueError, PlaneError) as exc:
             self.logs(e.peer, "connect", "kvtier: cannot connect to %s: %s", e.peer, exc)
             return [ix.ConnectFailed(e.peer, str(exc))]
-        return [ix.ConnectionUp(e.peer, self.plane.session_descriptor(e.peer, e.gen))]
+        return [ix.ConnectionUp(e.peer, descriptor)]
 
     def _close(self, e: fx.CloseConnection) -> None:
         self.transport.drop_peer(e.peer)
@@ -199,6 +202,12 @@ class Outbound:
         self.logs(e.peer, e.reason, "kvtier: session with %s ended: %s", self.logs.who(e.peer, e.instance), e.reason,
                   level=level)
         self.logs.forget(e.peer)
+
+    def _slots_held(self, e: fx.SlotsHeld) -> None:
+        self.logs(e.peer, "slots_held",
+                  "kvtier: load %s: %d slots still held: the data plane cannot withdraw %s's access to them by itself "
+                  "(the pool is not shared memory); held until that producer is proven gone or accepts a fresh "
+                  "handshake", e.kv_request_id, e.slots, self.logs.who(e.peer), level=logging.WARNING)
 
     def _ignored(self, e: fx.Ignored) -> None:
         self.metrics.ignored(e.machine, e.reason)
