@@ -116,6 +116,7 @@ class KvTierManager:
                                         revoke_bounded=self.plane.revocation_bounded)
         """The lifecycle core (its read API: sessions, states, quarantine, snapshots)."""
         self._jobs = JobLedger()
+        self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
         self._closing = False  # shutdown() began: no new work
         self._closed = False
@@ -247,7 +248,7 @@ class KvTierManager:
                         "earlier request on this consumer"
                     )
                 self._requests[req.req_id] = info
-                self._loop.apply(ix.LoadAnnounced(info.kv_request_id, info.peer))
+                self._loop.apply(ix.LoadAnnounced(info.kv_request_id, info.peer, info.life))
             else:
                 self._requests[req.req_id] = info
                 if info.role == "producer" and info.consumer is not None:
@@ -291,7 +292,7 @@ class KvTierManager:
                 return
             digests = block_digests([self.pool.buffer(b) for b in job.slots], self.config.integrity)
             inp = ix.StoreSubmitted(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots),
-                                    digests, info.consumer)
+                                    digests, info.consumer, info.life)
             self._metrics.parked(info.kv_request_id, now)  # before the store: the first one starts the age
             effects = self.core.handle(inp, now)
             # registered after the core accepted the input, before its effects (which may report it)
@@ -334,6 +335,31 @@ class KvTierManager:
             self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=now,
                             nbytes=len(job.slots) * self.pool.block_bytes)
             self._loop.run(effects)
+
+    def load_nothing(self, req: RequestContext) -> bool:
+        """The consumer request ``req`` needs none of its producer's blocks (every one is already
+        here, e.g. a local prefix-cache hit): tell the producer now — an empty fetch, so it
+        releases what it parked for the id in one round trip (its store jobs succeed,
+        ``not_needed``) instead of at ``unbound_store_timeout_s``.  A no-op (False) for a request
+        that is not a consumer's, or whose load was already submitted.  The manager's own job
+        for it produces no result for the engine.
+
+        Raises:
+            TypeError: ``req`` is not a :class:`~kvtier.api.RequestContext`.
+        """
+        check_req(req, "load_nothing")
+        with self._lock:
+            info = self._requests.get(req.req_id)
+            if (info is None or info.role != "consumer" or self._closed or self._closing
+                    or self.core.consumer_state(info.kv_request_id) is not ConsumerState.ANNOUNCED):
+                return False
+            self._internal_jobs += 1
+            job_id = self._internal_jobs
+            now = self.clock()
+            effects = self.core.handle(ix.LoadSubmitted(info.kv_request_id, job_id, (), ()), now)
+            self._jobs.open(job_id, store=False, kv_request_id=info.kv_request_id, now=now, nbytes=0, internal=True)
+            self._loop.run(effects)
+            return True
 
     def get_finished_jobs(self, *, poll: bool = True) -> list[JobResult]:
         """Hand over every job result produced since the last call; when there is none yet,
@@ -388,7 +414,7 @@ class KvTierManager:
             info = self._requests.pop(req.req_id, None)
             if info is None or self._closed or info.role not in ("producer", "consumer"):
                 return
-            self._loop.apply(ix.RequestFinished(info.kv_request_id, info.role == "producer"))
+            self._loop.apply(ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life))
 
     def has_pending_work(self) -> bool:
         """True while any job lacks a collected result, a transfer is in flight or sends are

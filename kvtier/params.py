@@ -9,10 +9,14 @@ at most 80 characters of the offending value.
 
 Shapes accepted (unknown keys are ignored, so other connectors' params pass through):
 
-* producer (prefill) leg: ``{"remote_decoder": {"kv_request_id": K, "consumer": NAME?}}``;
+* producer (prefill) leg: ``{"remote_decoder": {"kv_request_id": K, "consumer": NAME?, "life": L?}}``;
   ``consumer`` (optional) is the authenticated principal that alone may fetch ``K``.
 * consumer (decode) leg:
-  ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}``.
+  ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P, "life": L?}}``.
+* ``life`` (optional, both legs, the same value): an opaque id of this pairing, ≤ 64 characters
+  of ``[A-Za-z0-9._:/@+=-]``, minted by whoever hands both engines their params (a PD router's
+  request uuid).  With it, a message of an earlier life of a reused ``K`` can never end a later
+  one (decision I15); without it, decision I6's limit holds.
 * llm-d's names for the same roles: ``decode`` (= ``remote_decoder``), ``prefill`` and
   ``remote_kv_source`` (= ``remote_prefiller``); llm-d-router renamed its sub-dicts to vLLM's
   (llm-d/llm-d-router#2140), older routers still send the short ones.
@@ -30,7 +34,7 @@ from typing import Any, Final
 
 import attrs
 
-from kvtier.wire.messages import check_kv_request_id
+from kvtier.wire.messages import check_kv_request_id, check_life
 
 __all__ = [
     "PRODUCER_KEYS",
@@ -80,12 +84,14 @@ class TransferParams:
         kv_request_id: the id the two legs share (``None`` for local).
         peer: consumer leg: the producer's ``host:port`` (``[v6]:port`` for IPv6), else None.
         consumer: producer leg: the principal allowed to fetch the id, if the request names one.
+        life: the pairing's life id (``""`` when the params name none).
     """
 
     role: str
     kv_request_id: str | None = None
     peer: str | None = None
     consumer: str | None = None
+    life: str = ""
 
 
 LOCAL: Final = TransferParams("local")
@@ -199,6 +205,17 @@ def _kv_request_id(sub: Mapping[str, Any], field: str) -> str:
     return kid  # type: ignore[return-value]
 
 
+def _life(sub: Mapping[str, Any], field: str) -> str:
+    life = sub.get("life")
+    if life is None:
+        return ""
+    try:
+        check_life(life)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{field}.life is invalid ({exc}): {clip(life)}") from None
+    return life  # type: ignore[return-value]
+
+
 def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParams:
     """Validate one request's ``kv_transfer_params`` (see the module docstring).
 
@@ -233,7 +250,7 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         peer = _endpoint(host, port)
         if not policy.allows(host, port):
             raise PeerNotAllowed(f"{key} names {clip(peer)}, which allowed_peers does not list", peer)
-        return TransferParams("consumer", kid, peer)
+        return TransferParams("consumer", kid, peer, life=_life(sub, key))
     if dst is not None:
         key, sub = dst
         if not isinstance(sub, Mapping):
@@ -242,5 +259,5 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         consumer = sub.get("consumer")
         if consumer is not None and not (isinstance(consumer, str) and _PRINCIPAL_RE.fullmatch(consumer)):
             raise ValueError(f"{key}.consumer must be a principal name or a z85 public key, got {clip(consumer)}")
-        return TransferParams("producer", kid, None, consumer)
+        return TransferParams("producer", kid, None, consumer, _life(sub, key))
     return LOCAL

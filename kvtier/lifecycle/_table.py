@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "406b7629c0d9052743290d4c8176fb669c9e1485206f21c520d0ea1a189fffcb"
+SPEC_SHA256: Final = "97489e4894826853d306ee481b971db84c09b80c9fdf08bb12ef2efb6fe95e3e"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -100,6 +100,8 @@ class Reason(enum.StrEnum):
     """an inbound session with nothing bound to it and no work for handshake_timeout_s was ended to admit a new peer at max_peers"""
     LOCAL = "local"
     """a local-only request: nothing was parked or fetched, so the job succeeded at once"""
+    NOT_NEEDED = "not_needed"
+    """the consumer needed none of the id's blocks (an empty fetch): the store jobs succeeded and the blocks were released at once"""
     INVALID_PARAMS = "invalid_params"
     """the request's kv_transfer_params were malformed, so the tier hands nothing off for it"""
     NOT_A_CONSUMER = "not_a_consumer"
@@ -205,6 +207,8 @@ class ProducerEvent(enum.StrEnum):
     """timer cancel fired"""
     PRUNE_DEADLINE = "prune_deadline"
     """timer prune fired, or the retained-id count cap evicts this (oldest) id"""
+    NEW_LIFE = "new_life"
+    """an input names a life of the id other than the one this retained record ended with (the id is reused): the record is pruned first, and the input then meets a fresh record"""
     PEER_LOST = "peer_lost"
     """the session of the peer this id is bound to died"""
     DRAIN = "drain"
@@ -224,6 +228,8 @@ class ProducerGuard(enum.StrEnum):
     """config park_clock == 'last_store': every store restarts the reap clock"""
     FETCH_EMPTY = "fetch_empty"
     """the fetch names zero keys (the consumer already has every block)"""
+    NEEDED_NOTHING = "needed_nothing"
+    """the id is done because its consumer needed none of its blocks (not_needed)"""
     DEMAND_MET = "demand_met"
     """every key the fetch names is already stored"""
     STORE_MEETS_DEMAND = "store_meets_demand"
@@ -244,6 +250,10 @@ class ProducerGuard(enum.StrEnum):
     """shutdown() has begun: no new work is accepted"""
     RECEIPT_SEEN = "receipt_seen"
     """the consumer confirmed receipt of every block before the data plane released them"""
+    STALE_ROUND = "stale_round"
+    """the fetch's round is below the lowest round its consumer still has open on this session, or one this session already answered: a duplicated or overtaken fetch (decision I11)"""
+    OTHER_LIFE = "other_life"
+    """the input and the record both name a life of the id, and they differ (decision I15)"""
 
 
 class ProducerEffect(enum.StrEnum):
@@ -263,6 +273,10 @@ class ProducerEffect(enum.StrEnum):
     """end the session with the bound peer (transfer_stalled) so the data plane drops every reference it holds to that peer"""
     COMPLETE_JOBS = "complete_jobs"
     """report every store job of the id as succeeded (its blocks may be released)"""
+    RELEASE_UNNEEDED = "release_unneeded"
+    """report every store job of the id as succeeded because the consumer needed none of its blocks (counted not_needed)"""
+    REPORT_STORE_UNNEEDED = "report_store_unneeded"
+    """report this store job as succeeded at once: the id's consumer needed none of its blocks (counted not_needed)"""
     FAIL_JOBS = "fail_jobs"
     """report every store job of the id as failed with the reason"""
     REPLY_DONE_OK = "reply_done_ok"
@@ -287,6 +301,8 @@ class ProducerEffect(enum.StrEnum):
     """remember that the consumer confirmed every block"""
     UNBIND = "unbind"
     """forget the binding (peer, generation, round, keys, slots): the id waits for its named consumer again"""
+    NOTE_LIFE = "note_life"
+    """remember the life the input names: the record ends that life only, and an input of another life replaces it"""
 
 
 PRODUCER_INITIAL: Final = ProducerState.ABSENT
@@ -319,9 +335,10 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ), None),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.ABSENT, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SHUTTING_DOWN, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.SHUTDOWN),
-        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.ABSENT, (ProducerEffect.REPLY_DONE_OK, ), None),
+        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.NOTE_LIFE, ProducerEffect.REPLY_DONE_OK, ), Reason.NOT_NEEDED),
         Branch(ProducerGuard.PEER_BUSY, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.BIND, ), None),
     ), None),
@@ -331,16 +348,17 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.ABSENT, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(ProducerGuard.FETCHED_ROUND, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
-        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_LIFE, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
-        Branch(None, ProducerState.TOMBSTONED, (), Reason.NOTHING_STORED),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_LIFE, ), Reason.NOTHING_STORED),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProducerState.ABSENT, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
@@ -351,8 +369,10 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ), None),
     ), None),
     (ProducerState.PARKED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.PARKED, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
-        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ProducerEffect.REPLY_DONE_OK, ), None),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
+        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.RELEASE_UNNEEDED, ProducerEffect.REPLY_DONE_OK, ), Reason.NOT_NEEDED),
         Branch(ProducerGuard.DEMAND_MET, ProducerState.SERVING, (ProducerEffect.BIND, ProducerEffect.START_TRANSFER, ), None),
         Branch(ProducerGuard.SUPPLY_COMPLETE, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_FETCH_FAILED, ), Reason.INCOMPLETE),
         Branch(ProducerGuard.PEER_BUSY, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
@@ -363,6 +383,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.PARKED, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(ProducerGuard.FETCHED_ROUND, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
@@ -376,6 +397,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.PARKED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.PARKED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.NOT_BOUND),
     (ProducerState.PARKED, ProducerEvent.DRAIN): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.DRAINED),
@@ -388,12 +410,15 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.AWAITING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.AWAITING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.PARKED, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ProducerEffect.PARK_BLOCKS, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.BINDING_UNAUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ProducerEffect.PARK_BLOCKS, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.STORE_MEETS_DEMAND, ProducerState.SERVING, (ProducerEffect.PARK_BLOCKS, ProducerEffect.START_TRANSFER, ), None),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.PARK_BLOCKS, ProducerEffect.RESTART_TIMER, ), None),
     ), None),
     (ProducerState.AWAITING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.AWAITING, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.AWAITING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -414,6 +439,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.AWAITING, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.AWAITING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.PEER_LOST),
     ), None),
@@ -431,7 +457,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.SERVING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.SERVING, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.SERVING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -457,6 +485,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.SERVING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.SERVING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.PEER_LOST),
     ), None),
@@ -470,7 +499,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.DELIVERING, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.DELIVERING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -492,6 +523,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.PEER_LOST),
     ), None),
@@ -505,7 +537,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.CONFIRMED, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.CONFIRMED, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -529,6 +563,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FORCE_RELEASE, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CONFIRMED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.CONFIRMED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CONFIRMED, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
@@ -538,7 +573,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.CANCELLING, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
@@ -564,6 +601,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FORCE_RELEASE, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CANCELLING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.CANCELLING, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
@@ -573,7 +611,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.QUARANTINED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.QUARANTINED, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.QUARANTINED, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
@@ -599,14 +639,17 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.QUARANTINED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.QUARANTINED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.QUARANTINED, ProducerEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.DONE, ProducerEvent.STORE): Rule(TRANSITION, (
+        Branch(ProducerGuard.NEEDED_NOTHING, ProducerState.DONE, (ProducerEffect.REPORT_STORE_UNNEEDED, ), None),
         Branch(None, ProducerState.DONE, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ROUND_FINISHED),
     ), None),
     (ProducerState.DONE, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.DONE, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.DONE, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(None, ProducerState.DONE, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ALREADY_SERVED),
     ), None),
@@ -626,6 +669,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.DONE, ProducerEvent.PRUNE_DEADLINE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
+    (ProducerState.DONE, ProducerEvent.NEW_LIFE): Rule(TRANSITION, (
+        Branch(None, ProducerState.PRUNED, (), None),
+    ), None),
     (ProducerState.DONE, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.STALE),
@@ -636,6 +682,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
@@ -653,6 +700,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.TOMBSTONED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.PRUNE_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ProducerState.PRUNED, (), None),
+    ), None),
+    (ProducerState.TOMBSTONED, ProducerEvent.NEW_LIFE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
@@ -727,6 +777,8 @@ class ConsumerEvent(enum.StrEnum):
 class ConsumerGuard(enum.StrEnum):
     LOAD_EMPTY = "load_empty"
     """the load job names zero keys"""
+    EMPTY_ON_READY_SESSION = "empty_on_ready_session"
+    """the load job names zero keys and the session to the producer is ready (the empty fetch can go now; on a session still in its handshake it queues like any fetch, so it is never sent before the producer can take it)"""
     INSTANCE_DOWN = "instance_down"
     """the session to the producer (ready, or still dialling an address whose instance is known) belongs to a producer instance one of whose sessions died abnormally, and none has been heard from since"""
     SESSION_READY = "session_ready"
@@ -825,7 +877,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABSENT, ConsumerEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
-        Branch(ConsumerGuard.LOAD_EMPTY, ConsumerState.LOADED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ConsumerEffect.REPORT_LOAD_OK, ), None),
+        Branch(ConsumerGuard.EMPTY_ON_READY_SESSION, ConsumerState.LOADED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(ConsumerGuard.INSTANCE_DOWN, ConsumerState.FAILED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.FAIL_JOB, ), Reason.INSTANCE_DOWN),
         Branch(ConsumerGuard.SESSION_READY, ConsumerState.IN_FLIGHT, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ), None),
         Branch(None, ConsumerState.QUEUED, (ConsumerEffect.ACCEPT_LOAD, ), None),
@@ -1391,7 +1443,7 @@ SESSION_TABLE: Final = MappingProxyType({
 
 PROPERTIES: Final = MappingProxyType({
     "exactly_once_job_result": ("safety", "Every store or load job handed to the manager gets exactly one result, on every path."),
-    "tombstoned_never_reparks": ("safety", "A tombstoned id never returns to parked; a store for it fails at once and pins nothing."),
+    "tombstoned_never_reparks": ("safety", "A tombstoned id never returns to parked; a store for it fails at once and pins nothing (a store naming another life of the id first prunes the tombstone: a new life is a fresh id)."),
     "no_bytes_for_tombstoned": ("safety", "Blocks are handed to the data plane only when an id enters serving; never for a parked, done, tombstoned or pruned id."),
     "late_fetch_one_rtt": ("safety", "A fetch for a done, tombstoned, cancelling or quarantined id is answered with transfer_done(fail, reason) in the same step that receives it; a duplicate of the fetch a cancelling or quarantined id is bound to gets its terminal answer when the data plane releases the blocks."),
     "every_state_has_deadline_or_exit": ("structural", "Every non-final state other than the initial one has a timer, or names the events that leave it."),
@@ -1401,6 +1453,6 @@ PROPERTIES: Final = MappingProxyType({
     "no_block_returned_while_referenced": ("safety", "A store job's result (success or failure) is reported only when the data plane holds no reference to its blocks."),
     "no_success_without_receipt": ("safety", "A store job that parked blocks succeeds only after the consumer confirmed, with a receipt, that every demanded block landed intact; a load succeeds only when every block matched its parked digest."),
     "input_before_deadline": ("safety", "A deadline never fires while a message that arrived before it is still unread: the shell fires deadlines at the time its inbound queue was last seen empty."),
-    "lives_never_mix": ("safety", "A consumer message that refers to a binding (an abort of a fetched round, a receipt) changes only the life that round bound; producer messages carry the round, so an earlier round's answer never touches a later load."),
+    "lives_never_mix": ("safety", "A consumer message that refers to a binding (an abort of a fetched round, a receipt) changes only the life that round bound; producer messages carry the round, so an earlier round's answer never touches a later load; with lives named in the params, no message of one life of an id changes another (an abort of a never-fetched round included)."),
 })
 """Property name -> (kind, statement). Verified by tests and `python -m tools check`."""

@@ -468,14 +468,14 @@ class TierCore:
             sessions.apply(sessions.new_record(peer), SessionEvent.DIAL, None, now, out)
         # a refused dial (max_peers) queued PeerLost: routed after this input, it fails the
         # load announced here at once (too_many_peers)
-        self._consumer.announce(inp.kv_request_id, peer, now, out)
+        self._consumer.announce(inp.kv_request_id, peer, now, out, inp.life)
 
     def _load(self, inp: LoadSubmitted, now: float, out: list[Effect]) -> None:
         self._consumer.submit_load(inp, now, out)
 
     def _finished(self, inp: RequestFinished, now: float, out: list[Effect]) -> None:
         if inp.producer:
-            self._producer.event(inp.kv_request_id, ProducerEvent.REQUEST_FINISHED, now, out)
+            self._producer.event(inp.kv_request_id, ProducerEvent.REQUEST_FINISHED, now, out, inp)
             self._producer.forget(inp.kv_request_id)
         else:
             self._consumer.event(inp.kv_request_id, ConsumerEvent.REQUEST_FINISHED, now, out)
@@ -586,8 +586,14 @@ class TierCore:
 
     def _fetch_input(self, peer: str, msg, *, keys=(), slots=(), fetched=False) -> FetchInput:
         rec = self._sessions.records.get(peer)
+        rounds = None
+        low = getattr(msg, "low", 0)
+        if rec is not None:
+            rounds = rec.rounds
+            if low:
+                rounds.note_low(low)
         return FetchInput(peer, msg.kv_request_id, msg.round, keys, msg.gen, slots, fetched,
-                          rec.principal if rec is not None else None)
+                          rec.principal if rec is not None else None, msg.life, low, rounds)
 
     def _rx_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
@@ -609,20 +615,21 @@ class TierCore:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             m = MessageInput(msg.kv_request_id, msg.round, msg.first, msg.count, digests=tuple(msg.digests),
-                             payloads=inp.payloads)
+                             payloads=inp.payloads, life=msg.life)
             self._consumer.message(inp.peer, ConsumerEvent.BLOCK_DATA, m, now, out)
 
     def _rx_transfer_done(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             reason = None if msg.ok else _reason(msg.reason or Reason.TRANSFER_FAILED.value)
-            m = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=reason)
+            m = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=reason, life=msg.life, final=msg.final)
             self._consumer.message(inp.peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
 
     def _rx_abort_ack(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
-            self._consumer.message(inp.peer, ConsumerEvent.ABORT_ACK, MessageInput(msg.kv_request_id, msg.round), now, out)
+            self._consumer.message(inp.peer, ConsumerEvent.ABORT_ACK, MessageInput(msg.kv_request_id, msg.round,
+                                                                                  life=msg.life), now, out)
 
     def _rx_error(self, inp: Received, now: float, out: list[Effect]) -> None:
         """The peer answered ``error`` (it could not accept our message).  One that names one of

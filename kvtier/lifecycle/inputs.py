@@ -71,14 +71,17 @@ class StoreSubmitted(_Input):
     blocks: tuple[int, ...]
     digests: tuple[int, ...] = ()
     consumer: str | None = None
+    life: str = ""
+    """The pairing's life (the request's ``kv_transfer_params``; ``""``: none named)."""
 
 
 class LoadAnnounced(_Input):
     """The engine announced a request that fetches ``kv_request_id`` from producer ``peer``
-    (``host:port``); a session is dialled if none is live."""
+    (``host:port``); a session is dialled if none is live.  ``life``: the pairing's life."""
 
     kv_request_id: str
     peer: str
+    life: str = ""
 
 
 class Dial(_Input):
@@ -111,6 +114,7 @@ class RequestFinished(_Input):
 
     kv_request_id: str
     producer: bool
+    life: str = ""
 
 
 class DrainStarted(_Input):

@@ -86,8 +86,40 @@ class HelloInput(msgspec.Struct, frozen=True):
         return None
 
 
+class RoundLedger:
+    """What a producer knows of one session's rounds (decision I11): the consumer's low
+    watermark (the lowest round it still has open, the highest such value any of its fetches or
+    aborts named) and the rounds at or above it that already got a terminal answer.  A fetch of a
+    round below the watermark or already answered is a duplicate or was overtaken: it must never
+    bind (on a one-sided plane it would WRITE into slots the consumer already reused)."""
+
+    __slots__ = ("low", "answered")
+
+    #: answered rounds remembered above the watermark at most (oldest forgotten first)
+    CAP = 65536
+
+    def __init__(self) -> None:
+        self.low = 0
+        self.answered: set[int] = set()
+
+    def note_low(self, low: int) -> None:
+        if low > self.low:
+            self.low = low
+            if self.answered:
+                self.answered = {r for r in self.answered if r >= low}
+
+    def stale(self, round: int) -> bool:
+        return round < self.low or round in self.answered
+
+    def answer(self, round: int) -> None:
+        if round >= self.low:
+            self.answered.add(round)
+            if len(self.answered) > self.CAP:
+                self.answered.discard(min(self.answered))
+
+
 class SessionRecord(Record):
-    __slots__ = ("gen", "dialled", "instance", "principal", "heard", "active")
+    __slots__ = ("gen", "dialled", "instance", "principal", "heard", "active", "rounds")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, SESSION_INITIAL)
@@ -97,6 +129,7 @@ class SessionRecord(Record):
         self.principal: str | None = None
         self.heard = 0.0  # when the peer was last heard (any message)
         self.active = 0.0  # when the peer last did work (anything but pings)
+        self.rounds = RoundLedger()  # inbound sessions: the consumer's rounds (decision I11)
 
 
 class SessionMachine(TableMachine):

@@ -124,7 +124,8 @@ class Outbound:
             self.metrics.internal_error()
             return
         store, nbytes, elapsed = done
-        self.metrics.job_done("store" if store else "load", e.ok, None if e.ok else (e.reason or Reason.TRANSFER_FAILED))
+        # an ok result carries a reason only when it says why nothing moved (not_needed)
+        self.metrics.job_done("store" if store else "load", e.ok, e.reason if e.ok else (e.reason or Reason.TRANSFER_FAILED))
         if e.ok and not store:
             self.metrics.transfer("consumer", nbytes, elapsed)
 

@@ -92,6 +92,9 @@ def test_consumer_killed_mid_transfer_fails_the_store_only_after_the_plane_relea
     victim.call("announce", req_id="c-kv-cut", kv_id="kv-cut", host=p.host, port=p.port)
     assert pump_until(lambda: any(r.state.value == "ready" for r in p.core.sessions()),
                       managers=[p]), "no session"
+    # the consumer must have taken the hello_ack too, or its load would queue behind the
+    # handshake of a consumer that no longer reads
+    assert pump_until(lambda: victim.session_state(p.address) == "ready", managers=[p]), "consumer not ready"
     victim.pause()  # from now on the consumer reads nothing and makes no NIXL progress
     victim.load("kv-cut", 7, keys, list(range(n)), host=p.host, port=p.port)
     assert pump_until(lambda: p.core.producer_state("kv-cut").value in ("serving", "delivering"),

@@ -268,6 +268,10 @@ class PeerHandler:
         state = core.producer_state(kv_id) if machine == "producer" else core.consumer_state(kv_id)
         return state.value
 
+    def op_session_state(self, peer: str) -> str:
+        """The state of this manager's session with ``peer`` (``absent`` when none)."""
+        return self._need().core.session_state(peer).value
+
     def op_drain(self, drain_timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """``drain_jobs`` in the child; returns the results collected afterwards."""
         mgr = self._need()
