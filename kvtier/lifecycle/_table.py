@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "97489e4894826853d306ee481b971db84c09b80c9fdf08bb12ef2efb6fe95e3e"
+SPEC_SHA256: Final = "b4bbe03f389657a8634b2a8cc9811a900b690d33675cfccf435ba3e7fbf1a2bb"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -269,6 +269,8 @@ class ProducerEffect(enum.StrEnum):
     """hand the demanded blocks (fetch key order, with their parked digests) to the data plane for the bound peer"""
     CANCEL_TRANSFER = "cancel_transfer"
     """ask the data plane to stop: it posts nothing more and reports transfer_released once no block is referenced"""
+    SEND_NOTICE = "send_notice"
+    """tell the bound round's consumer at once that the transfer is given up and why (transfer_done(fail, reason, final=false)): a notice, not the terminal answer, which follows once no write can land"""
     FORCE_RELEASE = "force_release"
     """end the session with the bound peer (transfer_stalled) so the data plane drops every reference it holds to that peer"""
     COMPLETE_JOBS = "complete_jobs"
@@ -481,7 +483,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.SERVING, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.TRANSFER_DEADLINE): Rule(TRANSITION, (
-        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.TRANSFER_TIMEOUT),
+        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ProducerEffect.SEND_NOTICE, ), Reason.TRANSFER_TIMEOUT),
     ), None),
     (ProducerState.SERVING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -492,7 +494,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.SERVING, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
     (ProducerState.SERVING, ProducerEvent.CLOSE): Rule(TRANSITION, (
-        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.SHUTDOWN),
+        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ProducerEffect.SEND_NOTICE, ), Reason.SHUTDOWN),
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.DELIVERING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
@@ -731,6 +733,8 @@ class ConsumerState(enum.StrEnum):
     """The load gave up (deadline, corrupt block); abort_fetch sent; waits for the producer's terminal answer, after which no write can land."""
     CANCELLING = "cancelling"
     """The engine finished the request during the load; abort_fetch sent; waits for the producer's terminal answer."""
+    GIVEN_UP = "given_up"
+    """One-sided planes: the producer gave the transfer up and said why (its notice); writes it already posted may still land, so the slots are held until its terminal answer (or revocation). Every later ending reports the notice's reason."""
     REVOKING = "revoking"
     """The producer cannot answer (session dead or abort unanswered); the data plane withdraws its access; waits until that is certain: the plane says so, or the revoke deadline passes (a plane that withdraws by itself is done by then). A plane that cannot withdraw keeps the slots past it, saying so."""
     LOADED = "loaded"
@@ -753,7 +757,7 @@ class ConsumerEvent(enum.StrEnum):
     BLOCKS_LANDED = "blocks_landed"
     """the shell landed the blocks of a block_data in their slots and checked them against their digests (ok or corrupt)"""
     TRANSFER_DONE = "transfer_done"
-    """transfer_done(kv_request_id, round, ok, reason) arrived: the producer's terminal answer"""
+    """transfer_done(kv_request_id, round, ok, reason, final) arrived: the producer's terminal answer, or (final=false) its notice that it gave the transfer up"""
     ABORT_ACK = "abort_ack"
     """abort_ack(kv_request_id, round) arrived: the producer's terminal answer to an abort"""
     ACCESS_REVOKED = "access_revoked"
@@ -797,6 +801,10 @@ class ConsumerGuard(enum.StrEnum):
     """these blocks are the last ones of the fetch still missing"""
     ENGINE_FINISHED = "engine_finished"
     """the engine finished the request while the load was ending"""
+    NOTICE = "notice"
+    """the transfer_done is the producer's notice that it gave the transfer up (final=false), not its terminal answer"""
+    NOTICE_ONE_SIDED = "notice_one_sided"
+    """a notice, and the data plane is one-sided: writes the producer already posted may still land"""
     REVOKE_UNBOUNDED = "revoke_unbounded"
     """the data plane cannot withdraw a producer's access by itself (a NIXL pool that is not shared memory): only its report of a proof ends revoking"""
 
@@ -830,6 +838,10 @@ class ConsumerEffect(enum.StrEnum):
     """remember that the engine finished the request"""
     NOTE_STALE = "note_stale"
     """count a message for an old round; nothing else"""
+    NOTE_NOTICE = "note_notice"
+    """remember the reason the producer's notice gives"""
+    RECALL_NOTICE = "recall_notice"
+    """the job will report the reason the producer's notice gave, not the session's (the notice came first and says why)"""
     NOTE_HELD = "note_held"
     """say that the load's slots are still held, why, and until what (an operator line per revoke_timeout_s)"""
     RESTART_TIMER = "restart_timer"
@@ -851,6 +863,7 @@ CONSUMER_STATE_TIMER: Final = MappingProxyType({
     ConsumerState.IN_FLIGHT: 'load',
     ConsumerState.ABORTING: 'abort_ack',
     ConsumerState.CANCELLING: 'abort_ack',
+    ConsumerState.GIVEN_UP: 'abort_ack',
     ConsumerState.REVOKING: 'revoke',
     ConsumerState.LOADED: None,
     ConsumerState.FAILED: None,
@@ -950,6 +963,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE_ONE_SIDED, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_NOTICE, ), None),
         Branch(ConsumerGuard.DONE_FAIL, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(ConsumerGuard.ALL_RECEIVED, ConsumerState.LOADED, (ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.INCOMPLETE_DATA),
@@ -980,6 +994,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABORTING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
     (ConsumerState.ABORTING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
@@ -1011,6 +1026,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.CANCELLING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
     (ConsumerState.CANCELLING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
@@ -1031,6 +1047,40 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.CANCELLING, ConsumerEvent.CLOSE): Rule(TRANSITION, (
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ), None),
     ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(None, ConsumerState.GIVEN_UP, (ConsumerEffect.FAIL_NEW_JOB, ), Reason.DUPLICATE_LOAD),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(None, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_FINISHED, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.RECALL_NOTICE, ConsumerEffect.REVOKE_ACCESS, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), None),
+    ), None),
     (ConsumerState.REVOKING, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.REVOKING, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.FAIL_NEW_JOB, ), Reason.DUPLICATE_LOAD),
@@ -1040,6 +1090,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.REVOKING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
     (ConsumerState.REVOKING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),

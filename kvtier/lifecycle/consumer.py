@@ -66,7 +66,7 @@ class MessageInput(msgspec.Struct, frozen=True, gc=False):
 
 class ConsumerRecord(Record):
     __slots__ = ("peer", "job_id", "keys", "slots", "round", "landed", "n_landed", "fetched", "engine_finished",
-                 "life")
+                 "life", "notice")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, CONSUMER_INITIAL)
@@ -80,11 +80,13 @@ class ConsumerRecord(Record):
         self.fetched = False
         self.engine_finished = False
         self.life = ""  # the pairing's life (decision I15)
+        self.notice: Reason | None = None  # the reason of the producer's notice (decision I14)
 
 
 #: states whose round still waits for the producer's terminal answer on the live session: the
 #: lowest of them is the low watermark every fetch and abort names (decision I11)
-_OPEN = frozenset({ConsumerState.QUEUED, ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING})
+_OPEN = frozenset({ConsumerState.QUEUED, ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING,
+                   ConsumerState.GIVEN_UP})
 
 
 class ConsumerMachine(TableMachine):
@@ -244,6 +246,12 @@ class ConsumerMachine(TableMachine):
     def guard_all_received(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return rec.n_landed == len(rec.keys)
 
+    def guard_notice(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
+        return not inp.final
+
+    def guard_notice_one_sided(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
+        return not inp.final and self._one_sided
+
     def guard_revoke_unbounded(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         return not self._revoke_bounded
 
@@ -313,6 +321,13 @@ class ConsumerMachine(TableMachine):
         msg = wm.AbortFetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, fetched=rec.fetched,
                             life=rec.life, low=self.low(rec.peer, rec.round))
         out.append(Send(rec.peer, msg))
+
+    def effect_note_notice(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        rec.notice = reason
+
+    def effect_recall_notice(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        if rec.notice is not None:
+            rec.reason = rec.notice
 
     def effect_note_held(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(SlotsHeld(rec.peer, rec.key, len(rec.slots)))

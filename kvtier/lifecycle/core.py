@@ -98,7 +98,8 @@ _P_IN_FLIGHT = frozenset(
 )
 _P_AWAITING_RECEIPT = frozenset({ProducerState.SERVING, ProducerState.DELIVERING})
 _C_IN_FLIGHT = frozenset(
-    {ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING, ConsumerState.REVOKING}
+    {ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING, ConsumerState.REVOKING,
+     ConsumerState.GIVEN_UP}
 )
 _REASONS = frozenset(r.value for r in Reason)
 

@@ -525,6 +525,10 @@ class ProducerMachine(TableMachine):
     def effect_cancel_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         out.append(CancelTransfer(rec.key, rec.round))
 
+    def effect_send_notice(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        # not an answer: the round stays open in the RoundLedger until the terminal one
+        out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, False, reason, rec.life, final=False)))
+
     def effect_force_release(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         self._notes.append(GiveUp(rec.peer, Reason.TRANSFER_STALLED))
 

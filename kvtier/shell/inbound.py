@@ -6,6 +6,10 @@ data plane's reports.  Three small tables turn them into inputs: decoded wire me
 transport events and plane reports their own input types.  Nothing here decides: the core answers
 a malformed message, ends a session, fails a load.
 
+A connection's close is applied only after a pass that read every socket to empty: whatever the
+connection delivered before it closed (a goodbye, a notice, a terminal answer) is applied first,
+so its reason is the one the core keeps (decision I14).
+
 The pass also says when the inbound queue was last seen empty (``quiet_since``): the time before
 a read pass that emptied every socket.  The core fires deadlines only up to that time, so a
 deadline never beats a message that was already waiting (decision I3).
@@ -47,6 +51,7 @@ class Inbound:
         self._posted = posted
         self.quiet_since = clock()
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
+        self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input]] = {
             Released: self._released,
             Revoked: lambda r, now: ix.AccessRevoked(r.peer),
@@ -73,13 +78,17 @@ class Inbound:
             messages, events, drained = self.transport.service(min(RECV_BATCH, budget - read))
             for peer, frames in messages:
                 out.append(self._decode(peer, frames))
+            closes = self._closes
             for ev in events:
                 if ev.reason in CloseReason.DIAL_FAILED:  # the dial never connected
-                    out.append(ix.ConnectFailed(ev.peer, ev.reason, ev.reason == CloseReason.CONNECT_TIMEOUT))
+                    closes.append(ix.ConnectFailed(ev.peer, ev.reason, ev.reason == CloseReason.CONNECT_TIMEOUT))
                 elif ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
-                    out.append(ix.ConnectionClosed(ev.peer))
+                    closes.append(ix.ConnectionClosed(ev.peer))
             read += len(messages)
             if drained:
+                if closes:  # everything delivered before these closes has been read now
+                    out.extend(closes)
+                    self._closes = []
                 if t0 > self.quiet_since:
                     self.quiet_since = t0
                 break

@@ -103,7 +103,7 @@ class Outbound:
         return None
 
     def _note_done(self, peer: str, msg: wm.TransferDone) -> None:
-        if not msg.ok:
+        if not msg.ok and msg.final:  # a notice refuses nothing: the terminal answer follows
             self.metrics.fetch_refused(msg.reason)
 
     def _note_reject(self, peer: str, msg: wm.HelloReject) -> None:
