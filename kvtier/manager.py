@@ -53,6 +53,9 @@ __all__ = ["KvTierManager", "MAX_BATCH_BYTES"]
 
 log = logging.getLogger("kvtier.manager")
 
+#: The least a shutdown gives its goodbyes to flush, even when a drain used the whole budget.
+_MIN_GOODBYE_S = 0.05
+
 
 class KvTierManager:
     """One kvtier tier instance: producer and consumer at once, over one block pool.
@@ -108,7 +111,13 @@ class KvTierManager:
     def _assemble(self, layout: str) -> None:
         cfg, pool = self.config, self.pool
         self.instance = cfg.instance or secrets.token_hex(6)
-        self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers)
+        self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers, listen_host=cfg.host)
+        if self._peer_policy.open:
+            log.warning(
+                "kvtier: SECURITY: allowed_peers is open ('*'): a request's kv_transfer_params may make this engine "
+                "dial any producer address (link-local, metadata, multicast and unspecified addresses%s excepted). "
+                "List your prefill endpoints or networks in allowed_peers (docs/security.md).",
+                ", and loopback," if self._peer_policy.beyond_loopback else "")
         self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg,
                                            layout=layout)
         hello = local_hello(cfg, block_bytes=pool.block_bytes, layout=layout, instance=self.instance, plane=self.plane)
@@ -119,6 +128,9 @@ class KvTierManager:
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
         self._closing = False  # shutdown() began: no new work
+        # when a drain_jobs(timeout_s) that did not finish had to be over: a shutdown() that
+        # follows it shares that one budget (decision A6)
+        self._drain_deadline: float | None = None
         self._closed = False
         self._metrics = TierMetrics(tier=cfg.type, listener=self.transport.address, core=self.core,
                                     lock=self._lock, clock=self.clock, block_bytes=pool.block_bytes)
@@ -136,7 +148,8 @@ class KvTierManager:
             block_bytes=pool.block_bytes,
         )
         outbound = Outbound(transport=self.transport, plane=self.plane, pool=pool, jobs=self._jobs,
-                            metrics=self._metrics, logs=self._logs, integrity=cfg.integrity, clock=self.clock)
+                            metrics=self._metrics, logs=self._logs, integrity=cfg.integrity, clock=self.clock,
+                            vet=self._peer_policy.vet_resolved if self._peer_policy.open else None)
         inbound = Inbound(transport=self.transport, plane=self.plane, decoder=decoder, metrics=self._metrics,
                           logs=self._logs, clock=self.clock, posted=outbound.posted)
         self._loop = Loop(core=self.core, inbound=inbound, outbound=outbound, clock=self.clock,
@@ -430,6 +443,10 @@ class KvTierManager:
         Parked and awaiting producer ids are ended at once (jobs fail with reason ``drained``);
         transfers and loads in flight finish or hit their deadlines, so this terminates.
 
+        ``timeout_s`` is also the budget of a :meth:`shutdown` that follows a drain that did not
+        finish: it gets only what is left of it (and at least the goodbyes' flush), so the two
+        together take ``timeout_s``, not ``timeout_s + shutdown_grace_s`` (decision A6).
+
         Raises:
             TimeoutError: ``timeout_s`` (wall seconds) passed first.
             RuntimeError: :meth:`shutdown` began.
@@ -438,10 +455,12 @@ class KvTierManager:
         with self._lock:
             self._check_open()
             self._loop.apply(ix.DrainStarted())
+            self._drain_deadline = None if timeout_s is None else start + timeout_s
         while True:
             with self._lock:
                 self._loop.tick()
                 if not self._jobs:
+                    self._drain_deadline = None
                     return
                 wait = self._loop.wait_budget()
             if timeout_s is not None and time.monotonic() - start > timeout_s:
@@ -489,10 +508,16 @@ class KvTierManager:
            transfers given up in step 3 are reported (failed) only then — never while a send may
            still read their blocks (decision I1).
         Every job gets exactly one result (collect them with :meth:`get_finished_jobs`).  Returns
-        within the grace plus a few milliseconds, even when a peer is wedged.  Idempotent.
+        within the grace plus a few milliseconds, even when a peer is wedged.  Right after a
+        :meth:`drain_jobs` that timed out, the grace is what is left of the drain's budget (at
+        least 50 ms for the goodbyes): one budget for both (decision A6).  Idempotent.
         """
         start = time.monotonic()
         grace = self.config.shutdown_grace_s if grace_s is None else max(0.0, float(grace_s))
+        drained_until = self._drain_deadline
+        if drained_until is not None and start - drained_until <= self.config.shutdown_grace_s:
+            # a drain that did not finish just used (part of) the budget: share it (A6)
+            grace = min(grace, max(_MIN_GOODBYE_S, drained_until - start))
         if self._thread is not None:
             self._thread.join(timeout_s=5.0)
             self._thread = None

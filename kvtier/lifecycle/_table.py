@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "b4bbe03f389657a8634b2a8cc9811a900b690d33675cfccf435ba3e7fbf1a2bb"
+SPEC_SHA256: Final = "8a849090e12f769c92b767a73054e9cf6e06100afe53137ec3ab5c721725e791"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -93,7 +93,7 @@ class Reason(enum.StrEnum):
     TOO_MANY_PEERS = "too_many_peers"
     """this manager already has max_peers sessions"""
     PEER_NOT_ALLOWED = "peer_not_allowed"
-    """the request names a producer endpoint outside allowed_peers; nothing was dialled"""
+    """the request names a producer endpoint outside allowed_peers (or one '*' does not admit: link-local, metadata, multicast, unspecified, loopback from beyond loopback); nothing was dialled"""
     NOT_AUTHORISED = "not_authorised"
     """the peer is not the consumer the producer request named for this id; the refusal changes nothing"""
     IDLE_EVICTED = "idle_evicted"
@@ -1243,6 +1243,8 @@ class SessionGuard(enum.StrEnum):
     """nothing has been heard from the peer for peer_timeout_s"""
     CONNECT_TIMED_OUT = "connect_timed_out"
     """the dial got no answer within connect_timeout_s (rather than a refusal)"""
+    CONNECT_NOT_ALLOWED = "connect_not_allowed"
+    """the producer's name resolved to an address allowed_peers '*' does not admit (nothing was dialled)"""
 
 
 class SessionEffect(enum.StrEnum):
@@ -1336,6 +1338,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.HANDSHAKING, (SessionEffect.SEND_HELLO, ), None),
     ), None),
     (SessionState.CONNECTING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
+        Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
         Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),
@@ -1371,6 +1374,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
+        Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
         Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),

@@ -170,6 +170,8 @@ class ConnectFailed(_Input):
     peer: str
     detail: str = ""
     timed_out: bool = False
+    not_allowed: bool = False
+    """The address the name resolved to is one ``allowed_peers`` does not admit."""
 
 
 class ConnectionClosed(_Input):

@@ -215,6 +215,9 @@ class SessionMachine(TableMachine):
     def guard_connect_timed_out(self, rec: SessionRecord, inp, now: float) -> bool:
         return bool(getattr(inp, "timed_out", False))
 
+    def guard_connect_not_allowed(self, rec: SessionRecord, inp, now: float) -> bool:
+        return bool(getattr(inp, "not_allowed", False))
+
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.gen = self.new_gen()

@@ -20,7 +20,7 @@ from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
 from kvtier.shell.jobs import JobLedger
 from kvtier.shell.logs import RateLimitedLog
-from kvtier.transport import Transport, TransportError
+from kvtier.transport import DialNotAllowed, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode, encode_frames
 
@@ -49,7 +49,7 @@ class Outbound:
     """
 
     def __init__(self, *, transport: Transport, plane: DataPlane, pool: Any, jobs: JobLedger, metrics: TierMetrics,
-                 logs: RateLimitedLog, integrity: str, clock: Callable[[], float]) -> None:
+                 logs: RateLimitedLog, integrity: str, clock: Callable[[], float], vet: Any = None) -> None:
         self.transport = transport
         self.plane = plane
         self.pool = pool
@@ -58,6 +58,8 @@ class Outbound:
         self.logs = logs
         self.integrity = integrity
         self.clock = clock
+        self.vet = vet
+        """``allowed_peers``' check of what a hostname resolves to (None: the policy lists names only)."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
@@ -185,8 +187,12 @@ class Outbound:
     def _open(self, e: fx.OpenConnection) -> Inputs:
         try:
             # fail_fast: a refused dial is reported at once (ConnectFailed), never retried
-            self.transport.connect(e.peer, fail_fast=True)
+            self.transport.connect(e.peer, fail_fast=True, vet=self.vet)
             descriptor = self.plane.session_descriptor(e.peer, e.gen)
+        except DialNotAllowed as exc:
+            self.metrics.rejected_peer()
+            self.logs(e.peer, "peer_not_allowed", "kvtier: refusing to dial %s: %s", e.peer, exc)
+            return [ix.ConnectFailed(e.peer, str(exc), not_allowed=True)]
         except (TransportError, ValueError, PlaneError) as exc:
             self.logs(e.peer, "connect", "kvtier: cannot connect to %s: %s", e.peer, exc)
             return [ix.ConnectFailed(e.peer, str(exc))]

@@ -175,7 +175,7 @@ class InprocTransport:
 
     # -- Transport API -------------------------------------------------------------------------
 
-    def connect(self, address: str, *, fail_fast: bool = False) -> str:
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None) -> str:
         """Dial ``address`` (it need not be listening yet). Returns the peer id ``address``.
 
         ``fail_fast``: nothing listening at ``address`` (and no partition between us) is a

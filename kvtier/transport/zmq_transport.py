@@ -51,6 +51,7 @@ Not thread-safe: one transport belongs to one I/O loop thread.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -70,6 +71,7 @@ from kvtier.transport import (
     PeerInfo,
     SendFailure,
     SendHandle,
+    DialNotAllowed,
     TransportError,
     TransportEvent,
 )
@@ -139,6 +141,33 @@ _MON_HEADER = struct.Struct("=HI")  # libzmq monitor frame 0: event id (u16), va
 # Plain ints for the per-message socket calls: pyzmq turns an enum member into its option/flag
 # enum on every call (~0.6 µs each; a request makes dozens of them on each side).
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+
+def _resolve_vetted(host: str, port: int, vet: Any) -> str:
+    """``host`` itself if it is an IP literal; else the first address it resolves to, once
+    ``vet`` accepted every one (see :meth:`ZmqTransport.connect`)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return host if (why := vet(host, port, host)) is None else _refuse(why)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise TransportError(f"cannot resolve {host}: {exc}") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    for ip in addresses:
+        why = vet(host, port, ip)
+        if why is not None:
+            _refuse(why)
+    if not addresses:
+        raise TransportError(f"{host} resolves to no address")
+    return addresses[0]
+
+
+def _refuse(why: str) -> str:
+    raise DialNotAllowed(why)
 
 
 def _peername(fd: int) -> str:
@@ -373,7 +402,7 @@ class ZmqTransport:
             raise
         return sock
 
-    def connect(self, address: str, *, fail_fast: bool = False) -> str:
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None) -> str:
         """Dial a producer. zmq reconnects by itself if the producer restarts on the same port.
 
         Connecting is asynchronous: sends made before the TCP handshake completes wait in the
@@ -387,6 +416,9 @@ class ZmqTransport:
                 ``CONNECTED``, typically within a millisecond), one that does not answer within
                 ``connect_timeout_s`` as ``PeerClosed(address, "connect_timeout")``.  Without
                 it a dial made before the producer listens simply waits for it.
+            vet: ``vet(host, port, ip) -> reason | None``.  With it, a hostname is resolved
+                here (``getaddrinfo``, blocking), every address vetted, and the first one dialled,
+                so no later resolution can differ from the one vetted.
 
         Returns:
             The peer id, equal to ``address``. Calling it again for the same address returns the
@@ -394,7 +426,9 @@ class ZmqTransport:
 
         Raises:
             ValueError: ``address`` is not ``host:port``.
-            TransportError: the transport is closed, or zmq refused the endpoint.
+            TransportError: the transport is closed, zmq refused the endpoint, or the name does
+                not resolve.
+            DialNotAllowed: ``vet`` refused an address the name resolves to.
         """
         if self._closed:
             raise TransportError("connect() on a closed transport")
@@ -404,6 +438,7 @@ class ZmqTransport:
         # not be read as news about the new one
         self._events = deque((e for e in self._events if e.peer != address), maxlen=_MAX_EVENTS)
         host, port = parse_address(address)
+        dial_host = host if vet is None else _resolve_vetted(host, port, vet)
         server_key = None
         if self._curve is not None:
             server_key = self._curve.allowed.server_key_for(host, port)
@@ -428,7 +463,7 @@ class ZmqTransport:
                 sock.curve_publickey = self._curve.identity.public
                 sock.curve_secretkey = self._curve.identity.secret
             mon = self._monitor(sock, _DEALER_EVENTS)
-            sock.connect(_endpoint(host, port))
+            sock.connect(_endpoint(dial_host, port))
         except zmq.ZMQError as exc:
             for x in (mon, sock):
                 if x is not None:
