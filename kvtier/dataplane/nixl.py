@@ -263,6 +263,7 @@ class NixlPlane:
         # (WRITEs in flight); admitted by poll() once they ended
         self._pending: dict[str, tuple[bytes, bool, int]] = {}
         self._attach_reports: list[Attached | AttachFailed] = []
+        self._warming: dict[int, tuple[str, int]] = {}  # warm-up READ id -> (peer, gen) it admits
         if self._backing is None:
             log.warning("kvtier: the block pool is not shared memory, so the NIXL plane cannot withdraw a producer's "
                         "access to it: a load whose producer cannot answer keeps its slots until that producer is "
@@ -333,11 +334,23 @@ class NixlPlane:
         except (msgspec.DecodeError, msgspec.ValidationError, NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
         holder = self._agent.holder(agent)
-        if holder is not None and holder[0] != peer and holder[1]:
-            self._pending[peer] = (descriptor, accepted, gen)  # its old entry still drains WRITEs
+        if holder is not None and holder[1]:
+            self._pending[peer] = (descriptor, accepted, gen)  # its old entry still drains transfers
             return False
         self._add(peer, descriptor, hello, agent, accepted)
-        return True
+        return self._warm(peer, gen, accepted)
+
+    def _warm(self, peer: str, gen: int, accepted: bool) -> bool:
+        """A consumer's hello (not ``accepted``): admit it once a warm-up READ of its window
+        completed, while it is still in its handshake (NixlBlockAgent.warm, decision N15)."""
+        if accepted:
+            return True
+        try:
+            self._warming[self._agent.warm(peer)] = (peer, gen)
+        except (NixlError, ValueError) as exc:
+            log.warning("kvtier: no warm-up READ for %s (%s): its first WRITE may wait for it to progress", peer, exc)
+            return True
+        return False
 
     def _add(self, peer: str, descriptor: bytes, hello: _Hello, agent: str, accepted: bool) -> None:
         if peer in self._peers:
@@ -449,7 +462,8 @@ class NixlPlane:
                 continue
             assert isinstance(ev, XferResult)
             x = self._by_write.pop(ev.xfer_id, None)
-            if x is None:  # pragma: no cover - every WRITE is registered when posted
+            if x is None:  # not a transfer's WRITE: a warm-up READ (decision N15)
+                self._warmed(ev)
                 continue
             i, n = x.inflight.pop(ev.xfer_id)
             if ev.status != "done":
@@ -461,6 +475,18 @@ class NixlPlane:
                 else:
                     x.moved += n
         return bool(events)
+
+    def _warmed(self, ev: XferResult) -> None:
+        who = self._warming.pop(ev.xfer_id, None)
+        if who is None:  # pragma: no cover - every transfer id is registered when posted
+            return
+        peer, gen = who
+        if peer not in self._peers:
+            return  # its session ended meanwhile
+        if ev.status == "done":
+            self._attach_reports.append(Attached(peer, gen))
+        else:
+            self._attach_reports.append(AttachFailed(peer, gen, f"the warm-up READ of its window failed: {ev.detail}"))
 
     def cancel(self, kv_request_id: str, round: int) -> None:
         x = self._xfers.get((kv_request_id, round))
@@ -499,15 +525,16 @@ class NixlPlane:
             hello = _HELLO.decode(descriptor)
             agent = decode_descriptor(hello.agent).agent
             holder = self._agent.holder(agent)
-            if holder is not None and holder[0] != peer and holder[1]:
-                continue  # its old entry still has WRITEs in flight
+            if holder is not None and holder[1]:
+                continue  # its old entry still has transfers in flight
             del self._pending[peer]
             try:
                 self._add(peer, descriptor, hello, agent, accepted)
             except PlaneError as exc:
                 self._attach_reports.append(AttachFailed(peer, gen, str(exc)))
             else:
-                self._attach_reports.append(Attached(peer, gen))
+                if self._warm(peer, gen, accepted):
+                    self._attach_reports.append(Attached(peer, gen))
 
     def max_wait_s(self, receiving: bool = True) -> float | None:
         """While a WRITE of ours is in flight, a revocation is pending, or a peer could be writing
@@ -515,7 +542,7 @@ class NixlPlane:
         (``nixl_progress_interval_s``); otherwise ``None``, so an idle manager is not woken every
         interval (waking 1,000 times a second per connected peer takes the core from the
         manager that is working)."""
-        if self._xfers or self._revoking or self._pending or (receiving and self._peers):
+        if self._xfers or self._revoking or self._pending or self._warming or (receiving and self._peers):
             return self._interval
         return None
 
@@ -636,6 +663,7 @@ class NixlPlane:
         self._windows.clear()
         self._sinks.clear()
         self._pending.clear()
+        self._warming.clear()
         out.extend(Revoked(p) for p in self._revoking)
         self._revoking.clear()
         self._peers.clear()

@@ -192,7 +192,7 @@ def test_revocation_without_windows_needs_a_proof(pair, private_consumer):
     import time
 
     t0 = time.monotonic()
-    out = _until(c, lambda o: bool(o), other=p)
+    out = [r for r in _until(c, lambda o: any(isinstance(r, Revoked) for r in o), other=p) if isinstance(r, Revoked)]
     assert out == [Revoked("prod")] and time.monotonic() - t0 >= DRAIN_S
     assert c.revoking() == ()
     c.remove_peer("prod")
@@ -231,7 +231,10 @@ def test_a_withdrawn_window_takes_a_late_write_into_a_sink_and_spares_the_pool(w
     assert c.revocation_bounded
     desc = c.session_descriptor("prod-w", 11)
     assert desc and desc != c.descriptor() and c.windows() == {"prod-w": 11}
-    p.add_peer("cons-w", desc)
+    from kvtier.dataplane import Attached
+
+    assert p.add_peer("cons-w", desc, gen=11) is False  # admitted once its warm-up READ completed
+    assert Attached("cons-w", 11) in _until(p, lambda o: any(isinstance(r, Attached) for r in o), other=c)
     c.add_peer("prod-w", p.descriptor(), accepted=True)
     _fill(pp, [0, 1], 0x5A)
     cp.tensor[20:24].fill_(0)
@@ -292,3 +295,23 @@ def test_an_agent_still_draining_writes_defers_the_attach_until_they_end(wpair, 
     assert [r.failed for r in done if isinstance(r, Released)] == [False]
     p.remove_peer("cons-new")
     c.remove_peer("prod-d")
+
+
+def test_a_warmed_endpoint_completes_a_write_while_the_target_makes_no_progress(wpair):
+    """The producer admits a consumer's session only after a warm-up READ of its window (both
+    sides progress during the handshake); a WRITE posted afterwards completes although the
+    consumer never calls into NIXL again (decision N15: else the first WRITE on a new endpoint
+    waits for the target, and so does its block_data header)."""
+    from kvtier.dataplane import Attached
+
+    p, c, (pp, cp), rec = wpair
+    desc = c.session_descriptor("prod-warm", 3)
+    assert p.add_peer("cons-warm", desc, gen=3) is False
+    _until(p, lambda o: any(isinstance(r, Attached) for r in o), other=c)
+    _fill(pp, [6], 0x77)
+    p.post("cons-warm", "kv-warm", 1, [Batch(0, (6,), (26,), b"hw")])
+    out = _until(p, lambda o: any(isinstance(r, Released) for r in o))  # the consumer is not polled
+    assert [r.failed for r in out if isinstance(r, Released)] == [False]
+    assert _slot_bytes(cp, [26]) == {26: {0x77}}
+    p.remove_peer("cons-warm")
+    c.remove_peer("prod-warm")

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 import zmq
 
+from kvtier.dataplane import Released
 from kvtier.lifecycle import ConsumerState
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import PROTOCOL_VERSION, Decoder
@@ -54,7 +55,8 @@ def _record_order(p):
 
     def plane_poll():
         out = poll()
-        events.extend(("released", r.kv_request_id, r.failed, p.plane.referenced()) for r in out)
+        events.extend(("released", r.kv_request_id, r.failed, p.plane.referenced()) for r in out
+                      if isinstance(r, Released))
         return out
 
     def get_finished_jobs():
