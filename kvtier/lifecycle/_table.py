@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "8a849090e12f769c92b767a73054e9cf6e06100afe53137ec3ab5c721725e791"
+SPEC_SHA256: Final = "61750170128101f5b4b4103200e5d8c5097dcd6f2033fdd10e79e66083eabf2b"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1237,6 +1237,8 @@ class SessionGuard(enum.StrEnum):
     """the peer refused our hello because it already has max_peers sessions"""
     PEER_SHUTTING_DOWN = "peer_shutting_down"
     """the peer's disconnect says it is shutting down (its goodbye)"""
+    PEER_GAVE_REASON = "peer_gave_reason"
+    """the peer's disconnect names why it ended the session (transfer_stalled, abort_unacknowledged, peer_timeout, idle_evicted, peer_restarted): the session ends with that reason"""
     DIALLED = "dialled"
     """we dialled this peer (we are its consumer; it answers our pings)"""
     SILENT = "silent"
@@ -1352,6 +1354,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(SessionGuard.PEER_GAVE_REASON, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.CONNECTING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1393,6 +1396,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(SessionGuard.PEER_GAVE_REASON, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1431,6 +1435,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.ATTACHING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(SessionGuard.PEER_GAVE_REASON, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.ATTACHING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1472,6 +1477,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.READY, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(SessionGuard.PEER_GAVE_REASON, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.READY, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (

@@ -50,6 +50,15 @@ from kvtier.lifecycle.inputs import AttachRefused
 from kvtier.lifecycle.notes import Notes, PeerLost, SessionReady
 from kvtier.wire import messages as wm
 
+#: the reasons a peer's goodbye may give that the session then ends with (spec peer_gave_reason)
+GIVEN_REASONS = frozenset(
+    {Reason.TRANSFER_STALLED, Reason.ABORT_UNACKNOWLEDGED, Reason.PEER_TIMEOUT, Reason.IDLE_EVICTED,
+     Reason.PEER_RESTARTED}
+)
+#: session endings that say the peer's process (or host) is gone, not merely silent or given up
+#: on: a fresh dial to an address whose instance ended so shares its fate (decision I13)
+GONE = frozenset({Reason.PEER_DISCONNECTED, Reason.SEND_FAILED, Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT})
+
 #: session endings after which the peer's instance is suspect (decision I7)
 ABNORMAL = frozenset(
     {Reason.PEER_TIMEOUT, Reason.PEER_DISCONNECTED, Reason.SEND_FAILED, Reason.TRANSFER_STALLED,
@@ -162,6 +171,7 @@ class SessionMachine(TableMachine):
         self._notes = notes
         self._next_gen = gen_base
         self.suspect: dict[str, None] = {}  # insertion-ordered set of suspect instances
+        self.gone: dict[str, None] = {}  # suspect instances whose session ended as if gone (I13)
         # dialled address -> the instance its last hello_ack named (fresh dials share its fate)
         self.last_instance: dict[str, str] = {}
         # dialled address -> the generation of our last session to it (the next hello replaces it)
@@ -186,9 +196,11 @@ class SessionMachine(TableMachine):
 
     def instance_down(self, peer: str) -> bool:
         """The session to ``peer`` belongs to a suspect instance (decision I7): a ready session,
-        or a dial to an address whose last instance is suspect (decision I13)."""
+        or a dial to an address whose last instance ended as if gone (decision I13)."""
         rec = self.records.get(peer)
-        return rec is not None and bool(rec.instance) and rec.instance in self.suspect
+        if rec is None or not rec.instance or rec.instance not in self.suspect:
+            return False
+        return rec.state is SessionState.READY or rec.instance in self.gone
 
     # -- guards --------------------------------------------------------------------------------
     def guard_hello_compatible(self, rec: SessionRecord, inp: HelloInput, now: float) -> bool:
@@ -202,6 +214,9 @@ class SessionMachine(TableMachine):
 
     def guard_peer_shutting_down(self, rec: SessionRecord, inp, now: float) -> bool:
         return getattr(inp, "reason", None) is Reason.SHUTDOWN
+
+    def guard_peer_gave_reason(self, rec: SessionRecord, inp, now: float) -> bool:
+        return getattr(inp, "reason", None) in GIVEN_REASONS
 
     def guard_capacity_refusal(self, rec: SessionRecord, inp, now: float) -> bool:
         return getattr(inp, "reason", None) is Reason.TOO_MANY_PEERS
@@ -242,6 +257,7 @@ class SessionMachine(TableMachine):
     def effect_note_instance(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.instance = inp.instance
         self.suspect.pop(inp.instance, None)
+        self.gone.pop(inp.instance, None)
         _remember(self.last_instance, rec.key, inp.instance, self.MAX_REMEMBERED)
 
     def effect_attach_peer(self, rec: SessionRecord, inp, reason, now, out) -> None:
@@ -275,6 +291,7 @@ class SessionMachine(TableMachine):
         rec.heard = now
         if self.suspect and rec.instance:
             self.suspect.pop(rec.instance, None)
+            self.gone.pop(rec.instance, None)
 
     def effect_note_active(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.active = now
@@ -299,6 +316,8 @@ class SessionMachine(TableMachine):
             self.suspect[rec.instance] = None
             if len(self.suspect) > self.MAX_SUSPECT:
                 del self.suspect[next(iter(self.suspect))]
+            if why in GONE:
+                _remember(self.gone, rec.instance, None, self.MAX_SUSPECT)
         if rec.dialled:
             _remember(self.last_gen, rec.key, rec.gen, self.MAX_REMEMBERED)
         out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance))
