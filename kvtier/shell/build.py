@@ -48,8 +48,11 @@ def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
         cfg.host,
         cfg.port,
         heartbeat_ivl_s=cfg.heartbeat_interval_s,
-        heartbeat_timeout_s=cfg.peer_timeout_s,
-        heartbeat_ttl_s=cfg.peer_timeout_s,
+        # libzmq's own silence cut-off stays behind the core's (peer_timeout_s, then a heartbeat):
+        # a silent peer then ends its session as peer_timeout, never as a closed connection,
+        # which a fresh dial to its instance would take for a gone process (decision I13)
+        heartbeat_timeout_s=3 * cfg.peer_timeout_s + 1.0,
+        heartbeat_ttl_s=3 * cfg.peer_timeout_s + 1.0,
         # libzmq cuts a peer whose frame exceeds the largest legal one before receiving it
         # (consumers send us only control headers; producers also send blocks). Up to 2x the
         # header cap still arrives, to be answered "oversize": a misconfigured peer learns why

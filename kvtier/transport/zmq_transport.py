@@ -410,12 +410,15 @@ class ZmqTransport:
 
         Args:
             address: ``"host:port"`` (``"[v6]:port"`` for IPv6).
-            fail_fast: a dial that never connects is not retried: a refused or unreachable
-                address is reported at once, as ``PeerClosed(address, "refused")`` (libzmq's
-                ``ZMQ_RECONNECT_STOP_CONN_REFUSED`` and the monitor's ``CLOSED`` before any
-                ``CONNECTED``, typically within a millisecond), one that does not answer within
-                ``connect_timeout_s`` as ``PeerClosed(address, "connect_timeout")``.  Without
-                it a dial made before the producer listens simply waits for it.
+            fail_fast: the first connect attempt that fails is reported: a refused or
+                unreachable address at once, as ``PeerClosed(address, "refused")`` (the
+                monitor's ``CLOSED`` before any ``CONNECTED``, typically within a millisecond),
+                one that does not answer within ``connect_timeout_s`` as ``PeerClosed(address,
+                "connect_timeout")``; the caller then closes the dial.  (Not
+                ``ZMQ_RECONNECT_STOP``: with it libzmq drops the messages a connection delivered
+                but the application had not read yet when that connection closes — a producer's
+                goodbye among them.)  Without it a dial made before the producer listens simply
+                waits for it.
             vet: ``vet(host, port, ip) -> reason | None``.  With it, a hostname is resolved
                 here (``getaddrinfo``, blocking), every address vetted, and the first one dialled,
                 so no later resolution can differ from the one vetted.
@@ -456,8 +459,6 @@ class ZmqTransport:
             sock.setsockopt(zmq.ROUTING_ID, b"k" + secrets.token_bytes(15))
             if self._connect_timeout_ms:
                 sock.setsockopt(zmq.CONNECT_TIMEOUT, self._connect_timeout_ms)
-            if fail_fast:
-                sock.setsockopt(zmq.RECONNECT_STOP, zmq.RECONNECT_STOP_CONN_REFUSED)
             if self._curve is not None:
                 sock.curve_serverkey = server_key
                 sock.curve_publickey = self._curve.identity.public

@@ -145,9 +145,11 @@ class PeerHandler:
         fill_byte: int | None = None,
         req_id: str | None = None,
         consumer: str | None = None,
+        life: str | None = None,
     ) -> dict[str, Any]:
         """Announce (once) a producer request for ``kv_id`` (``req_id``, default ``p-<kv_id>``;
-        naming ``consumer``, a principal, as the only one allowed to fetch it, if given), fill
+        naming ``consumer``, a principal, as the only one allowed to fetch it, and ``life``, the
+        pairing's life, if given), fill
         ``slots`` with :func:`block_pattern` (``seed``) or ``fill_byte``, submit a store job.
         Returns ``{"digests": [sha256 per slot], "immediate": [results of this job produced at
         once]}``."""
@@ -160,6 +162,8 @@ class PeerHandler:
             decoder: dict[str, Any] = {"kv_request_id": kv_id}
             if consumer is not None:
                 decoder["consumer"] = consumer
+            if life is not None:
+                decoder["life"] = life
             req = RequestContext(req_id=req_id, kv_transfer_params={"remote_decoder": decoder})
             mgr.on_new_request(req)
             self.reqs[req_id] = req
