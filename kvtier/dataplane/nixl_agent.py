@@ -137,6 +137,8 @@ def load_nixl_api() -> ModuleType:
     Raises:
         NixlUnavailable: none imports; the message names each attempt and how to install.
     """
+    # NIXL prints INFO lines to stdout unless told otherwise: an engine's stdout is not a log
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
     errors = []
     for name in _API_MODULES:
         try:

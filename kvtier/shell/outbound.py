@@ -107,6 +107,9 @@ class Outbound:
     def _note_done(self, peer: str, msg: wm.TransferDone) -> None:
         if not msg.ok and msg.final:  # a notice refuses nothing: the terminal answer follows
             self.metrics.fetch_refused(msg.reason)
+            if msg.reason == Reason.NOT_AUTHORISED:
+                self.logs(peer, msg.reason, "kvtier: refused %s's fetch of %s: it is not the consumer the producer "
+                          "request named for this id (nothing changed)", self.logs.who(peer), msg.kv_request_id)
 
     def _note_reject(self, peer: str, msg: wm.HelloReject) -> None:
         self.metrics.session_ended(msg.reason)
@@ -126,6 +129,10 @@ class Outbound:
             self.metrics.internal_error()
             return
         store, nbytes, elapsed = done
+        if e.reason is Reason.NOT_AUTHORISED:
+            self.logs("*", e.reason, "kvtier: %s job %d refused: not_authorised (the producer request named another "
+                      "consumer for this id; check remote_decoder.consumer and this manager's CURVE principal)",
+                      "store" if store else "load", e.job_id)
         # an ok result carries a reason only when it says why nothing moved (not_needed)
         self.metrics.job_done("store" if store else "load", e.ok, e.reason if e.ok else (e.reason or Reason.TRANSFER_FAILED))
         if e.ok and not store:

@@ -41,10 +41,11 @@ if _WHY is not None:
     pytest.skip(f"two-host tests need network namespaces: {_WHY}", allow_module_level=True)
 
 PORT = 5710
+DARK = PORT + 7  # an endpoint on host a that nothing answers once host a is black-holed
 BB = 64 * 1024
 # peer_timeout_s must exceed the time one block_data message (up to 8 MiB) takes on the link:
 # liveness rides the same connection as the blocks.
-TIMERS = {"heartbeat_interval_s": 0.3, "peer_timeout_s": 3.0, "handshake_timeout_s": 2.0,
+TIMERS = {"heartbeat_interval_s": 0.3, "peer_timeout_s": 3.0, "handshake_timeout_s": 2.0, "connect_timeout_s": 1.0,
           "fetch_supply_timeout_s": 2.0, "load_timeout_s": 6.0}
 
 
@@ -99,7 +100,8 @@ def procs(request, hosts, keys, children):
     p.start_manager({**TIMERS, **plane, **_curve(keys, "prefill-0"), "host": hosts.addr_a, "port": PORT},
                     num_blocks=256, block_bytes=BB)
     c.start_manager({**TIMERS, **plane, **_curve(keys, "decode-0"), "host": hosts.addr_b, "port": 0,
-                     "allowed_peers": [f"{hosts.addr_a}:{PORT}"]}, num_blocks=256, block_bytes=BB)
+                     "allowed_peers": [f"{hosts.addr_a}:{PORT}", f"{hosts.addr_a}:{DARK}"]},
+                    num_blocks=256, block_bytes=BB)
     try:
         yield p, c
     finally:
@@ -281,6 +283,24 @@ def test_slow_link_transfer_completes_byte_exact(hosts, procs) -> None:
     r, slots = _load(c, hosts, "kv-slow", n, first_slot=128, timeout_s=40.0)
     assert r["success"], r
     assert c.digests(slots) == want
+
+
+def test_a_dial_into_a_black_hole_fails_after_connect_timeout(hosts, procs) -> None:
+    """Host a silently drops everything (SYNs too): a load to it fails ``connect_timeout`` after
+    ``connect_timeout_s`` (1 s here), not after ``handshake_timeout_s``, exactly once."""
+    _, c = procs
+    job = next(_job)
+    hosts.blackhole_a(True)
+    try:
+        t0 = time.monotonic()
+        now = c.load("kv-dark", job, [b"k"], [250], host=hosts.addr_a, port=DARK)
+        got = now or _wait(c, job, TIMERS["connect_timeout_s"] + 3.0)
+        took = time.monotonic() - t0
+    finally:
+        hosts.blackhole_a(False)
+    assert [(r["success"], r["reason"]) for r in got] == [(False, "connect_timeout")], got
+    assert took <= TIMERS["connect_timeout_s"] + 1.5, took  # a failure bound: handshake_timeout_s would be later
+    c.finish("c-kv-dark")
 
 
 @pytest.mark.slow
