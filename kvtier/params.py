@@ -16,7 +16,7 @@ Shapes accepted (unknown keys are ignored, so other connectors' params pass thro
 * ``life`` (optional, both legs, the same value): an opaque id of this pairing, ≤ 64 characters
   of ``[A-Za-z0-9._:/@+=-]``, minted by whoever hands both engines their params (a PD router's
   request uuid).  With it, a message of an earlier life of a reused ``K`` can never end a later
-  one (decision I15); without it, decision I6's limit holds.
+  one (decision I20); without it, decision I6's limit holds.
 * llm-d's names for the same roles: ``decode`` (= ``remote_decoder``), ``prefill`` and
   ``remote_kv_source`` (= ``remote_prefiller``); llm-d-router renamed its sub-dicts to vLLM's
   (llm-d/llm-d-router#2140), older routers still send the short ones.

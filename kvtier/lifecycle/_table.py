@@ -253,7 +253,7 @@ class ProducerGuard(enum.StrEnum):
     STALE_ROUND = "stale_round"
     """the fetch's round is below the lowest round its consumer still has open on this session, or one this session already answered: a duplicated or overtaken fetch (decision I11)"""
     OTHER_LIFE = "other_life"
-    """the input and the record both name a life of the id, and they differ (decision I15)"""
+    """the input and the record both name a life of the id, and they differ (decision I20)"""
 
 
 class ProducerEffect(enum.StrEnum):

@@ -61,7 +61,7 @@ class MessageInput(msgspec.Struct, frozen=True, gc=False):
     payloads: tuple[Any, ...] = ()
     life: str = ""
     final: bool = True
-    """transfer_done: False for the producer's notice that it gave the transfer up (decision I14)."""
+    """transfer_done: False for the producer's notice that it gave the transfer up (decision I19)."""
 
 
 class ConsumerRecord(Record):
@@ -79,8 +79,8 @@ class ConsumerRecord(Record):
         self.n_landed = 0
         self.fetched = False
         self.engine_finished = False
-        self.life = ""  # the pairing's life (decision I15)
-        self.notice: Reason | None = None  # the reason of the producer's notice (decision I14)
+        self.life = ""  # the pairing's life (decision I20)
+        self.notice: Reason | None = None  # the reason of the producer's notice (decision I19)
 
 
 #: states whose round still waits for the producer's terminal answer on the live session: the

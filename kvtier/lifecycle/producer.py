@@ -109,7 +109,7 @@ class ProducerRecord(Record):
         self.slots: tuple[int, ...] = ()
         self.supply_complete = False
         self.receipt = False
-        self.life = ""  # the pairing's life (decision I15): set by the first store or the binding
+        self.life = ""  # the pairing's life (decision I20): set by the first store or the binding
         self.rounds: Any = None  # the bound session's RoundLedger
 
 
@@ -217,7 +217,7 @@ class ProducerMachine(TableMachine):
 
     def _life_record(self, kv_request_id: str, life: str, now: float, out: list[Effect]) -> Any:
         """The record an input naming ``life`` meets: a retained record of another life of the
-        id is pruned first (``new_life``), so the input meets a fresh one (decision I15)."""
+        id is pruned first (``new_life``), so the input meets a fresh one (decision I20)."""
         rec = self.records.get(kv_request_id)
         if rec is None:
             return self.new_record(kv_request_id)

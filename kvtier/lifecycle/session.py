@@ -19,7 +19,7 @@ Sessions to one producer *instance* share fate: when one dies abnormally the ins
 *suspect*, and new loads to any session of that instance fail fast (``instance_down``) until one
 of them is heard from again (decision I7).  The instance an address last answered for is
 remembered (bounded), so a fresh dial to a suspect instance's address shares that fate from its
-first moment, before any handshake (decision I13): a load to a dead endpoint fails at once, not
+first moment, before any handshake (decision I18): a load to a dead endpoint fails at once, not
 after ``handshake_timeout_s``.
 
 What crosses machines is not called but queued: ``peer_down`` queues :class:`PeerLost` and
@@ -56,7 +56,7 @@ GIVEN_REASONS = frozenset(
      Reason.PEER_RESTARTED}
 )
 #: session endings that say the peer's process (or host) is gone, not merely silent or given up
-#: on: a fresh dial to an address whose instance ended so shares its fate (decision I13)
+#: on: a fresh dial to an address whose instance ended so shares its fate (decision I18)
 GONE = frozenset({Reason.PEER_DISCONNECTED, Reason.SEND_FAILED, Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT})
 
 #: session endings after which the peer's instance is suspect (decision I7)
@@ -171,7 +171,7 @@ class SessionMachine(TableMachine):
         self._notes = notes
         self._next_gen = gen_base
         self.suspect: dict[str, None] = {}  # insertion-ordered set of suspect instances
-        self.gone: dict[str, None] = {}  # suspect instances whose session ended as if gone (I13)
+        self.gone: dict[str, None] = {}  # suspect instances whose session ended as if gone (I18)
         # dialled address -> the instance its last hello_ack named (fresh dials share its fate)
         self.last_instance: dict[str, str] = {}
         # dialled address -> the generation of our last session to it (the next hello replaces it)
@@ -196,7 +196,7 @@ class SessionMachine(TableMachine):
 
     def instance_down(self, peer: str) -> bool:
         """The session to ``peer`` belongs to a suspect instance (decision I7): a ready session,
-        or a dial to an address whose last instance ended as if gone (decision I13)."""
+        or a dial to an address whose last instance ended as if gone (decision I18)."""
         rec = self.records.get(peer)
         if rec is None or not rec.instance or rec.instance not in self.suspect:
             return False

@@ -8,7 +8,7 @@ a malformed message, ends a session, fails a load.
 
 A connection's close is applied only after a pass that read every socket to empty: whatever the
 connection delivered before it closed (a goodbye, a notice, a terminal answer) is applied first,
-so its reason is the one the core keeps (decision I14).
+so its reason is the one the core keeps (decision I19).
 
 The pass also says when the inbound queue was last seen empty (``quiet_since``): the time before
 a read pass that emptied every socket.  The core fires deadlines only up to that time, so a

@@ -326,7 +326,7 @@ class TransferDone(_Msg, tag="transfer_done"):
 
     ``final=False`` (only with ``ok=False``) is a *notice*: the producer gave the transfer up
     (``reason``) and stops posting, but writes it already posted may still land on a one-sided
-    plane; its terminal ``transfer_done`` (or the session's end) follows (decision I14)."""
+    plane; its terminal ``transfer_done`` (or the session's end) follows (decision I19)."""
 
     TYPE: ClassVar[str] = "transfer_done"
     gen: int

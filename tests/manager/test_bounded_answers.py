@@ -10,12 +10,12 @@ the engine reuses after a result never receive a late write, and that nothing st
   window of the pool was withdrawn, decision N14); the id can be announced again at once;
 * a producer shut down gracefully mid-transfer: the load ends ``shutdown`` (or byte-exact);
 * a dial to a closed port fails ``connect_refused`` at once; both ranks of an instance killed:
-  a load to either a second later fails at once (decision I13);
-* a producer that gives a transfer up says why first (decision I14): on NIXL the consumer reports
+  a load to either a second later fails at once (decision I18);
+* a producer that gives a transfer up says why first (decision I19): on NIXL the consumer reports
   ``transfer_timeout`` in every trial;
 * zero-block loads: an empty fetch before or after the store releases the producer's blocks in
   one round trip (``not_needed``);
-* lives (decision I15): an earlier life's abort of a reused id never ends its next life;
+* lives (decision I20): an earlier life's abort of a reused id never ends its next life;
 * a NIXL WRITE that landed before the consumer's load deadline counts as input before it, on a
   fresh endpoint every trial (decision N15).
 
@@ -185,7 +185,7 @@ def test_a_dial_to_a_closed_port_fails_its_load_at_once(data_plane, make_manager
 def test_both_ranks_of_an_instance_killed_fail_new_loads_at_once(data_plane, producer, victim, make_manager):
     """Two ranks of instance ``pod-x`` serve one consumer; both die without a goodbye (one
     crashes, one is killed -9).  A load submitted to either rank a second later fails at once —
-    ``instance_down`` (the dial inherits the instance's fate, decision I13) or
+    ``instance_down`` (the dial inherits the instance's fate, decision I18) or
     ``connect_refused`` — never after ``handshake_timeout_s``."""
     pcfg = {**HB, "instance": "pod-x"}
     producer.start_manager(pcfg, num_blocks=16, block_bytes=4096)
@@ -226,7 +226,7 @@ def test_a_transfer_the_producer_gives_up_reaches_the_consumer_with_its_reason_e
 ):
     """10 trials: the consumer runs 2 ms of every 100 ms (SIGSTOP/SIGCONT), so the producer's
     ``transfer_timeout_s`` (0.3 s) passes mid-transfer.  The producer tells it at once (a notice
-    on the control connection, decision I14), then ends the transfer or the session; the consumer
+    on the control connection, decision I19), then ends the transfer or the session; the consumer
     reports ``transfer_timeout`` in every trial, one result per job.  (zmq: the notice queues
     behind the data already posted on the one connection, so a consumer that stopped reading
     cannot see it: docs/dataplane.md.)"""
@@ -306,7 +306,7 @@ def test_an_earlier_lifes_abort_never_ends_the_next_life(data_plane, producer, m
     """Request A (life ``L1``) of id X finishes on the consumer before it loaded (its abort, of
     a round that never fetched, reaches the producer first: a tombstone of L1); request B (life
     ``L2``) loads X; the producer's request of life L2 stores afterwards.  The store succeeds,
-    B's load is byte-exact, and L1's tombstone was replaced (decision I15)."""
+    B's load is byte-exact, and L1's tombstone was replaced (decision I20)."""
     producer.start_manager(HB, num_blocks=16, block_bytes=4096)
     c = make_manager({**HB, "fetch_supply_timeout_s": 5.0, "load_timeout_s": 8.0}, num_blocks=16, block_bytes=4096)
     jobs = Jobs(c)

@@ -428,7 +428,7 @@ def test_producer_restart_on_the_same_port_fails_old_loads_once_and_serves_new_o
 
     stored = producer.store("kv-new", 1, keys_for("kv-new", 3), [0, 1, 2], seed=70)
     # the old instance is suspect (its session died abnormally): a load submitted while the new
-    # dial to its address has not been answered yet fails at once (decision I13) ...
+    # dial to its address has not been answered yet fails at once (decision I18) ...
     r2 = consumer_req("c2", "kv-new", producer.host, port)
     c.on_new_request(r2)
     c.submit_load(job(2, keys_for("kv-new", 3), [5, 6, 7], r2))
