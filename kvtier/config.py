@@ -509,9 +509,22 @@ class TierConfig:
         the producer can no longer write into its slots (at once on the zmq
         plane).""")
 
+    revoke_timeout_s: float = _field(_TIMEOUT, 1.0, doc="""
+        The bound on revoking a producer's access to a load's slots once it cannot answer (its
+        session died, or an abort went unanswered): the load is reported failed by then at the
+        latest. The zmq plane needs no time; the NIXL plane withdraws the session's window of the
+        pool at once and needs ``DRAIN_S`` (50 ms) more. A NIXL pool that is not shared memory
+        cannot be withdrawn from: its slots stay held past this, logged each time it passes.""")
+
     # ---- sessions -----------------------------------------------------------
     handshake_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
         How long a new session may take to complete its hello/hello_ack.""")
+
+    connect_timeout_s: float = _field(_TIMEOUT, 2.0, doc="""
+        How long a dial to a producer may wait for the TCP connection. A dial that gets no
+        answer within it fails its loads (``connect_timeout``); one that is refused (nothing
+        listens at the address) fails them at once (``connect_refused``). The session's
+        ``handshake_timeout_s`` still bounds the whole dial.""")
 
     heartbeat_interval_s: float = _field(_Float(MIN_DURATION_S, 3600.0), 1.0, doc="""
         Interval between pings on an otherwise idle session.""")

@@ -54,6 +54,9 @@ __all__ = ["KvTierManager", "MAX_BATCH_BYTES"]
 
 log = logging.getLogger("kvtier.manager")
 
+#: The least a shutdown gives its goodbyes to flush, even when a drain used the whole budget.
+_MIN_GOODBYE_S = 0.05
+
 
 class KvTierManager:
     """One kvtier tier instance: producer and consumer at once, over one block pool.
@@ -109,7 +112,13 @@ class KvTierManager:
     def _assemble(self, layout: str) -> None:
         cfg, pool = self.config, self.pool
         self.instance = cfg.instance or secrets.token_hex(6)
-        self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers)
+        self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers, listen_host=cfg.host)
+        if self._peer_policy.open:
+            log.warning(
+                "kvtier: SECURITY: allowed_peers is open ('*'): a request's kv_transfer_params may make this engine "
+                "dial any producer address (link-local, metadata, multicast and unspecified addresses%s excepted). "
+                "List your prefill endpoints or networks in allowed_peers (docs/security.md).",
+                ", and loopback," if self._peer_policy.beyond_loopback else "")
         # digests and landings that grow with bytes run here, off the thread that holds the lock
         # (decision I14); its threads start with the first large store or landing
         threads = default_threads() if cfg.digest_threads is None else cfg.digest_threads
@@ -118,11 +127,16 @@ class KvTierManager:
         self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg,
                                            layout=layout, digest_pool=self._digest_pool)
         hello = local_hello(cfg, block_bytes=pool.block_bytes, layout=layout, instance=self.instance, plane=self.plane)
-        self.core: TierCore = make_core(cfg, hello, one_sided=self.plane.one_sided, gen_base=secrets.randbits(62))
+        self.core: TierCore = make_core(cfg, hello, one_sided=self.plane.one_sided, gen_base=secrets.randbits(62),
+                                        revoke_bounded=self.plane.revocation_bounded)
         """The lifecycle core (its read API: sessions, states, quarantine, snapshots)."""
         self._jobs = JobLedger()
+        self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
         self._closing = False  # shutdown() began: no new work
+        # when a drain_jobs(timeout_s) that did not finish had to be over: a shutdown() that
+        # follows it shares that one budget (decision A6)
+        self._drain_deadline: float | None = None
         self._closed = False
         self._metrics = TierMetrics(tier=cfg.type, listener=self.transport.address, core=self.core,
                                     lock=self._lock, clock=self.clock, block_bytes=pool.block_bytes)
@@ -143,7 +157,8 @@ class KvTierManager:
                               metrics=self._metrics, logs=self._logs)
         outbound = Outbound(transport=self.transport, plane=self.plane, pool=pool, jobs=self._jobs,
                             metrics=self._metrics, logs=self._logs, work=self._work, clock=self.clock,
-                            loads=self.core.consumer)
+                            loads=self.core.consumer,
+                            vet=self._peer_policy.vet_resolved if self._peer_policy.open else None)
         inbound = Inbound(transport=self.transport, plane=self.plane, decoder=decoder, metrics=self._metrics,
                           logs=self._logs, clock=self.clock, posted=outbound.posted, work=self._work)
         self._loop = Loop(core=self.core, inbound=inbound, outbound=outbound, work=self._work, clock=self.clock,
@@ -262,7 +277,7 @@ class KvTierManager:
                         "earlier request on this consumer"
                     )
                 self._requests[req.req_id] = info
-                self._loop.apply(ix.LoadAnnounced(info.kv_request_id, info.peer))
+                self._loop.apply(ix.LoadAnnounced(info.kv_request_id, info.peer, info.life))
             else:
                 self._requests[req.req_id] = info
                 if info.role == "producer" and info.consumer is not None:
@@ -311,7 +326,7 @@ class KvTierManager:
             pool = self.pool
             inp = self._work.store(
                 ix.StoreSubmitted(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), slots, (),
-                                  info.consumer),
+                                  info.consumer, info.life),
                 [pool.buffer(b) for b in slots])
             self._metrics.parked(info.kv_request_id, now)  # before the store: the first one starts the age
             nbytes = len(slots) * pool.block_bytes
@@ -358,6 +373,31 @@ class KvTierManager:
             self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=now,
                             nbytes=len(job.slots) * self.pool.block_bytes)
             self._loop.run(effects)
+
+    def load_nothing(self, req: RequestContext) -> bool:
+        """The consumer request ``req`` needs none of its producer's blocks (every one is already
+        here, e.g. a local prefix-cache hit): tell the producer now — an empty fetch, so it
+        releases what it parked for the id in one round trip (its store jobs succeed,
+        ``not_needed``) instead of at ``unbound_store_timeout_s``.  A no-op (False) for a request
+        that is not a consumer's, or whose load was already submitted.  The manager's own job
+        for it produces no result for the engine.
+
+        Raises:
+            TypeError: ``req`` is not a :class:`~kvtier.api.RequestContext`.
+        """
+        check_req(req, "load_nothing")
+        with self._lock:
+            info = self._requests.get(req.req_id)
+            if (info is None or info.role != "consumer" or self._closed or self._closing
+                    or self.core.consumer_state(info.kv_request_id) is not ConsumerState.ANNOUNCED):
+                return False
+            self._internal_jobs += 1
+            job_id = self._internal_jobs
+            now = self.clock()
+            effects = self.core.handle(ix.LoadSubmitted(info.kv_request_id, job_id, (), ()), now)
+            self._jobs.open(job_id, store=False, kv_request_id=info.kv_request_id, now=now, nbytes=0, internal=True)
+            self._loop.run(effects)
+            return True
 
     def get_finished_jobs(self, *, poll: bool = True) -> list[JobResult]:
         """Hand over every job result produced since the last call; when there is none yet,
@@ -418,7 +458,7 @@ class KvTierManager:
             info = self._requests.pop(req.req_id, None)
             if info is None or self._closed or info.role not in ("producer", "consumer"):
                 return
-            self._loop.apply(ix.RequestFinished(info.kv_request_id, info.role == "producer"))
+            self._loop.apply(ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life))
 
     def has_pending_work(self) -> bool:
         """True while any job lacks a collected result, a transfer is in flight or sends are
@@ -434,6 +474,10 @@ class KvTierManager:
         Parked and awaiting producer ids are ended at once (jobs fail with reason ``drained``);
         transfers and loads in flight finish or hit their deadlines, so this terminates.
 
+        ``timeout_s`` is also the budget of a :meth:`shutdown` that follows a drain that did not
+        finish: it gets only what is left of it (and at least the goodbyes' flush), so the two
+        together take ``timeout_s``, not ``timeout_s + shutdown_grace_s`` (decision A6).
+
         Raises:
             TimeoutError: ``timeout_s`` (wall seconds) passed first.
             RuntimeError: :meth:`shutdown` began.
@@ -442,10 +486,12 @@ class KvTierManager:
         with self._lock:
             self._check_open()
             self._loop.apply(ix.DrainStarted())
+            self._drain_deadline = None if timeout_s is None else start + timeout_s
         while True:
             with self._lock:
                 self._loop.tick()
                 if not self._jobs:
+                    self._drain_deadline = None
                     return
                 wait = self._loop.wait_budget()
             if timeout_s is not None and time.monotonic() - start > timeout_s:
@@ -493,10 +539,16 @@ class KvTierManager:
            transfers given up in step 3 are reported (failed) only then — never while a send may
            still read their blocks (decision I1).
         Every job gets exactly one result (collect them with :meth:`get_finished_jobs`).  Returns
-        within the grace plus a few milliseconds, even when a peer is wedged.  Idempotent.
+        within the grace plus a few milliseconds, even when a peer is wedged.  Right after a
+        :meth:`drain_jobs` that timed out, the grace is what is left of the drain's budget (at
+        least 50 ms for the goodbyes): one budget for both (decision A6).  Idempotent.
         """
         start = time.monotonic()
         grace = self.config.shutdown_grace_s if grace_s is None else max(0.0, float(grace_s))
+        drained_until = self._drain_deadline
+        if drained_until is not None and start - drained_until <= self.config.shutdown_grace_s:
+            # a drain that did not finish just used (part of) the budget: share it (A6)
+            grace = min(grace, max(_MIN_GOODBYE_S, drained_until - start))
         if self._thread is not None:
             self._thread.join(timeout_s=5.0)
             self._thread = None

@@ -9,16 +9,27 @@ at most 80 characters of the offending value.
 
 Shapes accepted (unknown keys are ignored, so other connectors' params pass through):
 
-* producer (prefill) leg: ``{"remote_decoder": {"kv_request_id": K, "consumer": NAME?}}``;
+* producer (prefill) leg: ``{"remote_decoder": {"kv_request_id": K, "consumer": NAME?, "life": L?}}``;
   ``consumer`` (optional) is the authenticated principal that alone may fetch ``K``.
 * consumer (decode) leg:
-  ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}``.
+  ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P, "life": L?}}``.
+* ``life`` (optional, both legs, the same value): an opaque id of this pairing, ≤ 64 characters
+  of ``[A-Za-z0-9._:/@+=-]``, minted by whoever hands both engines their params (a PD router's
+  request uuid).  With it, a message of an earlier life of a reused ``K`` can never end a later
+  one (decision I20); without it, decision I6's limit holds.
 * llm-d's names for the same roles: ``decode`` (= ``remote_decoder``), ``prefill`` and
   ``remote_kv_source`` (= ``remote_prefiller``); llm-d-router renamed its sub-dicts to vLLM's
   (llm-d/llm-d-router#2140), older routers still send the short ones.
 
 Outbound dials must match the ``allowed_peers`` policy (:class:`PeerPolicy`); a request naming
-any other endpoint raises :class:`PeerNotAllowed` and opens no socket.
+any other endpoint raises :class:`PeerNotAllowed` and opens no socket.  ``"*"`` admits any
+endpoint *except* addresses no KV producer lives at and an attacker would love to reach:
+link-local (cloud metadata services among them), unspecified, multicast and broadcast addresses,
+the cloud metadata addresses outside link-local, and loopback when this manager listens beyond
+loopback (a remote client must not make the engine talk to itself).  Such an address is dialled
+only if an entry names it explicitly (decision S11).  A hostname admitted by ``"*"`` alone is
+resolved at dial time and the address it resolves to is checked the same way (and dialled, so a
+second resolution cannot differ).
 """
 
 from __future__ import annotations
@@ -30,9 +41,12 @@ from typing import Any, Final
 
 import attrs
 
-from kvtier.wire.messages import check_kv_request_id
+from kvtier.wire.messages import check_kv_request_id, check_life
 
 __all__ = [
+    "METADATA_ADDRESSES",
+    "METADATA_NAMES",
+    "never_by_wildcard",
     "PRODUCER_KEYS",
     "CONSUMER_KEYS",
     "TransferParams",
@@ -80,12 +94,14 @@ class TransferParams:
         kv_request_id: the id the two legs share (``None`` for local).
         peer: consumer leg: the producer's ``host:port`` (``[v6]:port`` for IPv6), else None.
         consumer: producer leg: the principal allowed to fetch the id, if the request names one.
+        life: the pairing's life id (``""`` when the params name none).
     """
 
     role: str
     kv_request_id: str | None = None
     peer: str | None = None
     consumer: str | None = None
+    life: str = ""
 
 
 LOCAL: Final = TransferParams("local")
@@ -128,24 +144,58 @@ def _endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+#: Addresses outside link-local that clouds serve instance metadata (and credentials) on.
+METADATA_ADDRESSES: Final = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200"))
+#: Hostnames of metadata services (refused under ``"*"`` before anything is resolved).
+METADATA_NAMES: Final = frozenset({"metadata", "metadata.google.internal", "metadata.goog", "instance-data",
+                                   "instance-data.ec2.internal", "metadata.azure.com"})
+
+
+def never_by_wildcard(ip: Any, *, listens_beyond_loopback: bool) -> str | None:
+    """Why ``"*"`` does not admit IP address ``ip`` (None: it does)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in METADATA_ADDRESSES:
+        return "a cloud metadata address"
+    if ip.is_unspecified:
+        return "an unspecified address"
+    if ip.is_link_local:
+        return "a link-local address"
+    if ip.is_multicast or (isinstance(ip, ipaddress.IPv4Address) and ip == ipaddress.IPv4Address("255.255.255.255")):
+        return "a multicast or broadcast address"
+    if ip.is_loopback and listens_beyond_loopback:
+        return "loopback, while this manager listens beyond loopback"
+    return None
+
+
 @attrs.frozen(slots=True)
 class PeerPolicy:
     """Which producer endpoints a consumer may dial (config ``allowed_peers``).
 
-    Entries: ``"*"`` (any), ``"host:port"``, ``"host"`` (any port), or a CIDR network
-    (``"10.0.0.0/8"``, any port; matches IP-literal hosts only). Hostnames match by name, case
-    insensitively; nothing is resolved (a lookup at check time could differ from the one at dial
-    time).
+    Entries: ``"*"`` (any, with the exceptions of :func:`never_by_wildcard`), ``"host:port"``,
+    ``"host"`` (any port), or a CIDR network (``"10.0.0.0/8"``, any port; matches IP-literal
+    hosts only). Listed hostnames match by name, case insensitively, and are not resolved (S4);
+    a hostname admitted only by ``"*"`` is checked again at dial time on what it resolves to
+    (:meth:`vet_resolved`).
     """
 
     any: bool = False
     endpoints: frozenset[tuple[str, int]] = frozenset()
     hosts: frozenset[str] = frozenset()
     networks: tuple[Any, ...] = ()
+    beyond_loopback: bool = False
+    """This manager listens beyond loopback: ``"*"`` does not admit loopback then."""
+
+    @property
+    def open(self) -> bool:
+        """``"*"`` is among the entries."""
+        return self.any
 
     @classmethod
-    def from_entries(cls, entries: Iterable[str]) -> PeerPolicy:
-        """Raises ValueError naming the first bad entry."""
+    def from_entries(cls, entries: Iterable[str], *, listen_host: str | None = None) -> PeerPolicy:
+        """``listen_host``: the manager's own ``host`` (whether it listens beyond loopback).
+        Raises ValueError naming the first bad entry."""
         any_ = False
         endpoints, hosts, networks = set(), set(), []
         for entry in entries:
@@ -165,11 +215,11 @@ class PeerPolicy:
                                parse_port(port, f"allowed_peers entry {e!r}")))
             else:
                 hosts.add(parse_host(e, f"allowed_peers entry {e!r}"))
-        return cls(any_, frozenset(endpoints), frozenset(hosts), tuple(networks))
+        return cls(any_, frozenset(endpoints), frozenset(hosts), tuple(networks), _beyond_loopback(listen_host))
 
-    def allows(self, host: str, port: int) -> bool:
-        """Whether a dial to the (normalised) ``host``:``port`` is allowed."""
-        if self.any or (host, port) in self.endpoints or host in self.hosts:
+    def listed(self, host: str, port: int) -> bool:
+        """An entry other than ``"*"`` names the (normalised) ``host``:``port``."""
+        if (host, port) in self.endpoints or host in self.hosts:
             return True
         if self.networks:
             try:
@@ -178,6 +228,46 @@ class PeerPolicy:
                 return False
             return any(ip in net for net in self.networks)
         return False
+
+    def allows(self, host: str, port: int) -> bool:
+        """Whether a dial to the (normalised) ``host``:``port`` is allowed."""
+        return self.why_not(host, port) is None
+
+    def why_not(self, host: str, port: int) -> str | None:
+        """None if a dial to ``host``:``port`` is allowed, else why not."""
+        if self.listed(host, port):
+            return None
+        if not self.any:
+            return "allowed_peers does not list it"
+        if host in METADATA_NAMES:
+            return "allowed_peers '*' does not admit a metadata service's name; list it explicitly"
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return None  # a name: checked on what it resolves to, at dial time
+        why = never_by_wildcard(ip, listens_beyond_loopback=self.beyond_loopback)
+        return None if why is None else f"allowed_peers '*' does not admit {why}; list it explicitly"
+
+    def vet_resolved(self, host: str, port: int, ip: str) -> str | None:
+        """At dial time: ``host`` (a name ``"*"`` admitted) resolved to ``ip``; None if that may
+        be dialled, else why not.  A listed name is never vetted (decision S4)."""
+        if not self.any or self.listed(host, port):
+            return None
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            return f"{host} resolved to {ip!r}, not an address"
+        why = never_by_wildcard(addr, listens_beyond_loopback=self.beyond_loopback)
+        return None if why is None else f"{host} resolves to {ip}, {why}, which allowed_peers '*' does not admit"
+
+
+def _beyond_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    try:
+        return not ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host != "localhost"
 
 
 ANY_PEER: Final = PeerPolicy(any=True)
@@ -197,6 +287,17 @@ def _kv_request_id(sub: Mapping[str, Any], field: str) -> str:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field}.kv_request_id is invalid ({exc}): {clip(kid)}") from None
     return kid  # type: ignore[return-value]
+
+
+def _life(sub: Mapping[str, Any], field: str) -> str:
+    life = sub.get("life")
+    if life is None:
+        return ""
+    try:
+        check_life(life)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{field}.life is invalid ({exc}): {clip(life)}") from None
+    return life  # type: ignore[return-value]
 
 
 def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParams:
@@ -231,9 +332,10 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         host = parse_host(sub.get("remote_host"), f"{key}.remote_host")
         port = parse_port(sub.get("remote_port"), f"{key}.remote_port")
         peer = _endpoint(host, port)
-        if not policy.allows(host, port):
-            raise PeerNotAllowed(f"{key} names {clip(peer)}, which allowed_peers does not list", peer)
-        return TransferParams("consumer", kid, peer)
+        why = policy.why_not(host, port)
+        if why is not None:
+            raise PeerNotAllowed(f"{key} names {clip(peer)}: {why}", peer)
+        return TransferParams("consumer", kid, peer, life=_life(sub, key))
     if dst is not None:
         key, sub = dst
         if not isinstance(sub, Mapping):
@@ -242,5 +344,5 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         consumer = sub.get("consumer")
         if consumer is not None and not (isinstance(consumer, str) and _PRINCIPAL_RE.fullmatch(consumer)):
             raise ValueError(f"{key}.consumer must be a principal name or a z85 public key, got {clip(consumer)}")
-        return TransferParams("producer", kid, None, consumer)
+        return TransferParams("producer", kid, None, consumer, _life(sub, key))
     return LOCAL

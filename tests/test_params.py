@@ -104,6 +104,62 @@ def test_clip() -> None:
     assert clip("x" * 10_000).endswith("...") and len(clip("x" * 10_000)) == 80
 
 
+@pytest.mark.parametrize("host, why", [
+    ("169.254.169.254", "cloud metadata"), ("169.254.170.2", "cloud metadata"), ("100.100.100.200", "cloud metadata"),
+    ("fd00:ec2::254", "cloud metadata"), ("169.254.1.1", "link-local"), ("fe80::1", "link-local"),
+    ("0.0.0.0", "unspecified"), ("::", "unspecified"), ("224.0.0.251", "multicast"), ("ff02::1", "multicast"),
+    ("255.255.255.255", "broadcast"), ("::ffff:169.254.169.254", "cloud metadata"),
+    ("127.0.0.1", "loopback"), ("metadata.google.internal", "metadata service"),
+])
+def test_the_wildcard_never_admits_addresses_no_producer_lives_at(host, why) -> None:
+    """Decision S11: ``"*"`` admits neither these nor (listening beyond loopback) loopback; an
+    explicit entry still does, and the refusal says why."""
+    wild = PeerPolicy.from_entries(["*"], listen_host="10.0.0.5")
+    with pytest.raises(PeerNotAllowed, match=why):
+        parse_params(pref(remote_host=host), wild)
+    explicit = PeerPolicy.from_entries(["*", host], listen_host="10.0.0.5")
+    assert parse_params(pref(remote_host=host), explicit).role == "consumer"
+
+
+def test_the_wildcard_admits_ordinary_endpoints_and_loopback_on_a_loopback_listener() -> None:
+    assert parse_params(pref(remote_host="10.9.8.7"), PeerPolicy.from_entries(["*"], listen_host="10.0.0.5")).role == "consumer"
+    assert parse_params(pref(remote_host="prefill-0.svc"), PeerPolicy.from_entries(["*"], listen_host="10.0.0.5")).role == "consumer"
+    assert parse_params(pref(remote_host="127.0.0.1"), PeerPolicy.from_entries(["*"], listen_host="127.0.0.1")).role == "consumer"
+
+
+def test_a_name_the_wildcard_admitted_is_vetted_on_what_it_resolves_to() -> None:
+    wild = PeerPolicy.from_entries(["*", "listed.svc"], listen_host="10.0.0.5")
+    assert "169.254.169.254" in wild.vet_resolved("evil.example", 80, "169.254.169.254")
+    assert wild.vet_resolved("evil.example", 80, "10.1.1.1") is None
+    assert wild.vet_resolved("listed.svc", 80, "169.254.169.254") is None  # listed names are trusted (S4)
+    assert PeerPolicy.from_entries(["10.0.0.0/8"]).vet_resolved("x", 1, "169.254.169.254") is None  # not open
+
+
+def test_a_resolved_metadata_address_is_never_dialled() -> None:
+    """Through the real transport: a name resolving to a metadata address is refused before any
+    socket connects (DialNotAllowed), and the name is never dialled by libzmq."""
+    from kvtier.transport import DialNotAllowed, ZmqTransport
+
+    wild = PeerPolicy.from_entries(["*"], listen_host="10.0.0.5")
+    t = ZmqTransport("127.0.0.1", 0)
+    try:
+        with pytest.raises(DialNotAllowed, match="loopback"):
+            t.connect("localhost:5710", fail_fast=True, vet=wild.vet_resolved)
+        assert t.peers() == []
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("leg", ["remote_prefiller", "remote_decoder"])
+def test_life_is_optional_and_checked(leg) -> None:
+    base = pref()["remote_prefiller"] if leg == "remote_prefiller" else {"kv_request_id": "kv-2"}
+    assert parse_params({leg: {**base, "life": "uuid-1"}}, POLICY).life == "uuid-1"
+    assert parse_params({leg: base}, POLICY).life == ""
+    for bad in ("x" * 65, "no spaces", 7, b"b"):
+        with pytest.raises(ValueError, match=f"{leg}.life"):
+            parse_params({leg: {**base, "life": bad}}, POLICY)
+
+
 # -- through the manager ---------------------------------------------------------------------------
 
 
@@ -112,9 +168,9 @@ class _SpyTransport(InprocTransport):
         super().__init__(*a, **kw)
         self.dialled: list[str] = []
 
-    def connect(self, address: str) -> str:
+    def connect(self, address: str, **kw) -> str:
         self.dialled.append(address)
-        return super().connect(address)
+        return super().connect(address, **kw)
 
 
 @pytest.fixture(scope="module")

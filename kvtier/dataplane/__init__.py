@@ -6,12 +6,23 @@ bytes and reports what happened — posted transfers released or failed, blocks 
 revoked; the lifecycle core (:mod:`kvtier.lifecycle`) alone decides what that means for an id.
 """
 
-from kvtier.dataplane.base import Batch, DataPlane, Landed, Notified, PlaneError, Released, Report, Revoked
+from kvtier.dataplane.base import (
+    AttachFailed,
+    Attached,
+    Batch,
+    DataPlane,
+    Landed,
+    Notified,
+    PlaneError,
+    Released,
+    Report,
+    Revoked,
+)
 from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.zmq import ZmqPlane
 
-__all__ = ["Batch", "DataPlane", "Landed", "Landings", "Notified", "PlaneError", "Released", "Report", "Revoked",
-           "ZmqPlane", "make_plane"]
+__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Landed", "Landings", "Notified", "PlaneError", "Released",
+           "Report", "Revoked", "ZmqPlane", "make_plane"]
 
 
 def make_plane(name: str, **kwargs: object) -> DataPlane:

@@ -37,7 +37,8 @@ import attrs
 
 from kvtier.errors import KvTierError
 
-__all__ = ["Batch", "DataPlane", "Landed", "Notified", "PlaneError", "Released", "Revoked"]
+__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Landed", "Notified", "PlaneError", "Released",
+           "Report", "Revoked"]
 
 
 class PlaneError(KvTierError):
@@ -102,7 +103,24 @@ class Notified:
     frames: tuple[bytes, ...]
 
 
-Report = Released | Revoked | Landed | Notified
+@attrs.frozen(slots=True)
+class Attached:
+    """A deferred :meth:`DataPlane.add_peer` for ``peer``'s session ``gen`` is done."""
+
+    peer: str
+    gen: int
+
+
+@attrs.frozen(slots=True)
+class AttachFailed:
+    """A deferred :meth:`DataPlane.add_peer` for ``peer``'s session ``gen`` failed (``detail``)."""
+
+    peer: str
+    gen: int
+    detail: str = ""
+
+
+Report = Released | Revoked | Landed | Notified | Attached | AttachFailed
 """What :meth:`DataPlane.poll` reports."""
 
 
@@ -119,8 +137,21 @@ class DataPlane(Protocol):
         """What a peer needs to reach our memory (``b""`` for zmq), sent in hello/hello_ack."""
         ...
 
-    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
-        """Prepare to move blocks to/from ``peer``. Raises PlaneError for a bad descriptor.
+    def session_descriptor(self, peer: str, gen: int) -> bytes:
+        """The descriptor the session of generation ``gen`` that we dial to ``peer`` announces in
+        its hello: ``b""`` for :meth:`descriptor`; a plane that withdraws access per session
+        (NIXL windows) makes one for this session here."""
+        ...
+
+    revocation_bounded: bool
+    """True when :meth:`revoke` withdraws a peer's access by itself, within ``revoke_timeout_s``
+    (receiver-applied planes; NIXL over a shared-memory pool); False when it waits for proof
+    about the peer (then the core holds a load's slots past its revoke deadline, and says so)."""
+
+    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False, gen: int = 0) -> bool:
+        """Prepare to move blocks to/from ``peer`` (its session generation ``gen``).  Returns
+        True when done now; False when deferred (then :meth:`poll` reports :class:`Attached` or
+        :class:`AttachFailed` for ``gen`` later).  Raises PlaneError for a bad descriptor.
 
         ``accepted``: the descriptor came with the peer's ``hello_ack`` to our current hello, so
         the peer's plane took our descriptor in this handshake (a one-sided plane may learn from

@@ -30,24 +30,29 @@ Consumer side.  :meth:`~NixlPlane.land` copies nothing: the bytes are already in
 checks their digests (on the digest pool when the batch is large,
 :mod:`kvtier.dataplane.landing`); a ``block_data`` with payload frames is refused.
 :meth:`~NixlPlane.revoke` — make sure a producer can no longer write into our slots — cannot be
-done by anything a NIXL target does (measured: deregistering, re-registering and removing the
-initiator all left later WRITEs landing over CMA and tcp).  The rule here: **access is revoked
-once the producer's agent is proven unable to write into us**, by one of two proofs, each followed
-by a short drain of our own progress (over tcp our worker applies what the producer had already
-put in our sockets):
+done by anything a NIXL target does to a registration (measured: deregistering, re-registering
+and removing the initiator all left later WRITEs landing over CMA and tcp).  What the target
+*can* withdraw is the address a producer writes to (decision N14): when the pool lives in shared
+memory (:attr:`kvtier.memory.BlockPool.backing`), every session we dial gets a **window** of its
+own — a second mapping of the pool's pages, registered separately, named by the descriptor that
+session's hello carries (:meth:`NixlPlane.session_descriptor`).  When the session ends, or a
+load of it needs its slots back, the window is **withdrawn**: deregistered (an RDMA NIC then
+refuses its key) and overmapped with fresh anonymous pages (CMA and UCX tcp write by virtual
+address: a late WRITE lands in that *sink*, never in the pool).  The engine's own mapping is
+untouched, and no other session is disturbed.  :class:`Revoked` follows after a short drain of
+our own progress (:data:`DRAIN_S`: a ``process_vm_writev`` already inside the kernel when the
+window was overmapped finishes into the old pages; over tcp our worker applies what was already
+in its socket), so a load is answered within ``revoke_timeout_s`` of needing its slots back,
+whatever the producer does — stopped, partitioned, on another host.
 
-1. *its process is gone*: it ran on this host, in this PID namespace, and ``/proc/<pid>`` is
-   gone, a zombie, or another process (start time differs).  A dead process writes nothing.
-2. *it accepted a fresh handshake from us* (its ``hello_ack`` to a later hello of ours): its
-   plane refuses our descriptor while any peer entry holds our agent, live or with a WRITE into us
-   still in flight (:meth:`NixlPlane.add_peer`), so at that moment every WRITE it ever posted
-   into us had ended, and its core posts only for bindings of the new session.
+A sink's addresses stay mapped until the producer's agent is proven unable to write there (its
+process is gone on this host, or it accepted a fresh handshake from us: its plane admits our
+agent again only once no WRITE of its old entry is in flight), then they are unmapped.
 
-Until then (a wedged producer, one on another host that no request dials again) the load stays
-in ``revoking`` and its slots stay out of the engine's hands, counted by
-``kvtier_quarantined_blocks{role="consumer"}``.  :meth:`~NixlPlane.close` destroys the agent,
-which stops WRITEs over UCX tcp and RDMA (not over CMA: docs/dataplane.md), and reports every
-pending revocation done.
+A pool without shared backing (private memory) cannot be windowed: revocation then waits for one
+of those two proofs (``revocation_bounded`` is False and the core keeps such a load's slots,
+logging it at every ``revoke_timeout_s``) — a wedged producer, or one on another host that no
+request dials again, holds them until then.
 
 Target-side progress: over UCX tcp a WRITE into us advances only while our agent is called, so
 :meth:`~NixlPlane.poll` calls it every tick and :meth:`~NixlPlane.max_wait_s` asks the manager not
@@ -70,7 +75,7 @@ from typing import Any, Final
 import attrs
 import msgspec
 
-from kvtier.dataplane.base import Batch, Notified, PlaneError, Released, Report, Revoked
+from kvtier.dataplane.base import AttachFailed, Attached, Batch, Notified, PlaneError, Released, Report, Revoked
 from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.nixl_agent import (
     MAX_NOTIF_BYTES,
@@ -81,6 +86,7 @@ from kvtier.dataplane.nixl_agent import (
     decode_descriptor,
 )
 from kvtier.integrity import DigestPool
+from kvtier.memory import shared
 from kvtier.transport import Transport
 
 __all__ = ["DRAIN_S", "NixlPlane", "ProcessId", "WINDOW_BYTES", "process_gone", "this_process"]
@@ -191,6 +197,27 @@ class _Revocation:
     drained: int = 0
 
 
+@attrs.define(slots=True, eq=False)
+class _Window:
+    """One dialled session's mapping of the pool (see the module docstring).  ``agent`` and
+    ``owner``: the producer it was given to, once its hello_ack named them (reclaiming a sink
+    needs proof about that agent)."""
+
+    peer: str
+    gen: int
+    addr: int
+    registration: Any
+    agent: str = ""
+    owner: ProcessId | None = None
+    withdrawn_at: float | None = None
+    proven_at: float | None = None
+    drained: int = 0
+
+
+#: Sinks kept beyond this are logged (their address ranges stay mapped until proven unused).
+SINKS_WARN = 1024
+
+
 def _agent_name(instance: str) -> str:
     base = re.sub(r"[^A-Za-z0-9._:@+=\-]", "_", instance or "kvtier")[:160]
     return f"{base}-{os.getpid()}-{secrets.token_hex(4)}"  # unique per process incarnation
@@ -241,6 +268,27 @@ class NixlPlane:
         self._xfers: dict[tuple[str, int], _Xfer] = {}
         self._by_write: dict[int, _Xfer] = {}
         self._revoking: dict[str, _Revocation] = {}
+        self._backing: shared.Backing | None = getattr(pool, "backing", None)
+        self.revocation_bounded = self._backing is not None
+        revoke_s = float(getattr(config, "revoke_timeout_s", 1.0))
+        if self.revocation_bounded and revoke_s < 2 * DRAIN_S:
+            self._agent.close(timeout_s=0)
+            raise PlaneError(f"revoke_timeout_s={revoke_s} is too short for the nixl plane: a withdrawn window needs "
+                             f"{DRAIN_S} s of drain, so it must be at least {2 * DRAIN_S} s")
+        """Whether :meth:`revoke` withdraws access by itself (a shared-memory pool: windows)."""
+        self._windows: dict[str, _Window] = {}  # dialled peer -> its session's live window
+        self._sinks: list[_Window] = []  # withdrawn windows whose addresses are still mapped
+        self._sinks_checked = 0.0
+        self._sinks_warned = SINKS_WARN
+        # peer -> (descriptor, accepted, gen): a hello whose agent a removed entry still holds
+        # (WRITEs in flight); admitted by poll() once they ended
+        self._pending: dict[str, tuple[bytes, bool, int]] = {}
+        self._attach_reports: list[Attached | AttachFailed] = []
+        self._warming: dict[int, tuple[str, int]] = {}  # warm-up READ id -> (peer, gen) it admits
+        if self._backing is None:
+            log.warning("kvtier: the block pool is not shared memory, so the NIXL plane cannot withdraw a producer's "
+                        "access to it: a load whose producer cannot answer keeps its slots until that producer is "
+                        "proven gone (use a BlockPool of pageable memory, or wrap a /dev/shm region)")
         self._closed = False
         self.posts = 0
         """WRITEs posted since start (tests and benchmarks count them)."""
@@ -254,30 +302,80 @@ class NixlPlane:
     def descriptor(self) -> bytes:
         return self._descriptor
 
-    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
+    def session_descriptor(self, peer: str, gen: int) -> bytes:
+        """A window of its own for the session of generation ``gen`` we dial to ``peer`` (see
+        the module docstring); ``b""`` (the plane's one descriptor) when the pool cannot be
+        windowed.  A window still live for ``peer`` (an earlier session) is withdrawn first.
+
+        Raises:
+            PlaneError: the window could not be mapped or registered (the session must not go
+                ahead: its producer's access could not be withdrawn)."""
+        if self._backing is None or self._closed:
+            return b""
+        old = self._windows.pop(peer, None)
+        if old is not None:
+            self._withdraw(old)
+        try:
+            addr = self._backing.map_window()
+        except OSError as exc:
+            raise PlaneError(f"cannot map a NIXL window of the pool for {peer}: {exc}") from None
+        try:
+            reg, desc = self._agent.open_window(addr)
+        except NixlError as exc:
+            shared.unmap(addr, self._backing.size)
+            raise PlaneError(f"cannot register a NIXL window of the pool for {peer}: {exc}") from None
+        self._windows[peer] = _Window(peer, gen, addr, reg)
+        return msgspec.msgpack.encode(_Hello(desc, self._me))
+
+    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False, gen: int = 0) -> bool:
         """Load ``peer``'s agent from its descriptor (from its hello or hello_ack).
 
         The same peer sending the descriptor it was added with is a no-op; a different one
-        replaces the old (a restarted process brings a new agent).  The wrapper refuses an agent
-        that another peer entry holds, live or still draining WRITEs: so a producer's plane
-        accepts a consumer's fresh hello only once none of its WRITEs into that consumer is in
-        flight, and ``accepted`` (the peer's hello_ack to our hello) completes a pending
-        revocation of the same agent (see :meth:`revoke`).
+        replaces the old (a restarted process brings a new agent).  An agent that another
+        (removed) peer entry still holds with WRITEs in flight is **deferred**: this returns
+        False and :meth:`poll` reports :class:`Attached` (or :class:`AttachFailed`) for ``gen``
+        once those WRITEs ended — so a producer admits a consumer's fresh session only when none
+        of its WRITEs into that consumer is in flight (the session stays ``attaching``, bounded by
+        its handshake deadline).  ``accepted`` (the peer's hello_ack to our hello) is that proof
+        for every earlier window of ours the same agent held.
+
+        Returns:
+            True when the peer was added now.
 
         Raises:
             PlaneError: the descriptor is malformed, is for another block size or layout, names
-                an agent still in use by another of our peers, or NIXL refuses it (the message
+                an agent a *live* entry of another peer holds, or NIXL refuses it (the message
                 says which); nothing changed.
         """
         if self._peers.get(peer) == descriptor:
-            return
+            return True
         try:
             hello = _HELLO.decode(descriptor)
             agent = decode_descriptor(hello.agent).agent  # validate before touching the live peer
         except (msgspec.DecodeError, msgspec.ValidationError, NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
+        holder = self._agent.holder(agent)
+        if holder is not None and holder[1]:
+            self._pending[peer] = (descriptor, accepted, gen)  # its old entry still drains transfers
+            return False
+        self._add(peer, descriptor, hello, agent, accepted)
+        return self._warm(peer, gen, accepted)
+
+    def _warm(self, peer: str, gen: int, accepted: bool) -> bool:
+        """A consumer's hello (not ``accepted``): admit it once a warm-up READ of its window
+        completed, while it is still in its handshake (NixlBlockAgent.warm, decision N15)."""
+        if accepted:
+            return True
+        try:
+            self._warming[self._agent.warm(peer)] = (peer, gen)
+        except (NixlError, ValueError) as exc:
+            log.warning("kvtier: no warm-up READ for %s (%s): its first WRITE may wait for it to progress", peer, exc)
+            return True
+        return False
+
+    def _add(self, peer: str, descriptor: bytes, hello: _Hello, agent: str, accepted: bool) -> None:
         if peer in self._peers:
-            self.remove_peer(peer)
+            self._drop_entry(peer)
         try:
             self._agent.add_peer(peer, hello.agent)
         except (NixlError, ValueError, TypeError) as exc:
@@ -287,18 +385,49 @@ class NixlPlane:
         if len(self._agents) > 4 * len(self._peers) + 1024:  # forget agents nobody revokes
             keep = self._peers.keys() | self._revoking.keys()
             self._agents = {p: a for p, a in self._agents.items() if p in keep}
+        w = self._windows.get(peer)
+        if w is not None:
+            w.agent, w.owner = agent, hello.owner
         if accepted:
             now = time.monotonic()
             for rev in self._revoking.values():
                 if rev.agents.pop(agent, None) is not None and not rev.agents and rev.proven_at is None:
                     rev.proven_at = now
+            for sink in self._sinks:  # that agent's earlier WRITEs into us are over
+                if sink.agent == agent and sink.proven_at is None:
+                    sink.proven_at = now
 
     def remove_peer(self, peer: str) -> None:
-        """Stop posting to ``peer`` (its session ended). WRITEs already posted run to their end
-        and are reported; ``peer``'s access to *our* slots is not revoked by this (see
-        :meth:`revoke`)."""
+        """``peer``'s session ended: stop posting to it (WRITEs already posted run to their end
+        and are reported) and withdraw the window that session was given, so nothing it still
+        writes can land in our slots (:meth:`revoke` reports when that is certain)."""
+        self._pending.pop(peer, None)
+        self._drop_entry(peer)
+        w = self._windows.pop(peer, None)
+        if w is not None:
+            self._withdraw(w)
+
+    def _drop_entry(self, peer: str) -> None:
         if self._peers.pop(peer, None) is not None and not self._closed:
             self._agent.remove_peer(peer)
+
+    def _withdraw(self, w: _Window) -> None:
+        """Deregister ``w`` and overmap it with a sink (module docstring); keep its addresses."""
+        if w.withdrawn_at is not None:
+            return
+        self._agent.close_window(w.registration)
+        w.registration = None
+        try:
+            shared.withdraw(w.addr, self._backing.size)  # type: ignore[union-attr]
+        except OSError as exc:  # pragma: no cover - MAP_FIXED over our own mapping does not fail
+            log.critical("kvtier: withdrawing %s's NIXL window failed (%s): its late WRITEs may still land", w.peer, exc)
+        w.withdrawn_at = time.monotonic()
+        self._sinks.append(w)
+        if len(self._sinks) >= self._sinks_warned:
+            self._sinks_warned *= 2
+            log.warning("kvtier: %d withdrawn NIXL windows still mapped (%d MiB of address space each): their "
+                        "producers were never proven unable to write into them", len(self._sinks),
+                        self._backing.size >> 20)  # type: ignore[union-attr]
 
     # -- producer ------------------------------------------------------------------------------
     def post(self, peer: str, kv_request_id: str, round: int, batches: Sequence[Batch]) -> None:
@@ -356,7 +485,8 @@ class NixlPlane:
                 continue
             assert isinstance(ev, XferResult)
             x = self._by_write.pop(ev.xfer_id, None)
-            if x is None:  # pragma: no cover - every WRITE is registered when posted
+            if x is None:  # not a transfer's WRITE: a warm-up READ (decision N15)
+                self._warmed(ev)
                 continue
             i, n = x.inflight.pop(ev.xfer_id)
             if ev.status != "done":
@@ -364,6 +494,18 @@ class NixlPlane:
             else:
                 x.moved += n
         return bool(events)
+
+    def _warmed(self, ev: XferResult) -> None:
+        who = self._warming.pop(ev.xfer_id, None)
+        if who is None:  # pragma: no cover - every transfer id is registered when posted
+            return
+        peer, gen = who
+        if peer not in self._peers:
+            return  # its session ended meanwhile
+        if ev.status == "done":
+            self._attach_reports.append(Attached(peer, gen))
+        else:
+            self._attach_reports.append(AttachFailed(peer, gen, f"the warm-up READ of its window failed: {ev.detail}"))
 
     def cancel(self, kv_request_id: str, round: int) -> None:
         x = self._xfers.get((kv_request_id, round))
@@ -386,9 +528,34 @@ class NixlPlane:
             if not x.inflight and (x.cancelled or x.failed or x.next == len(x.batches)):
                 del self._xfers[key]
                 out.append(Released(key[0], key[1], x.failed, x.moved, x.detail))
-        if self._revoking:
-            out.extend(self._check_revocations(time.monotonic()))
+        if self._revoking or self._sinks:
+            now = time.monotonic()
+            if self._revoking:
+                out.extend(self._check_revocations(now))
+            if self._sinks:
+                self._reclaim_sinks(now)
+        if self._pending:
+            self._retry_pending()
+        if self._attach_reports:
+            out.extend(self._attach_reports)
+            self._attach_reports = []
         return out
+
+    def _retry_pending(self) -> None:
+        for peer, (descriptor, accepted, gen) in list(self._pending.items()):
+            hello = _HELLO.decode(descriptor)
+            agent = decode_descriptor(hello.agent).agent
+            holder = self._agent.holder(agent)
+            if holder is not None and holder[1]:
+                continue  # its old entry still has transfers in flight
+            del self._pending[peer]
+            try:
+                self._add(peer, descriptor, hello, agent, accepted)
+            except PlaneError as exc:
+                self._attach_reports.append(AttachFailed(peer, gen, str(exc)))
+            else:
+                if self._warm(peer, gen, accepted):
+                    self._attach_reports.append(Attached(peer, gen))
 
     def max_wait_s(self, receiving: bool = True) -> float | None:
         """While a WRITE of ours is in flight, a revocation is pending, or a peer could be writing
@@ -396,7 +563,7 @@ class NixlPlane:
         (``nixl_progress_interval_s``); otherwise ``None``, so an idle manager is not woken every
         interval (waking 1,000 times a second per connected peer takes the core from the
         manager that is working)."""
-        if self._xfers or self._revoking or (receiving and self._peers):
+        if self._xfers or self._revoking or self._pending or self._warming or (receiving and self._peers):
             return self._interval
         return self._landings.max_wait_s()
 
@@ -418,16 +585,24 @@ class NixlPlane:
         return self._landings.wait(timeout_s)
 
     def revoke(self, peer: str) -> bool:
-        """Start revoking ``peer``'s access to our slots; never done on return.
+        """Make sure ``peer`` can no longer write into our slots; never done on return.
 
-        Reported done (:class:`Revoked` from :meth:`poll`) once the agent ``peer`` handshook
-        with is proven unable to write — its owner process is gone (:func:`process_gone`), or it
-        accepted a fresh handshake from us (its plane then had no WRITE into us in flight, and
-        posts only for the new session) — and our own progress has run for :data:`DRAIN_S`
-        since.  See the module docstring."""
+        Windowed pool: ``peer``'s live window is withdrawn now (if its session's end did not do
+        it already), and :class:`Revoked` follows from :meth:`poll` once our own progress ran
+        for :data:`DRAIN_S` (and :data:`DRAIN_CALLS` polls) since the last withdrawal.
+        Otherwise: reported once the agent ``peer`` handshook with is proven unable to write —
+        its owner process is gone (:func:`process_gone`), or it accepted a fresh handshake from
+        us — and the drain ran since.  See the module docstring."""
         rev = self._revoking.get(peer)
         if rev is None:
             rev = self._revoking[peer] = _Revocation()
+        if self._backing is not None:
+            w = self._windows.pop(peer, None)
+            if w is not None:
+                self._withdraw(w)
+            rev.agents.clear()
+            rev.proven_at, rev.drained = time.monotonic(), 0
+            return False
         known = self._agents.get(peer)
         if known is not None and known[0] not in rev.agents:
             rev.agents[known[0]] = known[1]
@@ -455,6 +630,31 @@ class NixlPlane:
                 out.append(Revoked(peer))
         return out
 
+    def _reclaim_sinks(self, now: float) -> None:
+        """Unmap sinks whose producer is proven unable to write there (and drained since)."""
+        check = now - self._sinks_checked >= CHECK_EVERY_S
+        if check:
+            self._sinks_checked = now
+        keep = []
+        for w in self._sinks:
+            if w.proven_at is None and check and w.owner is not None and process_gone(w.owner, self._me):
+                w.proven_at = now
+            if w.proven_at is not None:
+                w.drained += 1
+                if w.drained >= DRAIN_CALLS and now - w.proven_at >= DRAIN_S:
+                    shared.unmap(w.addr, self._backing.size)  # type: ignore[union-attr]
+                    continue
+            keep.append(w)
+        self._sinks = keep
+
+    def sinks(self) -> int:
+        """Withdrawn windows whose addresses are still mapped (tests, metrics)."""
+        return len(self._sinks)
+
+    def windows(self) -> dict[str, int]:
+        """Live windows: peer -> the session generation it was made for (tests)."""
+        return {p: w.gen for p, w in self._windows.items()}
+
     def revoking(self) -> tuple[str, ...]:
         """Peers whose revocation is pending."""
         return tuple(self._revoking)
@@ -481,8 +681,18 @@ class NixlPlane:
             out.append(Released(kid, rnd, x.failed or x.next < len(x.batches), x.moved, x.detail or "closed"))
         self._xfers.clear()
         self._by_write.clear()
-        # the agent is gone: over UCX tcp and RDMA nothing reaches our region any more (CMA:
-        # docs/dataplane.md); the manager is shutting down and hands every slot back
+        # the agent is gone: over UCX tcp and RDMA nothing reaches our region any more; over CMA
+        # a stale WRITE lands in a sink (every window is withdrawn here: their addresses stay
+        # mapped, the manager's process may live on); without windows see docs/dataplane.md
+        for w in self._windows.values():
+            w.registration = None  # deregistered with the agent
+            if w.withdrawn_at is None and self._backing is not None:
+                shared.withdraw(w.addr, self._backing.size)
+                w.withdrawn_at = time.monotonic()
+        self._windows.clear()
+        self._sinks.clear()
+        self._pending.clear()
+        self._warming.clear()
         out.extend(Revoked(p) for p in self._revoking)
         self._revoking.clear()
         self._peers.clear()

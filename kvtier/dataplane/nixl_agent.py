@@ -137,6 +137,8 @@ def load_nixl_api() -> ModuleType:
     Raises:
         NixlUnavailable: none imports; the message names each attempt and how to install.
     """
+    # NIXL prints INFO lines to stdout unless told otherwise: an engine's stdout is not a log
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
     errors = []
     for name in _API_MODULES:
         try:
@@ -485,6 +487,7 @@ class NixlBlockAgent:
         self._ready: list[XferResult] = []  # outcomes known at post time, reported by poll()
         self._ids = itertools.count(1)
         self._progress_errors: set[str] = set()
+        self._scratch: Any = None  # (array, registration, dlist) for warm-up READs, made on first use
 
         # backends=[]: create each backend ourselves so that its params apply and a missing
         # plugin is an error (NIXL only logs a warning and skips it).
@@ -542,6 +545,101 @@ class NixlBlockAgent:
     def descriptor(self) -> bytes:
         """Encoded :class:`NixlDescriptor` of this agent and region (a few hundred bytes)."""
         return self._descriptor
+
+    def open_window(self, addr: int) -> tuple[Any, bytes]:
+        """Register a second mapping of the region at ``addr`` (a *window*: the same
+        ``num_blocks x block_bytes`` pages at another address) and describe it for a peer.
+
+        Returns ``(registration, descriptor)``: the descriptor names the window's address as
+        ``base_addr`` and carries the agent metadata (partial: this registration and the
+        connection information) a peer needs to WRITE into it.  :meth:`close_window` withdraws
+        the registration (an RDMA NIC then refuses its key; CMA and UCX tcp write by virtual
+        address, which the caller withdraws itself: :mod:`kvtier.memory.shared`).
+
+        Raises:
+            NixlError: NIXL refused the registration, or the agent is closed.
+        """
+        self._check_open()
+        size = self.num_blocks * self.block_bytes
+        try:
+            reg = self._agent.register_memory([(addr, size, 0, "")], mem_type="DRAM")
+        except Exception as e:
+            raise NixlError(f"could not register a window of the region with NIXL: {_describe(e)}") from e
+        try:
+            try:
+                metadata = self._agent.get_partial_agent_metadata(reg, True)
+            except Exception:  # an older NIXL: the whole metadata (every registration)
+                metadata = self._agent.get_agent_metadata()
+            desc = msgspec.msgpack.encode(NixlDescriptor(
+                v=DESCRIPTOR_VERSION, agent=self.name, metadata=bytes(metadata), base_addr=addr,
+                num_blocks=self.num_blocks, block_bytes=self.block_bytes, fingerprint=self.fingerprint))
+        except BaseException:
+            self.close_window(reg)
+            raise
+        return reg, desc
+
+    def close_window(self, registration: Any) -> None:
+        """Deregister a window made by :meth:`open_window` (best effort; idempotent per handle)."""
+        if self._closed or registration is None:
+            return
+        try:
+            self._agent.deregister_memory(registration)
+        except Exception as e:
+            log.warning("nixl agent %s: deregistering a window failed: %s", self.name, _describe(e))
+
+    def warm(self, peer: str) -> int:
+        """Post a READ of ``peer``'s slot 0 into a private scratch block (never a pool block) and
+        return its transfer id; its outcome comes from :meth:`poll` like a WRITE's.
+
+        Why: measured (NIXL 1.5.1, UCX 1.23, CMA and tcp), the *first* transfer on a new peer's
+        endpoint stays ``PROC`` until the target's worker progresses, although its bytes already
+        moved; every later one completes without the target.  Doing one harmless transfer while
+        both sides are in the handshake (both progressing) means a WRITE posted later completes
+        even if the target then stalls — so its ``block_data`` header is not held back until the
+        target wakes, by when its load deadline may have passed (decision N15).
+
+        Raises:
+            ValueError: unknown peer.  NixlError: the agent is closed or the scratch block cannot
+                be registered.
+        """
+        self._check_open()
+        p = self._peers.get(peer)
+        if p is None:
+            raise ValueError(f"unknown peer {peer!r} (not added, or removed)")
+        if self._scratch is None:
+            arr = np.zeros((1, self.block_bytes), dtype=np.uint8)
+            addr = int(arr.ctypes.data)
+            try:
+                reg = self._agent.register_memory([(addr, self.block_bytes, 0, "")], mem_type="DRAM")
+                dl = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", _block_descs(addr, 1, self.block_bytes),
+                                                 mem_type="DRAM")
+            except Exception as e:
+                raise NixlError(f"could not register the warm-up scratch block: {_describe(e)}") from e
+            self._scratch = (arr, reg, dl)
+        xid = next(self._ids)
+        handle = None
+        try:
+            handle = self._agent.make_prepped_xfer("READ", self._scratch[2], [0], p.dlist, [0], b"")
+            state = self._agent.transfer(handle)
+        except Exception as e:
+            self._release_handle(handle)
+            self._classify(p, e, at_post=True)
+            self._ready.append(XferResult(xid, peer, "failed", f"warm-up READ failed: {_describe(e)}"))
+            return xid
+        if state == "PROC":
+            self._inflight[xid] = _Xfer(p, handle)
+            p.inflight += 1
+        else:
+            self._release_handle(handle)
+            ok = state == "DONE"
+            self._ready.append(XferResult(xid, peer, "done" if ok else "failed", "" if ok else f"state {state}"))
+        return xid
+
+    def holder(self, agent: str) -> tuple[str, bool, int] | None:
+        """Who holds NIXL agent ``agent``: ``(peer, removed, WRITEs in flight)``, or None.  A
+        removed holder still draining WRITEs keeps the agent until the last one ends."""
+        p = self._by_agent.get(agent)
+        return None if p is None else (p.name, p.removed, p.inflight)
 
     def add_peer(self, peer: str, descriptor: bytes) -> None:
         """Make ``peer``'s region a WRITE target: load its metadata, prepare all its slots once.
@@ -791,6 +889,14 @@ class NixlBlockAgent:
         for p in list(self._by_agent.values()):
             self._release_peer(p)
         self._peers.clear()
+        if self._scratch is not None:
+            _, sreg, sdl = self._scratch
+            try:
+                sdl.release()
+                self._agent.deregister_memory(sreg)
+            except Exception as e:
+                log.warning("nixl agent %s: releasing the warm-up scratch block failed: %s", self.name, _describe(e))
+            self._scratch = None
         for what, f in (("local dlist", lambda: self._local.release()), ("region", lambda: self._agent.deregister_memory(self._reg))):
             try:
                 f()

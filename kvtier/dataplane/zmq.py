@@ -61,6 +61,7 @@ class ZmqPlane:
     name = "zmq"
     one_sided = False
     max_header_bytes = None
+    revocation_bounded = True  # receiver-applied: nothing lands outside in_flight
 
     def __init__(self, *, transport: Transport, pool: Any, config: Any = None, digest_pool: DigestPool | None = None,
                  **_: Any) -> None:
@@ -77,9 +78,13 @@ class ZmqPlane:
     def descriptor(self) -> bytes:
         return b""
 
-    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False) -> None:
+    def session_descriptor(self, peer: str, gen: int) -> bytes:
+        return b""
+
+    def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False, gen: int = 0) -> bool:
         if descriptor:
             raise PlaneError(f"the zmq data plane takes no descriptor; {peer} sent {len(descriptor)} bytes")
+        return True
 
     def remove_peer(self, peer: str) -> None:
         """Nothing to forget: the transport owns the connection."""

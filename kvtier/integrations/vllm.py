@@ -206,12 +206,13 @@ class _Req:
     ``kv_transfer_params``) or ``closed`` (announced after shutdown).
     """
 
-    __slots__ = ("role", "rc", "load_failed")
+    __slots__ = ("role", "rc", "load_failed", "loading")
 
     def __init__(self, role: str, rc: RequestContext) -> None:
         self.role = role
         self.rc = rc
         self.load_failed = False
+        self.loading = False  # a load job was submitted for it
 
 
 class _ReqStates:
@@ -370,6 +371,9 @@ class KvTierSecondaryTier(SecondaryTierManager):
         """The manager, kept after shutdown for its job ledger (it drops the pool then)."""
         self.config = self._mgr.config
         self._stats = _StatsBridge(self._mgr)
+        # consumer requests announced and not yet seen scheduled (on_schedule_end): one that is
+        # scheduled without a load needs nothing from its producer, which is told at once
+        self._unscheduled: dict[str, _Req] = {}
         log.info(
             "kvtier tier %r: listening on %s (data_parallel_index %d), pool %d blocks x %d bytes, layout %s",
             tier_type, self._mgr.address, dp, self._mgr.pool.num_blocks, self._mgr.pool.block_bytes, layout,
@@ -514,6 +518,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
             holder = _ReqStates()
             ctx.set_state(holder)
         holder.by_tier[self._key] = req
+        if role == "consumer":
+            self._unscheduled[rc.req_id] = req
         return req
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> VllmLookupResult:
@@ -549,6 +555,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
             return self._fail_locally(job_id, Reason.INVALID_PARAMS, load=load, req=req)
         if load and req.role != "consumer":
             return self._fail_locally(job_id, Reason.NOT_A_CONSUMER, load=load, req=req)
+        if load:
+            req.loading = True
         # keys may be a set (connector-driven stores): iterate it exactly once and pair it
         # positionally with chunk_ids, as vLLM built chunk_ids by iterating the same collection.
         keys = tuple(k if type(k) is bytes else bytes(k) for k in job.keys)
@@ -594,11 +602,30 @@ class KvTierSecondaryTier(SecondaryTierManager):
                                      transfer_bytes=r.transfer_bytes))
         return out
 
+    def on_schedule_end(self, context: Any) -> None:
+        """Called by vLLM at the end of every scheduler step, after the step's loads were
+        submitted.  A consumer request scheduled for the first time without a load needs nothing
+        from its producer (every block hit locally): kvtier tells the producer so now (an empty
+        fetch, :meth:`KvTierManager.load_nothing`), and the producer releases the blocks it
+        parked for the request in one round trip instead of at ``unbound_store_timeout_s``
+        (decision L12)."""
+        mgr = self._mgr
+        for req_id in getattr(context, "new_req_ids", ()):
+            req = self._unscheduled.pop(req_id, None)
+            if req is None or req.loading or req.load_failed or mgr is None:
+                continue
+            try:
+                mgr.load_nothing(req.rc)
+            except Exception:
+                self._warn_internal(logging.ERROR, "kvtier: telling the producer of %r that nothing is needed failed",
+                                    _truncate(str(req_id), 128), exc_info=True)
+
     def on_request_finished(self, req_context: ReqContext) -> None:
         holder = req_context.get_state(_ReqStates)
         req = None if holder is None else holder.by_tier.pop(self._key, None)
         if req is None:
             return
+        self._unscheduled.pop(req.rc.req_id, None)
         mgr = self._mgr
         if mgr is None:
             return

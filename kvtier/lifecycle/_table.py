@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "c8d94ff93158ad2c3d1f2df21e047f0996198abc749017848bfdf75944ca7fe1"
+SPEC_SHA256: Final = "661e9534f2690c4e1654647d4977eac402c6660598f7ffe51f17e464612d7876"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -83,19 +83,25 @@ class Reason(enum.StrEnum):
     PEER_DISCONNECTED = "peer_disconnected"
     """the peer said disconnect, did not know our session, or its connection closed"""
     PEER_RESTARTED = "peer_restarted"
-    """the peer reconnected with a new generation"""
+    """the peer reconnected with a new generation (or a new session from the same consumer replaced this one)"""
+    CONNECT_REFUSED = "connect_refused"
+    """the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent"""
+    CONNECT_TIMEOUT = "connect_timeout"
+    """the producer's address did not answer the connection within connect_timeout_s"""
     SEND_FAILED = "send_failed"
     """the transport could not send to the peer"""
     TOO_MANY_PEERS = "too_many_peers"
     """this manager already has max_peers sessions"""
     PEER_NOT_ALLOWED = "peer_not_allowed"
-    """the request names a producer endpoint outside allowed_peers; nothing was dialled"""
+    """the request names a producer endpoint outside allowed_peers (or one '*' does not admit: link-local, metadata, multicast, unspecified, loopback from beyond loopback); nothing was dialled"""
     NOT_AUTHORISED = "not_authorised"
     """the peer is not the consumer the producer request named for this id; the refusal changes nothing"""
     IDLE_EVICTED = "idle_evicted"
     """an inbound session with nothing bound to it and no work for handshake_timeout_s was ended to admit a new peer at max_peers"""
     LOCAL = "local"
     """a local-only request: nothing was parked or fetched, so the job succeeded at once"""
+    NOT_NEEDED = "not_needed"
+    """the consumer needed none of the id's blocks (an empty fetch): the store jobs succeeded and the blocks were released at once"""
     INVALID_PARAMS = "invalid_params"
     """the request's kv_transfer_params were malformed, so the tier hands nothing off for it"""
     NOT_A_CONSUMER = "not_a_consumer"
@@ -201,6 +207,8 @@ class ProducerEvent(enum.StrEnum):
     """timer cancel fired"""
     PRUNE_DEADLINE = "prune_deadline"
     """timer prune fired, or the retained-id count cap evicts this (oldest) id"""
+    NEW_LIFE = "new_life"
+    """an input names a life of the id other than the one this retained record ended with (the id is reused): the record is pruned first, and the input then meets a fresh record"""
     PEER_LOST = "peer_lost"
     """the session of the peer this id is bound to died"""
     DRAIN = "drain"
@@ -220,6 +228,8 @@ class ProducerGuard(enum.StrEnum):
     """config park_clock == 'last_store': every store restarts the reap clock"""
     FETCH_EMPTY = "fetch_empty"
     """the fetch names zero keys (the consumer already has every block)"""
+    NEEDED_NOTHING = "needed_nothing"
+    """the id is done because its consumer needed none of its blocks (not_needed)"""
     DEMAND_MET = "demand_met"
     """every key the fetch names is already stored"""
     STORE_MEETS_DEMAND = "store_meets_demand"
@@ -240,6 +250,10 @@ class ProducerGuard(enum.StrEnum):
     """shutdown() has begun: no new work is accepted"""
     RECEIPT_SEEN = "receipt_seen"
     """the consumer confirmed receipt of every block before the data plane released them"""
+    STALE_ROUND = "stale_round"
+    """the fetch's round is below the lowest round its consumer still has open on this session, or one this session already answered: a duplicated or overtaken fetch (decision I11)"""
+    OTHER_LIFE = "other_life"
+    """the input and the record both name a life of the id, and they differ (decision I20)"""
 
 
 class ProducerEffect(enum.StrEnum):
@@ -255,10 +269,16 @@ class ProducerEffect(enum.StrEnum):
     """hand the demanded blocks (fetch key order, with their parked digests) to the data plane for the bound peer"""
     CANCEL_TRANSFER = "cancel_transfer"
     """ask the data plane to stop: it posts nothing more and reports transfer_released once no block is referenced"""
+    SEND_NOTICE = "send_notice"
+    """tell the bound round's consumer at once that the transfer is given up and why (transfer_done(fail, reason, final=false)): a notice, not the terminal answer, which follows once no write can land"""
     FORCE_RELEASE = "force_release"
     """end the session with the bound peer (transfer_stalled) so the data plane drops every reference it holds to that peer"""
     COMPLETE_JOBS = "complete_jobs"
     """report every store job of the id as succeeded (its blocks may be released)"""
+    RELEASE_UNNEEDED = "release_unneeded"
+    """report every store job of the id as succeeded because the consumer needed none of its blocks (counted not_needed)"""
+    REPORT_STORE_UNNEEDED = "report_store_unneeded"
+    """report this store job as succeeded at once: the id's consumer needed none of its blocks (counted not_needed)"""
     FAIL_JOBS = "fail_jobs"
     """report every store job of the id as failed with the reason"""
     REPLY_DONE_OK = "reply_done_ok"
@@ -283,6 +303,8 @@ class ProducerEffect(enum.StrEnum):
     """remember that the consumer confirmed every block"""
     UNBIND = "unbind"
     """forget the binding (peer, generation, round, keys, slots): the id waits for its named consumer again"""
+    NOTE_LIFE = "note_life"
+    """remember the life the input names: the record ends that life only, and an input of another life replaces it"""
 
 
 PRODUCER_INITIAL: Final = ProducerState.ABSENT
@@ -315,9 +337,10 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ), None),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.ABSENT, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SHUTTING_DOWN, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.SHUTDOWN),
-        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.ABSENT, (ProducerEffect.REPLY_DONE_OK, ), None),
+        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.NOTE_LIFE, ProducerEffect.REPLY_DONE_OK, ), Reason.NOT_NEEDED),
         Branch(ProducerGuard.PEER_BUSY, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.BIND, ), None),
     ), None),
@@ -327,16 +350,17 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.ABSENT, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(ProducerGuard.FETCHED_ROUND, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
-        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_LIFE, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
-        Branch(None, ProducerState.TOMBSTONED, (), Reason.NOTHING_STORED),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_LIFE, ), Reason.NOTHING_STORED),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProducerState.ABSENT, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
@@ -347,8 +371,10 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ), None),
     ), None),
     (ProducerState.PARKED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.PARKED, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
-        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ProducerEffect.REPLY_DONE_OK, ), None),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
+        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.RELEASE_UNNEEDED, ProducerEffect.REPLY_DONE_OK, ), Reason.NOT_NEEDED),
         Branch(ProducerGuard.DEMAND_MET, ProducerState.SERVING, (ProducerEffect.BIND, ProducerEffect.START_TRANSFER, ), None),
         Branch(ProducerGuard.SUPPLY_COMPLETE, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_FETCH_FAILED, ), Reason.INCOMPLETE),
         Branch(ProducerGuard.PEER_BUSY, ProducerState.PARKED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
@@ -359,6 +385,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.PARKED, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(ProducerGuard.FETCHED_ROUND, ProducerState.PARKED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
@@ -372,6 +399,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.PARKED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.PARKED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.NOT_BOUND),
     (ProducerState.PARKED, ProducerEvent.DRAIN): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.DRAINED),
@@ -384,12 +412,15 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.AWAITING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.AWAITING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.PARKED, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ProducerEffect.PARK_BLOCKS, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.BINDING_UNAUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ProducerEffect.PARK_BLOCKS, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.STORE_MEETS_DEMAND, ProducerState.SERVING, (ProducerEffect.PARK_BLOCKS, ProducerEffect.START_TRANSFER, ), None),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.PARK_BLOCKS, ProducerEffect.RESTART_TIMER, ), None),
     ), None),
     (ProducerState.AWAITING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.AWAITING, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.AWAITING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -410,6 +441,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.AWAITING, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.AWAITING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.PEER_LOST),
     ), None),
@@ -427,7 +459,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.SERVING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.SERVING, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.SERVING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -449,24 +483,27 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.SERVING, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.SUPPLY_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.TRANSFER_DEADLINE): Rule(TRANSITION, (
-        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.TRANSFER_TIMEOUT),
+        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ProducerEffect.SEND_NOTICE, ), Reason.TRANSFER_TIMEOUT),
     ), None),
     (ProducerState.SERVING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.SERVING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.PEER_LOST),
     ), None),
     (ProducerState.SERVING, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
     (ProducerState.SERVING, ProducerEvent.CLOSE): Rule(TRANSITION, (
-        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.SHUTDOWN),
+        Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ProducerEffect.SEND_NOTICE, ), Reason.SHUTDOWN),
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.DELIVERING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
         Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.DELIVERING, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.DELIVERING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -488,6 +525,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.PEER_LOST),
     ), None),
@@ -501,7 +539,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.CONFIRMED, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.CONFIRMED, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.DUPLICATE_FETCH),
     ), None),
@@ -525,6 +565,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FORCE_RELEASE, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CONFIRMED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.CONFIRMED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CONFIRMED, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
@@ -534,7 +575,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.CANCELLING, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
@@ -560,6 +603,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FORCE_RELEASE, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CANCELLING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.CANCELLING, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
@@ -569,7 +613,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.QUARANTINED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.QUARANTINED, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
+        Branch(ProducerGuard.OTHER_LIFE, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.SAME_ROUND, ProducerState.QUARANTINED, (ProducerEffect.NOTE_DUPLICATE, ), None),
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
@@ -595,14 +641,17 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.QUARANTINED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.QUARANTINED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.QUARANTINED, ProducerEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.DONE, ProducerEvent.STORE): Rule(TRANSITION, (
+        Branch(ProducerGuard.NEEDED_NOTHING, ProducerState.DONE, (ProducerEffect.REPORT_STORE_UNNEEDED, ), None),
         Branch(None, ProducerState.DONE, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ROUND_FINISHED),
     ), None),
     (ProducerState.DONE, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.DONE, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.DONE, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(None, ProducerState.DONE, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.ALREADY_SERVED),
     ), None),
@@ -622,6 +671,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.DONE, ProducerEvent.PRUNE_DEADLINE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
+    (ProducerState.DONE, ProducerEvent.NEW_LIFE): Rule(TRANSITION, (
+        Branch(None, ProducerState.PRUNED, (), None),
+    ), None),
     (ProducerState.DONE, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.STALE),
@@ -632,6 +684,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_STORE_JOB, ), None),
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.FETCH): Rule(TRANSITION, (
+        Branch(ProducerGuard.STALE_ROUND, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_FETCH_FAILED, ), None),
     ), None),
@@ -649,6 +702,9 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.TOMBSTONED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.PRUNE_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ProducerState.PRUNED, (), None),
+    ), None),
+    (ProducerState.TOMBSTONED, ProducerEvent.NEW_LIFE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
@@ -677,8 +733,10 @@ class ConsumerState(enum.StrEnum):
     """The load gave up (deadline, corrupt block); abort_fetch sent; waits for the producer's terminal answer, after which no write can land."""
     CANCELLING = "cancelling"
     """The engine finished the request during the load; abort_fetch sent; waits for the producer's terminal answer."""
+    GIVEN_UP = "given_up"
+    """One-sided planes: the producer gave the transfer up and said why (its notice); writes it already posted may still land, so the slots are held until its terminal answer (or revocation). Every later ending reports the notice's reason."""
     REVOKING = "revoking"
-    """The producer cannot answer (session dead or abort unanswered); waits until the data plane confirms no write from it can land in the slots."""
+    """The producer cannot answer (session dead or abort unanswered); the data plane withdraws its access; waits until that is certain: the plane says so, or the revoke deadline passes (a plane that withdraws by itself is done by then). A plane that cannot withdraw keeps the slots past it, saying so."""
     LOADED = "loaded"
     """Every block landed and matched its digest; success reported, receipt sent; waits for the engine to finish the request."""
     FAILED = "failed"
@@ -699,11 +757,13 @@ class ConsumerEvent(enum.StrEnum):
     BLOCKS_LANDED = "blocks_landed"
     """the shell landed the blocks of a block_data in their slots and checked them against their digests (ok or corrupt)"""
     TRANSFER_DONE = "transfer_done"
-    """transfer_done(kv_request_id, round, ok, reason) arrived: the producer's terminal answer"""
+    """transfer_done(kv_request_id, round, ok, reason, final) arrived: the producer's terminal answer, or (final=false) its notice that it gave the transfer up"""
     ABORT_ACK = "abort_ack"
     """abort_ack(kv_request_id, round) arrived: the producer's terminal answer to an abort"""
     ACCESS_REVOKED = "access_revoked"
     """the data plane confirmed that the producer can no longer write into this load's slots"""
+    REVOKE_DEADLINE = "revoke_deadline"
+    """timer revoke fired"""
     LOAD_DEADLINE = "load_deadline"
     """timer load fired"""
     ABORT_ACK_DEADLINE = "abort_ack_deadline"
@@ -711,7 +771,7 @@ class ConsumerEvent(enum.StrEnum):
     REQUEST_FINISHED = "request_finished"
     """the engine finished the request"""
     PEER_LOST = "peer_lost"
-    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled)"""
+    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled, connect_refused, connect_timeout)"""
     SHUTDOWN = "shutdown"
     """shutdown() began: no new work; loads in flight may finish within shutdown_grace_s"""
     CLOSE = "close"
@@ -721,8 +781,10 @@ class ConsumerEvent(enum.StrEnum):
 class ConsumerGuard(enum.StrEnum):
     LOAD_EMPTY = "load_empty"
     """the load job names zero keys"""
+    EMPTY_ON_READY_SESSION = "empty_on_ready_session"
+    """the load job names zero keys and the session to the producer is ready (the empty fetch can go now; on a session still in its handshake it queues like any fetch, so it is never sent before the producer can take it)"""
     INSTANCE_DOWN = "instance_down"
-    """the session to the producer is ready but another session to the same producer instance died and none has been heard from since"""
+    """the session to the producer (ready, or still dialling an address whose instance is known) belongs to a producer instance one of whose sessions died abnormally, and none has been heard from since"""
     SESSION_READY = "session_ready"
     """the session to the producer is ready"""
     OTHER_ROUND = "other_round"
@@ -739,6 +801,12 @@ class ConsumerGuard(enum.StrEnum):
     """these blocks are the last ones of the fetch still missing"""
     ENGINE_FINISHED = "engine_finished"
     """the engine finished the request while the load was ending"""
+    NOTICE = "notice"
+    """the transfer_done is the producer's notice that it gave the transfer up (final=false), not its terminal answer"""
+    NOTICE_ONE_SIDED = "notice_one_sided"
+    """a notice, and the data plane is one-sided: writes the producer already posted may still land"""
+    REVOKE_UNBOUNDED = "revoke_unbounded"
+    """the data plane cannot withdraw a producer's access by itself (a NIXL pool that is not shared memory): only its report of a proof ends revoking"""
 
 
 class ConsumerEffect(enum.StrEnum):
@@ -770,6 +838,14 @@ class ConsumerEffect(enum.StrEnum):
     """remember that the engine finished the request"""
     NOTE_STALE = "note_stale"
     """count a message for an old round; nothing else"""
+    NOTE_NOTICE = "note_notice"
+    """remember the reason the producer's notice gives"""
+    RECALL_NOTICE = "recall_notice"
+    """the job will report the reason the producer's notice gave, not the session's (the notice came first and says why)"""
+    NOTE_HELD = "note_held"
+    """say that the load's slots are still held, why, and until what (an operator line per revoke_timeout_s)"""
+    RESTART_TIMER = "restart_timer"
+    """restart the current state's timer from now"""
 
 
 CONSUMER_INITIAL: Final = ConsumerState.ABSENT
@@ -777,6 +853,7 @@ CONSUMER_FINAL: Final = frozenset({ConsumerState.FINISHED})
 CONSUMER_TIMERS: Final = MappingProxyType({
     "load": TimerSpec("load", ConsumerEvent.LOAD_DEADLINE, "load_timeout_s"),
     "abort_ack": TimerSpec("abort_ack", ConsumerEvent.ABORT_ACK_DEADLINE, "abort_ack_timeout_s"),
+    "revoke": TimerSpec("revoke", ConsumerEvent.REVOKE_DEADLINE, "revoke_timeout_s"),
 })
 """Timer name -> (event it fires, config key that sets its duration in seconds)."""
 CONSUMER_STATE_TIMER: Final = MappingProxyType({
@@ -786,7 +863,8 @@ CONSUMER_STATE_TIMER: Final = MappingProxyType({
     ConsumerState.IN_FLIGHT: 'load',
     ConsumerState.ABORTING: 'abort_ack',
     ConsumerState.CANCELLING: 'abort_ack',
-    ConsumerState.REVOKING: None,
+    ConsumerState.GIVEN_UP: 'abort_ack',
+    ConsumerState.REVOKING: 'revoke',
     ConsumerState.LOADED: None,
     ConsumerState.FAILED: None,
     ConsumerState.FINISHED: None,
@@ -803,6 +881,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABSENT, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ConsumerState.ABSENT, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ABSENT, ConsumerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.NO_RECORD),
@@ -811,7 +890,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABSENT, ConsumerEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
-        Branch(ConsumerGuard.LOAD_EMPTY, ConsumerState.LOADED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ConsumerEffect.REPORT_LOAD_OK, ), None),
+        Branch(ConsumerGuard.EMPTY_ON_READY_SESSION, ConsumerState.LOADED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(ConsumerGuard.INSTANCE_DOWN, ConsumerState.FAILED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.FAIL_JOB, ), Reason.INSTANCE_DOWN),
         Branch(ConsumerGuard.SESSION_READY, ConsumerState.IN_FLIGHT, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ), None),
         Branch(None, ConsumerState.QUEUED, (ConsumerEffect.ACCEPT_LOAD, ), None),
@@ -822,6 +901,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ANNOUNCED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.ANNOUNCED, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -848,6 +928,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.QUEUED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.QUEUED, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.QUEUED, ConsumerEvent.LOAD_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.LOAD_TIMEOUT),
     ), None),
@@ -882,12 +963,14 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE_ONE_SIDED, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_NOTICE, ), None),
         Branch(ConsumerGuard.DONE_FAIL, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(ConsumerGuard.ALL_RECEIVED, ConsumerState.LOADED, (ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.INCOMPLETE_DATA),
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.IN_FLIGHT, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.LOAD_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.ABORTING, (ConsumerEffect.SEND_ABORT, ), Reason.LOAD_TIMEOUT),
     ), None),
@@ -911,6 +994,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABORTING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
     (ConsumerState.ABORTING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
@@ -918,6 +1002,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.ABORTING, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
@@ -941,6 +1026,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.CANCELLING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
     (ConsumerState.CANCELLING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
@@ -948,6 +1034,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.CANCELLING, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
@@ -960,6 +1047,40 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.CANCELLING, ConsumerEvent.CLOSE): Rule(TRANSITION, (
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ), None),
     ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(None, ConsumerState.GIVEN_UP, (ConsumerEffect.FAIL_NEW_JOB, ), Reason.DUPLICATE_LOAD),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(None, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_FINISHED, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.RECALL_NOTICE, ConsumerEffect.REVOKE_ACCESS, ), None),
+    ), None),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), None),
+    ), None),
     (ConsumerState.REVOKING, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.REVOKING, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.FAIL_NEW_JOB, ), Reason.DUPLICATE_LOAD),
@@ -969,6 +1090,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.REVOKING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
     (ConsumerState.REVOKING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.NOTICE, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
@@ -978,6 +1100,11 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.REVOKING, ConsumerEvent.ACCESS_REVOKED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
+    ), None),
+    (ConsumerState.REVOKING, ConsumerEvent.REVOKE_DEADLINE): Rule(TRANSITION, (
+        Branch(ConsumerGuard.REVOKE_UNBOUNDED, ConsumerState.REVOKING, (ConsumerEffect.NOTE_HELD, ConsumerEffect.RESTART_TIMER, ), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
@@ -1000,6 +1127,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.LOADED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.LOADED, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -1022,6 +1150,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.FAILED, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.FAILED, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.FAILED, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -1060,7 +1189,9 @@ class SessionEvent(enum.StrEnum):
     DIAL = "dial"
     """a consumer needs this producer and no session exists"""
     TRANSPORT_UP = "transport_up"
-    """the transport has a connection object for the peer (zmq connects asynchronously)"""
+    """the transport has a connection object for the peer (zmq connects asynchronously), and the data plane the descriptor this session's hello carries"""
+    CONNECT_FAILED = "connect_failed"
+    """the dial never connected: the address refused it, is unreachable, or did not answer within connect_timeout_s (or this manager cannot dial it)"""
     HELLO = "hello"
     """the peer's hello arrived (version, block layout, hash seed, data plane, generation)"""
     HELLO_ACK = "hello_ack"
@@ -1106,17 +1237,23 @@ class SessionGuard(enum.StrEnum):
     """the peer refused our hello because it already has max_peers sessions"""
     PEER_SHUTTING_DOWN = "peer_shutting_down"
     """the peer's disconnect says it is shutting down (its goodbye)"""
+    PEER_GAVE_REASON = "peer_gave_reason"
+    """the peer's disconnect names why it ended the session (transfer_stalled, abort_unacknowledged, peer_timeout, idle_evicted, peer_restarted): the session ends with that reason"""
     DIALLED = "dialled"
     """we dialled this peer (we are its consumer; it answers our pings)"""
     SILENT = "silent"
     """nothing has been heard from the peer for peer_timeout_s"""
+    CONNECT_TIMED_OUT = "connect_timed_out"
+    """the dial got no answer within connect_timeout_s (rather than a refusal)"""
+    CONNECT_NOT_ALLOWED = "connect_not_allowed"
+    """the producer's name resolved to an address allowed_peers '*' does not admit (nothing was dialled)"""
 
 
 class SessionEffect(enum.StrEnum):
     OPEN_CONNECTION = "open_connection"
-    """open a transport connection to the peer"""
+    """open a transport connection to the peer; the session starts with the instance the peer's address last answered for (sessions to one instance share fate, also before the handshake)"""
     SEND_HELLO = "send_hello"
-    """send our hello (with our data plane's descriptor)"""
+    """send our hello (with the data plane's descriptor for this session, and the generation of our previous session to this address, which it replaces)"""
     NOTE_PEER = "note_peer"
     """remember the peer's generation, instance and principal from its hello"""
     NOTE_INSTANCE = "note_instance"
@@ -1171,6 +1308,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.CONNECTING, (SessionEffect.OPEN_CONNECTION, ), None),
     ), None),
     (SessionState.ABSENT, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.NO_RECORD),
+    (SessionState.ABSENT, SessionEvent.CONNECT_FAILED): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.HELLO): Rule(TRANSITION, (
         Branch(SessionGuard.TOO_MANY_PEERS, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, ), Reason.TOO_MANY_PEERS),
         Branch(SessionGuard.HELLO_COMPATIBLE, SessionState.ATTACHING, (SessionEffect.NOTE_PEER, SessionEffect.ATTACH_PEER, ), None),
@@ -1201,6 +1339,11 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.TRANSPORT_UP): Rule(TRANSITION, (
         Branch(None, SessionState.HANDSHAKING, (SessionEffect.SEND_HELLO, ), None),
     ), None),
+    (SessionState.CONNECTING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
+        Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
+        Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
+    ), None),
     (SessionState.CONNECTING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.HELLO_REJECT): Rule(IGNORE, (), Reason.STALE),
@@ -1211,6 +1354,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(SessionGuard.PEER_GAVE_REASON, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.CONNECTING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1232,6 +1376,11 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.HANDSHAKING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
+        Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
+        Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
+        Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
+    ), None),
     (SessionState.HANDSHAKING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.HELLO_ACK): Rule(TRANSITION, (
         Branch(None, SessionState.ATTACHING, (SessionEffect.NOTE_INSTANCE, SessionEffect.ATTACH_PEER, ), None),
@@ -1247,6 +1396,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(SessionGuard.PEER_GAVE_REASON, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1268,6 +1418,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.ATTACHING, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.CONNECT_FAILED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.HELLO_ACK): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.HELLO_REJECT): Rule(IGNORE, (), Reason.STALE),
@@ -1284,6 +1435,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.ATTACHING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(SessionGuard.PEER_GAVE_REASON, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.ATTACHING, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1305,6 +1457,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.READY, SessionEvent.DIAL): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.READY, SessionEvent.CONNECT_FAILED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.HELLO): Rule(TRANSITION, (
         Branch(SessionGuard.SAME_GEN, SessionState.READY, (SessionEffect.SEND_HELLO_ACK, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.PEER_DOWN, ), Reason.PEER_RESTARTED),
@@ -1324,6 +1477,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.READY, SessionEvent.DISCONNECT): Rule(TRANSITION, (
         Branch(SessionGuard.PEER_SHUTTING_DOWN, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SHUTDOWN),
+        Branch(SessionGuard.PEER_GAVE_REASON, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_DISCONNECTED),
     ), None),
     (SessionState.READY, SessionEvent.CONNECTION_CLOSED): Rule(TRANSITION, (
@@ -1350,7 +1504,7 @@ SESSION_TABLE: Final = MappingProxyType({
 
 PROPERTIES: Final = MappingProxyType({
     "exactly_once_job_result": ("safety", "Every store or load job handed to the manager gets exactly one result, on every path."),
-    "tombstoned_never_reparks": ("safety", "A tombstoned id never returns to parked; a store for it fails at once and pins nothing."),
+    "tombstoned_never_reparks": ("safety", "A tombstoned id never returns to parked; a store for it fails at once and pins nothing (a store naming another life of the id first prunes the tombstone: a new life is a fresh id)."),
     "no_bytes_for_tombstoned": ("safety", "Blocks are handed to the data plane only when an id enters serving; never for a parked, done, tombstoned or pruned id."),
     "late_fetch_one_rtt": ("safety", "A fetch for a done, tombstoned, cancelling or quarantined id is answered with transfer_done(fail, reason) in the same step that receives it; a duplicate of the fetch a cancelling or quarantined id is bound to gets its terminal answer when the data plane releases the blocks."),
     "every_state_has_deadline_or_exit": ("structural", "Every non-final state other than the initial one has a timer, or names the events that leave it."),
@@ -1360,6 +1514,6 @@ PROPERTIES: Final = MappingProxyType({
     "no_block_returned_while_referenced": ("safety", "A store job's result (success or failure) is reported only when the data plane holds no reference to its blocks."),
     "no_success_without_receipt": ("safety", "A store job that parked blocks succeeds only after the consumer confirmed, with a receipt, that every demanded block landed intact; a load succeeds only when every block matched its parked digest."),
     "input_before_deadline": ("safety", "A deadline never fires while a message that arrived before it is still unread: the shell fires deadlines at the time its inbound queue was last seen empty."),
-    "lives_never_mix": ("safety", "A consumer message that refers to a binding (an abort of a fetched round, a receipt) changes only the life that round bound; producer messages carry the round, so an earlier round's answer never touches a later load."),
+    "lives_never_mix": ("safety", "A consumer message that refers to a binding (an abort of a fetched round, a receipt) changes only the life that round bound; producer messages carry the round, so an earlier round's answer never touches a later load; with lives named in the params, no message of one life of an id changes another (an abort of a never-fetched round included)."),
 })
 """Property name -> (kind, statement). Verified by tests and `python -m tools check`."""

@@ -38,7 +38,7 @@ from kvtier.lifecycle._table import (
     ConsumerState,
     Reason,
 )
-from kvtier.lifecycle.effects import Effect, Ignored, JobDone, LandBlocks, RevokeAccess, Send
+from kvtier.lifecycle.effects import Effect, Ignored, JobDone, LandBlocks, RevokeAccess, Send, SlotsHeld
 from kvtier.lifecycle.inputs import LoadSubmitted
 from kvtier.lifecycle.notes import GiveUp, Notes
 from kvtier.lifecycle.session import SessionMachine
@@ -59,10 +59,14 @@ class MessageInput(msgspec.Struct, frozen=True, gc=False):
     reason: Reason | None = None
     digests: tuple[int, ...] = ()
     payloads: tuple[Any, ...] = ()
+    life: str = ""
+    final: bool = True
+    """transfer_done: False for the producer's notice that it gave the transfer up (decision I19)."""
 
 
 class ConsumerRecord(Record):
-    __slots__ = ("peer", "job_id", "keys", "slots", "round", "landed", "n_landed", "fetched", "engine_finished")
+    __slots__ = ("peer", "job_id", "keys", "slots", "round", "landed", "n_landed", "fetched", "engine_finished",
+                 "life", "notice")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, CONSUMER_INITIAL)
@@ -75,6 +79,14 @@ class ConsumerRecord(Record):
         self.n_landed = 0
         self.fetched = False
         self.engine_finished = False
+        self.life = ""  # the pairing's life (decision I20)
+        self.notice: Reason | None = None  # the reason of the producer's notice (decision I19)
+
+
+#: states whose round still waits for the producer's terminal answer on the live session: the
+#: lowest of them is the low watermark every fetch and abort names (decision I11)
+_OPEN = frozenset({ConsumerState.QUEUED, ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING,
+                   ConsumerState.GIVEN_UP})
 
 
 class ConsumerMachine(TableMachine):
@@ -90,27 +102,33 @@ class ConsumerMachine(TableMachine):
     EFFECT_ENUM = ConsumerEffect
 
     def __init__(
-        self, durations: Mapping[str, float], sessions: SessionMachine, notes: Notes, *, one_sided: bool = False
+        self, durations: Mapping[str, float], sessions: SessionMachine, notes: Notes, *, one_sided: bool = False,
+        revoke_bounded: bool = True,
     ) -> None:
         """``sessions``: the session machine, read only (is a producer's session ready, its
         generation, is its instance suspect); ``notes``: the core's queue (``give_up_peer`` asks
         through it to end a session); ``one_sided``: the data plane writes into our slots, so a
-        fetch names them."""
+        fetch names them; ``revoke_bounded``: the plane withdraws a producer's access by itself
+        within ``revoke_timeout_s``."""
         super().__init__(durations)
         self._sessions = sessions
         self._notes = notes
         self._one_sided = one_sided
+        self._revoke_bounded = revoke_bounded
         self.by_peer: dict[str, set[str]] = {}
+        # peer -> the rounds of its loads in an open state, in round order (rounds only grow)
+        self._open: dict[str, dict[int, None]] = {}
         self._next_round = 0
 
     def new_record(self, key: str) -> ConsumerRecord:
         return ConsumerRecord(key)
 
     # -- inputs --------------------------------------------------------------------------------
-    def announce(self, kv_request_id: str, peer: str, now: float, out: list[Effect]) -> None:
+    def announce(self, kv_request_id: str, peer: str, now: float, out: list[Effect], life: str = "") -> None:
         rec = self.record(kv_request_id)
         if rec.state is ConsumerState.ABSENT:
             rec.peer = peer
+            rec.life = life
         self.apply(rec, ConsumerEvent.ANNOUNCE, None, now, out)
 
     def submit_load(self, inp: LoadSubmitted, now: float, out: list[Effect]) -> None:
@@ -157,9 +175,29 @@ class ConsumerMachine(TableMachine):
         ops: list = []
         if old is ConsumerState.ABSENT:
             ops.append(self._by_peer_add)
+        if new in _OPEN and old not in _OPEN:
+            ops.append(self._open_add)
+        elif old in _OPEN and new not in _OPEN:
+            ops.append(self._open_drop)
         if new is ConsumerState.FINISHED:
             ops.append(self._by_peer_drop)
         return (*ops, *super().index_ops(old, new))
+
+    def _open_add(self, rec: ConsumerRecord) -> None:
+        self._open.setdefault(rec.peer, {})[rec.round] = None
+
+    def _open_drop(self, rec: ConsumerRecord) -> None:
+        rounds = self._open.get(rec.peer)
+        if rounds is not None:
+            rounds.pop(rec.round, None)
+            if not rounds:
+                del self._open[rec.peer]
+
+    def low(self, peer: str, round: int) -> int:
+        """The lowest round still open with ``peer``, counting ``round`` (being opened now)."""
+        rounds = self._open.get(peer)
+        first = next(iter(rounds)) if rounds else round
+        return min(first, round) if round >= 0 else first
 
     def _by_peer_add(self, rec: ConsumerRecord) -> None:
         self.by_peer.setdefault(rec.peer, set()).add(rec.key)
@@ -175,6 +213,9 @@ class ConsumerMachine(TableMachine):
     def guard_load_empty(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:
         return not inp.keys
 
+    def guard_empty_on_ready_session(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:
+        return not inp.keys and self._sessions.ready(rec.peer)
+
     def guard_session_ready(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:
         return self._sessions.ready(rec.peer)
 
@@ -188,7 +229,7 @@ class ConsumerMachine(TableMachine):
         return rec.engine_finished
 
     def guard_other_round(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
-        return inp.round != rec.round
+        return inp.round != rec.round or (bool(inp.life) and bool(rec.life) and inp.life != rec.life)
 
     def guard_blocks_valid(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         first, count = inp.first, inp.count
@@ -204,6 +245,15 @@ class ConsumerMachine(TableMachine):
 
     def guard_all_received(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return rec.n_landed == len(rec.keys)
+
+    def guard_notice(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
+        return not inp.final
+
+    def guard_notice_one_sided(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
+        return not inp.final and self._one_sided
+
+    def guard_revoke_unbounded(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
+        return not self._revoke_bounded
 
     # -- effects -------------------------------------------------------------------------------
     def _take_job(self, rec: ConsumerRecord, inp: LoadSubmitted) -> None:
@@ -223,7 +273,7 @@ class ConsumerMachine(TableMachine):
         rec.fetched = True
         slots = list(rec.slots) if self._one_sided else []
         msg = wm.Fetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, keys=list(rec.keys),
-                       slots=slots)
+                       slots=slots, life=rec.life, low=self.low(rec.peer, rec.round))
         out.append(Send(rec.peer, msg))
 
     def effect_land_blocks(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
@@ -240,7 +290,8 @@ class ConsumerMachine(TableMachine):
         rec.n_landed += count
 
     def effect_send_receipt(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
-        out.append(Send(rec.peer, wm.Receipt(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round)))
+        out.append(Send(rec.peer, wm.Receipt(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round,
+                                             life=rec.life)))
 
     def effect_revoke_access(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(RevokeAccess(rec.peer))
@@ -270,8 +321,19 @@ class ConsumerMachine(TableMachine):
         if rec.round < 0:  # nothing fetched yet: a fresh round names this cancellation
             rec.round = self._next_round
             self._next_round += 1
-        msg = wm.AbortFetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, fetched=rec.fetched)
+        msg = wm.AbortFetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, fetched=rec.fetched,
+                            life=rec.life, low=self.low(rec.peer, rec.round))
         out.append(Send(rec.peer, msg))
+
+    def effect_note_notice(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        rec.notice = reason
+
+    def effect_recall_notice(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        if rec.notice is not None:
+            rec.reason = rec.notice
+
+    def effect_note_held(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        out.append(SlotsHeld(rec.peer, rec.key, len(rec.slots)))
 
     def effect_note_stale(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(Ignored(self.NAME, rec.key, rec.state, "message", reason or Reason.STALE))

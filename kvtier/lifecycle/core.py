@@ -87,6 +87,7 @@ TIMER_KEYS = (
     "tombstone_retention_s",
     "load_timeout_s",
     "abort_ack_timeout_s",
+    "revoke_timeout_s",
     "handshake_timeout_s",
     "heartbeat_interval_s",
     "peer_timeout_s",
@@ -98,7 +99,8 @@ _P_IN_FLIGHT = frozenset(
 )
 _P_AWAITING_RECEIPT = frozenset({ProducerState.SERVING, ProducerState.DELIVERING})
 _C_IN_FLIGHT = frozenset(
-    {ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING, ConsumerState.REVOKING}
+    {ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING, ConsumerState.REVOKING,
+     ConsumerState.GIVEN_UP}
 )
 _REASONS = frozenset(r.value for r in Reason)
 
@@ -119,12 +121,16 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_peers: int = 128
     one_sided: bool = False
     """The data plane writes into the consumer's slots (fetches name them)."""
+    revoke_bounded: bool = True
+    """The data plane withdraws a producer's access by itself within ``revoke_timeout_s``
+    (zmq; NIXL over a shared-memory pool), so a load in ``revoking`` is answered at its revoke
+    deadline at the latest."""
     error_reply_interval_s: float = 10.0
     """At most one unsolicited ``error`` answer per (peer, reason) per this many seconds (a malformed message
     that names no ``kv_request_id``): a flood of garbage gets a bounded echo."""
 
     @classmethod
-    def from_config(cls, config: object, *, one_sided: bool = False) -> CoreSettings:
+    def from_config(cls, config: object, *, one_sided: bool = False, revoke_bounded: bool = True) -> CoreSettings:
         """Build from any object with the TierConfig attribute names."""
         return cls(
             durations={k: float(getattr(config, k)) for k in TIMER_KEYS},
@@ -133,6 +139,7 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
             max_pending_fetches_per_peer=config.max_pending_fetches_per_peer,  # type: ignore[attr-defined]
             max_peers=config.max_peers,  # type: ignore[attr-defined]
             one_sided=one_sided,
+            revoke_bounded=revoke_bounded,
         )
 
 
@@ -162,7 +169,8 @@ class TierCore:
             max_pending_fetches_per_peer=settings.max_pending_fetches_per_peer, notes=self._notes,
         )
         self._sessions = SessionMachine(d, local, self._notes, gen_base=gen_base, max_peers=settings.max_peers)
-        self._consumer = ConsumerMachine(d, self._sessions, self._notes, one_sided=settings.one_sided)
+        self._consumer = ConsumerMachine(d, self._sessions, self._notes, one_sided=settings.one_sided,
+                                         revoke_bounded=settings.revoke_bounded)
         self._error_replies: dict[tuple[str, str], float] = {}
         self._APPLY = {
             Received: self._received,
@@ -177,7 +185,7 @@ class TierCore:
             GraceEnded: self._close,
             Malformed: self._malformed,
             ConnectionUp: self._connection_up,
-            ConnectFailed: self._send_failed,
+            ConnectFailed: self._connect_failed,
             ConnectionClosed: self._connection_closed,
             SendFailed: self._send_failed,
             TransferReleased: self._released,
@@ -484,14 +492,14 @@ class TierCore:
             sessions.apply(sessions.new_record(peer), SessionEvent.DIAL, None, now, out)
         # a refused dial (max_peers) queued PeerLost: routed after this input, it fails the
         # load announced here at once (too_many_peers)
-        self._consumer.announce(inp.kv_request_id, peer, now, out)
+        self._consumer.announce(inp.kv_request_id, peer, now, out, inp.life)
 
     def _load(self, inp: LoadSubmitted, now: float, out: list[Effect]) -> None:
         self._consumer.submit_load(inp, now, out)
 
     def _finished(self, inp: RequestFinished, now: float, out: list[Effect]) -> None:
         if inp.producer:
-            self._producer.event(inp.kv_request_id, ProducerEvent.REQUEST_FINISHED, now, out)
+            self._producer.event(inp.kv_request_id, ProducerEvent.REQUEST_FINISHED, now, out, inp)
             self._producer.forget(inp.kv_request_id)
         else:
             self._consumer.event(inp.kv_request_id, ConsumerEvent.REQUEST_FINISHED, now, out)
@@ -525,9 +533,12 @@ class TierCore:
             self._sessions.apply(rec, event, inp, now, out)
 
     def _connection_up(self, inp: ConnectionUp, now: float, out: list[Effect]) -> None:
-        self._session_event(inp.peer, SessionEvent.TRANSPORT_UP, None, now, out)
+        self._session_event(inp.peer, SessionEvent.TRANSPORT_UP, inp, now, out)
 
-    def _send_failed(self, inp: SendFailed | ConnectFailed, now: float, out: list[Effect]) -> None:
+    def _connect_failed(self, inp: ConnectFailed, now: float, out: list[Effect]) -> None:
+        self._session_event(inp.peer, SessionEvent.CONNECT_FAILED, inp, now, out)
+
+    def _send_failed(self, inp: SendFailed, now: float, out: list[Effect]) -> None:
         self._session_event(inp.peer, SessionEvent.SEND_FAILED, None, now, out)
 
     def _connection_closed(self, inp: ConnectionClosed, now: float, out: list[Effect]) -> None:
@@ -599,8 +610,14 @@ class TierCore:
 
     def _fetch_input(self, peer: str, msg, *, keys=(), slots=(), fetched=False) -> FetchInput:
         rec = self._sessions.records.get(peer)
+        rounds = None
+        low = getattr(msg, "low", 0)
+        if rec is not None:
+            rounds = rec.rounds
+            if low:
+                rounds.note_low(low)
         return FetchInput(peer, msg.kv_request_id, msg.round, keys, msg.gen, slots, fetched,
-                          rec.principal if rec is not None else None)
+                          rec.principal if rec is not None else None, msg.life, low, rounds)
 
     def _rx_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
@@ -622,20 +639,21 @@ class TierCore:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             m = MessageInput(msg.kv_request_id, msg.round, msg.first, msg.count, digests=tuple(msg.digests),
-                             payloads=inp.payloads)
+                             payloads=inp.payloads, life=msg.life)
             self._consumer.message(inp.peer, ConsumerEvent.BLOCK_DATA, m, now, out)
 
     def _rx_transfer_done(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             reason = None if msg.ok else _reason(msg.reason or Reason.TRANSFER_FAILED.value)
-            m = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=reason)
+            m = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=reason, life=msg.life, final=msg.final)
             self._consumer.message(inp.peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
 
     def _rx_abort_ack(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
-            self._consumer.message(inp.peer, ConsumerEvent.ABORT_ACK, MessageInput(msg.kv_request_id, msg.round), now, out)
+            self._consumer.message(inp.peer, ConsumerEvent.ABORT_ACK, MessageInput(msg.kv_request_id, msg.round,
+                                                                                  life=msg.life), now, out)
 
     def _rx_error(self, inp: Received, now: float, out: list[Effect]) -> None:
         """The peer answered ``error`` (it could not accept our message).  One that names one of
@@ -658,7 +676,7 @@ class TierCore:
     def _rx_hello(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg, peer, sessions = inp.msg, inp.peer, self._sessions
         hello = HelloInput(msg.version, msg.block_bytes, msg.layout, msg.hash_seed, msg.gen, msg.data_plane,
-                           msg.digest, msg.instance, inp.principal or msg.instance, msg.descriptor)
+                           msg.digest, msg.instance, inp.principal or msg.instance, msg.descriptor, msg.replaces)
         rec = sessions.records.get(peer)
         if rec is not None:
             sessions.apply(rec, SessionEvent.HELLO, hello, now, out)
@@ -666,6 +684,8 @@ class TierCore:
             if not (rec.state is SessionState.DEAD and rec.reason is Reason.PEER_RESTARTED):
                 return
         # a new session (or the restarted peer's next generation)
+        if hello.replaces:
+            self._supersede(peer, hello, now, out)
         if len(sessions.records) >= sessions.max_peers:
             self._evict_idle(now, out)
         sessions.apply(sessions.new_record(peer), SessionEvent.HELLO, hello, now, out)
@@ -699,6 +719,20 @@ class TierCore:
             return
         why = _reason(msg.reason) if msg.reason else None
         self._sessions.apply(rec, SessionEvent.DISCONNECT, _Why(why), now, out)
+
+    def _supersede(self, peer: str, hello: HelloInput, now: float, out: list[Effect]) -> None:
+        """A consumer's hello names the generation of its previous session to us (``replaces``):
+        it opens a new session to an address only once its record of the old one is gone, so an
+        inbound session of that generation from the same instance and principal is dead on its
+        side, whatever we still believe.  End it now (``peer_restarted``), before the new one is
+        admitted: its data-plane entry holds the consumer's agent, which the new session's
+        descriptor names again (decision N14)."""
+        sessions = self._sessions
+        for r in list(sessions.records.values()):
+            if (r.key != peer and not r.dialled and r.gen == hello.replaces and r.instance == hello.instance
+                    and r.principal == hello.principal):
+                sessions.apply(r, SessionEvent.GIVE_UP, _Why(Reason.PEER_RESTARTED), now, out)
+                self._settle(now, out)
 
     def _evict_idle(self, now: float, out: list[Effect]) -> None:
         """At ``max_peers``, end the inbound session that has been idle longest — nothing bound to

@@ -40,6 +40,7 @@ __all__ = [
     "Send",
     "SendBlocks",
     "SessionEnded",
+    "SlotsHeld",
 ]
 
 
@@ -116,10 +117,12 @@ class RevokeAccess(_Effect):
 
 
 class OpenConnection(_Effect):
-    """Session: open a transport connection to ``peer`` (a ``host:port``); report
-    ``ConnectionUp`` or ``ConnectFailed``."""
+    """Session: open a transport connection to ``peer`` (a ``host:port``) for session generation
+    ``gen``; report ``ConnectionUp`` (with the data plane's descriptor for this session) or
+    ``ConnectFailed``."""
 
     peer: str
+    gen: int = 0
 
 
 class CloseConnection(_Effect):
@@ -156,6 +159,16 @@ class SessionEnded(_Effect):
     instance: str = ""
 
 
+class SlotsHeld(_Effect):
+    """Consumer: ``slots`` slots of load ``kv_request_id`` are still held past the revoke
+    deadline, because the data plane cannot withdraw ``peer``'s access by itself; for the
+    operator's log (repeated every ``revoke_timeout_s`` while it lasts)."""
+
+    peer: str
+    kv_request_id: str
+    slots: int
+
+
 class Ignored(_Effect):
     """An input dropped by an ignore rule, or a duplicate/stale note; for metrics and
     rate-limited logs only."""
@@ -179,5 +192,6 @@ Effect = (
     | AttachPeer
     | DetachPeer
     | SessionEnded
+    | SlotsHeld
     | Ignored
 )

@@ -71,14 +71,17 @@ class StoreSubmitted(_Input):
     blocks: tuple[int, ...]
     digests: tuple[int, ...] = ()
     consumer: str | None = None
+    life: str = ""
+    """The pairing's life (the request's ``kv_transfer_params``; ``""``: none named)."""
 
 
 class LoadAnnounced(_Input):
     """The engine announced a request that fetches ``kv_request_id`` from producer ``peer``
-    (``host:port``); a session is dialled if none is live."""
+    (``host:port``); a session is dialled if none is live.  ``life``: the pairing's life."""
 
     kv_request_id: str
     peer: str
+    life: str = ""
 
 
 class Dial(_Input):
@@ -111,6 +114,7 @@ class RequestFinished(_Input):
 
     kv_request_id: str
     producer: bool
+    life: str = ""
 
 
 class DrainStarted(_Input):
@@ -152,16 +156,22 @@ class Malformed(_Input):
 
 # -- transport ------------------------------------------------------------------------------------
 class ConnectionUp(_Input):
-    """The transport has a connection object for dialled ``peer``."""
+    """The transport has a connection object for dialled ``peer``; ``descriptor`` is the data
+    plane's descriptor for this session (``b""``: the plane's one descriptor, ``HelloInput``'s)."""
 
     peer: str
+    descriptor: bytes = b""
 
 
 class ConnectFailed(_Input):
-    """The transport could not dial ``peer`` (refused, bad address)."""
+    """The dial to ``peer`` never connected: refused or unreachable, or (``timed_out``) no
+    answer within ``connect_timeout_s``; or the transport could not dial it (``detail``)."""
 
     peer: str
     detail: str = ""
+    timed_out: bool = False
+    not_allowed: bool = False
+    """The address the name resolved to is one ``allowed_peers`` does not admit."""
 
 
 class ConnectionClosed(_Input):

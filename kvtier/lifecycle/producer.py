@@ -82,6 +82,10 @@ class FetchInput(msgspec.Struct, frozen=True, gc=False):
     slots: tuple[int, ...] = ()
     fetched: bool = False
     principal: str | None = None
+    life: str = ""
+    low: int = 0
+    rounds: Any = None
+    """The session's :class:`~kvtier.lifecycle.session.RoundLedger` (None: no session)."""
 
 
 _NO_BLOCKS: dict[bytes, tuple[int, int]] = {}
@@ -89,7 +93,7 @@ _NO_BLOCKS: dict[bytes, tuple[int, int]] = {}
 
 class ProducerRecord(Record):
     __slots__ = ("owner", "consumer", "blocks", "jobs", "peer", "principal", "gen", "round", "demand", "slots",
-                 "supply_complete", "receipt")
+                 "supply_complete", "receipt", "life", "rounds")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, PRODUCER_INITIAL)
@@ -105,6 +109,8 @@ class ProducerRecord(Record):
         self.slots: tuple[int, ...] = ()
         self.supply_complete = False
         self.receipt = False
+        self.life = ""  # the pairing's life (decision I20): set by the first store or the binding
+        self.rounds: Any = None  # the bound session's RoundLedger
 
 
 class RetainedRecord(Record):
@@ -114,7 +120,8 @@ class RetainedRecord(Record):
     attributes, not slots), so code that scans every record needs no special case; writing one
     raises AttributeError, which is the point: nothing may bind or park a retained id."""
 
-    __slots__ = ("consumer",)
+    __slots__ = ("consumer", "life")
+    rounds = None
     owner = None
     peer = None
     principal = None
@@ -134,6 +141,7 @@ class RetainedRecord(Record):
         self.timer = rec.timer
         self.tseq = rec.tseq
         self.consumer = rec.consumer
+        self.life = rec.life
 
 
 class ProducerMachine(TableMachine):
@@ -198,14 +206,25 @@ class ProducerMachine(TableMachine):
             raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.blocks)} blocks")
         if inp.digests and len(inp.digests) != len(inp.keys):
             raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.digests)} digests")
-        self.apply(self.record(inp.kv_request_id), ProducerEvent.STORE, inp, now, out)
+        self.apply(self._life_record(inp.kv_request_id, inp.life, now, out), ProducerEvent.STORE, inp, now, out)
         if len(self.retained) > self.tombstone_max:
             self._enforce_cap(now, out)
 
     def fetch(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
-        self.apply(self.record(inp.kv_request_id), ProducerEvent.FETCH, inp, now, out)
+        self.apply(self._life_record(inp.kv_request_id, inp.life, now, out), ProducerEvent.FETCH, inp, now, out)
         if len(self.retained) > self.tombstone_max:
             self._enforce_cap(now, out)
+
+    def _life_record(self, kv_request_id: str, life: str, now: float, out: list[Effect]) -> Any:
+        """The record an input naming ``life`` meets: a retained record of another life of the
+        id is pruned first (``new_life``), so the input meets a fresh one (decision I20)."""
+        rec = self.records.get(kv_request_id)
+        if rec is None:
+            return self.new_record(kv_request_id)
+        if life and rec.life and life != rec.life and rec.state in RETAINED:
+            self.apply(rec, ProducerEvent.NEW_LIFE, None, now, out)
+            return self.new_record(kv_request_id)
+        return rec
 
     def announce(self, kv_request_id: str, consumer: str) -> None:
         """A producer request names ``consumer`` as the only principal allowed to touch the id."""
@@ -219,7 +238,7 @@ class ProducerMachine(TableMachine):
         self.named.pop(kv_request_id, None)
 
     def abort_fetch(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
-        self.apply(self.record(inp.kv_request_id), ProducerEvent.ABORT_FETCH, inp, now, out)
+        self.apply(self._life_record(inp.kv_request_id, inp.life, now, out), ProducerEvent.ABORT_FETCH, inp, now, out)
         if len(self.retained) > self.tombstone_max:
             self._enforce_cap(now, out)
 
@@ -448,10 +467,22 @@ class ProducerMachine(TableMachine):
     def guard_receipt_seen(self, rec: ProducerRecord, inp: object, now: float) -> bool:
         return rec.receipt
 
+    def guard_stale_round(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
+        return inp.rounds is not None and inp.rounds.stale(inp.round)
+
+    def guard_other_life(self, rec: ProducerRecord, inp: Any, now: float) -> bool:
+        life = inp.life
+        return bool(life) and bool(rec.life) and life != rec.life
+
+    def guard_needed_nothing(self, rec: ProducerRecord, inp: object, now: float) -> bool:
+        return rec.reason is Reason.NOT_NEEDED
+
     # -- effects (names match spec/lifecycle.toml) ---------------------------------------------
     def effect_park_blocks(self, rec: ProducerRecord, inp: StoreSubmitted, reason, now, out) -> None:
         if rec.owner is None:
             rec.owner = inp.owner
+        if inp.life and not rec.life:
+            rec.life = inp.life
         if rec.consumer is None:
             rec.consumer = inp.consumer or self.named.get(rec.key)
         digests = inp.digests or (0,) * len(inp.keys)
@@ -477,6 +508,14 @@ class ProducerMachine(TableMachine):
         rec.round = inp.round
         rec.demand = inp.keys
         rec.slots = inp.slots
+        rec.rounds = inp.rounds
+        if not rec.life:
+            rec.life = inp.life
+
+    def effect_note_life(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        life = getattr(inp, "life", "")
+        if life and not rec.life:
+            rec.life = life
 
     def effect_start_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         # every demanded key is parked (the guard said so): (block, digest) pairs in fetch order
@@ -485,6 +524,10 @@ class ProducerMachine(TableMachine):
 
     def effect_cancel_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         out.append(CancelTransfer(rec.key, rec.round))
+
+    def effect_send_notice(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        # not an answer: the round stays open in the RoundLedger until the terminal one
+        out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, False, reason, rec.life, final=False)))
 
     def effect_force_release(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         self._notes.append(GiveUp(rec.peer, Reason.TRANSFER_STALLED))
@@ -495,32 +538,49 @@ class ProducerMachine(TableMachine):
         rec.jobs = []
         rec.blocks = _NO_BLOCKS
 
+    def effect_release_unneeded(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        for job in rec.jobs:
+            out.append(JobDone(job, True, Reason.NOT_NEEDED))
+        rec.jobs = []
+        rec.blocks = _NO_BLOCKS
+
+    def effect_report_store_unneeded(self, rec, inp: StoreSubmitted, reason, now, out) -> None:
+        out.append(JobDone(inp.job_id, True, Reason.NOT_NEEDED))
+
     def effect_fail_jobs(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         for job in rec.jobs:
             out.append(JobDone(job, False, reason))
         rec.jobs = []
         rec.blocks = _NO_BLOCKS
 
+    # Every terminal answer names the round it ends in the session's RoundLedger: a duplicate
+    # or overtaken fetch of that round can then never bind (decision I11).
     def effect_reply_done_ok(self, rec: ProducerRecord, inp: FetchInput | None, reason, now, out) -> None:
         if inp is not None:
-            out.append(Send(inp.peer, _done(inp.gen, rec.key, inp.round, True, None)))
+            _answered(inp.rounds, inp.round)
+            out.append(Send(inp.peer, _done(inp.gen, rec.key, inp.round, True, None, inp.life)))
         else:
-            out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, True, None)))
+            _answered(rec.rounds, rec.round)
+            out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, True, None, rec.life)))
 
     def effect_reply_done_fail(self, rec: ProducerRecord, inp, reason, now, out) -> None:
-        out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, False, reason)))
+        _answered(rec.rounds, rec.round)
+        out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, False, reason, rec.life)))
 
     def effect_reply_terminal(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        _answered(rec.rounds, rec.round)
         if reason is Reason.ABORTED:
-            out.append(Send(rec.peer, wm.AbortAck(gen=rec.gen, kv_request_id=rec.key, round=rec.round)))
+            out.append(Send(rec.peer, wm.AbortAck(gen=rec.gen, kv_request_id=rec.key, round=rec.round, life=rec.life)))
         else:
-            out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, False, reason)))
+            out.append(Send(rec.peer, _done(rec.gen, rec.key, rec.round, False, reason, rec.life)))
 
     def effect_reply_fetch_failed(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(Send(inp.peer, _done(inp.gen, rec.key, inp.round, False, reason)))
+        _answered(inp.rounds, inp.round)
+        out.append(Send(inp.peer, _done(inp.gen, rec.key, inp.round, False, reason, inp.life)))
 
     def effect_reply_abort_ack(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
-        out.append(Send(inp.peer, wm.AbortAck(gen=inp.gen, kv_request_id=rec.key, round=inp.round)))
+        _answered(inp.rounds, inp.round)
+        out.append(Send(inp.peer, wm.AbortAck(gen=inp.gen, kv_request_id=rec.key, round=inp.round, life=inp.life)))
 
     def effect_note_supply_complete(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         rec.supply_complete = True
@@ -536,9 +596,18 @@ class ProducerMachine(TableMachine):
 
     def effect_unbind(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         # the peer stays until the index update after this step (it keys the per-peer indexes)
-        rec.principal, rec.gen, rec.round, rec.demand, rec.slots = None, 0, -1, (), ()
+        rec.principal, rec.gen, rec.round, rec.demand, rec.slots, rec.rounds = None, 0, -1, (), (), None
+        life = getattr(inp, "life", "")
+        if life:  # a store of the producer's own life replaces the binding's (other_life)
+            rec.life = life
 
 
-def _done(gen: int, kv_request_id: str, round: int, ok: bool, reason: Reason | None) -> wm.TransferDone:
+def _done(gen: int, kv_request_id: str, round: int, ok: bool, reason: Reason | None, life: str = "",
+          final: bool = True) -> wm.TransferDone:
     return wm.TransferDone(gen=gen, kv_request_id=kv_request_id, round=round, ok=ok,
-                           reason=reason.value if reason is not None else "")
+                           reason=reason.value if reason is not None else "", life=life, final=final)
+
+
+def _answered(rounds: Any, round: int) -> None:
+    if rounds is not None:
+        rounds.answer(round)

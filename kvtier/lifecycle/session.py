@@ -17,7 +17,10 @@ a new record with a new generation; messages tagged with another generation are 
 
 Sessions to one producer *instance* share fate: when one dies abnormally the instance is
 *suspect*, and new loads to any session of that instance fail fast (``instance_down``) until one
-of them is heard from again (decision I7).
+of them is heard from again (decision I7).  The instance an address last answered for is
+remembered (bounded), so a fresh dial to a suspect instance's address shares that fate from its
+first moment, before any handshake (decision I18): a load to a dead endpoint fails at once, not
+after ``handshake_timeout_s``.
 
 What crosses machines is not called but queued: ``peer_down`` queues :class:`PeerLost` and
 ``flush_queued`` queues :class:`SessionReady` on the core's note queue, which the core routes
@@ -47,10 +50,19 @@ from kvtier.lifecycle.inputs import AttachRefused
 from kvtier.lifecycle.notes import Notes, PeerLost, SessionReady
 from kvtier.wire import messages as wm
 
+#: the reasons a peer's goodbye may give that the session then ends with (spec peer_gave_reason)
+GIVEN_REASONS = frozenset(
+    {Reason.TRANSFER_STALLED, Reason.ABORT_UNACKNOWLEDGED, Reason.PEER_TIMEOUT, Reason.IDLE_EVICTED,
+     Reason.PEER_RESTARTED}
+)
+#: session endings that say the peer's process (or host) is gone, not merely silent or given up
+#: on: a fresh dial to an address whose instance ended so shares its fate (decision I18)
+GONE = frozenset({Reason.PEER_DISCONNECTED, Reason.SEND_FAILED, Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT})
+
 #: session endings after which the peer's instance is suspect (decision I7)
 ABNORMAL = frozenset(
     {Reason.PEER_TIMEOUT, Reason.PEER_DISCONNECTED, Reason.SEND_FAILED, Reason.TRANSFER_STALLED,
-     Reason.ABORT_UNACKNOWLEDGED}
+     Reason.ABORT_UNACKNOWLEDGED, Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT}
 )
 
 
@@ -71,6 +83,8 @@ class HelloInput(msgspec.Struct, frozen=True):
     principal: str | None = None
     """Who the peer is: its CURVE principal, else (unauthenticated) its hello ``instance``."""
     descriptor: bytes = b""
+    replaces: int = 0
+    """The generation of the peer's previous session to us, which this one replaces (0: none)."""
 
     def first_mismatch(self, other: HelloInput) -> tuple[str, str, str] | None:
         """(field, ours, theirs) of the first differing field, in handshake check order."""
@@ -81,8 +95,40 @@ class HelloInput(msgspec.Struct, frozen=True):
         return None
 
 
+class RoundLedger:
+    """What a producer knows of one session's rounds (decision I11): the consumer's low
+    watermark (the lowest round it still has open, the highest such value any of its fetches or
+    aborts named) and the rounds at or above it that already got a terminal answer.  A fetch of a
+    round below the watermark or already answered is a duplicate or was overtaken: it must never
+    bind (on a one-sided plane it would WRITE into slots the consumer already reused)."""
+
+    __slots__ = ("low", "answered")
+
+    #: answered rounds remembered above the watermark at most (oldest forgotten first)
+    CAP = 65536
+
+    def __init__(self) -> None:
+        self.low = 0
+        self.answered: set[int] = set()
+
+    def note_low(self, low: int) -> None:
+        if low > self.low:
+            self.low = low
+            if self.answered:
+                self.answered = {r for r in self.answered if r >= low}
+
+    def stale(self, round: int) -> bool:
+        return round < self.low or round in self.answered
+
+    def answer(self, round: int) -> None:
+        if round >= self.low:
+            self.answered.add(round)
+            if len(self.answered) > self.CAP:
+                self.answered.discard(min(self.answered))
+
+
 class SessionRecord(Record):
-    __slots__ = ("gen", "dialled", "instance", "principal", "heard", "active")
+    __slots__ = ("gen", "dialled", "instance", "principal", "heard", "active", "rounds")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, SESSION_INITIAL)
@@ -92,6 +138,7 @@ class SessionRecord(Record):
         self.principal: str | None = None
         self.heard = 0.0  # when the peer was last heard (any message)
         self.active = 0.0  # when the peer last did work (anything but pings)
+        self.rounds = RoundLedger()  # inbound sessions: the consumer's rounds (decision I11)
 
 
 class SessionMachine(TableMachine):
@@ -108,6 +155,8 @@ class SessionMachine(TableMachine):
 
     #: instances remembered as suspect at most (oldest forgotten first): bounded bookkeeping
     MAX_SUSPECT = 4096
+    #: addresses whose last instance and last session generation are remembered at most
+    MAX_REMEMBERED = 4096
 
     def __init__(
         self, durations: Mapping[str, float], local: HelloInput, notes: Notes, *, gen_base: int, max_peers: int = 128
@@ -122,6 +171,11 @@ class SessionMachine(TableMachine):
         self._notes = notes
         self._next_gen = gen_base
         self.suspect: dict[str, None] = {}  # insertion-ordered set of suspect instances
+        self.gone: dict[str, None] = {}  # suspect instances whose session ended as if gone (I18)
+        # dialled address -> the instance its last hello_ack named (fresh dials share its fate)
+        self.last_instance: dict[str, str] = {}
+        # dialled address -> the generation of our last session to it (the next hello replaces it)
+        self.last_gen: dict[str, int] = {}
 
     def new_record(self, key: str) -> SessionRecord:
         return SessionRecord(key)
@@ -141,9 +195,12 @@ class SessionMachine(TableMachine):
         return rec.gen if rec is not None else 0
 
     def instance_down(self, peer: str) -> bool:
-        """The session to ``peer`` is ready but its instance is suspect (decision I7)."""
+        """The session to ``peer`` belongs to a suspect instance (decision I7): a ready session,
+        or a dial to an address whose last instance ended as if gone (decision I18)."""
         rec = self.records.get(peer)
-        return rec is not None and rec.state is SessionState.READY and bool(rec.instance) and rec.instance in self.suspect
+        if rec is None or not rec.instance or rec.instance not in self.suspect:
+            return False
+        return rec.state is SessionState.READY or rec.instance in self.gone
 
     # -- guards --------------------------------------------------------------------------------
     def guard_hello_compatible(self, rec: SessionRecord, inp: HelloInput, now: float) -> bool:
@@ -158,6 +215,9 @@ class SessionMachine(TableMachine):
     def guard_peer_shutting_down(self, rec: SessionRecord, inp, now: float) -> bool:
         return getattr(inp, "reason", None) is Reason.SHUTDOWN
 
+    def guard_peer_gave_reason(self, rec: SessionRecord, inp, now: float) -> bool:
+        return getattr(inp, "reason", None) in GIVEN_REASONS
+
     def guard_capacity_refusal(self, rec: SessionRecord, inp, now: float) -> bool:
         return getattr(inp, "reason", None) is Reason.TOO_MANY_PEERS
 
@@ -167,17 +227,27 @@ class SessionMachine(TableMachine):
     def guard_silent(self, rec: SessionRecord, inp, now: float) -> bool:
         return now - rec.heard >= self.peer_timeout_s
 
+    def guard_connect_timed_out(self, rec: SessionRecord, inp, now: float) -> bool:
+        return bool(getattr(inp, "timed_out", False))
+
+    def guard_connect_not_allowed(self, rec: SessionRecord, inp, now: float) -> bool:
+        return bool(getattr(inp, "not_allowed", False))
+
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.gen = self.new_gen()
         rec.dialled = True
-        out.append(OpenConnection(rec.key))
+        rec.instance = self.last_instance.get(rec.key, "")
+        out.append(OpenConnection(rec.key, rec.gen))
 
     def effect_send_hello(self, rec: SessionRecord, inp, reason, now, out) -> None:
         h = self.local
+        # a plane with per-session descriptors (NIXL windows) gave this session's with the connection
+        descriptor = getattr(inp, "descriptor", b"") or h.descriptor
         out.append(Send(rec.key, wm.Hello(
             gen=rec.gen, version=h.version, instance=h.instance, block_bytes=h.block_bytes, layout=h.layout,
-            hash_seed=h.hash_seed, data_plane=h.data_plane, digest=h.digest, descriptor=h.descriptor)))
+            hash_seed=h.hash_seed, data_plane=h.data_plane, digest=h.digest, descriptor=descriptor,
+            replaces=self.last_gen.get(rec.key, 0))))
 
     def effect_note_peer(self, rec: SessionRecord, inp: HelloInput, reason, now, out) -> None:
         rec.gen = inp.gen
@@ -187,6 +257,8 @@ class SessionMachine(TableMachine):
     def effect_note_instance(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.instance = inp.instance
         self.suspect.pop(inp.instance, None)
+        self.gone.pop(inp.instance, None)
+        _remember(self.last_instance, rec.key, inp.instance, self.MAX_REMEMBERED)
 
     def effect_attach_peer(self, rec: SessionRecord, inp, reason, now, out) -> None:
         out.append(AttachPeer(rec.key, rec.gen, inp.descriptor, rec.dialled))
@@ -219,6 +291,7 @@ class SessionMachine(TableMachine):
         rec.heard = now
         if self.suspect and rec.instance:
             self.suspect.pop(rec.instance, None)
+            self.gone.pop(rec.instance, None)
 
     def effect_note_active(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.active = now
@@ -243,6 +316,18 @@ class SessionMachine(TableMachine):
             self.suspect[rec.instance] = None
             if len(self.suspect) > self.MAX_SUSPECT:
                 del self.suspect[next(iter(self.suspect))]
+            if why in GONE:
+                _remember(self.gone, rec.instance, None, self.MAX_SUSPECT)
+        if rec.dialled:
+            _remember(self.last_gen, rec.key, rec.gen, self.MAX_REMEMBERED)
         out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance))
         out.append(DetachPeer(rec.key))
         self._notes.append(PeerLost(rec.key, why))
+
+
+def _remember(table: dict, key: str, value: object, cap: int) -> None:
+    """``table[key] = value`` as the newest entry; the oldest is forgotten beyond ``cap``."""
+    table.pop(key, None)
+    table[key] = value
+    if len(table) > cap:
+        del table[next(iter(table))]

@@ -75,6 +75,9 @@ class SessionEntry(msgspec.Struct, frozen=True, gc=False):
     principal: str | None
     heard: float
     active: float
+    rounds: tuple[int, tuple[int, ...]] = (0, ())
+    """The inbound session's round ledger (decision I11): the consumer's low watermark and the
+    rounds at or above it already answered, ascending."""
 
 
 class ProducerEntry(msgspec.Struct, frozen=True, gc=False):
@@ -100,6 +103,7 @@ class ProducerEntry(msgspec.Struct, frozen=True, gc=False):
     slots: tuple[int, ...] = ()
     supply_complete: bool = False
     receipt: bool = False
+    life: str = ""
 
 
 class ConsumerEntry(msgspec.Struct, frozen=True, gc=False):
@@ -119,6 +123,8 @@ class ConsumerEntry(msgspec.Struct, frozen=True, gc=False):
     n_landed: int
     fetched: bool
     engine_finished: bool
+    life: str = ""
+    notice: Reason | None = None
 
 
 class CoreState(msgspec.Struct, frozen=True, gc=False):
@@ -139,6 +145,13 @@ class CoreState(msgspec.Struct, frozen=True, gc=False):
     closing: bool
     named: tuple[tuple[str, str], ...]
     error_replies: tuple[tuple[str, str, float], ...]
+    gone: tuple[str, ...] = ()
+    """Suspect instances whose last session ended as if their process was gone (decision I18),
+    oldest first."""
+    last_instance: tuple[tuple[str, str], ...] = ()
+    """``(peer address, instance)`` last heard there, oldest first (the order they are forgotten in)."""
+    last_gen: tuple[tuple[str, int], ...] = ()
+    """``(peer address, generation)`` of the last session there a hello names as ``replaces``, oldest first."""
 
 
 #: Every attribute of the core and of each machine, by what it is: ``state`` (exported),
@@ -154,7 +167,8 @@ KNOWN: dict[str, dict[str, str]] = {
     "session": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
         "ignored": "counter", "peer_timeout_s": "config", "max_peers": "config", "local": "config",
-        "_notes": "config", "_next_gen": "state", "suspect": "state",
+        "_notes": "config", "_next_gen": "state", "suspect": "state", "gone": "state", "last_instance": "state",
+        "last_gen": "state",
     },
     "producer": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
@@ -166,7 +180,7 @@ KNOWN: dict[str, dict[str, str]] = {
     "consumer": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
         "ignored": "counter", "_sessions": "config", "_notes": "config", "_one_sided": "config",
-        "by_peer": "index", "_next_round": "state",
+        "by_peer": "index", "_next_round": "state", "_open": "index", "_revoke_bounded": "config",
     },
 }
 
@@ -177,6 +191,11 @@ _SLOTS = {
     "producer": (ProducerRecord, ProducerEntry),
     "consumer": (ConsumerRecord, ConsumerEntry),
 }
+
+
+#: Record slots rebuilt from other state instead of exported: a bound producer record shares its
+#: session's round ledger.
+_DERIVED = {"producer": {"rounds"}}
 
 
 def _parts(core: TierCore) -> dict[str, Any]:
@@ -193,7 +212,7 @@ def unknown_state(core: TierCore) -> list[str]:
     out = [f"{name}.{attr}" for name, obj in _parts(core).items() for attr in sorted(vars(obj))
            if attr not in KNOWN[name]]
     for name, (rec_cls, entry_cls) in _SLOTS.items():
-        carried = set(entry_cls.__struct_fields__) | {"key", "tseq"}
+        carried = set(entry_cls.__struct_fields__) | {"key", "tseq"} | _DERIVED.get(name, set())
         out.extend(f"{name} record.{s}" for s in sorted(_slots(rec_cls) - carried))
     return out
 
@@ -215,7 +234,7 @@ def export(core: TierCore) -> CoreState:
     due = _deadlines(sm)
     sessions = tuple(
         SessionEntry(r.key, r.state, r.reason, r.timer, due.get(r.key), r.gen, r.dialled, r.instance, r.principal,
-                     r.heard, r.active)
+                     r.heard, r.active, (r.rounds.low, tuple(sorted(r.rounds.answered))))
         for _, r in sorted(sm.records.items())
     )
     due = _deadlines(pm)
@@ -227,12 +246,13 @@ def export(core: TierCore) -> CoreState:
         producer.append(ProducerEntry(
             kid, r.state, r.reason, r.timer, due.get(kid), r.consumer, r.owner,
             tuple(sorted((k, b, d) for k, (b, d) in r.blocks.items())), tuple(r.jobs), r.peer, r.principal, r.gen,
-            r.round, tuple(r.demand), tuple(r.slots), r.supply_complete, r.receipt,
+            r.round, tuple(r.demand), tuple(r.slots), r.supply_complete, r.receipt, r.life,
         ))
     due = _deadlines(cm)
     consumer = tuple(
         ConsumerEntry(kid, r.state, r.reason, r.timer, due.get(kid), r.peer, r.job_id, tuple(r.keys),
-                      tuple(r.slots), r.round, bytes(r.landed), r.n_landed, r.fetched, r.engine_finished)
+                      tuple(r.slots), r.round, bytes(r.landed), r.n_landed, r.fetched, r.engine_finished, r.life,
+                      r.notice)
         for kid, r in sorted(cm.records.items())
     )
     return CoreState(
@@ -246,6 +266,9 @@ def export(core: TierCore) -> CoreState:
         closing=pm.closing,
         named=tuple(sorted(pm.named.items())),
         error_replies=tuple(sorted((peer, reason, when) for (peer, reason), when in core._error_replies.items())),
+        gone=tuple(sm.gone),
+        last_instance=tuple(sm.last_instance.items()),
+        last_gen=tuple(sm.last_gen.items()),
     )
 
 
@@ -299,6 +322,7 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
         rec.state, rec.reason, rec.timer = e.state, e.reason, e.timer
         rec.gen, rec.dialled, rec.instance, rec.principal, rec.heard, rec.active = (
             e.gen, e.dialled, e.instance, e.principal, e.heard, e.active)
+        rec.rounds.low, rec.rounds.answered = e.rounds[0], set(e.rounds[1])
         _enter(sm, rec, timed["session"], e.deadline)
     prune_at: dict[str, float] = {}
     for e in state.producer:
@@ -314,6 +338,10 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
         rec.jobs = list(e.jobs)
         rec.peer, rec.principal, rec.gen, rec.round = e.peer, e.principal, e.gen, e.round
         rec.demand, rec.slots, rec.supply_complete, rec.receipt = e.demand, e.slots, e.supply_complete, e.receipt
+        rec.life = e.life
+        if e.state in _P_BOUND:
+            session = sm.records.get(e.peer)
+            rec.rounds = session.rounds if session is not None and session.gen == e.gen else None
         _enter(pm, rec, timed["producer"], e.deadline)
     pm.retained = {kid: prune_at[kid] for kid in state.retained}
     pm._prune_order = deque(state.retained)
@@ -323,13 +351,19 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
         rec.peer, rec.job_id, rec.keys, rec.slots, rec.round = e.peer, e.job_id, e.keys, e.slots, e.round
         rec.landed, rec.n_landed, rec.fetched, rec.engine_finished = (
             bytearray(e.landed), e.n_landed, e.fetched, e.engine_finished)
+        rec.life, rec.notice = e.life, e.notice
         _enter(cm, rec, timed["consumer"], e.deadline)
+    for peer, rounds in list(cm._open.items()):  # rounds only grow: the index is in round order
+        cm._open[peer] = dict.fromkeys(sorted(rounds))
     for name, machine in (("session", sm), ("producer", pm), ("consumer", cm)):
         for when, key, rec in sorted(timed[name], key=lambda t: (t[0], t[1])):
             rec.tseq = machine._deadlines.arm(when, key, rec.timer)
     sm._next_gen = state.next_gen
     cm._next_round = state.next_round
     sm.suspect = dict.fromkeys(state.suspect)
+    sm.gone = dict.fromkeys(state.gone)
+    sm.last_instance = dict(state.last_instance)
+    sm.last_gen = dict(state.last_gen)
     pm.closing = state.closing
     pm.named = dict(state.named)
     core._error_replies = {(peer, reason): when for peer, reason, when in state.error_replies}

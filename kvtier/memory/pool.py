@@ -14,7 +14,10 @@ Memory
 ------
 The region is **pinned** (page-locked, so device copies can be asynchronous) only when
 ``torch.accelerator.is_available()``. Otherwise it is ordinary pageable memory: on a CPU-only
-torch build, ``pin_memory=True`` raises. The pool says which one it got, through :attr:`pinned`
+torch build, ``pin_memory=True`` raises. Pageable memory is a shared ``memfd``
+(:mod:`kvtier.memory.shared`), so that a one-sided data plane can give each peer a window of
+its own onto the pool and withdraw it (:attr:`BlockPool.backing`, decision N14); a pinned
+region is torch's, and has no backing. The pool says which one it got, through :attr:`pinned`
 and one log line on ``kvtier.memory``. It never fails because pinning was unavailable. An owned
 region is **pre-faulted** (written once with zeros) at construction, because receiving into
 never-touched pages runs about 7x slower than into faulted-in ones (shared/design/limits.md §1).
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 
 from kvtier.errors import KvTierError
+from kvtier.memory import shared
 
 __all__ = ["BlockPool", "PoolExhausted"]
 
@@ -84,14 +88,14 @@ class BlockPool:
         RuntimeError / MemoryError: from torch, if the host cannot allocate the region.
     """
 
-    __slots__ = ("_tensor", "_array", "_num_blocks", "_block_bytes", "_pinned", "_refs", "_free")
+    __slots__ = ("_tensor", "_array", "_num_blocks", "_block_bytes", "_pinned", "_refs", "_free", "_backing")
 
     def __init__(self, num_blocks: int, block_bytes: int, *, pin: bool | None = None) -> None:
         num_blocks = _check_count("num_blocks", num_blocks, minimum=1)
         block_bytes = _check_count("block_bytes", block_bytes, minimum=1)
         if pin is not None and not isinstance(pin, bool):
             raise ValueError(f"pin must be None, True or False, got {pin!r}")
-        tensor, pinned, why, degraded = _allocate(num_blocks, block_bytes, pin)
+        tensor, pinned, why, backing, degraded = _allocate(num_blocks, block_bytes, pin)
         # Pre-fault: zero_() writes every page now, so the first receive into a slot does not
         # pay the page-fault cost (torch.zeros may use calloc and leave pages untouched).
         tensor.zero_()
@@ -108,8 +112,10 @@ class BlockPool:
             why,
         )
         self._init_from(tensor, pinned)
+        self._backing = backing
 
     def _init_from(self, tensor: torch.Tensor, pinned: bool) -> None:
+        self._backing: shared.Backing | None | bool = False  # False: not looked up yet
         self._tensor = tensor
         # One numpy alias of the whole region: buffer() then costs a slice, not a .numpy() call.
         self._array = tensor.numpy()
@@ -176,6 +182,15 @@ class BlockPool:
     def pinned(self) -> bool:
         """True iff the region is page-locked host memory."""
         return self._pinned
+
+    @property
+    def backing(self) -> shared.Backing | None:
+        """The shared file the region lives in (:class:`kvtier.memory.shared.Backing`), or None
+        for private memory.  An owned pageable pool is a ``memfd``; a wrapped region is looked
+        up once in ``/proc/self/maps`` (vLLM's ``/dev/shm`` region has one)."""
+        if self._backing is False:
+            self._backing = shared.find_backing(self._tensor.data_ptr(), self._num_blocks * self._block_bytes)
+        return self._backing  # type: ignore[return-value]
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -353,21 +368,32 @@ class BlockPool:
 
 def _allocate(
     num_blocks: int, block_bytes: int, pin: bool | None
-) -> tuple[torch.Tensor, bool, str, bool]:
-    """Allocate the region. Returns (tensor, pinned, why for the log line, degraded)."""
+) -> tuple[torch.Tensor, bool, str, shared.Backing | None, bool]:
+    """Allocate the region. Returns (tensor, pinned, why for the log line, backing, degraded)."""
     shape = (num_blocks, block_bytes)
     if pin is False:
-        return torch.empty(shape, dtype=torch.uint8), False, "pin=False", False
+        return *_pageable(shape, "pin=False"), False
     if not _accelerator_available():
         if pin:
-            return torch.empty(shape, dtype=torch.uint8), False, "no accelerator; pin=True ignored", True
-        return torch.empty(shape, dtype=torch.uint8), False, "no accelerator", False
+            return *_pageable(shape, "no accelerator; pin=True ignored"), True
+        return *_pageable(shape, "no accelerator"), False
     try:
         t = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
     except RuntimeError as exc:  # e.g. the pinned allocator ran out of locked memory
-        return torch.empty(shape, dtype=torch.uint8), False, f"pinning failed: {exc}", True
+        return *_pageable(shape, f"pinning failed: {exc}"), True
     pinned = bool(t.is_pinned())
-    return t, pinned, "accelerator available", not pinned
+    return t, pinned, "accelerator available", None, not pinned
+
+
+def _pageable(shape: tuple[int, int], why: str) -> tuple[torch.Tensor, bool, str, shared.Backing | None]:
+    """Pageable memory: a shared memfd when the host has one, else torch's (no backing).
+    Returns (tensor, pinned=False, why, backing)."""
+    try:
+        mm, backing = shared.allocate(shape[0] * shape[1])
+    except (OSError, AttributeError):  # no memfd_create here: private memory
+        return torch.empty(shape, dtype=torch.uint8), False, why, None
+    # the tensor holds the mmap's buffer: the mapping lives exactly as long as the tensor
+    return torch.frombuffer(mm, dtype=torch.uint8).view(shape), False, why, backing
 
 
 def _accelerator_available() -> bool:

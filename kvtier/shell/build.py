@@ -48,8 +48,11 @@ def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
         cfg.host,
         cfg.port,
         heartbeat_ivl_s=cfg.heartbeat_interval_s,
-        heartbeat_timeout_s=cfg.peer_timeout_s,
-        heartbeat_ttl_s=cfg.peer_timeout_s,
+        # libzmq's own silence cut-off stays behind the core's (peer_timeout_s, then a heartbeat):
+        # a silent peer then ends its session as peer_timeout, never as a closed connection,
+        # which a fresh dial to its instance would take for a gone process (decision I18)
+        heartbeat_timeout_s=3 * cfg.peer_timeout_s + 1.0,
+        heartbeat_ttl_s=3 * cfg.peer_timeout_s + 1.0,
         # libzmq cuts a peer whose frame exceeds the largest legal one before receiving it
         # (consumers send us only control headers; producers also send blocks). Up to 2x the
         # header cap still arrives, to be answered "oversize": a misconfigured peer learns why
@@ -57,6 +60,7 @@ def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
         max_accepted_frame_bytes=2 * cfg.max_message_bytes,
         max_frame_bytes=max(2 * cfg.max_message_bytes, block_bytes),
         handshake_ivl_s=cfg.handshake_timeout_s,
+        connect_timeout_s=cfg.connect_timeout_s,
         idle_timeout_s=cfg.handshake_timeout_s,
         curve=curve,
     )
@@ -68,5 +72,7 @@ def local_hello(cfg: TierConfig, *, block_bytes: int, layout: str, instance: str
                       digest=cfg.integrity, instance=instance, descriptor=plane.descriptor())
 
 
-def make_core(cfg: TierConfig, hello: HelloInput, *, one_sided: bool, gen_base: int) -> TierCore:
-    return TierCore(CoreSettings.from_config(cfg, one_sided=one_sided), hello, gen_base=gen_base)
+def make_core(cfg: TierConfig, hello: HelloInput, *, one_sided: bool, gen_base: int,
+              revoke_bounded: bool = True) -> TierCore:
+    settings = CoreSettings.from_config(cfg, one_sided=one_sided, revoke_bounded=revoke_bounded)
+    return TierCore(settings, hello, gen_base=gen_base)

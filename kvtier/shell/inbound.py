@@ -6,6 +6,10 @@ data plane's reports.  Three small tables turn them into inputs: decoded wire me
 transport events and plane reports their own input types.  Nothing here decides: the core answers
 a malformed message, ends a session, fails a load.
 
+A connection's close is applied only after a pass that read every socket to empty: whatever the
+connection delivered before it closed (a goodbye, a notice, a terminal answer) is applied first,
+so its reason is the one the core keeps (decision I19).
+
 The pass also says when the inbound queue was last seen empty (``quiet_since``): the time before
 a read pass that emptied every socket.  The core fires deadlines only up to that time, so a
 deadline never beats a message that was already waiting (decision I3).
@@ -22,7 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.dataplane import DataPlane, Landed, Notified, Released, Revoked
+from kvtier.dataplane import AttachFailed, Attached, DataPlane, Landed, Notified, Released, Revoked
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
 from kvtier.shell.perbyte import ByteWork
@@ -55,11 +59,14 @@ class Inbound:
         self._posted = posted
         self.quiet_since = clock()
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
+        self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
             Released: self._released,
             Revoked: lambda r, now: ix.AccessRevoked(r.peer),
             Notified: lambda r, now: self._decode(r.peer, list(r.frames)),
             Landed: lambda r, now: self.work.landed(r.peer, r.key, r.bad),
+            Attached: lambda r, now: ix.PeerAttached(r.peer, r.gen),
+            AttachFailed: lambda r, now: ix.AttachRefused(r.peer, r.gen, r.detail),
         }
         self.RECEIVED_NOTES: dict[type, Callable[[str, Any], None]] = {
             wm.Hello: lambda peer, m: self.logs.name(peer, m.instance),
@@ -76,16 +83,30 @@ class Inbound:
             budget = RECV_BUDGET
         out: list[ix.Input] = []
         read = 0
+        if self.plane.one_sided:
+            # progress first: what our progress lets complete now (a WRITE into us, and the header
+            # the producer sends once it is done) is then read before the time that dates
+            # quiet_since, so it counts as input that came before a deadline due then (N15)
+            early = self.plane.poll()
+            if early:
+                now = self.clock()
+                out.extend(self.PLANE_REPORTS[type(r)](r, now) for r in early)
         while True:
             t0 = self.clock()
             messages, events, drained = self.transport.service(min(RECV_BATCH, budget - read))
             for peer, frames in messages:
                 out.append(self._decode(peer, frames))
+            closes = self._closes
             for ev in events:
-                if ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
-                    out.append(ix.ConnectionClosed(ev.peer))
+                if ev.reason in CloseReason.DIAL_FAILED:  # the dial never connected
+                    closes.append(ix.ConnectFailed(ev.peer, ev.reason, ev.reason == CloseReason.CONNECT_TIMEOUT))
+                elif ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
+                    closes.append(ix.ConnectionClosed(ev.peer))
             read += len(messages)
             if drained:
+                if closes:  # everything delivered before these closes has been read now
+                    out.extend(closes)
+                    self._closes = []
                 if t0 > self.quiet_since:
                     self.quiet_since = t0
                 break

@@ -26,6 +26,7 @@ class _Job(msgspec.Struct, gc=False):
     kv_request_id: str | None
     submitted: float
     nbytes: int
+    internal: bool = False  # the manager's own job (load_nothing): its result is not handed over
 
 
 class JobLedger:
@@ -34,6 +35,7 @@ class JobLedger:
 
     def __init__(self) -> None:
         self._open: dict[int, _Job] = {}
+        self._internal = 0  # open internal jobs (an empty load ends in the call that made it)
         self._results: list[JobResult] = []
         self._reported: set[int] = set()
 
@@ -45,9 +47,12 @@ class JobLedger:
         if job_id in self._reported:
             raise DuplicateJob(f"job {job_id} is already outstanding (its result has not been collected yet)")
 
-    def open(self, job_id: int, *, store: bool, kv_request_id: str | None, now: float, nbytes: int) -> None:
-        """Register a job the core accepted (before its effects, which may already end it)."""
-        self._open[job_id] = _Job(store, kv_request_id, now, nbytes)
+    def open(self, job_id: int, *, store: bool, kv_request_id: str | None, now: float, nbytes: int,
+             internal: bool = False) -> None:
+        """Register a job the core accepted (before its effects, which may already end it).
+        ``internal``: the manager's own job; its result is counted, never handed over."""
+        self._open[job_id] = _Job(store, kv_request_id, now, nbytes, internal)
+        self._internal += internal
 
     def finish(self, job_id: int, ok: bool, reason: Reason | None, now: float) -> tuple[bool, int, float] | None:
         """Record the result of open job ``job_id``.  Returns ``(store, nbytes, seconds)`` for
@@ -57,6 +62,9 @@ class JobLedger:
             log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
             return None
         elapsed = now - job.submitted
+        if job.internal:
+            self._internal -= 1
+            return job.store, job.nbytes, elapsed
         if ok and not job.store:
             self.report(JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes, transfer_time_s=elapsed))
         else:
@@ -80,18 +88,22 @@ class JobLedger:
         return bool(self._results)
 
     def open_ids(self, kv_request_id: str | None = None) -> list[int]:
-        """Jobs without a result yet (all, or those of ``kv_request_id``)."""
+        """Engine jobs without a result yet (all, or those of ``kv_request_id``)."""
         if kv_request_id is None:
-            return list(self._open)
-        return [j for j, job in self._open.items() if job.kv_request_id == kv_request_id]
+            if not self._internal:
+                return list(self._open)
+            return [j for j, job in self._open.items() if not job.internal]
+        return [j for j, job in self._open.items() if job.kv_request_id == kv_request_id and not job.internal]
 
     def is_outstanding(self, job_id: int) -> bool:
         """Whether ``job_id`` has no collected result yet (O(1); :meth:`outstanding` builds a set)."""
         return job_id in self._open or job_id in self._reported
 
     def outstanding(self) -> frozenset[int]:
-        """Every id that has no collected result yet (open, or reported but not taken)."""
-        return frozenset(self._open) | frozenset(self._reported)
+        """Every engine job id that has no collected result yet (open, or reported but not taken)."""
+        if not self._internal:
+            return frozenset(self._open) | frozenset(self._reported)
+        return frozenset(j for j, job in self._open.items() if not job.internal) | frozenset(self._reported)
 
     def __len__(self) -> int:
-        return len(self._open)
+        return len(self._open) - self._internal

@@ -20,7 +20,7 @@ from kvtier.metrics import TierMetrics
 from kvtier.shell.jobs import JobLedger
 from kvtier.shell.logs import RateLimitedLog
 from kvtier.shell.perbyte import ByteWork
-from kvtier.transport import Transport, TransportError
+from kvtier.transport import DialNotAllowed, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode, encode_frames
 
@@ -83,7 +83,7 @@ class Outbound:
 
     def __init__(self, *, transport: Transport, plane: DataPlane, pool: Any, jobs: JobLedger, metrics: TierMetrics,
                  logs: RateLimitedLog, work: ByteWork, clock: Callable[[], float],
-                 loads: Callable[[str], Any] = lambda kv_request_id: None) -> None:
+                 loads: Callable[[str], Any] = lambda kv_request_id: None, vet: Any = None) -> None:
         self.transport = transport
         self.plane = plane
         self.pool = pool
@@ -93,6 +93,8 @@ class Outbound:
         self.work = work
         self.clock = clock
         self.loads = loads  # kv_request_id -> the core's ConsumerView (read API), for a load's last batch
+        self.vet = vet
+        """``allowed_peers``' check of what a hostname resolves to (None: the policy lists names only)."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
@@ -109,6 +111,7 @@ class Outbound:
             fx.AttachPeer: self._attach,
             fx.DetachPeer: self._detach,
             fx.SessionEnded: self._session_ended,
+            fx.SlotsHeld: self._slots_held,
             fx.Ignored: self._ignored,
         }
         self.SEND_NOTES: dict[type, Callable[[str, Any], None]] = {
@@ -138,8 +141,11 @@ class Outbound:
         return None
 
     def _note_done(self, peer: str, msg: wm.TransferDone) -> None:
-        if not msg.ok:
+        if not msg.ok and msg.final:  # a notice refuses nothing: the terminal answer follows
             self.metrics.fetch_refused(msg.reason)
+            if msg.reason == Reason.NOT_AUTHORISED:
+                self.logs(peer, msg.reason, "kvtier: refused %s's fetch of %s: it is not the consumer the producer "
+                          "request named for this id (nothing changed)", self.logs.who(peer), msg.kv_request_id)
 
     def _note_reject(self, peer: str, msg: wm.HelloReject) -> None:
         self.metrics.session_ended(msg.reason)
@@ -159,7 +165,12 @@ class Outbound:
             self.metrics.internal_error()
             return
         store, nbytes, elapsed = done
-        self.metrics.job_done("store" if store else "load", e.ok, None if e.ok else (e.reason or Reason.TRANSFER_FAILED))
+        if e.reason is Reason.NOT_AUTHORISED:
+            self.logs("*", e.reason, "kvtier: %s job %d refused: not_authorised (the producer request named another "
+                      "consumer for this id; check remote_decoder.consumer and this manager's CURVE principal)",
+                      "store" if store else "load", e.job_id)
+        # an ok result carries a reason only when it says why nothing moved (not_needed)
+        self.metrics.job_done("store" if store else "load", e.ok, e.reason if e.ok else (e.reason or Reason.TRANSFER_FAILED))
         if e.ok and not store:
             self.metrics.transfer("consumer", nbytes, elapsed)
 
@@ -220,9 +231,10 @@ class Outbound:
     def _revoke(self, e: fx.RevokeAccess) -> Inputs | None:
         return [ix.AccessRevoked(e.peer)] if self.plane.revoke(e.peer) else None
 
-    def _attach(self, e: fx.AttachPeer) -> Inputs:
+    def _attach(self, e: fx.AttachPeer) -> Inputs | None:
         try:
-            self.plane.add_peer(e.peer, e.descriptor, accepted=e.accepted)
+            if not self.plane.add_peer(e.peer, e.descriptor, accepted=e.accepted, gen=e.gen):
+                return None  # deferred: the plane reports Attached / AttachFailed later
         except PlaneError as exc:
             self.metrics.wire_error("bad_field")
             self.logs(e.peer, "descriptor", "kvtier: %s sent a data-plane descriptor we cannot use: %s",
@@ -236,11 +248,17 @@ class Outbound:
     # -- transport -----------------------------------------------------------------------------
     def _open(self, e: fx.OpenConnection) -> Inputs:
         try:
-            self.transport.connect(e.peer)
-        except (TransportError, ValueError) as exc:
+            # fail_fast: a refused dial is reported at once (ConnectFailed), never retried
+            self.transport.connect(e.peer, fail_fast=True, vet=self.vet)
+            descriptor = self.plane.session_descriptor(e.peer, e.gen)
+        except DialNotAllowed as exc:
+            self.metrics.rejected_peer()
+            self.logs(e.peer, "peer_not_allowed", "kvtier: refusing to dial %s: %s", e.peer, exc)
+            return [ix.ConnectFailed(e.peer, str(exc), not_allowed=True)]
+        except (TransportError, ValueError, PlaneError) as exc:
             self.logs(e.peer, "connect", "kvtier: cannot connect to %s: %s", e.peer, exc)
             return [ix.ConnectFailed(e.peer, str(exc))]
-        return [ix.ConnectionUp(e.peer)]
+        return [ix.ConnectionUp(e.peer, descriptor)]
 
     def _close(self, e: fx.CloseConnection) -> None:
         self.transport.drop_peer(e.peer)
@@ -253,6 +271,12 @@ class Outbound:
         self.logs(e.peer, e.reason, "kvtier: session with %s ended: %s", self.logs.who(e.peer, e.instance), e.reason,
                   level=level)
         self.logs.forget(e.peer)
+
+    def _slots_held(self, e: fx.SlotsHeld) -> None:
+        self.logs(e.peer, "slots_held",
+                  "kvtier: load %s: %d slots still held: the data plane cannot withdraw %s's access to them by itself "
+                  "(the pool is not shared memory); held until that producer is proven gone or accepts a fresh "
+                  "handshake", e.kv_request_id, e.slots, self.logs.who(e.peer), level=logging.WARNING)
 
     def _ignored(self, e: fx.Ignored) -> None:
         self.metrics.ignored(e.machine, e.reason)

@@ -175,8 +175,11 @@ class InprocTransport:
 
     # -- Transport API -------------------------------------------------------------------------
 
-    def connect(self, address: str) -> str:
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None) -> str:
         """Dial ``address`` (it need not be listening yet). Returns the peer id ``address``.
+
+        ``fail_fast``: nothing listening at ``address`` (and no partition between us) is a
+        refused dial: ``PeerClosed(address, "refused")`` is reported, as ``ZmqTransport`` does.
 
         Raises:
             TransportError: this transport is closed.
@@ -193,6 +196,8 @@ class InprocTransport:
         target = self.network._endpoints.get(address)
         if target is not None:
             target._inbound.add(self.address)
+        elif fail_fast and not self.network.is_partitioned(self.address, address):
+            self._events.append(PeerClosed(address, CloseReason.REFUSED))
         return address
 
     def send(self, peer: str, frames: Sequence[Any], *, track: bool = False) -> SendHandle:

@@ -33,6 +33,7 @@ __all__ = [
     "SendHandle",
     "SendFailure",
     "TransportError",
+    "DialNotAllowed",
     "ZmqTransport",
 ]
 
@@ -40,6 +41,11 @@ __all__ = [
 class TransportError(KvTierError):
     """A transport could not be set up or used: bind failed (port in use), a bad endpoint, or
     ``connect()`` on a closed transport. Never raised for a peer that merely went away."""
+
+
+class DialNotAllowed(TransportError):
+    """``connect(..., vet=...)``: the name resolved to an address the caller's policy refuses;
+    nothing was dialled."""
 
 
 class SendFailure:
@@ -135,7 +141,14 @@ class CloseReason:
     """We closed it: :meth:`Transport.drop_peer`."""
     IDLE_TIMEOUT: Final = "idle_timeout"
     """An accepted connection delivered no message within ``idle_timeout_s``."""
-    ALL: Final = frozenset({DISCONNECTED, DROPPED, IDLE_TIMEOUT})
+    REFUSED: Final = "refused"
+    """A dial made with ``fail_fast=True`` never connected: the address refused it (nothing
+    listens there) or is unreachable.  Reported once, at once; libzmq does not retry it."""
+    CONNECT_TIMEOUT: Final = "connect_timeout"
+    """A dial made with ``fail_fast=True`` got no answer within ``connect_timeout_s``."""
+    ALL: Final = frozenset({DISCONNECTED, DROPPED, IDLE_TIMEOUT, REFUSED, CONNECT_TIMEOUT})
+    DIAL_FAILED: Final = frozenset({REFUSED, CONNECT_TIMEOUT})
+    """The reasons that mean a dial never connected (the session never had a connection)."""
 
 
 @attrs.frozen(slots=True)
@@ -178,8 +191,14 @@ class Transport(Protocol):
     address: str
     """``"host:port"`` (or the in-memory address) this transport listens on."""
 
-    def connect(self, address: str) -> str:
-        """Dial a producer at ``"host:port"``. Returns the peer id (``== address``). Idempotent."""
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None) -> str:
+        """Dial a producer at ``"host:port"``. Returns the peer id (``== address``). Idempotent.
+
+        ``fail_fast``: a dial that never connects (refused, unreachable, no answer within the
+        connect timeout) is reported as a :class:`PeerClosed` with a reason in
+        :attr:`CloseReason.DIAL_FAILED` instead of being retried.  ``vet(host, port, ip)``: a
+        hostname is resolved first and every address it resolves to vetted (a reason string
+        refuses it: :class:`DialNotAllowed`); the first one is dialled."""
         ...
 
     def send(self, peer: str, frames: Sequence[Any], *, track: bool = False) -> SendHandle:

@@ -6,9 +6,10 @@ Why this shape (more in docs/protocol.md):
   an address a client gave it.
 - ``ROUTER_MANDATORY=1``: a send to a peer that has gone raises ``EHOSTUNREACH``, which we report
   as a failed :class:`SendHandle`, instead of libzmq dropping it silently.
-- Each DEALER sets a random ``ROUTING_ID`` and the ROUTER sets ``ROUTER_HANDOVER=1``. A DEALER
-  that reconnects after a network blip keeps its peer id, and its new connection replaces the
-  half-dead old one.
+- Each DEALER sets a random ``ROUTING_ID``; the ROUTER keeps ``ROUTER_HANDOVER=0``: a routing id
+  speaks for one TCP connection only (decision T10).  A consumer never reconnects a session's
+  DEALER (its first ``DISCONNECTED`` ends the session and closes the DEALER; the next session
+  dials a new one), so a second connection claiming a live routing id is refused by libzmq.
 - ZMTP heartbeats find a frozen or vanished peer (TCP keepalive is off by default). The reconnect
   interval backs off up to ``reconnect_ivl_max_s``. ``LINGER=0`` everywhere, so ``close()``
   never hangs.
@@ -26,9 +27,17 @@ Connection events (:meth:`ZmqTransport.events`): every socket has a libzmq *sock
 the connection's file descriptor, and every received message carries the fd it came in on
 (``zmq.SRCFD``); joining the two maps a TCP connection to the routing id (peer id) it speaks
 for. (``ZMQ_ROUTER_NOTIFY`` would do this directly but is a draft option this libzmq lacks.)
-libzmq queues a connection's monitor events before the fd can be closed or reused, and before
-any message of a new connection is readable, so draining the monitor whenever a message comes
-from an fd we have not seen (or from a reused one) keeps the map right.
+``SRCFD`` is an fd *number*, and a ROUTER keeps a closed connection's unread messages: they may
+be read after the number was taken by a newer connection (a reader that fell behind: a stall,
+SIGSTOP, a long engine step).  So records are made only from ``EVENT_ACCEPTED``, never from a
+message, and a routing id binds to a connection **once**, by the first message ever read from
+it: a message from a routing id that was bound before (its connection closed, or it is bound to
+another fd) is a leftover of that connection — delivered, but it changes no record.  A first
+message from a connection that closed before anything of it was read is delivered followed by
+its ``PeerClosed`` (a leftover ``hello`` must not open a session nothing will ever end).
+Residual, accepted: the *first* message of an old connection read after its fd number was
+reused and before the new connection's first message binds the new record to the old id; the
+record is then marked ambiguous and never shut down on anyone's behalf (decision T10).
 
 :meth:`ZmqTransport.drop_peer` cuts one peer that dialled us: ``shutdown(SHUT_RDWR)`` on a
 ``dup`` of its fd (a ROUTER has no per-peer close). The dup pins the open socket, and its
@@ -42,6 +51,7 @@ Not thread-safe: one transport belongs to one I/O loop thread.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -61,6 +71,7 @@ from kvtier.transport import (
     PeerInfo,
     SendFailure,
     SendHandle,
+    DialNotAllowed,
     TransportError,
     TransportEvent,
 )
@@ -108,15 +119,19 @@ def _positive_int(name: str, value: object) -> int:
 
 
 _ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-# Not EVENT_CLOSED: libzmq reports it for every failed connect attempt too (no connection existed).
-_DEALER_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+# CONNECTED and CLOSED: a CLOSED before the dial's first CONNECTED is a connect attempt that
+# failed (refused, unreachable, or ZMQ_CONNECT_TIMEOUT); reported only for fail_fast dials.
+_DEALER_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 # What a failed handshake to a producer most likely means, for the operator (the session itself
-# ends as peer_disconnected on the DISCONNECTED that follows).
+# ends as peer_disconnected on the DISCONNECTED that follows).  libzmq reports a key problem as
+# AUTH or NO_DETAIL depending on timing, so both get the one text naming both places to check.
+_KEY_PROBLEM = ("the CURVE handshake failed: either it does not accept our key (is our public certificate in its "
+                "auth_allowed_keys_dir?) or the key we hold for it (the certificate in our auth_allowed_keys_dir that "
+                "names this endpoint) is not its key, or it does not run auth='curve'")
 _HANDSHAKE_FAILED = {
-    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): "it refused our key (is our public certificate in its auth_allowed_keys_dir?)",
-    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): "the handshake did not complete (the key we hold for it, from our "
-    "auth_allowed_keys_dir, may not be its key, or it does not run auth='curve')",
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): _KEY_PROBLEM,
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): _KEY_PROBLEM,
     int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): "it does not speak our ZMTP/CURVE (a plain-TCP or other service?)",
 }
 log = logging.getLogger("kvtier.transport")
@@ -126,6 +141,33 @@ _MON_HEADER = struct.Struct("=HI")  # libzmq monitor frame 0: event id (u16), va
 # Plain ints for the per-message socket calls: pyzmq turns an enum member into its option/flag
 # enum on every call (~0.6 µs each; a request makes dozens of them on each side).
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+
+def _resolve_vetted(host: str, port: int, vet: Any) -> str:
+    """``host`` itself if it is an IP literal; else the first address it resolves to, once
+    ``vet`` accepted every one (see :meth:`ZmqTransport.connect`)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return host if (why := vet(host, port, host)) is None else _refuse(why)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise TransportError(f"cannot resolve {host}: {exc}") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    for ip in addresses:
+        why = vet(host, port, ip)
+        if why is not None:
+            _refuse(why)
+    if not addresses:
+        raise TransportError(f"{host} resolves to no address")
+    return addresses[0]
+
+
+def _refuse(why: str) -> str:
+    raise DialNotAllowed(why)
 
 
 def _peername(fd: int) -> str:
@@ -152,7 +194,7 @@ def _fmt_sockaddr(addr: Any) -> str:
 class _Conn:
     """One TCP connection accepted by the ROUTER, keyed by its fd."""
 
-    __slots__ = ("fd", "peername", "accepted", "rid", "principal", "dropped")
+    __slots__ = ("fd", "peername", "accepted", "rid", "principal", "dropped", "ambiguous")
 
     def __init__(self, fd: int, peername: str, accepted: float) -> None:
         self.fd = fd
@@ -161,6 +203,12 @@ class _Conn:
         self.rid: bytes | None = None
         self.principal: str | None = None
         self.dropped = False
+        self.ambiguous = False  # two never-seen routing ids spoke first on this fd number
+
+
+#: Routing ids whose connection closed, remembered (oldest forgotten first) so that their
+#: leftover messages never bind a newer connection that reused the fd number.
+_MAX_SPENT = 65536
 
 
 class _Pending:
@@ -293,9 +341,11 @@ class ZmqTransport:
         self._rr = 0  # round-robin start offset for recv() fairness
         self._events: deque[TransportEvent] = deque(maxlen=_MAX_EVENTS)
         self._conns: dict[int, _Conn] = {}  # ROUTER connections by fd
-        self._rid_fd: dict[bytes, int] = {}  # routing id -> fd of its current connection
+        self._rid_fd: dict[bytes, int] = {}  # routing id -> fd of its connection (bound once)
+        self._spent: dict[bytes, None] = {}  # routing ids whose connection closed (bounded)
         self._unbound: dict[int, _Conn] = {}  # accepted, no message yet (accept order)
         self._dealer_mons: dict[str, zmq.Socket] = {}
+        self._dialling: dict[str, float] = {}  # fail_fast dials not connected yet -> when dialled
         self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
         self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
         self._mon_set: frozenset[zmq.Socket] | None = None
@@ -315,7 +365,7 @@ class ZmqTransport:
             self._router = self._socket(zmq.ROUTER, ipv6=self._ipv6)
             self._router.setsockopt(zmq.MAXMSGSIZE, self._router_maxmsg)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self._router.setsockopt(zmq.ROUTER_HANDOVER, 0)  # one routing id, one connection (T10)
             if curve is not None:
                 self._router.curve_server = True
                 self._router.curve_secretkey = curve.identity.secret
@@ -352,7 +402,7 @@ class ZmqTransport:
             raise
         return sock
 
-    def connect(self, address: str) -> str:
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None) -> str:
         """Dial a producer. zmq reconnects by itself if the producer restarts on the same port.
 
         Connecting is asynchronous: sends made before the TCP handshake completes wait in the
@@ -360,6 +410,18 @@ class ZmqTransport:
 
         Args:
             address: ``"host:port"`` (``"[v6]:port"`` for IPv6).
+            fail_fast: the first connect attempt that fails is reported: a refused or
+                unreachable address at once, as ``PeerClosed(address, "refused")`` (the
+                monitor's ``CLOSED`` before any ``CONNECTED``, typically within a millisecond),
+                one that does not answer within ``connect_timeout_s`` as ``PeerClosed(address,
+                "connect_timeout")``; the caller then closes the dial.  (Not
+                ``ZMQ_RECONNECT_STOP``: with it libzmq drops the messages a connection delivered
+                but the application had not read yet when that connection closes — a producer's
+                goodbye among them.)  Without it a dial made before the producer listens simply
+                waits for it.
+            vet: ``vet(host, port, ip) -> reason | None``.  With it, a hostname is resolved
+                here (``getaddrinfo``, blocking), every address vetted, and the first one dialled,
+                so no later resolution can differ from the one vetted.
 
         Returns:
             The peer id, equal to ``address``. Calling it again for the same address returns the
@@ -367,7 +429,9 @@ class ZmqTransport:
 
         Raises:
             ValueError: ``address`` is not ``host:port``.
-            TransportError: the transport is closed, or zmq refused the endpoint.
+            TransportError: the transport is closed, zmq refused the endpoint, or the name does
+                not resolve.
+            DialNotAllowed: ``vet`` refused an address the name resolves to.
         """
         if self._closed:
             raise TransportError("connect() on a closed transport")
@@ -377,6 +441,7 @@ class ZmqTransport:
         # not be read as news about the new one
         self._events = deque((e for e in self._events if e.peer != address), maxlen=_MAX_EVENTS)
         host, port = parse_address(address)
+        dial_host = host if vet is None else _resolve_vetted(host, port, vet)
         server_key = None
         if self._curve is not None:
             server_key = self._curve.allowed.server_key_for(host, port)
@@ -399,7 +464,7 @@ class ZmqTransport:
                 sock.curve_publickey = self._curve.identity.public
                 sock.curve_secretkey = self._curve.identity.secret
             mon = self._monitor(sock, _DEALER_EVENTS)
-            sock.connect(_endpoint(host, port))
+            sock.connect(_endpoint(dial_host, port))
         except zmq.ZMQError as exc:
             for x in (mon, sock):
                 if x is not None:
@@ -407,6 +472,8 @@ class ZmqTransport:
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
         self._dealers[address] = sock
         self._dealer_mons[address] = mon
+        if fail_fast:
+            self._dialling[address] = time.monotonic()
         self._dealer_peer[sock] = address
         self._mon_peer[mon] = address
         self._poller = None
@@ -712,36 +779,51 @@ class ZmqTransport:
                 self.idle_dropped += 1
 
     def _from_connection(self, frame: zmq.Frame, rid: bytes) -> bool:
-        """Bind ``rid`` to the connection (fd) ``frame`` came in on. False: drop the message
-        (it comes from a connection we dropped)."""
+        """Bind ``rid`` to the connection (fd) ``frame`` came in on, the first time it speaks.
+        False: drop the message (it comes from a connection we dropped).  See the module
+        docstring for why a routing id binds once and leftovers change nothing."""
         try:
             fd = frame.get(zmq.SRCFD)
         except zmq.ZMQError:  # pragma: no cover - every TCP frame has a source fd
             return True
         conn = self._conns.get(fd)
-        if conn is None or (conn.rid is not None and conn.rid != rid):
-            # The monitor has not told us about this fd (or its reuse) yet; it has by now.
-            self._drain_router_monitor()
-            conn = self._conns.get(fd)
-            if conn is None or (conn.rid is not None and conn.rid != rid):  # pragma: no cover
-                self._conn_closed(fd)
-                conn = self._conns[fd] = _Conn(fd, _peername(fd), time.monotonic())
+        if conn is not None and conn.rid == rid:
+            return not conn.dropped
+        # The monitor may not have told us about this fd (or its reuse) yet; it has by now.
+        self._drain_router_monitor()
+        conn = self._conns.get(fd)
+        if conn is not None and conn.rid == rid:
+            return not conn.dropped
+        if rid in self._rid_fd or rid in self._spent:
+            # a leftover of a connection that closed (or is bound to another fd): deliver it
+            # unless that connection was dropped by us; it changes no record
+            own = self._conns.get(self._rid_fd.get(rid, -1))
+            return not (own is not None and own.dropped)
+        if conn is None or conn.rid is not None:
+            self._spend(rid)
+            if conn is None:
+                # its connection closed before anything of it was read: nothing will report
+                # that close, so report it after this message
+                self._events.append(PeerClosed(_IN_PREFIX + rid.hex(), CloseReason.DISCONNECTED))
+            else:
+                conn.ambiguous = True  # which of the two ids is the live one is unknown
+            return True
         if conn.dropped:
             return False
-        if conn.rid is None:
-            conn.rid = rid
-            self._unbound.pop(fd, None)
-            # ROUTER_HANDOVER: a reconnect with the same routing id takes over the peer id; the
-            # connection it replaced then closes without a PeerClosed of its own.
-            self._rid_fd[rid] = fd
-            if self._curve is not None:
-                try:
-                    conn.principal = frame.get("User-Id")
-                except zmq.ZMQError:  # pragma: no cover - libzmq sets it after ZAP
-                    conn.principal = None
-        elif self._rid_fd.get(rid) != fd:
-            self._rid_fd[rid] = fd
+        conn.rid = rid
+        self._unbound.pop(fd, None)
+        self._rid_fd[rid] = fd
+        if self._curve is not None:
+            try:
+                conn.principal = frame.get("User-Id")
+            except zmq.ZMQError:  # pragma: no cover - libzmq sets it after ZAP
+                conn.principal = None
         return True
+
+    def _spend(self, rid: bytes) -> None:
+        self._spent[rid] = None
+        if len(self._spent) > _MAX_SPENT:
+            del self._spent[next(iter(self._spent))]
 
     # -- connection events ---------------------------------------------------------------------
 
@@ -803,6 +885,7 @@ class ZmqTransport:
         if conn is None or conn.rid is None or self._rid_fd.get(conn.rid) != fd:
             return
         del self._rid_fd[conn.rid]
+        self._spend(conn.rid)
         peer = _IN_PREFIX + conn.rid.hex()
         self._fail_queue(peer, SendFailure.UNREACHABLE, "connection closed")
         reason = CloseReason.DROPPED if conn.dropped else CloseReason.DISCONNECTED
@@ -810,20 +893,34 @@ class ZmqTransport:
 
     def _drain_dealer_monitor(self, address: str) -> None:
         for event, _ in self._monitor_events(self._dealer_mons[address]):
-            if event == zmq.EVENT_DISCONNECTED:
+            if event == zmq.EVENT_CONNECTED:
+                self._dialling.pop(address, None)
+            elif event == zmq.EVENT_CLOSED:
+                since = self._dialling.pop(address, None)
+                if since is not None:  # a fail_fast dial that never connected: the dial failed
+                    timed_out = self._connect_timeout_ms and (
+                        time.monotonic() - since) * 1000 >= 0.9 * self._connect_timeout_ms
+                    self._events.append(PeerClosed(address, CloseReason.CONNECT_TIMEOUT if timed_out
+                                                   else CloseReason.REFUSED))
+            elif event == zmq.EVENT_DISCONNECTED:
                 self._events.append(PeerClosed(address, CloseReason.DISCONNECTED))
             elif event in _HANDSHAKE_FAILED and (address, event) not in self.handshake_failures:
-                # once per producer and kind: libzmq retries the connect and fails the same way,
+                # once per producer and text: libzmq retries the connect and fails the same way,
                 # and each failed load may dial again (bounded: addresses come from requests)
                 if len(self.handshake_failures) >= 4096:
                     self.handshake_failures.clear()
+                text = _HANDSHAKE_FAILED[event]
+                said = any(_HANDSHAKE_FAILED[e] == text for a, e in self.handshake_failures if a == address)
                 self.handshake_failures.add((address, event))
-                log.warning("kvtier: handshake with producer %s failed: %s", address, _HANDSHAKE_FAILED[event])
+                if not said:
+                    log.warning("kvtier: handshake with producer %s failed: %s", address, text)
 
     def _shutdown_conn(self, conn: _Conn) -> bool:
         """``shutdown(SHUT_RDWR)`` the connection behind ``conn.fd`` if it is still the one we
         recorded (same remote ip:port on a dup of the fd). libzmq then sees the close, ends
-        the pipe and frees what was queued to it."""
+        the pipe and frees what was queued to it.  Never for an ambiguous record."""
+        if conn.ambiguous:
+            return False
         try:
             dup = socket.socket(fileno=os.dup(conn.fd))
         except OSError:
@@ -998,6 +1095,7 @@ class ZmqTransport:
             self._close_dealer(peer)
 
     def _close_dealer(self, address: str) -> None:
+        self._dialling.pop(address, None)
         sock = self._dealers.pop(address)
         mon = self._dealer_mons.pop(address)
         self._dealer_peer.pop(sock, None)

@@ -53,8 +53,8 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION: Final = 3
-"""Bumped on any incompatible change to a message's fields, meaning or channel (3: the NIXL plane's
-``block_data`` travels as its WRITE's notification, docs/protocol.md)."""
+"""Bumped on any incompatible change to a message's fields, meaning or channel (3: lives, watermarks,
+notices, ``replaces``, and the NIXL plane's ``block_data`` as its WRITE's notification; docs/protocol.md)."""
 
 MAX_U63: Final = 2**63
 """Exclusive upper bound of every integer field. Ints must fit a signed 64-bit value everywhere."""
@@ -70,6 +70,9 @@ MAX_TEXT_CHARS: Final = 256
 
 MAX_LONG_TEXT_CHARS: Final = 4096
 """Longest free-form text field: ``layout``, ``hash_seed``, ``ours``/``theirs``, ``detail``."""
+
+MAX_LIFE_CHARS: Final = 64
+"""Longest ``life`` (characters): an opaque per-pairing id, e.g. a router's request uuid."""
 
 MAX_DESCRIPTOR_BYTES: Final = 65536
 """Longest data-plane descriptor in ``hello``/``hello_ack`` (NIXL agent metadata is ~0.5-4 KiB)."""
@@ -120,6 +123,19 @@ def check_kv_request_id(v: object) -> None:
     """Raise ``TypeError``/``ValueError`` unless ``v`` is a valid ``kv_request_id``: a ``str`` of
     1..256 characters from ``[A-Za-z0-9._:/@+=-]`` (the rule every wire message enforces)."""
     _kv_request_id(v)
+
+
+def _life(v: object) -> None:
+    if type(v) is not str:
+        raise TypeError(f"life must be str, got {type(v).__name__}")
+    if len(v) > MAX_LIFE_CHARS or (v and not KV_REQUEST_ID_RE.fullmatch(v)):
+        raise ValueError(f"life must be 0..{MAX_LIFE_CHARS} chars of [A-Za-z0-9._:/@+=-], got {v!r:.80}")
+
+
+def check_life(v: object) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``v`` is a valid ``life``: a ``str`` of at most
+    64 characters from ``[A-Za-z0-9._:/@+=-]`` (empty: the pairing names no life)."""
+    _life(v)
 
 
 def _keys(v: object) -> None:
@@ -194,9 +210,14 @@ class Hello(_Msg, tag="hello"):
     data_plane: str = "zmq"
     digest: str = "xxh3_64"
     descriptor: bytes = b""
+    replaces: int = 0
+    """The generation of the sender's previous session to this address (0: none): a producer
+    still holding an inbound session of that generation from the same instance ends it
+    (``peer_restarted``) before admitting this one (decision N14)."""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
+        _u63("replaces", self.replaces)
         _u63("version", self.version)
         if self.version != PROTOCOL_VERSION:
             raise ValueError(f"version {self.version} != {PROTOCOL_VERSION}")
@@ -254,11 +275,18 @@ class Fetch(_Msg, tag="fetch"):
     round: int
     keys: list[bytes]
     slots: list[int] = []
+    life: str = ""
+    """The pairing's life, as both legs' ``kv_transfer_params`` name it (empty: none named)."""
+    low: int = 0
+    """The lowest round the consumer still has open on this session (decision I11): a fetch of
+    a round below it, or of a round the producer already answered, is refused unbound."""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
+        _life(self.life)
+        _u63("low", self.low)
         _keys(self.keys)
         _u63_list("slots", self.slots)
         if self.slots and len(self.slots) != len(self.keys):
@@ -278,11 +306,13 @@ class BlockData(_Msg, tag="block_data"):
     first: int
     count: int
     digests: list[int] = []
+    life: str = ""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
+        _life(self.life)
         _u63("first", self.first)
         _u63("count", self.count)
         if self.count == 0:
@@ -293,7 +323,11 @@ class BlockData(_Msg, tag="block_data"):
 
 
 class TransferDone(_Msg, tag="transfer_done"):
-    """producer→consumer: the round is over. ``ok=False`` carries a reason code."""
+    """producer→consumer: the round is over. ``ok=False`` carries a reason code.
+
+    ``final=False`` (only with ``ok=False``) is a *notice*: the producer gave the transfer up
+    (``reason``) and stops posting, but writes it already posted may still land on a one-sided
+    plane; its terminal ``transfer_done`` (or the session's end) follows (decision I19)."""
 
     TYPE: ClassVar[str] = "transfer_done"
     gen: int
@@ -301,6 +335,8 @@ class TransferDone(_Msg, tag="transfer_done"):
     round: int
     ok: bool
     reason: str
+    life: str = ""
+    final: bool = True
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
@@ -308,6 +344,10 @@ class TransferDone(_Msg, tag="transfer_done"):
         _u63("round", self.round)
         _flag("ok", self.ok)
         _text("reason", self.reason, MAX_TEXT_CHARS)
+        _life(self.life)
+        _flag("final", self.final)
+        if self.ok and not self.final:
+            raise ValueError("a notice (final=false) cannot say ok")
 
 
 class AbortFetch(_Msg, tag="abort_fetch"):
@@ -321,12 +361,16 @@ class AbortFetch(_Msg, tag="abort_fetch"):
     kv_request_id: str
     round: int
     fetched: bool = True
+    life: str = ""
+    low: int = 0
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
         _flag("fetched", self.fetched)
+        _life(self.life)
+        _u63("low", self.low)
 
 
 class Receipt(_Msg, tag="receipt"):
@@ -337,11 +381,13 @@ class Receipt(_Msg, tag="receipt"):
     gen: int
     kv_request_id: str
     round: int
+    life: str = ""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
+        _life(self.life)
 
 
 class AbortAck(_Msg, tag="abort_ack"):
@@ -351,11 +397,13 @@ class AbortAck(_Msg, tag="abort_ack"):
     gen: int
     kv_request_id: str
     round: int
+    life: str = ""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
+        _life(self.life)
 
 
 class Ping(_Msg, tag="ping"):

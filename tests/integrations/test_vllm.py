@@ -793,6 +793,104 @@ def test_remote_port_as_a_numeric_string_loads_through_the_adapter(managers) -> 
         "kv_request_id": "K10", "remote_host": host, "remote_port": str(port)}})
     with cons.lock:
         cons.on_new_request(D)
+        # the scheduler looks the blocks up when it schedules the request, in that same step
+        # (a request scheduled with nothing to load tells its producer so at the step's end)
+        assert [cons.lookup(k, D) for k in ks] == [LookupResult.HIT_PENDING] * 2
+        step(cons, ("req-D",))
+    assert promote(prod, cons, D, ks) == [LookupResult.HIT] * 2
+    with cons.lock:
+        spec = cons.prepare_load(ks, D)
+        for k, cid in zip(ks, spec.chunk_ids.tolist()):
+            assert np.array_equal(cview[cid], pattern(k))
+        cons.complete_load(ks, D)
+        cons.on_request_finished(D)
+        step(cons)
+    with prod.lock:
+        prod.on_request_finished(P)
+        step(prod)
+    del pview, cview
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("data_plane", ["zmq", "nixl"])
+def test_a_decode_that_needs_nothing_releases_the_prefill_at_once(managers, data_plane) -> None:
+    """The decode request is scheduled without loading anything (every block hit locally: no
+    lookup, no submit_load).  At the end of that step the adapter tells the producer (an empty
+    fetch, decision L16): the prefill's parked store job succeeds within a second (bound),
+    counted ``not_needed``, not after ``unbound_store_timeout_s`` (180 s here)."""
+    prod, ptier = managers({**TIER, "unbound_store_timeout_s": "180", "data_plane": data_plane})
+    cons, ctier = managers({**TIER, "data_plane": data_plane})
+    host, port = ptier.address.rsplit(":", 1)
+    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
+    ks = keys("cached", 2)
+    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "cmpl-N1"}})
+    with prod.lock:
+        prod.on_new_request(P)
+    producer_store(prod, P, ks, pview)
+    with prod.lock:
+        prod.on_request_finished(P)
+        step(prod)
+    assert len(prod._jobs) == 1  # parked
+    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
+        "kv_request_id": "cmpl-N1", "remote_host": host, "remote_port": int(port)}})
+    with cons.lock:
+        cons.on_new_request(D)
+        step(cons, ("req-D",))  # scheduled for the first time, nothing to load
+    t0 = time.monotonic()
+    while prod._jobs or ctier.has_pending_work():
+        with prod.lock:
+            step(prod)
+        with cons.lock:
+            step(cons)
+        assert time.monotonic() - t0 < 1.0, (len(prod._jobs), ptier.kvtier.stats())
+        time.sleep(0.002)
+    assert stat(ptier, "kvtier_jobs_total{kind=store,outcome=ok,reason=not_needed}") == 1
+    assert not cons._jobs  # the adapter's own empty load reports nothing to vLLM
+    with cons.lock:
+        cons.on_request_finished(D)
+        step(cons)
+    del pview
+
+
+@pytest.mark.timeout(60)
+def test_the_two_documented_examples_run_side_by_side_on_one_host(managers) -> None:
+    """docs/integrations/vllm.md's prefill and decode tier entries, built through vLLM's factories
+    in one process (host 127.0.0.1; every port shifted by one offset so that other runs on this
+    machine do not collide, their relation kept): both listeners and both metrics endpoints bind
+    together, the decode engine dials the listed prefill endpoint and loads from it."""
+    import json
+    import random
+    import re
+    import urllib.request
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "integrations" / "vllm.md").read_text()
+    blobs = re.findall(r"--kv-transfer-config '(\{.*?\})'", text, flags=re.S)
+    prefill, decode = (json.loads(b)["kv_connector_extra_config"]["secondary_tiers"][0] for b in blobs[:2])
+    assert prefill["metrics_port"] != decode["metrics_port"]
+    shift = random.randrange(20000, 40000)
+    p_entry = {**prefill, "host": "127.0.0.1", "port": prefill["port"] + shift,
+               "metrics_port": prefill["metrics_port"] + shift}
+    d_entry = {**decode, "host": "127.0.0.1", "metrics_port": decode["metrics_port"] + shift,
+               "allowed_peers": [f"127.0.0.1:{prefill['port'] + shift}"]}
+    assert decode["allowed_peers"] == [f"{prefill['host']}:{prefill['port']}"]
+    prod, ptier = managers(p_entry)
+    cons, ctier = managers(d_entry)
+    for tier in (ptier, ctier):
+        with urllib.request.urlopen(f"http://{tier.kvtier.metrics_address}/metrics", timeout=5) as r:
+            assert b"kvtier_" in r.read()
+    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
+    cview = np.asarray(cons.primary_tier.get_kv_memoryview())
+    ks = keys("documented", 2)
+    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "K-doc"}})
+    with prod.lock:
+        prod.on_new_request(P)
+    producer_store(prod, P, ks, pview)
+    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
+        "kv_request_id": "K-doc", "remote_host": "127.0.0.1", "remote_port": prefill["port"] + shift}})
+    with cons.lock:
+        cons.on_new_request(D)
+        assert [cons.lookup(k, D) for k in ks] == [LookupResult.HIT_PENDING] * 2
         step(cons, ("req-D",))
     assert promote(prod, cons, D, ks) == [LookupResult.HIT] * 2
     with cons.lock:

@@ -71,3 +71,30 @@ def test_bad_messages_log_once_per_peer_and_reason(make_manager, caplog) -> None
     assert len(bad) == 1 and len(reported) == 1, [r.getMessage() for r in bad + reported]
     assert bad[0].levelno == logging.WARNING
     assert f"instance {c.instance}" in bad[0].getMessage() and "127.0.0.1" in bad[0].getMessage()
+
+
+def test_a_not_authorised_refusal_is_logged_on_both_sides(make_manager, caplog) -> None:
+    """The producer request names consumer ``decode-x`` (unauthenticated: a consumer is its hello
+    instance); another consumer fetches the id.  Both managers say so once, at WARNING, naming
+    what to check — the refusal used to be silent."""
+    from kvtier.api import RequestContext, TransferJob
+
+    caplog.set_level(logging.DEBUG, logger="kvtier.manager")
+    p = make_manager({})
+    c = make_manager({"instance": "decode-y"})
+    preq = RequestContext(req_id="p1", kv_transfer_params={"remote_decoder": {"kv_request_id": "kv-named",
+                                                                               "consumer": "decode-x"}})
+    p.on_new_request(preq)
+    p.pool.write(0, b"\x01" * p.pool.block_bytes)
+    p.submit_store(TransferJob(job_id=1, keys=(b"k",), slots=(0,), req=preq))
+    creq = consumer_req("c1", "kv-named", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(TransferJob(job_id=2, keys=(b"k",), slots=(0,), req=creq))
+    done: list = []
+    assert pump_until(lambda: done.extend(c.get_finished_jobs()) or done, managers=[p])
+    assert [(r.success, r.reason) for r in done] == [(False, "not_authorised")]
+    (refused,) = _lines(caplog, "refused 127.0.0.1")
+    assert refused.levelno == logging.WARNING and "kv-named" in refused.getMessage()
+    assert "instance decode-y" in refused.getMessage()
+    (told,) = _lines(caplog, "load job 2 refused: not_authorised")
+    assert told.levelno == logging.WARNING and "remote_decoder.consumer" in told.getMessage()

@@ -371,6 +371,8 @@ def test_liveness_timeout_when_pings_stop_arriving_then_a_new_session_works(pair
 
     v.net.heal(v.P_ADDR, v.C_ADDR)
     _, dig = _store(v, "B", 1, [5, 6], seed=9)
+    # silence is not death: a load on the fresh dial waits for it (a producer that was only
+    # partitioned answers); only a connection-level end fails fresh dials at once (decision I18)
     cb = v.creq("c-B", "B")
     C.on_new_request(cb)
     C.submit_load(job(11, keys_for("B", 2), [2, 3], cb))
@@ -729,7 +731,10 @@ def test_b20_zero_block_store_and_load_complete_at_once(pairs):
     v.step()
     assert _outcome(v.pjobs, 1) == (True, None)
     assert _outcome(v.cjobs, 10) == (True, None)
-    assert P.core.producer_state("A").value == "absent"  # nothing pinned, nothing retained
+    # nothing pinned; the empty fetch is a terminal request (done, not_needed), retained so that
+    # a store that follows it succeeds at once instead of parking until the reap
+    view = P.core.producer("A")
+    assert (view.state.value, view.reason, view.parked, view.jobs) == ("done", "not_needed", (), ())
     assert metric(P, "kvtier_block_bytes_sent_total") == 0
 
 

@@ -105,6 +105,10 @@ def _stalled_transfer_trial(p, pjobs: Jobs, consumer, trial: int, *, throttle: f
     """One trial: the consumer fetches, stops (or slows down), the producer stores and serves.
     Returns what happened; asserts the producer-side rule on the way."""
     kv = f"kv-stall-{'slow' if throttle else 'stop'}-{trial}"
+    if trial:
+        # a fresh consumer manager per trial: the last trial's cut session made this producer's
+        # instance suspect to it, and a load on its next dial would fail at once (decision I18)
+        consumer.start_manager(C_CFG, num_blocks=N, block_bytes=BB)
     keys = keys_for(kv, N)
     cjob, pjob = 100 + trial, 10 + trial
     dst = list(range(N))

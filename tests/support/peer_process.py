@@ -145,9 +145,11 @@ class PeerHandler:
         fill_byte: int | None = None,
         req_id: str | None = None,
         consumer: str | None = None,
+        life: str | None = None,
     ) -> dict[str, Any]:
         """Announce (once) a producer request for ``kv_id`` (``req_id``, default ``p-<kv_id>``;
-        naming ``consumer``, a principal, as the only one allowed to fetch it, if given), fill
+        naming ``consumer``, a principal, as the only one allowed to fetch it, and ``life``, the
+        pairing's life, if given), fill
         ``slots`` with :func:`block_pattern` (``seed``) or ``fill_byte``, submit a store job.
         Returns ``{"digests": [sha256 per slot], "immediate": [results of this job produced at
         once]}`` once the store reached the manager's core (a large store's digests are taken on
@@ -161,6 +163,8 @@ class PeerHandler:
             decoder: dict[str, Any] = {"kv_request_id": kv_id}
             if consumer is not None:
                 decoder["consumer"] = consumer
+            if life is not None:
+                decoder["life"] = life
             req = RequestContext(req_id=req_id, kv_transfer_params={"remote_decoder": decoder})
             mgr.on_new_request(req)
             self.reqs[req_id] = req
@@ -274,6 +278,10 @@ class PeerHandler:
         core = self._need().core
         state = core.producer_state(kv_id) if machine == "producer" else core.consumer_state(kv_id)
         return state.value
+
+    def op_session_state(self, peer: str) -> str:
+        """The state of this manager's session with ``peer`` (``absent`` when none)."""
+        return self._need().core.session_state(peer).value
 
     def op_drain(self, drain_timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """``drain_jobs`` in the child; returns the results collected afterwards."""
