@@ -13,9 +13,13 @@ Shapes accepted (unknown keys are ignored, so other connectors' params pass thro
   ``consumer`` (optional) is the authenticated principal that alone may fetch ``K``.
 * consumer (decode) leg:
   ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}``.
-* llm-d's names for the same roles: ``decode`` (= ``remote_decoder``), ``prefill`` and
-  ``remote_kv_source`` (= ``remote_prefiller``); llm-d-router renamed its sub-dicts to vLLM's
+* llm-d's names for the same roles: ``decode`` (= ``remote_decoder``) and ``prefill``
+  (= ``remote_prefiller``); llm-d-router renamed its sub-dicts to vLLM's
   (llm-d/llm-d-router#2140), older routers still send the short ones.
+* symmetric request (vLLM 0.33.0's meaning, decision Y1): ``{"remote_kv_source": {"kv_request_id":
+  K, "remote_host": H, "remote_port": P}}`` — probe the peer ``H:P`` for whatever blocks of the
+  prompt its engine holds and fetch those (role ``source``).  A request that also names a PD leg
+  is that PD leg (``remote_kv_source`` is then ignored, as vLLM's own tier does).
 
 Outbound dials must match the ``allowed_peers`` policy (:class:`PeerPolicy`); a request naming
 any other endpoint raises :class:`PeerNotAllowed` and opens no socket.
@@ -35,6 +39,7 @@ from kvtier.wire.messages import check_kv_request_id
 __all__ = [
     "PRODUCER_KEYS",
     "CONSUMER_KEYS",
+    "SOURCE_KEYS",
     "TransferParams",
     "PeerPolicy",
     "PeerNotAllowed",
@@ -46,8 +51,10 @@ __all__ = [
 
 PRODUCER_KEYS: Final = ("remote_decoder", "decode")
 """Keys whose sub-dict makes a request the producer leg (the remote party is a decoder)."""
-CONSUMER_KEYS: Final = ("remote_prefiller", "prefill", "remote_kv_source")
-"""Keys whose sub-dict makes a request the consumer leg (the remote party holds the KV)."""
+CONSUMER_KEYS: Final = ("remote_prefiller", "prefill")
+"""Keys whose sub-dict makes a request the consumer leg (the remote party parked the KV)."""
+SOURCE_KEYS: Final = ("remote_kv_source",)
+"""Keys whose sub-dict makes a request symmetric (the remote party may hold blocks in its tiers)."""
 
 _LABEL_RE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _PRINCIPAL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}|[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
@@ -76,9 +83,11 @@ class TransferParams:
     """A request's validated role in a KV hand-off.
 
     Attributes:
-        role: ``"producer"``, ``"consumer"`` or ``"local"`` (no hand-off).
-        kv_request_id: the id the two legs share (``None`` for local).
-        peer: consumer leg: the producer's ``host:port`` (``[v6]:port`` for IPv6), else None.
+        role: ``"producer"``, ``"consumer"``, ``"source"`` (symmetric: probe the peer) or
+            ``"local"`` (no hand-off).
+        kv_request_id: the id the two legs share (``None`` for local); for ``source``, the id of
+            this consumer's probe/fetch exchange with the peer.
+        peer: consumer and source: the peer's ``host:port`` (``[v6]:port`` for IPv6), else None.
         consumer: producer leg: the principal allowed to fetch the id, if the request names one.
     """
 
@@ -223,6 +232,10 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         raise ValueError(
             f"kv_transfer_params has both {src[0]} and {dst[0]}; a request is either the producer or the consumer leg"
         )
+    role = "consumer"
+    if src is None and dst is None:
+        src = _sub(params, SOURCE_KEYS)
+        role = "source"
     if src is not None:
         key, sub = src
         if not isinstance(sub, Mapping):
@@ -233,7 +246,7 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         peer = _endpoint(host, port)
         if not policy.allows(host, port):
             raise PeerNotAllowed(f"{key} names {clip(peer)}, which allowed_peers does not list", peer)
-        return TransferParams("consumer", kid, peer)
+        return TransferParams(role, kid, peer)
     if dst is not None:
         key, sub = dst
         if not isinstance(sub, Mapping):

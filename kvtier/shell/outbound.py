@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtier.dataplane import Batch, DataPlane, PlaneError
-from kvtier.integrity import check_blocks
+from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
 from kvtier.shell.jobs import JobLedger
 from kvtier.shell.logs import RateLimitedLog
+from kvtier.shell.serving import ServeWindows
 from kvtier.transport import Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode, encode_frames
@@ -32,7 +33,7 @@ MAX_BATCH_BYTES = 8 << 20
 #: Messages whose failed send ends the session (a lost fetch, answer or receipt would otherwise
 #: wait for a deadline); goodbyes, refusals and heartbeats to a peer that is already gone do not.
 _FAILURE_ENDS_SESSION = frozenset({wm.Hello, wm.HelloAck, wm.Fetch, wm.AbortFetch, wm.Receipt, wm.TransferDone,
-                                   wm.AbortAck})
+                                   wm.AbortAck, wm.Probe, wm.ProbeReply})
 
 Inputs = list[ix.Input]
 
@@ -49,7 +50,8 @@ class Outbound:
     """
 
     def __init__(self, *, transport: Transport, plane: DataPlane, pool: Any, jobs: JobLedger, metrics: TierMetrics,
-                 logs: RateLimitedLog, integrity: str, clock: Callable[[], float]) -> None:
+                 logs: RateLimitedLog, integrity: str, clock: Callable[[], float],
+                 serving: ServeWindows | None = None) -> None:
         self.transport = transport
         self.plane = plane
         self.pool = pool
@@ -58,6 +60,8 @@ class Outbound:
         self.logs = logs
         self.integrity = integrity
         self.clock = clock
+        self.serving = serving if serving is not None else ServeWindows(on_error=metrics.internal_error)
+        """The serve windows (the symmetric path's lookups, contexts and pins)."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
@@ -74,10 +78,14 @@ class Outbound:
             fx.DetachPeer: self._detach,
             fx.SessionEnded: self._session_ended,
             fx.Ignored: self._ignored,
+            fx.LookUpBlocks: self.serving.queue_lookup,
+            fx.CloseLookup: self.serving.queue_close,
+            fx.ReleasePins: self._release_pins,
         }
         self.SEND_NOTES: dict[type, Callable[[str, Any], None]] = {
             wm.TransferDone: self._note_done,
             wm.HelloReject: self._note_reject,
+            wm.ProbeReply: lambda peer, m: self.metrics.served(sum(m.hits), len(m.hits) - sum(m.hits)),
         }
 
     def perform(self, effects: Sequence[fx.Effect]) -> Inputs:
@@ -118,7 +126,8 @@ class Outbound:
 
     # -- jobs ----------------------------------------------------------------------------------
     def _job_done(self, e: fx.JobDone) -> None:
-        done = self.jobs.finish(e.job_id, e.ok, e.reason, self.clock())
+        keys = self._verified(e) if e.successful_keys else None
+        done = self.jobs.finish(e.job_id, e.ok, e.reason, self.clock(), successful_keys=keys)
         if done is None:  # the core guarantees exactly once; count instead of crashing the engine
             self.metrics.internal_error()
             return
@@ -127,18 +136,44 @@ class Outbound:
         if e.ok and not store:
             self.metrics.transfer("consumer", nbytes, elapsed)
 
+    def _verified(self, e: fx.JobDone) -> tuple[bytes, ...] | None:
+        """A failed load's ``successful_keys``, re-checked where the peer wrote the slots itself
+        (one-sided planes: ``verify``), so no key is reported whose bytes do not match now
+        (property ``partial_keys_verified``); never any with integrity checking off."""
+        if self.integrity == "none":
+            return None
+        if not e.verify:
+            return e.successful_keys
+        pool = self.pool
+        keep = tuple(k for k, (slot, d) in zip(e.successful_keys, e.verify)
+                     if check_blocks([pool.buffer(slot)], (d,), self.integrity) < 0)
+        if len(keep) != len(e.verify):
+            self.logs("*", "corrupt", "kvtier: job %d: %d landed blocks no longer match their digests; not reported",
+                      e.job_id, len(e.verify) - len(keep))
+        return keep or None
+
+    def _release_pins(self, e: fx.ReleasePins) -> None:
+        self.serving.release(e)
+        self.metrics.pins_released(len(e.pins), e.ok, e.reason)
+
     # -- data plane ----------------------------------------------------------------------------
     def _send_blocks(self, e: fx.SendBlocks) -> None:
-        """Cut the transfer into block_data batches (≤ ``MAX_BATCH_BYTES`` each) for the plane."""
+        """Cut the transfer into block_data batches (≤ ``MAX_BATCH_BYTES`` each) for the plane.
+        A served round's blocks get their digests here (``take_digests``): pinned blocks do not
+        change while pinned, and the engine's serve window stays free of hashing."""
         per, one_sided = self._per_batch, self.plane.one_sided
+        digests = e.digests
+        if e.take_digests:
+            digests = block_digests([self.pool.buffer(b) for b in e.blocks], self.integrity)
         batches = []
         for first in range(0, len(e.blocks), per):
             blocks = e.blocks[first : first + per]
             header = encode(wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=first,
-                                         count=len(blocks), digests=list(e.digests[first : first + per])))
+                                         count=len(blocks), digests=list(digests[first : first + per])))
             batches.append(Batch(first, blocks, e.slots[first : first + per] if one_sided else (), header))
-        self.posted[(e.kv_request_id, e.round)] = self.clock()
-        self.plane.post(e.peer, e.kv_request_id, e.round, batches)
+        key = e.transfer or e.kv_request_id
+        self.posted[(key, e.round)] = self.clock()
+        self.plane.post(e.peer, key, e.round, batches)
 
     def _cancel(self, e: fx.CancelTransfer) -> None:
         self.plane.cancel(e.kv_request_id, e.round)

@@ -44,6 +44,8 @@ __all__ = [
     "AbortFetch",
     "AbortAck",
     "Receipt",
+    "Probe",
+    "ProbeReply",
     "Ping",
     "Pong",
     "Disconnect",
@@ -52,8 +54,9 @@ __all__ = [
     "MESSAGE_TYPES",
 ]
 
-PROTOCOL_VERSION: Final = 2
-"""Bumped on any incompatible change to a message's fields or meaning."""
+PROTOCOL_VERSION: Final = 3
+"""Bumped on any incompatible change to a message's fields or meaning (3: ``probe``, ``probe_reply``
+and the ``offered`` flag of ``fetch`` / ``abort_fetch``, the symmetric path; decision Y12)."""
 
 MAX_U63: Final = 2**63
 """Exclusive upper bound of every integer field. Ints must fit a signed 64-bit value everywhere."""
@@ -253,6 +256,9 @@ class Fetch(_Msg, tag="fetch"):
     round: int
     keys: list[bytes]
     slots: list[int] = []
+    offered: bool = False
+    """True: the blocks a ``probe_reply`` of this round offered (served from the producer's engine
+    tiers, the symmetric path); False: the blocks parked under ``kv_request_id`` (PD)."""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
@@ -262,6 +268,7 @@ class Fetch(_Msg, tag="fetch"):
         _u63_list("slots", self.slots)
         if self.slots and len(self.slots) != len(self.keys):
             raise ValueError(f"slots has {len(self.slots)} entries for {len(self.keys)} keys")
+        _flag("offered", self.offered)
 
 
 class BlockData(_Msg, tag="block_data"):
@@ -320,12 +327,16 @@ class AbortFetch(_Msg, tag="abort_fetch"):
     kv_request_id: str
     round: int
     fetched: bool = True
+    offered: bool = False
+    """True: the round is a symmetric one (``probe``); with ``fetched=false`` the producer releases
+    the round's pins at once."""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
         _flag("fetched", self.fetched)
+        _flag("offered", self.offered)
 
 
 class Receipt(_Msg, tag="receipt"):
@@ -355,6 +366,50 @@ class AbortAck(_Msg, tag="abort_ack"):
         _u63("gen", self.gen)
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
+
+
+class Probe(_Msg, tag="probe"):
+    """consumer→producer (symmetric path): which of ``keys`` does your engine hold? Pin those for
+    this round. 1..``WireLimits.max_blocks_per_fetch`` unique keys (checked by the codec)."""
+
+    TYPE: ClassVar[str] = "probe"
+    gen: int
+    kv_request_id: str
+    round: int
+    keys: list[bytes]
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _keys(self.keys)
+        if not self.keys:
+            raise ValueError("keys must name at least one key")
+
+
+class ProbeReply(_Msg, tag="probe_reply"):
+    """producer→consumer (symmetric path): ``hits[i]`` says whether ``keys[i]`` is pinned for this
+    round (until its fetch is terminal or the consumer releases it). Repeats the keys, so a reply
+    is self-describing whatever probe of the round it answers."""
+
+    TYPE: ClassVar[str] = "probe_reply"
+    gen: int
+    kv_request_id: str
+    round: int
+    keys: list[bytes]
+    hits: list[bool]
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _keys(self.keys)
+        if type(self.hits) is not list:
+            raise TypeError(f"hits must be list, got {type(self.hits).__name__}")
+        for i, h in enumerate(self.hits):
+            _flag(f"hits[{i}]", h)
+        if len(self.hits) != len(self.keys):
+            raise ValueError(f"hits has {len(self.hits)} entries for {len(self.keys)} keys")
 
 
 class Ping(_Msg, tag="ping"):
@@ -420,6 +475,8 @@ Message = Union[
     AbortFetch,
     AbortAck,
     Receipt,
+    Probe,
+    ProbeReply,
     Ping,
     Pong,
     Disconnect,
@@ -439,6 +496,8 @@ MESSAGE_TYPES: Final[dict[str, type[_Msg]]] = {
         AbortFetch,
         AbortAck,
         Receipt,
+        Probe,
+        ProbeReply,
         Ping,
         Pong,
         Disconnect,
