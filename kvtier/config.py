@@ -407,23 +407,8 @@ class _PrincipalList:
         return 'list of principal names (certificate stems) or `["*"]`, non-empty'
 
 
-class _Fraction:
-    """A real number in ``(0, 1]``."""
-
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> float:
-        x = _to_float(key, value)
-        if not 0.0 < x <= 1.0:
-            raise _fail(key, value, "must be a fraction in (0, 1]")
-        return x
-
-    def describe(self) -> str:
-        return "number or numeric string, 0 < x ≤ 1"
-
-
 _Kind = (_Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone | _PeerList | _NameList
-         | _PrincipalList | _Fraction)
+         | _PrincipalList)
 _KIND = "kvtier.kind"
 _DOC = "kvtier.doc"
 
@@ -679,7 +664,7 @@ class TierConfig:
         Engine blocks one peer's rounds may keep pinned together; a probe that could exceed it is
         refused ``serve_busy``.""")
 
-    serve_max_pinned_fraction: float = _field(_Fraction(), 0.5, doc="""
+    serve_max_pinned_fraction: float = _field(_Float(0.001, 1.0, unit=""), 0.5, doc="""
         Fraction of the block pool all peers' rounds may keep pinned together, so the engine keeps
         room to compute.""")
 

@@ -258,7 +258,11 @@ class NixlPlane:
         if peer in self._peers:
             self.remove_peer(peer)
         try:
-            self._agent.add_peer(peer, hello.agent)
+            # an inbound peer (its hello) is one we write into; a dialled one (its hello_ack)
+            # writes into us.  Only inbound peers exclude each other (the refusal the revocation
+            # proof above rests on); two managers with a session each way hold each other's agent
+            # once per direction (the symmetric path, decision Y13)
+            self._agent.add_peer(peer, hello.agent, group="dialled" if accepted else "inbound")
         except (NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
         self._peers[peer] = descriptor
