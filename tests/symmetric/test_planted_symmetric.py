@@ -1,0 +1,52 @@
+"""The stateful suite finds planted bugs of the symmetric path (so its checks can fail): each bug
+is patched into the real machine for one run of tests/symmetric/test_stateful_symmetric.py's
+state machine, which must report a violation of the property named."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvtier.lifecycle import Reason
+from kvtier.lifecycle.consumer import ConsumerMachine
+from kvtier.lifecycle.probe import ProbeMachine
+from kvtier.lifecycle.serve import ServeMachine
+from tests.symmetric.harness import PropertyViolation
+from tests.symmetric.test_stateful_symmetric import Symmetric
+
+
+def _drain_keeps_pins(self, rec, inp, reason, now, out):  # the seed's reset_cache bug
+    if reason is not Reason.DRAINED:
+        self._release(rec, False, reason or Reason.TRANSFER_FAILED, out)
+
+
+def _hit_after_withdraw(self, rec, inp, reason, now, out):  # offers survive a withdrawal
+    rec.round, rec.sent, rec.unsent, rec.waiting = -1, False, {}, {}
+
+
+def _serve_unpinned(self, rec, inp, now):  # a fetch of any key is served
+    return all(k in rec.found or k in rec.keys for k in inp.keys) and bool(rec.found)
+
+
+def _partial_unverified(self, rec):  # every key of the fetch reported as landed
+    return (rec.keys if rec.n_landed else None), ()
+
+
+BUGS = {
+    "drain_keeps_pins": (ServeMachine, "effect_fail_pins", _drain_keeps_pins, "pin_released_once"),
+    "hit_after_withdraw": (ProbeMachine, "effect_drop_offers", _hit_after_withdraw, "no_hit_without_pin|exactly_once"),
+    "serve_unpinned": (ServeMachine, "guard_fetch_offered", _serve_unpinned, "no_block_after_release"),
+    "partial_unverified": (ConsumerMachine, "_landed_intact", _partial_unverified, "partial_keys_verified"),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_the_stateful_suite_finds_the_planted_bug(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cls, name, fn, prop = BUGS[bug]
+    monkeypatch.setattr(cls, name, fn)
+    with pytest.raises((PropertyViolation, AssertionError), match=prop):
+        run_state_machine_as_test(Symmetric, settings=settings(
+            max_examples=600, stateful_step_count=30, deadline=None, database=None, derandomize=True,
+            suppress_health_check=list(HealthCheck)))
