@@ -133,9 +133,9 @@ class SymNet(FakeNetwork):
             if t is fx.SendBlocks and e.transfer:
                 self._check_served(src, e)
                 self.transfers.append(Transfer(src, e.peer, e.transfer, e.round, e.blocks))
-                msg = wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=0,
-                                   count=len(e.blocks))
-                self._queue(Envelope(src, e.peer, msg, e.blocks))
+                for i, b in enumerate(e.blocks):  # one block_data per block: a load can end part-landed
+                    msg = wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=i, count=1)
+                    self._queue(Envelope(src, e.peer, msg, (b,)))
             elif t is fx.LookUpBlocks:
                 self.windows[src].queue_lookup(e)
                 local.append(e)
@@ -196,6 +196,29 @@ class SymNet(FakeNetwork):
                 if not set(e.successful_keys) <= ok_keys:
                     raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports keys that did not land")
                 return
+
+    def deliver(self, src: str, dst: str, i: int, now: float):
+        """As :meth:`FakeNetwork.deliver`, plus ``no_hit_without_pin``'s consumer half: once a
+        ``transfer_done(fail)`` withdrew a round's offer (no load of ours fetched it), none of
+        the keys it offered answers HIT any more."""
+        q = self.queues.get((src, dst)) or []
+        env = q[i % len(q)] if q else None
+        before = None
+        core = self.cores.get(dst)
+        m = env.msg if env is not None else None
+        if (core is not None and type(m) is wm.TransferDone and not m.ok
+                and not any(v.round == m.round for v in core.round_loads(m.kv_request_id))):
+            view = core.probe(m.kv_request_id)
+            if view is not None and view.round == m.round and view.peer == src:
+                before = (m.kv_request_id, set(view.offered) - set(view.loading))
+        out = super().deliver(src, dst, i, now)
+        if before is not None:
+            kid, offered = before
+            for k in offered:
+                if core.probe_answer(kid, k).value == "hit":
+                    raise PropertyViolation(f"no_hit_without_pin: {dst} answers HIT for {k!r} after the offer was "
+                                            f"withdrawn ({m.reason})")
+        return out
 
     # -- the engine's serve window ---------------------------------------------------------------
     def serve_window(self, name: str, now: float) -> list[fx.Effect]:

@@ -408,14 +408,13 @@ def test_partial_round_load_reports_only_the_landed_keys_and_the_rest_answer_mis
     net = pair()
     _offered(net)
     net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.0)
-    deliver_dir(net, "C", "P", 0.0)  # the fetch reached P; the transfer posted one block_data of 2
-    (bd,) = [e for e in net.pending("P", "C") if e.msg.TYPE == "block_data"]
-    net.queues[("P", "C")].clear()
-    gen = net.cores["P"].session(net.cores["P"].serve_ids()[0][0]).gen
-    net.send(type(bd)("P", "C", wm.BlockData(gen=gen, kv_request_id=K, round=0, first=0, count=1)))
-    net.deliver("P", "C", 0, 0.0)
-    net.send(type(bd)("P", "C", wm.TransferDone(gen=gen, kv_request_id=K, round=0, ok=False,
-                                                reason="transfer_failed")))
+    deliver_dir(net, "C", "P", 0.0)  # the fetch reached P: one block_data per block is in flight
+    first, second = [e for e in net.pending("P", "C") if e.msg.TYPE == "block_data"]
+    net.queues[("P", "C")] = [first]
+    net.deliver("P", "C", 0, 0.0)  # the first block lands (and is checked)
+    gen = first.msg.gen
+    net.send(type(first)("P", "C", wm.TransferDone(gen=gen, kv_request_id=K, round=0, ok=False,
+                                                   reason="transfer_failed")))
     net.deliver("P", "C", 0, 0.0)
     (r,) = net.results[5]
     assert r.ok is False and r.successful_keys == (KEYS[0],)

@@ -129,6 +129,21 @@ class Symmetric(RuleBasedStateMachine):
             if not self.closed["P"]:
                 self.net.serve_window("P", self.now)
 
+    @precondition(lambda self: bool(self.net.cores["P"].serve_ids()) and self.net.cores["C"].session("P") is not None)
+    @rule(which=st.integers(0, 3), keys=st.sets(st.integers(0, 3)))
+    def forged_fetch(self, which: int, keys: set[int]) -> None:
+        """A misbehaving consumer: a fetch(offered) of any keys for a live round of its own."""
+        from kvtier.testing.fakenet import Envelope
+        from kvtier.wire import messages as wm
+
+        ids = [sid for sid in self.net.cores["P"].serve_ids() if sid[0] == "C"]
+        if not ids:
+            return
+        _, kid, rnd = ids[which % len(ids)]
+        gen = self.net.cores["C"].session("P").gen
+        self.net.send(Envelope("C", "P", wm.Fetch(gen=gen, kv_request_id=kid, round=rnd,
+                                                  keys=[KEYS[i] for i in sorted(keys)], offered=True)))
+
     @precondition(lambda self: bool(self.net.transfers))
     @rule(ok=st.booleans())
     def finish_transfer(self, ok: bool) -> None:
