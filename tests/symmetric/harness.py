@@ -115,6 +115,8 @@ class SymNet(FakeNetwork):
         self.windows: dict[str, ServeWindows] = {}
         self.results: dict[int, list[fx.JobDone]] = {}
         self.landed: dict[tuple[str, str, int], set[int]] = {}  # (core, id, round) -> fetch positions landed
+        self.fetched: dict[tuple[str, str, int], tuple[bytes, ...]] = {}  # (core, id, round) -> the fetch's keys
+        self.load_jobs: dict[int, tuple[str, str]] = {}  # job -> (core, id)
         self.errors: list[str] = []
         self.violations: list[str] = []
 
@@ -147,6 +149,9 @@ class SymNet(FakeNetwork):
                 if self.violations:
                     raise PropertyViolation(self.violations[0])
                 local.append(e)
+            elif t is fx.Send and type(e.msg) is wm.Fetch:
+                self.fetched[(src, e.msg.kv_request_id, e.msg.round)] = tuple(e.msg.keys)
+                rest.append(e)
             elif t is fx.Send and type(e.msg) is wm.ProbeReply and core is not None:
                 self._check_reply(src, core, e)
                 rest.append(e)
@@ -188,14 +193,13 @@ class SymNet(FakeNetwork):
                 raise PropertyViolation(f"no_hit_without_pin: {src} says hit for {k!r} without a held pin")
 
     def _check_partial(self, src: str, e: fx.JobDone) -> None:
-        core = self.cores[src]
-        for view in [*core.round_loads(), *(v for k in core.consumer_ids() if (v := core.consumer(k)) is not None)]:
-            if view.job_id == e.job_id:
-                landed = self.landed.get((src, view.kv_request_id, view.round), set())
-                ok_keys = {view.keys[i] for i in landed if i < len(view.keys)}
-                if not set(e.successful_keys) <= ok_keys:
-                    raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports keys that did not land")
-                return
+        where = self.load_jobs.get(e.job_id)
+        if where is None:
+            raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports keys but was no load")
+        ok_keys = {keys[i] for (c, kid, r), keys in self.fetched.items() if (c, kid) == where
+                   for i in self.landed.get((c, kid, r), ()) if i < len(keys)}
+        if not set(e.successful_keys) <= ok_keys:
+            raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports keys that did not land")
 
     def deliver(self, src: str, dst: str, i: int, now: float):
         """As :meth:`FakeNetwork.deliver`, plus ``no_hit_without_pin``'s consumer half: once a
@@ -236,6 +240,8 @@ class SymNet(FakeNetwork):
         return self.route(name, core.fire(now), now) if core is not None else []
 
     def engine_input(self, name: str, inp: ix.Input, now: float) -> list[fx.Effect]:
+        if type(inp) is ix.LoadSubmitted:
+            self.load_jobs[inp.job_id] = (name, inp.kv_request_id)
         return self.route(name, self.cores[name].handle(inp, now), now)
 
     # -- checks ----------------------------------------------------------------------------------

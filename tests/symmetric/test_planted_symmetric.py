@@ -34,13 +34,13 @@ def _serve_unpinned_guard(self, rec, inp, now):  # any probed key counts as offe
     return all(k in rec.keys for k in inp.keys)
 
 
-def _serve_unpinned_effect(self, rec, inp, reason, now, out):  # ... served from a block it guesses
+def _serve_unpinned_effect(self, rec, inp, reason, now, out):  # ... served from a block it never pinned
     from kvtier.lifecycle.effects import SendBlocks
     from kvtier.lifecycle.serve import transfer_key
 
     key = transfer_key(rec.peer, rec.kv_request_id)
     self.transfers[(key, rec.round)] = rec.key
-    blocks = tuple(rec.found.get(k, 0) for k in rec.demand)
+    blocks = tuple(rec.found.get(k, 99) for k in rec.demand)
     out.append(SendBlocks(rec.peer, rec.kv_request_id, rec.round, blocks, rec.gen, (), rec.slots, key, True))
 
 
