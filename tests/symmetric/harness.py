@@ -58,6 +58,7 @@ class FakeEngine:
         self.blocks: dict[bytes, int] = {}
         self.pending: dict[bytes, int] = {}
         self.pins: dict[int, tuple[int, ...]] = {}
+        self.pin_round: dict[int, tuple[str, int]] = {}  # pin -> its round's (plane key, round)
         self.released: dict[int, bool] = {}
         self.opened: set[Any] = set()
         self.closed: set[Any] = set()
@@ -81,6 +82,8 @@ class FakeEngine:
         self._next += 1
         blocks = tuple(self.blocks[k] for k in keys)
         self.pins[self._next] = blocks
+        _, peer, kid, rnd = str(ctx).rsplit(":", 3)  # the shell's context id names the round
+        self.pin_round[self._next] = (transfer_key(peer, kid), int(rnd))
         return Pin(self._next, blocks)
 
     def release(self, pin_id: int, ok: bool, reason: str | None) -> None:
@@ -90,7 +93,11 @@ class FakeEngine:
             self.net.violations.append(f"pin_released_once: pin {pin_id} released twice")
         elif pin_id not in self.pins:
             self.net.violations.append(f"pin_released_once: pin {pin_id} was never taken")
-        reading = {b for t in self.net.transfers if t.src == self.name for b in t.blocks}
+        # the pin's own round's transfer must be over (another round pinning the same block holds
+        # its own pin: the engine's reference count keeps the block)
+        mine = self.pin_round.get(pin_id)
+        reading = {b for t in self.net.transfers if t.src == self.name and (t.kv_request_id, t.round) == mine
+                   for b in t.blocks}
         if reading & set(self.pins.get(pin_id, ())):
             self.net.violations.append(f"pin_released_once: pin {pin_id} released while the plane reads its blocks")
         self.released[pin_id] = ok

@@ -24,8 +24,27 @@ KEYS = [bytes([i]) * 8 for i in range(1, 5)]
 
 class Symmetric(RuleBasedStateMachine):
     @initialize(present=st.sets(st.integers(0, 3)), pending=st.sets(st.integers(0, 3)),
-                one_sided=st.booleans(), serve=st.sampled_from([True, True, True, False]))
-    def setup(self, present: set[int], pending: set[int], one_sided: bool, serve: bool) -> None:
+                one_sided=st.booleans(), serve=st.sampled_from([True, True, True, False]),
+                stage=st.sampled_from(["fresh", "connected", "offered", "loading"]))
+    def setup(self, present: set[int], pending: set[int], one_sided: bool, serve: bool, stage: str = "fresh") -> None:
+        """A fresh pair, or one driven (FIFO, nothing lost) to a later stage to start from: a
+        ready session, an answered round, or a round's load in flight (deep states in few steps)."""
+        self._setup(present, pending, one_sided, serve)
+        if stage == "fresh":
+            return
+        self.net.connect("C", "P", self.now)
+        self.flush()
+        if stage == "connected":
+            return
+        self.announce()
+        self.engine_step()
+        self.flush()
+        if stage == "loading":
+            self.load_hits(4)
+            if self.net.pending("C", "P"):
+                self.net.deliver("C", "P", 0, self.now)
+
+    def _setup(self, present: set[int], pending: set[int], one_sided: bool, serve: bool) -> None:
         self.net = SymNet()
         self.net.attach("C", make_core("C", one_sided=one_sided))
         self.net.attach("P", make_core("P", one_sided=one_sided, serve=serve, serve_max_pinned_blocks_per_peer=8))
@@ -130,7 +149,7 @@ class Symmetric(RuleBasedStateMachine):
                 self.net.serve_window("P", self.now)
 
     @precondition(lambda self: bool(self.net.cores["P"].serve_ids()) and self.net.cores["C"].session("P") is not None)
-    @rule(which=st.integers(0, 3), keys=st.sets(st.integers(0, 3)))
+    @rule(which=st.integers(0, 3), keys=st.sets(st.integers(0, 3), min_size=1))
     def forged_fetch(self, which: int, keys: set[int]) -> None:
         """A misbehaving consumer: a fetch(offered) of any keys for a live round of its own."""
         from kvtier.testing.fakenet import Envelope
