@@ -17,6 +17,9 @@ in the same run; medians with min–max.  The suite:
 * **P6** bookkeeping bytes per tracked id vs a ``transitions`` model per id.
 * **P7** PD on SmolLM2-135M: decode TTFT with fetched KV vs local recompute, over prompt lengths.
 * **P8** 1,000,000 ids through park → reap → tombstone → prune on a virtual clock.
+* **P9** symmetric P2P (``remote_kv_source``): a probe round vs a raw round trip; shared-prefix
+  TTFT on SmolLM2-135M, fetched from a peer vs recomputed (vLLM's own ``p2p`` tier beside kvtier's
+  in real vLLM schedulers: ``python -m bench.vllm_symmetric``).
 
 Usage, from a checkout (the suite is not part of the kvtier wheel): ``python -m bench [--quick]
 [--only P1,P3] [--out DIR] [--json PATH]``.  Writes ``results.json`` (``results-quick.json`` with
@@ -52,6 +55,7 @@ BENCHMARKS: dict[str, str] = {
     "P6": "bookkeeping bytes per id vs transitions",
     "P7": "PD on SmolLM2-135M: fetched KV vs recompute",
     "P8": "scale: 1M ids on a virtual clock",
+    "P9": "symmetric P2P: probe RTT and shared-prefix TTFT",
 }
 
 Runner = Callable[[bool, Callable[[str], None], set[str]], dict[str, dict[str, Any]]]
@@ -59,7 +63,7 @@ Runner = Callable[[bool, Callable[[str], None], set[str]], dict[str, dict[str, A
 
 def _groups() -> list[tuple[set[str], Runner]]:
     """Benchmarks that share a setup run together (P1-P3: one pair of processes)."""
-    from bench import corebench, pd, seed, xproc
+    from bench import corebench, pd, seed, symmetric, xproc
 
     def single(fn: Callable[[bool, Callable[[str], None]], dict[str, dict[str, Any]]]) -> Runner:
         return lambda quick, log, which: fn(quick, log)
@@ -72,6 +76,7 @@ def _groups() -> list[tuple[set[str], Runner]]:
         ({"P8"}, single(corebench.run_p8)),
         ({"P1", "P2", "P3"}, xproc.run),
         ({"P7"}, single(pd.run_p7)),
+        ({"P9"}, single(symmetric.run_p9)),
     ]
 
 

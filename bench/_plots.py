@@ -299,6 +299,36 @@ def plot_p8(r: dict[str, Any], out: Path, suffix: str) -> str:
     return _save(fig, out, "p8_scale", suffix)
 
 
+def plot_p9(r: dict[str, Any], out: Path, suffix: str) -> str:
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+    rows = r["probe_rtt"]
+    ks = [x["keys"] for x in rows]
+    for key, label, style in (("probe_us", "probe round (lookup → HIT)", "o-"), ("raw_us", "raw pyzmq round trip", "s--")):
+        a.plot(ks, [x[key]["median"] for x in rows], style, label=label)
+        a.fill_between(ks, [x[key]["min"] for x in rows], [x[key]["max"] for x in rows], alpha=0.2)
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("keys per probe")
+    a.set_ylabel("µs (median, min–max)")
+    a.set_title("P9 probe round trip vs raw")
+    a.legend(fontsize=8)
+    a.grid(alpha=0.3, which="both")
+    shared = r.get("shared_prefix") or []
+    if shared:
+        ls = [x["shared_tokens"] for x in shared]
+        for key, label, style in (("recompute_ms", "compute the whole prompt", "s-"),
+                                  ("fetched_ms", "fetch the shared prefix from a peer", "o-")):
+            b.plot(ls, [x[key]["median"] for x in shared], style, label=label)
+            b.fill_between(ls, [x[key]["min"] for x in shared], [x[key]["max"] for x in shared], alpha=0.2)
+        b.set_xlabel("shared system prompt (tokens)")
+        b.set_ylabel("TTFT ms (median, min–max)")
+        b.legend(fontsize=8)
+        b.grid(alpha=0.3)
+    b.set_title("P9 shared-prefix TTFT, SmolLM2-135M" if shared else "P9 shared prefix: model not installed")
+    return _save(fig, out, "p9_symmetric", suffix)
+
+
 def plot_summary(results: dict[str, dict[str, Any]], out: Path, suffix: str) -> str:
     """One bar per target: achieved / target, oriented so that ≥ 1 means met."""
     plt = _plt()
@@ -327,5 +357,5 @@ def plot_summary(results: dict[str, dict[str, Any]], out: Path, suffix: str) -> 
 
 PLOTS: dict[str, Callable[[dict[str, Any], Path, str], str]] = {
     "P0": plot_p0, "P1": plot_p1, "P2": plot_p2, "P3": plot_p3, "P4": plot_p4,
-    "P5": plot_p5, "P6": plot_p6, "P7": plot_p7, "P8": plot_p8,
+    "P5": plot_p5, "P6": plot_p6, "P7": plot_p7, "P8": plot_p8, "P9": plot_p9,
 }

@@ -249,4 +249,18 @@ def _p8(r: dict[str, Any]) -> str:
     return _md_table(["", ""], rows)
 
 
-_DETAIL = {"P0": _p0, "P1": _p1, "P2": _p2, "P3": _p3, "P4": _p4, "P5": _p5, "P6": _p6, "P7": _p7, "P8": _p8}
+def _p9(r: dict[str, Any]) -> str:
+    rows = [[str(x["keys"]), _mmm(x["probe_us"], fmt="{:.0f}"), _mmm(x["raw_us"], fmt="{:.0f}"),
+             _mmm(x["ratio"], fmt="{:.2f}")] for x in r["probe_rtt"]]
+    text = _md_table(["keys per probe", "probe round µs", "raw round trip µs", "probe / raw"], rows)
+    shared = r.get("shared_prefix") or []
+    if shared:
+        text += "\n\n" + _md_table(
+            ["shared tokens", "prompt tokens", "blocks HIT", "TTFT fetched ms", "TTFT recomputed ms", "fetched / recomputed"],
+            [[str(x["shared_tokens"]), str(x["prompt_tokens"]), ",".join(map(str, x["hit_blocks"])),
+              _mmm(x["fetched_ms"], fmt="{:.0f}"), _mmm(x["recompute_ms"], fmt="{:.0f}"),
+              _mmm(x["ratio"], fmt="{:.2f}")] for x in shared])
+    return text
+
+
+_DETAIL = {"P0": _p0, "P1": _p1, "P2": _p2, "P3": _p3, "P4": _p4, "P5": _p5, "P6": _p6, "P7": _p7, "P8": _p8, "P9": _p9}

@@ -15,6 +15,8 @@ import click
 @click.option("--late-delay", "late_delay_s", type=click.FloatRange(0.0, 3600), default=None, help="How long the late consumer is held back (s); must exceed the park timeout; default: park timeout + 0.5 s.")
 @click.option("--no-late", is_flag=True, help="Skip the late-consumer scenario.")
 @click.option("--data-plane", type=click.Choice(["zmq", "nixl"]), default="zmq", show_default=True, help="How blocks travel: zmq frames, or NIXL one-sided WRITEs (needs nixl-cu12).")
+@click.option("--shared-prefix-tokens", type=click.IntRange(16, 4096), default=512, show_default=True, help="Length of the shared system prompt in the shared-prefix run (the symmetric path).")
+@click.option("--no-shared", is_flag=True, help="Skip the shared-prefix run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 def demo(**opts: object) -> None:
     """Disaggregated prefill/decode of SmolLM2-135M through kvtier (two processes)."""

@@ -19,6 +19,15 @@ A **late consumer** is held back past ``unbound_store_timeout_s``: the producer 
 blocks, the consumer's fetch is refused with reason ``reaped`` within one round trip, and the
 consumer recomputes the prompt locally — still producing identical text.
 
+A **shared-prefix run** (the symmetric path, ``remote_kv_source``) follows: instance A (the
+producer process, ``serve_external`` on, its pool's blocks published in a
+:class:`~kvtier.blocksource.BlockIndex`) answers a question under a long shared system prompt and
+keeps the KV; instance B (the consumer process) gets other questions under the same system prompt
+naming A as ``remote_kv_source``: its lookups answer RETRY until A's reply, then HIT for every full
+block of the shared prefix, B loads those, computes only the rest of its prompt on top of them and
+decodes — identical tokens to the monolithic run, and the time to the first token compared with
+computing the whole prompt.
+
 Every process uses one torch thread so the float32 results are bit-reproducible across processes.
 """
 
@@ -43,7 +52,14 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 0,
     "background_poll": True,
+    "serve_external": True,  # the shared-prefix run: instance A serves its cached blocks (loopback only)
 }
+
+SHARED_SYSTEM = (
+    "You are the help desk assistant of a small hardware store. You answer questions about tools, "
+    "paint, garden supplies and opening hours politely, in plain words, and you never invent prices. "
+)
+"""The shared system prompt's paragraph, repeated to ``shared_prefix_tokens``."""
 
 
 def block_keys(ids: list[int], tokens_per_block: int) -> tuple[bytes, ...]:
@@ -141,9 +157,15 @@ class ProducerWorker:
         from kvtier.manager import KvTierManager
         from kvtier.memory import BlockPool
 
-        self.model, _tok, self.layout = _setup_worker()
+        from kvtier.blocksource import BlockIndex
+
+        self.model, tok, self.layout = _setup_worker()
+        self.eos = _eos(tok)
         self.pool = BlockPool(pool_blocks, self.layout.block_bytes)
         self.mgr = KvTierManager(cfg, self.pool, layout=self.layout.fingerprint())
+        # instance A of the shared-prefix run: the blocks of what it computed, for peers to fetch
+        self.index = BlockIndex(pool_blocks)
+        self.mgr.serve_from(self.index)
         self.jobs: dict[int, tuple[str, list[int]]] = {}
         self.outcomes: dict[str, dict[str, Any]] = {}
         self.job_ids = itertools.count(1)
@@ -183,12 +205,36 @@ class ProducerWorker:
         return {"first_token": first, "num_tokens": num_tokens, "blocks": len(blocks),
                 "kv_bytes": len(blocks) * layout.block_bytes, "prefill_s": prefill_s}
 
+    def op_compute_local(self, ids: list[int], max_new_tokens: int) -> dict[str, Any]:
+        """Instance A answers a request of its own: prefill, decode, and keep the prompt's KV
+        blocks in the pool, published for peers (what an engine's prefix cache does)."""
+        from demo.model import cache_to_blocks, decode_greedy, prefill
+
+        cache, first = prefill(self.model, ids)
+        blocks, _ = cache_to_blocks(cache, self.layout)
+        keys = block_keys(ids, self.layout.tokens_per_block)
+        with self.mgr.lock:  # the index is read in the manager's serve windows
+            slots = self.pool.alloc(len(blocks))
+            for s, b, k in zip(slots, blocks, keys):
+                self.pool.view(s).copy_(b)
+                self.index.publish(k, s)
+        tokens = decode_greedy(self.model, cache, first, max_new_tokens, self.eos)
+        return {"tokens": tokens, "blocks": len(blocks)}
+
     def op_results(self) -> dict[str, Any]:
         self._collect()
-        return {"outcomes": self.outcomes, "stats": self.mgr.stats()}
+        with self.mgr.lock:
+            pins = self.index.pins_outstanding()
+        return {"outcomes": self.outcomes, "stats": self.mgr.stats(), "pins_outstanding": pins}
 
     def close(self) -> None:
         self.mgr.shutdown()
+
+
+def _eos(tok: Any) -> frozenset[int]:
+    from demo.model import eos_token_ids
+
+    return eos_token_ids(tok)
 
 
 class ConsumerWorker:
@@ -250,6 +296,72 @@ class ConsumerWorker:
         row["tokens"] = tokens
         return row
 
+    def op_shared(self, kv_request_id: str, ids: list[int], source: str, max_new_tokens: int) -> dict[str, Any]:
+        """Instance B: a request under the shared system prompt naming instance A as its
+        ``remote_kv_source``.  Probe (lookups RETRY until A answers), load the HIT prefix, compute
+        the rest of the prompt on top of it, decode; then compute the whole prompt locally for the
+        comparison."""
+        import torch
+
+        from demo.model import _greedy, blocks_to_cache, decode_greedy, prefill
+        from kvtier.api import LookupResult, RequestContext, TransferJob
+
+        mgr, pool, layout, model = self.mgr, self.pool, self.layout, self.model
+        t = layout.tokens_per_block
+        host, port = source.rsplit(":", 1)
+        req = RequestContext(req_id=f"shared-{kv_request_id}", kv_transfer_params={
+            "remote_kv_source": {"kv_request_id": kv_request_id, "remote_host": host, "remote_port": int(port)}})
+        keys = block_keys(ids, t)[: len(ids) // t]  # full blocks only: a partial one is always computed
+        t0 = time.perf_counter()
+        mgr.on_new_request(req)
+        steps = 0
+        while True:  # the engine's steps: scan (until the first MISS), then end the step
+            steps += 1
+            answers = []
+            for k in keys:
+                answers.append(mgr.lookup(k, req))
+                if answers[-1] is LookupResult.MISS:
+                    break
+            mgr.on_schedule_end()
+            if LookupResult.RETRY not in answers:
+                break
+            time.sleep(0.0002)
+        answered_s = time.perf_counter() - t0
+        hits = 0
+        while hits < len(answers) and answers[hits] is LookupResult.HIT:
+            hits += 1
+        row: dict[str, Any] = {"hit_blocks": hits, "steps": steps, "answered_s": answered_s, "load_ok": None}
+        cache = None
+        if hits:
+            slots = pool.alloc(hits)
+            mgr.submit_load(TransferJob(job_id=next(self.job_ids), keys=keys[:hits], slots=tuple(slots), req=req))
+            result = None
+            while result is None:
+                for r in mgr.get_finished_jobs():
+                    result = r
+                if result is None:
+                    time.sleep(0.0002)
+            row["load_ok"] = result.success
+            row["load_s"] = time.perf_counter() - t0 - answered_s
+            if result.success:
+                cache = blocks_to_cache([pool.view(s) for s in slots], hits * t, layout)
+            pool.free(slots)
+        done = hits * t if cache is not None else 0
+        with torch.no_grad():
+            if cache is None:
+                cache, first = prefill(model, ids)
+            else:
+                out = model(input_ids=torch.tensor([ids[done:]]), cache=cache, use_cache=True, logits_to_keep=1)
+                cache, first = out.cache, _greedy(out.logits)
+        row["ttft_fetched_s"] = time.perf_counter() - t0
+        row["computed_tokens"] = len(ids) - done
+        row["tokens"] = decode_greedy(model, cache, first, max_new_tokens, self.eos)
+        mgr.on_request_finished(req)
+        t1 = time.perf_counter()
+        prefill(model, ids)  # the comparison: the whole prompt computed here
+        row["ttft_recompute_s"] = time.perf_counter() - t1
+        return row
+
     def op_results(self) -> dict[str, Any]:
         return {"stats": self.mgr.stats()}
 
@@ -267,10 +379,13 @@ def run(
     no_late: bool = False,
     data_plane: str = "zmq",
     progress: DemoProgress | None = None,
+    shared_prefix_tokens: int = 512,
+    no_shared: bool = False,
 ) -> dict[str, Any]:
     """Run the demo; return a JSON-able report (see module docstring). ``progress`` hears every
     stage as it starts (nothing is reported without one).  ``data_plane``: ``"zmq"`` or
-    ``"nixl"`` (config key ``data_plane``)."""
+    ``"nixl"`` (config key ``data_plane``).  ``shared_prefix_tokens``: the shared system prompt's
+    length in the shared-prefix run (``no_shared``: skip it)."""
     report = progress or _Quiet()
     report.stage("loading SmolLM2-135M (the first run converts its GGUF, ~30 s)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -292,7 +407,12 @@ def run(
         late_name = "late:" + encoded[0][0]
         encoded.append((late_name, encoded[0][1]))
     late_delay = late_delay_s if late_delay_s is not None else unbound_store_timeout_s + 0.5
-    pool_blocks = max(layout.num_blocks(len(ids)) for _, ids in encoded) + 4
+    shared: list[tuple[str, list[int]]] = []
+    if not no_shared:
+        questions = [text for _, text in demo_prompts(256, tok)][:3]
+        system = SHARED_SYSTEM * max(1, shared_prefix_tokens // max(1, len(tok(SHARED_SYSTEM)["input_ids"])))
+        shared = [(f"shared:{i}", encode_prompt(tok, q, system=system)) for i, q in enumerate(questions)]
+    pool_blocks = max(layout.num_blocks(len(ids)) for _, ids in encoded + shared) * (2 if shared else 1) + 4
     cfg = dict(DEFAULT_CONFIG, unbound_store_timeout_s=unbound_store_timeout_s, data_plane=data_plane)
     if data_plane == "nixl":
         os.environ.setdefault("UCX_NET_DEVICES", "lo")  # inherited by both workers: one host
@@ -332,6 +452,8 @@ def run(
                 "text": tok.decode(dec["tokens"], skip_special_tokens=True),
             })
             report.advance()
+        shared_rows = _shared_prefix_run(shared, prod, cons, hello["address"], model, tok, max_new_tokens,
+                                         layout.tokens_per_block, report)
         report.stage("collecting the producer's results")
         pres = prod.call("results")
     finally:
@@ -343,6 +465,9 @@ def run(
     ok = all(r["identical"] for r in rows) and (
         no_late or any(r["late"] and r["reason"] == "reaped" for r in rows)
     ) and all(r["outcome"] == "fetched" for r in rows if not r["late"])
+    b_rows = [r for r in shared_rows if r["instance"] == "B"]
+    ok = ok and all(r["identical"] for r in shared_rows) and all(
+        r["hit_blocks"] == r["shared_blocks"] and r["load_ok"] for r in b_rows) and pres["pins_outstanding"] == 0
     summary = {
         "ok": ok,
         "data_plane": data_plane,
@@ -353,9 +478,44 @@ def run(
         "median_kv_ready_fetched_s": statistics.median(r["kv_ready_fetched_s"] for r in fetched) if fetched else None,
         "median_kv_ready_recompute_s": statistics.median(r["kv_ready_recompute_s"] for r in fetched) if fetched else None,
         "late_rejection_ms": next((r["load_s"] * 1e3 for r in rows if r["late"]), None),
+        "median_ttft_shared_fetched_s": statistics.median(r["ttft_fetched_s"] for r in b_rows) if b_rows else None,
+        "median_ttft_shared_recompute_s": statistics.median(r["ttft_recompute_s"] for r in b_rows) if b_rows else None,
+        "serve_pins_outstanding": pres["pins_outstanding"],
         "producer_metrics": {k: v for k, v in pres["stats"].items() if v and "_bucket{" not in k},
     }
-    return {"summary": summary, "requests": rows}
+    return {"summary": summary, "requests": rows, "shared_prefix": shared_rows}
+
+
+def _shared_prefix_run(shared: list[tuple[str, list[int]]], prod: Any, cons: Any, source: str, model: Any, tok: Any,
+                       max_new_tokens: int, t: int, report: DemoProgress) -> list[dict[str, Any]]:
+    """Instance A (the producer process) answers the first question and keeps its KV; instance
+    B (the consumer process) answers the others, fetching the shared system prompt's blocks from
+    A instead of computing them.  Every answer is checked against the monolithic run."""
+    from demo.model import eos_token_ids, recompute_decode
+
+    if not shared:
+        return []
+    eos = eos_token_ids(tok)
+    first = shared[0][1]
+    common = min(next((i for i, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids)))
+                 for _, ids in shared[1:]) if len(shared) > 1 else len(first)
+    rows = []
+    for i, (name, ids) in enumerate(shared):
+        report.stage(f"{name}: monolithic run (the reference tokens)")
+        reference = recompute_decode(model, ids, max_new_tokens, eos)
+        if i == 0:
+            report.stage(f"{name}: instance A computes it and keeps its KV (its prefix cache)")
+            a = prod.call("compute_local", ids=ids, max_new_tokens=max_new_tokens)
+            rows.append({"name": name, "instance": "A", "prompt_tokens": len(ids), "shared_blocks": common // t,
+                         "hit_blocks": 0, "load_ok": None, "identical": a["tokens"] == reference,
+                         "tokens": a["tokens"], "reference": reference, "computed_tokens": len(ids)})
+            continue
+        report.stage(f"{name}: instance B probes A (remote_kv_source), fetches the shared prefix, computes the rest")
+        b = cons.call("shared", kv_request_id=f"shared-{os.getpid()}-{i}", ids=ids, source=source,
+                      max_new_tokens=max_new_tokens)
+        rows.append({"name": name, "instance": "B", "prompt_tokens": len(ids), "shared_blocks": common // t,
+                     "identical": b["tokens"] == reference, "reference": reference, **b})
+    return rows
 
 
 def _print_report(report: dict[str, Any]) -> None:
@@ -386,6 +546,25 @@ def _print_report(report: dict[str, Any]) -> None:
                       f"(no {s['load_timeout_s']:.0f} s load timeout); it recomputed locally")
         else:
             con.print("late consumer: the fetch was NOT refused (was it really late?)")
+    shared = report.get("shared_prefix") or []
+    if shared:
+        t2 = Table(title="shared-prefix run: instance B fetches the shared system prompt's KV from instance A "
+                         "(remote_kv_source) instead of computing it")
+        for col in ("request", "instance", "prompt tok", "computed tok", "blocks HIT / shared", "probe steps",
+                    "TTFT: fetched / recompute", "identical"):
+            t2.add_column(col, justify="left" if col in ("request", "instance") else "right")
+        for r in shared:
+            ttft = (f"{r['ttft_fetched_s'] * 1e3:.0f} / {r['ttft_recompute_s'] * 1e3:.0f} ms"
+                    if r["instance"] == "B" else "— (computes and keeps its KV)")
+            t2.add_row(r["name"], r["instance"], str(r["prompt_tokens"]), str(r["computed_tokens"]),
+                       f"{r['hit_blocks']} / {r['shared_blocks']}" if r["instance"] == "B" else "—",
+                       str(r.get("steps", "—")), ttft, "[green]yes[/]" if r["identical"] else "[red]NO[/]")
+        con.print(t2)
+        if s.get("median_ttft_shared_fetched_s") is not None:
+            con.print(f"time to first token under the shared prefix: fetched from the peer "
+                      f"{s['median_ttft_shared_fetched_s'] * 1e3:.1f} ms vs computing the whole prompt "
+                      f"{s['median_ttft_shared_recompute_s'] * 1e3:.1f} ms (median); instance A's pins left: "
+                      f"{s['serve_pins_outstanding']}")
     con.print(f"pool memory: {'pinned' if s['pinned_memory'] else 'pageable (no accelerator on this machine)'}; "
               f"block = {s['block_bytes']:,} bytes")
     con.print("[bold green]OK[/]: every decode is identical to the monolithic run" if s["ok"]

@@ -21,6 +21,9 @@ class LookupResult(enum.Enum):
     """kvtier cannot supply the block: compute it (or the id's load failed: recompute)."""
     HIT = "hit"
     """The block can be loaded from the remote producer with :meth:`KvTierManager.submit_load`."""
+    RETRY = "retry"
+    """Symmetric requests only: the peer has not answered yet (a probe is out); ask again at a later
+    step.  Bounded: within ``probe_timeout_s`` of the round's first key the answer is HIT or MISS."""
 
 
 @attrs.frozen(kw_only=True)
@@ -29,7 +32,9 @@ class RequestContext:
 
     ``kv_transfer_params`` uses vLLM's shapes: a producer (prefill) request carries
     ``{"remote_decoder": {"kv_request_id": K}}``; a consumer (decode) request carries
-    ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}``.
+    ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}``; a
+    symmetric request (fetch whatever blocks the peer's engine holds) carries
+    ``{"remote_kv_source": {"kv_request_id": K, "remote_host": H, "remote_port": P}}``.
     Anything else (or ``None``) is a local-only request.
     """
 
@@ -58,7 +63,10 @@ class JobResult:
 
     ``reason`` is a spec reason code (``reaped``, ``load_timeout``, ``shutdown`` …) when
     ``success`` is False.  ``transfer_bytes``/``transfer_time_s`` are set for successful loads
-    (bytes landed in slots; seconds from submit to result).
+    (bytes landed in slots; seconds from submit to result).  ``successful_keys``: a failed load
+    whose blocks partly landed names the keys whose slots hold their verified bytes (a subset of
+    the job's keys, ``None`` when there are none or integrity checking is off); the engine keeps
+    those and computes only the rest.
     """
 
     job_id: int
@@ -66,6 +74,7 @@ class JobResult:
     reason: str | None = None
     transfer_bytes: int | None = None
     transfer_time_s: float | None = None
+    successful_keys: tuple[bytes, ...] | None = None
 
 
 class UnknownRequest(ValueError):

@@ -386,7 +386,29 @@ class _NameList:
         return f"list of 1..{self.max_items} distinct names (`[A-Za-z0-9_]`, ≤ 64 chars)"
 
 
-_Kind = _Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone | _PeerList | _NameList
+class _PrincipalList:
+    """A non-empty JSON list of principals (certificate stems, docs/security.md) or ``["*"]``."""
+
+    max_items: int = 4096
+    unit: str = ""
+    _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+    def convert(self, key: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, (list, tuple)):
+            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
+        if not value or len(value) > self.max_items:
+            raise _fail(key, value, f'must list 1..{self.max_items} principals (["*"]: any authenticated peer)')
+        for v in value:
+            if not isinstance(v, str) or not (v == "*" or self._NAME.fullmatch(v)):
+                raise _fail(key, value, f"{_safe_repr(v, 40)} is neither \"*\" nor a principal name")
+        return tuple(value)
+
+    def describe(self) -> str:
+        return 'list of principal names (certificate stems) or `["*"]`, non-empty'
+
+
+_Kind = (_Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone | _PeerList | _NameList
+         | _PrincipalList)
 _KIND = "kvtier.kind"
 _DOC = "kvtier.doc"
 
@@ -622,6 +644,51 @@ class TierConfig:
         compatibility; set it in production, see docs/security.md). A request naming another
         endpoint is refused before any socket exists: lookup says MISS and the engine recomputes.""")
 
+    # ---- the symmetric path (remote_kv_source; docs/integrations/vllm.md, decisions Y1-Y16) ------
+    serve_external: bool = _field(_Bool(), False, doc="""
+        Answer peers' probes from this engine's own tiers (the producer side of the symmetric
+        path): a peer's request with ``remote_kv_source`` naming this tier fetches whatever prefix
+        blocks this engine holds. Off by default: a probe tells the peer whether a prompt was
+        served here and lets it read that prompt's KV, so turn it on only among instances that may
+        share their caches (with ``auth="curve"`` and ``serve_allowed_principals`` across
+        tenants). Consumers probe whether or not this is on.""")
+
+    serve_allowed_principals: tuple[str, ...] = _field(_PrincipalList(), ("*",), doc="""
+        With ``serve_external``: the authenticated principals (``auth="curve"`` certificate stems)
+        whose probes are answered; others are refused ``not_serving``. ``["*"]``: every peer
+        allowed to connect. Anything but ``["*"]`` needs ``auth="curve"`` (without authentication
+        a principal is whatever the peer claims).""")
+
+    probe_timeout_s: float = _field(_TIMEOUT, 1.0, doc="""
+        The longest a symmetric request's lookups answer RETRY (the engine defers the request)
+        for one round: from the round's first key, the dial and handshake, the probe and the
+        peer's reply included. Then the keys answer MISS and the engine computes them.""")
+
+    serve_lookup_timeout_s: float = _field(_TIMEOUT, 0.25, doc="""
+        How long a producer waits for blocks its engine reports pending (on their way into its
+        primary tier) before answering a probe miss for them. Must be below
+        ``probe_timeout_s``, so a fleet with one config answers before its consumers give up.""")
+
+    offer_timeout_s: float = _field(_TIMEOUT, 10.0, doc="""
+        How long a producer keeps blocks pinned for a peer's round that was answered but not
+        fetched; then the pins are released and the peer told ``offer_expired``.""")
+
+    serve_max_rounds_per_peer: int = _field(_Int(1, 1_048_576, "rounds"), 256, doc="""
+        Live symmetric rounds one peer may have on this producer; more probes are refused
+        ``serve_busy``.""")
+
+    serve_max_probes_per_round: int = _field(_Int(1, 1024, "probes"), 8, doc="""
+        Probes one round may carry (a round grows by the keys an engine step looks up); more end
+        the round ``serve_busy``.""")
+
+    serve_max_pinned_blocks_per_peer: int = _field(_Int(1, 1 << 30, "blocks"), 16384, doc="""
+        Engine blocks one peer's rounds may keep pinned together; a probe that could exceed it is
+        refused ``serve_busy``.""")
+
+    serve_max_pinned_fraction: float = _field(_Float(0.001, 1.0, unit=""), 0.5, doc="""
+        Fraction of the block pool all peers' rounds may keep pinned together, so the engine keeps
+        room to compute.""")
+
     # ---- polling ------------------------------------------------------------
     poll_interval_s: float = _field(_Float(0.0001, 1.0), 0.001, doc="""
         Cadence of the background poll thread (when ``background_poll``).""")
@@ -634,6 +701,17 @@ class TierConfig:
     def __attrs_post_init__(self) -> None:
         for rule in CROSS_FIELD_RULES:
             rule.check(self)
+        if self.serve_allowed_principals != ("*",) and self.auth != "curve":
+            raise TierConfigError(
+                f"serve_allowed_principals={list(self.serve_allowed_principals)!r} needs auth='curve': without "
+                "authentication a principal is whatever the peer claims (use [\"*\"] or turn CURVE on)",
+                keys=("serve_allowed_principals", "auth"),
+            )
+        if "*" in self.serve_allowed_principals and len(self.serve_allowed_principals) > 1:
+            raise TierConfigError(
+                "serve_allowed_principals lists \"*\" with other names: \"*\" already allows every peer",
+                keys=("serve_allowed_principals",),
+            )
         if self.auth == "curve":
             for key in ("auth_secret_key_file", "auth_allowed_keys_dir"):
                 if not getattr(self, key):
@@ -768,6 +846,10 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         "heartbeat_interval_s", ">=", 1, "poll_interval_s",
         "heartbeats cannot be sent more often than the transport is polled",
+    ),
+    CrossFieldRule(
+        "serve_lookup_timeout_s", "<", 1, "probe_timeout_s",
+        "a producer must answer a probe (pending blocks as miss) before its consumers stop waiting for it",
     ),
 )
 

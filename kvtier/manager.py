@@ -10,7 +10,7 @@ engine thread alone (call :meth:`poll` or :meth:`get_finished_jobs` regularly), 
 ``poll_interval_s`` and takes the same lock); both are safe.  The API mirrors vLLM 0.33.0's
 ``SecondaryTierManager`` (``on_new_request``, ``lookup``, ``submit_store``, ``submit_load``,
 ``get_finished_jobs``, ``on_request_finished``, ``has_pending_work``, ``drain_jobs``,
-``shutdown``).
+``shutdown``, and for the symmetric path ``on_schedule_end`` and ``serve_external_requests``).
 
 Nothing a peer sends can raise out of :meth:`poll`: malformed messages are counted, answered
 (rate-limited) by the core and dropped.
@@ -30,16 +30,17 @@ import msgspec
 from prometheus_client import CollectorRegistry
 
 from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
+from kvtier.blocksource import BlockSource
 from kvtier.config import TierConfig
-from kvtier.dataplane import DataPlane, make_plane
-from kvtier.integrity import DigestPool, default_threads
-from kvtier.lifecycle import ConsumerState, InvalidTransition, Reason, TierCore
+from kvtier.dataplane import DataPlane, Released, make_plane
+from kvtier.integrity import DigestPool, block_digests, default_threads
+from kvtier.lifecycle import Answer, ConsumerState, InvalidTransition, ProbeState, Reason, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.driver import drive
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
 from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
-from kvtier.shell.build import local_hello, make_core, make_transport
+from kvtier.shell.build import local_hello, make_core, make_transport, warn_if_serving_open
 from kvtier.shell.checks import check_fetch_size, check_job, check_job_type, check_req
 from kvtier.shell.inbound import Inbound
 from kvtier.shell.jobs import JobLedger
@@ -56,6 +57,7 @@ log = logging.getLogger("kvtier.manager")
 
 #: The least a shutdown gives its goodbyes to flush, even when a drain used the whole budget.
 _MIN_GOODBYE_S = 0.05
+_ANSWERS = {Answer.RETRY: LookupResult.RETRY, Answer.HIT: LookupResult.HIT, Answer.MISS: LookupResult.MISS}
 
 
 class KvTierManager:
@@ -128,7 +130,7 @@ class KvTierManager:
                                            layout=layout, digest_pool=self._digest_pool)
         hello = local_hello(cfg, block_bytes=pool.block_bytes, layout=layout, instance=self.instance, plane=self.plane)
         self.core: TierCore = make_core(cfg, hello, one_sided=self.plane.one_sided, gen_base=secrets.randbits(62),
-                                        revoke_bounded=self.plane.revocation_bounded)
+                                        revoke_bounded=self.plane.revocation_bounded, pool_blocks=pool.num_blocks)
         """The lifecycle core (its read API: sessions, states, quarantine, snapshots)."""
         self._jobs = JobLedger()
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
@@ -165,6 +167,7 @@ class KvTierManager:
                           metrics=self._metrics, logs=self._logs)
         if not pool.pinned:
             log.info("kvtier: block pool is pageable (no accelerator): transfers still work, without DMA pinning")
+        warn_if_serving_open(cfg)
         self._thread: PollThread | None = None
         if cfg.background_poll:
             self._thread = PollThread(lock=self._lock, loop=self._loop, wait=self.transport.wait,
@@ -237,9 +240,11 @@ class KvTierManager:
 
     # -- engine API ------------------------------------------------------------------------------
     def on_new_request(self, req: RequestContext) -> str:
-        """Register a request; returns its role: ``"producer"``, ``"consumer"`` or ``"local"``.
+        """Register a request; returns its role: ``"producer"``, ``"consumer"``, ``"source"``
+        (symmetric: its blocks are probed for on the peer ``remote_kv_source`` names) or
+        ``"local"``.
 
-        A consumer request opens (or reuses) the session to its producer.
+        A consumer or source request opens (or reuses) the session to its peer.
 
         Raises:
             TypeError: ``req`` is not a :class:`~kvtier.api.RequestContext`.
@@ -269,15 +274,20 @@ class KvTierManager:
                 if prev != info:
                     raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
                 return info.role
-            if info.role == "consumer":
-                if self.core.consumer_state(info.kv_request_id) is not ConsumerState.ABSENT:
+            if info.role in ("consumer", "source"):
+                kid = info.kv_request_id
+                if (self.core.consumer_state(kid) is not ConsumerState.ABSENT
+                        or self.core.probe_state(kid) is not ProbeState.ABSENT or self.core.round_loads(kid)):
                     # an earlier request's load of this id is still winding down (abort in flight)
                     raise ValueError(
-                        f"request {req.req_id!r}: kv_request_id {info.kv_request_id!r} is still in use by an "
+                        f"request {req.req_id!r}: kv_request_id {kid!r} is still in use by an "
                         "earlier request on this consumer"
                     )
                 self._requests[req.req_id] = info
-                self._loop.apply(ix.LoadAnnounced(info.kv_request_id, info.peer, info.life))
+                if info.role == "consumer":
+                    self._loop.apply(ix.LoadAnnounced(kid, info.peer, info.life))
+                else:
+                    self._loop.apply(ix.ProbeAnnounced(kid, info.peer))
             else:
                 self._requests[req.req_id] = info
                 if info.role == "producer" and info.consumer is not None:
@@ -287,13 +297,65 @@ class KvTierManager:
     def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
         """HIT if ``key`` can be loaded for ``req`` from its remote producer; MISS otherwise
         (including after the id's load failed, so the engine recomputes, and once :meth:`shutdown`
-        began, when a new load would raise)."""
+        began, when a new load would raise).
+
+        A symmetric (``source``) request registers ``key`` with its probe and answers RETRY until
+        the peer said whether it holds the block — bounded by ``probe_timeout_s`` from the round's
+        first key — then HIT (pinned for us until our load) or MISS (kept for the request's life).
+        Keys looked up during one engine step leave in one probe at :meth:`on_schedule_end`."""
         check_req(req, "lookup")
         with self._lock:
             info = self._requests.get(req.req_id)
-            if info is None or info.role != "consumer" or self._closed or self._closing:
+            if info is None or self._closed or self._closing:
                 return LookupResult.MISS  # (shutting down: a load submitted now would raise)
+            if info.role == "source":
+                if not isinstance(key, bytes) or not 0 < len(key) <= 256:
+                    raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
+                self._loop.apply(ix.KeyLookedUp(info.kv_request_id, key))
+                return _ANSWERS[self.core.probe_answer(info.kv_request_id, key)]
+            if info.role != "consumer":
+                return LookupResult.MISS
             return LookupResult.MISS if self.core.load_failed(info.kv_request_id) else LookupResult.HIT
+
+    def on_schedule_end(self) -> None:
+        """The engine step ended (vLLM's ``on_schedule_end``): every symmetric request's keys
+        looked up during the step leave in one probe per (peer, ``kv_request_id``).  Engines
+        other than vLLM call it once after each batch of lookups."""
+        with self._lock:
+            if not self._closed:
+                self._loop.apply(ix.ScheduleEnded())
+                if self._loop.outbound.serving.standing is not None:
+                    self._loop.serve(self._loop.outbound.serving.standing)
+
+    def serve_external_requests(self, source: BlockSource) -> int:
+        """A serve window: answer peers' probes from the engine's own blocks through ``source``
+        (:class:`~kvtier.blocksource.BlockSource`; vLLM: its ``ParentManager``).  Call it when the
+        engine's blocks may be pinned safely (vLLM calls it once per step and between steps, under
+        its lock); ``source`` is used only during the call, except its ``release`` (a pin's end),
+        which may come at any later manager call.  Returns how many lookups were performed.
+
+        Raises:
+            TypeError: ``source`` does not implement :class:`~kvtier.blocksource.BlockSource`.
+        """
+        if not isinstance(source, BlockSource):
+            raise TypeError(f"source must implement kvtier.blocksource.BlockSource, got {type(source).__name__}")
+        with self._lock:
+            if self._closed:
+                return 0
+            return self._loop.serve(source)
+
+    def serve_from(self, source: BlockSource | None) -> None:
+        """Serve peers' probes from ``source`` at every tick and step end, without the engine
+        opening windows itself (for engines whose blocks live in kvtier's pool and are guarded by
+        the manager's lock: :class:`~kvtier.blocksource.BlockIndex`); ``None`` stops.
+
+        Raises:
+            TypeError: ``source`` does not implement :class:`~kvtier.blocksource.BlockSource`.
+        """
+        if source is not None and not isinstance(source, BlockSource):
+            raise TypeError(f"source must implement kvtier.blocksource.BlockSource, got {type(source).__name__}")
+        with self._lock:
+            self._loop.outbound.serving.standing = source
 
     def submit_store(self, job: TransferJob) -> None:
         """Park ``job``'s blocks for the request's remote decoder (or report success at once for a
@@ -358,9 +420,10 @@ class KvTierManager:
                 self._jobs.report(JobResult(job_id=job.job_id, success=False, reason=Reason.PEER_NOT_ALLOWED))
                 self._metrics.job_done("load", False, Reason.PEER_NOT_ALLOWED)
                 return
-            if info.role != "consumer":
+            if info.role not in ("consumer", "source"):
                 raise UnknownRequest(
-                    f"submit_load job {job.job_id}: request {job.req.req_id!r} has no remote_prefiller params"
+                    f"submit_load job {job.job_id}: request {job.req.req_id!r} has no remote_prefiller or "
+                    "remote_kv_source params"
                 )
             self._check_job(job)
             now = self.clock()
@@ -456,23 +519,28 @@ class KvTierManager:
         check_req(req, "on_request_finished")
         with self._lock:
             info = self._requests.pop(req.req_id, None)
-            if info is None or self._closed or info.role not in ("producer", "consumer"):
+            if info is None or self._closed or info.role not in ("producer", "consumer", "source"):
                 return
             self._loop.apply(ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life))
 
     def has_pending_work(self) -> bool:
-        """True while any job lacks a collected result, a transfer is in flight or sends are
-        queued."""
+        """True while any job lacks a collected result, a transfer is in flight, sends are queued,
+        or symmetric work waits (a probe round, a peer's round, a pin, a queued engine lookup): the
+        engine must keep stepping (and opening serve windows) while it is."""
         with self._lock:
             return bool(self._jobs) or self._jobs.ready or (
-                not self._closed and (self.plane.referenced() > 0 or self.transport.pending_sends() > 0)
+                not self._closed and (self.plane.referenced() > 0 or self.transport.pending_sends() > 0
+                                      or self.core.symmetric_work() or self._loop.outbound.serving.pending())
             )
 
     def drain_jobs(self, timeout_s: float | None = None) -> None:
         """Return once every submitted job has a result (collect them with get_finished_jobs).
 
-        Parked and awaiting producer ids are ended at once (jobs fail with reason ``drained``);
-        transfers and loads in flight finish or hit their deadlines, so this terminates.
+        Parked and awaiting producer ids are ended at once (jobs fail with reason ``drained``), and
+        so are peers' symmetric rounds not fetched yet (their pins are released, ``drained``);
+        transfers and loads in flight finish or hit their deadlines, so this terminates.  Returns
+        only once no pin is held either (vLLM's ``reset_cache`` asserts that no job of its is
+        outstanding, and a pin is one).
 
         ``timeout_s`` is also the budget of a :meth:`shutdown` that follows a drain that did not
         finish: it gets only what is left of it (and at least the goodbyes' flush), so the two
@@ -490,12 +558,13 @@ class KvTierManager:
         while True:
             with self._lock:
                 self._loop.tick()
-                if not self._jobs:
+                if not self._jobs and not self._loop.outbound.serving.pins():
                     self._drain_deadline = None
                     return
                 wait = self._loop.wait_budget()
             if timeout_s is not None and time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"drain_jobs: {len(self._jobs)} jobs still outstanding after {timeout_s} s")
+                raise TimeoutError(f"drain_jobs: {len(self._jobs)} jobs and {len(self._loop.outbound.serving.pins())} "
+                                   f"pins still outstanding after {timeout_s} s")
             self._idle_wait(min(wait, 0.01))
 
     def poll(self, timeout_s: float = 0.0) -> None:
@@ -608,6 +677,8 @@ class KvTierManager:
         for job_id in self._jobs.open_ids():  # nothing should remain; never leave a job without a result
             log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
             self._jobs.finish(job_id, False, Reason.SHUTDOWN, self.clock())
+        # no serve window comes after shutdown: engine lookup contexts go with the engine
+        self._loop.outbound.serving.drop_contexts()
 
     # -- helpers: API checks ---------------------------------------------------------------------
     def _check_open(self) -> None:

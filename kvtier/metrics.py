@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
+from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, Reason, ServeState, SessionState
 from kvtier.wire.codec import WireReason
 
 __all__ = [
@@ -61,7 +61,7 @@ VOCABULARY: frozenset[str] = frozenset(
     {r.value for r in Reason} | {r.value for r in WireReason} | {"failed", ""}
 )
 
-_MACHINES = frozenset({"producer", "consumer", "session"})
+_MACHINES = frozenset({"producer", "consumer", "session", "probe", "serve"})
 _RETAINED = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED})
 
 
@@ -114,6 +114,25 @@ SERIES: tuple[SeriesDef, ...] = (
     SeriesDef("kvtier_consumer_loads", "gauge", ("state",), "ids",
               "Consumer-side ids (announced requests and their loads), by consumer state.",
               fed_by="scrape"),
+    # ---- the symmetric path (remote_kv_source) -----------------------------------------------------
+    SeriesDef("kvtier_probes", "gauge", ("state",), "requests",
+              "Symmetric requests probing a peer for blocks, by probe state (collecting/probing: their "
+              "lookups answer RETRY; offered: the peer pins blocks for them).", fed_by="scrape"),
+    SeriesDef("kvtier_probe_keys_total", "counter", ("answer",), "keys",
+              "Keys peers answered in probe replies to us: answer hit (pinned for us) or miss.",
+              fed_by="probe_answered"),
+    SeriesDef("kvtier_serve_rounds", "gauge", ("state",), "rounds",
+              "Peers' symmetric rounds this producer answers from its engine's tiers, by serve state.",
+              fed_by="scrape"),
+    SeriesDef("kvtier_served_keys_total", "counter", ("answer",), "keys",
+              "Keys of peers' probes this producer answered: answer hit (pinned for the peer) or miss.",
+              fed_by="served"),
+    SeriesDef("kvtier_serve_pinned_blocks", "gauge", (), "blocks",
+              "Engine blocks pinned for peers' symmetric rounds (bounded by serve_max_pinned_fraction).",
+              fed_by="scrape"),
+    SeriesDef("kvtier_pins_released_total", "counter", ("outcome", "reason"), "pins",
+              "Engine pins of served rounds released: outcome ok|fail, reason of a failure "
+              "(offer_expired: the consumer never fetched).", fed_by="pins_released"),
     # ---- both: transfers and jobs ----------------------------------------------------------------
     SeriesDef("kvtier_transfer_bytes", "histogram", ("role",), "bytes",
               "Bytes per completed transfer: role=producer per sent round, role=consumer per "
@@ -244,6 +263,11 @@ class _Live(Collector):
         g = self._gauge("kvtier_store_jobs_awaiting_receipt")
         g.add_metric(const, float(snap.awaiting_receipt_jobs))
         out.append(g)
+        out.append(self._by_state("kvtier_probes", snap.probe, ProbeState, (ProbeState.ABSENT, ProbeState.FINISHED)))
+        out.append(self._by_state("kvtier_serve_rounds", snap.serve, ServeState, (ServeState.ABSENT, ServeState.ENDED)))
+        g = self._gauge("kvtier_serve_pinned_blocks")
+        g.add_metric(const, float(snap.serve_pinned_blocks))
+        out.append(g)
         return out
 
     def _by_state(self, name: str, counts: Mapping[str, int], states: Iterable[Any], skip: tuple) -> GaugeMetricFamily:
@@ -344,6 +368,25 @@ class TierMetrics:
     def ignored(self, machine: str, reason: str | None) -> None:
         """An input was dropped by one of the spec's ignore rules."""
         self._inc("kvtier_ignored_inputs_total", machine if machine in _MACHINES else "other", bounded(reason))
+
+    def probe_answered(self, hits: int, misses: int) -> None:
+        """A peer's probe reply answered ``hits`` keys hit and ``misses`` miss."""
+        if hits:
+            self._inc("kvtier_probe_keys_total", "hit", amount=hits)
+        if misses:
+            self._inc("kvtier_probe_keys_total", "miss", amount=misses)
+
+    def served(self, hits: int, misses: int) -> None:
+        """Our probe reply to a peer answered ``hits`` keys hit and ``misses`` miss."""
+        if hits:
+            self._inc("kvtier_served_keys_total", "hit", amount=hits)
+        if misses:
+            self._inc("kvtier_served_keys_total", "miss", amount=misses)
+
+    def pins_released(self, n: int, ok: bool, reason: str | None) -> None:
+        """``n`` engine pins of served rounds were released."""
+        if n:
+            self._inc("kvtier_pins_released_total", "ok" if ok else "fail", "" if ok else bounded(reason), amount=n)
 
     def rejected_peer(self) -> None:
         """A request named a producer endpoint outside ``allowed_peers``; nothing was dialled."""

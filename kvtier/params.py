@@ -17,9 +17,13 @@ Shapes accepted (unknown keys are ignored, so other connectors' params pass thro
   of ``[A-Za-z0-9._:/@+=-]``, minted by whoever hands both engines their params (a PD router's
   request uuid).  With it, a message of an earlier life of a reused ``K`` can never end a later
   one (decision I20); without it, decision I6's limit holds.
-* llm-d's names for the same roles: ``decode`` (= ``remote_decoder``), ``prefill`` and
-  ``remote_kv_source`` (= ``remote_prefiller``); llm-d-router renamed its sub-dicts to vLLM's
+* llm-d's names for the same roles: ``decode`` (= ``remote_decoder``) and ``prefill``
+  (= ``remote_prefiller``); llm-d-router renamed its sub-dicts to vLLM's
   (llm-d/llm-d-router#2140), older routers still send the short ones.
+* symmetric request (vLLM 0.33.0's meaning, decision Y1): ``{"remote_kv_source": {"kv_request_id":
+  K, "remote_host": H, "remote_port": P}}`` — probe the peer ``H:P`` for whatever blocks of the
+  prompt its engine holds and fetch those (role ``source``).  A request that also names a PD leg
+  is that PD leg (``remote_kv_source`` is then ignored, as vLLM's own tier does).
 
 Outbound dials must match the ``allowed_peers`` policy (:class:`PeerPolicy`); a request naming
 any other endpoint raises :class:`PeerNotAllowed` and opens no socket.  ``"*"`` admits any
@@ -49,6 +53,7 @@ __all__ = [
     "never_by_wildcard",
     "PRODUCER_KEYS",
     "CONSUMER_KEYS",
+    "SOURCE_KEYS",
     "TransferParams",
     "PeerPolicy",
     "PeerNotAllowed",
@@ -60,8 +65,10 @@ __all__ = [
 
 PRODUCER_KEYS: Final = ("remote_decoder", "decode")
 """Keys whose sub-dict makes a request the producer leg (the remote party is a decoder)."""
-CONSUMER_KEYS: Final = ("remote_prefiller", "prefill", "remote_kv_source")
-"""Keys whose sub-dict makes a request the consumer leg (the remote party holds the KV)."""
+CONSUMER_KEYS: Final = ("remote_prefiller", "prefill")
+"""Keys whose sub-dict makes a request the consumer leg (the remote party parked the KV)."""
+SOURCE_KEYS: Final = ("remote_kv_source",)
+"""Keys whose sub-dict makes a request symmetric (the remote party may hold blocks in its tiers)."""
 
 _LABEL_RE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _PRINCIPAL_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}|[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
@@ -90,9 +97,11 @@ class TransferParams:
     """A request's validated role in a KV hand-off.
 
     Attributes:
-        role: ``"producer"``, ``"consumer"`` or ``"local"`` (no hand-off).
-        kv_request_id: the id the two legs share (``None`` for local).
-        peer: consumer leg: the producer's ``host:port`` (``[v6]:port`` for IPv6), else None.
+        role: ``"producer"``, ``"consumer"``, ``"source"`` (symmetric: probe the peer) or
+            ``"local"`` (no hand-off).
+        kv_request_id: the id the two legs share (``None`` for local); for ``source``, the id of
+            this consumer's probe/fetch exchange with the peer.
+        peer: consumer and source: the peer's ``host:port`` (``[v6]:port`` for IPv6), else None.
         consumer: producer leg: the principal allowed to fetch the id, if the request names one.
         life: the pairing's life id (``""`` when the params name none).
     """
@@ -324,6 +333,10 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         raise ValueError(
             f"kv_transfer_params has both {src[0]} and {dst[0]}; a request is either the producer or the consumer leg"
         )
+    role = "consumer"
+    if src is None and dst is None:
+        src = _sub(params, SOURCE_KEYS)
+        role = "source"
     if src is not None:
         key, sub = src
         if not isinstance(sub, Mapping):
@@ -335,7 +348,7 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         why = policy.why_not(host, port)
         if why is not None:
             raise PeerNotAllowed(f"{key} names {clip(peer)}: {why}", peer)
-        return TransferParams("consumer", kid, peer, life=_life(sub, key))
+        return TransferParams(role, kid, peer, life=_life(sub, key) if role == "consumer" else "")
     if dst is not None:
         key, sub = dst
         if not isinstance(sub, Mapping):

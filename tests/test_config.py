@@ -70,6 +70,16 @@ EXPECTED_DEFAULTS = {
     "auth_secret_key_file": "",
     "auth_allowed_keys_dir": "",
     "allowed_peers": ("*",),
+    # the symmetric path (decisions Y6, Y7)
+    "serve_external": False,
+    "serve_allowed_principals": ("*",),
+    "probe_timeout_s": 1.0,
+    "serve_lookup_timeout_s": 0.25,
+    "offer_timeout_s": 10.0,
+    "serve_max_rounds_per_peer": 256,
+    "serve_max_probes_per_round": 8,
+    "serve_max_pinned_blocks_per_peer": 16384,
+    "serve_max_pinned_fraction": 0.5,
     "poll_interval_s": 0.001,
     "background_poll": False,
 }

@@ -38,7 +38,13 @@ def pref(**kw):
         (pref(remote_host="PREFILL-0.svc."), TransferParams("consumer", "kv-1", "prefill-0.svc:5710")),
         (pref(remote_host="[fd00::1]"), TransferParams("consumer", "kv-1", "[fd00::1]:5710")),
         ({"prefill": pref()["remote_prefiller"]}, TransferParams("consumer", "kv-1", "10.1.2.3:5710")),
-        ({"remote_kv_source": pref()["remote_prefiller"]}, TransferParams("consumer", "kv-1", "10.1.2.3:5710")),
+        # vLLM 0.33.0's symmetric request (decision Y1), not an alias of remote_prefiller any more
+        ({"remote_kv_source": pref()["remote_prefiller"]}, TransferParams("source", "kv-1", "10.1.2.3:5710")),
+        # a request that names a PD leg is that leg; remote_kv_source is then ignored (as vLLM does)
+        ({**pref(), "remote_kv_source": pref(remote_host="10.9.9.9")["remote_prefiller"]},
+         TransferParams("consumer", "kv-1", "10.1.2.3:5710")),
+        ({"remote_decoder": {"kv_request_id": "kv-2"}, "remote_kv_source": pref()["remote_prefiller"]},
+         TransferParams("producer", "kv-2")),
         ({"remote_decoder": {"kv_request_id": "kv-2"}}, TransferParams("producer", "kv-2")),
         ({"decode": {"kv_request_id": "kv-2", "consumer": "decode-0"}}, TransferParams("producer", "kv-2", None, "decode-0")),
     ],
@@ -83,6 +89,11 @@ def test_peer_policy() -> None:
     with pytest.raises(PeerNotAllowed) as ei:
         parse_params(pref(remote_host="169.254.169.254", remote_port=80), POLICY)
     assert ei.value.endpoint == "169.254.169.254:80" and isinstance(ei.value, ValueError)
+    # allowed_peers bounds whom a symmetric request probes exactly as whom a PD consumer fetches from
+    with pytest.raises(PeerNotAllowed) as ei:
+        parse_params({"remote_kv_source": pref(remote_host="169.254.169.254", remote_port=80)["remote_prefiller"]},
+                     POLICY)
+    assert ei.value.endpoint == "169.254.169.254:80"
     assert PeerPolicy.from_entries(["*"]).allows("anything", 1)
     for bad in (["10.0.0.0/33"], ["h:0"], [""], [5], ["a b"]):
         with pytest.raises(ValueError):

@@ -354,7 +354,7 @@ class NixlPlane:
             agent = decode_descriptor(hello.agent).agent  # validate before touching the live peer
         except (msgspec.DecodeError, msgspec.ValidationError, NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
-        holder = self._agent.holder(agent)
+        holder = self._agent.holder(agent, _group(accepted))
         if holder is not None and holder[1]:
             self._pending[peer] = (descriptor, accepted, gen)  # its old entry still drains transfers
             return False
@@ -377,7 +377,11 @@ class NixlPlane:
         if peer in self._peers:
             self._drop_entry(peer)
         try:
-            self._agent.add_peer(peer, hello.agent)
+            # an inbound peer (its hello) is one we write into; a dialled one (its hello_ack)
+            # writes into us.  Only inbound peers exclude each other (the refusal the revocation
+            # proof above rests on); two managers with a session each way hold each other's agent
+            # once per direction (the symmetric path, decision Y13)
+            self._agent.add_peer(peer, hello.agent, group=_group(accepted))
         except (NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
         self._peers[peer] = descriptor
@@ -545,7 +549,7 @@ class NixlPlane:
         for peer, (descriptor, accepted, gen) in list(self._pending.items()):
             hello = _HELLO.decode(descriptor)
             agent = decode_descriptor(hello.agent).agent
-            holder = self._agent.holder(agent)
+            holder = self._agent.holder(agent, _group(accepted))
             if holder is not None and holder[1]:
                 continue  # its old entry still has transfers in flight
             del self._pending[peer]
@@ -698,3 +702,9 @@ class NixlPlane:
         self._peers.clear()
         out.extend(self._landings.close())  # checks only read the pool; let them end first
         return out
+
+
+def _group(accepted: bool) -> str:
+    """The agent group of a peer entry: one we dialled (its hello_ack: it writes into us) or an
+    inbound one (its hello: we write into it); only entries of one group exclude each other."""
+    return "dialled" if accepted else "inbound"

@@ -327,11 +327,13 @@ class Notification:
 
 
 class _Peer:
-    __slots__ = ("name", "agent", "num_blocks", "dlist", "fault", "fault_reported", "disconnected", "inflight", "removed")
+    __slots__ = ("name", "agent", "group", "num_blocks", "dlist", "fault", "fault_reported", "disconnected", "inflight",
+                 "removed")
 
-    def __init__(self, name: str, agent: str, num_blocks: int, dlist: Any) -> None:
+    def __init__(self, name: str, agent: str, num_blocks: int, dlist: Any, group: str = "") -> None:
         self.name = name
         self.agent = agent
+        self.group = group
         self.num_blocks = num_blocks
         self.dlist = dlist
         self.fault: str | None = None
@@ -482,7 +484,10 @@ class NixlBlockAgent:
         self._base = addr
         self._closed = False
         self._peers: dict[str, _Peer] = {}  # live peers by kvtier name
-        self._by_agent: dict[str, _Peer] = {}  # live and draining peers by NIXL agent name
+        # live and draining peers by (NIXL agent name, group); one remote agent is loaded once
+        # however many groups hold it (``_loads`` counts them)
+        self._by_agent: dict[tuple[str, str], _Peer] = {}
+        self._loads: dict[str, int] = {}
         self._inflight: dict[int, _Xfer] = {}
         self._ready: list[XferResult] = []  # outcomes known at post time, reported by poll()
         self._ids = itertools.count(1)
@@ -635,22 +640,28 @@ class NixlBlockAgent:
             self._ready.append(XferResult(xid, peer, "done" if ok else "failed", "" if ok else f"state {state}"))
         return xid
 
-    def holder(self, agent: str) -> tuple[str, bool, int] | None:
-        """Who holds NIXL agent ``agent``: ``(peer, removed, WRITEs in flight)``, or None.  A
-        removed holder still draining WRITEs keeps the agent until the last one ends."""
-        p = self._by_agent.get(agent)
+    def holder(self, agent: str, group: str = "") -> tuple[str, bool, int] | None:
+        """Who of ``group`` (see :meth:`add_peer`) holds NIXL agent ``agent``: ``(peer, removed,
+        WRITEs in flight)``, or None.  A removed holder still draining WRITEs keeps the agent
+        until the last one ends."""
+        p = self._by_agent.get((agent, group))
         return None if p is None else (p.name, p.removed, p.inflight)
 
-    def add_peer(self, peer: str, descriptor: bytes) -> None:
+    def add_peer(self, peer: str, descriptor: bytes, *, group: str = "") -> None:
         """Make ``peer``'s region a WRITE target: load its metadata, prepare all its slots once.
 
         Both sides add each other: the producer to write, the consumer to name the sender of
         notifications. Cost: O(peer's num_blocks) descriptor preparation.
 
+        ``group``: peers of one group exclude each other (one NIXL agent is held by at most one
+        live or draining peer of a group); peers of different groups may hold the same agent,
+        loaded once (two managers with a session each way between them: the symmetric path,
+        decision Y13).
+
         Raises:
             BadDescriptor: the descriptor is malformed, names this agent, names a NIXL agent that
-                another peer (or a removed one still draining) holds, or NIXL rejects its
-                metadata or its region; the agent is unchanged.
+                another peer of the group (or a removed one still draining) holds, or NIXL rejects
+                its metadata or its region; the agent is unchanged.
             LayoutMismatch: ``block_bytes`` or the layout fingerprint differ from ours.
             ValueError: ``peer`` is already added (remove it first) or not a valid name.
             NixlError: the agent is closed.
@@ -666,15 +677,19 @@ class NixlBlockAgent:
             raise LayoutMismatch("layout", self.fingerprint, d.fingerprint)
         if d.agent == self.name:
             raise BadDescriptor(f"descriptor names this agent itself ({d.agent!r})")
-        other = self._by_agent.get(d.agent)
+        other = self._by_agent.get((d.agent, group))
         if other is not None:
             state = f"removed, {other.inflight} transfer(s) still in flight" if other.removed else "live"
             raise BadDescriptor(f"NIXL agent {d.agent!r} is already registered for peer {other.name!r} ({state})")
-        try:
-            loaded = self._agent.add_remote_agent(d.metadata)
-        except Exception as e:
-            raise BadDescriptor(f"NIXL rejected peer {peer!r}'s agent metadata: {_describe(e)}") from None
-        loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+        shared = d.agent in self._loads
+        if shared:
+            loaded = d.agent
+        else:
+            try:
+                loaded = self._agent.add_remote_agent(d.metadata)
+            except Exception as e:
+                raise BadDescriptor(f"NIXL rejected peer {peer!r}'s agent metadata: {_describe(e)}") from None
+            loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         try:
             if loaded != d.agent:  # guarded by _metadata_agent; a changed metadata format lands here
                 raise BadDescriptor(f"NIXL loaded agent {loaded!r} from metadata naming {d.agent!r}")
@@ -688,11 +703,13 @@ class NixlBlockAgent:
                     f"is not registered in its metadata: {_describe(e)}"
                 ) from None
         except BadDescriptor:
-            self._forget_agent(loaded)
+            if not shared:
+                self._forget_agent(loaded)
             raise
-        p = _Peer(peer, d.agent, d.num_blocks, dlist)
+        p = _Peer(peer, d.agent, d.num_blocks, dlist, group)
         self._peers[peer] = p
-        self._by_agent[d.agent] = p
+        self._by_agent[(d.agent, group)] = p
+        self._loads[d.agent] = self._loads.get(d.agent, 0) + 1
 
     def remove_peer(self, peer: str) -> None:
         """Stop using ``peer``. Idempotent; an unknown name is ignored.
@@ -854,7 +871,7 @@ class NixlBlockAgent:
         out = []
         for agent, msgs in notifs.items():
             agent = agent.decode() if isinstance(agent, bytes) else str(agent)
-            p = self._by_agent.get(agent)
+            p = next((q for (a, _), q in self._by_agent.items() if a == agent), None)
             for m in msgs:
                 out.append(Notification(p.name if p is not None else None, agent, bytes(m)))
         return out
@@ -942,14 +959,20 @@ class NixlBlockAgent:
 
     def _release_peer(self, p: _Peer) -> None:
         """Drop a peer's prepared slots and its remote agent (only with nothing in flight to it)."""
-        if self._by_agent.get(p.agent) is p:
-            del self._by_agent[p.agent]
+        if self._by_agent.get((p.agent, p.group)) is not p:
+            return  # released already
+        del self._by_agent[(p.agent, p.group)]
         if p.dlist is not None:
             try:
                 p.dlist.release()
             except Exception as e:
                 log.warning("nixl agent %s: releasing peer %s's dlist failed: %s", self.name, p.name, _describe(e))
             p.dlist = None
+        left = self._loads.get(p.agent, 1) - 1
+        if left > 0:
+            self._loads[p.agent] = left
+            return  # another group still holds the remote agent
+        self._loads.pop(p.agent, None)
         self._forget_agent(p.agent)
 
     def _forget_agent(self, agent: str) -> None:

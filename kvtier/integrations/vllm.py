@@ -26,12 +26,19 @@ What the adapter does, and nothing more:
 * binds ``port + data_parallel_index`` like vLLM's built-in ``p2p`` tier (and serves metrics on
   ``metrics_port + data_parallel_index``);
 * publishes kvtier's series through vLLM's own tier-metrics path (``build_metric_definitions`` /
-  ``get_stats``), so they appear on vLLM's ``/metrics`` as ``vllm:kvtier_*``.
+  ``get_stats``), so they appear on vLLM's ``/metrics`` as ``vllm:kvtier_*``;
+* runs the symmetric path (``remote_kv_source``, decisions Y1-Y16): ``lookup`` answers vLLM's
+  ``RETRY`` while a probe is out, ``on_schedule_end`` sends the step's probes, and
+  ``serve_external_requests(parent)`` answers peers' probes from this engine's own tiers through
+  vLLM's ``ParentManager`` (a pin is a store job of vLLM's tiering manager, released by that job's
+  ``JobResult``); failed loads report the blocks that landed as ``successful_keys``.
 
 Threading: vLLM calls every method under ``TieringOffloadingManager.lock`` — from the scheduler
-thread, and ``get_finished_jobs`` also from its ``vllm_offload_tier_poll`` thread (this tier sets
-``tolerates_off_thread_polling``) — except ``shutdown``, which it calls after that thread stopped.
-The adapter never takes vLLM's lock; kvtier's manager has its own re-entrant lock.
+thread, and ``get_finished_jobs`` and ``serve_external_requests`` also from its
+``vllm_offload_tier_poll`` thread (this tier sets ``tolerates_off_thread_polling``) — except
+``shutdown``, which it calls after that thread stopped.  The adapter never takes vLLM's lock and
+calls the ``ParentManager`` only inside ``serve_external_requests``; kvtier's manager has its own
+re-entrant lock.
 
 This module is the only place kvtier imports vLLM; :mod:`kvtier.integrations` imports nothing.
 """
@@ -60,11 +67,13 @@ try:
         OffloadPolicy,
         ReqContext,
         RequestOffloadingContext,
+        ScheduleEndContext,
     )
     from vllm.v1.kv_offload.tiering.base import (
         JobResult as VllmJobResult,
     )
     from vllm.v1.kv_offload.tiering.base import (
+        ParentManager,
         SecondaryTierManager,
     )
     from vllm.v1.kv_offload.tiering.base import (
@@ -85,6 +94,7 @@ except Exception as _exc:  # any failure: a half-installed stack raises TypeErro
     ) from _exc
 
 from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, TransferJob
+from kvtier.blocksource import Pin, Presence
 from kvtier.config import TierConfig, TierConfigError
 from kvtier.lifecycle import Reason
 from kvtier.manager import KvTierManager
@@ -225,6 +235,63 @@ class _ReqStates:
         self.by_tier: dict[int, _Req] = {}
 
 
+_LOOKUP = {LookupResult.HIT: VllmLookupResult.HIT, LookupResult.MISS: VllmLookupResult.MISS,
+           LookupResult.RETRY: VllmLookupResult.RETRY}
+_PRESENCE = {VllmLookupResult.HIT: Presence.FOUND, VllmLookupResult.HIT_PENDING: Presence.PENDING,
+             VllmLookupResult.RETRY: Presence.PENDING, VllmLookupResult.MISS: Presence.MISSING}
+
+
+class VllmParentSource:
+    """A :class:`~kvtier.blocksource.BlockSource` over vLLM's ``ParentManager``: what this engine's
+    tiering manager holds, excluding this tier.
+
+    A lookup context is a fresh ``ReqContext`` (``parent.on_new_request`` … ``on_request_finished``,
+    as ``ParentManager``'s docstring requires); a pin is ``parent.create_store_job(keys, ctx)``: the
+    primary rows' ref-counts are raised and the job is registered in the tiering manager under this
+    tier, so the pin's release is that job's ``JobResult``, handed back by the tier's next
+    ``get_finished_jobs()`` (exactly once; ``reset_cache`` asserts that none is left after
+    ``drain_jobs``).  ``parent`` is set only for the duration of a ``serve_external_requests``
+    call; ``release`` needs none.
+    """
+
+    def __init__(self) -> None:
+        self.parent: ParentManager | None = None
+        self.results: list[VllmJobResult] = []
+        self.outstanding: set[int] = set()
+
+    def _p(self) -> ParentManager:
+        if self.parent is None:  # only a kvtier bug could get here: the manager calls inside windows
+            raise RuntimeError("the vLLM ParentManager is used outside serve_external_requests")
+        return self.parent
+
+    def open(self, ctx_id: str) -> ReqContext:
+        ctx = ReqContext(req_id=ctx_id, kv_transfer_params=None)
+        self._p().on_new_request(ctx)
+        return ctx
+
+    def lookup(self, key: bytes, ctx: ReqContext) -> Presence:
+        return _PRESENCE.get(self._p().lookup(OffloadKey(key), ctx), Presence.MISSING)
+
+    def pin(self, keys: Any, ctx: ReqContext) -> Pin:
+        job = self._p().create_store_job([OffloadKey(k) for k in keys], ctx)
+        self.outstanding.add(job.job_id)
+        return Pin(job.job_id, tuple(int(c) for c in job.chunk_ids.tolist()))
+
+    def release(self, pin_id: int, ok: bool, reason: str | None) -> None:
+        if pin_id not in self.outstanding:  # vLLM asserts on an unknown or repeated job id
+            log.error("kvtier: pin %d released twice or never taken; not reported to vLLM", pin_id)
+            return
+        self.outstanding.discard(pin_id)
+        self.results.append(VllmJobResult(job_id=pin_id, success=ok))
+
+    def close(self, ctx: ReqContext) -> None:
+        self._p().on_request_finished(ctx)
+
+    def take(self) -> list[VllmJobResult]:
+        out, self.results = self.results, []
+        return out
+
+
 def _truncate(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -281,7 +348,8 @@ def _vllm_seed_ready() -> bool:
 
 
 class KvTierSecondaryTier(SecondaryTierManager):
-    """kvtier as a vLLM 0.33.0 secondary tier (PD disaggregation over kvtier's zmq transport).
+    """kvtier as a vLLM 0.33.0 secondary tier (PD disaggregation, and symmetric P2P: any instance
+    fetches cached blocks from a peer that holds them).
 
     A request whose ``kv_transfer_params`` carry ``{"remote_decoder": {"kv_request_id": K}}`` is a
     **producer** leg: its chunks are parked (pinned in vLLM's primary tier) until the decoder
@@ -289,7 +357,10 @@ class KvTierSecondaryTier(SecondaryTierManager):
     ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}`` is a
     **consumer** leg: ``lookup`` answers HIT (until a load of it fails: then MISS, so vLLM
     recomputes) and loads fetch the chunks from ``H:P`` straight into the primary rows vLLM
-    allocated.  Anything else is local: stores succeed at once, lookups MISS.
+    allocated.  A request with ``{"remote_kv_source": {...same keys...}}`` is **symmetric**: its
+    lookups answer RETRY until ``H:P`` (a peer running this tier with ``serve_external``) said
+    which chunks its own tiers hold (pinned for us), then HIT or MISS, and vLLM loads the HITs.
+    Anything else is local: stores succeed at once, lookups MISS.
 
     Args:
         offloading_spec: vLLM's ``TieringOffloadingSpec`` (layout and data-parallel index).
@@ -374,6 +445,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
         # consumer requests announced and not yet seen scheduled (on_schedule_end): one that is
         # scheduled without a load needs nothing from its producer, which is told at once
         self._unscheduled: dict[str, _Req] = {}
+        self._source = VllmParentSource()
         log.info(
             "kvtier tier %r: listening on %s (data_parallel_index %d), pool %d blocks x %d bytes, layout %s",
             tier_type, self._mgr.address, dp, self._mgr.pool.num_blocks, self._mgr.pool.block_bytes, layout,
@@ -524,17 +596,46 @@ class KvTierSecondaryTier(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> VllmLookupResult:
         req = self._state(req_context)
-        if req is None or req.role != "consumer" or req.load_failed:
+        if req is None or req.role not in ("consumer", "source") or req.load_failed:
             return VllmLookupResult.MISS
         mgr = self._mgr
         if mgr is None:
             return VllmLookupResult.MISS
         try:
-            hit = mgr.lookup(key, req.rc) is LookupResult.HIT
+            answer = mgr.lookup(key if type(key) is bytes else bytes(key), req.rc)
         except Exception:
             self._warn_internal(logging.ERROR, "kvtier: lookup failed; answering MISS", exc_info=True)
             return VllmLookupResult.MISS
-        return VllmLookupResult.HIT if hit else VllmLookupResult.MISS
+        return _LOOKUP.get(answer, VllmLookupResult.MISS)
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        """The engine step ended (called last in vLLM's ``on_schedule_end``, after this step's
+        ``submit_load`` calls): the symmetric requests' keys looked up during the step leave in one
+        probe per (peer, ``kv_request_id``).  One method for everything kvtier does at a step's end;
+        extend it here."""
+        mgr = self._mgr
+        if mgr is None:
+            return
+        try:
+            mgr.on_schedule_end()
+        except Exception:
+            self._warn_internal(logging.ERROR, "kvtier: on_schedule_end failed", exc_info=True)
+
+    def serve_external_requests(self, parent: ParentManager) -> None:
+        """Answer peers' probes from this engine's own tiers (vLLM calls it once per step, before
+        the step's promotions are submitted, and once per tier-poll round, under its lock).  Does
+        nothing unless ``serve_external`` is on and a peer asked: lookups wait for this call, and
+        ``parent`` is used only during it."""
+        mgr = self._mgr
+        if mgr is None:
+            return
+        self._source.parent = parent
+        try:
+            mgr.serve_external_requests(self._source)
+        except Exception:
+            self._warn_internal(logging.ERROR, "kvtier: serving peers' probes failed", exc_info=True)
+        finally:
+            self._source.parent = None
 
     def submit_store(self, job_metadata: VllmTransferJob) -> None:
         self._submit(job_metadata, load=False)
@@ -553,7 +654,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
             return self._fail_locally(job_id, Reason.SHUTDOWN, load=load, req=req)
         if req.role == "invalid":
             return self._fail_locally(job_id, Reason.INVALID_PARAMS, load=load, req=req)
-        if load and req.role != "consumer":
+        if load and req.role not in ("consumer", "source"):
             return self._fail_locally(job_id, Reason.NOT_A_CONSUMER, load=load, req=req)
         if load:
             req.loading = True
@@ -598,8 +699,11 @@ class KvTierSecondaryTier(SecondaryTierManager):
         for r in results:
             if not r.success:
                 log.debug("kvtier: job %d failed: %s", r.job_id, r.reason)
-            out.append(VllmJobResult(job_id=r.job_id, success=r.success, transfer_time=r.transfer_time_s,
-                                     transfer_bytes=r.transfer_bytes))
+            keys = [OffloadKey(k) for k in r.successful_keys] if r.successful_keys else None
+            out.append(VllmJobResult(job_id=r.job_id, success=r.success, successful_keys=keys,
+                                     transfer_time=r.transfer_time_s, transfer_bytes=r.transfer_bytes))
+        with self._ledger.lock:  # the pins' releases (their store jobs' results) come in under it
+            out.extend(self._source.take())
         return out
 
     def on_schedule_end(self, context: Any) -> None:
@@ -636,6 +740,9 @@ class KvTierSecondaryTier(SecondaryTierManager):
 
     def has_pending_work(self) -> bool:
         try:
+            with self._ledger.lock:
+                if self._source.results or self._source.outstanding:
+                    return True
             return self._ledger.has_pending_work()
         except Exception:
             return False

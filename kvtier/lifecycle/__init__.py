@@ -6,13 +6,23 @@ the :mod:`~kvtier.lifecycle.effects` it returns.
 """
 
 from kvtier.lifecycle import effects, inputs
-from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
+from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, Reason, ServeState, SessionState
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.errors import InvalidTransition, LifecycleError
+from kvtier.lifecycle.probe import Answer
 from kvtier.lifecycle.session import HelloInput
-from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, DeadlineView, ProducerView, SessionView
+from kvtier.lifecycle.views import (
+    ConsumerView,
+    CoreSnapshot,
+    DeadlineView,
+    ProbeView,
+    ProducerView,
+    ServeView,
+    SessionView,
+)
 
 __all__ = [
+    "Answer",
     "ConsumerState",
     "ConsumerView",
     "CoreSettings",
@@ -21,9 +31,13 @@ __all__ = [
     "HelloInput",
     "InvalidTransition",
     "LifecycleError",
+    "ProbeState",
+    "ProbeView",
     "ProducerState",
     "ProducerView",
     "Reason",
+    "ServeState",
+    "ServeView",
     "SessionState",
     "SessionView",
     "TierCore",

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "661e9534f2690c4e1654647d4977eac402c6660598f7ffe51f17e464612d7876"
+SPEC_SHA256: Final = "d24a1af019f214d524a579bf61a16dabfeef906c83da370f13270207d9d59c69"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -110,6 +110,18 @@ class Reason(enum.StrEnum):
     """the engine's job was malformed (e.g. keys and slots of different lengths)"""
     JOB_REFUSED = "job_refused"
     """the manager refused the job; its error is logged"""
+    PROBE_TIMEOUT = "probe_timeout"
+    """the peer did not answer the probe within probe_timeout_s (dialling and the handshake included); the engine computes the blocks"""
+    NOT_SERVING = "not_serving"
+    """the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)"""
+    SERVE_BUSY = "serve_busy"
+    """the peer already serves serve_max_rounds_per_peer rounds or pins serve_max_pinned_blocks_per_peer blocks for us (or its pool's serve_max_pinned_fraction), or this round had serve_max_probes_per_round probes"""
+    NOT_OFFERED = "not_offered"
+    """a fetch or load named a block that no probe reply of its round offered (or the round had ended)"""
+    OFFER_EXPIRED = "offer_expired"
+    """the consumer did not fetch the offered blocks within offer_timeout_s; their pins were released"""
+    NOT_ANNOUNCED_PROBE = "not_announced_probe"
+    """the engine must announce a symmetric request (on_new_request with remote_kv_source) before looking keys up or loading for it"""
     NO_RECORD = "no_record"
     """the id has no record in this machine (never seen or already pruned)"""
     STALE = "stale"
@@ -1502,6 +1514,725 @@ SESSION_TABLE: Final = MappingProxyType({
 })
 
 
+# ------------------------------------------------------------------------------------------
+# machine: probe — Consumer side of a symmetric request (remote_kv_source): probing one peer for the blocks of one kv_request_id. A round is the set of keys probed together; the peer pins those its engine holds (HIT) until the round's one fetch (a load, run as a consumer life keyed (kv_request_id, round)) or its release.
+# ------------------------------------------------------------------------------------------
+
+class ProbeState(enum.StrEnum):
+    ABSENT = "absent"
+    """No record."""
+    IDLE = "idle"
+    """No round is open on the peer. Keys answered MISS answer MISS for the request's life; a lookup of a key without an answer opens a round."""
+    COLLECTING = "collecting"
+    """Keys looked up since the last probe wait for the end of the engine step (schedule_end) and a ready session; their lookups answer RETRY. Offers already received in the round stay valid."""
+    PROBING = "probing"
+    """A probe of the open round is out; lookups of its keys answer RETRY."""
+    OFFERED = "offered"
+    """Every key of the round is answered and the peer pins the HIT ones for us: lookups answer HIT for them and MISS for the others. Waits for the engine's load, a new key or the end of the request (the peer bounds its pins with offer_timeout_s)."""
+    FAILED = "failed"
+    """Probing failed (deadline, session death, refusal, withdrawal, a suspect instance): every lookup answers MISS, so the engine computes the blocks, until it finishes the request."""
+    FINISHED = "finished"
+    """Record deleted (final)."""
+
+
+class ProbeEvent(enum.StrEnum):
+    ANNOUNCE = "announce"
+    """the engine announced a request whose kv_transfer_params carry remote_kv_source (a session to the peer is dialled if none is live)"""
+    LOOKUP = "lookup"
+    """the engine looked a key up for the request; the answer (RETRY, HIT or MISS) is read from the record after the input"""
+    SCHEDULE_END = "schedule_end"
+    """the engine step ended (on_schedule_end): keys registered during the step leave in one probe"""
+    HANDSHAKE_READY = "handshake_ready"
+    """the session to the peer became ready"""
+    PROBE_REPLY = "probe_reply"
+    """probe_reply(kv_request_id, round, keys, hits) arrived"""
+    TRANSFER_DONE = "transfer_done"
+    """transfer_done(kv_request_id, round, reason) arrived for a round no load of ours fetched: the peer refused the probe (not_serving, serve_busy, shutdown) or withdrew its offer (offer_expired, drained)"""
+    SUBMIT_LOAD = "submit_load"
+    """the engine submitted a load job for the request"""
+    LOAD_ENDED = "load_ended"
+    """the load of one of the request's rounds reported its job (the keys that landed intact come with it)"""
+    PROBE_DEADLINE = "probe_deadline"
+    """timer probe fired"""
+    REQUEST_FINISHED = "request_finished"
+    """the engine finished the request"""
+    PEER_LOST = "peer_lost"
+    """the session to the peer died"""
+    SHUTDOWN = "shutdown"
+    """shutdown() began"""
+    CLOSE = "close"
+    """the shutdown grace is over"""
+
+
+class ProbeGuard(enum.StrEnum):
+    INSTANCE_DOWN = "instance_down"
+    """the session to the peer is ready but another session to the same instance died and none has been heard from since (decision I7)"""
+    NEW_KEYS = "new_keys"
+    """the looked-up key has no answer in this request and is not registered in the open round or loading"""
+    SESSION_READY = "session_ready"
+    """the session to the peer is ready"""
+    OTHER_ROUND = "other_round"
+    """the message names a round other than the record's open round"""
+    SETTLES_WITH_OFFERS = "settles_with_offers"
+    """after this reply no key of the open round waits for an answer, and at least one is offered (HIT)"""
+    SETTLES = "settles"
+    """after this reply no key of the open round waits for an answer"""
+    LOAD_EMPTY = "load_empty"
+    """the load job names zero keys"""
+    LOAD_OFFERED = "load_offered"
+    """every key of the load job was answered HIT in the open round"""
+    ROUND_OPEN = "round_open"
+    """a probe of the open round was sent, so the peer may hold pins for it"""
+
+
+class ProbeEffect(enum.StrEnum):
+    OPEN_ROUND = "open_round"
+    """take a fresh round number (one counter per manager, shared with the consumer's loads)"""
+    REGISTER_KEYS = "register_keys"
+    """record the looked-up key as unsent in the open round"""
+    SEND_PROBE = "send_probe"
+    """send probe(kv_request_id, round, unsent keys); they now wait for their answer"""
+    NOTE_ANSWERS = "note_answers"
+    """record each key the reply answers: HIT (offered: the peer holds a pin for it) or MISS (kept for the request's life)"""
+    HAND_TO_LOAD = "hand_to_load"
+    """start the round's load: a consumer life keyed (kv_request_id, round) takes the job and sends fetch(offered=true); the round's other offers are forgotten, and keys still unanswered or unsent move to a fresh round"""
+    RELEASE_ROUND = "release_round"
+    """send abort_fetch(kv_request_id, round, fetched=false, offered=true): the peer releases the round's pins at once"""
+    DROP_OFFERS = "drop_offers"
+    """forget the open round (the peer released its pins, or will)"""
+    NOTE_LOADED = "note_loaded"
+    """forget the loaded keys that landed intact; the others answer MISS from now on, so the engine computes them"""
+    FAIL_NEW_JOB = "fail_new_job"
+    """report the new load job as failed with the reason"""
+    REPORT_NEW_JOB_OK = "report_new_job_ok"
+    """report the new (empty) load job as succeeded"""
+    NOTE_STALE = "note_stale"
+    """count a message for another round; nothing else"""
+    RESTART_TIMER = "restart_timer"
+    """restart the current state's timer from now"""
+
+
+PROBE_INITIAL: Final = ProbeState.ABSENT
+PROBE_FINAL: Final = frozenset({ProbeState.FINISHED})
+PROBE_TIMERS: Final = MappingProxyType({
+    "probe": TimerSpec("probe", ProbeEvent.PROBE_DEADLINE, "probe_timeout_s"),
+})
+"""Timer name -> (event it fires, config key that sets its duration in seconds)."""
+PROBE_STATE_TIMER: Final = MappingProxyType({
+    ProbeState.ABSENT: None,
+    ProbeState.IDLE: None,
+    ProbeState.COLLECTING: 'probe',
+    ProbeState.PROBING: 'probe',
+    ProbeState.OFFERED: None,
+    ProbeState.FAILED: None,
+    ProbeState.FINISHED: None,
+})
+"""State -> name of the timer armed while in it (None: no timer)."""
+PROBE_TABLE: Final = MappingProxyType({
+    (ProbeState.ABSENT, ProbeEvent.ANNOUNCE): Rule(TRANSITION, (
+        Branch(None, ProbeState.IDLE, (), None),
+    ), None),
+    (ProbeState.ABSENT, ProbeEvent.LOOKUP): Rule(REJECT, (), Reason.NOT_ANNOUNCED_PROBE),
+    (ProbeState.ABSENT, ProbeEvent.SCHEDULE_END): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.PROBE_REPLY): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.SUBMIT_LOAD): Rule(REJECT, (), Reason.NOT_ANNOUNCED_PROBE),
+    (ProbeState.ABSENT, ProbeEvent.LOAD_ENDED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.PROBE_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.PEER_LOST): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.ABSENT, ProbeEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProbeState.IDLE, ProbeEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.IDLE, ProbeEvent.LOOKUP): Rule(TRANSITION, (
+        Branch(ProbeGuard.INSTANCE_DOWN, ProbeState.FAILED, (), Reason.INSTANCE_DOWN),
+        Branch(ProbeGuard.NEW_KEYS, ProbeState.COLLECTING, (ProbeEffect.OPEN_ROUND, ProbeEffect.REGISTER_KEYS, ), None),
+        Branch(None, ProbeState.IDLE, (), None),
+    ), None),
+    (ProbeState.IDLE, ProbeEvent.SCHEDULE_END): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.IDLE, ProbeEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.IDLE, ProbeEvent.PROBE_REPLY): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.IDLE, ProbeEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.IDLE, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(ProbeGuard.LOAD_EMPTY, ProbeState.IDLE, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
+        Branch(None, ProbeState.IDLE, (ProbeEffect.FAIL_NEW_JOB, ), Reason.NOT_OFFERED),
+    ), None),
+    (ProbeState.IDLE, ProbeEvent.LOAD_ENDED): Rule(TRANSITION, (
+        Branch(None, ProbeState.IDLE, (ProbeEffect.NOTE_LOADED, ), None),
+    ), None),
+    (ProbeState.IDLE, ProbeEvent.PROBE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.IDLE, ProbeEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.IDLE, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ProbeState.FAILED, (), None),
+    ), None),
+    (ProbeState.IDLE, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.IDLE, ProbeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.COLLECTING, ProbeEvent.LOOKUP): Rule(TRANSITION, (
+        Branch(ProbeGuard.NEW_KEYS, ProbeState.COLLECTING, (ProbeEffect.REGISTER_KEYS, ), None),
+        Branch(None, ProbeState.COLLECTING, (), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.SCHEDULE_END): Rule(TRANSITION, (
+        Branch(ProbeGuard.SESSION_READY, ProbeState.PROBING, (ProbeEffect.SEND_PROBE, ), None),
+        Branch(None, ProbeState.COLLECTING, (), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.HANDSHAKE_READY): Rule(TRANSITION, (
+        Branch(None, ProbeState.PROBING, (ProbeEffect.SEND_PROBE, ), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.PROBE_REPLY): Rule(TRANSITION, (
+        Branch(ProbeGuard.OTHER_ROUND, ProbeState.COLLECTING, (ProbeEffect.NOTE_STALE, ), None),
+        Branch(None, ProbeState.COLLECTING, (ProbeEffect.NOTE_ANSWERS, ), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.TRANSFER_DONE): Rule(TRANSITION, (
+        Branch(ProbeGuard.OTHER_ROUND, ProbeState.COLLECTING, (ProbeEffect.NOTE_STALE, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(ProbeGuard.LOAD_EMPTY, ProbeState.COLLECTING, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
+        Branch(ProbeGuard.LOAD_OFFERED, ProbeState.COLLECTING, (ProbeEffect.HAND_TO_LOAD, ProbeEffect.RESTART_TIMER, ), None),
+        Branch(None, ProbeState.COLLECTING, (ProbeEffect.FAIL_NEW_JOB, ), Reason.NOT_OFFERED),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.LOAD_ENDED): Rule(TRANSITION, (
+        Branch(None, ProbeState.COLLECTING, (ProbeEffect.NOTE_LOADED, ), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.PROBE_DEADLINE): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FAILED, (ProbeEffect.RELEASE_ROUND, ProbeEffect.DROP_OFFERS, ), Reason.PROBE_TIMEOUT),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), Reason.PROBE_TIMEOUT),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.COLLECTING, ProbeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.PROBING, ProbeEvent.LOOKUP): Rule(TRANSITION, (
+        Branch(ProbeGuard.NEW_KEYS, ProbeState.COLLECTING, (ProbeEffect.REGISTER_KEYS, ), None),
+        Branch(None, ProbeState.PROBING, (), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.SCHEDULE_END): Rule(TRANSITION, (
+        Branch(None, ProbeState.PROBING, (), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.PROBING, ProbeEvent.PROBE_REPLY): Rule(TRANSITION, (
+        Branch(ProbeGuard.OTHER_ROUND, ProbeState.PROBING, (ProbeEffect.NOTE_STALE, ), None),
+        Branch(ProbeGuard.SETTLES_WITH_OFFERS, ProbeState.OFFERED, (ProbeEffect.NOTE_ANSWERS, ), None),
+        Branch(ProbeGuard.SETTLES, ProbeState.IDLE, (ProbeEffect.NOTE_ANSWERS, ), None),
+        Branch(None, ProbeState.PROBING, (ProbeEffect.NOTE_ANSWERS, ), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.TRANSFER_DONE): Rule(TRANSITION, (
+        Branch(ProbeGuard.OTHER_ROUND, ProbeState.PROBING, (ProbeEffect.NOTE_STALE, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(ProbeGuard.LOAD_EMPTY, ProbeState.PROBING, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
+        Branch(ProbeGuard.LOAD_OFFERED, ProbeState.COLLECTING, (ProbeEffect.HAND_TO_LOAD, ProbeEffect.RESTART_TIMER, ), None),
+        Branch(None, ProbeState.PROBING, (ProbeEffect.FAIL_NEW_JOB, ), Reason.NOT_OFFERED),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.LOAD_ENDED): Rule(TRANSITION, (
+        Branch(None, ProbeState.PROBING, (ProbeEffect.NOTE_LOADED, ), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.PROBE_DEADLINE): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FAILED, (ProbeEffect.RELEASE_ROUND, ProbeEffect.DROP_OFFERS, ), Reason.PROBE_TIMEOUT),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), Reason.PROBE_TIMEOUT),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.PROBING, ProbeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.OFFERED, ProbeEvent.LOOKUP): Rule(TRANSITION, (
+        Branch(ProbeGuard.NEW_KEYS, ProbeState.COLLECTING, (ProbeEffect.REGISTER_KEYS, ), None),
+        Branch(None, ProbeState.OFFERED, (), None),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.SCHEDULE_END): Rule(TRANSITION, (
+        Branch(None, ProbeState.OFFERED, (), None),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.OFFERED, ProbeEvent.PROBE_REPLY): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.OFFERED, ProbeEvent.TRANSFER_DONE): Rule(TRANSITION, (
+        Branch(ProbeGuard.OTHER_ROUND, ProbeState.OFFERED, (ProbeEffect.NOTE_STALE, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(ProbeGuard.LOAD_EMPTY, ProbeState.OFFERED, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
+        Branch(ProbeGuard.LOAD_OFFERED, ProbeState.IDLE, (ProbeEffect.HAND_TO_LOAD, ), None),
+        Branch(None, ProbeState.OFFERED, (ProbeEffect.FAIL_NEW_JOB, ), Reason.NOT_OFFERED),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.LOAD_ENDED): Rule(TRANSITION, (
+        Branch(None, ProbeState.OFFERED, (ProbeEffect.NOTE_LOADED, ), None),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.PROBE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.OFFERED, ProbeEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.OFFERED, ProbeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.FAILED, ProbeEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.FAILED, ProbeEvent.LOOKUP): Rule(TRANSITION, (
+        Branch(None, ProbeState.FAILED, (), None),
+    ), None),
+    (ProbeState.FAILED, ProbeEvent.SCHEDULE_END): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.FAILED, ProbeEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.FAILED, ProbeEvent.PROBE_REPLY): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.FAILED, ProbeEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.FAILED, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(ProbeGuard.LOAD_EMPTY, ProbeState.FAILED, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.FAIL_NEW_JOB, ), Reason.NOT_OFFERED),
+    ), None),
+    (ProbeState.FAILED, ProbeEvent.LOAD_ENDED): Rule(TRANSITION, (
+        Branch(None, ProbeState.FAILED, (ProbeEffect.NOTE_LOADED, ), None),
+    ), None),
+    (ProbeState.FAILED, ProbeEvent.PROBE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.FAILED, ProbeEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.FAILED, ProbeEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
+    (ProbeState.FAILED, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+    (ProbeState.FAILED, ProbeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ProbeState.FINISHED, (), None),
+    ), None),
+})
+
+
+# ------------------------------------------------------------------------------------------
+# machine: serve — Producer side of one symmetric round: the blocks a peer's probe found in this engine's own tiers, pinned for it and served to the round's fetch. Keyed (peer, kv_request_id, round): a consumer's kv_request_id names only its own exchange, so ids of two peers, and PD ids, never meet.
+# ------------------------------------------------------------------------------------------
+
+class ServeState(enum.StrEnum):
+    ABSENT = "absent"
+    """No record: no probe of this (peer, kv_request_id, round) is live."""
+    LOOKING_UP = "looking_up"
+    """A probe arrived; its keys are looked up in the engine's tiers at the engine's next serve window (vLLM: serve_external_requests), the found ones pinned; keys the engine reports pending are looked up again at later windows."""
+    OFFERED = "offered"
+    """The reply went out; the HIT keys are pinned (the engine keeps their blocks until the pins are released) and wait for the consumer's fetch."""
+    SERVING = "serving"
+    """The fetch named offered keys; the data plane is moving their pinned blocks and references them."""
+    DELIVERING = "delivering"
+    """The data plane moved every block and released them; waits for the consumer's receipt."""
+    CONFIRMED = "confirmed"
+    """The receipt arrived while the data plane still references the blocks; waits for the release."""
+    CANCELLING = "cancelling"
+    """The transfer was given up; the terminal answer and the pins' release wait until the data plane releases every block."""
+    QUARANTINED = "quarantined"
+    """The data plane did not release a given-up transfer in time; the session was ended to force it. The pins stay held until the plane reports the release."""
+    ENDED = "ended"
+    """Record deleted (final): every pin of the round was released exactly once. A later fetch of the round meets absent and is refused (not_offered)."""
+
+
+class ServeEvent(enum.StrEnum):
+    PROBE = "probe"
+    """probe(kv_request_id, round, keys) arrived from the peer"""
+    LOOKUP_RESULT = "lookup_result"
+    """the shell looked keys up in the engine's tiers in a serve window: the found ones are pinned by one pin (an engine job), the others are missing or still pending"""
+    FETCH = "fetch"
+    """fetch(kv_request_id, round, keys, slots, offered=true) arrived"""
+    RECEIPT = "receipt"
+    """receipt(kv_request_id, round) arrived: every fetched block landed and matched its digest"""
+    TRANSFER_RELEASED = "transfer_released"
+    """the data plane moved every block of the round's transfer (or stopped) and holds no reference to them"""
+    TRANSFER_FAILED = "transfer_failed"
+    """the data plane failed the transfer and holds no reference to its blocks"""
+    ABORT_FETCH = "abort_fetch"
+    """abort_fetch(kv_request_id, round, offered=true) arrived: the consumer releases the round (nothing fetched) or aborts its fetch"""
+    SERVE_LOOKUP_DEADLINE = "serve_lookup_deadline"
+    """timer serve_lookup fired"""
+    OFFER_DEADLINE = "offer_deadline"
+    """timer offer fired"""
+    TRANSFER_DEADLINE = "transfer_deadline"
+    """timer transfer fired"""
+    CANCEL_DEADLINE = "cancel_deadline"
+    """timer cancel fired"""
+    PEER_LOST = "peer_lost"
+    """the session of the peer died"""
+    DRAIN = "drain"
+    """the engine called drain_jobs"""
+    SHUTDOWN = "shutdown"
+    """shutdown() began: no new work"""
+    CLOSE = "close"
+    """the shutdown grace is over"""
+
+
+class ServeGuard(enum.StrEnum):
+    NOT_SERVING = "not_serving"
+    """serve_external is off, or the peer's principal is not in serve_allowed_principals"""
+    SHUTTING_DOWN = "shutting_down"
+    """shutdown() has begun: no new work"""
+    OVER_BUDGET = "over_budget"
+    """taking this probe would exceed serve_max_rounds_per_peer, serve_max_probes_per_round, serve_max_pinned_blocks_per_peer or the pool's serve_max_pinned_fraction"""
+    SETTLES_WITH_OFFERS = "settles_with_offers"
+    """after this result no key of the round waits for the engine, and the round pins at least one key"""
+    SETTLES = "settles"
+    """after this result no key of the round waits for the engine"""
+    HAS_OFFERS = "has_offers"
+    """the round pins at least one key"""
+    FETCH_EMPTY = "fetch_empty"
+    """the fetch names zero keys"""
+    FETCH_OFFERED = "fetch_offered"
+    """every key of the fetch is pinned in this round"""
+    RECEIPT_SEEN = "receipt_seen"
+    """the consumer confirmed every block before the data plane released them"""
+
+
+class ServeEffect(enum.StrEnum):
+    LOOK_UP = "look_up"
+    """ask the shell to look the probe's new keys up in the engine's tiers at the next serve window and pin the found ones (LookUpBlocks); it answers lookup_result"""
+    LOOK_UP_PENDING = "look_up_pending"
+    """ask the shell to look the keys the engine reported pending up again at the next serve window"""
+    NOTE_FOUND = "note_found"
+    """record the result's found keys (pool block, pin) and missing ones; keys still pending stay pending"""
+    RELEASE_FOUND = "release_found"
+    """release the pin of THIS lookup_result at once, ok (nothing of the round will read its blocks)"""
+    REPLY_PROBE = "reply_probe"
+    """send probe_reply(kv_request_id, round, keys, hits) for every key not yet answered: hit for pinned keys, miss for missing and still-pending ones"""
+    REPLY_REFUSED = "reply_refused"
+    """send transfer_done(fail, reason) for the round: the probe is refused or the offer withdrawn (no fetch of it was bound)"""
+    CLOSE_LOOKUP = "close_lookup"
+    """ask the shell to close the engine-side lookup context of the round at the next serve window (vLLM: ParentManager.on_request_finished), if one is open"""
+    BIND_FETCH = "bind_fetch"
+    """record the fetch's keys (pinned ones, fetch order), its destination slots and generation"""
+    START_TRANSFER = "start_transfer"
+    """hand the fetched keys' pinned blocks (fetch order) to the data plane for the peer; their digests are taken as the transfer starts (a pinned block does not change)"""
+    CANCEL_TRANSFER = "cancel_transfer"
+    """ask the data plane to stop: it posts nothing more and reports transfer_released once no block is referenced"""
+    FORCE_RELEASE = "force_release"
+    """end the session with the peer (transfer_stalled) so the data plane drops every reference it holds to that peer"""
+    COMPLETE_PINS = "complete_pins"
+    """release every pin of the round, ok (the engine may evict the blocks)"""
+    FAIL_PINS = "fail_pins"
+    """release every pin of the round, failed with the reason"""
+    REPLY_DONE_OK = "reply_done_ok"
+    """send transfer_done(ok) for the round"""
+    REPLY_DONE_FAIL = "reply_done_fail"
+    """send transfer_done(fail, reason) for the round: the terminal answer, only once no write can land"""
+    REPLY_TERMINAL = "reply_terminal"
+    """send the round its terminal answer now that no write can land: abort_ack if the consumer aborted it, else transfer_done(fail, reason)"""
+    REPLY_FETCH_FAILED = "reply_fetch_failed"
+    """send transfer_done(fail, reason) for THIS fetch's round"""
+    REPLY_ABORT_ACK = "reply_abort_ack"
+    """send abort_ack for the round"""
+    NOTE_DUPLICATE = "note_duplicate"
+    """count a repeated fetch of the round; nothing else"""
+    NOTE_RECEIPT = "note_receipt"
+    """remember that the consumer confirmed every block"""
+    NOTE_STALE = "note_stale"
+    """count a stale input; nothing else"""
+
+
+SERVE_INITIAL: Final = ServeState.ABSENT
+SERVE_FINAL: Final = frozenset({ServeState.ENDED})
+SERVE_TIMERS: Final = MappingProxyType({
+    "serve_lookup": TimerSpec("serve_lookup", ServeEvent.SERVE_LOOKUP_DEADLINE, "serve_lookup_timeout_s"),
+    "offer": TimerSpec("offer", ServeEvent.OFFER_DEADLINE, "offer_timeout_s"),
+    "transfer": TimerSpec("transfer", ServeEvent.TRANSFER_DEADLINE, "transfer_timeout_s"),
+    "cancel": TimerSpec("cancel", ServeEvent.CANCEL_DEADLINE, "transfer_timeout_s"),
+})
+"""Timer name -> (event it fires, config key that sets its duration in seconds)."""
+SERVE_STATE_TIMER: Final = MappingProxyType({
+    ServeState.ABSENT: None,
+    ServeState.LOOKING_UP: 'serve_lookup',
+    ServeState.OFFERED: 'offer',
+    ServeState.SERVING: 'transfer',
+    ServeState.DELIVERING: 'transfer',
+    ServeState.CONFIRMED: 'cancel',
+    ServeState.CANCELLING: 'cancel',
+    ServeState.QUARANTINED: None,
+    ServeState.ENDED: None,
+})
+"""State -> name of the timer armed while in it (None: no timer)."""
+SERVE_TABLE: Final = MappingProxyType({
+    (ServeState.ABSENT, ServeEvent.PROBE): Rule(TRANSITION, (
+        Branch(ServeGuard.NOT_SERVING, ServeState.ABSENT, (ServeEffect.REPLY_REFUSED, ), Reason.NOT_SERVING),
+        Branch(ServeGuard.SHUTTING_DOWN, ServeState.ABSENT, (ServeEffect.REPLY_REFUSED, ), Reason.SHUTDOWN),
+        Branch(ServeGuard.OVER_BUDGET, ServeState.ABSENT, (ServeEffect.REPLY_REFUSED, ), Reason.SERVE_BUSY),
+        Branch(None, ServeState.LOOKING_UP, (ServeEffect.LOOK_UP, ), None),
+    ), None),
+    (ServeState.ABSENT, ServeEvent.LOOKUP_RESULT): Rule(TRANSITION, (
+        Branch(None, ServeState.ABSENT, (ServeEffect.RELEASE_FOUND, ), None),
+    ), None),
+    (ServeState.ABSENT, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.ABSENT, (ServeEffect.REPLY_FETCH_FAILED, ), Reason.NOT_OFFERED),
+    ), None),
+    (ServeState.ABSENT, ServeEvent.RECEIPT): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.ABSENT, (ServeEffect.REPLY_ABORT_ACK, ), None),
+    ), None),
+    (ServeState.ABSENT, ServeEvent.SERVE_LOOKUP_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.OFFER_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.PEER_LOST): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.DRAIN): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.SHUTDOWN): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.ABSENT, ServeEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ServeState.LOOKING_UP, ServeEvent.PROBE): Rule(TRANSITION, (
+        Branch(ServeGuard.OVER_BUDGET, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ServeEffect.CLOSE_LOOKUP, ), Reason.SERVE_BUSY),
+        Branch(None, ServeState.LOOKING_UP, (ServeEffect.LOOK_UP, ), None),
+    ), None),
+    (ServeState.LOOKING_UP, ServeEvent.LOOKUP_RESULT): Rule(TRANSITION, (
+        Branch(ServeGuard.SETTLES_WITH_OFFERS, ServeState.OFFERED, (ServeEffect.NOTE_FOUND, ServeEffect.REPLY_PROBE, ServeEffect.CLOSE_LOOKUP, ), None),
+        Branch(ServeGuard.SETTLES, ServeState.ENDED, (ServeEffect.NOTE_FOUND, ServeEffect.REPLY_PROBE, ServeEffect.COMPLETE_PINS, ServeEffect.CLOSE_LOOKUP, ), None),
+        Branch(None, ServeState.LOOKING_UP, (ServeEffect.NOTE_FOUND, ServeEffect.LOOK_UP_PENDING, ), None),
+    ), None),
+    (ServeState.LOOKING_UP, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(ServeGuard.FETCH_EMPTY, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ServeEffect.REPLY_DONE_OK, ServeEffect.CLOSE_LOOKUP, ), None),
+        Branch(ServeGuard.FETCH_OFFERED, ServeState.SERVING, (ServeEffect.BIND_FETCH, ServeEffect.START_TRANSFER, ServeEffect.CLOSE_LOOKUP, ), None),
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_FETCH_FAILED, ServeEffect.CLOSE_LOOKUP, ), Reason.NOT_OFFERED),
+    ), None),
+    (ServeState.LOOKING_UP, ServeEvent.RECEIPT): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.LOOKING_UP, ServeEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.LOOKING_UP, ServeEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.LOOKING_UP, ServeEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ServeEffect.REPLY_ABORT_ACK, ServeEffect.CLOSE_LOOKUP, ), None),
+    ), None),
+    (ServeState.LOOKING_UP, ServeEvent.SERVE_LOOKUP_DEADLINE): Rule(TRANSITION, (
+        Branch(ServeGuard.HAS_OFFERS, ServeState.OFFERED, (ServeEffect.REPLY_PROBE, ServeEffect.CLOSE_LOOKUP, ), None),
+        Branch(None, ServeState.ENDED, (ServeEffect.REPLY_PROBE, ServeEffect.COMPLETE_PINS, ServeEffect.CLOSE_LOOKUP, ), None),
+    ), None),
+    (ServeState.LOOKING_UP, ServeEvent.OFFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.LOOKING_UP, ServeEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.LOOKING_UP, ServeEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.LOOKING_UP, ServeEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.CLOSE_LOOKUP, ), Reason.PEER_LOST),
+    ), None),
+    (ServeState.LOOKING_UP, ServeEvent.DRAIN): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ServeEffect.CLOSE_LOOKUP, ), Reason.DRAINED),
+    ), None),
+    (ServeState.LOOKING_UP, ServeEvent.SHUTDOWN): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ServeEffect.CLOSE_LOOKUP, ), Reason.SHUTDOWN),
+    ), None),
+    (ServeState.LOOKING_UP, ServeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ServeEffect.CLOSE_LOOKUP, ), Reason.SHUTDOWN),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.PROBE): Rule(TRANSITION, (
+        Branch(ServeGuard.OVER_BUDGET, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ServeEffect.CLOSE_LOOKUP, ), Reason.SERVE_BUSY),
+        Branch(None, ServeState.LOOKING_UP, (ServeEffect.LOOK_UP, ), None),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.LOOKUP_RESULT): Rule(TRANSITION, (
+        Branch(None, ServeState.OFFERED, (ServeEffect.RELEASE_FOUND, ), None),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(ServeGuard.FETCH_EMPTY, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ServeEffect.REPLY_DONE_OK, ServeEffect.CLOSE_LOOKUP, ), None),
+        Branch(ServeGuard.FETCH_OFFERED, ServeState.SERVING, (ServeEffect.BIND_FETCH, ServeEffect.START_TRANSFER, ServeEffect.CLOSE_LOOKUP, ), None),
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_FETCH_FAILED, ServeEffect.CLOSE_LOOKUP, ), Reason.NOT_OFFERED),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.RECEIPT): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.OFFERED, ServeEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.OFFERED, ServeEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.OFFERED, ServeEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ServeEffect.REPLY_ABORT_ACK, ServeEffect.CLOSE_LOOKUP, ), None),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.SERVE_LOOKUP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.OFFERED, ServeEvent.OFFER_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ), Reason.OFFER_EXPIRED),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.OFFERED, ServeEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.OFFERED, ServeEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.CLOSE_LOOKUP, ), Reason.PEER_LOST),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.DRAIN): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ServeEffect.CLOSE_LOOKUP, ), Reason.DRAINED),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.SHUTDOWN): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ServeEffect.CLOSE_LOOKUP, ), Reason.SHUTDOWN),
+    ), None),
+    (ServeState.OFFERED, ServeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_REFUSED, ServeEffect.CLOSE_LOOKUP, ), Reason.SHUTDOWN),
+    ), None),
+    (ServeState.SERVING, ServeEvent.PROBE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.SERVING, ServeEvent.LOOKUP_RESULT): Rule(TRANSITION, (
+        Branch(None, ServeState.SERVING, (ServeEffect.RELEASE_FOUND, ), None),
+    ), None),
+    (ServeState.SERVING, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.SERVING, (ServeEffect.NOTE_DUPLICATE, ), None),
+    ), None),
+    (ServeState.SERVING, ServeEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(None, ServeState.CONFIRMED, (ServeEffect.NOTE_RECEIPT, ), None),
+    ), None),
+    (ServeState.SERVING, ServeEvent.TRANSFER_RELEASED): Rule(TRANSITION, (
+        Branch(None, ServeState.DELIVERING, (), None),
+    ), None),
+    (ServeState.SERVING, ServeEvent.TRANSFER_FAILED): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_DONE_FAIL, ), Reason.TRANSFER_FAILED),
+    ), None),
+    (ServeState.SERVING, ServeEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.CANCELLING, (ServeEffect.CANCEL_TRANSFER, ), Reason.ABORTED),
+    ), None),
+    (ServeState.SERVING, ServeEvent.SERVE_LOOKUP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.SERVING, ServeEvent.OFFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.SERVING, ServeEvent.TRANSFER_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ServeState.CANCELLING, (ServeEffect.CANCEL_TRANSFER, ), Reason.TRANSFER_TIMEOUT),
+    ), None),
+    (ServeState.SERVING, ServeEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.SERVING, ServeEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ServeState.CANCELLING, (ServeEffect.CANCEL_TRANSFER, ), Reason.PEER_LOST),
+    ), None),
+    (ServeState.SERVING, ServeEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.SERVING, ServeEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ServeState.SERVING, ServeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ServeState.CANCELLING, (ServeEffect.CANCEL_TRANSFER, ), Reason.SHUTDOWN),
+    ), None),
+    (ServeState.DELIVERING, ServeEvent.PROBE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.DELIVERING, ServeEvent.LOOKUP_RESULT): Rule(TRANSITION, (
+        Branch(None, ServeState.DELIVERING, (ServeEffect.RELEASE_FOUND, ), None),
+    ), None),
+    (ServeState.DELIVERING, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.DELIVERING, (ServeEffect.NOTE_DUPLICATE, ), None),
+    ), None),
+    (ServeState.DELIVERING, ServeEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ), None),
+    ), None),
+    (ServeState.DELIVERING, ServeEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.DELIVERING, ServeEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.DELIVERING, ServeEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
+    ), None),
+    (ServeState.DELIVERING, ServeEvent.SERVE_LOOKUP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.DELIVERING, ServeEvent.OFFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.DELIVERING, ServeEvent.TRANSFER_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_DONE_FAIL, ), Reason.TRANSFER_TIMEOUT),
+    ), None),
+    (ServeState.DELIVERING, ServeEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.DELIVERING, ServeEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ), Reason.PEER_LOST),
+    ), None),
+    (ServeState.DELIVERING, ServeEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.DELIVERING, ServeEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
+    (ServeState.DELIVERING, ServeEvent.CLOSE): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_DONE_FAIL, ), Reason.SHUTDOWN),
+    ), None),
+    (ServeState.CONFIRMED, ServeEvent.PROBE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CONFIRMED, ServeEvent.LOOKUP_RESULT): Rule(TRANSITION, (
+        Branch(None, ServeState.CONFIRMED, (ServeEffect.RELEASE_FOUND, ), None),
+    ), None),
+    (ServeState.CONFIRMED, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.CONFIRMED, (ServeEffect.NOTE_DUPLICATE, ), None),
+    ), None),
+    (ServeState.CONFIRMED, ServeEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(None, ServeState.CONFIRMED, (ServeEffect.NOTE_STALE, ), None),
+    ), None),
+    (ServeState.CONFIRMED, ServeEvent.TRANSFER_RELEASED): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ), None),
+    ), None),
+    (ServeState.CONFIRMED, ServeEvent.TRANSFER_FAILED): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ), None),
+    ), None),
+    (ServeState.CONFIRMED, ServeEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.CONFIRMED, (ServeEffect.REPLY_ABORT_ACK, ), None),
+    ), None),
+    (ServeState.CONFIRMED, ServeEvent.SERVE_LOOKUP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CONFIRMED, ServeEvent.OFFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CONFIRMED, ServeEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CONFIRMED, ServeEvent.CANCEL_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ServeState.QUARANTINED, (ServeEffect.FORCE_RELEASE, ), None),
+    ), None),
+    (ServeState.CONFIRMED, ServeEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
+    (ServeState.CONFIRMED, ServeEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CONFIRMED, ServeEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
+    (ServeState.CONFIRMED, ServeEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
+    (ServeState.CANCELLING, ServeEvent.PROBE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CANCELLING, ServeEvent.LOOKUP_RESULT): Rule(TRANSITION, (
+        Branch(None, ServeState.CANCELLING, (ServeEffect.RELEASE_FOUND, ), None),
+    ), None),
+    (ServeState.CANCELLING, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.CANCELLING, (ServeEffect.NOTE_DUPLICATE, ), None),
+    ), None),
+    (ServeState.CANCELLING, ServeEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(None, ServeState.CONFIRMED, (ServeEffect.NOTE_RECEIPT, ), None),
+    ), None),
+    (ServeState.CANCELLING, ServeEvent.TRANSFER_RELEASED): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_TERMINAL, ), None),
+    ), None),
+    (ServeState.CANCELLING, ServeEvent.TRANSFER_FAILED): Rule(TRANSITION, (
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_TERMINAL, ), None),
+    ), None),
+    (ServeState.CANCELLING, ServeEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.CANCELLING, (), None),
+    ), None),
+    (ServeState.CANCELLING, ServeEvent.SERVE_LOOKUP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CANCELLING, ServeEvent.OFFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CANCELLING, ServeEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CANCELLING, ServeEvent.CANCEL_DEADLINE): Rule(TRANSITION, (
+        Branch(None, ServeState.QUARANTINED, (ServeEffect.FORCE_RELEASE, ), None),
+    ), None),
+    (ServeState.CANCELLING, ServeEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
+    (ServeState.CANCELLING, ServeEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.CANCELLING, ServeEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
+    (ServeState.CANCELLING, ServeEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
+    (ServeState.QUARANTINED, ServeEvent.PROBE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.QUARANTINED, ServeEvent.LOOKUP_RESULT): Rule(TRANSITION, (
+        Branch(None, ServeState.QUARANTINED, (ServeEffect.RELEASE_FOUND, ), None),
+    ), None),
+    (ServeState.QUARANTINED, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.QUARANTINED, (ServeEffect.NOTE_DUPLICATE, ), None),
+    ), None),
+    (ServeState.QUARANTINED, ServeEvent.RECEIPT): Rule(TRANSITION, (
+        Branch(None, ServeState.QUARANTINED, (ServeEffect.NOTE_STALE, ), None),
+    ), None),
+    (ServeState.QUARANTINED, ServeEvent.TRANSFER_RELEASED): Rule(TRANSITION, (
+        Branch(ServeGuard.RECEIPT_SEEN, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ), None),
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_TERMINAL, ), None),
+    ), None),
+    (ServeState.QUARANTINED, ServeEvent.TRANSFER_FAILED): Rule(TRANSITION, (
+        Branch(ServeGuard.RECEIPT_SEEN, ServeState.ENDED, (ServeEffect.COMPLETE_PINS, ), None),
+        Branch(None, ServeState.ENDED, (ServeEffect.FAIL_PINS, ServeEffect.REPLY_TERMINAL, ), None),
+    ), None),
+    (ServeState.QUARANTINED, ServeEvent.ABORT_FETCH): Rule(TRANSITION, (
+        Branch(None, ServeState.QUARANTINED, (), None),
+    ), None),
+    (ServeState.QUARANTINED, ServeEvent.SERVE_LOOKUP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.QUARANTINED, ServeEvent.OFFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.QUARANTINED, ServeEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.QUARANTINED, ServeEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.QUARANTINED, ServeEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
+    (ServeState.QUARANTINED, ServeEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
+    (ServeState.QUARANTINED, ServeEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
+    (ServeState.QUARANTINED, ServeEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
+})
+
+
 PROPERTIES: Final = MappingProxyType({
     "exactly_once_job_result": ("safety", "Every store or load job handed to the manager gets exactly one result, on every path."),
     "tombstoned_never_reparks": ("safety", "A tombstoned id never returns to parked; a store for it fails at once and pins nothing (a store naming another life of the id first prunes the tombstone: a new life is a fresh id)."),
@@ -1515,5 +2246,11 @@ PROPERTIES: Final = MappingProxyType({
     "no_success_without_receipt": ("safety", "A store job that parked blocks succeeds only after the consumer confirmed, with a receipt, that every demanded block landed intact; a load succeeds only when every block matched its parked digest."),
     "input_before_deadline": ("safety", "A deadline never fires while a message that arrived before it is still unread: the shell fires deadlines at the time its inbound queue was last seen empty."),
     "lives_never_mix": ("safety", "A consumer message that refers to a binding (an abort of a fetched round, a receipt) changes only the life that round bound; producer messages carry the round, so an earlier round's answer never touches a later load; with lives named in the params, no message of one life of an id changes another (an abort of a never-fetched round included)."),
+    "probe_answered_in_bound": ("safety", "A lookup of a symmetric request answers RETRY only while its round is in collecting or probing, both bounded by the probe timer (probe_timeout_s from the round's first key, dialling and handshake included); a probe that reached a ready peer is answered (probe_reply or transfer_done(fail)) within serve_lookup_timeout_s of the peer's serve windows."),
+    "pin_released_once": ("safety", "Every pin the shell took (one engine job per lookup_result with found keys) is released exactly once on every path (fetch served, empty fetch, release, abort, offer deadline, session death, drain, shutdown, a result arriving after its round ended), and never while the data plane references its blocks."),
+    "no_hit_without_pin": ("safety", "A probe_reply says hit for a key only while its serve record holds an unreleased pin covering it, held until the round's fetch is terminal, the consumer released the round or the producer told it transfer_done(fail); the consumer answers HIT only for keys its open round was told hit (or a load of it is in flight) and never after the round failed."),
+    "no_block_after_release": ("safety", "Blocks reach the data plane for a serve record only on its step into serving, only blocks of pins it still holds and only keys its replies offered; a fetch of an ended round, or of keys never offered, is answered transfer_done(fail, not_offered) in the step that receives it and moves no byte."),
+    "lookup_context_closed_once": ("safety", "Every engine-side lookup context the shell opened for a serve record (ParentManager.on_new_request) is closed exactly once (on_request_finished), in a serve window, while the engine lives."),
+    "partial_keys_verified": ("safety", "A failed load reports as successful_keys only keys whose blocks landed in its slots and matched their digests (re-checked at reporting on one-sided planes), and only once no write can land in its slots; with integrity = none it reports none."),
 })
 """Property name -> (kind, statement). Verified by tests and `python -m tools check`."""

@@ -65,11 +65,14 @@ class MessageInput(msgspec.Struct, frozen=True, gc=False):
 
 
 class ConsumerRecord(Record):
-    __slots__ = ("peer", "job_id", "keys", "slots", "round", "landed", "n_landed", "fetched", "engine_finished",
-                 "life", "notice")
+    __slots__ = ("kv_request_id", "peer", "job_id", "keys", "slots", "round", "landed", "n_landed", "digests",
+                 "fetched", "engine_finished", "life", "notice")
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: Any, kv_request_id: str | None = None) -> None:
         super().__init__(key, CONSUMER_INITIAL)
+        # the id our messages carry: the key itself for a PD load; a symmetric round's load is
+        # keyed (kv_request_id, round) (kvtier.lifecycle.probe.RoundLoads)
+        self.kv_request_id: str = key if kv_request_id is None else kv_request_id
         self.peer: str = ""
         self.job_id: int | None = None
         self.keys: tuple[bytes, ...] = ()
@@ -77,6 +80,7 @@ class ConsumerRecord(Record):
         self.round = -1
         self.landed: bytearray = bytearray()
         self.n_landed = 0
+        self.digests: list[int] = []  # per key: the digest its block_data carried (partial loads)
         self.fetched = False
         self.engine_finished = False
         self.life = ""  # the pairing's life (decision I20)
@@ -93,6 +97,8 @@ class ConsumerMachine(TableMachine):
     """All consumer records of one manager."""
 
     NAME = "consumer"
+    OFFERED = False
+    """Whether our fetches and aborts name blocks a probe reply offered (symmetric rounds)."""
     TABLE = CONSUMER_TABLE
     STATE_TIMER = CONSUMER_STATE_TIMER
     TIMERS = CONSUMER_TIMERS
@@ -103,25 +109,38 @@ class ConsumerMachine(TableMachine):
 
     def __init__(
         self, durations: Mapping[str, float], sessions: SessionMachine, notes: Notes, *, one_sided: bool = False,
-        revoke_bounded: bool = True,
+        revoke_bounded: bool = True, rounds: RoundCounter | None = None, integrity: bool = True,
     ) -> None:
         """``sessions``: the session machine, read only (is a producer's session ready, its
         generation, is its instance suspect); ``notes``: the core's queue (``give_up_peer`` asks
         through it to end a session); ``one_sided``: the data plane writes into our slots, so a
         fetch names them; ``revoke_bounded``: the plane withdraws a producer's access by itself
-        within ``revoke_timeout_s``."""
+        within ``revoke_timeout_s``; ``rounds``: the manager's one round counter (shared with the symmetric
+        path's probes, so a round number is unique per manager); ``integrity``: blocks carry
+        digests that are checked as they land (only then may a failed load report the blocks that
+        landed as ``successful_keys``)."""
         super().__init__(durations)
         self._sessions = sessions
         self._notes = notes
         self._one_sided = one_sided
         self._revoke_bounded = revoke_bounded
-        self.by_peer: dict[str, set[str]] = {}
+        self.by_peer: dict[str, set[Any]] = {}
         # peer -> the rounds of its loads in an open state, in round order (rounds only grow)
         self._open: dict[str, dict[int, None]] = {}
-        self._next_round = 0
+        self.rounds = rounds if rounds is not None else RoundCounter()
+        self.integrity = integrity
 
     def new_record(self, key: str) -> ConsumerRecord:
         return ConsumerRecord(key)
+
+    @property
+    def _next_round(self) -> int:
+        """The next round number (the shared counter's; kept for readers of the old attribute)."""
+        return self.rounds.next
+
+    @_next_round.setter
+    def _next_round(self, value: int) -> None:
+        self.rounds.next = value
 
     # -- inputs --------------------------------------------------------------------------------
     def announce(self, kv_request_id: str, peer: str, now: float, out: list[Effect], life: str = "") -> None:
@@ -193,6 +212,11 @@ class ConsumerMachine(TableMachine):
             if not rounds:
                 del self._open[rec.peer]
 
+    def _low(self, peer: str, round: int) -> int:
+        # a symmetric round's messages name no watermark (0: no news): the producer's round
+        # ledger guards parked PD bindings only, and this machine knows only its own rounds
+        return 0 if self.OFFERED else self.low(peer, round)
+
     def low(self, peer: str, round: int) -> int:
         """The lowest round still open with ``peer``, counting ``round`` (being opened now)."""
         rounds = self._open.get(peer)
@@ -261,10 +285,10 @@ class ConsumerMachine(TableMachine):
         rec.job_id = inp.job_id
         rec.keys = inp.keys
         rec.slots = inp.slots
-        rec.round = self._next_round
-        self._next_round += 1
+        rec.round = self.rounds.take()
         rec.landed = bytearray(len(inp.keys))
         rec.n_landed = 0
+        rec.digests = [0] * len(inp.keys)
 
     def effect_accept_load(self, rec: ConsumerRecord, inp: LoadSubmitted, reason, now, out) -> None:
         self._take_job(rec, inp)
@@ -272,8 +296,9 @@ class ConsumerMachine(TableMachine):
     def effect_send_fetch(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         rec.fetched = True
         slots = list(rec.slots) if self._one_sided else []
-        msg = wm.Fetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, keys=list(rec.keys),
-                       slots=slots, life=rec.life, low=self.low(rec.peer, rec.round))
+        msg = wm.Fetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.kv_request_id, round=rec.round,
+                       keys=list(rec.keys), slots=slots, offered=self.OFFERED, life=rec.life,
+                       low=self._low(rec.peer, rec.round))
         out.append(Send(rec.peer, msg))
 
     def effect_land_blocks(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
@@ -281,8 +306,10 @@ class ConsumerMachine(TableMachine):
         # landing (2) until blocks_landed: its answer may come in a later step (a landing on the
         # digest pool), and a block_data naming these blocks again meanwhile is not valid
         rec.landed[first : first + count] = b"\x02" * count
-        out.append(LandBlocks(rec.peer, rec.key, rec.round, first, rec.slots[first : first + count], inp.digests,
-                              inp.payloads))
+        if inp.digests:
+            rec.digests[first : first + count] = inp.digests
+        out.append(LandBlocks(rec.peer, rec.kv_request_id, rec.round, first, rec.slots[first : first + count],
+                              inp.digests, inp.payloads))
 
     def effect_note_landed(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
         first, count = inp.first, inp.count
@@ -290,8 +317,8 @@ class ConsumerMachine(TableMachine):
         rec.n_landed += count
 
     def effect_send_receipt(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
-        out.append(Send(rec.peer, wm.Receipt(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round,
-                                             life=rec.life)))
+        out.append(Send(rec.peer, wm.Receipt(gen=self._sessions.gen(rec.peer), kv_request_id=rec.kv_request_id,
+                                             round=rec.round, life=rec.life)))
 
     def effect_revoke_access(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(RevokeAccess(rec.peer))
@@ -308,8 +335,22 @@ class ConsumerMachine(TableMachine):
 
     def effect_fail_job(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         if rec.job_id is not None:
-            out.append(JobDone(rec.job_id, False, reason))
+            keys, verify = self._landed_intact(rec)
+            out.append(JobDone(rec.job_id, False, reason, keys, verify))
             rec.job_id = None
+
+    def _landed_intact(self, rec: ConsumerRecord) -> tuple[tuple[bytes, ...] | None, tuple[tuple[int, int], ...]]:
+        """A failed load's ``successful_keys``: the blocks that landed and matched their digests.
+        Every path to a failed result runs only once no write can land in the slots (property
+        ``no_write_after_terminal``); on a one-sided plane the peer wrote the slots itself, so each
+        key comes with ``(slot, digest)`` for the shell to check once more at reporting (property
+        ``partial_keys_verified``).  Without integrity checking nothing was verified: None."""
+        if not rec.n_landed or not self.integrity:
+            return None, ()
+        idx = [i for i, landed in enumerate(rec.landed) if landed]
+        keys = tuple(rec.keys[i] for i in idx)
+        verify = tuple((rec.slots[i], rec.digests[i]) for i in idx) if self._one_sided else ()
+        return keys, verify
 
     def effect_fail_new_job(self, rec: ConsumerRecord, inp: LoadSubmitted, reason, now, out) -> None:
         out.append(JobDone(inp.job_id, False, reason))
@@ -319,10 +360,10 @@ class ConsumerMachine(TableMachine):
 
     def effect_send_abort(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         if rec.round < 0:  # nothing fetched yet: a fresh round names this cancellation
-            rec.round = self._next_round
-            self._next_round += 1
-        msg = wm.AbortFetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.key, round=rec.round, fetched=rec.fetched,
-                            life=rec.life, low=self.low(rec.peer, rec.round))
+            rec.round = self.rounds.take()
+        msg = wm.AbortFetch(gen=self._sessions.gen(rec.peer), kv_request_id=rec.kv_request_id, round=rec.round,
+                            fetched=rec.fetched, offered=self.OFFERED, life=rec.life,
+                            low=self._low(rec.peer, rec.round))
         out.append(Send(rec.peer, msg))
 
     def effect_note_notice(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
@@ -336,4 +377,20 @@ class ConsumerMachine(TableMachine):
         out.append(SlotsHeld(rec.peer, rec.key, len(rec.slots)))
 
     def effect_note_stale(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
-        out.append(Ignored(self.NAME, rec.key, rec.state, "message", reason or Reason.STALE))
+        out.append(Ignored(self.NAME, str(rec.key), rec.state, "message", reason or Reason.STALE))
+
+
+class RoundCounter:
+    """The manager's one source of round numbers (PD loads, their cancellations, symmetric
+    rounds): a round is unique per manager, so a reused id never matches an old round and a
+    producer keys a consumer's round by (peer, kv_request_id, round) safely."""
+
+    __slots__ = ("next",)
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self) -> int:
+        n = self.next
+        self.next += 1
+        return n

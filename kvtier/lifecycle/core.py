@@ -1,4 +1,5 @@
-"""``TierCore``: the sans-I/O heart of kvtier — producer, consumer and session machines composed.
+"""``TierCore``: the sans-I/O heart of kvtier — producer, consumer, session, probe and serve machines
+composed.
 
 Theory of operation
 -------------------
@@ -11,6 +12,15 @@ session is dead, when to ping, whether a malformed message gets an answer.  It n
 socket, a tensor or a clock, and it never raises because of what a *peer* sent: peer inputs are
 applied, answered or ignored according to the spec.  :class:`~kvtier.lifecycle.errors.InvalidTransition`
 and ``ValueError`` are raised only for misuse by the local caller.
+
+The symmetric path (``remote_kv_source``, decisions Y1-Y16) adds two machines: **probe** (the
+consumer's probing of one peer for one request; its rounds' loads are consumer lives of their own,
+:class:`~kvtier.lifecycle.probe.RoundLoads`, keyed ``(kv_request_id, round)``) and **serve** (the
+producer's answer to one round of one peer from its engine's own tiers, keyed ``(peer,
+kv_request_id, round)``).  Messages are routed by what they name: ``fetch``/``abort_fetch`` with
+``offered`` go to serve, others to the producer; a consumer-bound message for ``(kv_request_id,
+round)`` goes to that round's load if there is one, else to the id's probe, else to the PD
+consumer.
 
 Three tables, no switchboards:
 
@@ -34,20 +44,25 @@ through that one function.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import msgspec
 
 from kvtier.lifecycle._table import (
     ConsumerEvent,
     ConsumerState,
+    ProbeEvent,
+    ProbeState,
     ProducerEvent,
     ProducerState,
     Reason,
+    ServeEvent,
+    ServeState,
     SessionEvent,
     SessionState,
 )
 from kvtier.lifecycle._machine import TableMachine
-from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput
+from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput, RoundCounter
 from kvtier.lifecycle.effects import Effect, Ignored, Send
 from kvtier.lifecycle.inputs import (
     AccessRevoked,
@@ -61,21 +76,35 @@ from kvtier.lifecycle.inputs import (
     DrainStarted,
     GraceEnded,
     Input,
+    KeyLookedUp,
     LoadAnnounced,
     LoadSubmitted,
+    LookupAnswered,
     Malformed,
     PeerAttached,
+    ProbeAnnounced,
     Received,
     RequestFinished,
+    ScheduleEnded,
     SendFailed,
     ShutdownStarted,
     StoreSubmitted,
     TransferReleased,
 )
-from kvtier.lifecycle.notes import GiveUp, Notes, PeerLost, SessionReady
+from kvtier.lifecycle.notes import GiveUp, LoadRound, Notes, PeerLost, RoundLoadEnded, SessionReady
+from kvtier.lifecycle.probe import Answer, ProbeMachine, ReplyInput, RoundLoads
 from kvtier.lifecycle.producer import RETAINED, FetchInput, ProducerMachine
+from kvtier.lifecycle.serve import ServeLimits, ServeMachine, is_transfer_key
 from kvtier.lifecycle.session import HelloInput, SessionMachine
-from kvtier.lifecycle.views import ConsumerView, CoreSnapshot, DeadlineView, ProducerView, SessionView
+from kvtier.lifecycle.views import (
+    ConsumerView,
+    CoreSnapshot,
+    DeadlineView,
+    ProbeView,
+    ProducerView,
+    ServeView,
+    SessionView,
+)
 from kvtier.wire import messages as wm
 
 __all__ = ["CoreSettings", "TIMER_KEYS", "TierCore"]
@@ -91,7 +120,12 @@ TIMER_KEYS = (
     "handshake_timeout_s",
     "heartbeat_interval_s",
     "peer_timeout_s",
+    "probe_timeout_s",
+    "serve_lookup_timeout_s",
+    "offer_timeout_s",
 )
+#: the symmetric path's timers, defaulted for callers that build durations by hand (config: Y6)
+SYMMETRIC_TIMER_DEFAULTS = {"probe_timeout_s": 1.0, "serve_lookup_timeout_s": 0.25, "offer_timeout_s": 10.0}
 
 _P_IN_FLIGHT = frozenset(
     {ProducerState.SERVING, ProducerState.DELIVERING, ProducerState.CONFIRMED, ProducerState.CANCELLING,
@@ -102,6 +136,8 @@ _C_IN_FLIGHT = frozenset(
     {ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING, ConsumerState.REVOKING,
      ConsumerState.GIVEN_UP}
 )
+_S_IN_FLIGHT = frozenset({ServeState.SERVING, ServeState.DELIVERING, ServeState.CONFIRMED, ServeState.CANCELLING,
+                          ServeState.QUARANTINED})
 _REASONS = frozenset(r.value for r in Reason)
 
 
@@ -128,18 +164,44 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
     error_reply_interval_s: float = 10.0
     """At most one unsolicited ``error`` answer per (peer, reason) per this many seconds (a malformed message
     that names no ``kv_request_id``): a flood of garbage gets a bounded echo."""
+    integrity: bool = True
+    """Blocks carry digests checked as they land (config ``integrity`` is not ``none``): only then does a
+    failed load report the blocks that landed (``successful_keys``)."""
+    serve_external: bool = False
+    """Serve peers' probes from the engine's tiers (the symmetric path's producer side)."""
+    serve_allowed_principals: frozenset[str] | None = None
+    """Principals allowed to probe (None: any peer with a ready session)."""
+    serve_max_rounds_per_peer: int = 256
+    serve_max_probes_per_round: int = 8
+    serve_max_pinned_blocks_per_peer: int = 16384
+    serve_max_pinned_blocks: int = 1 << 62
+    """All peers together (the pool's ``serve_max_pinned_fraction``)."""
 
     @classmethod
-    def from_config(cls, config: object, *, one_sided: bool = False, revoke_bounded: bool = True) -> CoreSettings:
-        """Build from any object with the TierConfig attribute names."""
+    def from_config(cls, config: object, *, one_sided: bool = False, revoke_bounded: bool = True,
+                    pool_blocks: int | None = None) -> CoreSettings:
+        """Build from any object with the TierConfig attribute names (``pool_blocks``: the block
+        pool's size, which ``serve_max_pinned_fraction`` is a fraction of)."""
+        c: Any = config
+        principals = tuple(getattr(c, "serve_allowed_principals", ("*",)))
+        total = 1 << 62
+        if pool_blocks is not None:
+            total = max(1, int(pool_blocks * float(getattr(c, "serve_max_pinned_fraction", 0.5))))
         return cls(
-            durations={k: float(getattr(config, k)) for k in TIMER_KEYS},
-            park_clock=config.park_clock,  # type: ignore[attr-defined]
-            tombstone_max=config.tombstone_max,  # type: ignore[attr-defined]
-            max_pending_fetches_per_peer=config.max_pending_fetches_per_peer,  # type: ignore[attr-defined]
-            max_peers=config.max_peers,  # type: ignore[attr-defined]
+            durations={k: float(getattr(c, k, SYMMETRIC_TIMER_DEFAULTS.get(k, 0.0))) for k in TIMER_KEYS},
+            park_clock=c.park_clock,
+            tombstone_max=c.tombstone_max,
+            max_pending_fetches_per_peer=c.max_pending_fetches_per_peer,
+            max_peers=c.max_peers,
             one_sided=one_sided,
             revoke_bounded=revoke_bounded,
+            integrity=getattr(c, "integrity", "xxh3_64") != "none",
+            serve_external=bool(getattr(c, "serve_external", False)),
+            serve_allowed_principals=None if "*" in principals else frozenset(principals),
+            serve_max_rounds_per_peer=int(getattr(c, "serve_max_rounds_per_peer", 256)),
+            serve_max_probes_per_round=int(getattr(c, "serve_max_probes_per_round", 8)),
+            serve_max_pinned_blocks_per_peer=int(getattr(c, "serve_max_pinned_blocks_per_peer", 16384)),
+            serve_max_pinned_blocks=total,
         )
 
 
@@ -163,14 +225,25 @@ class TierCore:
     def __init__(self, settings: CoreSettings, local: HelloInput, *, gen_base: int = 0) -> None:
         self.settings = settings
         self._notes: Notes = Notes()
-        d = settings.durations
+        d = {**SYMMETRIC_TIMER_DEFAULTS, **settings.durations}
         self._producer = ProducerMachine(
             d, park_clock=settings.park_clock, tombstone_max=settings.tombstone_max,
             max_pending_fetches_per_peer=settings.max_pending_fetches_per_peer, notes=self._notes,
         )
         self._sessions = SessionMachine(d, local, self._notes, gen_base=gen_base, max_peers=settings.max_peers)
-        self._consumer = ConsumerMachine(d, self._sessions, self._notes, one_sided=settings.one_sided,
-                                         revoke_bounded=settings.revoke_bounded)
+        rounds = RoundCounter()  # one per manager: PD loads and symmetric rounds share it
+        self._consumer = ConsumerMachine(d, self._sessions, self._notes, one_sided=settings.one_sided, rounds=rounds,
+                                         integrity=settings.integrity, revoke_bounded=settings.revoke_bounded)
+        self._probe = ProbeMachine(d, self._sessions, self._notes, rounds)
+        self._rounds = RoundLoads(d, self._sessions, self._notes, one_sided=settings.one_sided, rounds=rounds,
+                                  integrity=settings.integrity, revoke_bounded=settings.revoke_bounded)
+        self._serve = ServeMachine(d, self._notes, ServeLimits(
+            serve_external=settings.serve_external, principals=settings.serve_allowed_principals,
+            max_rounds_per_peer=settings.serve_max_rounds_per_peer,
+            max_probes_per_round=settings.serve_max_probes_per_round,
+            max_pinned_per_peer=settings.serve_max_pinned_blocks_per_peer,
+            max_pinned_total=settings.serve_max_pinned_blocks))
+        self._machines = (self._sessions, self._producer, self._consumer, self._probe, self._rounds, self._serve)
         self._error_replies: dict[tuple[str, str], float] = {}
         self._APPLY = {
             Received: self._received,
@@ -193,6 +266,10 @@ class TierCore:
             BlocksLanded: self._landed,
             PeerAttached: self._attached,
             AttachRefused: self._attached,
+            ProbeAnnounced: self._probe_announce,
+            KeyLookedUp: self._key_looked_up,
+            ScheduleEnded: self._schedule_ended,
+            LookupAnswered: self._lookup_answered,
         }
         self._RECEIVE = {
             wm.Fetch: self._rx_fetch,
@@ -208,11 +285,15 @@ class TierCore:
             wm.HelloAck: self._rx_hello_ack,
             wm.HelloReject: self._rx_hello_reject,
             wm.Disconnect: self._rx_disconnect,
+            wm.Probe: self._rx_probe,
+            wm.ProbeReply: self._rx_probe_reply,
         }
         self._ROUTE = {
             GiveUp: self._route_give_up,
             PeerLost: self._route_peer_lost,
             SessionReady: self._route_ready,
+            LoadRound: self._route_load_round,
+            RoundLoadEnded: self._route_round_load_ended,
         }
 
     # =========================================================================================
@@ -249,7 +330,7 @@ class TierCore:
     def next_deadline(self) -> float | None:
         """Earliest pending deadline (seconds) over all machines, or None."""
         best = None
-        for m in (self._sessions, self._producer, self._consumer):
+        for m in self._machines:
             d = m.next_deadline()
             if d is not None and (best is None or d < best):
                 best = d
@@ -278,12 +359,9 @@ class TierCore:
         return sum(len(m._deadlines) for m in (self._sessions, self._producer, self._consumer))
 
     def _fire(self, now: float, out: list[Effect]) -> None:
-        self._sessions.tick(now, out)
-        self._settle(now, out)
-        self._producer.tick(now, out)
-        self._settle(now, out)
-        self._consumer.tick(now, out)
-        self._settle(now, out)
+        for m in self._machines:
+            m.tick(now, out)
+            self._settle(now, out)
 
     def _settle(self, now: float, out: list[Effect]) -> None:
         """Route the notes the last transitions queued (they may queue more)."""
@@ -344,12 +422,12 @@ class TierCore:
         )
 
     def consumer(self, kv_request_id: str) -> ConsumerView | None:
-        """A snapshot of the consumer record of ``kv_request_id``, or None."""
+        """A snapshot of the (PD) consumer record of ``kv_request_id``, or None (a symmetric
+        round's load: :meth:`round_loads`)."""
         r = self._consumer.records.get(kv_request_id)
         if r is None:
             return None
-        return ConsumerView(r.key, r.state, r.reason, r.peer, r.job_id, r.round, tuple(r.keys), tuple(r.slots),
-                            r.n_landed, self._consumer.deadline_of(r.key))
+        return self._consumer_view(r, self._consumer)
 
     def producer_ids(self) -> list[str]:
         """Every id the producer keeps a record of (live or retained), sorted."""
@@ -402,8 +480,10 @@ class TierCore:
         return tuple(j for k in sorted(self._producer.quarantined) for j in recs[k].jobs)
 
     def revoking_slots(self) -> int:
-        """Consumer slots held in ``revoking`` (no write may land, not yet proven)."""
-        return sum(len(r.slots) for r in self._consumer.records.values() if r.state is ConsumerState.REVOKING)
+        """Consumer slots held in ``revoking`` (no write may land, not yet proven), PD loads and
+        symmetric rounds' loads."""
+        return sum(len(r.slots) for m in (self._consumer, self._rounds) for r in m.records.values()
+                   if r.state is ConsumerState.REVOKING)
 
     def awaiting_receipt_jobs(self) -> int:
         """Store jobs whose blocks were handed over and that wait for the consumer's receipt."""
@@ -411,7 +491,7 @@ class TierCore:
 
     def loading(self) -> bool:
         """True while any load of ours is outstanding (a peer may be writing into our pool)."""
-        return bool(self._consumer.by_peer)
+        return bool(self._consumer.by_peer) or bool(self._rounds.by_peer)
 
     def snapshot(self) -> CoreSnapshot:
         """Counts for the metrics endpoint (O(records): computed at scrape time, not per tick)."""
@@ -436,11 +516,15 @@ class TierCore:
                 c[r.state.value] = c.get(r.state.value, 0) + 1
             return c
 
+        consumer = count(self._consumer.records)
+        for st, n in count(self._rounds.records).items():
+            consumer[st] = consumer.get(st, 0) + n
         return CoreSnapshot(
             producer=live, pinned_blocks=pinned, retained=retained, parked=tuple(parked),
-            consumer=count(self._consumer.records), sessions=count(self._sessions.records),
+            consumer=consumer, sessions=count(self._sessions.records),
             awaiting_receipt_jobs=self.awaiting_receipt_jobs(), quarantined_blocks=self.quarantined_blocks(),
-            revoking_slots=self.revoking_slots(),
+            revoking_slots=self.revoking_slots(), probe=count(self._probe.records), serve=count(self._serve.records),
+            serve_pinned_blocks=self._serve.pinned_total,
         )
 
     def load_failed(self, kv_request_id: str) -> bool:
@@ -449,19 +533,93 @@ class TierCore:
 
     def busy(self) -> bool:
         """True while a transfer or a load is in flight (what shutdown's grace waits for)."""
-        return any(r.state in _P_IN_FLIGHT for r in self._producer.records.values()) or any(
-            r.state in _C_IN_FLIGHT for r in self._consumer.records.values()
-        )
+        return (any(r.state in _P_IN_FLIGHT for r in self._producer.records.values())
+                or any(r.state in _C_IN_FLIGHT for m in (self._consumer, self._rounds) for r in m.records.values())
+                or any(r.state in _S_IN_FLIGHT for r in self._serve.records.values()))
 
     def pending_jobs(self) -> int:
         """Jobs handed to the core that have no result yet."""
-        return self._producer.pending_jobs() + self._consumer.pending_jobs()
+        return self._producer.pending_jobs() + self._consumer.pending_jobs() + self._rounds.pending_jobs()
 
     def outstanding_jobs(self) -> frozenset[int]:
         """The ids of the jobs handed to the core that have no result yet."""
         jobs = {j for r in self._producer.records.values() for j in r.jobs}
-        jobs.update(r.job_id for r in self._consumer.records.values() if r.job_id is not None)
+        for m in (self._consumer, self._rounds):
+            jobs.update(r.job_id for r in m.records.values() if r.job_id is not None)
         return frozenset(jobs)
+
+    # -- the symmetric path ----------------------------------------------------------------------
+    def probe_state(self, kv_request_id: str) -> ProbeState:
+        """The probe state of symmetric request ``kv_request_id`` (``absent``: no record)."""
+        return self._probe.state_of(kv_request_id)
+
+    def probe_answer(self, kv_request_id: str, key: bytes) -> Answer:
+        """What a lookup of ``key`` for symmetric request ``kv_request_id`` answers now: RETRY
+        while its round waits for the peer (bounded by ``probe_timeout_s``), HIT for a key the
+        peer pins for us (or a load of ours is fetching), MISS otherwise."""
+        return self._probe.answer(kv_request_id, key)
+
+    def probe(self, kv_request_id: str) -> ProbeView | None:
+        """A snapshot of the probe record of ``kv_request_id``, or None."""
+        r = self._probe.records.get(kv_request_id)
+        if r is None:
+            return None
+        loads = tuple(v for rec in self._rounds.of_request(kv_request_id) if (v := self._consumer_view(rec, self._rounds)))
+        return ProbeView(r.key, r.state, r.reason, r.peer, r.round, r.sent, tuple(r.unsent), tuple(r.waiting),
+                         frozenset(r.offered), frozenset(r.miss), dict(r.loading), loads,
+                         self._probe.deadline_of(r.key))
+
+    def probe_ids(self) -> list[str]:
+        """Every symmetric request with a probe record, sorted."""
+        return sorted(self._probe.records)
+
+    def serve_state(self, peer: str, kv_request_id: str, round: int) -> ServeState:
+        """The serve state of ``peer``'s round ``round`` of ``kv_request_id`` (``absent``: none)."""
+        return self._serve.state_of((peer, kv_request_id, round))
+
+    def serve(self, peer: str, kv_request_id: str, round: int) -> ServeView | None:
+        """A snapshot of one serve record, or None."""
+        r = self._serve.records.get((peer, kv_request_id, round))
+        if r is None:
+            return None
+        return ServeView(r.peer, r.kv_request_id, r.round, r.state, r.reason, tuple(r.keys), dict(r.found),
+                         frozenset(r.missing), frozenset(r.todo), tuple(r.pins), r.demand, r.receipt,
+                         self._serve.deadline_of(r.key))
+
+    def serve_ids(self) -> list[tuple[str, str, int]]:
+        """Every live serve record's ``(peer, kv_request_id, round)``, sorted."""
+        return sorted(self._serve.records)
+
+    def serve_wants(self, peer: str, kv_request_id: str, round: int) -> bool:
+        """True while the round still waits for lookups in the engine's tiers (``looking_up``): a
+        serve window skips a queued lookup the core no longer wants."""
+        return self._serve.state_of((peer, kv_request_id, round)) is ServeState.LOOKING_UP
+
+    def pins_held(self) -> frozenset[int]:
+        """Engine pins the serve records hold (each is released exactly once)."""
+        return frozenset(self._serve.pins_held())
+
+    def serve_pinned_blocks(self) -> int:
+        """Blocks those pins hold."""
+        return self._serve.pinned_total
+
+    def symmetric_work(self) -> bool:
+        """True while a probe round waits (RETRY), a serve record lives or a round's load is out:
+        the engine must keep stepping (``has_pending_work``)."""
+        return bool(self._probe.collecting) or any(
+            r.state in (ProbeState.PROBING, ProbeState.OFFERED) for r in self._probe.records.values()
+        ) or bool(self._serve.records) or bool(self._rounds.records)
+
+    def round_loads(self, kv_request_id: str | None = None) -> list[ConsumerView]:
+        """The loads of symmetric rounds (all, or those of ``kv_request_id``), as consumer views
+        (their ``kv_request_id`` is the request's; ``round`` tells them apart)."""
+        recs = (self._rounds.of_request(kv_request_id) if kv_request_id is not None
+                else [self._rounds.records[k] for k in sorted(self._rounds.records)])
+        return [self._consumer_view(r, self._rounds) for r in recs]
+
+    def _consumer_view(self, r: Any, m: ConsumerMachine) -> ConsumerView:
+        return ConsumerView(r.kv_request_id, r.state, r.reason, r.peer, r.job_id, r.round, tuple(r.keys),
+                            tuple(r.slots), r.n_landed, m.deadline_of(r.key))
 
     def set_local(self, local: HelloInput) -> None:
         """Replace our hello (e.g. the hash seed became known); established sessions keep the
@@ -495,21 +653,50 @@ class TierCore:
         self._consumer.announce(inp.kv_request_id, peer, now, out, inp.life)
 
     def _load(self, inp: LoadSubmitted, now: float, out: list[Effect]) -> None:
-        self._consumer.submit_load(inp, now, out)
+        if inp.kv_request_id in self._probe.records:
+            self._probe.submit_load(inp, now, out)
+        else:
+            self._consumer.submit_load(inp, now, out)
 
     def _finished(self, inp: RequestFinished, now: float, out: list[Effect]) -> None:
+        kid = inp.kv_request_id
         if inp.producer:
-            self._producer.event(inp.kv_request_id, ProducerEvent.REQUEST_FINISHED, now, out, inp)
-            self._producer.forget(inp.kv_request_id)
+            self._producer.event(kid, ProducerEvent.REQUEST_FINISHED, now, out, inp)
+            self._producer.forget(kid)
+        elif kid in self._probe.records or kid in self._rounds.by_request:
+            self._probe.event(kid, ProbeEvent.REQUEST_FINISHED, now, out)
+            for rec in self._rounds.of_request(kid):  # a round's load still out is cancelled
+                if rec.key in self._rounds.records:
+                    self._rounds.apply(rec, ConsumerEvent.REQUEST_FINISHED, None, now, out)
         else:
-            self._consumer.event(inp.kv_request_id, ConsumerEvent.REQUEST_FINISHED, now, out)
+            self._consumer.event(kid, ConsumerEvent.REQUEST_FINISHED, now, out)
+
+    def _probe_announce(self, inp: ProbeAnnounced, now: float, out: list[Effect]) -> None:
+        sessions, peer = self._sessions, inp.peer
+        if peer not in sessions.records:
+            sessions.apply(sessions.new_record(peer), SessionEvent.DIAL, None, now, out)
+        # a refused dial (max_peers) queued PeerLost: routed after this input, it fails the probe
+        self._probe.announce(inp.kv_request_id, peer, now, out)
+
+    def _key_looked_up(self, inp: KeyLookedUp, now: float, out: list[Effect]) -> None:
+        self._probe.lookup(inp, now, out)
+
+    def _schedule_ended(self, inp: ScheduleEnded, now: float, out: list[Effect]) -> None:
+        self._probe.schedule_end(now, out)
+
+    def _lookup_answered(self, inp: LookupAnswered, now: float, out: list[Effect]) -> None:
+        self._serve.lookup_result(inp, now, out)
 
     def _drain(self, inp: DrainStarted, now: float, out: list[Effect]) -> None:
         self._producer.broadcast(ProducerEvent.DRAIN, now, out)
+        self._serve.broadcast(ServeEvent.DRAIN, now, out)
 
     def _shutdown(self, inp: ShutdownStarted, now: float, out: list[Effect]) -> None:
         self._producer.broadcast(ProducerEvent.SHUTDOWN, now, out)
         self._consumer.broadcast(ConsumerEvent.SHUTDOWN, now, out)
+        self._probe.broadcast(ProbeEvent.SHUTDOWN, now, out)
+        self._rounds.broadcast(ConsumerEvent.SHUTDOWN, now, out)
+        self._serve.broadcast(ServeEvent.SHUTDOWN, now, out)
 
     def _close(self, inp: GraceEnded, now: float, out: list[Effect]) -> None:
         """Everything still live is given up and every session ends (a goodbye to each peer).
@@ -517,6 +704,10 @@ class TierCore:
         closing the plane produces."""
         self._producer.broadcast(ProducerEvent.CLOSE, now, out)
         self._consumer.broadcast(ConsumerEvent.CLOSE, now, out)
+        self._probe.broadcast(ProbeEvent.CLOSE, now, out)
+        self._rounds.broadcast(ConsumerEvent.CLOSE, now, out)
+        self._serve.broadcast(ServeEvent.CLOSE, now, out)
+        self._settle(now, out)
         sessions = self._sessions
         for peer in sorted(sessions.records):
             rec = sessions.records.get(peer)
@@ -553,19 +744,39 @@ class TierCore:
         self._sessions.apply(rec, event, inp, now, out)
 
     def _released(self, inp: TransferReleased, now: float, out: list[Effect]) -> None:
+        if is_transfer_key(inp.kv_request_id):
+            event = ServeEvent.TRANSFER_FAILED if inp.failed else ServeEvent.TRANSFER_RELEASED
+            self._serve.transfer_event(inp.kv_request_id, inp.round, event, now, out)
+            return
         event = ProducerEvent.TRANSFER_FAILED if inp.failed else ProducerEvent.TRANSFER_RELEASED
         self._producer.transfer_event(inp.kv_request_id, inp.round, event, now, out)
 
     def _revoked(self, inp: AccessRevoked, now: float, out: list[Effect]) -> None:
-        consumer = self._consumer
-        for key in sorted(consumer.by_peer.get(inp.peer, ())):
-            rec = consumer.records.get(key)
-            if rec is not None and rec.state is ConsumerState.REVOKING:
-                consumer.apply(rec, ConsumerEvent.ACCESS_REVOKED, None, now, out)
+        for consumer in (self._consumer, self._rounds):
+            for key in sorted(consumer.by_peer.get(inp.peer, ())):
+                rec = consumer.records.get(key)
+                if rec is not None and rec.state is ConsumerState.REVOKING:
+                    consumer.apply(rec, ConsumerEvent.ACCESS_REVOKED, None, now, out)
 
     def _landed(self, inp: BlocksLanded, now: float, out: list[Effect]) -> None:
         m = MessageInput(inp.kv_request_id, inp.round, inp.first, inp.count, inp.ok, inp.reason)
-        self._consumer.message(inp.peer, ConsumerEvent.BLOCKS_LANDED, m, now, out)
+        self._to_consumer(inp.peer, ConsumerEvent.BLOCKS_LANDED, None, m, now, out)
+
+    def _to_consumer(self, peer: str, event: ConsumerEvent, probe_event: ProbeEvent | None, m: MessageInput,
+                     now: float, out: list[Effect]) -> None:
+        """A message for a load of ours: the symmetric round's load named by (id, round) if there
+        is one; else the id's probe (``probe_event``; None: nothing of a probe, stale); else the
+        PD consumer of the id."""
+        kid = m.kv_request_id
+        if (kid, m.round) in self._rounds.records:
+            self._rounds.message(peer, event, m, now, out)
+        elif kid in self._probe.records:
+            if probe_event is None:
+                out.append(Ignored("probe", kid, self._probe.state_of(kid), event, Reason.STALE))
+            else:
+                self._probe.message(peer, probe_event, ReplyInput(kid, m.round, ok=m.ok, reason=m.reason), now, out)
+        else:
+            self._consumer.message(peer, event, m, now, out)
 
     def _malformed(self, inp: Malformed, now: float, out: list[Effect]) -> None:
         """Answer a message that did not decode: a hello of another protocol version gets a
@@ -617,49 +828,84 @@ class TierCore:
             if low:
                 rounds.note_low(low)
         return FetchInput(peer, msg.kv_request_id, msg.round, keys, msg.gen, slots, fetched,
-                          rec.principal if rec is not None else None, msg.life, low, rounds)
+                          rec.principal if rec is not None else None, getattr(msg, "life", ""), low, rounds)
 
     def _rx_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             f = self._fetch_input(inp.peer, msg, keys=tuple(msg.keys), slots=tuple(msg.slots))
-            self._producer.fetch(f, now, out)
+            if msg.offered:  # blocks a probe reply offered: never a PD id's parked blocks (Y5)
+                self._serve.message(ServeEvent.FETCH, f, now, out)
+            else:
+                self._producer.fetch(f, now, out)
 
     def _rx_abort_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
-            self._producer.abort_fetch(self._fetch_input(inp.peer, msg, fetched=msg.fetched), now, out)
+            f = self._fetch_input(inp.peer, msg, fetched=msg.fetched)
+            if msg.offered:
+                self._serve.message(ServeEvent.ABORT_FETCH, f, now, out)
+            else:
+                self._producer.abort_fetch(f, now, out)
 
     def _rx_receipt(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
-            self._producer.receipt(self._fetch_input(inp.peer, msg), now, out)
+            f = self._fetch_input(inp.peer, msg)
+            if (inp.peer, msg.kv_request_id, msg.round) in self._serve.records:
+                self._serve.message(ServeEvent.RECEIPT, f, now, out)
+            else:
+                self._producer.receipt(f, now, out)
+
+    def _rx_probe(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg = inp.msg
+        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+            self._serve.message(ServeEvent.PROBE, self._fetch_input(inp.peer, msg, keys=tuple(msg.keys)), now, out)
+
+    def _rx_probe_reply(self, inp: Received, now: float, out: list[Effect]) -> None:
+        msg = inp.msg
+        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+            r = ReplyInput(msg.kv_request_id, msg.round, tuple(msg.keys), tuple(msg.hits), ok=True)
+            self._probe.message(inp.peer, ProbeEvent.PROBE_REPLY, r, now, out)
 
     def _rx_block_data(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             m = MessageInput(msg.kv_request_id, msg.round, msg.first, msg.count, digests=tuple(msg.digests),
                              payloads=inp.payloads, life=msg.life)
-            self._consumer.message(inp.peer, ConsumerEvent.BLOCK_DATA, m, now, out)
+            self._to_consumer(inp.peer, ConsumerEvent.BLOCK_DATA, None, m, now, out)
 
     def _rx_transfer_done(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             reason = None if msg.ok else _reason(msg.reason or Reason.TRANSFER_FAILED.value)
             m = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=reason, life=msg.life, final=msg.final)
-            self._consumer.message(inp.peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
+            self._to_consumer(inp.peer, ConsumerEvent.TRANSFER_DONE, ProbeEvent.TRANSFER_DONE, m, now, out)
 
     def _rx_abort_ack(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
-            self._consumer.message(inp.peer, ConsumerEvent.ABORT_ACK, MessageInput(msg.kv_request_id, msg.round,
-                                                                                  life=msg.life), now, out)
+            # a probe's release needs no answer: an abort_ack for it concerns no record
+            self._to_consumer(inp.peer, ConsumerEvent.ABORT_ACK, None, MessageInput(msg.kv_request_id, msg.round,
+                                                                                   life=msg.life),
+                              now, out)
 
     def _rx_error(self, inp: Received, now: float, out: list[Effect]) -> None:
         """The peer answered ``error`` (it could not accept our message).  One that names one of
-        our live loads fails that load now with ``peer_error`` instead of at its deadline;
-        anything else about the id is unaffected."""
+        our live loads fails that load now with ``peer_error`` instead of at its deadline (a
+        symmetric request's: its probe's open round and its rounds' loads); anything else about the
+        id is unaffected."""
         msg, peer = inp.msg, inp.peer
+        probe = self._probe.records.get(msg.kv_request_id) if msg.kv_request_id else None
+        if probe is not None and probe.peer == peer:
+            if self._gate(peer, msg, SessionEvent.MESSAGE, now, out):
+                for r in self._rounds.of_request(msg.kv_request_id):
+                    m = MessageInput(msg.kv_request_id, r.round, ok=False, reason=Reason.PEER_ERROR)
+                    self._rounds.message(peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
+                if probe.round >= 0:
+                    r = ReplyInput(msg.kv_request_id, probe.round, ok=False, reason=Reason.PEER_ERROR)
+                    self._probe.message(peer, ProbeEvent.TRANSFER_DONE, r, now, out)
+            return
         rec = self._consumer.records.get(msg.kv_request_id) if msg.kv_request_id else None
         if rec is None or rec.peer != peer:
             return
@@ -740,7 +986,8 @@ class TierCore:
         work cannot lock legitimate consumers out; a busy manager still refuses (too_many_peers)."""
         sessions = self._sessions
         idle_for = sessions.durations_of("handshake")
-        busy = set(self._producer.by_peer) | set(self._consumer.by_peer)
+        busy = (set(self._producer.by_peer) | set(self._consumer.by_peer) | set(self._probe.by_peer)
+                | set(self._rounds.by_peer) | set(self._serve.by_peer))
         idle = [
             r for r in sessions.records.values()
             if r.state is SessionState.READY and not r.dialled and r.key not in busy and now - r.active >= idle_for
@@ -757,8 +1004,26 @@ class TierCore:
         self._session_event(note.peer, SessionEvent.GIVE_UP, _Why(note.reason), now, out)
 
     def _route_peer_lost(self, note: PeerLost, now: float, out: list[Effect]) -> None:
+        why = _Why(note.reason)
         self._producer.peer_lost(note.peer, now, out)
-        self._consumer.peer_event(note.peer, ConsumerEvent.PEER_LOST, now, out, _Why(note.reason))
+        self._consumer.peer_event(note.peer, ConsumerEvent.PEER_LOST, now, out, why)
+        self._rounds.peer_event(note.peer, ConsumerEvent.PEER_LOST, now, out, why)
+        self._probe.peer_event(note.peer, ProbeEvent.PEER_LOST, now, out, why)
+        self._serve.peer_lost(note.peer, now, out)
 
     def _route_ready(self, note: SessionReady, now: float, out: list[Effect]) -> None:
         self._consumer.peer_event(note.peer, ConsumerEvent.HANDSHAKE_READY, now, out)
+        self._rounds.peer_event(note.peer, ConsumerEvent.HANDSHAKE_READY, now, out)
+        self._probe.peer_event(note.peer, ProbeEvent.HANDSHAKE_READY, now, out)
+
+    def _route_load_round(self, note: LoadRound, now: float, out: list[Effect]) -> None:
+        self._rounds.start(note, now, out)
+
+    def _route_round_load_ended(self, note: RoundLoadEnded, now: float, out: list[Effect]) -> None:
+        """A round's load reported its job: the probe learns which keys landed; a load that is
+        done (loaded or failed) has nothing left to do and ends (its probe carries the answers)."""
+        if note.kv_request_id in self._probe.records:
+            self._probe.event(note.kv_request_id, ProbeEvent.LOAD_ENDED, now, out, note)
+        rec = self._rounds.records.get((note.kv_request_id, note.round))
+        if rec is not None and rec.state in (ConsumerState.LOADED, ConsumerState.FAILED):
+            self._rounds.apply(rec, ConsumerEvent.REQUEST_FINISHED, None, now, out)

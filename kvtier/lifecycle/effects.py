@@ -30,12 +30,15 @@ __all__ = [
     "AttachPeer",
     "CancelTransfer",
     "CloseConnection",
+    "CloseLookup",
     "DetachPeer",
     "Effect",
     "Ignored",
     "JobDone",
     "LandBlocks",
+    "LookUpBlocks",
     "OpenConnection",
+    "ReleasePins",
     "RevokeAccess",
     "Send",
     "SendBlocks",
@@ -67,6 +70,13 @@ class JobDone(_Effect):
     job_id: int
     ok: bool
     reason: Reason | None = None
+    successful_keys: tuple[bytes, ...] | None = None
+    """A failed load only: the keys whose blocks landed in their slots and matched their digests
+    (a partial load; the engine keeps them).  None: nothing to keep."""
+    verify: tuple[tuple[int, int], ...] = ()
+    """One-sided planes: ``(slot, digest)`` of each successful key, re-checked by the shell before
+    the result is reported (a key whose slot no longer matches is dropped from
+    ``successful_keys``)."""
 
 
 class SendBlocks(_Effect):
@@ -83,11 +93,19 @@ class SendBlocks(_Effect):
     gen: int = 0
     digests: tuple[int, ...] = ()
     slots: tuple[int, ...] = ()
+    transfer: str = ""
+    """The transfer's key on the data plane (its ``Released`` names it): empty for a PD transfer
+    (the ``kv_request_id``), :func:`~kvtier.lifecycle.serve.transfer_key` for a served round,
+    so rounds of two peers, or a served round and a PD id, never share a plane key."""
+    take_digests: bool = False
+    """Serve transfers: ``digests`` is empty and the shell takes each block's digest as it hands
+    the transfer to the plane (a pinned block does not change while pinned)."""
 
 
 class CancelTransfer(_Effect):
     """Producer: ask the data plane to stop this transfer (post nothing more); it reports
-    ``TransferReleased`` once it holds no reference to the blocks."""
+    ``TransferReleased`` once it holds no reference to the blocks.  ``kv_request_id`` is the
+    transfer's plane key (:attr:`SendBlocks.transfer` when one was given)."""
 
     kv_request_id: str
     round: int
@@ -169,6 +187,36 @@ class SlotsHeld(_Effect):
     slots: int
 
 
+class LookUpBlocks(_Effect):
+    """Serve: at the engine's next serve window, look ``keys`` up in the engine's tiers for round
+    ``round`` of ``peer``'s ``kv_request_id``, pin the found ones with one pin and report
+    ``LookupAnswered`` (an engine lookup context for the round is opened if none is)."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+    keys: tuple[bytes, ...]
+
+
+class CloseLookup(_Effect):
+    """Serve: close the engine lookup context of the round at the next serve window, if one is
+    open (vLLM: ``ParentManager.on_request_finished``); a second close is a no-op."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+
+
+class ReleasePins(_Effect):
+    """Serve: release engine pins ``pins`` (each exactly once): ``ok`` or failed with ``reason``
+    (vLLM: the pin's store job gets its ``JobResult``).  After it the engine may evict or reuse the
+    pinned blocks."""
+
+    pins: tuple[int, ...]
+    ok: bool
+    reason: Reason | None = None
+
+
 class Ignored(_Effect):
     """An input dropped by an ignore rule, or a duplicate/stale note; for metrics and
     rate-limited logs only."""
@@ -193,5 +241,8 @@ Effect = (
     | DetachPeer
     | SessionEnded
     | SlotsHeld
+    | LookUpBlocks
+    | CloseLookup
+    | ReleasePins
     | Ignored
 )

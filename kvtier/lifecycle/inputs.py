@@ -5,8 +5,10 @@ input type to the code that applies it, and for :class:`Received` a second table
 message type to the machine event it becomes.  Four sources:
 
 * the **engine** (through the manager's API): :class:`StoreSubmitted`, :class:`LoadAnnounced`, :class:`Dial`,
-  :class:`LoadSubmitted`, :class:`ConsumerNamed`, :class:`RequestFinished`, and the operator's
-  :class:`DrainStarted`, :class:`ShutdownStarted`, :class:`GraceEnded`;
+  :class:`LoadSubmitted`, :class:`ConsumerNamed`, :class:`RequestFinished`, the symmetric path's
+  :class:`ProbeAnnounced`, :class:`KeyLookedUp`, :class:`ScheduleEnded` and, from a serve window,
+  :class:`LookupAnswered`; and the operator's :class:`DrainStarted`, :class:`ShutdownStarted`,
+  :class:`GraceEnded`;
 * **peers**: :class:`Received` (a decoded wire message, with its payload frames) and
   :class:`Malformed` (a message that did not decode);
 * the **transport**: :class:`ConnectionUp`, :class:`ConnectFailed`, :class:`ConnectionClosed`,
@@ -40,12 +42,16 @@ __all__ = [
     "DrainStarted",
     "GraceEnded",
     "Input",
+    "KeyLookedUp",
     "LoadAnnounced",
     "LoadSubmitted",
+    "LookupAnswered",
     "Malformed",
     "PeerAttached",
+    "ProbeAnnounced",
     "Received",
     "RequestFinished",
+    "ScheduleEnded",
     "SendFailed",
     "ShutdownStarted",
     "StoreSubmitted",
@@ -115,6 +121,44 @@ class RequestFinished(_Input):
     kv_request_id: str
     producer: bool
     life: str = ""
+
+
+class ProbeAnnounced(_Input):
+    """The engine announced a symmetric request (``remote_kv_source``): its blocks are probed for
+    on peer ``peer`` (``host:port``) under ``kv_request_id``, which names only this consumer's
+    probe/fetch exchange; a session is dialled if none is live."""
+
+    kv_request_id: str
+    peer: str
+
+
+class KeyLookedUp(_Input):
+    """The engine looked ``key`` up for the symmetric request ``kv_request_id``; the answer
+    (:meth:`~kvtier.lifecycle.TierCore.probe_answer`) is read after the input."""
+
+    kv_request_id: str
+    key: bytes
+
+
+class ScheduleEnded(_Input):
+    """The engine step ended (vLLM's ``on_schedule_end``): keys looked up during the step leave in
+    one probe per (peer, ``kv_request_id``)."""
+
+
+class LookupAnswered(_Input):
+    """A serve window looked the keys of a ``LookUpBlocks`` up in the engine's tiers: ``found[i]``
+    is in pool block ``blocks[i]``, all of them held by engine pin ``pin`` (None when nothing was
+    found), ``pending`` keys are still on their way into the engine's primary tier, ``missing``
+    keys are not held."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+    found: tuple[bytes, ...] = ()
+    blocks: tuple[int, ...] = ()
+    pin: int | None = None
+    pending: tuple[bytes, ...] = ()
+    missing: tuple[bytes, ...] = ()
 
 
 class DrainStarted(_Input):
@@ -189,7 +233,9 @@ class SendFailed(_Input):
 # -- data plane -----------------------------------------------------------------------------------
 class TransferReleased(_Input):
     """The plane holds no reference to the blocks of round ``round`` of ``kv_request_id`` any
-    more: it moved every one (``failed`` False) or gave up."""
+    more: it moved every one (``failed`` False) or gave up.  ``kv_request_id`` is the transfer's
+    plane key: the id for a PD transfer, :func:`~kvtier.lifecycle.serve.transfer_key` for a round
+    served from the engine's tiers."""
 
     kv_request_id: str
     round: int
@@ -238,6 +284,10 @@ Input = (
     | LoadSubmitted
     | ConsumerNamed
     | RequestFinished
+    | ProbeAnnounced
+    | KeyLookedUp
+    | ScheduleEnded
+    | LookupAnswered
     | DrainStarted
     | ShutdownStarted
     | GraceEnded

@@ -9,12 +9,13 @@ maps each note type to the machine input it becomes).  Notes never leave the cor
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import msgspec
 
 from kvtier.lifecycle._table import Reason
 
-__all__ = ["GiveUp", "Note", "Notes", "PeerLost", "SessionReady"]
+__all__ = ["GiveUp", "LoadRound", "Note", "Notes", "PeerLost", "RoundLoadEnded", "SessionReady"]
 
 
 class GiveUp(msgspec.Struct, frozen=True, gc=False):
@@ -37,6 +38,27 @@ class SessionReady(msgspec.Struct, frozen=True, gc=False):
     peer: str
 
 
-Note = GiveUp | PeerLost | SessionReady
+class LoadRound(msgspec.Struct, frozen=True, gc=False):
+    """A probe hands the engine's load ``job`` (a :class:`~kvtier.lifecycle.inputs.LoadSubmitted`)
+    of round ``round`` of ``kv_request_id`` to a consumer life of its own, on ``peer``."""
+
+    kv_request_id: str
+    round: int
+    peer: str
+    job: Any
+
+
+class RoundLoadEnded(msgspec.Struct, frozen=True, gc=False):
+    """The load of round ``round`` of symmetric request ``kv_request_id`` reported its job:
+    ``keys`` it fetched, ``landed`` those that landed intact (all of them when ``ok``)."""
+
+    kv_request_id: str
+    round: int
+    ok: bool
+    keys: tuple[bytes, ...]
+    landed: tuple[bytes, ...]
+
+
+Note = GiveUp | PeerLost | SessionReady | LoadRound | RoundLoadEnded
 Notes = deque
 """The queue type: a ``deque`` of :data:`Note` records."""

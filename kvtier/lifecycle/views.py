@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import msgspec
 
-from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
+from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, Reason, ServeState, SessionState
 
-__all__ = ["ConsumerView", "CoreSnapshot", "DeadlineView", "ProducerView", "SessionView"]
+__all__ = ["ConsumerView", "CoreSnapshot", "DeadlineView", "ProbeView", "ProducerView", "ServeView", "SessionView"]
 
 
 class SessionView(msgspec.Struct, frozen=True):
@@ -74,6 +74,49 @@ class DeadlineView(msgspec.Struct, frozen=True):
     timer: str
 
 
+class ProbeView(msgspec.Struct, frozen=True):
+    """One probe record (a symmetric request): state and reason, the ``peer`` probed, the open
+    ``round`` (-1: none) and whether a probe of it was ``sent``, its keys not sent yet
+    (``unsent``) and sent without an answer (``waiting``), the keys the peer ``offered`` (pinned
+    for us), the keys answered MISS for the request's life (``missed``), the keys being loaded
+    (``loading``: key -> round), the loads of its rounds, and the live deadline."""
+
+    kv_request_id: str
+    state: ProbeState
+    reason: Reason | None
+    peer: str
+    round: int
+    sent: bool
+    unsent: tuple[bytes, ...]
+    waiting: tuple[bytes, ...]
+    offered: frozenset[bytes]
+    missed: frozenset[bytes]
+    loading: dict[bytes, int]
+    loads: tuple[ConsumerView, ...]
+    deadline: float | None
+
+
+class ServeView(msgspec.Struct, frozen=True):
+    """One serve record (a peer's symmetric round): the round's identity, state and reason, every
+    key its probes named, the ``found`` ones (key -> pool block, pinned), the ``missing`` ones,
+    those still waiting for the engine (``pending``), the engine ``pins`` held, the fetch's keys
+    (``demand``), whether the receipt was seen, and the live deadline."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+    state: ServeState
+    reason: Reason | None
+    keys: tuple[bytes, ...]
+    found: dict[bytes, int]
+    missing: frozenset[bytes]
+    pending: frozenset[bytes]
+    pins: tuple[int, ...]
+    demand: tuple[bytes, ...]
+    receipt: bool
+    deadline: float | None
+
+
 class CoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """What the metrics endpoint reads at each scrape.
 
@@ -82,7 +125,8 @@ class CoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     reason); ``parked``: the ids in ``parked`` (for the oldest-parked age); ``consumer`` and
     ``sessions``: records per state; ``awaiting_receipt_jobs``: store jobs handed over and waiting
     for the consumer's receipt; ``quarantined_blocks``: pool blocks of quarantined producer ids;
-    ``revoking_slots``: consumer slots held until a revocation is proven."""
+    ``revoking_slots``: consumer slots held until a revocation is proven; ``probe`` and ``serve``:
+    symmetric records per state; ``serve_pinned_blocks``: engine blocks pinned for peers' rounds."""
 
     producer: dict[str, int]
     pinned_blocks: dict[str, int]
@@ -93,3 +137,6 @@ class CoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     awaiting_receipt_jobs: int
     quarantined_blocks: int
     revoking_slots: int
+    probe: dict[str, int] = {}
+    serve: dict[str, int] = {}
+    serve_pinned_blocks: int = 0

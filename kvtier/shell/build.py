@@ -16,7 +16,7 @@ from kvtier.wire.codec import PROTOCOL_VERSION
 
 log = logging.getLogger("kvtier.manager")
 
-__all__ = ["make_core", "make_transport"]
+__all__ = ["local_hello", "make_core", "make_transport", "warn_if_serving_open"]
 
 
 def _warn_if_open(cfg: TierConfig) -> None:
@@ -73,6 +73,24 @@ def local_hello(cfg: TierConfig, *, block_bytes: int, layout: str, instance: str
 
 
 def make_core(cfg: TierConfig, hello: HelloInput, *, one_sided: bool, gen_base: int,
-              revoke_bounded: bool = True) -> TierCore:
-    settings = CoreSettings.from_config(cfg, one_sided=one_sided, revoke_bounded=revoke_bounded)
+              revoke_bounded: bool = True, pool_blocks: int | None = None) -> TierCore:
+    settings = CoreSettings.from_config(cfg, one_sided=one_sided, revoke_bounded=revoke_bounded,
+                                        pool_blocks=pool_blocks)
     return TierCore(settings, hello, gen_base=gen_base)
+
+
+def warn_if_serving_open(cfg: TierConfig) -> None:
+    """One loud WARNING when peers' probes are answered without authentication beyond this host:
+    a probe is a membership test on this engine's prefix cache and reads its KV (decision Y7)."""
+    if not cfg.serve_external or cfg.auth != "none":
+        return
+    try:
+        loopback = ipaddress.ip_address(cfg.host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = cfg.host == "localhost"
+    if not loopback:
+        log.warning(
+            "kvtier: SECURITY: serve_external is on with auth='none' on %s: anyone who can reach this port can "
+            "learn which prompts this engine served and read their KV blocks. Set auth='curve' and "
+            "serve_allowed_principals (docs/security.md).", cfg.host,
+        )

@@ -73,6 +73,7 @@ class Inbound:
             wm.HelloAck: lambda peer, m: self.logs.name(peer, m.instance),
             wm.HelloReject: self._note_rejected,
             wm.Error: self._note_error,
+            wm.ProbeReply: lambda peer, m: self.metrics.probe_answered(sum(m.hits), len(m.hits) - sum(m.hits)),
         }
 
     def collect(self, budget: int | None = None) -> list[ix.Input]:

@@ -54,9 +54,11 @@ class JobLedger:
         self._open[job_id] = _Job(store, kv_request_id, now, nbytes, internal)
         self._internal += internal
 
-    def finish(self, job_id: int, ok: bool, reason: Reason | None, now: float) -> tuple[bool, int, float] | None:
-        """Record the result of open job ``job_id``.  Returns ``(store, nbytes, seconds)`` for
-        metrics, or None for an unknown id (a bug, logged; never a second result)."""
+    def finish(self, job_id: int, ok: bool, reason: Reason | None, now: float, *,
+               successful_keys: tuple[bytes, ...] | None = None) -> tuple[bool, int, float] | None:
+        """Record the result of open job ``job_id`` (``successful_keys``: a failed load's blocks
+        that landed verified).  Returns ``(store, nbytes, seconds)`` for metrics, or None for an
+        unknown id (a bug, logged; never a second result)."""
         job = self._open.pop(job_id, None)
         if job is None:
             log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
@@ -68,7 +70,9 @@ class JobLedger:
         if ok and not job.store:
             self.report(JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes, transfer_time_s=elapsed))
         else:
-            self.report(JobResult(job_id=job_id, success=ok, reason=None if ok else (reason or Reason.TRANSFER_FAILED)))
+            keys = successful_keys if (successful_keys and not ok and not job.store) else None
+            self.report(JobResult(job_id=job_id, success=ok, reason=None if ok else (reason or Reason.TRANSFER_FAILED),
+                                  successful_keys=keys))
         return job.store, job.nbytes, elapsed
 
     def report(self, result: JobResult) -> None:

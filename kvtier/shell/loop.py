@@ -79,7 +79,8 @@ class Loop:
         settle(self.core, effects, self.clock(), self.outbound.perform)
 
     def tick(self) -> None:
-        """One service pass over the network and the plane, then whatever is due."""
+        """One service pass over the network and the plane, then whatever is due (and, with a
+        standing block source, a serve window)."""
         before = self.inbound.quiet_since  # everything read in this pass arrived after it
         inputs = self.inbound.collect()
         work = self.work
@@ -103,8 +104,21 @@ class Loop:
                     reports = self.inbound.reports(plane.poll())
                     drive(core, work.inputs(reports, before), self.clock(), deadlines_at=None,
                           perform=self.outbound.perform)
+        serving = self.outbound.serving
+        if serving.standing is not None and serving.pending():
+            self.serve(serving.standing)
         if core.quarantined_count():
             self._report_quarantine()
+
+    def serve(self, source: Any) -> int:
+        """One serve window with ``source`` (:mod:`kvtier.shell.serving`): each lookup's answer is
+        applied, and what it leads to performed, before the next lookup."""
+        core = self.core
+
+        def apply(inp: ix.Input) -> None:
+            self.run(core.handle(inp, self.clock()))
+
+        return self.outbound.serving.run(source, core.serve_wants, apply)
 
     def _report_quarantine(self) -> None:
         """Blocks held back from the engine because the plane never released them: say so, loudly

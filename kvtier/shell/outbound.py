@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtier.dataplane import Batch, DataPlane, PlaneError
+from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
@@ -20,6 +21,7 @@ from kvtier.metrics import TierMetrics
 from kvtier.shell.jobs import JobLedger
 from kvtier.shell.logs import RateLimitedLog
 from kvtier.shell.perbyte import ByteWork
+from kvtier.shell.serving import ServeWindows
 from kvtier.transport import DialNotAllowed, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode, encode_frames
@@ -64,7 +66,7 @@ def plan_batches(n: int, per: int, tail: int) -> list[int]:
 #: Messages whose failed send ends the session (a lost fetch, answer or receipt would otherwise
 #: wait for a deadline); goodbyes, refusals and heartbeats to a peer that is already gone do not.
 _FAILURE_ENDS_SESSION = frozenset({wm.Hello, wm.HelloAck, wm.Fetch, wm.AbortFetch, wm.Receipt, wm.TransferDone,
-                                   wm.AbortAck})
+                                   wm.AbortAck, wm.Probe, wm.ProbeReply})
 
 Inputs = list[ix.Input]
 
@@ -83,7 +85,8 @@ class Outbound:
 
     def __init__(self, *, transport: Transport, plane: DataPlane, pool: Any, jobs: JobLedger, metrics: TierMetrics,
                  logs: RateLimitedLog, work: ByteWork, clock: Callable[[], float],
-                 loads: Callable[[str], Any] = lambda kv_request_id: None, vet: Any = None) -> None:
+                 loads: Callable[[str], Any] = lambda kv_request_id: None, vet: Any = None,
+                 serving: ServeWindows | None = None) -> None:
         self.transport = transport
         self.plane = plane
         self.pool = pool
@@ -92,9 +95,12 @@ class Outbound:
         self.logs = logs
         self.work = work
         self.clock = clock
+        self.integrity = work.algorithm
         self.loads = loads  # kv_request_id -> the core's ConsumerView (read API), for a load's last batch
         self.vet = vet
         """``allowed_peers``' check of what a hostname resolves to (None: the policy lists names only)."""
+        self.serving = serving if serving is not None else ServeWindows(on_error=metrics.internal_error)
+        """The serve windows (the symmetric path's lookups, contexts and pins)."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
@@ -113,10 +119,14 @@ class Outbound:
             fx.SessionEnded: self._session_ended,
             fx.SlotsHeld: self._slots_held,
             fx.Ignored: self._ignored,
+            fx.LookUpBlocks: self.serving.queue_lookup,
+            fx.CloseLookup: self.serving.queue_close,
+            fx.ReleasePins: self._release_pins,
         }
         self.SEND_NOTES: dict[type, Callable[[str, Any], None]] = {
             wm.TransferDone: self._note_done,
             wm.HelloReject: self._note_reject,
+            wm.ProbeReply: lambda peer, m: self.metrics.served(sum(m.hits), len(m.hits) - sum(m.hits)),
         }
 
     def perform(self, effects: Sequence[fx.Effect]) -> Inputs:
@@ -160,7 +170,8 @@ class Outbound:
 
     # -- jobs ----------------------------------------------------------------------------------
     def _job_done(self, e: fx.JobDone) -> None:
-        done = self.jobs.finish(e.job_id, e.ok, e.reason, self.clock())
+        keys = self._verified(e) if e.successful_keys else None
+        done = self.jobs.finish(e.job_id, e.ok, e.reason, self.clock(), successful_keys=keys)
         if done is None:  # the core guarantees exactly once; count instead of crashing the engine
             self.metrics.internal_error()
             return
@@ -174,12 +185,40 @@ class Outbound:
         if e.ok and not store:
             self.metrics.transfer("consumer", nbytes, elapsed)
 
+    def _verified(self, e: fx.JobDone) -> tuple[bytes, ...] | None:
+        """A failed load's ``successful_keys``, re-checked where the peer wrote the slots itself
+        (one-sided planes: ``verify``), so no key is reported whose bytes do not match now
+        (property ``partial_keys_verified``); never any with integrity checking off."""
+        if self.integrity == "none":
+            return None
+        if not e.verify:
+            return e.successful_keys
+        pool = self.pool
+        keep = tuple(k for k, (slot, d) in zip(e.successful_keys, e.verify)
+                     if check_blocks([pool.buffer(slot)], (d,), self.integrity) < 0)
+        if len(keep) != len(e.verify):
+            self.logs("*", "corrupt", "kvtier: job %d: %d landed blocks no longer match their digests; not reported",
+                      e.job_id, len(e.verify) - len(keep))
+        return keep or None
+
+    def _release_pins(self, e: fx.ReleasePins) -> None:
+        self.serving.release(e)
+        self.metrics.pins_released(len(e.pins), e.ok, e.reason)
+
     # -- data plane ----------------------------------------------------------------------------
     def _send_blocks(self, e: fx.SendBlocks) -> None:
         """Cut the transfer into block_data batches for the plane (:func:`plan_batches`: at most
         ``MAX_BATCH_BYTES`` each — and no larger than the plane's header limit allows — tapering
-        to ``TAIL_BYTES``)."""
+        to ``TAIL_BYTES``).  A served round's blocks get their digests here (``take_digests``,
+        decision Y9): pinned blocks do not change while pinned, so the engine's serve window stays
+        free of hashing; the digest pool spreads them over cores."""
         per, one_sided = self._per_batch, self.plane.one_sided
+        digests = e.digests
+        if e.take_digests and self.integrity != "none":
+            buffers = [self.pool.buffer(b) for b in e.blocks]
+            dp = self.work.digest_pool
+            digests = (dp.submit_digests(buffers, self.integrity).result() if dp is not None
+                       else block_digests(buffers, self.integrity))
         if self.plane.max_header_bytes is not None:
             per = min(per, self._header_fits(e))
         batches = []
@@ -187,16 +226,17 @@ class Outbound:
         for count in plan_batches(len(e.blocks), per, self._tail):
             end = first + count
             header = encode(wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=first,
-                                         count=count, digests=list(e.digests[first:end])))
+                                         count=count, digests=list(digests[first:end])))
             batches.append(Batch(first, e.blocks[first:end], e.slots[first:end] if one_sided else (), header))
             first = end
-        self.posted[(e.kv_request_id, e.round)] = self.clock()
-        self.plane.post(e.peer, e.kv_request_id, e.round, batches)
+        key = e.transfer or e.kv_request_id
+        self.posted[(key, e.round)] = self.clock()
+        self.plane.post(e.peer, key, e.round, batches)
 
     def _header_fits(self, e: fx.SendBlocks) -> int:
         """Blocks per batch whose ``block_data`` header fits the plane's ``max_header_bytes``."""
         limit = self.plane.max_header_bytes or 0
-        if not e.digests:
+        if not e.digests and not (e.take_digests and self.integrity != "none"):
             return self._per_batch
         one = len(encode(wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=len(e.blocks),
                                       count=1, digests=[2**64 - 1])))

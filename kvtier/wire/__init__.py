@@ -34,6 +34,8 @@ from kvtier.wire.messages import (
     Message,
     Ping,
     Pong,
+    Probe,
+    ProbeReply,
     Receipt,
     TransferDone,
 )
@@ -51,6 +53,8 @@ __all__ = [
     "AbortFetch",
     "AbortAck",
     "Receipt",
+    "Probe",
+    "ProbeReply",
     "Ping",
     "Pong",
     "Disconnect",

@@ -40,6 +40,8 @@ from kvtier.wire.messages import (
     BlockData,
     Fetch,
     Message,
+    Probe,
+    ProbeReply,
 )
 
 __all__ = [
@@ -284,10 +286,10 @@ class Decoder:
 
     def _check_limits(self, msg: Message) -> None:
         cap = self.limits.max_blocks_per_fetch
-        if isinstance(msg, Fetch) and len(msg.keys) > cap:
+        if isinstance(msg, (Fetch, Probe, ProbeReply)) and len(msg.keys) > cap:
             raise WireError(
                 OVERSIZE,
-                f"fetch has {len(msg.keys)} keys > max_blocks_per_fetch {cap}",
+                f"{msg.TYPE} has {len(msg.keys)} keys > max_blocks_per_fetch {cap}",
                 msg.kv_request_id,
                 msg_type=msg.TYPE,
                 field="keys",

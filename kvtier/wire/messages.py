@@ -44,6 +44,8 @@ __all__ = [
     "AbortFetch",
     "AbortAck",
     "Receipt",
+    "Probe",
+    "ProbeReply",
     "Ping",
     "Pong",
     "Disconnect",
@@ -54,7 +56,8 @@ __all__ = [
 
 PROTOCOL_VERSION: Final = 3
 """Bumped on any incompatible change to a message's fields, meaning or channel (3: lives, watermarks,
-notices, ``replaces``, and the NIXL plane's ``block_data`` as its WRITE's notification; docs/protocol.md)."""
+notices, ``replaces``, the NIXL plane's ``block_data`` as its WRITE's notification, and the
+symmetric path's ``probe``, ``probe_reply`` and ``offered``; docs/protocol.md)."""
 
 MAX_U63: Final = 2**63
 """Exclusive upper bound of every integer field. Ints must fit a signed 64-bit value everywhere."""
@@ -280,6 +283,9 @@ class Fetch(_Msg, tag="fetch"):
     low: int = 0
     """The lowest round the consumer still has open on this session (decision I11): a fetch of
     a round below it, or of a round the producer already answered, is refused unbound."""
+    offered: bool = False
+    """True: the blocks a ``probe_reply`` of this round offered (served from the producer's engine
+    tiers, the symmetric path); False: the blocks parked under ``kv_request_id`` (PD)."""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
@@ -291,6 +297,7 @@ class Fetch(_Msg, tag="fetch"):
         _u63_list("slots", self.slots)
         if self.slots and len(self.slots) != len(self.keys):
             raise ValueError(f"slots has {len(self.slots)} entries for {len(self.keys)} keys")
+        _flag("offered", self.offered)
 
 
 class BlockData(_Msg, tag="block_data"):
@@ -363,6 +370,9 @@ class AbortFetch(_Msg, tag="abort_fetch"):
     fetched: bool = True
     life: str = ""
     low: int = 0
+    offered: bool = False
+    """True: the round is a symmetric one (``probe``); with ``fetched=false`` the producer releases
+    the round's pins at once."""
 
     def __post_init__(self) -> None:
         _u63("gen", self.gen)
@@ -371,6 +381,7 @@ class AbortFetch(_Msg, tag="abort_fetch"):
         _flag("fetched", self.fetched)
         _life(self.life)
         _u63("low", self.low)
+        _flag("offered", self.offered)
 
 
 class Receipt(_Msg, tag="receipt"):
@@ -404,6 +415,50 @@ class AbortAck(_Msg, tag="abort_ack"):
         _kv_request_id(self.kv_request_id)
         _u63("round", self.round)
         _life(self.life)
+
+
+class Probe(_Msg, tag="probe"):
+    """consumer→producer (symmetric path): which of ``keys`` does your engine hold? Pin those for
+    this round. 1..``WireLimits.max_blocks_per_fetch`` unique keys (checked by the codec)."""
+
+    TYPE: ClassVar[str] = "probe"
+    gen: int
+    kv_request_id: str
+    round: int
+    keys: list[bytes]
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _keys(self.keys)
+        if not self.keys:
+            raise ValueError("keys must name at least one key")
+
+
+class ProbeReply(_Msg, tag="probe_reply"):
+    """producer→consumer (symmetric path): ``hits[i]`` says whether ``keys[i]`` is pinned for this
+    round (until its fetch is terminal or the consumer releases it). Repeats the keys, so a reply
+    is self-describing whatever probe of the round it answers."""
+
+    TYPE: ClassVar[str] = "probe_reply"
+    gen: int
+    kv_request_id: str
+    round: int
+    keys: list[bytes]
+    hits: list[bool]
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _keys(self.keys)
+        if type(self.hits) is not list:
+            raise TypeError(f"hits must be list, got {type(self.hits).__name__}")
+        for i, h in enumerate(self.hits):
+            _flag(f"hits[{i}]", h)
+        if len(self.hits) != len(self.keys):
+            raise ValueError(f"hits has {len(self.hits)} entries for {len(self.keys)} keys")
 
 
 class Ping(_Msg, tag="ping"):
@@ -469,6 +524,8 @@ Message = Union[
     AbortFetch,
     AbortAck,
     Receipt,
+    Probe,
+    ProbeReply,
     Ping,
     Pong,
     Disconnect,
@@ -488,6 +545,8 @@ MESSAGE_TYPES: Final[dict[str, type[_Msg]]] = {
         AbortFetch,
         AbortAck,
         Receipt,
+        Probe,
+        ProbeReply,
         Ping,
         Pong,
         Disconnect,

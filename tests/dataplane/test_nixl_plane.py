@@ -168,9 +168,29 @@ def test_bad_descriptors_are_refused_with_the_reason(pair):
         with pytest.raises(PlaneError, match=why):
             p.add_peer("mallory", bad)
     with pytest.raises(PlaneError, match="already registered"):  # the same agent under a 2nd name
-        p.add_peer("cons-again", pair[1].descriptor())
+        p.add_peer("cons-again", pair[1].descriptor(), accepted=True)
     with pytest.raises(PlaneError, match="itself"):
         p.add_peer("me", p.descriptor())
+
+
+def test_one_agent_may_be_held_once_per_direction(pair):
+    """Two managers with a session each way (the symmetric path: each probes the other) hold each
+    other's agent twice: once for the peer that dialled us (inbound: we write into it) and once
+    for the peer we dialled (it writes into us).  The agent is loaded once; removing one entry
+    leaves the other working; a second inbound entry is still refused (decision Y13)."""
+    p, c, _, rec = pair
+    p.add_peer("cons-in", c.descriptor())  # "cons" holds it as a dialled peer already
+    with pytest.raises(PlaneError, match="already registered"):
+        p.add_peer("cons-in-2", c.descriptor())
+    rec.sent.clear()
+    p.post("cons-in", "kv-both", 11, _batches([0, 1], [2, 3]))
+    out = _until(p, lambda o: bool(o), other=c)
+    assert out[0].kv_request_id == "kv-both" and not out[0].failed
+    p.remove_peer("cons-in")
+    p.post("cons", "kv-both", 12, _batches([0], [4]))  # the shared agent was not forgotten
+    out = _until(p, lambda o: bool(o), other=c)
+    assert not out[0].failed, out
+
 
 
 @pytest.fixture(scope="module")

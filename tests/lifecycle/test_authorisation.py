@@ -69,10 +69,11 @@ def test_a_named_consumer_is_the_only_peer_that_can_touch_the_id() -> None:
     p.handle(ix.StoreSubmitted("A", "r1", 1, keys, (0, 1), consumer="decode-1"), 0.5)
     before = entry(p, "A")
     deadline = p.producer("A").deadline
-    # the stranger's fetch (real keys), empty fetch, made-up keys and abort: refused, nothing changes
+    # the stranger's fetch (real keys), empty fetch, made-up keys and abort: refused, nothing
+    # changes (each its own round: a round already answered is dropped unanswered, decision I11)
     assert refused(fetch(p, "evil", 2, "A", keys), "evil", "not_authorised")
-    assert refused(fetch(p, "evil", 2, "A", ()), "evil", "not_authorised")
-    assert refused(fetch(p, "evil", 2, "A", (b"made-up",)), "evil", "not_authorised")
+    assert refused(fetch(p, "evil", 2, "A", (), rnd=1), "evil", "not_authorised")
+    assert refused(fetch(p, "evil", 2, "A", (b"made-up",), rnd=2), "evil", "not_authorised")
     out = abort(p, "evil", 2, "A", 7, fetched=False, now=1.0)
     assert sent(out, wm.AbortAck) and not of(out, JobDone)
     assert p.producer_state("A") is ProducerState.PARKED
@@ -82,7 +83,7 @@ def test_a_named_consumer_is_the_only_peer_that_can_touch_the_id() -> None:
     out = fetch(p, "good", 1, "A", keys, now=2.0)
     assert of(out, SendBlocks) and p.producer_state("A") is ProducerState.SERVING
     # and a stranger still cannot disturb the bound transfer
-    assert refused(fetch(p, "evil", 2, "A", keys, now=2.1), "evil", "not_authorised")
+    assert refused(fetch(p, "evil", 2, "A", keys, now=2.1, rnd=8), "evil", "not_authorised")
     assert p.producer_state("A") is ProducerState.SERVING
 
 

@@ -203,7 +203,7 @@ def test_rejects_a_rule_that_is_both_transition_and_ignore() -> None:
 
 def test_the_real_spec_validates() -> None:
     spec = load()
-    assert set(spec.machines) == {"producer", "consumer", "session"}
+    assert set(spec.machines) == {"producer", "consumer", "session", "probe", "serve"}
     for m in spec.machines.values():
         for s in m.states:
             if s.name not in m.final and s.name != m.initial:

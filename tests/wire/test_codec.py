@@ -30,6 +30,8 @@ from kvtier.wire import (
     HelloReject,
     Ping,
     Pong,
+    Probe,
+    ProbeReply,
     Reason,
     Receipt,
     TransferDone,
@@ -65,6 +67,10 @@ SAMPLES = [
     Disconnect(gen=G, reason="shutdown"),
     Error(gen=G, reason=MALFORMED, detail="bad", kv_request_id=""),
     Error(gen=G, reason=BAD_FIELD, detail="x", kv_request_id="req-9"),
+    Probe(gen=G, kv_request_id="sym-1", round=7, keys=[b"\x01" * 36, b"\x02" * 36]),
+    ProbeReply(gen=G, kv_request_id="sym-1", round=7, keys=[b"\x01" * 36, b"\x02" * 36], hits=[True, False]),
+    Fetch(gen=G, kv_request_id="sym-1", round=7, keys=[b"\x01" * 36], offered=True),
+    AbortFetch(gen=G, kv_request_id="sym-1", round=7, fetched=False, offered=True),
 ]
 
 
@@ -174,6 +180,12 @@ def test_encode_refuses_foreign_objects_and_bad_payload_counts() -> None:
         lambda: Fetch(gen=1, kv_request_id="r", round=0, keys=[b"a"], slots=[-1]),
         lambda: AbortFetch(gen=1, kv_request_id="r", round=0, fetched=1),
         lambda: Error(gen=1, reason="", detail="", kv_request_id=""),
+        lambda: Probe(gen=1, kv_request_id="r", round=0, keys=[]),
+        lambda: Probe(gen=1, kv_request_id="r", round=0, keys=[b"a", b"a"]),
+        lambda: ProbeReply(gen=1, kv_request_id="r", round=0, keys=[b"a", b"b"], hits=[True]),
+        lambda: ProbeReply(gen=1, kv_request_id="r", round=0, keys=[b"a"], hits=[1]),
+        lambda: Fetch(gen=1, kv_request_id="r", round=0, keys=[b"a"], offered=1),
+        lambda: AbortFetch(gen=1, kv_request_id="r", round=0, offered="yes"),
     ],
 )
 def test_constructor_rejects(make) -> None:
@@ -526,3 +538,40 @@ def test_small_malformed_header_still_names_its_request(monkeypatch) -> None:
         Decoder().decode([frame])
     assert (ei.value.reason, ei.value.kv_request_id, ei.value.gen, ei.value.field) == ("bad_field", "kv-1", 7, "round")
     assert counting.calls == 1
+
+
+# -- the symmetric path's messages (protocol version 3) --------------------------------------------
+
+
+def test_probe_and_reply_are_bounded_by_max_blocks_per_fetch() -> None:
+    """A probe (or a reply) naming more keys than the receiver's max_blocks_per_fetch is refused
+    as oversize before anything is built from it, like a fetch."""
+    keys = [bytes([i]) * 4 for i in range(5)]
+    limits = WireLimits(max_blocks_per_fetch=4)
+    e = wire_error([encode(Probe(gen=1, kv_request_id="r", round=0, keys=keys))], limits=limits)
+    assert e.reason == OVERSIZE and e.msg_type == "probe" and e.kv_request_id == "r"
+    e = wire_error([encode(ProbeReply(gen=1, kv_request_id="r", round=0, keys=keys, hits=[True] * 5))],
+                   limits=limits)
+    assert e.reason == OVERSIZE and e.msg_type == "probe_reply"
+    assert decode([encode(Probe(gen=1, kv_request_id="r", round=0, keys=keys[:4]))], limits=limits)[0].keys == keys[:4]
+
+
+def test_a_version_2_peer_cannot_read_an_offered_fetch() -> None:
+    """Why the version moved to 3: every field is encoded, so the new flag is on every fetch and a
+    decoder without it refuses the message (bad_field) — a mixed fleet would fail requests one by
+    one; the hello refuses it at once instead (decision Y12)."""
+    assert PROTOCOL_VERSION == 3
+    frame = encode(Fetch(gen=1, kv_request_id="r", round=0, keys=[b"a"]))
+    assert b"offered" in frame
+    hello = raw(type="hello", gen=1, version=2, instance="old", block_bytes=16, layout="", hash_seed="")
+    e = wire_error([hello])
+    assert e.reason == VERSION_MISMATCH and e.theirs == "2"
+
+
+def test_probe_reply_hits_must_be_bools_one_per_key() -> None:
+    e = wire_error([raw(type="probe_reply", gen=1, kv_request_id="r", round=0, keys=[b"a", b"b"], hits=[True])])
+    assert e.reason == BAD_FIELD and e.msg_type == "probe_reply"
+    e = wire_error([raw(type="probe_reply", gen=1, kv_request_id="r", round=0, keys=[b"a"], hits=[1])])
+    assert e.reason == BAD_FIELD
+    e = wire_error([raw(type="probe", gen=1, kv_request_id="r", round=0, keys=[])])
+    assert e.reason == BAD_FIELD and e.field == "keys"

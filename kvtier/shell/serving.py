@@ -1,0 +1,172 @@
+"""Serve windows: where the core's questions about the engine's own blocks meet a
+:class:`~kvtier.blocksource.BlockSource`.
+
+The serve machine (``kvtier/lifecycle/serve.py``) asks, as effects, to look keys up in the engine's
+tiers (``LookUpBlocks``), to close a round's engine lookup context (``CloseLookup``) and to release
+pins (``ReleasePins``).  An engine may be asked about its blocks only inside a serve window (vLLM:
+``serve_external_requests(parent)``, under its lock), so lookups and closes wait in this module's
+queues until the engine opens one; releases are performed at once (they only hand a result back).
+
+One window, in order: the closes queued since the last window; then every lookup queued *before*
+the window opened (those queued during it — the re-polls of pending keys — wait for the next
+window), each answered with one ``LookupAnswered`` input that the caller applies before the next
+lookup; then the closes queued during the window.  A lookup whose round stopped looking
+(``TierCore.serve_wants``) is skipped.  Every pin is released exactly once, through the source
+that made it (property ``pin_released_once``); every context opened is closed exactly once
+(property ``lookup_context_closed_once``), or dropped with the engine at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from kvtier.blocksource import BlockSource, Presence
+from kvtier.lifecycle import effects as fx
+from kvtier.lifecycle import inputs as ix
+
+__all__ = ["ServeWindows"]
+
+log = logging.getLogger("kvtier.manager")
+
+RoundKey = tuple[str, str, int]
+
+
+class ServeWindows:
+    """The serve windows of one manager (under its lock).
+
+    Args:
+        on_error: counts an internal error (a source that raised, a pin released twice).
+    """
+
+    def __init__(self, *, on_error: Callable[[], None]) -> None:
+        self._lookups: deque[fx.LookUpBlocks] = deque()
+        self._closes: deque[fx.CloseLookup] = deque()
+        self._contexts: dict[RoundKey, tuple[BlockSource, Any]] = {}
+        self._pins: dict[int, BlockSource] = {}
+        self._seq = 0
+        self._on_error = on_error
+        self.standing: BlockSource | None = None
+        """A source the manager serves from at every tick (:class:`~kvtier.blocksource.BlockIndex`)."""
+        self.windows = 0
+        self.opened = 0
+        self.closed = 0
+
+    # -- performers (the outbound table points here) ----------------------------------------------
+    def queue_lookup(self, e: fx.LookUpBlocks) -> None:
+        self._lookups.append(e)
+
+    def queue_close(self, e: fx.CloseLookup) -> None:
+        self._closes.append(e)
+
+    def release(self, e: fx.ReleasePins) -> None:
+        reason = None if e.ok else (e.reason.value if e.reason is not None else "transfer_failed")
+        for pin in e.pins:
+            source = self._pins.pop(pin, None)
+            if source is None:  # the core releases each pin once: a second release is a bug, never passed on
+                self._on_error()
+                log.error("kvtier: pin %d released twice or never taken; dropped", pin)
+                continue
+            try:
+                source.release(pin, e.ok, reason)
+            except Exception:
+                self._on_error()
+                log.exception("kvtier: the block source failed to release pin %d", pin)
+
+    # -- reads ------------------------------------------------------------------------------------
+    def pending(self) -> bool:
+        """True while lookups or closes wait for a window, or pins are held."""
+        return bool(self._lookups or self._closes or self._pins or self._contexts)
+
+    def pins(self) -> frozenset[int]:
+        return frozenset(self._pins)
+
+    def contexts(self) -> int:
+        return len(self._contexts)
+
+    # -- a window ---------------------------------------------------------------------------------
+    def run(self, source: BlockSource, wants: Callable[[str, str, int], bool],
+            apply: Callable[[ix.Input], None]) -> int:
+        """One serve window with ``source``: performs what is queued (see the module docstring),
+        applying each lookup's answer with ``apply`` before the next.  ``wants(peer, id, round)``:
+        the core still waits for the round's lookups.  Returns how many lookups it performed."""
+        self.windows += 1
+        self._close_queued(len(self._closes))
+        done = 0
+        for _ in range(len(self._lookups)):
+            e = self._lookups.popleft()
+            if not wants(e.peer, e.kv_request_id, e.round):
+                continue
+            apply(self._look_up(source, e))
+            done += 1
+        self._close_queued(len(self._closes))
+        return done
+
+    def _look_up(self, source: BlockSource, e: fx.LookUpBlocks) -> ix.LookupAnswered:
+        key = (e.peer, e.kv_request_id, e.round)
+        found: list[bytes] = []
+        pending: list[bytes] = []
+        missing: list[bytes] = []
+        try:
+            held = self._contexts.get(key)
+            if held is None or held[0] is not source:
+                if held is not None:  # opened through another source: close it there first
+                    self._close(key)
+                self._seq += 1
+                ctx = source.open(f"kvtier-serve:{self._seq}:{e.peer}:{e.kv_request_id}:{e.round}")
+                self._contexts[key] = (source, ctx)
+                self.opened += 1
+            ctx = self._contexts[key][1]
+            for k in e.keys:
+                p = source.lookup(k, ctx)
+                (found if p is Presence.FOUND else pending if p is Presence.PENDING else missing).append(k)
+            if not found:
+                return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, (), (), None, tuple(pending),
+                                         tuple(missing))
+            pin = source.pin(tuple(found), ctx)
+        except Exception:
+            # an engine that cannot answer: its blocks are computed by the peer (all missing)
+            self._on_error()
+            log.exception("kvtier: looking blocks up in the engine failed; answering miss")
+            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
+        if pin.pin_id in self._pins or len(pin.blocks) != len(found):
+            self._on_error()
+            log.error("kvtier: the block source returned a bad pin %r for %d keys; its blocks are not served",
+                      pin, len(found))
+            try:  # a pin id already outstanding cannot be told apart: leave it to its first owner
+                if pin.pin_id not in self._pins:
+                    source.release(pin.pin_id, False, "job_refused")
+            except Exception:
+                log.exception("kvtier: releasing a bad pin failed")
+            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
+        self._pins[pin.pin_id] = source
+        return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, tuple(found), tuple(pin.blocks), pin.pin_id,
+                                 tuple(pending), tuple(missing))
+
+    def _close_queued(self, n: int) -> None:
+        for _ in range(n):
+            e = self._closes.popleft()
+            self._close((e.peer, e.kv_request_id, e.round))
+
+    def _close(self, key: RoundKey) -> None:
+        held = self._contexts.pop(key, None)
+        if held is None:
+            return
+        source, ctx = held
+        self.closed += 1
+        try:
+            source.close(ctx)
+        except Exception:
+            self._on_error()
+            log.exception("kvtier: closing an engine lookup context failed")
+
+    def drop_contexts(self) -> int:
+        """Shutdown: the engine is going away, no window will come; forget every open context
+        and queued lookup (the pins were released by the core's shutdown)."""
+        n = len(self._contexts)
+        self._contexts.clear()
+        self._lookups.clear()
+        self._closes.clear()
+        return n

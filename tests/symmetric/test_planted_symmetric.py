@@ -1,0 +1,70 @@
+"""The stateful suite finds planted bugs of the symmetric path (so its checks can fail): each bug
+is patched into the real machine for one run of tests/symmetric/test_stateful_symmetric.py's
+state machine, which must report a violation of the property named."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvtier.lifecycle import Reason
+from kvtier.lifecycle.consumer import ConsumerMachine
+from kvtier.lifecycle.probe import ProbeMachine
+from kvtier.lifecycle.serve import ServeMachine
+from tests.symmetric.harness import PropertyViolation
+from tests.symmetric.test_stateful_symmetric import Symmetric
+
+
+def _drain_keeps_pins(self, rec, inp, reason, now, out):  # the seed's reset_cache bug
+    if reason is not Reason.DRAINED:
+        self._release(rec, False, reason or Reason.TRANSFER_FAILED, out)
+
+
+_original_probe_message = ProbeMachine.message
+
+
+def _hit_after_withdraw(self, peer, event, inp, now, out):  # the peer's withdrawal is not listened to
+    if event.value == "transfer_done":
+        return
+    _original_probe_message(self, peer, event, inp, now, out)
+
+
+def _serve_unpinned_guard(self, rec, inp, now):  # any probed key counts as offered ...
+    return all(k in rec.keys for k in inp.keys)
+
+
+def _serve_unpinned_effect(self, rec, inp, reason, now, out):  # ... served from a block it never pinned
+    from kvtier.lifecycle.effects import SendBlocks
+    from kvtier.lifecycle.serve import transfer_key
+
+    key = transfer_key(rec.peer, rec.kv_request_id)
+    self.transfers[(key, rec.round)] = rec.key
+    blocks = tuple(rec.found.get(k, 99) for k in rec.demand)
+    out.append(SendBlocks(rec.peer, rec.kv_request_id, rec.round, blocks, rec.gen, (), rec.slots, key, True))
+
+
+def _partial_unverified(self, rec):  # every key of the fetch reported as landed
+    return (rec.keys if rec.n_landed else None), ()
+
+
+BUGS = {
+    "drain_keeps_pins": ([(ServeMachine, "effect_fail_pins", _drain_keeps_pins)], "pin_released_once"),
+    "hit_after_withdraw": ([(ProbeMachine, "message", _hit_after_withdraw)], "no_hit_without_pin"),
+    "serve_unpinned": ([(ServeMachine, "guard_fetch_offered", _serve_unpinned_guard),
+                        (ServeMachine, "effect_start_transfer", _serve_unpinned_effect)], "no_block_after_release"),
+    "partial_unverified": ([(ConsumerMachine, "_landed_intact", _partial_unverified)], "partial_keys_verified"),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_the_stateful_suite_finds_the_planted_bug(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    patches, prop = BUGS[bug]
+    for cls, name, fn in patches:
+        monkeypatch.setattr(cls, name, fn)
+    with pytest.raises((PropertyViolation, AssertionError), match=prop):
+        run_state_machine_as_test(Symmetric, settings=settings(
+            max_examples=600, stateful_step_count=30, deadline=None, database=None, derandomize=True,
+            phases=(Phase.generate,),  # finding is the point; a shrunk counterexample is not needed here
+            suppress_health_check=list(HealthCheck)))

@@ -1,0 +1,251 @@
+"""The shell's side of the symmetric path and of partial loads: serve windows
+(:class:`~kvtier.shell.serving.ServeWindows`), the one-sided re-check of ``successful_keys``
+(:class:`~kvtier.shell.outbound.Outbound`), and a PD load that partly lands from a raw producer on
+real ZeroMQ sockets (the manager reports the landed keys as ``successful_keys``).
+
+Properties: ``lookup_context_closed_once``, ``pin_released_once``, ``partial_keys_verified``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+import zmq
+
+from kvtier.api import RequestContext, TransferJob
+from kvtier.blocksource import BlockIndex, Pin, Presence
+from kvtier.integrity import block_digests
+from kvtier.lifecycle import Reason
+from kvtier.lifecycle import effects as fx
+from kvtier.lifecycle import inputs as ix
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+from kvtier.shell.jobs import JobLedger
+from kvtier.shell.logs import RateLimitedLog
+from kvtier.shell.outbound import Outbound
+from kvtier.shell.serving import ServeWindows
+from kvtier.wire import messages as wm
+from kvtier.wire.codec import Decoder, WireLimits, encode_frames
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Source:
+    """A BlockSource that records every call."""
+
+    def __init__(self, found=(), pending=()) -> None:
+        self.found, self.pending = dict(found), set(pending)
+        self.calls: list[tuple] = []
+        self.next_pin = 0
+
+    def open(self, ctx_id):
+        self.calls.append(("open", ctx_id))
+        return ctx_id
+
+    def lookup(self, key, ctx):
+        self.calls.append(("lookup", key))
+        return Presence.FOUND if key in self.found else Presence.PENDING if key in self.pending else Presence.MISSING
+
+    def pin(self, keys, ctx):
+        self.next_pin += 1
+        self.calls.append(("pin", tuple(keys)))
+        return Pin(self.next_pin, tuple(self.found[k] for k in keys))
+
+    def release(self, pin_id, ok, reason):
+        self.calls.append(("release", pin_id, ok, reason))
+
+    def close(self, ctx):
+        self.calls.append(("close", ctx))
+
+
+def test_a_window_closes_first_then_looks_up_what_was_queued_before_it() -> None:
+    """lookup_context_closed_once: a round's context is opened once (at its first lookup), reused by
+    its re-polls and closed once; lookups queued during a window wait for the next one."""
+    errors: list[int] = []
+    w = ServeWindows(on_error=lambda: errors.append(1))
+    src = Source(found={b"a": 3}, pending={b"b"})
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a", b"b")))
+    applied: list[ix.LookupAnswered] = []
+
+    def apply(inp):
+        applied.append(inp)
+        w.queue_lookup(fx.LookUpBlocks("p", "K", 0, inp.pending))  # the core's re-poll of pending keys
+
+    assert w.run(src, lambda *k: True, apply) == 1
+    (a,) = applied
+    assert a.found == (b"a",) and a.blocks == (3,) and a.pin == 1 and a.pending == (b"b",)
+    assert [c[0] for c in src.calls] == ["open", "lookup", "lookup", "pin"]
+    src.pending.clear()
+
+    def settle(inp):  # the round settles: the core asks for its context to be closed
+        applied.append(inp)
+        w.queue_close(fx.CloseLookup("p", "K", 0))
+
+    w.run(src, lambda *k: True, settle)  # the re-poll, then the close it made, in the same window
+    assert [c[0] for c in src.calls][4:] == ["lookup", "close"]  # no second open: the context is reused
+    assert applied[-1].missing == (b"b",) and applied[-1].pin is None
+    w.queue_close(fx.CloseLookup("p", "K", 0))  # a second close of the round: nothing
+    w.run(src, lambda *k: True, lambda inp: None)
+    assert sum(1 for c in src.calls if c[0] == "close") == 1 and not errors
+    # a close queued before a window runs before its lookups: a round that settled and was probed
+    # again gets a fresh context
+    w.queue_close(fx.CloseLookup("p", "K", 1))
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 1, (b"a",)))
+    w.run(src, lambda *k: True, lambda inp: None)
+    assert [c[0] for c in src.calls][-3:] == ["open", "lookup", "pin"]
+
+
+def test_a_lookup_the_core_no_longer_wants_is_skipped() -> None:
+    w = ServeWindows(on_error=lambda: None)
+    src = Source(found={b"a": 1})
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a",)))
+    assert w.run(src, lambda *k: False, lambda inp: pytest.fail("applied")) == 0
+    assert src.calls == []
+
+
+def test_every_pin_is_released_once_through_its_source_and_a_second_release_is_dropped() -> None:
+    """pin_released_once: the ledger passes each release to the source that made the pin; a second
+    one (a kvtier bug) is counted and never reaches the engine."""
+    errors: list[int] = []
+    w = ServeWindows(on_error=lambda: errors.append(1))
+    src = Source(found={b"a": 1})
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a",)))
+    w.run(src, lambda *k: True, lambda inp: None)
+    assert w.pins() == {1}
+    w.release(fx.ReleasePins((1,), False, Reason.OFFER_EXPIRED))
+    w.release(fx.ReleasePins((1,), True))
+    assert [c for c in src.calls if c[0] == "release"] == [("release", 1, False, "offer_expired")]
+    assert errors == [1] and not w.pins()
+
+
+def test_a_source_that_raises_answers_miss_and_never_crashes_the_manager() -> None:
+    errors: list[int] = []
+    w = ServeWindows(on_error=lambda: errors.append(1))
+
+    class Broken(Source):
+        def lookup(self, key, ctx):
+            raise RuntimeError("engine blew up")
+
+    got: list[ix.LookupAnswered] = []
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a", b"b")))
+    w.run(Broken(), lambda *k: True, got.append)
+    assert got[0].missing == (b"a", b"b") and got[0].pin is None and errors == [1]
+
+
+def test_block_index_pins_keep_blocks_from_reuse_until_released() -> None:
+    idx = BlockIndex(8)
+    idx.publish(b"k", 5)
+    p = idx.pin([b"k"], None)
+    idx.retract(b"k")
+    assert idx.pinned(5) and idx.lookup(b"k", None) is Presence.MISSING
+    idx.release(p.pin_id, True, None)
+    assert not idx.pinned(5)
+    with pytest.raises(KeyError):
+        idx.release(p.pin_id, True, None)
+    with pytest.raises(ValueError, match="outside the pool"):
+        idx.publish(b"k", 8)
+
+
+def _outbound(pool: BlockPool, integrity: str) -> tuple[Outbound, JobLedger]:
+    from kvtier.dataplane import make_plane
+    from kvtier.metrics import TierMetrics
+    from kvtier.testing.inproc import InprocNetwork, InprocTransport
+
+    t = InprocTransport(InprocNetwork(), "x:1")
+    jobs = JobLedger()
+    metrics = TierMetrics(tier="t", listener="x:1", core=None, lock=None, clock=time.monotonic,
+                          block_bytes=pool.block_bytes)
+    out = Outbound(transport=t, plane=make_plane("zmq", transport=t, pool=pool), pool=pool, jobs=jobs,
+                   metrics=metrics, logs=RateLimitedLog(time.monotonic, lambda p: ""), integrity=integrity,
+                   clock=time.monotonic)
+    return out, jobs
+
+
+@pytest.mark.parametrize("integrity", ["xxh3_64", "none"])
+def test_one_sided_successful_keys_are_rechecked_at_reporting(integrity: str) -> None:
+    """partial_keys_verified: a key whose slot no longer matches its digest when the result is
+    reported is dropped; with integrity off no key is reported at all."""
+    pool = BlockPool(8, 64, pin=False)
+    pool.write(3, bytes(range(64)))
+    pool.write(4, bytes(64))
+    (d3,) = block_digests([pool.buffer(3)], "xxh3_64")
+    out, jobs = _outbound(pool, integrity)
+    jobs.open(5, store=False, kv_request_id="K", now=0.0, nbytes=128)
+    out.perform([fx.JobDone(5, False, Reason.PEER_LOST, (b"k3", b"k4"), ((3, d3), (4, d3)))])
+    (r,) = jobs.take()
+    assert r.success is False and r.reason == "peer_lost"
+    assert r.successful_keys == ((b"k3",) if integrity == "xxh3_64" else None)
+
+
+class RawProducer:
+    """A ROUTER that speaks just enough of the wire protocol to be a producer that sends the first
+    block of a fetch and then fails it."""
+
+    def __init__(self, block_bytes: int) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.decoder = Decoder(limits=WireLimits(), block_bytes=block_bytes)
+
+    def recv(self, kind, timeout_s: float = 5.0):
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.sock.poll(50):
+                ident, *frames = self.sock.recv_multipart()
+                msg, _ = self.decoder.decode(frames)
+                if isinstance(msg, kind):
+                    return ident, msg
+        raise AssertionError(f"no {kind.__name__}")
+
+    def send(self, ident: bytes, msg, payloads=()) -> None:
+        self.sock.send_multipart([ident, *encode_frames(msg, payloads)])
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def test_a_pd_load_that_partly_lands_reports_the_landed_keys() -> None:
+    """A producer sends block 0 of a 2-block fetch (with its digest) and then transfer_done(fail):
+    the consumer manager's job fails with successful_keys = (key 0,), so vLLM keeps that block."""
+    bb = 64
+    raw = RawProducer(bb)
+    cons = KvTierManager({"host": "127.0.0.1", "port": 0, "hash_seed": ""}, BlockPool(8, bb, pin=False), layout="raw")
+    try:
+        req = RequestContext(req_id="r", kv_transfer_params={"remote_prefiller": {
+            "kv_request_id": "pd-part", "remote_host": "127.0.0.1", "remote_port": raw.port}})
+        cons.on_new_request(req)
+        cons.submit_load(TransferJob(job_id=3, keys=(b"k0", b"k1"), slots=(2, 5), req=req))
+
+        def pump_until(kind):
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                cons.poll(0.001)
+                if raw.sock.poll(0):
+                    return raw.recv(kind)
+            raise AssertionError(f"no {kind.__name__}")
+
+        ident, hello = pump_until(wm.Hello)
+        raw.send(ident, wm.HelloAck(gen=hello.gen, instance="raw-producer"))
+        ident, fetch = pump_until(wm.Fetch)
+        assert fetch.keys == [b"k0", b"k1"] and not fetch.offered
+        block = bytes([7]) * bb
+        (d,) = block_digests([block], "xxh3_64")
+        raw.send(ident, wm.BlockData(gen=hello.gen, kv_request_id="pd-part", round=fetch.round, first=0, count=1,
+                                     digests=[d]), [block])
+        raw.send(ident, wm.TransferDone(gen=hello.gen, kv_request_id="pd-part", round=fetch.round, ok=False,
+                                        reason="transfer_failed"))
+        results = []
+        end = time.monotonic() + 5
+        while not results and time.monotonic() < end:
+            cons.poll(0.001)
+            results = cons.get_finished_jobs(poll=False)
+        (r,) = results
+        assert r.success is False and r.reason == "transfer_failed" and r.successful_keys == (b"k0",)
+        assert cons.pool.buffer(2).tobytes() == block
+    finally:
+        cons.shutdown(grace_s=0.2)
+        raw.close()
