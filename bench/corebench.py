@@ -38,6 +38,10 @@ def _durations(**over: float) -> dict[str, float]:
         "handshake_timeout_s": 5.0,
         "heartbeat_interval_s": 3600.0,  # no session in these cores: nothing to ping
         "peer_timeout_s": 5.0,
+        "revoke_timeout_s": 1.0,
+        "probe_timeout_s": 1.0,
+        "serve_lookup_timeout_s": 0.25,
+        "offer_timeout_s": 10.0,
     }
     d.update(over)
     assert set(d) == set(TIMER_KEYS)

@@ -169,6 +169,14 @@ def _msg_label(msg: Any) -> tuple[str, str]:
             parts.append("fetched" if value else "not fetched")
         elif field == "reason" and value == "":
             continue
+        elif field in ("life", "low", "replaces") and not value:
+            continue  # unnamed life, no watermark, nothing replaced: the defaults say nothing
+        elif field == "offered":
+            if value:
+                parts.append("offered")
+        elif field == "final":
+            if not value:
+                parts.append("notice")
         elif field == "detail":
             continue
         else:

@@ -18,6 +18,8 @@ the spec states for this purpose is the validated ``normal_path`` hint.
 
 from __future__ import annotations
 
+import textwrap
+
 import graphviz
 
 from tools.spec import Branch, Machine
@@ -42,6 +44,11 @@ _FILL = {
     "initial": "#ffffff",
     "other": "#ffffff",
 }
+
+
+#: characters per line of an overview's title: graphviz never wraps a label, and a long title
+#: alone would set the picture's width
+TITLE_WIDTH = 100
 
 
 def _esc(text: str) -> str:
@@ -218,7 +225,8 @@ def overview_dot(m: Machine) -> str:
     on_path = set(zip(path, path[1:]))
     g = graphviz.Digraph(f"{m.name}_overview")
     g.attr("graph", rankdir="TB", fontname="Helvetica", fontsize=str(FONT_SIZE + 2), labelloc="t",
-           label=_esc(f"{m.name}: {m.doc}"), nodesep="0.3", ranksep="0.5", newrank="true",
+           label=_esc("\n".join(textwrap.wrap(f"{m.name}: {m.doc}", TITLE_WIDTH))), nodesep="0.3", ranksep="0.5",
+           newrank="true",
            tooltip=_esc(f"{m.name}: {m.doc}"))
     g.attr("node", fontname="Helvetica", fontsize=font)
     g.attr("edge", fontname="Helvetica", fontsize=font)

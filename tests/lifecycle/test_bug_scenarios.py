@@ -43,6 +43,7 @@ BASE = {
     "transfer_timeout_s": 30.0,
     "abort_ack_timeout_s": 5.0,
     "handshake_timeout_s": 5.0,
+    "revoke_timeout_s": 1.0,
     "heartbeat_interval_s": 1000.0,  # a live peer is heard; scenarios that kill a peer ping and lower the timeout
     "peer_timeout_s": 1000.0,
 }
@@ -96,6 +97,8 @@ class Pair:
         self.c.handle(ix.RequestFinished("__warmup__", producer=False), 0.0)
         self.job = 0
 
+    rounds = -1  # the last round fresh_round handed out
+
     def next_job(self) -> int:
         self.job += 1
         return self.job
@@ -115,10 +118,19 @@ class Pair:
         """``msg`` from the producer reaches the consumer at ``t``."""
         return self.c.handle(ix.Received(P, msg), t)
 
-    def fetch(self, kid: str, ks: tuple[bytes, ...], t: float, rnd: int = 0) -> list[Any]:
+    def fresh_round(self) -> int:
+        """A round this session has not used: a consumer numbers its rounds once per manager, and
+        a producer drops a round it already answered (decision I11)."""
+        self.rounds += 1
+        return self.rounds
+
+    def fetch(self, kid: str, ks: tuple[bytes, ...], t: float, rnd: int | None = None) -> list[Any]:
+        """A fetch of round ``rnd`` (default: the first fetch round 0, later ones fresh rounds)."""
+        rnd = self.fresh_round() if rnd is None else rnd
         return self.to_p(wm.Fetch(gen=self.gen, kv_request_id=kid, round=rnd, keys=list(ks)), t)
 
-    def abort(self, kid: str, t: float, rnd: int = 0, *, fetched: bool = False) -> list[Any]:
+    def abort(self, kid: str, t: float, rnd: int | None = None, *, fetched: bool = False) -> list[Any]:
+        rnd = self.fresh_round() if rnd is None else rnd
         return self.to_p(wm.AbortFetch(gen=self.gen, kv_request_id=kid, round=rnd, fetched=fetched), t)
 
     def receipt(self, kid: str, rnd: int, t: float) -> list[Any]:
@@ -270,7 +282,7 @@ def test_b05_consumer_cancels_before_fetching_and_the_producer_releases_at_once(
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
     job2, out = s.store("A", 4, 2.0, start=4)
     assert of(out, JobDone) == [JobDone(job2, False, Reason.ABORTED)]
-    assert done_fail(s.fetch("A", keys("A", 4), 3.0), "A").reason == "aborted"
+    assert done_fail(s.fetch("A", keys("A", 4), 3.0, rnd=abort.round + 1), "A").reason == "aborted"
 
 
 def test_b05_abort_before_the_first_store() -> None:
@@ -442,8 +454,8 @@ def test_b15_unknown_id_demand_is_bounded_in_time_and_count() -> None:
     assert awaiting_per_peer == ((C, 100),)
     jy, _ = s.store("Y", 2, 0.1)
     out = s.fetch("Y", keys("Y", 2), 0.2)
-    assert of(out, SendBlocks), "a legitimate fetch is not refused by the pending bound"
-    out = s.complete("Y", 0, 0.3)
+    (served,) = of(out, SendBlocks)  # a legitimate fetch is not refused by the pending bound
+    out = s.complete("Y", served.round, 0.3)
     assert of(out, JobDone) == [JobDone(jy, True, None)]
     assert sent(s.p.fire(9.9), wm.TransferDone) == []
     out = s.p.fire(10.0)
@@ -547,14 +559,15 @@ def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
     assert empty.keys == []
     je, _ = s.store("E", 2, 0.5)
     out = s.to_p(empty, 1.0)
-    assert of(out, JobDone) == [JobDone(je, True, None)] and of(out, SendBlocks) == []
+    # the parked blocks were not needed: the store job succeeds saying so (decision L12)
+    assert of(out, JobDone) == [JobDone(je, True, Reason.NOT_NEEDED)] and of(out, SendBlocks) == []
     assert sent(out, wm.TransferDone)[0].ok and s.p.producer_state("E") is ProducerState.DONE
     # a final empty chunk after non-empty ones
     j1, _ = s.store("B", 2, 2.0)
     j2, out = s.store("B", 0, 2.5)
-    out = s.fetch("B", keys("B", 2), 3.0)
+    out = s.fetch("B", keys("B", 2), 3.0, rnd=empty.round + 1)  # the consumer's next round
     assert of(out, SendBlocks)
-    out = s.complete("B", 0, 3.5)
+    out = s.complete("B", empty.round + 1, 3.5)
     assert sorted(of(out, JobDone), key=lambda j: j.job_id) == [JobDone(j1, True, None), JobDone(j2, True, None)]
 
 
@@ -594,7 +607,9 @@ def test_b31_lost_abort_the_producers_own_deadlines_end_it(producer_state: str) 
         assert done_fail(out, "A").reason == "supply_timeout"
     else:
         out = s.p.fire(30.0)  # transfer_timeout_s: cancel; the terminal answer waits for the release
-        assert of(out, CancelTransfer) and sent(out, wm.TransferDone) == [] and of(out, JobDone) == []
+        # only a notice says why now (decision I19): the terminal answer still waits
+        assert of(out, CancelTransfer) and of(out, JobDone) == []
+        assert [(m.ok, m.final, m.reason) for m in sent(out, wm.TransferDone)] == [(False, False, "transfer_timeout")]
         out = s.p.fire(60.0)  # the plane never released: quarantine, the session is ended to force it
         assert of(out, JobDone) == [] and ended(out) == [(C, "transfer_stalled")]
         assert s.p.producer_state("A") is ProducerState.QUARANTINED

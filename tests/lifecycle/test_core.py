@@ -23,7 +23,9 @@ from kvtier.lifecycle._table import ConsumerGuard, ProducerGuard, SessionGuard
 from kvtier.lifecycle.consumer import ConsumerMachine
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.notes import Notes
+from kvtier.lifecycle.probe import ProbeMachine
 from kvtier.lifecycle.producer import ProducerMachine
+from kvtier.lifecycle.serve import ServeMachine
 from kvtier.lifecycle.session import HelloInput, SessionMachine
 from kvtier.testing.fakenet import FakeNetwork
 from kvtier.wire import messages as wm
@@ -63,8 +65,9 @@ def test_every_effect_has_a_builder(cls: type) -> None:
 
 
 def test_every_spec_machine_has_a_core_class() -> None:
-    assert {ProducerMachine.NAME, ConsumerMachine.NAME, SessionMachine.NAME} == set(SPEC.machines)
-    for cls in (ProducerMachine, ConsumerMachine, SessionMachine):
+    machines = (ProducerMachine, ConsumerMachine, SessionMachine, ProbeMachine, ServeMachine)
+    assert {cls.NAME for cls in machines} == set(SPEC.machines)
+    for cls in machines:
         m = SPEC.machines[cls.NAME]
         assert {k[0].value for k in cls.TABLE} <= {s.name for s in m.states}
         assert {k[1].value for k in cls.TABLE} == set(m.events)
