@@ -86,6 +86,9 @@ class Summary:
     """records whose state names a timer but that have no live deadline"""
     retained: int
     """how many done/tombstoned ids the producer retains"""
+    rounds: dict[str, tuple[int, tuple[int, ...]]] = attrs.Factory(dict)
+    """peer -> the inbound session's round ledger (low watermark, rounds answered above it):
+    a fetch of such a round is a duplicate or overtaken, dropped unanswered (decision I11)"""
 
 
 def summarise(state: CoreState) -> Summary:
@@ -105,6 +108,7 @@ def summarise(state: CoreState) -> Summary:
         timers=tuple(timers),
         dead_timers=tuple(dead),
         retained=len(state.retained),
+        rounds={e.peer: e.rounds for e in state.sessions},
     )
 
 

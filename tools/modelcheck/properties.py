@@ -205,7 +205,10 @@ def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep
     cancelling, quarantined, or ended and no longer retained (``retired``) is answered
     ``transfer_done(fail)`` in the step that receives it — except a duplicate of the very fetch a
     cancelling or quarantined id is bound to, whose terminal answer waits for the data plane's
-    release (no write may land after it).  Runs on steps that receive a fetch."""
+    release (no write may land after it) — and except a fetch of a round the session's round
+    ledger already holds answered or below the consumer's watermark (a duplicate of a fetch that
+    was answered, or one overtaken: dropped unanswered, decision I11; the consumer has or will
+    have the first copy's answer).  Runs on steps that receive a fetch."""
     for env in _read(system, step):
         if env.kind != "fetch":
             continue
@@ -214,6 +217,9 @@ def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep
         kid = env.kv_request_id
         before, _jobs, peer, rnd = step.pre.producer.get(kid, _NO_REC)
         own = (peer, rnd) == (env.src, env.round) and before in ("cancelling", "quarantined")
+        low, answered = step.pre.rounds.get(env.src, (0, ()))
+        if env.round < low or env.round in answered:
+            continue
         if gated and not own and (before in P_LATE or st.retired[system.kindex[kid]]):
             answered = any(
                 type(e) is Send
@@ -323,10 +329,16 @@ def fails_only_when_no_write_can_land(system: System, st: Draft, c: int | None, 
     lands outside ``in_flight``, whoever still sends): a load is reported failed (its slots handed
     back) only when the producer can no longer write into them — its data plane references no
     transfer of the load's round, or the consumer's plane revoked the producer's access in this
-    step (``access_revoked``)."""
+    step (``access_revoked``), or the load's ``revoke`` deadline fell due on a plane that
+    withdraws access by itself within ``revoke_timeout_s`` (``revoke_bounded``: the NIXL plane's
+    per-session windows, decision N14)."""
+    bounded = system.cores.settings.revoke_bounded
     for kid, rnd in _live_jobs(system, c, step, False):
         referenced = any(t[0] == c and t[1] == kid and t[2] == rnd for t in st.transfers)
         if not referenced:
+            continue
+        rec = step.pre.consumer.get(kid)
+        if bounded and step.inp[0] == "fire" and rec is not None and rec[0] == "revoking":
             continue
         if step.inp[0] != "revoked":
             raise Fail(
