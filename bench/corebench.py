@@ -119,9 +119,9 @@ def _dict_floor(cycles: int) -> float:
     return _clock() - t0
 
 
-_STORE_V = {"store_empty": False}
+_STORE_V = {"store_empty": False, "needed_nothing": False, "other_life": False}
 _FETCH_V = {"not_authorised": False, "fetch_empty": False, "demand_met": True, "peer_busy": False,
-            "shutting_down": False}
+            "shutting_down": False, "stale_round": False, "other_life": False}
 _RECEIPT_V = {"same_round": True}
 
 

@@ -90,8 +90,7 @@ class Inbound:
             # quiet_since, so it counts as input that came before a deadline due then (N15)
             early = self.plane.poll()
             if early:
-                now = self.clock()
-                out.extend(self.PLANE_REPORTS[type(r)](r, now) for r in early)
+                out.extend(self.reports(early))
         while True:
             t0 = self.clock()
             messages, events, drained = self.transport.service(min(RECV_BATCH, budget - read))
