@@ -61,6 +61,7 @@ DURATIONS = {
     "load_timeout_s": 5.0,
     "abort_ack_timeout_s": 2.0,
     "handshake_timeout_s": 2.0,
+    "revoke_timeout_s": 1.0,
     "heartbeat_interval_s": 5.0,  # the consumers ping every 5 s; a lost pong or a dead peer shows
     "peer_timeout_s": 60.0,  # ... after a minute of silence
 }
@@ -139,7 +140,10 @@ def make_machine(
             self.clock = VirtualClock()
             self.net = FakeNetwork()
             self.net.revoke_later = True  # a one-sided plane: revocation takes its time
-            self.cs = CoreSettings(durations=durations, tombstone_max=TOMBSTONE_MAX, max_pending_fetches_per_peer=2)
+            # ... and reports it only when it is done (no per-session window that withdraws access
+            # by itself within revoke_timeout_s): revoke_bounded=False
+            self.cs = CoreSettings(durations=durations, tombstone_max=TOMBSTONE_MAX, max_pending_fetches_per_peer=2,
+                                   revoke_bounded=False)
             self.broken = False
             self.outstanding: dict[int, str] = {}  # job -> core name that owes its result
             self.stores = {k: 0 for k in IDS}
@@ -208,7 +212,12 @@ def make_machine(
             pre_bind = {k: (v.peer, v.round) for k in self.p.producer_ids() if (v := self.p.producer(k))}
             fetch = msg if who == "p" and isinstance(msg, wm.Fetch) else None
             pre_gate = None
+            stale = False
             if fetch is not None:
+                # a round the session already answered, or below the consumer's watermark: a
+                # duplicate or overtaken fetch, dropped unanswered (decision I11)
+                low, answered = next((e.rounds for e in snapshot.export(self.p).sessions if e.peer == src), (0, ()))
+                stale = fetch.round < low or fetch.round in answered
                 sess = self.p.session(src)
                 pre_gate = sess is not None and sess.state.value == "ready" and sess.gen == fetch.gen
                 if fetch.keys and pre_p[fetch.kv_request_id] in ("absent", "parked"):
@@ -241,7 +250,7 @@ def make_machine(
                     assert not isinstance(msg, wm.BlockData) or msg.round == rnd, (
                         f"no_write_after_terminal: {who} landed block data of round {msg.round} into the load of "
                         f"round {rnd}")
-            if fetch is not None and pre_gate:
+            if fetch is not None and pre_gate and not stale:
                 k = fetch.kv_request_id
                 own = pre_bind.get(k) == (src, fetch.round)  # a duplicate of the bound fetch:
                 # its terminal answer waits for the data plane's release (no write may land after it)
