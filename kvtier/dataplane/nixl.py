@@ -79,6 +79,7 @@ from kvtier.dataplane.base import AttachFailed, Attached, Batch, Notified, Plane
 from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.nixl_agent import (
     MAX_NOTIF_BYTES,
+    WRITER_GROUP,
     NixlBlockAgent,
     NixlError,
     PeerFault,
@@ -707,4 +708,4 @@ class NixlPlane:
 def _group(accepted: bool) -> str:
     """The agent group of a peer entry: one we dialled (its hello_ack: it writes into us) or an
     inbound one (its hello: we write into it); only entries of one group exclude each other."""
-    return "dialled" if accepted else "inbound"
+    return WRITER_GROUP if accepted else "inbound"

@@ -326,6 +326,11 @@ class Notification:
     message: bytes
 
 
+#: the :meth:`NixlBlockAgent.add_peer` group of peers that WRITE into us (the peers a consumer
+#: dialled): notifications from an agent held by two groups belong to this one's entry
+WRITER_GROUP = "dialled"
+
+
 class _Peer:
     __slots__ = ("name", "agent", "group", "num_blocks", "dlist", "fault", "fault_reported", "disconnected", "inflight",
                  "removed")
@@ -683,7 +688,14 @@ class NixlBlockAgent:
             raise BadDescriptor(f"NIXL agent {d.agent!r} is already registered for peer {other.name!r} ({state})")
         shared = d.agent in self._loads
         if shared:
+            # the agent is loaded for the other group; this descriptor's metadata may name a
+            # registration (a per-session window) the first did not: load it too (NIXL merges
+            # partial metadata into the agent it already knows)
             loaded = d.agent
+            try:
+                self._agent.add_remote_agent(d.metadata)
+            except Exception as e:
+                log.debug("nixl agent %s: reloading %s's metadata: %s", self.name, d.agent, _describe(e))
         else:
             try:
                 loaded = self._agent.add_remote_agent(d.metadata)
@@ -871,7 +883,10 @@ class NixlBlockAgent:
         out = []
         for agent, msgs in notifs.items():
             agent = agent.decode() if isinstance(agent, bytes) else str(agent)
-            p = next((q for (a, _), q in self._by_agent.items() if a == agent), None)
+            # a notification comes with a WRITE into us: from the entry of the group that writes
+            # into us when one agent is held by both (WRITER_GROUP), else from its one entry
+            p = self._by_agent.get((agent, WRITER_GROUP)) or next(
+                (q for (a, _), q in self._by_agent.items() if a == agent), None)
             for m in msgs:
                 out.append(Notification(p.name if p is not None else None, agent, bytes(m)))
         return out

@@ -151,15 +151,17 @@ def test_block_index_pins_keep_blocks_from_reuse_until_released() -> None:
 def _outbound(pool: BlockPool, integrity: str) -> tuple[Outbound, JobLedger]:
     from kvtier.dataplane import make_plane
     from kvtier.metrics import TierMetrics
+    from kvtier.shell.perbyte import ByteWork
     from kvtier.testing.inproc import InprocNetwork, InprocTransport
 
     t = InprocTransport(InprocNetwork(), "x:1")
     jobs = JobLedger()
     metrics = TierMetrics(tier="t", listener="x:1", core=None, lock=None, clock=time.monotonic,
                           block_bytes=pool.block_bytes)
+    logs = RateLimitedLog(time.monotonic, lambda p: "")
+    work = ByteWork(algorithm=integrity, digest_pool=None, block_bytes=pool.block_bytes, metrics=metrics, logs=logs)
     out = Outbound(transport=t, plane=make_plane("zmq", transport=t, pool=pool), pool=pool, jobs=jobs,
-                   metrics=metrics, logs=RateLimitedLog(time.monotonic, lambda p: ""), integrity=integrity,
-                   clock=time.monotonic)
+                   metrics=metrics, logs=logs, work=work, clock=time.monotonic)
     return out, jobs
 
 
