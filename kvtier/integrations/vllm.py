@@ -608,19 +608,6 @@ class KvTierSecondaryTier(SecondaryTierManager):
             return VllmLookupResult.MISS
         return _LOOKUP.get(answer, VllmLookupResult.MISS)
 
-    def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        """The engine step ended (called last in vLLM's ``on_schedule_end``, after this step's
-        ``submit_load`` calls): the symmetric requests' keys looked up during the step leave in one
-        probe per (peer, ``kv_request_id``).  One method for everything kvtier does at a step's end;
-        extend it here."""
-        mgr = self._mgr
-        if mgr is None:
-            return
-        try:
-            mgr.on_schedule_end()
-        except Exception:
-            self._warn_internal(logging.ERROR, "kvtier: on_schedule_end failed", exc_info=True)
-
     def serve_external_requests(self, parent: ParentManager) -> None:
         """Answer peers' probes from this engine's own tiers (vLLM calls it once per step, before
         the step's promotions are submitted, and once per tier-poll round, under its lock).  Does
@@ -706,13 +693,16 @@ class KvTierSecondaryTier(SecondaryTierManager):
             out.extend(self._source.take())
         return out
 
-    def on_schedule_end(self, context: Any) -> None:
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
         """Called by vLLM at the end of every scheduler step, after the step's loads were
-        submitted.  A consumer request scheduled for the first time without a load needs nothing
-        from its producer (every block hit locally): kvtier tells the producer so now (an empty
-        fetch, :meth:`KvTierManager.load_nothing`), and the producer releases the blocks it
-        parked for the request in one round trip instead of at ``unbound_store_timeout_s``
-        (decision L12)."""
+        submitted (one method for everything kvtier does at a step's end):
+
+        * a consumer request scheduled for the first time without a load needs nothing from its
+          producer (every block hit locally): kvtier tells the producer so now (an empty fetch,
+          :meth:`KvTierManager.load_nothing`), and the producer releases the blocks it parked for
+          the request in one round trip instead of at ``unbound_store_timeout_s`` (decision L12);
+        * the symmetric requests' keys looked up during the step leave in one probe per (peer,
+          ``kv_request_id``) (decision Y4)."""
         mgr = self._mgr
         for req_id in getattr(context, "new_req_ids", ()):
             req = self._unscheduled.pop(req_id, None)
@@ -723,6 +713,12 @@ class KvTierSecondaryTier(SecondaryTierManager):
             except Exception:
                 self._warn_internal(logging.ERROR, "kvtier: telling the producer of %r that nothing is needed failed",
                                     _truncate(str(req_id), 128), exc_info=True)
+        if mgr is None:
+            return
+        try:
+            mgr.on_schedule_end()
+        except Exception:
+            self._warn_internal(logging.ERROR, "kvtier: on_schedule_end failed", exc_info=True)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         holder = req_context.get_state(_ReqStates)
