@@ -10,7 +10,7 @@ process, timed in the same round, so both see the same machine load.
 * Throughput: 8, 16 and 64 MiB requests of 256 KiB blocks. Each round takes the median of
   ``--reps`` timed runs (after 2 warm-ups) for NIXL and for memcpy; the table gives the median
   over rounds and the range of the round medians, and ratio = NIXL GB/s ÷ memcpy GB/s per round.
-  Target (issue 11, P2): ratio >= 0.6 for requests >= 8 MiB, same host.
+  Target (P2): ratio >= 0.6 for requests >= 8 MiB, same host.
 * Latency: one block of 16 KiB and of 256 KiB, median (and p90) of ``--lat-reps`` runs.
 
 Children use ``UCX_NET_DEVICES=lo``; ``--tls tcp`` sets ``UCX_TLS=tcp`` (the network path: the

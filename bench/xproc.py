@@ -61,7 +61,7 @@ def _nixl_available() -> str | None:
 
 NODIGEST = {"integrity": "none"}
 WINDOW = 4  # P2's windowed NIXL run: requests in flight at once (an engine loads many requests)
-DIGEST_COST_TARGET = 0.10  # issue 9: the digest is on by default where it costs at most 10 %
+DIGEST_COST_TARGET = 0.10  # the digest is on by default where it costs at most 10 %
 
 
 def _pairs(curve: tuple[dict[str, Any], dict[str, Any]]) -> tuple[dict[str, dict], dict[str, dict]]:
@@ -238,7 +238,7 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
     best_kv = max(rows, key=lambda r: r["kvtier_gbps"]["median"])
     best_raw = max(rows, key=lambda r: r["raw_zmq_gbps"]["median"])
     t1 = target(">=", 0.8, worst["ratio_vs_raw"]["median"], "≥ 0.8× raw pyzmq in every cell")
-    # issue 11 item 6: a 1-block request within 2x a raw round trip plus byte time, i.e. within
+    # a 1-block request within 2x a raw round trip plus byte time, i.e. within
     # 2x the raw pyzmq request→block exchange of the same cell (throughput ratio >= 0.5)
     fixed = {"zmq": headline("ratio_vs_raw", one)}
     targets = [t1, target(">=", 0.5, fixed["zmq"]["min"], "1-block requests (zmq) ≤ 2× a raw request/reply with the block")]
@@ -405,7 +405,7 @@ def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) ->
     n_all = sum(int(p["failed_with_reaped"].split("/")[1]) for p in per.values())
     targets = [target("<=", 3.0, z["ratio"]["median"], "≤ 3× a raw round trip")]
     for plane, p in per.items():
-        targets.append(target("<=", 2.0, p["ratio"]["median"], f"{plane}: ≤ 2× a raw round trip (issue 11)"))
+        targets.append(target("<=", 2.0, p["ratio"]["median"], f"{plane}: ≤ 2× a raw round trip"))
     return {
         "P3": {
             "id": "P3",

@@ -1,4 +1,4 @@
-"""kvtier.params: untrusted kv_transfer_params (issue 10 item 5, B39, B40).
+"""kvtier.params: untrusted kv_transfer_params (B39, B40).
 
 Unit rules, the allowed_peers policy, and a Hypothesis fuzz through a real KvTierManager (on an
 in-memory transport) that never sees an exception other than the documented ValueError, and

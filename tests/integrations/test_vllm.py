@@ -741,7 +741,7 @@ def test_pd_pair_driven_by_engine_steps_only(model_dir: str) -> None:
         assert_released(e.manager, e.engine_id)
 
 
-# -- issue 9: a producer request with nothing stored; remote_port as a string --------------------
+# -- a producer request with nothing stored; remote_port as a string --------------------
 @pytest.mark.timeout(60)
 def test_nothing_stored_is_refused_in_one_round_trip_through_the_adapter(managers) -> None:
     """vLLM could not store the producer request's chunks (no prepare/complete_store, so kvtier

@@ -1,7 +1,7 @@
-"""Who may touch an id (issue 10): a named consumer, first-come binding, capacity refusals and
+"""Who may touch an id: a named consumer, first-come binding, capacity refusals and
 idle-session eviction, against the real core with explicit ``now``.
 
-The attacks are the ones issue 10 lists: a stranger who knows a ``kv_request_id`` fetches it, or
+The attacks are the ones docs/security.md lists: a stranger who knows a ``kv_request_id`` fetches it, or
 destroys it with an empty fetch, an ``abort_fetch`` or a fetch with made-up keys; 200 hellos fill
 ``max_peers``; the consumer is told ``handshake_mismatch`` instead of a capacity reason.
 """

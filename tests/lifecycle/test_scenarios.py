@@ -14,7 +14,7 @@ from tools.spec import load
 SPEC = load()
 BY_NAME = {s.name: s for s in SCENARIOS}
 
-#: The situations issue 13 asks the review page to show (in this order).
+#: The situations the review page shows (in this order).
 REQUIRED = [
     "happy_path",
     "fetch_before_store",

@@ -1,4 +1,4 @@
-"""Live fuzzing (issue 10 item 7): raw zmq sockets flood a producer with garbage of every kind
+"""Live fuzzing: raw zmq sockets flood a producer with garbage of every kind
 while a legitimate consumer keeps completing byte-exact transfers from it.
 
 The producer runs in its own process (tests.support.peer_process) so that its memory can be

@@ -1,4 +1,4 @@
-"""An id's lives, duplicate hellos and prompt refusals, over real ZeroMQ (issue 9).
+"""An id's lives, duplicate hellos and prompt refusals, over real ZeroMQ.
 
 * B14 — a ``kv_request_id`` reused after its tombstone was pruned: a straggler ``abort_fetch``
   (and ``receipt``) of the first life, arriving while the second life is parked, is acknowledged
@@ -7,7 +7,7 @@
   straggler is sent exactly when the test wants it.
 * I5 / B30 — a second ``hello`` with the same generation on a ready session is answered
   ``hello_ack`` again; the session stays up and loads continue.
-* vLLM (issue 9 item 9) — a producer request that finished with nothing stored: a consumer's
+* vLLM — a producer request that finished with nothing stored: a consumer's
   fetch is refused in one round trip (``nothing_stored``; ``incomplete`` when the fetch was
   already waiting), never after ``fetch_supply_timeout_s``.  A ``remote_port`` written as a
   numeric string works end to end.
@@ -157,7 +157,7 @@ C_CFG = {"fetch_supply_timeout_s": 30.0, "load_timeout_s": 60.0, "heartbeat_inte
 
 @pytest.mark.parametrize("order", ["finish_then_fetch", "fetch_then_finish"])
 def test_producer_request_finished_with_nothing_stored_is_refused_in_one_round_trip(make_manager, order):
-    """Issue 9 item 9: vLLM could not store the producer request's chunks, so no store job came;
+    """vLLM could not store the producer request's chunks, so no store job came;
     the request finished.  Expected: the consumer's load fails at once — ``nothing_stored`` when
     the fetch arrives after the finish, ``incomplete`` when it was already waiting — within the
     5 s bound, although fetch_supply_timeout_s is 30 s; not one byte lands."""

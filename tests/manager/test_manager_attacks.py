@@ -1,4 +1,4 @@
-"""Issue 10's attacks that need no second host, each against a real manager on 127.0.0.1.
+"""The attacks of docs/security.md that need no second host, each against a real manager on 127.0.0.1.
 
 (The CURVE, partition and slow-link attacks run over two namespaces in tests/security.)
 """

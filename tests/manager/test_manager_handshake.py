@@ -61,7 +61,7 @@ def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
     c_lines = [r.getMessage() for r in caplog.records if "rejected our hello" in r.getMessage()]
     assert p_lines and c_lines, caplog.text
     if field == "hash_seed":
-        # issue 10: the refusal names the field but never carries the producer's seed
+        # the refusal names the field but never carries the producer's seed
         assert f"{field} differs (ours (withheld), theirs {c_value})" in p_lines[0]
         assert f"{field} differs (ours {c_value}, theirs (withheld))" in c_lines[0]
         assert p_value not in caplog.text

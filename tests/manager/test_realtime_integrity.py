@@ -1,4 +1,4 @@
-"""Integrity under real transport timing (issue 9): real processes, real ZeroMQ, real stalls.
+"""Integrity under real transport timing: real processes, real ZeroMQ, real stalls.
 
 Each test reproduces one bug-scenario entry of the second batch where timing is the point, with
 the entry's expected values:
@@ -49,7 +49,7 @@ pytestmark = pytest.mark.timeout(120)
 BOUND_S = 15.0  # failure bound of every wait; never an expectation
 QUARANTINE_BOUND_S = 5.0  # bound on the release after the session was ended (immediate on zmq)
 
-#: Reported to the lead (issue 9): ``SessionMachine.effect_close_connection`` emits
+#: Reported to the lead: ``SessionMachine.effect_close_connection`` emits
 #: ``CloseConnection`` only for sessions we dialled, so when a *producer* ends a session with a
 #: consumer that dialled it (``transfer_stalled``, also ``peer_timeout``/``send_failed``/
 #: ``give_up``) the inbound TCP connection is never shut down, libzmq keeps every zero-copy frame

@@ -1,4 +1,4 @@
-"""Liveness under real timing (issue 9): a stalled producer loop, kill -9, sibling ranks.
+"""Liveness under real timing: a stalled producer loop, kill -9, sibling ranks.
 
 Real processes over real ZeroMQ, with the expected values of bug-scenarios B24 and B11:
 

@@ -218,7 +218,7 @@ def test_stranger_cannot_fetch_or_destroy_a_parked_id(hosts, keys, procs) -> Non
 
 
 def test_an_allowed_peer_cannot_touch_an_id_named_for_another_consumer(hosts, procs, other_consumer) -> None:
-    """Issue 10 item 2: the producer request names ``decode-0``; ``decode-1`` is authenticated and
+    """The producer request names ``decode-0``; ``decode-1`` is authenticated and
     allowed in, knows the id, and fetches it: refused ``not_authorised``, the id untouched (still
     parked, its timers unchanged), and the named consumer is served byte-exact afterwards."""
     p, c = procs

@@ -493,7 +493,7 @@ def test_empty_fetch_is_valid_and_means_no_blocks_are_needed() -> None:
     assert isinstance(msg, Fetch) and msg.keys == [] and payloads == []
 
 
-# -- issue 10: a rejected header costs one pass over its bytes -------------------------------------
+# -- a rejected header costs one pass over its bytes -------------------------------------
 
 
 class _CountingProbe:
