@@ -28,20 +28,41 @@ Rules (scenario B25, docs/scenarios.md):
   suggestion (``unbound_store_timout_s`` -> ``unbound_store_timeout_s``).
 * Cross-field relations (``CROSS_FIELD_RULES``) are checked at construction,
   so ``attrs.evolve`` re-validates them too.
+
+The value kinds that do the converting, and ``TierConfigError``, live in
+:mod:`kvtier.config_kinds`; this module declares the keys with them, checks the
+cross-field rules and exposes the schema as data.
 """
 
 from __future__ import annotations
 
 import difflib
-import math
 import re
-import sys
 from collections.abc import Callable, Mapping
-from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import attrs
+
+from kvtier.config_kinds import (
+    DOTTED_RE,
+    IDENT_RE,
+    Bool,
+    Choice,
+    Float,
+    Int,
+    Kind,
+    MustBeNone,
+    NameList,
+    OptionalInt,
+    OptionalStr,
+    PeerList,
+    PrincipalList,
+    Str,
+    TierConfigError,
+    fmt,
+    safe_repr,
+)
 
 __all__ = [
     "CROSS_FIELD_RULES",
@@ -54,370 +75,18 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------
-# errors
+# declaring a key: its kind and its text, kept in the field's metadata
 # --------------------------------------------------------------------------
 
-_NO_VALUE: Any = object()
-
-
-class TierConfigError(ValueError):
-    """A configuration value or combination of values is invalid.
-
-    ``keys`` names the offending key(s) (one key for a value error, two for a
-    cross-field rule, the unknown names for an unknown-key error).
-    """
-
-    def __init__(self, message: str, *, keys: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.keys = keys
-
-
-def _safe_repr(value: Any, limit: int = 120) -> str:
-    """``repr(value)`` that never raises and never floods a log line.
-
-    ``repr`` of a huge ``int`` raises ``ValueError`` (the 4300-digit
-    int-to-str limit) -- that must not replace our keyed error message.
-    """
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - any repr failure gets a stand-in
-        if isinstance(value, int):
-            return f"<int of {value.bit_length()} bits>"
-        return f"<unrepresentable {type(value).__name__}>"
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return text
-
-
-def _fail(key: str, value: Any, why: str) -> TierConfigError:
-    return TierConfigError(f"{key}={_safe_repr(value)}: {why}", keys=(key,))
-
-
-# --------------------------------------------------------------------------
-# value kinds: each knows how to convert, how to describe itself, and its unit
-# --------------------------------------------------------------------------
-
-# Decimal numbers only, ASCII digits only: no "nan"/"inf", no "0x10", no
-# "1_000", no Unicode digits.  Surrounding whitespace is stripped first.
-_NUMERIC_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
-_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
-_DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
-
-
-def _parse_number(key: str, value: Any) -> int | float | Decimal:
-    """Accept int, float or a decimal numeric string; reject everything else.
-
-    Strings become an exact ``Decimal`` so that range checks never overflow
-    (``"1e999"`` is compared, not converted).
-    """
-    if isinstance(value, bool):
-        raise _fail(key, value, "a bool is not accepted as a number (Python's bool is an int; write a number)")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value
-    if isinstance(value, str):
-        text = value.strip()
-        if not _NUMERIC_RE.fullmatch(text):
-            raise _fail(key, value, "not a decimal number")
-        return Decimal(text)
-    raise _fail(key, value, f"expected a number or numeric string, got {type(value).__name__}")
-
-
-_FLOAT_MAX_DEC = Decimal(sys.float_info.max)
-
-
-def _to_float(key: str, value: Any) -> float:
-    """The value as a float, correctly rounded; NaN and +-inf inputs rejected.
-
-    Ranges are then checked on the float, so that ``"0.001"`` equals the float
-    bound ``0.001`` (the exact decimal 0.001 is below that float).  A number
-    too large for a float (``10**400``, ``"1e999"``) becomes +-inf here and
-    fails the caller's range check as "above the maximum", never as an
-    ``OverflowError``; a positive number too small for a float (``"1e-999"``)
-    becomes the smallest positive float and fails as "below the minimum".
-    """
-    n = _parse_number(key, value)
-    if isinstance(n, float):
-        if math.isnan(n):
-            raise _fail(key, value, "NaN is not allowed")
-        if math.isinf(n):
-            raise _fail(key, value, "must be finite")
-        return n
-    if isinstance(n, int):
-        if abs(n) > sys.float_info.max:  # exact int/float comparison, no overflow
-            return math.inf if n > 0 else -math.inf
-        return float(n)
-    if n.copy_abs() > _FLOAT_MAX_DEC:
-        return math.inf if n > 0 else -math.inf
-    x = float(n)
-    if x == 0.0 and n > 0:
-        return math.ulp(0.0)
-    return x
-
-
-def _fmt(x: float | int) -> str:
-    return repr(x) if isinstance(x, float) else str(x)
-
-
-@attrs.frozen
-class _Float:
-    """A positive, finite real number within ``[lo, hi]`` (seconds)."""
-
-    lo: float
-    hi: float
-    unit: str = "s"
-
-    def convert(self, key: str, value: Any) -> float:
-        x = _to_float(key, value)
-        if x <= 0:
-            raise _fail(
-                key, value, f"must be > 0 (range {_fmt(self.lo)}..{_fmt(self.hi)} {self.unit})"
-            )
-        if x > self.hi:
-            raise _fail(key, value, f"above the maximum {_fmt(self.hi)} {self.unit}")
-        if x < self.lo:
-            raise _fail(key, value, f"below the minimum {_fmt(self.lo)} {self.unit}")
-        return x
-
-    def describe(self) -> str:
-        return (
-            f"number or numeric string, {_fmt(self.lo)} ≤ x ≤ {_fmt(self.hi)}; "
-            "bool, NaN, ±inf, ≤ 0 rejected"
-        )
-
-
-@attrs.frozen
-class _Int:
-    """An integer within ``[lo, hi]``."""
-
-    lo: int
-    hi: int
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> int:
-        n = _parse_number(key, value)
-        if isinstance(n, float) and not math.isfinite(n):
-            raise _fail(key, value, "must be a finite integer")
-        if n > self.hi:
-            raise _fail(key, value, f"above the maximum {self.hi}")
-        if n < self.lo:
-            raise _fail(key, value, f"below the minimum {self.lo}")
-        if isinstance(n, float):
-            if not n.is_integer():
-                raise _fail(key, value, "must be an integer (has a fractional part)")
-            return int(n)
-        if isinstance(n, Decimal):
-            if n != n.to_integral_value():
-                raise _fail(key, value, "must be an integer (has a fractional part)")
-            return int(n)
-        return n
-
-    def describe(self) -> str:
-        return (
-            f"integer or integral numeric string, {self.lo} ≤ n ≤ {self.hi}; "
-            "bool and fractional values rejected"
-        )
-
-
-@attrs.frozen
-class _Str:
-    """A string matching ``pattern`` (if given), at most ``max_len`` long."""
-
-    max_len: int
-    pattern: re.Pattern[str] | None = None
-    pattern_text: str = ""
-    allow_empty: bool = False
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> str:
-        if not isinstance(value, str):
-            raise _fail(key, value, f"expected a string, got {type(value).__name__}")
-        if not value and not self.allow_empty:
-            raise _fail(key, value, "must not be empty")
-        if len(value) > self.max_len:
-            raise _fail(key, value, f"longer than {self.max_len} characters")
-        if value and self.pattern is not None and not self.pattern.fullmatch(value):
-            raise _fail(key, value, f"must be {self.pattern_text}")
-        return value
-
-    def describe(self) -> str:
-        text = "string" if self.allow_empty else "non-empty string"
-        if self.pattern_text:
-            text += f", {self.pattern_text}"
-        return f"{text}, ≤ {self.max_len} chars"
-
-
-@attrs.frozen
-class _Choice:
-    """Exactly one of ``choices`` (case-sensitive)."""
-
-    choices: tuple[str, ...]
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> str:
-        if isinstance(value, str) and value in self.choices:
-            return value
-        hint = ""
-        if isinstance(value, str):
-            close = difflib.get_close_matches(value, self.choices, n=1, cutoff=0.5)
-            if close:
-                hint = f"; did you mean {close[0]!r}?"
-        allowed = ", ".join(repr(c) for c in self.choices)
-        raise _fail(key, value, f"must be one of {allowed}{hint}")
-
-    def describe(self) -> str:
-        return "one of " + ", ".join(f"`{c}`" for c in self.choices)
-
-
-@attrs.frozen
-class _Bool:
-    """A real ``bool`` only."""
-
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> bool:
-        if isinstance(value, bool):  # bool cannot be subclassed
-            return value
-        raise _fail(key, value, "expected true or false (a real bool; 0/1 and strings are rejected)")
-
-    def describe(self) -> str:
-        return "`true` or `false` only (no 0/1, no strings)"
-
-
-@attrs.frozen
-class _OptionalStr:
-    """``None`` or a string; accepted for vLLM compatibility and otherwise ignored."""
-
-    max_len: int = 64
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> str | None:
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise _fail(key, value, f"expected a string or null, got {type(value).__name__}")
-        if len(value) > self.max_len:
-            raise _fail(key, value, f"longer than {self.max_len} characters")
-        return value
-
-    def describe(self) -> str:
-        return "string or `null`; accepted and ignored"
-
-
-@attrs.frozen
-class _MustBeNone:
-    """Only ``None`` (i.e. absent) is valid; ``why`` explains the refusal."""
-
-    why: str
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> None:
-        if value is None:
-            return None
-        raise _fail(key, value, self.why)
-
-    def describe(self) -> str:
-        return "absent (or null through the Python API); any other value is rejected"
-
-
-@attrs.frozen
-class _OptionalInt:
-    """``None`` (off) or an integer within ``[lo, hi]`` (same conversion as :class:`_Int`)."""
-
-    lo: int
-    hi: int
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> int | None:
-        if value is None:
-            return None
-        return _Int(self.lo, self.hi).convert(key, value)
-
-    def describe(self) -> str:
-        return f"`null` (off), or an integer or integral numeric string, {self.lo} ≤ n ≤ {self.hi}"
-
-
-class _PeerList:
-    """A JSON list of ``allowed_peers`` entries (see :class:`kvtier.params.PeerPolicy`)."""
-
-    max_items: int = 4096
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> tuple[str, ...]:
-        from kvtier.params import PeerPolicy
-
-        if not isinstance(value, (list, tuple)):
-            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
-        if not value:
-            raise _fail(key, value, 'must not be empty (use ["*"] for any peer)')
-        if len(value) > self.max_items:
-            raise _fail(key, value, f"more than {self.max_items} entries")
-        try:
-            PeerPolicy.from_entries(value)
-        except ValueError as exc:
-            raise _fail(key, value, str(exc)) from None
-        return tuple(e.strip() for e in value)
-
-    def describe(self) -> str:
-        return 'list of `"*"`, `"host:port"`, `"host"` or CIDR (`"10.0.0.0/8"`), non-empty'
-
-
-class _NameList:
-    """A non-empty JSON list of distinct names (``[A-Za-z0-9_]``, at most 64 characters each)."""
-
-    max_items: int = 16
-    unit: str = ""
-    _NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
-
-    def convert(self, key: str, value: Any) -> tuple[str, ...]:
-        if not isinstance(value, (list, tuple)):
-            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
-        if not value or len(value) > self.max_items:
-            raise _fail(key, value, f"must list 1..{self.max_items} names")
-        for v in value:
-            if not isinstance(v, str) or not self._NAME.fullmatch(v):
-                raise _fail(key, value, f"{_safe_repr(v, 40)} is not a name of 1..64 [A-Za-z0-9_] characters")
-        if len(set(value)) != len(value):
-            raise _fail(key, value, "names a backend twice")
-        return tuple(value)
-
-    def describe(self) -> str:
-        return f"list of 1..{self.max_items} distinct names (`[A-Za-z0-9_]`, ≤ 64 chars)"
-
-
-class _PrincipalList:
-    """A non-empty JSON list of principals (certificate stems, docs/security.md) or ``["*"]``."""
-
-    max_items: int = 4096
-    unit: str = ""
-    _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-    def convert(self, key: str, value: Any) -> tuple[str, ...]:
-        if not isinstance(value, (list, tuple)):
-            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
-        if not value or len(value) > self.max_items:
-            raise _fail(key, value, f'must list 1..{self.max_items} principals (["*"]: any authenticated peer)')
-        for v in value:
-            if not isinstance(v, str) or not (v == "*" or self._NAME.fullmatch(v)):
-                raise _fail(key, value, f"{_safe_repr(v, 40)} is neither \"*\" nor a principal name")
-        return tuple(value)
-
-    def describe(self) -> str:
-        return 'list of principal names (certificate stems) or `["*"]`, non-empty'
-
-
-_Kind = (_Float | _Int | _Str | _Choice | _Bool | _OptionalStr | _OptionalInt | _MustBeNone | _PeerList | _NameList
-         | _PrincipalList)
 _KIND = "kvtier.kind"
 _DOC = "kvtier.doc"
 
 MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
 MIN_DURATION_S = 0.001  # 1 ms: finer than any poll tick; denormals like 1e-320 are typos
-_TIMEOUT = _Float(MIN_DURATION_S, MAX_TIMEOUT_S)
+_TIMEOUT = Float(MIN_DURATION_S, MAX_TIMEOUT_S)
 
 
-def _field(kind: _Kind, default: Any, *, doc: str) -> Any:
+def _field(kind: Kind, default: Any, *, doc: str) -> Any:
     """An attrs field whose converter is ``kind.convert`` (defaults are converted too); ``kind``
     (validation and unit) and ``doc`` (what the key means, whitespace folded) are kept in the
     field's metadata, where :func:`config_table` reads them."""
@@ -458,35 +127,35 @@ class TierConfig:
     """
 
     # ---- vLLM secondary_tiers[] entry keys --------------------------------
-    type: str = _field(_Str(128, _IDENT_RE, "a Python identifier"), "KvTierSecondaryTier", doc="""
+    type: str = _field(Str(128, IDENT_RE, "a Python identifier"), "KvTierSecondaryTier", doc="""
         Class name vLLM's SecondaryTierFactory loads from ``module_path``.
         vLLM pops it and passes it to the tier as ``tier_type``; it is also the
         tier's metrics label.""")
 
     module_path: str = _field(
-        _Str(256, _DOTTED_RE, "a dotted module path"), "kvtier.integrations.vllm", doc="""
+        Str(256, DOTTED_RE, "a dotted module path"), "kvtier.integrations.vllm", doc="""
         Python module that holds ``type``. vLLM pops it before calling the tier.""")
 
     host: str = _field(
-        _Str(255, re.compile(r"[^\s/]+"), "an address without whitespace or '/'"), "127.0.0.1", doc="""
+        Str(255, re.compile(r"[^\s/]+"), "an address without whitespace or '/'"), "127.0.0.1", doc="""
         Address the producer's listener binds to. Consumers dial the producer at
         the ``remote_host``/``remote_port`` carried in ``kv_transfer_params``, so
         set this to an address they can reach (``0.0.0.0`` binds every interface).""")
 
-    port: int = _field(_Int(0, 65535), 0, doc="""
+    port: int = _field(Int(0, 65535), 0, doc="""
         TCP port of the producer's listener; 0 picks a free ephemeral port
         (read the bound address back from the tier).""")
 
-    metrics_port: int | None = _field(_OptionalInt(0, 65535), None, doc="""
+    metrics_port: int | None = _field(OptionalInt(0, 65535), None, doc="""
         TCP port of the Prometheus endpoint (``GET /metrics``, docs/metrics.md),
         bound on ``host``; ``null`` serves none, 0 picks a free ephemeral port.
         Under vLLM data parallelism the engine's ``data_parallel_index`` is added,
         as for ``port``.""")
 
-    locality: str | None = _field(_OptionalStr(), None, doc="""
+    locality: str | None = _field(OptionalStr(), None, doc="""
         Accepted for vLLM compatibility (its factory forwards it) and ignored.""")
 
-    backpressure: None = _field(_MustBeNone(_BACKPRESSURE_WHY), None, doc="""
+    backpressure: None = _field(MustBeNone(_BACKPRESSURE_WHY), None, doc="""
         Must be absent: kvtier does its own flow control. Omit the key entirely;
         under vLLM even ``"backpressure": null`` is turned into ``{}`` by the spec
         and refused by vLLM's factory before kvtier sees it.""")
@@ -497,7 +166,7 @@ class TierConfig:
         fetched yet stay parked (pinned) before they are reaped and the id is
         tombstoned.""")
 
-    park_clock: str = _field(_Choice(("last_store", "first_store")), "last_store", doc="""
+    park_clock: str = _field(Choice(("last_store", "first_store")), "last_store", doc="""
         Which store starts the reap clock of a parked id: ``last_store`` (every
         store restarts it, so a long prefill is not reaped mid-way) or
         ``first_store`` (vLLM p2p behaviour: the first store decides).""")
@@ -506,7 +175,7 @@ class TierConfig:
         How long a reaped or finished ``kv_request_id`` is remembered, so a late
         fetch for it is refused at once instead of waiting for blocks.""")
 
-    tombstone_max: int = _field(_Int(1, 4_194_304, "ids"), 65_536, doc="""
+    tombstone_max: int = _field(Int(1, 4_194_304, "ids"), 65_536, doc="""
         Count cap on remembered (done or tombstoned) ids; the oldest are
         forgotten first when it is reached.""")
 
@@ -548,57 +217,57 @@ class TierConfig:
         listens at the address) fails them at once (``connect_refused``). The session's
         ``handshake_timeout_s`` still bounds the whole dial.""")
 
-    heartbeat_interval_s: float = _field(_Float(MIN_DURATION_S, 3600.0), 1.0, doc="""
+    heartbeat_interval_s: float = _field(Float(MIN_DURATION_S, 3600.0), 1.0, doc="""
         Interval between pings on an otherwise idle session.""")
 
     peer_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
         Silence longer than this marks the peer lost; its requests fail. A
         connection that closes or resets ends its session at once.""")
 
-    shutdown_grace_s: float = _field(_Float(MIN_DURATION_S, 600.0), 3.0, doc="""
+    shutdown_grace_s: float = _field(Float(MIN_DURATION_S, 600.0), 3.0, doc="""
         How long ``shutdown()`` lets transfers and loads in flight finish and
         the goodbyes flush before it gives up on them; shutdown returns within
         this time (plus a few milliseconds) even when a peer is wedged.""")
 
     # ---- limits -------------------------------------------------------------
-    max_peers: int = _field(_Int(1, 4096, "peers"), 128, doc="""
+    max_peers: int = _field(Int(1, 4096, "peers"), 128, doc="""
         Maximum concurrent sessions (inbound and outbound together).""")
 
-    max_blocks_per_fetch: int = _field(_Int(1, 1_048_576, "blocks"), 65_536, doc="""
+    max_blocks_per_fetch: int = _field(Int(1, 1_048_576, "blocks"), 65_536, doc="""
         Maximum number of keys in one fetch.""")
 
-    max_pending_fetches_per_peer: int = _field(_Int(1, 1_048_576, "fetches"), 1024, doc="""
+    max_pending_fetches_per_peer: int = _field(Int(1, 1_048_576, "fetches"), 1024, doc="""
         Maximum fetches one peer may have outstanding; more are refused.""")
 
-    max_message_bytes: int = _field(_Int(4096, 268_435_456, "bytes"), 1_048_576, doc="""
+    max_message_bytes: int = _field(Int(4096, 268_435_456, "bytes"), 1_048_576, doc="""
         Largest control-message header accepted (1 MiB by default); bigger
         messages are answered with an error and dropped.""")
 
-    hash_seed: str = _field(_Str(1024, allow_empty=True), "", doc="""
+    hash_seed: str = _field(Str(1024, allow_empty=True), "", doc="""
         Block-hash seed advertised in the handshake; both sides must agree, or
         the session is refused. Empty means "not set".""")
 
     # ---- data path ----------------------------------------------------------
-    data_plane: str = _field(_Choice(("zmq", "nixl")), "zmq", doc="""
+    data_plane: str = _field(Choice(("zmq", "nixl")), "zmq", doc="""
         How block bytes travel: ``zmq`` (payload frames on the control
         connection; no extra dependency) or ``nixl`` (one-sided WRITEs through
         NIXL/UCX: shared-memory copies (CMA) on one host, RDMA across hosts;
         ~1.9x the zmq plane's throughput on one host, docs/dataplane.md). Both peers must
         use the same plane (checked in the handshake).""")
 
-    backends: tuple[str, ...] = _field(_NameList(), ("UCX",), doc="""
+    backends: tuple[str, ...] = _field(NameList(), ("UCX",), doc="""
         ``data_plane="nixl"`` only: the NIXL backend plugins to create, by NIXL's names, as
         vLLM's ``p2p`` tier takes them (``["UCX"]``; ``UCX_*`` environment variables tune UCX, see
         docs/dataplane.md). A plugin missing here fails the start with its name.""")
 
-    nixl_progress_interval_s: float = _field(_Float(0.0001, 0.05), 0.001, doc="""
+    nixl_progress_interval_s: float = _field(Float(0.0001, 0.05), 0.001, doc="""
         ``data_plane="nixl"`` only: the longest the manager waits between two calls into NIXL
         while a peer may be writing into its pool or a WRITE of its own is in flight. Over UCX tcp a
         WRITE into this pool advances only during those calls (over CMA and RDMA it needs none), so
         this bounds a small WRITE's latency; NIXL's own progress thread is not used (it spins ~80 %
         of a core when idle).""")
 
-    integrity: str = _field(_Choice(("xxh3_64", "none")), "xxh3_64", doc="""
+    integrity: str = _field(Choice(("xxh3_64", "none")), "xxh3_64", doc="""
         Per-block digest taken when blocks are parked and checked by the
         consumer as they land; a mismatch fails the load (``corrupt``) instead of
         reporting bytes that are not the parked ones. ``none`` turns the check
@@ -606,7 +275,7 @@ class TierConfig:
         both planes: it costs ~2 % of the zmq plane's throughput and ~13-15 % of
         the NIXL plane's (P1, docs/decisions.md I12).""")
 
-    digest_threads: int | None = _field(_OptionalInt(0, 256), None, doc="""
+    digest_threads: int | None = _field(OptionalInt(0, 256), None, doc="""
         Threads that take the digests of large stores and check (zmq: copy and check) large
         landings, off the thread that calls the manager and outside its lock: ``null`` (the
         default) sizes the pool from the machine (the CPUs this process may use, capped by a
@@ -614,38 +283,38 @@ class TierConfig:
         engine's thread then pays per byte stored). Small stores (≤ 64 KiB) and landings (≤ 1 MiB)
         are always done on the calling thread. Unused with ``integrity="none"`` (decision I14).""")
 
-    instance: str = _field(_Str(128, allow_empty=True), "", doc="""
+    instance: str = _field(Str(128, allow_empty=True), "", doc="""
         Name this manager gives itself in handshakes. Sessions to one instance
         share fate: when one dies, new loads to its siblings fail fast
         (``instance_down``) until one is heard again (B11). Give every rank of one
         producer pod the same value; empty: a random name per manager.""")
 
     # ---- security (docs/security.md) -----------------------------------------
-    auth: str = _field(_Choice(("none", "curve")), "none", doc="""
+    auth: str = _field(Choice(("none", "curve")), "none", doc="""
         ``curve``: every connection is authenticated and encrypted with libzmq CURVE, and only
         peers whose public certificate is in ``auth_allowed_keys_dir`` get in. ``none``: plain TCP,
         anyone who can reach ``host:port`` can talk to this tier (a loud warning is logged when
         ``host`` is not a loopback address).""")
 
-    auth_secret_key_file: str = _field(_Str(4096, re.compile(r"[^\x00]+"), "a file path", allow_empty=True), "", doc="""
+    auth_secret_key_file: str = _field(Str(4096, re.compile(r"[^\x00]+"), "a file path", allow_empty=True), "", doc="""
         This instance's secret certificate (``NAME.key_secret`` from ``kvtier keys generate``).
         Required with ``auth=curve``, refused without it; ``NAME`` is this instance's principal.""")
 
     auth_allowed_keys_dir: str = _field(
-        _Str(4096, re.compile(r"[^\x00]+"), "a directory path", allow_empty=True), "", doc="""
+        Str(4096, re.compile(r"[^\x00]+"), "a directory path", allow_empty=True), "", doc="""
         Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem
         is that peer's principal. A producer's certificate lists its ``endpoints`` in its metadata,
         which is how a consumer knows the key to expect before it dials. Required with
         ``auth=curve``, refused without it.""")
 
-    allowed_peers: tuple[str, ...] = _field(_PeerList(), ("*",), doc="""
+    allowed_peers: tuple[str, ...] = _field(PeerList(), ("*",), doc="""
         Producer endpoints this tier may dial when a request's ``kv_transfer_params`` name them:
         ``"host:port"``, ``"host"`` (any port), a CIDR network, or ``"*"`` (any: the default, for
         compatibility; set it in production, see docs/security.md). A request naming another
         endpoint is refused before any socket exists: lookup says MISS and the engine recomputes.""")
 
     # ---- the symmetric path (remote_kv_source; docs/integrations/vllm.md, decisions Y1-Y16) ------
-    serve_external: bool = _field(_Bool(), False, doc="""
+    serve_external: bool = _field(Bool(), False, doc="""
         Answer peers' probes from this engine's own tiers (the producer side of the symmetric
         path): a peer's request with ``remote_kv_source`` naming this tier fetches whatever prefix
         blocks this engine holds. Off by default: a probe tells the peer whether a prompt was
@@ -653,7 +322,7 @@ class TierConfig:
         share their caches (with ``auth="curve"`` and ``serve_allowed_principals`` across
         tenants). Consumers probe whether or not this is on.""")
 
-    serve_allowed_principals: tuple[str, ...] = _field(_PrincipalList(), ("*",), doc="""
+    serve_allowed_principals: tuple[str, ...] = _field(PrincipalList(), ("*",), doc="""
         With ``serve_external``: the authenticated principals (``auth="curve"`` certificate stems)
         whose probes are answered; others are refused ``not_serving``. ``["*"]``: every peer
         allowed to connect. Anything but ``["*"]`` needs ``auth="curve"`` (without authentication
@@ -673,27 +342,27 @@ class TierConfig:
         How long a producer keeps blocks pinned for a peer's round that was answered but not
         fetched; then the pins are released and the peer told ``offer_expired``.""")
 
-    serve_max_rounds_per_peer: int = _field(_Int(1, 1_048_576, "rounds"), 256, doc="""
+    serve_max_rounds_per_peer: int = _field(Int(1, 1_048_576, "rounds"), 256, doc="""
         Live symmetric rounds one peer may have on this producer; more probes are refused
         ``serve_busy``.""")
 
-    serve_max_probes_per_round: int = _field(_Int(1, 1024, "probes"), 8, doc="""
+    serve_max_probes_per_round: int = _field(Int(1, 1024, "probes"), 8, doc="""
         Probes one round may carry (a round grows by the keys an engine step looks up); more end
         the round ``serve_busy``.""")
 
-    serve_max_pinned_blocks_per_peer: int = _field(_Int(1, 1 << 30, "blocks"), 16384, doc="""
+    serve_max_pinned_blocks_per_peer: int = _field(Int(1, 1 << 30, "blocks"), 16384, doc="""
         Engine blocks one peer's rounds may keep pinned together; a probe that could exceed it is
         refused ``serve_busy``.""")
 
-    serve_max_pinned_fraction: float = _field(_Float(0.001, 1.0, unit=""), 0.5, doc="""
+    serve_max_pinned_fraction: float = _field(Float(0.001, 1.0, unit=""), 0.5, doc="""
         Fraction of the block pool all peers' rounds may keep pinned together, so the engine keeps
         room to compute.""")
 
     # ---- polling ------------------------------------------------------------
-    poll_interval_s: float = _field(_Float(0.0001, 1.0), 0.001, doc="""
+    poll_interval_s: float = _field(Float(0.0001, 1.0), 0.001, doc="""
         Cadence of the background poll thread (when ``background_poll``).""")
 
-    background_poll: bool = _field(_Bool(), False, doc="""
+    background_poll: bool = _field(Bool(), False, doc="""
         Run a background thread that polls the transport every
         ``poll_interval_s``; when false, kvtier is driven only by the engine's
         calls.""")
@@ -741,13 +410,13 @@ class TierConfig:
         if not isinstance(mapping, Mapping):
             raise TierConfigError(
                 f"kvtier tier config must be a mapping (a JSON object), got "
-                f"{type(mapping).__name__}: {_safe_repr(mapping)}"
+                f"{type(mapping).__name__}: {safe_repr(mapping)}"
             )
         known = _KEYS
         bad_type = [k for k in mapping if not isinstance(k, str)]
         if bad_type:
             raise TierConfigError(
-                f"kvtier tier config keys must be strings, got {_safe_repr(bad_type)}"
+                f"kvtier tier config keys must be strings, got {safe_repr(bad_type)}"
             )
         unknown = [k for k in mapping if k not in known]
         if unknown:
@@ -803,7 +472,7 @@ class CrossFieldRule(NamedTuple):
     why: str
 
     def text(self) -> str:
-        rhs = self.rhs if self.factor == 1 else f"{_fmt(self.factor)} * {self.rhs}"
+        rhs = self.rhs if self.factor == 1 else f"{fmt(self.factor)} * {self.rhs}"
         return f"{self.lhs} {self.op} {rhs}"
 
     def check(self, cfg: TierConfig) -> None:
@@ -812,7 +481,7 @@ class CrossFieldRule(NamedTuple):
         ok = _OPS[self.op](a, self.factor * b)
         if not ok:
             raise TierConfigError(
-                f"{self.lhs}={_safe_repr(a)} and {self.rhs}={_safe_repr(b)} violate "
+                f"{self.lhs}={safe_repr(a)} and {self.rhs}={safe_repr(b)} violate "
                 f"{self.text()}: {self.why}",
                 keys=(self.lhs, self.rhs),
             )
@@ -874,6 +543,6 @@ def config_table() -> list[ConfigRow]:
     """One ``ConfigRow`` per key, in declaration order."""
     rows = []
     for a in attrs.fields(TierConfig):
-        kind: _Kind = a.metadata[_KIND]
+        kind: Kind = a.metadata[_KIND]
         rows.append(ConfigRow(a.name, a.default, kind.unit, a.metadata[_DOC], kind.describe()))
     return rows

@@ -250,5 +250,6 @@ class Transport(Protocol):
         ...
 
 
-# Imported last: zmq_transport imports the names above from this package.
+# Imported last: zmq_transport (and the zmq_* modules it is built from) import the names above
+# from this package.
 from kvtier.transport.zmq_transport import ZmqTransport  # noqa: E402

@@ -1,0 +1,339 @@
+"""The connections of a ZmqTransport: which TCP connection each peer id speaks for, what its socket
+monitors report, and cutting one connection.
+
+Connection events (:meth:`ZmqTransport.events`): every socket has a libzmq *socket monitor*
+(an inproc PAIR we read). For the ROUTER, the monitor reports ``ACCEPTED``/``DISCONNECTED`` with
+the connection's file descriptor, and every received message carries the fd it came in on
+(``zmq.SRCFD``); joining the two maps a TCP connection to the routing id (peer id) it speaks
+for. (``ZMQ_ROUTER_NOTIFY`` would do this directly but is a draft option this libzmq lacks.)
+``SRCFD`` is an fd *number*, and a ROUTER keeps a closed connection's unread messages: they may
+be read after the number was taken by a newer connection (a reader that fell behind: a stall,
+SIGSTOP, a long engine step).  So records are made only from ``EVENT_ACCEPTED``, never from a
+message, and a routing id binds to a connection **once**, by the first message ever read from
+it: a message from a routing id that was bound before (its connection closed, or it is bound to
+another fd) is a leftover of that connection — delivered, but it changes no record.  A first
+message from a connection that closed before anything of it was read is delivered followed by
+its ``PeerClosed`` (a leftover ``hello`` must not open a session nothing will ever end).
+Residual, accepted: the *first* message of an old connection read after its fd number was
+reused and before the new connection's first message binds the new record to the old id; the
+record is then marked ambiguous and never shut down on anyone's behalf (decision T10).
+
+:meth:`ZmqTransport.drop_peer` cuts one peer that dialled us: ``shutdown(SHUT_RDWR)`` on a
+``dup`` of its fd (a ROUTER has no per-peer close). The dup pins the open socket, and its
+``getpeername()`` is compared with the one recorded at accept time first, so a number that
+libzmq closed and reused meanwhile is never shut down. Residual race, accepted: if the peer's
+connection closed and *the same remote ip:port* reconnected onto the *same fd number* between
+our last monitor drain and the dup, the new connection of that same remote endpoint is cut.
+
+:class:`ZmqConnections` is a base of :class:`~kvtier.transport.zmq_transport.ZmqTransport`; the
+state it works on is made by ``ZmqTransport.__init__``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+import zmq
+
+from kvtier.transport import CloseReason, PeerClosed, SendFailure, TransportEvent
+
+#: peer ids of the peers that dialled us: this prefix and their routing id in hex
+IN_PREFIX = "in:"
+# Plain ints for the per-message socket calls: pyzmq turns an enum member into its option/flag
+# enum on every call (~0.6 µs each; a request makes dozens of them on each side).
+EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+# CONNECTED and CLOSED: a CLOSED before the dial's first CONNECTED is a connect attempt that
+# failed (refused, unreachable, or ZMQ_CONNECT_TIMEOUT); reported only for fail_fast dials.
+DEALER_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+# What a failed handshake to a producer most likely means, for the operator (the session itself
+# ends as peer_disconnected on the DISCONNECTED that follows).  libzmq reports a key problem as
+# AUTH or NO_DETAIL depending on timing, so both get the one text naming both places to check.
+_KEY_PROBLEM = ("the CURVE handshake failed: either it does not accept our key (is our public certificate in its "
+                "auth_allowed_keys_dir?) or the key we hold for it (the certificate in our auth_allowed_keys_dir that "
+                "names this endpoint) is not its key, or it does not run auth='curve'")
+_HANDSHAKE_FAILED = {
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): _KEY_PROBLEM,
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): _KEY_PROBLEM,
+    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): "it does not speak our ZMTP/CURVE (a plain-TCP or other service?)",
+}
+log = logging.getLogger("kvtier.transport")
+_MON_HEADER = struct.Struct("=HI")  # libzmq monitor frame 0: event id (u16), value (u32)
+
+
+def _peername(fd: int) -> str:
+    """``ip:port`` of the remote end of socket ``fd`` ("" if it is not a connected socket)."""
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return ""
+    try:
+        return _fmt_sockaddr(s.getpeername())
+    except OSError:
+        return ""
+    finally:
+        s.close()
+
+
+def _fmt_sockaddr(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(addr)
+
+
+class Conn:
+    """One TCP connection accepted by the ROUTER, keyed by its fd."""
+
+    __slots__ = ("fd", "peername", "accepted", "rid", "principal", "dropped", "ambiguous")
+
+    def __init__(self, fd: int, peername: str, accepted: float) -> None:
+        self.fd = fd
+        self.peername = peername
+        self.accepted = accepted
+        self.rid: bytes | None = None
+        self.principal: str | None = None
+        self.dropped = False
+        self.ambiguous = False  # two never-seen routing ids spoke first on this fd number
+
+
+#: Routing ids whose connection closed, remembered (oldest forgotten first) so that their
+#: leftover messages never bind a newer connection that reused the fd number.
+_MAX_SPENT = 65536
+
+
+class ZmqConnections:
+    """The connection records and monitors of :class:`~kvtier.transport.zmq_transport.ZmqTransport`."""
+
+    # -- monitors and connection events -----------------------------------------------------
+
+    def events(self) -> list[TransportEvent]:
+        """Connection events since the last call, oldest first. Never blocks.
+
+        Returns:
+            :class:`~kvtier.transport.PeerClosed` records: one per connection of a known peer
+            that closed or reset (``disconnected``), was cut by :meth:`drop_peer`
+            (``dropped``). A connection that never delivered a message has no peer id and is
+            reported by nothing (see :attr:`idle_dropped`). ``[]`` after ``close()``.
+        """
+        if self._closed:
+            return []
+        self._service()
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    def _service(self) -> None:
+        """Housekeeping on every poll path: read monitor events, cut idle connections, and make
+        the ROUTER process its commands (a pipe closed by a shutdown releases its queued
+        zero-copy frames only when the socket does)."""
+        self._drain_router_monitor()
+        for address in list(self._dealer_mons):
+            self._drain_dealer_monitor(address)
+        if self._idle_timeout_s is not None and self._unbound:
+            self._cut_idle()
+        try:
+            self._router.get(EVENTS)
+        except zmq.ZMQError:  # pragma: no cover
+            pass
+
+    def _monitor(self, sock: zmq.Socket, events: int) -> zmq.Socket:
+        """A PAIR that receives ``sock``'s monitor events. Unbounded on our side, so a flood of
+        connections cannot make libzmq drop (and us miss) a ``DISCONNECTED``."""
+        self._mon_n += 1
+        addr = f"inproc://kvtier-mon-{id(self):x}-{self._mon_n}"
+        sock.monitor(addr, events)
+        mon = self._ctx.socket(zmq.PAIR)
+        try:
+            mon.setsockopt(zmq.LINGER, 0)
+            mon.setsockopt(zmq.RCVHWM, 0)
+            mon.connect(addr)
+        except BaseException:
+            mon.close(linger=0)
+            raise
+        return mon
+
+    @staticmethod
+    def _monitor_events(mon: zmq.Socket) -> list[tuple[int, int]]:
+        """``(event, value)`` pairs waiting on a monitor PAIR, without blocking."""
+        out = []
+        while True:
+            try:
+                if not mon.get(EVENTS) & POLLIN:
+                    return out
+                frames = mon.recv_multipart(NOBLOCK)
+            except zmq.ZMQError:
+                return out
+            out.append(_MON_HEADER.unpack_from(frames[0]))
+
+    def _drain_router_monitor(self) -> None:
+        for event, fd in self._monitor_events(self._rmon):
+            if event == zmq.EVENT_ACCEPTED:
+                self._conn_closed(fd)  # a missed close of an older connection on this fd
+                conn = self._conns[fd] = Conn(fd, _peername(fd), time.monotonic())
+                self._unbound[fd] = conn
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self._conn_closed(fd)
+
+    def _conn_closed(self, fd: int) -> None:
+        conn = self._conns.pop(fd, None)
+        self._unbound.pop(fd, None)
+        if conn is None or conn.rid is None or self._rid_fd.get(conn.rid) != fd:
+            return
+        del self._rid_fd[conn.rid]
+        self._spend(conn.rid)
+        peer = IN_PREFIX + conn.rid.hex()
+        self._fail_queue(peer, SendFailure.UNREACHABLE, "connection closed")
+        reason = CloseReason.DROPPED if conn.dropped else CloseReason.DISCONNECTED
+        self._events.append(PeerClosed(peer, reason))
+
+    def _drain_dealer_monitor(self, address: str) -> None:
+        for event, _ in self._monitor_events(self._dealer_mons[address]):
+            if event == zmq.EVENT_CONNECTED:
+                self._dialling.pop(address, None)
+            elif event == zmq.EVENT_CLOSED:
+                since = self._dialling.pop(address, None)
+                if since is not None:  # a fail_fast dial that never connected: the dial failed
+                    timed_out = self._connect_timeout_ms and (
+                        time.monotonic() - since) * 1000 >= 0.9 * self._connect_timeout_ms
+                    self._events.append(PeerClosed(address, CloseReason.CONNECT_TIMEOUT if timed_out
+                                                   else CloseReason.REFUSED))
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._events.append(PeerClosed(address, CloseReason.DISCONNECTED))
+            elif event in _HANDSHAKE_FAILED and (address, event) not in self.handshake_failures:
+                # once per producer and text: libzmq retries the connect and fails the same way,
+                # and each failed load may dial again (bounded: addresses come from requests)
+                if len(self.handshake_failures) >= 4096:
+                    self.handshake_failures.clear()
+                text = _HANDSHAKE_FAILED[event]
+                said = any(_HANDSHAKE_FAILED[e] == text for a, e in self.handshake_failures if a == address)
+                self.handshake_failures.add((address, event))
+                if not said:
+                    log.warning("kvtier: handshake with producer %s failed: %s", address, text)
+
+    # -- binding routing ids to connections -------------------------------------------------
+
+    def _from_connection(self, frame: zmq.Frame, rid: bytes) -> bool:
+        """Bind ``rid`` to the connection (fd) ``frame`` came in on, the first time it speaks.
+        False: drop the message (it comes from a connection we dropped).  See the module
+        docstring for why a routing id binds once and leftovers change nothing."""
+        try:
+            fd = frame.get(zmq.SRCFD)
+        except zmq.ZMQError:  # pragma: no cover - every TCP frame has a source fd
+            return True
+        conn = self._conns.get(fd)
+        if conn is not None and conn.rid == rid:
+            return not conn.dropped
+        # The monitor may not have told us about this fd (or its reuse) yet; it has by now.
+        self._drain_router_monitor()
+        conn = self._conns.get(fd)
+        if conn is not None and conn.rid == rid:
+            return not conn.dropped
+        if rid in self._rid_fd or rid in self._spent:
+            # a leftover of a connection that closed (or is bound to another fd): deliver it
+            # unless that connection was dropped by us; it changes no record
+            own = self._conns.get(self._rid_fd.get(rid, -1))
+            return not (own is not None and own.dropped)
+        if conn is None or conn.rid is not None:
+            self._spend(rid)
+            if conn is None:
+                # its connection closed before anything of it was read: nothing will report
+                # that close, so report it after this message
+                self._events.append(PeerClosed(IN_PREFIX + rid.hex(), CloseReason.DISCONNECTED))
+            else:
+                conn.ambiguous = True  # which of the two ids is the live one is unknown
+            return True
+        if conn.dropped:
+            return False
+        conn.rid = rid
+        self._unbound.pop(fd, None)
+        self._rid_fd[rid] = fd
+        if self._curve is not None:
+            try:
+                conn.principal = frame.get("User-Id")
+            except zmq.ZMQError:  # pragma: no cover - libzmq sets it after ZAP
+                conn.principal = None
+        return True
+
+    def _spend(self, rid: bytes) -> None:
+        self._spent[rid] = None
+        if len(self._spent) > _MAX_SPENT:
+            del self._spent[next(iter(self._spent))]
+
+    # -- cutting connections ----------------------------------------------------------------
+
+    def _cut_idle(self) -> None:
+        cutoff = time.monotonic() - self._idle_timeout_s  # type: ignore[operator]
+        for fd, conn in list(self._unbound.items()):
+            if conn.accepted > cutoff:
+                break  # accept order: the rest are younger
+            del self._unbound[fd]
+            if self._shutdown_conn(conn):
+                conn.dropped = True
+                self.idle_dropped += 1
+
+    def _shutdown_conn(self, conn: Conn) -> bool:
+        """``shutdown(SHUT_RDWR)`` the connection behind ``conn.fd`` if it is still the one we
+        recorded (same remote ip:port on a dup of the fd). libzmq then sees the close, ends
+        the pipe and frees what was queued to it.  Never for an ambiguous record."""
+        if conn.ambiguous:
+            return False
+        try:
+            dup = socket.socket(fileno=os.dup(conn.fd))
+        except OSError:
+            return False
+        try:
+            if not conn.peername or _fmt_sockaddr(dup.getpeername()) != conn.peername:
+                return False  # the fd was closed (and maybe reused): not our connection any more
+            dup.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+        finally:
+            dup.close()
+
+    def drop_peer(self, peer: str) -> bool:
+        """Force the connection to ``peer`` closed, now.
+
+        - A peer that dialled us: its TCP connection is shut down (see the module docstring).
+          libzmq then frees everything queued to it, so zero-copy handles become ``done``
+          within a poll or two, and messages it still had in flight to us are discarded. A
+          :class:`~kvtier.transport.PeerClosed` (``dropped``) follows when libzmq reports the
+          close. The peer may dial again; that is a new connection.
+        - A producer we dialled: its DEALER is closed (``linger=0``) and a ``PeerClosed``
+          (``dropped``) is reported at once. ``connect()`` dials it afresh.
+
+        Our queued sends to ``peer`` fail with ``disconnected``; later sends fail too.
+
+        Returns:
+            True if a connection was cut; False if ``peer`` is unknown or already gone.
+        """
+        if self._closed:
+            return False
+        self._fail_queue(peer, SendFailure.DISCONNECTED)
+        if peer in self._dealers:
+            self._close_dealer(peer)
+            self._events.append(PeerClosed(peer, CloseReason.DROPPED))
+            return True
+        target = self._resolve(peer)
+        if target is None or target[1] is None:
+            return False
+        self._drain_router_monitor()
+        fd = self._rid_fd.get(target[1])
+        if fd is None:
+            return False
+        conn = self._conns[fd]
+        if conn.dropped:
+            return True
+        if not self._shutdown_conn(conn):
+            return False
+        conn.dropped = True
+        self._service()
+        return True

@@ -1,0 +1,230 @@
+"""The receiving side of a ZmqTransport: reading messages round-robin (one socket cannot starve
+the others), the one-pass ``service`` of what the poller reports, and ``wait``, which blocks
+until a message or a connection event is ready while it keeps queued sends moving.
+
+:class:`ZmqReceive` is a base of :class:`~kvtier.transport.zmq_transport.ZmqTransport`; the state
+it works on is made by ``ZmqTransport.__init__``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import zmq
+
+from kvtier.transport import TransportEvent
+from kvtier.transport.zmq_conns import EVENTS, IN_PREFIX, NOBLOCK, POLLIN
+from kvtier.transport.zmq_options import positive_int
+
+
+class ZmqReceive:
+    """Receiving, polling and waiting of :class:`~kvtier.transport.zmq_transport.ZmqTransport`."""
+
+    # -- receive ----------------------------------------------------------------------------
+
+    def recv(self, max_messages: int = 1000) -> list[tuple[str, list[memoryview | bytes]]]:
+        """Drain received messages without blocking. Flushes queued sends first.
+
+        Sockets are served round-robin, one message at a time, so a busy peer cannot starve
+        the others.
+
+        Args:
+            max_messages: upper bound on messages returned, >= 1.
+
+        Returns:
+            ``[(peer, frames), ...]`` in arrival order per peer. Frames shorter than
+            ``zero_copy_threshold`` are ``bytes``. Longer ones are read-only ``memoryview``
+            objects over zmq's buffer (no copy), which stay valid while referenced. ``[]`` after
+            ``close()``.
+
+        Raises:
+            ValueError: ``max_messages`` is not an int >= 1.
+        """
+        max_messages = positive_int("max_messages", max_messages)
+        if self._closed:
+            return []
+        self._service()
+        self._flush_all()
+        socks: list[tuple[zmq.Socket, str | None]] = [(self._router, None)]
+        socks.extend((s, p) for p, s in self._dealers.items())
+        # Rotate the start so that with a small max_messages every socket gets its turn.
+        k = self._rr % len(socks)
+        self._rr += 1
+        active = socks[k:] + socks[:k]
+        out: list[tuple[str, list[memoryview | bytes]]] = []
+        threshold = self._zc_threshold
+        while active and len(out) < max_messages:
+            for entry in list(active):
+                sock, peer = entry
+                try:
+                    # ZMQ_EVENTS first: an empty socket costs a flag read, not a raised zmq.Again
+                    if not sock.get(EVENTS) & POLLIN:
+                        active.remove(entry)
+                        continue
+                    parts = sock.recv_multipart(NOBLOCK, copy=False)
+                except zmq.ZMQError:  # Again (raced), or a socket error: skip it this round
+                    active.remove(entry)
+                    continue
+                if peer is None:
+                    rid = parts[0].bytes
+                    if not self._from_connection(parts[0], rid) or len(parts) < 2:
+                        continue
+                    peer = IN_PREFIX + rid.hex()
+                    parts = parts[1:]
+                out.append(
+                    (peer, [p.bytes if len(p) < threshold else p.buffer for p in parts])
+                )
+                if len(out) >= max_messages:
+                    break
+        return out
+
+    def service(self, max_messages: int = 1000) -> tuple[list[tuple[str, list[memoryview | bytes]]], list[TransportEvent], bool]:
+        """One non-blocking pass over what the poller reports readable: monitors first (their
+        connection events), then the data sockets, round-robin, until each is empty or
+        ``max_messages`` were read.  Also flushes queued sends and cuts accepted connections
+        whose idle time is up.  Sockets the poller does not report are not touched.
+
+        Returns:
+            ``(messages, events, drained)``: messages as :meth:`recv` returns them, events as
+            :meth:`events` does, and whether every socket was read to empty in this pass (then
+            everything that arrived before the pass began has been returned).
+        """
+        max_messages = positive_int("max_messages", max_messages)
+        if self._closed:
+            return [], [], True
+        if self._npending:
+            self._flush_all()
+        poller = self._poller if self._poller is not None else self._build_poller(set())
+        try:
+            ready = poller.poll(0)
+        except zmq.ZMQError:
+            return [], [], True
+        data: list[tuple[zmq.Socket, str | None]] = []
+        if ready:
+            rmon, dmons = self._rmon, self._mon_peer
+            for sock, ev in ready:
+                if sock is rmon:
+                    self._drain_router_monitor()
+                elif sock in dmons:
+                    self._drain_dealer_monitor(dmons[sock])
+                elif ev & POLLIN:
+                    data.append((sock, None if sock is self._router else self._dealer_peer[sock]))
+        if self._idle_timeout_s is not None and self._unbound:
+            self._cut_idle()
+        out: list[tuple[str, list[memoryview | bytes]]] = []
+        drained = True
+        if data:
+            drained = self._read(data, max_messages, out)
+        events: list[TransportEvent] = []
+        if self._events:
+            events = list(self._events)
+            self._events.clear()
+        return out, events, drained
+
+    def _read(self, active: list[tuple[zmq.Socket, str | None]], max_messages: int,
+              out: list[tuple[str, list[memoryview | bytes]]]) -> bool:
+        """Read ``active`` sockets round-robin into ``out``; True when every one is empty."""
+        threshold = self._zc_threshold
+        while active:
+            for entry in list(active):
+                if len(out) >= max_messages:
+                    return False
+                sock, peer = entry
+                try:
+                    parts = sock.recv_multipart(NOBLOCK, copy=False)
+                except zmq.ZMQError:  # Again: empty now (or a socket error: skip it this pass)
+                    active.remove(entry)
+                    continue
+                if peer is None:
+                    rid = parts[0].bytes
+                    if not self._from_connection(parts[0], rid) or len(parts) < 2:
+                        continue
+                    peer = IN_PREFIX + rid.hex()
+                    parts = parts[1:]
+                out.append((peer, [p.bytes if len(p) < threshold else p.buffer for p in parts]))
+        return True
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a message or a connection event is ready, or ``timeout_s`` passes.
+        Flushes queued sends as their sockets become writable, and cuts idle connections
+        when their time is up.
+
+        Args:
+            timeout_s: seconds, finite. Values <= 0 just poll.
+
+        Returns:
+            True if a message is readable (call :meth:`recv`) or an event is waiting (call
+            :meth:`events`), else False.
+
+        Raises:
+            ValueError: ``timeout_s`` is NaN or infinite.
+        """
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(
+            timeout_s
+        ):
+            raise ValueError(f"timeout_s must be a finite number, got {timeout_s!r}")
+        if self._closed:
+            return False
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        # Only events new to this call wake it: a caller that never drains events() must not
+        # turn every wait into a busy loop.  Monitors are read only when the poller reports
+        # them readable (the loop below), never up front: an idle wait costs one poll.
+        seen = len(self._events)
+        out_socks = self._sockets_with_pending() if self._queues else set()
+        mons = self._monitors()
+        while True:
+            poller = self._build_poller(out_socks)
+            now = time.monotonic()
+            until = deadline
+            if self._idle_timeout_s is not None and self._unbound:
+                until = min(until, next(iter(self._unbound.values())).accepted + self._idle_timeout_s)
+            remaining_ms = max(0, math.ceil((until - now) * 1000))
+            try:
+                events = poller.poll(remaining_ms)
+            except zmq.ZMQError:
+                return False
+            if any(ev & POLLIN and s not in mons for s, ev in events):
+                return True
+            if any(s in mons for s, _ in events) or until < deadline:
+                self._service()
+                if len(self._events) > seen:
+                    return True
+            if any(ev & zmq.POLLOUT for _, ev in events):  # room opened up below some HWM
+                if not self._flush_all():
+                    # POLLOUT on a ROUTER means "some pipe has room", maybe not the pipe we
+                    # need. Stop watching it for this call instead of spinning.
+                    out_socks = set()
+                else:
+                    out_socks = self._sockets_with_pending()
+                continue
+            if time.monotonic() >= deadline:
+                return False
+
+    def _monitors(self) -> frozenset[zmq.Socket]:
+        mons = self._mon_set
+        if mons is None:
+            mons = self._mon_set = frozenset({self._rmon, *self._dealer_mons.values()})
+        return mons
+
+    def _sockets_with_pending(self) -> set[zmq.Socket]:
+        socks = set()
+        for peer in self._queues:
+            target = self._resolve(peer)
+            if target is not None:
+                socks.add(target[0])
+        return socks
+
+    def _build_poller(self, out_socks: set[zmq.Socket]) -> zmq.Poller:
+        if not out_socks and self._poller is not None:
+            return self._poller
+        poller = zmq.Poller()
+        for sock in (self._router, *self._dealers.values()):
+            poller.register(sock, zmq.POLLIN | (zmq.POLLOUT if sock in out_socks else 0))
+        for mon in (self._rmon, *self._dealer_mons.values()):
+            poller.register(mon, zmq.POLLIN)
+        if not out_socks:
+            self._poller = poller
+        return poller
