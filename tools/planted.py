@@ -36,10 +36,10 @@ from kvtier.lifecycle._table import (
     Rule,
 )
 from kvtier.lifecycle.consumer import ConsumerMachine
-from kvtier.lifecycle.effects import JobDone, SendBlocks
+from kvtier.lifecycle.effects import JobDone, Send, SendBlocks
 from kvtier.lifecycle.producer import RETAINED, ProducerMachine, ProducerRecord, RetainedRecord
 
-__all__ = ["PLANTED"]
+__all__ = ["PLANTED", "PROFILE_OF"]
 
 
 @contextmanager
@@ -309,6 +309,47 @@ def deadlines_before_input() -> Iterator[None]:
         fn.__code__ = original
 
 
+@contextmanager
+def serve_releases_pins_at_cancel() -> Iterator[None]:
+    """The serve machine releases a round's pins the moment it gives the transfer up (the consumer
+    aborted, the transfer deadline hit), while the data plane may still read the blocks, and
+    again when the plane reports the release: a pin released twice, the first time under a send
+    (decision Y11: a pin is an engine job, released exactly once; I1: nothing is returned while
+    the plane references it)."""
+    from kvtier.lifecycle.effects import ReleasePins
+    from kvtier.lifecycle.serve import ServeMachine
+
+    original = ServeMachine.effect_cancel_transfer
+
+    def cancel(self: Any, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        original(self, rec, inp, reason, now, out)
+        if rec.pins:  # released now, and kept: released again once the plane lets go
+            out.append(ReleasePins(tuple(rec.pins), False, reason or Reason.TRANSFER_FAILED))
+
+    with _patched(ServeMachine, "effect_cancel_transfer", cancel):
+        yield
+
+
+@contextmanager
+def reply_hits_unpinned() -> Iterator[None]:
+    """The serve machine's probe reply says hit for every key the engine did not report missing
+    (pending keys included), though only found keys are pinned: the consumer loads blocks nobody
+    holds for it."""
+    from kvtier.lifecycle.serve import ServeMachine
+    from kvtier.wire import messages as wm
+
+    def reply(self: Any, rec: Any, inp: Any, reason: Any, now: float, out: list) -> None:
+        keys = [k for k in rec.keys if k not in rec.answered]
+        if not keys:
+            return
+        rec.answered.update(keys)
+        out.append(Send(rec.peer, wm.ProbeReply(gen=rec.gen, kv_request_id=rec.kv_request_id, round=rec.round,
+                                                keys=keys, hits=[k not in rec.missing for k in keys])))
+
+    with _patched(ServeMachine, "effect_reply_probe", reply):
+        yield
+
+
 PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "bind_ignores_tombstone": bind_ignores_tombstone,
     "dup_ack_releases_twice": dup_ack_releases_twice,
@@ -321,5 +362,14 @@ PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "success_without_receipt": success_without_receipt,
     "abort_ignores_round": abort_ignores_round,
     "deadlines_before_input": deadlines_before_input,
+    "serve_releases_pins_at_cancel": serve_releases_pins_at_cancel,
+    "reply_hits_unpinned": reply_hits_unpinned,
 }
 """Planted bug name -> context manager factory (``with PLANTED[name](): ...``)."""
+
+PROFILE_OF: dict[str, str] = {
+    "serve_releases_pins_at_cancel": "symmetric",
+    "reply_hits_unpinned": "symmetric",
+}
+"""Planted bug name -> the model-check profile that explores the code it is in, where that is not
+``core`` (the symmetric path's bugs: only the ``symmetric`` profile runs the serve machine)."""

@@ -38,18 +38,22 @@ from typing import Any
 
 import msgspec
 
-from kvtier.lifecycle._table import ConsumerState, ProducerState, Reason, SessionState
+from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, Reason, ServeState, SessionState
 from kvtier.lifecycle.consumer import ConsumerRecord
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.deadlines import DeadlineQueue
+from kvtier.lifecycle.probe import ProbeRecord
 from kvtier.lifecycle.producer import _NO_BLOCKS, RETAINED, ProducerRecord
+from kvtier.lifecycle.serve import ServeRecord, transfer_key
 from kvtier.lifecycle.session import HelloInput, SessionRecord
 
 __all__ = [
     "KNOWN",
     "ConsumerEntry",
     "CoreState",
+    "ProbeEntry",
     "ProducerEntry",
+    "ServeEntry",
     "SessionEntry",
     "export",
     "index_problems",
@@ -129,6 +133,55 @@ class ConsumerEntry(msgspec.Struct, frozen=True, gc=False):
     """Per key, the digest its ``block_data`` carried (a partial load's re-check)."""
 
 
+class ProbeEntry(msgspec.Struct, frozen=True, gc=False):
+    """One probe record (the consumer side of a symmetric request).  ``unsent`` and ``waiting``
+    keep their registration order (a probe names its keys in it); ``offered`` and ``miss`` are
+    sets, sorted; ``loading``: ``(key, round)`` per key handed to a round's load, by key."""
+
+    kv_request_id: str
+    state: ProbeState
+    reason: Reason | None
+    timer: str | None
+    deadline: float | None
+    peer: str
+    round: int
+    sent: bool
+    unsent: tuple[bytes, ...]
+    waiting: tuple[bytes, ...]
+    offered: tuple[bytes, ...]
+    miss: tuple[bytes, ...]
+    loading: tuple[tuple[bytes, int], ...]
+
+
+class ServeEntry(msgspec.Struct, frozen=True, gc=False):
+    """One serve record (the producer side of one symmetric round), keyed ``(peer, kv_request_id,
+    round)``.  ``keys`` and ``pins`` keep their order (replies name keys in it, pins are released
+    in it); sets are sorted; ``found``: ``(key, pool block)`` by key; ``transfer``: the round's
+    transfer is registered with the data plane under its plane key (from ``start_transfer`` until
+    the record ends)."""
+
+    peer: str
+    kv_request_id: str
+    round: int
+    state: ServeState
+    reason: Reason | None
+    timer: str | None
+    deadline: float | None
+    gen: int
+    keys: tuple[bytes, ...]
+    todo: tuple[bytes, ...]
+    found: tuple[tuple[bytes, int], ...]
+    missing: tuple[bytes, ...]
+    answered: tuple[bytes, ...]
+    pins: tuple[int, ...]
+    pinned: int
+    probes: int
+    demand: tuple[bytes, ...]
+    slots: tuple[int, ...]
+    receipt: bool
+    transfer: bool
+
+
 class CoreState(msgspec.Struct, frozen=True, gc=False):
     """Everything a :class:`~kvtier.lifecycle.TierCore` will act on, canonically ordered.
 
@@ -154,20 +207,29 @@ class CoreState(msgspec.Struct, frozen=True, gc=False):
     """``(peer address, instance)`` last heard there, oldest first (the order they are forgotten in)."""
     last_gen: tuple[tuple[str, int], ...] = ()
     """``(peer address, generation)`` of the last session there a hello names as ``replaces``, oldest first."""
+    probe: tuple[ProbeEntry, ...] = ()
+    """The symmetric path's probe records, by ``kv_request_id`` (decision M14: empty, as every
+    field below, for a core that never saw a symmetric request, so such a core exports as before)."""
+    rounds: tuple[ConsumerEntry, ...] = ()
+    """The loads of symmetric rounds, by ``(kv_request_id, round)`` (each entry's ``round`` is its
+    key's)."""
+    serve: tuple[ServeEntry, ...] = ()
+    """The serve records, by ``(peer, kv_request_id, round)``."""
+    serve_closing: bool = False
+    """The serve machine saw shutdown (no new probe is served)."""
 
 
 #: Every attribute of the core and of each machine, by what it is: ``state`` (exported),
 #: ``index`` (rebuilt by :func:`restore`, checked by :func:`index_problems`), ``config``,
-#: ``counter`` (metrics, not state), ``cache``, ``machine`` (one of the core's machines) or
-#: ``symmetric`` (a machine of the symmetric path: :func:`export` refuses a core where one holds
-#: records, :func:`restore` leaves them empty).
+#: ``counter`` (metrics, not state), ``cache`` or ``machine`` (one of the core's machines; the
+#: symmetric path's probe, rounds and serve machines are exported like the others, decision M14).
 #: :func:`unknown_state` checks it is complete.
 KNOWN: dict[str, dict[str, str]] = {
     "core": {
         "settings": "config", "_notes": "state", "_producer": "machine", "_sessions": "machine",
         "_consumer": "machine", "_error_replies": "state", "_APPLY": "config", "_RECEIVE": "config",
-        "_ROUTE": "config", "_machines": "config", "_probe": "symmetric", "_rounds": "symmetric",
-        "_serve": "symmetric",
+        "_ROUTE": "config", "_machines": "config", "_probe": "machine", "_rounds": "machine",
+        "_serve": "machine",
     },
     "session": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
@@ -188,6 +250,22 @@ KNOWN: dict[str, dict[str, str]] = {
         "by_peer": "index", "_next_round": "state", "_open": "index", "_revoke_bounded": "config",
         "integrity": "config", "rounds": "config",
     },
+    "probe": {
+        "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
+        "ignored": "counter", "_sessions": "config", "_notes": "config", "_rounds": "config",
+        "by_peer": "index", "collecting": "index",
+    },
+    "rounds": {
+        "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
+        "ignored": "counter", "_sessions": "config", "_notes": "config", "_one_sided": "config",
+        "by_peer": "index", "_open": "index", "_revoke_bounded": "config", "integrity": "config",
+        "rounds": "config", "by_request": "index",
+    },
+    "serve": {
+        "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
+        "ignored": "counter", "_notes": "config", "limits": "config", "by_peer": "index",
+        "pinned_per_peer": "index", "pinned_total": "index", "closing": "state", "transfers": "state",
+    },
 }
 
 #: Record slots each entry type carries (``key`` is the entry's first field, ``tseq`` the
@@ -196,6 +274,9 @@ _SLOTS = {
     "session": (SessionRecord, SessionEntry),
     "producer": (ProducerRecord, ProducerEntry),
     "consumer": (ConsumerRecord, ConsumerEntry),
+    "probe": (ProbeRecord, ProbeEntry),
+    "rounds": (ConsumerRecord, ConsumerEntry),
+    "serve": (ServeRecord, ServeEntry),
 }
 
 
@@ -204,12 +285,9 @@ _SLOTS = {
 _DERIVED = {"producer": {"rounds"}}
 
 
-def _symmetric(core: TierCore) -> dict[str, Any]:
-    return {"probe": core._probe, "rounds": core._rounds, "serve": core._serve}
-
-
 def _parts(core: TierCore) -> dict[str, Any]:
-    return {"core": core, "session": core._sessions, "producer": core._producer, "consumer": core._consumer}
+    return {"core": core, "session": core._sessions, "producer": core._producer, "consumer": core._consumer,
+            "probe": core._probe, "rounds": core._rounds, "serve": core._serve}
 
 
 def _slots(cls: type) -> set[str]:
@@ -240,10 +318,6 @@ def export(core: TierCore) -> CoreState:
     """
     if core._notes:
         raise RuntimeError(f"export: notes still queued between machines: {list(core._notes)}")
-    busy = [name for name, m in _symmetric(core).items() if m.records]
-    if busy:
-        # the model checker explores PD hand-offs only; tests/symmetric explores these machines
-        raise NotImplementedError(f"export: the symmetric path's machines hold records ({busy}); they are not exported")
     sm, pm, cm = core._sessions, core._producer, core._consumer
     due = _deadlines(sm)
     sessions = tuple(
@@ -262,12 +336,22 @@ def export(core: TierCore) -> CoreState:
             tuple(sorted((k, b, d) for k, (b, d) in r.blocks.items())), tuple(r.jobs), r.peer, r.principal, r.gen,
             r.round, tuple(r.demand), tuple(r.slots), r.supply_complete, r.receipt, r.life,
         ))
-    due = _deadlines(cm)
-    consumer = tuple(
-        ConsumerEntry(kid, r.state, r.reason, r.timer, due.get(kid), r.peer, r.job_id, tuple(r.keys),
-                      tuple(r.slots), r.round, bytes(r.landed), r.n_landed, r.fetched, r.engine_finished, r.life,
-                      r.notice, tuple(r.digests))
-        for kid, r in sorted(cm.records.items())
+    consumer = _consumer_entries(cm)
+    qm, rm, vm = core._probe, core._rounds, core._serve
+    due = _deadlines(qm)
+    probe = tuple(
+        ProbeEntry(kid, r.state, r.reason, r.timer, due.get(kid), r.peer, r.round, r.sent, tuple(r.unsent),
+                   tuple(r.waiting), tuple(sorted(r.offered)), tuple(sorted(r.miss)), tuple(sorted(r.loading.items())))
+        for kid, r in sorted(qm.records.items())
+    )
+    due = _deadlines(vm)
+    with_transfer = set(vm.transfers.values())
+    serve = tuple(
+        ServeEntry(r.peer, r.kv_request_id, r.round, r.state, r.reason, r.timer, due.get(key), r.gen, tuple(r.keys),
+                   tuple(sorted(r.todo)), tuple(sorted(r.found.items())), tuple(sorted(r.missing)),
+                   tuple(sorted(r.answered)), tuple(r.pins), r.pinned, r.probes, tuple(r.demand), tuple(r.slots),
+                   r.receipt, key in with_transfer)
+        for key, r in sorted(vm.records.items())
     )
     return CoreState(
         sessions=sessions,
@@ -283,6 +367,22 @@ def export(core: TierCore) -> CoreState:
         gone=tuple(sm.gone),
         last_instance=tuple(sm.last_instance.items()),
         last_gen=tuple(sm.last_gen.items()),
+        probe=probe,
+        rounds=_consumer_entries(rm),
+        serve=serve,
+        serve_closing=vm.closing,
+    )
+
+
+def _consumer_entries(machine: Any) -> tuple[ConsumerEntry, ...]:
+    """The PD consumer's records, or the rounds' loads (keyed ``(kv_request_id, round)``: the
+    entry names both)."""
+    due = _deadlines(machine)
+    return tuple(
+        ConsumerEntry(r.kv_request_id, r.state, r.reason, r.timer, due.get(key), r.peer, r.job_id, tuple(r.keys),
+                      tuple(r.slots), r.round, bytes(r.landed), r.n_landed, r.fetched, r.engine_finished, r.life,
+                      r.notice, tuple(r.digests))
+        for key, r in sorted(machine.records.items())
     )
 
 
@@ -293,6 +393,8 @@ _FRESH: dict[tuple[str, str], Any] = {
     ("producer", "ignored"): 0, ("producer", "count_evicted"): 0, ("producer", "closing"): False,
     ("producer", "_prune_at"): (math.nan, math.nan),
     ("consumer", "ignored"): 0, ("consumer", "_next_round"): 0,
+    ("probe", "ignored"): 0, ("rounds", "ignored"): 0,
+    ("serve", "ignored"): 0, ("serve", "pinned_total"): 0, ("serve", "closing"): False,
 }
 
 
@@ -300,7 +402,7 @@ def _reset(core: TierCore) -> None:
     """Empty ``core`` as if it were new (configuration and compiled rules kept)."""
     for name, obj in _parts(core).items():
         for attr, kind in KNOWN[name].items():
-            if kind in ("config", "machine", "symmetric"):
+            if kind in ("config", "machine"):
                 continue
             value = getattr(obj, attr)
             if isinstance(value, (dict, set, deque, list, DeadlineQueue)):
@@ -330,7 +432,9 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
         _reset(core)
         core.set_local(local)
     sm, pm, cm = core._sessions, core._producer, core._consumer
-    timed: dict[str, list[tuple[float, Any, Any]]] = {"session": [], "producer": [], "consumer": []}
+    qm, rm, vm = core._probe, core._rounds, core._serve
+    timed: dict[str, list[tuple[float, Any, Any]]] = {n: [] for n in ("session", "producer", "consumer", "probe",
+                                                                      "rounds", "serve")}
     for e in state.sessions:
         rec = SessionRecord(e.peer)
         rec.state, rec.reason, rec.timer = e.state, e.reason, e.timer
@@ -360,16 +464,34 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
     pm.retained = {kid: prune_at[kid] for kid in state.retained}
     pm._prune_order = deque(state.retained)
     for e in state.consumer:
-        rec = ConsumerRecord(e.kv_request_id)
-        rec.state, rec.reason, rec.timer = e.state, e.reason, e.timer
-        rec.peer, rec.job_id, rec.keys, rec.slots, rec.round = e.peer, e.job_id, e.keys, e.slots, e.round
-        rec.landed, rec.n_landed, rec.fetched, rec.engine_finished = (
-            bytearray(e.landed), e.n_landed, e.fetched, e.engine_finished)
-        rec.life, rec.notice, rec.digests = e.life, e.notice, list(e.digests)
-        _enter(cm, rec, timed["consumer"], e.deadline)
-    for peer, rounds in list(cm._open.items()):  # rounds only grow: the index is in round order
-        cm._open[peer] = dict.fromkeys(sorted(rounds))
-    for name, machine in (("session", sm), ("producer", pm), ("consumer", cm)):
+        _enter(cm, _consumer_record(e, e.kv_request_id), timed["consumer"], e.deadline)
+    for e in state.rounds:
+        _enter(rm, _consumer_record(e, (e.kv_request_id, e.round)), timed["rounds"], e.deadline)
+    for m in (cm, rm):
+        for peer, rounds in list(m._open.items()):  # rounds only grow: the index is in round order
+            m._open[peer] = dict.fromkeys(sorted(rounds))
+    for e in state.probe:
+        rec = ProbeRecord(e.kv_request_id)
+        rec.state, rec.reason, rec.timer, rec.peer, rec.round, rec.sent = (
+            e.state, e.reason, e.timer, e.peer, e.round, e.sent)
+        rec.unsent, rec.waiting = dict.fromkeys(e.unsent), dict.fromkeys(e.waiting)
+        rec.offered, rec.miss, rec.loading = set(e.offered), set(e.miss), dict(e.loading)
+        _enter(qm, rec, timed["probe"], e.deadline)
+    for e in state.serve:
+        rec = ServeRecord((e.peer, e.kv_request_id, e.round))
+        rec.state, rec.reason, rec.timer, rec.gen = e.state, e.reason, e.timer, e.gen
+        rec.keys, rec.todo, rec.found = dict.fromkeys(e.keys), set(e.todo), dict(e.found)
+        rec.missing, rec.answered, rec.pins, rec.pinned = set(e.missing), set(e.answered), list(e.pins), e.pinned
+        rec.probes, rec.demand, rec.slots, rec.receipt = e.probes, e.demand, e.slots, e.receipt
+        _enter(vm, rec, timed["serve"], e.deadline)
+        if e.transfer:
+            vm.transfers[(transfer_key(e.peer, e.kv_request_id), e.round)] = rec.key
+        if e.pinned:  # the pin counts are the records' sums (what note_found and _unpin keep)
+            vm.pinned_total += e.pinned
+            vm.pinned_per_peer[e.peer] = vm.pinned_per_peer.get(e.peer, 0) + e.pinned
+    vm.closing = state.serve_closing
+    for name, machine in (("session", sm), ("producer", pm), ("consumer", cm), ("probe", qm), ("rounds", rm),
+                          ("serve", vm)):
         for when, key, rec in sorted(timed[name], key=lambda t: (t[0], t[1])):
             rec.tseq = machine._deadlines.arm(when, key, rec.timer)
     sm._next_gen = state.next_gen
@@ -384,6 +506,16 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
     return core
 
 
+def _consumer_record(e: ConsumerEntry, key: Any) -> ConsumerRecord:
+    rec = ConsumerRecord(key, kv_request_id=e.kv_request_id)
+    rec.state, rec.reason, rec.timer = e.state, e.reason, e.timer
+    rec.peer, rec.job_id, rec.keys, rec.slots, rec.round = e.peer, e.job_id, e.keys, e.slots, e.round
+    rec.landed, rec.n_landed, rec.fetched, rec.engine_finished = (
+        bytearray(e.landed), e.n_landed, e.fetched, e.engine_finished)
+    rec.life, rec.notice, rec.digests = e.life, e.notice, list(e.digests)
+    return rec
+
+
 def _enter(machine: Any, rec: Any, timed: list, deadline: float | None) -> None:
     """Index ``rec`` as a transition from the initial state to its state would, and queue its
     deadline (armed once every record is in place, in firing order)."""
@@ -393,9 +525,10 @@ def _enter(machine: Any, rec: Any, timed: list, deadline: float | None) -> None:
         timed.append((deadline, rec.key, rec))
 
 
-Clock = Callable[[str, str, str, float], float]
+Clock = Callable[[str, str, Any, float], float]
 """``clock(kind, machine, key, t) -> t'``: ``kind`` is ``"deadline"`` (``machine`` is
-``"session"``, ``"producer"`` or ``"consumer"``), ``"heard"`` or ``"active"`` (a session's,
+``"session"``, ``"producer"``, ``"consumer"``, ``"probe"``, ``"rounds"`` (``key``:
+``(kv_request_id, round)``) or ``"serve"`` (``key``: ``(peer, kv_request_id, round)``)), ``"heard"`` or ``"active"`` (a session's,
 ``machine`` ``"session"``) or ``"error_reply"`` (``machine`` ``"core"``, ``key`` the peer)."""
 
 
@@ -414,6 +547,10 @@ def retime(state: CoreState, clock: Clock) -> CoreState:
                                active=clock("active", "session", e.peer, e.active)) for e in state.sessions),
         producer=tuple(replace(e, deadline=dl("producer", e.kv_request_id, e.deadline)) for e in state.producer),
         consumer=tuple(replace(e, deadline=dl("consumer", e.kv_request_id, e.deadline)) for e in state.consumer),
+        probe=tuple(replace(e, deadline=dl("probe", e.kv_request_id, e.deadline)) for e in state.probe),
+        rounds=tuple(replace(e, deadline=dl("rounds", (e.kv_request_id, e.round), e.deadline)) for e in state.rounds),
+        serve=tuple(replace(e, deadline=dl("serve", (e.peer, e.kv_request_id, e.round), e.deadline))
+                    for e in state.serve),
         error_replies=tuple((p, r, clock("error_reply", "core", p, t)) for p, r, t in state.error_replies),
     )
 
@@ -423,12 +560,26 @@ def indexes(core: TierCore) -> tuple:
     bound peer, fetches awaiting blocks per peer, quarantined ids, retained ids (in prune order),
     and the consumer's ids per producer peer."""
     pm, cm = core._producer, core._consumer
+    qm, rm, vm = core._probe, core._rounds, core._serve
+
+    def per(index: dict) -> tuple:
+        return tuple(sorted((k, tuple(sorted(v))) for k, v in index.items() if v))
+
     return (
-        tuple(sorted((peer, tuple(sorted(ids))) for peer, ids in pm.by_peer.items() if ids)),
+        per(pm.by_peer),
         tuple(sorted(pm.awaiting_per_peer.items())),
         tuple(sorted(pm.quarantined)),
         tuple(pm.retained),
-        tuple(sorted((peer, tuple(sorted(ids))) for peer, ids in cm.by_peer.items() if ids)),
+        per(cm.by_peer),
+        # the symmetric path's (decision M14)
+        per(qm.by_peer),
+        tuple(sorted(qm.collecting)),
+        per(rm.by_peer),
+        per(rm.by_request),
+        tuple((peer, tuple(rounds)) for peer, rounds in sorted(rm._open.items()) if rounds),
+        per(vm.by_peer),
+        tuple(sorted(vm.pinned_per_peer.items())),
+        vm.pinned_total,
     )
 
 
@@ -463,6 +614,25 @@ def index_problems(core: TierCore) -> list[str]:
     for what, index, scan in checks:
         if index != scan:
             out.append(f"{what}: index {index} != records {scan}")
+    qm, rm, vm = core._probe, core._rounds, core._serve
+    sym = (
+        ("probe ids per peer", {p: set(ids) for p, ids in qm.by_peer.items() if ids},
+         _group((r.peer, r.key) for r in qm.records.values())),
+        ("probes collecting", set(qm.collecting),
+         {r.key for r in qm.records.values() if r.state is ProbeState.COLLECTING}),
+        ("round loads per peer", {p: set(ids) for p, ids in rm.by_peer.items() if ids},
+         _group((r.peer, r.key) for r in rm.records.values())),
+        ("round loads per request", {k: set(ids) for k, ids in rm.by_request.items() if ids},
+         _group((r.kv_request_id, r.key) for r in rm.records.values())),
+        ("serve rounds per peer", {p: set(ids) for p, ids in vm.by_peer.items() if ids},
+         _group((r.peer, r.key) for r in vm.records.values())),
+        ("serve pinned blocks per peer", dict(vm.pinned_per_peer),
+         {p: n for p, n in _sums((r.peer, r.pinned) for r in vm.records.values()).items() if n}),
+        ("serve pinned blocks", vm.pinned_total, sum(r.pinned for r in vm.records.values())),
+    )
+    for what, index, scan in sym:
+        if index != scan:
+            out.append(f"{what}: index {index} != records {scan}")
     missing = [k for k in pm.retained if k not in set(pm._prune_order)]
     if missing:
         out.append(f"retained ids missing from the prune order: {missing}")
@@ -473,4 +643,11 @@ def _group(pairs: Any) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for peer, key in pairs:
         out.setdefault(peer, set()).add(key)
+    return out
+
+
+def _sums(pairs: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for peer, n in pairs:
+        out[peer] = out.get(peer, 0) + n
     return out

@@ -155,3 +155,97 @@ def test_restoring_into_a_used_core_forgets_everything_it_held() -> None:
         assert snapshot.export(p) == snapshot.export(fresh)
     with pytest.raises(ValueError, match="other settings"):
         snapshot.restore(state, CoreSettings(durations=SETTINGS.durations), LOCAL, into=p)
+
+
+# -- the symmetric path (decision M14) ---------------------------------------------------------
+
+
+def _roundtrips(core: TierCore) -> snapshot.CoreState:
+    """Export ``core``, restore it, and check the copy is the same core: the same export, indexes,
+    deadlines and symmetric views."""
+    state = snapshot.export(core)
+    again = snapshot.restore(state, core.settings, core.local)
+    assert snapshot.export(again) == state
+    assert snapshot.indexes(again) == snapshot.indexes(core)
+    assert snapshot.index_problems(core) == snapshot.index_problems(again) == []
+    assert again.next_deadline() == core.next_deadline()
+    for kid in core.probe_ids():
+        assert again.probe(kid) == core.probe(kid)
+    for key in core.serve_ids():
+        assert again.serve(*key) == core.serve(*key)
+    assert again.round_loads() == core.round_loads()
+    assert again.pins_held() == core.pins_held() and again.serve_pinned_blocks() == core.serve_pinned_blocks()
+    return state
+
+
+def test_the_symmetric_path_exports_and_restores_at_every_step() -> None:
+    """A probe with a hit and a miss, the serve window pinning, the round's load, its transfer:
+    after every step both cores round-trip, and the export names the probe, the round's load and
+    the serve record (with its pin) while they live."""
+    from kvtier.lifecycle import ProbeState, ServeState
+    from tests.symmetric.harness import SymNet, make_core
+
+    net = SymNet()
+    c, p = make_core("C"), make_core("P")
+    net.attach("C", c)
+    net.attach("P", p)
+    keys = (b"k1" * 4, b"k2" * 4)
+    net.engines["P"].blocks[keys[0]] = 7  # the producer's engine holds the first key only
+    seen: dict[str, set] = {"probe": set(), "rounds": set(), "serve": set(), "pins": set()}
+
+    def both() -> None:
+        for core in (c, p):
+            st = _roundtrips(core)
+            seen["probe"].update(e.state for e in st.probe)
+            seen["rounds"].update(e.state for e in st.rounds)
+            seen["serve"].update(e.state for e in st.serve)
+            seen["pins"].update(pin for e in st.serve for pin in e.pins)
+
+    def settle(now: float) -> None:
+        for _ in range(50):
+            moved = False
+            for src, dst in net.directions():
+                net.deliver(src, dst, 0, now)
+                both()
+                moved = True
+            if net.windows["P"].pending():
+                net.serve_window("P", now)
+                both()
+                moved = True
+            if net.transfers:
+                net.finish_transfer(0, now)
+                both()
+                moved = True
+            if not moved:
+                return
+
+    net.engine_input("C", ix.ProbeAnnounced("sym", "P"), 0.0)
+    both()
+    settle(0.0)
+    for k in keys:
+        net.engine_input("C", ix.KeyLookedUp("sym", k), 0.1)
+        both()
+    net.engine_input("C", ix.ScheduleEnded(), 0.1)
+    both()
+    settle(0.2)
+    assert c.probe_state("sym") is ProbeState.OFFERED
+    net.engine_input("C", ix.LoadSubmitted("sym", 5, (keys[0],), (30,)), 0.3)
+    both()
+    settle(0.4)
+    net.engine_input("C", ix.RequestFinished("sym", producer=False), 0.5)
+    both()
+    settle(0.6)
+    assert net.results[5][0].ok
+    assert {ProbeState.COLLECTING, ProbeState.PROBING, ProbeState.OFFERED} <= seen["probe"]
+    assert ConsumerState.IN_FLIGHT in seen["rounds"]
+    assert {ServeState.LOOKING_UP, ServeState.OFFERED, ServeState.SERVING} <= seen["serve"] and seen["pins"]
+    assert not p.serve_ids() and not p.pins_held()
+
+
+def test_a_core_without_symmetric_records_exports_no_symmetric_state() -> None:
+    """The five PD profiles' state counts rest on this: the symmetric fields stay at their
+    defaults, so such an export equals one made before they existed."""
+    _, p, c = _busy_pair()
+    for core in (p, c):
+        st = snapshot.export(core)
+        assert (st.probe, st.rounds, st.serve, st.serve_closing) == ((), (), (), False)

@@ -44,6 +44,7 @@ Modules
 ``part``           the interface of an environment part (actions, labels, apply, core inputs)
 ``engines``        prefill/decode engines and the operator: store, finish, load, reuse, drain,
                    shutdown, close
+``symmetric``      the symmetric path's engines: the probed request, serve windows, pins
 ``network``        channels, receive batching, faults, crashes, connection set-up
 ``transport``      the data plane (transfers, their reports) and the consumer's shell
 ``clock``          abstract time: which deadlines may fall due, and the tick that follows

@@ -79,6 +79,14 @@ class Bounds:
     and its data plane closes (every reference is released)."""
     reorder: bool = False
     """deliver any message of a channel, not only the oldest (zmq keeps per-connection order)."""
+    symmetric: bool = False
+    """the symmetric path instead of PD hand-offs (decision M14): the consumer's engine probes the
+    producer for a request of ``sym_keys`` keys (announce, lookups, the step's end, a load of the
+    offered keys, request_finished), the producer serves it from its engine's tiers
+    (``serve_external``: the serve window answers lookups found, missing or pending and pins,
+    pins are released); needs ``ids == consumers == 1``."""
+    sym_keys: int = 2
+    """keys of the symmetric request (1 or 2)."""
     max_states: int = 2_000_000
     """give up (exit 3) beyond this many states."""
 
@@ -99,6 +107,12 @@ PROFILES: Mapping[str, Bounds] = MappingProxyType({
     "shutdown": Bounds(ids=1, consumers=1, faults=0, shutdown=True, drain=True),
     # a one-sided data plane: a consumer's revocation of the producer's access completes later
     "one-sided": Bounds(ids=1, consumers=1, faults=0, one_sided=True),
+    # the symmetric path (decision M14): one request of two keys probed, each key found, missing or
+    # pending in the producer's engine, pinned, loaded and released, with transfer failures; no
+    # faults (with them two keys take ~2M states; --sym-keys 1 --faults 1 explores them in ~21k)
+    # and no receive batching (the serve records' deadlines are keyed by round, which no message
+    # names alone); one pair, so no partial-order reduction
+    "symmetric": Bounds(ids=1, consumers=1, faults=0, symmetric=True, batching=False, reduce=False),
 })
 """The configurations a plain ``python -m tools check`` explores, each to exhaustion, in this order (``--profile
 NAME`` runs one; any bound option runs one configuration: the ``core`` profile with that change).

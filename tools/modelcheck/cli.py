@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 # option -> Bounds field, for the options that change one bound
 _INT = ("ids", "consumers", "depth", "faults", "chunks", "loads_per_id", "lives", "crashes", "tombstone_max",
-        "max_pending", "max_states")
+        "max_pending", "max_states", "sym_keys")
 _CHOICE = {"park_clock": ("last_store", "first_store"), "routing": ("fixed", "any"),
            "fault_scope": ("per_peer", "total")}
 _ON = ("drain", "shutdown", "reorder", "one_sided", "pings", "attach_later")
@@ -34,6 +34,7 @@ _HELP = {
     "no_reduce": "no partial-order reduction",
     "no_batching": "apply each message as it arrives (no unread messages in sockets)",
     "no_corruption": "no corrupt landings among the faults",
+    "sym_keys": "keys of the symmetric profile's request (1 or 2)",
 }
 
 
@@ -100,6 +101,8 @@ def _invalid(b: Bounds) -> str | None:
         return "--ids, --consumers, --chunks and --lives must be >= 1; --depth, --faults, --crashes >= 0"
     if max(b.ids, b.consumers, b.chunks, b.lives) > 10:
         return "--ids, --consumers, --chunks and --lives must be <= 10 (job ids encode them in decimal digits)"
+    if b.symmetric and (b.ids != 1 or b.consumers != 1 or not 1 <= b.sym_keys <= 2):
+        return "the symmetric profile explores one request (--ids 1 --consumers 1) of 1 or 2 keys (--sym-keys)"
     return None
 
 

@@ -182,7 +182,9 @@ class Clock(Part):
         _, comp, machine, key, _variant = action
         if comp != "p":
             return s.cindex[comp]
-        return s.cindex[key] if machine == "session" else s.kindex[key]
+        if machine == "session":
+            return s.cindex[key]
+        return s.kindex[key[1] if machine == "serve" else key]
 
     def touches_producer(self, action: tuple) -> bool:
         return action[1] == "p"

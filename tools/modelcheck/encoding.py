@@ -45,7 +45,7 @@ LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="model-ch
                    instance="model")
 """Every core of the model announces the same local configuration, so every hello matches."""
 
-MACHINES = ("session", "producer", "consumer")
+MACHINES = ("session", "producer", "consumer", "probe", "rounds", "serve")
 """The machines of a core, in the order the summary lists their timers."""
 
 Feed = Callable[[str, CoreState, tuple], tuple[TierCore, list, bool]]
@@ -55,9 +55,24 @@ the driver, and return the core after the step, every effect performed, and whet
 fired while input that arrived before it was still unapplied."""
 
 
-def _key(entry: Any) -> str:
-    """The record key of an export entry (its first field: peer or kv_request_id)."""
+def _key(entry: Any) -> Any:
+    """The record key of an export entry: its first field (peer or kv_request_id), or for the
+    symmetric path's keyed-by-round machines the tuple the machine keys it by."""
+    if isinstance(entry, snapshot.ServeEntry):
+        return (entry.peer, entry.kv_request_id, entry.round)
     return getattr(entry, entry.__struct_fields__[0])
+
+
+def _entries(state: CoreState) -> tuple[tuple[str, Any, Any], ...]:
+    """(machine, key, entry) of every record of ``state``, machine by machine (:data:`MACHINES`)."""
+    return (
+        *(("session", e.peer, e) for e in state.sessions),
+        *(("producer", e.kv_request_id, e) for e in state.producer),
+        *(("consumer", e.kv_request_id, e) for e in state.consumer),
+        *(("probe", e.kv_request_id, e) for e in state.probe),
+        *(("rounds", (e.kv_request_id, e.round), e) for e in state.rounds),
+        *(("serve", _key(e), e) for e in state.serve),
+    )
 
 
 def _abstract(kind: str, machine: str, key: str, t: float) -> float:
@@ -89,18 +104,33 @@ class Summary:
     rounds: dict[str, tuple[int, tuple[int, ...]]] = attrs.Factory(dict)
     """peer -> the inbound session's round ledger (low watermark, rounds answered above it):
     a fetch of such a round is a duplicate or overtaken, dropped unanswered (decision I11)"""
+    probe: dict[str, tuple[str, int, tuple[bytes, ...], tuple[bytes, ...]]] = attrs.Factory(dict)
+    """the symmetric path: kv_request_id -> (probe state, open round, keys offered, keys loading)"""
+    answers: dict[tuple[str, bytes], str] = attrs.Factory(dict)
+    """(kv_request_id, key) -> what a lookup answers now (``TierCore.probe_answer``, asked of the
+    live core), for every key the probe knows; any other key answers ``miss``"""
+    loads: dict[tuple[str, int], tuple[str, int | None]] = attrs.Factory(dict)
+    """(kv_request_id, round) -> (state, job id) of each symmetric round's load"""
+    serve: dict[tuple[str, str, int], tuple[str, tuple[int, ...], dict[bytes, int]]] = attrs.Factory(dict)
+    """(peer, kv_request_id, round) -> (serve state, pins held, key -> pool block found)"""
 
 
-def summarise(state: CoreState) -> Summary:
+def summarise(state: CoreState, core: TierCore | None = None) -> Summary:
+    """What the model reads of ``state``; ``core`` (the live core ``state`` was exported from)
+    answers the lookups of the symmetric path's keys (the answer is the core's, never the
+    model's reading of the record)."""
     timers = []
     dead = []
-    for machine, entries in (("session", state.sessions), ("producer", state.producer), ("consumer", state.consumer)):
-        for e in entries:
-            key = _key(e)
-            if e.deadline is not None:
-                timers.append((machine, key, e.timer))
-            elif e.timer is not None:
-                dead.append(f"{machine} {key} ({e.state.value}, timer {e.timer})")
+    for machine, key, e in _entries(state):
+        if e.deadline is not None:
+            timers.append((machine, key, e.timer))
+        elif e.timer is not None:
+            dead.append(f"{machine} {key} ({e.state.value}, timer {e.timer})")
+    answers = {}
+    if core is not None:
+        for e in state.probe:
+            for k in {*e.unsent, *e.waiting, *e.offered, *e.miss, *(k for k, _ in e.loading)}:
+                answers[(e.kv_request_id, k)] = core.probe_answer(e.kv_request_id, k).value
     return Summary(
         producer={e.kv_request_id: (e.state.value, e.jobs, e.peer, e.round) for e in state.producer},
         consumer={e.kv_request_id: (e.state.value, e.round, e.job_id) for e in state.consumer},
@@ -109,6 +139,11 @@ def summarise(state: CoreState) -> Summary:
         dead_timers=tuple(dead),
         retained=len(state.retained),
         rounds={e.peer: e.rounds for e in state.sessions},
+        probe={e.kv_request_id: (e.state.value, e.round, e.offered, tuple(k for k, _ in e.loading))
+               for e in state.probe},
+        answers=answers,
+        loads={(e.kv_request_id, e.round): (e.state.value, e.job_id) for e in state.rounds},
+        serve={_key(e): (e.state.value, e.pins, dict(e.found)) for e in state.serve},
     )
 
 
@@ -204,7 +239,7 @@ class Cores:
             sid = len(self.snaps)
             self.ids[state] = sid
             self.snaps.append(state)
-            self.summaries.append(summarise(state))
+            self.summaries.append(summarise(state, core))
         return sid
 
     def _verify(self, core: TierCore, state: CoreState) -> None:
@@ -224,18 +259,14 @@ class Cores:
         got = self._precs.get(sid)
         if got is None:
             state = self.snaps[sid]
-            got = {}
-            for machine, entries in (("session", state.sessions), ("producer", state.producer),
-                                     ("consumer", state.consumer)):
-                for e in entries:
-                    got[(machine, _key(e))] = e
+            got = {(machine, key): e for machine, key, e in _entries(state)}
             self._precs[sid] = got
         return got
 
     def shared(self, sid: int) -> tuple:
         """The machine-wide part of snapshot ``sid`` (everything but the records)."""
         s = self.snaps[sid]
-        return (s.retained, s.next_gen, s.next_round, s.suspect, s.closing, s.named, s.error_replies)
+        return (s.retained, s.next_gen, s.next_round, s.suspect, s.closing, s.named, s.error_replies, s.serve_closing)
 
     def step(self, name: str, sid: int, inp: tuple) -> CoreStep:
         """Apply input ``inp`` to the core ``name`` (its peer name: "p", "c1"...) in snapshot ``sid``.

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 __all__ = ["Engines"]
 
 
+SYM_LOADS = 1
+"""loads a symmetric request's engine submits at most (job ids :meth:`Engines.sym_job`)"""
+
 C_LOADING = frozenset({"queued", "in_flight", "aborting", "revoking"})
 """consumer states in which the decode engine may finish the request before the load's result"""
 
@@ -71,6 +74,7 @@ class Engines(Part):
                 for i in range(b.ids) for k in range(b.chunks) for life in range(b.lives)
             },
             **{self.load_job(c, i, n): (c, i) for c in range(b.consumers) for i in range(b.ids) for n in range(b.lives)},
+            **({self.sym_job(0, n): (0, 0) for n in range(SYM_LOADS)} if b.symmetric else {}),
         }
         """job id -> (consumer index, or None for a store job; id index), for every job there can be"""
 
@@ -83,6 +87,11 @@ class Engines(Part):
     def load_job(c: int, i: int, n: int = 0) -> int:
         return 2000 + 100 * c + 10 * i + n
 
+    @staticmethod
+    def sym_job(c: int, n: int) -> int:
+        """The n-th load of consumer ``c``'s symmetric request (:mod:`.symmetric`)."""
+        return 3000 + 100 * c + n
+
     def engine_lane(self, job: int) -> str:
         """The trace lane of the engine that submitted ``job``."""
         c = self.owner_of[job][0]
@@ -94,6 +103,9 @@ class Engines(Part):
             life, rest = divmod(job - 1000, 100)
             i, k = divmod(rest, 10)
             return f"store job {job} ({s.kids[i]}{f' life {life + 1}' if life else ''} chunk {k})"
+        if job >= 3000:
+            c, n = divmod(job - 3000, 100)
+            return f"load job {job} ({s.cnames[c]} symmetric {s.kids[0]}{f' load {n + 1}' if n else ''})"
         c, rest = divmod(job - 2000, 100)
         i, n = divmod(rest, 10)
         return f"load job {job} ({s.cnames[c]} {s.kids[i]}{f' load {n + 1}' if n else ''})"
@@ -125,7 +137,7 @@ class Engines(Part):
         finishes its request early."""
         b = self.b
         out: list[tuple] = []
-        if g.shut[0]:
+        if g.shut[0] or b.symmetric:  # the symmetric path's engines are .symmetric's
             return out
         for i in range(b.ids):
             if not g.p_finished[i]:
@@ -141,7 +153,7 @@ class Engines(Part):
         """A decode engine loads an id routed to it (again, after its earlier load ended, while
         lives last), or finishes a live load (new work only)."""
         out: list[tuple] = []
-        if not full:
+        if not full or self.b.symmetric:
             return out
         b = self.b
         summaries = self.system.cores.summaries

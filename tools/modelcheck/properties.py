@@ -33,7 +33,8 @@ import attrs
 
 from tools.modelcheck.state import put
 from tools.modelcheck.trace import NETWORK, PRODUCER
-from kvtier.lifecycle.effects import JobDone, LandBlocks, Send, SendBlocks
+from kvtier.lifecycle.effects import JobDone, LandBlocks, ReleasePins, Send, SendBlocks
+from kvtier.lifecycle.serve import transfer_key
 from kvtier.wire import messages as wm
 
 if TYPE_CHECKING:
@@ -164,6 +165,16 @@ def jobs_held_by_live_records(system: System, g: State) -> None:
                     f"{engines.describe_job(job)} has no result and is {where}: it will never get one",
                     PRODUCER,
                 )
+        elif job >= 3000:  # a symmetric request's load: held by one of its rounds' loads
+            kid = system.kids[i]
+            loads = summaries[g.c[c]].loads
+            if not any(k == kid and state in C_LIVE and j == job for (k, _r), (state, j) in loads.items()):
+                raise Fail(
+                    "exactly_once_job_result",
+                    f"{engines.describe_job(job)} has no result but no live load of {system.cnames[c]}'s rounds of "
+                    f"{kid} holds it ({ {r: st for (k, r), (st, _j) in loads.items() if k == kid} })",
+                    system.lanes[c],
+                )
         else:
             kid = system.kids[i]
             rec = summaries[g.c[c]].consumer.get(kid)
@@ -188,7 +199,7 @@ def blocks_only_when_serving(system: System, st: Draft, c: int | None, step: Cor
     """no_bytes_for_tombstoned: the producer emits ``SendBlocks`` only on a parked/awaiting ->
     serving step of that id (never for a tombstoned, done, pruned or unknown id)."""
     for eff in step.effects:
-        if isinstance(eff, SendBlocks):
+        if isinstance(eff, SendBlocks) and not eff.transfer:  # a served round's: no_block_after_release
             before = _pstate(step.pre, eff.kv_request_id)
             after = _pstate(step.post, eff.kv_request_id)
             if before not in ("parked", "awaiting") or after != "serving":
@@ -210,7 +221,7 @@ def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep
     was answered, or one overtaken: dropped unanswered, decision I11; the consumer has or will
     have the first copy's answer).  Runs on steps that receive a fetch."""
     for env in _read(system, step):
-        if env.kind != "fetch":
+        if env.kind != "fetch" or getattr(env.msg, "offered", False):  # an offered round's fetch goes to serve
             continue
         sess = step.pre.sessions.get(env.src)
         gated = sess is not None and sess[0] == "ready" and sess[1] == env.gen
@@ -297,6 +308,16 @@ def writes_only_in_flight(system: System, st: Draft, c: int | None, step: CoreSt
     read = _read(system, step)
     for eff in step.effects:
         if isinstance(eff, LandBlocks):
+            load = step.pre.loads.get((eff.kv_request_id, eff.round))
+            if load is not None and eff.kv_request_id not in step.pre.consumer:  # a symmetric round's load
+                if load[0] != "in_flight":
+                    raise Fail(
+                        "no_write_after_terminal",
+                        f"{_who(system, c)} landed block data for {eff.kv_request_id} round {eff.round} in slots "
+                        f"{eff.slots} while the round's load was {load[0]}",
+                        _lane(system, c),
+                    )
+                continue
             rec = step.pre.consumer.get(eff.kv_request_id)
             other = sorted(env.round for env in read if env.kind == "block_data"
                            and env.kv_request_id == eff.kv_request_id and rec is not None and env.round != rec[1])
@@ -505,17 +526,120 @@ def _emits(effect: type) -> StepFilter:
     return emits
 
 
+# -- the symmetric path (decision M14; the engines are .symmetric's) -----------------------------
+
+
+def _released(step: CoreStep) -> set[int]:
+    return {p for e in step.effects if type(e) is ReleasePins for p in e.pins}
+
+
+def _pinned_blocks(st: Draft, kid: str, rnd: int, released: set[int]) -> set[int]:
+    """The pool blocks the engine pins for round ``rnd`` of ``kid``, pins released by the step aside."""
+    return {b for pin, k, r, blocks in st.pins if (k, r) == (kid, rnd) and pin not in released for b in blocks}
+
+
+def pins_released_once(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """pin_released_once (per step): every pin a ``ReleasePins`` names is one the producer's engine
+    gave out and nobody released yet (``State.pins``), named once, and the data plane references
+    none of its blocks in a transfer of the pin's round (the engine may evict or reuse them)."""
+    held = {p[0]: p for p in st.pins}
+    seen: set[int] = set()
+    for eff in step.effects:
+        if type(eff) is not ReleasePins:
+            continue
+        for pin in eff.pins:
+            if pin in seen or pin not in held:
+                raise Fail("pin_released_once", f"the producer released pin {pin} "
+                           + ("twice in one step" if pin in seen else "which is not held (released before, or never "
+                              "given out)"), PRODUCER)
+            seen.add(pin)
+            _, kid, rnd, blocks = held[pin]
+            for t in st.transfers:
+                if t[1] == transfer_key(system.cnames[t[0]], kid) and t[2] == rnd and set(t[4]) & set(blocks):
+                    raise Fail("pin_released_once", f"the producer released pin {pin} ({kid} r{rnd}, blocks {blocks}) "
+                               f"while the data plane still references them in the round's transfer to "
+                               f"{system.cnames[t[0]]}", PRODUCER)
+
+
+def pins_held_by_records(system: System, g: State) -> None:
+    """pin_released_once (per state): the pins the engine holds for the producer are exactly those
+    its serve records hold — one held by no record is never released, one a record holds that the
+    engine does not is released twice when the record ends."""
+    engine = {p[0] for p in g.pins}
+    records = {pin for (_state, pins, _found) in system.cores.summaries[g.p].serve.values() for pin in pins}
+    if engine != records:
+        raise Fail("pin_released_once", f"the engine holds pins {sorted(engine)} for the producer, its serve records "
+                   f"hold {sorted(records)}: " + ("a pin nobody will release" if engine - records
+                                                  else "a record holds a pin that was released"), PRODUCER)
+
+
+def hits_pinned(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_hit_without_pin: a ``probe_reply`` says hit only for a key its round's serve record found
+    in a pool block that a pin the engine holds (and the step does not release) keeps."""
+    released = _released(step)
+    for eff in step.effects:
+        if type(eff) is not Send or type(eff.msg) is not wm.ProbeReply:
+            continue
+        m = eff.msg
+        serve = step.post.serve.get((eff.peer, m.kv_request_id, m.round))
+        held = _pinned_blocks(st, m.kv_request_id, m.round, released)
+        for k, hit in zip(m.keys, m.hits):
+            if hit and (serve is None or k not in serve[2] or serve[2][k] not in held):
+                raise Fail("no_hit_without_pin", f"the producer's probe_reply for {m.kv_request_id} r{m.round} says hit "
+                           f"for {k.decode(errors='replace')} but no pin it holds keeps that key's block", PRODUCER)
+
+
+def _replies_probe(system: System, step: CoreStep) -> bool:
+    return Send in step.types and any(type(e) is Send and type(e.msg) is wm.ProbeReply for e in step.effects)
+
+
+def served_blocks_pinned(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
+    """no_block_after_release: a served round's transfer (``SendBlocks`` with a plane key) names
+    only blocks a pin of that round keeps (held, and not released by the same step)."""
+    released = _released(step)
+    for eff in step.effects:
+        if type(eff) is SendBlocks and eff.transfer:
+            held = _pinned_blocks(st, eff.kv_request_id, eff.round, released)
+            if not set(eff.blocks) <= held:
+                raise Fail("no_block_after_release", f"the producer sends blocks {eff.blocks} of {eff.kv_request_id} "
+                           f"r{eff.round}, but the round's pins keep only {sorted(held)}", PRODUCER)
+
+
+def retry_in_bound(system: System, g: State) -> None:
+    """probe_answered_in_bound: a lookup answers RETRY (the live core's ``probe_answer``) only
+    while the probe is ``collecting`` or ``probing`` with its ``probe`` deadline armed."""
+    for c, sid in enumerate(g.c):
+        summary = system.cores.summaries[sid]
+        for (kid, key), answer in summary.answers.items():
+            if answer != "retry":
+                continue
+            state = summary.probe.get(kid, ("absent",))[0]
+            if state not in ("collecting", "probing"):
+                why = f"its probe is {state} (RETRY is bounded only in collecting and probing)"
+            elif ("probe", kid, "probe") not in summary.timers:
+                why = f"its probe is {state} without the probe deadline armed"
+            else:
+                continue
+            raise Fail("probe_answered_in_bound", f"{system.cnames[c]} answers RETRY for "
+                       f"{key.decode(errors='replace')} of {kid} while {why}", system.lanes[c])
+
+
 def quiescent(system: System, g: State) -> bool:
     """no_stuck_ids' goal: every job has its result, the data plane references nothing and has no
     revocation to confirm, no producer record is live (:data:`P_LIVE`), no consumer load is live
-    (:data:`C_LIVE`)."""
-    if g.outstanding or g.transfers or g.revokes:
+    (:data:`C_LIVE`); on the symmetric path also no engine pin is held, no serve record is left,
+    no round's load is live and no probe waits for its peer (collecting, probing)."""
+    if g.outstanding or g.transfers or g.revokes or g.pins:
         return False
     summaries = system.cores.summaries
-    if any(r[0] in P_LIVE for r in summaries[g.p].producer.values()):
+    ps = summaries[g.p]
+    if ps.serve or any(r[0] in P_LIVE for r in ps.producer.values()):
         return False
     for sid in g.c:
-        if any(r[0] in C_LIVE for r in summaries[sid].consumer.values()):
+        cs = summaries[sid]
+        if any(r[0] in C_LIVE for r in cs.consumer.values()) or any(r[0] in C_LIVE for r in cs.loads.values()):
+            return False
+        if any(r[0] in ("collecting", "probing") for r in cs.probe.values()):
             return False
     return True
 
@@ -531,6 +655,17 @@ def stuck(system: System, g: State) -> list[tuple[str, str]]:
         for kid, r in sorted(system.cores.summaries[sid].consumer.items()):
             if r[0] in C_LIVE:
                 items.append((system.lanes[c], f"{system.cnames[c]} {kid} stays {r[0]}"))
+    for key, (s, pins, _found) in sorted(system.cores.summaries[g.p].serve.items()):
+        items.append((PRODUCER, f"producer serve {key} stays {s}" + (f" holding pins {list(pins)}" if pins else "")))
+    items.extend((PRODUCER, f"the engine's pin {p[0]} ({p[1]} r{p[2]}) is never released") for p in g.pins)
+    for c, sid in enumerate(g.c):
+        cs = system.cores.summaries[sid]
+        for (kid, rnd), (s, _job) in sorted(cs.loads.items()):
+            if s in C_LIVE:
+                items.append((system.lanes[c], f"{system.cnames[c]} {kid} round {rnd}'s load stays {s}"))
+        for kid, (s, *_rest) in sorted(cs.probe.items()):
+            if s in ("collecting", "probing"):
+                items.append((system.lanes[c], f"{system.cnames[c]} probe {kid} stays {s}"))
     items.extend(
         (NETWORK, f"the data plane never releases the transfer of {t[1]} r{t[2]} to {system.cnames[t[0]]}")
         for t in g.transfers
@@ -585,6 +720,16 @@ REGISTRY: tuple[Property, ...] = (
         consumer_step=no_write_after_terminal, when=_lands_or_fails_a_load,
     ),
     Property("bounded_bookkeeping", ("bounded_bookkeeping",), producer_step=retained_within_cap, when=_over_the_cap),
+    # the symmetric path (decision M14)
+    Property(
+        "pin_released_once", ("pin_released_once",),
+        producer_step=pins_released_once, when=_emits(ReleasePins), state=pins_held_by_records,
+    ),
+    Property("no_hit_without_pin", ("no_hit_without_pin",), producer_step=hits_pinned, when=_replies_probe),
+    Property(
+        "no_block_after_release", ("no_block_after_release",), producer_step=served_blocks_pinned, when=_emits(SendBlocks),
+    ),
+    Property("probe_answered_in_bound", ("probe_answered_in_bound",), state=retry_in_bound),
     # From every explored state, a quiescent state is reachable by completion steps only (see
     # .search): every fetch is answered, every job gets its result, no id is stuck.
     Property("no_stuck_ids", ("fetch_always_answered", "exactly_once_job_result"), liveness=True),
@@ -603,6 +748,10 @@ PROPERTIES: tuple[str, ...] = (
     "no_success_without_receipt",
     "input_before_deadline",
     "lives_never_mix",
+    "pin_released_once",
+    "no_hit_without_pin",
+    "no_block_after_release",
+    "probe_answered_in_bound",
     "no_stuck_ids",
 )
 """Every property's name, in the order the report lists them."""

@@ -71,6 +71,7 @@ def format_result(r: Result) -> str:
         f"{'' if b.corruption else ' no-corruption'}"
         f"{'' if b.prune_timers else ' no-prune-timers'}{'' if b.abandon else ' no-abandon'}"
         f"{' no-transfer-failures' if not b.transfer_failures else ''}"
+        f"{f' symmetric sym_keys={b.sym_keys}' if b.symmetric else ''}"
     )
     if r.violation is None and not r.truncated:
         scope = (

@@ -20,6 +20,9 @@ field               owner
 ``corrupted``       :mod:`.network` (the rounds whose blocks it made land corrupt)
 ``faults``          :mod:`.network` (fault budgets: loss, duplication, a corrupt landing)
 ``crashes``         :mod:`.network` (crash budget; a silent session's heartbeat spends it too)
+``pins`` ...        :mod:`.symmetric` (``pins``: engine pins the producer's serve window gave
+                    out and that were not released; ``lookups``: ``LookUpBlocks`` queued for its
+                    next window; ``sym``: the consumer engine's symmetric request and the next pin id)
 ==================  ===================================================================
 
 A new kind of environment state is a new field here (keep the tuple flat) plus, when the field has
@@ -75,6 +78,15 @@ class State(NamedTuple):
     drained: bool
     shut: tuple[int, ...]
     """per manager (0 the producer, 1+c consumer c): 0 running, 1 shutting down, 2 closed"""
+    pins: tuple[tuple[int, str, int, tuple[int, ...]], ...] = ()
+    """(pin, kv_request_id, round, pool blocks) of every engine pin the producer's serve window
+    gave out and nobody released yet, sorted (the symmetric path)"""
+    lookups: tuple[tuple[str, str, int, tuple[bytes, ...]], ...] = ()
+    """(peer, kv_request_id, round, keys) of every ``LookUpBlocks`` queued for the producer's next
+    serve window, oldest first"""
+    sym: tuple[int, int, int] = (0, 0, 1)
+    """the consumer engine's symmetric request: (0 not announced, 1 live, 2 finished; loads
+    submitted; the next pin id the producer's engine gives out)"""
 
 
 FIELDS = State._fields
@@ -96,7 +108,7 @@ class Draft:
             self.p, self.c, chans, self.arrived, self.transfers, self.revokes, self.attaches, self.stores,
             self.p_finished,
             self.lives, self.loads, self.outstanding, self.retired, self.receipted, self.corrupted, self.faults,
-            self.crashes, self.drained, self.shut,
+            self.crashes, self.drained, self.shut, self.pins, self.lookups, self.sym,
         ) = g
         self.chans: list = list(chans)
         self._copied: set[int] = set()
@@ -117,5 +129,5 @@ class Draft:
             self.p, self.c, tuple(chans), self.arrived, self.transfers, self.revokes, self.attaches, self.stores,
             self.p_finished,
             self.lives, self.loads, self.outstanding, self.retired, self.receipted, self.corrupted, self.faults,
-            self.crashes, self.drained, self.shut,
+            self.crashes, self.drained, self.shut, self.pins, self.lookups, self.sym,
         ))

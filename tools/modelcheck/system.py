@@ -38,6 +38,7 @@ from tools.modelcheck.properties import (
     stuck,
 )
 from tools.modelcheck.state import Draft, State, put
+from tools.modelcheck.symmetric import Symmetric
 from tools.modelcheck.trace import PREFILL, PRODUCER, Recorder, consumer_lane, decode_lane
 from tools.modelcheck.transport import Transport
 from kvtier.lifecycle import driver, snapshot
@@ -90,7 +91,8 @@ class System:
         self.network = Network(self)
         self.transport = Transport(self)
         self.clock = Clock(self)
-        self.parts: tuple[Part, ...] = (self.engines, self.network, self.transport, self.clock)
+        self.symmetric = Symmetric(self)
+        self.parts: tuple[Part, ...] = (self.engines, self.network, self.transport, self.clock, self.symmetric)
         parts = self.parts
         self.owner: dict[str, Part] = {}
         """action kind -> the part that owns it"""
@@ -112,6 +114,7 @@ class System:
             park_clock=b.park_clock,
             tombstone_max=b.tombstone_max,
             max_pending_fetches_per_peer=b.max_pending,
+            serve_external=b.symmetric,  # the producer serves probes from its engine's tiers
         )
         self.cores = Cores(settings, self.feed)
         # the pipeline of each distinct core step, by id(step): the producer's, then each consumer's
@@ -196,6 +199,7 @@ class System:
         acts += self.clock.actions(g, True)
         acts += engines.producer_actions(g, True)
         acts += engines.consumer_actions(g, True)
+        acts += self.symmetric.actions(g, True)
         acts += network.faults(g)
         acts += network.crashes(g)
         acts += engines.operator_actions(g, True)
@@ -211,6 +215,7 @@ class System:
         yield from self.clock.actions(g, False)
         yield from self.engines.producer_actions(g, False)
         yield from self.engines.consumer_actions(g, False)
+        yield from self.symmetric.actions(g, False)
         yield from self.engines.operator_actions(g, False)
 
     def label(self, g: State, action: tuple) -> str:

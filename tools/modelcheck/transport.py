@@ -58,6 +58,8 @@ class Transfer(NamedTuple):
     consumer: int
     """the consumer index the blocks go to"""
     kv_request_id: str
+    """the transfer's plane key: the id for a PD transfer, ``<id>|<peer>`` for a symmetric round
+    served from the engine's tiers (:func:`kvtier.lifecycle.serve.transfer_key`)"""
     round: int
     gen: int
     """the generation of the session that carries it (the ``SendBlocks``' ``gen``)"""
@@ -89,7 +91,7 @@ def after_effects(
     plane posts no more, but what it references stays referenced until it reports."""
     for eff in effects:
         if isinstance(eff, SendBlocks) and eff.peer in consumers:
-            new = Transfer(consumers[eff.peer], eff.kv_request_id, eff.round, eff.gen, eff.blocks)
+            new = Transfer(consumers[eff.peer], eff.transfer or eff.kv_request_id, eff.round, eff.gen, eff.blocks)
             transfers = tuple(sorted(transfers + (new,)))
     return transfers
 
@@ -225,7 +227,7 @@ class Transport(Part):
         if action[0] == "attached":
             _, m, peer, _gen, _ok = action
             return m - 1 if m else self.system.cindex[peer]
-        return self.system.kindex[action[1][1]]
+        return self.system.kindex[action[1][1].split("|")[0]]
 
     def touches_producer(self, action: tuple) -> bool:
         return action[0] == "transport" or (action[0] == "attached" and action[1] == 0)
