@@ -30,7 +30,6 @@ EXPECTED = {
     "prune_before_retention": "",  # late_fetch_one_rtt or tombstoned_never_reparks
     "write_after_abort": "no_write_after_terminal",
     "store_reparks_tombstone": "",  # tombstoned_never_reparks or late_fetch_one_rtt
-    "cancel_deadline_returns_blocks": "no_block_returned_while_referenced",
     "success_without_receipt": "no_success_without_receipt",
     "abort_ignores_round": "lives_never_mix",
     "deadlines_before_input": "input_before_deadline",
@@ -39,13 +38,19 @@ EXPECTED = {
 # that the bounded hunt does not reach reliably.  `python -m tools check` finds it in every run
 # (tests/model/test_modelcheck.py); HYPOTHESIS_PROFILE=explore finds it here too.
 NOT_HUNTED = {"abort_never_gives_up"}
+# cancel_deadline_returns_blocks needs a transfer left alone past its transfer and cancel
+# deadlines while the consumer neither times out nor reads the notice: since the round watermark
+# and the notice (decisions I11, I19) the bounded hunt reaches it only after ~70-90 s (measured:
+# 1500 examples of 60 steps, or 2000 of 25 with a jump-to-deadline rule); the model check finds
+# it in 235 states in every run (tests/model/test_modelcheck.py)
+NOT_HUNTED |= {"cancel_deadline_returns_blocks"}
 # the symmetric path's planted bugs (tools/planted.py PROFILE_OF): this suite drives PD hand-offs
 # only; the model check's symmetric profile finds them (tests/model/test_modelcheck_symmetric.py)
 # and tests/symmetric/test_planted_symmetric.py plants its own in the symmetric stateful machine
 NOT_HUNTED |= {"serve_releases_pins_at_cancel", "reply_hits_unpinned"}
 # bugs that need a longer quiet stretch (a transfer left alone past two deadlines while nothing
 # else happens) get more examples; the seed stays fixed, so the run stays deterministic
-EXAMPLES = {"cancel_deadline_returns_blocks": 6000}
+EXAMPLES: dict[str, int] = {}
 
 HUNT_SETTINGS = settings(
     max_examples=2000,
