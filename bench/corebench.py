@@ -752,7 +752,8 @@ class ScaleRunner:
                              "heap": core.deadline_entries(), "rss_mib": _rss() / 2**20})
         seconds = time.perf_counter() - t0
         gc.collect()
-        by_peer, awaiting, _quarantined, _retained, _consumer_by_peer = snapshot.indexes(core)
+        # the producer's two per-peer indexes lead the tuple (kvtier.lifecycle.snapshot.indexes)
+        by_peer, awaiting = snapshot.indexes(core)[:2]
         state = {
             "records": core.producer_count(),
             "retained": core.retained(),
