@@ -262,10 +262,12 @@ class TierConfig:
 
     nixl_progress_interval_s: float = _field(Float(0.0001, 0.05), 0.001, doc="""
         ``data_plane="nixl"`` only: the longest the manager waits between two calls into NIXL
-        while a peer may be writing into its pool or a WRITE of its own is in flight. Over UCX tcp a
-        WRITE into this pool advances only during those calls (over CMA and RDMA it needs none), so
-        this bounds a small WRITE's latency; NIXL's own progress thread is not used (it spins ~80 %
-        of a core when idle).""")
+        while a peer may be writing into its pool or a WRITE of its own is in flight. A batch's
+        header arrives as its WRITE's NIXL notification, which is read (and, on the producer, sent)
+        only during those calls, and over UCX tcp a WRITE into this pool advances only then too, so
+        this bounds a small request's latency; shorter intervals trade CPU (more ticks during a
+        large transfer) for it (decision N17). NIXL's own progress thread is not used (it spins
+        ~80 % of a core when idle).""")
 
     integrity: str = _field(Choice(("xxh3_64", "none")), "xxh3_64", doc="""
         Per-block digest taken when blocks are parked and checked by the

@@ -30,7 +30,9 @@ INLINE_LAND_BYTES: Final = 1 << 20
 hash, against one more tick (up to the poll interval, 1 ms by default) before a pool's result is
 read — and a request's last, small batch is the one whose latency shows (decision I14)."""
 
-LANDING_WAIT_S: Final = 0.0005
+LANDING_WAIT_S: Final = 0.001
+"""The longest wait while pool work runs: one whole millisecond, the cadence these waits always
+had; a shorter one would be honoured now (decision N17) and only add wake-ups on two cores."""
 """While a landing runs on the pool, the manager waits at most this long for network input before
 polling the plane again (the pool's threads cannot wake the wait; a 1 MiB check takes ~50 µs)."""
 

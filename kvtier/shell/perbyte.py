@@ -51,7 +51,9 @@ INLINE_STORE_BYTES: Final = 64 << 10
 costs the engine's thread about as much (a future, a queue put: ~5-10 µs) as hashing it
 (64 KiB: ~3 µs), and its digests are in the core at once."""
 
-STORE_WAIT_S: Final = 0.0005
+STORE_WAIT_S: Final = 0.001
+"""The longest wait while pool work runs: one whole millisecond, the cadence these waits always
+had; a shorter one would be honoured now (decision N17) and only add wake-ups on two cores."""
 """While a store's digests are being taken, the manager waits at most this long for network input
 before looking again (the pool's threads cannot wake the wait)."""
 

@@ -17,6 +17,10 @@ from kvtier.transport import TransportEvent
 from kvtier.transport.zmq_conns import EVENTS, IN_PREFIX, NOBLOCK, POLLIN
 from kvtier.transport.zmq_options import positive_int
 
+#: Sub-millisecond waits poll this often: a message that arrives during one waits at most this
+#: long (``zmq_poll`` itself counts whole milliseconds).
+SUB_MS_SLICE_S = 0.0001
+
 
 class ZmqReceive:
     """Receiving, polling and waiting of :class:`~kvtier.transport.zmq_transport.ZmqTransport`."""
@@ -147,6 +151,22 @@ class ZmqReceive:
 
     # -- waiting ----------------------------------------------------------------------------
 
+    @staticmethod
+    def _poll_once(poller: zmq.Poller, remaining_s: float) -> list:
+        """One poll of at most ``remaining_s``. ``zmq_poll`` counts whole milliseconds, so a
+        sub-millisecond wait (a NIXL plane's progress interval) would round up to 1 ms per
+        wait; it is non-blocking polls :data:`SUB_MS_SLICE_S` apart instead, so a message
+        arriving meanwhile waits at most one slice."""
+        if remaining_s >= 0.001 or remaining_s <= 0:
+            return poller.poll(max(0, math.ceil(remaining_s * 1000)))
+        end = time.monotonic() + remaining_s
+        while True:
+            events = poller.poll(0)
+            left = end - time.monotonic()
+            if events or left <= 0:
+                return events
+            time.sleep(min(left, SUB_MS_SLICE_S))
+
     def wait(self, timeout_s: float) -> bool:
         """Block until a message or a connection event is ready, or ``timeout_s`` passes.
         Flushes queued sends as their sockets become writable, and cuts idle connections
@@ -181,9 +201,8 @@ class ZmqReceive:
             until = deadline
             if self._idle_timeout_s is not None and self._unbound:
                 until = min(until, next(iter(self._unbound.values())).accepted + self._idle_timeout_s)
-            remaining_ms = max(0, math.ceil((until - now) * 1000))
             try:
-                events = poller.poll(remaining_ms)
+                events = self._poll_once(poller, until - now)
             except zmq.ZMQError:
                 return False
             if any(ev & POLLIN and s not in mons for s, ev in events):

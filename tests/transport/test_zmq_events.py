@@ -191,3 +191,16 @@ def test_close_linger_rejects_bad_values(make) -> None:
     with pytest.raises(ValueError):
         t.close(linger_s=float("inf"))
     t.close()
+
+
+def test_sub_millisecond_waits_still_deliver(make) -> None:
+    """A wait under 1 ms (zmq_poll counts whole milliseconds) is served by non-blocking polls
+    (decision N17): with nothing there it reports nothing after at least the time asked for, and
+    a message that arrives while such waits run is reported and received."""
+    producer, consumer, peer, in_peer = hello_pair(make)
+    t0 = time.monotonic()
+    assert producer.wait(0.0003) is False
+    assert time.monotonic() - t0 >= 0.0003  # it waited (a lower bound: never flaky)
+    consumer.send(peer, [b"ping"])
+    assert until(lambda: producer.wait(0.0003), step=lambda: None)
+    assert producer.recv() == [(in_peer, [b"ping"])]
