@@ -52,8 +52,8 @@ costs the engine's thread about as much (a future, a queue put: ~5-10 µs) as ha
 (64 KiB: ~3 µs), and its digests are in the core at once."""
 
 STORE_WAIT_S: Final = 0.001
-"""The longest wait while pool work runs: one whole millisecond, the cadence these waits always
-had; a shorter one would be honoured now (decision N17) and only add wake-ups on two cores."""
+"""The longest wait while a store's digests are taken: 1 ms, for the same reason as the landings'
+:data:`kvtier.dataplane.landing.LANDING_WAIT_S` (decision N17)."""
 """While a store's digests are being taken, the manager waits at most this long for network input
 before looking again (the pool's threads cannot wake the wait)."""
 

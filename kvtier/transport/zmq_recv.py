@@ -173,7 +173,8 @@ class ZmqReceive:
         when their time is up.
 
         Args:
-            timeout_s: seconds, finite. Values <= 0 just poll.
+            timeout_s: seconds, finite. Values <= 0 just poll; values under 1 ms are honoured
+                (:meth:`_poll_once`), not rounded up to ``zmq_poll``'s millisecond.
 
         Returns:
             True if a message is readable (call :meth:`recv`) or an event is waiting (call
