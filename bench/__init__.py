@@ -20,6 +20,12 @@ in the same run; medians with min–max.  The suite:
 * **P9** symmetric P2P (``remote_kv_source``): a probe round vs a raw round trip; shared-prefix
   TTFT on SmolLM2-135M, fetched from a peer vs recomputed (vLLM's own ``p2p`` tier beside kvtier's
   in real vLLM schedulers: ``python -m bench.vllm_symmetric``).
+* **P10** engine-call latency: p50/p99/max wall and CPU of ``submit_store``, ``submit_load``,
+  ``lookup`` and ``get_finished_jobs`` on the engine's thread while a 256 MiB transfer and 100 idle
+  sessions run (``bench/engine_calls.py``).
+
+P1 and P3 also write a py-spy profile (all threads of both processes; ``bench/_profile.py``) of
+their 1-block cell and late-fetch run into ``OUT/profiles/``, raw collapsed stacks with a summary.
 
 Usage, from a checkout (the suite is not part of the kvtier wheel): ``python -m bench [--quick]
 [--only P1,P3] [--out DIR] [--json PATH]``.  Writes ``results.json`` (``results-quick.json`` with
@@ -56,6 +62,7 @@ BENCHMARKS: dict[str, str] = {
     "P7": "PD on SmolLM2-135M: fetched KV vs recompute",
     "P8": "scale: 1M ids on a virtual clock",
     "P9": "symmetric P2P: probe RTT and shared-prefix TTFT",
+    "P10": "engine-call latency under load",
 }
 
 Runner = Callable[[bool, Callable[[str], None], set[str]], dict[str, dict[str, Any]]]
@@ -63,7 +70,7 @@ Runner = Callable[[bool, Callable[[str], None], set[str]], dict[str, dict[str, A
 
 def _groups() -> list[tuple[set[str], Runner]]:
     """Benchmarks that share a setup run together (P1-P3: one pair of processes)."""
-    from bench import corebench, pd, seed, symmetric, xproc
+    from bench import corebench, engine_calls, pd, seed, symmetric, xproc
 
     def single(fn: Callable[[bool, Callable[[str], None]], dict[str, dict[str, Any]]]) -> Runner:
         return lambda quick, log, which: fn(quick, log)
@@ -77,6 +84,7 @@ def _groups() -> list[tuple[set[str], Runner]]:
         ({"P1", "P2", "P3"}, xproc.run),
         ({"P7"}, single(pd.run_p7)),
         ({"P9"}, single(symmetric.run_p9)),
+        ({"P10"}, single(engine_calls.run_p10)),
     ]
 
 

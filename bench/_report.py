@@ -263,4 +263,14 @@ def _p9(r: dict[str, Any]) -> str:
     return text
 
 
-_DETAIL = {"P0": _p0, "P1": _p1, "P2": _p2, "P3": _p3, "P4": _p4, "P5": _p5, "P6": _p6, "P7": _p7, "P8": _p8, "P9": _p9}
+def _p10(r: dict[str, Any]) -> str:
+    rows = [[c, *(f"{v['wall_s'].get(k, v['wall_s']['max']) * 1e6:.0f}" for k in ("median", "p99", "max")),
+             f"{v['cpu_s']['median'] * 1e6:.1f}", f"{v['cpu_s'].get('p99', v['cpu_s']['max']) * 1e6:.1f}",
+             str(v["wall_s"]["n"])] for c, v in r["calls"].items()]
+    load = r.get("loadavg") or []
+    return _md_table(["call", "wall p50 µs", "wall p99 µs", "wall max µs", "CPU p50 µs", "CPU p99 µs", "calls"], rows) + (
+        f"\n\nLoad average (1, 5, 15 min) before / after: {', '.join(f'{x:.2f}' for x in load[0])} / "
+        f"{', '.join(f'{x:.2f}' for x in load[1])}." if load else "")
+
+
+_DETAIL = {"P0": _p0, "P1": _p1, "P2": _p2, "P3": _p3, "P4": _p4, "P5": _p5, "P6": _p6, "P7": _p7, "P8": _p8, "P9": _p9, "P10": _p10}
