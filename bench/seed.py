@@ -107,7 +107,7 @@ def _cpu_s() -> float:
 
 _GROUPS = (
     ("kvtier-digest", "digest pool"),
-    ("kvtier-poll", "kvtier poll thread"),
+    ("kvtier-io", "kvtier I/O loop"),
     ("vllm_offload_tier", "vLLM tier poll"),
     ("ZMQbg", "libzmq I/O"),
     ("p0-idle", "idle poller"),

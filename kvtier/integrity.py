@@ -253,16 +253,18 @@ class _Job:
         self.error: BaseException | None = None
         self.bad = -1  # smallest mismatching index found so far (checks)
 
-    def part_done(self, result: Callable[[], Any]) -> None:
+    def part_done(self, result: Callable[[], Any]) -> bool:
+        """One part ended; the last one resolves the future (then True)."""
         with self.lock:
             self.remaining -= 1
             last = self.remaining == 0
         if not last:
-            return
+            return False
         if self.error is not None:
             self.future.set_exception(self.error)
         else:
             self.future.set_result(result())
+        return True
 
     def fail(self, exc: BaseException) -> None:
         with self.lock:
@@ -303,6 +305,9 @@ class DigestPool:
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._closed = False
+        self.notify: Callable[[], None] | None = None
+        """Called on a worker thread after a request's future resolved (an I/O loop's wake-up, so a
+        loop sleeping in its poll learns at once that work it waits for is done)."""
         _LIVE.add(self)
 
     @property
@@ -455,7 +460,10 @@ class DigestPool:
                 run(start, end, job)
             except BaseException as exc:  # noqa: BLE001 - handed to the future's reader
                 job.fail(exc)
-            job.part_done(lambda: result(job))
+            if job.part_done(lambda: result(job)):
+                notify = self.notify
+                if notify is not None:
+                    notify()
 
         with self._lock:
             self._check_open()

@@ -1,16 +1,20 @@
-"""``KvTierManager``: the engine-facing façade over the I/O shell (:mod:`kvtier.shell`).
+"""``KvTierManager``: the engine-facing façade over the I/O loop (:mod:`kvtier.shell.loop`).
 
-It checks each engine call's arguments, turns the call into a core input
-(:mod:`kvtier.lifecycle.inputs`) and hands it to the shell's :class:`~kvtier.shell.loop.Loop`,
-which applies it and performs what the core decides.  It makes no lifecycle decision of its own.
+Each engine call checks its arguments (raising at once, naming what was wrong), hands the loop
+one command (a core input, :mod:`kvtier.lifecycle.inputs`) and returns; it makes no lifecycle
+decision and reports no job result of its own — a local store or a refused load is a core input
+too (``JobSettled``).  The loop owns the sockets, the data plane and the core; the façade imports
+neither a transport nor a plane (decision C12).
 
-Threading: every public method takes one re-entrant lock, so the manager may be driven from the
-engine thread alone (call :meth:`poll` or :meth:`get_finished_jobs` regularly), or with
-``background_poll=True`` from an internal daemon thread as well (it polls every
-``poll_interval_s`` and takes the same lock); both are safe.  The API mirrors vLLM 0.33.0's
-``SecondaryTierManager`` (``on_new_request``, ``lookup``, ``submit_store``, ``submit_load``,
-``get_finished_jobs``, ``on_request_finished``, ``has_pending_work``, ``drain_jobs``,
-``shutdown``, and for the symmetric path ``on_schedule_end`` and ``serve_external_requests``).
+Threading: with ``background_poll=True`` the loop runs on its own thread (``kvtier-io``): engine
+calls only queue a command and wake it, and share no lock with any wait; results reach
+:meth:`get_finished_jobs` through a queue, ``lookup`` answers from what the loop published after
+its last pass.  With ``background_poll=False`` (caller-driven) the same loop runs on the caller's
+thread: an engine call's command is applied at once, and :meth:`poll` / :meth:`get_finished_jobs`
+run passes over the network.  The API mirrors vLLM 0.33.0's ``SecondaryTierManager``
+(``on_new_request``, ``lookup``, ``submit_store``, ``submit_load``, ``get_finished_jobs``,
+``on_request_finished``, ``has_pending_work``, ``drain_jobs``, ``shutdown``, and for the symmetric
+path ``on_schedule_end`` and ``serve_external_requests``).
 
 Nothing a peer sends can raise out of :meth:`poll`: malformed messages are counted, answered
 (rate-limited) by the core and dropped.
@@ -19,7 +23,6 @@ Nothing a peer sends can raise out of :meth:`poll`: malformed messages are count
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,24 +35,16 @@ from prometheus_client import CollectorRegistry
 from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
 from kvtier.blocksource import BlockSource
 from kvtier.config import TierConfig
-from kvtier.dataplane import DataPlane, Released, make_plane
-from kvtier.integrity import DigestPool, block_digests, default_threads
-from kvtier.lifecycle import Answer, ConsumerState, InvalidTransition, ProbeState, Reason, TierCore
+from kvtier.integrity import DigestPool
+from kvtier.lifecycle import ConsumerState, ProbeState, Reason, TierCore
 from kvtier.lifecycle import inputs as ix
-from kvtier.lifecycle.driver import drive
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
 from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
-from kvtier.shell.build import local_hello, make_core, make_transport, warn_if_serving_open
+from kvtier.shell.build import build_parts
 from kvtier.shell.checks import check_fetch_size, check_job, check_job_type, check_req
-from kvtier.shell.inbound import Inbound
-from kvtier.shell.jobs import JobLedger
-from kvtier.shell.logs import RateLimitedLog
-from kvtier.shell.loop import Loop, PollThread
-from kvtier.shell.outbound import MAX_BATCH_BYTES, Outbound
-from kvtier.shell.perbyte import ByteWork
-from kvtier.transport import Transport, TransportError
-from kvtier.wire.codec import Decoder, WireLimits
+from kvtier.shell.loop import IoLoop
+from kvtier.shell.outbound import MAX_BATCH_BYTES
 
 __all__ = ["KvTierManager", "MAX_BATCH_BYTES"]
 
@@ -57,7 +52,6 @@ log = logging.getLogger("kvtier.manager")
 
 #: The least a shutdown gives its goodbyes to flush, even when a drain used the whole budget.
 _MIN_GOODBYE_S = 0.05
-_ANSWERS = {Answer.RETRY: LookupResult.RETRY, Answer.HIT: LookupResult.HIT, Answer.MISS: LookupResult.MISS}
 
 
 class KvTierManager:
@@ -71,7 +65,7 @@ class KvTierManager:
         layout: the block layout fingerprint; peers must agree (checked in the handshake).
         clock: returns seconds (monotonic); injectable for virtual-time tests.
         transport: defaults to a :class:`~kvtier.transport.ZmqTransport` listening on
-            ``config.host:config.port``.
+            ``config.host:config.port`` (the loop builds and owns it).
 
     Raises:
         TypeError: ``config`` or ``pool`` has the wrong type.
@@ -87,7 +81,7 @@ class KvTierManager:
         *,
         layout: str = "raw",
         clock: Callable[[], float] = time.monotonic,
-        transport: Transport | None = None,
+        transport: Any = None,
     ) -> None:
         if config is None:
             config = {}
@@ -98,22 +92,7 @@ class KvTierManager:
             raise TypeError(f"pool must be a kvtier.memory.BlockPool, got {type(pool).__name__}")
         self.pool = pool
         self.clock = clock
-        self._lock = threading.RLock()
-        own_transport = transport is None
-        self.transport: Transport = transport if transport is not None else make_transport(self.config, pool.block_bytes)
-        self._metrics: TierMetrics | None = None
-        try:
-            self._assemble(layout)
-        except BaseException:
-            if own_transport:  # never leak a bound listener (and its zmq threads) from a failed constructor
-                self.transport.close()
-            if self._metrics is not None:
-                self._metrics.close()
-            raise
-
-    def _assemble(self, layout: str) -> None:
-        cfg, pool = self.config, self.pool
-        self.instance = cfg.instance or secrets.token_hex(6)
+        cfg = self.config
         self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers, listen_host=cfg.host)
         if self._peer_policy.open:
             log.warning(
@@ -121,72 +100,61 @@ class KvTierManager:
                 "dial any producer address (link-local, metadata, multicast and unspecified addresses%s excepted). "
                 "List your prefill endpoints or networks in allowed_peers (docs/security.md).",
                 ", and loopback," if self._peer_policy.beyond_loopback else "")
-        # digests and landings that grow with bytes run here, off the thread that holds the lock
-        # (decision I14); its threads start with the first large store or landing
-        threads = default_threads() if cfg.digest_threads is None else cfg.digest_threads
-        self._digest_pool: DigestPool | None = (
-            DigestPool(threads, name=f"kvtier-digest-{self.instance}") if threads and cfg.integrity != "none" else None)
-        self.plane: DataPlane = make_plane(cfg.data_plane, transport=self.transport, pool=pool, config=cfg,
-                                           layout=layout, digest_pool=self._digest_pool)
-        hello = local_hello(cfg, block_bytes=pool.block_bytes, layout=layout, instance=self.instance, plane=self.plane)
-        self.core: TierCore = make_core(cfg, hello, one_sided=self.plane.one_sided, gen_base=secrets.randbits(62),
-                                        revoke_bounded=self.plane.revocation_bounded, pool_blocks=pool.num_blocks)
-        """The lifecycle core (its read API: sessions, states, quarantine, snapshots)."""
-        self._jobs = JobLedger()
+        self._lock = threading.RLock()
+        parts = build_parts(cfg, pool, layout=layout, clock=clock, lock=self._lock, transport=transport,
+                            vet=self._peer_policy.vet_resolved if self._peer_policy.open else None)
+        self.instance = parts.instance
+        self._loop = IoLoop(parts, config=cfg, clock=clock, lock=self._lock)
+        self._jobs = self._loop.jobs
+        self._published = self._loop.published
+        self._metrics: TierMetrics = parts.metrics
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
+        self._loading: set[str] = set()  # consumer requests that submitted a load (or load_nothing)
+        self._looked: dict[str, int] = {}  # symmetric requests: lookups handed to the loop
         self._closing = False  # shutdown() began: no new work
         # when a drain_jobs(timeout_s) that did not finish had to be over: a shutdown() that
         # follows it shares that one budget (decision A6)
         self._drain_deadline: float | None = None
         self._closed = False
-        self._metrics = TierMetrics(tier=cfg.type, listener=self.transport.address, core=self.core,
-                                    lock=self._lock, clock=self.clock, block_bytes=pool.block_bytes)
-        if cfg.metrics_port is not None:
-            try:
-                self._metrics.serve(cfg.host, cfg.metrics_port)
-            except OSError as exc:
-                raise TransportError(
-                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc}") from exc
-            log.info("kvtier: metrics on http://%s/metrics", self._metrics.address)
-        where = getattr(self.transport, "peer_address", None)
-        self._logs = RateLimitedLog(self.clock, where if where is not None else (lambda p: ""))
-        decoder = Decoder(
-            limits=WireLimits(max_message_bytes=cfg.max_message_bytes, max_blocks_per_fetch=cfg.max_blocks_per_fetch),
-            block_bytes=pool.block_bytes,
-        )
-        self._work = ByteWork(algorithm=cfg.integrity, digest_pool=self._digest_pool, block_bytes=pool.block_bytes,
-                              metrics=self._metrics, logs=self._logs)
-        outbound = Outbound(transport=self.transport, plane=self.plane, pool=pool, jobs=self._jobs,
-                            metrics=self._metrics, logs=self._logs, work=self._work, clock=self.clock,
-                            loads=self.core.consumer,
-                            vet=self._peer_policy.vet_resolved if self._peer_policy.open else None)
-        inbound = Inbound(transport=self.transport, plane=self.plane, decoder=decoder, metrics=self._metrics,
-                          logs=self._logs, clock=self.clock, posted=outbound.posted, work=self._work)
-        self._loop = Loop(core=self.core, inbound=inbound, outbound=outbound, work=self._work, clock=self.clock,
-                          metrics=self._metrics, logs=self._logs)
-        if not pool.pinned:
-            log.info("kvtier: block pool is pageable (no accelerator): transfers still work, without DMA pinning")
-        warn_if_serving_open(cfg)
-        self._thread: PollThread | None = None
         if cfg.background_poll:
-            self._thread = PollThread(lock=self._lock, loop=self._loop, wait=self.transport.wait,
-                                      interval_s=cfg.poll_interval_s, closed=lambda: self._closed,
-                                      on_error=self._metrics.internal_error)
+            self._loop.start()
+
+    # -- what the loop owns, for readers -----------------------------------------------------------
+    @property
+    def core(self) -> TierCore:
+        """The lifecycle core (its read API: sessions, states, quarantine, snapshots).  Owned by
+        the I/O loop: read it under :attr:`lock` while the loop runs on its thread."""
+        return self._loop.core
+
+    @property
+    def transport(self) -> Any:
+        """The loop's transport (introspection and fault injection in tests; the loop owns it)."""
+        return self._loop.transport
+
+    @property
+    def plane(self) -> Any:
+        """The loop's data plane (introspection in tests and benchmarks; the loop owns it)."""
+        return self._loop.plane
 
     @property
     def digest_pool(self) -> DigestPool | None:
         """The pool that takes large stores' digests and does large landings (config
         ``digest_threads``; ``None`` with ``digest_threads=0`` or ``integrity="none"``); closed,
         its threads joined, by :meth:`shutdown` and :meth:`close_abruptly`."""
-        return self._digest_pool
+        return self._loop.digest_pool
 
     @property
     def lock(self) -> threading.RLock:
-        """The manager's re-entrant lock: every public method takes it (and the poll thread, while
-        it ticks).  Hold it to read :attr:`core` consistently while ``background_poll`` runs, or
-        to make several calls atomic."""
+        """The I/O loop's pass lock: held for the length of each pass (never while the loop waits
+        for input).  Hold it to read :attr:`core` consistently while the loop runs on its thread.
+        Engine calls do not take it."""
         return self._lock
+
+    @property
+    def passes(self) -> int:
+        """Passes of the I/O loop that applied something (commands, inputs, deadlines) so far."""
+        return self._loop.passes
 
     # -- metrics ---------------------------------------------------------------------------------
     @property
@@ -199,6 +167,11 @@ class KvTierManager:
         """``host:port`` of the metrics endpoint (config ``metrics_port``), or ``None`` when off."""
         return self._metrics.address
 
+    @property
+    def tier_metrics(self) -> TierMetrics:
+        """This manager's :class:`~kvtier.metrics.TierMetrics` (its registry, taps, labels)."""
+        return self._metrics
+
     def stats(self) -> dict[str, Any]:
         """A snapshot of every series for humans and the demo (not a stable API): keys are
         ``name{label=value,...}`` without the per-manager ``tier``/``listener`` labels."""
@@ -209,20 +182,20 @@ class KvTierManager:
     @property
     def address(self) -> str:
         """``host:port`` this manager listens on (give it to consumers as remote_host/port)."""
-        return self.transport.address
+        return self._loop.transport.address
 
     @property
     def host(self) -> str:
-        return self.transport.address.rpartition(":")[0].strip("[]")
+        return self.address.rpartition(":")[0].strip("[]")
 
     @property
     def port(self) -> int:
-        return int(self.transport.address.rpartition(":")[2])
+        return int(self.address.rpartition(":")[2])
 
     @property
     def local_hello(self) -> Any:
         """What our handshakes announce (:class:`~kvtier.lifecycle.HelloInput`)."""
-        return self.core.local
+        return self._loop.core.local
 
     def set_hash_seed(self, hash_seed: str) -> None:
         """Set the block-hash seed our handshakes advertise and require from peers.
@@ -234,9 +207,10 @@ class KvTierManager:
         Raises:
             kvtier.config.TierConfigError: ``hash_seed`` is not a valid ``hash_seed`` value.
         """
-        with self._lock:
-            self.config = attrs.evolve(self.config, hash_seed=hash_seed)
-            self.core.set_local(msgspec.structs.replace(self.core.local, hash_seed=self.config.hash_seed))
+        self.config = attrs.evolve(self.config, hash_seed=hash_seed)
+        seed = self.config.hash_seed
+        core = self._loop.core
+        self._loop.call(lambda _: core.set_local(msgspec.structs.replace(core.local, hash_seed=seed)))
 
     # -- engine API ------------------------------------------------------------------------------
     def on_new_request(self, req: RequestContext) -> str:
@@ -254,45 +228,50 @@ class KvTierManager:
             RuntimeError: :meth:`shutdown` began.
         """
         check_req(req, "on_new_request")
-        with self._lock:
-            self._check_open()
-            try:
-                info = parse_params(req.kv_transfer_params, self._peer_policy)
-            except PeerNotAllowed as exc:
-                # No socket, no state: the request recomputes (lookup MISS; a load fails).
-                self._metrics.rejected_peer()
-                self._logs("", "peer_not_allowed", "kvtier: request %s: refusing to dial %s (not in allowed_peers)",
-                           clip(req.req_id), clip(exc.endpoint))
-                info = TransferParams("refused")
-            except ValueError as exc:
-                raise ValueError(f"request {clip(req.req_id)}: {exc}") from None
-            if info.role == "refused":
-                self._requests[req.req_id] = info
-                return "local"
-            prev = self._requests.get(req.req_id)
-            if prev is not None:
-                if prev != info:
-                    raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
-                return info.role
-            if info.role in ("consumer", "source"):
-                kid = info.kv_request_id
-                if (self.core.consumer_state(kid) is not ConsumerState.ABSENT
-                        or self.core.probe_state(kid) is not ProbeState.ABSENT or self.core.round_loads(kid)):
-                    # an earlier request's load of this id is still winding down (abort in flight)
-                    raise ValueError(
-                        f"request {req.req_id!r}: kv_request_id {kid!r} is still in use by an "
-                        "earlier request on this consumer"
-                    )
-                self._requests[req.req_id] = info
-                if info.role == "consumer":
-                    self._loop.apply(ix.LoadAnnounced(kid, info.peer, info.life))
-                else:
-                    self._loop.apply(ix.ProbeAnnounced(kid, info.peer))
-            else:
-                self._requests[req.req_id] = info
-                if info.role == "producer" and info.consumer is not None:
-                    self._loop.apply(ix.ConsumerNamed(info.kv_request_id, info.consumer))
+        self._check_open()
+        try:
+            info = parse_params(req.kv_transfer_params, self._peer_policy)
+        except PeerNotAllowed as exc:
+            # No socket, no state: the request recomputes (lookup MISS; a load fails).
+            self._metrics.rejected_peer()
+            self._loop.logs("", "peer_not_allowed", "kvtier: request %s: refusing to dial %s (not in allowed_peers)",
+                            clip(req.req_id), clip(exc.endpoint))
+            info = TransferParams("refused")
+        except ValueError as exc:
+            raise ValueError(f"request {clip(req.req_id)}: {exc}") from None
+        if info.role == "refused":
+            self._requests[req.req_id] = info
+            return "local"
+        prev = self._requests.get(req.req_id)
+        if prev is not None:
+            if prev != info:
+                raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
             return info.role
+        if info.role in ("consumer", "source"):
+            kid = info.kv_request_id
+            assert kid is not None and info.peer is not None
+            in_use = self._published.in_use
+            if kid in in_use and self._loop.query(lambda: self._winding_down(kid)):
+                # an earlier request's load of this id is still winding down (abort in flight)
+                raise ValueError(
+                    f"request {req.req_id!r}: kv_request_id {kid!r} is still in use by an "
+                    "earlier request on this consumer"
+                )
+            in_use.add(kid)
+            self._requests[req.req_id] = info
+            self._loop.input(ix.LoadAnnounced(kid, info.peer, info.life) if info.role == "consumer"
+                             else ix.ProbeAnnounced(kid, info.peer))
+        else:
+            self._requests[req.req_id] = info
+            if info.role == "producer" and info.consumer is not None:
+                self._loop.input(ix.ConsumerNamed(info.kv_request_id, info.consumer))
+        return info.role
+
+    def _winding_down(self, kid: str) -> bool:
+        """On the loop: whether the core still holds a consumer, probe or round load of ``kid``."""
+        core = self._loop.core
+        return (core.consumer_state(kid) is not ConsumerState.ABSENT
+                or core.probe_state(kid) is not ProbeState.ABSENT or bool(core.round_loads(kid)))
 
     def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
         """HIT if ``key`` can be loaded for ``req`` from its remote producer; MISS otherwise
@@ -302,70 +281,85 @@ class KvTierManager:
         A symmetric (``source``) request registers ``key`` with its probe and answers RETRY until
         the peer said whether it holds the block — bounded by ``probe_timeout_s`` from the round's
         first key — then HIT (pinned for us until our load) or MISS (kept for the request's life).
-        Keys looked up during one engine step leave in one probe at :meth:`on_schedule_end`."""
+        Keys looked up during one engine step leave in one probe at :meth:`on_schedule_end`.
+        Answers come from what the I/O loop published after its last pass: a key it has not seen
+        yet answers RETRY."""
         check_req(req, "lookup")
-        with self._lock:
-            info = self._requests.get(req.req_id)
-            if info is None or self._closed or self._closing:
-                return LookupResult.MISS  # (shutting down: a load submitted now would raise)
-            if info.role == "source":
-                if not isinstance(key, bytes) or not 0 < len(key) <= 256:
-                    raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
-                self._loop.apply(ix.KeyLookedUp(info.kv_request_id, key))
-                return _ANSWERS[self.core.probe_answer(info.kv_request_id, key)]
-            if info.role != "consumer":
-                return LookupResult.MISS
-            return LookupResult.MISS if self.core.load_failed(info.kv_request_id) else LookupResult.HIT
+        info = self._requests.get(req.req_id)
+        if info is None or self._closed or self._closing:
+            return LookupResult.MISS  # (shutting down: a load submitted now would raise)
+        kid = info.kv_request_id
+        if info.role == "source":
+            if not isinstance(key, bytes) or not 0 < len(key) <= 256:
+                raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
+            looked = self._looked[kid] = self._looked.get(kid, 0) + 1
+            self._loop.input(ix.KeyLookedUp(kid, key))
+            pub = self._published
+            answers = pub.probes.get(kid)
+            if answers is not None:
+                if answers.dead or key in answers.miss:
+                    return LookupResult.MISS
+                if key in answers.hit:
+                    return LookupResult.HIT
+                if key in answers.retry:
+                    return LookupResult.RETRY
+            return LookupResult.RETRY if pub.applied.get(kid, 0) < looked else LookupResult.MISS
+        if info.role != "consumer":
+            return LookupResult.MISS
+        return LookupResult.MISS if kid in self._published.failed_loads else LookupResult.HIT
 
     def on_schedule_end(self) -> None:
         """The engine step ended (vLLM's ``on_schedule_end``): every symmetric request's keys
         looked up during the step leave in one probe per (peer, ``kv_request_id``).  Engines
         other than vLLM call it once after each batch of lookups."""
-        with self._lock:
-            if not self._closed:
-                self._loop.apply(ix.ScheduleEnded())
-                if self._loop.outbound.serving.standing is not None:
-                    self._loop.serve(self._loop.outbound.serving.standing)
+        if not self._closed:
+            self._loop.call(self._schedule_end)
+
+    def _schedule_end(self, _: Any) -> None:
+        self._loop.apply(ix.ScheduleEnded())
+        standing = self._loop.serving.standing
+        if standing is not None:
+            self._loop.serve(standing)
 
     def serve_external_requests(self, source: BlockSource) -> int:
         """A serve window: answer peers' probes from the engine's own blocks through ``source``
         (:class:`~kvtier.blocksource.BlockSource`; vLLM: its ``ParentManager``).  Call it when the
         engine's blocks may be pinned safely (vLLM calls it once per step and between steps, under
-        its lock); ``source`` is used only during the call, except its ``release`` (a pin's end),
-        which may come at any later manager call.  Returns how many lookups were performed.
+        its lock); ``source`` is used only during the call (by the I/O loop, while this call
+        waits for it), except its ``release`` (a pin's end), which may come at any later time, on
+        the loop's thread.  Returns how many lookups were performed; returns at once, 0, when no
+        peer's lookup or context close waits for a window.
 
         Raises:
             TypeError: ``source`` does not implement :class:`~kvtier.blocksource.BlockSource`.
         """
         if not isinstance(source, BlockSource):
             raise TypeError(f"source must implement kvtier.blocksource.BlockSource, got {type(source).__name__}")
-        with self._lock:
-            if self._closed:
-                return 0
-            return self._loop.serve(source)
+        if self._closed or (self._loop.threaded and not self._published.serve_wanted):
+            return 0
+        return int(self._loop.query(lambda: self._loop.serve(source)))
 
     def serve_from(self, source: BlockSource | None) -> None:
-        """Serve peers' probes from ``source`` at every tick and step end, without the engine
-        opening windows itself (for engines whose blocks live in kvtier's pool and are guarded by
-        the manager's lock: :class:`~kvtier.blocksource.BlockIndex`); ``None`` stops.
+        """Serve peers' probes from ``source`` at every pass and step end, without the engine
+        opening windows itself (for engines whose blocks live in kvtier's pool:
+        :class:`~kvtier.blocksource.BlockIndex`, guarded by :attr:`lock`); ``None`` stops.
 
         Raises:
             TypeError: ``source`` does not implement :class:`~kvtier.blocksource.BlockSource`.
         """
         if source is not None and not isinstance(source, BlockSource):
             raise TypeError(f"source must implement kvtier.blocksource.BlockSource, got {type(source).__name__}")
-        with self._lock:
-            self._loop.outbound.serving.standing = source
+        serving = self._loop.serving
+        self._loop.call(lambda _: setattr(serving, "standing", source))
 
     def submit_store(self, job: TransferJob) -> None:
         """Park ``job``'s blocks for the request's remote decoder (or report success at once for a
         local-only request).  The engine must keep the blocks unchanged until the job result: it
         comes only once the consumer confirmed receipt (success) or the id ended, and never while
         the data plane may still read the blocks.  A digest of each block (config ``integrity``) is
-        taken before anything can read the blocks and before anything else about the id is
-        applied — on the digest pool's threads for a large store (this call does O(blocks) work
-        then), on this thread for a small one — so bytes changed later can never reach a consumer
-        as a success (decision I14).
+        taken by the I/O loop before anything can read the blocks and before anything else about
+        the id is applied — on the digest pool's threads for a large store, inline for a small
+        one — so bytes changed later can never reach a consumer as a success (decision I14).
 
         Raises:
             TypeError: ``job`` is not a :class:`~kvtier.api.TransferJob` (or has mistyped fields).
@@ -375,30 +369,18 @@ class KvTierManager:
             ValueError: keys/slots lengths differ, duplicate keys, or a slot outside the pool.
             RuntimeError: :meth:`shutdown` began.
         """
-        with self._lock:
-            self._check_open()
-            info = self._job_request(job)
-            self._check_job(job)
-            now = self.clock()
-            if info.role != "producer":
-                self._jobs.report(JobResult(job_id=job.job_id, success=True))
-                self._metrics.job_done("store", True, Reason.LOCAL)
-                return
-            slots = tuple(job.slots)
-            pool = self.pool
-            inp = self._work.store(
-                ix.StoreSubmitted(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), slots, (),
-                                  info.consumer, info.life),
-                [pool.buffer(b) for b in slots])
-            self._metrics.parked(info.kv_request_id, now)  # before the store: the first one starts the age
-            nbytes = len(slots) * pool.block_bytes
-            if inp is None:  # held for its digests: applied in its turn, by a later tick
-                self._jobs.open(job.job_id, store=True, kv_request_id=info.kv_request_id, now=now, nbytes=nbytes)
-                return
-            effects = self.core.handle(inp, now)
-            # registered after the core accepted the input, before its effects (which may report it)
-            self._jobs.open(job.job_id, store=True, kv_request_id=info.kv_request_id, now=now, nbytes=nbytes)
-            self._loop.run(effects)
+        self._check_open()
+        info = self._job_request(job)
+        self._check_job(job)
+        now = self.clock()
+        kid = info.kv_request_id if info.role == "producer" else None
+        self._jobs.open(job.job_id, store=True, kv_request_id=kid, now=now,
+                        nbytes=len(job.slots) * self.pool.block_bytes)
+        if kid is None:  # a local-only request: the core reports it at once
+            self._loop.input(ix.JobSettled(job.job_id, True, Reason.LOCAL))
+            return
+        self._loop.store(ix.StoreSubmitted(kid, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots), (),
+                                           info.consumer, info.life))
 
     def submit_load(self, job: TransferJob) -> None:
         """Fetch ``job.keys`` from the request's producer into pool slots ``job.slots``.
@@ -412,70 +394,69 @@ class KvTierManager:
                 fetch too large for one message.
             RuntimeError: :meth:`shutdown` began.
         """
-        with self._lock:
-            self._check_open()
-            info = self._job_request(job)
-            if info.role == "refused":  # its producer is not in allowed_peers: nothing to load
-                self._check_job(job)
-                self._jobs.report(JobResult(job_id=job.job_id, success=False, reason=Reason.PEER_NOT_ALLOWED))
-                self._metrics.job_done("load", False, Reason.PEER_NOT_ALLOWED)
-                return
-            if info.role not in ("consumer", "source"):
-                raise UnknownRequest(
-                    f"submit_load job {job.job_id}: request {job.req.req_id!r} has no remote_prefiller or "
-                    "remote_kv_source params"
-                )
+        self._check_open()
+        info = self._job_request(job)
+        if info.role == "refused":  # its producer is not in allowed_peers: nothing to load
             self._check_job(job)
-            now = self.clock()
-            check_fetch_size(job, self.config.max_message_bytes)
-            inp = ix.LoadSubmitted(info.kv_request_id, job.job_id, tuple(job.keys), tuple(job.slots))
-            try:
-                effects = self.core.handle(inp, now)
-            except InvalidTransition as exc:
-                raise UnknownRequest(f"submit_load job {job.job_id}: {exc}") from exc
-            self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=now,
-                            nbytes=len(job.slots) * self.pool.block_bytes)
-            self._loop.run(effects)
+            self._jobs.open(job.job_id, store=False, kv_request_id=None, now=self.clock(), nbytes=0)
+            self._loop.input(ix.JobSettled(job.job_id, False, Reason.PEER_NOT_ALLOWED))
+            return
+        if info.role not in ("consumer", "source"):
+            raise UnknownRequest(
+                f"submit_load job {job.job_id}: request {job.req.req_id!r} has no remote_prefiller or "
+                "remote_kv_source params"
+            )
+        self._check_job(job)
+        check_fetch_size(job, self.config.max_message_bytes)
+        self._loading.add(job.req.req_id)
+        self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=self.clock(),
+                        nbytes=len(job.slots) * self.pool.block_bytes)
+        self._loop.input(ix.LoadSubmitted(info.kv_request_id, job.job_id, tuple(job.keys), tuple(job.slots)))
 
     def load_nothing(self, req: RequestContext) -> bool:
         """The consumer request ``req`` needs none of its producer's blocks (every one is already
         here, e.g. a local prefix-cache hit): tell the producer now — an empty fetch, so it
         releases what it parked for the id in one round trip (its store jobs succeed,
         ``not_needed``) instead of at ``unbound_store_timeout_s``.  A no-op (False) for a request
-        that is not a consumer's, or whose load was already submitted.  The manager's own job
-        for it produces no result for the engine.
+        that is not a consumer's, or that already submitted a load (or called this).  The
+        manager's own job for it produces no result for the engine.
 
         Raises:
             TypeError: ``req`` is not a :class:`~kvtier.api.RequestContext`.
         """
         check_req(req, "load_nothing")
-        with self._lock:
-            info = self._requests.get(req.req_id)
-            if (info is None or info.role != "consumer" or self._closed or self._closing
-                    or self.core.consumer_state(info.kv_request_id) is not ConsumerState.ANNOUNCED):
-                return False
-            self._internal_jobs += 1
-            job_id = self._internal_jobs
-            now = self.clock()
-            effects = self.core.handle(ix.LoadSubmitted(info.kv_request_id, job_id, (), ()), now)
-            self._jobs.open(job_id, store=False, kv_request_id=info.kv_request_id, now=now, nbytes=0, internal=True)
-            self._loop.run(effects)
-            return True
+        info = self._requests.get(req.req_id)
+        if (info is None or info.role != "consumer" or self._closed or self._closing
+                or req.req_id in self._loading):
+            return False
+        self._loading.add(req.req_id)
+        self._internal_jobs += 1
+        job_id = self._internal_jobs
+        kid = info.kv_request_id
+        self._jobs.open(job_id, store=False, kv_request_id=kid, now=self.clock(), nbytes=0, internal=True)
+        self._loop.call(self._load_nothing, (kid, job_id))
+        return True
+
+    def _load_nothing(self, arg: tuple[str, int]) -> None:
+        kid, job_id = arg
+        if self._loop.core.consumer_state(kid) is ConsumerState.ANNOUNCED:
+            self._loop.apply(ix.LoadSubmitted(kid, job_id, (), ()))
+        else:  # its load was decided meanwhile (a session's end): the core ends the internal job
+            self._loop.apply(ix.JobSettled(job_id, False, Reason.JOB_REFUSED))
 
     def get_finished_jobs(self, *, poll: bool = True) -> list[JobResult]:
-        """Hand over every job result produced since the last call; when there is none yet,
-        tick once first (results already produced go out without another network pass).
-        ``poll=False``: only results already produced, no network pass at all."""
-        with self._lock:
-            if poll and not self._closed and not self._jobs.ready:
-                self._loop.tick()
-            return self._jobs.take()
+        """Hand over every job result produced since the last call.  Caller-driven: when there is
+        none yet, one pass of the loop runs first (``poll=False``: never).  With the loop on its
+        own thread this only drains the results queue."""
+        if poll and not self._closed and not self._jobs.ready and not self._loop.threaded:
+            self._loop.poll(0.0)
+        return self._jobs.take()
 
     def finish_job(self, job_id: int, *, store: bool, success: bool, reason: Reason | None = None) -> None:
         """Report a result for job ``job_id`` that the caller decided itself and never submitted
-        (an adapter refusing a job it cannot map, or one that needs nothing): it is handed over by
-        the next :meth:`get_finished_jobs`, exactly once, like any other.  Works after
-        :meth:`shutdown` too.
+        (an adapter refusing a job it cannot map, or one that needs nothing): the core reports
+        it (``JobSettled``), handed over by a later :meth:`get_finished_jobs`, exactly once, like
+        any other.  Works after :meth:`shutdown` too.
 
         Raises:
             ValueError: ``job_id`` is not a non-negative int.
@@ -483,55 +464,43 @@ class KvTierManager:
         """
         if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 0:
             raise ValueError(f"job_id must be a non-negative int, got {job_id!r:.40}")
-        with self._lock:
-            self._jobs.check_new(job_id)
-            why = None if success else (reason or Reason.JOB_REFUSED)
-            self._jobs.report(JobResult(job_id=job_id, success=success, reason=why))
-            self._metrics.job_done("store" if store else "load", success, why if not success else Reason.LOCAL)
-
-    @property
-    def tier_metrics(self) -> TierMetrics:
-        """This manager's :class:`~kvtier.metrics.TierMetrics` (its registry, taps, labels)."""
-        return self._metrics
+        self._jobs.check_new(job_id)
+        self._jobs.open(job_id, store=store, kv_request_id=None, now=self.clock(), nbytes=0)
+        self._loop.input(ix.JobSettled(job_id, success, Reason.LOCAL if success else (reason or Reason.JOB_REFUSED)))
 
     def outstanding_jobs(self) -> frozenset[int]:
         """Ids of every job submitted whose result :meth:`get_finished_jobs` has not handed over
         yet (each gets exactly one result; an id in this set cannot be submitted again)."""
-        with self._lock:
-            return self._jobs.outstanding()
+        return self._jobs.outstanding()
 
     def is_outstanding(self, job_id: int) -> bool:
         """Whether job ``job_id`` is in :meth:`outstanding_jobs` (O(1), for a caller that asks per
         submitted job)."""
-        with self._lock:
-            return self._jobs.is_outstanding(job_id)
+        return self._jobs.is_outstanding(job_id)
 
     def jobs_in_flight(self, kv_request_id: str | None = None) -> frozenset[int]:
         """Ids of the submitted jobs that have no result yet (the core still works on them), all
         or only those of ``kv_request_id``."""
-        with self._lock:
-            return frozenset(self._jobs.open_ids(kv_request_id))
+        return frozenset(self._jobs.open_ids(kv_request_id))
 
     def on_request_finished(self, req: RequestContext) -> None:
         """The engine is done with ``req``. Producer: blocks not yet fetched wait for a fetch or
         the reap (an unmet bound fetch fails at once). Consumer: an unfinished load is aborted and
         its job fails with reason ``cancelled``."""
         check_req(req, "on_request_finished")
-        with self._lock:
-            info = self._requests.pop(req.req_id, None)
-            if info is None or self._closed or info.role not in ("producer", "consumer", "source"):
-                return
-            self._loop.apply(ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life))
+        info = self._requests.pop(req.req_id, None)
+        self._loading.discard(req.req_id)
+        if info is None or self._closed or info.role not in ("producer", "consumer", "source"):
+            return
+        self._looked.pop(info.kv_request_id, None)
+        self._loop.input(ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life))
 
     def has_pending_work(self) -> bool:
         """True while any job lacks a collected result, a transfer is in flight, sends are queued,
         or symmetric work waits (a probe round, a peer's round, a pin, a queued engine lookup): the
         engine must keep stepping (and opening serve windows) while it is."""
-        with self._lock:
-            return bool(self._jobs) or self._jobs.ready or (
-                not self._closed and (self.plane.referenced() > 0 or self.transport.pending_sends() > 0
-                                      or self.core.symmetric_work() or self._loop.outbound.serving.pending())
-            )
+        return bool(self._jobs) or self._jobs.ready or (
+            not self._closed and (self._published.pending or self._loop.queued > 0))
 
     def drain_jobs(self, timeout_s: float | None = None) -> None:
         """Return once every submitted job has a result (collect them with get_finished_jobs).
@@ -551,48 +520,31 @@ class KvTierManager:
             RuntimeError: :meth:`shutdown` began.
         """
         start = time.monotonic()
-        with self._lock:
-            self._check_open()
-            self._loop.apply(ix.DrainStarted())
-            self._drain_deadline = None if timeout_s is None else start + timeout_s
+        self._check_open()
+        self._loop.input(ix.DrainStarted())
+        self._drain_deadline = None if timeout_s is None else start + timeout_s
         while True:
-            with self._lock:
-                self._loop.tick()
-                if not self._jobs and not self._loop.outbound.serving.pins():
-                    self._drain_deadline = None
-                    return
-                wait = self._loop.wait_budget()
+            if not self._loop.threaded:
+                self._loop.poll(0.0)
+            if not self._jobs and not self._published.pins and not self._loop.queued:
+                self._drain_deadline = None
+                return
             if timeout_s is not None and time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"drain_jobs: {len(self._jobs)} jobs and {len(self._loop.outbound.serving.pins())} "
+                raise TimeoutError(f"drain_jobs: {len(self._jobs)} jobs and {self._published.pins} "
                                    f"pins still outstanding after {timeout_s} s")
-            self._idle_wait(min(wait, 0.01))
+            self._loop.poll(0.01)
 
     def poll(self, timeout_s: float = 0.0) -> None:
-        """Wait up to ``timeout_s`` seconds for network input, then process everything due."""
-        if timeout_s > 0:
-            self._idle_wait(timeout_s)
-        with self._lock:
-            if not self._closed:
-                self._loop.tick()
-
-    def _idle_wait(self, seconds: float) -> None:
-        """Block up to ``seconds`` for network input.
-
-        libzmq sockets are not thread-safe, so every transport call — a wait included — happens
-        under the manager lock.  With ``background_poll`` the poll thread does the waiting; any
-        other caller just sleeps (the poll thread handles the input meanwhile)."""
-        if self._thread is not None and not self._thread.is_current():
-            self._thread.stop.wait(seconds)
-            return
-        with self._lock:
-            if not self._closed:
-                self.transport.wait(min(seconds, self._loop.wait_budget()))
+        """Caller-driven: wait up to ``timeout_s`` seconds for network input, then process
+        everything due.  With the loop on its own thread: wait up to ``timeout_s`` for its next
+        pass (it needs no polling)."""
+        if not self._closed:
+            self._loop.poll(timeout_s)
 
     def quarantined(self) -> tuple[int, int]:
         """(ids, blocks) held in ``quarantined``: the data plane never confirmed their release, so
         their store jobs stay outstanding (decision I1)."""
-        with self._lock:
-            return self.core.quarantined_count(), self.core.quarantined_blocks()
+        return self._published.quarantined
 
     def shutdown(self, grace_s: float | None = None) -> None:
         """Shut down gracefully within ``grace_s`` seconds (default: config ``shutdown_grace_s``).
@@ -618,37 +570,28 @@ class KvTierManager:
         if drained_until is not None and start - drained_until <= self.config.shutdown_grace_s:
             # a drain that did not finish just used (part of) the budget: share it (A6)
             grace = min(grace, max(_MIN_GOODBYE_S, drained_until - start))
-        if self._thread is not None:
-            self._thread.join(timeout_s=5.0)
-            self._thread = None
-        with self._lock:
-            if self._closed or self._closing:
-                return
-            self._closing = True
-            self._loop.apply(ix.ShutdownStarted())
-            self.transport.flush()
+        if self._closed or self._closing:
+            return
+        self._closing = True
+        loop = self._loop
+        loop.call(lambda _: (loop.apply(ix.ShutdownStarted()), loop.transport.flush()))
         # leave a slice of the grace for the goodbyes to flush
         work_until = start + 0.8 * grace
         while time.monotonic() < work_until:
+            if not loop.threaded:
+                loop.poll(0.0)
+            if not loop.queued and not loop.query(loop.core.busy):
+                break
+            loop.poll(min(0.005, max(0.0, work_until - time.monotonic())))
+        loop.stop()
+        self._closed = True
+        try:
             with self._lock:
-                self._loop.tick()
-                if not self.core.busy():
-                    break
-            self._idle_wait(min(0.005, max(0.0, work_until - time.monotonic())))
-        with self._lock:
-            try:
-                self._loop.apply(ix.GraceEnded())
-                self.transport.flush()
-            finally:
-                self._closed = True
-                linger = max(0.05, grace - (time.monotonic() - start))
-                self.transport.close(linger_s=linger)
-                self._finish_plane()
-            # a shut-down manager never touches its pool again: only the engine's own reference
-            # (``self.pool``, the engine's object) may keep it alive
-            self._loop.outbound.pool = None
-            if self._digest_pool is not None:
-                self._digest_pool.close()
+                loop.run_commands()
+                loop.apply(ix.GraceEnded())
+                loop.transport.flush()
+        finally:
+            loop.close(linger_s=max(0.05, grace - (time.monotonic() - start)))
         # outside the lock: a scrape in progress waits for that lock
         self._metrics.close()
 
@@ -656,29 +599,9 @@ class KvTierManager:
         """Close the sockets now, with no goodbye, no grace and no further results: what a crash
         looks like to the peers (fault injection in tests and benchmarks; an engine calls
         :meth:`shutdown`).  The manager does nothing afterwards.  Idempotent."""
-        if self._thread is not None:
-            self._thread.join(timeout_s=5.0)
-            self._thread = None
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self.transport.close()
-            if self._digest_pool is not None:
-                self._digest_pool.close()  # lets its running digests and landings end: none starts again
-
-    def _finish_plane(self) -> None:
-        """After the transport closed: the plane holds nothing any more; report its releases so
-        the last store jobs get their result, then fail anything the core still holds."""
-        inputs = self._loop.inbound.reports(self.plane.close())  # landings still running end first
-        drive(self.core, self._work.inputs(inputs, float("inf")), self.clock(), deadlines_at=None,
-              perform=self._loop.outbound.perform)
-        drive(self.core, self._work.drain(), self.clock(), deadlines_at=None, perform=self._loop.outbound.perform)
-        for job_id in self._jobs.open_ids():  # nothing should remain; never leave a job without a result
-            log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
-            self._jobs.finish(job_id, False, Reason.SHUTDOWN, self.clock())
-        # no serve window comes after shutdown: engine lookup contexts go with the engine
-        self._loop.outbound.serving.drop_contexts()
+        self._loop.stop()
+        self._closed = True
+        self._loop.close_abruptly()
 
     # -- helpers: API checks ---------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -63,7 +63,7 @@ from kvtier.lifecycle._table import (
 )
 from kvtier.lifecycle._machine import TableMachine
 from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput, RoundCounter
-from kvtier.lifecycle.effects import Effect, Ignored, Send
+from kvtier.lifecycle.effects import Effect, Ignored, JobDone, Send
 from kvtier.lifecycle.inputs import (
     AccessRevoked,
     AttachRefused,
@@ -76,6 +76,7 @@ from kvtier.lifecycle.inputs import (
     DrainStarted,
     GraceEnded,
     Input,
+    JobSettled,
     KeyLookedUp,
     LoadAnnounced,
     LoadSubmitted,
@@ -98,6 +99,7 @@ from kvtier.lifecycle.serve import ServeLimits, ServeMachine, is_transfer_key
 from kvtier.lifecycle.session import HelloInput, SessionMachine
 from kvtier.lifecycle.views import (
     ConsumerView,
+    ProbeAnswers,
     CoreSnapshot,
     DeadlineView,
     ProbeView,
@@ -176,10 +178,16 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
     serve_max_pinned_blocks_per_peer: int = 16384
     serve_max_pinned_blocks: int = 1 << 62
     """All peers together (the pool's ``serve_max_pinned_fraction``)."""
+    block_bytes: int = 0
+    """The pool's block size (bytes): the core cuts a transfer into ``block_data`` batches by it
+    (0: one block per batch, for callers that never send blocks)."""
+    max_header_bytes: int | None = None
+    """The largest ``block_data`` header the data plane carries (NIXL: a notification), or None."""
 
     @classmethod
     def from_config(cls, config: object, *, one_sided: bool = False, revoke_bounded: bool = True,
-                    pool_blocks: int | None = None) -> CoreSettings:
+                    pool_blocks: int | None = None, block_bytes: int | None = None,
+                    max_header_bytes: int | None = None) -> CoreSettings:
         """Build from any object with the TierConfig attribute names (``pool_blocks``: the block
         pool's size, which ``serve_max_pinned_fraction`` is a fraction of)."""
         c: Any = config
@@ -202,6 +210,8 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
             serve_max_probes_per_round=int(getattr(c, "serve_max_probes_per_round", 8)),
             serve_max_pinned_blocks_per_peer=int(getattr(c, "serve_max_pinned_blocks_per_peer", 16384)),
             serve_max_pinned_blocks=total,
+            block_bytes=int(block_bytes or 0),
+            max_header_bytes=max_header_bytes,
         )
 
 
@@ -270,6 +280,7 @@ class TierCore:
             KeyLookedUp: self._key_looked_up,
             ScheduleEnded: self._schedule_ended,
             LookupAnswered: self._lookup_answered,
+            JobSettled: self._job_settled,
         }
         self._RECEIVE = {
             wm.Fetch: self._rx_fetch,
@@ -559,6 +570,16 @@ class TierCore:
         peer pins for us (or a load of ours is fetching), MISS otherwise."""
         return self._probe.answer(kv_request_id, key)
 
+    def probe_answers(self, kv_request_id: str) -> ProbeAnswers:
+        """Every key's answer for symmetric request ``kv_request_id`` at once (the rule of
+        :meth:`probe_answer`, as sets: for the shell to publish to the engine's thread)."""
+        r = self._probe.records.get(kv_request_id)
+        if r is None or r.state is ProbeState.FAILED:
+            return ProbeAnswers()
+        retry = (frozenset(r.unsent) | frozenset(r.waiting)
+                 if r.state in (ProbeState.COLLECTING, ProbeState.PROBING) else frozenset())
+        return ProbeAnswers(False, frozenset(r.offered) | frozenset(r.loading), retry, frozenset(r.miss))
+
     def probe(self, kv_request_id: str) -> ProbeView | None:
         """A snapshot of the probe record of ``kv_request_id``, or None."""
         r = self._probe.records.get(kv_request_id)
@@ -687,6 +708,9 @@ class TierCore:
     def _lookup_answered(self, inp: LookupAnswered, now: float, out: list[Effect]) -> None:
         self._serve.lookup_result(inp, now, out)
 
+    def _job_settled(self, inp: JobSettled, now: float, out: list[Effect]) -> None:
+        out.append(JobDone(inp.job_id, inp.ok, inp.reason))
+
     def _drain(self, inp: DrainStarted, now: float, out: list[Effect]) -> None:
         self._producer.broadcast(ProducerEvent.DRAIN, now, out)
         self._serve.broadcast(ServeEvent.DRAIN, now, out)
@@ -786,7 +810,7 @@ class TierCore:
         peer = inp.peer
         if inp.reason == "version_mismatch" and inp.msg_type == "hello" and inp.gen is not None:
             out.append(Send(peer, wm.HelloReject(gen=inp.gen, reason=Reason.HANDSHAKE_MISMATCH.value, field="version",
-                                                 ours=str(wm.PROTOCOL_VERSION), theirs=inp.theirs or "?")))
+                                                 ours=str(wm.PROTOCOL_VERSION), theirs=inp.theirs or "?"), ends_session=False))
             return
         if not inp.kv_request_id:
             key = (peer, inp.reason)
@@ -797,7 +821,7 @@ class TierCore:
                 self._error_replies.clear()
             self._error_replies[key] = now
         out.append(Send(peer, wm.Error(gen=self._sessions.gen(peer), reason=str(inp.reason), detail=inp.detail[:4096],
-                                       kv_request_id=inp.kv_request_id)))
+                                       kv_request_id=inp.kv_request_id), ends_session=False))
 
     # =========================================================================================
     # Peer messages

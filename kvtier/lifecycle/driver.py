@@ -42,10 +42,16 @@ def settle(core: TierCore, effects: Sequence[Effect], now: float, perform: Perfo
 
 
 def drive(core: TierCore, inputs: Iterable[Input], now: float, *, deadlines_at: float | None,
-          perform: Perform) -> None:
-    """One tick at ``now`` (seconds): every input (with its consequences), then the deadlines due
-    at ``deadlines_at`` (None: none fire)."""
+          perform: Perform, held: Callable[[], float] | None = None) -> None:
+    """One pass at ``now`` (seconds): every input (with its consequences), then the deadlines due
+    at ``deadlines_at`` (None: none fire) — and no later than ``held()``, asked once the inputs
+    were applied: the arrival stamp of the oldest input the caller has read but not handed over
+    yet (a landing still running counts as unread input).  The caller states facts (when its
+    inbound queue was last seen empty, what it still holds); the rule that a deadline never beats
+    input that was waiting when it fell due is this function's."""
     for inp in inputs:
         settle(core, core.handle(inp, now), now, perform)
     if deadlines_at is not None:
+        if held is not None:
+            deadlines_at = min(deadlines_at, held())
         settle(core, core.fire(deadlines_at), now, perform)

@@ -54,10 +54,14 @@ class _Effect(msgspec.Struct, frozen=True, gc=False):
 class Send(_Effect):
     """Send wire message ``msg`` to ``peer`` (a control message: no payload frames).
 
-    A failed send is reported back as a ``SendFailed`` input."""
+    ``ends_session`` says what a failed send means: True (a fetch, an answer, a receipt, a
+    handshake: losing it would leave a record waiting for a deadline), the shell reports it as a
+    ``SendFailed`` input and the session ends; False (a goodbye, a refusal, a heartbeat, an error
+    answer to a peer that may already be gone), nothing is reported."""
 
     peer: str
     msg: Any
+    ends_session: bool = True
 
 
 class JobDone(_Effect):

@@ -42,6 +42,7 @@ __all__ = [
     "DrainStarted",
     "GraceEnded",
     "Input",
+    "JobSettled",
     "KeyLookedUp",
     "LoadAnnounced",
     "LoadSubmitted",
@@ -161,6 +162,18 @@ class LookupAnswered(_Input):
     missing: tuple[bytes, ...] = ()
 
 
+class JobSettled(_Input):
+    """A job the engine handed over that no machine takes, reported like any other: a store of a
+    local-only request (``ok``, reason ``local``), a load whose producer ``allowed_peers`` refused
+    (``peer_not_allowed``), a job an adapter could not map (``job_refused``, ``bad_job`` …), or an
+    engine input the core rejected after it was queued (the reject rule's reason).  The core
+    answers ``JobDone(job_id, ok, reason)``: the façade never reports a result itself."""
+
+    job_id: int
+    ok: bool
+    reason: Reason | None = None
+
+
 class DrainStarted(_Input):
     """``drain_jobs()``: parked and awaiting ids end now (jobs fail ``drained``)."""
 
@@ -177,12 +190,15 @@ class GraceEnded(_Input):
 class Received(_Input):
     """A decoded wire message ``msg`` from ``peer``, with the ``block_data`` payload frames
     (``payloads``) and, for a ``hello``, the peer's authenticated ``principal`` (CURVE; None when
-    authentication is off)."""
+    authentication is off).  ``after``: the shell's stamp — the message arrived after this time
+    (when the shell last saw its inbound queue empty before the read that returned it); no
+    deadline due at or after it may fire before this input is applied (decision I3)."""
 
     peer: str
     msg: Any
     payloads: tuple[Any, ...] = ()
     principal: str | None = None
+    after: float = float("-inf")
 
 
 class Malformed(_Input):
@@ -196,6 +212,8 @@ class Malformed(_Input):
     kv_request_id: str = ""
     gen: int | None = None
     theirs: str | None = None
+    after: float = float("-inf")
+    """Arrival stamp, as :attr:`Received.after`."""
 
 
 # -- transport ------------------------------------------------------------------------------------
@@ -222,6 +240,9 @@ class ConnectionClosed(_Input):
     """The transport saw ``peer``'s connection close or reset."""
 
     peer: str
+    after: float = float("-inf")
+    """Arrival stamp, as :attr:`Received.after` (a close is ordered after what the connection
+    delivered before it)."""
 
 
 class SendFailed(_Input):
@@ -288,6 +309,7 @@ Input = (
     | KeyLookedUp
     | ScheduleEnded
     | LookupAnswered
+    | JobSettled
     | DrainStarted
     | ShutdownStarted
     | GraceEnded

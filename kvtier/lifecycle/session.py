@@ -279,13 +279,15 @@ class SessionMachine(TableMachine):
                 # The refusal names the field; our value stays here.
                 ours = ""
         why = (reason or Reason.HANDSHAKE_MISMATCH).value
-        out.append(Send(rec.key, wm.HelloReject(gen=gen, reason=why, field=field, ours=ours, theirs=theirs)))
+        out.append(Send(rec.key, wm.HelloReject(gen=gen, reason=why, field=field, ours=ours, theirs=theirs),
+                        ends_session=False))
 
     def effect_flush_queued(self, rec: SessionRecord, inp, reason, now, out) -> None:
         self._notes.append(SessionReady(rec.key))
 
     def effect_reply_unknown_session(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        out.append(Send(rec.key, wm.Disconnect(gen=getattr(inp, "gen", 0), reason=Reason.PEER_DISCONNECTED.value)))
+        out.append(Send(rec.key, wm.Disconnect(gen=getattr(inp, "gen", 0), reason=Reason.PEER_DISCONNECTED.value),
+                        ends_session=False))
 
     def effect_note_heard(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.heard = now
@@ -297,13 +299,13 @@ class SessionMachine(TableMachine):
         rec.active = now
 
     def effect_send_ping(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        out.append(Send(rec.key, wm.Ping(gen=rec.gen, t=now)))
+        out.append(Send(rec.key, wm.Ping(gen=rec.gen, t=now), ends_session=False))
 
     def effect_send_pong(self, rec: SessionRecord, inp: wm.Ping, reason, now, out) -> None:
-        out.append(Send(rec.key, wm.Pong(gen=inp.gen, t=inp.t)))
+        out.append(Send(rec.key, wm.Pong(gen=inp.gen, t=inp.t), ends_session=False))
 
     def effect_send_disconnect(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        out.append(Send(rec.key, wm.Disconnect(gen=rec.gen, reason=(reason or Reason.SHUTDOWN).value)))
+        out.append(Send(rec.key, wm.Disconnect(gen=rec.gen, reason=(reason or Reason.SHUTDOWN).value), ends_session=False))
 
     def effect_close_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         # inbound connections too: the transport shuts them down, so a peer that stopped reading

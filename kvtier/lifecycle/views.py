@@ -96,6 +96,18 @@ class ProbeView(msgspec.Struct, frozen=True):
     deadline: float | None
 
 
+class ProbeAnswers(msgspec.Struct, frozen=True, gc=False):
+    """What lookups of a symmetric request answer now, key by key (``TierCore.probe_answer``'s
+    rule as sets, for a reader on another thread): ``dead`` (no record, or probing failed: every
+    key MISS), else a key in ``miss`` is MISS, in ``hit`` HIT (offered, or being loaded), in
+    ``retry`` RETRY (its round waits for the peer), any other key MISS."""
+
+    dead: bool = True
+    hit: frozenset[bytes] = frozenset()
+    retry: frozenset[bytes] = frozenset()
+    miss: frozenset[bytes] = frozenset()
+
+
 class ServeView(msgspec.Struct, frozen=True):
     """One serve record (a peer's symmetric round): the round's identity, state and reason, every
     key its probes named, the ``found`` ones (key -> pool block, pinned), the ``missing`` ones,

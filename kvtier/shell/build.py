@@ -1,6 +1,7 @@
-"""Building a manager's parts from its config: the transport, the data plane, the core.
+"""Building a manager's I/O loop from its config: the transport, the digest pool, the data plane,
+the core, the metrics and the shell parts between them (:func:`build_parts`).
 
-One job: construction and its failure messages.  Nothing here runs after ``__init__``.
+One job: construction and its failure messages.  Nothing here runs after construction.
 """
 
 from __future__ import annotations
@@ -9,14 +10,26 @@ import ipaddress
 import logging
 from typing import Any
 
+import secrets
+from collections.abc import Callable
+from typing import NamedTuple
+
 from kvtier.config import TierConfig
+from kvtier.dataplane import DataPlane, make_plane
+from kvtier.integrity import DigestPool, default_threads
 from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
-from kvtier.transport import Transport
-from kvtier.wire.codec import PROTOCOL_VERSION
+from kvtier.metrics import TierMetrics
+from kvtier.shell.inbound import Inbound
+from kvtier.shell.jobs import JobBook
+from kvtier.shell.logs import RateLimitedLog
+from kvtier.shell.outbound import Outbound
+from kvtier.shell.perbyte import ByteWork
+from kvtier.transport import Transport, TransportError
+from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireLimits
 
 log = logging.getLogger("kvtier.manager")
 
-__all__ = ["local_hello", "make_core", "make_transport", "warn_if_serving_open"]
+__all__ = ["Parts", "build_parts", "local_hello", "make_core", "make_transport", "warn_if_serving_open"]
 
 
 def _warn_if_open(cfg: TierConfig) -> None:
@@ -73,9 +86,11 @@ def local_hello(cfg: TierConfig, *, block_bytes: int, layout: str, instance: str
 
 
 def make_core(cfg: TierConfig, hello: HelloInput, *, one_sided: bool, gen_base: int,
-              revoke_bounded: bool = True, pool_blocks: int | None = None) -> TierCore:
+              revoke_bounded: bool = True, pool_blocks: int | None = None, block_bytes: int | None = None,
+              max_header_bytes: int | None = None) -> TierCore:
     settings = CoreSettings.from_config(cfg, one_sided=one_sided, revoke_bounded=revoke_bounded,
-                                        pool_blocks=pool_blocks)
+                                        pool_blocks=pool_blocks, block_bytes=block_bytes,
+                                        max_header_bytes=max_header_bytes)
     return TierCore(settings, hello, gen_base=gen_base)
 
 
@@ -94,3 +109,83 @@ def warn_if_serving_open(cfg: TierConfig) -> None:
             "learn which prompts this engine served and read their KV blocks. Set auth='curve' and "
             "serve_allowed_principals (docs/security.md).", cfg.host,
         )
+
+
+class Parts(NamedTuple):
+    """Everything one manager's I/O loop owns (built by :func:`build_parts`)."""
+
+    transport: Transport
+    plane: DataPlane
+    core: TierCore
+    digest_pool: DigestPool | None
+    metrics: TierMetrics
+    logs: RateLimitedLog
+    work: ByteWork
+    inbound: Inbound
+    outbound: Outbound
+    jobs: JobBook
+    instance: str
+
+
+def build_parts(cfg: TierConfig, pool: object, *, layout: str, clock: Callable[[], float], lock: object,
+                transport: Transport | None, vet: object = None) -> Parts:
+    """Build the loop's parts; on failure close whatever was built (a bound listener, a metrics
+    server) and re-raise.
+
+    Raises:
+        TransportError: the port cannot be bound, or ``metrics_port`` cannot be served.
+        kvtier.dataplane.PlaneError: the configured data plane cannot start here.
+    """
+    own_transport = transport is None
+    transport = transport if transport is not None else make_transport(cfg, pool.block_bytes)  # type: ignore[attr-defined]
+    metrics: TierMetrics | None = None
+    digest_pool: DigestPool | None = None
+    try:
+        instance = cfg.instance or secrets.token_hex(6)
+        # digests and landings that grow with bytes run here, off the loop's thread (decision I14);
+        # its threads start with the first large store or landing
+        threads = default_threads() if cfg.digest_threads is None else cfg.digest_threads
+        digest_pool = (DigestPool(threads, name=f"kvtier-digest-{instance}")
+                       if threads and cfg.integrity != "none" else None)
+        plane = make_plane(cfg.data_plane, transport=transport, pool=pool, config=cfg, layout=layout,
+                           digest_pool=digest_pool)
+        hello = local_hello(cfg, block_bytes=pool.block_bytes, layout=layout, instance=instance,  # type: ignore[attr-defined]
+                            plane=plane)
+        core = make_core(cfg, hello, one_sided=plane.one_sided, gen_base=secrets.randbits(62),
+                         revoke_bounded=plane.revocation_bounded, pool_blocks=pool.num_blocks,  # type: ignore[attr-defined]
+                         block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
+                         max_header_bytes=plane.max_header_bytes)
+        metrics = TierMetrics(tier=cfg.type, listener=transport.address, core=core, lock=lock, clock=clock,
+                              block_bytes=pool.block_bytes)  # type: ignore[attr-defined]
+        if cfg.metrics_port is not None:
+            try:
+                metrics.serve(cfg.host, cfg.metrics_port)
+            except OSError as exc:
+                raise TransportError(
+                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc}") from exc
+            log.info("kvtier: metrics on http://%s/metrics", metrics.address)
+        where = getattr(transport, "peer_address", None)
+        logs = RateLimitedLog(clock, where if where is not None else (lambda p: ""))
+        decoder = Decoder(
+            limits=WireLimits(max_message_bytes=cfg.max_message_bytes, max_blocks_per_fetch=cfg.max_blocks_per_fetch),
+            block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
+        )
+        work = ByteWork(algorithm=cfg.integrity, digest_pool=digest_pool, block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
+                        metrics=metrics, logs=logs)
+        jobs = JobBook()
+        outbound = Outbound(transport=transport, plane=plane, pool=pool, jobs=jobs, metrics=metrics, logs=logs,
+                            work=work, clock=clock, loads=core.consumer, vet=vet)
+        inbound = Inbound(transport=transport, plane=plane, decoder=decoder, metrics=metrics, logs=logs, clock=clock,
+                          posted=outbound.posted, work=work)
+    except BaseException:
+        if own_transport:  # never leak a bound listener (and its zmq threads) from a failed build
+            transport.close()
+        if metrics is not None:
+            metrics.close()
+        if digest_pool is not None:
+            digest_pool.close()
+        raise
+    if not getattr(pool, "pinned", False):
+        log.info("kvtier: block pool is pageable (no accelerator): transfers still work, without DMA pinning")
+    warn_if_serving_open(cfg)
+    return Parts(transport, plane, core, digest_pool, metrics, logs, work, inbound, outbound, jobs, instance)

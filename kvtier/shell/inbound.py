@@ -60,10 +60,11 @@ class Inbound:
         self.quiet_since = clock()
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
         self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
+        self._after = float("-inf")  # the stamp of the reports being turned into inputs
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
             Released: self._released,
             Revoked: lambda r, now: ix.AccessRevoked(r.peer),
-            Notified: lambda r, now: self._decode(r.peer, list(r.frames)),
+            Notified: lambda r, now: self._decode(r.peer, list(r.frames), self._after),
             Landed: lambda r, now: self.work.landed(r.peer, r.key, r.bad),
             Attached: lambda r, now: ix.PeerAttached(r.peer, r.gen),
             AttachFailed: lambda r, now: ix.AttachRefused(r.peer, r.gen, r.detail),
@@ -84,24 +85,25 @@ class Inbound:
             budget = RECV_BUDGET
         out: list[ix.Input] = []
         read = 0
+        after = self.quiet_since  # what this pass reads arrived after it: every input's stamp
         if self.plane.one_sided:
             # progress first: what our progress lets complete now (a WRITE into us, and the header
             # the producer sends once it is done) is then read before the time that dates
             # quiet_since, so it counts as input that came before a deadline due then (N15)
             early = self.plane.poll()
             if early:
-                out.extend(self.reports(early))
+                out.extend(self.reports(early, after))
         while True:
             t0 = self.clock()
             messages, events, drained = self.transport.service(min(RECV_BATCH, budget - read))
             for peer, frames in messages:
-                out.append(self._decode(peer, frames))
+                out.append(self._decode(peer, frames, after))
             closes = self._closes
             for ev in events:
                 if ev.reason in CloseReason.DIAL_FAILED:  # the dial never connected
                     closes.append(ix.ConnectFailed(ev.peer, ev.reason, ev.reason == CloseReason.CONNECT_TIMEOUT))
                 elif ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
-                    closes.append(ix.ConnectionClosed(ev.peer))
+                    closes.append(ix.ConnectionClosed(ev.peer, after))
             read += len(messages)
             if drained:
                 if closes:  # everything delivered before these closes has been read now
@@ -114,16 +116,18 @@ class Inbound:
                 break
         reports = self.plane.poll()
         if reports:
-            out.extend(self.reports(reports))
+            out.extend(self.reports(reports, after))
         return out
 
-    def reports(self, reports: list[Any]) -> list[ix.Input]:
-        """The inputs the plane's ``reports`` make (a landing's goes to the per-byte work)."""
+    def reports(self, reports: list[Any], after: float = float("-inf")) -> list[ix.Input]:
+        """The inputs the plane's ``reports`` make (a landing's goes to the per-byte work); a
+        notification's header is stamped ``after``."""
+        self._after = after
         now = self.clock()
         table = self.PLANE_REPORTS
         return [i for i in (table[type(r)](r, now) for r in reports) if i is not None]
 
-    def _decode(self, peer: str, frames: list[Any]) -> ix.Input:
+    def _decode(self, peer: str, frames: list[Any], after: float) -> ix.Input:
         try:
             msg, payloads = self.decoder.decode(frames)
         except WireError as err:
@@ -134,7 +138,7 @@ class Inbound:
             else:
                 self.logs(peer, err.reason, "kvtier: bad message from %s: %s", self.logs.who(peer), err)
             return ix.Malformed(peer, err.reason, err.detail, err.msg_type or None, err.kv_request_id, err.gen,
-                                err.theirs or None)
+                                err.theirs or None, after)
         note = self.RECEIVED_NOTES.get(type(msg))
         principal = None
         if note is not None:
@@ -142,7 +146,7 @@ class Inbound:
             if type(msg) is wm.Hello:
                 info = self.transport.peer_info(peer)
                 principal = info.principal if info is not None else None
-        return ix.Received(peer, msg, tuple(payloads) if payloads else (), principal)
+        return ix.Received(peer, msg, tuple(payloads) if payloads else (), principal, after)
 
     def _released(self, r: Released, now: float) -> ix.Input:
         posted = self._posted.pop((r.kv_request_id, r.round), now)

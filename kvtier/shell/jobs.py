@@ -1,22 +1,29 @@
-"""The job ledger: every job the engine handed the manager, until its one result is collected.
+"""The job book: every job the engine handed the manager, until its one result is collected.
 
-The core decides *when* a job ends (its ``JobDone`` effect); this ledger makes the engine-facing
-promise hold: exactly one :class:`~kvtier.api.JobResult` per submitted job id, and an id stays
-taken until :meth:`JobLedger.take` handed that result over (so a resubmission before then is a
-``DuplicateJob``, not a second result).  It also keeps what the result reports besides success:
+The core decides *when* a job ends and how (its ``JobDone`` effect); this book makes the
+engine-facing promise hold: exactly one :class:`~kvtier.api.JobResult` per submitted job id, and an
+id stays taken until :meth:`JobBook.take` handed that result over (so a resubmission before then
+is a ``DuplicateJob``, not a second result).  It also keeps what a result reports besides success:
 bytes moved and seconds from submit to result.
+
+Two threads use it: the engine's (:meth:`~JobBook.check_new`, :meth:`~JobBook.open`,
+:meth:`~JobBook.take` and the reads) and the I/O loop's (:meth:`~JobBook.finish`, which queues a
+result).  One small lock guards the three maps for the length of a dictionary operation; it is
+never held while anything waits (decision C12).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 
 import msgspec
 
 from kvtier.api import DuplicateJob, JobResult
 from kvtier.lifecycle import Reason
 
-__all__ = ["JobLedger"]
+__all__ = ["JobBook"]
 
 log = logging.getLogger("kvtier.manager")
 
@@ -29,16 +36,17 @@ class _Job(msgspec.Struct, gc=False):
     internal: bool = False  # the manager's own job (load_nothing): its result is not handed over
 
 
-class JobLedger:
-    """Outstanding jobs and uncollected results of one manager (not thread-safe: the manager
-    holds its lock)."""
+class JobBook:
+    """Outstanding jobs and uncollected results of one manager."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._open: dict[int, _Job] = {}
-        self._internal = 0  # open internal jobs (an empty load ends in the call that made it)
-        self._results: list[JobResult] = []
+        self._internal = 0  # open internal jobs
+        self._results: deque[JobResult] = deque()
         self._reported: set[int] = set()
 
+    # -- the engine's side -----------------------------------------------------------------------
     def check_new(self, job_id: int) -> None:
         """Raises :class:`~kvtier.api.DuplicateJob` if ``job_id`` is outstanding or its result was
         not collected yet."""
@@ -49,43 +57,54 @@ class JobLedger:
 
     def open(self, job_id: int, *, store: bool, kv_request_id: str | None, now: float, nbytes: int,
              internal: bool = False) -> None:
-        """Register a job the core accepted (before its effects, which may already end it).
+        """Register a job before its command reaches the loop (which reports its one result).
         ``internal``: the manager's own job; its result is counted, never handed over."""
-        self._open[job_id] = _Job(store, kv_request_id, now, nbytes, internal)
-        self._internal += internal
+        with self._lock:
+            self._open[job_id] = _Job(store, kv_request_id, now, nbytes, internal)
+            self._internal += internal
 
+    def take(self) -> list[JobResult]:
+        """Hand over every queued result; their ids are free again."""
+        out: list[JobResult] = []
+        results = self._results
+        if not results:
+            return out
+        with self._lock:
+            while results:
+                r = results.popleft()
+                self._reported.discard(r.job_id)
+                out.append(r)
+        return out
+
+    # -- the loop's side -------------------------------------------------------------------------
     def finish(self, job_id: int, ok: bool, reason: Reason | None, now: float, *,
                successful_keys: tuple[bytes, ...] | None = None) -> tuple[bool, int, float] | None:
         """Record the result of open job ``job_id`` (``successful_keys``: a failed load's blocks
         that landed verified).  Returns ``(store, nbytes, seconds)`` for metrics, or None for an
         unknown id (a bug, logged; never a second result)."""
-        job = self._open.pop(job_id, None)
-        if job is None:
-            log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
-            return None
-        elapsed = now - job.submitted
-        if job.internal:
-            self._internal -= 1
-            return job.store, job.nbytes, elapsed
-        if ok and not job.store:
-            self.report(JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes, transfer_time_s=elapsed))
-        else:
-            keys = successful_keys if (successful_keys and not ok and not job.store) else None
-            self.report(JobResult(job_id=job_id, success=ok, reason=None if ok else (reason or Reason.TRANSFER_FAILED),
-                                  successful_keys=keys))
+        with self._lock:
+            job = self._open.get(job_id)
+            if job is None:
+                log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
+                return None
+            elapsed = now - job.submitted
+            if job.internal:
+                del self._open[job_id]
+                self._internal -= 1
+                return job.store, job.nbytes, elapsed
+            if ok and not job.store and reason is not Reason.LOCAL:
+                r = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes, transfer_time_s=elapsed)
+            else:
+                keys = successful_keys if (successful_keys and not ok and not job.store) else None
+                r = JobResult(job_id=job_id, success=ok, reason=None if ok else (reason or Reason.TRANSFER_FAILED),
+                              successful_keys=keys)
+            # reported before it leaves the open map: a lock-free is_outstanding never misses it
+            self._reported.add(job_id)
+            self._results.append(r)
+            del self._open[job_id]
         return job.store, job.nbytes, elapsed
 
-    def report(self, result: JobResult) -> None:
-        """Queue ``result`` for the engine (also for jobs that never reached the core)."""
-        self._results.append(result)
-        self._reported.add(result.job_id)
-
-    def take(self) -> list[JobResult]:
-        """Hand over every queued result; their ids are free again."""
-        out, self._results = self._results, []
-        self._reported.clear()
-        return out
-
+    # -- reads (any thread) ----------------------------------------------------------------------
     @property
     def ready(self) -> bool:
         """True when results wait to be collected."""
@@ -93,21 +112,23 @@ class JobLedger:
 
     def open_ids(self, kv_request_id: str | None = None) -> list[int]:
         """Engine jobs without a result yet (all, or those of ``kv_request_id``)."""
-        if kv_request_id is None:
-            if not self._internal:
-                return list(self._open)
-            return [j for j, job in self._open.items() if not job.internal]
-        return [j for j, job in self._open.items() if job.kv_request_id == kv_request_id and not job.internal]
+        with self._lock:
+            if kv_request_id is None:
+                if not self._internal:
+                    return list(self._open)
+                return [j for j, job in self._open.items() if not job.internal]
+            return [j for j, job in self._open.items() if job.kv_request_id == kv_request_id and not job.internal]
 
     def is_outstanding(self, job_id: int) -> bool:
-        """Whether ``job_id`` has no collected result yet (O(1); :meth:`outstanding` builds a set)."""
+        """Whether ``job_id`` has no collected result yet (O(1))."""
         return job_id in self._open or job_id in self._reported
 
     def outstanding(self) -> frozenset[int]:
         """Every engine job id that has no collected result yet (open, or reported but not taken)."""
-        if not self._internal:
-            return frozenset(self._open) | frozenset(self._reported)
-        return frozenset(j for j, job in self._open.items() if not job.internal) | frozenset(self._reported)
+        with self._lock:
+            if not self._internal:
+                return frozenset(self._open) | frozenset(self._reported)
+            return frozenset(j for j, job in self._open.items() if not job.internal) | frozenset(self._reported)
 
     def __len__(self) -> int:
         return len(self._open) - self._internal

@@ -1,111 +1,295 @@
-"""The tick: one service pass, one core step, the performers, and the core again with what they
-learned — plus the optional background poll thread that runs ticks.
+"""The I/O loop: the one owner of a manager's sockets, data plane and core (decision C12).
 
-Picture of one tick (docs/design.md has it with one request's path)::
+Engine calls never touch them.  The façade (:mod:`kvtier.manager`) checks a call's arguments,
+hands the loop one *command* (:meth:`IoLoop.input`, :meth:`IoLoop.store`, …: a function and its
+argument on a queue), wakes it if it sleeps, and returns; results come back through the job book
+(:mod:`kvtier.shell.jobs`), answers to ``lookup`` from what the loop publishes after each pass
+(:mod:`kvtier.shell.published`).
 
-    transport.service ─┐                     for each input:  core.handle ─► outbound.perform ─┐
-    plane.poll ────────┴─► inbound inputs ──►                     ▲                            │
-                                                                  └──── inputs they reported ◄─┘
-                                             then:  core.fire(quiet_since) ─► perform ─► ...
+One pass::
 
-(the order is :func:`kvtier.lifecycle.driver.drive`'s contract)
+    commands ──► core ──► performers ─┐        (each engine input, in the order the engine made them)
+    transport.service ─┐              │
+    plane.poll ────────┴► inputs ──► drive(core, inputs, now, deadlines_at=quiet_since,
+                                            held=work.floor, perform=outbound.perform)
+                                     └► serve window (standing source) ─► publish
 
-The inputs pass through the per-byte work (:mod:`kvtier.shell.perbyte`) on their way: it adds the
-stores whose digests are done and the landings that ended, holds what must wait for them, and
-lowers the time deadlines may fire up to below what it still holds.
+and between passes one wait: ``transport.wait`` polls the sockets, the monitors *and* the loop's
+wake-up eventfd (written by an engine call that queued a command while the loop slept, and by the
+digest pool when a digest or landing it ran is done), until input arrives or the next deadline
+(the core's, or a plane's progress interval) is due.  There is no fixed cadence: a loop with
+nothing to do sleeps until its next deadline.
 
-Nothing happens when nothing is due: with no input and no deadline at or before the last quiet
-time, the core is not called at all (an idle tick is one poll of the sockets and the plane).
+Two ways to run it, one code path:
+
+* **thread** (``background_poll``): :meth:`IoLoop.start` runs passes on the ``kvtier-io`` thread;
+* **caller-driven**: an engine call's command runs at once on the caller's thread, and
+  :meth:`IoLoop.poll` runs one pass there (the virtual-clock and stateful suites step it so).
+
+:attr:`IoLoop.lock` is held for the length of a pass, never while the loop waits; engine calls
+do not take it.  Readers that want a consistent view of the core (metrics at scrape time, tests)
+take it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
-import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.lifecycle import TierCore
+from kvtier.config import TierConfig
+from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.driver import drive, settle
-from kvtier.shell.inbound import Inbound
-from kvtier.shell.outbound import Outbound
-from kvtier.shell.perbyte import ByteWork, is_block_data
+from kvtier.lifecycle.errors import InvalidTransition
+from kvtier.shell.build import Parts
+from kvtier.shell.published import Published
+from kvtier.shell.serving import ServeWindows
 
-__all__ = ["Loop", "PollThread"]
+__all__ = ["IoLoop"]
 
 log = logging.getLogger("kvtier.manager")
 
-#: Longest a wait for input may block (seconds): engine calls and the poll thread share a lock.
-MAX_WAIT_S = 0.05
+#: Longest one wait for input when nothing is due (seconds): a bound, not a cadence.
+MAX_WAIT_S = 0.25
 
-#: Longest a tick waits for a load's landings on the digest pool once its last blocks landed
-#: (seconds): they are a few MiB of hashing already under way; waiting here hands the result over
-#: in this tick instead of one poll interval later (decision I16).
+#: While the data plane still references posted blocks, passes at least this often (seconds): a
+#: zero-copy send's release is not an event any poll can wait for; the store job it completes is
+#: not on a request's critical path (the consumer's result never waits for it).
+RELEASE_WAIT_S = 0.001
+
+#: Longest a pass waits for a load's landings on the digest pool once its last blocks landed
+#: (seconds): hashing already under way; waiting here hands the result over in the pass that read
+#: the load's last blocks (decision I16).
 SETTLE_S = 0.005
 
 _GLOBAL = (ix.DrainStarted, ix.ShutdownStarted, ix.GraceEnded)
 
+Command = tuple[Callable[[Any], Any], Any]
 
-class Loop:
-    """Drives one manager's core (callers hold the manager's lock)."""
 
-    def __init__(self, *, core: TierCore, inbound: Inbound, outbound: Outbound, work: ByteWork,
-                 clock: Callable[[], float], metrics: Any, logs: Any) -> None:
-        self.core = core
-        self.inbound = inbound
-        self.outbound = outbound
-        self.work = work
+class Waker:
+    """An eventfd the loop polls with its sockets: :meth:`wake` from any thread ends its wait."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._closed = False
+
+    def wake(self) -> None:
+        try:
+            os.eventfd_write(self.fd, 1)
+        except OSError:  # closed (the loop is gone) or saturated (it will wake anyway)
+            pass
+
+    def clear(self) -> None:
+        try:
+            os.eventfd_read(self.fd)
+        except OSError:  # nothing written since the last clear
+            pass
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self.fd)
+
+
+class IoLoop:
+    """One manager's I/O loop (see the module docstring).
+
+    Args:
+        parts: what it owns (:func:`kvtier.shell.build.build_parts`).
+        config: the manager's config.
+        clock: seconds (the manager's clock).
+        lock: the pass lock (an ``RLock``; the metrics scrape takes it too).
+    """
+
+    def __init__(self, parts: Parts, *, config: TierConfig, clock: Callable[[], float],
+                 lock: threading.RLock) -> None:
+        self.transport = parts.transport
+        self.plane = parts.plane
+        self.core = parts.core
+        self.digest_pool = parts.digest_pool
+        self.metrics = parts.metrics
+        self.logs = parts.logs
+        self.work = parts.work
+        self.inbound = parts.inbound
+        self.outbound = parts.outbound
+        self.jobs = parts.jobs
+        self.serving: ServeWindows = parts.outbound.serving
+        self.config = config
         self.clock = clock
-        self.metrics = metrics
-        self.logs = logs
+        self.lock = lock
+        self.passes = 0
+        """Passes that applied something to the core (commands, inputs, deadlines): a request's
+        cost in passes (tests count them; decision C13)."""
+        self.published = Published()
+        self.lookups_applied: dict[str, int] = {}
+        """Symmetric requests' lookups applied so far (published after each pass)."""
+        self._cmds: deque[Command] = deque()
+        self._waker = Waker()
+        self.transport.set_wake(self._waker.fd)
+        if self.digest_pool is not None:
+            self.digest_pool.notify = self._waker.wake
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._sleeping = False
+        self._pass_done = threading.Condition(threading.Lock())
+        self._waiters = 0
+        self.closed = False
+
+    # =========================================================================================
+    # The engine's side: hand a command over, wake the loop, return
+    # =========================================================================================
+    def call(self, fn: Callable[[Any], Any], arg: Any = None) -> None:
+        """Queue ``fn(arg)`` for the loop.  Threaded: wakes the loop if it sleeps and returns;
+        caller-driven (or closed): runs it, and whatever it leads to, now on this thread."""
+        self._cmds.append((fn, arg))
+        if self._thread is not None:
+            if self._sleeping:
+                self._waker.wake()
+            return
+        with self.lock:
+            self.run_commands()
+            self._publish()
+
+    def input(self, inp: ix.Input) -> None:
+        """Queue one engine input for the core."""
+        self.call(self.apply, inp)
+
+    def store(self, inp: ix.StoreSubmitted) -> None:
+        """Queue a store: the loop takes its blocks' digests (inline or on the pool) before the
+        core sees it (decision I14)."""
+        self.call(self._store, inp)
+
+    def query(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` on the loop with every command queued before it applied, and return its
+        value (or raise its exception).  Threaded: the caller waits for the loop to get to it —
+        only for rare calls that need the core's word at once (a serve window, an id reused
+        while its previous load winds down)."""
+        if self._thread is None or self._thread is threading.current_thread():
+            with self.lock:
+                self.run_commands()
+                try:
+                    return fn()
+                finally:
+                    self._publish()
+        done = threading.Event()
+        box: list[Any] = []
+
+        def run(_: Any) -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box.append((False, exc))
+            finally:
+                done.set()
+
+        self._cmds.append((run, None))
+        self._waker.wake()
+        while not done.wait(1.0):
+            if self._thread is None or not self._thread.is_alive():
+                raise RuntimeError("the kvtier I/O loop stopped")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def wait_pass(self, timeout_s: float) -> None:
+        """Threaded: block until the loop finished another pass, at most ``timeout_s``."""
+        with self._pass_done:
+            self._waiters += 1
+            try:
+                self._pass_done.wait(timeout_s)
+            finally:
+                self._waiters -= 1
+
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def queued(self) -> int:
+        """Commands not applied yet."""
+        return len(self._cmds)
+
+    # =========================================================================================
+    # The loop's side
+    # =========================================================================================
+    def run_commands(self) -> None:
+        """Apply every queued command, in order (under :attr:`lock`)."""
+        cmds = self._cmds
+        while cmds:
+            fn, arg = cmds.popleft()
+            try:
+                fn(arg)
+            except Exception:  # never lose the loop to one command
+                self.metrics.internal_error()
+                log.exception("kvtier: an engine command failed in the I/O loop")
+            self.passes += 1
 
     def apply(self, inp: ix.Input) -> None:
-        """Apply one engine input now and perform everything it leads to — unless it must wait
+        """On the loop (inside a command): apply one engine input and perform everything it leads
+        to — unless it must wait
         behind a store whose digests are being taken (then it is applied in its turn).  An input
-        about everything (drain, shutdown) first waits for every store in progress.  Misuse
-        errors of the core (``InvalidTransition``, ``ValueError``) propagate with nothing
-        performed."""
+        about everything (drain, shutdown) first waits for every store in progress.  A job the
+        core refuses (a reject rule, a shape it cannot take) is settled failed, by the core."""
         if isinstance(inp, _GLOBAL):
             for held in self.work.flush():
-                self.run(self.core.handle(held, self.clock()))
+                self._run(held)
         elif self.work.holds(inp):
             return
-        self.run(self.core.handle(inp, self.clock()))
+        self._run(inp)
+        t = type(inp)  # what the published answers must look at again (inputs, not messages)
+        if t is ix.KeyLookedUp:
+            self.lookups_applied[inp.kv_request_id] = self.lookups_applied.get(inp.kv_request_id, 0) + 1
+        elif t is ix.LoadAnnounced or t is ix.ProbeAnnounced:
+            self.published.dirty = True
+        elif t is ix.RequestFinished and not inp.producer:
+            self.published.finishing.add(inp.kv_request_id)
 
-    def run(self, effects: list) -> None:
-        """Perform ``effects``; feed what the performers learned back to the core, until quiet."""
+    def _run(self, inp: ix.Input) -> None:
+        try:
+            effects = self.core.handle(inp, self.clock())
+        except (InvalidTransition, ValueError) as exc:
+            job = getattr(inp, "job_id", None)
+            if job is None:
+                raise
+            reason = Reason(exc.reason) if isinstance(exc, InvalidTransition) else Reason.JOB_REFUSED
+            log.warning("kvtier: job %d refused by the core: %s", job, exc)
+            effects = self.core.handle(ix.JobSettled(job, False, reason), self.clock())
         settle(self.core, effects, self.clock(), self.outbound.perform)
+
+    def _store(self, inp: ix.StoreSubmitted) -> None:
+        pool = self.outbound.pool
+        self.metrics.parked(inp.kv_request_id, self.clock())  # before the store: the first one starts the age
+        ready = self.work.store(inp, [pool.buffer(b) for b in inp.blocks])
+        if ready is not None:  # else: held for its digests, applied in its turn by a later pass
+            self._run(ready)
 
     def tick(self) -> None:
         """One service pass over the network and the plane, then whatever is due (and, with a
         standing block source, a serve window)."""
-        before = self.inbound.quiet_since  # everything read in this pass arrived after it
         inputs = self.inbound.collect()
-        work = self.work
-        # deadlines fire no later than the arrival of anything still held, nor of a block_data
-        # read now (its landing may still run when they would fire)
-        until = min(self.inbound.quiet_since, work.floor())
-        if any(map(is_block_data, inputs)):
-            until = min(until, before)
-        core = self.core
+        work, core = self.work, self.core
+        quiet = self.inbound.quiet_since
         due = core.next_deadline()
-        firing = due is not None and due <= until
+        firing = due is not None and due <= quiet and due <= work.floor()
         if inputs or firing or work.ready():
             now = self.clock()
             if firing:
                 self.metrics.tick_lag(now - due)
-            drive(core, work.inputs(inputs, before), now, deadlines_at=until, perform=self.outbound.perform)
+            drive(core, work.inputs(inputs), now, deadlines_at=quiet, held=work.floor, perform=self.outbound.perform)
+            self.passes += 1
             if work.settle:
                 work.settle = False
-                plane = self.outbound.plane
-                if plane.finish_landings(SETTLE_S):
-                    reports = self.inbound.reports(plane.poll())
-                    drive(core, work.inputs(reports, before), self.clock(), deadlines_at=None,
-                          perform=self.outbound.perform)
-        serving = self.outbound.serving
-        if serving.standing is not None and serving.pending():
+                if self.plane.finish_landings(SETTLE_S):
+                    reports = self.inbound.reports(self.plane.poll())
+                    drive(core, work.inputs(reports), self.clock(), deadlines_at=None, perform=self.outbound.perform)
+        serving = self.serving
+        if serving.standing is not None and serving.wanted():
             self.serve(serving.standing)
         if core.quarantined_count():
             self._report_quarantine()
@@ -113,12 +297,19 @@ class Loop:
     def serve(self, source: Any) -> int:
         """One serve window with ``source`` (:mod:`kvtier.shell.serving`): each lookup's answer is
         applied, and what it leads to performed, before the next lookup."""
-        core = self.core
+        return self.serving.run(source, self.core.serve_wants, self._run)
 
-        def apply(inp: ix.Input) -> None:
-            self.run(core.handle(inp, self.clock()))
+    def one_pass(self) -> None:
+        """Commands, then the network, then publish (under :attr:`lock`)."""
+        self.run_commands()
+        self.tick()
+        self._publish()
 
-        return self.outbound.serving.run(source, core.serve_wants, apply)
+    def _publish(self) -> None:
+        self.published.update(self)
+        if self._waiters:
+            with self._pass_done:
+                self._pass_done.notify_all()
 
     def _report_quarantine(self) -> None:
         """Blocks held back from the engine because the plane never released them: say so, loudly
@@ -129,57 +320,127 @@ class Loop:
                   "jobs stay outstanding so the engine cannot reuse blocks a send may still read", ids, blocks)
 
     def wait_budget(self) -> float:
-        """How long a wait for input may block: until the next deadline, at most
-        :data:`MAX_WAIT_S`, and no longer than the data plane's progress allows."""
-        nd = self.core.next_deadline()
+        """How long the next wait may block: until the core's next deadline, no longer than the
+        data plane's progress allows, at most :data:`MAX_WAIT_S`."""
         budget = MAX_WAIT_S
+        nd = self.core.next_deadline()
         # a deadline held back by work still running (a landing on the pool) cannot fire before
-        # that work ends: the plane's wait below bounds the sleep, not the deadline (else: a spin)
+        # that work ends, which wakes the loop: the deadline does not bound the sleep (else: a spin)
         if nd is not None and nd <= self.work.floor():
             budget = min(budget, max(0.0, nd - self.clock()))
         # e.g. a UCX tcp target must progress WRITEs into it, but only while a load is out
-        plane = self.outbound.plane.max_wait_s(receiving=self.core.loading())
+        plane = self.plane.max_wait_s(receiving=self.core.loading())
         if plane is not None:
             budget = min(budget, plane)
-        digests = self.work.max_wait_s()
-        return budget if digests is None else min(budget, digests)
+        if self.plane.referenced():
+            budget = min(budget, RELEASE_WAIT_S)
+        return budget
 
+    def poll(self, timeout_s: float) -> None:
+        """Caller-driven: wait up to ``timeout_s`` for input (or the wake-up), then one pass.
+        Threaded: wait up to ``timeout_s`` for the loop's next pass."""
+        if self._thread is not None:
+            if timeout_s > 0:
+                self.wait_pass(timeout_s)
+            return
+        if self.closed:
+            return
+        if timeout_s > 0:
+            with self.lock:
+                budget = self.wait_budget()
+            if not self._cmds:
+                self.transport.wait(min(timeout_s, budget))
+            self._waker.clear()
+        with self.lock:
+            self.one_pass()
 
-class PollThread:
-    """``background_poll``: a daemon thread that waits for input and ticks every
-    ``interval_s`` at most, under the manager's lock (as vLLM's own tier-poll thread does); the
-    yield between rounds lets engine calls in."""
+    # =========================================================================================
+    # The thread
+    # =========================================================================================
+    def start(self) -> None:
+        """Run passes on the ``kvtier-io`` thread from now on."""
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._main, name="kvtier-io", daemon=True)
+        self._thread.start()
 
-    def __init__(self, *, lock: threading.RLock, loop: Loop, wait: Callable[[float], Any], interval_s: float,
-                 closed: Callable[[], bool], on_error: Callable[[], None]) -> None:
-        self._lock = lock
-        self._loop = loop
-        self._wait = wait
-        self._interval = interval_s
-        self._closed = closed
-        self._on_error = on_error
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="kvtier-poll", daemon=True)
-        self.thread.start()
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the thread after its current pass; from then on the loop is caller-driven."""
+        t = self._thread
+        if t is None:
+            return
+        self._stop = True
+        self._waker.wake()
+        if t is not threading.current_thread():
+            t.join(timeout_s)
+            if t.is_alive():
+                log.error("kvtier: the I/O loop did not stop within %.1f s", timeout_s)
+        self._thread = None
 
-    def _run(self) -> None:
-        interval = self._interval
-        while not self.stop.is_set():
+    def _main(self) -> None:
+        lock, cmds, waker, transport = self.lock, self._cmds, self._waker, self.transport
+        while not self._stop:
             try:
-                with self._lock:
-                    if self._closed():
-                        return
-                    self._wait(min(interval, self._loop.wait_budget()))
-                    self._loop.tick()
+                with lock:
+                    self.one_pass()
+                    budget = self.wait_budget()
+                if cmds or self._stop:
+                    continue
+                self._sleeping = True
+                if not cmds:  # a command queued after the flag was set wakes the wait below
+                    transport.wait(budget)
+                self._sleeping = False
+                waker.clear()
             except Exception:  # never let the thread die silently
-                self._on_error()
-                log.exception("kvtier: poll thread error")
-                self.stop.wait(interval)
-            time.sleep(0)  # yield the GIL so a thread blocked on the lock gets in
+                self._sleeping = False
+                self.metrics.internal_error()
+                log.exception("kvtier: I/O loop error")
+                threading.Event().wait(0.01)
 
-    def join(self, timeout_s: float = 5.0) -> None:
-        self.stop.set()
-        self.thread.join(timeout=timeout_s)
+    # =========================================================================================
+    # The end
+    # =========================================================================================
+    def close(self, linger_s: float) -> None:
+        """Caller-driven (the thread stopped): close the transport (queued sends get
+        ``linger_s``), then the plane, whose releases give the last store jobs their results;
+        fail anything the core still holds; close the digest pool."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self.run_commands()
+                self.transport.close(linger_s=linger_s)
+                self._finish_plane()
+            finally:
+                # a shut-down manager never touches its pool again: only the engine's own reference
+                # may keep it alive
+                self.outbound.pool = None
+                if self.digest_pool is not None:
+                    self.digest_pool.close()
+                self._waker.close()
+                self._publish()
 
-    def is_current(self) -> bool:
-        return threading.current_thread() is self.thread
+    def close_abruptly(self) -> None:
+        """Close the sockets now, no goodbye, no further results (a crash, seen from the peers)."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.transport.close()
+            if self.digest_pool is not None:
+                self.digest_pool.close()  # lets its running work end: none starts again
+            self._waker.close()
+
+    def _finish_plane(self) -> None:
+        inputs = self.inbound.reports(self.plane.close())  # landings still running end first
+        now = self.clock()
+        drive(self.core, self.work.inputs(inputs), now, deadlines_at=None, perform=self.outbound.perform)
+        drive(self.core, self.work.drain(), now, deadlines_at=None, perform=self.outbound.perform)
+        for job_id in self.jobs.open_ids():  # nothing should remain; never leave a job without a result
+            log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
+            settle(self.core, self.core.handle(ix.JobSettled(job_id, False, Reason.SHUTDOWN), now), now,
+                   self.outbound.perform)
+        # no serve window comes after shutdown: engine lookup contexts go with the engine
+        self.serving.drop_contexts()

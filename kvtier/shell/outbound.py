@@ -18,7 +18,7 @@ from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
-from kvtier.shell.jobs import JobLedger
+from kvtier.shell.jobs import JobBook
 from kvtier.shell.logs import RateLimitedLog
 from kvtier.shell.perbyte import ByteWork
 from kvtier.shell.serving import ServeWindows
@@ -63,11 +63,6 @@ def plan_batches(n: int, per: int, tail: int) -> list[int]:
     sizes.reverse()
     return sizes
 
-#: Messages whose failed send ends the session (a lost fetch, answer or receipt would otherwise
-#: wait for a deadline); goodbyes, refusals and heartbeats to a peer that is already gone do not.
-_FAILURE_ENDS_SESSION = frozenset({wm.Hello, wm.HelloAck, wm.Fetch, wm.AbortFetch, wm.Receipt, wm.TransferDone,
-                                   wm.AbortAck, wm.Probe, wm.ProbeReply})
-
 Inputs = list[ix.Input]
 
 
@@ -83,7 +78,7 @@ class Outbound:
         loads: the core's consumer view by ``kv_request_id`` (how many blocks a load has landed).
     """
 
-    def __init__(self, *, transport: Transport, plane: DataPlane, pool: Any, jobs: JobLedger, metrics: TierMetrics,
+    def __init__(self, *, transport: Transport, plane: DataPlane, pool: Any, jobs: JobBook, metrics: TierMetrics,
                  logs: RateLimitedLog, work: ByteWork, clock: Callable[[], float],
                  loads: Callable[[str], Any] = lambda kv_request_id: None, vet: Any = None,
                  serving: ServeWindows | None = None) -> None:
@@ -103,6 +98,8 @@ class Outbound:
         """The serve windows (the symmetric path's lookups, contexts and pins)."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
+        self.changed = False
+        """A load failed or a session ended since the loop last published its answers."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
         self._tail = max(1, TAIL_BYTES // pool.block_bytes)
         self.PERFORMERS: dict[type, Callable[[Any], Inputs | None]] = {
@@ -146,7 +143,7 @@ class Outbound:
         if note is not None:
             note(e.peer, msg)
         handle = self.transport.send(e.peer, encode_frames(msg))
-        if handle.failed and type(msg) in _FAILURE_ENDS_SESSION:
+        if handle.failed and e.ends_session:
             return [ix.SendFailed(e.peer)]
         return None
 
@@ -176,13 +173,15 @@ class Outbound:
             self.metrics.internal_error()
             return
         store, nbytes, elapsed = done
+        if not e.ok and not store:
+            self.changed = True  # lookups of the id MISS now (decision L11)
         if e.reason is Reason.NOT_AUTHORISED:
             self.logs("*", e.reason, "kvtier: %s job %d refused: not_authorised (the producer request named another "
                       "consumer for this id; check remote_decoder.consumer and this manager's CURVE principal)",
                       "store" if store else "load", e.job_id)
         # an ok result carries a reason only when it says why nothing moved (not_needed)
         self.metrics.job_done("store" if store else "load", e.ok, e.reason if e.ok else (e.reason or Reason.TRANSFER_FAILED))
-        if e.ok and not store:
+        if e.ok and not store and e.reason is not Reason.LOCAL:
             self.metrics.transfer("consumer", nbytes, elapsed)
 
     def _verified(self, e: fx.JobDone) -> tuple[bytes, ...] | None:
@@ -305,6 +304,7 @@ class Outbound:
 
     # -- observations --------------------------------------------------------------------------
     def _session_ended(self, e: fx.SessionEnded) -> None:
+        self.changed = True
         self.metrics.session_ended(e.reason)
         # a goodbye (ours or the peer's) is routine; every other ending is a fault
         level = logging.INFO if e.reason in (Reason.SHUTDOWN, Reason.PEER_DISCONNECTED) else logging.WARNING

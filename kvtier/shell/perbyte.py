@@ -59,6 +59,7 @@ before looking again (the pool's threads cannot wake the wait)."""
 
 _GLOBAL = (ix.DrainStarted, ix.ShutdownStarted, ix.GraceEnded)
 _NO_BOUND = float("inf")
+_UNSTAMPED = float("-inf")
 
 
 class _Item:
@@ -228,12 +229,15 @@ class ByteWork:
         return ix.BlocksLanded(peer, kid, rnd, first, count, False, Reason.CORRUPT)
 
     # -- the inputs of one tick ----------------------------------------------------------------
-    def inputs(self, batch: Iterable[ix.Input], after: float) -> Iterator[ix.Input]:
-        """What the core applies this tick, lazily (each input is decided on after the previous
+    def inputs(self, batch: Iterable[ix.Input], after: float | None = None) -> Iterator[ix.Input]:
+        """What the core applies this pass, lazily (each input is decided on after the previous
         one's effects were performed): the stores whose digests are done and what was held behind
         them; the landings that ended and what was held behind them; then ``batch`` (inputs read
-        this tick, which arrived after ``after``), of which a peer's input is held if an earlier
-        landing or input of that peer still waits (a ``block_data`` only behind a held input)."""
+        this pass, each stamped with when it arrived after: its ``after``, or this call's
+        ``after`` for an input that carries no stamp), of which a peer's input is held if an
+        earlier landing or input of that peer still waits (a ``block_data`` only behind a held
+        input)."""
+        default = _UNSTAMPED if after is None else after
         ready = sorted((i.seq, kid) for kid, q in self._stores.items() for i in self._ready_prefix(q))
         for _, kid in ready:
             q = self._stores[kid]
@@ -258,11 +262,12 @@ class ByteWork:
         for inp in batch:
             peer = _peer_of(inp)
             if peer is not None:
+                stamp = inp.after if inp.after != _UNSTAMPED else default
                 q = self._peers.get(peer)
                 if q and not (is_block_data(inp) and all(i.landing for i in q)):
-                    q.append(_Item(next(self._seq), inp, after=after))
+                    q.append(_Item(next(self._seq), inp, after=stamp))
                     continue
-                self._after = after
+                self._after = stamp
                 try:
                     yield inp
                 finally:
@@ -301,4 +306,4 @@ class ByteWork:
     def drain(self) -> Iterator[ix.Input]:
         """For the end of the manager (after the plane's close reported every landing): every
         held input, in order."""
-        return self.inputs((), _NO_BOUND)
+        return self.inputs(())

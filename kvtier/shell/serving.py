@@ -80,6 +80,10 @@ class ServeWindows:
         """True while lookups or closes wait for a window, or pins are held."""
         return bool(self._lookups or self._closes or self._pins or self._contexts)
 
+    def wanted(self) -> bool:
+        """True while lookups or closes wait for a window (a window with none does nothing)."""
+        return bool(self._lookups or self._closes)
+
     def pins(self) -> frozenset[int]:
         return frozenset(self._pins)
 

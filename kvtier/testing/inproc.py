@@ -31,6 +31,7 @@ peer. ``principal=`` names an endpoint's authenticated identity for ``peer_info`
 
 from __future__ import annotations
 
+import select
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -266,12 +267,20 @@ class InprocTransport:
         msgs = self.recv(max_messages)
         return msgs, self.events(), not self._inbox
 
+    def set_wake(self, fd: int | None) -> None:
+        """The owner's wake-up fd: :meth:`wait` also reports it readable (without reading it)."""
+        self._wake = fd
+
     def wait(self, timeout_s: float) -> bool:
-        """Never sleeps. Flushes, then returns True iff the inbox is non-empty."""
+        """Never sleeps. Flushes, then returns True iff the inbox is non-empty (or the wake-up fd
+        of :meth:`set_wake` is readable)."""
         if self._closed:
             return False
         self.flush()
-        return bool(self._inbox)
+        if self._inbox:
+            return True
+        wake = getattr(self, "_wake", None)
+        return wake is not None and bool(select.select([wake], [], [], 0)[0])
 
     def pending_sends(self) -> int:
         """Messages waiting in this transport's per-peer queues."""

@@ -106,8 +106,10 @@ class ZmqReceive:
             return [], [], True
         data: list[tuple[zmq.Socket, str | None]] = []
         if ready:
-            rmon, dmons = self._rmon, self._mon_peer
+            rmon, dmons, wake = self._rmon, self._mon_peer, self._wake
             for sock, ev in ready:
+                if sock == wake:  # the owner's wake-up: not ours to read
+                    continue
                 if sock is rmon:
                     self._drain_router_monitor()
                 elif sock in dmons:
@@ -167,8 +169,16 @@ class ZmqReceive:
                 return events
             time.sleep(min(left, SUB_MS_SLICE_S))
 
+    def set_wake(self, fd: int | None) -> None:
+        """Watch ``fd`` (an eventfd or pipe the owner writes to wake its loop) in the same poll
+        as the sockets: :meth:`wait` returns True as soon as it is readable.  The owner reads it
+        (this transport never does); ``None`` stops watching."""
+        self._wake = fd
+        self._poller = None
+
     def wait(self, timeout_s: float) -> bool:
-        """Block until a message or a connection event is ready, or ``timeout_s`` passes.
+        """Block until a message or a connection event is ready, the wake-up fd
+        (:meth:`set_wake`) is readable, or ``timeout_s`` passes.
         Flushes queued sends as their sockets become writable, and cuts idle connections
         when their time is up.
 
@@ -207,7 +217,7 @@ class ZmqReceive:
             except zmq.ZMQError:
                 return False
             if any(ev & POLLIN and s not in mons for s, ev in events):
-                return True
+                return True  # a message, or the wake-up
             if any(s in mons for s, _ in events) or until < deadline:
                 self._service()
                 if len(self._events) > seen:
@@ -245,6 +255,8 @@ class ZmqReceive:
             poller.register(sock, zmq.POLLIN | (zmq.POLLOUT if sock in out_socks else 0))
         for mon in (self._rmon, *self._dealer_mons.values()):
             poller.register(mon, zmq.POLLIN)
+        if self._wake is not None:
+            poller.register(self._wake, zmq.POLLIN)
         if not out_socks:
             self._poller = poller
         return poller

@@ -164,6 +164,7 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
         self._queues: dict[str, deque[Pending]] = {}
         self._npending = 0
         self._poller: zmq.Poller | None = None
+        self._wake: int | None = None  # the owner's wake-up fd, polled with the sockets (set_wake)
         self._rr = 0  # round-robin start offset for recv() fairness
         self._events: deque[TransportEvent] = deque(maxlen=_MAX_EVENTS)
         self._conns: dict[int, Conn] = {}  # ROUTER connections by fd

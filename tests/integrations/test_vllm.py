@@ -79,7 +79,7 @@ def shm_files(engine_id: str) -> list[str]:
 
 
 def kvtier_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name in ("kvtier-poll", "vllm_offload_tier_poll")]
+    return [t.name for t in threading.enumerate() if t.name in ("kvtier-io", "vllm_offload_tier_poll")]
 
 
 def free_port() -> int:

@@ -535,7 +535,7 @@ def test_shutdown_fails_every_outstanding_job_and_leaves_nothing_behind(producer
     m = KvTierManager(
         {**CCFG, "background_poll": True, "poll_interval_s": 0.002, "handshake_timeout_s": 5.0}, pool
     )
-    assert any(t.name == "kvtier-poll" for t in threading.enumerate())
+    assert any(t.name == "kvtier-io" for t in threading.enumerate())
     preq = producer_req("p1", "kv-mine")
     m.on_new_request(preq)
     m.submit_store(job(1, [b"mine"], [0], preq))
@@ -565,7 +565,7 @@ def test_shutdown_fails_every_outstanding_job_and_leaves_nothing_behind(producer
 
     assert m.transport.closed
     assert m.transport._router.closed and m.transport._ctx.closed
-    assert not any(t.name == "kvtier-poll" for t in threading.enumerate())
+    assert not any(t.name == "kvtier-io" for t in threading.enumerate())
     del m
     gc.collect()
     assert pump_until(lambda: set(threading.enumerate()) <= threads0, timeout_s=5.0), (

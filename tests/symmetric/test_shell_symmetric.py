@@ -22,7 +22,7 @@ from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
-from kvtier.shell.jobs import JobLedger
+from kvtier.shell.jobs import JobBook
 from kvtier.shell.logs import RateLimitedLog
 from kvtier.shell.outbound import Outbound
 from kvtier.shell.serving import ServeWindows
@@ -148,14 +148,14 @@ def test_block_index_pins_keep_blocks_from_reuse_until_released() -> None:
         idx.publish(b"k", 8)
 
 
-def _outbound(pool: BlockPool, integrity: str) -> tuple[Outbound, JobLedger]:
+def _outbound(pool: BlockPool, integrity: str) -> tuple[Outbound, JobBook]:
     from kvtier.dataplane import make_plane
     from kvtier.metrics import TierMetrics
     from kvtier.shell.perbyte import ByteWork
     from kvtier.testing.inproc import InprocNetwork, InprocTransport
 
     t = InprocTransport(InprocNetwork(), "x:1")
-    jobs = JobLedger()
+    jobs = JobBook()
     metrics = TierMetrics(tier="t", listener="x:1", core=None, lock=None, clock=time.monotonic,
                           block_bytes=pool.block_bytes)
     logs = RateLimitedLog(time.monotonic, lambda p: "")

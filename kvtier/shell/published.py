@@ -1,0 +1,75 @@
+"""What the I/O loop publishes after each pass, for engine calls that answer without waiting.
+
+The engine's thread never reads the core while the loop may be changing it (decision C12).  What
+an engine call must answer at once — ``lookup``, ``has_pending_work``, ``quarantined`` — comes from
+this object instead: plain attributes the loop replaces wholesale (a reference swap is atomic under
+the GIL), read without a lock.  Each is as fresh as the loop's last pass; what the engine queued
+since is accounted for by the façade (a lookup the loop has not applied yet answers RETRY, a queued
+command counts as pending work).
+
+* ``failed_loads``: consumer ``kv_request_id``\\ s whose load failed (lookups MISS until the engine
+  finishes the request, decision L11); recomputed only after a pass that could change it (a failed
+  load's result, a session's end, an announce).
+* ``probes``: per symmetric request, the keys answered HIT, RETRY (a probe is out) and MISS, and
+  whether every key is MISS now; ``applied``: how many of the request's lookups the loop applied.
+* ``in_use``: consumer ids some request or winding-down load still holds (the façade adds an id
+  when it announces it; the loop drops it once the core forgot it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtier.lifecycle import ProbeState
+from kvtier.lifecycle.views import ProbeAnswers
+
+__all__ = ["Published"]
+
+
+class Published:
+    """The loop's answers for the engine's thread (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.failed_loads: frozenset[str] = frozenset()
+        self.probes: dict[str, ProbeAnswers] = {}
+        self.applied: dict[str, int] = {}
+        """Lookups applied per symmetric request (the loop counts; the façade compares)."""
+        self.in_use: set[str] = set()
+        self.finishing: set[str] = set()
+        """Consumer ids whose request finished: dropped from ``in_use`` once the core forgot them."""
+        self.pending = False
+        """Work the engine must keep stepping for: transfers referenced, sends queued, symmetric
+        work, a serve window wanted, pins held (jobs are the façade's to count)."""
+        self.serve_wanted = False
+        self.pins = 0
+        self.quarantined = (0, 0)
+        self.dirty = True
+
+    def update(self, loop: Any) -> None:
+        """Refresh from the loop's parts (on the loop's thread, under its lock)."""
+        core, serving = loop.core, loop.serving
+        if self.dirty or loop.outbound.changed:
+            self.dirty = loop.outbound.changed = False
+            self.failed_loads = frozenset(k for k in self.in_use if core.load_failed(k))
+        if self.finishing:
+            gone = {k for k in self.finishing
+                    if core.consumer_state(k).value == "absent" and core.probe_state(k) is ProbeState.ABSENT
+                    and not core.round_loads(k)}
+            if gone:
+                self.finishing -= gone
+                self.in_use -= gone
+                for k in gone:
+                    loop.lookups_applied.pop(k, None)
+        symmetric = core.symmetric_work()
+        ids = core.probe_ids()
+        if ids or self.probes:
+            self.probes = {k: core.probe_answers(k) for k in ids}
+            self.applied = dict(loop.lookups_applied)  # after the answers: never ahead of them
+        self.serve_wanted = serving.wanted()
+        self.pins = len(serving.pins())
+        transport = loop.transport
+        self.pending = bool(
+            (not loop.closed and (loop.plane.referenced() > 0 or transport.pending_sends() > 0))
+            or symmetric or serving.pending())
+        n = core.quarantined_count()
+        self.quarantined = (n, core.quarantined_blocks()) if n else (0, 0)
