@@ -263,10 +263,10 @@ class Side:
         for name in ("vllm", "kvtier"):
             logging.getLogger(name).setLevel(logging.WARNING)
         if batch_bytes is not None or tail_bytes is not None:  # measuring batch sizes (decision I14)
-            import kvtier.shell.outbound as outbound
+            import kvtier.lifecycle.batches as batches  # read when each core is built
 
-            outbound.MAX_BATCH_BYTES = batch_bytes or outbound.MAX_BATCH_BYTES
-            outbound.TAIL_BYTES = tail_bytes or outbound.TAIL_BYTES
+            batches.MAX_BATCH_BYTES = batch_bytes or batches.MAX_BATCH_BYTES
+            batches.TAIL_BYTES = tail_bytes or batches.TAIL_BYTES
         if window_bytes is not None:
             import kvtier.dataplane.nixl as nixl_plane
 

@@ -8,6 +8,7 @@ enforces the rules in ``spec/README.md``; :class:`SpecError` names the machine, 
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from collections import defaultdict, deque
 from pathlib import Path
@@ -107,11 +108,28 @@ class Machine:
 
 
 @attrs.frozen
+class Wire:
+    """How one wire message (``[wire.<tag>]``) reaches the code that takes it."""
+
+    tag: str
+    struct: str
+    receive: str
+    lands: bool = False
+    principal: bool = False
+    noted: str = ""
+    sent: str = ""
+
+
+@attrs.frozen
 class Spec:
     machines: dict[str, Machine]
     reasons: dict[str, str]
     properties: dict[str, dict[str, str]]
     sha256: str
+    wire: dict[str, Wire] = attrs.Factory(dict)
+    """Wire message tag -> its routing (``[wire.<tag>]``)."""
+    effects: dict[str, str] = attrs.Factory(dict)
+    """Effect record name -> the shell's performer (``[effects]``)."""
 
 
 def load(path: Path | None = None, *, validate_spec: bool = True) -> Spec:
@@ -135,10 +153,48 @@ def loads(text: str, *, validate_spec: bool = True) -> Spec:
         reasons=reasons,
         properties={k: dict(v) for k, v in data.get("properties", {}).items()},
         sha256=hashlib.sha256(text.encode()).hexdigest(),
+        wire={tag: _wire(tag, w) for tag, w in data.get("wire", {}).items()},
+        effects=_effects(data.get("effects", {})),
     )
     if validate_spec:
         validate(spec)
     return spec
+
+
+_WIRE_KEYS = {"struct": str, "receive": str, "lands": bool, "principal": bool, "noted": str, "sent": str}
+_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+
+
+def _wire(tag: str, w: dict[str, Any]) -> Wire:
+    """One ``[wire.<tag>]`` row: every key known and of its type, handler names identifiers."""
+    where = f"wire {tag!r}"
+    if not _NAME.match(tag):
+        raise SpecError(where, "a wire tag is lower_snake_case")
+    for key, value in w.items():
+        kind = _WIRE_KEYS.get(key)
+        if kind is None:
+            raise SpecError(where, f"unknown key {key!r} (known: {sorted(_WIRE_KEYS)})")
+        if type(value) is not kind:
+            raise SpecError(where, f"{key} must be a {kind.__name__}, got {value!r}")
+    for key in ("struct", "receive"):
+        if key not in w:
+            raise SpecError(where, f"{key} is required")
+    if not w["struct"].isidentifier() or not w["struct"][0].isupper():
+        raise SpecError(where, f"struct must be a class name, got {w['struct']!r}")
+    for key in ("receive", "noted", "sent"):
+        if w.get(key) and not _NAME.match(w[key]):
+            raise SpecError(where, f"{key} must be a lower_snake_case name, got {w[key]!r}")
+    return Wire(tag, **w)
+
+
+def _effects(e: dict[str, Any]) -> dict[str, str]:
+    """``[effects]``: record class name -> performer name."""
+    for cls, performer in e.items():
+        if not cls.isidentifier() or not cls[0].isupper():
+            raise SpecError("effects", f"{cls!r} is not an effect record's class name")
+        if not isinstance(performer, str) or not _NAME.match(performer):
+            raise SpecError("effects", f"{cls}: the performer must be a lower_snake_case name, got {performer!r}")
+    return dict(e)
 
 
 def _as_list(value: Any) -> list[str]:

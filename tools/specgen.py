@@ -157,6 +157,36 @@ def render(spec: Spec) -> str:
     ]
     for m in spec.machines.values():
         out += _machine(m)
+    out += [
+        "class Wire(NamedTuple):",
+        '    """How one wire message reaches the code that takes it (``[wire.<tag>]`` of the spec)."""',
+        "",
+        "    struct: str",
+        '    """The msgspec struct\'s name in ``kvtier.wire.messages``."""',
+        "    receive: str",
+        '    """The core\'s handler: ``TierCore._rx_<receive>``."""',
+        "    lands: bool",
+        '    """A block_data: its landing may run on the digest pool, a further one is landed beside it."""',
+        "    principal: bool",
+        '    """The shell attaches the peer\'s authenticated principal."""',
+        "    noted: str",
+        '    """The shell\'s observation when one arrives (log line, counter), or ``""``."""',
+        "    sent: str",
+        '    """The shell\'s observation when one is sent, or ``""``."""',
+        "",
+        "",
+        "WIRE: Final = MappingProxyType({",
+    ]
+    for tag, w in spec.wire.items():
+        out.append(f'    "{tag}": Wire("{w.struct}", "{w.receive}", {w.lands}, {w.principal}, "{w.noted}", "{w.sent}"),')
+    out.append("})")
+    out.append('"""Wire message tag -> its routing: the only table that says which code takes which message."""')
+    out.append("PERFORM: Final = MappingProxyType({")
+    for cls, performer in spec.effects.items():
+        out.append(f'    "{cls}": "{performer}",')
+    out.append("})")
+    out.append('"""Effect record name -> the shell\'s performer (``Outbound._<performer>``)."""')
+    out.append("")
     out.append("PROPERTIES: Final = MappingProxyType({")
     for name, p in spec.properties.items():
         out.append(f'    "{name}": ("{p["kind"]}", "{_doc(p.get("doc", ""))}"),')

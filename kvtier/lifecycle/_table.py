@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "d24a1af019f214d524a579bf61a16dabfeef906c83da370f13270207d9d59c69"
+SPEC_SHA256: Final = "b01139d4f46a1a2ca4d6932a1c7c44a200ec341b8fb10bf2d569d8f2a7c0e835"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -2232,6 +2232,61 @@ SERVE_TABLE: Final = MappingProxyType({
     (ServeState.QUARANTINED, ServeEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
 })
 
+
+class Wire(NamedTuple):
+    """How one wire message reaches the code that takes it (``[wire.<tag>]`` of the spec)."""
+
+    struct: str
+    """The msgspec struct's name in ``kvtier.wire.messages``."""
+    receive: str
+    """The core's handler: ``TierCore._rx_<receive>``."""
+    lands: bool
+    """A block_data: its landing may run on the digest pool, a further one is landed beside it."""
+    principal: bool
+    """The shell attaches the peer's authenticated principal."""
+    noted: str
+    """The shell's observation when one arrives (log line, counter), or ``""``."""
+    sent: str
+    """The shell's observation when one is sent, or ``""``."""
+
+
+WIRE: Final = MappingProxyType({
+    "hello": Wire("Hello", "hello", False, True, "name_peer", ""),
+    "hello_ack": Wire("HelloAck", "hello_ack", False, False, "name_peer", ""),
+    "hello_reject": Wire("HelloReject", "hello_reject", False, False, "rejected", "rejecting"),
+    "fetch": Wire("Fetch", "fetch", False, False, "", ""),
+    "block_data": Wire("BlockData", "block_data", True, False, "", ""),
+    "transfer_done": Wire("TransferDone", "transfer_done", False, False, "", "refused"),
+    "abort_fetch": Wire("AbortFetch", "abort_fetch", False, False, "", ""),
+    "receipt": Wire("Receipt", "receipt", False, False, "", ""),
+    "abort_ack": Wire("AbortAck", "abort_ack", False, False, "", ""),
+    "probe": Wire("Probe", "probe", False, False, "", ""),
+    "probe_reply": Wire("ProbeReply", "probe_reply", False, False, "probe_answered", "served"),
+    "ping": Wire("Ping", "ping", False, False, "", ""),
+    "pong": Wire("Pong", "pong", False, False, "", ""),
+    "disconnect": Wire("Disconnect", "disconnect", False, False, "", ""),
+    "error": Wire("Error", "error", False, False, "peer_error", ""),
+})
+"""Wire message tag -> its routing: the only table that says which code takes which message."""
+PERFORM: Final = MappingProxyType({
+    "Send": "send",
+    "JobDone": "job_done",
+    "SendBlocks": "send_blocks",
+    "CancelTransfer": "cancel",
+    "LandBlocks": "land",
+    "RevokeAccess": "revoke",
+    "OpenConnection": "open",
+    "CloseConnection": "close",
+    "AttachPeer": "attach",
+    "DetachPeer": "detach",
+    "SessionEnded": "session_ended",
+    "SlotsHeld": "slots_held",
+    "Ignored": "ignored",
+    "LookUpBlocks": "queue_lookup",
+    "CloseLookup": "queue_close",
+    "ReleasePins": "release_pins",
+})
+"""Effect record name -> the shell's performer (``Outbound._<performer>``)."""
 
 PROPERTIES: Final = MappingProxyType({
     "exactly_once_job_result": ("safety", "Every store or load job handed to the manager gets exactly one result, on every path."),

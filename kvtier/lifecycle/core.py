@@ -49,6 +49,7 @@ from typing import Any
 import msgspec
 
 from kvtier.lifecycle._table import (
+    WIRE,
     ConsumerEvent,
     ConsumerState,
     ProbeEvent,
@@ -62,6 +63,7 @@ from kvtier.lifecycle._table import (
     SessionState,
 )
 from kvtier.lifecycle._machine import TableMachine
+from kvtier.lifecycle.batches import Batcher
 from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput, RoundCounter
 from kvtier.lifecycle.effects import Effect, Ignored, JobDone, Send
 from kvtier.lifecycle.inputs import (
@@ -253,6 +255,8 @@ class TierCore:
             max_probes_per_round=settings.serve_max_probes_per_round,
             max_pinned_per_peer=settings.serve_max_pinned_blocks_per_peer,
             max_pinned_total=settings.serve_max_pinned_blocks))
+        self._producer.batcher = self._serve.batcher = Batcher(settings.block_bytes, settings.max_header_bytes,
+                                                               settings.integrity)
         self._machines = (self._sessions, self._producer, self._consumer, self._probe, self._rounds, self._serve)
         self._error_replies: dict[tuple[str, str], float] = {}
         self._APPLY = {
@@ -282,23 +286,8 @@ class TierCore:
             LookupAnswered: self._lookup_answered,
             JobSettled: self._job_settled,
         }
-        self._RECEIVE = {
-            wm.Fetch: self._rx_fetch,
-            wm.AbortFetch: self._rx_abort_fetch,
-            wm.Receipt: self._rx_receipt,
-            wm.BlockData: self._rx_block_data,
-            wm.TransferDone: self._rx_transfer_done,
-            wm.AbortAck: self._rx_abort_ack,
-            wm.Error: self._rx_error,
-            wm.Ping: self._rx_ping,
-            wm.Pong: self._rx_pong,
-            wm.Hello: self._rx_hello,
-            wm.HelloAck: self._rx_hello_ack,
-            wm.HelloReject: self._rx_hello_reject,
-            wm.Disconnect: self._rx_disconnect,
-            wm.Probe: self._rx_probe,
-            wm.ProbeReply: self._rx_probe_reply,
-        }
+        # wire message -> its handler, from the spec's routing table (the only place that says so)
+        self._RECEIVE = {getattr(wm, w.struct): getattr(self, f"_rx_{w.receive}") for w in WIRE.values()}
         self._ROUTE = {
             GiveUp: self._route_give_up,
             PeerLost: self._route_peer_lost,

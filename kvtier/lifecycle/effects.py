@@ -103,7 +103,12 @@ class SendBlocks(_Effect):
     so rounds of two peers, or a served round and a PD id, never share a plane key."""
     take_digests: bool = False
     """Serve transfers: ``digests`` is empty and the shell takes each block's digest as it hands
-    the transfer to the plane (a pinned block does not change while pinned)."""
+    the transfer to the plane (a pinned block does not change while pinned), filling them into
+    ``headers`` (decision Y9)."""
+    headers: tuple[Any, ...] = ()
+    """The transfer's ``block_data`` messages, in order, built by the core
+    (:mod:`kvtier.lifecycle.batches`): header ``i`` names blocks ``first .. first+count-1`` of
+    ``blocks``; the shell sends each with those blocks."""
 
 
 class CancelTransfer(_Effect):

@@ -44,7 +44,8 @@ from kvtier.lifecycle._table import (
     ProducerState,
     Reason,
 )
-from kvtier.lifecycle.effects import CancelTransfer, Effect, Ignored, JobDone, Send, SendBlocks
+from kvtier.lifecycle.batches import Batcher
+from kvtier.lifecycle.effects import CancelTransfer, Effect, Ignored, JobDone, Send
 from kvtier.lifecycle.inputs import StoreSubmitted
 from kvtier.lifecycle.notes import GiveUp, Notes
 from kvtier.wire import messages as wm
@@ -147,6 +148,8 @@ class RetainedRecord(Record):
 class ProducerMachine(TableMachine):
     """All producer records of one manager. Inputs take ``now`` (seconds) and append effects."""
 
+    batcher: Batcher = Batcher(0, None, True)
+    """Builds transfers and their headers (the core installs one sized for its pool)."""
     NAME = "producer"
     TABLE = PRODUCER_TABLE
     STATE_TIMER = PRODUCER_STATE_TIMER
@@ -520,7 +523,7 @@ class ProducerMachine(TableMachine):
     def effect_start_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         # every demanded key is parked (the guard said so): (block, digest) pairs in fetch order
         blocks, digests = zip(*map(rec.blocks.__getitem__, rec.demand))
-        out.append(SendBlocks(rec.peer, rec.key, rec.round, blocks, rec.gen, digests, rec.slots))
+        out.append(self.batcher.send_blocks(rec.peer, rec.key, rec.round, blocks, rec.gen, digests, rec.slots))
 
     def effect_cancel_transfer(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         out.append(CancelTransfer(rec.key, rec.round))

@@ -43,6 +43,7 @@ from kvtier.lifecycle._table import (
     ServeGuard,
     ServeState,
 )
+from kvtier.lifecycle.batches import Batcher
 from kvtier.lifecycle.effects import (
     CancelTransfer,
     CloseLookup,
@@ -51,7 +52,6 @@ from kvtier.lifecycle.effects import (
     LookUpBlocks,
     ReleasePins,
     Send,
-    SendBlocks,
 )
 from kvtier.lifecycle.inputs import LookupAnswered
 from kvtier.lifecycle.notes import GiveUp, Notes
@@ -120,6 +120,8 @@ class ServeRecord(Record):
 class ServeMachine(TableMachine):
     """All serve records of one manager, keyed ``(peer, kv_request_id, round)``."""
 
+    batcher: Batcher = Batcher(0, None, True)
+    """Builds transfers and their headers (the core installs one sized for its pool)."""
     NAME = "serve"
     TABLE = SERVE_TABLE
     STATE_TIMER = SERVE_STATE_TIMER
@@ -321,7 +323,8 @@ class ServeMachine(TableMachine):
         key = transfer_key(rec.peer, rec.kv_request_id)
         self.transfers[(key, rec.round)] = rec.key
         blocks = tuple(rec.found[k] for k in rec.demand)
-        out.append(SendBlocks(rec.peer, rec.kv_request_id, rec.round, blocks, rec.gen, (), rec.slots, key, True))
+        out.append(self.batcher.send_blocks(rec.peer, rec.kv_request_id, rec.round, blocks, rec.gen, (), rec.slots,
+                                            key, take_digests=True))
 
     def effect_cancel_transfer(self, rec: ServeRecord, inp, reason, now, out) -> None:
         out.append(CancelTransfer(transfer_key(rec.peer, rec.kv_request_id), rec.round))

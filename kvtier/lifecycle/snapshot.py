@@ -242,7 +242,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "ignored": "counter", "park_clock_last": "config", "tombstone_max": "config", "max_pending": "config",
         "by_peer": "index", "awaiting_per_peer": "index", "quarantined": "index", "retained": "state",
         "_prune_order": "index", "_prune_at": "cache", "count_evicted": "counter", "closing": "state",
-        "named": "state", "_notes": "config",
+        "named": "state", "_notes": "config", "batcher": "config",
     },
     "consumer": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
@@ -263,7 +263,7 @@ KNOWN: dict[str, dict[str, str]] = {
     },
     "serve": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
-        "ignored": "counter", "_notes": "config", "limits": "config", "by_peer": "index",
+        "ignored": "counter", "_notes": "config", "limits": "config", "by_peer": "index", "batcher": "config",
         "pinned_per_peer": "index", "pinned_total": "index", "closing": "state", "transfers": "state",
     },
 }

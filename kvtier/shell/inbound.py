@@ -28,6 +28,7 @@ from typing import Any
 
 from kvtier.dataplane import AttachFailed, Attached, DataPlane, Landed, Notified, Released, Revoked
 from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle._table import WIRE
 from kvtier.metrics import TierMetrics
 from kvtier.shell.perbyte import ByteWork
 from kvtier.shell.logs import RateLimitedLog
@@ -69,13 +70,16 @@ class Inbound:
             Attached: lambda r, now: ix.PeerAttached(r.peer, r.gen),
             AttachFailed: lambda r, now: ix.AttachRefused(r.peer, r.gen, r.detail),
         }
-        self.RECEIVED_NOTES: dict[type, Callable[[str, Any], None]] = {
-            wm.Hello: lambda peer, m: self.logs.name(peer, m.instance),
-            wm.HelloAck: lambda peer, m: self.logs.name(peer, m.instance),
-            wm.HelloReject: self._note_rejected,
-            wm.Error: self._note_error,
-            wm.ProbeReply: lambda peer, m: self.metrics.probe_answered(sum(m.hits), len(m.hits) - sum(m.hits)),
+        notes: dict[str, Callable[[str, Any], None]] = {
+            "name_peer": lambda peer, m: self.logs.name(peer, m.instance),
+            "rejected": self._note_rejected,
+            "peer_error": self._note_error,
+            "probe_answered": lambda peer, m: self.metrics.probe_answered(sum(m.hits), len(m.hits) - sum(m.hits)),
         }
+        # per message struct: (the observation when one arrives, whether it needs the principal),
+        # from the spec's routing table (kvtier.lifecycle._table.WIRE)
+        self._received = {getattr(wm, w.struct): (notes[w.noted] if w.noted else None, w.principal)
+                          for w in WIRE.values()}
 
     def collect(self, budget: int | None = None) -> list[ix.Input]:
         """Read up to ``budget`` messages (default :data:`RECV_BUDGET`) and every connection
@@ -139,13 +143,13 @@ class Inbound:
                 self.logs(peer, err.reason, "kvtier: bad message from %s: %s", self.logs.who(peer), err)
             return ix.Malformed(peer, err.reason, err.detail, err.msg_type or None, err.kv_request_id, err.gen,
                                 err.theirs or None, after)
-        note = self.RECEIVED_NOTES.get(type(msg))
+        note, wants_principal = self._received[type(msg)]
         principal = None
         if note is not None:
             note(peer, msg)
-            if type(msg) is wm.Hello:
-                info = self.transport.peer_info(peer)
-                principal = info.principal if info is not None else None
+        if wants_principal:
+            info = self.transport.peer_info(peer)
+            principal = info.principal if info is not None else None
         return ix.Received(peer, msg, tuple(payloads) if payloads else (), principal, after)
 
     def _released(self, r: Released, now: float) -> ix.Input:

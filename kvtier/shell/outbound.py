@@ -12,11 +12,15 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from kvtier.dataplane import Batch, DataPlane, PlaneError
 from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle._table import PERFORM, WIRE
+from kvtier.lifecycle.batches import MAX_BATCH_BYTES, TAIL_BYTES, Batcher, plan_batches
 from kvtier.metrics import TierMetrics
 from kvtier.shell.jobs import JobBook
 from kvtier.shell.logs import RateLimitedLog
@@ -28,40 +32,6 @@ from kvtier.wire.codec import encode, encode_frames
 
 __all__ = ["MAX_BATCH_BYTES", "Outbound", "TAIL_BYTES", "plan_batches"]
 
-#: Largest block_data message we build (bytes of payload); limits.md: keep zmq messages ≤ 16 MiB.
-MAX_BATCH_BYTES = 8 << 20
-
-#: The last batch of a transfer holds at most this many bytes (at least one block), the one before
-#: it twice as many, and so on up to MAX_BATCH_BYTES: the consumer checks each batch while the
-#: next one travels, so what it still has to check once the last bytes arrived is small
-#: (decision I14).
-TAIL_BYTES = 1 << 20
-
-
-def plan_batches(n: int, per: int, tail: int) -> list[int]:
-    """Batch sizes (in blocks) for a transfer of ``n`` blocks: batches of ``per`` blocks, ending
-    in a taper that halves down to two of ``tail`` (``n=256, per=8, tail=1``: 31 × 8, 4, 2, 1,
-    1); a transfer of at most ``tail`` blocks is one batch.  Sizes sum to ``n``, none is empty.
-
-    Raises:
-        ValueError: ``per`` or ``tail`` is not positive.
-    """
-    if per < 1 or tail < 1:
-        raise ValueError(f"per and tail must be positive, got {per} and {tail}")
-    tail = min(tail, per)
-    if n <= tail:
-        return [n] if n > 0 else []
-    sizes: list[int] = []
-    size, second = tail, False
-    while n > 0:  # built from the end
-        take = min(size, n)
-        sizes.append(take)
-        n -= take
-        if second:
-            size = min(per, size * 2)
-        second = True
-    sizes.reverse()
-    return sizes
 
 Inputs = list[ix.Input]
 
@@ -100,31 +70,17 @@ class Outbound:
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self.changed = False
         """A load failed or a session ended since the loop last published its answers."""
-        self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
-        self._tail = max(1, TAIL_BYTES // pool.block_bytes)
+        # effect record -> performer, message struct -> observation when sent: both from the
+        # spec's routing tables (kvtier.lifecycle._table.PERFORM, WIRE)
         self.PERFORMERS: dict[type, Callable[[Any], Inputs | None]] = {
-            fx.Send: self._send,
-            fx.JobDone: self._job_done,
-            fx.SendBlocks: self._send_blocks,
-            fx.CancelTransfer: self._cancel,
-            fx.LandBlocks: self._land,
-            fx.RevokeAccess: self._revoke,
-            fx.OpenConnection: self._open,
-            fx.CloseConnection: self._close,
-            fx.AttachPeer: self._attach,
-            fx.DetachPeer: self._detach,
-            fx.SessionEnded: self._session_ended,
-            fx.SlotsHeld: self._slots_held,
-            fx.Ignored: self._ignored,
-            fx.LookUpBlocks: self.serving.queue_lookup,
-            fx.CloseLookup: self.serving.queue_close,
-            fx.ReleasePins: self._release_pins,
+            getattr(fx, cls): getattr(self, f"_{name}") for cls, name in PERFORM.items()}
+        notes: dict[str, Callable[[str, Any], None]] = {
+            "refused": self._note_done,
+            "rejecting": self._note_reject,
+            "served": lambda peer, m: self.metrics.served(sum(m.hits), len(m.hits) - sum(m.hits)),
         }
         self.SEND_NOTES: dict[type, Callable[[str, Any], None]] = {
-            wm.TransferDone: self._note_done,
-            wm.HelloReject: self._note_reject,
-            wm.ProbeReply: lambda peer, m: self.metrics.served(sum(m.hits), len(m.hits) - sum(m.hits)),
-        }
+            getattr(wm, w.struct): notes[w.sent] for w in WIRE.values() if w.sent}
 
     def perform(self, effects: Sequence[fx.Effect]) -> Inputs:
         """Carry out ``effects`` in order; return the inputs they produced, in order."""
@@ -200,48 +156,40 @@ class Outbound:
                       e.job_id, len(e.verify) - len(keep))
         return keep or None
 
+    def _queue_lookup(self, e: fx.LookUpBlocks) -> None:
+        self.serving.queue_lookup(e)
+
+    def _queue_close(self, e: fx.CloseLookup) -> None:
+        self.serving.queue_close(e)
+
     def _release_pins(self, e: fx.ReleasePins) -> None:
         self.serving.release(e)
         self.metrics.pins_released(len(e.pins), e.ok, e.reason)
 
     # -- data plane ----------------------------------------------------------------------------
     def _send_blocks(self, e: fx.SendBlocks) -> None:
-        """Cut the transfer into block_data batches for the plane (:func:`plan_batches`: at most
-        ``MAX_BATCH_BYTES`` each — and no larger than the plane's header limit allows — tapering
-        to ``TAIL_BYTES``).  A served round's blocks get their digests here (``take_digests``,
-        decision Y9): pinned blocks do not change while pinned, so the engine's serve window stays
-        free of hashing; the digest pool spreads them over cores."""
-        per, one_sided = self._per_batch, self.plane.one_sided
-        digests = e.digests
+        """Hand the transfer to the plane: each ``block_data`` header the core built, encoded,
+        with the blocks (and, one-sided, the slots) it names.  A served round's blocks get their
+        digests here (``take_digests``, decision Y9): pinned blocks do not change while pinned, so
+        the engine's serve window stays free of hashing; the digest pool spreads them over cores."""
+        headers = e.headers
+        if not headers:  # an effect made without the core's batcher (a planted bug, a test's own)
+            headers = Batcher(self.pool.block_bytes, self.plane.max_header_bytes, self.integrity != "none").send_blocks(
+                e.peer, e.kv_request_id, e.round, e.blocks, e.gen, e.digests, e.slots, e.transfer,
+                e.take_digests).headers
         if e.take_digests and self.integrity != "none":
             buffers = [self.pool.buffer(b) for b in e.blocks]
             dp = self.work.digest_pool
             digests = (dp.submit_digests(buffers, self.integrity).result() if dp is not None
                        else block_digests(buffers, self.integrity))
-        if self.plane.max_header_bytes is not None:
-            per = min(per, self._header_fits(e))
-        batches = []
-        first = 0
-        for count in plan_batches(len(e.blocks), per, self._tail):
-            end = first + count
-            header = encode(wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=first,
-                                         count=count, digests=list(digests[first:end])))
-            batches.append(Batch(first, e.blocks[first:end], e.slots[first:end] if one_sided else (), header))
-            first = end
+            headers = tuple(msgspec.structs.replace(h, digests=list(digests[h.first:h.first + h.count]))
+                            for h in headers)
+        one_sided, blocks, slots = self.plane.one_sided, e.blocks, e.slots
+        batches = [Batch(h.first, blocks[h.first:h.first + h.count],
+                         slots[h.first:h.first + h.count] if one_sided else (), encode(h)) for h in headers]
         key = e.transfer or e.kv_request_id
         self.posted[(key, e.round)] = self.clock()
         self.plane.post(e.peer, key, e.round, batches)
-
-    def _header_fits(self, e: fx.SendBlocks) -> int:
-        """Blocks per batch whose ``block_data`` header fits the plane's ``max_header_bytes``."""
-        limit = self.plane.max_header_bytes or 0
-        if not e.digests and not (e.take_digests and self.integrity != "none"):
-            return self._per_batch
-        one = len(encode(wm.BlockData(gen=e.gen, kv_request_id=e.kv_request_id, round=e.round, first=len(e.blocks),
-                                      count=1, digests=[2**64 - 1])))
-        # each further digest takes at most 9 bytes (a msgpack uint64); 4 more for a longer
-        # count and the digest array's longer length prefix
-        return max(1, 1 + (limit - one - 4) // 9)
 
     def _cancel(self, e: fx.CancelTransfer) -> None:
         self.plane.cancel(e.kv_request_id, e.round)

@@ -40,6 +40,7 @@ import msgspec
 from kvtier.integrity import DigestPool, block_digests
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle._table import WIRE
 from kvtier.wire import messages as wm
 
 __all__ = ["ByteWork", "INLINE_STORE_BYTES", "STORE_WAIT_S", "is_block_data"]
@@ -96,9 +97,13 @@ def _peer_of(inp: Any) -> str | None:
     return None
 
 
+#: The message structs whose landing may run on the pool (``lands`` in the spec's routing table).
+_LANDS = frozenset(getattr(wm, w.struct) for w in WIRE.values() if w.lands)
+
+
 def is_block_data(inp: Any) -> bool:
     """Whether ``inp`` is a received ``block_data`` (its landing may run on the pool)."""
-    return type(inp) is ix.Received and type(inp.msg) is wm.BlockData
+    return type(inp) is ix.Received and type(inp.msg) in _LANDS
 
 
 class ByteWork:
