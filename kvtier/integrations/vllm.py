@@ -36,9 +36,10 @@ What the adapter does, and nothing more:
 Threading: vLLM calls every method under ``TieringOffloadingManager.lock`` — from the scheduler
 thread, and ``get_finished_jobs`` and ``serve_external_requests`` also from its
 ``vllm_offload_tier_poll`` thread (this tier sets ``tolerates_off_thread_polling``) — except
-``shutdown``, which it calls after that thread stopped.  The adapter never takes vLLM's lock and
-calls the ``ParentManager`` only inside ``serve_external_requests``; kvtier's manager has its own
-re-entrant lock.
+``shutdown``, which it calls after that thread stopped.  kvtier's I/O runs on its own thread
+(``background_poll`` defaults to true here): each engine call hands one command over and returns,
+sharing no lock with it.  The adapter never takes vLLM's lock; the ``ParentManager`` is used only
+inside ``serve_external_requests`` (by kvtier's loop, while that call waits for it).
 
 This module is the only place kvtier imports vLLM; :mod:`kvtier.integrations` imports nothing.
 """
@@ -52,6 +53,7 @@ import logging
 import time
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -256,7 +258,9 @@ class VllmParentSource:
 
     def __init__(self) -> None:
         self.parent: ParentManager | None = None
-        self.results: list[VllmJobResult] = []
+        # releases come from kvtier's I/O loop thread, takes from vLLM's threads: a deque's append
+        # and popleft are atomic, so no lock is shared with the loop
+        self.results: deque[VllmJobResult] = deque()
         self.outstanding: set[int] = set()
 
     def _p(self) -> ParentManager:
@@ -288,7 +292,10 @@ class VllmParentSource:
         self._p().on_request_finished(ctx)
 
     def take(self) -> list[VllmJobResult]:
-        out, self.results = self.results, []
+        out = []
+        results = self.results
+        while results:
+            out.append(results.popleft())
         return out
 
 
@@ -388,7 +395,10 @@ class KvTierSecondaryTier(SecondaryTierManager):
     ) -> None:
         # 1. Validate everything before building anything (vLLM does not call shutdown() on a
         #    tier whose __init__ raised).
-        config = TierConfig.from_dict({"type": tier_type, **options, "backpressure": backpressure_detector})
+        # kvtier's I/O runs on its own thread unless the entry says otherwise: vLLM's scheduler
+        # thread only hands each call over (decision C18)
+        config = TierConfig.from_dict({"type": tier_type, "background_poll": True, **options,
+                                       "backpressure": backpressure_detector})
         dp = _dp_index(offloading_spec)
         for key in ("port", "metrics_port"):  # the listener and the metrics endpoint
             base = getattr(config, key)
@@ -689,8 +699,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
             keys = [OffloadKey(k) for k in r.successful_keys] if r.successful_keys else None
             out.append(VllmJobResult(job_id=r.job_id, success=r.success, successful_keys=keys,
                                      transfer_time=r.transfer_time_s, transfer_bytes=r.transfer_bytes))
-        with self._ledger.lock:  # the pins' releases (their store jobs' results) come in under it
-            out.extend(self._source.take())
+        out.extend(self._source.take())  # the pins' releases: their store jobs' results
         return out
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
@@ -736,9 +745,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
 
     def has_pending_work(self) -> bool:
         try:
-            with self._ledger.lock:
-                if self._source.results or self._source.outstanding:
-                    return True
+            if self._source.results or self._source.outstanding:
+                return True
             return self._ledger.has_pending_work()
         except Exception:
             return False

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Any
-
 import secrets
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kvtier.config import TierConfig
 from kvtier.dataplane import DataPlane, make_plane

@@ -26,12 +26,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.dataplane import AttachFailed, Attached, DataPlane, Landed, Notified, Released, Revoked
+from kvtier.dataplane import Attached, AttachFailed, DataPlane, Landed, Notified, Released, Revoked
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle._table import WIRE
 from kvtier.metrics import TierMetrics
-from kvtier.shell.perbyte import ByteWork
 from kvtier.shell.logs import RateLimitedLog
+from kvtier.shell.perbyte import ByteWork
 from kvtier.transport import CloseReason, Transport
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import Decoder, WireError
