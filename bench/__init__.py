@@ -96,6 +96,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    "(default docs/benchmarks, or docs/benchmarks/quick with --quick)")
     p.add_argument("--json", default=None, help="path of the JSON results (default OUT/results.json)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-profiles", action="store_true", help="skip the py-spy profiles of P1's 1-block cell and P3")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
     ids = [x.strip().upper() for x in args.only.split(",") if x.strip()] or list(BENCHMARKS)
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rich.console import Console
 
-    from bench import _plots, _report
+    from bench import _plots, _profile, _report
     from bench._util import machine_info
 
     console = Console(width=200, stderr=False)
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    _profile.configure(None if args.no_profiles else out / "profiles")
     suffix = "-quick" if args.quick else ""
     json_path = Path(args.json) if args.json else out / f"results{suffix}.json"
     started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")

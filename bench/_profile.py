@@ -24,7 +24,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Recorder", "py_spy", "summarize"]
+__all__ = ["OUT", "Recorder", "configure", "py_spy", "summarize"]
+
+OUT: Path | None = None
+"""Where :class:`Recorder` writes when the suite runs (``OUT/profiles``); None: no profiles."""
+
+
+def configure(out: Path | None) -> None:
+    """Profiles of this run go to ``out`` (``python -m bench`` sets ``OUT_DIR/profiles``)."""
+    global OUT
+    OUT = out
 
 _FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^():]*?)(?::(?P<line>\d+))?\)$")
 

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Any, Callable
 
+from bench import _profile
 from bench._util import CpuMeter, fmt_bytes, paired_ratio, summary, target
 from tools.child import Child, start_all
 
@@ -77,6 +78,15 @@ def _pairs(curve: tuple[dict[str, Any], dict[str, Any]]) -> tuple[dict[str, dict
     return prod, cons
 
 
+def _record(prod: Child, cons: Child, stem: str) -> _profile.Recorder | None:
+    """py-spy on both children for one measured phase (``python -m bench`` only: ``_profile.OUT``)."""
+    if _profile.OUT is None:
+        return None
+    rec = _profile.Recorder()
+    rec.start({"producer": prod.hello["pid"], "consumer": cons.hello["pid"]}, _profile.OUT, stem)
+    return rec
+
+
 def _children() -> tuple[Child, Child]:
     # one host: UCX on loopback (CMA does the copies); quiet NIXL; inherited by both children
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
@@ -118,6 +128,7 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
     problems: list[str] = []
     meter = CpuMeter()
     t_start = time.monotonic()
+    profiles: dict[str, Any] | None = None
     try:
         raw_port = prod.hello["raw_port"]
         for bs in sorted({bs for bs, _ in grid}):
@@ -137,6 +148,9 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
             for n in ns:
                 nbytes = n * bs
                 k = max(2, min(kmax, math.ceil(target_bytes / nbytes)))
+                # the 1-block cell of the smallest block: where a request's fixed cost shows
+                first_cell = n == 1 and bs == min(b for b, _ in grid)
+                recorder = _record(prod, cons, f"p1-{bs >> 10}KiBx1") if first_cell else None
                 windowed = nixl_on and nbytes >= 8 * MiB  # P2's cells: also WINDOW requests in flight
                 runs = [*pairs, *(["nixl_window"] if windowed else [])]
                 secs: dict[str, list[float]] = {name: [] for name in ("raw", "copy", *runs)}
@@ -164,6 +178,8 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
                             verified = False
                             problems.append(f"{fmt_bytes(bs)}x{n}: {what} landed wrong bytes")
                     secs["copy"].append(cons.call("copy", count=k, nblocks=n)["seconds"])
+                if recorder is not None:
+                    profiles = recorder.stop()
                 moved = k * nbytes
                 gbps = lambda ss: summary([moved / s / 1e9 for s in ss])  # noqa: E731
                 kv_s, raw_s, cp_s = secs["zmq"], secs["raw"], secs["copy"]
@@ -277,6 +293,7 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
         "rows": rows,
         "problems": problems,
         "producer": pstats,
+        "profiles": profiles,
         "noise": noise,
         "wall_s": round(wall, 1),
         "method": (
@@ -354,6 +371,7 @@ def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) ->
     t_start = time.monotonic()
     per: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
+    profiles: dict[str, Any] = {}
     try:
         for plane in planes:
             kv_all, raw_all, batch_ratios, reasons, states_before, states_after = [], [], [], [], [], []
@@ -365,6 +383,7 @@ def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) ->
             ids = prod.call("park", prefix=f"w{plane}", count=1, nblocks=nblocks)
             cons.call("kvtier", ids=ids, nblocks=nblocks)
             cons.call("rtt", count=50)
+            recorder = _record(prod, cons, f"p3-{plane}")
             for b in range(batches):
                 ids = prod.call("park", prefix=f"late{plane}{b}", count=per_batch, nblocks=nblocks)
                 deadline = time.monotonic() + 10
@@ -382,6 +401,8 @@ def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) ->
                 batch_ratios.append(summary(r["kvtier"])["median"] / summary(r["raw"])["median"])
                 log(f"P3 {plane} batch {b}: kvtier late-fetch {summary(r['kvtier'])['median'] * 1e6:.0f} µs, "
                     f"raw RTT {summary(r['raw'])['median'] * 1e6:.0f} µs")
+            if recorder is not None:
+                profiles.update(recorder.stop())
             n_reaped = sum(1 for x in reasons if x == "reaped")
             if n_reaped != len(reasons):
                 problems.append(f"{plane}: {len(reasons) - n_reaped} late loads did not fail with 'reaped': "
@@ -424,6 +445,7 @@ def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) ->
             "producer_tombstoned": z["producer_tombstoned"],
             "samples": z["samples"],
             "planes": per,
+            "profiles": profiles or None,
             "problems": problems,
             "noise": noise,
             "wall_s": round(time.monotonic() - t_start, 1),

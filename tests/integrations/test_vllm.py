@@ -257,7 +257,11 @@ def test_manager_level_store_park_lookup_load_finish(managers, data_plane) -> No
         assert time.monotonic() < deadline
         time.sleep(0.002)
     assert stat(ptier, 'kvtier_jobs_total{kind=store,outcome=ok') == 1
-    assert not cons._jobs and not ctier.has_pending_work() and not ptier.has_pending_work()
+    # engine calls hand commands to kvtier's I/O thread: it has work until it applied the last ones
+    while ctier.has_pending_work() or ptier.has_pending_work():
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    assert not cons._jobs
     del pview, cview
 
 
@@ -714,10 +718,12 @@ def test_pd_pair_with_real_schedulers(model_dir: str, data_plane: str) -> None:
 
 @pytest.mark.timeout(90)
 def test_pd_pair_driven_by_engine_steps_only(model_dir: str) -> None:
-    """tier_poll_interval_s = 0: no tier-poll thread; kvtier progresses only when engines step,
-    which they keep doing while a job is outstanding (has_pending_push_work)."""
-    prefill = Engine("prefill0", model_dir, TIER, poll_s=0)
-    decode = Engine("decode0", model_dir, TIER, poll_s=0)
+    """tier_poll_interval_s = 0 and kvtier caller-driven (``background_poll: false``): no poll
+    thread at all; kvtier progresses only when engines step, which they keep doing while a job is
+    outstanding (has_pending_push_work)."""
+    steps_only = {**TIER, "background_poll": False}
+    prefill = Engine("prefill0", model_dir, steps_only, poll_s=0)
+    decode = Engine("decode0", model_dir, steps_only, poll_s=0)
     engines = [prefill, decode]
     try:
         assert not kvtier_threads()
