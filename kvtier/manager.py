@@ -112,6 +112,9 @@ class KvTierManager:
         self._requests: dict[str, TransferParams] = {}
         self._loading: set[str] = set()  # consumer requests that submitted a load (or load_nothing)
         self._looked: dict[str, int] = {}  # symmetric requests: lookups handed to the loop
+        # symmetric requests' keys looked up during this engine step: handed over together, with
+        # the step's end, so they leave in one probe per (peer, id) per step (decision Y4)
+        self._step_keys: dict[str, dict[bytes, None]] = {}
         self._closing = False  # shutdown() began: no new work
         # when a drain_jobs(timeout_s) that did not finish had to be over: a shutdown() that
         # follows it shares that one budget (decision A6)
@@ -281,9 +284,9 @@ class KvTierManager:
         A symmetric (``source``) request registers ``key`` with its probe and answers RETRY until
         the peer said whether it holds the block — bounded by ``probe_timeout_s`` from the round's
         first key — then HIT (pinned for us until our load) or MISS (kept for the request's life).
-        Keys looked up during one engine step leave in one probe at :meth:`on_schedule_end`.
-        Answers come from what the I/O loop published after its last pass: a key it has not seen
-        yet answers RETRY."""
+        Keys looked up during one engine step are handed to the I/O loop together at
+        :meth:`on_schedule_end` and leave in one probe.  Answers come from what the loop published
+        after its last pass: a key it has not seen yet answers RETRY."""
         check_req(req, "lookup")
         info = self._requests.get(req.req_id)
         if info is None or self._closed or self._closing:
@@ -292,18 +295,20 @@ class KvTierManager:
         if info.role == "source":
             if not isinstance(key, bytes) or not 0 < len(key) <= 256:
                 raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
-            looked = self._looked[kid] = self._looked.get(kid, 0) + 1
-            self._loop.input(ix.KeyLookedUp(kid, key))
             pub = self._published
             answers = pub.probes.get(kid)
+            if answers is not None and (answers.dead or key in answers.miss):
+                return LookupResult.MISS
+            step = self._step_keys.setdefault(kid, {})
+            step[key] = None  # every lookup registers the key, as the core's rule wants
             if answers is not None:
-                if answers.dead or key in answers.miss:
-                    return LookupResult.MISS
                 if key in answers.hit:
                     return LookupResult.HIT
                 if key in answers.retry:
                     return LookupResult.RETRY
-            return LookupResult.RETRY if pub.applied.get(kid, 0) < looked else LookupResult.MISS
+            if key in step or pub.applied.get(kid, 0) < self._looked.get(kid, 0):
+                return LookupResult.RETRY  # the loop has not seen it yet
+            return LookupResult.MISS
         if info.role != "consumer":
             return LookupResult.MISS
         return LookupResult.MISS if kid in self._published.failed_loads else LookupResult.HIT
@@ -312,10 +317,17 @@ class KvTierManager:
         """The engine step ended (vLLM's ``on_schedule_end``): every symmetric request's keys
         looked up during the step leave in one probe per (peer, ``kv_request_id``).  Engines
         other than vLLM call it once after each batch of lookups."""
-        if not self._closed:
-            self._loop.call(self._schedule_end)
+        if self._closed:
+            return
+        keys = [ix.KeyLookedUp(kid, k) for kid, step in self._step_keys.items() for k in step]
+        for kid, step in self._step_keys.items():
+            self._looked[kid] = self._looked.get(kid, 0) + len(step)
+        self._step_keys = {}
+        self._loop.call(self._schedule_end, keys)
 
-    def _schedule_end(self, _: Any) -> None:
+    def _schedule_end(self, keys: list[ix.KeyLookedUp]) -> None:
+        for inp in keys:
+            self._loop.apply(inp)
         self._loop.apply(ix.ScheduleEnded())
         standing = self._loop.serving.standing
         if standing is not None:
@@ -493,6 +505,7 @@ class KvTierManager:
         if info is None or self._closed or info.role not in ("producer", "consumer", "source"):
             return
         self._looked.pop(info.kv_request_id, None)
+        self._step_keys.pop(info.kv_request_id, None)
         self._loop.input(ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life))
 
     def has_pending_work(self) -> bool:
@@ -500,7 +513,7 @@ class KvTierManager:
         or symmetric work waits (a probe round, a peer's round, a pin, a queued engine lookup): the
         engine must keep stepping (and opening serve windows) while it is."""
         return bool(self._jobs) or self._jobs.ready or (
-            not self._closed and (self._published.pending or self._loop.queued > 0))
+            not self._closed and (self._published.pending or self._loop.queued > 0 or bool(self._step_keys)))
 
     def drain_jobs(self, timeout_s: float | None = None) -> None:
         """Return once every submitted job has a result (collect them with get_finished_jobs).
