@@ -300,10 +300,14 @@ class IoLoop:
         return self.serving.run(source, self.core.serve_wants, self._run)
 
     def one_pass(self) -> None:
-        """Commands, then the network, then publish (under :attr:`lock`)."""
+        """Commands, then the network, then publish (under :attr:`lock`) — only after a pass
+        that applied something, or while the last answers said work is pending (queued sends
+        flushing, a transfer's release: no input reports those)."""
+        before = self.passes
         self.run_commands()
         self.tick()
-        self._publish()
+        if self.passes != before or self.published.pending:
+            self._publish()
 
     def _publish(self) -> None:
         self.published.update(self)

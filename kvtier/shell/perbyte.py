@@ -43,20 +43,14 @@ from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle._table import WIRE
 from kvtier.wire import messages as wm
 
-__all__ = ["ByteWork", "INLINE_STORE_BYTES", "STORE_WAIT_S", "is_block_data"]
+__all__ = ["ByteWork", "INLINE_STORE_BYTES", "is_block_data"]
 
 log = logging.getLogger("kvtier.manager")
 
 INLINE_STORE_BYTES: Final = 64 << 10
-"""A store of at most this many bytes is hashed on the engine's thread: handing it to the pool
-costs the engine's thread about as much (a future, a queue put: ~5-10 µs) as hashing it
+"""A store of at most this many bytes is hashed on the I/O loop's thread: handing it to the pool
+costs the loop about as much (a future, a queue put: ~5-10 µs) as hashing it
 (64 KiB: ~3 µs), and its digests are in the core at once."""
-
-STORE_WAIT_S: Final = 0.001
-"""The longest wait while a store's digests are taken: 1 ms, for the same reason as the landings'
-:data:`kvtier.dataplane.landing.LANDING_WAIT_S` (decision N17)."""
-"""While a store's digests are being taken, the manager waits at most this long for network input
-before looking again (the pool's threads cannot wake the wait)."""
 
 _GLOBAL = (ix.DrainStarted, ix.ShutdownStarted, ix.GraceEnded)
 _NO_BOUND = float("inf")
@@ -299,10 +293,6 @@ class ByteWork:
         if not self._peers:
             return _NO_BOUND
         return min(i.after for q in self._peers.values() for i in q)
-
-    def max_wait_s(self) -> float | None:
-        """:data:`STORE_WAIT_S` while a store's digests are being taken, else ``None``."""
-        return STORE_WAIT_S if self._stores else None
 
     def held(self) -> int:
         """Entries held (stores, landings and the inputs behind them)."""

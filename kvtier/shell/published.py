@@ -66,7 +66,7 @@ class Published:
             self.probes = {k: core.probe_answers(k) for k in ids}
             self.applied = dict(loop.lookups_applied)  # after the answers: never ahead of them
         self.serve_wanted = serving.wanted()
-        self.pins = len(serving.pins())
+        self.pins = serving.pin_count()
         transport = loop.transport
         self.pending = bool(
             (not loop.closed and (loop.plane.referenced() > 0 or transport.pending_sends() > 0))

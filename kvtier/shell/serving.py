@@ -84,6 +84,9 @@ class ServeWindows:
         """True while lookups or closes wait for a window (a window with none does nothing)."""
         return bool(self._lookups or self._closes)
 
+    def pin_count(self) -> int:
+        return len(self._pins)
+
     def pins(self) -> frozenset[int]:
         return frozenset(self._pins)
 

@@ -216,7 +216,13 @@ class Transport(Protocol):
         ...
 
     def wait(self, timeout_s: float) -> bool:
-        """Block until something is readable (True) or ``timeout_s`` passes (False)."""
+        """Block until something is readable, or the fd given to :meth:`set_wake` is (True), or
+        ``timeout_s`` passes (False)."""
+        ...
+
+    def set_wake(self, fd: int | None) -> None:
+        """Poll ``fd`` (the owner's wake-up eventfd) with the sockets in :meth:`wait`; never read
+        it.  ``None`` stops."""
         ...
 
     def pending_sends(self) -> int:
