@@ -25,20 +25,25 @@ consumer.
 Three tables, no switchboards:
 
 * ``_APPLY``: input type → the method that applies it;
-* ``_RECEIVE``: wire message type → the method that turns it into a machine event (the session
-  gate first: a message from a peer with no ready session, or tagged with another generation,
-  never reaches the producer or consumer records);
+* ``_RECEIVE``: wire message type → the method that turns it into a machine event
+  (:mod:`kvtier.lifecycle.receive`; built from the spec's generated ``WIRE`` table, decision C16;
+  the session gate first: a message from a peer with no ready session, or tagged with another
+  generation, never reaches the producer or consumer records);
 * ``_ROUTE``: note type → what one machine's note means for another (a record that gives up on
   its peer ends the session; a session that ends tells every record bound to it; a session that
   becomes ready lets its queued loads fetch).  Notes are routed after the transition that made
   them, so no machine ever re-enters another mid-transition.
 
-The input-before-deadline contract (spec property ``input_before_deadline``, decision I3) is
-stated once, in :func:`kvtier.lifecycle.driver.drive`: inputs are applied (and what their effects
-report applied right after) in arrival order, and only then do deadlines fire, up to the time the
-shell last saw its inbound queue empty — so a deadline never beats a message that was already
-waiting when it fell due.  The shell, the model checker and the stateful suite all drive the core
-through that one function.
+The input-before-deadline contract (spec property ``input_before_deadline``, decisions I3, C14)
+is stated once, in :func:`kvtier.lifecycle.driver.drive`: inputs are applied (and what their
+effects report applied right after) in arrival order, and only then do deadlines fire, up to the
+time the shell last saw its inbound queue empty and no later than the arrival stamp of anything
+it still holds — so a deadline never beats a message that was already waiting when it fell due.
+The shell, the model checker and the stateful suite all drive the core through that one function.
+
+The core builds every message it sends (a transfer's ``block_data`` headers: :mod:`kvtier.lifecycle.batches`)
+and reports every job's result (a job no machine takes: ``JobSettled``).  Its read API is
+:mod:`kvtier.lifecycle.reads`; its settings :mod:`kvtier.lifecycle.settings`.
 """
 
 from __future__ import annotations
