@@ -563,12 +563,17 @@ class NixlPlane:
                     self._attach_reports.append(Attached(peer, gen))
 
     def max_wait_s(self, receiving: bool = True) -> float | None:
-        """While a WRITE of ours is in flight, a revocation is pending, or a peer could be writing
-        into us (``receiving``: a load of ours is outstanding): the progress interval
+        """While a WRITE of ours is in flight, a revocation is pending, a peer could be writing
+        into us (``receiving``: a load of ours is outstanding), or a session we dialled is still in
+        its handshake (its producer reads our window to warm the endpoint): the progress interval
         (``nixl_progress_interval_s``); otherwise ``None``, so an idle manager is not woken every
         interval (waking 1,000 times a second per connected peer takes the core from the
         manager that is working)."""
         if self._xfers or self._revoking or self._pending or self._warming or (receiving and self._peers):
+            return self._interval
+        if any(p not in self._peers for p in self._windows):
+            # a session we dialled is in its handshake: the producer's warm-up READ of our window
+            # completes only when we progress (decision N15); nothing else would wake the loop
             return self._interval
         return self._landings.max_wait_s()
 

@@ -61,6 +61,12 @@ MAX_WAIT_S = 0.25
 #: not on a request's critical path (the consumer's result never waits for it).
 RELEASE_WAIT_S = 0.001
 
+#: For this long after a message or a transfer left, a one-sided plane is progressed every
+#: :data:`EAGER_WAIT_S` (seconds): its answer — a WRITE's completion, the notification that carries
+#: a batch's header — is seen only when the plane is progressed, on both sides (decision C20).
+EAGER_S = 0.002
+EAGER_WAIT_S = 0.0001
+
 #: Longest a pass waits for a load's landings on the digest pool once its last blocks landed
 #: (seconds): hashing already under way; waiting here hands the result over in the pass that read
 #: the load's last blocks (decision I16).
@@ -338,6 +344,8 @@ class IoLoop:
             budget = min(budget, plane)
         if self.plane.referenced():
             budget = min(budget, RELEASE_WAIT_S)
+        if self.plane.one_sided and self.clock() - self.outbound.sent_at < EAGER_S:
+            budget = min(budget, EAGER_WAIT_S)
         return budget
 
     def poll(self, timeout_s: float) -> None:

@@ -70,6 +70,9 @@ class Outbound:
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self.changed = False
         """A load failed or a session ended since the loop last published its answers."""
+        self.sent_at = float("-inf")
+        """When a message or a transfer last left (the manager's clock): a one-sided plane's answer
+        to it comes only through the plane's progress (:data:`kvtier.shell.loop.EAGER_S`)."""
         # effect record -> performer, message struct -> observation when sent: both from the
         # spec's routing tables (kvtier.lifecycle._table.PERFORM, WIRE)
         self.PERFORMERS: dict[type, Callable[[Any], Inputs | None]] = {
@@ -98,6 +101,7 @@ class Outbound:
         note = self.SEND_NOTES.get(type(msg))
         if note is not None:
             note(e.peer, msg)
+        self.sent_at = self.clock()
         handle = self.transport.send(e.peer, encode_frames(msg))
         if handle.failed and e.ends_session:
             return [ix.SendFailed(e.peer)]
@@ -188,7 +192,7 @@ class Outbound:
         batches = [Batch(h.first, blocks[h.first:h.first + h.count],
                          slots[h.first:h.first + h.count] if one_sided else (), encode(h)) for h in headers]
         key = e.transfer or e.kv_request_id
-        self.posted[(key, e.round)] = self.clock()
+        self.posted[(key, e.round)] = self.sent_at = self.clock()
         self.plane.post(e.peer, key, e.round, batches)
 
     def _cancel(self, e: fx.CancelTransfer) -> None:

@@ -142,6 +142,18 @@ def managers() -> Iterator[Any]:
     assert not kvtier_threads()
 
 
+def steps_until(mgr: TieringOffloadingManager, done: Any, timeout_s: float = 5.0) -> None:
+    """Step ``mgr`` until ``done()`` (kvtier applies engine calls on its own thread: a result the
+    adapter refused comes back from it a moment later), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with mgr.lock:
+            step(mgr)
+        if done() or time.monotonic() > deadline:
+            return
+        time.sleep(0.001)
+
+
 def step(mgr: TieringOffloadingManager, new: tuple[str, ...] = ()) -> None:
     mgr.on_schedule_end(ScheduleEndContext(new_req_ids=list(new), preempted_req_ids=()))
 
@@ -458,7 +470,8 @@ def test_malformed_kv_transfer_params_never_reach_the_scheduler(managers, caplog
         producer_store(mgr, ctx, ks, view)  # the adapter fails the store job (reported once)
         with mgr.lock:
             mgr.on_request_finished(ctx)
-            step(mgr)
+        # the failure is a core input (JobSettled) applied by kvtier's I/O thread: a step or two
+        steps_until(mgr, lambda: not mgr._jobs)
         assert not mgr._jobs, (params, mgr._jobs)
     assert any("ignoring the kv_transfer_params" in r.getMessage() for r in caplog.records)
     # a request without params is local: its store succeeds at once
@@ -468,7 +481,7 @@ def test_malformed_kv_transfer_params_never_reach_the_scheduler(managers, caplog
     producer_store(mgr, ok, keys("local", 1), view)
     with mgr.lock:
         mgr.on_request_finished(ok)
-        step(mgr)
+    steps_until(mgr, lambda: not mgr._jobs and not tier.has_pending_work())
     assert not mgr._jobs and not tier.has_pending_work()
     del view
 
