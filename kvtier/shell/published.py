@@ -50,7 +50,8 @@ class Published:
         core, serving = loop.core, loop.serving
         if self.dirty or loop.outbound.changed:
             self.dirty = loop.outbound.changed = False
-            self.failed_loads = frozenset(k for k in self.in_use if core.load_failed(k))
+            # a copy first: the engine's thread adds to in_use while this runs
+            self.failed_loads = frozenset(k for k in list(self.in_use) if core.load_failed(k))
         if self.finishing:
             gone = {k for k in self.finishing
                     if core.consumer_state(k).value == "absent" and core.probe_state(k) is ProbeState.ABSENT
