@@ -36,7 +36,7 @@ from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob, Unk
 from kvtier.blocksource import BlockSource
 from kvtier.config import TierConfig
 from kvtier.integrity import DigestPool
-from kvtier.lifecycle import ConsumerState, ProbeState, Reason, TierCore
+from kvtier.lifecycle import Reason, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
@@ -254,7 +254,7 @@ class KvTierManager:
             kid = info.kv_request_id
             assert kid is not None and info.peer is not None
             in_use = self._published.in_use
-            if kid in in_use and self._loop.query(lambda: self._winding_down(kid)):
+            if kid in in_use and self._loop.query(lambda: self._loop.holds_consumer(kid)):
                 # an earlier request's load of this id is still winding down (abort in flight)
                 raise ValueError(
                     f"request {req.req_id!r}: kv_request_id {kid!r} is still in use by an "
@@ -269,12 +269,6 @@ class KvTierManager:
             if info.role == "producer" and info.consumer is not None:
                 self._loop.input(ix.ConsumerNamed(info.kv_request_id, info.consumer))
         return info.role
-
-    def _winding_down(self, kid: str) -> bool:
-        """On the loop: whether the core still holds a consumer, probe or round load of ``kid``."""
-        core = self._loop.core
-        return (core.consumer_state(kid) is not ConsumerState.ABSENT
-                or core.probe_state(kid) is not ProbeState.ABSENT or bool(core.round_loads(kid)))
 
     def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
         """HIT if ``key`` can be loaded for ``req`` from its remote producer; MISS otherwise
@@ -323,15 +317,7 @@ class KvTierManager:
         for kid, step in self._step_keys.items():
             self._looked[kid] = self._looked.get(kid, 0) + len(step)
         self._step_keys = {}
-        self._loop.call(self._schedule_end, keys)
-
-    def _schedule_end(self, keys: list[ix.KeyLookedUp]) -> None:
-        for inp in keys:
-            self._loop.apply(inp)
-        self._loop.apply(ix.ScheduleEnded())
-        standing = self._loop.serving.standing
-        if standing is not None:
-            self._loop.serve(standing)
+        self._loop.call(self._loop.schedule_end, keys)
 
     def serve_external_requests(self, source: BlockSource) -> int:
         """A serve window: answer peers' probes from the engine's own blocks through ``source``
@@ -446,15 +432,8 @@ class KvTierManager:
         job_id = self._internal_jobs
         kid = info.kv_request_id
         self._jobs.open(job_id, store=False, kv_request_id=kid, now=self.clock(), nbytes=0, internal=True)
-        self._loop.call(self._load_nothing, (kid, job_id))
+        self._loop.call(self._loop.load_nothing, (kid, job_id))
         return True
-
-    def _load_nothing(self, arg: tuple[str, int]) -> None:
-        kid, job_id = arg
-        if self._loop.core.consumer_state(kid) is ConsumerState.ANNOUNCED:
-            self._loop.apply(ix.LoadSubmitted(kid, job_id, (), ()))
-        else:  # its load was decided meanwhile (a session's end): the core ends the internal job
-            self._loop.apply(ix.JobSettled(job_id, False, Reason.JOB_REFUSED))
 
     def get_finished_jobs(self, *, poll: bool = True) -> list[JobResult]:
         """Hand over every job result produced since the last call.  Caller-driven: when there is
@@ -534,18 +513,9 @@ class KvTierManager:
         """
         start = time.monotonic()
         self._check_open()
-        self._loop.input(ix.DrainStarted())
         self._drain_deadline = None if timeout_s is None else start + timeout_s
-        while True:
-            if not self._loop.threaded:
-                self._loop.poll(0.0)
-            if not self._jobs and not self._published.pins and not self._loop.queued:
-                self._drain_deadline = None
-                return
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"drain_jobs: {len(self._jobs)} jobs and {self._published.pins} "
-                                   f"pins still outstanding after {timeout_s} s")
-            self._loop.poll(0.01)
+        self._loop.drain(start, timeout_s)
+        self._drain_deadline = None
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Caller-driven: wait up to ``timeout_s`` seconds for network input, then process
@@ -586,25 +556,10 @@ class KvTierManager:
         if self._closed or self._closing:
             return
         self._closing = True
-        loop = self._loop
-        loop.call(lambda _: (loop.apply(ix.ShutdownStarted()), loop.transport.flush()))
-        # leave a slice of the grace for the goodbyes to flush
-        work_until = start + 0.8 * grace
-        while time.monotonic() < work_until:
-            if not loop.threaded:
-                loop.poll(0.0)
-            if not loop.queued and not loop.query(loop.core.busy):
-                break
-            loop.poll(min(0.005, max(0.0, work_until - time.monotonic())))
-        loop.stop()
-        self._closed = True
         try:
-            with self._lock:
-                loop.run_commands()
-                loop.apply(ix.GraceEnded())
-                loop.transport.flush()
+            self._loop.shutdown(start, grace)
         finally:
-            loop.close(linger_s=max(0.05, grace - (time.monotonic() - start)))
+            self._closed = True
         # outside the lock: a scrape in progress waits for that lock
         self._metrics.close()
 

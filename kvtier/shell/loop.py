@@ -36,12 +36,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from kvtier.config import TierConfig
-from kvtier.lifecycle import Reason
+from kvtier.lifecycle import ConsumerState, ProbeState, Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.driver import drive, settle
 from kvtier.lifecycle.errors import InvalidTransition
@@ -275,6 +276,32 @@ class IoLoop:
         if ready is not None:  # else: held for its digests, applied in its turn by a later pass
             self._run(ready)
 
+    # -- commands the façade hands over (run on the loop) ----------------------------------------------
+    def holds_consumer(self, kid: str) -> bool:
+        """Whether the core still holds a consumer, probe or round load of ``kid`` (an earlier
+        request's load winding down: the id is not free yet, decision L15)."""
+        core = self.core
+        return (core.consumer_state(kid) is not ConsumerState.ABSENT
+                or core.probe_state(kid) is not ProbeState.ABSENT or bool(core.round_loads(kid)))
+
+    def schedule_end(self, keys: list[ix.KeyLookedUp]) -> None:
+        """The engine step ended: the step's lookups, then ``ScheduleEnded`` (one probe per (peer,
+        id) per step, decision Y4), then a window for a standing source."""
+        for inp in keys:
+            self.apply(inp)
+        self.apply(ix.ScheduleEnded())
+        if self.serving.standing is not None:
+            self.serve(self.serving.standing)
+
+    def load_nothing(self, arg: tuple[str, int]) -> None:
+        """An empty load (``KvTierManager.load_nothing``) for the internal job ``arg[1]``, if the
+        consumer record of ``arg[0]`` is still only announced; else the core ends the job."""
+        kid, job_id = arg
+        if self.core.consumer_state(kid) is ConsumerState.ANNOUNCED:
+            self.apply(ix.LoadSubmitted(kid, job_id, (), ()))
+        else:  # its load was decided meanwhile (a session's end)
+            self.apply(ix.JobSettled(job_id, False, Reason.JOB_REFUSED))
+
     def tick(self) -> None:
         """One service pass over the network and the plane, then whatever is due (and, with a
         standing block source, a serve window)."""
@@ -411,8 +438,45 @@ class IoLoop:
                 threading.Event().wait(0.01)
 
     # =========================================================================================
-    # The end
+    # Drain and the end (the façade's drain_jobs and shutdown; their contracts are documented there)
     # =========================================================================================
+    def drain(self, start: float, timeout_s: float | None) -> None:
+        """Apply ``DrainStarted``; return once no job is open, no pin held and no command queued.
+
+        Raises:
+            TimeoutError: ``timeout_s`` (wall seconds from ``start``) passed first."""
+        self.input(ix.DrainStarted())
+        pub = self.published
+        while True:
+            if self._thread is None:
+                self.poll(0.0)
+            if not len(self.jobs) and not pub.pins and not self._cmds:
+                return
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"drain_jobs: {len(self.jobs)} jobs and {pub.pins} pins still outstanding "
+                                   f"after {timeout_s} s")
+            self.poll(0.01)
+
+    def shutdown(self, start: float, grace_s: float) -> None:
+        """Shutdown's phases on the loop: ``ShutdownStarted``; work in flight gets 80 % of the
+        grace; then the thread stops, ``GraceEnded`` ends what is left (goodbyes), and
+        :meth:`close` lingers what is left of the grace for them."""
+        self.call(lambda _: (self.apply(ix.ShutdownStarted()), self.transport.flush()))
+        work_until = start + 0.8 * grace_s  # leave a slice of the grace for the goodbyes to flush
+        while time.monotonic() < work_until:
+            if self._thread is None:
+                self.poll(0.0)
+            if not self._cmds and not self.query(self.core.busy):
+                break
+            self.poll(min(0.005, max(0.0, work_until - time.monotonic())))
+        self.stop()
+        try:
+            with self.lock:
+                self.run_commands()
+                self.apply(ix.GraceEnded())
+                self.transport.flush()
+        finally:
+            self.close(linger_s=max(0.05, grace_s - (time.monotonic() - start)))
     def close(self, linger_s: float) -> None:
         """Caller-driven (the thread stopped): close the transport (queued sends get
         ``linger_s``), then the plane, whose releases give the last store jobs their results;
