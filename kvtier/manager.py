@@ -105,6 +105,7 @@ class KvTierManager:
                             vet=self._peer_policy.vet_resolved if self._peer_policy.open else None)
         self.instance = parts.instance
         self._loop = IoLoop(parts, config=cfg, clock=clock, lock=self._lock)
+        self._hello = parts.core.local  # what our handshakes announce (the loop's copy follows it)
         self._jobs = self._loop.jobs
         self._published = self._loop.published
         self._metrics: TierMetrics = parts.metrics
@@ -198,7 +199,7 @@ class KvTierManager:
     @property
     def local_hello(self) -> Any:
         """What our handshakes announce (:class:`~kvtier.lifecycle.HelloInput`)."""
-        return self._loop.core.local
+        return self._hello
 
     def set_hash_seed(self, hash_seed: str) -> None:
         """Set the block-hash seed our handshakes advertise and require from peers.
@@ -211,9 +212,8 @@ class KvTierManager:
             kvtier.config.TierConfigError: ``hash_seed`` is not a valid ``hash_seed`` value.
         """
         self.config = attrs.evolve(self.config, hash_seed=hash_seed)
-        seed = self.config.hash_seed
-        core = self._loop.core
-        self._loop.call(lambda _: core.set_local(msgspec.structs.replace(core.local, hash_seed=seed)))
+        hello = self._hello = msgspec.structs.replace(self._hello, hash_seed=self.config.hash_seed)
+        self._loop.call(lambda _: self._loop.core.set_local(hello))
 
     # -- engine API ------------------------------------------------------------------------------
     def on_new_request(self, req: RequestContext) -> str:
