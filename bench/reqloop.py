@@ -6,7 +6,8 @@ is the request path's own cost with no thread hand-off, against a raw pyzmq ROUT
 request/reply carrying the same block between two sockets of this process (``recv_into``).
 
 ``python -m bench.reqloop [N] [zmq|nixl]`` prints the medians; run it under py-spy or cProfile to
-see where a request's time goes (the method behind decision 17 in docs/decisions.md)."""
+see where a request's time goes.  ``python -m bench.reqloop --files [zmq|nixl]`` lists the kvtier
+files one request's calls run in (decision C13)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,71 @@ def raw_loop(n: int, warm: int = 100) -> list[float]:
         ctx.destroy(linger=0)
 
 
+def files_crossed(plane: str = "zmq") -> tuple[list[str], int]:
+    """The kvtier source files whose functions run for one warm 1-block request (both managers,
+    from the producer's ``submit_store`` to the consumer's successful ``JobResult``), in order of
+    first entry, and how many kvtier calls that takes (``sys.setprofile``; housekeeping of the
+    passes it takes included)."""
+    import os as _os
+
+    from kvtier.api import RequestContext, TransferJob
+    from kvtier.manager import KvTierManager
+    from kvtier.memory import BlockPool
+
+    logging.getLogger("kvtier").setLevel(logging.ERROR)
+    cfg = {"host": "127.0.0.1", "port": 0, "data_plane": plane, "allowed_peers": ["127.0.0.1"]}
+    prod, cons = KvTierManager(cfg, BlockPool(4, BS)), KvTierManager(cfg, BlockPool(4, BS))
+    host, _, port = prod.address.rpartition(":")
+    sep = _os.sep + "kvtier" + _os.sep
+    seen: list[str] = []
+    calls = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call" and sep in frame.f_code.co_filename:
+            calls += 1
+            rel = frame.f_code.co_filename.split(sep, 1)[1]
+            if rel not in seen:
+                seen.append(rel)
+
+    try:
+        for i in range(6):  # five warm requests, the sixth traced
+            kid = f"f{i}"
+            preq = RequestContext(req_id="P" + kid, kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
+            creq = RequestContext(req_id="C" + kid, kv_transfer_params={
+                "remote_prefiller": {"kv_request_id": kid, "remote_host": host, "remote_port": int(port)}})
+            prod.on_new_request(preq)
+            cons.on_new_request(creq)
+            if i == 5:
+                sys.setprofile(profile)
+            prod.submit_store(TransferJob(job_id=2 * i + 1, keys=(b"k0",), slots=(0,), req=preq))
+            cons.submit_load(TransferJob(job_id=2 * i + 2, keys=(b"k0",), slots=(1,), req=creq))
+            done: list[Any] = []
+            while not done:
+                prod.poll(0.001)
+                done = [r for r in cons.get_finished_jobs() if r.job_id == 2 * i + 2]
+                if not done:
+                    cons.poll(0.001)
+            sys.setprofile(None)
+            prod.on_request_finished(preq)
+            cons.on_request_finished(creq)
+            for _ in range(50):
+                prod.poll(0.001)
+                prod.get_finished_jobs()
+    finally:
+        sys.setprofile(None)
+        prod.shutdown(grace_s=0.2)
+        cons.shutdown(grace_s=0.2)
+    return seen, calls
+
+
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--files":
+        seen, calls = files_crossed(argv[1] if len(argv) > 1 else "zmq")
+        print(f"{len(seen)} kvtier files, {calls} kvtier calls for one 1-block request:")
+        for f in seen:
+            print("  " + f)
+        return
     n = int(argv[0]) if argv else 2000
     plane = argv[1] if len(argv) > 1 else "zmq"
     import os
