@@ -211,6 +211,10 @@ class ConsumerMachine(TableMachine):
             rounds.pop(rec.round, None)
             if not rounds:
                 del self._open[rec.peer]
+            elif len(rounds) < 8 or not rec.round & 63:
+                # a dict keeps a deleted entry's slot until it grows: low()'s first-key read would
+                # walk every round closed since, so re-pack now and then (one copy of live rounds)
+                self._open[rec.peer] = dict(rounds)
 
     def _low(self, peer: str, round: int) -> int:
         # a symmetric round's messages name no watermark (0: no news): the producer's round
