@@ -40,12 +40,19 @@ def check_job(job: TransferJob, *, num_blocks: int, max_blocks: int) -> None:
         raise ValueError(f"job {job.job_id}: duplicate slots (two blocks cannot share a slot)")
     if len(job.keys) > max_blocks:
         raise ValueError(f"job {job.job_id}: {len(job.keys)} blocks > max_blocks_per_fetch")
-    for s in job.slots:
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_blocks:
-            raise ValueError(f"job {job.job_id}: slot {s!r} is outside the pool (0..{num_blocks - 1})")
-    for k in job.keys:
-        if not isinstance(k, bytes) or not 0 < len(k) <= 256:
-            raise ValueError(f"job {job.job_id}: keys must be 1..256 bytes, got {k!r:.40}")
+    if not job.slots:
+        return
+    # the common case in C-level passes (this runs on the engine's thread for every job); a
+    # failure looks for the culprit, to name it
+    slots, keys = job.slots, job.keys
+    if not ({*map(type, slots)} == {int} and min(slots) >= 0 and max(slots) < num_blocks):
+        for s in slots:
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_blocks:
+                raise ValueError(f"job {job.job_id}: slot {s!r} is outside the pool (0..{num_blocks - 1})")
+    if not ({*map(type, keys)} == {bytes} and min(map(len, keys)) > 0 and max(map(len, keys)) <= 256):
+        for k in keys:
+            if not isinstance(k, bytes) or not 0 < len(k) <= 256:
+                raise ValueError(f"job {job.job_id}: keys must be 1..256 bytes, got {k!r:.40}")
 
 
 def check_fetch_size(job: TransferJob, max_message_bytes: int) -> None:

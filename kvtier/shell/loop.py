@@ -33,6 +33,7 @@ take it.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -78,18 +79,27 @@ _GLOBAL = (ix.DrainStarted, ix.ShutdownStarted, ix.GraceEnded)
 Command = tuple[Callable[[Any], Any], Any]
 
 
+_LIBC = ctypes.PyDLL(None)  # PyDLL: its calls keep the GIL (a plain CDLL call would release it)
+_ONE = ctypes.c_uint64(1)
+
+
 class Waker:
-    """An eventfd the loop polls with its sockets: :meth:`wake` from any thread ends its wait."""
+    """An eventfd the loop polls with its sockets: :meth:`wake` from any thread ends its wait.
+
+    The write keeps the caller's GIL (``os.eventfd_write`` releases it around the syscall, and the
+    woken loop thread would take it and run a whole pass inside the engine's call: measured 84 µs
+    instead of 4 µs for a 256-block store).  The loop gets the GIL when the engine thread next
+    releases it."""
 
     def __init__(self) -> None:
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._closed = False
+        self._write = _LIBC.write
+        self._buf = ctypes.byref(_ONE)
 
     def wake(self) -> None:
-        try:
-            os.eventfd_write(self.fd, 1)
-        except OSError:  # closed (the loop is gone) or saturated (it will wake anyway)
-            pass
+        if not self._closed:
+            self._write(self.fd, self._buf, 8)  # -1 (EAGAIN: saturated) is fine: it wakes anyway
 
     def clear(self) -> None:
         try:
