@@ -107,7 +107,6 @@ class KvTierManager:
         self._loop = IoLoop(parts, config=cfg, clock=clock, lock=self._lock)
         self._hello = parts.core.local  # what our handshakes announce (the loop's copy follows it)
         self._jobs = self._loop.jobs
-        self._published = self._loop.published
         self._metrics: TierMetrics = parts.metrics
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
@@ -253,7 +252,7 @@ class KvTierManager:
         if info.role in ("consumer", "source"):
             kid = info.kv_request_id
             assert kid is not None and info.peer is not None
-            in_use = self._published.in_use
+            in_use = self._loop.fresh().in_use
             if kid in in_use and self._loop.query(lambda: self._loop.holds_consumer(kid)):
                 # an earlier request's load of this id is still winding down (abort in flight)
                 raise ValueError(
@@ -289,7 +288,7 @@ class KvTierManager:
         if info.role == "source":
             if not isinstance(key, bytes) or not 0 < len(key) <= 256:
                 raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
-            pub = self._published
+            pub = self._loop.fresh()
             answers = pub.probes.get(kid)
             if answers is not None and (answers.dead or key in answers.miss):
                 return LookupResult.MISS
@@ -305,7 +304,7 @@ class KvTierManager:
             return LookupResult.MISS
         if info.role != "consumer":
             return LookupResult.MISS
-        return LookupResult.MISS if kid in self._published.failed_loads else LookupResult.HIT
+        return LookupResult.MISS if kid in self._loop.fresh().failed_loads else LookupResult.HIT
 
     def on_schedule_end(self) -> None:
         """The engine step ended (vLLM's ``on_schedule_end``): every symmetric request's keys
@@ -333,7 +332,7 @@ class KvTierManager:
         """
         if not isinstance(source, BlockSource):
             raise TypeError(f"source must implement kvtier.blocksource.BlockSource, got {type(source).__name__}")
-        if self._closed or (self._loop.threaded and not self._published.serve_wanted):
+        if self._closed or (self._loop.threaded and not self._loop.fresh().serve_wanted):
             return 0
         return int(self._loop.query(lambda: self._loop.serve(source)))
 
@@ -492,7 +491,7 @@ class KvTierManager:
         or symmetric work waits (a probe round, a peer's round, a pin, a queued engine lookup): the
         engine must keep stepping (and opening serve windows) while it is."""
         return bool(self._jobs) or self._jobs.ready or (
-            not self._closed and (self._published.pending or self._loop.queued > 0 or bool(self._step_keys)))
+            not self._closed and (self._loop.fresh().pending or self._loop.queued > 0 or bool(self._step_keys)))
 
     def drain_jobs(self, timeout_s: float | None = None) -> None:
         """Return once every submitted job has a result (collect them with get_finished_jobs).
@@ -527,7 +526,7 @@ class KvTierManager:
     def quarantined(self) -> tuple[int, int]:
         """(ids, blocks) held in ``quarantined``: the data plane never confirmed their release, so
         their store jobs stay outstanding (decision I1)."""
-        return self._published.quarantined
+        return self._loop.fresh().quarantined
 
     def shutdown(self, grace_s: float | None = None) -> None:
         """Shut down gracefully within ``grace_s`` seconds (default: config ``shutdown_grace_s``).

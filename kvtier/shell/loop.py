@@ -143,6 +143,7 @@ class IoLoop:
         """Passes that applied something to the core (commands, inputs, deadlines): a request's
         cost in passes (tests count them; decision C13)."""
         self.published = Published()
+        self._stale = False
         self.lookups_applied: dict[str, int] = {}
         """Symmetric requests' lookups applied so far (published after each pass)."""
         self._cmds: deque[Command] = deque()
@@ -170,7 +171,18 @@ class IoLoop:
             return
         with self.lock:
             self.run_commands()
-            self._publish()
+            self._stale = True
+
+    def fresh(self) -> Published:
+        """What the loop published, current: threaded, as of its last pass (the engine's thread
+        must not read the core); caller-driven, brought up to date now on this thread (which is
+        the loop's) if a command or a pass applied something since — publishing after every
+        inline command would cost each engine call a full refresh."""
+        if self._stale and self._thread is None:
+            with self.lock:
+                self._stale = False
+                self._publish()
+        return self.published
 
     def input(self, inp: ix.Input) -> None:
         """Queue one engine input for the core."""
@@ -350,7 +362,10 @@ class IoLoop:
         self.run_commands()
         self.tick()
         if self.passes != before or self.published.pending:
-            self._publish()
+            if self._thread is None:
+                self._stale = True  # caller-driven: published when the engine asks (fresh())
+            else:
+                self._publish()
 
     def _publish(self) -> None:
         self.published.update(self)
@@ -456,10 +471,10 @@ class IoLoop:
         Raises:
             TimeoutError: ``timeout_s`` (wall seconds from ``start``) passed first."""
         self.input(ix.DrainStarted())
-        pub = self.published
         while True:
             if self._thread is None:
                 self.poll(0.0)
+            pub = self.fresh()
             if not len(self.jobs) and not pub.pins and not self._cmds:
                 return
             if timeout_s is not None and time.monotonic() - start > timeout_s:
