@@ -491,7 +491,7 @@ class KvTierManager:
         or symmetric work waits (a probe round, a peer's round, a pin, a queued engine lookup): the
         engine must keep stepping (and opening serve windows) while it is."""
         return bool(self._jobs) or self._jobs.ready or (
-            not self._closed and (self._loop.fresh().pending or self._loop.queued > 0 or bool(self._step_keys)))
+            not self._closed and (self._loop.fresh().pending or bool(self._step_keys)))
 
     def drain_jobs(self, timeout_s: float | None = None) -> None:
         """Return once every submitted job has a result (collect them with get_finished_jobs).
