@@ -27,6 +27,9 @@ from kvtier.wire.codec import PROTOCOL_VERSION, Decoder, WireLimits
 
 log = logging.getLogger("kvtier.manager")
 
+#: Frames of at least this many bytes are sent zero-copy (with a tracker); smaller ones are copied.
+ZERO_COPY_BYTES = 256 << 10
+
 __all__ = ["Parts", "build_parts", "local_hello", "make_core", "make_transport", "warn_if_serving_open"]
 
 
@@ -70,6 +73,10 @@ def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
         # instead of seeing its connection vanish.
         max_accepted_frame_bytes=2 * cfg.max_message_bytes,
         max_frame_bytes=max(2 * cfg.max_message_bytes, block_bytes),
+        # frames under 256 KiB are copied as they are sent: zero-copy pays for itself only from
+        # 256 KiB up (limits.md), and a tracked frame costs a tracker, pyzmq's garbage-collector
+        # thread and a later release report (decision C21)
+        zero_copy_threshold=ZERO_COPY_BYTES,
         handshake_ivl_s=cfg.handshake_timeout_s,
         connect_timeout_s=cfg.connect_timeout_s,
         idle_timeout_s=cfg.handshake_timeout_s,
