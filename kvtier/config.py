@@ -362,12 +362,15 @@ class TierConfig:
 
     # ---- polling ------------------------------------------------------------
     poll_interval_s: float = _field(Float(0.0001, 1.0), 0.001, doc="""
-        Cadence of the background poll thread (when ``background_poll``).""")
+        Accepted and checked, no longer used: the I/O loop has no polling
+        cadence (it sleeps until input or its next deadline, decision C12).""")
 
     background_poll: bool = _field(Bool(), False, doc="""
-        Run a background thread that polls the transport every
-        ``poll_interval_s``; when false, kvtier is driven only by the engine's
-        calls.""")
+        Run kvtier's I/O loop on its own thread (``kvtier-io``): engine calls
+        only hand it a command and return.  When false, the loop runs on the
+        caller's thread: each engine call is applied at once and ``poll()`` /
+        ``get_finished_jobs()`` read the network.  The vLLM adapter turns it
+        on unless the entry sets it.""")
 
     def __attrs_post_init__(self) -> None:
         for rule in CROSS_FIELD_RULES:
