@@ -21,18 +21,25 @@ Every sample carries two per-manager labels, ``tier`` (the config's ``type``) an
 states of the generated tables); anything else is counted as ``other`` — a peer cannot grow the
 label set.  ``instance`` is deliberately not used: Prometheus sets it to the scrape target.
 
-The endpoint (:meth:`TierMetrics.serve`) is ``prometheus_client``'s own HTTP server bound to the
-config's ``host`` and ``metrics_port``.
+The endpoint (:meth:`TierMetrics.serve`) is bound to the config's ``host`` and ``metrics_port``:
+``prometheus_client``'s own WSGI app answers ``GET /metrics``, and ``GET /kvtier/requests`` answers
+with the manager's recently finished requests as JSON (:mod:`kvtier.forensics`; ``kvtier why``
+reads it).
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from socketserver import ThreadingMixIn
 from typing import Any, NamedTuple
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -41,12 +48,17 @@ from kvtier.wire.codec import WireReason
 
 __all__ = [
     "CONST_LABELS",
+    "REQUESTS_PATH",
     "SERIES",
     "ROLES",
     "SeriesDef",
     "TierMetrics",
     "bounded",
 ]
+
+REQUESTS_PATH = "/kvtier/requests"
+"""Where the endpoint serves the recently finished requests as JSON (``?kv_request_id=``,
+``?limit=``)."""
 
 CONST_LABELS: tuple[str, ...] = ("tier", "listener")
 """Labels every kvtier sample carries: the tier's config ``type`` and its ``host:port``."""
@@ -431,9 +443,10 @@ class TierMetrics:
         return tap
 
     # -- the endpoint -----------------------------------------------------------------------------
-    def serve(self, host: str, port: int) -> tuple[str, int]:
+    def serve(self, host: str, port: int, requests: Any = None) -> tuple[str, int]:
         """Serve the registry over HTTP (``GET /metrics``, text exposition) on ``host:port``
-        (port 0: an ephemeral port) with ``prometheus_client``'s own server, in a daemon thread.
+        (port 0: an ephemeral port), in daemon threads; with ``requests`` (a
+        :class:`~kvtier.forensics.Forensics`) also ``GET /kvtier/requests`` (JSON).
 
         Returns:
             the bound ``(host, port)``.
@@ -442,7 +455,15 @@ class TierMetrics:
         """
         if self._server is not None:
             raise RuntimeError("the metrics endpoint is already being served")
-        server, thread = start_http_server(port, host, registry=self.registry)
+        app = _app(make_wsgi_app(self.registry), requests, self.const_values)
+
+        class Server(_Server):
+            address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                flags=socket.AI_PASSIVE)[0][0]
+
+        server = make_server(host, port, app, Server, handler_class=_Quiet)
+        thread = threading.Thread(target=server.serve_forever, name="kvtier-metrics", daemon=True)
+        thread.start()
         self._server, self._server_thread = server, thread
         return server.server_address[0], server.server_address[1]
 
@@ -479,6 +500,38 @@ class TierMetrics:
         self._child(name, *labels).observe(value)
         for tap in self._taps:
             tap.add(name, labels, value)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds up close()
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        """No access log on stderr."""
+
+
+def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
+    """The endpoint's WSGI app: ``/kvtier/requests`` from ``requests``, everything else from
+    ``prometheus_client`` (``/metrics``)."""
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        if environ.get("PATH_INFO", "").rstrip("/") != REQUESTS_PATH or requests is None:
+            return metrics(environ, start_response)
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        kid = (query.get("kv_request_id") or [None])[0]
+        try:
+            limit = int((query.get("limit") or ["0"])[0]) or None
+        except ValueError:
+            limit = None
+        body = json.dumps({
+            "tier": const[0], "listener": const[1], "capacity": requests.capacity,
+            "finished_total": requests.finished_total, "in_progress": requests.in_progress(),
+            "requests": requests.as_json(kid, limit),
+        }).encode()
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
 
 
 class _Tap:

@@ -100,13 +100,12 @@ from kvtier.lifecycle import Reason
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
 from kvtier.metrics import CONST_LABELS, SERIES
+from kvtier.version import TESTED_VLLM_VERSION
 
 __all__ = ["KvTierSecondaryTier", "TESTED_VLLM_VERSION", "vllm_layout"]
 
 log = logging.getLogger("kvtier.integrations.vllm")
 
-TESTED_VLLM_VERSION = "0.33.0"
-"""The vLLM release this adapter is written and tested against (the tiering API is experimental)."""
 
 _DRAIN_MARGIN_S = 5.0
 

@@ -233,6 +233,9 @@ class SessionMachine(TableMachine):
     def guard_connect_not_allowed(self, rec: SessionRecord, inp, now: float) -> bool:
         return bool(getattr(inp, "not_allowed", False))
 
+    def guard_connect_auth_failed(self, rec: SessionRecord, inp, now: float) -> bool:
+        return bool(getattr(inp, "auth_failed", False))
+
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.gen = self.new_gen()

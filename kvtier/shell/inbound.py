@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtier.dataplane import AttachFailed, Attached, DataPlane, Landed, Notified, Released, Revoked
+from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
 from kvtier.shell.perbyte import ByteWork
@@ -100,6 +101,12 @@ class Inbound:
             for ev in events:
                 if ev.reason in CloseReason.DIAL_FAILED:  # the dial never connected
                     closes.append(ix.ConnectFailed(ev.peer, ev.reason, ev.reason == CloseReason.CONNECT_TIMEOUT))
+                elif ev.reason == CloseReason.AUTH_FAILED:  # our dial's CURVE handshake failed
+                    closes.append(ix.ConnectFailed(ev.peer, ev.detail, auth_failed=True))
+                elif ev.reason == CloseReason.AUTH_REFUSED:  # no peer id, no session: count and say so
+                    self.metrics.session_ended(Reason.AUTH_FAILED)
+                    self.logs("*", "auth_refused", "kvtier: refused an inbound connection%s (auth_failed): %s",
+                              f" from {ev.peer}" if ev.peer else "", ev.detail, level=logging.WARNING)
                 elif ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
                     closes.append(ix.ConnectionClosed(ev.peer))
             read += len(messages)

@@ -101,6 +101,9 @@ class Outbound:
         """``allowed_peers``' check of what a hostname resolves to (None: the policy lists names only)."""
         self.serving = serving if serving is not None else ServeWindows(on_error=metrics.internal_error)
         """The serve windows (the symmetric path's lookups, contexts and pins)."""
+        self.forensics: Any = None
+        """The request forensics (:class:`kvtier.forensics.Forensics`): shown every batch of
+        effects before it is performed (its one feed, decision E3); None: off."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
@@ -133,6 +136,8 @@ class Outbound:
         """Carry out ``effects`` in order; return the inputs they produced, in order."""
         produced: Inputs = []
         table = self.PERFORMERS
+        if self.forensics is not None:
+            self.forensics.observe(effects)
         for e in effects:
             more = table[type(e)](e)
             if more:

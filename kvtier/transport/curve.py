@@ -142,12 +142,20 @@ def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
         ValueError: the file is missing, unreadable or has no secret key (the message names it).
     """
     path = Path(secret_file)
+    if not path.exists():
+        raise ValueError(f"auth_secret_key_file {str(path)!r} does not exist: point it at this instance's "
+                         "NAME.key_secret, or create one with `kvtier keys generate DIR NAME`")
+    if not path.is_file():
+        raise ValueError(f"auth_secret_key_file {str(path)!r} is not a file: point it at this instance's "
+                         "NAME.key_secret (from `kvtier keys generate DIR NAME`)")
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"auth_secret_key_file {str(path)!r}: cannot read a certificate: {exc}") from None
+        raise ValueError(f"auth_secret_key_file {str(path)!r}: cannot read a certificate ({exc}); it must be "
+                         "a NAME.key_secret written by `kvtier keys generate`") from None
     if not secret:
-        raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key (use NAME.key_secret)")
+        raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key: it is a public certificate; "
+                         "use NAME.key_secret (NAME.key goes into the peers' auth_allowed_keys_dir)")
     return CurveIdentity(path.name.split(".")[0], public, secret)
 
 
@@ -158,8 +166,12 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
         ValueError: not a directory, no certificate in it, or a certificate that cannot be read.
     """
     d = Path(directory)
+    if not d.exists():
+        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} does not exist: create it and copy every allowed "
+                         "peer's public certificate (NAME.key from `kvtier keys generate`) into it")
     if not d.is_dir():
-        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} is not a directory")
+        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} is not a directory: point it at a directory of "
+                         "the allowed peers' public certificates (NAME.key)")
     names: dict[bytes, str] = {}
     endpoints: dict[tuple[str, int | None], bytes] = {}
     for path in sorted(d.glob("*.key")):
@@ -173,7 +185,8 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
         for ep in eps:
             endpoints[ep] = public
     if not names:
-        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} holds no public certificate (*.key)")
+        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} holds no public certificate (*.key): copy every "
+                         "allowed peer's NAME.key (from `kvtier keys generate`) into it")
     return AllowedKeys(names, endpoints)
 
 
@@ -199,12 +212,30 @@ def generate_keys(directory: str | os.PathLike[str], name: str, endpoints: tuple
             raise ValueError(f"{str(p)!r} exists already; refusing to overwrite a key")
     pub_s, sec_s = zmq.auth.create_certificates(d, name)
     os.chmod(sec_s, 0o600)
-    if endpoints:
-        # pyzmq writes metadata into the secret file only; peers read it from the public one.
-        line = '    endpoints = "' + ", ".join(e.strip() for e in endpoints) + '"'
-        text = Path(pub_s).read_text(encoding="utf-8").replace("\nmetadata\n", f"\nmetadata\n{line}\n", 1)
-        Path(pub_s).write_text(text, encoding="utf-8")
+    for path, header in ((Path(pub_s), _PUBLIC_HEADER), (Path(sec_s), _SECRET_HEADER)):
+        # pyzmq's header says to keep public certificates in ~/.curve; kvtier reads them from
+        # auth_allowed_keys_dir, so the file says that instead (ZPL comments: '#' lines)
+        body = path.read_text(encoding="utf-8")
+        body = body[body.index("\nmetadata\n") + 1:]
+        if endpoints and path == Path(pub_s):
+            # pyzmq writes metadata into the secret file only; peers read it from the public one.
+            line = '    endpoints = "' + ", ".join(e.strip() for e in endpoints) + '"'
+            body = body.replace("metadata\n", f"metadata\n{line}\n", 1)
+        path.write_text(header.format(name=name) + "\n" + body, encoding="utf-8")
     return Path(pub_s), Path(sec_s)
+
+
+_PUBLIC_HEADER = """\
+#   kvtier CURVE public certificate of {name} (written by `kvtier keys generate`).
+#   Copy this file, unchanged, into the auth_allowed_keys_dir of every peer that talks to {name}:
+#   its name ({name}.key) makes "{name}" the principal those peers know it by. A producer's
+#   certificate lists the endpoints it serves, which tells consumers the key to expect there.
+"""
+_SECRET_HEADER = """\
+#   kvtier CURVE secret certificate of {name} (written by `kvtier keys generate`): this
+#   instance's auth_secret_key_file. Keep it on this host, readable by kvtier only (mode 0600);
+#   never copy it into an auth_allowed_keys_dir or to another host.
+"""
 
 
 def curve_settings(secret_file: str, allowed_dir: str) -> CurveSettings:
