@@ -135,6 +135,15 @@ def _parse_endpoint(text: str) -> tuple[str, int | None]:
     return _norm_host(text), None
 
 
+def _check_path(path: Path, key: str, *, directory: bool, fix: str) -> None:
+    """Raise a ValueError naming ``key``, the path and ``fix`` when ``path`` is missing or of the
+    wrong kind (a file where a directory is wanted, or the reverse)."""
+    if not path.exists():
+        raise ValueError(f"{key} {str(path)!r} does not exist: {fix}")
+    if path.is_dir() != directory:
+        raise ValueError(f"{key} {str(path)!r} is not a {'directory' if directory else 'file'}: {fix}")
+
+
 def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     """Read this instance's key pair from a ``*.key_secret`` certificate.
 
@@ -142,12 +151,8 @@ def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
         ValueError: the file is missing, unreadable or has no secret key (the message names it).
     """
     path = Path(secret_file)
-    if not path.exists():
-        raise ValueError(f"auth_secret_key_file {str(path)!r} does not exist: point it at this instance's "
-                         "NAME.key_secret, or create one with `kvtier keys generate DIR NAME`")
-    if not path.is_file():
-        raise ValueError(f"auth_secret_key_file {str(path)!r} is not a file: point it at this instance's "
-                         "NAME.key_secret (from `kvtier keys generate DIR NAME`)")
+    _check_path(path, "auth_secret_key_file", directory=False,
+                fix="point it at this instance's NAME.key_secret, or create one with `kvtier keys generate DIR NAME`")
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -166,12 +171,9 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
         ValueError: not a directory, no certificate in it, or a certificate that cannot be read.
     """
     d = Path(directory)
-    if not d.exists():
-        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} does not exist: create it and copy every allowed "
-                         "peer's public certificate (NAME.key from `kvtier keys generate`) into it")
-    if not d.is_dir():
-        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} is not a directory: point it at a directory of "
-                         "the allowed peers' public certificates (NAME.key)")
+    _check_path(d, "auth_allowed_keys_dir", directory=True,
+                fix="point it at a directory holding every allowed peer's public certificate (NAME.key from "
+                    "`kvtier keys generate`)")
     names: dict[bytes, str] = {}
     endpoints: dict[tuple[str, int | None], bytes] = {}
     for path in sorted(d.glob("*.key")):
