@@ -14,7 +14,7 @@ from types import MappingProxyType
 from kvtier.lifecycle import Reason
 from kvtier.wire.codec import WireReason
 
-__all__ = ["ADVICE", "WIRE_ADVICE", "advice"]
+__all__ = ["ADVICE", "HANDSHAKE_FIELDS", "WIRE_ADVICE", "advice", "handshake_hint"]
 
 _R = Reason
 
@@ -169,6 +169,28 @@ WIRE_ADVICE: Mapping[WireReason, str] = MappingProxyType({
                                  "both sides to one release (docs/compatibility.md).",
 })
 """The wire codec's reasons (``kvtier_wire_errors_total``) -> what to change."""
+
+
+HANDSHAKE_FIELDS: Mapping[str, str] = MappingProxyType({
+    "version": "run kvtier releases that speak the same wire protocol on both sides (docs/compatibility.md)",
+    "block_bytes": "serve the same model with the same KV dtype, block size and tensor/pipeline/context "
+                   "parallel sizes on both engines",
+    "layout": "serve the same model with the same KV dtype, block size and tensor/pipeline/context parallel "
+              "sizes on both engines",
+    "hash_seed": "set config key hash_seed to the same value on both tiers (under vLLM: the same "
+                 "--prefix-caching-hash-algo on both engines, and the same PYTHONHASHSEED for a "
+                 "non-cryptographic one)",
+    "data_plane": "set config key data_plane to the same value on both tiers",
+    "digest": "set config key integrity to the same value on both tiers",
+    "descriptor": "give both tiers a working NIXL with the same backends (docs/dataplane.md)",
+})
+"""A ``hello_reject``'s field -> what to change so both sides agree (the log line says it)."""
+
+
+def handshake_hint(field: str) -> str:
+    """``"; <what to change>"`` when the handshake refused ``field`` (``""`` for an unknown one)."""
+    hint = HANDSHAKE_FIELDS.get(field, "")
+    return f"; {hint}" if hint else ""
 
 
 def advice(reason: str) -> str:

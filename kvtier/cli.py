@@ -1,4 +1,5 @@
-"""``kvtier`` command line (one click app): ``top``, ``why`` and ``keys``, the commands an operator runs.
+"""``kvtier`` command line (one click app): ``top``, ``why``, ``check-config`` and ``keys``, the
+commands an operator runs.
 
 The development tools (model check, generators, diagrams), the benchmarks and the demo are not
 part of the installed package: they run from a checkout (``python -m tools``, ``python -m bench``,
@@ -12,7 +13,6 @@ from __future__ import annotations
 import sys
 
 import click
-
 
 
 def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -92,6 +92,34 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
     for line in problems:
         click.echo(line, err=True)
     sys.exit(0 if found else 1)
+
+
+@cli.command("check-config")
+@click.argument("config", metavar="KV_TRANSFER_CONFIG")
+def check_config(config: str) -> None:
+    """Check a vLLM --kv-transfer-config for kvtier before an engine starts: every kvtier entry is
+    validated as kvtier would (each error names the key), and the mistakes vLLM decides before
+    kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "backpressure" key).
+
+    KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. Exit status 1 on a problem.
+    """
+    from kvtier.vllmconfig import check_kv_transfer_config
+
+    if config.startswith("@"):
+        try:
+            with open(config[1:], encoding="utf-8") as f:
+                config = f.read()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {config[1:]!r}: {exc.strerror}", param_hint="KV_TRANSFER_CONFIG")
+    try:
+        problems, notes = check_kv_transfer_config(config)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="KV_TRANSFER_CONFIG") from None
+    for line in notes:
+        click.echo(f"ok: {line}")
+    for line in problems:
+        click.echo(f"problem: {line}", err=True)
+    sys.exit(1 if problems else 0)
 
 
 @cli.group()

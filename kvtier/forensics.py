@@ -97,7 +97,7 @@ class Finished(msgspec.Struct, frozen=True, gc=False):
 class _Open:
     """A request in progress (mutable; only the thread that performs effects touches it)."""
 
-    __slots__ = ("started", "peer", "path", "marks", "blocks", "landed", "nbytes")
+    __slots__ = ("blocks", "landed", "marks", "nbytes", "path", "peer", "started")
 
     def __init__(self, now: float) -> None:
         self.started = now
@@ -265,36 +265,34 @@ class Forensics:
 
     def _job_done(self, e: fx.JobDone, now: float) -> None:
         info = self._job_info(e.job_id)
-        if info is None:
+        if info is None or info[1] is None:
             return
         store, kid, submitted, nbytes = info
-        if kid is None:
-            return
         role = "producer" if store else "consumer"
         key = (role, kid)
-        t = self._open.get(key)
+        t = self._open.pop(key, None)
         if t is None:
             t = _Open(submitted)
             if not store:
                 t.peer = self._peer_of(kid)
-        t.started = min(t.started, submitted)
-        t.blocks += nbytes // self._block_bytes if self._block_bytes else 0
+        elif submitted < t.started:
+            t.started = submitted
+        t.blocks += nbytes // self._block_bytes
         t.nbytes += nbytes
         self._state(role, kid, t)
         if store and self._core.producer_state(kid) not in _FINAL_PRODUCER:
             self._open[key] = t  # more store jobs of the id are still outstanding
             return
-        self._open.pop(key, None)
-        t.mark("result", now)
-        reason = "" if e.reason is None else str(e.reason)
+        reason = e.reason or ""
         if store and self._merge(kid, e.ok, reason, t, now):
             return
         start = t.started
+        t.marks.append(("result", now))
         if store:
             self._last_store = (kid, now)
         self._add(Finished(kid, role, e.ok, reason, t.peer, tuple(t.path),
-                           tuple((m, max(0.0, at - start)) for m, at in t.marks), start, max(0.0, now - start),
-                           t.blocks, t.landed, t.nbytes))
+                           tuple([(m, at - start if at > start else 0.0) for m, at in t.marks]), start,
+                           now - start if now > start else 0.0, t.blocks, t.landed, t.nbytes))
 
     def _merge(self, kid: str, ok: bool, reason: str, t: _Open, now: float) -> bool:
         """Several store jobs of one id end in one step (a receipt, a reap, a drain): one entry."""

@@ -152,7 +152,8 @@ class KvTierManager:
                 self._metrics.serve(cfg.host, cfg.metrics_port, requests=self.forensics)
             except OSError as exc:
                 raise TransportError(
-                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc}") from exc
+                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc} (choose a free "
+                    "port, 0 for an ephemeral one, or null for no endpoint)") from exc
             log.info("kvtier: metrics on http://%s/metrics", self._metrics.address)
         where = getattr(self.transport, "peer_address", None)
         self._logs = RateLimitedLog(self.clock, where if where is not None else (lambda p: ""))

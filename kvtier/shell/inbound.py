@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from kvtier.advice import handshake_hint
 from kvtier.dataplane import AttachFailed, Attached, DataPlane, Landed, Notified, Released, Revoked
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
@@ -165,8 +166,9 @@ class Inbound:
             self.logs(peer, "hello_reject", "kvtier: %s refused the session: it already has max_peers=%s sessions",
                       self.logs.who(peer), msg.ours, level=logging.ERROR)
         else:
-            self.logs(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
-                      self.logs.who(peer), msg.field, msg.theirs, msg.ours or "(withheld)", level=logging.ERROR)
+            self.logs(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)%s",
+                      self.logs.who(peer), msg.field, msg.theirs, msg.ours or "(withheld)",
+                      handshake_hint(msg.field), level=logging.ERROR)
 
     def _note_error(self, peer: str, msg: wm.Error) -> None:
         self.metrics.wire_error(msg.reason, reported_by_peer=True)

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvtier.advice import handshake_hint
 from kvtier.dataplane import Batch, DataPlane, PlaneError
 from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
@@ -168,9 +169,9 @@ class Outbound:
             self.logs(peer, msg.reason, "kvtier: refusing a session from %s: max_peers=%s reached",
                       self.logs.who(peer), msg.ours)
         else:
-            self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
+            self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)%s",
                       self.logs.who(peer), msg.field, msg.ours or "(withheld)", msg.theirs or "(not shown)",
-                      level=logging.ERROR)
+                      handshake_hint(msg.field), level=logging.ERROR)
         self.logs.forget(peer)
 
     # -- jobs ----------------------------------------------------------------------------------
