@@ -552,13 +552,16 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
 
 
 class ConfigRow(NamedTuple):
-    """One row of the configuration table in ``docs/configuration.md``."""
+    """One row of the configuration table in ``docs/configuration.md``; ``minimum`` and
+    ``maximum`` are a numeric key's bounds (``None`` for other keys)."""
 
     key: str
     default: Any
     unit: str
     description: str
     validation: str
+    minimum: float | None = None
+    maximum: float | None = None
 
 
 def config_table() -> list[ConfigRow]:
@@ -566,5 +569,6 @@ def config_table() -> list[ConfigRow]:
     rows = []
     for a in attrs.fields(TierConfig):
         kind: Kind = a.metadata[_KIND]
-        rows.append(ConfigRow(a.name, a.default, kind.unit, a.metadata[_DOC], kind.describe()))
+        rows.append(ConfigRow(a.name, a.default, kind.unit, a.metadata[_DOC], kind.describe(),
+                              getattr(kind, "lo", None), getattr(kind, "hi", None)))
     return rows

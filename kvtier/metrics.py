@@ -33,7 +33,7 @@ import collections
 import json
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from socketserver import ThreadingMixIn
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs
@@ -48,9 +48,13 @@ from kvtier.wire.codec import WireReason
 
 __all__ = [
     "CONST_LABELS",
+    "LABEL_VALUES",
+    "MACHINES",
     "REQUESTS_PATH",
-    "SERIES",
     "ROLES",
+    "SERIES",
+    "STATES",
+    "VOCABULARY",
     "SeriesDef",
     "TierMetrics",
     "bounded",
@@ -73,8 +77,34 @@ VOCABULARY: frozenset[str] = frozenset(
     {r.value for r in Reason} | {r.value for r in WireReason} | {"failed", ""}
 )
 
-_MACHINES = frozenset({"producer", "consumer", "session", "probe", "serve"})
+MACHINES: tuple[str, ...] = ("producer", "consumer", "session", "probe", "serve")
+"""Values of the ``machine`` label (the spec's machines)."""
+
+LABEL_VALUES: Mapping[str, tuple[str, ...]] = {
+    "role": ROLES,
+    "kind": ("store", "load"),
+    "outcome": ("ok", "fail"),
+    "answer": ("hit", "miss"),
+    "machine": MACHINES,
+}
+"""The closed label sets other than ``state`` (:data:`STATES`) and ``reason`` (:data:`VOCABULARY`)."""
+
+_MACHINES = frozenset(MACHINES)
 _RETAINED = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED})
+
+#: The ``state`` label's values per series: every state of the machine the series counts, except
+#: the initial and final ones (no record) — and for the parked ids, the retained ones (they are
+#: ``kvtier_retained_ids``).  The gauges report each of them, 0 included, from the first scrape.
+STATES: Mapping[str, tuple[str, ...]] = {
+    "kvtier_parked_ids": tuple(s.value for s in ProducerState
+                               if s not in _RETAINED and s not in (ProducerState.ABSENT, ProducerState.PRUNED)),
+    "kvtier_retained_ids": tuple(sorted(s.value for s in _RETAINED)),
+    "kvtier_consumer_loads": tuple(s.value for s in ConsumerState if s not in (ConsumerState.ABSENT,)),
+    "kvtier_sessions": tuple(s.value for s in SessionState if s not in (SessionState.ABSENT, SessionState.DEAD)),
+    "kvtier_probes": tuple(s.value for s in ProbeState if s not in (ProbeState.ABSENT, ProbeState.FINISHED)),
+    "kvtier_serve_rounds": tuple(s.value for s in ServeState if s not in (ServeState.ABSENT, ServeState.ENDED)),
+}
+STATES["kvtier_pinned_bytes"] = STATES["kvtier_parked_ids"]
 
 
 def bounded(value: str | None, vocabulary: frozenset[str] = VOCABULARY) -> str:
@@ -249,25 +279,22 @@ class _Live(Collector):
         out = []
         g = self._gauge("kvtier_parked_ids")
         p = self._gauge("kvtier_pinned_bytes")
-        for state in ProducerState:
-            if state in _RETAINED or state in (ProducerState.ABSENT, ProducerState.PRUNED):
-                continue
-            g.add_metric(const + [state.value], snap.producer.get(state.value, 0))
-            p.add_metric(const + [state.value], snap.pinned_blocks.get(state.value, 0) * self._block_bytes)
+        for state in STATES["kvtier_parked_ids"]:
+            g.add_metric(const + [state], snap.producer.get(state, 0))
+            p.add_metric(const + [state], snap.pinned_blocks.get(state, 0) * self._block_bytes)
         out += [g, p]
         g = self._gauge("kvtier_oldest_parked_age_seconds")
         g.add_metric(const, max(oldest, 0.0))
         out.append(g)
         g = self._gauge("kvtier_retained_ids")
         retained = dict(snap.retained)
-        for state in sorted(_RETAINED):
-            retained.setdefault((state.value, ""), 0)  # both states present from the first scrape
+        for state in STATES["kvtier_retained_ids"]:
+            retained.setdefault((state, ""), 0)  # both states present from the first scrape
         for (state, reason), n in sorted(retained.items()):
             g.add_metric(const + [state, bounded(reason) if reason else ""], n)
         out.append(g)
-        out.append(self._by_state("kvtier_consumer_loads", snap.consumer, ConsumerState, (ConsumerState.ABSENT,)))
-        out.append(self._by_state("kvtier_sessions", snap.sessions, SessionState,
-                                  (SessionState.ABSENT, SessionState.DEAD)))
+        out.append(self._by_state("kvtier_consumer_loads", snap.consumer))
+        out.append(self._by_state("kvtier_sessions", snap.sessions))
         g = self._gauge("kvtier_quarantined_blocks")
         g.add_metric(const + ["producer"], float(snap.quarantined_blocks))
         g.add_metric(const + ["consumer"], float(snap.revoking_slots))
@@ -275,18 +302,17 @@ class _Live(Collector):
         g = self._gauge("kvtier_store_jobs_awaiting_receipt")
         g.add_metric(const, float(snap.awaiting_receipt_jobs))
         out.append(g)
-        out.append(self._by_state("kvtier_probes", snap.probe, ProbeState, (ProbeState.ABSENT, ProbeState.FINISHED)))
-        out.append(self._by_state("kvtier_serve_rounds", snap.serve, ServeState, (ServeState.ABSENT, ServeState.ENDED)))
+        out.append(self._by_state("kvtier_probes", snap.probe))
+        out.append(self._by_state("kvtier_serve_rounds", snap.serve))
         g = self._gauge("kvtier_serve_pinned_blocks")
         g.add_metric(const, float(snap.serve_pinned_blocks))
         out.append(g)
         return out
 
-    def _by_state(self, name: str, counts: Mapping[str, int], states: Iterable[Any], skip: tuple) -> GaugeMetricFamily:
+    def _by_state(self, name: str, counts: Mapping[str, int]) -> GaugeMetricFamily:
         g = self._gauge(name)
-        for state in states:
-            if state not in skip:
-                g.add_metric(list(self._const) + [state.value], counts.get(state.value, 0))
+        for state in STATES[name]:
+            g.add_metric(list(self._const) + [state], counts.get(state, 0))
         return g
 
 
