@@ -238,7 +238,7 @@ class KvTierManager:
 
         For engines that know their seed only after the tier is built (vLLM runs
         ``init_none_hash`` after constructing its scheduler).  Sessions already established keep
-        the seed they were checked with; every later handshake uses the new one.
+        the hash seed they were checked with; every later handshake uses the new one.
 
         Raises:
             kvtier.config.TierConfigError: ``hash_seed`` is not a valid ``hash_seed`` value.

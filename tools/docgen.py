@@ -30,18 +30,19 @@ COMMAND = "python -m tools docs"
 END = "<!-- END GENERATED -->"
 
 
-def begin_marker(block: str) -> str:
-    """The opening marker of the generated ``block``."""
-    return f"<!-- BEGIN GENERATED: {block}, {COMMAND} -->"
+def begin_marker(block: str, command: str = COMMAND) -> str:
+    """The opening marker of the generated ``block`` (``command`` renders it; the benchmark suite's
+    blocks name ``python -m bench --summary``)."""
+    return f"<!-- BEGIN GENERATED: {block}, {command} -->"
 
 
-def replace_block(current: str, block: str, body: str) -> str:
+def replace_block(current: str, block: str, body: str, command: str = COMMAND) -> str:
     """``current`` with the generated ``block`` replaced by ``body``.
 
     Raises:
         ValueError: the page has no such block.
     """
-    begin = begin_marker(block)
+    begin = begin_marker(block, command)
     start = current.index(begin) + len(begin)
     return current[:start] + "\n" + body + "\n" + current[current.index(END, start):]
 

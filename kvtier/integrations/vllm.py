@@ -500,7 +500,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
     def _resolve_seed(self, force: bool = False) -> None:
         """Use vLLM's NONE_HASH seed in handshakes, once it is known.
 
-        vLLM builds this tier before ``init_none_hash`` runs, so the seed is read lazily: at every
+        vLLM builds this tier before ``init_none_hash`` runs, so the hash seed is read lazily: at every
         poll until vLLM has initialised it (then never again), and at each new request until then
         (requests only arrive after engine start-up, so in practice the first one settles it).
         An explicit ``hash_seed`` key wins (with a warning if it differs from vLLM's).

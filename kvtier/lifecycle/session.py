@@ -278,7 +278,7 @@ class SessionMachine(TableMachine):
             gen = inp.gen
             field, ours, theirs = self.local.first_mismatch(inp) or ("", "", "")
             if field == "hash_seed":
-                # The seed keys every block hash: a stranger must not learn it by guessing wrong.
+                # The hash seed keys every block hash: a stranger must not learn it by guessing wrong.
                 # The refusal names the field; our value stays here.
                 ours = ""
         why = (reason or Reason.HANDSHAKE_MISMATCH).value

@@ -29,7 +29,8 @@ from kvtier.wire.codec import encode, encode_frames
 
 __all__ = ["MAX_BATCH_BYTES", "Outbound", "TAIL_BYTES", "plan_batches"]
 
-#: Largest block_data message we build (bytes of payload); limits.md: keep zmq messages ≤ 16 MiB.
+#: Largest block_data message we build (bytes of payload); P1 in docs/benchmarks.md compares the zmq
+#: plane with raw pyzmq sending the same messages.
 MAX_BATCH_BYTES = 8 << 20
 
 #: The last batch of a transfer holds at most this many bytes (at least one block), the one before

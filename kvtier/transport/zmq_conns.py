@@ -31,6 +31,7 @@ state it works on is made by ``ZmqTransport.__init__``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -61,33 +62,35 @@ _CRYPTOGRAPHIC = int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
 
 
 def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool) -> tuple[bool, str]:
-    """What a libzmq ``EVENT_HANDSHAKE_FAILED_*`` (``value``: its protocol error code) most likely
-    means, for the operator: ``(auth, text)``; ``auth`` when it is an authentication failure (the
-    session ends ``auth_failed``; decision E1), else a peer that does not speak ZMTP at all.
-    ``curve``: this tier runs ``auth='curve'``; ``dialled``: we are the consumer that dialled.
+    """What a libzmq ``EVENT_HANDSHAKE_FAILED_*`` (``value``: its protocol error code, or an errno
+    for ``NO_DETAIL``) most likely means, for the operator: ``(auth, text)``; ``auth`` when it is
+    an authentication failure (the session ends ``auth_failed``; decision E1), else a peer that
+    does not speak ZMTP at all.  ``curve``: this tier runs ``auth='curve'``; ``dialled``: we are
+    the consumer that dialled.
 
-    libzmq names the same problem differently depending on timing (a mechanism mismatch may reach
-    the side that did not detect it as ``NO_DETAIL``, a closed pipe), so the texts name every
-    likely cause of what was seen."""
+    The side that detects a mechanism mismatch reports it with its code and hangs up; the other
+    side then sees ``NO_DETAIL`` with ``EPIPE`` (it was writing its greeting), which is how a CURVE
+    problem reaches it about half of the time.  A connection closed before any greeting (a TCP
+    health check, a port scan) ends with ``ECONNRESET`` instead and is no authentication failure."""
     other = "the producer" if dialled else "the peer"
     mismatch = event == _PROTOCOL and value == _MECHANISM_MISMATCH
-    if not dialled and event == _NO_DETAIL:
-        # an inbound connection that closed mid-handshake (a port scan, our own idle cut): the side
-        # that detects an authentication problem reports it with a code, never as NO_DETAIL
-        return False, "the connection closed during the handshake"
-    if not curve and (mismatch or event in (_AUTH, _NO_DETAIL)):
+    hung_up = event == _NO_DETAIL and value == errno.EPIPE
+    if not curve and (mismatch or hung_up or (dialled and event == _AUTH)):
         return True, (f"{other} requires CURVE (auth='curve') and this tier has auth='none': set auth='curve' "
                       "with auth_secret_key_file and auth_allowed_keys_dir here too (docs/security.md)")
-    if mismatch:
+    if curve and (mismatch or (hung_up and not dialled)):
         return True, (f"{other} does not run CURVE (its auth is 'none') while this tier has auth='curve': "
                       "set the same auth on both sides (docs/security.md)")
-    if event in (_AUTH, _NO_DETAIL) or (event == _PROTOCOL and value == _CRYPTOGRAPHIC):
+    if curve and (event == _AUTH or (event == _PROTOCOL and value == _CRYPTOGRAPHIC)
+                  or (dialled and event == _NO_DETAIL)):
         if dialled:
             return True, ("the CURVE handshake failed: the producer does not accept our key (is our public "
                           "certificate in its auth_allowed_keys_dir?), the certificate in our auth_allowed_keys_dir "
                           "that names this endpoint is not the producer's key, or it does not run auth='curve'")
         return True, ("the CURVE handshake failed: the peer's public certificate is not in our "
                       "auth_allowed_keys_dir, or the certificate it holds for our endpoint is not our key")
+    if event == _NO_DETAIL:
+        return False, "the connection closed during the handshake"
     return False, f"{other} does not speak our ZMTP (a plain-TCP or other service?)"
 
 
