@@ -240,7 +240,7 @@ class _SeedRec:
 
 
 def _seed_tick(records: dict[str, _SeedRec], now: float) -> list[_SeedRec]:
-    """The seed's O(n) reaper: scan every record for a passed deadline."""
+    """vLLM p2p's O(n) reaper: scan every record for a passed deadline."""
     return [r for r in records.values() if r.deadline <= now]
 
 

@@ -31,7 +31,7 @@ byte-exact in the consumer's primary rows:
 * ``late``: a fetch for an id the producer reaped (``unbound_store_timeout_s`` passed): the
   consumer's ``submit_load`` → the failed result.
 
-The seed imports ``nixl`` while ``nixl-cu12`` installs ``nixl_cu12``: the child processes alias
+vLLM's p2p tier imports ``nixl`` while ``nixl-cu12`` installs ``nixl_cu12``: the child processes alias
 one to the other in ``sys.modules`` (NIXL's meta package does the same); kvtier never does.
 
 In the suite: ``python -m bench --only P0`` (part of ``make bench``).  Alone, with more knobs:

@@ -90,7 +90,7 @@ _UNCITABLE = re.compile(r"shared/|limits\.md|behaviou?ral study|\bissue \d+|[Tt]
                         r"(?<!\ba )\b(first|second|third|fourth) release\b")  # "a second release" of a pin is fine
 
 
-@pytest.mark.parametrize("tree", ["docs", "README.md", "kvtier", "spec"])
+@pytest.mark.parametrize("tree", ["docs", "README.md", "kvtier", "spec", "tools"])
 def test_pages_and_comments_cite_only_what_a_reader_can_open(tree: str) -> None:
     root = ROOT / tree
     files = [root] if root.is_file() else [p for p in root.rglob("*") if p.suffix in (".md", ".py", ".toml")]
