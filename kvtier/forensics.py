@@ -225,8 +225,19 @@ class Forensics:
             if t is not None:
                 t.mark("abort" if kind is wm.AbortFetch else "receipt", now)
                 self._state("consumer", msg.kv_request_id, t)
+            elif kind is wm.Receipt:
+                self._late_receipt(msg.kv_request_id, now)
         elif kind is wm.TransferDone:
             self._answered(e.peer, msg, now)
+
+    def _late_receipt(self, kid: str, now: float) -> None:
+        """A load's receipt leaves in the step that reported its result, after it: add the mark to
+        the entry just finished."""
+        ring = self._ring
+        last = ring[-1] if ring else None
+        if last is not None and last.kv_request_id == kid and last.role == "consumer" and last.ok:
+            at = min(max(0.0, now - last.started), last.seconds)  # the same step: at the result
+            ring[-1] = msgspec.structs.replace(last, marks=(*last.marks[:-1], ("receipt", at), last.marks[-1]))
 
     def _answered(self, peer: str, msg: wm.TransferDone, now: float) -> None:
         kid = msg.kv_request_id

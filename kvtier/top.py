@@ -4,7 +4,9 @@ Each URL is a kvtier endpoint (config ``metrics_port``; ``host:port`` or ``http:
 ``/metrics`` is implied).  Every ``interval`` seconds each endpoint is scraped over HTTP, the text
 exposition is parsed with ``prometheus_client.parser``, and one row per endpoint shows what an
 operator of a PD deployment asks first: ids parked / bound / retained, pinned GB, the age of the
-oldest parked id, transfer bandwidth, and the rates of late fetches and failed jobs.
+oldest parked id, transfer bandwidth, and the rates of late fetches and failed jobs.  Below the
+table: the endpoints' most recently finished requests, failures first (``GET /kvtier/requests``,
+:mod:`kvtier.forensics`; ``kvtier why`` explains one).
 
 Rates are differences between two scrapes divided by the wall time between them, so the first
 frame of a live view shows ``—`` for them; ``--once`` scrapes twice (``interval`` apart) and

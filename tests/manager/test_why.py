@@ -14,7 +14,7 @@ import socket
 
 import pytest
 from click.testing import CliRunner
-from mgr_helpers import BOTH_PLANES, Jobs, consumer_req, job, keys_for, producer_req, pump_until
+from mgr_helpers import BOTH_PLANES, Jobs, consumer_req, job, keys_for, producer_req, pump_until, transfer_once
 
 from kvtier.cli import cli
 from kvtier.lifecycle import REASON_DOCS, Reason
@@ -187,3 +187,17 @@ def test_stats_prints_a_readable_summary_with_the_recent_requests(make_manager) 
     assert len(text.splitlines()) < 20, text
     assert "load jobs 0 ok · 1 failed (connect_refused 1)" in text, text
     assert "kv-sum load (consumer) FAILED: connect_refused, peer 127.0.0.1:1" in text, text
+
+
+def test_why_tells_a_successful_load_too(make_manager) -> None:
+    p = make_manager(HB)
+    c = make_manager(HB)
+    assert transfer_once(p, c, "kv-ok", 3).success
+    code, out, _ = _why("kv-ok", c, p)
+    assert code == 0 and "kv-ok load (consumer) ok" in out and "kv-ok parked blocks (producer) ok" in out, out
+    assert "  change" not in out  # nothing to change
+    (load,) = _records("kv-ok", c)
+    assert list(load["marks"]) == ["fetch", "first_block", "receipt", "result"]
+    assert load["path"][-1] == "loaded" and load["landed"] == 3 == load["blocks"]
+    (parked,) = _records("kv-ok", p)
+    assert parked["path"][-1] == "done" and parked["peer"] and "sending" in parked["marks"]
