@@ -58,9 +58,9 @@ def render_metric_labels() -> str:
         "| label | values |",
         "|---|---|",
         f"| `state` | {state} |",
-        f"| `reason` | a reason code of `spec/lifecycle.toml` ({len(Reason)} codes, each explained in "
-        f"[troubleshooting.md](troubleshooting.md)) or of the wire codec ({vals([r.value for r in WireReason])}); "
-        "`peer_reported_<code>` on `kvtier_wire_errors_total`; empty for a success; `other` for anything else |",
+        (f"| `reason` | a reason code of `spec/lifecycle.toml` ({len(Reason)} codes, each explained in "
+         f"[troubleshooting.md](troubleshooting.md)) or of the wire codec ({vals([r.value for r in WireReason])}); "
+         "`peer_reported_<code>` on `kvtier_wire_errors_total`; empty for a success; `other` for anything else |"),
     ]
     rows += [f"| `{label}` | {vals(values)} |" for label, values in LABEL_VALUES.items()]
     return "\n".join(rows)
@@ -192,11 +192,11 @@ def render_compatibility() -> str:
         "|---|---|",
         f"| kvtier | {project['version']} (`kvtier --version`) |",
         f"| Python | {project['requires-python']} (tested on 3.11) |",
-        f"| wire protocol | version {PROTOCOL_VERSION}: a peer of another version is refused at the handshake "
-        "(`handshake_mismatch`, field `version`) |",
-        f"| vLLM | {TESTED_VLLM_VERSION} (`pip install 'kvtier[vllm]'`: `{extras['vllm'][0]}`); another version "
-        "logs a warning at construction (its tiering API is experimental) |",
-        f"| NIXL (`data_plane = \"nixl\"`) | {TESTED_NIXL_VERSION} (`pip install 'kvtier[nixl]'`: "
-        f"`{extras['nixl'][0]}`) |",
+        (f"| wire protocol | version {PROTOCOL_VERSION}: a peer of another version is refused at the handshake "
+         "(`handshake_mismatch`, field `version`) |"),
+        (f"| vLLM | {TESTED_VLLM_VERSION} (`pip install 'kvtier[vllm]'`: `{extras['vllm'][0]}`); another version "
+         "logs a warning at construction (its tiering API is experimental) |"),
+        (f"| NIXL (`data_plane = \"nixl\"`) | {TESTED_NIXL_VERSION} (`pip install 'kvtier[nixl]'`: "
+         f"`{extras['nixl'][0]}`) |"),
         "| torch | any build for your machine, installed first (tested: 2.13.0, CPU) |",
     ])

@@ -13,6 +13,7 @@ import socket
 
 import pytest
 from click.testing import CliRunner
+from mgr_helpers import Jobs, consumer_req, job, keys_for, metric, producer_req, pump_until
 
 from kvtier.cli import cli
 from kvtier.config import TierConfig, TierConfigError
@@ -20,7 +21,6 @@ from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
 from kvtier.transport import TransportError
 from kvtier.transport.curve import generate_keys
-from mgr_helpers import Jobs, consumer_req, job, keys_for, metric, producer_req, pump_until
 
 pytestmark = pytest.mark.timeout(60)
 
