@@ -33,6 +33,8 @@ from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob, Unk
 from kvtier.blocksource import BlockSource
 from kvtier.config import TierConfig
 from kvtier.dataplane import DataPlane, Released, make_plane
+from kvtier.explain import TierStats
+from kvtier.forensics import Forensics
 from kvtier.integrity import DigestPool, block_digests, default_threads
 from kvtier.lifecycle import Answer, ConsumerState, InvalidTransition, ProbeState, Reason, TierCore
 from kvtier.lifecycle import inputs as ix
@@ -133,6 +135,9 @@ class KvTierManager:
                                         revoke_bounded=self.plane.revocation_bounded, pool_blocks=pool.num_blocks)
         """The lifecycle core (its read API: sessions, states, quarantine, snapshots)."""
         self._jobs = JobLedger()
+        self.forensics = Forensics(core=self.core, job_info=self._jobs.info, clock=self.clock,
+                                   block_bytes=pool.block_bytes, where=getattr(self.transport, "peer_address", None))
+        """The recently finished requests (:mod:`kvtier.forensics`; ``GET /kvtier/requests``)."""
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
         self._closing = False  # shutdown() began: no new work
@@ -144,10 +149,11 @@ class KvTierManager:
                                     lock=self._lock, clock=self.clock, block_bytes=pool.block_bytes)
         if cfg.metrics_port is not None:
             try:
-                self._metrics.serve(cfg.host, cfg.metrics_port)
+                self._metrics.serve(cfg.host, cfg.metrics_port, requests=self.forensics)
             except OSError as exc:
                 raise TransportError(
-                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc}") from exc
+                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc} (choose a free "
+                    "port, 0 for an ephemeral one, or null for no endpoint)") from exc
             log.info("kvtier: metrics on http://%s/metrics", self._metrics.address)
         where = getattr(self.transport, "peer_address", None)
         self._logs = RateLimitedLog(self.clock, where if where is not None else (lambda p: ""))
@@ -161,6 +167,7 @@ class KvTierManager:
                             metrics=self._metrics, logs=self._logs, work=self._work, clock=self.clock,
                             loads=self.core.consumer,
                             vet=self._peer_policy.vet_resolved if self._peer_policy.open else None)
+        outbound.forensics = self.forensics
         inbound = Inbound(transport=self.transport, plane=self.plane, decoder=decoder, metrics=self._metrics,
                           logs=self._logs, clock=self.clock, posted=outbound.posted, work=self._work)
         self._loop = Loop(core=self.core, inbound=inbound, outbound=outbound, work=self._work, clock=self.clock,
@@ -199,11 +206,13 @@ class KvTierManager:
         """``host:port`` of the metrics endpoint (config ``metrics_port``), or ``None`` when off."""
         return self._metrics.address
 
-    def stats(self) -> dict[str, Any]:
-        """A snapshot of every series for humans and the demo (not a stable API): keys are
-        ``name{label=value,...}`` without the per-manager ``tier``/``listener`` labels."""
+    def stats(self) -> TierStats:
+        """A snapshot of every series (not a stable API): a ``dict`` whose keys are
+        ``name{label=value,...}`` without the per-manager ``tier``/``listener`` labels; printed, a
+        dozen readable lines with the last finished requests (:class:`kvtier.explain.TierStats`)."""
         with self._lock:
-            return self._metrics.samples()
+            samples = self._metrics.samples()
+        return TierStats(samples, title=f"{self.config.type} @ {self.address}", recent=self.forensics.as_json(limit=5))
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -229,7 +238,7 @@ class KvTierManager:
 
         For engines that know their seed only after the tier is built (vLLM runs
         ``init_none_hash`` after constructing its scheduler).  Sessions already established keep
-        the seed they were checked with; every later handshake uses the new one.
+        the hash seed they were checked with; every later handshake uses the new one.
 
         Raises:
             kvtier.config.TierConfigError: ``hash_seed`` is not a valid ``hash_seed`` value.

@@ -236,7 +236,7 @@ def abort_never_gives_up() -> Iterator[None]:
 
 @contextmanager
 def cancel_deadline_returns_blocks() -> Iterator[None]:
-    """The first release's B26/B32 bug: when a cancelled transfer is not released in time, the
+    """An earlier kvtier's B26/B32 bug: when a cancelled transfer is not released in time, the
     store jobs fail (the engine may reuse the blocks) while the data plane still references them;
     the consumer then lands the reused bytes."""
     with _table(
@@ -255,7 +255,7 @@ def cancel_deadline_returns_blocks() -> Iterator[None]:
 
 @contextmanager
 def success_without_receipt() -> Iterator[None]:
-    """The first release's "sent to libzmq is delivered": the store jobs succeed as soon as the data
+    """An earlier kvtier's "sent to libzmq is delivered": the store jobs succeed as soon as the data
     plane released the blocks, although the consumer never confirmed receipt (it died after 8 of
     200 blocks)."""
     with _table(
@@ -271,7 +271,7 @@ def success_without_receipt() -> Iterator[None]:
 
 @contextmanager
 def abort_ignores_round() -> Iterator[None]:
-    """The first release's B14 bug: an abort for a round that fetched an earlier life of a reused id
+    """An earlier kvtier's B14 bug: an abort for a round that fetched an earlier life of a reused id
     still tombstones the id's new, unbound life."""
     with _table(
         ProducerMachine,
@@ -294,7 +294,7 @@ def _drive_deadlines_first(core: Any, inputs: Any, now: float, *, deadlines_at: 
 
 @contextmanager
 def deadlines_before_input() -> Iterator[None]:
-    """The first release's shell (B24): a tick fires the deadlines due at "now" before it applies
+    """An earlier kvtier's shell (B24): a tick fires the deadlines due at "now" before it applies
     the input it read, so one may fire while a message that arrived before it fell due is still
     unapplied — a fetch that queued during a stall meets an id reaped a moment ago.  Planted in
     :func:`kvtier.lifecycle.driver.drive` (its code object is swapped for the buggy one)."""

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "d24a1af019f214d524a579bf61a16dabfeef906c83da370f13270207d9d59c69"
+SPEC_SHA256: Final = "10f4f49f6381bb45b9b17b19f361184620faf325808028df23a5b4d7738874e6"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -88,6 +88,8 @@ class Reason(enum.StrEnum):
     """the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent"""
     CONNECT_TIMEOUT = "connect_timeout"
     """the producer's address did not answer the connection within connect_timeout_s"""
+    AUTH_FAILED = "auth_failed"
+    """the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); nothing was sent"""
     SEND_FAILED = "send_failed"
     """the transport could not send to the peer"""
     TOO_MANY_PEERS = "too_many_peers"
@@ -138,6 +140,68 @@ class Reason(enum.StrEnum):
     """shutdown lets work in flight finish within shutdown_grace_s; this input changes nothing until then"""
     REFERENCED = "referenced"
     """the data plane still references the blocks; only its release (or closing the plane) ends this state"""
+
+
+REASON_DOCS: Final = MappingProxyType({
+    Reason.REAPED: "the parked blocks waited longer than unbound_store_timeout_s for a fetch and were released",
+    Reason.ABORTED: "the consumer aborted the fetch (or cancelled before fetching)",
+    Reason.TRANSFER_FAILED: "the data plane failed to move the blocks (its references are released)",
+    Reason.TRANSFER_TIMEOUT: "the transfer did not finish within transfer_timeout_s",
+    Reason.SUPPLY_TIMEOUT: "a bound fetch waited longer than fetch_supply_timeout_s for blocks that were never stored",
+    Reason.INCOMPLETE: "the producer's request finished without storing every block the fetch named",
+    Reason.NOTHING_STORED: "the producer's request finished without storing anything under this id (e.g. its engine could not store the blocks)",
+    Reason.PEER_LOST: "the peer's session died (silence, disconnect, send failure, restart)",
+    Reason.DRAINED: "drain_jobs ended the id before a consumer fetched it",
+    Reason.SHUTDOWN: "the manager shut down (ours, or the peer's: its goodbye said so)",
+    Reason.DUPLICATE_FETCH: "a second fetch for an id that is already bound to another round",
+    Reason.TOO_MANY_PENDING: "the peer already has max_pending_fetches_per_peer fetches waiting for blocks",
+    Reason.ALREADY_SERVED: "the id's blocks were already transferred to a consumer",
+    Reason.ROUND_FINISHED: "a store arrived after the id's transfer completed",
+    Reason.ID_IN_USE: "another engine request already parks blocks under this kv_request_id",
+    Reason.LOAD_TIMEOUT: "the consumer's load did not complete within load_timeout_s",
+    Reason.CANCELLED: "the consumer's engine finished the request before the load completed",
+    Reason.DUPLICATE_LOAD: "a second load for an id while one is live",
+    Reason.ONE_FETCH_PER_ID: "an id is fetched at most once; a second load after a terminal one fails",
+    Reason.INCOMPLETE_DATA: "transfer_done(ok) arrived but not every block had landed",
+    Reason.CORRUPT: "a block landed whose digest differs from the digest taken when it was parked",
+    Reason.TRANSFER_STALLED: "a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release",
+    Reason.ABORT_UNACKNOWLEDGED: "the producer did not answer an abort within abort_ack_timeout_s; the session is ended so no write can still land",
+    Reason.INSTANCE_DOWN: "another session to the same producer instance died and none has been heard from since",
+    Reason.HANDSHAKE_TIMEOUT: "the session was not ready within handshake_timeout_s",
+    Reason.HANDSHAKE_MISMATCH: "protocol version, block layout or hash seed differ between the peers",
+    Reason.PEER_TIMEOUT: "nothing heard from the peer for peer_timeout_s",
+    Reason.PEER_DISCONNECTED: "the peer said disconnect, did not know our session, or its connection closed",
+    Reason.PEER_RESTARTED: "the peer reconnected with a new generation (or a new session from the same consumer replaced this one)",
+    Reason.CONNECT_REFUSED: "the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent",
+    Reason.CONNECT_TIMEOUT: "the producer's address did not answer the connection within connect_timeout_s",
+    Reason.AUTH_FAILED: "the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); nothing was sent",
+    Reason.SEND_FAILED: "the transport could not send to the peer",
+    Reason.TOO_MANY_PEERS: "this manager already has max_peers sessions",
+    Reason.PEER_NOT_ALLOWED: "the request names a producer endpoint outside allowed_peers (or one '*' does not admit: link-local, metadata, multicast, unspecified, loopback from beyond loopback); nothing was dialled",
+    Reason.NOT_AUTHORISED: "the peer is not the consumer the producer request named for this id; the refusal changes nothing",
+    Reason.IDLE_EVICTED: "an inbound session with nothing bound to it and no work for handshake_timeout_s was ended to admit a new peer at max_peers",
+    Reason.LOCAL: "a local-only request: nothing was parked or fetched, so the job succeeded at once",
+    Reason.NOT_NEEDED: "the consumer needed none of the id's blocks (an empty fetch): the store jobs succeeded and the blocks were released at once",
+    Reason.INVALID_PARAMS: "the request's kv_transfer_params were malformed, so the tier hands nothing off for it",
+    Reason.NOT_A_CONSUMER: "a load for a request that names no remote producer",
+    Reason.BAD_JOB: "the engine's job was malformed (e.g. keys and slots of different lengths)",
+    Reason.JOB_REFUSED: "the manager refused the job; its error is logged",
+    Reason.PROBE_TIMEOUT: "the peer did not answer the probe within probe_timeout_s (dialling and the handshake included); the engine computes the blocks",
+    Reason.NOT_SERVING: "the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)",
+    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds or pins serve_max_pinned_blocks_per_peer blocks for us (or its pool's serve_max_pinned_fraction), or this round had serve_max_probes_per_round probes",
+    Reason.NOT_OFFERED: "a fetch or load named a block that no probe reply of its round offered (or the round had ended)",
+    Reason.OFFER_EXPIRED: "the consumer did not fetch the offered blocks within offer_timeout_s; their pins were released",
+    Reason.NOT_ANNOUNCED_PROBE: "the engine must announce a symmetric request (on_new_request with remote_kv_source) before looking keys up or loading for it",
+    Reason.NO_RECORD: "the id has no record in this machine (never seen or already pruned)",
+    Reason.STALE: "a late, duplicate or out-of-order input for this state; counted and dropped",
+    Reason.NOT_BOUND: "the id is not bound to a peer, so the input does not concern it",
+    Reason.PEER_ERROR: "the peer refused our message as malformed (e.g. over its size limits)",
+    Reason.LATE_DATA: "block data for a round that is no longer in flight is dropped, never written",
+    Reason.NOT_ANNOUNCED: "the engine must announce a request (on_new_request) before loading it",
+    Reason.IN_GRACE: "shutdown lets work in flight finish within shutdown_grace_s; this input changes nothing until then",
+    Reason.REFERENCED: "the data plane still references the blocks; only its release (or closing the plane) ends this state",
+})
+"""Reason -> what it means (the spec's text; docs/troubleshooting.md and ``kvtier why``)."""
 
 
 class Branch(NamedTuple):
@@ -783,7 +847,7 @@ class ConsumerEvent(enum.StrEnum):
     REQUEST_FINISHED = "request_finished"
     """the engine finished the request"""
     PEER_LOST = "peer_lost"
-    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled, connect_refused, connect_timeout)"""
+    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled, connect_refused, connect_timeout, auth_failed)"""
     SHUTDOWN = "shutdown"
     """shutdown() began: no new work; loads in flight may finish within shutdown_grace_s"""
     CLOSE = "close"
@@ -1203,7 +1267,7 @@ class SessionEvent(enum.StrEnum):
     TRANSPORT_UP = "transport_up"
     """the transport has a connection object for the peer (zmq connects asynchronously), and the data plane the descriptor this session's hello carries"""
     CONNECT_FAILED = "connect_failed"
-    """the dial never connected: the address refused it, is unreachable, or did not answer within connect_timeout_s (or this manager cannot dial it)"""
+    """the dial never connected: the address refused it, is unreachable, or did not answer within connect_timeout_s (or this manager cannot dial it), or the connection's CURVE handshake failed"""
     HELLO = "hello"
     """the peer's hello arrived (version, block layout, hash seed, data plane, generation)"""
     HELLO_ACK = "hello_ack"
@@ -1259,6 +1323,8 @@ class SessionGuard(enum.StrEnum):
     """the dial got no answer within connect_timeout_s (rather than a refusal)"""
     CONNECT_NOT_ALLOWED = "connect_not_allowed"
     """the producer's name resolved to an address allowed_peers '*' does not admit (nothing was dialled)"""
+    CONNECT_AUTH_FAILED = "connect_auth_failed"
+    """the connection's CURVE handshake failed (a key the other side does not accept, or only one side runs auth='curve')"""
 
 
 class SessionEffect(enum.StrEnum):
@@ -1353,6 +1419,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.CONNECTING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
         Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
+        Branch(SessionGuard.CONNECT_AUTH_FAILED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.AUTH_FAILED),
         Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),
@@ -1390,6 +1457,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
         Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
+        Branch(SessionGuard.CONNECT_AUTH_FAILED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.AUTH_FAILED),
         Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),

@@ -15,8 +15,8 @@ round)``: the consumer machine's table, unchanged, with ``fetch(offered=true)``)
 the peer may hold pins), or the peer's ``transfer_done(fail)`` (it refused the probe or withdrew
 the offer).  RETRY is bounded: only ``collecting`` and ``probing`` answer it, and both carry the
 ``probe`` timer, armed at the round's first key, so dialling and the handshake count against
-``probe_timeout_s`` (decision Y4; the seed's bound for a silent peer was its 30 s handshake
-timeout).
+``probe_timeout_s`` (decision Y4; vLLM 0.33.0's ``p2p`` tier bounds a silent peer only by its 30 s
+handshake timeout).
 
 All decisions come from ``_table.PROBE_TABLE``; this module supplies guards and effects only.
 """

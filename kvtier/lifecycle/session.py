@@ -233,6 +233,9 @@ class SessionMachine(TableMachine):
     def guard_connect_not_allowed(self, rec: SessionRecord, inp, now: float) -> bool:
         return bool(getattr(inp, "not_allowed", False))
 
+    def guard_connect_auth_failed(self, rec: SessionRecord, inp, now: float) -> bool:
+        return bool(getattr(inp, "auth_failed", False))
+
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.gen = self.new_gen()
@@ -275,7 +278,7 @@ class SessionMachine(TableMachine):
             gen = inp.gen
             field, ours, theirs = self.local.first_mismatch(inp) or ("", "", "")
             if field == "hash_seed":
-                # The seed keys every block hash: a stranger must not learn it by guessing wrong.
+                # The hash seed keys every block hash: a stranger must not learn it by guessing wrong.
                 # The refusal names the field; our value stays here.
                 ours = ""
         why = (reason or Reason.HANDSHAKE_MISMATCH).value

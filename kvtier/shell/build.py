@@ -5,13 +5,14 @@ One job: construction and its failure messages.  Nothing here runs after ``__ini
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 from typing import Any
 
 from kvtier.config import TierConfig
 from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
-from kvtier.transport import Transport
+from kvtier.transport import Transport, TransportError
 from kvtier.wire.codec import PROTOCOL_VERSION
 
 log = logging.getLogger("kvtier.manager")
@@ -37,13 +38,33 @@ def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
     """The ZeroMQ transport listening on ``cfg.host:cfg.port`` (CURVE when ``auth='curve'``).
 
     Raises:
-        TransportError: the port is taken or the host cannot be bound.
+        TransportError: the port is taken or the host cannot be bound (the message names the
+            config key to change).
     """
-    from kvtier.transport import ZmqTransport
     from kvtier.transport.curve import curve_settings
 
     curve = curve_settings(cfg.auth_secret_key_file, cfg.auth_allowed_keys_dir) if cfg.auth == "curve" else None
     _warn_if_open(cfg)
+    try:
+        return _zmq_transport(cfg, block_bytes, curve)
+    except TransportError as exc:
+        raise TransportError(_bind_error(cfg, exc)) from exc
+
+
+def _bind_error(cfg: TierConfig, exc: TransportError) -> str:
+    """The listener's bind failure, naming the config key to change (``port`` or ``host``)."""
+    code = getattr(exc.__cause__, "errno", None)
+    if code == errno.EADDRINUSE:
+        return (f"port={cfg.port}: {exc} (another process listens there: choose a free port, or 0 for an "
+                "ephemeral one)")
+    if code in (errno.EADDRNOTAVAIL, errno.EINVAL, errno.ENODEV):
+        return f"host={cfg.host!r}: {exc} (not an address of this machine: use one of its addresses, or 0.0.0.0)"
+    return f"host={cfg.host!r}, port={cfg.port}: {exc}"
+
+
+def _zmq_transport(cfg: TierConfig, block_bytes: int, curve: Any) -> Transport:
+    from kvtier.transport import ZmqTransport
+
     return ZmqTransport(
         cfg.host,
         cfg.port,

@@ -75,6 +75,14 @@ class JobLedger:
                                   successful_keys=keys))
         return job.store, job.nbytes, elapsed
 
+    def info(self, job_id: int) -> tuple[bool, str | None, float, int] | None:
+        """``(store, kv_request_id, submitted, nbytes)`` of open engine job ``job_id``; None for an
+        unknown id or the manager's own job (read by the request forensics, :mod:`kvtier.forensics`)."""
+        job = self._open.get(job_id)
+        if job is None or job.internal:
+            return None
+        return job.store, job.kv_request_id, job.submitted, job.nbytes
+
     def report(self, result: JobResult) -> None:
         """Queue ``result`` for the engine (also for jobs that never reached the core)."""
         self._results.append(result)

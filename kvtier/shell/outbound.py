@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvtier.advice import handshake_hint
 from kvtier.dataplane import Batch, DataPlane, PlaneError
 from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
@@ -28,7 +29,8 @@ from kvtier.wire.codec import encode, encode_frames
 
 __all__ = ["MAX_BATCH_BYTES", "Outbound", "TAIL_BYTES", "plan_batches"]
 
-#: Largest block_data message we build (bytes of payload); limits.md: keep zmq messages ≤ 16 MiB.
+#: Largest block_data message we build (bytes of payload); P1 in docs/benchmarks.md compares the zmq
+#: plane with raw pyzmq sending the same messages.
 MAX_BATCH_BYTES = 8 << 20
 
 #: The last batch of a transfer holds at most this many bytes (at least one block), the one before
@@ -101,6 +103,9 @@ class Outbound:
         """``allowed_peers``' check of what a hostname resolves to (None: the policy lists names only)."""
         self.serving = serving if serving is not None else ServeWindows(on_error=metrics.internal_error)
         """The serve windows (the symmetric path's lookups, contexts and pins)."""
+        self.forensics: Any = None
+        """The request forensics (:class:`kvtier.forensics.Forensics`): shown every batch of
+        effects before it is performed (its one feed, decision E3); None: off."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self._per_batch = max(1, MAX_BATCH_BYTES // pool.block_bytes)
@@ -133,6 +138,8 @@ class Outbound:
         """Carry out ``effects`` in order; return the inputs they produced, in order."""
         produced: Inputs = []
         table = self.PERFORMERS
+        if self.forensics is not None:
+            self.forensics.observe(effects)
         for e in effects:
             more = table[type(e)](e)
             if more:
@@ -163,9 +170,9 @@ class Outbound:
             self.logs(peer, msg.reason, "kvtier: refusing a session from %s: max_peers=%s reached",
                       self.logs.who(peer), msg.ours)
         else:
-            self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
+            self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)%s",
                       self.logs.who(peer), msg.field, msg.ours or "(withheld)", msg.theirs or "(not shown)",
-                      level=logging.ERROR)
+                      handshake_hint(msg.field), level=logging.ERROR)
         self.logs.forget(peer)
 
     # -- jobs ----------------------------------------------------------------------------------

@@ -179,6 +179,7 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
         self._auth: PrincipalAuthenticator | None = None
         self.idle_dropped = 0
         """Accepted connections cut by ``idle_timeout_s`` (a counter)."""
+        self._refusing: tuple[bool, str] | None = None  # the ROUTER's last failed handshake, until its close
         self.handshake_failures: set[tuple[str, int]] = set()
         """``(producer address, libzmq EVENT_HANDSHAKE_FAILED_*)`` seen on our dials (each logged once)."""
         self._router: zmq.Socket | None = None
