@@ -10,7 +10,6 @@ TORCH_SPEC ?= torch==2.13.0
 # Test workers (pytest-xdist). The suite mostly waits (sockets, child processes, deadlines), so more
 # workers than this host's 2 cores pay; docs/testing.md has the measurements (decision V2).
 TEST_WORKERS ?= 3
-PYTEST := HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 # The inner loop (docs/testing.md): the lifecycle core and spec, the wire codec, config, the
 # stateful properties and the planted bugs they must find; under a minute.
 FAST_TESTS := tests/lifecycle tests/stateful tests/symmetric tests/wire tests/test_config*.py
@@ -54,13 +53,13 @@ demo: setup
 	$(BIN)/python -m demo
 
 test: setup
-	$(PYTEST) -q -n $(TEST_WORKERS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: setup
-	$(PYTEST) -q -n 2 $(FAST_TESTS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 $(FAST_TESTS)
 
 test-all: setup
-	$(PYTEST) -q -n $(TEST_WORKERS) -m ""
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m ""
 
 # Not part of CI's run: hours of CPU on 2 cores without a selection (docs/mutation.md).
 # MUTATE=<group> runs one group (python -m tools.mutate --list shows them).

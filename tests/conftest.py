@@ -53,8 +53,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 
 #: session fixture -> the xdist group of every test that uses it: one worker builds the resource
-#: once (the SmolLM2 model and its on-disk cache are converted once, not once per worker)
-_ONE_WORKER = {"model_cache_dir": "smollm2"}
+#: once (the SmolLM2 model is loaded into one worker, not into each; its on-disk cache needs no
+#: group: demo.model serialises building it with a file lock)
+_ONE_WORKER = {"smollm2": "smollm2"}
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
