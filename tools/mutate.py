@@ -10,6 +10,7 @@ Hypothesis runs its ``mutate`` profile there (tests/conftest.py: derandomized, 3
     python -m tools.mutate --list          the groups, their modules and tests
     python -m tools.mutate codec config    run two groups (all when none is named)
     python -m tools.mutate --report        the scores and surviving mutants of what ran
+    python -m tools.mutate --retest codec  test codec's surviving mutants again (after new tests)
 
 The score is killed / (killed + survived + timeout + suspicious), per group; docs/mutation.md
 keeps the committed figures and, for every surviving mutant, the test that now kills it or the
@@ -98,12 +99,21 @@ def workspace(name: str) -> Path:
     return ws
 
 
-def run(name: str, children: int) -> int:
+def run(name: str, children: int, *, retest: bool = False) -> int:
+    """Test the group's mutants not tested yet; ``retest``: test again those that lived (after
+    new tests were written), not the others."""
     ws = workspace(name)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CI")}
     env["HYPOTHESIS_PROFILE"] = "mutate"
-    print(f"==> mutate {name}: {', '.join(GROUPS[name].modules)}", flush=True)
-    return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", str(children)], cwd=ws, env=env)
+    names: list[str] = []
+    if retest:
+        names = sorted(k for k, v in verdicts(name).items() if v in ("survived", "timeout", "suspicious"))
+        if not names:
+            return 0
+    print(f"==> mutate {name}: {', '.join(GROUPS[name].modules)}" + (f" ({len(names)} to test again)" if names else ""),
+          flush=True)
+    return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *names],
+                           cwd=ws, env=env)
 
 
 def verdicts(name: str) -> dict[str, str]:
@@ -148,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("groups", nargs="*", help=f"groups to run (default: all of {', '.join(GROUPS)})")
     ap.add_argument("--list", action="store_true", help="list the groups")
     ap.add_argument("--report", action="store_true", help="only report what earlier runs found")
+    ap.add_argument("--retest", action="store_true", help="test the surviving mutants again (after new tests)")
     ap.add_argument("--children", type=int, default=2, help="mutants tested at once (default 2)")
     ap.add_argument("--json", type=Path, help="also write the report as JSON here")
     args = ap.parse_args(argv)
@@ -163,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     if not args.report:
         for name in names:
-            rc = run(name, args.children) or rc
+            rc = run(name, args.children, retest=args.retest) or rc
     summary = report(names)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

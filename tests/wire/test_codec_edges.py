@@ -186,3 +186,21 @@ def test_decoder_refuses_a_bad_block_bytes_argument() -> None:
         with pytest.raises(ValueError, match=r"block_bytes must be None or an int >= 1"):
             Decoder(block_bytes=bad)  # type: ignore[arg-type]
     assert Decoder(block_bytes=1).block_bytes == 1
+
+
+# -- which field a refusal names ------------------------------------------------------------------
+
+
+def test_a_rule_across_fields_names_no_single_field() -> None:
+    """A notice that says ok breaks a rule of two fields: ``bad_field``, no field named, but the
+    request and generation are."""
+    raw = msgspec.msgpack.encode({"type": "transfer_done", "gen": G, "kv_request_id": "A", "round": 1, "ok": True,
+                                  "reason": "", "final": False})
+    err = _refused([raw])
+    assert (err.reason, err.field, err.kv_request_id, err.msg_type, err.gen) == (BAD_FIELD, "", "A", "transfer_done", G)
+
+
+def test_a_rule_on_one_field_names_it_from_its_message() -> None:
+    raw = msgspec.msgpack.encode({"type": "fetch", "gen": G, "kv_request_id": "A", "round": 1, "keys": [b"k", b"k"]})
+    err = _refused([raw])
+    assert (err.reason, err.field, err.kv_request_id) == (BAD_FIELD, "keys", "A")
