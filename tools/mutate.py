@@ -53,7 +53,7 @@ GROUPS: dict[str, Group] = {
     "config": Group(("kvtier/config.py", "kvtier/config_kinds.py"), ("tests/test_config.py",
                     "tests/test_config_rules.py", "tests/test_config_properties.py")),
     "shell": Group(("kvtier/shell/jobs.py", "kvtier/shell/perbyte.py"),
-                   ("tests/manager/test_perbyte.py", "tests/manager/test_virtual_park.py",
+                   ("tests/manager/test_perbyte.py", "tests/manager/test_virtual_results.py", "tests/manager/test_virtual_park.py",
                     "tests/manager/test_virtual_failures.py", "tests/manager/test_virtual_requests.py",
                     "tests/manager/test_manager_limits.py", "tests/manager/test_manager_stateful.py")),
     "lifecycle": Group(("kvtier/lifecycle/*.py",),
