@@ -204,3 +204,47 @@ def test_a_rule_on_one_field_names_it_from_its_message() -> None:
     raw = msgspec.msgpack.encode({"type": "fetch", "gen": G, "kv_request_id": "A", "round": 1, "keys": [b"k", b"k"]})
     err = _refused([raw])
     assert (err.reason, err.field, err.kv_request_id) == (BAD_FIELD, "keys", "A")
+
+
+# -- frames: any contiguous buffer, a zmq.Frame-like ``.buffer``, nothing else --------------------
+
+
+class _FrameLike:
+    """What a zmq.Frame offers the codec: no buffer protocol of its own, a ``buffer`` memoryview."""
+
+    def __init__(self, data: bytes) -> None:
+        self.buffer = memoryview(data)
+
+
+def test_frames_are_read_through_any_contiguous_buffer_without_a_copy() -> None:
+    import array
+
+    bd = BlockData(gen=G, kv_request_id="A", round=1, first=0, count=2)
+    header = encode(bd)
+    payload = array.array("H", range(BB // 2))  # a 2-byte format: handed over as flat bytes
+    for frames in ([header, b"x" * BB, payload], [bytearray(header), _FrameLike(b"y" * BB), memoryview(payload)],
+                   [_FrameLike(header), memoryview(b"z" * BB), payload]):
+        msg, payloads = decode(frames, block_bytes=BB)
+        assert msg == bd
+        assert [(p.format, p.ndim, p.nbytes) for p in payloads] == [("B", 1, BB)] * 2
+    _, payloads = decode([header, b"x" * BB, payload], block_bytes=BB)
+    assert payloads[1].obj is payload  # an alias of the caller's buffer, not a copy
+
+
+@pytest.mark.parametrize("index", [0, 2])
+def test_a_frame_that_is_no_buffer_is_malformed_naming_it(index: int) -> None:
+    frames: list = [encode(BlockData(gen=G, kv_request_id="A", round=1, first=0, count=2)), b"x" * BB, b"x" * BB]
+    frames[index] = object()
+    err = _refused(frames, block_bytes=BB)
+    assert (err.reason, err.detail) == (MALFORMED, f"frame {index} is not a buffer (object)")
+    frames[index] = _FrameLike(b"")
+    frames[index].buffer = b"not a memoryview"
+    err = _refused(frames, block_bytes=BB)
+    assert (err.reason, err.detail) == (MALFORMED, f"frame {index} is not a buffer (_FrameLike)")
+
+
+def test_a_strided_frame_is_malformed_naming_it() -> None:
+    header = encode(BlockData(gen=G, kv_request_id="A", round=1, first=0, count=1))
+    strided = memoryview(b"x" * (2 * BB))[::2]
+    err = _refused([header, strided], block_bytes=BB)
+    assert (err.reason, err.detail) == (MALFORMED, "frame 1 is not contiguous")
