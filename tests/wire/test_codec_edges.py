@@ -248,3 +248,14 @@ def test_a_strided_frame_is_malformed_naming_it() -> None:
     strided = memoryview(b"x" * (2 * BB))[::2]
     err = _refused([header, strided], block_bytes=BB)
     assert (err.reason, err.detail) == (MALFORMED, "frame 1 is not contiguous")
+
+
+def test_a_small_header_that_is_no_map_or_has_no_string_type_says_which() -> None:
+    """The refusal's text is what the peer is told (``Error.detail``): it says what was wrong."""
+    err = _refused([msgspec.msgpack.encode([1, 2])])
+    assert (err.reason, err.detail) == (MALFORMED, "header is not a msgpack map with string keys")
+    for obj in ({"gen": G}, {"type": 7, "gen": G}):
+        err = _refused([msgspec.msgpack.encode(obj)])
+        assert (err.reason, err.detail) == (MALFORMED, "header has no string 'type'"), obj
+    err = _refused([b"\xc1"])  # a byte msgpack never uses
+    assert err.reason == MALFORMED and err.detail.startswith("not msgpack: ")
