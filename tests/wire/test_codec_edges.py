@@ -259,3 +259,55 @@ def test_a_small_header_that_is_no_map_or_has_no_string_type_says_which() -> Non
         assert (err.reason, err.detail) == (MALFORMED, "header has no string 'type'"), obj
     err = _refused([b"\xc1"])  # a byte msgpack never uses
     assert err.reason == MALFORMED and err.detail.startswith("not msgpack: ")
+
+
+def test_frame_lists_that_are_not_lists_of_frames_say_so() -> None:
+    for frames, detail in ((b"\x80", "frames must be a list of frames, not one buffer"), ([], "no frames")):
+        err = _refused(frames)
+        assert (err.reason, err.detail, str(err)) == (MALFORMED, detail, f"malformed: {detail}")
+        assert (err.kv_request_id, err.field, err.theirs, err.msg_type, err.gen) == ("", "", "", "", None)
+
+
+def test_whatever_goes_wrong_inside_decode_comes_out_as_a_wire_error() -> None:
+    def frames():
+        yield encode(Receipt(gen=G, kv_request_id="A", round=1))
+        raise RuntimeError("the socket went away")
+
+    err = _refused(frames())
+    assert (err.reason, err.detail) == (MALFORMED, "undecodable: RuntimeError: the socket went away")
+
+
+def test_a_refusal_names_the_generation_from_0_to_below_2_63() -> None:
+    from kvtier.wire.messages import MAX_U63
+
+    for gen, named in ((0, 0), (1, 1), (MAX_U63 - 1, MAX_U63 - 1), (MAX_U63, None), (-1, None)):
+        raw = msgspec.msgpack.encode({"type": "receipt", "gen": gen, "kv_request_id": "A", "round": -1})
+        assert _refused([raw]).gen == named, gen
+
+
+def test_a_hello_of_another_version_is_version_mismatch_naming_theirs() -> None:
+    from kvtier.wire import VERSION_MISMATCH
+
+    for version, theirs in ((999, "999"), ("1", "1"), ("v" * 40, "v" * 32)):
+        raw = msgspec.msgpack.encode({"type": "hello", "gen": G, "version": version})
+        err = _refused([raw])
+        assert (err.reason, err.msg_type, err.field, err.theirs, err.gen) == (
+            VERSION_MISMATCH, "hello", "version", theirs, G), version
+        assert err.detail.startswith(f"peer protocol version {theirs}, ours ")
+
+
+def test_a_header_exactly_at_the_probe_bound_is_still_probed_for_its_request() -> None:
+    from kvtier.wire.codec import PROBE_MAX_BYTES
+
+    base = {"type": "receipt", "gen": G, "kv_request_id": "A", "round": -1, "pad": ""}
+    pad = PROBE_MAX_BYTES - len(msgspec.msgpack.encode(base))
+    raw = msgspec.msgpack.encode({**base, "pad": "x" * pad})
+    raw = msgspec.msgpack.encode({**base, "pad": "x" * (pad - (len(raw) - PROBE_MAX_BYTES))})
+    assert len(raw) == PROBE_MAX_BYTES
+    err = _refused([raw], limits=WireLimits(max_message_bytes=1 << 20))
+    assert (err.reason, err.kv_request_id, err.gen) == (BAD_FIELD, "A", G)
+
+
+def test_a_decoder_refuses_limits_of_another_type_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"^limits must be WireLimits, got dict$"):
+        Decoder(limits={"max_message_bytes": 1})  # type: ignore[arg-type]
