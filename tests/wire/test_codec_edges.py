@@ -73,7 +73,7 @@ def test_block_data_first_plus_count_exactly_at_the_cap_passes() -> None:
     assert decode([encode(at)], limits=limits, block_bytes=BB)[0] == at
     err = _refused([encode(BlockData(gen=G, kv_request_id="A", round=1, first=2, count=3))], limits=limits,
                    block_bytes=BB)
-    assert (err.reason, err.field, err.kv_request_id, err.gen) == (OVERSIZE, "count", "A", G)
+    assert (err.reason, err.field, err.kv_request_id, err.msg_type, err.gen) == (OVERSIZE, "count", "A", "block_data", G)
     assert err.detail == "block_data first+count=5 > max_blocks_per_fetch 4"
 
 
@@ -311,3 +311,16 @@ def test_a_header_exactly_at_the_probe_bound_is_still_probed_for_its_request() -
 def test_a_decoder_refuses_limits_of_another_type_naming_it() -> None:
     with pytest.raises(TypeError, match=r"^limits must be WireLimits, got dict$"):
         Decoder(limits={"max_message_bytes": 1})  # type: ignore[arg-type]
+
+
+def test_a_hello_of_our_version_with_a_bad_field_is_bad_field() -> None:
+    from kvtier.wire import PROTOCOL_VERSION
+
+    raw = msgspec.msgpack.encode({"type": "hello", "gen": G, "version": PROTOCOL_VERSION, "block_bytes": 0})
+    err = _refused([raw])
+    assert (err.reason, err.msg_type, err.gen, err.theirs) == (BAD_FIELD, "hello", G, "")
+
+
+def test_an_unknown_type_is_named_up_to_64_characters() -> None:
+    err = _refused([msgspec.msgpack.encode({"type": "g" * 70})])
+    assert (err.reason, err.detail) == (UNKNOWN_TYPE, f"unknown message type {'g' * 64!r}")
