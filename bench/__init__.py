@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "main"]
+__all__ = ["BENCHMARKS", "groups", "main"]
 
 BENCHMARKS: dict[str, str] = {
     "P0": "vLLM's p2p tier vs kvtier through vLLM",
@@ -79,6 +79,13 @@ def _groups() -> list[tuple[set[str], Runner]]:
         ({"P7"}, single(pd.run_p7)),
         ({"P9"}, single(symmetric.run_p9)),
     ]
+
+
+def groups() -> list[list[str]]:
+    """The benchmark ids of each group that runs together (``--only`` takes any of them), in the
+    suite's order."""
+    order = list(BENCHMARKS)
+    return [sorted(ids, key=order.index) for ids, _ in _groups()]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -8,6 +8,8 @@
 * ``victim``: a child of its own that the test may kill; killed/closed by the finaliser.
 * ``make_manager``: in-process managers on real zmq sockets (127.0.0.1, ephemeral port), shut
   down by the finaliser.
+* ``pairs``: ``pairs(*a, **kw)`` -> a :class:`mgr_helpers.VirtualPair` (two managers on an in-memory
+  network, a virtual clock), closed by the finaliser.
 * ``data_plane``: ``"zmq"`` unless a test parametrises it (``indirect=True``, see
   ``mgr_helpers.BOTH_PLANES``); ``producer``, ``victim`` and ``make_manager`` configure their managers
   with it.  NIXL runs on loopback (``UCX_NET_DEVICES=lo``), in the children and here.
@@ -127,6 +129,24 @@ def make_manager(data_plane: str) -> Iterator[Any]:
     finally:
         for m in made:
             m.shutdown()
+
+
+@pytest.fixture
+def pairs() -> Iterator[Any]:
+    from mgr_helpers import VirtualPair
+
+    made: list[VirtualPair] = []
+
+    def _make(*a: Any, **kw: Any) -> VirtualPair:
+        v = VirtualPair(*a, **kw)
+        made.append(v)
+        return v
+
+    try:
+        yield _make
+    finally:
+        for v in made:
+            v.close()
 
 
 @pytest.fixture
