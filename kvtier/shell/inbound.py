@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.dataplane import AttachFailed, Attached, DataPlane, Landed, Notified, Released, Revoked
+from kvtier.dataplane import AttachFailed, Attached, DataPlane, Faulted, Landed, Notified, Released, Revoked
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
 from kvtier.shell.perbyte import ByteWork
@@ -67,6 +67,7 @@ class Inbound:
             Landed: lambda r, now: self.work.landed(r.peer, r.key, r.bad),
             Attached: lambda r, now: ix.PeerAttached(r.peer, r.gen),
             AttachFailed: lambda r, now: ix.AttachRefused(r.peer, r.gen, r.detail),
+            Faulted: lambda r, now: ix.PlaneFaulted(r.peer, r.gen, r.detail),
         }
         self.RECEIVED_NOTES: dict[type, Callable[[str, Any], None]] = {
             wm.Hello: lambda peer, m: self.logs.name(peer, m.instance),

@@ -44,6 +44,8 @@ from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
 from kvtier.testing.fakenet import Envelope, FakeNetwork
 from kvtier.wire import messages as wm
+from checked import Checked
+from honest import check_instance_fate, check_load_result, check_sends, honest_rules
 
 
 def note(text: str) -> None:
@@ -71,43 +73,7 @@ TOMBSTONE_MAX = 2
 P_LIVE = {"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
 P_RETAINED = {"done", "tombstoned"}
 P_LATE = {"done", "tombstoned", "cancelling", "quarantined"}
-C_LIVE = {"queued", "in_flight", "aborting", "cancelling", "revoking"}
-
-
-class Checked:
-    """The core as the fake network's shell sees it: every ``handle`` and ``fire`` passes through
-    to the real core and is checked by the state machine against the spec's properties (one
-    input — or one firing of the deadlines — at a time, whatever the driver batches); everything
-    else (the read API) is the core's own.  ``unread``: during a tick, the messages that waited
-    unread in the socket, with their arrival times, until the driver applies them."""
-
-    def __init__(self, machine: Any, name: str, core: TierCore) -> None:
-        self.machine = machine
-        self.name = name
-        self.core = core
-        self.unread: list[tuple[float, ix.Received]] = []
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.core, attr)
-
-    def handle(self, inp: Any, now: float) -> list[Any]:
-        for i, (_, waiting) in enumerate(self.unread):
-            if waiting == inp:
-                del self.unread[i]
-                break
-        return self.machine._checked(self.name, lambda: self.core.handle(inp, now), inp)
-
-    def fire(self, now: float) -> list[Any]:
-        if self.unread:  # input_before_deadline: nothing due after the first unread arrival fires first
-            first = min(t for t, _ in self.unread)
-            early = [f"{d.machine} {d.key} ({d.timer}, due {d.when})" for d in self.core.deadlines()
-                     if first < d.when <= now]
-            if early:
-                self.machine.broken = True
-                raise AssertionError(
-                    f"input_before_deadline: {self.name}'s tick at {now} fires {early} before applying "
-                    f"{[w.msg.TYPE for _, w in self.unread]} that arrived at {[t for t, _ in self.unread]}")
-        return self.machine._checked(self.name, lambda: self.core.fire(now), None)
+C_LIVE = {"queued", "in_flight", "aborting", "cancelling", "revoking", "settling"}
 
 
 def make_machine(
@@ -120,6 +86,7 @@ def make_machine(
     reorder: bool = True,
     chunks: int = 1,
     quiet_sessions: bool = False,
+    keep: tuple[str, ...] = (),
 ) -> type:
     """The state machine class for ``ids`` and consumer names.  ``full=False`` leaves out the
     stop (drain / shutdown) and peer-failure rules: the planted-bug hunt uses one id, one consumer
@@ -128,17 +95,20 @@ def make_machine(
     Hypothesis chooses), the prefix every lifecycle bug needs.  ``steps``: the time steps the
     ``advance`` rule may take; ``reorder=False`` delivers only the oldest message of a direction
     (zmq keeps per-connection order); ``quiet_sessions``: no heartbeats, no silence timeouts
-    (:data:`QUIET`)."""
+    (:data:`QUIET`); ``keep``: rules a ``full=False`` machine keeps (a hunt that needs them).  The
+    data plane's unhelpful rules are ``honest.py``'s (split batches, landings answered later)."""
     POS = st.integers(0, 3) if reorder else st.just(0)
     CHUNKS = chunks  # one-key stores per id; a load fetches every key
     IDS, CONSUMERS = ids, consumers
     durations = {**DURATIONS, **(QUIET if quiet_sessions else {})}
 
-    class Machine(RuleBasedStateMachine):
+    class Machine(honest_rules(ids, consumers, chunks), RuleBasedStateMachine):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.clock = VirtualClock()
             self.net = FakeNetwork()
+            self.net.split_batches = self.net.land_later = True  # partial loads; landings end later
+            self.load_keys: dict[int, tuple[bytes, ...]] = {}
             self.net.revoke_later = True  # a one-sided plane: revocation takes its time
             # ... and reports it only when it is done (no per-session window that withdraws access
             # by itself within revoke_timeout_s): revoke_bounded=False
@@ -223,6 +193,7 @@ def make_machine(
                 if fetch.keys and pre_p[fetch.kv_request_id] in ("absent", "parked"):
                     self.fetched_ids.add(fetch.kv_request_id)
             effects = apply()
+            check_sends(self.net, who, effects)
             post_p = self._pstates()
             if who == "p" and (isinstance(msg, wm.Receipt) or (isinstance(msg, wm.AbortFetch) and msg.fetched)):
                 k = msg.kv_request_id
@@ -286,10 +257,12 @@ def make_machine(
                     f"no_success_without_receipt: store job {eff.job_id} of {k} succeeded without the consumer's receipt"
                 )
                 return
+            check_instance_fate(who, eff)
             load = pre_loads.get(eff.job_id)
             if load is None:  # a new job refused alone: it never fetched
                 return
             kid, rnd = load
+            check_load_result(self.net, who, eff, kid, rnd, self.load_keys[eff.job_id])
             if eff.ok:
                 assert (kid, rnd) not in self.net.corrupt, (
                     f"no_success_without_receipt: {who} reported load {kid} round {rnd} ok with a corrupt block"
@@ -358,6 +331,7 @@ def make_machine(
             job = self.next_job
             self.next_job += 1
             keys = tuple(f"{k}{i}".encode() for i in range(CHUNKS))
+            self.load_keys[job] = keys
 
             self._call(c, ix.LoadAnnounced(k, "p"))
             self.outstanding[job] = c  # registered first: its effects may already report it
@@ -395,6 +369,9 @@ def make_machine(
             while any(src == who for src, _ in self.net.revokes):
                 self.net.finish_revoke(next(i for i, (src, _) in enumerate(self.net.revokes) if src == who),
                                        self.clock.now())
+            while any(x.src == who for x in self.net.landings):  # its plane's close ends every landing
+                self.net.finish_landing(next(i for i, x in enumerate(self.net.landings) if x.src == who),
+                                        self.clock.now())
             self.net.cores.pop(who, None)
             self.net.inbox.pop(who, None)
 
@@ -543,7 +520,8 @@ def make_machine(
             if self.broken:
                 return
             for _ in range(200):
-                if not (self.net.directions() or self.net.transfers or self.net.revokes or self.outstanding
+                if not (self.net.directions() or self.net.transfers or self.net.revokes or self.net.landings
+                        or self.outstanding
                         or self._live_records() or any(self.net.inbox.values())):
                     break
                 busy = False
@@ -562,6 +540,9 @@ def make_machine(
                 if self.net.revokes:
                     busy = True
                     self.finish_revoke(0)
+                if self.net.landings:
+                    busy = True
+                    self.net.finish_landing(0, self.clock.now())
                 if not busy:
                     nxt = [d for w, core in self.cores.items() if w in self.net.cores
                            if (d := core.next_deadline()) is not None]
@@ -583,8 +564,8 @@ def make_machine(
             return stuck
 
     if not full:
-        for name in ("stop", "peer_failure", "corrupt"):
-            delattr(Machine, name)
+        for name in {"stop", "peer_failure", "corrupt", "corrupt_block", "plane_fault"} - set(keep):
+            setattr(Machine, name, None)  # a rule left out (the honest ones live on a base class)
     if opening:
 
         class Opening(Machine):  # type: ignore[misc, valid-type]
@@ -601,4 +582,4 @@ def make_machine(
     return Machine
 
 
-Interleavings = make_machine()
+Interleavings = make_machine(chunks=2)
