@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "026d336c1c99eeba0cc0a2654f8fef8c16bd5e6010f9b227e86240b3adb52779"
+SPEC_SHA256: Final = "f52a20b6624841975d47315e9b9b7aba72c98f41f031a9efe5883db91145db4b"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1357,6 +1357,8 @@ class SessionEffect(enum.StrEnum):
     """send disconnect"""
     CLOSE_CONNECTION = "close_connection"
     """close the transport connection to the peer (a dialled socket is closed; an inbound connection is shut down), so nothing stays queued to it"""
+    CLOSE_AFTER_GOODBYE = "close_after_goodbye"
+    """close the transport connection to the peer once the goodbye just sent (and what is queued before it) had up to shutdown_grace_s to leave; nothing more is sent to it meanwhile, so a peer still reading learns why (decision I28)"""
     PEER_DOWN = "peer_down"
     """tell every producer and consumer record bound to this peer: peer_lost; the data plane forgets the peer"""
     RESTART_TIMER = "restart_timer"
@@ -1447,7 +1449,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
     ), None),
     (SessionState.CONNECTING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.CONNECTING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
@@ -1491,7 +1493,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
@@ -1520,7 +1522,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.ATTACHING, (SessionEffect.NOTE_HEARD, SessionEffect.NOTE_ACTIVE, ), None),
     ), None),
     (SessionState.ATTACHING, SessionEvent.PLANE_FAULT): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PLANE_FAULT),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), Reason.PLANE_FAULT),
     ), None),
     (SessionState.ATTACHING, SessionEvent.PING): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
@@ -1536,7 +1538,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
     ), None),
     (SessionState.ATTACHING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.ATTACHING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
@@ -1564,7 +1566,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.NOTE_ACTIVE, ), None),
     ), None),
     (SessionState.READY, SessionEvent.PLANE_FAULT): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PLANE_FAULT),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), Reason.PLANE_FAULT),
     ), None),
     (SessionState.READY, SessionEvent.PING): Rule(TRANSITION, (
         Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.SEND_PONG, ), None),
@@ -1584,7 +1586,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
     ), None),
     (SessionState.READY, SessionEvent.GIVE_UP): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.READY, SessionEvent.HANDSHAKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.HEARTBEAT_DEADLINE): Rule(TRANSITION, (

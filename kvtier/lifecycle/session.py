@@ -164,6 +164,9 @@ class SessionMachine(TableMachine):
         queue for what this machine tells the others."""
         super().__init__(durations)
         self.peer_timeout_s = float(durations["peer_timeout_s"])
+        #: how long a goodbye that names why may take to leave before its connection is cut
+        #: (config ``shutdown_grace_s``, the bound a goodbye has at shutdown too: decision A2)
+        self.goodbye_linger_s = float(durations.get("shutdown_grace_s", 3.0))
         self.max_peers = max_peers
         self.local = local
         self._notes = notes
@@ -317,6 +320,11 @@ class SessionMachine(TableMachine):
 
     def effect_send_disconnect(self, rec: SessionRecord, inp, reason, now, out) -> None:
         out.append(Send(rec.key, wm.Disconnect(gen=rec.gen, reason=(reason or Reason.SHUTDOWN).value)))
+
+    def effect_close_after_goodbye(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        # the goodbye names why (transfer_stalled, abort_unacknowledged, plane_fault...): a peer
+        # that is slow, not gone, still reads it — after the data queued before it (decision I28)
+        out.append(CloseConnection(rec.key, self.goodbye_linger_s))
 
     def effect_close_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         # inbound connections too: the transport shuts them down, so a peer that stopped reading

@@ -235,7 +235,7 @@ KNOWN: dict[str, dict[str, str]] = {
     },
     "session": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
-        "ignored": "counter", "peer_timeout_s": "config", "max_peers": "config", "local": "config",
+        "ignored": "counter", "peer_timeout_s": "config", "goodbye_linger_s": "config", "max_peers": "config", "local": "config",
         "_notes": "config", "_next_gen": "state", "suspect": "state", "gone": "state", "last_instance": "state",
         "last_gen": "state",
     },

@@ -44,6 +44,7 @@ from mgr_helpers import (
     sentinel_digest,
 )
 from tests.support.raw_peer import RawConsumer
+from tests.support import wedge
 from tests.support.relay import TcpRelay
 from kvtier.wire import messages as wm
 
@@ -220,3 +221,75 @@ def test_a_duplicate_abort_is_acknowledged_again_and_counted(make_manager):
             assert raw.expect(wm.AbortAck).kv_request_id == "kv-dup"
     assert metric(p, "kvtier_ignored_inputs_total", machine="producer", reason="stale") == before + 1
     assert p.core.producer_state("kv-dup").value == "tombstoned"
+
+
+@BOTH_PLANES
+def test_a_slow_consumer_learns_why_the_producer_gave_its_transfer_up(data_plane, victim, make_manager, monkeypatch):
+    """10 trials: the consumer runs 2 ms of every 100 ms (SIGSTOP/SIGCONT), so the producer's
+    ``transfer_timeout_s`` (0.3 s) passes mid-transfer, then its cancel deadline: it gives the
+    session up (``transfer_stalled``).  Its notice and its goodbye name why, and the connection is
+    cut only once the goodbye had ``shutdown_grace_s`` to leave behind the data already queued
+    (decision I28): the consumer, slow but alive, reports ``transfer_timeout`` (or success when
+    every block still landed intact), never the bare ``peer_disconnected`` of a cut that
+    overtook the reason — on zmq too, where the notice queues behind the data."""
+    if data_plane == "nixl":
+        monkeypatch.setenv("UCX_TLS", "tcp")  # WRITEs need the consumer's progress
+    # zmq: 48 MiB, more than the 32 MiB a transfer may have inside the transport plus what the
+    # kernel's socket buffers take, so the transfer cannot end within the deadlines
+    bb, nb = 128 * 1024, (384 if data_plane == "zmq" else 128)
+    p = make_manager({**HB, "transfer_timeout_s": 0.3, "shutdown_grace_s": 3.0}, num_blocks=nb, block_bytes=bb)
+    pjobs = Jobs(p)
+    reasons = []
+    for trial in range(10):
+        victim.start_manager({**HB, "load_timeout_s": 20.0, "fetch_supply_timeout_s": 15.0}, num_blocks=nb,
+                             block_bytes=bb)
+        kv = f"kv-slow-{trial}"
+        keys = keys_for(kv, nb)
+        assert victim.load(kv, 100 + trial, keys, list(range(nb)), host=p.host, port=p.port) == []
+        assert pump_until(lambda kv=kv: p.core.producer_state(kv).value == "awaiting", managers=[p], jobs=[pjobs])
+        throttle = wedge.Throttle(victim.pid, run_s=0.002, stop_s=0.2 if data_plane == "zmq" else 0.1)
+        try:
+            throttle.start()
+            preq = producer_req(f"p-{kv}", kv)
+            p.on_new_request(preq)
+            p.submit_store(job(trial + 1, keys, list(range(nb)), preq))
+            assert pump_until(lambda t=trial: pjobs.has(t + 1), managers=[p], jobs=[pjobs], timeout_s=20.0)
+        finally:
+            throttle.close()
+        got = victim.wait_results([100 + trial], timeout_s=20.0)[100 + trial]
+        assert len(got) == 1, got
+        reasons.append("ok" if got[0]["success"] else got[0]["reason"])
+    assert set(reasons) <= {"transfer_timeout", "ok"} and reasons.count("transfer_timeout") >= 5, reasons
+
+
+@pytest.mark.parametrize("tls", ["tcp", "default"])
+@pytest.mark.parametrize("data_plane", ["nixl"], indirect=True)
+def test_a_quarantined_transfer_ends_once_the_paused_consumer_resumes(data_plane, tls, victim, make_manager,
+                                                                      monkeypatch):
+    """The consumer is paused (SIGSTOP) while 96 blocks are written into it (UCX tcp: its WRITEs
+    wait for the consumer's progress), past the producer's transfer and cancel deadlines: the
+    producer gives the session up and quarantines the blocks (its WRITEs still run).  Once the
+    consumer runs again the WRITEs end and the quarantine with them: within 5 s of the resume
+    (bound), the store job has its one result and no block stays quarantined."""
+    if tls == "tcp":
+        monkeypatch.setenv("UCX_TLS", "tcp")
+    bb, nb = 128 * 1024, 96
+    p = make_manager({**HB, "transfer_timeout_s": 0.3}, num_blocks=nb, block_bytes=bb)
+    pjobs = Jobs(p)
+    victim.start_manager({**HB, "load_timeout_s": 20.0, "fetch_supply_timeout_s": 15.0}, num_blocks=nb, block_bytes=bb)
+    kv = "kv-quarantine"
+    keys = keys_for(kv, nb)
+    assert victim.load(kv, 100, keys, list(range(nb)), host=p.host, port=p.port) == []
+    assert pump_until(lambda: p.core.producer_state(kv).value == "awaiting", managers=[p], jobs=[pjobs])
+    wedge.stop(victim.pid)
+    try:
+        preq = producer_req("p-q", kv)
+        p.on_new_request(preq)
+        p.submit_store(job(1, keys, list(range(nb)), preq))
+        assert pump_until(lambda: p.core.quarantined_count() > 0 or pjobs.has(1), managers=[p], jobs=[pjobs])
+    finally:
+        wedge.cont(victim.pid)
+    assert pump_until(lambda: p.core.quarantined_count() == 0 and pjobs.has(1), managers=[p], jobs=[pjobs],
+                      timeout_s=5.0), (p.core.quarantined_blocks(), p.core.producer_state(kv))
+    assert len(pjobs.by_id[1]) == 1
+    assert len(victim.wait_results([100], timeout_s=10.0)[100]) == 1
