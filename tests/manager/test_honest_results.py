@@ -1,5 +1,5 @@
 """Every result true, no live producer condemned by a hiccup — over real sockets, both planes
-(decisions I21-I27).
+(decisions I21-I28).
 
 * a block that fails its digest check in the middle of a load: the load fails ``corrupt`` and
   reports as ``successful_keys`` exactly the verified prefix (the batches before the bad one),
@@ -14,7 +14,10 @@
 * a request cancelled while a landing of more than 1 MiB copies on the digest pool: its job's
   result comes after the last write into its slots — slots the engine refills at the result stay
   refilled (I26);
-* a duplicate ``abort_fetch`` is acknowledged again and counted (I27).
+* a duplicate ``abort_fetch`` is acknowledged again and counted (I27);
+* a slow consumer whose transfer the producer gives up learns why (``transfer_timeout``) on zmq
+  too: the goodbye is read before the cut (I28);
+* a quarantined NIXL transfer ends once the paused consumer resumes (UCX tcp and default).
 
 The NIXL plane fault (I25) and the symmetric path's failed keys (I22) have their own files,
 ``test_plane_fault.py`` and ``tests/symmetric/test_failed_keys_real.py``.  Waits are failure
