@@ -105,6 +105,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                     "other's `auth_allowed_keys_dir`, and the producer's certificate must list the endpoint "
                     "the consumer dials (`--endpoint`). The log line says which side is missing what "
                     "(docs/security.md).",
+    _R.PLANE_FAULT: "The data plane reported the path to this peer broken (on NIXL: a remote-disconnect error at a "
+                    "WRITE), so the session was ended; the next load dials a fresh one. Frequent ones point at the "
+                    "network between the hosts or at a peer whose NIXL agent restarted (docs/dataplane.md).",
     _R.SEND_FAILED: "The transport could not send to the peer (its connection is gone): see the session's end "
                     "in the log.",
     _R.TOO_MANY_PEERS: "This manager (or the peer) already has `max_peers` sessions: raise `max_peers`, or "

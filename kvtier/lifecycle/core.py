@@ -82,6 +82,7 @@ from kvtier.lifecycle.inputs import (
     LookupAnswered,
     Malformed,
     PeerAttached,
+    PlaneFaulted,
     ProbeAnnounced,
     Received,
     RequestFinished,
@@ -134,7 +135,7 @@ _P_IN_FLIGHT = frozenset(
 _P_AWAITING_RECEIPT = frozenset({ProducerState.SERVING, ProducerState.DELIVERING})
 _C_IN_FLIGHT = frozenset(
     {ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING, ConsumerState.REVOKING,
-     ConsumerState.GIVEN_UP}
+     ConsumerState.GIVEN_UP, ConsumerState.SETTLING}
 )
 _S_IN_FLIGHT = frozenset({ServeState.SERVING, ServeState.DELIVERING, ServeState.CONFIRMED, ServeState.CANCELLING,
                           ServeState.QUARANTINED})
@@ -188,7 +189,8 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
         if pool_blocks is not None:
             total = max(1, int(pool_blocks * float(getattr(c, "serve_max_pinned_fraction", 0.5))))
         return cls(
-            durations={k: float(getattr(c, k, SYMMETRIC_TIMER_DEFAULTS.get(k, 0.0))) for k in TIMER_KEYS},
+            durations={**{k: float(getattr(c, k, SYMMETRIC_TIMER_DEFAULTS.get(k, 0.0))) for k in TIMER_KEYS},
+                       "shutdown_grace_s": float(getattr(c, "shutdown_grace_s", 3.0))},
             park_clock=c.park_clock,
             tombstone_max=c.tombstone_max,
             max_pending_fetches_per_peer=c.max_pending_fetches_per_peer,
@@ -266,6 +268,7 @@ class TierCore:
             BlocksLanded: self._landed,
             PeerAttached: self._attached,
             AttachRefused: self._attached,
+            PlaneFaulted: self._plane_faulted,
             ProbeAnnounced: self._probe_announce,
             KeyLookedUp: self._key_looked_up,
             ScheduleEnded: self._schedule_ended,
@@ -743,6 +746,17 @@ class TierCore:
             return
         self._sessions.apply(rec, event, inp, now, out)
 
+    def _plane_faulted(self, inp: PlaneFaulted, now: float, out: list[Effect]) -> None:
+        """The data plane's path to a peer broke: end that session (only the generation the plane
+        took: a fault of an earlier session's entry is stale), so no fetch waits on a dead path
+        and the next load dials afresh (decision I25)."""
+        rec = self._sessions.records.get(inp.peer)
+        if rec is None or rec.gen != inp.gen:
+            out.append(Ignored("session", inp.peer, rec.state if rec else SessionState.ABSENT,
+                               SessionEvent.PLANE_FAULT, Reason.STALE))
+            return
+        self._sessions.apply(rec, SessionEvent.PLANE_FAULT, None, now, out)
+
     def _released(self, inp: TransferReleased, now: float, out: list[Effect]) -> None:
         if is_transfer_key(inp.kv_request_id):
             event = ServeEvent.TRANSFER_FAILED if inp.failed else ServeEvent.TRANSFER_RELEASED
@@ -759,7 +773,9 @@ class TierCore:
                     consumer.apply(rec, ConsumerEvent.ACCESS_REVOKED, None, now, out)
 
     def _landed(self, inp: BlocksLanded, now: float, out: list[Effect]) -> None:
-        m = MessageInput(inp.kv_request_id, inp.round, inp.first, inp.count, inp.ok, inp.reason)
+        # no reason: a load that ends on a landing's answer keeps the reason it ended with (the
+        # spec's corrupt branch names its own)
+        m = MessageInput(inp.kv_request_id, inp.round, inp.first, inp.count, inp.ok)
         self._to_consumer(inp.peer, ConsumerEvent.BLOCKS_LANDED, None, m, now, out)
 
     def _to_consumer(self, peer: str, event: ConsumerEvent, probe_event: ProbeEvent | None, m: MessageInput,
@@ -806,7 +822,9 @@ class TierCore:
         self._RECEIVE[type(inp.msg)](inp, now, out)
 
     def _gate(self, peer: str, msg: object, event: SessionEvent, now: float, out: list[Effect]) -> bool:
-        """Let a peer message through only on a ready session of the same generation."""
+        """Let a peer message through only on a ready session of the same generation — or, for a
+        release (an abort_fetch, an empty fetch: nothing for the data plane), on one still
+        attaching (decision I24)."""
         sessions = self._sessions
         rec = sessions.records.get(peer)
         if rec is None:
@@ -815,9 +833,10 @@ class TierCore:
         if rec.gen != msg.gen:  # type: ignore[attr-defined]
             out.append(Ignored("session", peer, rec.state, event, Reason.STALE))
             return False
-        ready = rec.state is SessionState.READY
+        state = rec.state
+        open_ = state is SessionState.READY or (state is SessionState.ATTACHING and event is SessionEvent.RELEASE)
         sessions.apply(rec, event, msg, now, out)
-        return ready
+        return open_
 
     def _fetch_input(self, peer: str, msg, *, keys=(), slots=(), fetched=False) -> FetchInput:
         rec = self._sessions.records.get(peer)
@@ -832,7 +851,8 @@ class TierCore:
 
     def _rx_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
-        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+        event = SessionEvent.MESSAGE if msg.keys else SessionEvent.RELEASE  # an empty fetch only releases
+        if self._gate(inp.peer, msg, event, now, out):
             f = self._fetch_input(inp.peer, msg, keys=tuple(msg.keys), slots=tuple(msg.slots))
             if msg.offered:  # blocks a probe reply offered: never a PD id's parked blocks (Y5)
                 self._serve.message(ServeEvent.FETCH, f, now, out)
@@ -841,7 +861,7 @@ class TierCore:
 
     def _rx_abort_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
-        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+        if self._gate(inp.peer, msg, SessionEvent.RELEASE, now, out):
             f = self._fetch_input(inp.peer, msg, fetched=msg.fetched)
             if msg.offered:
                 self._serve.message(ServeEvent.ABORT_FETCH, f, now, out)

@@ -33,6 +33,7 @@ from kvtier.lifecycle._table import Reason
 __all__ = [
     "AccessRevoked",
     "AttachRefused",
+    "PlaneFaulted",
     "BlocksLanded",
     "ConnectFailed",
     "ConnectionClosed",
@@ -281,6 +282,17 @@ class AttachRefused(_Input):
     detail: str = ""
 
 
+class PlaneFaulted(_Input):
+    """The data plane's path to ``peer`` (its session generation ``gen``, as the plane took it
+    with the descriptor) broke — NIXL: a remote disconnect at a post or a state check — so
+    transfers to it fail until the peer is added anew.  The core ends the session
+    (``plane_fault``); the next load dials afresh (decision I25)."""
+
+    peer: str
+    gen: int
+    detail: str = ""
+
+
 Input = (
     StoreSubmitted
     | LoadAnnounced
@@ -306,4 +318,5 @@ Input = (
     | BlocksLanded
     | PeerAttached
     | AttachRefused
+    | PlaneFaulted
 )

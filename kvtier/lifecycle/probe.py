@@ -44,6 +44,7 @@ from kvtier.lifecycle._table import (
     ProbeState,
     Reason,
 )
+from kvtier.lifecycle.blockstates import BlockStates
 from kvtier.lifecycle.consumer import ConsumerMachine, ConsumerRecord, MessageInput, RoundCounter
 from kvtier.lifecycle.effects import Effect, Ignored, JobDone, Send
 from kvtier.lifecycle.inputs import KeyLookedUp, LoadSubmitted
@@ -383,12 +384,13 @@ class RoundLoads(ConsumerMachine):
         rec.keys = inp.keys
         rec.slots = inp.slots
         rec.round = rec.key[1]  # the probe's round: the peer pinned the blocks for exactly it
-        rec.landed = bytearray(len(inp.keys))
-        rec.n_landed = 0
+        rec.landed = BlockStates(len(inp.keys))
         rec.digests = [0] * len(inp.keys)
 
     def _ended(self, rec: ConsumerRecord, ok: bool) -> None:
-        landed = rec.keys if ok else tuple(k for k, flag in zip(rec.keys, rec.landed) if flag and self.integrity)
+        # a failed load's keys beyond its verified prefix answer MISS from now on (decision I22):
+        # a key whose block failed its check must not be probed, offered and loaded again
+        landed = rec.keys if ok else (rec.keys[: rec.landed.prefix()] if self.integrity else ())
         self._notes.append(RoundLoadEnded(rec.kv_request_id, rec.round, ok, rec.keys, landed))
 
     def effect_report_load_ok(self, rec: ConsumerRecord, inp, reason, now, out) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtier.advice import handshake_hint
-from kvtier.dataplane import AttachFailed, Attached, DataPlane, Landed, Notified, Released, Revoked
+from kvtier.dataplane import AttachFailed, Attached, DataPlane, Faulted, Landed, Notified, Released, Revoked
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.metrics import TierMetrics
@@ -69,6 +69,7 @@ class Inbound:
             Landed: lambda r, now: self.work.landed(r.peer, r.key, r.bad),
             Attached: lambda r, now: ix.PeerAttached(r.peer, r.gen),
             AttachFailed: lambda r, now: ix.AttachRefused(r.peer, r.gen, r.detail),
+            Faulted: lambda r, now: ix.PlaneFaulted(r.peer, r.gen, r.detail),
         }
         self.RECEIVED_NOTES: dict[type, Callable[[str, Any], None]] = {
             wm.Hello: lambda peer, m: self.logs.name(peer, m.instance),

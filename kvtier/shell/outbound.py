@@ -308,7 +308,7 @@ class Outbound:
         return [ix.ConnectionUp(e.peer, descriptor)]
 
     def _close(self, e: fx.CloseConnection) -> None:
-        self.transport.drop_peer(e.peer)
+        self.transport.drop_peer(e.peer, linger_s=e.linger_s)
 
     # -- observations --------------------------------------------------------------------------
     def _session_ended(self, e: fx.SessionEnded) -> None:

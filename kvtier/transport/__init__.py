@@ -244,9 +244,11 @@ class Transport(Protocol):
         """Connection events since the last call (oldest first), without blocking."""
         ...
 
-    def drop_peer(self, peer: str) -> bool:
+    def drop_peer(self, peer: str, linger_s: float = 0.0) -> bool:
         """Force the connection to ``peer`` closed: everything queued to it is released
-        (zero-copy sends complete) and our queued sends to it fail. False if unknown/gone."""
+        (zero-copy sends complete) and our queued sends to it fail. False if unknown/gone.
+        ``linger_s`` > 0: nothing more is sent to ``peer``, but what was sent before (a goodbye)
+        gets up to that long to leave before the cut."""
         ...
 
     def peer_info(self, peer: str) -> PeerInfo | None:

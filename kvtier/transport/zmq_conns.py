@@ -169,6 +169,8 @@ class ZmqConnections:
             self._drain_dealer_monitor(address)
         if self._idle_timeout_s is not None and self._unbound:
             self._cut_idle()
+        if self._closing or self._lingering:
+            self._end_lingering(time.monotonic())
         try:
             self._router.get(EVENTS)
         except zmq.ZMQError:  # pragma: no cover
@@ -317,6 +319,51 @@ class ZmqConnections:
 
     # -- cutting connections ----------------------------------------------------------------
 
+    def _linger(self, peer: str, linger_s: float) -> bool:
+        """:meth:`drop_peer` with a linger (see there)."""
+        deadline = time.monotonic() + linger_s
+        self._flush_peer(peer)
+        sock = self._dealers.get(peer)
+        if sock is not None:
+            mon = self._dealer_mons[peer]
+            self._fail_queue(peer, SendFailure.DISCONNECTED)  # what could not be handed to libzmq
+            self._dealers.pop(peer)
+            self._dealer_mons.pop(peer)
+            self._dialling.pop(peer, None)
+            self._dealer_peer.pop(sock, None)
+            self._mon_peer.pop(mon, None)
+            self._mon_set = None
+            self._poller = None
+            self._lingering.append((deadline, sock, mon))
+            self._events.append(PeerClosed(peer, CloseReason.DROPPED))
+            return True
+        target = self._resolve(peer)
+        if target is None or target[1] is None or target[1] not in self._rid_fd:
+            return False
+        self._closing[peer] = deadline
+        return True
+
+    def _next_linger_end(self) -> float:
+        """When the first goodbye's linger ends (``inf`` when none lingers)."""
+        ends = [*self._closing.values(), *(d for d, _, _ in self._lingering)]
+        return min(ends) if ends else float("inf")
+
+    def _end_lingering(self, now: float) -> None:
+        """Cut the connections whose goodbye's linger is over."""
+        for peer, deadline in list(self._closing.items()):
+            if now >= deadline:
+                del self._closing[peer]
+                self.drop_peer(peer)
+        if self._lingering:
+            keep = []
+            for deadline, sock, mon in self._lingering:
+                if now >= deadline:
+                    mon.close(linger=0)
+                    sock.close(linger=0)
+                else:
+                    keep.append((deadline, sock, mon))
+            self._lingering = keep
+
     def _cut_idle(self) -> None:
         cutoff = time.monotonic() - self._idle_timeout_s  # type: ignore[operator]
         for fd, conn in list(self._unbound.items()):
@@ -347,8 +394,13 @@ class ZmqConnections:
         finally:
             dup.close()
 
-    def drop_peer(self, peer: str) -> bool:
-        """Force the connection to ``peer`` closed, now.
+    def drop_peer(self, peer: str, linger_s: float = 0.0) -> bool:
+        """Force the connection to ``peer`` closed, now — or, with ``linger_s`` > 0, once a
+        goodbye just sent (and whatever is queued before it) had up to ``linger_s`` seconds to
+        leave: nothing more can be sent to ``peer`` from now on, and the connection is cut at the
+        deadline unless the peer closed it first (a goodbye that names why, decision I28).  A
+        dialled producer's DEALER is forgotten at once (``connect()`` dials afresh; what it
+        receives meanwhile is not read) and closed at the deadline.
 
         - A peer that dialled us: its TCP connection is shut down (see the module docstring).
           libzmq then frees everything queued to it, so zero-copy handles become ``done``
@@ -365,6 +417,9 @@ class ZmqConnections:
         """
         if self._closed:
             return False
+        if linger_s > 0:
+            return self._linger(peer, linger_s)
+        self._closing.pop(peer, None)
         self._fail_queue(peer, SendFailure.DISCONNECTED)
         if peer in self._dealers:
             self._close_dealer(peer)

@@ -156,9 +156,11 @@ def test_b17_transfer_failure_is_told_to_the_consumer_at_once() -> None:
 
 def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
     """B19: 8 slots; the first 4 blocks land, sending the rest fails: Done(fail) covers the whole
-    load (one load job, all 8 slots released together) and the consumer's pending work returns to
-    its baseline.  Not expressible: pool reference counts for keys already present on the
-    consumer (the shell never takes a second reference: ``BlockPool.incref`` is its business)."""
+    load (one load job, all 8 slots released together, the 4 verified keys reported as its
+    successful prefix) and the consumer's pending work returns to its baseline.  The result waits
+    for the landing's answer (decision I26: the copy may still write into the slots).  Not
+    expressible: pool reference counts for keys already present on the consumer (the shell never
+    takes a second reference: ``BlockPool.incref`` is its business)."""
     s = Pair()
     s.store("A", 8, 0.0)
     cjob, rnd, out = s.load("A", 8, 0.0)
@@ -168,7 +170,9 @@ def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
     out = s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.0)
     fail = done_fail(out, "A")
     out = s.to_c(fail, 1.0)
-    assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED)]
+    assert of(out, JobDone) == [] and s.c.consumer_state("A").value == "settling"
+    out = s.c.handle(ix.BlocksLanded(P, "A", rnd, 0, 4, True), 1.0)
+    assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED, keys("A", 4))]
     assert s.c.pending_jobs() == 0 and s.p.pending_jobs() == 0
     # a straggling block for that load is never written
     out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=4, count=4), 1.1)

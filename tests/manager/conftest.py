@@ -149,9 +149,44 @@ def pairs() -> Iterator[Any]:
             v.close()
 
 
+def _held_by_other_processes() -> set[str]:
+    """Names under /dev/shm that a process other than this one has open or mapped: another xdist
+    worker's transport (UCX's shared-memory segments) is not this test's leak."""
+    held: set[str] = set()
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    held.add(target[len("/dev/shm/"):].split()[0])
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return held
+
+
+class ShmBaseline:
+    """/dev/shm as a test found it; :meth:`new` names what this process left there since."""
+
+    def __init__(self) -> None:
+        self.before = self._list()
+
+    @staticmethod
+    def _list() -> set[str]:
+        try:
+            return set(os.listdir("/dev/shm"))
+        except FileNotFoundError:  # pragma: no cover
+            return set()
+
+    def new(self) -> set[str]:
+        added = self._list() - self.before
+        return added - _held_by_other_processes() if added else added
+
+
 @pytest.fixture
-def shm_files() -> set[str]:
-    try:
-        return set(os.listdir("/dev/shm"))
-    except FileNotFoundError:  # pragma: no cover
-        return set()
+def shm_files() -> ShmBaseline:
+    return ShmBaseline()

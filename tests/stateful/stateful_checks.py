@@ -5,7 +5,9 @@
 ``fire`` passes through :class:`PropertyChecks`, which compares the records before and after that
 one call (``exactly_once_job_result``, ``no_bytes_for_tombstoned``, ``no_write_after_terminal``,
 ``late_fetch_one_rtt``, ``tombstoned_never_reparks``, ``lives_never_mix``,
-``no_block_returned_while_referenced``, ``no_success_without_receipt``) and checks
+``no_block_returned_while_referenced``, ``no_success_without_receipt``, and ``honest.py``'s
+``partial_keys_verified``, ``result_after_last_write``, ``instance_fate_proven``,
+``plane_fault_ends_session``) and checks
 ``input_before_deadline`` on every firing.  The machine's invariants and its liveness teardown
 stay with the machine.
 """
@@ -18,11 +20,12 @@ from kvtier.lifecycle import TierCore, snapshot
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import JobDone, LandBlocks, Send, SendBlocks
 from kvtier.wire import messages as wm
+from honest import check_instance_fate, check_load_result, check_sends
 
 P_LIVE = {"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
 P_RETAINED = {"done", "tombstoned"}
 P_LATE = {"done", "tombstoned", "cancelling", "quarantined"}
-C_LIVE = {"queued", "in_flight", "aborting", "cancelling", "revoking"}
+C_LIVE = {"queued", "in_flight", "aborting", "cancelling", "revoking", "settling"}
 
 
 class Checked:
@@ -114,6 +117,7 @@ class PropertyChecks:
             if fetch.keys and pre_p[fetch.kv_request_id] in ("absent", "parked"):
                 self.fetched_ids.add(fetch.kv_request_id)
         effects = apply()
+        check_sends(self.net, who, effects)
         post_p = self._pstates()
         if who == "p" and (isinstance(msg, wm.Receipt) or (isinstance(msg, wm.AbortFetch) and msg.fetched)):
             k = msg.kv_request_id
@@ -177,10 +181,12 @@ class PropertyChecks:
                 f"no_success_without_receipt: store job {eff.job_id} of {k} succeeded without the consumer's receipt"
             )
             return
+        check_instance_fate(who, eff)
         load = pre_loads.get(eff.job_id)
         if load is None:  # a new job refused alone: it never fetched
             return
         kid, rnd = load
+        check_load_result(self.net, who, eff, kid, rnd, self.load_keys[eff.job_id])
         if eff.ok:
             assert (kid, rnd) not in self.net.corrupt, (
                 f"no_success_without_receipt: {who} reported load {kid} round {rnd} ok with a corrupt block"

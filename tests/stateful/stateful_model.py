@@ -44,6 +44,7 @@ from kvtier.testing.clock import VirtualClock
 from kvtier.testing.fakenet import Envelope, FakeNetwork
 from kvtier.wire import messages as wm
 from stateful_checks import C_LIVE, P_LIVE, P_RETAINED, Checked, PropertyChecks
+from honest import honest_rules
 
 
 def note(text: str) -> None:
@@ -80,6 +81,7 @@ def make_machine(
     reorder: bool = True,
     chunks: int = 1,
     quiet_sessions: bool = False,
+    keep: tuple[str, ...] = (),
 ) -> type:
     """The state machine class for ``ids`` and consumer names.  ``full=False`` leaves out the
     stop (drain / shutdown) and peer-failure rules: the planted-bug hunt uses one id, one consumer
@@ -88,18 +90,21 @@ def make_machine(
     Hypothesis chooses), the prefix every lifecycle bug needs.  ``steps``: the time steps the
     ``advance`` rule may take; ``reorder=False`` delivers only the oldest message of a direction
     (zmq keeps per-connection order); ``quiet_sessions``: no heartbeats, no silence timeouts
-    (:data:`QUIET`)."""
+    (:data:`QUIET`); ``keep``: rules a ``full=False`` machine keeps (a hunt that needs them).  The
+    data plane's unhelpful rules are ``honest.py``'s (split batches, landings answered later)."""
     POS = st.integers(0, 3) if reorder else st.just(0)
     CHUNKS = chunks  # one-key stores per id; a load fetches every key
     IDS, CONSUMERS = ids, consumers
     durations = {**DURATIONS, **(QUIET if quiet_sessions else {})}
 
-    class Machine(PropertyChecks, RuleBasedStateMachine):
+    class Machine(PropertyChecks, honest_rules(ids, consumers, chunks), RuleBasedStateMachine):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.ids = IDS
             self.clock = VirtualClock()
             self.net = FakeNetwork()
+            self.net.split_batches = self.net.land_later = True  # partial loads; landings end later
+            self.load_keys: dict[int, tuple[bytes, ...]] = {}
             self.net.revoke_later = True  # a one-sided plane: revocation takes its time
             # ... and reports it only when it is done (no per-session window that withdraws access
             # by itself within revoke_timeout_s): revoke_bounded=False
@@ -188,6 +193,7 @@ def make_machine(
             job = self.next_job
             self.next_job += 1
             keys = tuple(f"{k}{i}".encode() for i in range(CHUNKS))
+            self.load_keys[job] = keys
 
             self._call(c, ix.LoadAnnounced(k, "p"))
             self.outstanding[job] = c  # registered first: its effects may already report it
@@ -225,6 +231,9 @@ def make_machine(
             while any(src == who for src, _ in self.net.revokes):
                 self.net.finish_revoke(next(i for i, (src, _) in enumerate(self.net.revokes) if src == who),
                                        self.clock.now())
+            while any(x.src == who for x in self.net.landings):  # its plane's close ends every landing
+                self.net.finish_landing(next(i for i, x in enumerate(self.net.landings) if x.src == who),
+                                        self.clock.now())
             self.net.cores.pop(who, None)
             self.net.inbox.pop(who, None)
 
@@ -373,7 +382,8 @@ def make_machine(
             if self.broken:
                 return
             for _ in range(200):
-                if not (self.net.directions() or self.net.transfers or self.net.revokes or self.outstanding
+                if not (self.net.directions() or self.net.transfers or self.net.revokes or self.net.landings
+                        or self.outstanding
                         or self._live_records() or any(self.net.inbox.values())):
                     break
                 busy = False
@@ -392,6 +402,9 @@ def make_machine(
                 if self.net.revokes:
                     busy = True
                     self.finish_revoke(0)
+                if self.net.landings:
+                    busy = True
+                    self.net.finish_landing(0, self.clock.now())
                 if not busy:
                     nxt = [d for w, core in self.cores.items() if w in self.net.cores
                            if (d := core.next_deadline()) is not None]
@@ -413,8 +426,8 @@ def make_machine(
             return stuck
 
     if not full:
-        for name in ("stop", "peer_failure", "corrupt"):
-            delattr(Machine, name)
+        for name in {"stop", "peer_failure", "corrupt", "corrupt_block", "plane_fault"} - set(keep):
+            setattr(Machine, name, None)  # a rule left out (the honest ones live on a base class)
     if opening:
 
         class Opening(Machine):  # type: ignore[misc, valid-type]
@@ -431,4 +444,4 @@ def make_machine(
     return Machine
 
 
-Interleavings = make_machine()
+Interleavings = make_machine(chunks=2)
