@@ -7,12 +7,20 @@ STAMP := $(VENV)/.kvtier-installed
 # CPU build of torch (pip takes it from the machine's local wheel store where there is one).
 # GPU users: see README ("Installing on a GPU machine").
 TORCH_SPEC ?= torch==2.13.0
+# Test workers (pytest-xdist). The suite mostly waits (sockets, child processes, deadlines), so more
+# workers than this host's 2 cores pay; docs/testing.md has the measurements (decision V2).
+TEST_WORKERS ?= 3
+# The inner loop (docs/testing.md): the lifecycle core and spec, the wire codec, config, the
+# stateful properties and the planted bugs they must find; under a minute.
+FAST_TESTS := tests/lifecycle tests/stateful tests/symmetric tests/wire tests/test_config*.py
 
-.PHONY: help setup demo test test-all bench check diagrams gen clean
+.PHONY: help setup demo test test-fast test-all mutate bench check diagrams gen clean
 
 help:
 	@echo "make demo   - set up .venv and run the SmolLM2 prefill/decode demo"
 	@echo "make test   - set up .venv and run the test suite (what CI runs)"
+	@echo "make test-fast - the inner loop: core, spec, properties, planted bugs (< 1 min)"
+	@echo "make mutate - mutation testing of the core, shell results, codec and config (docs/mutation.md)"
 	@echo "make bench  - run the benchmark suite (writes docs/benchmarks/)"
 	@echo "make check  - exhaustive model check of the lifecycle spec"
 	@echo "make diagrams / make gen - regenerate diagrams / the lifecycle table from spec/"
@@ -45,10 +53,19 @@ demo: setup
 	$(BIN)/python -m demo
 
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+test-fast: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 $(FAST_TESTS)
 
 test-all: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m ""
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m ""
+
+# Not part of CI's run: hours of CPU on 2 cores without a selection (docs/mutation.md).
+# MUTATE=<group> runs one group (python -m tools.mutate --list shows them).
+mutate: setup
+	@$(BIN)/pip install -q -r requirements/mutate.txt
+	nice -n 10 $(BIN)/python -m tools.mutate $(MUTATE)
 
 bench: setup
 	$(BIN)/python -m bench
@@ -63,4 +80,4 @@ gen: setup
 	$(BIN)/python -m tools gen
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis mutants

@@ -3,7 +3,7 @@
 Every headline figure is a ratio of two things measured side by side, interleaved (A B A B …),
 in the same run; medians with min–max.  The suite:
 
-* **P0** the seed — vLLM 0.33.0's own ``p2p`` tier — vs kvtier's adapter (both planes), driven
+* **P0** vLLM 0.33.0's own ``p2p`` tier vs kvtier's adapter (both planes), driven
   through vLLM's ``TieringOffloadingManager`` in two processes, with a raw NIXL WRITE and torch
   ``copy_`` as the limits: hand-off time, late-fetch refusal, CPU per GB (per thread), the engine
   thread's time per ``submit_store`` (``bench/seed.py``).
@@ -12,7 +12,7 @@ in the same run; medians with min–max.  The suite:
 * **P2** the same kvtier transfers vs torch ``copy_`` of the same bytes.
 * **P3** late-fetch rejection latency vs a raw request/reply round trip.
 * **P4** lifecycle core events/s vs a ``transitions`` machine built from the same spec.
-* **P5** poll tick cost with N tombstones + N parked ids vs the seed's O(n) scan; full
+* **P5** poll tick cost with N tombstones + N parked ids vs vLLM p2p's O(n) scan; full
   ``KvTierManager.poll()``.
 * **P6** bookkeeping bytes per tracked id vs a ``transitions`` model per id.
 * **P7** PD on SmolLM2-135M: decode TTFT with fetched KV vs local recompute, over prompt lengths.
@@ -28,7 +28,8 @@ P1 and P3 also write a py-spy profile (all threads of both processes; ``bench/_p
 their 1-block cell and late-fetch run into ``OUT/profiles/``, raw collapsed stacks with a summary.
 
 Usage, from a checkout (the suite is not part of the kvtier wheel): ``python -m bench [--quick]
-[--only P1,P3] [--out DIR] [--json PATH]``.  Writes ``results.json`` (``results-quick.json`` with
+[--only P1,P3] [--out DIR] [--json PATH]``; ``python -m bench --summary`` rewrites ``summary.md``
+(and docs/benchmarks.md's generated run and targets) from the results already written.  Writes ``results.json`` (``results-quick.json`` with
 ``--quick``), ``summary.md`` and one PNG per benchmark into ``--out`` (default the checkout's
 ``docs/benchmarks``; ``docs/benchmarks/quick`` with ``--quick``, so a smoke run never overwrites
 the committed full results), and prints the headline table.
@@ -49,10 +50,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "main"]
+__all__ = ["BENCHMARKS", "groups", "main"]
 
 BENCHMARKS: dict[str, str] = {
-    "P0": "the seed (vLLM's p2p tier) vs kvtier through vLLM",
+    "P0": "vLLM's p2p tier vs kvtier through vLLM",
     "P1": "cross-process throughput vs raw pyzmq",
     "P2": "cross-process throughput vs torch copy_",
     "P3": "late-fetch rejection latency vs a raw round trip",
@@ -88,6 +89,13 @@ def _groups() -> list[tuple[set[str], Runner]]:
     ]
 
 
+def groups() -> list[list[str]]:
+    """The benchmark ids of each group that runs together (``--only`` takes any of them), in the
+    suite's order."""
+    order = list(BENCHMARKS)
+    return [sorted(ids, key=order.index) for ids, _ in _groups()]
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: small grids, few repeats (seconds)")
@@ -98,6 +106,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-profiles", action="store_true", help="skip the py-spy profiles of P1's 1-block cell and P3")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--summary", action="store_true",
+                   help="run nothing: write OUT/summary.md (and, for the committed results, docs/benchmarks.md's "
+                        "generated blocks) from the results JSON already there (--json)")
     args = p.parse_args(argv)
     ids = [x.strip().upper() for x in args.only.split(",") if x.strip()] or list(BENCHMARKS)
     bad = [x for x in ids if x not in BENCHMARKS]
@@ -136,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     _profile.configure(None if args.no_profiles else out / "profiles")
     suffix = "-quick" if args.quick else ""
     json_path = Path(args.json) if args.json else out / f"results{suffix}.json"
+    if args.summary:
+        doc = json.loads(json_path.read_text())
+        _write_summaries(out, suffix, doc["benchmarks"], doc["meta"], console)
+        return 0
     started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t0 = time.monotonic()
 
@@ -191,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"meta": meta, "benchmarks": results}
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    (out / f"summary{suffix}.md").write_text(_report.markdown(results, meta))
+    _write_summaries(out, suffix, results, meta, console)
     _report.print_table(results, console)
     misses = [f"{i}: {t['text']} (achieved {t['achieved']:.3g})" for i, r in results.items()
               for t in (r.get("targets") or [r.get("target") or {}]) if t.get("met") is False]
@@ -200,6 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"wrote {json_path}, {out / f'summary{suffix}.md'} and {len(plots)} plots into {out} "
                   f"({meta['wall_s']:.0f} s)")
     return rc
+
+
+def _write_summaries(out: Path, suffix: str, results: dict[str, dict[str, Any]], meta: dict[str, Any],
+                     console: Any) -> None:
+    """``summary.md`` beside the results, and — when they are the checkout's committed full results
+    (``docs/benchmarks``) — docs/benchmarks.md's generated blocks (run, one line per target)."""
+    from bench import _report
+
+    (out / f"summary{suffix}.md").write_text(_report.markdown(results, meta))
+    page = out.parent / "benchmarks.md"
+    if not suffix and out.name == "benchmarks" and page.is_file():
+        text = page.read_text(encoding="utf-8")
+        fresh = _report.render_doc(text, results, meta)
+        if fresh != text:
+            page.write_text(fresh, encoding="utf-8")
+            console.print(f"wrote {page}")
 
 
 def _json_default(o: Any) -> Any:

@@ -63,7 +63,7 @@ def plot_p0(r: dict[str, Any], out: Path, suffix: str) -> str:
     per ``submit_store`` (right)."""
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
-    names = {"seed": "the seed (vLLM p2p, NIXL)", "kvtier_nixl": "kvtier nixl", "kvtier_zmq": "kvtier zmq",
+    names = {"seed": "vLLM p2p (NIXL)", "kvtier_nixl": "kvtier nixl", "kvtier_zmq": "kvtier zmq",
              "raw_nixl": "raw NIXL WRITE", "copy": "torch copy_"}
     styles = {"raw_nixl": ":", "copy": ":"}
     systems = [s for s in names if any(x["system"] == s for x in r["rows"])]
@@ -202,7 +202,7 @@ def plot_p5(r: dict[str, Any], out: Path, suffix: str) -> str:
         ("core_tick_few_due_us", f"TierCore.tick, {rows[0]['due_per_tick']:g} due", "s-"),
         ("manager_poll_zmq_us", "KvTierManager.poll(), idle zmq", "^-"),
         ("manager_poll_inproc_us", "KvTierManager.poll(), InprocTransport", "v-"),
-        ("seed_scan_us", "seed O(n) scan (baseline)", "x--"),
+        ("seed_scan_us", "p2p-style O(n) scan (baseline)", "x--"),
     ):
         ax.plot(ns, [x[key]["median"] for x in rows], style, label=label)
     ax.axhline(20, color="red", ls=":", label="target ≤ 20 µs")

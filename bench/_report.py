@@ -8,6 +8,9 @@ from bench._util import fmt_bytes, fmt_ratio
 
 KiB, MiB = 1 << 10, 1 << 20
 
+#: The command that renders the suite's generated blocks in docs/benchmarks.md.
+SUMMARY_COMMAND = "python -m bench --summary"
+
 
 def _val(d: dict[str, Any] | None) -> str:
     if not d or d.get("value") is None:
@@ -43,26 +46,75 @@ def _ach(t: dict[str, Any]) -> str:
 
 
 def headline_rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """One row per benchmark: what kvtier did, the baseline measured beside it, their ratio."""
     rows = []
     for bid, r in results.items():
         if r.get("status") in ("error", "skipped"):
-            rows.append([bid, r.get("title", ""), "—", "—", "—", r.get("status", ""), "—", "—"])
+            rows.append([bid, r.get("title", ""), "—", "—", r.get("status", "")])
             continue
-        ts = _targets(r)
         rows.append([
             bid,
             r["title"],
             f"{_val(r.get('kvtier'))} ({r.get('kvtier', {}).get('label', '')})",
             f"{_val(r.get('baseline'))} ({r.get('baseline', {}).get('label', '')})",
             fmt_ratio(r.get("ratio")),
-            "; ".join(t["text"] for t in ts),
-            "; ".join(_ach(t) for t in ts),
-            "; ".join(_met(t) for t in ts),
         ])
     return rows
 
 
-HEAD = ["ID", "benchmark", "kvtier", "baseline (same run)", "ratio median (min–max)", "target", "achieved", "met"]
+HEAD = ["ID", "benchmark", "kvtier", "baseline (same run)", "ratio median (min–max)"]
+
+
+def target_rows(results: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """One row per target of every benchmark, in order: the goal, the figure achieved, met."""
+    rows = []
+    for bid, r in results.items():
+        if r.get("status") in ("error", "skipped"):
+            rows.append([bid, "—", r.get("status", ""), "—"])
+            continue
+        for t in _targets(r):
+            rows.append([bid, t["text"], _ach(t), _met(t)])
+    return rows
+
+
+TARGET_HEAD = ["ID", "target", "figure", "met"]
+
+
+def targets_markdown(results: dict[str, dict[str, Any]]) -> str:
+    """The one-line-per-target table (``summary.md``'s first table, and docs/benchmarks.md's)."""
+    rows = target_rows(results)
+    met = sum(1 for r in rows if r[-1] == "yes")
+    missed = sum(1 for r in rows if r[-1] == "NO")
+    return (_md_table(TARGET_HEAD, rows)
+            + f"\n\n{len(rows)} targets: {met} met, {missed} missed, {len(rows) - met - missed} reported only.")
+
+
+def _span(xs: list[float]) -> str:
+    lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def run_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
+    """The run in two lines: command, machine, and the load around it (from the results' own
+    records: the 1-minute load average at the start, and at the end of each benchmark)."""
+    m = meta["machine"]
+    start = m.get("loadavg_at_start") or []
+    ends = {bid: r["noise"]["loadavg_1m"] for bid, r in results.items() if (r.get("noise") or {}).get("loadavg_1m")}
+    others = [r["noise"]["others_cores"] for r in results.values() if r.get("noise")]
+    return "\n".join([
+        f"Command: `{meta['command']}` — started {meta['started']}, {meta['wall_s']:.0f} s.",
+        "",
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}{', under a hypervisor' if m.get('hypervisor') else ''}), "
+        f"{m['ram_gib']} GiB RAM, Linux {m['kernel']}; Python {m['python']}, torch {m['torch']}, "
+        f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), transitions {m['transitions']}, msgspec {m['msgspec']}, "
+        f"transformers {m['transformers']}.",
+        "",
+        "Load: 1-minute load average " + (f"{start[0]:.2f} at the start (5 and 15 minutes: {start[1]:.2f}, "
+                                          f"{start[2]:.2f})" if len(start) == 3 else "not recorded at the start")
+        + ("; at the end of each benchmark " + ", ".join(f"{b} {v:.1f}" for b, v in ends.items())
+           + " (the suite's own processes included)" if ends else "")
+        + (f"; other processes used {_span(others)} cores while the benchmarks ran." if others else "."),
+    ])
 
 
 def print_table(results: dict[str, dict[str, Any]], console: Any = None) -> None:
@@ -70,13 +122,18 @@ def print_table(results: dict[str, dict[str, Any]], console: Any = None) -> None
     from rich.table import Table
 
     con = console or Console(width=200)
-    t = Table(title="kvtier benchmarks — ratios measured side by side in this run", show_lines=True)
+    t = Table(title="kvtier benchmarks — ratios measured side by side in this run", show_lines=False)
     for h in HEAD:
         t.add_column(h, overflow="fold")
     for row in headline_rows(results):
+        t.add_row(*row)
+    con.print(t)
+    t = Table(title="targets", show_lines=False)
+    for h in TARGET_HEAD:
+        t.add_column(h, overflow="fold")
+    for row in target_rows(results):
         met = row[-1]
-        style = "green" if met and "NO" not in met and "—" != met else ("red" if "NO" in met else "")
-        t.add_row(*row[:-1], f"[{style}]{met}[/]" if style else met)
+        t.add_row(*row[:-1], {"yes": "[green]yes[/]", "NO": "[red]NO[/]"}.get(met, met))
     con.print(t)
 
 
@@ -91,19 +148,20 @@ def _mmm(s: dict[str, Any], scale: float = 1.0, fmt: str = "{:.3g}") -> str:
 
 
 def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
-    m = meta["machine"]
+    """``summary.md``: the run, one line per target, one line per benchmark, then every table."""
     parts = [
         f"# kvtier benchmark results ({'quick' if meta['quick'] else 'full'} run)",
         "",
-        f"Command: `{meta['command']}` — started {meta['started']}, {meta['wall_s']:.0f} s.",
+        "Written by the suite from its results (`python -m bench`; `python -m bench --summary` rewrites it "
+        "from the committed `results.json`).",
         "",
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}{', under a hypervisor' if m.get('hypervisor') else ''}), "
-        f"{m['ram_gib']} GiB RAM, Linux {m['kernel']}; Python {m['python']}, torch {m['torch']}, "
-        f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), transitions {m['transitions']}, msgspec {m['msgspec']}, "
-        f"transformers {m['transformers']}. Load average at start: "
-        f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_start'] or [])}.",
+        run_markdown(meta, results),
         "",
-        "## Headline",
+        "## Targets",
+        "",
+        targets_markdown(results),
+        "",
+        "## Benchmarks",
         "",
         _md_table(HEAD, headline_rows(results)),
         "",
@@ -201,7 +259,7 @@ def _p4(r: dict[str, Any]) -> str:
     return _md_table(["implementation", "µs/event", "events/s"], rows) + (
         f"\n\nSpeed-up (paired): {fmt_ratio(r['ratio'])} vs model-per-id; "
         f"{fmt_ratio(r['ratio_triggers_only'])} vs triggers only. Core / floor: {fmt_ratio(r['core_over_floor'], 1)}; "
-        "core scaled to the limits machine (limits.md floor 0.063 µs): "
+        "core scaled to a faster reference machine (its dict floor: 0.063 µs): "
         f"{r['core_us_scaled_to_limits_machine']:.2f} µs/event.")
 
 
@@ -274,3 +332,12 @@ def _p10(r: dict[str, Any]) -> str:
 
 
 _DETAIL = {"P0": _p0, "P1": _p1, "P2": _p2, "P3": _p3, "P4": _p4, "P5": _p5, "P6": _p6, "P7": _p7, "P8": _p8, "P9": _p9, "P10": _p10}
+
+
+def render_doc(text: str, results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+    """docs/benchmarks.md's text with its generated blocks (``benchmark run``, ``benchmark
+    targets``) rendered from ``results`` (the marker mechanism of :mod:`tools.docgen`)."""
+    from tools.docgen import replace_block
+
+    text = replace_block(text, "benchmark run", run_markdown(meta, results), SUMMARY_COMMAND)
+    return replace_block(text, "benchmark targets", targets_markdown(results), SUMMARY_COMMAND)

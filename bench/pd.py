@@ -26,7 +26,8 @@ def _setup_model() -> tuple[Any, Any, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from demo.model import KvLayout, load_model
+    from demo.kvlayout import KvLayout
+    from demo.weights import load_model
 
     model, tok = load_model()
     return model, tok, KvLayout.for_model(model)
@@ -34,7 +35,7 @@ def _setup_model() -> tuple[Any, Any, Any]:
 
 def _token_ids(tok: Any, n: int) -> list[int]:
     """``n`` token ids of real text (the demo prompts, repeated)."""
-    from demo.model import demo_prompts
+    from demo.prompts import demo_prompts
 
     text = "\n\n".join(t for _, t in demo_prompts(2048))
     base = list(tok(text, add_special_tokens=False)["input_ids"])
@@ -66,7 +67,8 @@ class PDProducer(_PDSide):
                 "tokens_per_block": self.layout.tokens_per_block}
 
     def op_setup(self, max_tokens: int, config: dict[str, Any]) -> dict[str, Any]:
-        from demo.model import cache_to_blocks, prefill
+        from demo.kvlayout import cache_to_blocks
+        from demo.model import prefill
         from kvtier.manager import KvTierManager
         from kvtier.memory import BlockPool
 
@@ -113,7 +115,8 @@ class PDConsumer(_PDSide):
 
     def op_fetched(self, kid: str, length: int) -> dict[str, Any]:
         from kvtier.api import RequestContext, TransferJob
-        from demo.model import blocks_to_cache, decode_greedy
+        from demo.kvlayout import blocks_to_cache
+        from demo.model import decode_greedy
         from demo.run import block_keys
 
         mgr = self.mgr
@@ -161,7 +164,7 @@ class PDConsumer(_PDSide):
 
 def _model_available() -> str | None:
     try:
-        from demo.model import find_gguf
+        from demo.weights import find_gguf
 
         find_gguf()
         import transformers  # noqa: F401

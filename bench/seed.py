@@ -1,4 +1,4 @@
-"""P0: the seed — vLLM 0.33.0's own ``p2p`` secondary tier — as a benchmark peer.
+"""P0: vLLM 0.33.0's own ``p2p`` secondary tier as a benchmark peer.
 
 Producer and consumer are two spawned processes on one host.  Each builds, the way vLLM builds
 them, one ``TieringOffloadingManager`` per system under test (``TieringOffloadingSpec(...)
@@ -31,7 +31,7 @@ byte-exact in the consumer's primary rows:
 * ``late``: a fetch for an id the producer reaped (``unbound_store_timeout_s`` passed): the
   consumer's ``submit_load`` → the failed result.
 
-The seed imports ``nixl`` while ``nixl-cu12`` installs ``nixl_cu12``: the child processes alias
+vLLM's p2p tier imports ``nixl`` while ``nixl-cu12`` installs ``nixl_cu12``: the child processes alias
 one to the other in ``sys.modules`` (NIXL's meta package does the same); kvtier never does.
 
 In the suite: ``python -m bench --only P0`` (part of ``make bench``).  Alone, with more knobs:
@@ -70,7 +70,7 @@ short enough for the late-fetch rows."""
 POLL_S = 0.001
 """vLLM's ``tier_poll_interval_s`` (its default)."""
 TOKENS = 16
-TITLE = "the seed (vLLM 0.33.0 p2p) vs kvtier through vLLM's TieringOffloadingManager"
+TITLE = "vLLM 0.33.0's p2p tier vs kvtier through vLLM's TieringOffloadingManager"
 IDLE_POLL_S = 0.25
 """How often the systems not being measured are polled (their poll threads are stopped)."""
 
@@ -78,7 +78,7 @@ IDLE_POLL_S = 0.25
 
 
 def _alias_nixl() -> None:
-    """Make ``import nixl`` (the seed's) find ``nixl_cu12``, as NIXL's meta package would."""
+    """Make ``import nixl`` (vLLM p2p's) find ``nixl_cu12``, as NIXL's meta package would."""
     if "nixl" in sys.modules:
         return
     import importlib
@@ -111,7 +111,7 @@ _GROUPS = (
     ("vllm_offload_tier", "vLLM tier poll"),
     ("ZMQbg", "libzmq I/O"),
     ("p0-idle", "idle poller"),
-    ("p2p", "the seed's threads"),
+    ("p2p", "vLLM p2p's threads"),
 )
 
 
@@ -317,7 +317,7 @@ class Side:
             entry: dict[str, Any] = {"type": "p2p", "host": self.host, "port": port}
         else:
             # peer_timeout_s: a pair not being measured is frozen (SIGSTOP) for a while; its
-            # sessions must still be there when it is thawed (the seed's have no such timer)
+            # sessions must still be there when it is thawed (vLLM p2p's have no such timer)
             entry = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "host": self.host,
                      "port": port, "data_plane": name.removeprefix("kvtier_"), "peer_timeout_s": 600.0}
         if producer:
@@ -614,7 +614,7 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
          systems: Sequence[str], sides: tuple[dict[str, Any], dict[str, Any]],
          sizes: Sequence[int] | None = None) -> dict[str, Any]:
     """Every system, and the limits, in a pair of processes of its own; only the pair being
-    measured runs, the others are frozen (SIGSTOP): the seed's NIXL agent runs its progress
+    measured runs, the others are frozen (SIGSTOP): vLLM p2p's NIXL agent runs its progress
     thread, which keeps a core busy even when idle, and would otherwise run beside every other
     system's hand-offs."""
     import signal
@@ -794,7 +794,7 @@ HOPS = (
 
 def _hops(load: dict[str, Any], producer: list[tuple[str, float]]) -> dict[str, float]:
     """Where a kvtier hand-off's time went (seconds per hop, see :data:`HOPS`), from the two
-    planes' traces; empty for the seed (whose plane is not traced)."""
+    planes' traces; empty for vLLM p2p (whose plane is not traced)."""
     cons = load.get("trace") or []
     posts = [t for e, t in producer if e == "post"]
     lands = [t for e, t in cons if e == "land"]
@@ -815,7 +815,7 @@ def _paired(samples: dict, mib: int, a: str, b: str, key: str = "load_s") -> lis
 
 
 def _headline(samples: dict, sizes: Sequence[int], systems: Sequence[str]) -> tuple[dict, dict, dict]:
-    """The suite's headline: kvtier nixl's hand-off time over the seed's at the largest size."""
+    """The suite's headline: kvtier nixl's hand-off time over vLLM p2p's at the largest size."""
     from bench._util import summary
 
     mib = max(sizes)
@@ -840,7 +840,7 @@ def _targets(samples: dict, sizes: Sequence[int], systems: Sequence[str]) -> lis
     if {"seed", "kvtier_nixl"} <= set(systems):
         for mib in sizes:
             out.append(target("<=", 0.5, med(_paired(samples, mib, "kvtier_nixl", "seed")),
-                              f"kvtier nixl hand-off ≤ 0.5× the seed's, {mib} MiB"))
+                              f"kvtier nixl hand-off ≤ 0.5× vLLM p2p's, {mib} MiB"))
     if "kvtier_nixl" in systems:
         for mib in sizes:
             # throughput ratio = raw time / kvtier time
@@ -858,10 +858,11 @@ def _targets(samples: dict, sizes: Sequence[int], systems: Sequence[str]) -> lis
                 continue
             for mib in sizes:
                 out.append(target("<=", 1.0, med(_paired(samples, mib, s, "seed", "submit_store_cpu_s")),
-                                  f"{s}: engine-thread CPU per submit_store ≤ the seed's, {mib} MiB"))
+                                  f"{s}: engine-thread CPU per submit_store ≤ vLLM p2p's, {mib} MiB"))
                 for side in ("prod", "cons"):
                     out.append(target("<=", 1.0, med(_paired(samples, mib, s, "seed", f"cpu_{side}_s")),
-                                      f"{s}: {'producer' if side == 'prod' else 'consumer'} CPU s/GB ≤ the seed's, {mib} MiB"))
+                                      f"{s}: {'producer' if side == 'prod' else 'consumer'} CPU s/GB "
+                                      f"≤ vLLM p2p's, {mib} MiB"))
     return out
 
 
@@ -869,7 +870,7 @@ def render(res: dict[str, Any]) -> str:
     """The result as markdown: hand-off time, engine time per submit_store, CPU s/GB, late fetch."""
     systems = [s for s in SYSTEMS if any(r["system"] == s for r in res["rows"])]
     cols = [*systems, "raw_nixl", "copy"]
-    names = {"seed": "the seed (NIXL)", "kvtier_nixl": "kvtier nixl", "kvtier_zmq": "kvtier zmq",
+    names = {"seed": "vLLM p2p (NIXL)", "kvtier_nixl": "kvtier nixl", "kvtier_zmq": "kvtier zmq",
              "raw_nixl": "raw NIXL WRITE", "copy": "`copy_`"}
     by = {(r["mib"], r["system"]): r for r in res["rows"]}
     sizes = sorted({r["mib"] for r in res["rows"]})

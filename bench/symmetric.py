@@ -164,7 +164,8 @@ def _probe_rtt(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
 
 def _shared_ttft(quick: bool, log: Callable[[str], None]) -> dict[str, Any] | None:
     try:
-        from demo.model import encode_prompt, load_model
+        from demo.model import encode_prompt
+        from demo.weights import load_model
     except ImportError:
         return None
     import importlib.metadata

@@ -143,7 +143,8 @@ class RichProgress:
 def _setup_worker() -> tuple[Any, Any, Any]:
     import torch
 
-    from demo.model import KvLayout, load_model
+    from demo.kvlayout import KvLayout
+    from demo.weights import load_model
 
     torch.set_num_threads(1)
     model, tok = load_model()
@@ -185,7 +186,8 @@ class ProducerWorker:
 
     def op_prefill(self, kv_request_id: str, ids: list[int]) -> dict[str, Any]:
         from kvtier.api import RequestContext, TransferJob
-        from demo.model import cache_to_blocks, prefill
+        from demo.kvlayout import cache_to_blocks
+        from demo.model import prefill
 
         kid, layout, pool = kv_request_id, self.layout, self.pool
         t0 = time.perf_counter()
@@ -208,7 +210,8 @@ class ProducerWorker:
     def op_compute_local(self, ids: list[int], max_new_tokens: int) -> dict[str, Any]:
         """Instance A answers a request of its own: prefill, decode, and keep the prompt's KV
         blocks in the pool, published for peers (what an engine's prefix cache does)."""
-        from demo.model import cache_to_blocks, decode_greedy, prefill
+        from demo.kvlayout import cache_to_blocks
+        from demo.model import decode_greedy, prefill
 
         cache, first = prefill(self.model, ids)
         blocks, _ = cache_to_blocks(cache, self.layout)
@@ -253,7 +256,8 @@ class ConsumerWorker:
 
     def op_decode(self, kv_request_id: str, ids: list[int], producer: str, num_tokens: int, first_token: int,
                   max_new_tokens: int) -> dict[str, Any]:
-        from demo.model import blocks_to_cache, decode_greedy, prefill, recompute_decode
+        from demo.kvlayout import blocks_to_cache
+        from demo.model import decode_greedy, prefill, recompute_decode
         from kvtier.api import LookupResult, RequestContext, TransferJob
 
         kid, mgr, pool, layout, model = kv_request_id, self.mgr, self.pool, self.layout, self.model
@@ -303,7 +307,8 @@ class ConsumerWorker:
         comparison."""
         import torch
 
-        from demo.model import _greedy, blocks_to_cache, decode_greedy, prefill
+        from demo.model import _greedy, decode_greedy, prefill
+        from demo.kvlayout import blocks_to_cache
         from kvtier.api import LookupResult, RequestContext, TransferJob
 
         mgr, pool, layout, model = self.mgr, self.pool, self.layout, self.model
@@ -391,7 +396,10 @@ def run(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from demo.model import KvLayout, demo_prompts, encode_prompt, eos_token_ids, load_model, recompute_decode
+    from demo.kvlayout import KvLayout
+    from demo.prompts import demo_prompts
+    from demo.model import encode_prompt, eos_token_ids, recompute_decode
+    from demo.weights import load_model
 
     torch.set_num_threads(1)
     model, tok = load_model()  # converts and caches the GGUF once, before the workers start

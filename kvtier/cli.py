@@ -1,9 +1,11 @@
-"""``kvtier`` command line (one click app): ``top`` and ``keys``, the commands an operator runs.
+"""``kvtier`` command line (one click app): ``top``, ``why``, ``check-config`` and ``keys``, the
+commands an operator runs.
 
 The development tools (model check, generators, diagrams), the benchmarks and the demo are not
 part of the installed package: they run from a checkout (``python -m tools``, ``python -m bench``,
 ``python -m demo``; docs/decisions.md W1).  Each command imports its implementation lazily so
-``kvtier --help`` is instant.
+``kvtier --help`` is instant.  Help texts are plain text (click prints them as written): no
+reStructuredText markup.
 """
 
 from __future__ import annotations
@@ -13,29 +15,116 @@ import sys
 import click
 
 
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        from kvtier.version import describe
+
+        click.echo(describe())
+        ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Print kvtier's version, its wire protocol and the vLLM and NIXL releases it is tested with.")
 def cli() -> None:
     """kvtier: KV-cache hand-off between LLM prefill and decode instances."""
 
 
 @cli.command()
-@click.argument("urls", nargs=-1, required=True, metavar="URL [URL...]")
-@click.option("--interval", "interval_s", type=click.FloatRange(0.05, 3600), default=2.0, show_default=True, help="Seconds between scrapes (the window of every rate).")
-@click.option("--once", is_flag=True, help="Scrape twice, --interval apart, print one frame and exit (1 if an endpoint failed).")
+@click.argument("urls", nargs=-1, required=True, metavar="ENDPOINT [ENDPOINT...]")
+@click.option("--interval", "interval_s", type=click.FloatRange(0.05, 3600), default=2.0, show_default=True,
+              help="Seconds between scrapes (the window of every rate).")
+@click.option("--once", is_flag=True,
+              help="Scrape twice, --interval apart, print one frame and exit (1 if an endpoint failed).")
 def top(urls: tuple[str, ...], interval_s: float, once: bool) -> None:
-    """Live view of kvtier metrics endpoints (config metrics_port): host:port or http://host:port."""
+    """Live view of kvtier metrics endpoints, one row each, and their last finished requests
+    (failures first).
+
+    ENDPOINT: host:port (e.g. 10.0.0.5:9464) or http://host:port, a tier's host and metrics_port.
+    """
     from kvtier.top import main as run_top
 
     try:
         status = run_top(urls, interval_s=interval_s, once=once)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="URL") from None
+        raise click.BadParameter(str(exc), param_hint="ENDPOINT") from None
     sys.exit(status)
+
+
+@cli.command()
+@click.argument("kv_request_id")
+@click.argument("endpoints", nargs=-1, required=True, metavar="ENDPOINT [ENDPOINT...]")
+@click.option("--json", "as_json", is_flag=True, help="Print the endpoints' records as JSON instead.")
+def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
+    """Explain how KV_REQUEST_ID ended: its states, timeline, peer and bytes, and for a failure what
+    the reason means and what to change.
+
+    ENDPOINT: the metrics endpoint (host:port, the tier's metrics_port) of the decode engine, the
+    prefill engine, or both. Each keeps its last 1024 finished requests. Exit status 1 when no
+    endpoint knows the id.
+    """
+    import json
+
+    from kvtier.explain import explain
+    from kvtier.top import fetch_requests
+
+    found, problems, records = 0, [], {}
+    for endpoint in endpoints:
+        try:
+            doc = fetch_requests(endpoint, kv_request_id)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="ENDPOINT") from None
+        except OSError as exc:
+            problems.append(f"{endpoint}: cannot read it ({exc})")
+            continue
+        entries = doc.get("requests", [])
+        records[endpoint] = doc
+        if not entries:
+            problems.append(f"{endpoint}: {kv_request_id!r} is not among its last {doc.get('capacity', '?')} "
+                            f"finished requests")
+        for e in entries:
+            found += 1
+            if not as_json:
+                click.echo(explain(e, where=f"{endpoint}, listener {doc.get('listener', '?')}"))
+                click.echo()
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+    for line in problems:
+        click.echo(line, err=True)
+    sys.exit(0 if found else 1)
+
+
+@cli.command("check-config")
+@click.argument("config", metavar="KV_TRANSFER_CONFIG")
+def check_config(config: str) -> None:
+    """Check a vLLM --kv-transfer-config for kvtier before an engine starts: every kvtier entry is
+    validated as kvtier would (each error names the key), and the mistakes vLLM decides before
+    kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "backpressure" key).
+
+    KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. Exit status 1 on a problem.
+    """
+    from kvtier.vllmconfig import check_kv_transfer_config
+
+    if config.startswith("@"):
+        try:
+            with open(config[1:], encoding="utf-8") as f:
+                config = f.read()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {config[1:]!r}: {exc.strerror}", param_hint="KV_TRANSFER_CONFIG")
+    try:
+        problems, notes = check_kv_transfer_config(config)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="KV_TRANSFER_CONFIG") from None
+    for line in notes:
+        click.echo(f"ok: {line}")
+    for line in problems:
+        click.echo(f"problem: {line}", err=True)
+    sys.exit(1 if problems else 0)
 
 
 @cli.group()
 def keys() -> None:
-    """CURVE key pairs for ``auth = "curve"`` (docs/security.md)."""
+    """CURVE key pairs for auth = "curve" (docs/security.md)."""
 
 
 @keys.command("generate")
@@ -44,15 +133,17 @@ def keys() -> None:
 @click.option("--endpoint", "endpoints", multiple=True, metavar="HOST[:PORT]",
               help="An address this instance serves as a producer (repeatable); consumers dial it with this key.")
 def keys_generate(directory: str, name: str, endpoints: tuple[str, ...]) -> None:
-    """Write NAME.key (public: copy it into peers' auth_allowed_keys_dir) and NAME.key_secret
-    (this instance's auth_secret_key_file; mode 0600) into DIRECTORY. NAME is the principal."""
+    """Write NAME.key (public: copy it into every peer's auth_allowed_keys_dir) and
+    NAME.key_secret (this instance's auth_secret_key_file; mode 0600) into DIRECTORY. NAME is the
+    principal peers know this instance by."""
     from kvtier.transport.curve import generate_keys
 
     try:
         pub, sec = generate_keys(directory, name, endpoints)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    click.echo(f"public: {pub}\nsecret: {sec}")
+    click.echo(f"public: {pub}  (copy into every peer's auth_allowed_keys_dir)\n"
+               f"secret: {sec}  (this instance's auth_secret_key_file; keep it here)")
 
 
 def main() -> None:

@@ -67,6 +67,7 @@ from kvtier.config_kinds import (
 __all__ = [
     "CROSS_FIELD_RULES",
     "DEFAULTS",
+    "VLLM_BUILTIN_TIERS",
     "ConfigRow",
     "CrossFieldRule",
     "TierConfig",
@@ -429,14 +430,14 @@ class TierConfig:
             for key in unknown:
                 close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                parts.append(f"{key!r}{hint}")
+                parts.append(f"{safe_repr(key)}{hint}")
+            # the did-you-mean is the useful part; the list of every key lives in the docs
             raise TierConfigError(
-                "unknown kvtier tier config key(s): "
-                + ", ".join(parts)
-                + ". Known keys: "
-                + ", ".join(known),
+                "unknown kvtier tier config key(s): " + ", ".join(parts)
+                + ". Every key, with its range: docs/configuration.md",
                 keys=tuple(unknown),
             )
+        _refuse_builtin_type(mapping)
         return cls(**mapping)
 
     def to_dict(self) -> dict[str, Any]:
@@ -455,6 +456,25 @@ class TierConfig:
 
 
 _KEYS: tuple[str, ...] = tuple(a.name for a in attrs.fields(TierConfig))
+
+#: ``type`` names vLLM 0.33.0 registers for its own secondary tiers: its factory looks a registered
+#: name up before ``module_path``, so such an entry would load vLLM's tier, not kvtier.
+VLLM_BUILTIN_TIERS: frozenset[str] = frozenset({"p2p", "fs", "obj", "kvcr", "example"})
+
+
+def _refuse_builtin_type(mapping: Mapping[str, Any]) -> None:
+    """A kvtier entry whose ``type`` names one of vLLM's own tiers (``"p2p"``) is a mistake either
+    way: vLLM loads its tier, not kvtier (or, through the Python API, the entry was copied from a
+    ``p2p`` config).  Say which ``type``/``module_path`` to write (docs/migrating-from-p2p.md)."""
+    name = mapping.get("type")
+    if isinstance(name, str) and name.strip().lower() in VLLM_BUILTIN_TIERS:
+        raise TierConfigError(
+            f"type={name!r} names vLLM's built-in {name.strip().lower()!r} tier, not kvtier: vLLM's factory "
+            "looks registered names up before module_path, so this entry would load vLLM's own tier. Write "
+            '"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm" '
+            "(docs/migrating-from-p2p.md maps the p2p keys)",
+            keys=("type",),
+        )
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {a.name: a.default for a in attrs.fields(TierConfig)}
@@ -535,13 +555,16 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
 
 
 class ConfigRow(NamedTuple):
-    """One row of the configuration table in ``docs/configuration.md``."""
+    """One row of the configuration table in ``docs/configuration.md``; ``minimum`` and
+    ``maximum`` are a numeric key's bounds (``None`` for other keys)."""
 
     key: str
     default: Any
     unit: str
     description: str
     validation: str
+    minimum: float | None = None
+    maximum: float | None = None
 
 
 def config_table() -> list[ConfigRow]:
@@ -549,5 +572,6 @@ def config_table() -> list[ConfigRow]:
     rows = []
     for a in attrs.fields(TierConfig):
         kind: Kind = a.metadata[_KIND]
-        rows.append(ConfigRow(a.name, a.default, kind.unit, a.metadata[_DOC], kind.describe()))
+        rows.append(ConfigRow(a.name, a.default, kind.unit, a.metadata[_DOC], kind.describe(),
+                              getattr(kind, "lo", None), getattr(kind, "hi", None)))
     return rows

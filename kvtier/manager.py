@@ -37,6 +37,7 @@ from kvtier.blocksource import BlockSource
 from kvtier.config import TierConfig
 from kvtier.integrity import DigestPool
 from kvtier.lifecycle import Reason, TierCore
+from kvtier.explain import TierStats
 from kvtier.lifecycle import inputs as ix
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
@@ -108,6 +109,8 @@ class KvTierManager:
         self._hello = parts.core.local  # what our handshakes announce (the loop's copy follows it)
         self._jobs = self._loop.jobs
         self._metrics: TierMetrics = parts.metrics
+        self.forensics = parts.forensics
+        """The recently finished requests (:mod:`kvtier.forensics`; ``GET /kvtier/requests``)."""
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
         self._loading: set[str] = set()  # consumer requests that submitted a load (or load_nothing)
@@ -175,11 +178,13 @@ class KvTierManager:
         """This manager's :class:`~kvtier.metrics.TierMetrics` (its registry, taps, labels)."""
         return self._metrics
 
-    def stats(self) -> dict[str, Any]:
-        """A snapshot of every series for humans and the demo (not a stable API): keys are
-        ``name{label=value,...}`` without the per-manager ``tier``/``listener`` labels."""
+    def stats(self) -> TierStats:
+        """A snapshot of every series (not a stable API): a ``dict`` whose keys are
+        ``name{label=value,...}`` without the per-manager ``tier``/``listener`` labels; printed, a
+        dozen readable lines with the last finished requests (:class:`kvtier.explain.TierStats`)."""
         with self._lock:
-            return self._metrics.samples()
+            samples = self._metrics.samples()
+        return TierStats(samples, title=f"{self.config.type} @ {self.address}", recent=self.forensics.as_json(limit=5))
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -205,7 +210,7 @@ class KvTierManager:
 
         For engines that know their seed only after the tier is built (vLLM runs
         ``init_none_hash`` after constructing its scheduler).  Sessions already established keep
-        the seed they were checked with; every later handshake uses the new one.
+        the hash seed they were checked with; every later handshake uses the new one.
 
         Raises:
             kvtier.config.TierConfigError: ``hash_seed`` is not a valid ``hash_seed`` value.

@@ -21,18 +21,25 @@ Every sample carries two per-manager labels, ``tier`` (the config's ``type``) an
 states of the generated tables); anything else is counted as ``other`` — a peer cannot grow the
 label set.  ``instance`` is deliberately not used: Prometheus sets it to the scrape target.
 
-The endpoint (:meth:`TierMetrics.serve`) is ``prometheus_client``'s own HTTP server bound to the
-config's ``host`` and ``metrics_port``.
+The endpoint (:meth:`TierMetrics.serve`) is bound to the config's ``host`` and ``metrics_port``:
+``prometheus_client``'s own WSGI app answers ``GET /metrics``, and ``GET /kvtier/requests`` answers
+with the manager's recently finished requests as JSON (:mod:`kvtier.forensics`; ``kvtier why``
+reads it).
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from socketserver import ThreadingMixIn
 from typing import Any, NamedTuple
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -41,12 +48,21 @@ from kvtier.wire.codec import WireReason
 
 __all__ = [
     "CONST_LABELS",
-    "SERIES",
+    "LABEL_VALUES",
+    "MACHINES",
+    "REQUESTS_PATH",
     "ROLES",
+    "SERIES",
+    "STATES",
+    "VOCABULARY",
     "SeriesDef",
     "TierMetrics",
     "bounded",
 ]
+
+REQUESTS_PATH = "/kvtier/requests"
+"""Where the endpoint serves the recently finished requests as JSON (``?kv_request_id=``,
+``?limit=``)."""
 
 CONST_LABELS: tuple[str, ...] = ("tier", "listener")
 """Labels every kvtier sample carries: the tier's config ``type`` and its ``host:port``."""
@@ -61,8 +77,34 @@ VOCABULARY: frozenset[str] = frozenset(
     {r.value for r in Reason} | {r.value for r in WireReason} | {"failed", ""}
 )
 
-_MACHINES = frozenset({"producer", "consumer", "session", "probe", "serve"})
+MACHINES: tuple[str, ...] = ("producer", "consumer", "session", "probe", "serve")
+"""Values of the ``machine`` label (the spec's machines)."""
+
+LABEL_VALUES: Mapping[str, tuple[str, ...]] = {
+    "role": ROLES,
+    "kind": ("store", "load"),
+    "outcome": ("ok", "fail"),
+    "answer": ("hit", "miss"),
+    "machine": MACHINES,
+}
+"""The closed label sets other than ``state`` (:data:`STATES`) and ``reason`` (:data:`VOCABULARY`)."""
+
+_MACHINES = frozenset(MACHINES)
 _RETAINED = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED})
+
+#: The ``state`` label's values per series: every state of the machine the series counts, except
+#: the initial and final ones (no record) — and for the parked ids, the retained ones (they are
+#: ``kvtier_retained_ids``).  The gauges report each of them, 0 included, from the first scrape.
+STATES: Mapping[str, tuple[str, ...]] = {
+    "kvtier_parked_ids": tuple(s.value for s in ProducerState
+                               if s not in _RETAINED and s not in (ProducerState.ABSENT, ProducerState.PRUNED)),
+    "kvtier_retained_ids": tuple(sorted(s.value for s in _RETAINED)),
+    "kvtier_consumer_loads": tuple(s.value for s in ConsumerState if s not in (ConsumerState.ABSENT,)),
+    "kvtier_sessions": tuple(s.value for s in SessionState if s not in (SessionState.ABSENT, SessionState.DEAD)),
+    "kvtier_probes": tuple(s.value for s in ProbeState if s not in (ProbeState.ABSENT, ProbeState.FINISHED)),
+    "kvtier_serve_rounds": tuple(s.value for s in ServeState if s not in (ServeState.ABSENT, ServeState.ENDED)),
+}
+STATES["kvtier_pinned_bytes"] = STATES["kvtier_parked_ids"]
 
 
 def bounded(value: str | None, vocabulary: frozenset[str] = VOCABULARY) -> str:
@@ -237,25 +279,22 @@ class _Live(Collector):
         out = []
         g = self._gauge("kvtier_parked_ids")
         p = self._gauge("kvtier_pinned_bytes")
-        for state in ProducerState:
-            if state in _RETAINED or state in (ProducerState.ABSENT, ProducerState.PRUNED):
-                continue
-            g.add_metric(const + [state.value], snap.producer.get(state.value, 0))
-            p.add_metric(const + [state.value], snap.pinned_blocks.get(state.value, 0) * self._block_bytes)
+        for state in STATES["kvtier_parked_ids"]:
+            g.add_metric(const + [state], snap.producer.get(state, 0))
+            p.add_metric(const + [state], snap.pinned_blocks.get(state, 0) * self._block_bytes)
         out += [g, p]
         g = self._gauge("kvtier_oldest_parked_age_seconds")
         g.add_metric(const, max(oldest, 0.0))
         out.append(g)
         g = self._gauge("kvtier_retained_ids")
         retained = dict(snap.retained)
-        for state in sorted(_RETAINED):
-            retained.setdefault((state.value, ""), 0)  # both states present from the first scrape
+        for state in STATES["kvtier_retained_ids"]:
+            retained.setdefault((state, ""), 0)  # both states present from the first scrape
         for (state, reason), n in sorted(retained.items()):
             g.add_metric(const + [state, bounded(reason) if reason else ""], n)
         out.append(g)
-        out.append(self._by_state("kvtier_consumer_loads", snap.consumer, ConsumerState, (ConsumerState.ABSENT,)))
-        out.append(self._by_state("kvtier_sessions", snap.sessions, SessionState,
-                                  (SessionState.ABSENT, SessionState.DEAD)))
+        out.append(self._by_state("kvtier_consumer_loads", snap.consumer))
+        out.append(self._by_state("kvtier_sessions", snap.sessions))
         g = self._gauge("kvtier_quarantined_blocks")
         g.add_metric(const + ["producer"], float(snap.quarantined_blocks))
         g.add_metric(const + ["consumer"], float(snap.revoking_slots))
@@ -263,18 +302,17 @@ class _Live(Collector):
         g = self._gauge("kvtier_store_jobs_awaiting_receipt")
         g.add_metric(const, float(snap.awaiting_receipt_jobs))
         out.append(g)
-        out.append(self._by_state("kvtier_probes", snap.probe, ProbeState, (ProbeState.ABSENT, ProbeState.FINISHED)))
-        out.append(self._by_state("kvtier_serve_rounds", snap.serve, ServeState, (ServeState.ABSENT, ServeState.ENDED)))
+        out.append(self._by_state("kvtier_probes", snap.probe))
+        out.append(self._by_state("kvtier_serve_rounds", snap.serve))
         g = self._gauge("kvtier_serve_pinned_blocks")
         g.add_metric(const, float(snap.serve_pinned_blocks))
         out.append(g)
         return out
 
-    def _by_state(self, name: str, counts: Mapping[str, int], states: Iterable[Any], skip: tuple) -> GaugeMetricFamily:
+    def _by_state(self, name: str, counts: Mapping[str, int]) -> GaugeMetricFamily:
         g = self._gauge(name)
-        for state in states:
-            if state not in skip:
-                g.add_metric(list(self._const) + [state.value], counts.get(state.value, 0))
+        for state in STATES[name]:
+            g.add_metric(list(self._const) + [state], counts.get(state, 0))
         return g
 
 
@@ -431,9 +469,10 @@ class TierMetrics:
         return tap
 
     # -- the endpoint -----------------------------------------------------------------------------
-    def serve(self, host: str, port: int) -> tuple[str, int]:
+    def serve(self, host: str, port: int, requests: Any = None) -> tuple[str, int]:
         """Serve the registry over HTTP (``GET /metrics``, text exposition) on ``host:port``
-        (port 0: an ephemeral port) with ``prometheus_client``'s own server, in a daemon thread.
+        (port 0: an ephemeral port), in daemon threads; with ``requests`` (a
+        :class:`~kvtier.forensics.Forensics`) also ``GET /kvtier/requests`` (JSON).
 
         Returns:
             the bound ``(host, port)``.
@@ -442,7 +481,15 @@ class TierMetrics:
         """
         if self._server is not None:
             raise RuntimeError("the metrics endpoint is already being served")
-        server, thread = start_http_server(port, host, registry=self.registry)
+        app = _app(make_wsgi_app(self.registry), requests, self.const_values)
+
+        class Server(_Server):
+            address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                flags=socket.AI_PASSIVE)[0][0]
+
+        server = make_server(host, port, app, Server, handler_class=_Quiet)
+        thread = threading.Thread(target=server.serve_forever, name="kvtier-metrics", daemon=True)
+        thread.start()
         self._server, self._server_thread = server, thread
         return server.server_address[0], server.server_address[1]
 
@@ -479,6 +526,38 @@ class TierMetrics:
         self._child(name, *labels).observe(value)
         for tap in self._taps:
             tap.add(name, labels, value)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds up close()
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log on stderr."""
+
+
+def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
+    """The endpoint's WSGI app: ``/kvtier/requests`` from ``requests``, everything else from
+    ``prometheus_client`` (``/metrics``)."""
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        if environ.get("PATH_INFO", "").rstrip("/") != REQUESTS_PATH or requests is None:
+            return metrics(environ, start_response)
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        kid = (query.get("kv_request_id") or [None])[0]
+        try:
+            limit = int((query.get("limit") or ["0"])[0]) or None
+        except ValueError:
+            limit = None
+        body = json.dumps({
+            "tier": const[0], "listener": const[1], "capacity": requests.capacity,
+            "finished_total": requests.finished_total, "in_progress": requests.in_progress(),
+            "requests": requests.as_json(kid, limit),
+        }).encode()
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
 
 
 class _Tap:

@@ -4,7 +4,9 @@ Each URL is a kvtier endpoint (config ``metrics_port``; ``host:port`` or ``http:
 ``/metrics`` is implied).  Every ``interval`` seconds each endpoint is scraped over HTTP, the text
 exposition is parsed with ``prometheus_client.parser``, and one row per endpoint shows what an
 operator of a PD deployment asks first: ids parked / bound / retained, pinned GB, the age of the
-oldest parked id, transfer bandwidth, and the rates of late fetches and failed jobs.
+oldest parked id, transfer bandwidth, and the rates of late fetches and failed jobs.  Below the
+table: the endpoints' most recently finished requests, failures first (``GET /kvtier/requests``,
+:mod:`kvtier.forensics`; ``kvtier why`` explains one).
 
 Rates are differences between two scrapes divided by the wall time between them, so the first
 frame of a live view shows ``—`` for them; ``--once`` scrapes twice (``interval`` apart) and
@@ -16,41 +18,82 @@ overlapping transfers (vllm-project/vllm#48224).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-__all__ = ["Row", "Snapshot", "endpoint_url", "main", "row", "scrape", "render"]
+from kvtier.metrics import REQUESTS_PATH
+
+__all__ = ["Row", "Snapshot", "endpoint_url", "fetch_requests", "main", "recent", "render", "requests_url", "row",
+           "scrape"]
 
 _LATE = ("reaped", "already_served")
 """Refusal reasons that mean the consumer came after the producer let go of the id."""
+
+
+_EXAMPLE = "host:port (e.g. 10.0.0.5:9464) or http://host:port, the host and metrics_port of a kvtier tier"
+
+
+def _split(target: str) -> tuple[str, str, str]:
+    """``(scheme, host:port, path)`` of an endpoint given as ``host:port`` or a URL."""
+    given = target
+    target = target.strip()
+    if not target:
+        raise ValueError(f"an endpoint is empty: give {_EXAMPLE}")
+    if "://" not in target:
+        target = "http://" + target
+    scheme, _, rest = target.partition("://")
+    hostport, _, path = rest.partition("/")
+    port = hostport.rsplit("]", 1)[-1].rpartition(":")[2]
+    if scheme not in ("http", "https") or not port.isdigit():
+        raise ValueError(f"{given!r} is not a metrics endpoint: give {_EXAMPLE}")
+    return scheme, hostport, path
 
 
 def endpoint_url(target: str) -> str:
     """``host:port`` or ``http(s)://host:port[/path]`` → the URL to scrape (``/metrics`` implied).
 
     Raises:
-        ValueError: ``target`` is empty or has no port.
+        ValueError: ``target`` is empty or has no port (the message shows what a target looks like).
     """
-    target = target.strip()
-    if not target:
-        raise ValueError("an endpoint URL is empty")
-    if "://" not in target:
-        target = "http://" + target
-    scheme, _, rest = target.partition("://")
-    hostport, slash, path = rest.partition("/")
-    if not hostport or ":" not in hostport.rsplit("]", 1)[-1]:
-        raise ValueError(f"{target!r}: give host:port of a kvtier metrics endpoint (config metrics_port)")
-    return f"{scheme}://{hostport}/{path if slash and path else 'metrics'}"
+    scheme, hostport, path = _split(target)
+    return f"{scheme}://{hostport}/{path or 'metrics'}"
+
+
+def requests_url(target: str, kv_request_id: str | None = None, limit: int | None = None) -> str:
+    """The URL of ``target``'s recently finished requests (``GET /kvtier/requests``, JSON; any path
+    given with ``target`` is replaced).
+
+    Raises:
+        ValueError: ``target`` is not an endpoint (see :func:`endpoint_url`).
+    """
+    scheme, hostport, _ = _split(target)
+    query = urllib.parse.urlencode({k: v for k, v in (("kv_request_id", kv_request_id), ("limit", limit)) if v})
+    return f"{scheme}://{hostport}{REQUESTS_PATH}" + (f"?{query}" if query else "")
+
+
+def fetch_requests(target: str, kv_request_id: str | None = None, limit: int | None = None,
+                   timeout_s: float = 5.0) -> dict[str, Any]:
+    """The JSON of ``target``'s ``/kvtier/requests`` (see :mod:`kvtier.forensics`).
+
+    Raises:
+        ValueError: ``target`` is not an endpoint.
+        OSError: the endpoint cannot be read (``urllib.error.URLError`` included).
+    """
+    url = requests_url(target, kv_request_id, limit)
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
+        return json.loads(resp.read().decode("utf-8", "replace"))
 
 
 @attrs.frozen
@@ -211,25 +254,65 @@ def render(rows: Sequence[Row], interval_s: float, width: int | None = None) -> 
     return t
 
 
+RECENT = 8
+"""Finished requests ``kvtier top`` shows below the table (failures first, newest first)."""
+
+
+def recent(targets: Sequence[str], *, limit: int = RECENT, timeout_s: float = 5.0) -> list[tuple[str, dict[str, Any]]]:
+    """``(endpoint, entry)`` of the last finished requests of every endpoint that answers
+    (``GET /kvtier/requests``), failures first, then newest first; at most ``limit``."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for target in targets:
+        try:
+            doc = fetch_requests(target, limit=4 * limit, timeout_s=timeout_s)
+        except (OSError, ValueError):  # unreachable, or an older kvtier without the page: the table says so
+            continue
+        name = _split(target)[1]
+        out += [(name, e) for e in doc.get("requests", ())]
+    out.sort(key=lambda pair: (bool(pair[1].get("ok")), pair[1].get("ago", 0.0)))
+    return out[:limit]
+
+
+def render_recent(entries: Sequence[tuple[str, dict[str, Any]]]) -> Table:
+    """The recently finished requests below the frame (``kvtier why ID ENDPOINT`` explains one)."""
+    from kvtier.explain import one_line
+
+    t = Table(title="recently finished — kvtier why KV_REQUEST_ID ENDPOINT explains one", title_justify="left")
+    t.add_column("endpoint", no_wrap=True)
+    t.add_column("request", overflow="fold")
+    for endpoint, e in entries:
+        line = one_line(e)
+        t.add_row(endpoint, f"[red]{line}[/]" if not e.get("ok") else line)
+    return t
+
+
 def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
          console: Console | None = None, timeout_s: float = 5.0) -> int:
     """Run the view until interrupted (or one frame with ``once``). Returns the exit status:
     0, or 1 when ``once`` and an endpoint could not be scraped.
 
+    Below the table: the last finished requests of every endpoint, failures first
+    (:func:`recent`).
+
     Raises:
         ValueError: a target is not ``host:port`` / a URL.
     """
+    targets = list(targets)
     urls = [endpoint_url(t) for t in targets]
     console = console or Console()
     prev: dict[str, Snapshot | None] = dict.fromkeys(urls)
 
-    def frame() -> tuple[Table, bool]:
+    def frame() -> tuple[Group, bool]:
         rows = []
         for url in urls:
             cur = scrape(url, timeout_s)
             rows.append(row(prev[url], cur))
             prev[url] = cur
-        return render(rows, interval_s, console.width), any(r.error for r in rows)
+        parts: list[Any] = [render(rows, interval_s, console.width)]
+        done = recent([t for t, r in zip(targets, rows) if not r.error], timeout_s=timeout_s)
+        if done:
+            parts.append(render_recent(done))
+        return Group(*parts), any(r.error for r in rows)
 
     if once:
         frame()

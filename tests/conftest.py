@@ -6,13 +6,22 @@ replaces the ``ci`` profile Hypothesis would load by itself — else ``dev``):
 * ``dev`` — 50 examples, quick local runs;
 * ``ci`` — derandomized, no example database, no deadline, failure blobs printed, ~200 examples;
 * ``explore`` — randomized, 20 000 examples, for long nightly runs
-  (``HYPOTHESIS_PROFILE=explore timeout 3600 pytest tests/stateful tests/lifecycle``).
+  (``HYPOTHESIS_PROFILE=explore timeout 3600 pytest tests/stateful tests/lifecycle``);
+* ``mutate`` — derandomized, no database, 30 examples: what ``make mutate`` runs for each mutant
+  (docs/mutation.md).
+
+Parallel runs (``pytest -n N``, pytest-xdist; docs/testing.md): every test owns its ports (port 0),
+temp dirs and namespaces, so any test may run on any worker in any order.  Tests that share one
+expensive session resource are kept on one worker by :func:`pytest_collection_modifyitems`
+(``--dist loadgroup``, in pyproject's addopts), by the fixture they use, never by a list of files.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=50, deadline=None)
@@ -33,11 +42,43 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
+settings.register_profile(
+    "mutate",
+    max_examples=30,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+#: session fixture -> the xdist group of every test that uses it: one worker builds the resource
+#: once (the SmolLM2 model is loaded into one worker, not into each; its on-disk cache needs no
+#: group: demo.model serialises building it with a file lock)
+_ONE_WORKER = {"smollm2": "smollm2"}
+
+
+def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
+    """Move everything collection imported (vLLM, torch, every test module: millions of objects)
+    out of the garbage collector's reach (decision V4): each worker imports all of it, and every
+    full collection during an allocation-heavy test (the stateful hunts, the model checker, the
+    benchmarks) would scan it again; measured, a core benchmark ran 3.5x slower after the vLLM
+    tests than on its own."""
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    for item in items:
+        for fixture, group in _ONE_WORKER.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_configure(config):  # type: ignore[no-untyped-def]
     for line in (
+        "xdist_group(name): tests of one group run on one xdist worker (pytest-xdist's --dist loadgroup)",
         "slow: long runs kept out of the default suite (run with -m slow)",
         "model: uses the real SmolLM2 model",
         "e2e: multi-process end-to-end",

@@ -126,10 +126,18 @@ def test_the_wheel_requires_only_what_the_runtime_imports(wheel) -> None:
     assert all(pyproject["project"]["optional-dependencies"].values())
     (pin,) = [ln for ln in (REPO / "requirements" / "vllm.txt").read_text().splitlines() if ln.startswith("vllm==")]
     assert f'Requires-Dist: {pin}; extra == "vllm"' in _metadata(whl)
-    adapter = (REPO / "kvtier" / "integrations" / "vllm.py").read_text()
-    assert f'TESTED_VLLM_VERSION = "{pin.removeprefix("vllm==")}"' in adapter
+    # the versions kvtier --version and docs/compatibility.md name (kvtier/version.py) are the pinned ones
+    versions = (REPO / "kvtier" / "version.py").read_text()
+    assert f'TESTED_VLLM_VERSION: Final = "{pin.removeprefix("vllm==")}"' in versions
+    nixl_extra = pyproject["project"]["optional-dependencies"]["nixl"][0]
+    assert f">={_tested(versions, 'TESTED_NIXL_VERSION')}," in nixl_extra, nixl_extra
     # what a checkout needs on top is a dependency group, which the wheel does not carry
     assert {"dev", "demo"} <= set(pyproject["dependency-groups"])
+
+
+def _tested(source: str, name: str) -> str:
+    """The string value of constant ``name`` in ``source``."""
+    return source.split(f"{name}: Final = ", 1)[1].split('"')[1]
 
 
 # -- a fresh venv with only the declared dependencies ------------------------------------------------

@@ -2,7 +2,7 @@
 
 Commands: ``check`` (the exhaustive model check, ``make check``), ``gen`` (spec → the table module,
 ``make gen``), ``diagram`` (diagrams/ and the generated pages, ``make diagrams``), ``docs`` (the
-configuration and metrics tables in the README and docs/).  Every command works on one checkout
+generated parts of the README and docs/: tables, reason codes, CLI help).  Every command works on one checkout
 (:mod:`tools.checkout`) and fails with a clear message outside one.
 """
 
@@ -91,8 +91,8 @@ def diagram(ctx: click.Context, check_only: bool, out: Path | None, docs: Path |
 @click.option("--check", "check_only", is_flag=True, help="Exit 1 if a page is stale.")
 @click.pass_context
 def docs(ctx: click.Context, check_only: bool) -> None:
-    """Render the configuration and metrics tables (README.md, docs/configuration.md,
-    docs/metrics.md) from kvtier's declarations."""
+    """Render the generated parts of README.md and docs/ (configuration and metrics tables, label
+    values, limits, dependencies, CLI help, reason codes, compatibility) from kvtier's declarations."""
     from tools.docgen import stale_pages, write_pages
 
     root = _root(ctx, runtime=True)

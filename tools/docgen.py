@@ -6,7 +6,9 @@ A page marks a generated part with ``<!-- BEGIN GENERATED: <block>, python -m to
 * ``config table``: every key of :class:`kvtier.config.TierConfig` (its field metadata: default,
   unit, meaning, validation) and the cross-field relations — ``docs/configuration.md`` and the
   README;
-* ``metrics table``: every series of :data:`kvtier.metrics.SERIES` — ``docs/metrics.md``.
+* ``metrics table``: every series of :data:`kvtier.metrics.SERIES` — ``docs/metrics.md``;
+* the operator pages' blocks (label values, duration limits, dependencies, CLI help, reason codes,
+  compatibility): :mod:`tools.docblocks`, listed in :data:`PAGES`.
 
 The runtime only declares (attrs field metadata, a tuple of series); this module renders, so no
 runtime module parses its own source or carries a generator (docs/decisions.md W4).
@@ -19,6 +21,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from tools import docblocks
+
 __all__ = ["BLOCKS", "END", "PAGES", "begin_marker", "render_config_table", "render_metrics_table",
            "render_page", "replace_block", "stale_pages", "write_pages"]
 
@@ -26,18 +30,19 @@ COMMAND = "python -m tools docs"
 END = "<!-- END GENERATED -->"
 
 
-def begin_marker(block: str) -> str:
-    """The opening marker of the generated ``block``."""
-    return f"<!-- BEGIN GENERATED: {block}, {COMMAND} -->"
+def begin_marker(block: str, command: str = COMMAND) -> str:
+    """The opening marker of the generated ``block`` (``command`` renders it; the benchmark suite's
+    blocks name ``python -m bench --summary``)."""
+    return f"<!-- BEGIN GENERATED: {block}, {command} -->"
 
 
-def replace_block(current: str, block: str, body: str) -> str:
+def replace_block(current: str, block: str, body: str, command: str = COMMAND) -> str:
     """``current`` with the generated ``block`` replaced by ``body``.
 
     Raises:
         ValueError: the page has no such block.
     """
-    begin = begin_marker(block)
+    begin = begin_marker(block, command)
     start = current.index(begin) + len(begin)
     return current[:start] + "\n" + body + "\n" + current[current.index(END, start):]
 
@@ -81,14 +86,25 @@ def render_metrics_table() -> str:
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "config table": render_config_table,
+    "config limits": docblocks.render_config_limits,
     "metrics table": render_metrics_table,
+    "metric labels": docblocks.render_metric_labels,
+    "dependencies": docblocks.render_dependencies,
+    "cli reference": docblocks.render_cli,
+    "reasons": docblocks.render_reasons,
+    "wire reasons": docblocks.render_wire_reasons,
+    "compatibility": docblocks.render_compatibility,
 }
-"""Block name -> its renderer."""
+"""Block name -> its renderer (the operator pages' ones: :mod:`tools.docblocks`)."""
 
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("config table",),
-    "docs/configuration.md": ("config table",),
-    "docs/metrics.md": ("metrics table",),
+    "docs/configuration.md": ("config table", "config limits"),
+    "docs/metrics.md": ("metric labels", "metrics table"),
+    "docs/integrations/vllm.md": ("dependencies",),
+    "docs/cli.md": ("cli reference",),
+    "docs/troubleshooting.md": ("reasons", "wire reasons"),
+    "docs/compatibility.md": ("compatibility",),
 }
 """Page (relative to the checkout) -> the generated blocks it holds."""
 

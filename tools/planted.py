@@ -236,7 +236,7 @@ def abort_never_gives_up() -> Iterator[None]:
 
 @contextmanager
 def cancel_deadline_returns_blocks() -> Iterator[None]:
-    """The first release's B26/B32 bug: when a cancelled transfer is not released in time, the
+    """An earlier kvtier's B26/B32 bug: when a cancelled transfer is not released in time, the
     store jobs fail (the engine may reuse the blocks) while the data plane still references them;
     the consumer then lands the reused bytes."""
     with _table(
@@ -255,7 +255,7 @@ def cancel_deadline_returns_blocks() -> Iterator[None]:
 
 @contextmanager
 def success_without_receipt() -> Iterator[None]:
-    """The first release's "sent to libzmq is delivered": the store jobs succeed as soon as the data
+    """An earlier kvtier's "sent to libzmq is delivered": the store jobs succeed as soon as the data
     plane released the blocks, although the consumer never confirmed receipt (it died after 8 of
     200 blocks)."""
     with _table(
@@ -271,7 +271,7 @@ def success_without_receipt() -> Iterator[None]:
 
 @contextmanager
 def abort_ignores_round() -> Iterator[None]:
-    """The first release's B14 bug: an abort for a round that fetched an earlier life of a reused id
+    """An earlier kvtier's B14 bug: an abort for a round that fetched an earlier life of a reused id
     still tombstones the id's new, unbound life."""
     with _table(
         ProducerMachine,
@@ -294,7 +294,7 @@ def _drive_deadlines_first(core: Any, inputs: Any, now: float, *, deadlines_at: 
 
 @contextmanager
 def deadlines_before_input() -> Iterator[None]:
-    """The first release's shell (B24): a tick fires the deadlines due at "now" before it applies
+    """An earlier kvtier's shell (B24): a tick fires the deadlines due at "now" before it applies
     the input it read, so one may fire while a message that arrived before it fell due is still
     unapplied — a fetch that queued during a stall meets an id reaped a moment ago.  Planted in
     :func:`kvtier.lifecycle.driver.drive` (its code object is swapped for the buggy one)."""
@@ -350,6 +350,56 @@ def reply_hits_unpinned() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def partial_keys_unverified() -> Iterator[None]:
+    """A failed load reports as ``successful_keys`` every key whose landing started — unchecked,
+    failed its digest check, or after a hole — as the landing flag before decision I21 did: the
+    engine keeps blocks whose slots hold the wrong bytes (decision I21)."""
+    from kvtier.lifecycle.blockstates import BlockState
+
+    def every_started(self: ConsumerMachine, rec: Any) -> tuple:
+        if not self.integrity:
+            return None, ()
+        idx = [i for i in range(len(rec.landed)) if rec.landed[i] is not BlockState.EMPTY]
+        if not idx:
+            return None, ()
+        keys = tuple(rec.keys[i] for i in idx)
+        return keys, (tuple((rec.slots[i], rec.digests[i]) for i in idx) if self._one_sided else ())
+
+    with _patched(ConsumerMachine, "_verified_prefix", every_started):
+        yield
+
+
+@contextmanager
+def failed_keys_not_missed() -> Iterator[None]:
+    """A symmetric round's failed load tells its probe that every key landed, so none answers MISS:
+    the engine looks them up again, the peer offers them again, the load fails again — a request
+    that never recomputes (decision I22)."""
+    from kvtier.lifecycle.notes import RoundLoadEnded
+    from kvtier.lifecycle.probe import RoundLoads
+
+    def ended(self: Any, rec: Any, ok: bool) -> None:
+        self._notes.append(RoundLoadEnded(rec.kv_request_id, rec.round, ok, rec.keys, rec.keys))
+
+    with _patched(RoundLoads, "_ended", ended):
+        yield
+
+
+@contextmanager
+def disconnect_condemns_instance() -> Iterator[None]:
+    """A session that ends ``peer_disconnected`` marks its producer instance gone, as the third
+    release did: after a transient reset every load to that live producer fails ``instance_down``
+    without dialling (decision I23: only a refused dial or a restart proves an instance gone)."""
+    from kvtier.lifecycle import session
+
+    old = session.GONE
+    session.GONE = old | {Reason.PEER_DISCONNECTED}
+    try:
+        yield
+    finally:
+        session.GONE = old
+
+
 PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "bind_ignores_tombstone": bind_ignores_tombstone,
     "dup_ack_releases_twice": dup_ack_releases_twice,
@@ -364,12 +414,18 @@ PLANTED: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "deadlines_before_input": deadlines_before_input,
     "serve_releases_pins_at_cancel": serve_releases_pins_at_cancel,
     "reply_hits_unpinned": reply_hits_unpinned,
+    "partial_keys_unverified": partial_keys_unverified,
+    "failed_keys_not_missed": failed_keys_not_missed,
+    "disconnect_condemns_instance": disconnect_condemns_instance,
 }
 """Planted bug name -> context manager factory (``with PLANTED[name](): ...``)."""
 
 PROFILE_OF: dict[str, str] = {
     "serve_releases_pins_at_cancel": "symmetric",
     "reply_hits_unpinned": "symmetric",
+    "failed_keys_not_missed": "symmetric",
+    "disconnect_condemns_instance": "sessions",
 }
 """Planted bug name -> the model-check profile that explores the code it is in, where that is not
-``core`` (the symmetric path's bugs: only the ``symmetric`` profile runs the serve machine)."""
+``core`` (the symmetric path's bugs: only the ``symmetric`` profile runs the serve machine; an
+instance's fate needs a session's end: ``sessions``)."""

@@ -827,8 +827,8 @@ def transfer_stalled(h: Harness) -> None:
     cancels, yet the store job stays outstanding: the engine must not reuse blocks a send may
     still read. At the cancel deadline (10 s later) the transport still has not let go, so the
     producer ends the session (`transfer_stalled`) to force it and keeps A `quarantined`. Only when
-    the transport releases the frames does the store job fail, once (`transfer_timeout`). The
-    first release reported the job at the cancel deadline; the engine reused the blocks and the
+    the transport releases the frames does the store job fail, once (`transfer_timeout`). An
+    earlier kvtier reported the job at the cancel deadline; the engine reused the blocks and the
     consumer landed another request's bytes as a success (B26/B32)."""
     _, creq = _park_then_connect(h, 2, seed=4)
     h.frozen.add("C")

@@ -128,6 +128,13 @@ def render(spec: Spec) -> str:
     out.append("")
     out.append("")
     out += _enum("Reason", spec.reasons)
+    out.append("REASON_DOCS: Final = MappingProxyType({")
+    for name, doc in spec.reasons.items():
+        out.append(f'    Reason.{_ident(name)}: "{_doc(doc).replace(chr(34), chr(92) + chr(34))}",')
+    out.append("})")
+    out.append('"""Reason -> what it means (the spec\'s text; docs/troubleshooting.md and ``kvtier why``)."""')
+    out.append("")
+    out.append("")
     out += [
         "class Branch(NamedTuple):",
         '    """One outcome of a (state, event) pair: taken if ``guard`` holds (``None``: fallback)."""',

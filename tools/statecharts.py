@@ -156,6 +156,8 @@ def _node_attrs(m: Machine, name: str, role: set[str], *, font: str) -> dict[str
     lines = [name]
     if st.timer is not None:
         lines.append(f"timer: {st.timer}")
+    elif len(st.exit) == 1:  # one named exit, e.g. a data-plane report (settling: blocks_landed)
+        lines.append(f"ends on {st.exit[0]}")
     elif st.exit:
         lines.append("ended by the engine")
     tip = [f"{name}: {st.doc}"]
@@ -225,8 +227,11 @@ def overview_dot(m: Machine) -> str:
     on_path = set(zip(path, path[1:]))
     g = graphviz.Digraph(f"{m.name}_overview")
     g.attr("graph", rankdir="TB", fontname="Helvetica", fontsize=str(FONT_SIZE + 2), labelloc="t",
-           label=_esc("\n".join(textwrap.wrap(f"{m.name}: {m.doc}", TITLE_WIDTH))), nodesep="0.3", ranksep="0.5",
+           label=_esc("\n".join(textwrap.wrap(f"{m.name}: {m.doc}", TITLE_WIDTH))), nodesep="0.2", ranksep="0.5",
            newrank="true",
+           # more crossing-minimisation passes: the consumer's ending states (settling among them)
+           # otherwise spread sideways and shrink every label below 12 px at 1200 px (decision R5)
+           mclimit="4",
            tooltip=_esc(f"{m.name}: {m.doc}"))
     g.attr("node", fontname="Helvetica", fontsize=font)
     g.attr("edge", fontname="Helvetica", fontsize=font)

@@ -3,7 +3,7 @@
 One seam (:mod:`kvtier.dataplane.base`), several planes: ``zmq`` (inline payload frames on the
 control connection, the default) and ``nixl`` (one-sided WRITEs through NIXL/UCX).  A plane moves
 bytes and reports what happened — posted transfers released or failed, blocks landed, access
-revoked; the lifecycle core (:mod:`kvtier.lifecycle`) alone decides what that means for an id.
+revoked, a path to a peer broken; the lifecycle core (:mod:`kvtier.lifecycle`) alone decides what that means for an id.
 """
 
 from kvtier.dataplane.base import (
@@ -11,6 +11,7 @@ from kvtier.dataplane.base import (
     Attached,
     Batch,
     DataPlane,
+    Faulted,
     Landed,
     Notified,
     PlaneError,
@@ -21,8 +22,8 @@ from kvtier.dataplane.base import (
 from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.zmq import ZmqPlane
 
-__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Landed", "Landings", "Notified", "PlaneError", "Released",
-           "Report", "Revoked", "ZmqPlane", "make_plane"]
+__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Faulted", "Landed", "Landings", "Notified", "PlaneError",
+           "Released", "Report", "Revoked", "ZmqPlane", "make_plane"]
 
 
 def make_plane(name: str, **kwargs: object) -> DataPlane:

@@ -25,6 +25,9 @@ Contract (the safety argument in docs/lifecycle.md rests on it):
   with the data itself instead of on the control connection (NIXL: the WRITE's notification,
   delivered after its bytes); the plane reports it as :class:`Notified` and the shell hands it to
   the core as if the transport had delivered it.
+* **Faults**: a plane whose path to a peer broke reports it once (:class:`Faulted`) instead of
+  failing that peer's transfers one by one for as long as the session lives; the core ends the
+  session, and a new one adds the peer anew.
 * A plane never decides: it never fails a job, never ends a session, never answers a peer.
 """
 
@@ -37,8 +40,8 @@ import attrs
 
 from kvtier.errors import KvTierError
 
-__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Landed", "Notified", "PlaneError", "Released",
-           "Report", "Revoked"]
+__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Faulted", "Landed", "Notified", "PlaneError",
+           "Released", "Report", "Revoked"]
 
 
 class PlaneError(KvTierError):
@@ -120,7 +123,18 @@ class AttachFailed:
     detail: str = ""
 
 
-Report = Released | Revoked | Landed | Notified | Attached | AttachFailed
+@attrs.frozen(slots=True)
+class Faulted:
+    """The plane's path to ``peer`` (added for its session generation ``gen``) broke: every later
+    transfer to it would fail until the peer is added anew (NIXL: a remote disconnect at a post
+    or a state check).  Reported once per added peer; the core ends the session (decision I25)."""
+
+    peer: str
+    gen: int
+    detail: str = ""
+
+
+Report = Released | Revoked | Landed | Notified | Attached | AttachFailed | Faulted
 """What :meth:`DataPlane.poll` reports."""
 
 

@@ -75,7 +75,7 @@ from typing import Any, Final
 import attrs
 import msgspec
 
-from kvtier.dataplane.base import AttachFailed, Attached, Batch, Notified, PlaneError, Released, Report, Revoked
+from kvtier.dataplane.base import AttachFailed, Attached, Batch, Faulted, Notified, PlaneError, Released, Report, Revoked
 from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.nixl_agent import (
     MAX_NOTIF_BYTES,
@@ -265,6 +265,8 @@ class NixlPlane:
         self._me = this_process()
         self._descriptor = msgspec.msgpack.encode(_Hello(self._agent.descriptor(), self._me))
         self._peers: dict[str, bytes] = {}  # peer -> the descriptor it was added with
+        self._gens: dict[str, int] = {}  # peer -> the session generation it was added for
+        self._faults: list[Faulted] = []  # paths to added peers that broke, not reported yet
         self._agents: dict[str, tuple[str, ProcessId]] = {}  # peer -> (its agent, owner); kept after removal
         self._xfers: dict[tuple[str, int], _Xfer] = {}
         self._by_write: dict[int, _Xfer] = {}
@@ -360,6 +362,7 @@ class NixlPlane:
             self._pending[peer] = (descriptor, accepted, gen)  # its old entry still drains transfers
             return False
         self._add(peer, descriptor, hello, agent, accepted)
+        self._gens[peer] = gen
         return self._warm(peer, gen, accepted)
 
     def _warm(self, peer: str, gen: int, accepted: bool) -> bool:
@@ -407,6 +410,7 @@ class NixlPlane:
         and are reported) and withdraw the window that session was given, so nothing it still
         writes can land in our slots (:meth:`revoke` reports when that is certain)."""
         self._pending.pop(peer, None)
+        self._gens.pop(peer, None)
         self._drop_entry(peer)
         w = self._windows.pop(peer, None)
         if w is not None:
@@ -486,7 +490,12 @@ class NixlPlane:
         events = self._agent.poll()
         for ev in events:
             if isinstance(ev, PeerFault):
+                # every later WRITE to this entry would fail at its post (the agent keeps the
+                # fault): report it once, so the core ends the session and a new one adds the peer
+                # anew (decision I25); an entry already removed has no session left to end
                 log.info("kvtier: NIXL path to %s failed: %s", ev.peer, ev.cause)
+                if ev.peer in self._peers:
+                    self._faults.append(Faulted(ev.peer, self._gens.get(ev.peer, 0), ev.cause))
                 continue
             assert isinstance(ev, XferResult)
             x = self._by_write.pop(ev.xfer_id, None)
@@ -544,6 +553,9 @@ class NixlPlane:
         if self._attach_reports:
             out.extend(self._attach_reports)
             self._attach_reports = []
+        if self._faults:
+            out.extend(f for f in self._faults if f.peer in self._peers)
+            self._faults = []
         return out
 
     def _retry_pending(self) -> None:
@@ -554,6 +566,7 @@ class NixlPlane:
             if holder is not None and holder[1]:
                 continue  # its old entry still has transfers in flight
             del self._pending[peer]
+            self._gens[peer] = gen
             try:
                 self._add(peer, descriptor, hello, agent, accepted)
             except PlaneError as exc:
@@ -706,6 +719,8 @@ class NixlPlane:
         out.extend(Revoked(p) for p in self._revoking)
         self._revoking.clear()
         self._peers.clear()
+        self._gens.clear()
+        self._faults.clear()
         out.extend(self._landings.close())  # checks only read the pool; let them end first
         return out
 

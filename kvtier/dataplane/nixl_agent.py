@@ -20,7 +20,7 @@ What it does
 
 Measured NIXL 1.5.1 / UCX 1.23 behaviour this module is built around
 --------------------------------------------------------------------
-(docs/nixl.md has the experiments; shared/design/data-planes.md the earlier ones.)
+(docs/nixl.md has the experiments.)
 
 * **Nothing a target does revokes a peer's WRITE access.** ``deregister_memory``, re-registering,
   and ``remove_remote_agent`` of the initiator all left later WRITEs landing, over CMA and over
@@ -114,7 +114,7 @@ log = logging.getLogger("kvtier.dataplane.nixl")
 
 # The meta package first (it picks the CUDA 12/13 build from the torch it finds), then the
 # single-CUDA builds directly: kvtier's extra depends on nixl-cu12 only, because the meta package
-# pulls both builds and, without a torch, a CUDA torch (shared/design/data-planes.md §1.1).
+# pulls both builds and, without a torch, a CUDA torch (docs/dataplane.md, Install).
 _API_MODULES: Final = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")
 
 INSTALL_HINT: Final = (

@@ -102,13 +102,12 @@ from kvtier.lifecycle import Reason
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
 from kvtier.metrics import CONST_LABELS, SERIES
+from kvtier.version import TESTED_VLLM_VERSION
 
 __all__ = ["KvTierSecondaryTier", "TESTED_VLLM_VERSION", "vllm_layout"]
 
 log = logging.getLogger("kvtier.integrations.vllm")
 
-TESTED_VLLM_VERSION = "0.33.0"
-"""The vLLM release this adapter is written and tested against (the tiering API is experimental)."""
 
 _DRAIN_MARGIN_S = 5.0
 
@@ -511,7 +510,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
     def _resolve_seed(self, force: bool = False) -> None:
         """Use vLLM's NONE_HASH seed in handshakes, once it is known.
 
-        vLLM builds this tier before ``init_none_hash`` runs, so the seed is read lazily: at every
+        vLLM builds this tier before ``init_none_hash`` runs, so the hash seed is read lazily: at every
         poll until vLLM has initialised it (then never again), and at each new request until then
         (requests only arrive after engine start-up, so in practice the first one settles it).
         An explicit ``hash_seed`` key wins (with a warning if it differs from vLLM's).

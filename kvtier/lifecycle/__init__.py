@@ -6,7 +6,15 @@ the :mod:`~kvtier.lifecycle.effects` it returns.
 """
 
 from kvtier.lifecycle import effects, inputs
-from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, Reason, ServeState, SessionState
+from kvtier.lifecycle._table import (
+    REASON_DOCS,
+    ConsumerState,
+    ProbeState,
+    ProducerState,
+    Reason,
+    ServeState,
+    SessionState,
+)
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.errors import InvalidTransition, LifecycleError
 from kvtier.lifecycle.probe import Answer
@@ -22,6 +30,7 @@ from kvtier.lifecycle.views import (
 )
 
 __all__ = [
+    "REASON_DOCS",
     "Answer",
     "ConsumerState",
     "ConsumerView",

@@ -6,8 +6,8 @@ type, guard predicates and effect builders named exactly as in the spec; this cl
 (fallback last), updates the record, arms or disarms the state's timer, and asks the effect
 builders to append effects.  It performs no I/O and reads no clock.
 
-At construction the table is *compiled* once per machine: each rule's guards and effects become
-bound methods, so applying an input is one dict lookup plus the calls the branch names (P4 in
+Each rule is *compiled* once per machine, on its first use: its guards and effects become bound
+methods, so applying an input is one dict lookup plus the calls the branch names (P4 in
 docs/benchmarks.md measures the cost per event).
 """
 
@@ -38,6 +38,26 @@ class Record:
         self.tseq = 0
 
 
+class _CompiledRules(dict):
+    """``(state, event)`` -> ``(kind, reason, branches)``, compiled by ``build`` on first lookup;
+    ``ops`` caches the per-move timer and index operations the branches share."""
+
+    __slots__ = ("_build", "ops")
+
+    def __init__(self, build: Callable[[tuple[Any, Any]], tuple[Any, Any, tuple]]) -> None:
+        super().__init__()
+        self._build = build
+        self.ops: dict[tuple[Any, Any], tuple[Any, tuple]] = {}
+
+    def __missing__(self, key: tuple[Any, Any]) -> tuple[Any, Any, tuple]:
+        value = self[key] = self._build(key)
+        return value
+
+    def clear(self) -> None:
+        super().clear()
+        self.ops.clear()
+
+
 class TableMachine:
     """Applies one generated table. Subclasses set the class attributes and implement hooks.
 
@@ -62,29 +82,33 @@ class TableMachine:
         self._durations = {name: float(durations[t.config_key]) for name, t in self.TIMERS.items()}
         self.records: dict[Any, Record] = {}
         self._deadlines = DeadlineQueue()
-        self._rules: dict[tuple[Any, Any], tuple[Any, Any, tuple]] = {}
-        self.compile()
+        self._rules = _CompiledRules(self._compile_rule)
         self.ignored = 0
 
     def compile(self) -> None:
-        """(Re)build the rules from the table and the machine's current ``guard_*`` and
-        ``effect_*`` callables (at construction; again after a test or a checker replaced some on
-        the instance, e.g. to record which effect builders run)."""
-        guards: dict[Any, Guard] = {g: getattr(self, f"guard_{g.value}") for g in self.GUARD_ENUM}
-        effects: dict[Any, EffectBuilder] = {e: getattr(self, f"effect_{e.value}") for e in self.EFFECT_ENUM}
-        rules: dict[tuple[Any, Any], tuple[Any, Any, tuple]] = {}
-        ops: dict[tuple[Any, Any], tuple[Any, tuple]] = {}
-        for (state, event), rule in self.TABLE.items():
-            branches = []
-            for b in rule.branches:
-                if b.dest is not state and (state, b.dest) not in ops:
-                    ops[state, b.dest] = (self.retime_op(state, b.dest), self.index_ops(state, b.dest))
-                retime, index = ops.get((state, b.dest), (None, ()))
-                branches.append((guards[b.guard] if b.guard is not None else None, b.dest,
-                                 tuple(effects[e] for e in b.effects), b.reason, b.dest is not state, retime, index))
-            rules[state, event] = (rule.kind, rule.reason, tuple(branches))
+        """Forget the compiled rules, so that each is built again, on its next use, from the table
+        and the machine's current ``guard_*`` and ``effect_*`` callables (after a test or a checker
+        replaced some on the instance, e.g. to record which effect builders run).  A rule is
+        compiled on its first use, not at construction: a core built for one request (a test, a
+        model-check state) pays for the rules it applies, not for the whole table (decision V1)."""
         self._rules.clear()
-        self._rules.update(rules)
+
+    def _compile_rule(self, key: tuple[Any, Any]) -> tuple[Any, Any, tuple]:
+        """The rule for ``(state, event)`` as ``(kind, reason, branches)``, each branch's guard and
+        effects bound to this machine (KeyError: the table has no such pair)."""
+        rule = self.TABLE[key]
+        state = key[0]
+        ops = self._rules.ops
+        branches = []
+        for b in rule.branches:
+            moved = b.dest is not state
+            if moved and (state, b.dest) not in ops:
+                ops[state, b.dest] = (self.retime_op(state, b.dest), self.index_ops(state, b.dest))
+            retime, index = ops[state, b.dest] if moved else (None, ())
+            guard = getattr(self, f"guard_{b.guard.value}") if b.guard is not None else None
+            effects = tuple(getattr(self, f"effect_{e.value}") for e in b.effects)
+            branches.append((guard, b.dest, effects, b.reason, moved, retime, index))
+        return (rule.kind, rule.reason, tuple(branches))
 
     # -- hooks ------------------------------------------------------------------------------
     def new_record(self, key: Any) -> Record:  # pragma: no cover - overridden

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "b01139d4f46a1a2ca4d6932a1c7c44a200ec341b8fb10bf2d569d8f2a7c0e835"
+SPEC_SHA256: Final = "6b557134ec508656d6d90800b7b04349aa9af55bd6a2fe961b291df0ff76d385"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -88,8 +88,12 @@ class Reason(enum.StrEnum):
     """the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent"""
     CONNECT_TIMEOUT = "connect_timeout"
     """the producer's address did not answer the connection within connect_timeout_s"""
+    AUTH_FAILED = "auth_failed"
+    """the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); nothing was sent"""
     SEND_FAILED = "send_failed"
     """the transport could not send to the peer"""
+    PLANE_FAULT = "plane_fault"
+    """the data plane's path to the peer broke (NIXL: a remote disconnect at a post or a state check): the session is ended so no fetch waits on a dead path, and the next load dials afresh (the plane adds the peer anew)"""
     TOO_MANY_PEERS = "too_many_peers"
     """this manager already has max_peers sessions"""
     PEER_NOT_ALLOWED = "peer_not_allowed"
@@ -138,6 +142,69 @@ class Reason(enum.StrEnum):
     """shutdown lets work in flight finish within shutdown_grace_s; this input changes nothing until then"""
     REFERENCED = "referenced"
     """the data plane still references the blocks; only its release (or closing the plane) ends this state"""
+
+
+REASON_DOCS: Final = MappingProxyType({
+    Reason.REAPED: "the parked blocks waited longer than unbound_store_timeout_s for a fetch and were released",
+    Reason.ABORTED: "the consumer aborted the fetch (or cancelled before fetching)",
+    Reason.TRANSFER_FAILED: "the data plane failed to move the blocks (its references are released)",
+    Reason.TRANSFER_TIMEOUT: "the transfer did not finish within transfer_timeout_s",
+    Reason.SUPPLY_TIMEOUT: "a bound fetch waited longer than fetch_supply_timeout_s for blocks that were never stored",
+    Reason.INCOMPLETE: "the producer's request finished without storing every block the fetch named",
+    Reason.NOTHING_STORED: "the producer's request finished without storing anything under this id (e.g. its engine could not store the blocks)",
+    Reason.PEER_LOST: "the peer's session died (silence, disconnect, send failure, restart)",
+    Reason.DRAINED: "drain_jobs ended the id before a consumer fetched it",
+    Reason.SHUTDOWN: "the manager shut down (ours, or the peer's: its goodbye said so)",
+    Reason.DUPLICATE_FETCH: "a second fetch for an id that is already bound to another round",
+    Reason.TOO_MANY_PENDING: "the peer already has max_pending_fetches_per_peer fetches waiting for blocks",
+    Reason.ALREADY_SERVED: "the id's blocks were already transferred to a consumer",
+    Reason.ROUND_FINISHED: "a store arrived after the id's transfer completed",
+    Reason.ID_IN_USE: "another engine request already parks blocks under this kv_request_id",
+    Reason.LOAD_TIMEOUT: "the consumer's load did not complete within load_timeout_s",
+    Reason.CANCELLED: "the consumer's engine finished the request before the load completed",
+    Reason.DUPLICATE_LOAD: "a second load for an id while one is live",
+    Reason.ONE_FETCH_PER_ID: "an id is fetched at most once; a second load after a terminal one fails",
+    Reason.INCOMPLETE_DATA: "transfer_done(ok) arrived but not every block had landed",
+    Reason.CORRUPT: "a block landed whose digest differs from the digest taken when it was parked",
+    Reason.TRANSFER_STALLED: "a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release",
+    Reason.ABORT_UNACKNOWLEDGED: "the producer did not answer an abort within abort_ack_timeout_s; the session is ended so no write can still land",
+    Reason.INSTANCE_DOWN: "another session to the same producer instance died and none has been heard from since",
+    Reason.HANDSHAKE_TIMEOUT: "the session was not ready within handshake_timeout_s",
+    Reason.HANDSHAKE_MISMATCH: "protocol version, block layout or hash seed differ between the peers",
+    Reason.PEER_TIMEOUT: "nothing heard from the peer for peer_timeout_s",
+    Reason.PEER_DISCONNECTED: "the peer said disconnect, did not know our session, or its connection closed",
+    Reason.PEER_RESTARTED: "the peer reconnected with a new generation (or a new session from the same consumer replaced this one)",
+    Reason.CONNECT_REFUSED: "the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent",
+    Reason.CONNECT_TIMEOUT: "the producer's address did not answer the connection within connect_timeout_s",
+    Reason.AUTH_FAILED: "the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); nothing was sent",
+    Reason.SEND_FAILED: "the transport could not send to the peer",
+    Reason.PLANE_FAULT: "the data plane's path to the peer broke (NIXL: a remote disconnect at a post or a state check): the session is ended so no fetch waits on a dead path, and the next load dials afresh (the plane adds the peer anew)",
+    Reason.TOO_MANY_PEERS: "this manager already has max_peers sessions",
+    Reason.PEER_NOT_ALLOWED: "the request names a producer endpoint outside allowed_peers (or one '*' does not admit: link-local, metadata, multicast, unspecified, loopback from beyond loopback); nothing was dialled",
+    Reason.NOT_AUTHORISED: "the peer is not the consumer the producer request named for this id; the refusal changes nothing",
+    Reason.IDLE_EVICTED: "an inbound session with nothing bound to it and no work for handshake_timeout_s was ended to admit a new peer at max_peers",
+    Reason.LOCAL: "a local-only request: nothing was parked or fetched, so the job succeeded at once",
+    Reason.NOT_NEEDED: "the consumer needed none of the id's blocks (an empty fetch): the store jobs succeeded and the blocks were released at once",
+    Reason.INVALID_PARAMS: "the request's kv_transfer_params were malformed, so the tier hands nothing off for it",
+    Reason.NOT_A_CONSUMER: "a load for a request that names no remote producer",
+    Reason.BAD_JOB: "the engine's job was malformed (e.g. keys and slots of different lengths)",
+    Reason.JOB_REFUSED: "the manager refused the job; its error is logged",
+    Reason.PROBE_TIMEOUT: "the peer did not answer the probe within probe_timeout_s (dialling and the handshake included); the engine computes the blocks",
+    Reason.NOT_SERVING: "the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)",
+    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds or pins serve_max_pinned_blocks_per_peer blocks for us (or its pool's serve_max_pinned_fraction), or this round had serve_max_probes_per_round probes",
+    Reason.NOT_OFFERED: "a fetch or load named a block that no probe reply of its round offered (or the round had ended)",
+    Reason.OFFER_EXPIRED: "the consumer did not fetch the offered blocks within offer_timeout_s; their pins were released",
+    Reason.NOT_ANNOUNCED_PROBE: "the engine must announce a symmetric request (on_new_request with remote_kv_source) before looking keys up or loading for it",
+    Reason.NO_RECORD: "the id has no record in this machine (never seen or already pruned)",
+    Reason.STALE: "a late, duplicate or out-of-order input for this state; counted and dropped",
+    Reason.NOT_BOUND: "the id is not bound to a peer, so the input does not concern it",
+    Reason.PEER_ERROR: "the peer refused our message as malformed (e.g. over its size limits)",
+    Reason.LATE_DATA: "block data for a round that is no longer in flight is dropped, never written",
+    Reason.NOT_ANNOUNCED: "the engine must announce a request (on_new_request) before loading it",
+    Reason.IN_GRACE: "shutdown lets work in flight finish within shutdown_grace_s; this input changes nothing until then",
+    Reason.REFERENCED: "the data plane still references the blocks; only its release (or closing the plane) ends this state",
+})
+"""Reason -> what it means (the spec's text; docs/troubleshooting.md and ``kvtier why``)."""
 
 
 class Branch(NamedTuple):
@@ -441,7 +508,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.AWAITING, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.SAME_ROUND, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
-        Branch(None, ProducerState.AWAITING, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(None, ProducerState.AWAITING, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.AWAITING, ProducerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.INCOMPLETE),
@@ -489,7 +556,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.SERVING, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.ABORTED),
-        Branch(None, ProducerState.SERVING, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(None, ProducerState.SERVING, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.SERVING, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -527,7 +594,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.DELIVERING, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.SAME_ROUND, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
-        Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(None, ProducerState.DELIVERING, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -567,7 +634,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.DONE, (ProducerEffect.COMPLETE_JOBS, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
-        Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(None, ProducerState.CONFIRMED, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CONFIRMED, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -604,8 +671,8 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_TERMINAL, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
-        Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (), None),
-        Branch(None, ProducerState.CANCELLING, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.CANCELLING, (ProducerEffect.NOTE_DUPLICATE, ), None),
+        Branch(None, ProducerState.CANCELLING, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -644,8 +711,8 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_TERMINAL, ), None),
     ), None),
     (ProducerState.QUARANTINED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
-        Branch(ProducerGuard.SAME_ROUND, ProducerState.QUARANTINED, (), None),
-        Branch(None, ProducerState.QUARANTINED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(ProducerGuard.SAME_ROUND, ProducerState.QUARANTINED, (ProducerEffect.NOTE_DUPLICATE, ), None),
+        Branch(None, ProducerState.QUARANTINED, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.QUARANTINED, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -673,7 +740,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.DONE, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
-        Branch(None, ProducerState.DONE, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(None, ProducerState.DONE, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.DONE, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -706,7 +773,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.TOMBSTONED, ProducerEvent.TRANSFER_RELEASED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.TRANSFER_FAILED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
-        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.REPLY_ABORT_ACK, ), None),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.TOMBSTONED, ProducerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),
@@ -749,6 +816,8 @@ class ConsumerState(enum.StrEnum):
     """One-sided planes: the producer gave the transfer up and said why (its notice); writes it already posted may still land, so the slots are held until its terminal answer (or revocation). Every later ending reports the notice's reason."""
     REVOKING = "revoking"
     """The producer cannot answer (session dead or abort unanswered); the data plane withdraws its access; waits until that is certain: the plane says so, or the revoke deadline passes (a plane that withdraws by itself is done by then). A plane that cannot withdraw keeps the slots past it, saying so."""
+    SETTLING = "settling"
+    """The load has ended (its terminal answer, a revocation or a deadline came), but a landing it started has not answered yet: a copy into its slots may still be running (zmq: on the digest pool). The result waits for every landing's answer, so no byte lands in a slot after the job's result (decision I26). The data plane always answers a landing (its close reports every one)."""
     LOADED = "loaded"
     """Every block landed and matched its digest; success reported, receipt sent; waits for the engine to finish the request."""
     FAILED = "failed"
@@ -783,7 +852,7 @@ class ConsumerEvent(enum.StrEnum):
     REQUEST_FINISHED = "request_finished"
     """the engine finished the request"""
     PEER_LOST = "peer_lost"
-    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled, connect_refused, connect_timeout)"""
+    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled, connect_refused, connect_timeout, auth_failed)"""
     SHUTDOWN = "shutdown"
     """shutdown() began: no new work; loads in flight may finish within shutdown_grace_s"""
     CLOSE = "close"
@@ -813,12 +882,20 @@ class ConsumerGuard(enum.StrEnum):
     """these blocks are the last ones of the fetch still missing"""
     ENGINE_FINISHED = "engine_finished"
     """the engine finished the request while the load was ending"""
+    FAILED_WHILE_LANDING = "failed_while_landing"
+    """the transfer_done says ok=false and a landing this load started has not answered yet"""
     NOTICE = "notice"
     """the transfer_done is the producer's notice that it gave the transfer up (final=false), not its terminal answer"""
     NOTICE_ONE_SIDED = "notice_one_sided"
     """a notice, and the data plane is one-sided: writes the producer already posted may still land"""
     REVOKE_UNBOUNDED = "revoke_unbounded"
     """the data plane cannot withdraw a producer's access by itself (a NIXL pool that is not shared memory): only its report of a proof ends revoking"""
+    LANDING = "landing"
+    """a landing this load started has not answered yet (a block is unchecked: its copy or check may still be running)"""
+    LAST_LANDING = "last_landing"
+    """this answer is the last one the load waits for: no other landing of it is unchecked"""
+    LAST_LANDING_FINISHED = "last_landing_finished"
+    """the last landing's answer, and the engine finished the request meanwhile"""
 
 
 class ConsumerEffect(enum.StrEnum):
@@ -828,8 +905,8 @@ class ConsumerEffect(enum.StrEnum):
     """send fetch(kv_request_id, round, keys, slots) to the producer"""
     LAND_BLOCKS = "land_blocks"
     """ask the shell to land the blocks first..first+count-1 in their slots (zmq: copy the payload frames; one-sided planes: already written) and check their digests, and mark them landing (a second block_data naming one of them is not valid); it answers blocks_landed, at once or, for a landing on the digest pool, in a later step"""
-    NOTE_LANDED = "note_landed"
-    """record that these blocks landed intact"""
+    NOTE_CHECKED = "note_checked"
+    """record the landing's answer: each block of the batch verified (it matched its digest) or, for a corrupt answer, the whole batch failed; a failed load reports as successful keys only the verified prefix of its fetch (decision I21)"""
     REPORT_LOAD_OK = "report_load_ok"
     """report the load job as succeeded (slots hold the parked bytes)"""
     SEND_RECEIPT = "send_receipt"
@@ -877,6 +954,7 @@ CONSUMER_STATE_TIMER: Final = MappingProxyType({
     ConsumerState.CANCELLING: 'abort_ack',
     ConsumerState.GIVEN_UP: 'abort_ack',
     ConsumerState.REVOKING: 'revoke',
+    ConsumerState.SETTLING: None,
     ConsumerState.LOADED: None,
     ConsumerState.FAILED: None,
     ConsumerState.FINISHED: None,
@@ -969,15 +1047,17 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.BLOCKS_LANDED): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
-        Branch(ConsumerGuard.CORRUPT, ConsumerState.ABORTING, (ConsumerEffect.SEND_ABORT, ), Reason.CORRUPT),
-        Branch(ConsumerGuard.COMPLETES, ConsumerState.LOADED, (ConsumerEffect.NOTE_LANDED, ConsumerEffect.REPORT_LOAD_OK, ConsumerEffect.SEND_RECEIPT, ), None),
-        Branch(None, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_LANDED, ), None),
+        Branch(ConsumerGuard.CORRUPT, ConsumerState.ABORTING, (ConsumerEffect.NOTE_CHECKED, ConsumerEffect.SEND_ABORT, ), Reason.CORRUPT),
+        Branch(ConsumerGuard.COMPLETES, ConsumerState.LOADED, (ConsumerEffect.NOTE_CHECKED, ConsumerEffect.REPORT_LOAD_OK, ConsumerEffect.SEND_RECEIPT, ), None),
+        Branch(None, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_CHECKED, ), None),
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(ConsumerGuard.NOTICE_ONE_SIDED, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_NOTICE, ), None),
+        Branch(ConsumerGuard.FAILED_WHILE_LANDING, ConsumerState.SETTLING, (), None),
         Branch(ConsumerGuard.DONE_FAIL, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(ConsumerGuard.ALL_RECEIVED, ConsumerState.LOADED, (ConsumerEffect.REPORT_LOAD_OK, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), Reason.INCOMPLETE_DATA),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), Reason.INCOMPLETE_DATA),
     ), None),
     (ConsumerState.IN_FLIGHT, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
@@ -1003,14 +1083,19 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
-    (ConsumerState.ABORTING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.ABORTING, ConsumerEvent.BLOCKS_LANDED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(None, ConsumerState.ABORTING, (ConsumerEffect.NOTE_CHECKED, ), None),
+    ), None),
     (ConsumerState.ABORTING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(ConsumerGuard.NOTICE, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.ABORTING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
@@ -1035,14 +1120,19 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
-    (ConsumerState.CANCELLING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.CANCELLING, ConsumerEvent.BLOCKS_LANDED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(None, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_CHECKED, ), None),
+    ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(ConsumerGuard.NOTICE, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (ConsumerEffect.NOTE_FINISHED, ), None),
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.CANCELLING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (ConsumerEffect.NOTE_FINISHED, ), None),
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
@@ -1065,15 +1155,20 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.GIVEN_UP, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.GIVEN_UP, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
-    (ConsumerState.GIVEN_UP, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.GIVEN_UP, ConsumerEvent.BLOCKS_LANDED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(None, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_CHECKED, ), None),
+    ), None),
     (ConsumerState.GIVEN_UP, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(ConsumerGuard.NOTICE, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.GIVEN_UP, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
@@ -1099,24 +1194,31 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.REVOKING, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.REVOKING, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
-    (ConsumerState.REVOKING, ConsumerEvent.BLOCKS_LANDED): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.REVOKING, ConsumerEvent.BLOCKS_LANDED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_CHECKED, ), None),
+    ), None),
     (ConsumerState.REVOKING, ConsumerEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(ConsumerGuard.NOTICE, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.REVOKING, ConsumerEvent.ABORT_ACK): Rule(TRANSITION, (
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.REVOKING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.REVOKING, ConsumerEvent.ACCESS_REVOKED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.REVOKING, ConsumerEvent.REVOKE_DEADLINE): Rule(TRANSITION, (
         Branch(ConsumerGuard.REVOKE_UNBOUNDED, ConsumerState.REVOKING, (ConsumerEffect.NOTE_HELD, ConsumerEffect.RESTART_TIMER, ), None),
+        Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
@@ -1128,6 +1230,30 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.REVOKING, ConsumerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.REVOKING, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
     (ConsumerState.REVOKING, ConsumerEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
+    (ConsumerState.SETTLING, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
+        Branch(None, ConsumerState.SETTLING, (ConsumerEffect.FAIL_NEW_JOB, ), Reason.DUPLICATE_LOAD),
+    ), None),
+    (ConsumerState.SETTLING, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.LATE_DATA),
+    (ConsumerState.SETTLING, ConsumerEvent.BLOCKS_LANDED): Rule(TRANSITION, (
+        Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.SETTLING, (ConsumerEffect.NOTE_STALE, ), None),
+        Branch(ConsumerGuard.LAST_LANDING_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.NOTE_CHECKED, ConsumerEffect.FAIL_JOB, ), None),
+        Branch(ConsumerGuard.LAST_LANDING, ConsumerState.FAILED, (ConsumerEffect.NOTE_CHECKED, ConsumerEffect.FAIL_JOB, ), None),
+        Branch(None, ConsumerState.SETTLING, (ConsumerEffect.NOTE_CHECKED, ), None),
+    ), None),
+    (ConsumerState.SETTLING, ConsumerEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.ABORT_ACK): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.ACCESS_REVOKED): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(None, ConsumerState.SETTLING, (ConsumerEffect.NOTE_FINISHED, ), None),
+    ), None),
+    (ConsumerState.SETTLING, ConsumerEvent.PEER_LOST): Rule(IGNORE, (), Reason.STALE),
+    (ConsumerState.SETTLING, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.REFERENCED),
+    (ConsumerState.SETTLING, ConsumerEvent.CLOSE): Rule(IGNORE, (), Reason.REFERENCED),
     (ConsumerState.LOADED, ConsumerEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.LOADED, ConsumerEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(ConsumerGuard.LOAD_EMPTY, ConsumerState.LOADED, (ConsumerEffect.REPORT_NEW_JOB_OK, ), None),
@@ -1203,7 +1329,7 @@ class SessionEvent(enum.StrEnum):
     TRANSPORT_UP = "transport_up"
     """the transport has a connection object for the peer (zmq connects asynchronously), and the data plane the descriptor this session's hello carries"""
     CONNECT_FAILED = "connect_failed"
-    """the dial never connected: the address refused it, is unreachable, or did not answer within connect_timeout_s (or this manager cannot dial it)"""
+    """the dial never connected: the address refused it, is unreachable, or did not answer within connect_timeout_s (or this manager cannot dial it), or the connection's CURVE handshake failed"""
     HELLO = "hello"
     """the peer's hello arrived (version, block layout, hash seed, data plane, generation)"""
     HELLO_ACK = "hello_ack"
@@ -1215,7 +1341,11 @@ class SessionEvent(enum.StrEnum):
     PLANE_REFUSED = "plane_refused"
     """the data plane refused the peer's descriptor (malformed, for another pool, or its agent still in use)"""
     MESSAGE = "message"
-    """a valid work message from the peer (fetch, block_data, receipt, transfer_done, abort_fetch, abort_ack, error)"""
+    """a valid work message from the peer (fetch, block_data, receipt, transfer_done, abort_ack, error)"""
+    RELEASE = "release"
+    """the peer's abort_fetch or a fetch naming no keys: it only asks us to release what we hold for an id, which needs no data plane (so it is answered in attaching too)"""
+    PLANE_FAULT = "plane_fault"
+    """the data plane reports the path to the peer broken (NIXL: a remote disconnect): transfers to it fail until the peer is added anew"""
     PING = "ping"
     """the peer's ping arrived"""
     PONG = "pong"
@@ -1250,7 +1380,7 @@ class SessionGuard(enum.StrEnum):
     PEER_SHUTTING_DOWN = "peer_shutting_down"
     """the peer's disconnect says it is shutting down (its goodbye)"""
     PEER_GAVE_REASON = "peer_gave_reason"
-    """the peer's disconnect names why it ended the session (transfer_stalled, abort_unacknowledged, peer_timeout, idle_evicted, peer_restarted): the session ends with that reason"""
+    """the peer's disconnect names why it ended the session (transfer_stalled, abort_unacknowledged, peer_timeout, idle_evicted, peer_restarted, plane_fault): the session ends with that reason"""
     DIALLED = "dialled"
     """we dialled this peer (we are its consumer; it answers our pings)"""
     SILENT = "silent"
@@ -1259,6 +1389,8 @@ class SessionGuard(enum.StrEnum):
     """the dial got no answer within connect_timeout_s (rather than a refusal)"""
     CONNECT_NOT_ALLOWED = "connect_not_allowed"
     """the producer's name resolved to an address allowed_peers '*' does not admit (nothing was dialled)"""
+    CONNECT_AUTH_FAILED = "connect_auth_failed"
+    """the connection's CURVE handshake failed (a key the other side does not accept, or only one side runs auth='curve')"""
 
 
 class SessionEffect(enum.StrEnum):
@@ -1292,6 +1424,8 @@ class SessionEffect(enum.StrEnum):
     """send disconnect"""
     CLOSE_CONNECTION = "close_connection"
     """close the transport connection to the peer (a dialled socket is closed; an inbound connection is shut down), so nothing stays queued to it"""
+    CLOSE_AFTER_GOODBYE = "close_after_goodbye"
+    """close the transport connection to the peer once the goodbye just sent (and what is queued before it) had up to shutdown_grace_s to leave; nothing more is sent to it meanwhile, so a peer still reading learns why (decision I28)"""
     PEER_DOWN = "peer_down"
     """tell every producer and consumer record bound to this peer: peer_lost; the data plane forgets the peer"""
     RESTART_TIMER = "restart_timer"
@@ -1333,6 +1467,10 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.ABSENT, SessionEvent.MESSAGE): Rule(TRANSITION, (
         Branch(None, SessionState.ABSENT, (SessionEffect.REPLY_UNKNOWN_SESSION, ), None),
     ), None),
+    (SessionState.ABSENT, SessionEvent.RELEASE): Rule(TRANSITION, (
+        Branch(None, SessionState.ABSENT, (SessionEffect.REPLY_UNKNOWN_SESSION, ), None),
+    ), None),
+    (SessionState.ABSENT, SessionEvent.PLANE_FAULT): Rule(IGNORE, (), Reason.NO_RECORD),
     (SessionState.ABSENT, SessionEvent.PING): Rule(TRANSITION, (
         Branch(None, SessionState.ABSENT, (SessionEffect.REPLY_UNKNOWN_SESSION, ), None),
     ), None),
@@ -1353,6 +1491,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.CONNECTING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
         Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
+        Branch(SessionGuard.CONNECT_AUTH_FAILED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.AUTH_FAILED),
         Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),
@@ -1362,6 +1501,8 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.CONNECTING, SessionEvent.PLANE_ATTACHED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.PLANE_REFUSED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.CONNECTING, SessionEvent.RELEASE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.CONNECTING, SessionEvent.PLANE_FAULT): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.PING): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.CONNECTING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
@@ -1376,7 +1517,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
     ), None),
     (SessionState.CONNECTING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.CONNECTING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
@@ -1390,6 +1531,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.TRANSPORT_UP): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.CONNECT_FAILED): Rule(TRANSITION, (
         Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
+        Branch(SessionGuard.CONNECT_AUTH_FAILED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.AUTH_FAILED),
         Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),
@@ -1404,6 +1546,8 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.PLANE_ATTACHED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.PLANE_REFUSED): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.HANDSHAKING, SessionEvent.RELEASE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.HANDSHAKING, SessionEvent.PLANE_FAULT): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.PING): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.HANDSHAKING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
@@ -1418,7 +1562,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
@@ -1443,6 +1587,12 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
     ), None),
     (SessionState.ATTACHING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),
+    (SessionState.ATTACHING, SessionEvent.RELEASE): Rule(TRANSITION, (
+        Branch(None, SessionState.ATTACHING, (SessionEffect.NOTE_HEARD, SessionEffect.NOTE_ACTIVE, ), None),
+    ), None),
+    (SessionState.ATTACHING, SessionEvent.PLANE_FAULT): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), Reason.PLANE_FAULT),
+    ), None),
     (SessionState.ATTACHING, SessionEvent.PING): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.PONG): Rule(IGNORE, (), Reason.STALE),
     (SessionState.ATTACHING, SessionEvent.DISCONNECT): Rule(TRANSITION, (
@@ -1457,7 +1607,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
     ), None),
     (SessionState.ATTACHING, SessionEvent.GIVE_UP): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.ATTACHING, SessionEvent.HANDSHAKE_DEADLINE): Rule(TRANSITION, (
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_TIMEOUT),
@@ -1481,6 +1631,12 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.READY, SessionEvent.MESSAGE): Rule(TRANSITION, (
         Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.NOTE_ACTIVE, ), None),
     ), None),
+    (SessionState.READY, SessionEvent.RELEASE): Rule(TRANSITION, (
+        Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.NOTE_ACTIVE, ), None),
+    ), None),
+    (SessionState.READY, SessionEvent.PLANE_FAULT): Rule(TRANSITION, (
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), Reason.PLANE_FAULT),
+    ), None),
     (SessionState.READY, SessionEvent.PING): Rule(TRANSITION, (
         Branch(None, SessionState.READY, (SessionEffect.NOTE_HEARD, SessionEffect.SEND_PONG, ), None),
     ), None),
@@ -1499,7 +1655,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SEND_FAILED),
     ), None),
     (SessionState.READY, SessionEvent.GIVE_UP): Rule(TRANSITION, (
-        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), None),
+        Branch(None, SessionState.DEAD, (SessionEffect.SEND_DISCONNECT, SessionEffect.CLOSE_AFTER_GOODBYE, SessionEffect.PEER_DOWN, ), None),
     ), None),
     (SessionState.READY, SessionEvent.HANDSHAKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (SessionState.READY, SessionEvent.HEARTBEAT_DEADLINE): Rule(TRANSITION, (
@@ -2306,6 +2462,11 @@ PROPERTIES: Final = MappingProxyType({
     "no_hit_without_pin": ("safety", "A probe_reply says hit for a key only while its serve record holds an unreleased pin covering it, held until the round's fetch is terminal, the consumer released the round or the producer told it transfer_done(fail); the consumer answers HIT only for keys its open round was told hit (or a load of it is in flight) and never after the round failed."),
     "no_block_after_release": ("safety", "Blocks reach the data plane for a serve record only on its step into serving, only blocks of pins it still holds and only keys its replies offered; a fetch of an ended round, or of keys never offered, is answered transfer_done(fail, not_offered) in the step that receives it and moves no byte."),
     "lookup_context_closed_once": ("safety", "Every engine-side lookup context the shell opened for a serve record (ParentManager.on_new_request) is closed exactly once (on_request_finished), in a serve window, while the engine lives."),
-    "partial_keys_verified": ("safety", "A failed load reports as successful_keys only keys whose blocks landed in its slots and matched their digests (re-checked at reporting on one-sided planes), and only once no write can land in its slots; with integrity = none it reports none."),
+    "partial_keys_verified": ("safety", "A failed load reports as successful_keys exactly the verified prefix of its fetch: the keys from the first whose blocks landed in its slots and matched their digests (re-checked at reporting on one-sided planes), never a key whose landing failed its check, was not answered yet, or follows a hole; and only once no write can land in its slots; with integrity = none it reports none (decision I21)."),
+    "result_after_last_write": ("safety", "A load's job result (success or failure) is reported only once every landing it started has answered: no byte lands in a slot after its job's result, so the engine may reuse the slots the moment it has it (decision I26)."),
+    "failed_keys_miss": ("safety", "Once a symmetric round's load failed, every key of it outside its successful prefix answers MISS for the rest of the request: a key is loaded at most twice per request and a failed one is never probed, offered and loaded again (decision I22)."),
+    "instance_fate_proven": ("safety", "A producer instance is held gone (its new loads fail instance_down without dialling) only on proof of its end: a dial its address refused, or a hello_ack at its address naming another instance; never on a disconnect, a reset, silence, a failed send or a give-up alone (decision I23)."),
+    "release_never_dropped": ("safety", "An abort_fetch, or a fetch naming no keys, that reaches the producer on a session of its generation that is ready or still attaching (its data plane taking the descriptor) is applied in that step, so the blocks it releases are freed within one round trip (decision I24)."),
+    "plane_fault_ends_session": ("safety", "A data-plane fault (a path to the peer that broke, e.g. a NIXL remote disconnect) ends the session it was reported for: no transfer is started on that session afterwards, and the next load dials afresh (decision I25)."),
 })
 """Property name -> (kind, statement). Verified by tests and `python -m tools check`."""

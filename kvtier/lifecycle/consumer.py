@@ -15,6 +15,13 @@ has revoked the producer's access (``revoking`` → ``access_revoked``).  So eve
 not get a terminal answer — session death, an abort nobody answers — goes through ``revoking``.
 A failed id makes later lookups MISS so the engine recomputes locally.
 
+What each slot holds is a typed state per fetch position (:mod:`kvtier.lifecycle.blockstates`:
+empty, unchecked, verified, failed), never a flag read as a truth value: a failed load reports
+as ``successful_keys`` only the *verified prefix* of its fetch (decision I21), and no result —
+success or failure — is reported while a landing it started has not answered (``settling``,
+decision I26): on zmq that landing is a copy into the slots, and the engine may reuse the slots
+the moment it has the result.
+
 All decisions come from ``_table.CONSUMER_TABLE``; this module supplies guards and effects only.
 """
 
@@ -26,6 +33,7 @@ from typing import Any
 import msgspec
 
 from kvtier.lifecycle._machine import Record, TableMachine
+from kvtier.lifecycle.blockstates import BlockState, BlockStates
 from kvtier.lifecycle._table import (
     CONSUMER_FINAL,
     CONSUMER_INITIAL,
@@ -49,7 +57,8 @@ class MessageInput(msgspec.Struct, frozen=True, gc=False):
     """A producer message about ``kv_request_id``: block_data (``first``/``count``, with the
     ``digests`` it carries and its ``payloads``), transfer_done (``ok``/``reason``) or abort_ack;
     or the shell's ``blocks_landed`` report (``first``/``count``, ``ok`` False when a block did
-    not match its digest)."""
+    not match its digest; its ``reason`` is None, so a load that ends on it keeps the reason it
+    ended with)."""
 
     kv_request_id: str
     round: int
@@ -65,7 +74,7 @@ class MessageInput(msgspec.Struct, frozen=True, gc=False):
 
 
 class ConsumerRecord(Record):
-    __slots__ = ("kv_request_id", "peer", "job_id", "keys", "slots", "round", "landed", "n_landed", "digests",
+    __slots__ = ("kv_request_id", "peer", "job_id", "keys", "slots", "round", "landed", "digests",
                  "fetched", "engine_finished", "life", "notice")
 
     def __init__(self, key: Any, kv_request_id: str | None = None) -> None:
@@ -78,17 +87,23 @@ class ConsumerRecord(Record):
         self.keys: tuple[bytes, ...] = ()
         self.slots: tuple[int, ...] = ()
         self.round = -1
-        self.landed: bytearray = bytearray()
-        self.n_landed = 0
+        self.landed = BlockStates()  # per fetch position: what its slot holds (decision I21)
         self.digests: list[int] = []  # per key: the digest its block_data carried (partial loads)
         self.fetched = False
         self.engine_finished = False
         self.life = ""  # the pairing's life (decision I20)
         self.notice: Reason | None = None  # the reason of the producer's notice (decision I19)
 
+    @property
+    def n_landed(self) -> int:
+        """Blocks of the fetch that landed and matched their digests."""
+        return self.landed.verified
+
 
 #: states whose round still waits for the producer's terminal answer on the live session: the
 #: lowest of them is the low watermark every fetch and abort names (decision I11)
+_UNCHECKED = BlockState.UNCHECKED
+
 _OPEN = frozenset({ConsumerState.QUEUED, ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING,
                    ConsumerState.GIVEN_UP})
 
@@ -263,16 +278,31 @@ class ConsumerMachine(TableMachine):
         first, count = inp.first, inp.count
         if count <= 0 or first < 0 or first + count > len(rec.keys):
             return False
-        return not any(rec.landed[first : first + count])
+        return rec.landed.untouched(first, count)
 
     def guard_completes(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
-        return rec.n_landed + inp.count == len(rec.keys)
+        return rec.landed.verified + inp.count == len(rec.keys)
+
+    def guard_landing(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
+        return rec.landed.unchecked > 0
+
+    def guard_failed_while_landing(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
+        return not inp.ok and rec.landed.unchecked > 0
+
+    def guard_last_landing(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
+        states = rec.landed
+        # the answer settles every unchecked position it names (a stale answer names none)
+        return states.unchecked == sum(1 for i in range(inp.first, min(inp.first + inp.count, len(states)))
+                                       if states[i] is _UNCHECKED)
+
+    def guard_last_landing_finished(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
+        return rec.engine_finished and self.guard_last_landing(rec, inp, now)
 
     def guard_done_fail(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return not inp.ok
 
     def guard_all_received(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
-        return rec.n_landed == len(rec.keys)
+        return rec.landed.verified == len(rec.keys)
 
     def guard_notice(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return not inp.final
@@ -290,8 +320,7 @@ class ConsumerMachine(TableMachine):
         rec.keys = inp.keys
         rec.slots = inp.slots
         rec.round = self.rounds.take()
-        rec.landed = bytearray(len(inp.keys))
-        rec.n_landed = 0
+        rec.landed = BlockStates(len(inp.keys))
         rec.digests = [0] * len(inp.keys)
 
     def effect_accept_load(self, rec: ConsumerRecord, inp: LoadSubmitted, reason, now, out) -> None:
@@ -307,18 +336,16 @@ class ConsumerMachine(TableMachine):
 
     def effect_land_blocks(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
         first, count = inp.first, inp.count
-        # landing (2) until blocks_landed: its answer may come in a later step (a landing on the
+        # unchecked until blocks_landed: its answer may come in a later step (a landing on the
         # digest pool), and a block_data naming these blocks again meanwhile is not valid
-        rec.landed[first : first + count] = b"\x02" * count
+        rec.landed.start(first, count)
         if inp.digests:
             rec.digests[first : first + count] = inp.digests
         out.append(LandBlocks(rec.peer, rec.kv_request_id, rec.round, first, rec.slots[first : first + count],
                               inp.digests, inp.payloads))
 
-    def effect_note_landed(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
-        first, count = inp.first, inp.count
-        rec.landed[first : first + count] = b"\x01" * count
-        rec.n_landed += count
+    def effect_note_checked(self, rec: ConsumerRecord, inp: MessageInput, reason, now, out) -> None:
+        rec.landed.settle(inp.first, inp.count, inp.ok)
 
     def effect_send_receipt(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(Send(rec.peer, wm.Receipt(gen=self._sessions.gen(rec.peer), kv_request_id=rec.kv_request_id,
@@ -339,21 +366,24 @@ class ConsumerMachine(TableMachine):
 
     def effect_fail_job(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         if rec.job_id is not None:
-            keys, verify = self._landed_intact(rec)
+            keys, verify = self._verified_prefix(rec)
             out.append(JobDone(rec.job_id, False, reason, keys, verify))
             rec.job_id = None
 
-    def _landed_intact(self, rec: ConsumerRecord) -> tuple[tuple[bytes, ...] | None, tuple[tuple[int, int], ...]]:
-        """A failed load's ``successful_keys``: the blocks that landed and matched their digests.
-        Every path to a failed result runs only once no write can land in the slots (property
-        ``no_write_after_terminal``); on a one-sided plane the peer wrote the slots itself, so each
-        key comes with ``(slot, digest)`` for the shell to check once more at reporting (property
-        ``partial_keys_verified``).  Without integrity checking nothing was verified: None."""
-        if not rec.n_landed or not self.integrity:
+    def _verified_prefix(self, rec: ConsumerRecord) -> tuple[tuple[bytes, ...] | None, tuple[tuple[int, int], ...]]:
+        """A failed load's ``successful_keys``: the longest prefix of its fetch whose blocks landed
+        and matched their digests (vLLM keeps a prefix and recomputes from the first hole, so a
+        verified key after a hole is not reported; decision I21).  Every path to a failed result
+        runs only once no write can land in the slots (properties ``no_write_after_terminal``,
+        ``result_after_last_write``); on a one-sided plane the peer wrote the slots itself, so
+        each key comes with ``(slot, digest)`` for the shell to check once more at reporting
+        (property ``partial_keys_verified``).  Without integrity checking nothing was verified:
+        None."""
+        n = rec.landed.prefix() if self.integrity else 0
+        if not n:
             return None, ()
-        idx = [i for i, landed in enumerate(rec.landed) if landed]
-        keys = tuple(rec.keys[i] for i in idx)
-        verify = tuple((rec.slots[i], rec.digests[i]) for i in idx) if self._one_sided else ()
+        keys = rec.keys[:n]
+        verify = tuple(zip(rec.slots[:n], rec.digests[:n])) if self._one_sided else ()
         return keys, verify
 
     def effect_fail_new_job(self, rec: ConsumerRecord, inp: LoadSubmitted, reason, now, out) -> None:

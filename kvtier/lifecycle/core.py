@@ -84,6 +84,7 @@ from kvtier.lifecycle.inputs import (
     LookupAnswered,
     Malformed,
     PeerAttached,
+    PlaneFaulted,
     ProbeAnnounced,
     Received,
     RequestFinished,
@@ -164,6 +165,7 @@ class TierCore(CoreReads, Receive):
             BlocksLanded: self._landed,
             PeerAttached: self._attached,
             AttachRefused: self._attached,
+            PlaneFaulted: self._plane_faulted,
             ProbeAnnounced: self._probe_announce,
             KeyLookedUp: self._key_looked_up,
             ScheduleEnded: self._schedule_ended,
@@ -370,6 +372,17 @@ class TierCore(CoreReads, Receive):
             return
         self._sessions.apply(rec, event, inp, now, out)
 
+    def _plane_faulted(self, inp: PlaneFaulted, now: float, out: list[Effect]) -> None:
+        """The data plane's path to a peer broke: end that session (only the generation the plane
+        took: a fault of an earlier session's entry is stale), so no fetch waits on a dead path
+        and the next load dials afresh (decision I25)."""
+        rec = self._sessions.records.get(inp.peer)
+        if rec is None or rec.gen != inp.gen:
+            out.append(Ignored("session", inp.peer, rec.state if rec else SessionState.ABSENT,
+                               SessionEvent.PLANE_FAULT, Reason.STALE))
+            return
+        self._sessions.apply(rec, SessionEvent.PLANE_FAULT, None, now, out)
+
     def _released(self, inp: TransferReleased, now: float, out: list[Effect]) -> None:
         if is_transfer_key(inp.kv_request_id):
             event = ServeEvent.TRANSFER_FAILED if inp.failed else ServeEvent.TRANSFER_RELEASED
@@ -386,7 +399,9 @@ class TierCore(CoreReads, Receive):
                     consumer.apply(rec, ConsumerEvent.ACCESS_REVOKED, None, now, out)
 
     def _landed(self, inp: BlocksLanded, now: float, out: list[Effect]) -> None:
-        m = MessageInput(inp.kv_request_id, inp.round, inp.first, inp.count, inp.ok, inp.reason)
+        # no reason: a load that ends on a landing's answer keeps the reason it ended with (the
+        # spec's corrupt branch names its own)
+        m = MessageInput(inp.kv_request_id, inp.round, inp.first, inp.count, inp.ok)
         self._to_consumer(inp.peer, ConsumerEvent.BLOCKS_LANDED, None, m, now, out)
 
     def _to_consumer(self, peer: str, event: ConsumerEvent, probe_event: ProbeEvent | None, m: MessageInput,

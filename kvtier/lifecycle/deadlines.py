@@ -12,8 +12,8 @@ older entries are skipped when they surface (lazy deletion).  The owner reports 
 makes stale (:meth:`DeadlineQueue.retire`), and the queue drops all stale entries once they are
 more than half of it (and more than :data:`STALE_FLOOR`), so stale entries never outnumber live ones for long: an
 id that moved on (parked → serving → done) does not keep paying for the deadlines of its earlier
-states.  (Decision D5: a heap until the third release; the lanes halve the cost of a timer change,
-P4 in docs/benchmarks.md.)
+states.  (Decision C9 supersedes D5's heap: the lanes halve the cost of a timer change, P4 in
+docs/benchmarks.md.)
 """
 
 from __future__ import annotations

@@ -153,9 +153,12 @@ class OpenConnection(_Effect):
 
 
 class CloseConnection(_Effect):
-    """Session: close the transport connection to ``peer`` (if we own one)."""
+    """Session: close the transport connection to ``peer`` (if we own one) — at once, or, with
+    ``linger_s`` > 0, once the goodbye just sent had up to that many seconds to leave (nothing
+    more is sent to ``peer`` meanwhile; decision I28)."""
 
     peer: str
+    linger_s: float = 0.0
 
 
 class AttachPeer(_Effect):

@@ -33,6 +33,7 @@ from kvtier.lifecycle._table import Reason
 __all__ = [
     "AccessRevoked",
     "AttachRefused",
+    "PlaneFaulted",
     "BlocksLanded",
     "ConnectFailed",
     "ConnectionClosed",
@@ -227,13 +228,17 @@ class ConnectionUp(_Input):
 
 class ConnectFailed(_Input):
     """The dial to ``peer`` never connected: refused or unreachable, or (``timed_out``) no
-    answer within ``connect_timeout_s``; or the transport could not dial it (``detail``)."""
+    answer within ``connect_timeout_s``, or (``auth_failed``) its CURVE handshake failed; or the
+    transport could not dial it (``detail``)."""
 
     peer: str
     detail: str = ""
     timed_out: bool = False
     not_allowed: bool = False
     """The address the name resolved to is one ``allowed_peers`` does not admit."""
+    auth_failed: bool = False
+    """The connection's CURVE handshake failed (only one side runs ``auth='curve'``, or a key is
+    not the one expected)."""
 
 
 class ConnectionClosed(_Input):
@@ -298,6 +303,17 @@ class AttachRefused(_Input):
     detail: str = ""
 
 
+class PlaneFaulted(_Input):
+    """The data plane's path to ``peer`` (its session generation ``gen``, as the plane took it
+    with the descriptor) broke — NIXL: a remote disconnect at a post or a state check — so
+    transfers to it fail until the peer is added anew.  The core ends the session
+    (``plane_fault``); the next load dials afresh (decision I25)."""
+
+    peer: str
+    gen: int
+    detail: str = ""
+
+
 Input = (
     StoreSubmitted
     | LoadAnnounced
@@ -324,4 +340,5 @@ Input = (
     | BlocksLanded
     | PeerAttached
     | AttachRefused
+    | PlaneFaulted
 )

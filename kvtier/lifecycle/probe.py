@@ -15,8 +15,8 @@ round)``: the consumer machine's table, unchanged, with ``fetch(offered=true)``)
 the peer may hold pins), or the peer's ``transfer_done(fail)`` (it refused the probe or withdrew
 the offer).  RETRY is bounded: only ``collecting`` and ``probing`` answer it, and both carry the
 ``probe`` timer, armed at the round's first key, so dialling and the handshake count against
-``probe_timeout_s`` (decision Y4; the seed's bound for a silent peer was its 30 s handshake
-timeout).
+``probe_timeout_s`` (decision Y4; vLLM 0.33.0's ``p2p`` tier bounds a silent peer only by its 30 s
+handshake timeout).
 
 All decisions come from ``_table.PROBE_TABLE``; this module supplies guards and effects only.
 """
@@ -44,6 +44,7 @@ from kvtier.lifecycle._table import (
     ProbeState,
     Reason,
 )
+from kvtier.lifecycle.blockstates import BlockStates
 from kvtier.lifecycle.consumer import ConsumerMachine, ConsumerRecord, MessageInput, RoundCounter
 from kvtier.lifecycle.effects import Effect, Ignored, JobDone, Send
 from kvtier.lifecycle.inputs import KeyLookedUp, LoadSubmitted
@@ -383,12 +384,13 @@ class RoundLoads(ConsumerMachine):
         rec.keys = inp.keys
         rec.slots = inp.slots
         rec.round = rec.key[1]  # the probe's round: the peer pinned the blocks for exactly it
-        rec.landed = bytearray(len(inp.keys))
-        rec.n_landed = 0
+        rec.landed = BlockStates(len(inp.keys))
         rec.digests = [0] * len(inp.keys)
 
     def _ended(self, rec: ConsumerRecord, ok: bool) -> None:
-        landed = rec.keys if ok else tuple(k for k, flag in zip(rec.keys, rec.landed) if flag and self.integrity)
+        # a failed load's keys beyond its verified prefix answer MISS from now on (decision I22):
+        # a key whose block failed its check must not be probed, offered and loaded again
+        landed = rec.keys if ok else (rec.keys[: rec.landed.prefix()] if self.integrity else ())
         self._notes.append(RoundLoadEnded(rec.kv_request_id, rec.round, ok, rec.keys, landed))
 
     def effect_report_load_ok(self, rec: ConsumerRecord, inp, reason, now, out) -> None:

@@ -34,7 +34,7 @@ _P_IN_FLIGHT = frozenset(
 _P_AWAITING_RECEIPT = frozenset({ProducerState.SERVING, ProducerState.DELIVERING})
 _C_IN_FLIGHT = frozenset(
     {ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING, ConsumerState.REVOKING,
-     ConsumerState.GIVEN_UP}
+     ConsumerState.GIVEN_UP, ConsumerState.SETTLING}
 )
 _S_IN_FLIGHT = frozenset({ServeState.SERVING, ServeState.DELIVERING, ServeState.CONFIRMED, ServeState.CANCELLING,
                           ServeState.QUARANTINED})

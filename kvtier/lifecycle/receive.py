@@ -77,7 +77,9 @@ class Receive:
         self._RECEIVE[type(inp.msg)](inp, now, out)
 
     def _gate(self, peer: str, msg: object, event: SessionEvent, now: float, out: list[Effect]) -> bool:
-        """Let a peer message through only on a ready session of the same generation."""
+        """Let a peer message through only on a ready session of the same generation — or, for a
+        release (an abort_fetch, an empty fetch: nothing for the data plane), on one still
+        attaching (decision I24)."""
         sessions = self._sessions
         rec = sessions.records.get(peer)
         if rec is None:
@@ -86,9 +88,10 @@ class Receive:
         if rec.gen != msg.gen:  # type: ignore[attr-defined]
             out.append(Ignored("session", peer, rec.state, event, Reason.STALE))
             return False
-        ready = rec.state is SessionState.READY
+        state = rec.state
+        open_ = state is SessionState.READY or (state is SessionState.ATTACHING and event is SessionEvent.RELEASE)
         sessions.apply(rec, event, msg, now, out)
-        return ready
+        return open_
 
     def _fetch_input(self, peer: str, msg, *, keys=(), slots=(), fetched=False) -> FetchInput:
         rec = self._sessions.records.get(peer)
@@ -103,7 +106,8 @@ class Receive:
 
     def _rx_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
-        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+        event = SessionEvent.MESSAGE if msg.keys else SessionEvent.RELEASE  # an empty fetch only releases
+        if self._gate(inp.peer, msg, event, now, out):
             f = self._fetch_input(inp.peer, msg, keys=tuple(msg.keys), slots=tuple(msg.slots))
             if msg.offered:  # blocks a probe reply offered: never a PD id's parked blocks (Y5)
                 self._serve.message(ServeEvent.FETCH, f, now, out)
@@ -112,7 +116,7 @@ class Receive:
 
     def _rx_abort_fetch(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
-        if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
+        if self._gate(inp.peer, msg, SessionEvent.RELEASE, now, out):
             f = self._fetch_input(inp.peer, msg, fetched=msg.fetched)
             if msg.offered:
                 self._serve.message(ServeEvent.ABORT_FETCH, f, now, out)

@@ -15,12 +15,14 @@ heartbeat_interval_s``).  A disconnect, a closed connection, a send failure or a
 the session (``dead``), and every record bound to the peer is told ``peer_lost``.  A reconnect is
 a new record with a new generation; messages tagged with another generation are dropped.
 
-Sessions to one producer *instance* share fate: when one dies abnormally the instance is
-*suspect*, and new loads to any session of that instance fail fast (``instance_down``) until one
-of them is heard from again (decision I7).  The instance an address last answered for is
-remembered (bounded), so a fresh dial to a suspect instance's address shares that fate from its
-first moment, before any handshake (decision I18): a load to a dead endpoint fails at once, not
-after ``handshake_timeout_s``.
+Sessions to one producer *instance* share fate, but only on **proof** that the instance is gone
+(decision I23): a dial its address refused (nothing listens there), or a hello_ack at its address
+naming another instance (it restarted).  Then the instance is *gone*, and new loads to any session
+of it fail fast (``instance_down``) until one of them is heard from again (decision I7).  A
+disconnect, a reset connection, silence, a failed send or our own give-up proves nothing — the
+producer may be alive and answer the next dial — so none of them condemns the instance.  The
+instance an address last answered for is remembered (bounded), so a fresh dial to a gone
+instance's address shares that fate from its first moment, before any handshake (decision I18).
 
 What crosses machines is not called but queued: ``peer_down`` queues :class:`PeerLost` and
 ``flush_queued`` queues :class:`SessionReady` on the core's note queue, which the core routes
@@ -53,17 +55,13 @@ from kvtier.wire import messages as wm
 #: the reasons a peer's goodbye may give that the session then ends with (spec peer_gave_reason)
 GIVEN_REASONS = frozenset(
     {Reason.TRANSFER_STALLED, Reason.ABORT_UNACKNOWLEDGED, Reason.PEER_TIMEOUT, Reason.IDLE_EVICTED,
-     Reason.PEER_RESTARTED}
+     Reason.PEER_RESTARTED, Reason.PLANE_FAULT}
 )
-#: session endings that say the peer's process (or host) is gone, not merely silent or given up
-#: on: a fresh dial to an address whose instance ended so shares its fate (decision I18)
-GONE = frozenset({Reason.PEER_DISCONNECTED, Reason.SEND_FAILED, Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT})
-
-#: session endings after which the peer's instance is suspect (decision I7)
-ABNORMAL = frozenset(
-    {Reason.PEER_TIMEOUT, Reason.PEER_DISCONNECTED, Reason.SEND_FAILED, Reason.TRANSFER_STALLED,
-     Reason.ABORT_UNACKNOWLEDGED, Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT}
-)
+#: session endings that prove the peer's instance gone: its address refused our dial, so nothing
+#: listens there any more (decision I23).  A disconnect, a reset, silence, a failed send, a dial
+#: that timed out or our own give-up proves nothing: a live producer may answer the next dial.
+#: (The other proof, a restart, is a hello_ack naming a new instance: ``note_instance``.)
+GONE = frozenset({Reason.CONNECT_REFUSED})
 
 
 class HelloInput(msgspec.Struct, frozen=True):
@@ -166,12 +164,17 @@ class SessionMachine(TableMachine):
         queue for what this machine tells the others."""
         super().__init__(durations)
         self.peer_timeout_s = float(durations["peer_timeout_s"])
+        #: how long a goodbye that names why may take to leave before its connection is cut
+        #: (config ``shutdown_grace_s``, the bound a goodbye has at shutdown too: decision A2)
+        self.goodbye_linger_s = float(durations.get("shutdown_grace_s", 3.0))
         self.max_peers = max_peers
         self.local = local
         self._notes = notes
         self._next_gen = gen_base
-        self.suspect: dict[str, None] = {}  # insertion-ordered set of suspect instances
-        self.gone: dict[str, None] = {}  # suspect instances whose session ended as if gone (I18)
+        # insertion-ordered sets of instances proven gone (decision I23); ``suspect`` also holds
+        # instances a test marks suspect by hand (a ready session to one answers instance_down)
+        self.suspect: dict[str, None] = {}
+        self.gone: dict[str, None] = {}
         # dialled address -> the instance its last hello_ack named (fresh dials share its fate)
         self.last_instance: dict[str, str] = {}
         # dialled address -> the generation of our last session to it (the next hello replaces it)
@@ -195,8 +198,9 @@ class SessionMachine(TableMachine):
         return rec.gen if rec is not None else 0
 
     def instance_down(self, peer: str) -> bool:
-        """The session to ``peer`` belongs to a suspect instance (decision I7): a ready session,
-        or a dial to an address whose last instance ended as if gone (decision I18)."""
+        """The session to ``peer`` belongs to an instance proven gone and not heard from since
+        (decisions I7, I23): a ready session, or a dial to an address whose last instance is gone
+        (decision I18)."""
         rec = self.records.get(peer)
         if rec is None or not rec.instance or rec.instance not in self.suspect:
             return False
@@ -233,6 +237,9 @@ class SessionMachine(TableMachine):
     def guard_connect_not_allowed(self, rec: SessionRecord, inp, now: float) -> bool:
         return bool(getattr(inp, "not_allowed", False))
 
+    def guard_connect_auth_failed(self, rec: SessionRecord, inp, now: float) -> bool:
+        return bool(getattr(inp, "auth_failed", False))
+
     # -- effects -------------------------------------------------------------------------------
     def effect_open_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.gen = self.new_gen()
@@ -255,10 +262,22 @@ class SessionMachine(TableMachine):
         rec.principal = inp.principal
 
     def effect_note_instance(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        before = self.last_instance.get(rec.key, "")
+        if before and inp.instance and before != inp.instance:
+            # the address answers for another instance now: the one it answered for restarted,
+            # and every session still believed to reach it is proven stale (decision I23)
+            self._condemn(before)
         rec.instance = inp.instance
         self.suspect.pop(inp.instance, None)
         self.gone.pop(inp.instance, None)
         _remember(self.last_instance, rec.key, inp.instance, self.MAX_REMEMBERED)
+
+    def _condemn(self, instance: str) -> None:
+        """``instance`` is proven gone: new loads to it fail ``instance_down`` until it is heard."""
+        self.suspect[instance] = None
+        if len(self.suspect) > self.MAX_SUSPECT:
+            del self.suspect[next(iter(self.suspect))]
+        _remember(self.gone, instance, None, self.MAX_SUSPECT)
 
     def effect_attach_peer(self, rec: SessionRecord, inp, reason, now, out) -> None:
         out.append(AttachPeer(rec.key, rec.gen, inp.descriptor, rec.dialled))
@@ -275,7 +294,7 @@ class SessionMachine(TableMachine):
             gen = inp.gen
             field, ours, theirs = self.local.first_mismatch(inp) or ("", "", "")
             if field == "hash_seed":
-                # The seed keys every block hash: a stranger must not learn it by guessing wrong.
+                # The hash seed keys every block hash: a stranger must not learn it by guessing wrong.
                 # The refusal names the field; our value stays here.
                 ours = ""
         why = (reason or Reason.HANDSHAKE_MISMATCH).value
@@ -307,6 +326,11 @@ class SessionMachine(TableMachine):
     def effect_send_disconnect(self, rec: SessionRecord, inp, reason, now, out) -> None:
         out.append(Send(rec.key, wm.Disconnect(gen=rec.gen, reason=(reason or Reason.SHUTDOWN).value), ends_session=False))
 
+    def effect_close_after_goodbye(self, rec: SessionRecord, inp, reason, now, out) -> None:
+        # the goodbye names why (transfer_stalled, abort_unacknowledged, plane_fault...): a peer
+        # that is slow, not gone, still reads it — after the data queued before it (decision I28)
+        out.append(CloseConnection(rec.key, self.goodbye_linger_s))
+
     def effect_close_connection(self, rec: SessionRecord, inp, reason, now, out) -> None:
         # inbound connections too: the transport shuts them down, so a peer that stopped reading
         # cannot keep zero-copy frames (and the producer's blocks) referenced forever
@@ -314,12 +338,8 @@ class SessionMachine(TableMachine):
 
     def effect_peer_down(self, rec: SessionRecord, inp, reason, now, out) -> None:
         why = reason or Reason.PEER_LOST
-        if rec.instance and why in ABNORMAL:
-            self.suspect[rec.instance] = None
-            if len(self.suspect) > self.MAX_SUSPECT:
-                del self.suspect[next(iter(self.suspect))]
-            if why in GONE:
-                _remember(self.gone, rec.instance, None, self.MAX_SUSPECT)
+        if rec.instance and why in GONE:
+            self._condemn(rec.instance)
         if rec.dialled:
             _remember(self.last_gen, rec.key, rec.gen, self.MAX_REMEMBERED)
         out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance))

@@ -76,7 +76,8 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
         if pool_blocks is not None:
             total = max(1, int(pool_blocks * float(getattr(c, "serve_max_pinned_fraction", 0.5))))
         return cls(
-            durations={k: float(getattr(c, k, SYMMETRIC_TIMER_DEFAULTS.get(k, 0.0))) for k in TIMER_KEYS},
+            durations={**{k: float(getattr(c, k, SYMMETRIC_TIMER_DEFAULTS.get(k, 0.0))) for k in TIMER_KEYS},
+                       "shutdown_grace_s": float(getattr(c, "shutdown_grace_s", 3.0))},
             park_clock=c.park_clock,
             tombstone_max=c.tombstone_max,
             max_pending_fetches_per_peer=c.max_pending_fetches_per_peer,

@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 
 from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, Reason, ServeState, SessionState
+from kvtier.lifecycle.blockstates import BlockStates
 from kvtier.lifecycle.consumer import ConsumerRecord
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.deadlines import DeadlineQueue
@@ -111,7 +112,8 @@ class ProducerEntry(msgspec.Struct, frozen=True, gc=False):
 
 
 class ConsumerEntry(msgspec.Struct, frozen=True, gc=False):
-    """One consumer record (``landed``: one byte per key, 1 once its block landed)."""
+    """One consumer record (``landed``: one byte per key, its :class:`~kvtier.lifecycle.blockstates.BlockState`
+    value; ``n_landed``: how many are verified)."""
 
     kv_request_id: str
     state: ConsumerState
@@ -233,7 +235,7 @@ KNOWN: dict[str, dict[str, str]] = {
     },
     "session": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
-        "ignored": "counter", "peer_timeout_s": "config", "max_peers": "config", "local": "config",
+        "ignored": "counter", "peer_timeout_s": "config", "goodbye_linger_s": "config", "max_peers": "config", "local": "config",
         "_notes": "config", "_next_gen": "state", "suspect": "state", "gone": "state", "last_instance": "state",
         "last_gen": "state",
     },
@@ -380,7 +382,7 @@ def _consumer_entries(machine: Any) -> tuple[ConsumerEntry, ...]:
     due = _deadlines(machine)
     return tuple(
         ConsumerEntry(r.kv_request_id, r.state, r.reason, r.timer, due.get(key), r.peer, r.job_id, tuple(r.keys),
-                      tuple(r.slots), r.round, bytes(r.landed), r.n_landed, r.fetched, r.engine_finished, r.life,
+                      tuple(r.slots), r.round, r.landed.raw(), r.n_landed, r.fetched, r.engine_finished, r.life,
                       r.notice, tuple(r.digests))
         for key, r in sorted(machine.records.items())
     )
@@ -510,8 +512,7 @@ def _consumer_record(e: ConsumerEntry, key: Any) -> ConsumerRecord:
     rec = ConsumerRecord(key, kv_request_id=e.kv_request_id)
     rec.state, rec.reason, rec.timer = e.state, e.reason, e.timer
     rec.peer, rec.job_id, rec.keys, rec.slots, rec.round = e.peer, e.job_id, e.keys, e.slots, e.round
-    rec.landed, rec.n_landed, rec.fetched, rec.engine_finished = (
-        bytearray(e.landed), e.n_landed, e.fetched, e.engine_finished)
+    rec.landed, rec.fetched, rec.engine_finished = BlockStates.from_raw(e.landed), e.fetched, e.engine_finished
     rec.life, rec.notice, rec.digests = e.life, e.notice, list(e.digests)
     return rec
 

@@ -20,7 +20,7 @@ its own onto the pool and withdraw it (:attr:`BlockPool.backing`, decision N14);
 region is torch's, and has no backing. The pool says which one it got, through :attr:`pinned`
 and one log line on ``kvtier.memory``. It never fails because pinning was unavailable. An owned
 region is **pre-faulted** (written once with zeros) at construction, because receiving into
-never-touched pages runs about 7x slower than into faulted-in ones (shared/design/limits.md §1).
+never-touched pages runs several times slower than into faulted-in ones (first-touch page faults).
 
 Slots and references
 --------------------

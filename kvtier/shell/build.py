@@ -6,6 +6,7 @@ One job: construction and its failure messages.  Nothing here runs after constru
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import secrets
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from kvtier.config import TierConfig
+from kvtier.forensics import Forensics
 from kvtier.dataplane import DataPlane, make_plane
 from kvtier.integrity import DigestPool, default_threads
 from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
@@ -51,13 +53,33 @@ def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
     """The ZeroMQ transport listening on ``cfg.host:cfg.port`` (CURVE when ``auth='curve'``).
 
     Raises:
-        TransportError: the port is taken or the host cannot be bound.
+        TransportError: the port is taken or the host cannot be bound (the message names the
+            config key to change).
     """
-    from kvtier.transport import ZmqTransport
     from kvtier.transport.curve import curve_settings
 
     curve = curve_settings(cfg.auth_secret_key_file, cfg.auth_allowed_keys_dir) if cfg.auth == "curve" else None
     _warn_if_open(cfg)
+    try:
+        return _zmq_transport(cfg, block_bytes, curve)
+    except TransportError as exc:
+        raise TransportError(_bind_error(cfg, exc)) from exc
+
+
+def _bind_error(cfg: TierConfig, exc: TransportError) -> str:
+    """The listener's bind failure, naming the config key to change (``port`` or ``host``)."""
+    code = getattr(exc.__cause__, "errno", None)
+    if code == errno.EADDRINUSE:
+        return (f"port={cfg.port}: {exc} (another process listens there: choose a free port, or 0 for an "
+                "ephemeral one)")
+    if code in (errno.EADDRNOTAVAIL, errno.EINVAL, errno.ENODEV):
+        return f"host={cfg.host!r}: {exc} (not an address of this machine: use one of its addresses, or 0.0.0.0)"
+    return f"host={cfg.host!r}, port={cfg.port}: {exc}"
+
+
+def _zmq_transport(cfg: TierConfig, block_bytes: int, curve: Any) -> Transport:
+    from kvtier.transport import ZmqTransport
+
     return ZmqTransport(
         cfg.host,
         cfg.port,
@@ -130,6 +152,7 @@ class Parts(NamedTuple):
     outbound: Outbound
     jobs: JobBook
     instance: str
+    forensics: Forensics
 
 
 def build_parts(cfg: TierConfig, pool: object, *, layout: str, clock: Callable[[], float], lock: object,
@@ -160,16 +183,20 @@ def build_parts(cfg: TierConfig, pool: object, *, layout: str, clock: Callable[[
                          revoke_bounded=plane.revocation_bounded, pool_blocks=pool.num_blocks,  # type: ignore[attr-defined]
                          block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
                          max_header_bytes=plane.max_header_bytes)
+        jobs = JobBook()
+        where = getattr(transport, "peer_address", None)
+        forensics = Forensics(core=core, job_info=jobs.info, clock=clock, block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
+                              where=where)
         metrics = TierMetrics(tier=cfg.type, listener=transport.address, core=core, lock=lock, clock=clock,
                               block_bytes=pool.block_bytes)  # type: ignore[attr-defined]
         if cfg.metrics_port is not None:
             try:
-                metrics.serve(cfg.host, cfg.metrics_port)
+                metrics.serve(cfg.host, cfg.metrics_port, requests=forensics)
             except OSError as exc:
                 raise TransportError(
-                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc}") from exc
+                    f"metrics_port={cfg.metrics_port}: cannot serve metrics on {cfg.host}: {exc} (choose a free "
+                    "port, 0 for an ephemeral one, or null for no endpoint)") from exc
             log.info("kvtier: metrics on http://%s/metrics", metrics.address)
-        where = getattr(transport, "peer_address", None)
         logs = RateLimitedLog(clock, where if where is not None else (lambda p: ""))
         decoder = Decoder(
             limits=WireLimits(max_message_bytes=cfg.max_message_bytes, max_blocks_per_fetch=cfg.max_blocks_per_fetch),
@@ -177,9 +204,9 @@ def build_parts(cfg: TierConfig, pool: object, *, layout: str, clock: Callable[[
         )
         work = ByteWork(algorithm=cfg.integrity, digest_pool=digest_pool, block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
                         metrics=metrics, logs=logs)
-        jobs = JobBook()
         outbound = Outbound(transport=transport, plane=plane, pool=pool, jobs=jobs, metrics=metrics, logs=logs,
                             work=work, clock=clock, loads=core.consumer, vet=vet)
+        outbound.forensics = forensics
         inbound = Inbound(transport=transport, plane=plane, decoder=decoder, metrics=metrics, logs=logs, clock=clock,
                           posted=outbound.posted, work=work)
     except BaseException:
@@ -193,4 +220,4 @@ def build_parts(cfg: TierConfig, pool: object, *, layout: str, clock: Callable[[
     if not getattr(pool, "pinned", False):
         log.info("kvtier: block pool is pageable (no accelerator): transfers still work, without DMA pinning")
     warn_if_serving_open(cfg)
-    return Parts(transport, plane, core, digest_pool, metrics, logs, work, inbound, outbound, jobs, instance)
+    return Parts(transport, plane, core, digest_pool, metrics, logs, work, inbound, outbound, jobs, instance, forensics)

@@ -26,7 +26,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.dataplane import Attached, AttachFailed, DataPlane, Landed, Notified, Released, Revoked
+from kvtier.advice import handshake_hint
+from kvtier.dataplane import AttachFailed, Attached, DataPlane, Faulted, Landed, Notified, Released, Revoked
+from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle._table import WIRE
 from kvtier.metrics import TierMetrics
@@ -69,6 +71,7 @@ class Inbound:
             Landed: lambda r, now: self.work.landed(r.peer, r.key, r.bad),
             Attached: lambda r, now: ix.PeerAttached(r.peer, r.gen),
             AttachFailed: lambda r, now: ix.AttachRefused(r.peer, r.gen, r.detail),
+            Faulted: lambda r, now: ix.PlaneFaulted(r.peer, r.gen, r.detail),
         }
         notes: dict[str, Callable[[str, Any], None]] = {
             "name_peer": lambda peer, m: self.logs.name(peer, m.instance),
@@ -106,6 +109,12 @@ class Inbound:
             for ev in events:
                 if ev.reason in CloseReason.DIAL_FAILED:  # the dial never connected
                     closes.append(ix.ConnectFailed(ev.peer, ev.reason, ev.reason == CloseReason.CONNECT_TIMEOUT))
+                elif ev.reason == CloseReason.AUTH_FAILED:  # our dial's CURVE handshake failed
+                    closes.append(ix.ConnectFailed(ev.peer, ev.detail, auth_failed=True))
+                elif ev.reason == CloseReason.AUTH_REFUSED:  # no peer id, no session: count and say so
+                    self.metrics.session_ended(Reason.AUTH_FAILED)
+                    self.logs("*", "auth_refused", "kvtier: refused an inbound connection%s (auth_failed): %s",
+                              f" from {ev.peer}" if ev.peer else "", ev.detail, level=logging.WARNING)
                 elif ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
                     closes.append(ix.ConnectionClosed(ev.peer, after))
             read += len(messages)
@@ -166,8 +175,9 @@ class Inbound:
             self.logs(peer, "hello_reject", "kvtier: %s refused the session: it already has max_peers=%s sessions",
                       self.logs.who(peer), msg.ours, level=logging.ERROR)
         else:
-            self.logs(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)",
-                      self.logs.who(peer), msg.field, msg.theirs, msg.ours or "(withheld)", level=logging.ERROR)
+            self.logs(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)%s",
+                      self.logs.who(peer), msg.field, msg.theirs, msg.ours or "(withheld)",
+                      handshake_hint(msg.field), level=logging.ERROR)
 
     def _note_error(self, peer: str, msg: wm.Error) -> None:
         self.metrics.wire_error(msg.reason, reported_by_peer=True)

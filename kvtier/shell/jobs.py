@@ -105,6 +105,14 @@ class JobBook:
         return job.store, job.nbytes, elapsed
 
     # -- reads (any thread) ----------------------------------------------------------------------
+    def info(self, job_id: int) -> tuple[bool, str | None, float, int] | None:
+        """``(store, kv_request_id, submitted, nbytes)`` of open engine job ``job_id``; None for an
+        unknown id or the manager's own job (read by the request forensics, :mod:`kvtier.forensics`)."""
+        job = self._open.get(job_id)
+        if job is None or job.internal:
+            return None
+        return job.store, job.kv_request_id, job.submitted, job.nbytes
+
     @property
     def ready(self) -> bool:
         """True when results wait to be collected."""

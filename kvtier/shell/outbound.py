@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from kvtier.advice import handshake_hint
 from kvtier.dataplane import Batch, DataPlane, PlaneError
 from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
@@ -66,6 +67,9 @@ class Outbound:
         """``allowed_peers``' check of what a hostname resolves to (None: the policy lists names only)."""
         self.serving = serving if serving is not None else ServeWindows(on_error=metrics.internal_error)
         """The serve windows (the symmetric path's lookups, contexts and pins)."""
+        self.forensics: Any = None
+        """The request forensics (:class:`kvtier.forensics.Forensics`): shown every batch of
+        effects before it is performed (its one feed, decision E3); None: off."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self.changed = False
@@ -89,6 +93,8 @@ class Outbound:
         """Carry out ``effects`` in order; return the inputs they produced, in order."""
         produced: Inputs = []
         table = self.PERFORMERS
+        if self.forensics is not None:
+            self.forensics.observe(effects)
         for e in effects:
             more = table[type(e)](e)
             if more:
@@ -120,9 +126,9 @@ class Outbound:
             self.logs(peer, msg.reason, "kvtier: refusing a session from %s: max_peers=%s reached",
                       self.logs.who(peer), msg.ours)
         else:
-            self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)",
+            self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)%s",
                       self.logs.who(peer), msg.field, msg.ours or "(withheld)", msg.theirs or "(not shown)",
-                      level=logging.ERROR)
+                      handshake_hint(msg.field), level=logging.ERROR)
         self.logs.forget(peer)
 
     # -- jobs ----------------------------------------------------------------------------------
@@ -252,7 +258,7 @@ class Outbound:
         return [ix.ConnectionUp(e.peer, descriptor)]
 
     def _close(self, e: fx.CloseConnection) -> None:
-        self.transport.drop_peer(e.peer)
+        self.transport.drop_peer(e.peer, linger_s=e.linger_s)
 
     # -- observations --------------------------------------------------------------------------
     def _session_ended(self, e: fx.SessionEnded) -> None:

@@ -16,8 +16,13 @@ once (``ConnectionUp``) and a descriptor is always taken (``PeerAttached``); a `
 effect queues one ``block_data`` message and records a :class:`Transfer` that the test finishes
 with :meth:`FakeNetwork.finish_transfer` (``TransferReleased``, failed or not); a ``LandBlocks``
 effect is answered at once with ``BlocksLanded`` (ok, unless the test marked the round corrupt in
-:attr:`FakeNetwork.corrupt`); a ``RevokeAccess`` is answered at once with ``AccessRevoked`` unless
-``revoke_later`` is set (then :meth:`FakeNetwork.finish_revoke` does it).
+:attr:`FakeNetwork.corrupt`, or one of its positions in :attr:`FakeNetwork.corrupt_blocks`) — or,
+with ``land_later``, waits in :attr:`FakeNetwork.landings` until :meth:`FakeNetwork.finish_landing`
+(a landing still copying on the digest pool); a ``RevokeAccess`` is answered at once with
+``AccessRevoked`` unless ``revoke_later`` is set (then :meth:`FakeNetwork.finish_revoke` does it).
+With ``split_batches`` a transfer's blocks travel one ``block_data`` each (a load can end partly
+landed); :meth:`FakeNetwork.plane_fault` breaks a plane's path to a peer (its transfers then fail
+at their post, as a NIXL agent's do after a remote disconnect) and reports it to the core.
 
 Like the real shell it drives every core through :func:`kvtier.lifecycle.driver.drive` and
 :func:`~kvtier.lifecycle.driver.settle`: a core's effects are performed in order and what the
@@ -46,7 +51,7 @@ from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import Effect
 from kvtier.wire import messages as wm
 
-__all__ = ["Envelope", "FakeNetwork", "Transfer"]
+__all__ = ["Envelope", "FakeNetwork", "Landing", "Transfer"]
 
 
 @attrs.frozen(slots=True)
@@ -110,6 +115,15 @@ class Envelope:
 
 
 @attrs.define(slots=True)
+class Landing:
+    """A ``LandBlocks`` the consumer's plane is still working on (``land_later``)."""
+
+    src: str
+    eff: Any
+    ok: bool
+
+
+@attrs.define(slots=True)
 class Transfer:
     """A ``SendBlocks`` the data plane is working on (until :meth:`FakeNetwork.finish_transfer`)."""
 
@@ -135,6 +149,13 @@ class FakeNetwork:
             (:meth:`arrive`, :meth:`tick`).
         transfers: data-plane transfers in progress, oldest first.
         corrupt: ``(kv_request_id, round)`` pairs whose blocks land with a digest mismatch.
+        corrupt_blocks: ``(kv_request_id, round, position)``: that one block lands corrupt.
+        land_later: when True, ``LandBlocks`` waits in :attr:`landings` for :meth:`finish_landing`.
+        landings: landings in progress, oldest first.
+        verified: ``(core, kv_request_id, round)`` -> the fetch positions whose landing this network
+            answered ok (what a core may report as landed).
+        split_batches: a transfer's blocks travel one ``block_data`` each.
+        faulted: ``(core, peer) -> generation`` whose data-plane path broke (:meth:`plane_fault`).
         revoke_later: when True, ``RevokeAccess`` waits in :attr:`revokes` for
             :meth:`finish_revoke` (a one-sided plane); else it is confirmed at once (zmq).
         log: one line per delivered, dropped or duplicated message (for failure reports).
@@ -151,6 +172,12 @@ class FakeNetwork:
         self.inbox: dict[str, list[tuple[float, Envelope]]] = {}
         self.transfers: list[Transfer] = []
         self.corrupt: set[tuple[str, int]] = set()
+        self.corrupt_blocks: set[tuple[str, int, int]] = set()
+        self.land_later = False
+        self.landings: list[Landing] = []
+        self.verified: dict[tuple[str, str, int], set[int]] = {}
+        self.split_batches = False
+        self.faulted: dict[tuple[str, str], int] = {}
         self.revoke_later = False
         self.revokes: list[tuple[str, str]] = []  # (core name, producer peer) awaiting finish_revoke
         self.auto_transport_up = auto_transport_up
@@ -177,6 +204,7 @@ class FakeNetwork:
             unread[:] = [(t, env) for t, env in unread if env.src != name]
         self.transfers = [t for t in self.transfers if t.src != name]
         self.revokes = [r for r in self.revokes if r[0] != name]
+        self.landings = [x for x in self.landings if x.src != name]
         self.log.append(f"kill {name} ({len(lost)} messages lost)")
         return lost
 
@@ -197,11 +225,12 @@ class FakeNetwork:
                 if t is fx.Send:
                     self._queue(Envelope(src, eff.peer, eff.msg))
                 elif t is fx.SendBlocks:
-                    self.transfers.append(Transfer(src, eff.peer, eff.kv_request_id, eff.round, eff.blocks))
-                    if eff.blocks:
-                        msg = wm.BlockData(gen=eff.gen, kv_request_id=eff.kv_request_id, round=eff.round, first=0,
-                                           count=len(eff.blocks), digests=list(eff.digests))
-                        self._queue(Envelope(src, eff.peer, msg, eff.blocks))
+                    if self.faulted.get((src, eff.peer)) == eff.gen:  # fails at its post: nothing moves
+                        answers.append(ix.TransferReleased(eff.transfer or eff.kv_request_id, eff.round, True))
+                        continue
+                    self.transfers.append(Transfer(src, eff.peer, eff.transfer or eff.kv_request_id, eff.round,
+                                                   eff.blocks))
+                    self._post(src, eff)
                 elif t is fx.CancelTransfer:
                     for tr in self.transfers:
                         if (tr.src, tr.kv_request_id, tr.round) == (src, eff.kv_request_id, eff.round):
@@ -212,9 +241,13 @@ class FakeNetwork:
                 elif t is fx.AttachPeer:
                     answers.append(ix.PeerAttached(eff.peer, eff.gen))
                 elif t is fx.LandBlocks:
-                    ok = (eff.kv_request_id, eff.round) not in self.corrupt
-                    answers.append(ix.BlocksLanded(eff.peer, eff.kv_request_id, eff.round, eff.first, len(eff.slots),
-                                                   ok, None if ok else Reason.CORRUPT))
+                    ok = (eff.kv_request_id, eff.round) not in self.corrupt and not any(
+                        (eff.kv_request_id, eff.round, eff.first + i) in self.corrupt_blocks
+                        for i in range(len(eff.slots)))
+                    if self.land_later:
+                        self.landings.append(Landing(src, eff, ok))
+                    else:
+                        answers.append(self._landed(src, eff, ok))
                 elif t is fx.RevokeAccess:
                     if self.revoke_later:
                         self.revokes.append((src, eff.peer))
@@ -223,6 +256,25 @@ class FakeNetwork:
             return answers if core is not None else []
 
         return perform
+
+    def _post(self, src: str, eff: fx.SendBlocks) -> None:
+        """Queue the ``block_data`` of a transfer: one for all its blocks, or one per block."""
+        if not eff.blocks:
+            return
+        n = len(eff.blocks)
+        cuts = [(i, 1) for i in range(n)] if self.split_batches else [(0, n)]
+        for first, count in cuts:
+            msg = wm.BlockData(gen=eff.gen, kv_request_id=eff.kv_request_id, round=eff.round, first=first,
+                               count=count, digests=list(eff.digests[first : first + count]))
+            self._queue(Envelope(src, eff.peer, msg, eff.blocks[first : first + count]))
+
+    def _landed(self, src: str, eff: fx.LandBlocks, ok: bool) -> ix.BlocksLanded:
+        """The answer to a landing (recorded in :attr:`verified` when ok)."""
+        if ok:
+            self.verified.setdefault((src, eff.kv_request_id, eff.round), set()).update(
+                range(eff.first, eff.first + len(eff.slots)))
+        return ix.BlocksLanded(eff.peer, eff.kv_request_id, eff.round, eff.first, len(eff.slots), ok,
+                               None if ok else Reason.CORRUPT)
 
     def route(self, src: str, effects: Iterable[Effect], now: float) -> list[Effect]:
         """Perform the effects ``src``'s core returned (and apply what the performers report,
@@ -363,6 +415,29 @@ class FakeNetwork:
         failed = not (ok or t.cancelled)
         self.log.append(f"transfer {'failed' if failed else 'released'} {t.kv_request_id} r{t.round}")
         return t, self.apply(t.src, ix.TransferReleased(t.kv_request_id, t.round, failed), now)
+
+    def finish_landing(self, i: int, now: float) -> list[Effect]:
+        """Landing ``i % len`` (see ``land_later``) ends: its ``BlocksLanded`` is applied; returns
+        every effect performed."""
+        if not self.landings:
+            raise IndexError("no landing in progress")
+        x = self.landings.pop(i % len(self.landings))
+        if x.src not in self.cores:
+            return []
+        self.log.append(f"landed {x.eff.kv_request_id} r{x.eff.round} [{x.eff.first}] {'ok' if x.ok else 'corrupt'}")
+        return self.apply(x.src, self._landed(x.src, x.eff, x.ok), now)
+
+    def plane_fault(self, src: str, peer: str, now: float) -> list[Effect]:
+        """``src``'s data-plane path to ``peer`` (its current session) breaks: every later transfer
+        of that session fails at its post, and the fault is reported to ``src``'s core
+        (``PlaneFaulted``).  Returns every effect performed."""
+        core = self.cores.get(src)
+        gen = core.session_gen(peer) if core is not None else None
+        if gen is None:
+            return []
+        self.faulted[(src, peer)] = gen
+        self.log.append(f"plane fault {src}->{peer} g{gen}")
+        return self.apply(src, ix.PlaneFaulted(peer, gen, "fake plane"), now)
 
     def finish_revoke(self, i: int, now: float) -> list[Effect]:
         """A one-sided plane confirms revocation ``i % len`` (see ``revoke_later``); returns every

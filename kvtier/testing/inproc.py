@@ -308,11 +308,12 @@ class InprocTransport:
         out, self._events = self._events, []
         return out
 
-    def drop_peer(self, peer: str) -> bool:
+    def drop_peer(self, peer: str, linger_s: float = 0.0) -> bool:
         """Cut the connection to ``peer``: queued sends fail ``disconnected``, held handles to
         it are released, we report ``dropped`` and the other end ``disconnected`` (unless the two
         are partitioned: then the close is lost like everything else). A dialled peer is
-        forgotten (``connect`` dials again). False if not connected."""
+        forgotten (``connect`` dials again). False if not connected.  ``linger_s`` changes
+        nothing here: a goodbye sent before is already in the other end's queue."""
         if self._closed:
             return False
         self._fail_queue(peer, SendFailure.DISCONNECTED)

@@ -146,7 +146,14 @@ class CloseReason:
     listens there) or is unreachable.  Reported once, at once; libzmq does not retry it."""
     CONNECT_TIMEOUT: Final = "connect_timeout"
     """A dial made with ``fail_fast=True`` got no answer within ``connect_timeout_s``."""
-    ALL: Final = frozenset({DISCONNECTED, DROPPED, IDLE_TIMEOUT, REFUSED, CONNECT_TIMEOUT})
+    AUTH_FAILED: Final = "auth_failed"
+    """Our dial's CURVE handshake failed (only one side runs CURVE, or a key is not the one
+    expected); ``detail`` says which, for the operator."""
+    AUTH_REFUSED: Final = "auth_refused"
+    """An inbound connection failed our CURVE handshake. It never had a peer id: ``peer`` is its
+    remote ``ip:port`` when the transport could still read it, else ``""`` (for the log only), and
+    ``detail`` says what most likely went wrong."""
+    ALL: Final = frozenset({DISCONNECTED, DROPPED, IDLE_TIMEOUT, REFUSED, CONNECT_TIMEOUT, AUTH_FAILED, AUTH_REFUSED})
     DIAL_FAILED: Final = frozenset({REFUSED, CONNECT_TIMEOUT})
     """The reasons that mean a dial never connected (the session never had a connection)."""
 
@@ -161,6 +168,8 @@ class PeerClosed:
     peer: str
     reason: str
     """One of :class:`CloseReason`."""
+    detail: str = ""
+    """What most likely went wrong, for the operator (``auth_failed``, ``auth_refused``)."""
 
 
 TransportEvent = PeerClosed
@@ -241,9 +250,11 @@ class Transport(Protocol):
         """Connection events since the last call (oldest first), without blocking."""
         ...
 
-    def drop_peer(self, peer: str) -> bool:
+    def drop_peer(self, peer: str, linger_s: float = 0.0) -> bool:
         """Force the connection to ``peer`` closed: everything queued to it is released
-        (zero-copy sends complete) and our queued sends to it fail. False if unknown/gone."""
+        (zero-copy sends complete) and our queued sends to it fail. False if unknown/gone.
+        ``linger_s`` > 0: nothing more is sent to ``peer``, but what was sent before (a goodbye)
+        gets up to that long to leave before the cut."""
         ...
 
     def peer_info(self, peer: str) -> PeerInfo | None:

@@ -135,6 +135,15 @@ def _parse_endpoint(text: str) -> tuple[str, int | None]:
     return _norm_host(text), None
 
 
+def _check_path(path: Path, key: str, *, directory: bool, fix: str) -> None:
+    """Raise a ValueError naming ``key``, the path and ``fix`` when ``path`` is missing or of the
+    wrong kind (a file where a directory is wanted, or the reverse)."""
+    if not path.exists():
+        raise ValueError(f"{key} {str(path)!r} does not exist: {fix}")
+    if path.is_dir() != directory:
+        raise ValueError(f"{key} {str(path)!r} is not a {'directory' if directory else 'file'}: {fix}")
+
+
 def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     """Read this instance's key pair from a ``*.key_secret`` certificate.
 
@@ -142,12 +151,16 @@ def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
         ValueError: the file is missing, unreadable or has no secret key (the message names it).
     """
     path = Path(secret_file)
+    _check_path(path, "auth_secret_key_file", directory=False,
+                fix="point it at this instance's NAME.key_secret, or create one with `kvtier keys generate DIR NAME`")
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"auth_secret_key_file {str(path)!r}: cannot read a certificate: {exc}") from None
+        raise ValueError(f"auth_secret_key_file {str(path)!r}: cannot read a certificate ({exc}); it must be "
+                         "a NAME.key_secret written by `kvtier keys generate`") from None
     if not secret:
-        raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key (use NAME.key_secret)")
+        raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key: it is a public certificate; "
+                         "use NAME.key_secret (NAME.key goes into the peers' auth_allowed_keys_dir)")
     return CurveIdentity(path.name.split(".")[0], public, secret)
 
 
@@ -158,8 +171,9 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
         ValueError: not a directory, no certificate in it, or a certificate that cannot be read.
     """
     d = Path(directory)
-    if not d.is_dir():
-        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} is not a directory")
+    _check_path(d, "auth_allowed_keys_dir", directory=True,
+                fix="point it at a directory holding every allowed peer's public certificate (NAME.key from "
+                    "`kvtier keys generate`)")
     names: dict[bytes, str] = {}
     endpoints: dict[tuple[str, int | None], bytes] = {}
     for path in sorted(d.glob("*.key")):
@@ -173,7 +187,8 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
         for ep in eps:
             endpoints[ep] = public
     if not names:
-        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} holds no public certificate (*.key)")
+        raise ValueError(f"auth_allowed_keys_dir {str(d)!r} holds no public certificate (*.key): copy every "
+                         "allowed peer's NAME.key (from `kvtier keys generate`) into it")
     return AllowedKeys(names, endpoints)
 
 
@@ -199,12 +214,30 @@ def generate_keys(directory: str | os.PathLike[str], name: str, endpoints: tuple
             raise ValueError(f"{str(p)!r} exists already; refusing to overwrite a key")
     pub_s, sec_s = zmq.auth.create_certificates(d, name)
     os.chmod(sec_s, 0o600)
-    if endpoints:
-        # pyzmq writes metadata into the secret file only; peers read it from the public one.
-        line = '    endpoints = "' + ", ".join(e.strip() for e in endpoints) + '"'
-        text = Path(pub_s).read_text(encoding="utf-8").replace("\nmetadata\n", f"\nmetadata\n{line}\n", 1)
-        Path(pub_s).write_text(text, encoding="utf-8")
+    for path, header in ((Path(pub_s), _PUBLIC_HEADER), (Path(sec_s), _SECRET_HEADER)):
+        # pyzmq's header says to keep public certificates in ~/.curve; kvtier reads them from
+        # auth_allowed_keys_dir, so the file says that instead (ZPL comments: '#' lines)
+        body = path.read_text(encoding="utf-8")
+        body = body[body.index("\nmetadata\n") + 1:]
+        if endpoints and path == Path(pub_s):
+            # pyzmq writes metadata into the secret file only; peers read it from the public one.
+            line = '    endpoints = "' + ", ".join(e.strip() for e in endpoints) + '"'
+            body = body.replace("metadata\n", f"metadata\n{line}\n", 1)
+        path.write_text(header.format(name=name) + "\n" + body, encoding="utf-8")
     return Path(pub_s), Path(sec_s)
+
+
+_PUBLIC_HEADER = """\
+#   kvtier CURVE public certificate of {name} (written by `kvtier keys generate`).
+#   Copy this file, unchanged, into the auth_allowed_keys_dir of every peer that talks to {name}:
+#   its name ({name}.key) makes "{name}" the principal those peers know it by. A producer's
+#   certificate lists the endpoints it serves, which tells consumers the key to expect there.
+"""
+_SECRET_HEADER = """\
+#   kvtier CURVE secret certificate of {name} (written by `kvtier keys generate`): this
+#   instance's auth_secret_key_file. Keep it on this host, readable by kvtier only (mode 0600);
+#   never copy it into an auth_allowed_keys_dir or to another host.
+"""
 
 
 def curve_settings(secret_file: str, allowed_dir: str) -> CurveSettings:

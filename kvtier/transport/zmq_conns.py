@@ -31,6 +31,7 @@ state it works on is made by ``ZmqTransport.__init__``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -48,22 +49,51 @@ IN_PREFIX = "in:"
 # enum on every call (~0.6 µs each; a request makes dozens of them on each side).
 EVENTS, POLLIN, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
-ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | _HANDSHAKE_EVENTS
 # CONNECTED and CLOSED: a CLOSED before the dial's first CONNECTED is a connect attempt that
 # failed (refused, unreachable, or ZMQ_CONNECT_TIMEOUT); reported only for fail_fast dials.
-DEALER_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-# What a failed handshake to a producer most likely means, for the operator (the session itself
-# ends as peer_disconnected on the DISCONNECTED that follows).  libzmq reports a key problem as
-# AUTH or NO_DETAIL depending on timing, so both get the one text naming both places to check.
-_KEY_PROBLEM = ("the CURVE handshake failed: either it does not accept our key (is our public certificate in its "
-                "auth_allowed_keys_dir?) or the key we hold for it (the certificate in our auth_allowed_keys_dir that "
-                "names this endpoint) is not its key, or it does not run auth='curve'")
-_HANDSHAKE_FAILED = {
-    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): _KEY_PROBLEM,
-    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): _KEY_PROBLEM,
-    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): "it does not speak our ZMTP/CURVE (a plain-TCP or other service?)",
-}
+DEALER_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | _HANDSHAKE_EVENTS
+_AUTH, _NO_DETAIL, _PROTOCOL = (int(zmq.EVENT_HANDSHAKE_FAILED_AUTH), int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL),
+                                int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL))
+_MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+_CRYPTOGRAPHIC = int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+
+
+def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool) -> tuple[bool, str]:
+    """What a libzmq ``EVENT_HANDSHAKE_FAILED_*`` (``value``: its protocol error code, or an errno
+    for ``NO_DETAIL``) most likely means, for the operator: ``(auth, text)``; ``auth`` when it is
+    an authentication failure (the session ends ``auth_failed``; decision E1), else a peer that
+    does not speak ZMTP at all.  ``curve``: this tier runs ``auth='curve'``; ``dialled``: we are
+    the consumer that dialled.
+
+    The side that detects a mechanism mismatch reports it with its code and hangs up; the other
+    side then sees ``NO_DETAIL`` with ``EPIPE`` (it was writing its greeting), which is how a CURVE
+    problem reaches it about half of the time.  A connection closed before any greeting (a TCP
+    health check, a port scan) ends with ``ECONNRESET`` instead and is no authentication failure."""
+    other = "the producer" if dialled else "the peer"
+    mismatch = event == _PROTOCOL and value == _MECHANISM_MISMATCH
+    hung_up = event == _NO_DETAIL and value == errno.EPIPE
+    if not curve and (mismatch or hung_up or (dialled and event == _AUTH)):
+        return True, (f"{other} requires CURVE (auth='curve') and this tier has auth='none': set auth='curve' "
+                      "with auth_secret_key_file and auth_allowed_keys_dir here too (docs/security.md)")
+    if curve and (mismatch or (hung_up and not dialled)):
+        return True, (f"{other} does not run CURVE (its auth is 'none') while this tier has auth='curve': "
+                      "set the same auth on both sides (docs/security.md)")
+    if curve and (event == _AUTH or (event == _PROTOCOL and value == _CRYPTOGRAPHIC)
+                  or (dialled and event == _NO_DETAIL)):
+        if dialled:
+            return True, ("the CURVE handshake failed: the producer does not accept our key (is our public "
+                          "certificate in its auth_allowed_keys_dir?), the certificate in our auth_allowed_keys_dir "
+                          "that names this endpoint is not the producer's key, or it does not run auth='curve'")
+        return True, ("the CURVE handshake failed: the peer's public certificate is not in our "
+                      "auth_allowed_keys_dir, or the certificate it holds for our endpoint is not our key")
+    if event == _NO_DETAIL:
+        return False, "the connection closed during the handshake"
+    return False, f"{other} does not speak our ZMTP (a plain-TCP or other service?)"
+
+
 log = logging.getLogger("kvtier.transport")
 _MON_HEADER = struct.Struct("=HI")  # libzmq monitor frame 0: event id (u16), value (u32)
 
@@ -139,6 +169,8 @@ class ZmqConnections:
             self._drain_dealer_monitor(address)
         if self._idle_timeout_s is not None and self._unbound:
             self._cut_idle()
+        if self._closing or self._lingering:
+            self._end_lingering(time.monotonic())
         try:
             self._router.get(EVENTS)
         except zmq.ZMQError:  # pragma: no cover
@@ -181,10 +213,20 @@ class ZmqConnections:
                 self._unbound[fd] = conn
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
                 self._conn_closed(fd)
+            elif event in (_AUTH, _NO_DETAIL, _PROTOCOL):
+                # the value is libzmq's error code, not the fd: libzmq closes that connection next,
+                # and its DISCONNECTED names the fd (so the peer's address) of a connection that
+                # never delivered a message
+                self._refusing = handshake_problem(event, fd, curve=self._curve is not None, dialled=False)
 
     def _conn_closed(self, fd: int) -> None:
         conn = self._conns.pop(fd, None)
         self._unbound.pop(fd, None)
+        refusing, self._refusing = self._refusing, None
+        if refusing is not None and refusing[0] and conn is not None and conn.rid is None and not conn.dropped:
+            # an inbound connection that failed CURVE: no peer id, no session; the shell counts
+            # and logs it with the reason the dialler's session ends with (decision E1)
+            self._events.append(PeerClosed(conn.peername, CloseReason.AUTH_REFUSED, refusing[1]))
         if conn is None or conn.rid is None or self._rid_fd.get(conn.rid) != fd:
             return
         del self._rid_fd[conn.rid]
@@ -195,7 +237,8 @@ class ZmqConnections:
         self._events.append(PeerClosed(peer, reason))
 
     def _drain_dealer_monitor(self, address: str) -> None:
-        for event, _ in self._monitor_events(self._dealer_mons[address]):
+        failed_auth = False
+        for event, value in self._monitor_events(self._dealer_mons[address]):
             if event == zmq.EVENT_CONNECTED:
                 self._dialling.pop(address, None)
             elif event == zmq.EVENT_CLOSED:
@@ -206,14 +249,21 @@ class ZmqConnections:
                     self._events.append(PeerClosed(address, CloseReason.CONNECT_TIMEOUT if timed_out
                                                    else CloseReason.REFUSED))
             elif event == zmq.EVENT_DISCONNECTED:
-                self._events.append(PeerClosed(address, CloseReason.DISCONNECTED))
-            elif event in _HANDSHAKE_FAILED and (address, event) not in self.handshake_failures:
+                if not failed_auth:  # after a failed CURVE handshake its session already ends auth_failed
+                    self._events.append(PeerClosed(address, CloseReason.DISCONNECTED))
+            elif event in (_AUTH, _NO_DETAIL, _PROTOCOL):
+                auth, text = handshake_problem(event, value, curve=self._curve is not None, dialled=True)
+                if auth and not failed_auth:
+                    failed_auth = True
+                    self._events.append(PeerClosed(address, CloseReason.AUTH_FAILED, text))
+                if (address, event) in self.handshake_failures:
+                    continue
                 # once per producer and text: libzmq retries the connect and fails the same way,
                 # and each failed load may dial again (bounded: addresses come from requests)
                 if len(self.handshake_failures) >= 4096:
                     self.handshake_failures.clear()
-                text = _HANDSHAKE_FAILED[event]
-                said = any(_HANDSHAKE_FAILED[e] == text for a, e in self.handshake_failures if a == address)
+                said = any(handshake_problem(e, value, curve=self._curve is not None, dialled=True)[1] == text
+                           for a, e in self.handshake_failures if a == address)
                 self.handshake_failures.add((address, event))
                 if not said:
                     log.warning("kvtier: handshake with producer %s failed: %s", address, text)
@@ -269,6 +319,51 @@ class ZmqConnections:
 
     # -- cutting connections ----------------------------------------------------------------
 
+    def _linger(self, peer: str, linger_s: float) -> bool:
+        """:meth:`drop_peer` with a linger (see there)."""
+        deadline = time.monotonic() + linger_s
+        self._flush_peer(peer)
+        sock = self._dealers.get(peer)
+        if sock is not None:
+            mon = self._dealer_mons[peer]
+            self._fail_queue(peer, SendFailure.DISCONNECTED)  # what could not be handed to libzmq
+            self._dealers.pop(peer)
+            self._dealer_mons.pop(peer)
+            self._dialling.pop(peer, None)
+            self._dealer_peer.pop(sock, None)
+            self._mon_peer.pop(mon, None)
+            self._mon_set = None
+            self._poller = None
+            self._lingering.append((deadline, sock, mon))
+            self._events.append(PeerClosed(peer, CloseReason.DROPPED))
+            return True
+        target = self._resolve(peer)
+        if target is None or target[1] is None or target[1] not in self._rid_fd:
+            return False
+        self._closing[peer] = deadline
+        return True
+
+    def _next_linger_end(self) -> float:
+        """When the first goodbye's linger ends (``inf`` when none lingers)."""
+        ends = [*self._closing.values(), *(d for d, _, _ in self._lingering)]
+        return min(ends) if ends else float("inf")
+
+    def _end_lingering(self, now: float) -> None:
+        """Cut the connections whose goodbye's linger is over."""
+        for peer, deadline in list(self._closing.items()):
+            if now >= deadline:
+                del self._closing[peer]
+                self.drop_peer(peer)
+        if self._lingering:
+            keep = []
+            for deadline, sock, mon in self._lingering:
+                if now >= deadline:
+                    mon.close(linger=0)
+                    sock.close(linger=0)
+                else:
+                    keep.append((deadline, sock, mon))
+            self._lingering = keep
+
     def _cut_idle(self) -> None:
         cutoff = time.monotonic() - self._idle_timeout_s  # type: ignore[operator]
         for fd, conn in list(self._unbound.items()):
@@ -299,8 +394,13 @@ class ZmqConnections:
         finally:
             dup.close()
 
-    def drop_peer(self, peer: str) -> bool:
-        """Force the connection to ``peer`` closed, now.
+    def drop_peer(self, peer: str, linger_s: float = 0.0) -> bool:
+        """Force the connection to ``peer`` closed, now — or, with ``linger_s`` > 0, once a
+        goodbye just sent (and whatever is queued before it) had up to ``linger_s`` seconds to
+        leave: nothing more can be sent to ``peer`` from now on, and the connection is cut at the
+        deadline unless the peer closed it first (a goodbye that names why, decision I28).  A
+        dialled producer's DEALER is forgotten at once (``connect()`` dials afresh; what it
+        receives meanwhile is not read) and closed at the deadline.
 
         - A peer that dialled us: its TCP connection is shut down (see the module docstring).
           libzmq then frees everything queued to it, so zero-copy handles become ``done``
@@ -317,6 +417,9 @@ class ZmqConnections:
         """
         if self._closed:
             return False
+        if linger_s > 0:
+            return self._linger(peer, linger_s)
+        self._closing.pop(peer, None)
         self._fail_queue(peer, SendFailure.DISCONNECTED)
         if peer in self._dealers:
             self._close_dealer(peer)

@@ -118,6 +118,8 @@ class ZmqReceive:
                     data.append((sock, None if sock is self._router else self._dealer_peer[sock]))
         if self._idle_timeout_s is not None and self._unbound:
             self._cut_idle()
+        if self._closing or self._lingering:
+            self._end_lingering(time.monotonic())
         out: list[tuple[str, list[memoryview | bytes]]] = []
         drained = True
         if data:
@@ -212,6 +214,8 @@ class ZmqReceive:
             until = deadline
             if self._idle_timeout_s is not None and self._unbound:
                 until = min(until, next(iter(self._unbound.values())).accepted + self._idle_timeout_s)
+            if self._closing or self._lingering:  # a goodbye's linger ends: cut on time
+                until = min(until, self._next_linger_end())
             try:
                 events = self._poll_once(poller, until - now)
             except zmq.ZMQError:

@@ -67,7 +67,7 @@ class ZmqSends:
         if target is None:
             handle._mark_failed(SendFailure.UNKNOWN_PEER, f"no such peer {peer!r}")
             return handle
-        if target[1] is not None and self._is_dropped(target[1]):
+        if (target[1] is not None and self._is_dropped(target[1])) or peer in self._closing:
             handle._mark_failed(SendFailure.DISCONNECTED, f"{peer!r} was dropped")
             return handle
         queue = self._queues.get(peer)

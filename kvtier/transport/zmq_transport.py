@@ -161,6 +161,8 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
         self._ctx.linger = 0  # default for every socket of this context, belt and braces
         self._closed = False
         self._dealers: dict[str, zmq.Socket] = {}
+        self._closing: dict[str, float] = {}  # peers that dialled us, cut at this time (a goodbye's linger)
+        self._lingering: list[tuple[float, zmq.Socket, zmq.Socket]] = []  # closed dials flushing a goodbye
         self._queues: dict[str, deque[Pending]] = {}
         self._npending = 0
         self._poller: zmq.Poller | None = None
@@ -180,6 +182,7 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
         self._auth: PrincipalAuthenticator | None = None
         self.idle_dropped = 0
         """Accepted connections cut by ``idle_timeout_s`` (a counter)."""
+        self._refusing: tuple[bool, str] | None = None  # the ROUTER's last failed handshake, until its close
         self.handshake_failures: set[tuple[str, int]] = set()
         """``(producer address, libzmq EVENT_HANDSHAKE_FAILED_*)`` seen on our dials (each logged once)."""
         self._router: zmq.Socket | None = None
@@ -387,6 +390,11 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
         self._teardown(linger_ms)
 
     def _teardown(self, linger_ms: int = 0) -> None:
+        for _, sock, mon in self._lingering:
+            mon.close(linger=0)
+            sock.close(linger=0)
+        self._lingering.clear()
+        self._closing.clear()
         for address in list(self._dealers):
             sock = self._dealers.pop(address)
             self._dealer_mons.pop(address).close(linger=0)

@@ -39,4 +39,4 @@ def test_quick_p0_hands_off_every_size_on_every_system() -> None:
     assert set(res["late_s"]) == set(seed.SYSTEMS)
     assert res["targets"] and all(t["achieved"] is None or _number(t["achieved"]) for t in res["targets"])
     text = seed.render(res)
-    assert "the seed (NIXL)" in text and "late fetch" in text
+    assert "vLLM p2p (NIXL)" in text and "late fetch" in text

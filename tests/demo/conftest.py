@@ -31,35 +31,35 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def _seed_from_default_cache(entry: Path) -> None:
-    from demo import model as M
+    from demo import weights as W
 
     saved = os.environ.pop("KVTIER_CACHE_DIR", None)
     try:
-        source = M.cache_entry()  # the user's default cache
+        source = W.cache_entry()  # the user's default cache
     finally:
         if saved is not None:
             os.environ["KVTIER_CACHE_DIR"] = saved
-    if source == entry or not M._entry_complete(source):
+    if source == entry or not W._entry_complete(source):
         return
 
     def build(dest: Path) -> None:
         for item in source.iterdir():
-            if item.is_file() and item.name != M._MANIFEST:
+            if item.is_file() and item.name != W._MANIFEST:
                 _link_or_copy(str(item), str(dest / item.name))
 
-    M._publish_entry(entry, build)
+    W._publish_entry(entry, build)
 
 
 @pytest.fixture(scope="session")
 def model_cache_dir() -> Iterator[Path]:
     """``KVTIER_CACHE_DIR`` pointed at the persistent test cache for the whole session."""
-    from demo import model as M
+    from demo import weights as W
 
     saved = os.environ.get("KVTIER_CACHE_DIR")
     os.environ["KVTIER_CACHE_DIR"] = str(TEST_CACHE_DIR)
     try:
-        entry = M.cache_entry()
-        if not M._entry_complete(entry):
+        entry = W.cache_entry()
+        if not W._entry_complete(entry):
             _seed_from_default_cache(entry)
         yield TEST_CACHE_DIR
     finally:
@@ -78,11 +78,11 @@ def smollm2(model_cache_dir: Path):
     """
     import torch
 
-    from demo import model as M
+    from demo import weights as W
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield M.load_model()
+        yield W.load_model()
     finally:
         torch.set_num_threads(threads)

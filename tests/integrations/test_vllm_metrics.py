@@ -1,6 +1,6 @@
 """kvtier's series on vLLM 0.33.0's own ``/metrics`` path, and the endpoint's port under DP.
 
-The PD pair of ``test_vllm`` (two real schedulers, kvtier over zmq) runs one transfer; every
+The PD pair of ``vllm_harness`` (two real schedulers, kvtier over zmq) runs one transfer; every
 ``SchedulerStats.kv_connector_stats`` payload the schedulers emit is fed to vLLM's own
 ``KVConnectorProm`` (what vLLM's ``PrometheusStatLogger`` does in the API server), built on a
 private registry; the test then reads kvtier's ``vllm:kvtier_*`` series from that registry.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-import test_vllm as V  # the module skips itself (and so this one) when vLLM 0.33.0 is missing
-from test_vllm import managers, model_dir  # noqa: F401  (fixtures)
+import tests.integrations.vllm_harness as V  # skips this module when vLLM 0.33.0 is missing
+from tests.integrations.vllm_harness import managers, model_dir  # noqa: F401  (fixtures)
 
 prometheus_client = pytest.importorskip("prometheus_client")
 

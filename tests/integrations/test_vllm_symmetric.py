@@ -2,7 +2,7 @@
 
 Two engines, each a real v1 ``Scheduler`` with the real ``OffloadingConnector``,
 ``TieringOffloadingManager`` and its own kvtier tier with ``serve_external`` on, talking over
-kvtier's transport on 127.0.0.1 (the harness of ``test_vllm.py``: only the GPU worker is faked).
+kvtier's transport on 127.0.0.1 (the harness of ``vllm_harness.py``: only the GPU worker is faked).
 Each engine serves and fetches: B loads what A computed, then A loads what B computed, the bytes
 the worker loads identical to the ones the other worker stored, vLLM counting them as computed,
 and the serving side's pins (store jobs of its tiering manager) all released afterwards.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.integrations.test_vllm import (  # the harness (and its module-level skips)
+from tests.integrations.vllm_harness import (  # the harness (and its module-level skips)
     BLOCK,
     TIER,
     Engine,

@@ -1,4 +1,7 @@
-"""Regression tests for the bug scenarios (B-numbers; each test's docstring says what its scenario is).
+"""Regression tests for the bug scenarios of the producer's park clock: a late fetch, reap, prune,
+fetches for blocks never stored, a second owner, unknown ids, empty and partial fetches
+(B-numbers; each test's docstring says what its scenario is; cancels, aborts and failures are in
+``test_bug_scenarios_aborts.py``; the harness is :mod:`tests.lifecycle.scenario_pair`).
 
 Each test replays one scenario against :class:`~kvtier.lifecycle.TierCore` with explicit ``now``
 values and checks the *expected* outcome the scenario states.  Scenario parameters: ``T_park`` =
@@ -13,165 +16,13 @@ the wire codec.
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
 import pytest
 
-from kvtier.lifecycle import ConsumerState, ProducerState, Reason, TierCore, snapshot
+from kvtier.lifecycle import ProducerState, Reason, snapshot
 from kvtier.lifecycle import inputs as ix
-from kvtier.lifecycle.core import CoreSettings
-from kvtier.lifecycle.effects import (
-    CancelTransfer,
-    Ignored,
-    JobDone,
-    LandBlocks,
-    RevokeAccess,
-    Send,
-    SendBlocks,
-    SessionEnded,
-)
-from kvtier.lifecycle.session import HelloInput
+from kvtier.lifecycle.effects import Ignored, JobDone, Send, SendBlocks
 from kvtier.wire import messages as wm
-
-LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="scenarios", hash_seed="", instance="scen")
-BASE = {
-    "unbound_store_timeout_s": 60.0,  # T_park
-    "tombstone_retention_s": 60.0,  # T_tomb
-    "load_timeout_s": 30.0,  # T_load
-    "fetch_supply_timeout_s": 10.0,  # T_orphan (B15)
-    "transfer_timeout_s": 30.0,
-    "abort_ack_timeout_s": 5.0,
-    "handshake_timeout_s": 5.0,
-    "revoke_timeout_s": 1.0,
-    "heartbeat_interval_s": 1000.0,  # a live peer is heard; scenarios that kill a peer ping and lower the timeout
-    "peer_timeout_s": 1000.0,
-}
-C = "decode-1"  # the consumer as the producer sees it
-P = "prefill:5710"  # the producer as the consumer dials it
-
-
-def of(effects: list[Any], kind: type) -> list[Any]:
-    return [e for e in effects if isinstance(e, kind)]
-
-
-def sent(effects: list[Any], kind: type) -> list[Any]:
-    """The wire messages of type ``kind`` the effects send."""
-    return [e.msg for e in effects if isinstance(e, Send) and isinstance(e.msg, kind)]
-
-
-def ended(effects: list[Any]) -> list[tuple[str, str]]:
-    """(peer, reason) of every session the effects say ended."""
-    return [(e.peer, e.reason) for e in of(effects, SessionEnded)]
-
-
-def keys(kid: str, n: int, start: int = 0) -> tuple[bytes, ...]:
-    return tuple(f"{kid}:{i}".encode() for i in range(start, start + n))
-
-
-def entry(core: TierCore, kid: str) -> snapshot.ProducerEntry:
-    """The producer record of ``kid`` as the core exports it (owner and block map included)."""
-    return next(e for e in snapshot.export(core).producer if e.kv_request_id == kid)
-
-
-class Pair:
-    """A producer core and a consumer core with a ready session (handshake at t=0)."""
-
-    def __init__(self, *, park_clock: str = "last_store", tombstone_max: int = 65536, max_pending: int = 1024,
-                 **durations: float) -> None:
-        settings = CoreSettings(
-            durations={**BASE, **durations}, park_clock=park_clock, tombstone_max=tombstone_max,
-            max_pending_fetches_per_peer=max_pending,
-        )
-        self.p = TierCore(settings, LOCAL, gen_base=0)
-        self.c = TierCore(settings, msgspec.structs.replace(LOCAL, instance="cons"), gen_base=100)
-        self.c.handle(ix.LoadAnnounced("__warmup__", P), 0.0)  # dials
-        (hello,) = sent(self.c.handle(ix.ConnectionUp(P), 0.0), wm.Hello)
-        self.gen = self.c.session_gen(P)
-        assert hello.gen == self.gen
-        self.p.handle(ix.Received(C, hello), 0.0)
-        (ack,) = sent(self.p.handle(ix.PeerAttached(C, self.gen), 0.0), wm.HelloAck)
-        self.c.handle(ix.Received(P, ack), 0.0)
-        self.c.handle(ix.PeerAttached(P, self.gen), 0.0)
-        assert self.c.session_ready(P) and self.p.session_ready(C)
-        self.c.handle(ix.RequestFinished("__warmup__", producer=False), 0.0)
-        self.job = 0
-
-    rounds = -1  # the last round fresh_round handed out
-
-    def next_job(self) -> int:
-        self.job += 1
-        return self.job
-
-    # producer side
-    def store(self, kid: str, n: int, t: float, *, owner: str | None = None, start: int = 0,
-              blocks: tuple[int, ...] | None = None) -> tuple[int, list[Any]]:
-        job = self.next_job()
-        b = blocks if blocks is not None else tuple(range(start, start + n))
-        return job, self.p.handle(ix.StoreSubmitted(kid, owner or f"req-{kid}", job, keys(kid, n, start), b), t)
-
-    def to_p(self, msg: Any, t: float) -> list[Any]:
-        """``msg`` from the consumer reaches the producer at ``t``."""
-        return self.p.handle(ix.Received(C, msg), t)
-
-    def to_c(self, msg: Any, t: float) -> list[Any]:
-        """``msg`` from the producer reaches the consumer at ``t``."""
-        return self.c.handle(ix.Received(P, msg), t)
-
-    def fresh_round(self) -> int:
-        """A round this session has not used: a consumer numbers its rounds once per manager, and
-        a producer drops a round it already answered (decision I11)."""
-        self.rounds += 1
-        return self.rounds
-
-    def fetch(self, kid: str, ks: tuple[bytes, ...], t: float, rnd: int | None = None) -> list[Any]:
-        """A fetch of round ``rnd`` (default: the first fetch round 0, later ones fresh rounds)."""
-        rnd = self.fresh_round() if rnd is None else rnd
-        return self.to_p(wm.Fetch(gen=self.gen, kv_request_id=kid, round=rnd, keys=list(ks)), t)
-
-    def abort(self, kid: str, t: float, rnd: int | None = None, *, fetched: bool = False) -> list[Any]:
-        rnd = self.fresh_round() if rnd is None else rnd
-        return self.to_p(wm.AbortFetch(gen=self.gen, kv_request_id=kid, round=rnd, fetched=fetched), t)
-
-    def receipt(self, kid: str, rnd: int, t: float) -> list[Any]:
-        return self.to_p(wm.Receipt(gen=self.gen, kv_request_id=kid, round=rnd), t)
-
-    def done(self, kid: str, rnd: int, t: float, *, ok: bool = True, reason: str = "") -> list[Any]:
-        """The producer's ``transfer_done`` for round ``rnd`` reaches the consumer."""
-        return self.to_c(wm.TransferDone(gen=self.gen, kv_request_id=kid, round=rnd, ok=ok, reason=reason), t)
-
-    def revoked(self, out: list[Any], t: float) -> list[Any]:
-        """The consumer's zmq plane confirms the ``RevokeAccess`` in ``out`` at once (it is
-        receiver-applied); returns ``out`` plus what the confirmations caused."""
-        more: list[Any] = []
-        for peer in dict.fromkeys(e.peer for e in of(out, RevokeAccess)):
-            more += self.c.handle(ix.AccessRevoked(peer), t)
-        return out + more
-
-    def complete(self, kid: str, rnd: int, t: float) -> list[Any]:
-        """The data plane released the transfer and the consumer's receipt arrived."""
-        out = self.p.handle(ix.TransferReleased(kid, rnd), t)
-        return out + self.receipt(kid, rnd, t)
-
-    # consumer side
-    def load(self, kid: str, n: int, t: float) -> tuple[int, int, list[Any]]:
-        job = self.next_job()
-        out = self.c.handle(ix.LoadAnnounced(kid, P), t)
-        out += self.c.handle(ix.LoadSubmitted(kid, job, keys(kid, n), tuple(range(100, 100 + n))), t)
-        fetches = sent(out, wm.Fetch)
-        rnd = fetches[0].round if fetches else -1
-        return job, rnd, out
-
-    def forward_fetch(self, out: list[Any], t: float) -> list[Any]:
-        """The consumer's fetch in ``out`` reaches the producer."""
-        (f,) = sent(out, wm.Fetch)
-        return self.to_p(f, t)
-
-
-def done_fail(effects: list[Any], kid: str) -> wm.TransferDone:
-    fails = [m for m in sent(effects, wm.TransferDone) if m.kv_request_id == kid and not m.ok]
-    assert len(fails) == 1, effects
-    return fails[0]
+from tests.lifecycle.scenario_pair import C, P, Pair, done_fail, entry, keys, of, sent
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,118 +115,6 @@ def test_b03_store_after_reap_fails_at_once_and_pins_nothing() -> None:
     assert done_fail(s.fetch("A", keys("A", 2), 62.0), "A").reason == "reaped"
     s.p.fire(120.0)
     assert s.p.producer_state("A") is ProducerState.ABSENT
-
-
-def test_b05_consumer_cancels_before_fetching_and_the_producer_releases_at_once() -> None:
-    """B05: the consumer engine finishes an announced request before loading it; the consumer core
-    sends abort_fetch (a fresh round) and the producer frees the 4 blocks one RTT later, tombstoning
-    A with reason ``aborted``; later stores fail and later fetches are refused."""
-    s = Pair()
-    job, _ = s.store("A", 4, 0.0)
-    s.c.handle(ix.LoadAnnounced("A", P), 0.5)
-    out = s.c.handle(ix.RequestFinished("A", producer=False), 1.0)
-    (abort,) = sent(out, wm.AbortFetch)
-    assert s.c.consumer_state("A") is ConsumerState.ABSENT  # finished: nothing to wait for
-    out = s.to_p(abort, 1.0)
-    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
-    assert of(out, Send) == [Send(C, wm.AbortAck(gen=s.gen, kv_request_id="A", round=abort.round))]
-    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
-    job2, out = s.store("A", 4, 2.0, start=4)
-    assert of(out, JobDone) == [JobDone(job2, False, Reason.ABORTED)]
-    assert done_fail(s.fetch("A", keys("A", 4), 3.0, rnd=abort.round + 1), "A").reason == "aborted"
-
-
-def test_b05_abort_before_the_first_store() -> None:
-    """B05 ordering variant: the abort arrives before the first store; the store is rejected."""
-    s = Pair()
-    out = s.abort("A", 0.0)
-    assert sent(out, wm.AbortAck) and s.p.producer_state("A") is ProducerState.TOMBSTONED
-    job, out = s.store("A", 4, 1.0)
-    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
-    assert s.p.producer("A").parked == ()
-
-
-def test_b05_without_an_abort_t_park_is_the_only_bound() -> None:
-    """B05: if the request never reaches the consumer, nothing can abort it; the reap deadline
-    (T_park) is the bound."""
-    s = Pair()
-    job, _ = s.store("A", 4, 0.0)
-    assert s.p.fire(59.9) == []
-    assert of(s.p.fire(60.0), JobDone) == [JobDone(job, False, Reason.REAPED)]
-
-
-def test_b06_abort_propagation_frees_capacity_and_the_rest_are_reaped() -> None:
-    """B06: 100 ids x 10 blocks parked over t=0..10; 60 are cancelled on the consumer at t=2 (60
-    aborts); by t=2 their 600 blocks are released; a new store at t=3 parks; the 40 others are
-    reaped by t=70.  Not expressible in the core: pool capacity — a store that finds the pool full
-    fails fast in the shell (``BlockPool.alloc`` raises ``PoolExhausted``), the core never sees it;
-    the ``parked_pinned_bytes`` gauge."""
-    s = Pair()
-    jobs = {}
-    for i in range(100):
-        jobs[i], _ = s.store(f"R{i}", 10, i / 10.0, start=0, blocks=tuple(range(10 * i, 10 * i + 10)))
-    freed = []
-    for i in range(60):
-        out = s.abort(f"R{i}", 2.0)
-        freed += of(out, JobDone)
-    assert freed == [JobDone(jobs[i], False, Reason.ABORTED) for i in range(60)]  # 600 blocks free
-    parked = [v for k in s.p.producer_ids() if (v := s.p.producer(k)).state is ProducerState.PARKED]
-    assert len(parked) == 40 and sum(len(v.parked) for v in parked) == 400
-    assert s.p.snapshot().pinned_blocks == {"parked": 400}
-    zjob, out = s.store("Z", 10, 3.0)
-    assert out == [] and s.p.producer_state("Z") is ProducerState.PARKED
-    reaped = of(s.p.fire(70.0), JobDone)
-    assert {j.job_id for j in reaped} == {jobs[i] for i in range(60, 100)} | {zjob}
-    assert all(j.reason == "reaped" for j in reaped)
-
-
-def test_b08_completion_after_the_consumer_cancelled_is_reported_once() -> None:
-    """B08: the consumer cancels at t=1 while the fetch is in flight; the producer's Done(ok) at
-    t=2 ends the load: exactly one completion (a failure, ``cancelled``) reaches the engine, and
-    only now — a write could still land before.  A later abort_ack is ignored."""
-    s = Pair()
-    s.store("A", 4, 0.0)
-    job, rnd, out = s.load("A", 4, 0.0)
-    assert sent(out, wm.Fetch)
-    out = s.c.handle(ix.RequestFinished("A", producer=False), 1.0)
-    assert of(out, JobDone) == [] and sent(out, wm.AbortFetch)
-    assert s.c.consumer_state("A") is ConsumerState.CANCELLING
-    out = s.done("A", rnd, 2.0)
-    assert of(out, JobDone) == [JobDone(job, False, Reason.CANCELLED)]
-    assert s.c.consumer_state("A") is ConsumerState.ABSENT
-    out = s.to_c(wm.AbortAck(gen=s.gen, kv_request_id="A", round=rnd), 2.5)
-    assert of(out, JobDone) == [] and of(out, Ignored)
-    out = s.done("A", rnd, 3.0)
-    assert of(out, JobDone) == []
-
-
-def test_b09_silent_producer_loads_end_by_the_consumers_own_deadlines() -> None:
-    """B09: the producer loses power at t=0.5.  With heartbeats (every second, peer_timeout_s=5)
-    the session is declared dead at t=5 and every load to that peer fails at once (with the
-    session's reason, ``peer_timeout``).  If the peer stays connected but silent about the load,
-    T_load fires at t=30: the fetch is aborted and the load fails when no write can land any more
-    — on abort_ack, or abort_ack_timeout_s later (t=35).  Not expressible: releasing the slots and
-    the local-recompute fallback (the shell, on the JobDone)."""
-    s = Pair(peer_timeout_s=5.0, heartbeat_interval_s=1.0)
-    s.store("A", 4, 0.0)
-    s.store("B", 4, 0.0)
-    j1, _, _ = s.load("A", 4, 0.0)
-    j2, _, _ = s.load("B", 4, 0.0)
-    out = s.c.fire(4.0)  # heard at 0: the heartbeats ping, nothing ends yet
-    assert sent(out, wm.Ping) and ended(out) == [] and of(out, JobDone) == []
-    out = s.c.fire(5.0)  # silent for peer_timeout_s: the session dies; the loads fail once no write can land
-    assert ended(out) == [(P, "peer_timeout")]
-    assert of(out, JobDone) == [] and len(of(out, RevokeAccess)) == 2
-    out = s.revoked(out, 5.0)
-    assert sorted(of(out, JobDone), key=lambda j: j.job_id) == [JobDone(j1, False, Reason.PEER_TIMEOUT),
-                                                                 JobDone(j2, False, Reason.PEER_TIMEOUT)]
-    s2 = Pair()
-    job, rnd, _ = s2.load("A", 4, 0.0)
-    out = s2.c.fire(30.0)
-    assert sent(out, wm.AbortFetch) and of(out, JobDone) == []
-    assert s2.c.consumer_state("A") is ConsumerState.ABORTING
-    out = s2.revoked(s2.c.fire(35.0), 35.0)  # unanswered: session given up, access revoked
-    assert of(out, JobDone) == [JobDone(job, False, Reason.LOAD_TIMEOUT)]
 
 
 def test_b12_fetch_for_blocks_that_will_never_come_is_answered_promptly() -> None:
@@ -491,54 +230,6 @@ def test_b16_a_consumer_that_never_comes_the_reaper_alone_reclaims() -> None:
     assert s.p.pending_jobs() == 0
 
 
-def test_b17_transfer_failure_is_told_to_the_consumer_at_once() -> None:
-    """B17: the transfer fails at t=1.2: Done(A, fail, transfer_failed) goes out in that step and
-    A's blocks are released; the consumer falls back at once; a late duplicate failure report is
-    ignored; if the Done is lost, the consumer's T_load (t=31) is the backstop."""
-    s = Pair()
-    job, _ = s.store("A", 4, 0.0)
-    cjob, rnd, out = s.load("A", 4, 1.0)
-    s.forward_fetch(out, 1.0)
-    out = s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.2)
-    assert done_fail(out, "A").reason == "transfer_failed"
-    assert of(out, JobDone) == [JobDone(job, False, Reason.TRANSFER_FAILED)]
-    out = s.done("A", rnd, 1.2, ok=False, reason="transfer_failed")
-    assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED)]
-    assert of(s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.3), Ignored)  # late report: ignored
-    # the Done lost: the consumer's own deadline ends the load
-    s2 = Pair()
-    s2.store("A", 4, 0.0)
-    cjob, rnd, out = s2.load("A", 4, 1.0)
-    s2.forward_fetch(out, 1.0)
-    s2.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.2)  # Done(fail) never arrives
-    assert sent(s2.c.fire(30.9), wm.AbortFetch) == []
-    assert sent(s2.c.fire(31.0), wm.AbortFetch)
-    out = s2.c.fire(36.0)  # no answer to the abort: the session is given up, access revoked
-    assert of(out, JobDone) == [] and ended(out) == [(P, "abort_unacknowledged")]
-    assert of(s2.revoked(out, 36.0), JobDone) == [JobDone(cjob, False, Reason.LOAD_TIMEOUT)]
-
-
-def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
-    """B19: 8 slots; the first 4 blocks land, sending the rest fails: Done(fail) covers the whole
-    load (one load job, all 8 slots released together) and the consumer's pending work returns to
-    its baseline.  Not expressible: pool reference counts for keys already present on the
-    consumer (the shell never takes a second reference: ``BlockPool.incref`` is its business)."""
-    s = Pair()
-    s.store("A", 8, 0.0)
-    cjob, rnd, out = s.load("A", 8, 0.0)
-    s.forward_fetch(out, 0.0)
-    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=0, count=4), 0.5)
-    assert of(out, LandBlocks) == [LandBlocks(P, "A", rnd, 0, (100, 101, 102, 103))]
-    out = s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.0)
-    fail = done_fail(out, "A")
-    out = s.to_c(fail, 1.0)
-    assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED)]
-    assert s.c.pending_jobs() == 0 and s.p.pending_jobs() == 0
-    # a straggling block for that load is never written
-    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=4, count=4), 1.1)
-    assert of(out, LandBlocks) == []
-
-
 def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
     """B20: a zero-block store succeeds at once and pins nothing; a zero-key fetch is answered
     Done(ok) at once with zero data posts; a zero-key load succeeds at once and its (empty) fetch
@@ -581,43 +272,3 @@ def test_b29_fetching_a_subset_releases_every_parked_block() -> None:
     out = s.complete("A", 0, 1.5)
     assert of(out, JobDone) == [JobDone(job, True, None)]
     assert s.p.producer("A").parked == () and s.p.pending_jobs() == 0
-
-
-@pytest.mark.parametrize("producer_state", ["awaiting", "serving"])
-def test_b31_lost_abort_the_producers_own_deadlines_end_it(producer_state: str) -> None:
-    """B31: C's T_load fires at t=30 and the abort_fetch is lost.  kvtier does not retry the abort
-    (the spec has no retry; not expressible here): the consumer fails the load after
-    abort_ack_timeout_s (t=35) and the producer's own deadlines free A — fetch_supply_timeout_s for
-    a fetch waiting for blocks, transfer_timeout_s (+ the cancel wait) for a transfer that never
-    completes.  Both sides end in a terminal state."""
-    s = Pair()
-    if producer_state == "serving":
-        sjob, _ = s.store("A", 4, 0.0)
-    cjob, rnd, out = s.load("A", 4, 0.0)
-    s.forward_fetch(out, 0.0)
-    assert s.p.producer_state("A").value == producer_state
-    out = s.c.fire(30.0)
-    assert sent(out, wm.AbortFetch)  # ... and it is lost
-    out = s.c.fire(35.0)  # unanswered: the consumer gives the session up and revokes access
-    assert of(out, JobDone) == [] and ended(out) == [(P, "abort_unacknowledged")]
-    assert of(s.revoked(out, 35.0), JobDone) == [JobDone(cjob, False, Reason.LOAD_TIMEOUT)]
-    assert s.c.consumer_state("A") is ConsumerState.FAILED
-    if producer_state == "awaiting":
-        out = s.p.fire(10.0)
-        assert done_fail(out, "A").reason == "supply_timeout"
-    else:
-        out = s.p.fire(30.0)  # transfer_timeout_s: cancel; the terminal answer waits for the release
-        # only a notice says why now (decision I19): the terminal answer still waits
-        assert of(out, CancelTransfer) and of(out, JobDone) == []
-        assert [(m.ok, m.final, m.reason) for m in sent(out, wm.TransferDone)] == [(False, False, "transfer_timeout")]
-        out = s.p.fire(60.0)  # the plane never released: quarantine, the session is ended to force it
-        assert of(out, JobDone) == [] and ended(out) == [(C, "transfer_stalled")]
-        assert s.p.producer_state("A") is ProducerState.QUARANTINED
-        assert s.p.quarantined() == {"A"} and s.p.quarantined_count() == 1  # what the shell's gauge and log read
-        assert s.p.quarantined_jobs() == (sjob,) and s.p.quarantined_blocks() == 4
-        assert s.p.pending_jobs() == 1  # the engine cannot reuse blocks a send may still read
-        out = s.p.handle(ix.TransferReleased("A", rnd), 60.01)  # the dropped connection released them
-        assert of(out, JobDone) == [JobDone(sjob, False, Reason.TRANSFER_TIMEOUT)]
-        assert s.p.quarantined() == frozenset() and s.p.quarantined_count() == 0
-    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
-    assert s.p.pending_jobs() == 0 and s.c.pending_jobs() == 0

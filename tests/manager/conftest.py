@@ -8,6 +8,8 @@
 * ``victim``: a child of its own that the test may kill; killed/closed by the finaliser.
 * ``make_manager``: in-process managers on real zmq sockets (127.0.0.1, ephemeral port), shut
   down by the finaliser.
+* ``pairs``: ``pairs(*a, **kw)`` -> a :class:`mgr_helpers.VirtualPair` (two managers on an in-memory
+  network, a virtual clock), closed by the finaliser.
 * ``data_plane``: ``"zmq"`` unless a test parametrises it (``indirect=True``, see
   ``mgr_helpers.BOTH_PLANES``); ``producer``, ``victim`` and ``make_manager`` configure their managers
   with it.  NIXL runs on loopback (``UCX_NET_DEVICES=lo``), in the children and here.
@@ -130,8 +132,61 @@ def make_manager(data_plane: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-def shm_files() -> set[str]:
+def pairs() -> Iterator[Any]:
+    from mgr_helpers import VirtualPair
+
+    made: list[VirtualPair] = []
+
+    def _make(*a: Any, **kw: Any) -> VirtualPair:
+        v = VirtualPair(*a, **kw)
+        made.append(v)
+        return v
+
     try:
-        return set(os.listdir("/dev/shm"))
-    except FileNotFoundError:  # pragma: no cover
-        return set()
+        yield _make
+    finally:
+        for v in made:
+            v.close()
+
+
+def _held_by_other_processes() -> set[str]:
+    """Names under /dev/shm that a process other than this one has open or mapped: another xdist
+    worker's transport (UCX's shared-memory segments) is not this test's leak."""
+    held: set[str] = set()
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    held.add(target[len("/dev/shm/"):].split()[0])
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return held
+
+
+class ShmBaseline:
+    """/dev/shm as a test found it; :meth:`new` names what this process left there since."""
+
+    def __init__(self) -> None:
+        self.before = self._list()
+
+    @staticmethod
+    def _list() -> set[str]:
+        try:
+            return set(os.listdir("/dev/shm"))
+        except FileNotFoundError:  # pragma: no cover
+            return set()
+
+    def new(self) -> set[str]:
+        added = self._list() - self.before
+        return added - _held_by_other_processes() if added else added
+
+
+@pytest.fixture
+def shm_files() -> ShmBaseline:
+    return ShmBaseline()

@@ -370,21 +370,26 @@ def test_blocks_that_landed_before_the_load_deadline_beat_it_on_a_fresh_endpoint
     pjobs = Jobs(p)
     outcomes = []
     for trial in range(5):
-        victim.start_manager({**HB, "load_timeout_s": 1.0, "fetch_supply_timeout_s": 0.8, "peer_timeout_s": 30.0,
-                              "handshake_timeout_s": 0.9, "connect_timeout_s": 0.9, "abort_ack_timeout_s": 0.5},
+        # timings x2 of what the scenario needs: a loaded host (parallel workers) must not eat the
+        # producer's time to write before the stalled consumer wakes up
+        victim.start_manager({**HB, "load_timeout_s": 2.0, "fetch_supply_timeout_s": 1.6, "peer_timeout_s": 30.0,
+                              "handshake_timeout_s": 1.8, "connect_timeout_s": 1.8, "abort_ack_timeout_s": 1.0},
                              num_blocks=16, block_bytes=BB)
         kv = f"kv-stall-{trial}"
         keys = keys_for(kv, 4)
         assert victim.load(kv, 200 + trial, keys, [0, 1, 2, 3], host=p.host, port=p.port, sentinel=SENTINEL) == []
         assert pump_until(lambda kv=kv: p.core.producer_state(kv).value == "awaiting", managers=[p], jobs=[pjobs])
-        victim.stall(1.5)  # the whole child sleeps: no poll, no NIXL progress, no deadline
+        victim.stall(3.0)  # the whole child sleeps past its load deadline: no poll, no NIXL progress
         from mgr_helpers import fill_pattern
 
         preq = producer_req(f"p-{kv}", kv)
         p.on_new_request(preq)
         want = fill_pattern(p.pool, [4, 5, 6, 7], seed=300 + trial)
         p.submit_store(job(trial + 1, keys, [4, 5, 6, 7], preq))
-        pump_until(lambda: False, managers=[p], jobs=[pjobs], timeout_s=0.3)
+        # the producer works until its plane moved every block (an event, not a fixed pump: on a
+        # loaded host 0.3 s of polling did not always reach the write)
+        assert pump_until(lambda kv=kv: p.core.producer_state(kv).value in ("delivering", "confirmed", "done"),
+                          managers=[p], jobs=[pjobs], timeout_s=2.5)
         got = victim.wait_results([200 + trial], timeout_s=10.0)[200 + trial]
         assert len(got) == 1, got
         outcomes.append("ok" if got[0]["success"] else got[0]["reason"])

@@ -106,8 +106,7 @@ def _stalled_transfer_trial(p, pjobs: Jobs, consumer, trial: int, *, throttle: f
     Returns what happened; asserts the producer-side rule on the way."""
     kv = f"kv-stall-{'slow' if throttle else 'stop'}-{trial}"
     if trial:
-        # a fresh consumer manager per trial: the last trial's cut session made this producer's
-        # instance suspect to it, and a load on its next dial would fail at once (decision I18)
+        # a fresh consumer manager per trial: nothing of the last trial's cut session is left
         consumer.start_manager(C_CFG, num_blocks=N, block_bytes=BB)
     keys = keys_for(kv, N)
     cjob, pjob = 100 + trial, 10 + trial

@@ -193,10 +193,12 @@ def test_b11_kill_9_mid_transfer_fails_the_load_at_once(victim, producer):
 def test_b11_a_dead_rank_fails_new_loads_to_its_sibling_until_the_sibling_is_heard(victim, producer, make_manager):
     """B11: two producer processes (ranks) of one instance ``pod-x``; the consumer has a ready
     session to each.  The sibling is silent for a moment (not polled) when rank 0 is killed -9.
-    Expected: rank 0's session ends at once (``peer_disconnected``); a new load to the sibling,
-    whose session is still ready, fails at once with ``instance_down`` (peer_timeout_s and
-    load_timeout_s are 60 s); once the sibling is heard from again (a pong), loads to it work,
-    byte-exact."""
+    Expected: rank 0's session ends at once (``peer_disconnected``) — which alone proves nothing
+    (a reset looks the same), so the instance is not held gone (decision I23); the next load to
+    rank 0 dials and is refused at once (``connect_refused``: nothing listens there), which proves
+    ``pod-x`` gone: a new load to the sibling, whose session is still ready, then fails at once
+    with ``instance_down`` (peer_timeout_s and load_timeout_s are 60 s); once the sibling is heard
+    from again (a pong), loads to it work, byte-exact."""
     rank0, rank1 = victim, producer
     pcfg = {"instance": "pod-x", "peer_timeout_s": 60.0, "heartbeat_interval_s": 0.2}
     rank0.start_manager(pcfg, num_blocks=8, block_bytes=BB)
@@ -218,7 +220,14 @@ def test_b11_a_dead_rank_fails_new_loads_to_its_sibling_until_the_sibling_is_hea
         assert pump_until(lambda: c.core.session(p0) is None
                           or c.core.session_state(p0) is SessionState.DEAD, managers=[c], timeout_s=BOUND_S)
         assert metric(c, "kvtier_session_ends_total", reason="peer_disconnected") == 1
+        assert "pod-x" not in c.core.suspect_instances()  # a disconnect alone proves nothing
         assert c.core.session_ready(p1)  # the sibling's own session has not noticed anything
+        r0 = consumer_req("c-dead", "kv-dead", rank0.host, rank0.port)
+        c.on_new_request(r0)
+        c.submit_load(job(5, keys_for("kv-dead", 1), [3], r0))
+        assert pump_until(lambda: cjobs.has(5), managers=[c], jobs=[cjobs], timeout_s=BOUND_S)
+        assert (cjobs.one(5).success, cjobs.one(5).reason) == (False, "connect_refused")
+        assert "pod-x" in c.core.suspect_instances()  # the refused dial proves it gone
         rb = consumer_req("c-before", "kv-before", rank1.host, rank1.port)
         c.on_new_request(rb)
         c.submit_load(job(10, keys_for("kv-before", 1), [4], rb))

@@ -25,6 +25,9 @@ EXPECTED = {
     "deadlines_before_input": "input_before_deadline",
     "serve_releases_pins_at_cancel": "pin_released_once",
     "reply_hits_unpinned": "no_hit_without_pin",
+    "partial_keys_unverified": "partial_keys_verified",
+    "failed_keys_not_missed": "failed_keys_miss",
+    "disconnect_condemns_instance": "instance_fate_proven",
 }
 PD_BUGS = sorted(set(PLANTED) - set(PROFILE_OF))
 """the planted bugs the default bounds explore (the symmetric path's need the symmetric profile)"""

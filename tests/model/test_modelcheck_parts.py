@@ -338,17 +338,22 @@ def test_a_finished_pair_is_one_state_however_it_finished() -> None:
 
 
 def test_every_spec_property_is_checked() -> None:
-    """Every spec property is checked by the model check, or — the two of the symmetric path the
-    model does not explore (the engine's lookup contexts and the partial load's digest re-check
-    belong to the shell and the block source; decision M14) — by the symmetric harness, which
-    raises a violation naming it."""
+    """Every spec property is checked by the model check, or — what the model does not explore
+    (the engine's lookup contexts, a landing answered steps after it started, a data-plane fault;
+    decision M14) — by the symmetric harness or the PD stateful suite, which raise a violation
+    naming it."""
     covered = {name for p in REGISTRY for name in p.covers}
-    assert covered >= {"probe_answered_in_bound", "pin_released_once", "no_hit_without_pin", "no_block_after_release"}
-    harness = (Path(__file__).resolve().parents[1] / "symmetric" / "harness.py").read_text()
+    assert covered >= {"probe_answered_in_bound", "pin_released_once", "no_hit_without_pin", "no_block_after_release",
+                       "partial_keys_verified", "failed_keys_miss", "instance_fate_proven", "release_never_dropped"}
+    tests = Path(__file__).resolve().parents[1]
+    harness = (tests / "symmetric" / "harness.py").read_text()
     symmetric = {name for name in load_spec().properties if f'PropertyViolation(f"{name}:' in harness
                  or f'PropertyViolation("{name}:' in harness}
-    assert symmetric - covered == {"lookup_context_closed_once", "partial_keys_verified"}
-    missing = set(load_spec().properties) - covered - symmetric
+    assert symmetric - covered == {"lookup_context_closed_once", "result_after_last_write"}
+    stateful = (tests / "stateful" / "honest.py").read_text()
+    pd = {name for name in load_spec().properties if f'f"{name}:' in stateful}
+    assert pd - covered == {"result_after_last_write", "plane_fault_ends_session"}
+    missing = set(load_spec().properties) - covered - symmetric - pd
     assert not missing, f"spec properties the model check does not check: {sorted(missing)}"
     assert sorted(PROPERTIES) == sorted(p.name for p in REGISTRY)
     for p in REGISTRY:
@@ -410,8 +415,9 @@ def test_structured_trace_of_a_write_after_abort() -> None:
     assert ("msg", "consumer:1", "producer", "fetch X r0 keys=1 g101") in steps
     assert ("timer", "clock", "consumer:1", "load deadline of consumer X") in steps
     assert steps[-3] == ("msg", "producer", "consumer:1", "block_data X r0 [0:1] g101")
-    # the violating step shows what the core did: it asked to land the blocks
-    assert steps[-2] == ("note", "consumer:1", "consumer:1", "LandBlocks(X), ignored blocks_landed (late_data)")
+    # the violating step shows what the core did: it asked to land the blocks (and, aborting,
+    # recorded the landing's answer: decision I21)
+    assert steps[-2] == ("note", "consumer:1", "consumer:1", "LandBlocks(X)")
     assert steps[-1] == ("violation", "consumer:1", "consumer:1", "violates no_write_after_terminal")
 
 

@@ -39,11 +39,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvtier.lifecycle import InvalidTransition, TierCore, snapshot
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import CoreSettings
-from kvtier.lifecycle.effects import JobDone, LandBlocks, Send, SendBlocks
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
 from kvtier.testing.fakenet import Envelope, FakeNetwork
 from kvtier.wire import messages as wm
+from stateful_checks import C_LIVE, P_LIVE, P_RETAINED, Checked, PropertyChecks
+from honest import honest_rules
 
 
 def note(text: str) -> None:
@@ -68,46 +69,6 @@ DURATIONS = {
 QUIET = {"heartbeat_interval_s": 1000.0, "peer_timeout_s": 1000.0}
 """Durations for the planted-bug hunt: sessions never ping nor time out (crashes are rules)."""
 TOMBSTONE_MAX = 2
-P_LIVE = {"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
-P_RETAINED = {"done", "tombstoned"}
-P_LATE = {"done", "tombstoned", "cancelling", "quarantined"}
-C_LIVE = {"queued", "in_flight", "aborting", "cancelling", "revoking"}
-
-
-class Checked:
-    """The core as the fake network's shell sees it: every ``handle`` and ``fire`` passes through
-    to the real core and is checked by the state machine against the spec's properties (one
-    input — or one firing of the deadlines — at a time, whatever the driver batches); everything
-    else (the read API) is the core's own.  ``unread``: during a tick, the messages that waited
-    unread in the socket, with their arrival times, until the driver applies them."""
-
-    def __init__(self, machine: Any, name: str, core: TierCore) -> None:
-        self.machine = machine
-        self.name = name
-        self.core = core
-        self.unread: list[tuple[float, ix.Received]] = []
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.core, attr)
-
-    def handle(self, inp: Any, now: float) -> list[Any]:
-        for i, (_, waiting) in enumerate(self.unread):
-            if waiting == inp:
-                del self.unread[i]
-                break
-        return self.machine._checked(self.name, lambda: self.core.handle(inp, now), inp)
-
-    def fire(self, now: float) -> list[Any]:
-        if self.unread:  # input_before_deadline: nothing due after the first unread arrival fires first
-            first = min(t for t, _ in self.unread)
-            early = [f"{d.machine} {d.key} ({d.timer}, due {d.when})" for d in self.core.deadlines()
-                     if first < d.when <= now]
-            if early:
-                self.machine.broken = True
-                raise AssertionError(
-                    f"input_before_deadline: {self.name}'s tick at {now} fires {early} before applying "
-                    f"{[w.msg.TYPE for _, w in self.unread]} that arrived at {[t for t, _ in self.unread]}")
-        return self.machine._checked(self.name, lambda: self.core.fire(now), None)
 
 
 def make_machine(
@@ -120,6 +81,7 @@ def make_machine(
     reorder: bool = True,
     chunks: int = 1,
     quiet_sessions: bool = False,
+    keep: tuple[str, ...] = (),
 ) -> type:
     """The state machine class for ``ids`` and consumer names.  ``full=False`` leaves out the
     stop (drain / shutdown) and peer-failure rules: the planted-bug hunt uses one id, one consumer
@@ -128,17 +90,21 @@ def make_machine(
     Hypothesis chooses), the prefix every lifecycle bug needs.  ``steps``: the time steps the
     ``advance`` rule may take; ``reorder=False`` delivers only the oldest message of a direction
     (zmq keeps per-connection order); ``quiet_sessions``: no heartbeats, no silence timeouts
-    (:data:`QUIET`)."""
+    (:data:`QUIET`); ``keep``: rules a ``full=False`` machine keeps (a hunt that needs them).  The
+    data plane's unhelpful rules are ``honest.py``'s (split batches, landings answered later)."""
     POS = st.integers(0, 3) if reorder else st.just(0)
     CHUNKS = chunks  # one-key stores per id; a load fetches every key
     IDS, CONSUMERS = ids, consumers
     durations = {**DURATIONS, **(QUIET if quiet_sessions else {})}
 
-    class Machine(RuleBasedStateMachine):
+    class Machine(PropertyChecks, honest_rules(ids, consumers, chunks), RuleBasedStateMachine):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
+            self.ids = IDS
             self.clock = VirtualClock()
             self.net = FakeNetwork()
+            self.net.split_batches = self.net.land_later = True  # partial loads; landings end later
+            self.load_keys: dict[int, tuple[bytes, ...]] = {}
             self.net.revoke_later = True  # a one-sided plane: revocation takes its time
             # ... and reports it only when it is done (no per-session window that withdraws access
             # by itself within revoke_timeout_s): revoke_bounded=False
@@ -178,137 +144,6 @@ def make_machine(
             self.generation += 1
             self._attach(c, TierCore(self.cs, LOCAL, gen_base=10_000 * self.generation))
 
-        # -- checking the spec's properties, one core input at a time -----------------------------
-        def _pstates(self) -> dict[str, str]:
-            return {k: self.p.producer_state(k).value for k in IDS}
-
-        def _cstates(self, c: str) -> dict[str, tuple[str, int]]:
-            out = {}
-            for k in IDS:
-                v = self.cores[c].consumer(k)
-                out[k] = (v.state.value, v.round) if v is not None else ("absent", -1)
-            return out
-
-        def _loads(self, c: str) -> dict[int, tuple[str, int]]:
-            """Live load jobs of consumer ``c``: job -> (id, round)."""
-            core = self.cores[c]
-            return {v.job_id: (k, v.round) for k in core.consumer_ids() if (v := core.consumer(k)) and v.job_id is not None}
-
-        def _checked(self, who: str, apply: Any, inp: Any) -> list[Any]:
-            try:
-                return self._check(who, apply, inp)
-            except AssertionError:
-                self.broken = True  # Hypothesis still runs teardown: do not bury this failure under another
-                raise
-
-        def _check(self, who: str, apply: Any, inp: Any) -> list[Any]:
-            """Run ``apply()`` (one ``handle(inp)`` of ``who``'s core, or, ``inp`` None, one
-            ``fire``) and check every property that one core call can break."""
-            msg = inp.msg if isinstance(inp, ix.Received) else None
-            src = inp.peer if msg is not None else None
-            pre_p = self._pstates()
-            pre_c = self._cstates(who) if who != "p" else {}
-            pre_loads = self._loads(who) if who != "p" else {}
-            pre_bind = {k: (v.peer, v.round) for k in self.p.producer_ids() if (v := self.p.producer(k))}
-            fetch = msg if who == "p" and isinstance(msg, wm.Fetch) else None
-            pre_gate = None
-            stale = False
-            if fetch is not None:
-                # a round the session already answered, or below the consumer's watermark: a
-                # duplicate or overtaken fetch, dropped unanswered (decision I11)
-                low, answered = next((e.rounds for e in snapshot.export(self.p).sessions if e.peer == src), (0, ()))
-                stale = fetch.round < low or fetch.round in answered
-                sess = self.p.session(src)
-                pre_gate = sess is not None and sess.state.value == "ready" and sess.gen == fetch.gen
-                if fetch.keys and pre_p[fetch.kv_request_id] in ("absent", "parked"):
-                    self.fetched_ids.add(fetch.kv_request_id)
-            effects = apply()
-            post_p = self._pstates()
-            if who == "p" and (isinstance(msg, wm.Receipt) or (isinstance(msg, wm.AbortFetch) and msg.fetched)):
-                k = msg.kv_request_id
-                if pre_p[k] != post_p[k]:
-                    assert pre_bind.get(k) == (src, msg.round), (
-                        f"lives_never_mix: {msg.TYPE} of {src} round {msg.round} moved {k} {pre_p[k]} -> "
-                        f"{post_p[k]}, but that life was bound to {pre_bind.get(k)}"
-                    )
-                if isinstance(msg, wm.Receipt) and pre_bind.get(k) == (src, msg.round):
-                    self.receipts.add(k)
-            for eff in effects:
-                if isinstance(eff, JobDone):
-                    owner = self.outstanding.pop(eff.job_id, None)
-                    assert owner == who, f"exactly_once_job_result: {who} reported job {eff.job_id} (ok={eff.ok}, " \
-                                         f"{eff.reason}) that {'had its result already' if owner is None else 'is ' + owner + 's'}"
-                    self._check_job_result(who, eff, pre_loads, revoked=isinstance(inp, ix.AccessRevoked))
-                elif isinstance(eff, SendBlocks):
-                    k = eff.kv_request_id
-                    assert pre_p[k] in ("parked", "awaiting") and post_p[k] == "serving", (
-                        f"no_bytes_for_tombstoned: blocks of {k} sent on a {pre_p[k]} -> {post_p[k]} step"
-                    )
-                elif isinstance(eff, LandBlocks):
-                    state, rnd = pre_c.get(eff.kv_request_id, ("absent", -1))
-                    assert state == "in_flight", f"no_write_after_terminal: {who} landed {eff.kv_request_id} while {state}"
-                    assert not isinstance(msg, wm.BlockData) or msg.round == rnd, (
-                        f"no_write_after_terminal: {who} landed block data of round {msg.round} into the load of "
-                        f"round {rnd}")
-            if fetch is not None and pre_gate and not stale:
-                k = fetch.kv_request_id
-                own = pre_bind.get(k) == (src, fetch.round)  # a duplicate of the bound fetch:
-                # its terminal answer waits for the data plane's release (no write may land after it)
-                if (pre_p[k] in P_LATE or self.retired[k]) and not (own and pre_p[k] in ("cancelling", "quarantined")):
-                    assert any(
-                        isinstance(e, Send) and isinstance(e.msg, wm.TransferDone) and not e.msg.ok
-                        and (e.msg.kv_request_id, e.msg.round) == (k, fetch.round)
-                        for e in effects
-                    ), f"late_fetch_one_rtt: fetch for {k} while {pre_p[k]} (retired={self.retired[k]}) not refused at once"
-            for k in IDS:
-                before, after = pre_p[k], post_p[k]
-                if before == after:
-                    continue
-                if after in ("parked", "awaiting", "serving"):
-                    assert not self.retired[k], f"tombstoned_never_reparks: {k} went {before} -> {after} after it ended"
-                if after in P_RETAINED:
-                    self.retired[k] = True
-                elif before in P_RETAINED and after == "absent":
-                    self._new_life(k)
-                elif before in P_LIVE and after == "absent" and "p" not in self.shut:
-                    self.retired[k] = True
-            return effects
-
-        def _check_job_result(self, who: str, eff: JobDone, pre_loads: dict[int, tuple[str, int]], *,
-                              revoked: bool) -> None:
-            if who == "p":
-                k = self.store_of[eff.job_id]
-                assert not any(t.src == "p" and t.kv_request_id == k for t in self.net.transfers), (
-                    f"no_block_returned_while_referenced: store job {eff.job_id} of {k} reported "
-                    f"(ok={eff.ok}, {eff.reason}) while the data plane still references its blocks"
-                )
-                assert not eff.ok or k in self.receipts or k not in self.fetched_ids, (
-                    f"no_success_without_receipt: store job {eff.job_id} of {k} succeeded without the consumer's receipt"
-                )
-                return
-            load = pre_loads.get(eff.job_id)
-            if load is None:  # a new job refused alone: it never fetched
-                return
-            kid, rnd = load
-            if eff.ok:
-                assert (kid, rnd) not in self.net.corrupt, (
-                    f"no_success_without_receipt: {who} reported load {kid} round {rnd} ok with a corrupt block"
-                )
-            elif not revoked and who not in self.disordered:  # a revocation proves no write can land any more
-                assert not any(
-                    (t.src, t.dst, t.kv_request_id, t.round) == ("p", who, kid, rnd) and id(t) not in self.gone
-                    for t in self.net.transfers
-                ), (f"no_write_after_terminal: {who} reported load {kid} round {rnd} failed while the "
-                    "producer may still write into its slots")
-
-        def _new_life(self, k: str) -> None:
-            """The tombstone of ``k`` was pruned: the id may be reused (a brand-new life)."""
-            self.retired[k] = False
-            self.stores[k] = 0
-            self.p_finished[k] = False
-            self.receipts.discard(k)
-            self.fetched_ids.discard(k)
-            self.loaded = {(c, kk) for c, kk in self.loaded if kk != k}
 
         def _call(self, who: str, *inputs: ix.Input) -> list[Any]:
             """Engine (or operator) inputs to ``who``'s core, applied and performed now."""
@@ -358,6 +193,7 @@ def make_machine(
             job = self.next_job
             self.next_job += 1
             keys = tuple(f"{k}{i}".encode() for i in range(CHUNKS))
+            self.load_keys[job] = keys
 
             self._call(c, ix.LoadAnnounced(k, "p"))
             self.outstanding[job] = c  # registered first: its effects may already report it
@@ -395,6 +231,9 @@ def make_machine(
             while any(src == who for src, _ in self.net.revokes):
                 self.net.finish_revoke(next(i for i, (src, _) in enumerate(self.net.revokes) if src == who),
                                        self.clock.now())
+            while any(x.src == who for x in self.net.landings):  # its plane's close ends every landing
+                self.net.finish_landing(next(i for i, x in enumerate(self.net.landings) if x.src == who),
+                                        self.clock.now())
             self.net.cores.pop(who, None)
             self.net.inbox.pop(who, None)
 
@@ -543,7 +382,8 @@ def make_machine(
             if self.broken:
                 return
             for _ in range(200):
-                if not (self.net.directions() or self.net.transfers or self.net.revokes or self.outstanding
+                if not (self.net.directions() or self.net.transfers or self.net.revokes or self.net.landings
+                        or self.outstanding
                         or self._live_records() or any(self.net.inbox.values())):
                     break
                 busy = False
@@ -562,6 +402,9 @@ def make_machine(
                 if self.net.revokes:
                     busy = True
                     self.finish_revoke(0)
+                if self.net.landings:
+                    busy = True
+                    self.net.finish_landing(0, self.clock.now())
                 if not busy:
                     nxt = [d for w, core in self.cores.items() if w in self.net.cores
                            if (d := core.next_deadline()) is not None]
@@ -583,8 +426,8 @@ def make_machine(
             return stuck
 
     if not full:
-        for name in ("stop", "peer_failure", "corrupt"):
-            delattr(Machine, name)
+        for name in {"stop", "peer_failure", "corrupt", "corrupt_block", "plane_fault"} - set(keep):
+            setattr(Machine, name, None)  # a rule left out (the honest ones live on a base class)
     if opening:
 
         class Opening(Machine):  # type: ignore[misc, valid-type]
@@ -601,4 +444,4 @@ def make_machine(
     return Machine
 
 
-Interleavings = make_machine()
+Interleavings = make_machine(chunks=2)

@@ -8,7 +8,11 @@ What the harness adds to the fake network: served rounds' transfers (their plane
 a second release or a release while a transfer still reads the pin's blocks), and the property
 checks each step runs (:meth:`SymNet.check`): the spec's ``pin_released_once``,
 ``no_hit_without_pin``, ``no_block_after_release``, ``lookup_context_closed_once``,
-``partial_keys_verified``, ``probe_answered_in_bound`` and ``exactly_once_job_result``.
+``partial_keys_verified`` (a failed load's successful keys are exactly its verified prefix),
+``result_after_last_write`` (no load result while a landing of it runs: ``land_later``),
+``failed_keys_miss`` (a key whose block failed its check is held MISS and loaded at most twice per
+request), ``probe_answered_in_bound`` and ``exactly_once_job_result``.  A block the engine holds
+corrupt (:attr:`SymNet.corrupt_keys`) fails its digest check in every round that fetches it.
 """
 
 from __future__ import annotations
@@ -121,8 +125,12 @@ class SymNet(FakeNetwork):
         self.engines: dict[str, FakeEngine] = {}
         self.windows: dict[str, ServeWindows] = {}
         self.results: dict[int, list[fx.JobDone]] = {}
-        self.landed: dict[tuple[str, str, int], set[int]] = {}  # (core, id, round) -> fetch positions landed
         self.fetched: dict[tuple[str, str, int], tuple[bytes, ...]] = {}  # (core, id, round) -> the fetch's keys
+        self.corrupt_keys: set[bytes] = set()  # blocks whose bytes never match their digest
+        self.loads_of: dict[tuple[str, str, bytes], int] = {}  # (core, id, key) -> loads that named it
+        self.job_round: dict[int, int] = {}  # load job -> the round its fetch named
+        self.count_loads = False  # check that a key is loaded at most twice per request (an engine
+        # that never looks up again a key it holds: SymmetricHonest's)
         self.load_jobs: dict[int, tuple[str, str]] = {}  # job -> (core, id)
         self.errors: list[str] = []
         self.violations: list[str] = []
@@ -164,17 +172,30 @@ class SymNet(FakeNetwork):
                         raise PropertyViolation(self.violations[0])
                 elif t is fx.Send and type(e.msg) is wm.Fetch:
                     self.fetched[(src, e.msg.kv_request_id, e.msg.round)] = tuple(e.msg.keys)
+                    if core is not None:  # which load job (a round's, or a PD one) fetches this round
+                        pd = core.consumer(e.msg.kv_request_id)
+                        self.job_round.update((v.job_id, v.round) for v in (*core.round_loads(e.msg.kv_request_id),
+                                                                            *((pd,) if pd is not None else ()))
+                                              if v.round == e.msg.round and v.job_id is not None)
+                    if e.msg.offered and self.count_loads:
+                        for k in e.msg.keys:
+                            n = self.loads_of[(src, e.msg.kv_request_id, k)] = self.loads_of.get(
+                                (src, e.msg.kv_request_id, k), 0) + 1
+                            if n > 2:
+                                raise PropertyViolation(f"failed_keys_miss: {src} loads {k!r} of {e.msg.kv_request_id} "
+                                                        f"for the {n}th time: a failed key must answer MISS")
                 elif t is fx.Send and type(e.msg) is wm.ProbeReply and core is not None:
                     self._check_reply(src, core, e)
                 elif t is fx.JobDone:
                     self.results.setdefault(e.job_id, []).append(e)
                     if len(self.results[e.job_id]) > 1:
                         raise PropertyViolation(f"exactly_once_job_result: job {e.job_id} reported twice")
-                    if e.successful_keys:
-                        self._check_partial(src, e)
+                    self._check_load_result(src, e)
                 elif t is fx.LandBlocks:
-                    self.landed.setdefault((src, e.kv_request_id, e.round), set()).update(
-                        range(e.first, e.first + len(e.slots)))
+                    keys = self.fetched.get((src, e.kv_request_id, e.round), ())
+                    for i in range(e.first, e.first + len(e.slots)):
+                        if i < len(keys) and keys[i] in self.corrupt_keys:
+                            self.corrupt_blocks.add((e.kv_request_id, e.round, i))
                 answers.extend(base((e,)))
             return answers
 
@@ -199,14 +220,36 @@ class SymNet(FakeNetwork):
             if hit and (k not in view.found or view.found[k] not in held or not view.pins):
                 raise PropertyViolation(f"no_hit_without_pin: {src} says hit for {k!r} without a held pin")
 
-    def _check_partial(self, src: str, e: fx.JobDone) -> None:
+    def _check_load_result(self, src: str, e: fx.JobDone) -> None:
+        """A load job's result: no landing of it still runs; a failed one reports exactly the
+        verified prefix of the round it fetched (None when it fetched nothing)."""
         where = self.load_jobs.get(e.job_id)
         if where is None:
-            raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports keys but was no load")
-        ok_keys = {keys[i] for (c, kid, r), keys in self.fetched.items() if (c, kid) == where
-                   for i in self.landed.get((c, kid, r), ()) if i < len(keys)}
-        if not set(e.successful_keys) <= ok_keys:
-            raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports keys that did not land")
+            if e.successful_keys:
+                raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports keys but was no load")
+            return
+        rnd = self.job_round.get(e.job_id)
+        keys = self.fetched.get((src, where[1], rnd), ()) if rnd is not None else ()
+        running = [x for x in self.landings if (x.src, x.eff.kv_request_id, x.eff.round) == (src, where[1], rnd)]
+        if running:
+            raise PropertyViolation(f"result_after_last_write: job {e.job_id} reported while {len(running)} landing(s) "
+                                    f"of its round {rnd} still run")
+        if e.ok:
+            return
+        verified = self.verified.get((src, where[1], rnd), set()) if rnd is not None else set()
+        n = 0
+        while n < len(keys) and n in verified:
+            n += 1
+        checked = src not in self.cores or self.cores[src].settings.integrity  # integrity off: nothing verified
+        want = (keys[:n] or None) if checked else None
+        if e.successful_keys != want:
+            raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports {e.successful_keys}, its verified "
+                                    f"prefix is {want}")
+        probe = self.cores[src].probe(where[1]) if src in self.cores else None
+        lost = [k for k in keys[n:] if probe is not None and k not in probe.missed]
+        if lost:
+            raise PropertyViolation(f"failed_keys_miss: job {e.job_id} failed, yet {lost} are not held MISS for the "
+                                    "request: the next lookup probes and loads them again")
 
     def deliver(self, src: str, dst: str, i: int, now: float):
         """As :meth:`FakeNetwork.deliver`, plus ``no_hit_without_pin``'s consumer half: once a

@@ -8,12 +8,15 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from contextlib import ExitStack
+
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle.consumer import ConsumerMachine
 from kvtier.lifecycle.probe import ProbeMachine
 from kvtier.lifecycle.serve import ServeMachine
 from tests.symmetric.harness import PropertyViolation
-from tests.symmetric.test_stateful_symmetric import Symmetric
+from tests.symmetric.test_stateful_symmetric import Symmetric, SymmetricHonest
+from tools.planted import PLANTED
 
 
 def _drain_keeps_pins(self, rec, inp, reason, now, out):  # the seed's reset_cache bug
@@ -48,23 +51,43 @@ def _partial_unverified(self, rec):  # every key of the fetch reported as landed
     return (rec.keys if rec.n_landed else None), ()
 
 
+def _planted(name: str):
+    """A planted bug of tools.planted, as a monkeypatch-style entry of BUGS."""
+    return [(None, name, None)]
+
+
 BUGS = {
     "drain_keeps_pins": ([(ServeMachine, "effect_fail_pins", _drain_keeps_pins)], "pin_released_once"),
     "hit_after_withdraw": ([(ProbeMachine, "message", _hit_after_withdraw)], "no_hit_without_pin"),
     "serve_unpinned": ([(ServeMachine, "guard_fetch_offered", _serve_unpinned_guard),
                         (ServeMachine, "effect_start_transfer", _serve_unpinned_effect)], "no_block_after_release"),
-    "partial_unverified": ([(ConsumerMachine, "_landed_intact", _partial_unverified)], "partial_keys_verified"),
+    "partial_unverified": ([(ConsumerMachine, "_verified_prefix", _partial_unverified)], "partial_keys_verified"),
+    # tools.planted's bugs of the symmetric path (also hunted by the model check and tests/stateful)
+    "partial_keys_unverified": (_planted("partial_keys_unverified"), "partial_keys_verified"),
+    "failed_keys_not_missed": (_planted("failed_keys_not_missed"), "failed_keys_miss"),
 }
+HONEST = {"partial_keys_unverified", "failed_keys_not_missed", "partial_unverified"}
+"""hunted with corrupt blocks and late landings (:class:`SymmetricHonest`)"""
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_the_stateful_suite_finds_the_planted_bug(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
     patches, prop = BUGS[bug]
-    for cls, name, fn in patches:
-        monkeypatch.setattr(cls, name, fn)
+    with ExitStack() as stack:
+        for cls, name, fn in patches:
+            if cls is None:
+                stack.enter_context(PLANTED[name]())
+            else:
+                monkeypatch.setattr(cls, name, fn)
+        _hunt(prop, SymmetricHonest if bug in HONEST else Symmetric)
+
+
+def _hunt(prop: str, machine: type) -> None:
+    # the honest hunts need a corrupt block before its landing: shorter examples, more of them
+    examples, steps = (1000, 15) if machine is SymmetricHonest else (600, 30)
     with pytest.raises((PropertyViolation, AssertionError), match=prop):
-        run_state_machine_as_test(Symmetric, settings=settings(
-            max_examples=600, stateful_step_count=30, deadline=None, database=None, derandomize=True,
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=examples, stateful_step_count=steps, deadline=None, database=None, derandomize=True,
             phases=(Phase.generate,),  # finding is the point; a shrunk counterexample is not needed here
             suppress_health_check=list(HealthCheck)))

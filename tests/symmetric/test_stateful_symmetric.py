@@ -3,7 +3,11 @@ their engines, the network, the data plane, time, crashes, drain and shutdown.
 
 Every step runs the harness's checks (``pin_released_once``, ``no_hit_without_pin``,
 ``no_block_after_release``, ``lookup_context_closed_once``, ``partial_keys_verified``,
-``probe_answered_in_bound``, ``exactly_once_job_result``); at the end everything is run to
+``result_after_last_write``, ``failed_keys_miss``, ``probe_answered_in_bound``,
+``exactly_once_job_result``).  :class:`SymmetricHonest` (the suite's machine) adds a block corrupt at
+the source (every load of it fails its digest check), landings that end in a later step (a copy
+on the digest pool) and an engine that, like vLLM's, does not look up again a key it holds (loaded,
+or a failed load's successful prefix).  At the end everything is run to
 quiescence and the liveness half is checked: every job has exactly one result, every pin was
 released, every context closed, and no lookup answers RETRY any more.  (The exhaustive version of
 this is the model checker's ``symmetric`` profile: docs/modelcheck.md.)
@@ -30,6 +34,9 @@ class Symmetric(RuleBasedStateMachine):
         """A fresh pair, or one driven (FIFO, nothing lost) to a later stage to start from: a
         ready session, an answered round, or a round's load in flight (deep states in few steps)."""
         self._setup(present, pending, one_sided, serve)
+        self._advance_to(stage)
+
+    def _advance_to(self, stage: str) -> None:
         if stage == "fresh":
             return
         self.net.connect("C", "P", self.now)
@@ -57,6 +64,7 @@ class Symmetric(RuleBasedStateMachine):
         self.req = 0
         self.kid: str | None = None
         self.jobs: set[int] = set()
+        self.job_keys: dict[int, tuple[bytes, ...]] = {}
         self.next_job = 1
         self.closed = {"C": False, "P": False}
 
@@ -72,7 +80,10 @@ class Symmetric(RuleBasedStateMachine):
     @rule()
     def scan(self) -> None:
         """vLLM's prefix scan: each key until the first MISS."""
+        held = self._held()
         for k in KEYS:
+            if k in held:
+                continue
             self.net.engine_input("C", ix.KeyLookedUp(self.kid, k), self.now)
             if self.net.cores["C"].probe_answer(self.kid, k) is Answer.MISS:
                 break
@@ -103,6 +114,21 @@ class Symmetric(RuleBasedStateMachine):
         except InvalidTransition:
             return
         self.jobs.add(job)
+        self.job_keys[job] = keys
+
+    def _held(self) -> set[bytes]:
+        """Keys the engine does not look up again (none here: :class:`SymmetricHonest`'s engine
+        remembers what it loaded)."""
+        return set()
+
+    def _held_keys(self) -> set[bytes]:
+        """Keys the consumer's engine holds for the request: every key of a load that succeeded,
+        a failed load's successful prefix (vLLM promotes them and never asks the tier again)."""
+        held: set[bytes] = set()
+        for job in self.jobs:
+            for r in self.net.results.get(job, ()):
+                held.update(self.job_keys.get(job, ()) if r.ok else (r.successful_keys or ()))
+        return held
 
     @precondition(lambda self: self.kid is not None)
     @rule()
@@ -168,6 +194,8 @@ class Symmetric(RuleBasedStateMachine):
     def finish_transfer(self, ok: bool) -> None:
         self.net.finish_transfer(0, self.now, ok=ok)
 
+
+
     @rule(who=st.sampled_from(["C", "P"]))
     def connection_closed(self, who: str) -> None:
         other = "P" if who == "C" else "C"
@@ -195,6 +223,8 @@ class Symmetric(RuleBasedStateMachine):
             if net.directions():
                 src, dst = net.directions()[0]
                 net.deliver(src, dst, 0, self.now)
+            elif net.landings:
+                net.finish_landing(0, self.now)
             elif net.transfers:
                 net.finish_transfer(0, self.now)
             elif net.windows["P"].pending() and net.cores["P"].serve_ids():
@@ -205,7 +235,7 @@ class Symmetric(RuleBasedStateMachine):
                 self.now += 10.0
                 for name in ("C", "P"):
                     net.fire(name, self.now)
-                if not net.directions() and not net.transfers:
+                if not net.directions() and not net.transfers and not net.landings:
                     break
         net.serve_window("P", self.now)  # the last closes
         for job in self.jobs:
@@ -214,6 +244,39 @@ class Symmetric(RuleBasedStateMachine):
         assert not net.errors
 
 
-TestSymmetric = Symmetric.TestCase
+class SymmetricHonest(Symmetric):
+    """:class:`Symmetric` with the data plane at its least helpful: a block may be corrupt at the
+    source (every load of it fails its digest check) and a landing may end steps later (a copy on
+    the digest pool).  (The planted-bug hunts of the other properties keep :class:`Symmetric`'s
+    rules, so their fixed-seed searches find what they always found.)"""
+
+    @initialize(present=st.sets(st.integers(0, 3)), pending=st.sets(st.integers(0, 3)),
+                one_sided=st.booleans(), serve=st.sampled_from([True, True, True, False]),
+                stage=st.sampled_from(["fresh", "connected", "offered", "loading"]), land_later=st.booleans())
+    def setup(self, present: set[int], pending: set[int], one_sided: bool, serve: bool, stage: str = "fresh",
+              land_later: bool = False) -> None:
+        """:meth:`Symmetric.setup`, the landings answered in a later step or not."""
+        self._setup(present, pending, one_sided, serve)
+        self.net.land_later = land_later
+        self.net.count_loads = True  # this engine never looks up a key it holds: at most two loads each
+        self._advance_to(stage)
+
+    def _held(self) -> set[bytes]:
+        return self._held_keys()
+
+    @precondition(lambda self: bool(self.net.landings))
+    @rule(i=st.integers(0, 3))
+    def finish_landing(self, i: int) -> None:
+        """A landing running on the consumer's digest pool ends."""
+        self.net.finish_landing(i, self.now)
+
+    @rule(i=st.integers(0, 3))
+    def corrupt(self, i: int) -> None:
+        """The producer's engine holds block ``i`` with bytes that no longer match its digest:
+        every load of it fails its check."""
+        self.net.corrupt_keys.add(KEYS[i])
+
+
+TestSymmetric = SymmetricHonest.TestCase
 TestSymmetric.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
                                   suppress_health_check=[HealthCheck.too_slow])

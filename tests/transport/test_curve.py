@@ -123,8 +123,10 @@ def test_key_files_are_checked(tmp_path, keys) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no public certificate"):
         load_allowed(tmp_path / "empty")
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ValueError, match="does not exist"):
         load_allowed(tmp_path / "nope")
+    with pytest.raises(ValueError, match="not a directory"):
+        load_allowed(keys["dir"] / "decode-0.key")
     with pytest.raises(ValueError, match="exists already"):
         generate_keys(keys["dir"], "decode-0")
     assert "secret" not in repr(load_identity(keys["dir"] / "decode-0.key_secret")).replace("CurveIdentity", "")
@@ -168,9 +170,9 @@ def _dial_and_wait_for(c: ZmqTransport, address: str, event: int) -> None:
         c.events()
 
 
-KEY_PROBLEM = ("the CURVE handshake failed: either it does not accept our key (is our public certificate in its "
-               "auth_allowed_keys_dir?) or the key we hold for it (the certificate in our auth_allowed_keys_dir that "
-               "names this endpoint) is not its key, or it does not run auth='curve'")
+KEY_PROBLEM = ("the CURVE handshake failed: the producer does not accept our key (is our public certificate in its "
+               "auth_allowed_keys_dir?), the certificate in our auth_allowed_keys_dir that names this endpoint is not "
+               "the producer's key, or it does not run auth='curve'")
 
 
 def test_a_producer_refusing_our_key_is_named_in_the_log(pair, keys, caplog) -> None:

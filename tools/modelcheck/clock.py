@@ -20,8 +20,8 @@ what was due at ``deadlines_at``: then the deadline does not fire in that step (
 later one, once the messages were read) and the step reads the messages.  Whether the driver
 keeps the contract is what the property ``input_before_deadline`` checks, on the code that runs:
 the core the driver is handed notes a deadline fired while one of those messages was still
-unapplied (:class:`.system._Observed`).  The planted bug ``deadlines_before_input`` plants the
-first release's shell (deadlines against ``now``, before the input) in ``drive`` itself.
+unapplied (:class:`.system._Observed`).  The planted bug ``deadlines_before_input`` plants an
+earlier kvtier's shell (deadlines against ``now``, before the input) in ``drive`` itself.
 
 The shell's rule is stronger than the model's (it waits for *every* unread message, not only
 the ones that concern the deadline); the model's lets more deadlines fire, so it covers every

@@ -32,6 +32,7 @@ import attrs
 import msgspec
 
 from kvtier.lifecycle import snapshot
+from kvtier.lifecycle.blockstates import BlockStates
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.effects import SendBlocks, Send
 from kvtier.lifecycle.session import HelloInput
@@ -113,6 +114,13 @@ class Summary:
     """(kv_request_id, round) -> (state, job id) of each symmetric round's load"""
     serve: dict[tuple[str, str, int], tuple[str, tuple[int, ...], dict[bytes, int]]] = attrs.Factory(dict)
     """(peer, kv_request_id, round) -> (serve state, pins held, key -> pool block found)"""
+    fetched: dict[tuple[str, int], tuple[tuple[bytes, ...], int]] = attrs.Factory(dict)
+    """(kv_request_id, round) of every load (PD and symmetric rounds) -> (the keys it fetches,
+    how many of them from the first landed verified: its verified prefix)"""
+    gone: tuple[str, ...] = ()
+    """producer instances the core holds proven gone (decision I23)"""
+    missed: dict[str, frozenset[bytes]] = attrs.Factory(dict)
+    """the symmetric path: kv_request_id -> the keys its probe answers MISS for the request's life"""
 
 
 def summarise(state: CoreState, core: TierCore | None = None) -> Summary:
@@ -144,6 +152,10 @@ def summarise(state: CoreState, core: TierCore | None = None) -> Summary:
         answers=answers,
         loads={(e.kv_request_id, e.round): (e.state.value, e.job_id) for e in state.rounds},
         serve={_key(e): (e.state.value, e.pins, dict(e.found)) for e in state.serve},
+        fetched={(e.kv_request_id, e.round): (e.keys, BlockStates.from_raw(e.landed).prefix())
+                 for e in (*state.consumer, *state.rounds)},
+        gone=state.gone,
+        missed={e.kv_request_id: frozenset(e.miss) for e in state.probe},
     )
 
 

@@ -289,7 +289,7 @@ class Network(Part):
                 else:
                     rec.add("msg", src, dst, text)
             elif kind == "corrupt":
-                rec.add("msg", src, dst, f"{text} (lands corrupt)")
+                rec.add("msg", src, dst, f"{text} (its blocks land CORRUPT)")
             elif kind == "arrive":
                 rec.add("note", dst, dst, f"arrived, unread: {text}")
             elif kind == "drop":

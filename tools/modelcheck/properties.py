@@ -31,6 +31,11 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from tools.modelcheck import honest
+from tools.modelcheck.checking import Fail
+from tools.modelcheck.checking import lane_of as _lane
+from tools.modelcheck.checking import read as _read
+from tools.modelcheck.checking import who as _who
 from tools.modelcheck.state import put
 from tools.modelcheck.trace import NETWORK, PRODUCER
 from kvtier.lifecycle.effects import JobDone, LandBlocks, ReleasePins, Send, SendBlocks
@@ -61,19 +66,8 @@ P_RETAINED = frozenset({"done", "tombstoned"})
 """producer states retained after an id ended (until pruned)"""
 P_LATE = frozenset({"done", "tombstoned", "cancelling", "quarantined"})
 """producer states in which a fetch is late"""
-C_LIVE = frozenset({"queued", "in_flight", "aborting", "cancelling", "revoking"})
+C_LIVE = frozenset({"queued", "in_flight", "aborting", "cancelling", "revoking", "settling"})
 """consumer states of a load that has no result yet"""
-
-
-class Fail(Exception):
-    """A property is violated (raised by a hook; the search reports it with a counterexample)."""
-
-    def __init__(self, prop: str, message: str, lane: str | None = None) -> None:
-        super().__init__(message)
-        self.prop = prop
-        self.message = message
-        self.lane = lane
-        """the trace lane (:mod:`.trace`) where it broke, for the structured trace"""
 
 
 StepHook = Callable[["System", "Draft", "int | None", "CoreStep"], None]
@@ -100,14 +94,6 @@ class Property:
 
 # ------------------------------------------------------------------------------------------------
 # checkers
-
-
-def _who(system: System, c: int | None) -> str:
-    return "the producer" if c is None else system.cnames[c]
-
-
-def _lane(system: System, c: int | None) -> str:
-    return PRODUCER if c is None else system.lanes[c]
 
 
 def deadline_armed(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
@@ -248,18 +234,6 @@ def late_fetch_answered(system: System, st: Draft, c: int | None, step: CoreStep
                     f"{why}; it was not answered transfer_done(fail) in the same step (-> {after})",
                     _lane(system, c),
                 )
-
-
-def _read(system: System, step: CoreStep) -> tuple:
-    """The messages a core step reads: the one it delivers, or those a tick read before its
-    deadlines (a ``fire`` input names them last)."""
-    inp = step.inp
-    msgs = system.cores.msgs
-    if inp[0] == "deliver":
-        return (msgs[inp[1]],)
-    if inp[0] == "fire":
-        return tuple(msgs[m] for m in inp[-1])
-    return ()
 
 
 def _receives(*kinds: str) -> StepFilter:
@@ -730,6 +704,14 @@ REGISTRY: tuple[Property, ...] = (
         "no_block_after_release", ("no_block_after_release",), producer_step=served_blocks_pinned, when=_emits(SendBlocks),
     ),
     Property("probe_answered_in_bound", ("probe_answered_in_bound",), state=retry_in_bound),
+    # honest results, no live producer condemned (decisions I21-I24; tools/modelcheck/honest.py)
+    Property("partial_keys_verified", ("partial_keys_verified",), consumer_step=honest.partial_keys_verified,
+             when=honest.reports_a_failed_load),
+    Property("failed_keys_miss", ("failed_keys_miss",), consumer_step=honest.failed_keys_miss,
+             when=honest.reports_a_failed_load),
+    Property("instance_fate_proven", ("instance_fate_proven",), state=honest.gone_only_on_proof),
+    Property("release_never_dropped", ("release_never_dropped",), producer_step=honest.release_never_dropped,
+             when=honest.reads_a_release),
     # From every explored state, a quiescent state is reachable by completion steps only (see
     # .search): every fetch is answered, every job gets its result, no id is stuck.
     Property("no_stuck_ids", ("fetch_always_answered", "exactly_once_job_result"), liveness=True),
@@ -752,6 +734,10 @@ PROPERTIES: tuple[str, ...] = (
     "no_hit_without_pin",
     "no_block_after_release",
     "probe_answered_in_bound",
+    "partial_keys_verified",
+    "failed_keys_miss",
+    "instance_fate_proven",
+    "release_never_dropped",
     "no_stuck_ids",
 )
 """Every property's name, in the order the report lists them."""

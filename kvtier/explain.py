@@ -1,0 +1,152 @@
+"""Text a person reads: one finished request explained (``kvtier why``), and a manager's numbers in
+a dozen lines (:meth:`KvTierManager.stats`, printed).
+
+Both read plain data — the JSON of ``GET /kvtier/requests`` (:func:`kvtier.forensics.to_json`) and
+the ``{'name{label=value}': value}`` samples of :meth:`kvtier.metrics.TierMetrics.samples` — so the
+same text comes out of a live manager and of a remote endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kvtier.advice import advice
+from kvtier.lifecycle import REASON_DOCS, Reason
+
+__all__ = ["TierStats", "explain", "one_line"]
+
+_ROLE = {"consumer": "load (consumer)", "producer": "parked blocks (producer)",
+         "fetch": "a peer's fetch (producer)"}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.2f} s"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _meaning(reason: str) -> str:
+    try:
+        return REASON_DOCS[Reason(reason)]
+    except ValueError:
+        return ""
+
+
+def _outcome(e: Mapping[str, Any]) -> str:
+    if e["ok"]:
+        return "ok" + (f" ({e['reason']})" if e.get("reason") else "")
+    return f"FAILED: {e['reason'] or 'failed'}"
+
+
+def one_line(e: Mapping[str, Any]) -> str:
+    """``kv-42 load (consumer) FAILED: load_timeout, peer 10.0.0.5:5710, 1.40 s ago``."""
+    ago = e.get("ago")
+    when = f", {_ms(ago)} ago" if isinstance(ago, (int, float)) else ""
+    peer = f", peer {e['peer']}" if e.get("peer") else ""
+    return f"{e['kv_request_id']} {_ROLE.get(e['role'], e['role'])} {_outcome(e)}{peer}{when}"
+
+
+def explain(e: Mapping[str, Any], where: str = "") -> str:
+    """A finished request (a JSON object of ``GET /kvtier/requests``), as a few labelled lines: what
+    happened, when, with whom, and — for a failure — what the reason means and what to change."""
+    head = one_line(e) + (f"  [{where}]" if where else "")
+    lines = [head]
+    if e.get("path"):
+        lines.append(f"  path      {' → '.join(e['path'])}")
+    marks = e.get("marks") or {}
+    if marks:
+        steps = " · ".join(f"{name} +{_ms(at)}" for name, at in marks.items())
+        lines.append(f"  timeline  {steps}  ({_ms(e.get('seconds', 0.0))} in all)")
+    if e["role"] == "consumer" and e.get("blocks"):
+        lines.append(f"  blocks    {e.get('landed', 0)} of {e['blocks']} landed ({_bytes(e.get('nbytes', 0))} asked)")
+    elif e["role"] == "producer" and e.get("blocks"):
+        lines.append(f"  blocks    {e['blocks']} parked ({_bytes(e.get('nbytes', 0))})")
+    reason = e.get("reason") or ""
+    if reason:
+        meaning = _meaning(reason)
+        if meaning:
+            lines.append(f"  meaning   {meaning}")
+        todo = advice(reason)
+        if todo and not e["ok"]:
+            lines.append(f"  change    {todo}")
+        lines.append(f"  see       docs/troubleshooting.md#{reason}")
+    return "\n".join(lines)
+
+
+# -- a manager's numbers, readable ---------------------------------------------------------------
+
+def _parse(samples: Mapping[str, float]) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for key, value in samples.items():
+        name, _, rest = key.partition("{")
+        labels = dict(kv.split("=", 1) for kv in rest.rstrip("}").split(",") if kv)
+        out.setdefault(name, []).append((labels, value))
+    return out
+
+
+def _sum(series: dict, name: str, **want: str) -> float:
+    return sum(v for labels, v in series.get(name, ()) if all(labels.get(k) == w for k, w in want.items()))
+
+
+def _by(series: dict, name: str, label: str, **want: str) -> str:
+    """``reaped 18, aborted 2`` (non-zero values of ``label``, largest first)."""
+    counts: dict[str, float] = {}
+    for labels, v in series.get(name, ()):
+        if v and all(labels.get(k) == w for k, w in want.items()):
+            counts[labels.get(label, "")] = counts.get(labels.get(label, ""), 0.0) + v
+    return ", ".join(f"{k or '—'} {v:g}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+class TierStats(dict):
+    """:meth:`KvTierManager.stats`: every sample as ``{'name{label=value,...}': value}`` (a plain
+    ``dict``, as before), printed as a short summary (``str()``), with the most recently finished
+    requests (:attr:`recent`, JSON objects of :mod:`kvtier.forensics`)."""
+
+    def __init__(self, samples: Mapping[str, float], *, title: str = "", recent: Iterable[Mapping[str, Any]] = ()):
+        super().__init__(samples)
+        self.title = title
+        self.recent = list(recent)
+
+    def summary(self) -> str:
+        """A dozen lines: producer, consumer, jobs, transfers, sessions, wire, recent requests."""
+        s = _parse(self)
+        parked = _sum(s, "kvtier_parked_ids", state="parked")
+        bound = _sum(s, "kvtier_parked_ids") - parked
+        lines = [f"kvtier {self.title}".rstrip()]
+        lines.append(
+            f"  producer   parked {parked:g} ids ({_bytes(_sum(s, 'kvtier_pinned_bytes'))} pinned, oldest "
+            f"{_sum(s, 'kvtier_oldest_parked_age_seconds'):.1f} s) · bound {bound:g} · retained "
+            f"{_sum(s, 'kvtier_retained_ids'):g} ({_by(s, 'kvtier_retained_ids', 'state') or 'none'})")
+        lines.append(f"  consumer   loads {_by(s, 'kvtier_consumer_loads', 'state') or 'none'}")
+        for kind in ("store", "load"):
+            ok, fail = _sum(s, "kvtier_jobs_total", kind=kind, outcome="ok"), _sum(
+                s, "kvtier_jobs_total", kind=kind, outcome="fail")
+            why = _by(s, "kvtier_jobs_total", "reason", kind=kind, outcome="fail")
+            lines.append(f"  {kind} jobs {ok:g} ok · {fail:g} failed" + (f" ({why})" if why else ""))
+        for role, word in (("producer", "sent"), ("consumer", "received")):
+            n, b = (_sum(s, "kvtier_transfer_bytes_count", role=role), _sum(s, "kvtier_transfer_bytes_sum", role=role))
+            secs = _sum(s, "kvtier_transfer_duration_seconds_sum", role=role)
+            mean = f", mean {_ms(secs / n)} each" if n else ""
+            lines.append(f"  {word:<9}  {n:g} transfers, {_bytes(b)}{mean}")
+        refused = _by(s, "kvtier_fetches_refused_total", "reason")
+        if refused:
+            lines.append(f"  refused    fetches: {refused}")
+        lines.append(f"  sessions   {_by(s, 'kvtier_sessions', 'state') or 'none'}"
+                     + (f" · ended: {_by(s, 'kvtier_session_ends_total', 'reason')}"
+                        if _sum(s, "kvtier_session_ends_total") else ""))
+        wire = _by(s, "kvtier_wire_errors_total", "reason")
+        bugs = _sum(s, "kvtier_internal_errors_total")
+        if wire or bugs:
+            lines.append(f"  problems   wire errors: {wire or 'none'} · internal errors: {bugs:g}")
+        if self.recent:
+            lines.append("  recent     " + "\n             ".join(one_line(e) for e in self.recent))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()

@@ -1,0 +1,343 @@
+"""Request forensics: a bounded ring of the ``kv_request_id``\\ s that finished most recently.
+
+"Why did this load fail?" is a question about one request, after the fact.  The log has the
+answer scattered over lines of both engines, and ``kvtier_jobs_total{reason}`` has only its
+count.  Like gRPC's channelz and Envoy's admin page, each manager keeps the last
+:data:`CAPACITY` finished requests with what an operator asks first — the state path, the
+reason, when each step happened, the peer, the bytes — and serves them as JSON on its metrics
+endpoint (``GET /kvtier/requests``, :mod:`kvtier.metrics`), shown by ``kvtier top`` and
+``kvtier why KV_REQUEST_ID`` (:mod:`kvtier.explain`).
+
+Fed in one place (decision E3): the I/O shell hands every batch of effects the core asked for to
+:meth:`Forensics.observe` *before* performing them.  Nothing here runs inside the core and
+nothing is recorded that the core does not already report: the effects name the id, the peer and
+the step (a fetch sent, blocks landed, an abort, a receipt, a refusal, a job's result); the job
+ledger knows each job's id, submit time and size; the core's read API tells the state the id is
+in after the step.  The cost on the thread that performs effects is a type lookup per effect and
+a few dict operations per effect that names an id.
+
+Bounded memory (decision E3): at most :data:`CAPACITY` finished entries (a ``deque``) and at most
+:data:`MAX_OPEN` requests in progress (the oldest is forgotten first), each entry a few hundred
+bytes; ``tests/test_forensics.py`` measures it after a million finished ids.
+
+What an entry is
+----------------
+* **consumer** — one load job of a PD request (its ``kv_request_id``): from ``submit_load`` to its
+  result.  Milestones: ``fetch`` (the fetch left), ``first_block`` (the first block landed),
+  ``abort`` (an abort left), ``receipt`` (every block landed and was confirmed), ``result``.
+* **producer** — the blocks parked under an id: from its first store to the result of its last
+  store job.  Milestones: ``sending`` (a fetch bound them and the data plane took them),
+  ``cancelled``, ``answered`` (our ``transfer_done`` left), ``result``.
+* **fetch** — a peer's fetch this producer refused for an id that has no live blocks here (it was
+  reaped, already served, never parked): the late consumer's side of a refusal.
+
+Times are seconds on the manager's clock; milestones are offsets from the entry's start.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from kvtier.lifecycle import ConsumerState, ProbeState, ProducerState
+from kvtier.lifecycle import effects as fx
+from kvtier.wire import messages as wm
+
+__all__ = ["CAPACITY", "MAX_OPEN", "Finished", "Forensics"]
+
+CAPACITY = 1024
+"""Finished requests kept per manager (the oldest is dropped first)."""
+
+MAX_OPEN = 65536
+"""Requests in progress tracked at once; beyond it the oldest is forgotten (it then finishes
+untracked).  Far above what one engine has in flight."""
+
+_FINAL_PRODUCER = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED, ProducerState.ABSENT,
+                             ProducerState.PRUNED})
+
+
+class Finished(msgspec.Struct, frozen=True, gc=False):
+    """One finished request (what ``GET /kvtier/requests`` serves, one JSON object each).
+
+    Attributes:
+        kv_request_id: the id.
+        role: ``"consumer"`` (a load), ``"producer"`` (parked blocks) or ``"fetch"`` (a peer's
+            fetch refused for an id with no live blocks here).
+        ok: whether it succeeded.
+        reason: the spec reason code of a failure (docs/troubleshooting.md); ``""`` on success
+            (or the label of a success that moved nothing, ``not_needed``).
+        peer: the other side (``host:port`` of a producer we dialled; a peer that dialled us as
+            the transport names it), ``""`` if none was involved.
+        path: the lifecycle states the id was seen in, in order (spec/lifecycle.toml).
+        marks: ``(milestone, seconds after start)`` in order (see the module docstring).
+        started: when it started (seconds, the manager's clock).
+        seconds: from start to finish.
+        blocks: blocks of the job(s) (a load: slots; parked: stored blocks).
+        landed: a load's blocks that landed (0 for other roles).
+        nbytes: bytes of the job(s) (``blocks × block_bytes``).
+    """
+
+    kv_request_id: str
+    role: str
+    ok: bool
+    reason: str
+    peer: str
+    path: tuple[str, ...]
+    marks: tuple[tuple[str, float], ...]
+    started: float
+    seconds: float
+    blocks: int = 0
+    landed: int = 0
+    nbytes: int = 0
+
+
+class _Open:
+    """A request in progress (mutable; only the thread that performs effects touches it)."""
+
+    __slots__ = ("blocks", "landed", "marks", "nbytes", "path", "peer", "started")
+
+    def __init__(self, now: float) -> None:
+        self.started = now
+        self.peer = ""
+        self.path: list[str] = []
+        self.marks: list[tuple[str, float]] = []
+        self.blocks = 0
+        self.landed = 0
+        self.nbytes = 0
+
+    def mark(self, name: str, now: float) -> None:
+        if not any(m == name for m, _ in self.marks):  # the first of each milestone
+            self.marks.append((name, now))
+
+
+class Forensics:
+    """The ring of one manager.
+
+    Args:
+        core: the manager's :class:`~kvtier.lifecycle.TierCore` (read: the state of an id).
+        job_info: ``job_id -> (store, kv_request_id, submitted, nbytes)`` or ``None`` (the job
+            ledger's record of an open job).
+        clock: the manager's clock (seconds).
+        block_bytes: bytes per pool block.
+        capacity: finished entries kept.
+        where: ``peer id -> "host:port"`` (the transport's view), to name a peer that dialled us.
+    """
+
+    def __init__(self, *, core: Any, job_info: Callable[[int], tuple[bool, str | None, float, int] | None],
+                 clock: Callable[[], float], block_bytes: int, capacity: int = CAPACITY,
+                 where: Callable[[str], str] | None = None) -> None:
+        self._core = core
+        self._where = where
+        self._job_info = job_info
+        self._clock = clock
+        self._block_bytes = block_bytes
+        self._ring: collections.deque[Finished] = collections.deque(maxlen=capacity)
+        self._open: dict[tuple[str, str], _Open] = {}
+        self._last_store: tuple[str, float] | None = None  # the producer entry added last, and when
+        self.finished_total = 0
+        """Requests finished since the manager started (the ring keeps the last ``capacity``)."""
+        self._on: dict[type, Callable[[Any, float], None]] = {
+            fx.Send: self._send,
+            fx.SendBlocks: self._send_blocks,
+            fx.CancelTransfer: self._cancel,
+            fx.LandBlocks: self._land,
+            fx.JobDone: self._job_done,
+        }
+
+    @property
+    def capacity(self) -> int:
+        return self._ring.maxlen or 0
+
+    # -- the one hook -------------------------------------------------------------------------
+    def observe(self, effects: Sequence[Any]) -> None:
+        """The shell is about to perform ``effects`` (one batch the core returned): note what they
+        say about each id.  Never raises for an effect it does not know."""
+        on = self._on
+        now = None
+        for e in effects:
+            f = on.get(type(e))
+            if f is not None:
+                if now is None:
+                    now = self._clock()
+                f(e, now)
+
+    # -- reading ------------------------------------------------------------------------------
+    def recent(self, kv_request_id: str | None = None, limit: int | None = None) -> list[Finished]:
+        """The finished entries, newest first: all, or those of ``kv_request_id``; at most
+        ``limit``.  Safe from any thread (a snapshot of the ring)."""
+        for _ in range(3):
+            try:
+                entries = tuple(self._ring)
+                break
+            except RuntimeError:  # appended to while copied (another thread): copy again
+                continue
+        else:  # pragma: no cover - three appends in a row during one copy
+            entries = ()
+        out = [e for e in reversed(entries) if kv_request_id is None or e.kv_request_id == kv_request_id]
+        return out if limit is None else out[:limit]
+
+    def as_json(self, kv_request_id: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """:meth:`recent` as JSON-ready dicts (:func:`to_json`, with ``ago``)."""
+        return to_json(self.recent(kv_request_id, limit), self._clock())
+
+    def in_progress(self) -> int:
+        """Requests being tracked now."""
+        return len(self._open)
+
+    # -- effects ------------------------------------------------------------------------------
+    def _trace(self, role: str, kv_request_id: str, now: float) -> _Open:
+        key = (role, kv_request_id)
+        t = self._open.get(key)
+        if t is None:
+            if len(self._open) >= MAX_OPEN:
+                del self._open[next(iter(self._open))]
+            t = self._open[key] = _Open(now)
+        return t
+
+    def _state(self, role: str, kv_request_id: str, t: _Open) -> None:
+        core = self._core
+        if role == "consumer":
+            state = core.consumer_state(kv_request_id)
+            if state is ConsumerState.ABSENT:
+                probe = core.probe_state(kv_request_id)
+                name = "" if probe is ProbeState.ABSENT else f"probe:{probe.value}"
+            else:
+                name = state.value
+        else:
+            state = core.producer_state(kv_request_id)
+            name = "" if state is ProducerState.ABSENT else state.value
+        if name and (not t.path or t.path[-1] != name):
+            t.path.append(name)
+
+    def _send(self, e: fx.Send, now: float) -> None:
+        msg = e.msg
+        kind = type(msg)
+        if kind is wm.Fetch:
+            t = self._trace("consumer", msg.kv_request_id, now)
+            t.peer = e.peer
+            t.mark("fetch", now)
+            self._state("consumer", msg.kv_request_id, t)
+        elif kind is wm.AbortFetch or kind is wm.Receipt:  # only about a fetch we are tracking
+            t = self._open.get(("consumer", msg.kv_request_id))
+            if t is not None:
+                t.mark("abort" if kind is wm.AbortFetch else "receipt", now)
+                self._state("consumer", msg.kv_request_id, t)
+            elif kind is wm.Receipt:
+                self._late_receipt(msg.kv_request_id, now)
+        elif kind is wm.TransferDone:
+            self._answered(e.peer, msg, now)
+
+    def _late_receipt(self, kid: str, now: float) -> None:
+        """A load's receipt leaves in the step that reported its result, after it: add the mark to
+        the entry just finished."""
+        ring = self._ring
+        last = ring[-1] if ring else None
+        if last is not None and last.kv_request_id == kid and last.role == "consumer" and last.ok:
+            at = min(max(0.0, now - last.started), last.seconds)  # the same step: at the result
+            ring[-1] = msgspec.structs.replace(last, marks=(*last.marks[:-1], ("receipt", at), last.marks[-1]))
+
+    def _answered(self, peer: str, msg: wm.TransferDone, now: float) -> None:
+        kid = msg.kv_request_id
+        t = self._open.get(("producer", kid))
+        if t is not None:
+            t.peer = t.peer or peer
+            t.mark("answered", now)
+            self._state("producer", kid, t)
+            return
+        if msg.ok or not msg.final:
+            return
+        # a refusal for an id with no live blocks here: the late consumer's side of the story
+        state = self._core.producer_state(kid)
+        path = () if state is ProducerState.ABSENT else (state.value,)
+        self._add(Finished(kid, "fetch", False, str(msg.reason), peer, path, (("refused", 0.0),), now, 0.0))
+
+    def _send_blocks(self, e: fx.SendBlocks, now: float) -> None:
+        if e.transfer:  # a served symmetric round: no parked id behind it
+            return
+        t = self._trace("producer", e.kv_request_id, now)
+        t.peer = e.peer
+        t.mark("sending", now)
+        self._state("producer", e.kv_request_id, t)
+
+    def _cancel(self, e: fx.CancelTransfer, now: float) -> None:
+        t = self._open.get(("producer", e.kv_request_id))
+        if t is not None:
+            t.mark("cancelled", now)
+            self._state("producer", e.kv_request_id, t)
+
+    def _land(self, e: fx.LandBlocks, now: float) -> None:
+        t = self._trace("consumer", e.kv_request_id, now)
+        t.peer = t.peer or e.peer
+        t.mark("first_block", now)
+        t.landed += len(e.slots)
+
+    def _job_done(self, e: fx.JobDone, now: float) -> None:
+        info = self._job_info(e.job_id)
+        if info is None or info[1] is None:
+            return
+        store, kid, submitted, nbytes = info
+        role = "producer" if store else "consumer"
+        key = (role, kid)
+        t = self._open.pop(key, None)
+        if t is None:
+            t = _Open(submitted)
+            if not store:
+                t.peer = self._peer_of(kid)
+        elif submitted < t.started:
+            t.started = submitted
+        t.blocks += nbytes // self._block_bytes
+        t.nbytes += nbytes
+        self._state(role, kid, t)
+        if store and self._core.producer_state(kid) not in _FINAL_PRODUCER:
+            self._open[key] = t  # more store jobs of the id are still outstanding
+            return
+        reason = e.reason or ""
+        if store and self._merge(kid, e.ok, reason, t, now):
+            return
+        start = t.started
+        t.marks.append(("result", now))
+        if store:
+            self._last_store = (kid, now)
+        self._add(Finished(kid, role, e.ok, reason, t.peer, tuple(t.path),
+                           tuple([(m, at - start if at > start else 0.0) for m, at in t.marks]), start,
+                           now - start if now > start else 0.0, t.blocks, t.landed, t.nbytes))
+
+    def _merge(self, kid: str, ok: bool, reason: str, t: _Open, now: float) -> bool:
+        """Several store jobs of one id end in one step (a receipt, a reap, a drain): one entry."""
+        ring = self._ring
+        if self._last_store != (kid, now) or not ring:
+            return False
+        last = ring[-1]
+        if last.role != "producer" or last.ok != ok or last.reason != reason:
+            return False
+        ring[-1] = msgspec.structs.replace(last, blocks=last.blocks + t.blocks, nbytes=last.nbytes + t.nbytes)
+        return True
+
+    def _peer_of(self, kid: str) -> str:
+        view = self._core.consumer(kid)
+        return view.peer if view is not None else ""
+
+    def _add(self, entry: Finished) -> None:
+        if entry.peer and self._where is not None:
+            where = self._where(entry.peer)  # an inbound "in:<hex>" id means nothing to a person
+            if where and where != entry.peer:
+                entry = msgspec.structs.replace(entry, peer=where)
+        self._ring.append(entry)
+        self.finished_total += 1
+
+
+def to_json(entries: Iterable[Finished], now: float | None = None) -> list[dict[str, Any]]:
+    """The entries as JSON-ready dicts (milestones as ``{name: seconds}``; with ``now``, ``ago``:
+    seconds since each finished)."""
+    out = []
+    for e in entries:
+        d = msgspec.structs.asdict(e)
+        d["path"] = list(e.path)
+        d["marks"] = dict(e.marks)
+        if now is not None:
+            d["ago"] = max(0.0, now - e.started - e.seconds)
+        out.append(d)
+    return out

@@ -1,0 +1,104 @@
+"""Check a vLLM ``--kv-transfer-config`` for kvtier before an engine starts (``kvtier check-config``).
+
+vLLM validates a kvtier entry only when it builds the tier, and two mistakes never reach kvtier
+at all, because vLLM 0.33.0's ``SecondaryTierFactory`` decides them first:
+
+* a ``type`` vLLM registers itself (``"p2p"``, ``"fs"``, ``"obj"``, ``"kvcr"``, ``"example"``) wins
+  over ``module_path``: the engine runs vLLM's own tier and silently ignores kvtier's keys;
+* ``TieringOffloadingSpec`` turns a tier entry's ``"backpressure"`` key (even ``null``) and a
+  non-empty top-level ``"backpressure"`` block into a back-pressure detector that kvtier refuses
+  (a top-level ``"backpressure": null`` or ``{}`` is ignored by vLLM).
+
+This module reads the JSON the way vLLM does (no vLLM import) and validates every kvtier entry
+with :class:`kvtier.config.TierConfig`, so those mistakes are found on the operator's terminal,
+each with the key to change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kvtier.config import DEFAULTS, VLLM_BUILTIN_TIERS, TierConfig
+
+__all__ = ["KVTIER_MODULE", "check_kv_transfer_config"]
+
+KVTIER_MODULE = "kvtier.integrations.vllm"
+
+#: keys of vLLM 0.33.0's ``p2p`` tier entry (it takes and ignores anything else)
+_P2P_KEYS = frozenset({"type", "module_path", "host", "port", "backends", "num_threads", "unbound_store_timeout_s",
+                       "locality", "backpressure"})
+
+
+def _load(blob: str | Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(blob, Mapping):
+        return blob
+    try:
+        doc = json.loads(blob)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"a --kv-transfer-config is a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """Check a ``--kv-transfer-config`` (JSON text or the parsed object).
+
+    Returns:
+        ``(problems, notes)``: each problem names the entry, the key and what to write instead;
+        notes say what was checked (one line per kvtier entry).
+    Raises:
+        ValueError: not JSON, or not a JSON object.
+    """
+    doc = _load(blob)
+    extra = doc.get("kv_connector_extra_config")
+    if not isinstance(extra, Mapping):
+        return [("kv_connector_extra_config is missing: kvtier is configured as one of its secondary_tiers "
+                 "(docs/integrations/vllm.md)")], []
+    problems: list[str] = []
+    notes: list[str] = []
+    if extra.get("spec_name") != "TieringOffloadingSpec":
+        problems.append(f"kv_connector_extra_config.spec_name is {extra.get('spec_name')!r}: secondary tiers need "
+                        '"TieringOffloadingSpec"')
+    top_bp = extra.get("backpressure")
+    tiers = extra.get("secondary_tiers")
+    if not isinstance(tiers, list) or not tiers:
+        return problems + [("kv_connector_extra_config.secondary_tiers is missing or empty: add one kvtier entry "
+                            '({"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", ...})')], notes
+    found = 0
+    for i, entry in enumerate(tiers):
+        where = f"secondary_tiers[{i}]"
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where} is not a JSON object")
+            continue
+        kind = entry.get("type")
+        kvtier_keys = sorted((set(entry) - _P2P_KEYS) & set(DEFAULTS))
+        if isinstance(kind, str) and kind in VLLM_BUILTIN_TIERS:
+            if entry.get("module_path") == KVTIER_MODULE or kvtier_keys:
+                problems.append(
+                    f"{where}: type={kind!r} makes vLLM load its own {kind!r} tier (a registered name wins over "
+                    f"module_path){', which ignores ' + ', '.join(kvtier_keys) if kvtier_keys else ''}: for kvtier "
+                    f'write "type": "KvTierSecondaryTier", "module_path": "{KVTIER_MODULE}" '
+                    "(docs/migrating-from-p2p.md)")
+            continue
+        if entry.get("module_path") != KVTIER_MODULE and kind != "KvTierSecondaryTier":
+            continue  # another out-of-tree tier: not ours to judge
+        found += 1
+        if "backpressure" in entry:
+            problems.append(f"{where}: remove the 'backpressure' key (vLLM turns even null into {{}} and its factory "
+                            "then fails before kvtier starts; kvtier does its own flow control)")
+        elif top_bp:
+            problems.append("kv_connector_extra_config.backpressure: remove it (vLLM merges a top-level block into "
+                            f"every tier, {where} included, and kvtier refuses a back-pressure detector)")
+        try:
+            cfg = TierConfig.from_dict({k: v for k, v in entry.items() if k != "backpressure"})
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        notes.append(f"{where}: kvtier, {cfg.data_plane} plane, listens on {cfg.host}:{cfg.port}"
+                     f"{' (+ data_parallel_index)' if cfg.port else ''}, auth {cfg.auth}")
+    if not found and not problems:
+        problems.append(f"no secondary_tiers entry loads kvtier (module_path {KVTIER_MODULE!r})")
+    return problems, notes

@@ -1,0 +1,219 @@
+"""Regression tests for the bug scenarios of cancels, aborts and failures: the consumer cancels or
+aborts, completions arrive after a cancel, a silent producer, a failed or partial transfer, a lost
+abort.  Conventions as in ``test_bug_scenarios.py`` (scenario parameters, "within one RTT"; the
+harness is :mod:`tests.lifecycle.scenario_pair`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.lifecycle import ConsumerState, ProducerState, Reason
+from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle.effects import CancelTransfer, Ignored, JobDone, LandBlocks, RevokeAccess, Send
+from kvtier.wire import messages as wm
+from tests.lifecycle.scenario_pair import C, P, Pair, done_fail, ended, keys, of, sent
+
+
+def test_b05_consumer_cancels_before_fetching_and_the_producer_releases_at_once() -> None:
+    """B05: the consumer engine finishes an announced request before loading it; the consumer core
+    sends abort_fetch (a fresh round) and the producer frees the 4 blocks one RTT later, tombstoning
+    A with reason ``aborted``; later stores fail and later fetches are refused."""
+    s = Pair()
+    job, _ = s.store("A", 4, 0.0)
+    s.c.handle(ix.LoadAnnounced("A", P), 0.5)
+    out = s.c.handle(ix.RequestFinished("A", producer=False), 1.0)
+    (abort,) = sent(out, wm.AbortFetch)
+    assert s.c.consumer_state("A") is ConsumerState.ABSENT  # finished: nothing to wait for
+    out = s.to_p(abort, 1.0)
+    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
+    assert of(out, Send) == [Send(C, wm.AbortAck(gen=s.gen, kv_request_id="A", round=abort.round))]
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
+    job2, out = s.store("A", 4, 2.0, start=4)
+    assert of(out, JobDone) == [JobDone(job2, False, Reason.ABORTED)]
+    assert done_fail(s.fetch("A", keys("A", 4), 3.0, rnd=abort.round + 1), "A").reason == "aborted"
+
+
+def test_b05_abort_before_the_first_store() -> None:
+    """B05 ordering variant: the abort arrives before the first store; the store is rejected."""
+    s = Pair()
+    out = s.abort("A", 0.0)
+    assert sent(out, wm.AbortAck) and s.p.producer_state("A") is ProducerState.TOMBSTONED
+    job, out = s.store("A", 4, 1.0)
+    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
+    assert s.p.producer("A").parked == ()
+
+
+def test_b05_without_an_abort_t_park_is_the_only_bound() -> None:
+    """B05: if the request never reaches the consumer, nothing can abort it; the reap deadline
+    (T_park) is the bound."""
+    s = Pair()
+    job, _ = s.store("A", 4, 0.0)
+    assert s.p.fire(59.9) == []
+    assert of(s.p.fire(60.0), JobDone) == [JobDone(job, False, Reason.REAPED)]
+
+
+def test_b06_abort_propagation_frees_capacity_and_the_rest_are_reaped() -> None:
+    """B06: 100 ids x 10 blocks parked over t=0..10; 60 are cancelled on the consumer at t=2 (60
+    aborts); by t=2 their 600 blocks are released; a new store at t=3 parks; the 40 others are
+    reaped by t=70.  Not expressible in the core: pool capacity — a store that finds the pool full
+    fails fast in the shell (``BlockPool.alloc`` raises ``PoolExhausted``), the core never sees it;
+    the ``parked_pinned_bytes`` gauge."""
+    s = Pair()
+    jobs = {}
+    for i in range(100):
+        jobs[i], _ = s.store(f"R{i}", 10, i / 10.0, start=0, blocks=tuple(range(10 * i, 10 * i + 10)))
+    freed = []
+    for i in range(60):
+        out = s.abort(f"R{i}", 2.0)
+        freed += of(out, JobDone)
+    assert freed == [JobDone(jobs[i], False, Reason.ABORTED) for i in range(60)]  # 600 blocks free
+    parked = [v for k in s.p.producer_ids() if (v := s.p.producer(k)).state is ProducerState.PARKED]
+    assert len(parked) == 40 and sum(len(v.parked) for v in parked) == 400
+    assert s.p.snapshot().pinned_blocks == {"parked": 400}
+    zjob, out = s.store("Z", 10, 3.0)
+    assert out == [] and s.p.producer_state("Z") is ProducerState.PARKED
+    reaped = of(s.p.fire(70.0), JobDone)
+    assert {j.job_id for j in reaped} == {jobs[i] for i in range(60, 100)} | {zjob}
+    assert all(j.reason == "reaped" for j in reaped)
+
+
+def test_b08_completion_after_the_consumer_cancelled_is_reported_once() -> None:
+    """B08: the consumer cancels at t=1 while the fetch is in flight; the producer's Done(ok) at
+    t=2 ends the load: exactly one completion (a failure, ``cancelled``) reaches the engine, and
+    only now — a write could still land before.  A later abort_ack is ignored."""
+    s = Pair()
+    s.store("A", 4, 0.0)
+    job, rnd, out = s.load("A", 4, 0.0)
+    assert sent(out, wm.Fetch)
+    out = s.c.handle(ix.RequestFinished("A", producer=False), 1.0)
+    assert of(out, JobDone) == [] and sent(out, wm.AbortFetch)
+    assert s.c.consumer_state("A") is ConsumerState.CANCELLING
+    out = s.done("A", rnd, 2.0)
+    assert of(out, JobDone) == [JobDone(job, False, Reason.CANCELLED)]
+    assert s.c.consumer_state("A") is ConsumerState.ABSENT
+    out = s.to_c(wm.AbortAck(gen=s.gen, kv_request_id="A", round=rnd), 2.5)
+    assert of(out, JobDone) == [] and of(out, Ignored)
+    out = s.done("A", rnd, 3.0)
+    assert of(out, JobDone) == []
+
+
+def test_b09_silent_producer_loads_end_by_the_consumers_own_deadlines() -> None:
+    """B09: the producer loses power at t=0.5.  With heartbeats (every second, peer_timeout_s=5)
+    the session is declared dead at t=5 and every load to that peer fails at once (with the
+    session's reason, ``peer_timeout``).  If the peer stays connected but silent about the load,
+    T_load fires at t=30: the fetch is aborted and the load fails when no write can land any more
+    — on abort_ack, or abort_ack_timeout_s later (t=35).  Not expressible: releasing the slots and
+    the local-recompute fallback (the shell, on the JobDone)."""
+    s = Pair(peer_timeout_s=5.0, heartbeat_interval_s=1.0)
+    s.store("A", 4, 0.0)
+    s.store("B", 4, 0.0)
+    j1, _, _ = s.load("A", 4, 0.0)
+    j2, _, _ = s.load("B", 4, 0.0)
+    out = s.c.fire(4.0)  # heard at 0: the heartbeats ping, nothing ends yet
+    assert sent(out, wm.Ping) and ended(out) == [] and of(out, JobDone) == []
+    out = s.c.fire(5.0)  # silent for peer_timeout_s: the session dies; the loads fail once no write can land
+    assert ended(out) == [(P, "peer_timeout")]
+    assert of(out, JobDone) == [] and len(of(out, RevokeAccess)) == 2
+    out = s.revoked(out, 5.0)
+    assert sorted(of(out, JobDone), key=lambda j: j.job_id) == [JobDone(j1, False, Reason.PEER_TIMEOUT),
+                                                                 JobDone(j2, False, Reason.PEER_TIMEOUT)]
+    s2 = Pair()
+    job, rnd, _ = s2.load("A", 4, 0.0)
+    out = s2.c.fire(30.0)
+    assert sent(out, wm.AbortFetch) and of(out, JobDone) == []
+    assert s2.c.consumer_state("A") is ConsumerState.ABORTING
+    out = s2.revoked(s2.c.fire(35.0), 35.0)  # unanswered: session given up, access revoked
+    assert of(out, JobDone) == [JobDone(job, False, Reason.LOAD_TIMEOUT)]
+
+
+def test_b17_transfer_failure_is_told_to_the_consumer_at_once() -> None:
+    """B17: the transfer fails at t=1.2: Done(A, fail, transfer_failed) goes out in that step and
+    A's blocks are released; the consumer falls back at once; a late duplicate failure report is
+    ignored; if the Done is lost, the consumer's T_load (t=31) is the backstop."""
+    s = Pair()
+    job, _ = s.store("A", 4, 0.0)
+    cjob, rnd, out = s.load("A", 4, 1.0)
+    s.forward_fetch(out, 1.0)
+    out = s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.2)
+    assert done_fail(out, "A").reason == "transfer_failed"
+    assert of(out, JobDone) == [JobDone(job, False, Reason.TRANSFER_FAILED)]
+    out = s.done("A", rnd, 1.2, ok=False, reason="transfer_failed")
+    assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED)]
+    assert of(s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.3), Ignored)  # late report: ignored
+    # the Done lost: the consumer's own deadline ends the load
+    s2 = Pair()
+    s2.store("A", 4, 0.0)
+    cjob, rnd, out = s2.load("A", 4, 1.0)
+    s2.forward_fetch(out, 1.0)
+    s2.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.2)  # Done(fail) never arrives
+    assert sent(s2.c.fire(30.9), wm.AbortFetch) == []
+    assert sent(s2.c.fire(31.0), wm.AbortFetch)
+    out = s2.c.fire(36.0)  # no answer to the abort: the session is given up, access revoked
+    assert of(out, JobDone) == [] and ended(out) == [(P, "abort_unacknowledged")]
+    assert of(s2.revoked(out, 36.0), JobDone) == [JobDone(cjob, False, Reason.LOAD_TIMEOUT)]
+
+
+def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
+    """B19: 8 slots; the first 4 blocks land, sending the rest fails: Done(fail) covers the whole
+    load (one load job, all 8 slots released together, the 4 verified keys reported as its
+    successful prefix) and the consumer's pending work returns to its baseline.  The result waits
+    for the landing's answer (decision I26: the copy may still write into the slots).  Not
+    expressible: pool reference counts for keys already present on the consumer (the shell never
+    takes a second reference: ``BlockPool.incref`` is its business)."""
+    s = Pair()
+    s.store("A", 8, 0.0)
+    cjob, rnd, out = s.load("A", 8, 0.0)
+    s.forward_fetch(out, 0.0)
+    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=0, count=4), 0.5)
+    assert of(out, LandBlocks) == [LandBlocks(P, "A", rnd, 0, (100, 101, 102, 103))]
+    out = s.p.handle(ix.TransferReleased("A", rnd, failed=True), 1.0)
+    fail = done_fail(out, "A")
+    out = s.to_c(fail, 1.0)
+    assert of(out, JobDone) == [] and s.c.consumer_state("A").value == "settling"
+    out = s.c.handle(ix.BlocksLanded(P, "A", rnd, 0, 4, True), 1.0)
+    assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED, keys("A", 4))]
+    assert s.c.pending_jobs() == 0 and s.p.pending_jobs() == 0
+    # a straggling block for that load is never written
+    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=4, count=4), 1.1)
+    assert of(out, LandBlocks) == []
+
+
+@pytest.mark.parametrize("producer_state", ["awaiting", "serving"])
+def test_b31_lost_abort_the_producers_own_deadlines_end_it(producer_state: str) -> None:
+    """B31: C's T_load fires at t=30 and the abort_fetch is lost.  kvtier does not retry the abort
+    (the spec has no retry; not expressible here): the consumer fails the load after
+    abort_ack_timeout_s (t=35) and the producer's own deadlines free A — fetch_supply_timeout_s for
+    a fetch waiting for blocks, transfer_timeout_s (+ the cancel wait) for a transfer that never
+    completes.  Both sides end in a terminal state."""
+    s = Pair()
+    if producer_state == "serving":
+        sjob, _ = s.store("A", 4, 0.0)
+    cjob, rnd, out = s.load("A", 4, 0.0)
+    s.forward_fetch(out, 0.0)
+    assert s.p.producer_state("A").value == producer_state
+    out = s.c.fire(30.0)
+    assert sent(out, wm.AbortFetch)  # ... and it is lost
+    out = s.c.fire(35.0)  # unanswered: the consumer gives the session up and revokes access
+    assert of(out, JobDone) == [] and ended(out) == [(P, "abort_unacknowledged")]
+    assert of(s.revoked(out, 35.0), JobDone) == [JobDone(cjob, False, Reason.LOAD_TIMEOUT)]
+    assert s.c.consumer_state("A") is ConsumerState.FAILED
+    if producer_state == "awaiting":
+        out = s.p.fire(10.0)
+        assert done_fail(out, "A").reason == "supply_timeout"
+    else:
+        out = s.p.fire(30.0)  # transfer_timeout_s: cancel; the terminal answer waits for the release
+        # only a notice says why now (decision I19): the terminal answer still waits
+        assert of(out, CancelTransfer) and of(out, JobDone) == []
+        assert [(m.ok, m.final, m.reason) for m in sent(out, wm.TransferDone)] == [(False, False, "transfer_timeout")]
+        out = s.p.fire(60.0)  # the plane never released: quarantine, the session is ended to force it
+        assert of(out, JobDone) == [] and ended(out) == [(C, "transfer_stalled")]
+        assert s.p.producer_state("A") is ProducerState.QUARANTINED
+        assert s.p.quarantined() == {"A"} and s.p.quarantined_count() == 1  # what the shell's gauge and log read
+        assert s.p.quarantined_jobs() == (sjob,) and s.p.quarantined_blocks() == 4
+        assert s.p.pending_jobs() == 1  # the engine cannot reuse blocks a send may still read
+        out = s.p.handle(ix.TransferReleased("A", rnd), 60.01)  # the dropped connection released them
+        assert of(out, JobDone) == [JobDone(sjob, False, Reason.TRANSFER_TIMEOUT)]
+        assert s.p.quarantined() == frozenset() and s.p.quarantined_count() == 0
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
+    assert s.p.pending_jobs() == 0 and s.c.pending_jobs() == 0

@@ -1,0 +1,153 @@
+"""Errors a new user meets name what to change: the config key, the file or address, the fix.
+
+Each case is the real failure (a taken port, a missing key file, a CURVE mismatch between real
+managers, an integrity mismatch in a real handshake, a vLLM config that would load vLLM's own
+tier) and the assertion is on the text the user reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+import pytest
+from click.testing import CliRunner
+from mgr_helpers import Jobs, consumer_req, job, keys_for, metric, producer_req, pump_until
+
+from kvtier.cli import cli
+from kvtier.config import TierConfig, TierConfigError
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+from kvtier.transport import TransportError
+from kvtier.transport.curve import generate_keys
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def taken_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_a_taken_port_names_the_key(taken_port: int) -> None:
+    with pytest.raises(TransportError) as exc:
+        KvTierManager({"host": "127.0.0.1", "port": taken_port}, BlockPool(4, 4096, pin=False))
+    assert str(exc.value).startswith(f"port={taken_port}: ") and "choose a free port" in str(exc.value)
+    with pytest.raises(TransportError) as exc:
+        KvTierManager({"host": "127.0.0.1", "metrics_port": taken_port}, BlockPool(4, 4096, pin=False))
+    assert str(exc.value).startswith(f"metrics_port={taken_port}: ") and "free port" in str(exc.value)
+
+
+def test_a_missing_key_file_says_it_does_not_exist(tmp_path) -> None:
+    generate_keys(tmp_path / "allowed", "p0")
+    cfg = {"host": "127.0.0.1", "auth": "curve", "auth_secret_key_file": str(tmp_path / "nope.key_secret"),
+           "auth_allowed_keys_dir": str(tmp_path / "allowed")}
+    with pytest.raises(ValueError) as exc:
+        KvTierManager(cfg, BlockPool(4, 4096, pin=False))
+    msg = str(exc.value)
+    assert msg.startswith("auth_secret_key_file ") and "does not exist" in msg and "kvtier keys generate" in msg
+
+
+def test_the_public_key_file_says_where_it_goes(tmp_path) -> None:
+    res = CliRunner().invoke(cli, ["keys", "generate", str(tmp_path), "prefill-0", "--endpoint", "10.0.0.5:5710"])
+    assert res.exit_code == 0 and "auth_allowed_keys_dir" in res.output
+    public = (tmp_path / "prefill-0.key").read_text()
+    assert "auth_allowed_keys_dir" in public and ".curve" not in public
+    assert '"prefill-0" the principal' in public
+    secret = (tmp_path / "prefill-0.key_secret").read_text()
+    assert "auth_secret_key_file" in secret and ".curve" not in secret
+
+
+@pytest.fixture
+def keys(tmp_path):
+    generate_keys(tmp_path / "k", "prefill-0", ("127.0.0.1",))
+    generate_keys(tmp_path / "k", "decode-0")
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    for name in ("prefill-0", "decode-0"):
+        (allowed / f"{name}.key").write_text((tmp_path / "k" / f"{name}.key").read_text())
+    return lambda name: {"auth": "curve", "auth_secret_key_file": str(tmp_path / "k" / f"{name}.key_secret"),
+                         "auth_allowed_keys_dir": str(allowed)}
+
+
+@pytest.mark.parametrize("curve_side", ["producer", "consumer"])
+def test_only_one_side_running_curve_fails_auth_failed_on_both(make_manager, keys, curve_side, caplog) -> None:
+    """A consumer without CURVE dialling a CURVE producer (and the reverse): the load fails
+    ``auth_failed`` — not ``peer_disconnected`` — and the producer counts and logs the refused
+    connection with the same reason; each side's line says what the other lacks."""
+    p = make_manager(keys("prefill-0") if curve_side == "producer" else {})
+    c = make_manager(keys("decode-0") if curve_side == "consumer" else {})
+    cjobs = Jobs(c)
+    preq = producer_req("p1", "kv-auth")
+    p.on_new_request(preq)
+    p.submit_store(job(1, keys_for("kv-auth", 2), [0, 1], preq))
+    creq = consumer_req("c1", "kv-auth", p.host, p.port)
+    with caplog.at_level(logging.WARNING):
+        c.on_new_request(creq)
+        c.submit_load(job(2, keys_for("kv-auth", 2), [2, 3], creq))
+        assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
+        assert (cjobs.one(2).success, cjobs.one(2).reason) == (False, "auth_failed")
+        assert pump_until(lambda: metric(p, "kvtier_session_ends_total", reason="auth_failed") == 1, managers=[p])
+    assert metric(c, "kvtier_session_ends_total", reason="auth_failed") == 1
+    assert metric(c, "kvtier_session_ends_total", reason="peer_disconnected") == 0
+    lines = [r.getMessage() for r in caplog.records]
+    consumer_line = next(x for x in lines if "handshake with producer" in x)
+    producer_line = next(x for x in lines if "refused an inbound connection" in x)
+    assert "(auth_failed)" in producer_line
+    if curve_side == "producer":
+        assert "the producer requires CURVE" in consumer_line and "auth_secret_key_file" in consumer_line
+        assert "the peer does not run CURVE" in producer_line
+    else:
+        assert "the peer requires CURVE" in producer_line
+        assert "auth='curve'" in consumer_line
+
+
+def test_an_integrity_mismatch_names_the_integrity_key(make_manager, caplog) -> None:
+    p = make_manager({"integrity": "xxh3_64"})
+    c = make_manager({"integrity": "none"})
+    cjobs = Jobs(c)
+    creq = consumer_req("c1", "kv-int", p.host, p.port)
+    with caplog.at_level(logging.ERROR):
+        c.on_new_request(creq)
+        c.submit_load(job(2, keys_for("kv-int", 1), [0], creq))
+        assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
+    assert cjobs.one(2).reason == "handshake_mismatch"
+    lines = [r.getMessage() for r in caplog.records if "differs" in r.getMessage()]
+    assert len(lines) == 2 and all("set config key integrity to the same value on both tiers" in x for x in lines)
+
+
+def test_a_vllm_entry_naming_vllms_own_tier_is_refused_with_the_right_type() -> None:
+    with pytest.raises(TierConfigError) as exc:
+        TierConfig.from_dict({"type": "p2p", "port": 5710})
+    assert exc.value.keys == ("type",)
+    assert '"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm"' in str(exc.value)
+
+    def config(entry: dict, **top) -> str:
+        return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry], **top}})
+
+    ok = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "port": 5710}
+    res = CliRunner().invoke(cli, ["check-config", config(ok)])
+    assert res.exit_code == 0 and "secondary_tiers[0]: kvtier" in res.output, res.output
+    res = CliRunner().invoke(cli, ["check-config", config(ok, backpressure=None)])  # vLLM ignores a top-level null
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["check-config", config({**ok, "backpressure": None})])
+    assert res.exit_code == 1 and "remove the 'backpressure' key" in res.output, res.output
+    res = CliRunner().invoke(cli, ["check-config", config({"type": "p2p", "port": 5710, "load_timeout_s": 30})])
+    assert res.exit_code == 1, res.output
+    assert "type='p2p' makes vLLM load its own 'p2p' tier" in res.output and "ignores load_timeout_s" in res.output
+    assert '"type": "KvTierSecondaryTier"' in res.output
+    res = CliRunner().invoke(cli, ["check-config", config({**ok, "unbound_store_timout_s": 3})])
+    assert res.exit_code == 1 and "did you mean 'unbound_store_timeout_s'" in res.output
+    res = CliRunner().invoke(cli, ["check-config", "{not json"])
+    assert res.exit_code == 2 and "not JSON" in res.output
+
+
+def test_top_says_what_an_endpoint_looks_like() -> None:
+    res = CliRunner().invoke(cli, ["top", "notaurl", "--once"])
+    assert res.exit_code == 2
+    assert "'notaurl' is not a metrics endpoint: give host:port (e.g. 10.0.0.5:9464)" in res.output, res.output

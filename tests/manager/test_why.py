@@ -1,0 +1,203 @@
+"""``kvtier why KV_REQUEST_ID ENDPOINT...`` explains a failed load from the metrics endpoints of both
+engines, on both data planes: a reaped id, a refused dial, a load that timed out and a corrupt
+block.  Each test makes the failure happen for real (real sockets, real planes), then reads the
+story back the way an operator would — the CLI against ``/kvtier/requests`` — and checks that it
+names the reason, what it means, what to change, the peer and the states the id went through.
+
+Waits are bounded poll loops; nothing asserts on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from click.testing import CliRunner
+from mgr_helpers import BOTH_PLANES, Jobs, consumer_req, job, keys_for, producer_req, pump_until, transfer_once
+
+from kvtier.cli import cli
+from kvtier.lifecycle import REASON_DOCS, Reason
+
+pytestmark = pytest.mark.timeout(90)
+
+HB = {"heartbeat_interval_s": 0.1, "peer_timeout_s": 5.0, "metrics_port": 0}
+
+
+def _why(kid: str, *managers) -> tuple[int, str, str]:
+    res = CliRunner().invoke(cli, ["why", kid, *[m.metrics_address for m in managers]])
+    return res.exit_code, res.stdout, res.stderr
+
+
+def _records(kid: str, mgr) -> list[dict]:
+    res = CliRunner().invoke(cli, ["why", "--json", kid, mgr.metrics_address])
+    return json.loads(res.stdout)[mgr.metrics_address]["requests"]
+
+
+def _failed_load(out: str, kid: str, reason: str) -> None:
+    """The consumer's story: the outcome, the spec's meaning and a line on what to change."""
+    assert f"{kid} load (consumer) FAILED: {reason}" in out, out
+    assert f"meaning   {REASON_DOCS[Reason(reason)]}" in out, out
+    assert "  change    " in out and f"docs/troubleshooting.md#{reason}" in out, out
+
+
+@BOTH_PLANES
+def test_why_explains_a_reaped_load(make_manager) -> None:
+    p = make_manager({**HB, "unbound_store_timeout_s": 0.2})
+    c = make_manager(HB)
+    pjobs, cjobs = Jobs(p), Jobs(c)
+    keys = keys_for("kv-late", 3)
+    preq = producer_req("p1", "kv-late")
+    p.on_new_request(preq)
+    p.submit_store(job(1, keys, [0, 1, 2], preq))
+    p.on_request_finished(preq)
+    assert pump_until(lambda: pjobs.has(1), managers=[p], jobs=[pjobs])
+    creq = consumer_req("c1", "kv-late", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys, [3, 4, 5], creq))
+    assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
+    assert cjobs.one(2).reason == "reaped"
+
+    code, out, _ = _why("kv-late", c, p)
+    assert code == 0
+    _failed_load(out, "kv-late", "reaped")
+    assert "unbound_store_timeout_s" in out  # the change names the key
+    # the producer's side: the parked blocks reaped (no consumer came), then the late fetch refused
+    assert "kv-late parked blocks (producer) FAILED: reaped" in out and "blocks    3 parked" in out, out
+    assert f"kv-late a peer's fetch (producer) FAILED: reaped, peer {c.address.rpartition(':')[0]}" in out, out
+    (load,) = _records("kv-late", c)
+    assert load["peer"] == p.address and load["path"] == ["in_flight", "failed"]
+    assert list(load["marks"]) == ["fetch", "result"] and load["landed"] == 0 and load["blocks"] == 3
+
+
+@BOTH_PLANES
+def test_why_explains_a_refused_dial(make_manager) -> None:
+    c = make_manager(HB)
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    cjobs = Jobs(c)
+    creq = consumer_req("c1", "kv-nobody", "127.0.0.1", dead)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys_for("kv-nobody", 2), [0, 1], creq))
+    assert pump_until(lambda: cjobs.has(2), managers=[c], jobs=[cjobs])
+
+    code, out, _ = _why("kv-nobody", c)
+    assert code == 0
+    _failed_load(out, "kv-nobody", "connect_refused")
+    assert f"peer 127.0.0.1:{dead}" in out and "remote_port" in out, out
+    (load,) = _records("kv-nobody", c)
+    assert load["path"] == ["failed"] and list(load["marks"]) == ["result"]
+
+
+@BOTH_PLANES
+def test_why_explains_a_load_that_timed_out(make_manager) -> None:
+    """The producer stops being polled (a wedged engine) after the handshake: the consumer's load
+    times out, its abort goes unanswered and it gives the session up."""
+    timers = {"load_timeout_s": 0.6, "abort_ack_timeout_s": 0.3, "revoke_timeout_s": 0.3,
+              "fetch_supply_timeout_s": 0.3, "handshake_timeout_s": 0.5}
+    p = make_manager(HB)
+    c = make_manager({**HB, **timers})
+    cjobs = Jobs(c)
+    keys = keys_for("kv-slow", 2)
+    creq = consumer_req("c1", "kv-slow", p.host, p.port)
+    c.on_new_request(creq)
+    assert pump_until(lambda: c.core.session_ready(p.address), managers=[p, c])
+    c.submit_load(job(2, keys, [0, 1], creq))  # the producer is never polled again: nothing answers
+    assert pump_until(lambda: cjobs.has(2), managers=[c], jobs=[cjobs])
+    assert cjobs.one(2).reason == "load_timeout"
+
+    code, out, _ = _why("kv-slow", c)
+    assert code == 0
+    _failed_load(out, "kv-slow", "load_timeout")
+    (load,) = _records("kv-slow", c)
+    assert load["peer"] == p.address
+    assert load["path"][:2] == ["in_flight", "aborting"] and load["path"][-1] == "failed", load["path"]
+    assert list(load["marks"]) == ["fetch", "abort", "result"]
+    assert load["marks"]["abort"] >= timers["load_timeout_s"] * 0.9  # the abort left at the deadline, not before
+
+
+@BOTH_PLANES
+def test_why_explains_a_corrupt_load(make_manager) -> None:
+    """The prefill engine changes a block after its store was digested (an engine bug): the load
+    fails ``corrupt``; the explanation points at the engine, never at turning integrity off."""
+    p = make_manager(HB)
+    c = make_manager({**HB, "load_timeout_s": 10.0, "fetch_supply_timeout_s": 5.0})
+    pjobs, cjobs = Jobs(p), Jobs(c)
+    keys = keys_for("kv-bad", 4)
+    preq = producer_req("p1", "kv-bad")
+    p.on_new_request(preq)
+    p.submit_store(job(1, keys, [0, 1, 2, 3], preq))
+    p.poll(0)
+    p.pool.buffer(2)[77] ^= 0xFF  # after the digest was taken
+    creq = consumer_req("c1", "kv-bad", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys, [4, 5, 6, 7], creq))
+    assert pump_until(lambda: cjobs.has(2) and pjobs.has(1), managers=[p, c], jobs=[pjobs, cjobs])
+    assert cjobs.one(2).reason == "corrupt"
+
+    code, out, _ = _why("kv-bad", c, p)
+    assert code == 0
+    _failed_load(out, "kv-bad", "corrupt")
+    assert "never turn it off" in out, out
+    (load,) = _records("kv-bad", c)
+    assert load["peer"] == p.address and "first_block" in load["marks"] and load["path"][-1] == "failed"
+    assert load["path"][0] == "in_flight"
+    # the producer's side of the same id: its transfer was aborted by the consumer
+    (parked,) = _records("kv-bad", p)
+    assert (parked["role"], parked["ok"], parked["reason"]) == ("producer", False, "aborted")
+    assert "sending" in parked["marks"] and parked["blocks"] == 4
+
+
+def test_why_says_when_no_endpoint_knows_the_id(make_manager) -> None:
+    c = make_manager(HB)
+    code, out, err = _why("kv-never", c)
+    assert code == 1 and out == ""
+    assert "'kv-never' is not among its last 1024 finished requests" in err, err
+    res = CliRunner().invoke(cli, ["why", "kv-x", "notaurl"])
+    assert res.exit_code == 2 and "host:port (e.g. 10.0.0.5:9464)" in res.output, res.output
+
+
+def test_top_lists_the_last_finished_requests_failures_first(make_manager) -> None:
+    c = make_manager(HB)
+    cjobs = Jobs(c)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    creq = consumer_req("c1", "kv-top-fail", "127.0.0.1", dead)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys_for("kv-top-fail", 1), [0], creq))
+    assert pump_until(lambda: cjobs.has(2), managers=[c], jobs=[cjobs])
+    res = CliRunner().invoke(cli, ["top", c.metrics_address, "--once", "--interval", "0.1"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "recently finished" in res.output
+    assert "kv-top-fail load (consumer) FAILED: connect_refused" in res.output, res.output
+
+
+def test_stats_prints_a_readable_summary_with_the_recent_requests(make_manager) -> None:
+    c = make_manager(HB)
+    cjobs = Jobs(c)
+    creq = consumer_req("c1", "kv-sum", "127.0.0.1", 1)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys_for("kv-sum", 1), [0], creq))
+    assert pump_until(lambda: cjobs.has(2), managers=[c], jobs=[cjobs])
+    stats = c.stats()
+    assert stats["kvtier_jobs_total{kind=load,outcome=fail,reason=connect_refused}"] == 1  # still the samples
+    text = str(stats)
+    assert len(text.splitlines()) < 20, text
+    assert "load jobs 0 ok · 1 failed (connect_refused 1)" in text, text
+    assert "kv-sum load (consumer) FAILED: connect_refused, peer 127.0.0.1:1" in text, text
+
+
+def test_why_tells_a_successful_load_too(make_manager) -> None:
+    p = make_manager(HB)
+    c = make_manager(HB)
+    assert transfer_once(p, c, "kv-ok", 3).success
+    code, out, _ = _why("kv-ok", c, p)
+    assert code == 0 and "kv-ok load (consumer) ok" in out and "kv-ok parked blocks (producer) ok" in out, out
+    assert "  change" not in out  # nothing to change
+    (load,) = _records("kv-ok", c)
+    assert list(load["marks"]) == ["fetch", "first_block", "receipt", "result"]
+    assert load["path"][-1] == "loaded" and load["landed"] == 3 == load["blocks"]
+    (parked,) = _records("kv-ok", p)
+    assert parked["path"][-1] == "done" and parked["peer"] and "sending" in parked["marks"]

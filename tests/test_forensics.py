@@ -1,0 +1,131 @@
+"""The request forensics ring (:mod:`kvtier.forensics`) keeps its memory bounded however many
+requests finish: a million finished ids leave :data:`~kvtier.forensics.CAPACITY` entries of a few
+hundred bytes each, measured object by object, and nothing in progress.
+
+The ring is fed exactly as the shell feeds it — batches of effects through ``observe`` — with a
+stand-in for the two things it reads (the core's state of an id, the job ledger's record of a
+job); the end-to-end stories are in ``tests/manager/test_why.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvtier import forensics
+from kvtier.forensics import CAPACITY, Forensics
+from kvtier.lifecycle import ConsumerState, ProbeState, ProducerState, Reason
+from kvtier.lifecycle import effects as fx
+from kvtier.wire import messages as wm
+
+#: The stated bound (docs/metrics.md, decision E3): the ring of CAPACITY entries, ids of 37
+#: characters, takes at most this many bytes.
+RING_BOUND_BYTES = 1 << 20
+
+PEER = "10.0.0.5:5710"
+
+
+class _Core:
+    """The core's read API as the ring uses it: every load ended ``failed``, every id tombstoned."""
+
+    def consumer_state(self, kid: str) -> ConsumerState:
+        return ConsumerState.FAILED
+
+    def producer_state(self, kid: str) -> ProducerState:
+        return ProducerState.TOMBSTONED
+
+    def probe_state(self, kid: str) -> ProbeState:
+        return ProbeState.ABSENT
+
+    def consumer(self, kid: str) -> None:
+        return None
+
+
+def _kid(job_id: int) -> str:
+    return f"cmpl-{job_id:032x}"
+
+
+def _ring(capacity: int = CAPACITY) -> tuple[Forensics, list[float]]:
+    clock = [0.0]
+    # every even job is a load, every odd one a store; one 4-block job per id
+
+    def job_info(j: int) -> tuple[bool, str, float, int] | None:
+        return (bool(j & 1), _kid(j), clock[0] - 0.5, 4 * 4096) if j < 10**9 else None
+
+    ring = Forensics(core=_Core(), job_info=job_info, clock=lambda: clock[0], block_bytes=4096, capacity=capacity)
+    return ring, clock
+
+
+def _finish(ring: Forensics, clock: list[float], first: int, n: int, batch: int = 256) -> None:
+    """``n`` ids finish, ``batch`` per observed step: a fetch leaves, blocks land, the job ends."""
+    for start in range(first, first + n, batch):
+        effects: list[Any] = []
+        for j in range(start, min(start + batch, first + n)):
+            if not j & 1 and not j & 63:  # one load in 64 with its fetch and landing, as the shell reports
+                effects += [fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(j), round=j, keys=[b"k"], slots=[0])),
+                            fx.LandBlocks(PEER, _kid(j), j, 0, (0, 1))]
+            effects.append(fx.JobDone(j, False, Reason.LOAD_TIMEOUT if not j & 1 else Reason.REAPED))
+        ring.observe(effects)
+        clock[0] += 0.001
+
+
+def _deep_size(obj: Any, seen: set[int] | None = None) -> int:
+    """Bytes held by ``obj`` and everything it refers to (each object counted once)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
+        return size
+    if isinstance(obj, dict):
+        return size + sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+        return size + sum(_deep_size(x, seen) for x in obj)
+    if isinstance(obj, msgspec.Struct):
+        return size + sum(_deep_size(getattr(obj, f), seen) for f in obj.__struct_fields__)
+    raise TypeError(f"unexpected object in the ring: {type(obj).__name__}")
+
+
+def _ring_bytes(ring: Forensics) -> int:
+    return _deep_size(ring.recent()) - sys.getsizeof(ring.recent())  # the entries, not the copy's list
+
+
+def test_a_million_finished_ids_leave_capacity_entries_under_the_stated_bound() -> None:
+    ring, clock = _ring()
+    _finish(ring, clock, 0, 2 * CAPACITY)
+    full = _ring_bytes(ring)
+    _finish(ring, clock, 2 * CAPACITY, 1_000_000 - 2 * CAPACITY)
+    assert ring.finished_total == 1_000_000
+    assert len(ring.recent()) == CAPACITY and ring.in_progress() == 0
+    after = _ring_bytes(ring)
+    assert after <= RING_BOUND_BYTES, f"{after} bytes for {CAPACITY} entries"
+    assert after <= full * 1.02, (full, after)  # a full ring does not grow with the ids it saw
+    newest = ring.recent(limit=1)[0]
+    assert newest.kv_request_id == _kid(999_999) and newest.reason == "reaped"
+    loads = [e for e in ring.recent() if e.role == "consumer" and e.marks[0][0] == "fetch"]
+    assert loads and all(e.peer == PEER and e.landed == 2 and e.path == ("failed",) for e in loads)
+
+
+def test_requests_in_progress_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fetches whose loads never end (for the ring: it forgets the oldest) cannot grow it."""
+    monkeypatch.setattr(forensics, "MAX_OPEN", 16)
+    ring, _ = _ring()
+    ring.observe([fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(j), round=j, keys=[b"k"], slots=[0]))
+                  for j in range(100)])
+    assert ring.in_progress() == 16 and ring.finished_total == 0
+
+
+def test_the_ring_ignores_what_it_does_not_track() -> None:
+    ring, clock = _ring(capacity=4)
+    ring.observe([fx.Ignored("producer", "kv", ProducerState.PARKED, "x", Reason.STALE), fx.CloseConnection(PEER),
+                  fx.JobDone(10**9, True)])  # a job the ledger does not know (the manager's own)
+    ring.observe([])
+    assert ring.recent() == [] and ring.in_progress() == 0
+    _finish(ring, clock, 0, 10, batch=1)
+    assert [e.kv_request_id for e in ring.recent()] == [_kid(j) for j in range(9, 5, -1)]
+    assert ring.recent(_kid(8)) == [ring.recent()[1]] and ring.recent(_kid(1)) == []

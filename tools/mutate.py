@@ -1,0 +1,185 @@
+"""``python -m tools.mutate [GROUP ...]``: mutation testing with mutmut (``make mutate``).
+
+Each *group* mutates a few runtime modules and runs, for each mutant, only the tests of its own
+selection that reach the mutated function (mutmut maps tests to functions in a first, traced
+run).  A group runs in its own workspace, ``.mutate/<group>/`` (git-ignored): links to the
+checkout, a ``pyproject.toml`` whose ``[tool.mutmut]`` names the group's modules and tests, and
+mutmut's ``mutants/`` tree, which keeps every verdict, so a second run only tests what changed.
+Hypothesis runs its ``mutate`` profile there (tests/conftest.py: derandomized, 30 examples).
+
+    python -m tools.mutate --list          the groups, their modules and tests
+    python -m tools.mutate codec config    run two groups (all when none is named)
+    python -m tools.mutate --report        the scores and surviving mutants of what ran
+    python -m tools.mutate --retest codec  test codec's surviving mutants again (after new tests)
+
+The score is killed / (killed + survived + timeout + suspicious), per group; docs/mutation.md
+keeps the committed figures and, for every surviving mutant, the test that now kills it or the
+reason it is equivalent (decision V3).  Not part of CI's run: on this 2-core host the lifecycle
+group alone takes the better part of an hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+from typing import NamedTuple
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = REPO / ".mutate"
+#: what the tests read from the checkout besides kvtier/ and tests/ (copied into mutants/)
+ALSO = ["tools", "spec", "docs", "bench", "diagrams"]
+#: mutmut's exit codes -> verdicts (mutmut.stats.status_by_exit_code)
+VERDICT = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+           36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "killed"}
+
+
+class Group(NamedTuple):
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+
+
+#: the lifecycle core, the shell's result and landing paths, the wire codec and config, each with
+#: the fast tests that exercise it; the planted-bug hunts test the tests and are left out (they
+#: pass under most mutants and would only slow every run down)
+GROUPS: dict[str, Group] = {
+    "codec": Group(("kvtier/wire/codec.py",), ("tests/wire",)),
+    "config": Group(("kvtier/config.py", "kvtier/config_kinds.py"), ("tests/test_config.py",
+                    "tests/test_config_rules.py", "tests/test_config_properties.py")),
+    "shell": Group(("kvtier/shell/jobs.py", "kvtier/shell/perbyte.py"),
+                   ("tests/manager/test_perbyte.py", "tests/manager/test_virtual_results.py", "tests/manager/test_virtual_park.py",
+                    "tests/manager/test_virtual_failures.py", "tests/manager/test_virtual_requests.py",
+                    "tests/manager/test_manager_limits.py", "tests/manager/test_manager_stateful.py")),
+    "lifecycle": Group(("kvtier/lifecycle/*.py",),
+                       ("tests/lifecycle", "tests/stateful/test_interleavings.py", "tests/symmetric/test_core_symmetric.py",
+                        "tests/symmetric/test_stateful_symmetric.py"),
+                       exclude=("kvtier/lifecycle/_table.py",)),
+}
+#: tests under a group's directories that do not test the runtime's behaviour (rendering,
+#: docs freshness, import hygiene): deselected, so they neither kill nor slow anything
+DESELECT = ("tests/lifecycle/test_diagrams.py", "tests/lifecycle/test_statecharts.py",
+            "tests/lifecycle/test_reviewdoc.py", "tests/lifecycle/test_seqchart.py", "tests/lifecycle/test_imports.py")
+
+
+def _toml_list(items: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def workspace(name: str) -> Path:
+    """Create (or refresh) ``.mutate/<name>/`` and return it."""
+    g = GROUPS[name]
+    ws = WORK / name
+    ws.mkdir(parents=True, exist_ok=True)
+    for entry in ["kvtier", "tests", *ALSO]:
+        link = ws / entry
+        if not link.exists():
+            link.symlink_to(REPO / entry)
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    selection = [*g.tests, *(f"--deselect={d}" for d in DESELECT if any(d.startswith(t) for t in g.tests))]
+    pyproject += (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["kvtier"]\n'
+        f"only_mutate = {_toml_list(g.modules)}\n"
+        f"do_not_mutate = {_toml_list(g.exclude)}\n"
+        f"also_copy = {_toml_list(ALSO)}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(selection)}\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "--timeout=120"]\n'
+        'process_isolation = "forkserver"\n'
+        "use_git_change_detection = false\n"
+    )
+    target = ws / "pyproject.toml"
+    if not target.exists() or target.read_text(encoding="utf-8") != pyproject:
+        target.write_text(pyproject, encoding="utf-8")
+    return ws
+
+
+def run(name: str, children: int, *, retest: bool = False) -> int:
+    """Test the group's mutants not tested yet; ``retest``: test again those that lived (after
+    new tests were written), not the others."""
+    ws = workspace(name)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CI")}
+    env["HYPOTHESIS_PROFILE"] = "mutate"
+    names: list[str] = []
+    if retest:
+        names = sorted(k for k, v in verdicts(name).items() if v in ("survived", "timeout", "suspicious"))
+        if not names:
+            return 0
+    print(f"==> mutate {name}: {', '.join(GROUPS[name].modules)}" + (f" ({len(names)} to test again)" if names else ""),
+          flush=True)
+    return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *names],
+                           cwd=ws, env=env)
+
+
+def verdicts(name: str) -> dict[str, str]:
+    """mutant name -> verdict, for every mutant of group ``name`` that was generated."""
+    out: dict[str, str] = {}
+    for meta in sorted((WORK / name / "mutants").rglob("*.py.meta")):
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        for key, code in data.get("exit_code_by_key", {}).items():
+            out[key] = "not checked" if code is None else VERDICT.get(code, "suspicious")
+    return out
+
+
+def equivalent() -> dict[str, str]:
+    """mutant name -> why it is equivalent (tools/mutate_equivalent.toml)."""
+    path = Path(__file__).with_name("mutate_equivalent.toml")
+    if not path.exists():
+        return {}
+    return {k: v for k, v in tomllib.loads(path.read_text(encoding="utf-8")).items() if isinstance(v, str)}
+
+
+def report(names: list[str]) -> dict[str, dict]:
+    eq = equivalent()
+    summary: dict[str, dict] = {}
+    for name in names:
+        v = verdicts(name)
+        if not v:
+            continue
+        counts = Counter(v.values())
+        survivors = sorted(k for k, s in v.items() if s in ("survived", "suspicious", "timeout") and k not in eq)
+        equiv = sorted(k for k, s in v.items() if s != "killed" and k in eq)
+        checked = counts["killed"] + counts["survived"] + counts["timeout"] + counts["suspicious"]
+        score = round(100 * counts["killed"] / (checked - len(equiv)), 1) if checked > len(equiv) else None
+        summary[name] = {"counts": dict(counts), "equivalent": len(equiv), "score": score, "survivors": survivors}
+        print(f"{name}: {dict(counts)}; equivalent {len(equiv)}; score {score} % of non-equivalent mutants")
+        for k in survivors:
+            print(f"    survived: {k}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.mutate", description=__doc__.split("\n")[0])
+    ap.add_argument("groups", nargs="*", help=f"groups to run (default: all of {', '.join(GROUPS)})")
+    ap.add_argument("--list", action="store_true", help="list the groups")
+    ap.add_argument("--report", action="store_true", help="only report what earlier runs found")
+    ap.add_argument("--retest", action="store_true", help="test the surviving mutants again (after new tests)")
+    ap.add_argument("--children", type=int, default=2, help="mutants tested at once (default 2)")
+    ap.add_argument("--json", type=Path, help="also write the report as JSON here")
+    args = ap.parse_args(argv)
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        ap.error(f"unknown group(s) {unknown}; groups: {', '.join(GROUPS)}")
+    names = args.groups or list(GROUPS)
+    if args.list:
+        for name in names:
+            g = GROUPS[name]
+            print(f"{name}: mutates {', '.join(g.modules)}; tests {', '.join(g.tests)}")
+        return 0
+    rc = 0
+    if not args.report:
+        for name in names:
+            rc = run(name, args.children, retest=args.retest) or rc
+    summary = report(names)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
