@@ -48,8 +48,9 @@ class ZmqSends:
             frames: non-empty sequence of buffers (bytes, bytearray, memoryview, numpy array,
                 zmq.Frame). Do not modify their memory until the handle is ``done``.
             track: True → frames of at least ``zero_copy_threshold`` bytes are sent zero-copy,
-                and ``done`` waits until libzmq releases them. False → every frame is copied
-                into zmq when it is sent.
+                and ``done`` waits until libzmq releases them; a message of smaller frames that
+                add up to the threshold has its last frame sent so (``done``: the whole message
+                left). False → every frame is copied into zmq when it is sent.
 
         Returns:
             A :class:`SendHandle`. It is sent, queued (sent later by flush/recv/wait, in FIFO
@@ -112,11 +113,21 @@ class ZmqSends:
         parts = frames if rid is None else [rid, *frames]
         last = len(parts) - 1
         trackers = []
+        threshold = self._zc_threshold
+        # a tracked message of many small frames (each copied) still gets one tracker, on its last
+        # frame: libzmq frees frames in order, so its release means the whole message left, and a
+        # caller's window of bytes in flight holds for copied frames too (decision C22)
+        sizes = [memoryview(part).nbytes for part in parts] if track else ()
+        track_last = track and sum(sizes) >= threshold and max(sizes[1 if rid is not None else 0:]) < threshold
         i = 0
         try:
             for i, part in enumerate(parts):
                 flags = zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0)
-                if track and (rid is None or i > 0) and memoryview(part).nbytes >= self._zc_threshold:
+                if track_last and i == last:  # below the socket's copy threshold: a frame of its own
+                    frame = zmq.Frame(part, copy=False, track=True, copy_threshold=0)
+                    sock.send(frame, flags, copy=False)
+                    trackers.append(frame.tracker)
+                elif track and (rid is None or i > 0) and sizes[i] >= threshold:
                     trackers.append(sock.send(part, flags, copy=False, track=True))
                 else:
                     sock.send(part, flags, copy=True)

@@ -237,9 +237,10 @@ def test_a_slow_consumer_learns_why_the_producer_gave_its_transfer_up(data_plane
     overtook the reason — on zmq too, where the notice queues behind the data."""
     if data_plane == "nixl":
         monkeypatch.setenv("UCX_TLS", "tcp")  # WRITEs need the consumer's progress
-    # zmq: 48 MiB, more than the 32 MiB a transfer may have inside the transport plus what the
-    # kernel's socket buffers take, so the transfer cannot end within the deadlines
-    bb, nb = 128 * 1024, (384 if data_plane == "zmq" else 128)
+    # zmq: 96 MiB, more than the 32 MiB a transfer may have inside the transport plus what the
+    # kernel's socket buffers take on loopback (tcp_rmem's 32 MiB and tcp_wmem's 4 MiB here), so
+    # the transfer cannot end within the deadlines
+    bb, nb = 128 * 1024, (768 if data_plane == "zmq" else 128)
     p = make_manager({**HB, "transfer_timeout_s": 0.3, "shutdown_grace_s": 3.0}, num_blocks=nb, block_bytes=bb)
     pjobs = Jobs(p)
     reasons = []

@@ -182,6 +182,47 @@ def test_pool_slot_to_pool_slot(make) -> None:
     assert until(lambda: h.done)
 
 
+def test_a_message_of_small_copied_frames_is_done_only_once_it_left(make) -> None:
+    """Decision C22: frames under ``zero_copy_threshold`` are copied, but a tracked message whose
+    frames add up to the threshold keeps one tracker (its last frame's): the handle is not done
+    while the message waits behind a peer that reads nothing, and is done once the peer read it —
+    so a plane's window of bytes in flight bounds copied blocks too."""
+    producer = make(zero_copy_threshold=256 << 10)
+    ctx = zmq.Context()
+    slow = ctx.socket(zmq.DEALER)  # a consumer whose libzmq takes one message and then waits
+    slow.setsockopt(zmq.RCVHWM, 1)
+    slow.setsockopt(zmq.RCVBUF, 64 << 10)
+    slow.setsockopt(zmq.LINGER, 0)
+    try:
+        slow.connect(f"tcp://{producer.address}")
+        slow.send(b"hello")
+        [(in_peer, _)] = recv_until(producer, 1)
+        one = producer.send(in_peer, [b"hdr", *(bytes(64 << 10) for _ in range(4))], track=True)  # 256 KiB
+        assert len(one._trackers) == 1
+        # 128 MiB more: far more than the kernel's socket buffers take while the consumer reads nothing
+        blob = memoryview(bytearray(128 << 20))
+        handles = [producer.send(in_peer, [b"hdr", *(blob[o + k * (128 << 10):o + (k + 1) * (128 << 10)]
+                                                      for k in range(64))], track=True)
+                   for o in range(0, 128 << 20, 8 << 20)]
+        time.sleep(0.2)
+        producer.flush()
+        assert not handles[-1].done  # still inside libzmq (or queued): its memory is referenced
+        got = 0
+        end = time.monotonic() + 30.0
+        while got < 1 + len(handles) and time.monotonic() < end:
+            producer.flush()
+            if slow.poll(20):
+                slow.recv_multipart(copy=False)
+                got += 1
+        assert got == 1 + len(handles)
+        assert until(lambda: all(h.done for h in [one, *handles]))
+        tiny = producer.send(in_peer, [b"hdr", b"x" * 100], track=True)  # under the threshold: copied
+        assert tiny.done and not tiny._trackers
+    finally:
+        slow.close(0)
+        ctx.term()
+
+
 # -- back-pressure --------------------------------------------------------------------------------
 
 
