@@ -1,10 +1,10 @@
 """A symmetric load whose block fails its digest check turns its keys into MISS for the request
 (decision I22), over real sockets, both planes: the engine recomputes them instead of probing,
-being offered and loading them again (the third release loaded 10 times in 20 steps).
+being offered and loading them again (before decision I22 a key was loaded 10 times in 20 steps).
 
 The bytes go bad on the way: on zmq a TCP relay on the path inverts one byte of the second block's
 payload; on NIXL the consumer's slot is rewritten after the producer's WRITE and before the
-consumer checks it.  Either way the consumer's check fails, the load fails ``corrupt`` with no
+consumer checks it (when its plane reports the batch's header).  Either way the consumer's check fails, the load fails ``corrupt`` with no
 key before the bad batch verified (it is one batch), and from then on every key of it answers MISS
 — through ten more engine steps no probe leaves for it.
 """
@@ -53,12 +53,26 @@ def test_a_load_that_fails_its_check_turns_its_keys_into_miss(make, data_plane: 
         assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 4
         slots = [10, 11, 12, 13]
         if data_plane == "nixl":
-            # the WRITE lands while the consumer is not polled; its slot is rewritten before the check
+            # the slot is rewritten after the WRITE landed and before the consumer checks it: when
+            # its plane reports the batch's header (Notified, the DataPlane seam's poll), the data
+            # is in the slots and no check has run yet — whether UCX completed the WRITE without
+            # the consumer's progress or not
+            from kvtier.dataplane import Notified
+
+            plane, plane_poll, flips = b.plane, b.plane.poll, []
+
+            def poll_then_corrupt():
+                reports = plane_poll()
+                if not flips and any(isinstance(rep, Notified) for rep in reports):
+                    b.pool.buffer(11)[100] ^= 0xFF
+                    flips.append(1)
+                return reports
+
+            plane.poll = poll_then_corrupt
             b.submit_load(_job(1, keys, slots, req))
-            assert pump([a], lambda: a.plane.posts >= 1 and a.plane.referenced() == 0)
-            b.pool.buffer(11)[100] ^= 0xFF
             results: list = []
             assert pump([a, b], lambda: bool(results.extend(b.get_finished_jobs(poll=False)) or results))
+            assert flips == [1]
             (r,) = results
         else:
             r = load(b, req, 1, keys, slots, [a])
