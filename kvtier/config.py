@@ -141,7 +141,8 @@ class TierConfig:
                            shape="a dotted module path", doc="""
         Python module that holds ``type``. vLLM pops it before calling the tier.""")
 
-    host: str = key("127.0.0.1", text, *_string(255), matches_re(r"[^\s/]+"), shape="an address without whitespace or '/'",
+    host: str = key("127.0.0.1", text, *_string(255), matches_re(r"[^\s/]+"),
+                    shape="an address without whitespace or '/'",
                     doc="""
         Address the producer's listener binds to. Consumers dial the producer at
         the ``remote_host``/``remote_port`` carried in ``kv_transfer_params``, so
@@ -262,7 +263,8 @@ class TierConfig:
         ~1.9x the zmq plane's throughput on one host, docs/dataplane.md). Both peers must
         use the same plane (checked in the handshake).""")
 
-    backends: tuple[str, ...] = key(("UCX",), names, text="list of 1..16 distinct names (`[A-Za-z0-9_]`, ≤ 64 chars)", doc="""
+    backends: tuple[str, ...] = key(("UCX",), names,
+                                    text="list of 1..16 distinct names (`[A-Za-z0-9_]`, ≤ 64 chars)", doc="""
         ``data_plane="nixl"`` only: the NIXL backend plugins to create, by NIXL's names, as
         vLLM's ``p2p`` tier takes them (``["UCX"]``; ``UCX_*`` environment variables tune UCX, see
         docs/dataplane.md). A plugin missing here fails the start with its name.""")
@@ -315,7 +317,8 @@ class TierConfig:
         which is how a consumer knows the key to expect before it dials. Required with
         ``auth=curve``, refused without it.""")
 
-    allowed_peers: tuple[str, ...] = key(("*",), peers, text='list of `"*"`, `"host:port"`, `"host"` or CIDR (`"10.0.0.0/8"`), non-empty',
+    allowed_peers: tuple[str, ...] = key(("*",), peers,
+                                         text='list of `"*"`, `"host:port"`, `"host"` or CIDR (`"10.0.0.0/8"`), non-empty',
                                         doc="""
         Producer endpoints this tier may dial when a request's ``kv_transfer_params`` name them:
         ``"host:port"``, ``"host"`` (any port), a CIDR network, or ``"*"`` (any: the default, for
@@ -332,7 +335,7 @@ class TierConfig:
         tenants). Consumers probe whether or not this is on.""")
 
     serve_allowed_principals: tuple[str, ...] = key(("*",), principals,
-                                                  text='list of principal names (certificate stems) or `["*"]`, non-empty', doc="""
+        text='list of principal names (certificate stems) or `["*"]`, non-empty', doc="""
         With ``serve_external``: the authenticated principals (``auth="curve"`` certificate stems)
         whose probes are answered; others are refused ``not_serving``. ``["*"]``: every peer
         allowed to connect. Anything but ``["*"]`` needs ``auth="curve"`` (without authentication

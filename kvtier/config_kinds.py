@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 import attrs
 
-__all__ = ["KEY", "Key", "TierConfigError", "bounds", "describe", "flag", "integer", "key", "maybe_integer", "maybe_text",
-           "number", "safe_repr", "text"]
+__all__ = ["KEY", "Key", "TierConfigError", "absent", "bounds", "describe", "flag", "integer", "key", "maybe_integer",
+           "maybe_text", "names", "number", "peers", "principals", "safe_repr", "text"]
 
 KEY = "kvtier.key"
 """The field-metadata entry that holds a key's :class:`Key` declaration."""
@@ -278,7 +278,7 @@ def describe(k: Key) -> str:
         return k.text
     lo, hi = bounds(k.checks)
     if k.convert is number:
-        return f"number or numeric string, {fmt(lo)} ≤ x ≤ {fmt(hi)}; bool, NaN, ±inf, ≤ 0 rejected"  # type: ignore[arg-type]
+        return f"number or numeric string, {lo!r} ≤ x ≤ {hi!r}; bool, NaN, ±inf, ≤ 0 rejected"
     if k.convert is integer:
         return f"integer or integral numeric string, {lo} ≤ n ≤ {hi}; bool and fractional values rejected"
     if k.convert is maybe_integer:

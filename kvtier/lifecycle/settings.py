@@ -87,7 +87,8 @@ class CoreSettings(msgspec.Struct, frozen=True, kw_only=True):
             revoke_bounded=revoke_bounded,
             integrity=c.integrity != "none",
             serve_external=c.serve_external,
-            serve_allowed_principals=None if "*" in c.serve_allowed_principals else frozenset(c.serve_allowed_principals),
+            serve_allowed_principals=(None if "*" in c.serve_allowed_principals
+                                      else frozenset(c.serve_allowed_principals)),
             serve_max_rounds_per_peer=c.serve_max_rounds_per_peer,
             serve_max_probes_per_round=c.serve_max_probes_per_round,
             serve_max_pinned_blocks_per_peer=c.serve_max_pinned_blocks_per_peer,

@@ -67,3 +67,14 @@ def test_from_config_carries_every_value() -> None:
     assert (s.serve_max_rounds_per_peer, s.serve_max_probes_per_round, s.serve_max_pinned_blocks_per_peer) == (3, 4, 5)
     assert (s.serve_max_pinned_blocks, s.block_bytes, s.max_header_bytes) == (25, 64, 99)
     assert attrs.evolve(cfg) == cfg
+
+
+def test_plane_settings_are_built_from_the_config_with_its_defaults() -> None:
+    from kvtier.dataplane.settings import PlaneSettings
+
+    assert PlaneSettings() == PlaneSettings.from_config(TierConfig())
+    cfg = TierConfig(integrity="none", backends=("UCX", "POSIX"), nixl_progress_interval_s=0.002, instance="pod-1",
+                     revoke_timeout_s=2.0)
+    p = PlaneSettings.from_config(cfg)
+    assert (p.integrity, p.backends, p.nixl_progress_interval_s, p.instance, p.revoke_timeout_s) == (
+        "none", ("UCX", "POSIX"), 0.002, "pod-1", 2.0)
