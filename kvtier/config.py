@@ -29,9 +29,10 @@ Rules (scenario B25, docs/scenarios.md):
 * Cross-field relations (``CROSS_FIELD_RULES``) are checked at construction,
   so ``attrs.evolve`` re-validates them too.
 
-The value kinds that do the converting, and ``TierConfigError``, live in
-:mod:`kvtier.config_kinds`; this module declares the keys with them, checks the
-cross-field rules and exposes the schema as data.
+Each key is declared once (:func:`kvtier.config_kinds.key`): its default, a strict converter,
+attrs' validators for its bounds, length, pattern or choices, its unit and its text; validation,
+the configuration table and ``kvtier check-config`` all follow from that declaration (decision
+W8).  This module declares the keys, checks the cross-field rules and exposes the schema as data.
 """
 
 from __future__ import annotations
@@ -43,25 +44,27 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import attrs
+from attrs.validators import ge, gt, in_, instance_of, le, matches_re, max_len, min_len
 
 from kvtier.config_kinds import (
-    DOTTED_RE,
-    IDENT_RE,
-    Bool,
-    Choice,
-    Float,
-    Int,
-    Kind,
-    MustBeNone,
-    NameList,
-    OptionalInt,
-    OptionalStr,
-    PeerList,
-    PrincipalList,
-    Str,
+    KEY,
+    Key,
     TierConfigError,
+    absent,
+    bounds,
+    describe,
+    flag,
     fmt,
+    integer,
+    key,
+    maybe_integer,
+    maybe_text,
+    names,
+    number,
+    peers,
+    principals,
     safe_repr,
+    text,
 )
 
 __all__ = [
@@ -76,31 +79,31 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------
-# declaring a key: its kind and its text, kept in the field's metadata
+# the checks keys share: attrs validators, run in this order (config_kinds.key)
 # --------------------------------------------------------------------------
-
-_KIND = "kvtier.kind"
-_DOC = "kvtier.doc"
 
 MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
 MIN_DURATION_S = 0.001  # 1 ms: finer than any poll tick; denormals like 1e-320 are typos
-_TIMEOUT = Float(MIN_DURATION_S, MAX_TIMEOUT_S)
+IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
 
 
-def _field(kind: Kind, default: Any, *, doc: str) -> Any:
-    """An attrs field whose converter is ``kind.convert`` (defaults are converted too); ``kind``
-    (validation and unit) and ``doc`` (what the key means, whitespace folded) are kept in the
-    field's metadata, where :func:`config_table` reads them."""
+def _positive(lo: float, hi: float) -> tuple[Any, ...]:
+    """A positive real in ``[lo, hi]``; ``≤ 0`` is refused as such, before the range."""
+    return gt(0), le(hi), ge(lo)
 
-    def convert(value: Any, field: attrs.Attribute) -> Any:
-        return kind.convert(field.name, value)
 
-    return attrs.field(
-        default=default,
-        converter=attrs.Converter(convert, takes_field=True),
-        metadata={_KIND: kind, _DOC: " ".join(doc.split())},
-    )
+def _within(lo: int, hi: int) -> tuple[Any, ...]:
+    """An integer in ``[lo, hi]``; a fractional value is refused after the range."""
+    return le(hi), ge(lo), instance_of(int)
 
+
+def _string(longest: int) -> tuple[Any, ...]:
+    """A non-empty string of at most ``longest`` characters."""
+    return min_len(1), max_len(longest)
+
+
+_TIMEOUT = _positive(MIN_DURATION_S, MAX_TIMEOUT_S)
 
 _BACKPRESSURE_WHY = (
     "kvtier does its own flow control (bounded fetches, bounded pending fetches "
@@ -128,80 +131,84 @@ class TierConfig:
     """
 
     # ---- vLLM secondary_tiers[] entry keys --------------------------------
-    type: str = _field(Str(128, IDENT_RE, "a Python identifier"), "KvTierSecondaryTier", doc="""
+    type: str = key("KvTierSecondaryTier", text, *_string(128), matches_re(IDENT_RE), shape="a Python identifier",
+                    doc="""
         Class name vLLM's SecondaryTierFactory loads from ``module_path``.
         vLLM pops it and passes it to the tier as ``tier_type``; it is also the
         tier's metrics label.""")
 
-    module_path: str = _field(
-        Str(256, DOTTED_RE, "a dotted module path"), "kvtier.integrations.vllm", doc="""
+    module_path: str = key("kvtier.integrations.vllm", text, *_string(256), matches_re(DOTTED_RE),
+                           shape="a dotted module path", doc="""
         Python module that holds ``type``. vLLM pops it before calling the tier.""")
 
-    host: str = _field(
-        Str(255, re.compile(r"[^\s/]+"), "an address without whitespace or '/'"), "127.0.0.1", doc="""
+    host: str = key("127.0.0.1", text, *_string(255), matches_re(r"[^\s/]+"),
+                    shape="an address without whitespace or '/'",
+                    doc="""
         Address the producer's listener binds to. Consumers dial the producer at
         the ``remote_host``/``remote_port`` carried in ``kv_transfer_params``, so
         set this to an address they can reach (``0.0.0.0`` binds every interface).""")
 
-    port: int = _field(Int(0, 65535), 0, doc="""
+    port: int = key(0, integer, *_within(0, 65535), doc="""
         TCP port of the producer's listener; 0 picks a free ephemeral port
         (read the bound address back from the tier).""")
 
-    metrics_port: int | None = _field(OptionalInt(0, 65535), None, doc="""
+    metrics_port: int | None = key(None, maybe_integer, *_within(0, 65535), doc="""
         TCP port of the Prometheus endpoint (``GET /metrics``, docs/metrics.md),
         bound on ``host``; ``null`` serves none, 0 picks a free ephemeral port.
         Under vLLM data parallelism the engine's ``data_parallel_index`` is added,
         as for ``port``.""")
 
-    locality: str | None = _field(OptionalStr(), None, doc="""
+    locality: str | None = key(None, maybe_text, max_len(64),
+                              text="string or `null`; accepted and ignored", doc="""
         Accepted for vLLM compatibility (its factory forwards it) and ignored.""")
 
-    backpressure: None = _field(MustBeNone(_BACKPRESSURE_WHY), None, doc="""
+    backpressure: None = key(None, absent(_BACKPRESSURE_WHY),
+                         text="absent (or null through the Python API); any other value is rejected", doc="""
         Must be absent: kvtier does its own flow control. Omit the key entirely;
         under vLLM even ``"backpressure": null`` is turned into ``{}`` by the spec
         and refused by vLLM's factory before kvtier sees it.""")
 
     # ---- producer lifecycle -------------------------------------------------
-    unbound_store_timeout_s: float = _field(_TIMEOUT, 60.0, doc="""
+    unbound_store_timeout_s: float = key(60.0, number, *_TIMEOUT, unit="s", doc="""
         How long stored blocks of a ``kv_request_id`` that no consumer has
         fetched yet stay parked (pinned) before they are reaped and the id is
         tombstoned.""")
 
-    park_clock: str = _field(Choice(("last_store", "first_store")), "last_store", doc="""
+    park_clock: str = key("last_store", None, in_(("last_store", "first_store")), doc="""
         Which store starts the reap clock of a parked id: ``last_store`` (every
         store restarts it, so a long prefill is not reaped mid-way) or
         ``first_store`` (vLLM p2p behaviour: the first store decides).""")
 
-    tombstone_retention_s: float = _field(_TIMEOUT, 600.0, doc="""
+    tombstone_retention_s: float = key(600.0, number, *_TIMEOUT, unit="s", doc="""
         How long a reaped or finished ``kv_request_id`` is remembered, so a late
         fetch for it is refused at once instead of waiting for blocks.""")
 
-    tombstone_max: int = _field(Int(1, 4_194_304, "ids"), 65_536, doc="""
+    tombstone_max: int = key(65_536, integer, *_within(1, 4_194_304), unit="ids", doc="""
         Count cap on remembered (done or tombstoned) ids; the oldest are
         forgotten first when it is reached.""")
 
-    fetch_supply_timeout_s: float = _field(_TIMEOUT, 10.0, doc="""
+    fetch_supply_timeout_s: float = key(10.0, number, *_TIMEOUT, unit="s", doc="""
         How long a bound fetch waits for blocks that are not stored yet (e.g. a
         fetch that arrives before the store) before the producer answers it with
         a failure.""")
 
-    transfer_timeout_s: float = _field(_TIMEOUT, 30.0, doc="""
+    transfer_timeout_s: float = key(30.0, number, *_TIMEOUT, unit="s", doc="""
         A transfer that has started must finish within this time, or it fails.""")
 
     # ---- consumer -----------------------------------------------------------
-    load_timeout_s: float = _field(_TIMEOUT, 30.0, doc="""
+    load_timeout_s: float = key(30.0, number, *_TIMEOUT, unit="s", doc="""
         How long the consumer waits for a load to finish before it gives up and
         aborts the fetch; the load is reported failed (``load_timeout``) when the
         producer acknowledges the abort, or ``abort_ack_timeout_s`` later at most.""")
 
-    abort_ack_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
+    abort_ack_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
         How long the consumer waits for the producer's terminal answer to an
         abort. Past it the session to that producer is ended
         (``abort_unacknowledged``) and the load fails once the data plane confirms
         the producer can no longer write into its slots (at once on the zmq
         plane).""")
 
-    revoke_timeout_s: float = _field(_TIMEOUT, 1.0, doc="""
+    revoke_timeout_s: float = key(1.0, number, *_TIMEOUT, unit="s", doc="""
         The bound on revoking a producer's access to a load's slots once it cannot answer (its
         session died, or an abort went unanswered): the load is reported failed by then at the
         latest. The zmq plane needs no time; the NIXL plane withdraws the session's window of the
@@ -209,59 +216,60 @@ class TierConfig:
         cannot be withdrawn from: its slots stay held past this, logged each time it passes.""")
 
     # ---- sessions -----------------------------------------------------------
-    handshake_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
+    handshake_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
         How long a new session may take to complete its hello/hello_ack.""")
 
-    connect_timeout_s: float = _field(_TIMEOUT, 2.0, doc="""
+    connect_timeout_s: float = key(2.0, number, *_TIMEOUT, unit="s", doc="""
         How long a dial to a producer may wait for the TCP connection. A dial that gets no
         answer within it fails its loads (``connect_timeout``); one that is refused (nothing
         listens at the address) fails them at once (``connect_refused``). The session's
         ``handshake_timeout_s`` still bounds the whole dial.""")
 
-    heartbeat_interval_s: float = _field(Float(MIN_DURATION_S, 3600.0), 1.0, doc="""
+    heartbeat_interval_s: float = key(1.0, number, *_positive(MIN_DURATION_S, 3600.0), unit="s", doc="""
         Interval between pings on an otherwise idle session.""")
 
-    peer_timeout_s: float = _field(_TIMEOUT, 5.0, doc="""
+    peer_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
         Silence longer than this marks the peer lost; its requests fail. A
         connection that closes or resets ends its session at once.""")
 
-    shutdown_grace_s: float = _field(Float(MIN_DURATION_S, 600.0), 3.0, doc="""
+    shutdown_grace_s: float = key(3.0, number, *_positive(MIN_DURATION_S, 600.0), unit="s", doc="""
         How long ``shutdown()`` lets transfers and loads in flight finish and
         the goodbyes flush before it gives up on them; shutdown returns within
         this time (plus a few milliseconds) even when a peer is wedged.""")
 
     # ---- limits -------------------------------------------------------------
-    max_peers: int = _field(Int(1, 4096, "peers"), 128, doc="""
+    max_peers: int = key(128, integer, *_within(1, 4096), unit="peers", doc="""
         Maximum concurrent sessions (inbound and outbound together).""")
 
-    max_blocks_per_fetch: int = _field(Int(1, 1_048_576, "blocks"), 65_536, doc="""
+    max_blocks_per_fetch: int = key(65_536, integer, *_within(1, 1_048_576), unit="blocks", doc="""
         Maximum number of keys in one fetch.""")
 
-    max_pending_fetches_per_peer: int = _field(Int(1, 1_048_576, "fetches"), 1024, doc="""
+    max_pending_fetches_per_peer: int = key(1024, integer, *_within(1, 1_048_576), unit="fetches", doc="""
         Maximum fetches one peer may have outstanding; more are refused.""")
 
-    max_message_bytes: int = _field(Int(4096, 268_435_456, "bytes"), 1_048_576, doc="""
+    max_message_bytes: int = key(1_048_576, integer, *_within(4096, 268_435_456), unit="bytes", doc="""
         Largest control-message header accepted (1 MiB by default); bigger
         messages are answered with an error and dropped.""")
 
-    hash_seed: str = _field(Str(1024, allow_empty=True), "", doc="""
+    hash_seed: str = key("", text, max_len(1024), doc="""
         Block-hash seed advertised in the handshake; both sides must agree, or
         the session is refused. Empty means "not set".""")
 
     # ---- data path ----------------------------------------------------------
-    data_plane: str = _field(Choice(("zmq", "nixl")), "zmq", doc="""
+    data_plane: str = key("zmq", None, in_(("zmq", "nixl")), doc="""
         How block bytes travel: ``zmq`` (payload frames on the control
         connection; no extra dependency) or ``nixl`` (one-sided WRITEs through
         NIXL/UCX: shared-memory copies (CMA) on one host, RDMA across hosts;
         ~1.9x the zmq plane's throughput on one host, docs/dataplane.md). Both peers must
         use the same plane (checked in the handshake).""")
 
-    backends: tuple[str, ...] = _field(NameList(), ("UCX",), doc="""
+    backends: tuple[str, ...] = key(("UCX",), names,
+                                    text="list of 1..16 distinct names (`[A-Za-z0-9_]`, ≤ 64 chars)", doc="""
         ``data_plane="nixl"`` only: the NIXL backend plugins to create, by NIXL's names, as
         vLLM's ``p2p`` tier takes them (``["UCX"]``; ``UCX_*`` environment variables tune UCX, see
         docs/dataplane.md). A plugin missing here fails the start with its name.""")
 
-    nixl_progress_interval_s: float = _field(Float(0.0001, 0.05), 0.001, doc="""
+    nixl_progress_interval_s: float = key(0.001, number, *_positive(0.0001, 0.05), unit="s", doc="""
         ``data_plane="nixl"`` only: the longest the manager waits between two calls into NIXL
         while a peer may be writing into its pool or a WRITE of its own is in flight. A batch's
         header arrives as its WRITE's NIXL notification, which is read (and, on the producer, sent)
@@ -270,7 +278,7 @@ class TierConfig:
         large transfer) for it (decision N17). NIXL's own progress thread is not used (it spins
         ~80 % of a core when idle).""")
 
-    integrity: str = _field(Choice(("xxh3_64", "none")), "xxh3_64", doc="""
+    integrity: str = key("xxh3_64", None, in_(("xxh3_64", "none")), doc="""
         Per-block digest taken when blocks are parked and checked by the
         consumer as they land; a mismatch fails the load (``corrupt``) instead of
         reporting bytes that are not the parked ones. ``none`` turns the check
@@ -278,7 +286,7 @@ class TierConfig:
         both planes: it costs ~2 % of the zmq plane's throughput and ~13-15 % of
         the NIXL plane's (P1, docs/decisions.md I12).""")
 
-    digest_threads: int | None = _field(OptionalInt(0, 256), None, doc="""
+    digest_threads: int | None = key(None, maybe_integer, *_within(0, 256), doc="""
         Threads that take the digests of large stores and check (zmq: copy and check) large
         landings, off the thread that calls the manager and outside its lock: ``null`` (the
         default) sizes the pool from the machine (the CPUs this process may use, capped by a
@@ -286,38 +294,39 @@ class TierConfig:
         engine's thread then pays per byte stored). Small stores (≤ 64 KiB) and landings (≤ 1 MiB)
         are always done on the calling thread. Unused with ``integrity="none"`` (decision I14).""")
 
-    instance: str = _field(Str(128, allow_empty=True), "", doc="""
+    instance: str = key("", text, max_len(128), doc="""
         Name this manager gives itself in handshakes. Sessions to one instance
         share fate: when one dies, new loads to its siblings fail fast
         (``instance_down``) until one is heard again (B11). Give every rank of one
         producer pod the same value; empty: a random name per manager.""")
 
     # ---- security (docs/security.md) -----------------------------------------
-    auth: str = _field(Choice(("none", "curve")), "none", doc="""
+    auth: str = key("none", None, in_(("none", "curve")), doc="""
         ``curve``: every connection is authenticated and encrypted with libzmq CURVE, and only
         peers whose public certificate is in ``auth_allowed_keys_dir`` get in. ``none``: plain TCP,
         anyone who can reach ``host:port`` can talk to this tier (a loud warning is logged when
         ``host`` is not a loopback address).""")
 
-    auth_secret_key_file: str = _field(Str(4096, re.compile(r"[^\x00]+"), "a file path", allow_empty=True), "", doc="""
+    auth_secret_key_file: str = key("", text, max_len(4096), matches_re(r"[^\x00]*"), shape="a file path", doc="""
         This instance's secret certificate (``NAME.key_secret`` from ``kvtier keys generate``).
         Required with ``auth=curve``, refused without it; ``NAME`` is this instance's principal.""")
 
-    auth_allowed_keys_dir: str = _field(
-        Str(4096, re.compile(r"[^\x00]+"), "a directory path", allow_empty=True), "", doc="""
+    auth_allowed_keys_dir: str = key("", text, max_len(4096), matches_re(r"[^\x00]*"), shape="a directory path", doc="""
         Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem
         is that peer's principal. A producer's certificate lists its ``endpoints`` in its metadata,
         which is how a consumer knows the key to expect before it dials. Required with
         ``auth=curve``, refused without it.""")
 
-    allowed_peers: tuple[str, ...] = _field(PeerList(), ("*",), doc="""
+    allowed_peers: tuple[str, ...] = key(("*",), peers,
+                                         text='list of `"*"`, `"host:port"`, `"host"` or CIDR (`"10.0.0.0/8"`), non-empty',
+                                        doc="""
         Producer endpoints this tier may dial when a request's ``kv_transfer_params`` name them:
         ``"host:port"``, ``"host"`` (any port), a CIDR network, or ``"*"`` (any: the default, for
         compatibility; set it in production, see docs/security.md). A request naming another
         endpoint is refused before any socket exists: lookup says MISS and the engine recomputes.""")
 
     # ---- the symmetric path (remote_kv_source; docs/integrations/vllm.md, decisions Y1-Y16) ------
-    serve_external: bool = _field(Bool(), False, doc="""
+    serve_external: bool = key(False, flag, doc="""
         Answer peers' probes from this engine's own tiers (the producer side of the symmetric
         path): a peer's request with ``remote_kv_source`` naming this tier fetches whatever prefix
         blocks this engine holds. Off by default: a probe tells the peer whether a prompt was
@@ -325,48 +334,49 @@ class TierConfig:
         share their caches (with ``auth="curve"`` and ``serve_allowed_principals`` across
         tenants). Consumers probe whether or not this is on.""")
 
-    serve_allowed_principals: tuple[str, ...] = _field(PrincipalList(), ("*",), doc="""
+    serve_allowed_principals: tuple[str, ...] = key(("*",), principals,
+        text='list of principal names (certificate stems) or `["*"]`, non-empty', doc="""
         With ``serve_external``: the authenticated principals (``auth="curve"`` certificate stems)
         whose probes are answered; others are refused ``not_serving``. ``["*"]``: every peer
         allowed to connect. Anything but ``["*"]`` needs ``auth="curve"`` (without authentication
         a principal is whatever the peer claims).""")
 
-    probe_timeout_s: float = _field(_TIMEOUT, 1.0, doc="""
+    probe_timeout_s: float = key(1.0, number, *_TIMEOUT, unit="s", doc="""
         The longest a symmetric request's lookups answer RETRY (the engine defers the request)
         for one round: from the round's first key, the dial and handshake, the probe and the
         peer's reply included. Then the keys answer MISS and the engine computes them.""")
 
-    serve_lookup_timeout_s: float = _field(_TIMEOUT, 0.25, doc="""
+    serve_lookup_timeout_s: float = key(0.25, number, *_TIMEOUT, unit="s", doc="""
         How long a producer waits for blocks its engine reports pending (on their way into its
         primary tier) before answering a probe miss for them. Must be below
         ``probe_timeout_s``, so a fleet with one config answers before its consumers give up.""")
 
-    offer_timeout_s: float = _field(_TIMEOUT, 10.0, doc="""
+    offer_timeout_s: float = key(10.0, number, *_TIMEOUT, unit="s", doc="""
         How long a producer keeps blocks pinned for a peer's round that was answered but not
         fetched; then the pins are released and the peer told ``offer_expired``.""")
 
-    serve_max_rounds_per_peer: int = _field(Int(1, 1_048_576, "rounds"), 256, doc="""
+    serve_max_rounds_per_peer: int = key(256, integer, *_within(1, 1_048_576), unit="rounds", doc="""
         Live symmetric rounds one peer may have on this producer; more probes are refused
         ``serve_busy``.""")
 
-    serve_max_probes_per_round: int = _field(Int(1, 1024, "probes"), 8, doc="""
+    serve_max_probes_per_round: int = key(8, integer, *_within(1, 1024), unit="probes", doc="""
         Probes one round may carry (a round grows by the keys an engine step looks up); more end
         the round ``serve_busy``.""")
 
-    serve_max_pinned_blocks_per_peer: int = _field(Int(1, 1 << 30, "blocks"), 16384, doc="""
+    serve_max_pinned_blocks_per_peer: int = key(16384, integer, *_within(1, 1 << 30), unit="blocks", doc="""
         Engine blocks one peer's rounds may keep pinned together; a probe that could exceed it is
         refused ``serve_busy``.""")
 
-    serve_max_pinned_fraction: float = _field(Float(0.001, 1.0, unit=""), 0.5, doc="""
+    serve_max_pinned_fraction: float = key(0.5, number, *_positive(0.001, 1.0), doc="""
         Fraction of the block pool all peers' rounds may keep pinned together, so the engine keeps
         room to compute.""")
 
     # ---- polling ------------------------------------------------------------
-    poll_interval_s: float = _field(Float(0.0001, 1.0), 0.001, doc="""
+    poll_interval_s: float = key(0.001, number, *_positive(0.0001, 1.0), unit="s", doc="""
         Accepted and checked, no longer used: the I/O loop has no polling
         cadence (it sleeps until input or its next deadline, decision C12).""")
 
-    background_poll: bool = _field(Bool(), False, doc="""
+    background_poll: bool = key(False, flag, doc="""
         Run kvtier's I/O loop on its own thread (``kvtier-io``): engine calls
         only hand it a command and return.  When false, the loop runs on the
         caller's thread: each engine call is applied at once and ``poll()`` /
@@ -571,7 +581,7 @@ def config_table() -> list[ConfigRow]:
     """One ``ConfigRow`` per key, in declaration order."""
     rows = []
     for a in attrs.fields(TierConfig):
-        kind: Kind = a.metadata[_KIND]
-        rows.append(ConfigRow(a.name, a.default, kind.unit, a.metadata[_DOC], kind.describe(),
-                              getattr(kind, "lo", None), getattr(kind, "hi", None)))
+        k: Key = a.metadata[KEY]
+        lo, hi = bounds(k.checks)
+        rows.append(ConfigRow(a.name, a.default, k.unit, k.doc, describe(k), lo, hi))
     return rows

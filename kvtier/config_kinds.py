@@ -1,9 +1,12 @@
-"""The value kinds of kvtier's configuration keys, and the error every bad value raises.
+"""How a configuration key is declared and checked, and the error every bad value raises.
 
-Each kind converts a user's value strictly (failing closed with a :class:`TierConfigError` that
-names the key and the value), describes its accepted range for the configuration table, and
-names its unit.  :mod:`kvtier.config` declares every key of ``TierConfig`` with one of them; the
-rules the kinds enforce are listed in that module's docstring (scenario B25, docs/scenarios.md).
+A key is one attrs field (:func:`key`): its default, a strict **converter** from the JSON value
+(:func:`number`, :func:`integer`, :func:`text`, :func:`flag`, the list converters), then attrs'
+own **validators** (``attrs.validators.gt/ge/le``, ``min_len``/``max_len``, ``matches_re``,
+``in_``), its unit and its text.  The converters are ours because no library converts the way the
+rules of :mod:`kvtier.config` require (a decimal string is a number, a ``bool`` is not); bounds,
+lengths, patterns and choices are attrs' validators, read back as data for the configuration table
+(:func:`describe`, :func:`bounds`) and turned into one message format here (decision W8).
 """
 
 from __future__ import annotations
@@ -12,17 +15,17 @@ import difflib
 import math
 import re
 import sys
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
+__all__ = ["KEY", "Key", "TierConfigError", "absent", "bounds", "describe", "flag", "integer", "key", "maybe_integer",
+           "maybe_text", "names", "number", "peers", "principals", "safe_repr", "text"]
 
-# --------------------------------------------------------------------------
-# errors
-# --------------------------------------------------------------------------
-
-_NO_VALUE: Any = object()
+KEY = "kvtier.key"
+"""The field-metadata entry that holds a key's :class:`Key` declaration."""
 
 
 class TierConfigError(ValueError):
@@ -44,333 +47,247 @@ def safe_repr(value: Any, limit: int = 120) -> str:
     int-to-str limit) -- that must not replace our keyed error message.
     """
     try:
-        text = repr(value)
+        out = repr(value)
     except Exception:  # noqa: BLE001 - any repr failure gets a stand-in
         if isinstance(value, int):
             return f"<int of {value.bit_length()} bits>"
         return f"<unrepresentable {type(value).__name__}>"
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return text
+    return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
-def _fail(key: str, value: Any, why: str) -> TierConfigError:
-    return TierConfigError(f"{key}={safe_repr(value)}: {why}", keys=(key,))
+def fmt(x: float) -> str:
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+class _Invalid(Exception):
+    """Why a value is refused; :func:`key` adds the key and the value."""
 
 
 # --------------------------------------------------------------------------
-# value kinds: each knows how to convert, how to describe itself, and its unit
+# converters: the JSON value to its Python value, strictly
 # --------------------------------------------------------------------------
 
 # Decimal numbers only, ASCII digits only: no "nan"/"inf", no "0x10", no
 # "1_000", no Unicode digits.  Surrounding whitespace is stripped first.
 _NUMERIC_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
-IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
-DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
+_FLOAT_MAX = Decimal(sys.float_info.max)
 
 
-def _parse_number(key: str, value: Any) -> int | float | Decimal:
-    """Accept int, float or a decimal numeric string; reject everything else.
-
-    Strings become an exact ``Decimal`` so that range checks never overflow
-    (``"1e999"`` is compared, not converted).
-    """
+def _parse_number(value: Any) -> int | float | Decimal:
+    """An int, a float or a decimal numeric string (as an exact ``Decimal``, so that range checks
+    never overflow: ``"1e999"`` is compared, not converted); everything else is refused."""
     if isinstance(value, bool):
-        raise _fail(key, value, "a bool is not accepted as a number (Python's bool is an int; write a number)")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
+        raise _Invalid("a bool is not accepted as a number (Python's bool is an int; write a number)")
+    if isinstance(value, (int, float)):
         return value
     if isinstance(value, str):
-        text = value.strip()
-        if not _NUMERIC_RE.fullmatch(text):
-            raise _fail(key, value, "not a decimal number")
-        return Decimal(text)
-    raise _fail(key, value, f"expected a number or numeric string, got {type(value).__name__}")
+        if not _NUMERIC_RE.fullmatch(value.strip()):
+            raise _Invalid("not a decimal number")
+        return Decimal(value.strip())
+    raise _Invalid(f"expected a number or numeric string, got {type(value).__name__}")
 
 
-_FLOAT_MAX_DEC = Decimal(sys.float_info.max)
-
-
-def _to_float(key: str, value: Any) -> float:
-    """The value as a float, correctly rounded; NaN and +-inf inputs rejected.
-
-    Ranges are then checked on the float, so that ``"0.001"`` equals the float
-    bound ``0.001`` (the exact decimal 0.001 is below that float).  A number
-    too large for a float (``10**400``, ``"1e999"``) becomes +-inf here and
-    fails the caller's range check as "above the maximum", never as an
-    ``OverflowError``; a positive number too small for a float (``"1e-999"``)
-    becomes the smallest positive float and fails as "below the minimum".
-    """
-    n = _parse_number(key, value)
+def number(value: Any) -> float:
+    """The value as a float, correctly rounded (so ``"0.001"`` equals the bound ``0.001``); NaN and
+    ±inf refused.  A number too large for a float (``10**400``, ``"1e999"``) becomes ±inf and fails
+    the key's maximum, never as an ``OverflowError``; a positive one too small (``"1e-999"``)
+    becomes the smallest positive float and fails its minimum."""
+    n = _parse_number(value)
     if isinstance(n, float):
         if math.isnan(n):
-            raise _fail(key, value, "NaN is not allowed")
+            raise _Invalid("NaN is not allowed")
         if math.isinf(n):
-            raise _fail(key, value, "must be finite")
+            raise _Invalid("must be finite")
         return n
-    if isinstance(n, int):
-        if abs(n) > sys.float_info.max:  # exact int/float comparison, no overflow
-            return math.inf if n > 0 else -math.inf
-        return float(n)
-    if n.copy_abs() > _FLOAT_MAX_DEC:
+    if abs(n) > (sys.float_info.max if isinstance(n, int) else _FLOAT_MAX):  # exact, no overflow
         return math.inf if n > 0 else -math.inf
     x = float(n)
-    if x == 0.0 and n > 0:
-        return math.ulp(0.0)
-    return x
+    return math.ulp(0.0) if x == 0.0 and n > 0 else x
 
 
-def fmt(x: float | int) -> str:
-    return repr(x) if isinstance(x, float) else str(x)
+def integer(value: Any) -> int:
+    """The value as an int when it is integral (``128.0``, ``"1e3"``); otherwise the number as
+    parsed, which the key's ``instance_of(int)`` check refuses after its range checks."""
+    n = _parse_number(value)
+    if isinstance(n, float) and not math.isfinite(n):
+        raise _Invalid("must be a finite integer")
+    if isinstance(n, Decimal) and n.adjusted() > 18:  # beyond every bound: fails it, never built as an int
+        return math.inf if n > 0 else -math.inf  # type: ignore[return-value]
+    return int(n) if n == int(n) else n  # type: ignore[return-value]
 
 
-@attrs.frozen
-class Float:
-    """A positive, finite real number within ``[lo, hi]`` (seconds)."""
-
-    lo: float
-    hi: float
-    unit: str = "s"
-
-    def convert(self, key: str, value: Any) -> float:
-        x = _to_float(key, value)
-        if x <= 0:
-            raise _fail(
-                key, value, f"must be > 0 (range {fmt(self.lo)}..{fmt(self.hi)} {self.unit})"
-            )
-        if x > self.hi:
-            raise _fail(key, value, f"above the maximum {fmt(self.hi)} {self.unit}")
-        if x < self.lo:
-            raise _fail(key, value, f"below the minimum {fmt(self.lo)} {self.unit}")
-        return x
-
-    def describe(self) -> str:
-        return (
-            f"number or numeric string, {fmt(self.lo)} ≤ x ≤ {fmt(self.hi)}; "
-            "bool, NaN, ±inf, ≤ 0 rejected"
-        )
+maybe_integer: Callable[[Any], int | None] = attrs.converters.optional(integer)
+"""``None`` (off) or :func:`integer`."""
 
 
-@attrs.frozen
-class Int:
-    """An integer within ``[lo, hi]``."""
-
-    lo: int
-    hi: int
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> int:
-        n = _parse_number(key, value)
-        if isinstance(n, float) and not math.isfinite(n):
-            raise _fail(key, value, "must be a finite integer")
-        if n > self.hi:
-            raise _fail(key, value, f"above the maximum {self.hi}")
-        if n < self.lo:
-            raise _fail(key, value, f"below the minimum {self.lo}")
-        if isinstance(n, float):
-            if not n.is_integer():
-                raise _fail(key, value, "must be an integer (has a fractional part)")
-            return int(n)
-        if isinstance(n, Decimal):
-            if n != n.to_integral_value():
-                raise _fail(key, value, "must be an integer (has a fractional part)")
-            return int(n)
-        return n
-
-    def describe(self) -> str:
-        return (
-            f"integer or integral numeric string, {self.lo} ≤ n ≤ {self.hi}; "
-            "bool and fractional values rejected"
-        )
+def text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"expected a string, got {type(value).__name__}")
+    return value
 
 
-@attrs.frozen
-class Str:
-    """A string matching ``pattern`` (if given), at most ``max_len`` long."""
-
-    max_len: int
-    pattern: re.Pattern[str] | None = None
-    pattern_text: str = ""
-    allow_empty: bool = False
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> str:
-        if not isinstance(value, str):
-            raise _fail(key, value, f"expected a string, got {type(value).__name__}")
-        if not value and not self.allow_empty:
-            raise _fail(key, value, "must not be empty")
-        if len(value) > self.max_len:
-            raise _fail(key, value, f"longer than {self.max_len} characters")
-        if value and self.pattern is not None and not self.pattern.fullmatch(value):
-            raise _fail(key, value, f"must be {self.pattern_text}")
+def maybe_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
         return value
-
-    def describe(self) -> str:
-        text = "string" if self.allow_empty else "non-empty string"
-        if self.pattern_text:
-            text += f", {self.pattern_text}"
-        return f"{text}, ≤ {self.max_len} chars"
+    raise _Invalid(f"expected a string or null, got {type(value).__name__}")
 
 
-@attrs.frozen
-class Choice:
-    """Exactly one of ``choices`` (case-sensitive)."""
-
-    choices: tuple[str, ...]
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> str:
-        if isinstance(value, str) and value in self.choices:
-            return value
-        hint = ""
-        if isinstance(value, str):
-            close = difflib.get_close_matches(value, self.choices, n=1, cutoff=0.5)
-            if close:
-                hint = f"; did you mean {close[0]!r}?"
-        allowed = ", ".join(repr(c) for c in self.choices)
-        raise _fail(key, value, f"must be one of {allowed}{hint}")
-
-    def describe(self) -> str:
-        return "one of " + ", ".join(f"`{c}`" for c in self.choices)
-
-
-@attrs.frozen
-class Bool:
-    """A real ``bool`` only."""
-
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> bool:
-        if isinstance(value, bool):  # bool cannot be subclassed
-            return value
-        raise _fail(key, value, "expected true or false (a real bool; 0/1 and strings are rejected)")
-
-    def describe(self) -> str:
-        return "`true` or `false` only (no 0/1, no strings)"
-
-
-@attrs.frozen
-class OptionalStr:
-    """``None`` or a string; accepted for vLLM compatibility and otherwise ignored."""
-
-    max_len: int = 64
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> str | None:
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise _fail(key, value, f"expected a string or null, got {type(value).__name__}")
-        if len(value) > self.max_len:
-            raise _fail(key, value, f"longer than {self.max_len} characters")
+def flag(value: Any) -> bool:
+    if isinstance(value, bool):  # bool cannot be subclassed
         return value
-
-    def describe(self) -> str:
-        return "string or `null`; accepted and ignored"
+    raise _Invalid("expected true or false (a real bool; 0/1 and strings are rejected)")
 
 
-@attrs.frozen
-class MustBeNone:
-    """Only ``None`` (i.e. absent) is valid; ``why`` explains the refusal."""
+def absent(why: str) -> Callable[[Any], None]:
+    """Only ``None`` (the key left out); ``why`` explains the refusal."""
 
-    why: str
-    unit: str = ""
+    def convert(value: Any) -> None:
+        if value is not None:
+            raise _Invalid(why)
 
-    def convert(self, key: str, value: Any) -> None:
-        if value is None:
-            return None
-        raise _fail(key, value, self.why)
-
-    def describe(self) -> str:
-        return "absent (or null through the Python API); any other value is rejected"
+    return convert
 
 
-@attrs.frozen
-class OptionalInt:
-    """``None`` (off) or an integer within ``[lo, hi]`` (same conversion as :class:`Int`)."""
-
-    lo: int
-    hi: int
-    unit: str = ""
-
-    def convert(self, key: str, value: Any) -> int | None:
-        if value is None:
-            return None
-        return Int(self.lo, self.hi).convert(key, value)
-
-    def describe(self) -> str:
-        return f"`null` (off), or an integer or integral numeric string, {self.lo} ≤ n ≤ {self.hi}"
+def _strings(value: Any) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise _Invalid(f"expected a list of strings, got {type(value).__name__}")
+    return list(value)
 
 
-class PeerList:
-    """A JSON list of ``allowed_peers`` entries (see :class:`kvtier.params.PeerPolicy`)."""
+def peers(value: Any) -> tuple[str, ...]:
+    """``allowed_peers``: a non-empty list of entries :class:`kvtier.params.PeerPolicy` takes."""
+    from kvtier.params import PeerPolicy
 
-    max_items: int = 4096
-    unit: str = ""
+    entries = _strings(value)
+    if not entries:
+        raise _Invalid('must not be empty (use ["*"] for any peer)')
+    if len(entries) > 4096:
+        raise _Invalid("more than 4096 entries")
+    try:
+        PeerPolicy.from_entries(entries)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+    return tuple(e.strip() for e in entries)
 
-    def convert(self, key: str, value: Any) -> tuple[str, ...]:
-        from kvtier.params import PeerPolicy
 
-        if not isinstance(value, (list, tuple)):
-            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
-        if not value:
-            raise _fail(key, value, 'must not be empty (use ["*"] for any peer)')
-        if len(value) > self.max_items:
-            raise _fail(key, value, f"more than {self.max_items} entries")
+def names(value: Any, *, most: int = 16, name: re.Pattern[str] = re.compile(r"[A-Za-z0-9_]{1,64}")) -> tuple[str, ...]:
+    """``backends``: 1..16 distinct names of 1..64 ``[A-Za-z0-9_]`` characters."""
+    entries = _strings(value)
+    if not entries or len(entries) > most:
+        raise _Invalid(f"must list 1..{most} names")
+    for v in entries:
+        if not isinstance(v, str) or not name.fullmatch(v):
+            raise _Invalid(f"{safe_repr(v, 40)} is not a name of 1..64 [A-Za-z0-9_] characters")
+    if len(set(entries)) != len(entries):
+        raise _Invalid("names a backend twice")
+    return tuple(entries)
+
+
+def principals(value: Any, *, most: int = 4096,
+               name: re.Pattern[str] = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")) -> tuple[str, ...]:
+    """``serve_allowed_principals``: principal names (certificate stems, docs/security.md) or ``"*"``."""
+    entries = _strings(value)
+    if not entries or len(entries) > most:
+        raise _Invalid(f'must list 1..{most} principals (["*"]: any authenticated peer)')
+    for v in entries:
+        if not isinstance(v, str) or not (v == "*" or name.fullmatch(v)):
+            raise _Invalid(f"{safe_repr(v, 40)} is neither \"*\" nor a principal name")
+    return tuple(entries)
+
+
+# --------------------------------------------------------------------------
+# a key: one attrs field, declared once
+# --------------------------------------------------------------------------
+
+
+class Key(NamedTuple):
+    """A key's declaration, kept in its field's metadata (``KEY``): everything the configuration
+    table says about it is read from here."""
+
+    convert: Callable[[Any], Any] | None
+    checks: tuple[Any, ...]
+    """attrs validators, run in order on the converted value (not on ``None``)."""
+    unit: str
+    doc: str
+    shape: str
+    """What ``matches_re`` asks for, in words ("a Python identifier")."""
+    text: str
+    """The validation column, for a key whose converter checks everything itself."""
+
+
+def key(default: Any, convert: Callable[[Any], Any] | None, *checks: Any, doc: str, unit: str = "",
+        shape: str = "", text: str = "") -> Any:
+    """An attrs field that converts with ``convert`` then runs the attrs validators ``checks``, both
+    inside the field's converter, so a refusal names the value as written (``'1e999'``, not
+    ``inf``) and ``attrs.evolve`` checks again; defaults go through it too.
+
+    Raises (on construction): TierConfigError ``"<key>=<value repr>: <why>"``.
+    """
+
+    def convert_and_check(value: Any, field: attrs.Attribute) -> Any:
         try:
-            PeerPolicy.from_entries(value)
-        except ValueError as exc:
-            raise _fail(key, value, str(exc)) from None
-        return tuple(e.strip() for e in value)
+            out = convert(value) if convert is not None else value
+            if out is not None or convert is None:
+                for check in checks:
+                    try:
+                        check(None, field, out)
+                    except (ValueError, TypeError):
+                        raise _Invalid(_why(check, value, checks, unit, shape)) from None
+        except _Invalid as exc:
+            raise TierConfigError(f"{field.name}={safe_repr(value)}: {exc}", keys=(field.name,)) from None
+        return out
 
-    def describe(self) -> str:
-        return 'list of `"*"`, `"host:port"`, `"host"` or CIDR (`"10.0.0.0/8"`), non-empty'
-
-
-class NameList:
-    """A non-empty JSON list of distinct names (``[A-Za-z0-9_]``, at most 64 characters each)."""
-
-    max_items: int = 16
-    unit: str = ""
-    _NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
-
-    def convert(self, key: str, value: Any) -> tuple[str, ...]:
-        if not isinstance(value, (list, tuple)):
-            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
-        if not value or len(value) > self.max_items:
-            raise _fail(key, value, f"must list 1..{self.max_items} names")
-        for v in value:
-            if not isinstance(v, str) or not self._NAME.fullmatch(v):
-                raise _fail(key, value, f"{safe_repr(v, 40)} is not a name of 1..64 [A-Za-z0-9_] characters")
-        if len(set(value)) != len(value):
-            raise _fail(key, value, "names a backend twice")
-        return tuple(value)
-
-    def describe(self) -> str:
-        return f"list of 1..{self.max_items} distinct names (`[A-Za-z0-9_]`, ≤ 64 chars)"
+    declared = Key(convert, checks, unit, " ".join(doc.split()), shape, text)
+    return attrs.field(default=default, converter=attrs.Converter(convert_and_check, takes_field=True),
+                       metadata={KEY: declared})
 
 
-class PrincipalList:
-    """A non-empty JSON list of principals (certificate stems, docs/security.md) or ``["*"]``."""
-
-    max_items: int = 4096
-    unit: str = ""
-    _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-    def convert(self, key: str, value: Any) -> tuple[str, ...]:
-        if not isinstance(value, (list, tuple)):
-            raise _fail(key, value, f"expected a list of strings, got {type(value).__name__}")
-        if not value or len(value) > self.max_items:
-            raise _fail(key, value, f'must list 1..{self.max_items} principals (["*"]: any authenticated peer)')
-        for v in value:
-            if not isinstance(v, str) or not (v == "*" or self._NAME.fullmatch(v)):
-                raise _fail(key, value, f"{safe_repr(v, 40)} is neither \"*\" nor a principal name")
-        return tuple(value)
-
-    def describe(self) -> str:
-        return 'list of principal names (certificate stems) or `["*"]`, non-empty'
+def bounds(checks: tuple[Any, ...]) -> tuple[float | None, float | None]:
+    """The ``ge`` and ``le`` bounds among attrs validators (``None`` where there is none)."""
+    ops = {getattr(c, "compare_op", None): c.bound for c in checks if hasattr(c, "compare_op")}
+    return ops.get(">="), ops.get("<=")
 
 
-Kind = (Float | Int | Str | Choice | Bool | OptionalStr | OptionalInt | MustBeNone | PeerList | NameList
-         | PrincipalList)
+def _why(check: Any, value: Any, checks: tuple[Any, ...], unit: str, shape: str) -> str:
+    u = " s" if unit == "s" else ""  # a duration's bounds say seconds; a count's unit is the table's
+    op = getattr(check, "compare_op", None)
+    if op == "<=":
+        return f"above the maximum {fmt(check.bound)}{u}"
+    if op == ">=":
+        return f"below the minimum {fmt(check.bound)}{u}"
+    if op is not None:
+        lo, hi = bounds(checks)
+        return f"must be {op} {fmt(check.bound)} (range {fmt(lo)}..{fmt(hi)}{u})"  # type: ignore[arg-type]
+    if getattr(check, "type", None) is int:
+        return "must be an integer (has a fractional part)"
+    if hasattr(check, "max_length"):
+        return f"longer than {check.max_length} characters"
+    if hasattr(check, "min_length"):
+        return "must not be empty"
+    if hasattr(check, "pattern"):
+        return f"must be {shape}"
+    options = check.options
+    close = difflib.get_close_matches(value, options, n=1, cutoff=0.5) if isinstance(value, str) else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"must be one of {', '.join(repr(c) for c in options)}{hint}"
+
+
+def describe(k: Key) -> str:
+    """The configuration table's validation column for a key."""
+    if k.text:
+        return k.text
+    lo, hi = bounds(k.checks)
+    if k.convert is number:
+        return f"number or numeric string, {lo!r} ≤ x ≤ {hi!r}; bool, NaN, ±inf, ≤ 0 rejected"
+    if k.convert is integer:
+        return f"integer or integral numeric string, {lo} ≤ n ≤ {hi}; bool and fractional values rejected"
+    if k.convert is maybe_integer:
+        return f"`null` (off), or an integer or integral numeric string, {lo} ≤ n ≤ {hi}"
+    if k.convert is flag:
+        return "`true` or `false` only (no 0/1, no strings)"
+    options = [c.options for c in k.checks if hasattr(c, "options")]
+    if options:
+        return "one of " + ", ".join(f"`{c}`" for c in options[0])
+    empty = not any(hasattr(c, "min_length") for c in k.checks)
+    longest = next(c.max_length for c in k.checks if hasattr(c, "max_length"))
+    return f"{'string' if empty else 'non-empty string'}{', ' + k.shape if k.shape else ''}, ≤ {longest} chars"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.config import TierConfig, TierConfigError
+from kvtier.config import ConfigRow, TierConfig, TierConfigError, config_table
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "configuration.md"
@@ -89,3 +89,9 @@ def assert_names(err: TierConfigError, key: str, value) -> None:
     if len(text) < 100:
         assert text in msg, msg
     assert key in err.keys
+
+
+def row(key: str) -> ConfigRow:
+    """``key``'s row of the configuration table: its bounds (``minimum``, ``maximum``) and its
+    validation text, as the docs show them."""
+    return next(r for r in config_table() if r.key == key)

@@ -8,9 +8,8 @@ from decimal import Decimal
 import attrs
 import pytest
 
-from kvtier import config as config_mod
 from kvtier.config import DEFAULTS, MAX_TIMEOUT_S, MIN_DURATION_S, TierConfig, TierConfigError
-from tests.config_helpers import EXPECTED_DEFAULTS, FLOAT_KEYS, INT_KEYS, assert_names, build, value_id
+from tests.config_helpers import EXPECTED_DEFAULTS, FLOAT_KEYS, INT_KEYS, assert_names, build, row, value_id
 
 
 # --------------------------------------------------------------------- defaults
@@ -167,12 +166,12 @@ def test_every_float_key_rejects(key, value):
 
 @pytest.mark.parametrize("key", FLOAT_KEYS)
 def test_every_float_key_has_a_cap_and_a_floor(key):
-    kind = attrs.fields_dict(TierConfig)[key].metadata[config_mod._KIND]
-    assert 0 < kind.lo < kind.hi <= MAX_TIMEOUT_S
+    kind = row(key)
+    assert 0 < kind.minimum < kind.maximum <= MAX_TIMEOUT_S
     with pytest.raises(TierConfigError, match=re.escape(key) + ".*maximum"):
-        build(key, kind.hi * 2)
+        build(key, kind.maximum * 2)
     with pytest.raises(TierConfigError, match=re.escape(key) + ".*minimum"):
-        build(key, kind.lo / 2)
+        build(key, kind.minimum / 2)
 
 
 @pytest.mark.parametrize("key", FLOAT_KEYS)
@@ -197,14 +196,14 @@ def test_every_int_key_rejects(key, value):
 
 @pytest.mark.parametrize("key", INT_KEYS)
 def test_every_int_key_has_documented_bounds(key):
-    kind = attrs.fields_dict(TierConfig)[key].metadata[config_mod._KIND]
+    kind = row(key)
     with pytest.raises(TierConfigError, match=re.escape(key) + ".*maximum"):
-        build(key, kind.hi + 1)
+        build(key, kind.maximum + 1)
     with pytest.raises(TierConfigError, match=re.escape(key) + ".*minimum"):
-        build(key, kind.lo - 1)
-    assert getattr(build(key, kind.hi), key) == kind.hi
-    assert getattr(build(key, kind.lo), key) == kind.lo
-    assert str(kind.hi) in kind.describe()
+        build(key, kind.minimum - 1)
+    assert getattr(build(key, kind.maximum), key) == kind.maximum
+    assert getattr(build(key, kind.minimum), key) == kind.minimum
+    assert str(kind.maximum) in kind.validation
 
 
 @pytest.mark.parametrize("key", INT_KEYS)

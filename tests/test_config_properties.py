@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import math
 
-import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier import config as config_mod
 from kvtier.config import DEFAULTS, MAX_TIMEOUT_S, MIN_DURATION_S, TierConfig, TierConfigError
-from tests.config_helpers import FREE_FLOAT_KEYS, INT_KEYS, build
+from tests.config_helpers import FREE_FLOAT_KEYS, INT_KEYS, build, row
 
 
 # ------------------------------------------------------------------ properties
@@ -36,8 +34,8 @@ def test_any_finite_positive_float_string_within_cap_round_trips(key, x, spellin
 
 @given(key=st.sampled_from(INT_KEYS), data=st.data())
 def test_any_int_within_bounds_round_trips_as_string(key, data):
-    kind = attrs.fields_dict(TierConfig)[key].metadata[config_mod._KIND]
-    n = data.draw(st.integers(kind.lo, kind.hi))
+    kind = row(key)
+    n = data.draw(st.integers(kind.minimum, kind.maximum))
     assert getattr(build(key, str(n)), key) == n
     assert getattr(build(key, float(n)), key) == n
 

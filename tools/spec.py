@@ -102,6 +102,13 @@ class Machine:
     timers: dict[str, Timer]
     rules: dict[tuple[str, str], Rule]
     layout: Layout = Layout()
+    durations: dict[str, str] = attrs.field(factory=dict)
+    """``[machines.<m>.durations]``: config keys (seconds) a guard or effect compares against,
+    besides the timers' own, each with what reads it."""
+
+    def duration_keys(self) -> tuple[str, ...]:
+        """Every config key (seconds) this machine reads: its timers', then its ``durations``."""
+        return tuple(dict.fromkeys([*(t.config_key for t in self.timers.values()), *self.durations]))
 
     def state(self, name: str) -> State:
         return next(s for s in self.states if s.name == name)
@@ -285,6 +292,7 @@ def _machine(name: str, m: dict[str, Any], reasons: dict[str, str]) -> Machine:
         timers=timers,
         rules=rules,
         layout=layout,
+        durations=dict(m.get("durations", {})),
     )
 
 

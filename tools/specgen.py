@@ -199,7 +199,23 @@ def render(spec: Spec) -> str:
         out.append(f'    "{name}": ("{p["kind"]}", "{_doc(p.get("doc", ""))}"),')
     out.append("})")
     out.append('"""Property name -> (kind, statement). Verified by tests and `python -m tools check`."""')
+    out += _timer_keys(spec)
     return "\n".join(out).rstrip() + "\n"
+
+
+def timer_keys(spec: Spec) -> tuple[str, ...]:
+    """Every config key (seconds) the machines read, first-seen in spec order: each machine's
+    timers' ``config_key``, then its ``[machines.<m>.durations]``."""
+    return tuple(dict.fromkeys(k for m in spec.machines.values() for k in m.duration_keys()))
+
+
+def _timer_keys(spec: Spec) -> list[str]:
+    out = ["", "TIMER_KEYS: Final = ("]
+    out += [f'    "{k}",' for k in timer_keys(spec)]
+    out.append(")")
+    out.append('"""Every config key (seconds) the machines read: their timers\' durations, then the durations '
+               'a guard compares against (``[machines.<m>.durations]``)."""')
+    return out
 
 
 def generate(spec_file: Path, out: Path, *, check: bool = False) -> int:

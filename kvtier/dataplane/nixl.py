@@ -77,6 +77,7 @@ import msgspec
 
 from kvtier.dataplane.base import AttachFailed, Attached, Batch, Faulted, Notified, PlaneError, Released, Report, Revoked
 from kvtier.dataplane.landing import Landings
+from kvtier.dataplane.settings import PlaneSettings
 from kvtier.dataplane.nixl_agent import (
     MAX_NOTIF_BYTES,
     WRITER_GROUP,
@@ -231,8 +232,8 @@ class NixlPlane:
         transport: the control transport (``block_data`` headers go out on it).
         pool: the block pool (``tensor``: a ``num_blocks x block_bytes`` uint8 CPU tensor, or
             ``region``/a 2-D writable buffer; registered once).
-        config: the :class:`~kvtier.config.TierConfig` (``backends``,
-            ``nixl_progress_interval_s``, ``instance``, ``integrity``); ``None``: defaults.
+        settings: what the plane takes from the config (``backends``, ``nixl_progress_interval_s``,
+            ``instance``, ``integrity``, ``revoke_timeout_s``).
         layout: the handshake's layout string (part of the descriptor's fingerprint).
         digest_pool: where large batches are checked; ``None``: on the caller's thread.
 
@@ -247,18 +248,18 @@ class NixlPlane:
     one_sided = True
     max_header_bytes = MAX_NOTIF_BYTES
 
-    def __init__(self, *, transport: Transport, pool: Any, config: Any = None, layout: str = "",
+    def __init__(self, *, transport: Transport, pool: Any, settings: PlaneSettings = PlaneSettings(), layout: str = "",
                  digest_pool: DigestPool | None = None, **_: Any) -> None:
         self._transport = transport
         self._block_bytes = int(pool.block_bytes)
-        self._landings = Landings(pool, getattr(config, "integrity", "xxh3_64"), digest_pool)
-        backends = tuple(getattr(config, "backends", ("UCX",)))
-        self._interval = float(getattr(config, "nixl_progress_interval_s", 0.001))
+        self._landings = Landings(pool, settings.integrity, digest_pool)
+        backends = settings.backends
+        self._interval = settings.nixl_progress_interval_s
         region = getattr(pool, "tensor", None)
         if region is None:
             region = getattr(pool, "region", pool)
         try:
-            self._agent = NixlBlockAgent(_agent_name(getattr(config, "instance", "")), region,
+            self._agent = NixlBlockAgent(_agent_name(settings.instance), region,
                                          layout=layout, backends=backends)
         except (NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"data_plane 'nixl' cannot start: {exc}") from exc
@@ -273,7 +274,7 @@ class NixlPlane:
         self._revoking: dict[str, _Revocation] = {}
         self._backing: shared.Backing | None = getattr(pool, "backing", None)
         self.revocation_bounded = self._backing is not None
-        revoke_s = float(getattr(config, "revoke_timeout_s", 1.0))
+        revoke_s = settings.revoke_timeout_s
         if self.revocation_bounded and revoke_s < 2 * DRAIN_S:
             self._agent.close(timeout_s=0)
             raise PlaneError(f"revoke_timeout_s={revoke_s} is too short for the nixl plane: a withdrawn window needs "

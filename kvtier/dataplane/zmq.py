@@ -25,6 +25,7 @@ import attrs
 
 from kvtier.dataplane.base import Batch, PlaneError, Released, Report, Revoked
 from kvtier.dataplane.landing import Landings
+from kvtier.dataplane.settings import PlaneSettings
 from kvtier.integrity import DigestPool
 from kvtier.transport import SendHandle, Transport
 
@@ -53,8 +54,8 @@ class ZmqPlane:
         transport: the control transport (its per-peer FIFO keeps ``block_data`` ordered before a
             later ``transfer_done``).
         pool: the block pool (``buffer(i)`` gives a block's bytes, ``block_bytes`` its size).
-        config: the :class:`~kvtier.config.TierConfig` (``integrity``: the digest checked as
-            blocks land); ``None``: XXH3-64.
+        settings: what the plane takes from the config (``integrity``: the digest checked as
+            blocks land).
         digest_pool: where large landings copy and check; ``None``: on the caller's thread.
     """
 
@@ -63,12 +64,12 @@ class ZmqPlane:
     max_header_bytes = None
     revocation_bounded = True  # receiver-applied: nothing lands outside in_flight
 
-    def __init__(self, *, transport: Transport, pool: Any, config: Any = None, digest_pool: DigestPool | None = None,
-                 **_: Any) -> None:
+    def __init__(self, *, transport: Transport, pool: Any, settings: PlaneSettings = PlaneSettings(),
+                 digest_pool: DigestPool | None = None, **_: Any) -> None:
         self._transport = transport
         self._pool = pool
         self._block_bytes = pool.block_bytes
-        self._landings = Landings(pool, getattr(config, "integrity", "xxh3_64"), digest_pool)
+        self._landings = Landings(pool, settings.integrity, digest_pool)
         self._revoking: set[str] = set()
         self._xfers: dict[tuple[str, int], _Xfer] = {}
         self.posts = 0

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "6b557134ec508656d6d90800b7b04349aa9af55bd6a2fe961b291df0ff76d385"
+SPEC_SHA256: Final = "371ae47578e02bced9ad0599cebe198ff34094b47273a53862dc8e0fc748ccc0"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -2470,3 +2470,20 @@ PROPERTIES: Final = MappingProxyType({
     "plane_fault_ends_session": ("safety", "A data-plane fault (a path to the peer that broke, e.g. a NIXL remote disconnect) ends the session it was reported for: no transfer is started on that session afterwards, and the next load dials afresh (decision I25)."),
 })
 """Property name -> (kind, statement). Verified by tests and `python -m tools check`."""
+
+TIMER_KEYS: Final = (
+    "unbound_store_timeout_s",
+    "fetch_supply_timeout_s",
+    "transfer_timeout_s",
+    "tombstone_retention_s",
+    "load_timeout_s",
+    "abort_ack_timeout_s",
+    "revoke_timeout_s",
+    "handshake_timeout_s",
+    "heartbeat_interval_s",
+    "peer_timeout_s",
+    "probe_timeout_s",
+    "serve_lookup_timeout_s",
+    "offer_timeout_s",
+)
+"""Every config key (seconds) the machines read: their timers' durations, then the durations a guard compares against (``[machines.<m>.durations]``)."""

@@ -101,11 +101,11 @@ from kvtier.lifecycle.reads import CoreReads
 from kvtier.lifecycle.receive import Receive, Why
 from kvtier.lifecycle.serve import ServeLimits, ServeMachine, is_transfer_key
 from kvtier.lifecycle.session import HelloInput, SessionMachine
-from kvtier.lifecycle.settings import SYMMETRIC_TIMER_DEFAULTS, TIMER_KEYS, CoreSettings
+from kvtier.lifecycle.settings import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.views import DeadlineView
 from kvtier.wire import messages as wm
 
-__all__ = ["CoreSettings", "SYMMETRIC_TIMER_DEFAULTS", "TIMER_KEYS", "TierCore"]
+__all__ = ["CoreSettings", "TIMER_KEYS", "TierCore"]
 
 
 class TierCore(CoreReads, Receive):
@@ -122,12 +122,13 @@ class TierCore(CoreReads, Receive):
     def __init__(self, settings: CoreSettings, local: HelloInput, *, gen_base: int = 0) -> None:
         self.settings = settings
         self._notes: Notes = Notes()
-        d = {**SYMMETRIC_TIMER_DEFAULTS, **settings.durations}
+        d = settings.durations
         self._producer = ProducerMachine(
             d, park_clock=settings.park_clock, tombstone_max=settings.tombstone_max,
             max_pending_fetches_per_peer=settings.max_pending_fetches_per_peer, notes=self._notes,
         )
-        self._sessions = SessionMachine(d, local, self._notes, gen_base=gen_base, max_peers=settings.max_peers)
+        self._sessions = SessionMachine(d, local, self._notes, gen_base=gen_base, max_peers=settings.max_peers,
+                                       goodbye_linger_s=settings.shutdown_grace_s)
         rounds = RoundCounter()  # one per manager: PD loads and symmetric rounds share it
         self._consumer = ConsumerMachine(d, self._sessions, self._notes, one_sided=settings.one_sided, rounds=rounds,
                                          integrity=settings.integrity, revoke_bounded=settings.revoke_bounded)

@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from kvtier.config import DEFAULTS
 from kvtier.lifecycle._machine import Record, TableMachine
 from kvtier.lifecycle._table import (
     PRODUCER_FINAL,
@@ -163,9 +164,9 @@ class ProducerMachine(TableMachine):
         self,
         durations: Mapping[str, float],
         *,
-        park_clock: str = "last_store",
-        tombstone_max: int = 65536,
-        max_pending_fetches_per_peer: int = 1024,
+        park_clock: str = DEFAULTS["park_clock"],
+        tombstone_max: int = DEFAULTS["tombstone_max"],
+        max_pending_fetches_per_peer: int = DEFAULTS["max_pending_fetches_per_peer"],
         notes: Notes | None = None,
     ) -> None:
         """``notes``: the core's queue; ``force_release`` asks through it to end the session with

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvtier.config import DEFAULTS
 from kvtier.lifecycle._machine import Record, TableMachine
 from kvtier.lifecycle._table import (
     SERVE_FINAL,
@@ -85,9 +86,11 @@ class ServeLimits:
     __slots__ = ("serve_external", "principals", "max_rounds_per_peer", "max_probes_per_round",
                  "max_pinned_per_peer", "max_pinned_total")
 
-    def __init__(self, *, serve_external: bool = False, principals: frozenset[str] | None = None,
-                 max_rounds_per_peer: int = 256, max_probes_per_round: int = 8,
-                 max_pinned_per_peer: int = 16384, max_pinned_total: int = 1 << 62) -> None:
+    def __init__(self, *, serve_external: bool = DEFAULTS["serve_external"], principals: frozenset[str] | None = None,
+                 max_rounds_per_peer: int = DEFAULTS["serve_max_rounds_per_peer"],
+                 max_probes_per_round: int = DEFAULTS["serve_max_probes_per_round"],
+                 max_pinned_per_peer: int = DEFAULTS["serve_max_pinned_blocks_per_peer"],
+                 max_pinned_total: int = 1 << 62) -> None:
         self.serve_external = serve_external
         self.principals = principals
         self.max_rounds_per_peer = max_rounds_per_peer

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from kvtier.config import DEFAULTS
 from kvtier.lifecycle._machine import Record, TableMachine
 from kvtier.lifecycle._table import (
     SESSION_FINAL,
@@ -157,7 +158,8 @@ class SessionMachine(TableMachine):
     MAX_REMEMBERED = 4096
 
     def __init__(
-        self, durations: Mapping[str, float], local: HelloInput, notes: Notes, *, gen_base: int, max_peers: int = 128
+        self, durations: Mapping[str, float], local: HelloInput, notes: Notes, *, gen_base: int,
+        max_peers: int = DEFAULTS["max_peers"], goodbye_linger_s: float = DEFAULTS["shutdown_grace_s"],
     ) -> None:
         """``durations``: seconds per config key (the session's timers and ``peer_timeout_s``);
         ``local``: our hello (``instance`` and ``descriptor`` included); ``notes``: the core's
@@ -166,7 +168,7 @@ class SessionMachine(TableMachine):
         self.peer_timeout_s = float(durations["peer_timeout_s"])
         #: how long a goodbye that names why may take to leave before its connection is cut
         #: (config ``shutdown_grace_s``, the bound a goodbye has at shutdown too: decision A2)
-        self.goodbye_linger_s = float(durations.get("shutdown_grace_s", 3.0))
+        self.goodbye_linger_s = float(goodbye_linger_s)
         self.max_peers = max_peers
         self.local = local
         self._notes = notes

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from kvtier.config import TierConfig
 from kvtier.forensics import Forensics
 from kvtier.dataplane import DataPlane, make_plane
+from kvtier.dataplane.settings import PlaneSettings
 from kvtier.integrity import DigestPool, default_threads
 from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
 from kvtier.metrics import TierMetrics
@@ -175,8 +176,8 @@ def build_parts(cfg: TierConfig, pool: object, *, layout: str, clock: Callable[[
         threads = default_threads() if cfg.digest_threads is None else cfg.digest_threads
         digest_pool = (DigestPool(threads, name=f"kvtier-digest-{instance}")
                        if threads and cfg.integrity != "none" else None)
-        plane = make_plane(cfg.data_plane, transport=transport, pool=pool, config=cfg, layout=layout,
-                           digest_pool=digest_pool)
+        plane = make_plane(cfg.data_plane, transport=transport, pool=pool, settings=PlaneSettings.from_config(cfg),
+                           layout=layout, digest_pool=digest_pool)
         hello = local_hello(cfg, block_bytes=pool.block_bytes, layout=layout, instance=instance,  # type: ignore[attr-defined]
                             plane=plane)
         core = make_core(cfg, hello, one_sided=plane.one_sided, gen_base=secrets.randbits(62),

@@ -1,0 +1,67 @@
+"""The exact wording of every kind of config refusal (B25): one case per converter and per check,
+so a change of how keys are declared cannot change what an operator reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.config import TierConfigError
+from kvtier.config_kinds import safe_repr
+from tests.config_helpers import build
+
+CASES = [
+    ("unbound_store_timeout_s", True,
+     "a bool is not accepted as a number (Python's bool is an int; write a number)"),
+    ("unbound_store_timeout_s", "0x10", "not a decimal number"),
+    ("unbound_store_timeout_s", [1], "expected a number or numeric string, got list"),
+    ("unbound_store_timeout_s", float("nan"), "NaN is not allowed"),
+    ("unbound_store_timeout_s", float("-inf"), "must be finite"),
+    ("unbound_store_timeout_s", 0, "must be > 0 (range 0.001..86400.0 s)"),
+    ("unbound_store_timeout_s", "1e999", "above the maximum 86400.0 s"),
+    ("unbound_store_timeout_s", "1e-999", "below the minimum 0.001 s"),
+    ("heartbeat_interval_s", 3601, "above the maximum 3600.0 s"),
+    ("serve_max_pinned_fraction", 2, "above the maximum 1.0"),
+    ("max_peers", 4097, "above the maximum 4096"),
+    ("max_peers", "1e999", "above the maximum 4096"),
+    ("max_peers", 0, "below the minimum 1"),
+    ("max_peers", "0.5", "below the minimum 1"),  # the range is checked before the fraction
+    ("max_peers", 1.5, "must be an integer (has a fractional part)"),
+    ("max_peers", float("inf"), "must be a finite integer"),
+    ("metrics_port", 65536, "above the maximum 65535"),
+    ("metrics_port", "x", "not a decimal number"),
+    ("type", "", "must not be empty"),
+    ("type", 5, "expected a string, got int"),
+    ("type", "1abc", "must be a Python identifier"),
+    ("module_path", "a." * 200, "longer than 256 characters"),
+    ("host", "a b", "must be an address without whitespace or '/'"),
+    ("auth_secret_key_file", "a\x00b", "must be a file path"),
+    ("hash_seed", "s" * 1025, "longer than 1024 characters"),
+    ("park_clock", "last", "must be one of 'last_store', 'first_store'; did you mean 'last_store'?"),
+    ("park_clock", None, "must be one of 'last_store', 'first_store'"),
+    ("data_plane", 1, "must be one of 'zmq', 'nixl'"),
+    ("background_poll", 1, "expected true or false (a real bool; 0/1 and strings are rejected)"),
+    ("locality", 5, "expected a string or null, got int"),
+    ("locality", "l" * 65, "longer than 64 characters"),
+    ("backends", "UCX", "expected a list of strings, got str"),
+    ("backends", [], "must list 1..16 names"),
+    ("backends", ["UCX", "UCX"], "names a backend twice"),
+    ("backends", ["bad name"], "'bad name' is not a name of 1..64 [A-Za-z0-9_] characters"),
+    ("serve_allowed_principals", [], 'must list 1..4096 principals (["*"]: any authenticated peer)'),
+    ("serve_allowed_principals", ["-x"], "'-x' is neither \"*\" nor a principal name"),
+    ("allowed_peers", [], 'must not be empty (use ["*"] for any peer)'),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "why"), CASES, ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(CASES)])
+def test_a_refusal_reads_key_value_and_why(key, value, why):
+    with pytest.raises(TierConfigError) as exc:
+        build(key, value)
+    assert str(exc.value) == f"{key}={safe_repr(value)}: {why}"  # long values are cut at 120 characters
+    assert exc.value.keys == (key,)
+
+
+def test_backpressure_says_how_to_remove_it():
+    with pytest.raises(TierConfigError) as exc:
+        build("backpressure", {})
+    assert str(exc.value).startswith("backpressure={}: kvtier does its own flow control (")
+    assert str(exc.value).endswith("(vLLM merges a top-level 'backpressure' block into every tier).")
