@@ -43,7 +43,8 @@ from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
 from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
 from kvtier.shell.build import build_parts
-from kvtier.shell.checks import check_fetch_size, check_job, check_job_type, check_req
+from kvtier.shell.checks import (check_fetch_size, check_job, check_job_id, check_job_type, check_req,
+                                 check_seconds)
 from kvtier.shell.loop import IoLoop
 from kvtier.shell.outbound import MAX_BATCH_BYTES
 
@@ -53,6 +54,7 @@ log = logging.getLogger("kvtier.manager")
 
 #: The least a shutdown gives its goodbyes to flush, even when a drain used the whole budget.
 _MIN_GOODBYE_S = 0.05
+
 
 
 class KvTierManager:
@@ -454,11 +456,10 @@ class KvTierManager:
         any other.  Works after :meth:`shutdown` too.
 
         Raises:
-            ValueError: ``job_id`` is not a non-negative int.
+            ValueError: ``job_id`` is not an int from 0 to 2**62 - 1.
             DuplicateJob: ``job_id`` is outstanding.
         """
-        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 0:
-            raise ValueError(f"job_id must be a non-negative int, got {job_id!r:.40}")
+        check_job_id(job_id)
         self._jobs.check_new(job_id)
         self._jobs.open(job_id, store=store, kv_request_id=None, now=self.clock(), nbytes=0)
         self._loop.input(ix.JobSettled(job_id, success, Reason.LOCAL if success else (reason or Reason.JOB_REFUSED)))
@@ -514,8 +515,10 @@ class KvTierManager:
         Raises:
             TimeoutError: ``timeout_s`` (wall seconds) passed first.
             RuntimeError: :meth:`shutdown` began.
+            ValueError: ``timeout_s`` is not None or a finite number ≥ 0.
         """
         start = time.monotonic()
+        timeout_s = None if timeout_s is None else check_seconds("timeout_s", timeout_s)
         self._check_open()
         self._drain_deadline = None if timeout_s is None else start + timeout_s
         self._loop.drain(start, timeout_s)
@@ -524,9 +527,9 @@ class KvTierManager:
     def poll(self, timeout_s: float = 0.0) -> None:
         """Caller-driven: wait up to ``timeout_s`` seconds for network input, then process
         everything due.  With the loop on its own thread: wait up to ``timeout_s`` for its next
-        pass (it needs no polling)."""
+        pass (it needs no polling).  Raises ``ValueError`` unless ``timeout_s`` is a number ≥ 0."""
         if not self._closed:
-            self._loop.poll(timeout_s)
+            self._loop.poll(check_seconds("timeout_s", timeout_s))
 
     def quarantined(self) -> tuple[int, int]:
         """(ids, blocks) held in ``quarantined``: the data plane never confirmed their release, so
@@ -550,9 +553,12 @@ class KvTierManager:
         within the grace plus a few milliseconds, even when a peer is wedged.  Right after a
         :meth:`drain_jobs` that timed out, the grace is what is left of the drain's budget (at
         least 50 ms for the goodbyes): one budget for both (decision A6).  Idempotent.
+
+        Raises:
+            ValueError: ``grace_s`` is not None or a finite number ≥ 0 (checked first, always).
         """
         start = time.monotonic()
-        grace = self.config.shutdown_grace_s if grace_s is None else max(0.0, float(grace_s))
+        grace = self.config.shutdown_grace_s if grace_s is None else check_seconds("grace_s", grace_s)
         drained_until = self._drain_deadline
         if drained_until is not None and start - drained_until <= self.config.shutdown_grace_s:
             # a drain that did not finish just used (part of) the budget: share it (A6)

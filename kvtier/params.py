@@ -291,6 +291,9 @@ def _sub(params: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | 
 
 def _kv_request_id(sub: Mapping[str, Any], field: str) -> str:
     kid = sub.get("kv_request_id")
+    if kid is None:
+        raise ValueError(f"{field}.kv_request_id is missing: the {field} entry must name the request's "
+                         "kv_request_id (a string both engines use for this hand-off)")
     try:
         check_kv_request_id(kid)
     except (TypeError, ValueError) as exc:

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvtier.api import RequestContext, TransferJob
 
-__all__ = ["check_fetch_size", "check_job", "check_req"]
+__all__ = ["MAX_JOB_ID", "check_fetch_size", "check_job", "check_job_id", "check_req", "check_seconds"]
 
 
 def check_req(req: Any, where: str) -> None:
@@ -23,12 +23,31 @@ def check_job_type(job: Any) -> None:
         raise TypeError(f"job {job.job_id!r:.40}: req must be a RequestContext, got {type(job.req).__name__}")
 
 
+#: Engine job ids are ints in ``0 .. MAX_JOB_ID``; the ids above are the manager's own jobs
+#: (``load_nothing``), so an engine id can never collide with one and lose its result.
+MAX_JOB_ID = (1 << 62) - 1
+
+
+def check_job_id(job_id: object) -> None:
+    """Raises ``ValueError`` naming ``job_id`` unless it is an int in ``0 .. MAX_JOB_ID``."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 <= job_id <= MAX_JOB_ID:
+        raise ValueError(f"job_id must be an int from 0 to 2**62 - 1 (the ids above are the manager's own "
+                         f"jobs), got {job_id!r:.40}")
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` as seconds: a finite int or float ≥ 0 (not a bool), else ``ValueError`` naming
+    ``name`` (an API call's ``timeout_s`` or ``grace_s``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r:.40}")
+    return float(value)
+
+
 def check_job(job: TransferJob, *, num_blocks: int, max_blocks: int) -> None:
-    """Shape of a store or load job: a non-negative int id, equal-length key and slot sequences
-    without duplicates, at most ``max_blocks`` blocks, slots inside the pool, keys of 1..256
-    bytes.  Raises ``TypeError``/``ValueError`` naming the field."""
-    if isinstance(job.job_id, bool) or not isinstance(job.job_id, int) or job.job_id < 0:
-        raise ValueError(f"job_id must be a non-negative int, got {job.job_id!r:.40}")
+    """Shape of a store or load job: an id in ``0 .. MAX_JOB_ID``, equal-length key and slot
+    sequences without duplicates, at most ``max_blocks`` blocks, slots inside the pool, keys of
+    1..256 bytes.  Raises ``TypeError``/``ValueError`` naming the field."""
+    check_job_id(job.job_id)
     for name in ("keys", "slots"):  # sized and re-iterable: a generator would be consumed by the checks
         if not isinstance(getattr(job, name), (tuple, list)):
             raise TypeError(f"job {job.job_id}: {name} must be a tuple or list, got {type(getattr(job, name)).__name__}")

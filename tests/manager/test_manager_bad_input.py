@@ -449,3 +449,41 @@ def test_key_files_without_curve_are_refused_not_ignored():
         TierConfig.from_dict({"auth_secret_key_file": "/etc/kvtier/me.key_secret"})
     with pytest.raises(ValueError, match="auth_secret_key_file and auth_allowed_keys_dir set but auth='none'"):
         TierConfig.from_dict({"auth_secret_key_file": "/k", "auth_allowed_keys_dir": "/d", "auth": "none"})
+
+
+def test_engine_job_ids_cannot_reach_the_managers_own(mgr):
+    """Decision A5: ids from 2**62 up are the manager's own jobs (``load_nothing``); an engine id
+    there is refused at the call, naming ``job_id`` — it once collided with one and lost its
+    result.  The largest engine id is accepted and gets its one result."""
+    req = producer_req("p-ids", "kv-ids")
+    mgr.on_new_request(req)
+    for bad in (2**62, 2**62 + 1, 2**70, -1, True, 1.0):
+        with pytest.raises(ValueError, match="job_id must be an int from 0 to 2\\*\\*62 - 1"):
+            mgr.submit_store(job(bad, [b"a"], [0], req))
+        with pytest.raises(ValueError, match="job_id"):
+            mgr.finish_job(bad, store=True, success=True)
+    mgr.submit_store(job(2**62 - 1, [b"a"], [0], req))
+    mgr.drain_jobs(timeout_s=5.0)
+    assert [(r.job_id, r.reason) for r in mgr.get_finished_jobs()] == [(2**62 - 1, "drained")]
+
+
+@pytest.mark.parametrize("call", ["drain_jobs", "poll", "shutdown"])
+@pytest.mark.parametrize("bad", ["x", -1, float("nan"), float("inf"), True, None])
+def test_timeouts_of_api_calls_are_checked_and_named(mgr, call, bad):
+    """``drain_jobs(timeout_s)``, ``poll(timeout_s)`` and ``shutdown(grace_s)`` refuse anything but
+    a finite number of seconds ≥ 0 with a ``ValueError`` naming the argument (None keeps its
+    meaning where it has one: no drain budget, the configured grace)."""
+    name = "grace_s" if call == "shutdown" else "timeout_s"
+    if bad is None and call != "poll":
+        getattr(mgr, call)(bad)  # the default
+        return
+    with pytest.raises(ValueError, match=f"{name} must be a finite number of seconds >= 0"):
+        getattr(mgr, call)(bad)
+    mgr.poll(0)  # the manager still works
+
+
+def test_a_missing_kv_request_id_is_named_missing(mgr):
+    for role in ("remote_decoder", "remote_prefiller"):
+        params = {role: {"remote_host": "127.0.0.1", "remote_port": 9}} if role == "remote_prefiller" else {role: {}}
+        with pytest.raises(ValueError, match=f"{role}.kv_request_id is missing"):
+            mgr.on_new_request(RequestContext(req_id=f"r-{role}", kv_transfer_params=params))
