@@ -99,7 +99,7 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
 def check_config(config: str) -> None:
     """Check a vLLM --kv-transfer-config for kvtier before an engine starts: every kvtier entry is
     validated as kvtier would (each error names the key), and the mistakes vLLM decides before
-    kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "backpressure" key).
+    kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "type" or "module_path" vLLM cannot load, a "backpressure" key).
 
     KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. Exit status 1 on a problem.
     """

@@ -65,7 +65,8 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
     top_bp = extra.get("backpressure")
     tiers = extra.get("secondary_tiers")
     if not isinstance(tiers, list) or not tiers:
-        return problems + [("kv_connector_extra_config.secondary_tiers is missing or empty: add one kvtier entry "
+        what = "is missing or empty" if not tiers else f"must be a list of entries, got {type(tiers).__name__}"
+        return problems + [(f"kv_connector_extra_config.secondary_tiers {what}: add one kvtier entry "
                             '({"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", ...})')], notes
     found = 0
     for i, entry in enumerate(tiers):
@@ -86,6 +87,14 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
         if entry.get("module_path") != KVTIER_MODULE and kind != "KvTierSecondaryTier":
             continue  # another out-of-tree tier: not ours to judge
         found += 1
+        before = len(problems)
+        # vLLM's factory imports module_path and takes the class named by type from it
+        if kind != "KvTierSecondaryTier":
+            problems.append(f"{where}: type={kind!r}: vLLM looks this name up in module_path; write "
+                            '"type": "KvTierSecondaryTier"')
+        if entry.get("module_path") != KVTIER_MODULE:
+            problems.append(f"{where}: module_path={entry.get('module_path')!r}: vLLM imports the tier class from "
+                            f'it; write "module_path": "{KVTIER_MODULE}"')
         if "backpressure" in entry:
             problems.append(f"{where}: remove the 'backpressure' key (vLLM turns even null into {{}} and its factory "
                             "then fails before kvtier starts; kvtier does its own flow control)")
@@ -96,6 +105,8 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
             cfg = TierConfig.from_dict({k: v for k, v in entry.items() if k != "backpressure"})
         except ValueError as exc:
             problems.append(f"{where}: {exc}")
+            continue
+        if len(problems) > before:  # checked, but vLLM would not start it as written
             continue
         notes.append(f"{where}: kvtier, {cfg.data_plane} plane, listens on {cfg.host}:{cfg.port}"
                      f"{' (+ data_parallel_index)' if cfg.port else ''}, auth {cfg.auth}")

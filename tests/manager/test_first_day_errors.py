@@ -147,6 +147,30 @@ def test_a_vllm_entry_naming_vllms_own_tier_is_refused_with_the_right_type() -> 
     assert res.exit_code == 2 and "not JSON" in res.output
 
 
+
+@pytest.mark.parametrize("entry, says", [
+    ({"type": "KvTierSecondaryTier", "port": 5710}, "module_path=None: vLLM imports the tier class from it"),
+    ({"type": "KvTierSecondaryTier", "module_path": "foo.bar"}, "module_path='foo.bar'"),
+    ({"type": "Foo", "module_path": "kvtier.integrations.vllm"}, "type='Foo': vLLM looks this name up"),
+])
+def test_check_config_refuses_an_entry_vllm_would_not_load(entry, says) -> None:
+    """vLLM's tier factory imports ``module_path`` and takes the class ``type`` names from it: an
+    entry with either wrong is a problem that names the key and what to write, never an ``ok``."""
+    doc = json.dumps({"kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}})
+    res = CliRunner().invoke(cli, ["check-config", doc])
+    assert res.exit_code == 1 and says in res.output, res.output
+    assert "ok:" not in res.output, res.output
+
+
+def test_check_config_never_says_ok_and_problem_for_one_entry() -> None:
+    entry = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "backpressure": {}}
+    doc = json.dumps({"kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}})
+    res = CliRunner().invoke(cli, ["check-config", doc])
+    assert res.exit_code == 1 and "remove the 'backpressure' key" in res.output and "ok:" not in res.output
+    doc = json.dumps({"kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": "x"}})
+    res = CliRunner().invoke(cli, ["check-config", doc])
+    assert res.exit_code == 1 and "secondary_tiers must be a list of entries, got str" in res.output
+
 def test_top_says_what_an_endpoint_looks_like() -> None:
     res = CliRunner().invoke(cli, ["top", "notaurl", "--once"])
     assert res.exit_code == 2
