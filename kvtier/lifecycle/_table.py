@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "371ae47578e02bced9ad0599cebe198ff34094b47273a53862dc8e0fc748ccc0"
+SPEC_SHA256: Final = "6fc8f7c0ad33ab661a6698212a014e4686b3f87715de6b7e78e1078a3f8f0fcc"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -862,6 +862,8 @@ class ConsumerEvent(enum.StrEnum):
 class ConsumerGuard(enum.StrEnum):
     LOAD_EMPTY = "load_empty"
     """the load job names zero keys"""
+    NEEDS_NOTHING = "needs_nothing"
+    """this id's load names zero keys: its fetch only releases the producer's blocks"""
     EMPTY_ON_READY_SESSION = "empty_on_ready_session"
     """the load job names zero keys and the session to the producer is ready (the empty fetch can go now; on a session still in its handshake it queues like any fetch, so it is never sent before the producer can take it)"""
     INSTANCE_DOWN = "instance_down"
@@ -1055,6 +1057,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(ConsumerGuard.OTHER_ROUND, ConsumerState.IN_FLIGHT, (ConsumerEffect.NOTE_STALE, ), None),
         Branch(ConsumerGuard.NOTICE_ONE_SIDED, ConsumerState.GIVEN_UP, (ConsumerEffect.NOTE_NOTICE, ), None),
         Branch(ConsumerGuard.FAILED_WHILE_LANDING, ConsumerState.SETTLING, (), None),
+        Branch(ConsumerGuard.NEEDS_NOTHING, ConsumerState.LOADED, (ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(ConsumerGuard.DONE_FAIL, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(ConsumerGuard.ALL_RECEIVED, ConsumerState.LOADED, (ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), Reason.INCOMPLETE_DATA),

@@ -298,6 +298,9 @@ class ConsumerMachine(TableMachine):
     def guard_last_landing_finished(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return rec.engine_finished and self.guard_last_landing(rec, inp, now)
 
+    def guard_needs_nothing(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
+        return not rec.keys
+
     def guard_done_fail(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return not inp.ok
 

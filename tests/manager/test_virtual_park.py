@@ -278,6 +278,31 @@ def test_b20_zero_block_store_and_load_complete_at_once(pairs):
     assert metric(P, "kvtier_block_bytes_sent_total") == 0
 
 
+
+@pytest.mark.parametrize("empty_store", [True, False])
+def test_b20_an_empty_load_succeeds_after_the_producer_finished_with_nothing(pairs, empty_store):
+    """Decision I29: the producer's request finished with nothing parked (an empty store, or none)
+    before the consumer's empty fetch arrived, so it is refused ``nothing_stored``; the load
+    needed no block, so it succeeds all the same — nothing is sent, no slot is touched."""
+    v = pairs(SCEN, block_bytes=BB)
+    P, C = v.P, v.C
+    preq = producer_req("p-A", "A")
+    P.on_new_request(preq)
+    if empty_store:
+        P.submit_store(job(1, [], [], preq))
+        v.step()
+    P.on_request_finished(preq)
+    v.step()
+    ca = v.creq("c-A", "A")
+    C.on_new_request(ca)
+    C.submit_load(job(10, [], [], ca))
+    v.step()
+    assert outcome(v.cjobs, 10) == (True, None)
+    if empty_store:
+        assert outcome(v.pjobs, 1) == (True, None)
+    assert metric(P, "kvtier_fetches_refused_total", reason="nothing_stored") == 1
+    assert metric(P, "kvtier_block_bytes_sent_total") == 0
+
 def test_b29_fetching_a_subset_releases_every_parked_block(pairs):
     v = pairs(SCEN, block_bytes=BB)
     P, C = v.P, v.C
