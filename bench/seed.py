@@ -268,9 +268,9 @@ class Side:
             batches.MAX_BATCH_BYTES = batch_bytes or batches.MAX_BATCH_BYTES
             batches.TAIL_BYTES = tail_bytes or batches.TAIL_BYTES
         if window_bytes is not None:
-            import kvtier.dataplane.nixl as nixl_plane
+            import kvtier.dataplane.nixl_pipeline as nixl_pipeline
 
-            nixl_plane.WINDOW_BYTES = window_bytes
+            nixl_pipeline.WINDOW_BYTES = window_bytes
         self.np = np
         self.role = role
         self.tag = tag
