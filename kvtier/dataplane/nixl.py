@@ -114,7 +114,7 @@ CLOSE_WAIT_S: Final = 0.1
 class _Hello(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The plane's descriptor on the wire: the agent's descriptor and its owner; ``packed``: its
     plane reads notifications that carry several headers (:mod:`~kvtier.dataplane.nixl_pipeline`,
-    decision L1; a descriptor without it gets one header per WRITE)."""
+    decision N18; a descriptor without it gets one header per WRITE)."""
 
     agent: bytes
     owner: ProcessId
@@ -173,7 +173,7 @@ class NixlPlane:
         self._faults: list[Faulted] = []  # paths to added peers that broke, not reported yet
         self._agents: dict[str, tuple[str, ProcessId]] = {}  # peer -> (its agent, owner); kept after removal
         self._writes = WritePipeline(self._agent, self._block_bytes, self._outcome)
-        self._packed: set[str] = set()  # peers whose plane reads packed notifications (decision L1)
+        self._packed: set[str] = set()  # peers whose plane reads packed notifications (decision N18)
         self._revoking: dict[str, Revocation] = {}
         self._backing: shared.Backing | None = getattr(pool, "backing", None)
         self.revocation_bounded = self._backing is not None
@@ -391,7 +391,7 @@ class NixlPlane:
             return []
         # a UCX tcp target must call in for WRITEs into it to advance; what arrived complete
         # comes with its notification
-        # comes with its notification, which may carry several batches' headers (decision L1)
+        # comes with its notification, which may carry several batches' headers (decision N18)
         out: list[Report] = [Notified(n.peer, (h,)) for n in self._agent.progress() if n.peer is not None
                              for h in unpack_notification(n.message)]
         out.extend(self._landings.poll())

@@ -1,9 +1,9 @@
 """The producer's WRITE pipeline on the NIXL plane: a transfer's batches become as few WRITEs as a
 notification allows, posted the moment the window has room, and every outcome is taken as soon as
-the agent reports it (decisions N8, I15, L1, L2).
+the agent reports it (decisions N8, I15, N18, N19).
 
 A transfer's ``block_data`` batches (the core's plan, :mod:`kvtier.lifecycle.batches`: 8 MiB,
-tapering to 1 MiB) are *packed*: consecutive batches of the same size share one WRITE of at most
+tapering to 1 MiB) are *packed*: consecutive batches of the transfer's largest size share one WRITE of at most
 :data:`WRITE_BYTES`, whose notification carries each batch's header (:func:`pack_headers`, at most
 :data:`~kvtier.dataplane.nixl_types.MAX_NOTIF_BYTES` in all), so the consumer still checks batch by
 batch; the taper's smaller batches go alone, so what is left to check after the last bytes stays
@@ -34,7 +34,7 @@ WINDOW_BYTES: Final = 64 << 20
 given-up transfer may still move (decision N8)."""
 
 WRITE_BYTES: Final = 16 << 20
-"""Largest WRITE a packed transfer posts (decision L1: measured as fast as one WRITE of the whole
+"""Largest WRITE a packed transfer posts (decision N18: measured as fast as one WRITE of the whole
 transfer, where 8 MiB WRITEs posted back to back reached 0.86-0.88 of it)."""
 
 PACKED: Final = b"\xc1"
@@ -70,6 +70,7 @@ class _Xfer:
     peer: str
     batches: Sequence[Batch]
     packed: bool = False
+    full: int = 0  # blocks in the transfer's largest batch: only batches of this size are packed
     next: int = 0
     inflight: dict[int, tuple[int, int]] = attrs.Factory(dict)  # WRITE id -> (first batch index, bytes)
     inside: int = 0  # bytes in posted, unfinished WRITEs
@@ -113,7 +114,7 @@ class WritePipeline:
               packed: bool) -> None:
         """Post ``batches`` to ``peer`` (``known``: the plane has its descriptor, else the
         transfer fails unposted; ``packed``: it reads packed notifications)."""
-        x = _Xfer(key, peer, batches, packed)
+        x = _Xfer(key, peer, batches, packed, max((len(b.blocks) for b in batches), default=0))
         self._xfers[key] = x
         if not known:
             x.fail(f"no NIXL descriptor from {peer}")
@@ -146,7 +147,8 @@ class WritePipeline:
             return False
         room = max(size, min(WRITE_BYTES, WINDOW_BYTES - x.inside))
         j, total, headers = i + 1, size, [first.header]
-        while x.packed and j < len(batches) and len(batches[j].blocks) == len(first.blocks) and total + size <= room:
+        pack = x.packed and len(first.blocks) == x.full
+        while pack and j < len(batches) and len(batches[j].blocks) == x.full and total + size <= room:
             if len(pack_headers([*headers, batches[j].header])) > MAX_NOTIF_BYTES:
                 break
             headers.append(batches[j].header)

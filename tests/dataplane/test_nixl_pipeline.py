@@ -1,5 +1,5 @@
 """The NIXL plane's WRITE pipeline: batches packed into few WRITEs, each batch's header still its
-own notification (decision L1), only for a consumer that reads packed notifications.
+own notification (decision N18), only for a consumer that reads packed notifications.
 
 Two real planes in this process (two NIXL agents over two block pools); every byte moves through
 NIXL/UCX.
@@ -88,15 +88,17 @@ def test_full_batches_share_writes_and_every_header_arrives_in_order(planes):
     for i in range(32):
         pp.view(i).fill_(i + 1)
     cp.tensor.fill_(0)
-    batches = _batches(32, 4) + [Batch(8, (0,), (40,), b"tail")]  # 8 batches of 4 MiB, then a 1-block tail
+    # 8 batches of 4 MiB, then a taper of two 1-block batches (equal, but not the largest size)
+    batches = _batches(32, 4) + [Batch(8, (0,), (40,), b"tail"), Batch(9, (1,), (41,), b"tail2")]
     before = p.posts
     out, seen = _run(p, c, "cons", "kv-pack", batches)
-    assert [r for r in out if isinstance(r, Released)] == [Released("kv-pack", 0, False, 33 * BB, "")]
+    assert [r for r in out if isinstance(r, Released)] == [Released("kv-pack", 0, False, 34 * BB, "")]
     per_write = WRITE_BYTES // (4 * BB)
-    assert p.posts - before == 8 // per_write + 1  # the tail batch goes alone
+    assert p.posts - before == 8 // per_write + 2  # each taper batch goes alone
     assert [r.frames for r in seen] == [(b.header,) for b in batches]
     for i in range(32):
         assert bytes(cp.buffer(i)) == bytes([i + 1]) * BB
+    assert bytes(cp.buffer(40)) == bytes([1]) * BB and bytes(cp.buffer(41)) == bytes([2]) * BB
 
 
 def test_a_consumer_without_packed_notifications_gets_one_write_per_batch(planes):
