@@ -56,7 +56,6 @@ class RawZmq:
     def op_zraw_send(self, kid: str, n: int, per_msg: int, wait_s: float = 60.0) -> dict[str, float]:
         """Producer: send blocks 0..n-1 zero-copy with trackers, ``per_msg`` blocks a message;
         ``posted`` (stamp before the first send) and ``done_s`` (post → every tracker done)."""
-        import zmq
 
         sock = self._zsock
         if self._zrid is None:
