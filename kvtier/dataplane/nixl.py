@@ -7,10 +7,11 @@ block pool registered once).  What travels where (docs/dataplane.md):
   plane's descriptor (:meth:`NixlPlane.descriptor`: the agent's NIXL metadata and region, plus the
   process identity revocation needs); the consumer's ``fetch`` names its destination slots; the
   producer's terminal answers (``transfer_done``, ``abort_ack``) and the consumer's ``receipt``.
-* **Data** (NIXL/UCX): one WRITE per batch, from the producer's registered pool into the slots the
-  fetch named; over CMA on one host, UCX tcp or RDMA across hosts.  Each WRITE carries the batch's
-  ``block_data`` header (digests, no payload frames) as its NIXL *notification*, which NIXL
-  delivers after the WRITE's bytes: the consumer's :meth:`~NixlPlane.poll` reports it
+* **Data** (NIXL/UCX): WRITEs from the producer's registered pool into the slots the fetch named
+  (a transfer's full-size batches packed into WRITEs of up to 16 MiB, decision N18); over CMA on
+  one host, UCX tcp or RDMA across hosts.  Each WRITE carries its batches' ``block_data`` headers
+  (digests, no payload frames) as its NIXL *notification*, which NIXL delivers after the WRITE's
+  bytes: the consumer's :meth:`~NixlPlane.poll` reports one per header
   (:class:`~kvtier.dataplane.base.Notified`) and the blocks are checked as soon as the manager
   sees it — no control message, no tick of the producer's manager between a WRITE's end and the
   consumer's check (decision I14).  NIXL sends a notification when the producer's agent learns
@@ -19,10 +20,11 @@ block pool registered once).  What travels where (docs/dataplane.md):
   a WRITE is in flight.  A notification carries at most :data:`MAX_NOTIF_BYTES`, so a batch names
   at most ~400 blocks (8 bytes of digest each).
 
-Producer side.  :meth:`NixlPlane.post` checks every slot against the consumer's descriptor (a
-bad slot fails the transfer; nothing raises) and posts WRITEs, at most :data:`WINDOW_BYTES` of a
-transfer in flight, so that :meth:`~NixlPlane.cancel` (post nothing more) bounds what a given-up
-transfer still moves.  ``Released`` is reported only once every posted WRITE of the transfer is
+Producer side.  :meth:`NixlPlane.post` hands the transfer to the write pipeline
+(:mod:`~kvtier.dataplane.nixl_pipeline`), which checks every slot against the consumer's
+descriptor (a bad slot fails the transfer; nothing raises) and posts WRITEs, at most
+:data:`WINDOW_BYTES` of a transfer in flight, so that :meth:`~NixlPlane.cancel` (post nothing
+more) bounds what a given-up transfer still moves.  ``Released`` is reported only once every posted WRITE of the transfer is
 terminal (NIXL said DONE or failed): the wrapper never releases a handle still in ``PROC``, and a
 posted WRITE keeps reading the source blocks until it ends (docs/nixl.md, experiment 2).
 
