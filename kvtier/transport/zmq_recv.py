@@ -17,11 +17,6 @@ from kvtier.transport import TransportEvent
 from kvtier.transport.zmq_conns import EVENTS, IN_PREFIX, NOBLOCK, POLLIN
 from kvtier.transport.zmq_options import positive_int
 
-#: A frame after a message's first (a block's payload) of at least this many bytes is returned as a
-#: ``memoryview`` over zmq's buffer whatever ``zero_copy_threshold`` says: the plane copies it into
-#: its slot, and ``bytes`` would be a second copy (decision T12).
-PAYLOAD_VIEW_BYTES = 4096
-
 #: Sub-millisecond waits poll this often: a message that arrives during one waits at most this
 #: long (``zmq_poll`` itself counts whole milliseconds).
 SUB_MS_SLICE_S = 0.0001
@@ -42,10 +37,9 @@ class ZmqReceive:
             max_messages: upper bound on messages returned, >= 1.
 
         Returns:
-            ``[(peer, frames), ...]`` in arrival order per peer. A first frame shorter than
-            ``zero_copy_threshold``, and a later one shorter than :data:`PAYLOAD_VIEW_BYTES`,
-            is ``bytes``; the others are read-only ``memoryview`` objects over zmq's buffer (no
-            copy), which stay valid while referenced. ``[]`` after
+            ``[(peer, frames), ...]`` in arrival order per peer. Frames shorter than
+            ``zero_copy_threshold`` are ``bytes``. Longer ones are read-only ``memoryview``
+            objects over zmq's buffer (no copy), which stay valid while referenced. ``[]`` after
             ``close()``.
 
         Raises:
@@ -82,7 +76,9 @@ class ZmqReceive:
                         continue
                     peer = IN_PREFIX + rid.hex()
                     parts = parts[1:]
-                out.append((peer, _frames(parts, threshold)))
+                out.append(
+                    (peer, [p.bytes if len(p) < threshold else p.buffer for p in parts])
+                )
                 if len(out) >= max_messages:
                     break
         return out
@@ -154,7 +150,7 @@ class ZmqReceive:
                         continue
                     peer = IN_PREFIX + rid.hex()
                     parts = parts[1:]
-                out.append((peer, _frames(parts, threshold)))
+                out.append((peer, [p.bytes if len(p) < threshold else p.buffer for p in parts]))
         return True
 
     # -- waiting ----------------------------------------------------------------------------
@@ -268,13 +264,3 @@ class ZmqReceive:
         if not out_socks:
             self._poller = poller
         return poller
-
-
-def _frames(parts: list[zmq.Frame], threshold: int) -> list[memoryview | bytes]:
-    """A message's frames as :meth:`ZmqReceive.recv` returns them (the header small enough to be
-    ``bytes``; payloads as views, so the only copy of a block is the plane's, into its slot)."""
-    head = parts[0]
-    out: list[memoryview | bytes] = [head.bytes if len(head) < threshold else head.buffer]
-    if len(parts) > 1:
-        out.extend(p.bytes if len(p) < PAYLOAD_VIEW_BYTES else p.buffer for p in parts[1:])
-    return out

@@ -498,18 +498,3 @@ def test_zmq_errors_never_escape(make, monkeypatch) -> None:
     monkeypatch.setattr(consumer._dealers[peer], "send", boom, raising=False)
     h = consumer.send(peer, [b"x"])
     assert h.failed and h.error == SendFailure.ERROR and h.detail
-
-
-def test_payload_frames_come_back_as_views_below_the_zero_copy_threshold(make) -> None:
-    """A block's frame is returned as a view over zmq's buffer even when it is smaller than
-    ``zero_copy_threshold`` (so the plane's copy into the slot is its only copy, decision T12);
-    the header and tiny frames stay ``bytes``."""
-    producer, consumer = make(zero_copy_threshold=256 << 10), make(zero_copy_threshold=256 << 10)
-    peer = consumer.connect(producer.address)
-    consumer.send(peer, [b"hello"])
-    [(in_peer, _)] = recv_until(producer, 1)
-    block = os.urandom(64 << 10)
-    producer.send(in_peer, [b"block_data", block, block[:100]], track=True)
-    [(_, frames)] = recv_until(consumer, 1)
-    assert isinstance(frames[0], bytes) and isinstance(frames[2], bytes) and frames[2] == block[:100]
-    assert isinstance(frames[1], memoryview) and bytes(frames[1]) == block
