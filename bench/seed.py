@@ -58,6 +58,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench.p0_raw import RawZmq, phase_table, raw_zmq
+from kvtier.lifecycle.batches import MAX_BATCH_BYTES
+
 MiB = 1 << 20
 ROW = MiB
 """Bytes per block (one primary row): 1 MiB."""
@@ -238,7 +241,7 @@ class _System:
             self.mgr._start_tier_poll_thread()
 
 
-class Side:
+class Side(RawZmq):
     """One process: a TieringOffloadingManager per system, a raw NIXL agent, copy_ tensors."""
 
     def __init__(self, role: str, systems: Sequence[str], max_blocks: int, tag: str, host: str = "127.0.0.1",
@@ -268,9 +271,9 @@ class Side:
             batches.MAX_BATCH_BYTES = batch_bytes or batches.MAX_BATCH_BYTES
             batches.TAIL_BYTES = tail_bytes or batches.TAIL_BYTES
         if window_bytes is not None:
-            import kvtier.dataplane.nixl as nixl_plane
+            import kvtier.dataplane.nixl_pipeline as nixl_pipeline
 
-            nixl_plane.WINDOW_BYTES = window_bytes
+            nixl_pipeline.WINDOW_BYTES = window_bytes
         self.np = np
         self.role = role
         self.tag = tag
@@ -712,6 +715,9 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
             hand_off(system, min(8, max_blocks))
             hand_off(system, max_blocks)
         raw_write("warm", max_blocks)
+        lc.call("zraw_connect", address=lp.call("zraw_bind"))
+        per_msg = max(1, MAX_BATCH_BYTES // ROW)
+        raw_zmq(*only("limits"), "warm", max_blocks, per_msg)
         only("limits")[1].call("copy", n=max_blocks)
 
         for r in range(rounds):
@@ -728,6 +734,8 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
                 d = samples.setdefault((mib, "raw_nixl"), {})
                 d.setdefault("load_s", []).append(raw["done_s"])
                 d.setdefault("notified_s", []).append(raw["notified_s"])
+                for k, v in raw_zmq(*only("limits"), f"zraw-{r}-{mib}", n, per_msg).items():
+                    samples.setdefault((mib, "raw_zmq"), {}).setdefault(k, []).append(v)
                 samples.setdefault((mib, "copy"), {}).setdefault("load_s", []).append(
                     only("limits")[1].call("copy", n=n))
             log(f"P0: round {r + 1}/{rounds} done ({time.monotonic() - t_start:.0f} s)")
@@ -752,12 +760,12 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
 
     rows = []
     for mib in sizes:
-        for system in (*systems, "raw_nixl", "copy"):
+        for system in (*systems, "raw_nixl", "raw_zmq", "copy"):
             d = samples.get((mib, system))
             if not d:
                 continue
             row: dict[str, Any] = {"mib": mib, "system": system, "load_s": summary(d["load_s"])}
-            for k in ("submit_store_s", "submit_store_cpu_s", "complete_store_s", "notified_s"):
+            for k in ("submit_store_s", "submit_store_cpu_s", "complete_store_s", "notified_s", "first_s", "done_s"):
                 if k in d:
                     row[k] = summary(d[k])
             if "cpu_prod_s" in d:
@@ -869,9 +877,9 @@ def _targets(samples: dict, sizes: Sequence[int], systems: Sequence[str]) -> lis
 def render(res: dict[str, Any]) -> str:
     """The result as markdown: hand-off time, engine time per submit_store, CPU s/GB, late fetch."""
     systems = [s for s in SYSTEMS if any(r["system"] == s for r in res["rows"])]
-    cols = [*systems, "raw_nixl", "copy"]
+    cols = [c for c in (*systems, "raw_nixl", "raw_zmq", "copy") if any(r["system"] == c for r in res["rows"])]
     names = {"seed": "vLLM p2p (NIXL)", "kvtier_nixl": "kvtier nixl", "kvtier_zmq": "kvtier zmq",
-             "raw_nixl": "raw NIXL WRITE", "copy": "`copy_`"}
+             "raw_nixl": "raw NIXL WRITE", "raw_zmq": "raw pyzmq", "copy": "`copy_`"}
     by = {(r["mib"], r["system"]): r for r in res["rows"]}
     sizes = sorted({r["mib"] for r in res["rows"]})
 
@@ -919,6 +927,7 @@ def render(res: dict[str, Any]) -> str:
                 lines.append(f"| {names[s]}: {text} | " + " | ".join(
                     f"{by[(m, s)]['hops_s'][k]['median'] * 1e3:.2f}" if k in by.get((m, s), {}).get("hops_s", {})
                     else "—" for m in sizes) + " |")
+    lines += phase_table(by, sizes, names)
     big = max(sizes)
     thr = {s: by[(big, s)].get("thread_cpu_s_per_gb") for s in systems if by.get((big, s))}
     if any(thr.values()):

@@ -7,10 +7,11 @@ block pool registered once).  What travels where (docs/dataplane.md):
   plane's descriptor (:meth:`NixlPlane.descriptor`: the agent's NIXL metadata and region, plus the
   process identity revocation needs); the consumer's ``fetch`` names its destination slots; the
   producer's terminal answers (``transfer_done``, ``abort_ack``) and the consumer's ``receipt``.
-* **Data** (NIXL/UCX): one WRITE per batch, from the producer's registered pool into the slots the
-  fetch named; over CMA on one host, UCX tcp or RDMA across hosts.  Each WRITE carries the batch's
-  ``block_data`` header (digests, no payload frames) as its NIXL *notification*, which NIXL
-  delivers after the WRITE's bytes: the consumer's :meth:`~NixlPlane.poll` reports it
+* **Data** (NIXL/UCX): WRITEs from the producer's registered pool into the slots the fetch named
+  (a transfer's full-size batches packed into WRITEs of up to 16 MiB, decision N18); over CMA on
+  one host, UCX tcp or RDMA across hosts.  Each WRITE carries its batches' ``block_data`` headers
+  (digests, no payload frames) as its NIXL *notification*, which NIXL delivers after the WRITE's
+  bytes: the consumer's :meth:`~NixlPlane.poll` reports one per header
   (:class:`~kvtier.dataplane.base.Notified`) and the blocks are checked as soon as the manager
   sees it — no control message, no tick of the producer's manager between a WRITE's end and the
   consumer's check (decision I14).  NIXL sends a notification when the producer's agent learns
@@ -19,10 +20,11 @@ block pool registered once).  What travels where (docs/dataplane.md):
   a WRITE is in flight.  A notification carries at most :data:`MAX_NOTIF_BYTES`, so a batch names
   at most ~400 blocks (8 bytes of digest each).
 
-Producer side.  :meth:`NixlPlane.post` checks every slot against the consumer's descriptor (a
-bad slot fails the transfer; nothing raises) and posts WRITEs, at most :data:`WINDOW_BYTES` of a
-transfer in flight, so that :meth:`~NixlPlane.cancel` (post nothing more) bounds what a given-up
-transfer still moves.  ``Released`` is reported only once every posted WRITE of the transfer is
+Producer side.  :meth:`NixlPlane.post` hands the transfer to the write pipeline
+(:mod:`~kvtier.dataplane.nixl_pipeline`), which checks every slot against the consumer's
+descriptor (a bad slot fails the transfer; nothing raises) and posts WRITEs, at most
+:data:`WINDOW_BYTES` of a transfer in flight, so that :meth:`~NixlPlane.cancel` (post nothing
+more) bounds what a given-up transfer still moves.  ``Released`` is reported only once every posted WRITE of the transfer is
 terminal (NIXL said DONE or failed): the wrapper never releases a handle still in ``PROC``, and a
 posted WRITE keeps reading the source blocks until it ends (docs/nixl.md, experiment 2).
 
@@ -72,10 +74,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-import attrs
 import msgspec
 
-from kvtier.dataplane.base import AttachFailed, Attached, Batch, Faulted, Notified, PlaneError, Released, Report, Revoked
+from kvtier.dataplane.base import Attached, AttachFailed, Batch, Faulted, Notified, PlaneError, Report, Revoked
 from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.settings import PlaneSettings
 from kvtier.dataplane.nixl_agent import (
@@ -87,6 +88,19 @@ from kvtier.dataplane.nixl_agent import (
     XferResult,
     decode_descriptor,
 )
+from kvtier.dataplane.nixl_pipeline import WINDOW_BYTES, WritePipeline, unpack_notification
+from kvtier.dataplane.nixl_revoke import (
+    CHECK_EVERY_S,
+    DRAIN_S,
+    SINKS_WARN,
+    ProcessId,
+    Revocation,
+    Window,
+    check_revocations,
+    process_gone,
+    reclaim_sinks,
+    this_process,
+)
 from kvtier.integrity import DigestPool
 from kvtier.memory import shared
 from kvtier.transport import Transport
@@ -95,130 +109,22 @@ __all__ = ["DRAIN_S", "NixlPlane", "ProcessId", "WINDOW_BYTES", "process_gone", 
 
 log = logging.getLogger("kvtier.dataplane.nixl")
 
-WINDOW_BYTES: Final = 64 << 20
-"""Block bytes one transfer may have in posted, unfinished WRITEs at once (8 batches of 8 MiB)."""
-
-DRAIN_S: Final = 0.05
-"""After a producer's death is proven, keep progressing this long (and at least
-:data:`DRAIN_CALLS` times) before reporting the revocation: over UCX tcp our own worker applies
-the bytes the producer had already put in our socket buffers."""
-DRAIN_CALLS: Final = 5
-CHECK_EVERY_S: Final = 0.01
-"""How often a pending revocation re-reads ``/proc`` (each check is one small file read)."""
 CLOSE_WAIT_S: Final = 0.1
 """How long :meth:`NixlPlane.close` lets WRITEs in flight finish before the agent is destroyed
 (shutdown already gave them its grace; destroying the agent stops the rest)."""
 
 
-# -- process identity (revocation) ------------------------------------------------------------------
-
-
-class ProcessId(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Who owns an agent: enough to prove, from the same host, that the process is gone.
-
-    ``host``: ``<boot_id>/<pid namespace inode>`` (empty where ``/proc`` does not tell);
-    ``pid``: its pid in that namespace; ``started``: its start time (clock ticks since boot,
-    field 22 of ``/proc/<pid>/stat``), so a recycled pid is not mistaken for it."""
-
-    host: str
-    pid: int
-    started: int
-
-
-def _proc_start(pid: int) -> int | None:
-    """Start time of live process ``pid`` (not a zombie), else ``None``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # "pid (comm) state ppid ..." where comm may hold spaces and parentheses
-    rest = data[data.rindex(b")") + 2 :].split()
-    if rest[0] in (b"Z", b"X"):  # a zombie has no memory left to write from
-        return None
-    return int(rest[19])
-
-
-def this_process() -> ProcessId:
-    """The calling process's :class:`ProcessId`."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            host = f"{f.read().strip()}/{os.stat('/proc/self/ns/pid').st_ino}"
-        started = _proc_start(os.getpid()) or 0
-    except OSError:
-        host, started = "", 0
-    return ProcessId(host, os.getpid(), started)
-
-
-def process_gone(pid: ProcessId, here: ProcessId) -> bool:
-    """True only if process ``pid`` provably no longer exists: it ran on this host in this PID
-    namespace (``here``) and ``/proc`` no longer shows it (or shows another process, or a
-    zombie).  False when it lives or when nothing can be proven (another host)."""
-    if not pid.host or pid.host != here.host:
-        return False
-    return _proc_start(pid.pid) != pid.started
-
-
 class _Hello(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The plane's descriptor on the wire: the agent's descriptor and its owner."""
+    """The plane's descriptor on the wire: the agent's descriptor and its owner; ``packed``: its
+    plane reads notifications that carry several headers (:mod:`~kvtier.dataplane.nixl_pipeline`,
+    decision N18; a descriptor without it gets one header per WRITE)."""
 
     agent: bytes
     owner: ProcessId
+    packed: bool = False
 
 
 _HELLO: Final = msgspec.msgpack.Decoder(_Hello)
-
-# -- transfers --------------------------------------------------------------------------------------
-
-
-@attrs.define(slots=True, eq=False)
-class _Xfer:
-    key: tuple[str, int]
-    peer: str
-    batches: Sequence[Batch]
-    next: int = 0
-    inflight: dict[int, tuple[int, int]] = attrs.Factory(dict)  # WRITE id -> (batch index, bytes)
-    cancelled: bool = False
-    failed: bool = False
-    moved: int = 0
-    detail: str = ""
-
-    def fail(self, detail: str) -> None:
-        if not self.failed:
-            self.failed, self.detail = True, detail
-
-
-@attrs.define(slots=True)
-class _Revocation:
-    """Pending revocation of one peer's access: the agents it wrote through, each with its
-    owner, until each one is proven done (its owner dead, or it accepted a fresh handshake)."""
-
-    agents: dict[str, ProcessId] = attrs.Factory(dict)
-    checked: float = 0.0
-    proven_at: float | None = None
-    drained: int = 0
-
-
-@attrs.define(slots=True, eq=False)
-class _Window:
-    """One dialled session's mapping of the pool (see the module docstring).  ``agent`` and
-    ``owner``: the producer it was given to, once its hello_ack named them (reclaiming a sink
-    needs proof about that agent)."""
-
-    peer: str
-    gen: int
-    addr: int
-    registration: Any
-    agent: str = ""
-    owner: ProcessId | None = None
-    withdrawn_at: float | None = None
-    proven_at: float | None = None
-    drained: int = 0
-
-
-#: Sinks kept beyond this are logged (their address ranges stay mapped until proven unused).
-SINKS_WARN = 1024
-
 
 def _agent_name(instance: str) -> str:
     base = re.sub(r"[^A-Za-z0-9._:@+=\-]", "_", instance or "kvtier")[:160]
@@ -264,14 +170,14 @@ class NixlPlane:
         except (NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"data_plane 'nixl' cannot start: {exc}") from exc
         self._me = this_process()
-        self._descriptor = msgspec.msgpack.encode(_Hello(self._agent.descriptor(), self._me))
+        self._descriptor = msgspec.msgpack.encode(_Hello(self._agent.descriptor(), self._me, packed=True))
         self._peers: dict[str, bytes] = {}  # peer -> the descriptor it was added with
         self._gens: dict[str, int] = {}  # peer -> the session generation it was added for
         self._faults: list[Faulted] = []  # paths to added peers that broke, not reported yet
         self._agents: dict[str, tuple[str, ProcessId]] = {}  # peer -> (its agent, owner); kept after removal
-        self._xfers: dict[tuple[str, int], _Xfer] = {}
-        self._by_write: dict[int, _Xfer] = {}
-        self._revoking: dict[str, _Revocation] = {}
+        self._writes = WritePipeline(self._agent, self._block_bytes, self._outcome)
+        self._packed: set[str] = set()  # peers whose plane reads packed notifications (decision N18)
+        self._revoking: dict[str, Revocation] = {}
         self._backing: shared.Backing | None = getattr(pool, "backing", None)
         self.revocation_bounded = self._backing is not None
         revoke_s = settings.revoke_timeout_s
@@ -280,8 +186,8 @@ class NixlPlane:
             raise PlaneError(f"revoke_timeout_s={revoke_s} is too short for the nixl plane: a withdrawn window needs "
                              f"{DRAIN_S} s of drain, so it must be at least {2 * DRAIN_S} s")
         """Whether :meth:`revoke` withdraws access by itself (a shared-memory pool: windows)."""
-        self._windows: dict[str, _Window] = {}  # dialled peer -> its session's live window
-        self._sinks: list[_Window] = []  # withdrawn windows whose addresses are still mapped
+        self._windows: dict[str, Window] = {}  # dialled peer -> its session's live window
+        self._sinks: list[Window] = []  # withdrawn windows whose addresses are still mapped
         self._sinks_checked = 0.0
         self._sinks_warned = SINKS_WARN
         # peer -> (descriptor, accepted, gen): a hello whose agent a removed entry still holds
@@ -294,8 +200,6 @@ class NixlPlane:
                         "access to it: a load whose producer cannot answer keeps its slots until that producer is "
                         "proven gone (use a BlockPool of pageable memory, or wrap a /dev/shm region)")
         self._closed = False
-        self.posts = 0
-        """WRITEs posted since start (tests and benchmarks count them)."""
 
     @property
     def agent(self) -> NixlBlockAgent:
@@ -328,8 +232,8 @@ class NixlPlane:
         except NixlError as exc:
             shared.unmap(addr, self._backing.size)
             raise PlaneError(f"cannot register a NIXL window of the pool for {peer}: {exc}") from None
-        self._windows[peer] = _Window(peer, gen, addr, reg)
-        return msgspec.msgpack.encode(_Hello(desc, self._me))
+        self._windows[peer] = Window(peer, gen, addr, reg)
+        return msgspec.msgpack.encode(_Hello(desc, self._me, packed=True))
 
     def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False, gen: int = 0) -> bool:
         """Load ``peer``'s agent from its descriptor (from its hello or hello_ack).
@@ -390,6 +294,10 @@ class NixlPlane:
         except (NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
         self._peers[peer] = descriptor
+        if hello.packed:
+            self._packed.add(peer)
+        else:
+            self._packed.discard(peer)
         self._agents[peer] = (agent, hello.owner)
         if len(self._agents) > 4 * len(self._peers) + 1024:  # forget agents nobody revokes
             keep = self._peers.keys() | self._revoking.keys()
@@ -418,10 +326,11 @@ class NixlPlane:
             self._withdraw(w)
 
     def _drop_entry(self, peer: str) -> None:
+        self._packed.discard(peer)
         if self._peers.pop(peer, None) is not None and not self._closed:
             self._agent.remove_peer(peer)
 
-    def _withdraw(self, w: _Window) -> None:
+    def _withdraw(self, w: Window) -> None:
         """Deregister ``w`` and overmap it with a sink (module docstring); keep its addresses."""
         if w.withdrawn_at is not None:
             return
@@ -441,74 +350,20 @@ class NixlPlane:
 
     # -- producer ------------------------------------------------------------------------------
     def post(self, peer: str, kv_request_id: str, round: int, batches: Sequence[Batch]) -> None:
-        key = (kv_request_id, round)
-        x = _Xfer(key, peer, batches)
-        self._xfers[key] = x
-        if peer not in self._peers:
-            x.fail(f"no NIXL descriptor from {peer}")
-            return
-        self._drive((x,))
+        self._writes.start((kv_request_id, round), peer, batches, known=peer in self._peers,
+                           packed=peer in self._packed)
 
-    def _drive(self, xs: Sequence[_Xfer]) -> None:
-        """Post one batch at a time per transfer and take finished WRITEs right after each post,
-        so a batch's header leaves as soon as its WRITE is done (over CMA a WRITE often ends
-        inside its post) and the consumer checks it while the next one is written."""
-        while True:
-            posted = False
-            for x in xs:
-                posted |= self._post_next(x)
-            if not self._reap() and not posted:
-                return
-            xs = [x for x in xs if x.key in self._xfers]
-
-    def _post_next(self, x: _Xfer) -> bool:
-        """Post ``x``'s next batch if its window has room; whether one was posted."""
-        if x.next >= len(x.batches) or x.cancelled or x.failed:
-            return False
-        b = x.batches[x.next]
-        n = len(b.blocks) * self._block_bytes
-        if x.inflight and sum(m for _, m in x.inflight.values()) + n > WINDOW_BYTES:
-            return False
-        i = x.next
-        x.next += 1
-        if len(b.slots) != len(b.blocks):
-            x.fail(f"batch {i}: {len(b.blocks)} blocks but {len(b.slots)} slots")
-            return False
-        try:
-            # the header travels as the WRITE's notification, which NIXL delivers after its bytes
-            wid = self._agent.post_write(x.peer, b.blocks, b.slots, notif=b.header)
-        except (ValueError, TypeError, NixlError) as exc:  # a bad slot, an unknown peer, a header too long
-            x.fail(f"batch {i} not posted: {exc}")
-            return False
-        self.posts += 1
-        x.inflight[wid] = (i, n)
-        self._by_write[wid] = x
-        return True
-
-    def _reap(self) -> bool:
-        """Take the agent's outcomes; whether there were any.  (Taking a WRITE's outcome is what
-        makes NIXL send its notification.)"""
-        events = self._agent.poll()
-        for ev in events:
-            if isinstance(ev, PeerFault):
-                # every later WRITE to this entry would fail at its post (the agent keeps the
-                # fault): report it once, so the core ends the session and a new one adds the peer
-                # anew (decision I25); an entry already removed has no session left to end
-                log.info("kvtier: NIXL path to %s failed: %s", ev.peer, ev.cause)
-                if ev.peer in self._peers:
-                    self._faults.append(Faulted(ev.peer, self._gens.get(ev.peer, 0), ev.cause))
-                continue
-            assert isinstance(ev, XferResult)
-            x = self._by_write.pop(ev.xfer_id, None)
-            if x is None:  # not a transfer's WRITE: a warm-up READ (decision N15)
-                self._warmed(ev)
-                continue
-            i, n = x.inflight.pop(ev.xfer_id)
-            if ev.status != "done":
-                x.fail(f"batch {i}: WRITE failed: {ev.detail}")
-            else:
-                x.moved += n
-        return bool(events)
+    def _outcome(self, ev: XferResult | PeerFault) -> None:
+        """An agent outcome that is not a transfer's WRITE (the pipeline hands it over)."""
+        if isinstance(ev, PeerFault):
+            # every later WRITE to this entry would fail at its post (the agent keeps the fault):
+            # report it once, so the core ends the session and a new one adds the peer anew
+            # (decision I25); an entry already removed has no session left to end
+            log.info("kvtier: NIXL path to %s failed: %s", ev.peer, ev.cause)
+            if ev.peer in self._peers:
+                self._faults.append(Faulted(ev.peer, self._gens.get(ev.peer, 0), ev.cause))
+        else:  # a warm-up READ (decision N15)
+            self._warmed(ev)
 
     def _warmed(self, ev: XferResult) -> None:
         who = self._warming.pop(ev.xfer_id, None)
@@ -523,12 +378,15 @@ class NixlPlane:
             self._attach_reports.append(AttachFailed(peer, gen, f"the warm-up READ of its window failed: {ev.detail}"))
 
     def cancel(self, kv_request_id: str, round: int) -> None:
-        x = self._xfers.get((kv_request_id, round))
-        if x is not None:
-            x.cancelled = True
+        self._writes.cancel((kv_request_id, round))
 
     def referenced(self) -> int:
-        return sum(1 for x in self._xfers.values() if x.inflight)
+        return self._writes.referenced()
+
+    @property
+    def posts(self) -> int:
+        """WRITEs posted since start (tests and benchmarks count them)."""
+        return self._writes.posts
 
     # -- both ----------------------------------------------------------------------------------
     def poll(self) -> list[Report]:
@@ -536,19 +394,23 @@ class NixlPlane:
             return []
         # a UCX tcp target must call in for WRITEs into it to advance; what arrived complete
         # comes with its notification
-        out: list[Report] = [Notified(n.peer, (n.message,)) for n in self._agent.progress() if n.peer is not None]
+        # comes with its notification, which may carry several batches' headers (decision N18)
+        out: list[Report] = [Notified(n.peer, (h,)) for n in self._agent.progress() if n.peer is not None
+                             for h in unpack_notification(n.message)]
         out.extend(self._landings.poll())
-        self._drive(list(self._xfers.values()))
-        for key, x in list(self._xfers.items()):
-            if not x.inflight and (x.cancelled or x.failed or x.next == len(x.batches)):
-                del self._xfers[key]
-                out.append(Released(key[0], key[1], x.failed, x.moved, x.detail))
+        self._writes.drive()
+        if self._writes:
+            out.extend(self._writes.released())
         if self._revoking or self._sinks:
             now = time.monotonic()
             if self._revoking:
-                out.extend(self._check_revocations(now))
+                out.extend(check_revocations(self._revoking, now, self._me))
             if self._sinks:
-                self._reclaim_sinks(now)
+                check = now - self._sinks_checked >= CHECK_EVERY_S
+                if check:
+                    self._sinks_checked = now
+                self._sinks = reclaim_sinks(self._sinks, now, check, self._me,
+                                            self._backing.size)  # type: ignore[union-attr]
         if self._pending:
             self._retry_pending()
         if self._attach_reports:
@@ -583,7 +445,7 @@ class NixlPlane:
         (``nixl_progress_interval_s``); otherwise ``None``, so an idle manager is not woken every
         interval (waking 1,000 times a second per connected peer takes the core from the
         manager that is working)."""
-        if self._xfers or self._revoking or self._pending or self._warming or (receiving and self._peers):
+        if self._writes or self._revoking or self._pending or self._warming or (receiving and self._peers):
             return self._interval
         if any(p not in self._peers for p in self._windows):
             # a session we dialled is in its handshake: the producer's warm-up READ of our window
@@ -619,7 +481,7 @@ class NixlPlane:
         us — and the drain ran since.  See the module docstring."""
         rev = self._revoking.get(peer)
         if rev is None:
-            rev = self._revoking[peer] = _Revocation()
+            rev = self._revoking[peer] = Revocation()
         if self._backing is not None:
             w = self._windows.pop(peer, None)
             if w is not None:
@@ -634,42 +496,6 @@ class NixlPlane:
         if not rev.agents:
             log.warning("kvtier: cannot revoke %s's NIXL access: its agent is unknown; its slots stay held", peer)
         return False
-
-    def _check_revocations(self, now: float) -> list[Revoked]:
-        out: list[Revoked] = []
-        for peer, rev in list(self._revoking.items()):
-            if rev.proven_at is None:
-                if now - rev.checked < CHECK_EVERY_S or not rev.agents:
-                    continue
-                rev.checked = now
-                for agent, owner in list(rev.agents.items()):
-                    if process_gone(owner, self._me):
-                        del rev.agents[agent]
-                if not rev.agents:
-                    rev.proven_at = now
-                continue
-            rev.drained += 1  # poll() progressed once more since the proof
-            if rev.drained >= DRAIN_CALLS and now - rev.proven_at >= DRAIN_S:
-                del self._revoking[peer]
-                out.append(Revoked(peer))
-        return out
-
-    def _reclaim_sinks(self, now: float) -> None:
-        """Unmap sinks whose producer is proven unable to write there (and drained since)."""
-        check = now - self._sinks_checked >= CHECK_EVERY_S
-        if check:
-            self._sinks_checked = now
-        keep = []
-        for w in self._sinks:
-            if w.proven_at is None and check and w.owner is not None and process_gone(w.owner, self._me):
-                w.proven_at = now
-            if w.proven_at is not None:
-                w.drained += 1
-                if w.drained >= DRAIN_CALLS and now - w.proven_at >= DRAIN_S:
-                    shared.unmap(w.addr, self._backing.size)  # type: ignore[union-attr]
-                    continue
-            keep.append(w)
-        self._sinks = keep
 
     def sinks(self) -> int:
         """Withdrawn windows whose addresses are still mapped (tests, metrics)."""
@@ -691,20 +517,8 @@ class NixlPlane:
         reported is released as failed.  Idempotent."""
         if self._closed:
             return []
-        for x in self._xfers.values():
-            x.cancelled = True
-        out: list[Report] = []
-        for ev in self._agent.close(timeout_s=CLOSE_WAIT_S):
-            if isinstance(ev, XferResult):
-                x = self._by_write.pop(ev.xfer_id, None)
-                if x is not None:
-                    x.inflight.pop(ev.xfer_id, None)
-                    x.fail("closed" if ev.status == "done" else f"WRITE failed: {ev.detail}")
+        out: list[Report] = list(self._writes.close(self._agent.close(timeout_s=CLOSE_WAIT_S)))
         self._closed = True
-        for (kid, rnd), x in self._xfers.items():
-            out.append(Released(kid, rnd, x.failed or x.next < len(x.batches), x.moved, x.detail or "closed"))
-        self._xfers.clear()
-        self._by_write.clear()
         # the agent is gone: over UCX tcp and RDMA nothing reaches our region any more; over CMA
         # a stale WRITE lands in a sink (every window is withdrawn here: their addresses stay
         # mapped, the manager's process may live on); without windows see docs/dataplane.md

@@ -29,14 +29,17 @@ def _number(x: object) -> bool:
 def test_quick_p0_hands_off_every_size_on_every_system() -> None:
     res = seed.run(quick=True, log=lambda m: None, rounds=1, late_rounds=1)
     got = {(r["mib"], r["system"]) for r in res["rows"]}
-    want = {(m, s) for m in seed.QUICK_SIZES_MIB for s in (*seed.SYSTEMS, "raw_nixl", "copy")}
+    want = {(m, s) for m in seed.QUICK_SIZES_MIB for s in (*seed.SYSTEMS, "raw_nixl", "raw_zmq", "copy")}
     assert got == want
     for r in res["rows"]:
         assert _number(r["load_s"]["median"]) and r["load_s"]["median"] > 0, r
         if r["system"] in seed.SYSTEMS:
             assert _number(r["submit_store_s"]["median"]), r
             assert all(_number(v) and v >= 0 for v in r["cpu_s_per_gb"].values()), r
+        if r["system"] == "raw_zmq":  # the zmq plane's raw baseline: each phase it has
+            assert all(_number(r[k]["median"]) and r[k]["median"] > 0 for k in ("first_s", "done_s")), r
     assert set(res["late_s"]) == set(seed.SYSTEMS)
     assert res["targets"] and all(t["achieved"] is None or _number(t["achieved"]) for t in res["targets"])
     text = seed.render(res)
     assert "vLLM p2p (NIXL)" in text and "late fetch" in text
+    assert "kvtier zmq / raw pyzmq" in text and "kvtier nixl / raw NIXL WRITE" in text  # the per-phase table

@@ -127,7 +127,7 @@ def test_a_bad_slot_fails_the_transfer_without_raising_or_posting(pair):
 
 
 def test_cancel_stops_posting_and_release_waits_for_posted_writes(pair, monkeypatch):
-    import kvtier.dataplane.nixl as nx
+    import kvtier.dataplane.nixl_pipeline as nx
 
     p, c, _, rec = pair
     monkeypatch.setattr(nx, "WINDOW_BYTES", 4 * BB)  # one batch in flight at a time

@@ -1,0 +1,112 @@
+"""The NIXL plane's WRITE pipeline: batches packed into few WRITEs, each batch's header still its
+own notification (decision N18), only for a consumer that reads packed notifications.
+
+Two real planes in this process (two NIXL agents over two block pools); every byte moves through
+NIXL/UCX.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+import pytest
+
+from kvtier.dataplane import Batch, Notified, Released, make_plane
+from kvtier.dataplane.nixl_pipeline import PACKED, WRITE_BYTES, pack_headers, unpack_notification
+from kvtier.memory import BlockPool
+from kvtier.transport import SendHandle
+
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+
+pytestmark = pytest.mark.timeout(60)
+
+BB = 1 << 20  # 1 MiB blocks: a packed WRITE holds WRITE_BYTES // BB of them
+NB = 64
+
+
+class _Quiet:
+    def send(self, peer: str, frames: list, track: bool = False) -> SendHandle:
+        h = SendHandle(peer)
+        h._mark_sent()
+        return h
+
+
+def _unpacked(descriptor: bytes) -> bytes:
+    """The same plane descriptor as a peer of the previous release sends it (no ``packed``)."""
+    d = msgspec.msgpack.decode(descriptor)
+    del d["packed"]
+    return msgspec.msgpack.encode(d)
+
+
+@pytest.fixture(scope="module")
+def planes():
+    pools = [BlockPool(NB, BB, pin=False) for _ in range(3)]
+    p = make_plane("nixl", transport=_Quiet(), pool=pools[0], layout="raw")
+    c = make_plane("nixl", transport=_Quiet(), pool=pools[1], layout="raw")
+    old = make_plane("nixl", transport=_Quiet(), pool=pools[2], layout="raw")
+    c.add_peer("prod", p.descriptor())
+    old.add_peer("prod", p.descriptor())
+    p.add_peer("cons", c.descriptor(), accepted=True)
+    p.add_peer("old", _unpacked(old.descriptor()), accepted=True)
+    yield p, c, old, pools
+    for x in (p, c, old):
+        x.close()
+
+
+def _run(p, c, peer, kid, batches):
+    """Post ``batches`` to ``peer`` (the consumer plane ``c``) as round 0 of ``kid`` and poll both
+    until the transfer is released and every header arrived; (``p``'s reports, the headers)."""
+    p.post(peer, kid, 0, batches)
+    seen: list = []
+    out: list = []
+    for _ in range(50000):
+        out += p.poll()
+        seen += [r for r in c.poll() if isinstance(r, Notified)]
+        if any(isinstance(r, Released) for r in out) and len(seen) >= len(batches):
+            return out, seen
+    raise AssertionError(f"not done: {out} {seen}")
+
+
+def _batches(n_blocks, per, slot0=0):
+    return [Batch(i // per, tuple(range(i, i + per)), tuple(range(slot0 + i, slot0 + i + per)), b"hdr%d" % i)
+            for i in range(0, n_blocks, per)]
+
+
+def test_headers_pack_and_unpack_and_a_bad_packed_notification_is_returned_whole():
+    assert pack_headers([b"a"]) == b"a"
+    packed = pack_headers([b"\x85one", b"two", b"three"])
+    assert packed[:1] == PACKED and unpack_notification(packed) == (b"\x85one", b"two", b"three")
+    assert unpack_notification(b"\x85plain") == (b"\x85plain",)
+    for bad in (PACKED + b"\xff\x00", PACKED, PACKED + msgspec.msgpack.encode([1, 2])):
+        assert unpack_notification(bad) == (bad,)  # the shell's decoder refuses it as malformed
+
+
+def test_full_batches_share_writes_and_every_header_arrives_in_order(planes):
+    p, c, _, (pp, cp, _) = planes
+    for i in range(32):
+        pp.view(i).fill_(i + 1)
+    cp.tensor.fill_(0)
+    # 8 batches of 4 MiB, then a taper of two 1-block batches (equal, but not the largest size)
+    batches = _batches(32, 4) + [Batch(8, (0,), (40,), b"tail"), Batch(9, (1,), (41,), b"tail2")]
+    before = p.posts
+    out, seen = _run(p, c, "cons", "kv-pack", batches)
+    assert [r for r in out if isinstance(r, Released)] == [Released("kv-pack", 0, False, 34 * BB, "")]
+    per_write = WRITE_BYTES // (4 * BB)
+    assert p.posts - before == 8 // per_write + 2  # each taper batch goes alone
+    assert [r.frames for r in seen] == [(b.header,) for b in batches]
+    for i in range(32):
+        assert bytes(cp.buffer(i)) == bytes([i + 1]) * BB
+    assert bytes(cp.buffer(40)) == bytes([1]) * BB and bytes(cp.buffer(41)) == bytes([2]) * BB
+
+
+def test_a_consumer_without_packed_notifications_gets_one_write_per_batch(planes):
+    p, _, old, (pp, _, op) = planes
+    op.tensor.fill_(0)
+    batches = _batches(16, 4)
+    before = p.posts
+    out, seen = _run(p, old, "old", "kv-old", batches)
+    assert [r for r in out if isinstance(r, Released)] == [Released("kv-old", 0, False, 16 * BB, "")]
+    assert p.posts - before == 4
+    assert [r.frames for r in seen] == [(b.header,) for b in batches]
