@@ -1,5 +1,5 @@
 """What a data plane takes from the config (:class:`PlaneSettings`), built once from a validated
-:class:`~kvtier.config.TierConfig`; every default is the config's (decision C23)."""
+:class:`~kvtier.config.TierConfig`; every default is the config's (decision C24)."""
 
 from __future__ import annotations
 
