@@ -182,6 +182,7 @@ def test_pool_slot_to_pool_slot(make) -> None:
     assert until(lambda: h.done)
 
 
+@pytest.mark.timeout(120)
 def test_a_message_of_small_copied_frames_is_done_only_once_it_left(make) -> None:
     """Decision C22: frames under ``zero_copy_threshold`` are copied, but a tracked message whose
     frames add up to the threshold keeps one tracker (its last frame's): the handle is not done
@@ -199,11 +200,12 @@ def test_a_message_of_small_copied_frames_is_done_only_once_it_left(make) -> Non
         [(in_peer, _)] = recv_until(producer, 1)
         one = producer.send(in_peer, [b"hdr", *(bytes(64 << 10) for _ in range(4))], track=True)  # 256 KiB
         assert len(one._trackers) == 1
-        # 128 MiB more: far more than the kernel's socket buffers take while the consumer reads nothing
-        blob = memoryview(bytearray(128 << 20))
+        # 40 MiB more: more than the consumer's socket buffer (64 KiB), its one queued message (8 MiB)
+        # and the producer's send buffer (tcp_wmem's 4 MiB at most) take while it reads nothing
+        blob = memoryview(bytearray(40 << 20))
         handles = [producer.send(in_peer, [b"hdr", *(blob[o + k * (128 << 10):o + (k + 1) * (128 << 10)]
                                                       for k in range(64))], track=True)
-                   for o in range(0, 128 << 20, 8 << 20)]
+                   for o in range(0, 40 << 20, 8 << 20)]
         time.sleep(0.2)
         producer.flush()
         assert not handles[-1].done  # still inside libzmq (or queued): its memory is referenced
