@@ -55,8 +55,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 #: session fixture -> the xdist group of every test that uses it: one worker builds the resource
 #: once (the SmolLM2 model is loaded into one worker, not into each; its on-disk cache needs no
-#: group: demo.model serialises building it with a file lock)
-_ONE_WORKER = {"smollm2": "smollm2"}
+#: group: demo.model serialises building it with a file lock); the model checker's profiles and
+#: the P0 benchmark are run once and asserted on by several tests (docs/testing.md)
+_ONE_WORKER = {"smollm2": "smollm2", "profile_runs": "profile_runs", "p0_quick": "p0_quick"}
 
 
 def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
