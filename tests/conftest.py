@@ -70,11 +70,28 @@ def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
     gc.freeze()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which reads the groups into node ids
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     for item in items:
         for fixture, group in _ONE_WORKER.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, "loadgroup", False):
+            _suffix_group(item)
+
+
+def _suffix_group(item: pytest.Item) -> None:
+    """What pytest-xdist 3.8's worker does for ``--dist loadgroup`` (``<nodeid>@<group>``, the
+    scheduler's grouping key), for pytest 9, whose items keep their node id in a structured
+    ``_id``: xdist's own assignment to ``item._nodeid`` no longer changes it, and every group was
+    silently spread over all workers.  On older pytest xdist's hook does it, and this does nothing."""
+    from _pytest.nodeid import NodeId  # pytest >= 9 only
+
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    nodeid = item.nodeid
+    if names and isinstance(getattr(item, "_id", None), NodeId) and "@" not in nodeid.rpartition("]")[2]:
+        item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
 
 
 def pytest_configure(config):  # type: ignore[no-untyped-def]
