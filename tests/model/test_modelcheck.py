@@ -49,7 +49,8 @@ def test_default_bounds_pass_on_the_real_core(profile_runs) -> None:
     assert r.max_depth < b.depth, "the default state space is exhausted, not cut by the depth bound"
     for prop in modelcheck.PROPERTIES:
         assert f"ok   {prop}" in text
-    assert r.seconds < 120, f"the default model check took {r.seconds:.0f} s"
+    cpu = profile_runs.cpu_s["core"]  # CPU, not wall: other work on the host does not count
+    assert cpu < 120, f"the default model check took {cpu:.0f} s of CPU"
 
 
 def test_every_profile_is_explored_to_exhaustion(profile_runs) -> None:
@@ -67,8 +68,8 @@ def test_every_profile_is_explored_to_exhaustion(profile_runs) -> None:
         PROFILES[n] for n in ("reuse", "sessions", "shutdown", "one-sided", "symmetric"))
     assert reuse.lives > 1 and shutdown.shutdown and one_sided.one_sided and symmetric.symmetric
     assert sessions.crashes > 0 and sessions.pings and not sessions.connected and sessions.attach_later
-    elapsed = sum(r.seconds for r in results)
-    assert elapsed < 180, f"the profiles took {elapsed:.0f} s"
+    cpu = sum(profile_runs.cpu_s.values())  # CPU, not wall: other work on the host does not count
+    assert cpu < 180, f"the profiles took {cpu:.0f} s of CPU"
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
