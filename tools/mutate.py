@@ -32,8 +32,9 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".mutate"
-#: what the tests read from the checkout besides kvtier/ and tests/ (copied into mutants/)
-ALSO = ["tools", "spec", "docs", "bench", "diagrams"]
+#: what the tests read from the checkout besides kvtier/ and tests/ (copied into mutants/; README.md:
+#: test_config_docs checks its generated block)
+ALSO = ["tools", "spec", "docs", "bench", "diagrams", "README.md"]
 #: mutmut's exit codes -> verdicts (mutmut.stats.status_by_exit_code)
 VERDICT = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
            36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "killed"}
