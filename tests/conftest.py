@@ -58,6 +58,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 #: group: demo.model serialises building it with a file lock); the model checker's profiles and
 #: the P0 benchmark are run once and asserted on by several tests (docs/testing.md)
 _ONE_WORKER = {"smollm2": "smollm2", "profile_runs": "profile_runs", "p0_quick": "p0_quick"}
+#: shared session fixture -> the pytest-timeout (s) of every test that uses it: whichever of them runs
+#: first pays for building it (every model-check profile: ~35 s of CPU, 240 s of wall measured at
+#: load average 15-20, near the default 300 s hang guard)
+_SETUP_TIMEOUT = {"profile_runs": 900}
 
 
 def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
@@ -76,6 +80,9 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
         for fixture, group in _ONE_WORKER.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+        for fixture, seconds in _SETUP_TIMEOUT.items():
+            if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(seconds))
         if getattr(config.option, "loadgroup", False):
             _suffix_group(item)
 
