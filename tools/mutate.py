@@ -53,7 +53,7 @@ GROUPS: dict[str, Group] = {
     "codec": Group(("kvtier/wire/codec.py",), ("tests/wire",)),
     "config": Group(("kvtier/config.py", "kvtier/config_kinds.py"), ("tests/test_config.py",
                     "tests/test_config_rules.py", "tests/test_config_properties.py", "tests/test_config_docs.py",
-                    "tests/test_config_auth_rules.py")),
+                    "tests/test_config_auth_rules.py", "tests/test_config_lists.py")),
     "shell": Group(("kvtier/shell/jobs.py", "kvtier/shell/perbyte.py"),
                    ("tests/manager/test_perbyte.py", "tests/manager/test_virtual_results.py", "tests/manager/test_virtual_park.py",
                     "tests/manager/test_virtual_failures.py", "tests/manager/test_virtual_requests.py",
