@@ -55,8 +55,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 #: session fixture -> the xdist group of every test that uses it: one worker builds the resource
 #: once (the SmolLM2 model is loaded into one worker, not into each; its on-disk cache needs no
-#: group: demo.model serialises building it with a file lock)
-_ONE_WORKER = {"smollm2": "smollm2"}
+#: group: demo.model serialises building it with a file lock); the model checker's profiles and
+#: the P0 benchmark are run once and asserted on by several tests (docs/testing.md)
+_ONE_WORKER = {"smollm2": "smollm2", "profile_runs": "profile_runs", "p0_quick": "p0_quick"}
+#: shared session fixture -> the pytest-timeout (s) of every test that uses it: whichever of them runs
+#: first pays for building it (every model-check profile: ~35 s of CPU, 240 s of wall measured at
+#: load average 15-20, near the default 300 s hang guard)
+_SETUP_TIMEOUT = {"profile_runs": 900}
 
 
 def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
@@ -69,11 +74,31 @@ def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
     gc.freeze()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which reads the groups into node ids
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     for item in items:
         for fixture, group in _ONE_WORKER.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+        for fixture, seconds in _SETUP_TIMEOUT.items():
+            if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(seconds))
+        if getattr(config.option, "loadgroup", False):
+            _suffix_group(item)
+
+
+def _suffix_group(item: pytest.Item) -> None:
+    """What pytest-xdist 3.8's worker does for ``--dist loadgroup`` (``<nodeid>@<group>``, the
+    scheduler's grouping key), for pytest 9, whose items keep their node id in a structured
+    ``_id``: xdist's own assignment to ``item._nodeid`` no longer changes it, and every group was
+    silently spread over all workers.  On older pytest xdist's hook does it, and this does nothing."""
+    from _pytest.nodeid import NodeId  # pytest >= 9 only
+
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    nodeid = item.nodeid
+    if names and isinstance(getattr(item, "_id", None), NodeId) and "@" not in nodeid.rpartition("]")[2]:
+        item._id = NodeId.parse(f"{nodeid}@{'_'.join(names)}")
 
 
 def pytest_configure(config):  # type: ignore[no-untyped-def]

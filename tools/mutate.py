@@ -32,8 +32,9 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".mutate"
-#: what the tests read from the checkout besides kvtier/ and tests/ (copied into mutants/)
-ALSO = ["tools", "spec", "docs", "bench", "diagrams"]
+#: what the tests read from the checkout besides kvtier/ and tests/ (copied into mutants/; README.md:
+#: test_config_docs checks its generated block)
+ALSO = ["tools", "spec", "docs", "bench", "diagrams", "README.md"]
 #: mutmut's exit codes -> verdicts (mutmut.stats.status_by_exit_code)
 VERDICT = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
            36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "killed"}
@@ -51,7 +52,8 @@ class Group(NamedTuple):
 GROUPS: dict[str, Group] = {
     "codec": Group(("kvtier/wire/codec.py",), ("tests/wire",)),
     "config": Group(("kvtier/config.py", "kvtier/config_kinds.py"), ("tests/test_config.py",
-                    "tests/test_config_rules.py", "tests/test_config_properties.py")),
+                    "tests/test_config_rules.py", "tests/test_config_properties.py", "tests/test_config_docs.py",
+                    "tests/test_config_auth_rules.py", "tests/test_config_lists.py")),
     "shell": Group(("kvtier/shell/jobs.py", "kvtier/shell/perbyte.py"),
                    ("tests/manager/test_perbyte.py", "tests/manager/test_virtual_results.py", "tests/manager/test_virtual_park.py",
                     "tests/manager/test_virtual_failures.py", "tests/manager/test_virtual_requests.py",

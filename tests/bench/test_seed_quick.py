@@ -26,8 +26,12 @@ def _number(x: object) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_quick_p0_hands_off_every_size_on_every_system() -> None:
-    res = seed.run(quick=True, log=lambda m: None, rounds=1, late_rounds=1)
+def test_quick_p0_hands_off_every_size_on_every_system(p0_quick) -> None:
+    """On the session's one quick P0 run (``python -m bench --quick --only P0``, tests/bench/conftest.py),
+    whose record test_bench_quick.py checks too."""
+    _, doc = p0_quick
+    res = doc["benchmarks"]["P0"]
+    assert res["status"] == "ok", res.get("error")
     got = {(r["mib"], r["system"]) for r in res["rows"]}
     want = {(m, s) for m in seed.QUICK_SIZES_MIB for s in (*seed.SYSTEMS, "raw_nixl", "raw_zmq", "copy")}
     assert got == want
@@ -43,3 +47,4 @@ def test_quick_p0_hands_off_every_size_on_every_system() -> None:
     text = seed.render(res)
     assert "vLLM p2p (NIXL)" in text and "late fetch" in text
     assert "kvtier zmq / raw pyzmq" in text and "kvtier nixl / raw NIXL WRITE" in text  # the per-phase table
+    assert res["method"] == text  # the record carries the same rendering

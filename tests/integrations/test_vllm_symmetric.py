@@ -9,7 +9,8 @@ and the serving side's pins (store jobs of its tiering manager) all released aft
 Variants: the peer lacks the last block (partial: the missing block is computed, never probed
 twice); the peer is unreachable (the request is computed after a MISS, well inside the probe
 bound); a ``reset_cache`` on the serving engine while it pins blocks for an unfetched round (the
-seed's held-pin assertion, fixed: ``drain_jobs`` releases the pins).  Properties exercised:
+seed's held-pin assertion, fixed: ``drain_jobs`` releases the pins), and the same while the
+consumer's engine promotes one offered key (its load fails, the other keys are probed again).  Properties exercised:
 ``probe_answered_in_bound``, ``pin_released_once``, ``no_hit_without_pin``.
 """
 
@@ -179,12 +180,10 @@ def _wait(pred, *mgrs, timeout_s: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-@pytest.mark.timeout(60)
-def test_reset_cache_while_pins_are_held_for_an_unfetched_round(managers) -> None:
-    """A answered B's probe (every block HIT, pinned) and B has not fetched yet; A's engine resets
-    its cache.  vLLM's reset_cache drains the tier and asserts no job of its is left: kvtier's
-    drain_jobs ends the unfetched round (drained), releasing its pins through their store jobs'
-    results, so the assertion holds (the seed's own tier failed it here).  B's lookups then MISS."""
+def _held_round(managers) -> tuple[Any, Any, Any, Any, list[bytes], ReqContext, ReqContext, Any]:
+    """A holds 3 blocks; B's symmetric request probed them and A answered every one HIT (pinned
+    for B's round, one store job of A's tiering manager): returns (prod, ptier, cons, ctier, keys,
+    A's request, B's request, A's primary view)."""
     prod, ptier = managers(SERVE)
     cons, ctier = managers(SERVE)
     host, port = ptier.address.rsplit(":", 1)
@@ -202,17 +201,65 @@ def test_reset_cache_while_pins_are_held_for_an_unfetched_round(managers) -> Non
         step(cons, ("req-S",))  # the tier's on_schedule_end sends the probe (once the session is up)
     _wait(lambda: ptier.kvtier.core.serve_ids() and ptier.kvtier.core.pins_held(), prod, cons)
     assert len(prod._jobs) == 1  # the pin: one store job of A's tiering manager
-    with prod.lock:
-        prod.reset_cache()  # drain_jobs, then `assert not self._jobs` inside vLLM
-    assert not prod._jobs
-    assert stat(ptier, "kvtier_pins_released_total{outcome=fail,reason=drained}") == 1
-    # B learns the offer was withdrawn: its lookups answer MISS (not HIT for released pins)
-    _wait(lambda: cons.lookup(ks[0], S) is LookupResult.MISS, prod, cons)
+    return prod, ptier, cons, ctier, ks, L, S, pview
+
+
+def _finish(prod: Any, cons: Any, L: ReqContext, S: ReqContext) -> None:
     with cons.lock:
-        assert [cons.lookup(k, S) for k in ks] == [LookupResult.MISS] * 3
         cons.on_request_finished(S)
         step(cons)
     with prod.lock:
         prod.on_request_finished(L)
         step(prod)
+
+
+@pytest.mark.timeout(60)
+def test_reset_cache_while_pins_are_held_for_an_unfetched_round(managers) -> None:
+    """A answered B's probe (every block HIT, pinned) and B has not fetched yet; A's engine resets
+    its cache.  vLLM's reset_cache drains the tier and asserts no job of its is left: kvtier's
+    drain_jobs ends the unfetched round (drained), releasing its pins through their store jobs'
+    results, so the assertion holds (the seed's own tier failed it here).  B's probe learns of the
+    withdrawal (failed) and its lookups then MISS.  B waits for that without looking a key up: a
+    lookup of an offered key is a fetch (vLLM starts its promotion), which the next test covers
+    (decision V5)."""
+    prod, ptier, cons, ctier, ks, L, S, pview = _held_round(managers)
+    with prod.lock:
+        prod.reset_cache()  # drain_jobs, then `assert not self._jobs` inside vLLM
+    assert not prod._jobs
+    assert stat(ptier, "kvtier_pins_released_total{outcome=fail,reason=drained}") == 1
+    # B learns the offer was withdrawn: its lookups answer MISS (not HIT for released pins)
+    _wait(lambda: stat(ctier, "kvtier_probes{state=failed}") == 1, prod, cons)
+    with cons.lock:
+        assert [cons.lookup(k, S) for k in ks] == [LookupResult.MISS] * 3
+    _finish(prod, cons, L, S)
+    assert stat(ctier, "kvtier_probe_keys_total{answer=") == 3  # never probed again
+    del pview
+
+
+@pytest.mark.timeout(60)
+def test_reset_cache_while_the_consumer_promotes_one_offered_key(managers) -> None:
+    """As above, but B's engine looked one offered key up after A's reply and before A's reset: vLLM
+    starts its promotion, a load of that key alone, which closes the round (its other offers are
+    forgotten, decision V5).  The drained round refuses the fetch: the load fails (drained), the
+    key answers MISS from then on and is never probed again; the two forgotten keys are probed once
+    more (RETRY meanwhile), and A, its cache reset, answers MISS.  Every pin is released once."""
+    prod, ptier, cons, ctier, ks, L, S, pview = _held_round(managers)
+    _wait(lambda: stat(ctier, "kvtier_probe_keys_total{answer=hit}") == 3, prod, cons)  # B has the reply
+    with cons.lock:
+        assert cons.lookup(ks[0], S) is LookupResult.HIT_PENDING  # the promotion of ks[0] begins
+    with prod.lock:
+        prod.reset_cache()
+    assert not prod._jobs
+    _wait(lambda: stat(ctier, "kvtier_jobs_total{kind=load,outcome=fail,reason=drained}") == 1, prod, cons)
+    with cons.lock:
+        assert cons.lookup(ks[0], S) is LookupResult.MISS
+        assert [cons.lookup(k, S) for k in ks[1:]] == [LookupResult.RETRY] * 2  # a fresh round
+    _wait(lambda: stat(ctier, "kvtier_probe_keys_total{answer=miss}") == 2, prod, cons)
+    with cons.lock:
+        assert [cons.lookup(k, S) for k in ks] == [LookupResult.MISS] * 3
+    assert stat(ptier, "kvtier_pins_released_total{outcome=fail,reason=drained}") == 1
+    assert stat(ptier, "kvtier_pins_released_total{outcome=ok") == 0
+    assert stat(ptier, "kvtier_served_keys_total{answer=miss}") == 2  # ks[0] was not probed again
+    _finish(prod, cons, L, S)
+    assert not prod._jobs
     del pview

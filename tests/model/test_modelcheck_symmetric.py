@@ -4,55 +4,24 @@ restored from snapshots; its properties fail when the core breaks them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import attrs
 import pytest
 
-from tools.modelcheck import PROFILES, PROPERTIES, check, format_result, search
+from tools.modelcheck import PROFILES, PROPERTIES, check, format_result
 from tools.modelcheck.system import System
 from tools.planted import PROFILE_OF
 from kvtier.lifecycle import probe as probe_module
-from kvtier.lifecycle.effects import JobDone, ReleasePins
+from kvtier.lifecycle.effects import ReleasePins
 from kvtier.lifecycle.probe import Answer, ProbeMachine
 from kvtier.lifecycle.serve import ServeMachine
 
 SYMMETRIC = PROFILES["symmetric"]
 
 
-@pytest.fixture
-def systems(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[System]]:
-    """The systems the searches of the test build (to read what they reached)."""
-    built: list[System] = []
-
-    class Kept(System):
-        def __init__(self, b):  # type: ignore[no-untyped-def]
-            super().__init__(b)
-            built.append(self)
-
-    monkeypatch.setattr(search, "System", Kept)
-    yield built
-
-
-def _reached(system: System) -> dict[str, set]:
-    """Every serve, probe and round-load state the search's snapshots hold, and every pin release
-    and load result its core steps emitted."""
-    out: dict[str, set] = {"serve": set(), "probe": set(), "loads": set(), "releases": set(), "jobs": set()}
-    for summary in system.cores.summaries:
-        out["serve"] |= {v[0] for v in summary.serve.values()}
-        out["probe"] |= {v[0] for v in summary.probe.values()}
-        out["loads"] |= {v[0] for v in summary.loads.values()}
-    for step in system.cores.memo.values():
-        for e in step.effects:
-            if type(e) is ReleasePins:
-                out["releases"].add(e.ok)
-            elif type(e) is JobDone and e.job_id >= 3000:
-                out["jobs"].add(e.ok)
-    return out
-
-
-def test_the_symmetric_profile_is_exhausted_and_every_property_holds(systems: list[System]) -> None:
-    r = check(SYMMETRIC, profile="symmetric")
+def test_the_symmetric_profile_is_exhausted_and_every_property_holds(profile_runs) -> None:
+    """The symmetric profile's search (one of every profile's, shared: tests/model/conftest.py)."""
+    r = profile_runs.of("symmetric")
+    assert r.bounds == SYMMETRIC and r.bug is None
     text = format_result(r)
     print(text)
     assert r.ok, text
@@ -60,7 +29,7 @@ def test_the_symmetric_profile_is_exhausted_and_every_property_holds(systems: li
     assert r.states > 10_000 and "symmetric sym_keys=2" in text
     for prop in PROPERTIES:
         assert f"ok   {prop}" in text
-    got = _reached(systems[0])
+    got = profile_runs.reached["symmetric"]
     # the properties are not vacuous: the search went through every way a round lives and ends
     assert got["serve"] >= {"looking_up", "offered", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
     assert got["probe"] >= {"idle", "collecting", "probing", "offered", "failed"}
