@@ -96,7 +96,7 @@ def _zmq_transport(cfg: TierConfig, block_bytes: int, curve: Any) -> Transport:
         max_accepted_frame_bytes=2 * cfg.max_message_bytes,
         max_frame_bytes=max(2 * cfg.max_message_bytes, block_bytes),
         # frames under 256 KiB are copied as they are sent: zero-copy pays for itself only from
-        # 256 KiB up (limits.md), and a tracked frame costs a tracker, pyzmq's garbage-collector
+        # 256 KiB up (measured with raw pyzmq on the development hosts, decision C21), and a tracked frame costs a tracker, pyzmq's garbage-collector
         # thread and a later release report (decision C21)
         zero_copy_threshold=ZERO_COPY_BYTES,
         handshake_ivl_s=cfg.handshake_timeout_s,

@@ -499,7 +499,7 @@ class Disconnect(_Msg, tag="disconnect"):
 
 class Error(_Msg, tag="error"):
     """either way: answer to a message that could not be accepted. ``reason`` is a wire reason
-    code (``kvtier.wire.Reason``). ``kv_request_id`` is ``""`` when it could not be read."""
+    code (:class:`kvtier.wire.WireReason`). ``kv_request_id`` is ``""`` when it could not be read."""
 
     TYPE: ClassVar[str] = "error"
     gen: int
