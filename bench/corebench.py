@@ -21,8 +21,8 @@ import tracemalloc
 from typing import Any, Callable
 
 from bench._util import CpuMeter, paired_ratio, summary, target
-from tools.child import Child
 from kvtier.lifecycle.core import TIMER_KEYS
+from tools.child import Child
 
 _KEY = (b"k0000000000000000",)
 
@@ -720,10 +720,11 @@ class ScaleRunner:
         return {"rss": _rss()}
 
     def op_run(self, n: int, batch: int = 1000, dt: float = 0.1) -> dict[str, Any]:
-        from kvtier.lifecycle import CoreSettings, HelloInput, TierCore, snapshot
+        from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
         from kvtier.lifecycle.inputs import StoreSubmitted
         from kvtier.testing.clock import VirtualClock
         from kvtier.wire import messages as wm
+        from tools import snapshot
 
         gc.collect()
         rss0, blocks0 = _rss(), sys.getallocatedblocks()
@@ -761,7 +762,7 @@ class ScaleRunner:
                              "heap": core.deadline_entries(), "rss_mib": _rss() / 2**20})
         seconds = time.perf_counter() - t0
         gc.collect()
-        # the producer's two per-peer indexes lead the tuple (kvtier.lifecycle.snapshot.indexes)
+        # the producer's two per-peer indexes lead the tuple (tools.snapshot.indexes)
         by_peer, awaiting = snapshot.indexes(core)[:2]
         state = {
             "records": core.producer_count(),
