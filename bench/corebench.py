@@ -59,7 +59,8 @@ def _core_cycles(cycles: int) -> float:
     producer's view of a decoded fetch or receipt)."""
     from kvtier.lifecycle._table import ProducerEvent, ProducerState
     from kvtier.lifecycle.inputs import StoreSubmitted
-    from kvtier.lifecycle.producer import FetchInput, ProducerMachine
+    from kvtier.lifecycle.producer import ProducerMachine
+    from kvtier.lifecycle.producer_records import FetchInput
 
     m = ProducerMachine(_durations())
     ids = [f"req-{i:06d}" for i in range(1024)]
@@ -576,7 +577,8 @@ def retained_breakdown(fetch_keys: int, end: str) -> dict[str, int]:
     it: the store job, its view of the fetch and of the receipt or abort)."""
     from kvtier.lifecycle._table import ProducerEvent
     from kvtier.lifecycle.inputs import StoreSubmitted
-    from kvtier.lifecycle.producer import FetchInput, ProducerMachine, ProducerRecord
+    from kvtier.lifecycle.producer import ProducerMachine
+    from kvtier.lifecycle.producer_records import FetchInput, ProducerRecord
 
     m = ProducerMachine(_durations())
     keys = tuple(b"k/%05d" % j for j in range(fetch_keys))

@@ -44,7 +44,7 @@ from kvtier.lifecycle.consumer import ConsumerRecord
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.deadlines import DeadlineQueue
 from kvtier.lifecycle.probe import ProbeRecord
-from kvtier.lifecycle.producer import _NO_BLOCKS, RETAINED, ProducerRecord
+from kvtier.lifecycle.producer_records import _NO_BLOCKS, RETAINED, ProducerRecord
 from kvtier.lifecycle.serve import ServeRecord, transfer_key
 from kvtier.lifecycle.session import HelloInput, SessionRecord
 

@@ -16,7 +16,7 @@ from kvtier.lifecycle.consumer import MessageInput
 from kvtier.lifecycle.effects import Effect, Ignored, Send
 from kvtier.lifecycle.inputs import Malformed, Received
 from kvtier.lifecycle.probe import ReplyInput
-from kvtier.lifecycle.producer import FetchInput
+from kvtier.lifecycle.producer_records import FetchInput
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import WireReason
