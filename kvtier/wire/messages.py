@@ -366,11 +366,10 @@ class AbortFetch(_Msg, tag="abort_fetch"):
         _flag("offered", self.offered)
 
 
-class Receipt(_Msg, tag="receipt"):
-    """consumer→producer: every block of this round landed and matched its digest: only now may the
-    producer report its store jobs succeeded."""
+class AbortAck(_Msg, tag="abort_ack"):
+    """producer→consumer: no more blocks for this round will be sent or written (a terminal answer)"""
 
-    TYPE: ClassVar[str] = "receipt"
+    TYPE: ClassVar[str] = "abort_ack"
     gen: int
     kv_request_id: str
     round: int
@@ -383,10 +382,11 @@ class Receipt(_Msg, tag="receipt"):
         _life(self.life)
 
 
-class AbortAck(_Msg, tag="abort_ack"):
-    """producer→consumer: no more blocks for this round will be sent or written (a terminal answer)"""
+class Receipt(_Msg, tag="receipt"):
+    """consumer→producer: every block of this round landed and matched its digest: only now may the
+    producer report its store jobs succeeded."""
 
-    TYPE: ClassVar[str] = "abort_ack"
+    TYPE: ClassVar[str] = "receipt"
     gen: int
     kv_request_id: str
     round: int
