@@ -71,7 +71,7 @@ Runner = Callable[[bool, Callable[[str], None], set[str]], dict[str, dict[str, A
 
 def _groups() -> list[tuple[set[str], Runner]]:
     """Benchmarks that share a setup run together (P1-P3: one pair of processes)."""
-    from bench import corebench, engine_calls, pd, seed, symmetric, xproc
+    from bench import corebench, corememory, engine_calls, pd, seed, symmetric, xproc
 
     def single(fn: Callable[[bool, Callable[[str], None]], dict[str, dict[str, Any]]]) -> Runner:
         return lambda quick, log, which: fn(quick, log)
@@ -80,8 +80,8 @@ def _groups() -> list[tuple[set[str], Runner]]:
         ({"P0"}, single(seed.run_p0)),
         ({"P4"}, single(corebench.run_p4)),
         ({"P5"}, single(corebench.run_p5)),
-        ({"P6"}, single(corebench.run_p6)),
-        ({"P8"}, single(corebench.run_p8)),
+        ({"P6"}, single(corememory.run_p6)),
+        ({"P8"}, single(corememory.run_p8)),
         ({"P1", "P2", "P3"}, xproc.run),
         ({"P7"}, single(pd.run_p7)),
         ({"P9"}, single(symmetric.run_p9)),

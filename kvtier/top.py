@@ -33,12 +33,13 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from kvtier.lifecycle import Reason
 from kvtier.metrics import REQUESTS_PATH
 
 __all__ = ["Row", "Snapshot", "endpoint_url", "fetch_requests", "main", "recent", "render", "requests_url", "row",
            "scrape"]
 
-_LATE = ("reaped", "already_served")
+_LATE = (Reason.REAPED.value, Reason.ALREADY_SERVED.value)
 """Refusal reasons that mean the consumer came after the producer let go of the id."""
 
 

@@ -90,13 +90,13 @@ def test_the_wheel_holds_the_runtime_and_no_development_module(wheel) -> None:
     sources = {p.relative_to(REPO).as_posix() for p in (REPO / "kvtier").rglob("*.py") if "__pycache__" not in p.parts}
     assert modules == sources, (sorted(modules - sources), sorted(sources - modules))
     assert {"kvtier/py.typed", "kvtier/testing/clock.py", "kvtier/testing/inproc.py",
-            "kvtier/testing/fakenet.py"} <= names
+            "kvtier/testing/pair.py"} <= names
     # the development layers and their data stay in the repository
     for dev in ("tools/", "bench/", "demo/", "tests/", "docs/", "spec/", "kvtier/_tools/", "kvtier/bench/",
                 "kvtier/demo/", "kvtier/_gendoc.py"):
         assert not any(n.startswith(dev) for n in names), dev
     for machinery in ("planted", "peer_process", "nixl_peer", "raw_peer", "wedge", "netns", "modelcheck",
-                      "scenarios", "specgen", "diagrams", "prompts.txt"):
+                      "scenarios", "specgen", "diagrams", "prompts.txt", "fakenet", "snapshot.py"):
         assert not any(machinery in n for n in names), machinery
     meta = _metadata(whl)
     assert "License-Expression: Apache-2.0" in meta and "kvtier-0.1.0.dist-info/licenses/LICENSE" in names

@@ -200,3 +200,25 @@ def render_compatibility() -> str:
          f"`{extras['nixl'][0]}`) |"),
         "| torch | any build for your machine, installed first (tested: 2.13.0, CPU) |",
     ])
+
+
+def render_messages() -> str:
+    """docs/protocol.md's message table, one row per class of :mod:`kvtier.wire.messages` (its tag,
+    its docstring's direction and meaning, its fields and their types), so a new message is
+    documented where it is declared (decision C1)."""
+    import re
+
+    import msgspec
+
+    from kvtier.wire.messages import MESSAGE_TYPES
+
+    def kind(t: object) -> str:
+        return t.__name__ if isinstance(t, type) else str(t)
+
+    rows = ["| type | direction | fields | meaning |", "|---|---|---|---|"]
+    for tag, cls in MESSAGE_TYPES.items():
+        way, _, meaning = " ".join((cls.__doc__ or "").split()).partition(": ")
+        meaning = re.sub(r"``(.+?)``", r"`\1`", meaning).replace("|", "\\|")
+        fields = ", ".join(f"{f.name}:{kind(f.type)}" for f in msgspec.structs.fields(cls))
+        rows.append(f"| `{tag}` | {way} | `{fields}` | {meaning} |")
+    return "\n".join(rows)

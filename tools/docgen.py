@@ -94,6 +94,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "reasons": docblocks.render_reasons,
     "wire reasons": docblocks.render_wire_reasons,
     "compatibility": docblocks.render_compatibility,
+    "messages": docblocks.render_messages,
 }
 """Block name -> its renderer (the operator pages' ones: :mod:`tools.docblocks`)."""
 
@@ -105,6 +106,7 @@ PAGES: dict[str, tuple[str, ...]] = {
     "docs/cli.md": ("cli reference",),
     "docs/troubleshooting.md": ("reasons", "wire reasons"),
     "docs/compatibility.md": ("compatibility",),
+    "docs/protocol.md": ("messages",),
 }
 """Page (relative to the checkout) -> the generated blocks it holds."""
 

@@ -37,7 +37,8 @@ from kvtier.lifecycle._table import (
 )
 from kvtier.lifecycle.consumer import ConsumerMachine
 from kvtier.lifecycle.effects import JobDone, Send, SendBlocks
-from kvtier.lifecycle.producer import RETAINED, ProducerMachine, ProducerRecord, RetainedRecord
+from kvtier.lifecycle.producer import ProducerMachine
+from kvtier.lifecycle.producer_records import RETAINED, ProducerRecord, RetainedRecord
 
 __all__ = ["PLANTED", "PROFILE_OF"]
 

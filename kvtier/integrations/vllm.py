@@ -47,24 +47,22 @@ This module is the only place kvtier imports vLLM; :mod:`kvtier.integrations` im
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import logging
-import time
 import traceback
 import weakref
-from collections import deque
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import attrs
 
 try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
     from vllm.v1.core import kv_cache_utils as _vllm_kv_cache_utils
     from vllm.v1.kv_offload.base import (
         LookupResult as VllmLookupResult,
     )
     from vllm.v1.kv_offload.base import (
+        OffloadingMetricMetadata,
         OffloadKey,
         OffloadPolicy,
         ReqContext,
@@ -82,13 +80,6 @@ try:
         TransferJob as VllmTransferJob,
     )
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
-    from vllm.v1.kv_offload.base import (
-        OffloadingCounterMetadata,
-        OffloadingGaugeMetadata,
-        OffloadingHistogramMetadata,
-        OffloadingMetricMetadata,
-    )
 except Exception as _exc:  # any failure: a half-installed stack raises TypeError, PackageNotFoundError…
     raise ImportError(
         "kvtier.integrations.vllm needs vLLM 0.33.0 (vllm.v1.kv_offload.tiering); importing it "
@@ -96,12 +87,20 @@ except Exception as _exc:  # any failure: a half-installed stack raises TypeErro
     ) from _exc
 
 from kvtier.api import DuplicateJob, JobResult, LookupResult, RequestContext, TransferJob
-from kvtier.blocksource import Pin, Presence
 from kvtier.config import TierConfig, TierConfigError
+from kvtier.integrations.vllm_engine import (
+    VllmParentSource,
+    _dp_index,
+    _Req,
+    _ReqStates,
+    _Throttled,
+    _truncate,
+    vllm_layout,
+)
+from kvtier.integrations.vllm_stats import _StatsBridge, vllm_metric_definitions
 from kvtier.lifecycle import Reason
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
-from kvtier.metrics import CONST_LABELS, SERIES
 from kvtier.version import TESTED_VLLM_VERSION
 
 __all__ = ["KvTierSecondaryTier", "TESTED_VLLM_VERSION", "vllm_layout"]
@@ -111,242 +110,12 @@ log = logging.getLogger("kvtier.integrations.vllm")
 
 _DRAIN_MARGIN_S = 5.0
 
-VLLM_PREFIX = "vllm:"
-"""kvtier's series appear on vLLM's ``/metrics`` as ``vllm:<name>`` (e.g. ``vllm:kvtier_parked_ids``)."""
-
 _STATS_INTERVAL_S = 1.0
 """vLLM asks for stats at every engine step; the live gauges walk every record, so at most this often."""
 
 
-def _vllm_name(name: str, kind: str) -> str:
-    # prometheus_client appends _total to a counter's name itself
-    base = name[: -len("_total")] if kind == "counter" and name.endswith("_total") else name
-    return VLLM_PREFIX + base
-
-
-def vllm_metric_definitions() -> dict[str, OffloadingMetricMetadata]:
-    """kvtier's series (:data:`kvtier.metrics.SERIES`) as vLLM 0.33.0 offloading metric
-    definitions; vLLM prepends its engine labels (``model_name``, ``engine``)."""
-    out: dict[str, OffloadingMetricMetadata] = {}
-    for s in SERIES:
-        labels = CONST_LABELS + s.labels
-        if s.kind == "counter":
-            meta: OffloadingMetricMetadata = OffloadingCounterMetadata(documentation=s.help, labelnames=labels)
-        elif s.kind == "gauge":
-            meta = OffloadingGaugeMetadata(documentation=s.help, labelnames=labels)
-        else:
-            meta = OffloadingHistogramMetadata(documentation=s.help, labelnames=labels, buckets=s.buckets)
-        out[_vllm_name(s.name, s.kind)] = meta
-    return out
-
-
-class _StatsBridge:
-    """Turns a manager's registry into vLLM's ``OffloadingConnectorStats`` payloads: counter
-    increments since the last payload, gauge snapshots, and every histogram observation (from a
-    bounded :meth:`~kvtier.metrics.TierMetrics.tap`)."""
-
-    def __init__(self, mgr: KvTierManager) -> None:
-        self._metrics = mgr.tier_metrics
-        self._tap = self._metrics.tap()
-        self._last: dict[tuple[str, tuple[str, ...]], float] = {}
-        self._labels = {s.name: CONST_LABELS + s.labels for s in SERIES}
-        self._kinds = {s.name: s.kind for s in SERIES}
-        self._next = 0.0
-
-    def take(self) -> OffloadingConnectorStats | None:
-        now = time.monotonic()
-        if now < self._next:
-            return None
-        self._next = now + _STATS_INTERVAL_S
-        stats = OffloadingConnectorStats()
-        const = self._metrics.const_values
-        for family in self._metrics.registry.collect():
-            kind = family.type
-            if kind not in ("counter", "gauge"):
-                continue
-            for sample in family.samples:
-                name = sample.name
-                if kind == "counter" and not name.endswith("_total"):
-                    continue  # _created
-                names = self._labels.get(name)
-                if names is None:
-                    continue
-                labels = tuple(sample.labels.get(n, "") for n in names)
-                vname = _vllm_name(name, kind)
-                if kind == "gauge":
-                    stats.set_gauge(vname, sample.value, labels)
-                    continue
-                key = (name, labels)
-                delta = sample.value - self._last.get(key, 0.0)
-                if delta > 0:
-                    self._last[key] = sample.value
-                    stats.increase_counter(vname, delta, labels)
-        for name, labels, value in self._tap.take():
-            stats.observe_histogram(_vllm_name(name, "histogram"), value, (*const, *labels))
-        return None if stats.is_empty() else stats
-
-
-class _Throttled:
-    """At most one log line per ``interval_s``; the next line says how many were suppressed.
-
-    Client-controlled input (``kv_transfer_params``) must not be able to flood the log.
-    """
-
-    def __init__(self, interval_s: float = 10.0) -> None:
-        self.interval_s = interval_s
-        self._next = 0.0
-        self._suppressed = 0
-
-    def __call__(self, level: int, msg: str, *args: Any, exc_info: bool = False) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._suppressed += 1
-            return
-        self._next = now + self.interval_s
-        if self._suppressed:
-            msg += " (%d similar messages suppressed)"
-            args = (*args, self._suppressed)
-            self._suppressed = 0
-        log.log(level, msg, *args, exc_info=exc_info)
-
-
-class _Req:
-    """What the adapter knows about one vLLM request (kept in its ``ReqContext``).
-
-    ``role``: ``producer`` | ``consumer`` | ``local`` (from kvtier) or ``invalid`` (malformed
-    ``kv_transfer_params``) or ``closed`` (announced after shutdown).
-    """
-
-    __slots__ = ("role", "rc", "load_failed", "loading")
-
-    def __init__(self, role: str, rc: RequestContext) -> None:
-        self.role = role
-        self.rc = rc
-        self.load_failed = False
-        self.loading = False  # a load job was submitted for it
-
-
-class _ReqStates:
-    """The value stored with ``ReqContext.set_state`` (keyed by type there), one ``_Req`` per
-    kvtier tier instance so that two kvtier tiers in one engine do not share state."""
-
-    __slots__ = ("by_tier",)
-
-    def __init__(self) -> None:
-        self.by_tier: dict[int, _Req] = {}
-
-
 _LOOKUP = {LookupResult.HIT: VllmLookupResult.HIT, LookupResult.MISS: VllmLookupResult.MISS,
            LookupResult.RETRY: VllmLookupResult.RETRY}
-_PRESENCE = {VllmLookupResult.HIT: Presence.FOUND, VllmLookupResult.HIT_PENDING: Presence.PENDING,
-             VllmLookupResult.RETRY: Presence.PENDING, VllmLookupResult.MISS: Presence.MISSING}
-
-
-class VllmParentSource:
-    """A :class:`~kvtier.blocksource.BlockSource` over vLLM's ``ParentManager``: what this engine's
-    tiering manager holds, excluding this tier.
-
-    A lookup context is a fresh ``ReqContext`` (``parent.on_new_request`` … ``on_request_finished``,
-    as ``ParentManager``'s docstring requires); a pin is ``parent.create_store_job(keys, ctx)``: the
-    primary rows' ref-counts are raised and the job is registered in the tiering manager under this
-    tier, so the pin's release is that job's ``JobResult``, handed back by the tier's next
-    ``get_finished_jobs()`` (exactly once; ``reset_cache`` asserts that none is left after
-    ``drain_jobs``).  ``parent`` is set only for the duration of a ``serve_external_requests``
-    call; ``release`` needs none.
-    """
-
-    def __init__(self) -> None:
-        self.parent: ParentManager | None = None
-        # releases come from kvtier's I/O loop thread, takes from vLLM's threads: a deque's append
-        # and popleft are atomic, so no lock is shared with the loop
-        self.results: deque[VllmJobResult] = deque()
-        self.outstanding: set[int] = set()
-
-    def _p(self) -> ParentManager:
-        if self.parent is None:  # only a kvtier bug could get here: the manager calls inside windows
-            raise RuntimeError("the vLLM ParentManager is used outside serve_external_requests")
-        return self.parent
-
-    def open(self, ctx_id: str) -> ReqContext:
-        ctx = ReqContext(req_id=ctx_id, kv_transfer_params=None)
-        self._p().on_new_request(ctx)
-        return ctx
-
-    def lookup(self, key: bytes, ctx: ReqContext) -> Presence:
-        return _PRESENCE.get(self._p().lookup(OffloadKey(key), ctx), Presence.MISSING)
-
-    def pin(self, keys: Any, ctx: ReqContext) -> Pin:
-        job = self._p().create_store_job([OffloadKey(k) for k in keys], ctx)
-        self.outstanding.add(job.job_id)
-        return Pin(job.job_id, tuple(int(c) for c in job.chunk_ids.tolist()))
-
-    def release(self, pin_id: int, ok: bool, reason: str | None) -> None:
-        if pin_id not in self.outstanding:  # vLLM asserts on an unknown or repeated job id
-            log.error("kvtier: pin %d released twice or never taken; not reported to vLLM", pin_id)
-            return
-        self.outstanding.discard(pin_id)
-        self.results.append(VllmJobResult(job_id=pin_id, success=ok))
-
-    def close(self, ctx: ReqContext) -> None:
-        self._p().on_request_finished(ctx)
-
-    def take(self) -> list[VllmJobResult]:
-        out = []
-        results = self.results
-        while results:
-            out.append(results.popleft())
-        return out
-
-
-def _truncate(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _dp_index(offloading_spec: Any) -> int:
-    """Global data-parallel index of this engine (what vLLM's p2p tier adds to its port)."""
-    try:
-        idx = offloading_spec.config.parallel.data_parallel_index
-    except AttributeError:
-        return 0
-    return idx if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0 else 0
-
-
-def vllm_layout(offloading_spec: Any, row_bytes: int) -> str:
-    """The layout fingerprint kvtier's handshake compares (both engines must produce the same).
-
-    Readable on purpose, so a ``hello_reject`` log line shows what differs: the primary row
-    geometry, KV dtype, tokens per hash, blocks per chunk, parallel sizes, host-layout flags, a
-    digest of the KV-cache groups (ids, tokens per block, layer names, sliding windows) and the
-    model name.  (``block_bytes`` is compared separately by the handshake.)
-    """
-    try:
-        cfg = offloading_spec.config
-        groups = [
-            [g.group_id, g.tokens_per_block, list(g.layer_names), g.sliding_window_size_in_chunks]
-            for g in cfg.groups
-        ]
-        digest = hashlib.sha256(json.dumps(groups, default=str).encode()).hexdigest()[:16]
-        par = cfg.parallel
-        parts = {
-            "row_bytes": row_bytes,
-            "kv_bytes_per_block": cfg.worker_kv_bytes_per_block,
-            "dtype": cfg.model.dtype,
-            "tokens_per_hash": cfg.cache.tokens_per_hash,
-            "blocks_per_chunk": cfg.cache.blocks_per_chunk,
-            "world": par.world_size,
-            "tp": par.tp_size,
-            "pp": par.pp_size,
-            "pcp": par.pcp_size,
-            "dcp": par.dcp_size,
-            "replicated": int(bool(getattr(cfg, "replicated_layout", False))),
-            "canonical": int(bool(getattr(cfg, "canonical_layout", False))),
-            "groups": digest,
-            "model": _truncate(str(cfg.model.name), 512),
-        }
-    except AttributeError:  # a spec without an OffloadingConfig (e.g. a unit-test stub)
-        return f"vllm-offload/1 row_bytes={row_bytes}"
-    return "vllm-offload/1 " + " ".join(f"{k}={v}" for k, v in parts.items())
-
 
 def _vllm_seed_ready() -> bool:
     """True once vLLM's ``init_none_hash`` has run in this process."""
@@ -450,7 +219,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
         self._ledger: KvTierManager = self._mgr
         """The manager, kept after shutdown for its job ledger (it drops the pool then)."""
         self.config = self._mgr.config
-        self._stats = _StatsBridge(self._mgr)
+        self._stats = _StatsBridge(self._mgr, _STATS_INTERVAL_S)
         # consumer requests announced and not yet seen scheduled (on_schedule_end): one that is
         # scheduled without a load needs nothing from its producer, which is told at once
         self._unscheduled: dict[str, _Req] = {}

@@ -13,7 +13,7 @@ from typing import Any
 from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, ServeState, SessionState
 from kvtier.lifecycle.consumer import ConsumerMachine
 from kvtier.lifecycle.probe import Answer
-from kvtier.lifecycle.producer import RETAINED
+from kvtier.lifecycle.producer_records import RETAINED
 from kvtier.lifecycle.session import HelloInput
 from kvtier.lifecycle.views import (
     ConsumerView,

@@ -16,9 +16,10 @@ from kvtier.lifecycle.consumer import MessageInput
 from kvtier.lifecycle.effects import Effect, Ignored, Send
 from kvtier.lifecycle.inputs import Malformed, Received
 from kvtier.lifecycle.probe import ReplyInput
-from kvtier.lifecycle.producer import FetchInput
+from kvtier.lifecycle.producer_records import FetchInput
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
+from kvtier.wire.codec import WireReason
 
 __all__ = ["Receive", "Why", "wire_reason"]
 
@@ -55,7 +56,7 @@ class Receive:
         ``error`` so its sender can fail that request at once; anything else an ``error`` at
         most once per (peer, reason) per ``error_reply_interval_s``."""
         peer = inp.peer
-        if inp.reason == "version_mismatch" and inp.msg_type == "hello" and inp.gen is not None:
+        if inp.reason == WireReason.VERSION_MISMATCH and inp.msg_type == "hello" and inp.gen is not None:
             out.append(Send(peer, wm.HelloReject(gen=inp.gen, reason=Reason.HANDSHAKE_MISMATCH.value, field="version",
                                                  ours=str(wm.PROTOCOL_VERSION), theirs=inp.theirs or "?"), ends_session=False))
             return

@@ -57,7 +57,7 @@ from kvtier.lifecycle.effects import (
 from kvtier.lifecycle.inputs import LookupAnswered
 from kvtier.lifecycle.notes import GiveUp, Notes
 from kvtier.lifecycle.probe import MAX_KEYS_PER_MESSAGE
-from kvtier.lifecycle.producer import FetchInput
+from kvtier.lifecycle.producer_records import FetchInput
 from kvtier.wire import messages as wm
 
 __all__ = ["ServeLimits", "ServeMachine", "ServeRecord", "is_transfer_key", "transfer_key"]

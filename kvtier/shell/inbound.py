@@ -36,7 +36,7 @@ from kvtier.shell.logs import RateLimitedLog
 from kvtier.shell.perbyte import ByteWork
 from kvtier.transport import CloseReason, Transport
 from kvtier.wire import messages as wm
-from kvtier.wire.codec import Decoder, WireError
+from kvtier.wire.codec import Decoder, WireError, WireReason
 
 __all__ = ["Inbound", "RECV_BATCH", "RECV_BUDGET"]
 
@@ -145,7 +145,7 @@ class Inbound:
             msg, payloads = self.decoder.decode(frames)
         except WireError as err:
             self.metrics.wire_error(err.reason)
-            if err.reason == "version_mismatch":
+            if err.reason == WireReason.VERSION_MISMATCH:
                 self.logs(peer, err.reason, "kvtier: %s speaks protocol version %s, we speak %s", self.logs.who(peer),
                           err.theirs, wm.PROTOCOL_VERSION, level=logging.ERROR)
             else:

@@ -29,7 +29,7 @@ from kvtier.shell.perbyte import ByteWork
 from kvtier.shell.serving import ServeWindows
 from kvtier.transport import DialNotAllowed, Transport, TransportError
 from kvtier.wire import messages as wm
-from kvtier.wire.codec import encode, encode_frames
+from kvtier.wire.codec import WireReason, encode, encode_frames
 
 __all__ = ["MAX_BATCH_BYTES", "Outbound", "TAIL_BYTES", "plan_batches"]
 
@@ -213,8 +213,8 @@ class Outbound:
         try:
             bad = self.plane.land(e.peer, key, e.slots, e.payloads, e.digests)
         except PlaneError as exc:
-            self.metrics.wire_error("bad_payload")
-            self.logs(e.peer, "bad_payload", "kvtier: bad block_data from %s: %s", self.logs.who(e.peer), exc)
+            self.metrics.wire_error(WireReason.BAD_PAYLOAD)
+            self.logs(e.peer, WireReason.BAD_PAYLOAD, "kvtier: bad block_data from %s: %s", self.logs.who(e.peer), exc)
             return [ix.BlocksLanded(e.peer, e.kv_request_id, e.round, e.first, count, False, Reason.CORRUPT)]
         work = self.work
         view = self.loads(e.kv_request_id)
@@ -233,7 +233,7 @@ class Outbound:
             if not self.plane.add_peer(e.peer, e.descriptor, accepted=e.accepted, gen=e.gen):
                 return None  # deferred: the plane reports Attached / AttachFailed later
         except PlaneError as exc:
-            self.metrics.wire_error("bad_field")
+            self.metrics.wire_error(WireReason.BAD_FIELD)
             self.logs(e.peer, "descriptor", "kvtier: %s sent a data-plane descriptor we cannot use: %s",
                       self.logs.who(e.peer), exc, level=logging.ERROR)
             return [ix.AttachRefused(e.peer, e.gen, str(exc))]

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtier.blocksource import BlockSource, Presence
+from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 
@@ -62,7 +63,7 @@ class ServeWindows:
         self._closes.append(e)
 
     def release(self, e: fx.ReleasePins) -> None:
-        reason = None if e.ok else (e.reason.value if e.reason is not None else "transfer_failed")
+        reason = None if e.ok else (e.reason or Reason.TRANSFER_FAILED).value
         for pin in e.pins:
             source = self._pins.pop(pin, None)
             if source is None:  # the core releases each pin once: a second release is a bug, never passed on
@@ -144,7 +145,7 @@ class ServeWindows:
                       pin, len(found))
             try:  # a pin id already outstanding cannot be told apart: leave it to its first owner
                 if pin.pin_id not in self._pins:
-                    source.release(pin.pin_id, False, "job_refused")
+                    source.release(pin.pin_id, False, Reason.JOB_REFUSED.value)
             except Exception:
                 log.exception("kvtier: releasing a bad pin failed")
             return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))

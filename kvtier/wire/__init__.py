@@ -1,71 +1,25 @@
 """kvtier wire protocol: msgspec message types and the frame codec. Pure (no zmq, no torch).
 
-See docs/protocol.md for the message table, framing, limits and reason codes.
+See docs/protocol.md for the message table, framing, limits and reason codes.  Every message
+class of :mod:`kvtier.wire.messages` is importable from here; a new one needs no edit here.
 """
 
+from kvtier.wire import messages as _messages
 from kvtier.wire.codec import (
-    BAD_FIELD,
-    BAD_PAYLOAD,
     DEFAULT_LIMITS,
-    MALFORMED,
-    OVERSIZE,
-    UNKNOWN_TYPE,
-    VERSION_MISMATCH,
     Decoder,
-    Reason,
     WireError,
     WireLimits,
+    WireReason,
     decode,
     encode,
     encode_frames,
 )
-from kvtier.wire.messages import (
-    MESSAGE_TYPES,
-    PROTOCOL_VERSION,
-    AbortAck,
-    AbortFetch,
-    BlockData,
-    Disconnect,
-    Error,
-    Fetch,
-    Hello,
-    HelloAck,
-    HelloReject,
-    Message,
-    Ping,
-    Pong,
-    Probe,
-    ProbeReply,
-    Receipt,
-    TransferDone,
-)
+from kvtier.wire.messages import *  # noqa: F403 -- the messages' own __all__: every message class
 
 __all__ = [
-    "PROTOCOL_VERSION",
-    "MESSAGE_TYPES",
-    "Message",
-    "Hello",
-    "HelloAck",
-    "HelloReject",
-    "Fetch",
-    "BlockData",
-    "TransferDone",
-    "AbortFetch",
-    "AbortAck",
-    "Receipt",
-    "Probe",
-    "ProbeReply",
-    "Ping",
-    "Pong",
-    "Disconnect",
-    "Error",
-    "Reason",
-    "MALFORMED",
-    "UNKNOWN_TYPE",
-    "OVERSIZE",
-    "BAD_FIELD",
-    "BAD_PAYLOAD",
-    "VERSION_MISMATCH",
+    *_messages.__all__,
+    "WireReason",
     "WireError",
     "WireLimits",
     "DEFAULT_LIMITS",

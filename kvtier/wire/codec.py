@@ -46,13 +46,7 @@ from kvtier.wire.messages import (
 
 __all__ = [
     "PROTOCOL_VERSION",  # re-exported for callers that only import the codec
-    "Reason",
-    "MALFORMED",
-    "UNKNOWN_TYPE",
-    "OVERSIZE",
-    "BAD_FIELD",
-    "BAD_PAYLOAD",
-    "VERSION_MISMATCH",
+    "WireReason",
     "WireError",
     "WireLimits",
     "DEFAULT_LIMITS",
@@ -83,15 +77,6 @@ class WireReason(enum.StrEnum):
     """A ``hello`` whose ``version`` is not :data:`PROTOCOL_VERSION`."""
 
 
-Reason = WireReason  # the codec's own name for it (kvtier.lifecycle.Reason is the lifecycle's)
-MALFORMED: Final = WireReason.MALFORMED.value
-UNKNOWN_TYPE: Final = WireReason.UNKNOWN_TYPE.value
-OVERSIZE: Final = WireReason.OVERSIZE.value
-BAD_FIELD: Final = WireReason.BAD_FIELD.value
-BAD_PAYLOAD: Final = WireReason.BAD_PAYLOAD.value
-VERSION_MISMATCH: Final = WireReason.VERSION_MISMATCH.value
-
-
 class WireError(KvTierError):
     """A peer sent something that is not a valid kvtier message.
 
@@ -99,7 +84,8 @@ class WireError(KvTierError):
     session for other requests.
 
     Attributes:
-        reason: one of :class:`Reason` (a short stable string).
+        reason: one of :class:`WireReason` (a ``str`` enum; distinct from the lifecycle's
+            :class:`kvtier.lifecycle.Reason`, the codes a request or session ends with).
         detail: human-readable explanation, at most 512 chars (safe to echo in ``Error.detail``).
         kv_request_id: the message's ``kv_request_id`` if it could be read and is valid, else
             ``""``. Lets the receiver fail just that request.
@@ -206,11 +192,11 @@ def _as_buffer(frame: Any, index: int) -> memoryview:
         buf = getattr(frame, "buffer", None)  # zmq.Frame-like objects
         if not isinstance(buf, memoryview):
             raise WireError(
-                MALFORMED, f"frame {index} is not a buffer ({type(frame).__name__})"
+                WireReason.MALFORMED, f"frame {index} is not a buffer ({type(frame).__name__})"
             ) from None
         mv = buf
     if not mv.c_contiguous:
-        raise WireError(MALFORMED, f"frame {index} is not contiguous")
+        raise WireError(WireReason.MALFORMED, f"frame {index} is not contiguous")
     if mv.ndim != 1 or mv.format != "B":
         mv = mv.cast("B")
     return mv
@@ -259,19 +245,19 @@ class Decoder:
         except WireError:
             raise
         except Exception as exc:  # defence in depth: a decoder bug must not escape as a crash
-            raise WireError(MALFORMED, f"undecodable: {type(exc).__name__}: {exc}") from None
+            raise WireError(WireReason.MALFORMED, f"undecodable: {type(exc).__name__}: {exc}") from None
 
     def _decode(self, frames: Sequence[Any]) -> tuple[Message, list[memoryview]]:
         if isinstance(frames, (bytes, bytearray, memoryview, str)):
-            raise WireError(MALFORMED, "frames must be a list of frames, not one buffer")
+            raise WireError(WireReason.MALFORMED, "frames must be a list of frames, not one buffer")
         frames = list(frames)
         if not frames:
-            raise WireError(MALFORMED, "no frames")
+            raise WireError(WireReason.MALFORMED, "no frames")
         header = _as_buffer(frames[0], 0)
         # Size first: msgspec never sees a header larger than the limit.
         if header.nbytes > self.limits.max_message_bytes:
             raise WireError(
-                OVERSIZE,
+                WireReason.OVERSIZE,
                 f"header is {header.nbytes} bytes > max_message_bytes "
                 f"{self.limits.max_message_bytes}",
             )
@@ -288,7 +274,7 @@ class Decoder:
         cap = self.limits.max_blocks_per_fetch
         if isinstance(msg, (Fetch, Probe, ProbeReply)) and len(msg.keys) > cap:
             raise WireError(
-                OVERSIZE,
+                WireReason.OVERSIZE,
                 f"{msg.TYPE} has {len(msg.keys)} keys > max_blocks_per_fetch {cap}",
                 msg.kv_request_id,
                 msg_type=msg.TYPE,
@@ -297,7 +283,7 @@ class Decoder:
             )
         if isinstance(msg, BlockData) and msg.first + msg.count > cap:
             raise WireError(
-                OVERSIZE,
+                WireReason.OVERSIZE,
                 f"block_data first+count={msg.first + msg.count} > max_blocks_per_fetch {cap}",
                 msg.kv_request_id,
                 msg_type=msg.TYPE,
@@ -309,7 +295,7 @@ class Decoder:
         if not isinstance(msg, BlockData):
             if payloads:
                 raise WireError(
-                    BAD_PAYLOAD,
+                    WireReason.BAD_PAYLOAD,
                     f"{msg.TYPE} carries no payloads, got {len(payloads)} frames",
                     getattr(msg, "kv_request_id", ""),
                     msg_type=msg.TYPE,
@@ -319,7 +305,7 @@ class Decoder:
         rid = msg.kv_request_id
         if self.block_bytes is None:
             raise WireError(
-                BAD_PAYLOAD,
+                WireReason.BAD_PAYLOAD,
                 "this side does not accept block_data",
                 rid,
                 msg_type=msg.TYPE,
@@ -327,7 +313,7 @@ class Decoder:
             )
         if payloads and len(payloads) != msg.count:  # none: a one-sided plane wrote the blocks
             raise WireError(
-                BAD_PAYLOAD,
+                WireReason.BAD_PAYLOAD,
                 f"block_data count={msg.count} but {len(payloads)} payload frames",
                 rid,
                 msg_type=msg.TYPE,
@@ -336,7 +322,7 @@ class Decoder:
         for i, p in enumerate(payloads):
             if p.nbytes != self.block_bytes:
                 raise WireError(
-                    BAD_PAYLOAD,
+                    WireReason.BAD_PAYLOAD,
                     f"payload {i} is {p.nbytes} bytes, block_bytes is {self.block_bytes}",
                     rid,
                     msg_type=msg.TYPE,
@@ -389,48 +375,48 @@ def _classify(header: memoryview, exc: Exception) -> WireError:
     """Turn a msgspec failure into the most specific WireError, reading what we cheaply can."""
     text = str(exc)
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
-        return WireError(MALFORMED, f"not msgpack: {text}")
+        return WireError(WireReason.MALFORMED, f"not msgpack: {text}")
     if header.nbytes > PROBE_MAX_BYTES:
         return _classify_text(text)
     try:
         probe = _probe_decoder.decode(header)
     except msgspec.ValidationError:  # not a map (or a map with non-string keys)
-        return WireError(MALFORMED, "header is not a msgpack map with string keys")
+        return WireError(WireReason.MALFORMED, "header is not a msgpack map with string keys")
     except msgspec.DecodeError as exc2:
-        return WireError(MALFORMED, f"not msgpack: {exc2}")
+        return WireError(WireReason.MALFORMED, f"not msgpack: {exc2}")
     tag = probe.type
     if not isinstance(tag, str):
-        return WireError(MALFORMED, "header has no string 'type'")
+        return WireError(WireReason.MALFORMED, "header has no string 'type'")
     rid = probe.kv_request_id if _valid_id(probe.kv_request_id) else ""
     gen = probe.gen if type(probe.gen) is int and 0 <= probe.gen < MAX_U63 else None
     if tag not in MESSAGE_TYPES:
-        return WireError(UNKNOWN_TYPE, f"unknown message type {tag[:64]!r}", rid, gen=gen)
+        return WireError(WireReason.UNKNOWN_TYPE, f"unknown message type {tag[:64]!r}", rid, gen=gen)
     # Check the version before any other field: a newer peer's hello may carry fields we do not
     # know, and it should get "version_mismatch", not "unknown field".
     if tag == "hello":
         version = probe.version
         if version != PROTOCOL_VERSION or type(version) is not int:
             return WireError(
-                VERSION_MISMATCH,
+                WireReason.VERSION_MISMATCH,
                 f"peer protocol version {str(version)[:32]}, ours {PROTOCOL_VERSION}",
                 msg_type=tag,
                 field="version",
                 theirs=str(version)[:32],
                 gen=gen,
             )
-    return WireError(BAD_FIELD, f"{tag}: {text}", rid, msg_type=tag, field=_field_of(tag, text), gen=gen)
+    return WireError(WireReason.BAD_FIELD, f"{tag}: {text}", rid, msg_type=tag, field=_field_of(tag, text), gen=gen)
 
 
 def _classify_text(text: str) -> WireError:
     """A big rejected header: msgspec's message says which tag failed, if it got that far."""
     m = re.search(r"Invalid value '([a-z_]{1,32})' - at `\$\.type`", text)
     if m and m.group(1) not in MESSAGE_TYPES:
-        return WireError(UNKNOWN_TYPE, f"unknown message type {m.group(1)!r}")
+        return WireError(WireReason.UNKNOWN_TYPE, f"unknown message type {m.group(1)!r}")
     if "Expected `object`" in text and "at `$" not in text:
-        return WireError(MALFORMED, "header is not a msgpack map")
+        return WireError(WireReason.MALFORMED, "header is not a msgpack map")
     if "missing required field `type`" in text or "at `$.type`" in text:
-        return WireError(MALFORMED, "header has no string 'type'")
-    return WireError(BAD_FIELD, f"header: {text}")
+        return WireError(WireReason.MALFORMED, "header has no string 'type'")
+    return WireError(WireReason.BAD_FIELD, f"header: {text}")
 
 
 def _field_of(tag: str, text: str) -> str:

@@ -27,33 +27,6 @@ from typing import ClassVar, Final, Union
 
 import msgspec
 
-__all__ = [
-    "PROTOCOL_VERSION",
-    "MAX_U63",
-    "MAX_ID_CHARS",
-    "MAX_KEY_BYTES",
-    "MAX_TEXT_CHARS",
-    "MAX_LONG_TEXT_CHARS",
-    "KV_REQUEST_ID_RE",
-    "Hello",
-    "HelloAck",
-    "HelloReject",
-    "Fetch",
-    "BlockData",
-    "TransferDone",
-    "AbortFetch",
-    "AbortAck",
-    "Receipt",
-    "Probe",
-    "ProbeReply",
-    "Ping",
-    "Pong",
-    "Disconnect",
-    "Error",
-    "Message",
-    "MESSAGE_TYPES",
-]
-
 PROTOCOL_VERSION: Final = 3
 """Bumped on any incompatible change to a message's fields, meaning or channel (3: lives, watermarks,
 notices, ``replaces``, the NIXL plane's ``block_data`` as its WRITE's notification, and the
@@ -199,9 +172,10 @@ class _Msg(
 
 
 class Hello(_Msg, tag="hello"):
-    """consumer→producer: open a session. Versions, layouts, data plane and digest algorithm must
-    match exactly. ``descriptor`` is the consumer's data-plane descriptor (empty for zmq; NIXL:
-    agent metadata and the pool's layout), so a one-sided producer can write into its slots."""
+    """consumer→producer: open a session; every field must equal the producer's (``instance``,
+    ``descriptor`` and ``replaces`` excepted); ``descriptor`` (≤ 64 KiB) is what a one-sided producer
+    needs to write into our slots (NIXL: this session's window of our pool; empty on zmq); ``replaces``
+    the generation of our previous session to this address (0: none), which the producer ends first."""
 
     TYPE: ClassVar[str] = "hello"
     gen: int
@@ -236,7 +210,8 @@ class Hello(_Msg, tag="hello"):
 
 
 class HelloAck(_Msg, tag="hello_ack"):
-    """producer→consumer: session accepted. ``descriptor``: the producer's data-plane descriptor."""
+    """producer→consumer: session accepted; ``instance`` names the producer instance (sessions to one
+    instance share fate); ``descriptor``: the producer's data-plane descriptor."""
 
     TYPE: ClassVar[str] = "hello_ack"
     gen: int
@@ -250,7 +225,8 @@ class HelloAck(_Msg, tag="hello_ack"):
 
 
 class HelloReject(_Msg, tag="hello_reject"):
-    """producer→consumer: session refused. ``field`` names the mismatch, e.g. ``block_bytes``."""
+    """producer→consumer: session refused: ``reason`` is ``handshake_mismatch`` or ``too_many_peers``;
+    ``field`` names the first mismatch; ``ours`` is withheld (empty) for ``hash_seed``."""
 
     TYPE: ClassVar[str] = "hello_reject"
     gen: int
@@ -268,9 +244,13 @@ class HelloReject(_Msg, tag="hello_reject"):
 
 
 class Fetch(_Msg, tag="fetch"):
-    """consumer→producer: send the blocks named by ``keys``, in order, for this round.
-    At most ``WireLimits.max_blocks_per_fetch`` keys, checked by the codec. ``slots`` names the
-    consumer's destination slot of each key (one-sided planes write there; empty on zmq)."""
+    """consumer→producer: send these blocks, in this order, for this round; ``slots`` (one per key) are
+    our destination slots, for one-sided planes (empty on zmq); ``offered``: false fetches the blocks
+    parked under ``kv_request_id`` (PD), true the blocks this round's ``probe_reply`` offered
+    (symmetric; a key not offered is refused ``not_offered``, and an offered fetch never reaches parked
+    PD blocks); ``low`` (PD) the lowest round we still have open on this session: a fetch below it, or
+    of a round already answered, is dropped unbound. At most ``max_blocks_per_fetch`` keys (checked by
+    the codec)."""
 
     TYPE: ClassVar[str] = "fetch"
     gen: int
@@ -301,10 +281,11 @@ class Fetch(_Msg, tag="fetch"):
 
 
 class BlockData(_Msg, tag="block_data"):
-    """producer→consumer: blocks for key indexes ``first .. first+count-1`` of the fetch, with the
-    digest of each block taken when it was parked (empty when the peers agreed on no digest).
-    On the zmq plane it is followed by exactly ``count`` payload frames of ``block_bytes`` each; on
-    a one-sided plane by none (the data plane already wrote the blocks into the fetch's slots)."""
+    """producer→consumer: blocks for key indexes ``first .. first+count-1`` of that fetch, with the
+    XXH3-64 digest of each taken when the producer parked it (empty with ``digest="none"``); on a
+    one-sided plane sent once those blocks' WRITE completed. On the zmq plane it is followed by exactly
+    ``count`` payload frames of ``block_bytes`` each; on a one-sided plane by none (the data plane
+    already wrote the blocks into the fetch's slots)."""
 
     TYPE: ClassVar[str] = "block_data"
     gen: int
@@ -330,11 +311,10 @@ class BlockData(_Msg, tag="block_data"):
 
 
 class TransferDone(_Msg, tag="transfer_done"):
-    """producer→consumer: the round is over. ``ok=False`` carries a reason code.
-
-    ``final=False`` (only with ``ok=False``) is a *notice*: the producer gave the transfer up
-    (``reason``) and stops posting, but writes it already posted may still land on a one-sided
-    plane; its terminal ``transfer_done`` (or the session's end) follows (decision I19)."""
+    """producer→consumer: the round is over (``ok=false`` carries a lifecycle reason code); a terminal
+    answer is sent only once the producer's data plane holds no reference to the round's blocks, so no
+    write can land after it. ``final=false`` (with ``ok=false``): a *notice* that the producer gave the
+    transfer up and why, sent at once; the terminal answer follows."""
 
     TYPE: ClassVar[str] = "transfer_done"
     gen: int
@@ -358,10 +338,12 @@ class TransferDone(_Msg, tag="transfer_done"):
 
 
 class AbortFetch(_Msg, tag="abort_fetch"):
-    """consumer→producer: stop sending this round. ``fetched`` tells whether the round sent a
-    fetch: an abort of a fetched round concerns only the life that fetch bound, so a late abort can
-    never end a later life of a reused id; ``fetched=false`` (the consumer gave up before it
-    fetched) may release a parked id at once (B05)."""
+    """consumer→producer: stop this round; ``fetched`` says whether the round sent a fetch (an abort of
+    a fetched round concerns only the binding that fetch made, never a later life of a reused id);
+    ``offered`` names a symmetric round: with ``fetched=false`` the producer releases the round's pins
+    at once (answered ``abort_ack``). Applied while the producer's session is still ``attaching`` too,
+    like a ``fetch`` naming no keys (decision I24); a repeated abort is acknowledged again and counted
+    (I27)"""
 
     TYPE: ClassVar[str] = "abort_fetch"
     gen: int
@@ -384,25 +366,8 @@ class AbortFetch(_Msg, tag="abort_fetch"):
         _flag("offered", self.offered)
 
 
-class Receipt(_Msg, tag="receipt"):
-    """consumer→producer: every block of this round landed and matched its digest. Only then does
-    the producer report its store jobs succeeded (sent to libzmq is not delivered)."""
-
-    TYPE: ClassVar[str] = "receipt"
-    gen: int
-    kv_request_id: str
-    round: int
-    life: str = ""
-
-    def __post_init__(self) -> None:
-        _u63("gen", self.gen)
-        _kv_request_id(self.kv_request_id)
-        _u63("round", self.round)
-        _life(self.life)
-
-
 class AbortAck(_Msg, tag="abort_ack"):
-    """producer→consumer: no more ``block_data`` for this round will be sent."""
+    """producer→consumer: no more blocks for this round will be sent or written (a terminal answer)"""
 
     TYPE: ClassVar[str] = "abort_ack"
     gen: int
@@ -417,9 +382,27 @@ class AbortAck(_Msg, tag="abort_ack"):
         _life(self.life)
 
 
+class Receipt(_Msg, tag="receipt"):
+    """consumer→producer: every block of this round landed and matched its digest: only now may the
+    producer report its store jobs succeeded."""
+
+    TYPE: ClassVar[str] = "receipt"
+    gen: int
+    kv_request_id: str
+    round: int
+    life: str = ""
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _kv_request_id(self.kv_request_id)
+        _u63("round", self.round)
+        _life(self.life)
+
+
 class Probe(_Msg, tag="probe"):
-    """consumer→producer (symmetric path): which of ``keys`` does your engine hold? Pin those for
-    this round. 1..``WireLimits.max_blocks_per_fetch`` unique keys (checked by the codec)."""
+    """consumer→producer (symmetric path): which of these blocks does your engine hold? Pin
+    those for this round. The round is this consumer's (a producer keys it by ``(peer, kv_request_id,
+    round)``); a round may carry several probes (``serve_max_probes_per_round``)"""
 
     TYPE: ClassVar[str] = "probe"
     gen: int
@@ -437,9 +420,11 @@ class Probe(_Msg, tag="probe"):
 
 
 class ProbeReply(_Msg, tag="probe_reply"):
-    """producer→consumer (symmetric path): ``hits[i]`` says whether ``keys[i]`` is pinned for this
-    round (until its fetch is terminal or the consumer releases it). Repeats the keys, so a reply
-    is self-describing whatever probe of the round it answers."""
+    """producer→consumer (symmetric path): one answer per key not answered yet, once none is pending in
+    the engine: ``hit`` = pinned for this round until its fetch is terminal or the consumer releases
+    it. A refusal (``not_serving``, ``serve_busy``, ``shutdown``) or a withdrawn offer
+    (``offer_expired``, ``drained``) is a ``transfer_done(fail)`` of the round instead. Repeats the
+    keys, so a reply is self-describing whatever probe of the round it answers."""
 
     TYPE: ClassVar[str] = "probe_reply"
     gen: int
@@ -461,32 +446,35 @@ class ProbeReply(_Msg, tag="probe_reply"):
             raise ValueError(f"hits has {len(self.hits)} entries for {len(self.keys)} keys")
 
 
-class Ping(_Msg, tag="ping"):
-    """either way: liveness probe. ``t`` is the sender's clock (seconds), echoed in ``pong``."""
+class _Liveness(_Msg):
+    """The liveness pair's one body: ``t`` is the pinging side's clock (seconds), echoed by the
+    answer.  Two tags, because the session machine tells a ping (answer it) from a pong (only
+    note the peer was heard) by type (decision C23)."""
+
+    gen: int
+    t: float
+
+    def __post_init__(self) -> None:
+        _u63("gen", self.gen)
+        _finite("t", self.t)
+
+
+class Ping(_Liveness, tag="ping"):
+    """either way: liveness probe; ``t`` is the sender's clock in seconds."""
 
     TYPE: ClassVar[str] = "ping"
-    gen: int
-    t: float
-
-    def __post_init__(self) -> None:
-        _u63("gen", self.gen)
-        _finite("t", self.t)
 
 
-class Pong(_Msg, tag="pong"):
-    """either way: answer to ``ping`` with the same ``t``."""
+class Pong(_Liveness, tag="pong"):
+    """either way: answer to ``ping``, echoing ``t``."""
 
     TYPE: ClassVar[str] = "pong"
-    gen: int
-    t: float
-
-    def __post_init__(self) -> None:
-        _u63("gen", self.gen)
-        _finite("t", self.t)
 
 
 class Disconnect(_Msg, tag="disconnect"):
-    """either way: the sender is closing the session (reason code)."""
+    """either way: the sender is ending the session; a reason that says why (``transfer_stalled``,
+    ``abort_unacknowledged``, ``plane_fault``, …) ends the receiver's session with it, and the sender
+    cuts the connection only once this goodbye had ``shutdown_grace_s`` to leave (decision I28)"""
 
     TYPE: ClassVar[str] = "disconnect"
     gen: int
@@ -498,8 +486,8 @@ class Disconnect(_Msg, tag="disconnect"):
 
 
 class Error(_Msg, tag="error"):
-    """either way: answer to a message that could not be accepted. ``reason`` is a wire reason
-    code (``kvtier.wire.Reason``). ``kv_request_id`` is ``""`` when it could not be read."""
+    """either way: answer to a message that could not be accepted; ``reason`` is a wire reason code;
+    ``kv_request_id`` is ``""`` when it could not be read."""
 
     TYPE: ClassVar[str] = "error"
     gen: int
@@ -514,43 +502,29 @@ class Error(_Msg, tag="error"):
         _kv_request_id(self.kv_request_id, allow_empty=True)
 
 
-Message = Union[
-    Hello,
-    HelloAck,
-    HelloReject,
-    Fetch,
-    BlockData,
-    TransferDone,
-    AbortFetch,
-    AbortAck,
-    Receipt,
-    Probe,
-    ProbeReply,
-    Ping,
-    Pong,
-    Disconnect,
-    Error,
-]
+_MESSAGES: Final = tuple(
+    cls for cls in list(globals().values()) if isinstance(cls, type) and issubclass(cls, _Msg) and "TYPE" in vars(cls)
+)
+"""Every message class, in the order this module declares them: declaring a class here is the
+whole of adding a message to the codec (the union below), to :mod:`kvtier.wire`'s names and to
+docs/protocol.md's message table (``python -m tools docs``); its routing is its ``[wire.<tag>]``
+row in spec/lifecycle.toml (decision C1)."""
+
+Message = Union[_MESSAGES]  # type: ignore[valid-type]
 """Any kvtier wire message."""
 
-MESSAGE_TYPES: Final[dict[str, type[_Msg]]] = {
-    cls.TYPE: cls
-    for cls in (
-        Hello,
-        HelloAck,
-        HelloReject,
-        Fetch,
-        BlockData,
-        TransferDone,
-        AbortFetch,
-        AbortAck,
-        Receipt,
-        Probe,
-        ProbeReply,
-        Ping,
-        Pong,
-        Disconnect,
-        Error,
-    )
-}
+MESSAGE_TYPES: Final[dict[str, type[_Msg]]] = {cls.TYPE: cls for cls in _MESSAGES}
 """Tag → class, for every message type."""
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "MAX_U63",
+    "MAX_ID_CHARS",
+    "MAX_KEY_BYTES",
+    "MAX_TEXT_CHARS",
+    "MAX_LONG_TEXT_CHARS",
+    "KV_REQUEST_ID_RE",
+    *(cls.__name__ for cls in _MESSAGES),
+    "Message",
+    "MESSAGE_TYPES",
+]

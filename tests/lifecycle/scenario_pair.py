@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from kvtier.lifecycle import TierCore, snapshot
+from kvtier.lifecycle import TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import CoreSettings
 from kvtier.lifecycle.effects import (
@@ -19,6 +19,7 @@ from kvtier.lifecycle.effects import (
 )
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
+from tools import snapshot
 
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="scenarios", hash_seed="", instance="scen")
 BASE = {

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtier.lifecycle import ProducerState, Reason, TierCore, snapshot
+from kvtier.lifecycle import ProducerState, Reason, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.effects import JobDone, Send, SendBlocks, SessionEnded
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
+from tools import snapshot
 
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="authz", hash_seed="", instance="authz")
 DURATIONS = {k: 10.0 for k in TIMER_KEYS} | {"heartbeat_interval_s": 1000.0, "peer_timeout_s": 1000.0}

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.lifecycle import ProducerState, Reason, snapshot
+from kvtier.lifecycle import ProducerState, Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import Ignored, JobDone, Send, SendBlocks
 from kvtier.wire import messages as wm
 from tests.lifecycle.scenario_pair import C, P, Pair, done_fail, entry, keys, of, sent
-
+from tools import snapshot
 
 # ------------------------------------------------------------------------------------------------
 

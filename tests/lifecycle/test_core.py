@@ -13,9 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from tools import reference
-from tools.spec import load
-from kvtier.lifecycle import InvalidTransition, TierCore, snapshot
+from kvtier.lifecycle import InvalidTransition, TierCore
 from kvtier.lifecycle import deadlines as deadlines_mod
 from kvtier.lifecycle import effects as effects_mod
 from kvtier.lifecycle import inputs as ix
@@ -27,8 +25,10 @@ from kvtier.lifecycle.probe import ProbeMachine
 from kvtier.lifecycle.producer import ProducerMachine
 from kvtier.lifecycle.serve import ServeMachine
 from kvtier.lifecycle.session import HelloInput, SessionMachine
-from kvtier.testing.fakenet import FakeNetwork
 from kvtier.wire import messages as wm
+from tools import reference, snapshot
+from tools.fakenet import FakeNetwork
+from tools.spec import load
 
 DURATIONS = {k: 10.0 for k in TIMER_KEYS}
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="test", hash_seed="", instance="test")

@@ -13,18 +13,19 @@ Trace counts: a few hundred in the default (``dev``/``ci``) run; ``pytest -m slo
 from __future__ import annotations
 
 import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tools import reference
 from kvtier.lifecycle import InvalidTransition, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
-from kvtier.testing.fakenet import FakeNetwork
 from kvtier.wire import messages as wm
+from tools import reference
+from tools.fakenet import FakeNetwork
 
 REFS = reference.build()
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="diff", hash_seed="", instance="diff")

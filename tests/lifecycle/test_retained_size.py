@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.corebench import RETAINED_TARGET_B, retained_breakdown, retained_bytes
+from bench.corememory import RETAINED_TARGET_B, retained_breakdown, retained_bytes
 
 N = 60  # ids per measurement (the 2000-key run builds N x 2000 fresh key objects)
 

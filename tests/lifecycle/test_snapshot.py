@@ -1,4 +1,4 @@
-"""``kvtier.lifecycle.snapshot``: a core's whole state as one canonical value, and a core restored
+"""``tools.snapshot``: a core's whole state as one canonical value, and a core restored
 from it that behaves as the original did."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
-from kvtier.lifecycle import ConsumerState, ProducerState, SessionState, TierCore, snapshot
+from kvtier.lifecycle import ConsumerState, ProducerState, SessionState, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.producer import ProducerMachine
 from kvtier.lifecycle.session import HelloInput
-from kvtier.testing.fakenet import FakeNetwork
 from kvtier.wire import messages as wm
+from tools import snapshot
+from tools.fakenet import FakeNetwork
 
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="snap", hash_seed="", instance="snap")
 SETTINGS = CoreSettings(durations={k: 10.0 for k in TIMER_KEYS} | {"tombstone_retention_s": 30.0,

@@ -1,5 +1,5 @@
 """The public test doubles: ``kvtier.testing.clock.VirtualClock`` and
-``kvtier.testing.fakenet.FakeNetwork``."""
+``tools.fakenet.FakeNetwork``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.effects import JobDone, LandBlocks
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
-from kvtier.testing.fakenet import Envelope, FakeNetwork
 from kvtier.wire import messages as wm
+from tools.fakenet import Envelope, FakeNetwork
 
 
 def test_virtual_clock_moves_only_forward() -> None:

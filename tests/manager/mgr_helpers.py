@@ -8,7 +8,6 @@ several managers until a condition holds (bounded, never a timing assertion), re
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -16,6 +15,8 @@ import pytest
 
 from kvtier.api import JobResult, RequestContext, TransferJob
 from kvtier.manager import KvTierManager
+from kvtier.testing.pair import Jobs
+from kvtier.testing.pair import VirtualPair as _KitPair
 from tests.support.peer_process import block_pattern, pattern_digest, slot_digest
 
 __all__ = [
@@ -104,29 +105,6 @@ def metric_sum(src: KvTierManager | dict[str, float], name: str, **labels: str) 
     return total
 
 
-class Jobs:
-    """Every result a manager reported, per job id (a list, so a duplicate is visible)."""
-
-    def __init__(self, mgr: KvTierManager) -> None:
-        self.mgr = mgr
-        self.by_id: dict[int, list[JobResult]] = defaultdict(list)
-
-    def pump(self) -> None:
-        for r in self.mgr.get_finished_jobs():
-            self.by_id[r.job_id].append(r)
-
-    def has(self, *job_ids: int) -> bool:
-        return all(self.by_id.get(j) for j in job_ids)
-
-    def one(self, job_id: int) -> JobResult:
-        got = self.by_id.get(job_id, [])
-        assert len(got) == 1, f"job {job_id}: expected exactly one result, got {got}"
-        return got[0]
-
-    def total(self) -> int:
-        return sum(len(v) for v in self.by_id.values())
-
-
 def in_core(mgr: KvTierManager, kv_id: str, job_id: int) -> bool:
     """Whether store job ``job_id`` of ``kv_id`` reached ``mgr``'s core, or already has its result
     (a large store is held until the digest pool took its digests, decision I14)."""
@@ -180,99 +158,10 @@ def transfer_once(p: KvTierManager, c: KvTierManager, kv_id: str, n: int = 3, *,
 # -- virtual clock + in-memory transport ------------------------------------------------------------
 
 
-class VirtualPair:
-    """A producer manager and a consumer manager in this process, on an InprocNetwork, driven by
-    one VirtualClock.  Nothing happens unless the test steps it: :meth:`step` delivers messages
-    until the network is quiet (time does not move), :meth:`advance_to` moves time in small
-    increments (so heartbeats flow as they would) and steps after each.
+class VirtualPair(_KitPair):
+    """:class:`kvtier.testing.pair.VirtualPair` whose consumer slots start as :data:`SENTINEL`, so a
+    slot no transfer wrote is told from one that was."""
 
-    Managers named in :attr:`frozen` (``"P"``/``"C"``) are not polled: a wedged process.
-    ``p_transport(network, address)`` builds the producer's transport (default: InprocTransport).
-    """
-
-    P_ADDR = "prod:1"
-    C_ADDR = "cons:1"
-
-    def __init__(
-        self,
-        p_cfg: dict | None = None,
-        c_cfg: dict | None = None,
-        *,
-        num_blocks: int = 16,
-        block_bytes: int = 64,
-        p_transport: Callable[[Any, str], Any] | None = None,
-    ) -> None:
-        from kvtier.testing.clock import VirtualClock
-        from kvtier.testing.inproc import InprocNetwork
-
-        self.clock = VirtualClock()
-        self.net = InprocNetwork()
-        self.num_blocks, self.block_bytes = num_blocks, block_bytes
-        self.p_cfg, self.c_cfg = dict(p_cfg or {}), dict(c_cfg or {})
-        self.frozen: set[str] = set()
-        self.P = self._make(self.p_cfg, self.P_ADDR, p_transport(self.net, self.P_ADDR) if p_transport else None)
-        self.C = self._make(self.c_cfg, self.C_ADDR, None)
-        self.C.pool.tensor.fill_(SENTINEL)
-        self.pjobs, self.cjobs = Jobs(self.P), Jobs(self.C)
-
-    def _make(self, cfg: dict, addr: str, transport: Any) -> KvTierManager:
-        from kvtier.memory import BlockPool
-        from kvtier.testing.inproc import InprocTransport
-
-        return KvTierManager(
-            cfg,
-            BlockPool(self.num_blocks, self.block_bytes, pin=False),
-            clock=self.clock.now,
-            transport=transport if transport is not None else InprocTransport(self.net, addr),
-        )
-
-    # the consumer reaches the producer at "prod:1"
-    def creq(self, req_id: str, kv_id: str) -> RequestContext:
-        return consumer_req(req_id, kv_id, "prod", 1)
-
-    @property
-    def now(self) -> float:
-        return self.clock.now()
-
-    def _live(self) -> list[tuple[str, KvTierManager, Jobs]]:
-        out = []
-        for name, m, j in (("P", self.P, self.pjobs), ("C", self.C, self.cjobs)):
-            if m is not None and name not in self.frozen and not m.transport.closed:
-                out.append((name, m, j))
-        return out
-
-    def step(self, max_rounds: int = 64) -> None:
-        """Deliver and process messages until no inbox holds anything (time stands still)."""
-        for _ in range(max_rounds):
-            live = self._live()
-            for _, m, j in live:
-                m.poll(0)
-                j.pump()
-            if all(m.transport.inbox_size() == 0 for _, m, _ in live):
-                return
-
-    def advance_to(self, t: float, tick: float = 0.25) -> None:
-        while self.clock.now() < t:
-            self.clock.set(min(t, self.clock.now() + tick))
-            self.step()
-
-    def advance(self, dt: float, tick: float = 0.25) -> None:
-        self.advance_to(self.clock.now() + dt, tick)
-
-    def crash_producer(self) -> None:
-        """The producer's process dies: no goodbye, its queues are lost."""
-        self.net.kill(self.P_ADDR)
-        self.P = None  # type: ignore[assignment]
-
-    def restart_producer(self, cfg: dict | None = None) -> KvTierManager:
-        """A new producer process listens on the same address (after a crash or a shutdown)."""
-        if self.P is not None and not self.P.transport.closed:
-            self.crash_producer()
-        self.P = self._make(dict(cfg if cfg is not None else self.p_cfg), self.P_ADDR, None)
-        self.pjobs = Jobs(self.P)
-        return self.P
-
-    def close(self) -> None:
-        for m in (self.P, self.C):
-            if m is not None:
-                m.shutdown()
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        kw.setdefault("consumer_fill", SENTINEL)
+        super().__init__(*a, **kw)

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.lifecycle.core import TierCore
+from kvtier.lifecycle.effects import CancelTransfer, JobDone, SendBlocks
+from tools import snapshot
 from tools.modelcheck import (
     PROFILES,
     PROPERTIES,
@@ -32,11 +35,8 @@ from tools.modelcheck.state import State
 from tools.modelcheck.system import System
 from tools.modelcheck.trace import KINDS
 from tools.modelcheck.transport import Transfer, after_effects, after_report, reports
-from tools.spec import load as load_spec
-from kvtier.lifecycle import snapshot
-from kvtier.lifecycle.core import TierCore
-from kvtier.lifecycle.effects import CancelTransfer, JobDone, SendBlocks
 from tools.planted import PLANTED, PROFILE_OF
+from tools.spec import load as load_spec
 
 LANE = re.compile(r"^(engine:prefill|producer|consumer:\d+|engine:decode:\d+|network|clock)$")
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtier.lifecycle import TierCore, snapshot
+from honest import check_instance_fate, check_load_result, check_sends
+
+from kvtier.lifecycle import TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import JobDone, LandBlocks, Send, SendBlocks
 from kvtier.wire import messages as wm
-from honest import check_instance_fate, check_load_result, check_sends
+from tools import snapshot
 
 P_LIVE = {"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
 P_RETAINED = {"done", "tombstoned"}

@@ -31,20 +31,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from honest import honest_rules
 from hypothesis import note as _hnote
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from stateful_checks import C_LIVE, P_LIVE, P_RETAINED, Checked, PropertyChecks
 
-from kvtier.lifecycle import InvalidTransition, TierCore, snapshot
+from kvtier.lifecycle import InvalidTransition, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import CoreSettings
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
-from kvtier.testing.fakenet import Envelope, FakeNetwork
 from kvtier.wire import messages as wm
-from stateful_checks import C_LIVE, P_LIVE, P_RETAINED, Checked, PropertyChecks
-from honest import honest_rules
+from tools import snapshot
+from tools.fakenet import Envelope, FakeNetwork
 
 
 def note(text: str) -> None:

@@ -1,5 +1,5 @@
 """Two real :class:`~kvtier.lifecycle.TierCore` instances on the symmetric path, wired by
-:class:`~kvtier.testing.fakenet.FakeNetwork`, with a fake engine on the producer side answering
+:class:`~tools.fakenet.FakeNetwork`, with a fake engine on the producer side answering
 serve windows through the shell's real :class:`~kvtier.shell.serving.ServeWindows`.
 
 What the harness adds to the fake network: served rounds' transfers (their plane key and a
@@ -30,8 +30,8 @@ from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.serve import transfer_key
 from kvtier.lifecycle.session import HelloInput
 from kvtier.shell.serving import ServeWindows
-from kvtier.testing.fakenet import Envelope, FakeNetwork, Transfer
 from kvtier.wire import messages as wm
+from tools.fakenet import Envelope, FakeNetwork, Transfer
 
 __all__ = ["FakeEngine", "PropertyViolation", "SymNet", "make_core"]
 

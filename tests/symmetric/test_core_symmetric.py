@@ -297,7 +297,7 @@ def test_fetch_of_a_key_never_offered_moves_nothing_and_fails_at_once() -> None:
     net = pair()
     pin = _offered(net)
     gen = net.cores["C"].session_gen("P")
-    net.send(__import__("kvtier.testing.fakenet", fromlist=["Envelope"]).Envelope(
+    net.send(__import__("tools.fakenet", fromlist=["Envelope"]).Envelope(
         "C", "P", wm.Fetch(gen=gen, kv_request_id=K, round=0, keys=[KEYS[3]], offered=True)))
     net.deliver("C", "P", 0, 0.0)
     assert not net.transfers and net.engines["P"].released == {pin: False}
@@ -312,7 +312,7 @@ def test_a_pd_fetch_never_reaches_a_served_round_and_an_offered_fetch_never_reac
     net.engine_input("P", ix.StoreSubmitted(K, "own", 50, (KEYS[3],), (9,)), 0.0)
     pin = _offered(net)
     gen = net.cores["C"].session_gen("P")
-    env = __import__("kvtier.testing.fakenet", fromlist=["Envelope"]).Envelope
+    env = __import__("tools.fakenet", fromlist=["Envelope"]).Envelope
     net.send(env("C", "P", wm.Fetch(gen=gen, kv_request_id=K, round=0, keys=[KEYS[3]], offered=True)))
     net.deliver("C", "P", 0, 0.0)
     assert not net.transfers  # the parked block is not offered
@@ -434,7 +434,7 @@ def test_pd_load_partial_successful_keys_and_none_without_integrity() -> None:
         deliver_dir(net, "C", "P", 0.0)
         net.queues[("P", "C")].clear()
         gen = net.cores["P"].session("C").gen
-        env = __import__("kvtier.testing.fakenet", fromlist=["Envelope"]).Envelope
+        env = __import__("tools.fakenet", fromlist=["Envelope"]).Envelope
         net.send(env("P", "C", wm.BlockData(gen=gen, kv_request_id="pd", round=0, first=0, count=1)))
         net.send(env("P", "C", wm.TransferDone(gen=gen, kv_request_id="pd", round=0, ok=False, reason="aborted")))
         deliver_all(net, 0.0, windows=False)
@@ -453,7 +453,7 @@ def test_one_sided_partial_loads_carry_slot_digests_for_the_shell_to_recheck() -
     deliver_dir(net, "C", "P", 0.0)
     net.queues[("P", "C")].clear()
     gen = net.cores["P"].session("C").gen
-    env = __import__("kvtier.testing.fakenet", fromlist=["Envelope"]).Envelope
+    env = __import__("tools.fakenet", fromlist=["Envelope"]).Envelope
     net.send(env("P", "C", wm.BlockData(gen=gen, kv_request_id="pd", round=0, first=0, count=1, digests=[111])))
     net.send(env("P", "C", wm.TransferDone(gen=gen, kv_request_id="pd", round=0, ok=False, reason="aborted")))
     deliver_all(net, 0.0, windows=False)

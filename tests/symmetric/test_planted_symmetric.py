@@ -61,8 +61,10 @@ BUGS = {
     "hit_after_withdraw": ([(ProbeMachine, "message", _hit_after_withdraw)], "no_hit_without_pin"),
     "serve_unpinned": ([(ServeMachine, "guard_fetch_offered", _serve_unpinned_guard),
                         (ServeMachine, "effect_start_transfer", _serve_unpinned_effect)],
-                       # serving a key it never pinned also leaves the round's lookup context or
-                       # pins unaccounted: whichever of the three the hunt meets first names the bug
+                       # a fetch taken before its lookups answered also leaves their context open, and
+                       # a transfer started without the real effect's pin bookkeeping leaves a pin
+                       # held: whichever of the three the hunt meets first names the bug (which it
+                       # meets depends on the derandomized seed, a digest of the machine's source)
                        "no_block_after_release|lookup_context_closed_once|pin_released_once"),
     "partial_unverified": ([(ConsumerMachine, "_verified_prefix", _partial_unverified)], "partial_keys_verified"),
     # tools.planted's bugs of the symmetric path (also hunted by the model check and tests/stateful)

@@ -178,8 +178,8 @@ class Symmetric(RuleBasedStateMachine):
     @rule(which=st.integers(0, 3), keys=st.sets(st.integers(0, 3), min_size=1))
     def forged_fetch(self, which: int, keys: set[int]) -> None:
         """A misbehaving consumer: a fetch(offered) of any keys for a live round of its own."""
-        from kvtier.testing.fakenet import Envelope
         from kvtier.wire import messages as wm
+        from tools.fakenet import Envelope
 
         ids = [sid for sid in self.net.cores["P"].serve_ids() if sid[0] == "C"]
         if not ids:

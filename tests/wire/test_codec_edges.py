@@ -9,22 +9,25 @@ import msgspec
 import pytest
 
 from kvtier.wire import (
-    BAD_FIELD,
-    BAD_PAYLOAD,
-    MALFORMED,
-    OVERSIZE,
-    UNKNOWN_TYPE,
     BlockData,
     Decoder,
     Fetch,
     Receipt,
     WireError,
     WireLimits,
+    WireReason,
     decode,
     encode,
     encode_frames,
 )
 from kvtier.wire.messages import MAX_ID_CHARS
+
+# the codec's refusal codes, by their short names in these tests
+BAD_FIELD = WireReason.BAD_FIELD.value
+BAD_PAYLOAD = WireReason.BAD_PAYLOAD.value
+MALFORMED = WireReason.MALFORMED.value
+OVERSIZE = WireReason.OVERSIZE.value
+UNKNOWN_TYPE = WireReason.UNKNOWN_TYPE.value
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -286,7 +289,9 @@ def test_a_refusal_names_the_generation_from_0_to_below_2_63() -> None:
 
 
 def test_a_hello_of_another_version_is_version_mismatch_naming_theirs() -> None:
-    from kvtier.wire import VERSION_MISMATCH
+    from kvtier.wire import WireReason
+
+    VERSION_MISMATCH = WireReason.VERSION_MISMATCH
 
     for version, theirs in ((999, "999"), ("1", "1"), ("v" * 40, "v" * 32)):
         raw = msgspec.msgpack.encode({"type": "hello", "gen": G, "version": version})

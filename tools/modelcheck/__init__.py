@@ -27,7 +27,7 @@ living in an environment of four parts:
   every ordering of deadlines is covered, whatever the configured durations.
 
 A state (:mod:`.state`) is the tuple of the cores' interned exports (:mod:`.encoding`, on
-:mod:`kvtier.lifecycle.snapshot`) plus the environment's fields.  Core steps are memoised, so each distinct local step runs the real core
+:mod:`tools.snapshot`) plus the environment's fields.  Core steps are memoised, so each distinct local step runs the real core
 once.  :mod:`.search` explores the states breadth-first (:mod:`.reduction`: partial-order
 reduction over ids, finished pairs merged), checks the properties (:mod:`.properties`, the spec's
 ``[properties]``) on every transition and state, then proves that no id is ever stuck; a
@@ -39,7 +39,7 @@ Modules
 -------
 =================  ==========================================================================
 ``bounds``         :class:`Bounds`: the size of the explored system; :data:`PROFILES`
-``encoding``       TierCore exports (kvtier.lifecycle.snapshot), interning, memoised core steps
+``encoding``       TierCore exports (tools.snapshot), interning, memoised core steps
 ``state``          the global state tuple (which module owns which field) and its working copy
 ``part``           the interface of an environment part (actions, labels, apply, core inputs)
 ``engines``        prefill/decode engines and the operator: store, finish, load, reuse, drain,

@@ -44,3 +44,7 @@ def read(system: System, step: CoreStep) -> tuple:
     if inp[0] == "fire":
         return tuple(msgs[m] for m in inp[-1])
     return ()
+
+
+NO_REC = ("absent", (), None, -1)
+"""A producer id's summary when it has no record: (state, jobs, bound peer, round)."""

@@ -3,7 +3,7 @@
 The model has no durations.  Every core input happens at ``now = NOW``, and the interned states
 have every deadline at +inf (:func:`.encoding.timeless`), so none fires by itself.  Instead, in
 every state, each live deadline offers a nondeterministic step "it falls due": the core is
-restored with that one deadline at ``NOW`` (:func:`kvtier.lifecycle.snapshot.retime`) and the
+restored with that one deadline at ``NOW`` (:func:`tools.snapshot.retime`) and the
 shell's tick runs — :func:`kvtier.lifecycle.driver.drive`, the function the shell runs, with the
 messages that wait unread in the core's sockets and the time the sockets were last seen empty.
 So every ordering of deadlines relative to each other and to every other step is covered,
@@ -49,9 +49,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kvtier.lifecycle import inputs as ix
 from tools.modelcheck.part import CoreInput, Drive, Part
 from tools.modelcheck.trace import CLOCK, PRODUCER
-from kvtier.lifecycle import inputs as ix
 
 if TYPE_CHECKING:
     from tools.modelcheck.state import Draft, State

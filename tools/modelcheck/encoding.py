@@ -1,25 +1,25 @@
 """Cores as small hashable values: interned exports, interned messages, memoised core steps.
 
-The model holds no core objects.  Each core is its **export** (:func:`kvtier.lifecycle.snapshot.export`,
-a canonical :class:`~kvtier.lifecycle.snapshot.CoreState`) with its times abstracted
+The model holds no core objects.  Each core is its **export** (:func:`tools.snapshot.export`,
+a canonical :class:`~tools.snapshot.CoreState`) with its times abstracted
 (:func:`timeless`: what is armed, not when; every peer heard "now"), interned as a small int.  A
 core step (:meth:`Cores.step`) hands the interned state to the composed system's ``feed``, which
 restores a real :class:`~kvtier.lifecycle.TierCore` from it
-(:func:`~kvtier.lifecycle.snapshot.restore`), drives it through
+(:func:`~tools.snapshot.restore`), drives it through
 :func:`kvtier.lifecycle.driver.drive` and returns the core; the step's result is exported and
 interned.  Steps are memoised on ``(snapshot, input)``, so each distinct local step runs the real
 core once however many global states share it; messages are interned the same way (states hold
-message ids, not :class:`~kvtier.testing.fakenet.Envelope` objects).
+message ids, not :class:`~tools.fakenet.Envelope` objects).
 
 Nothing here reads or writes a machine's records: the export and restore live in
 ``kvtier/lifecycle``, and two guards keep them honest as the core evolves:
 
-* at start-up, :func:`kvtier.lifecycle.snapshot.unknown_state` must name no attribute of a core
+* at start-up, :func:`tools.snapshot.unknown_state` must name no attribute of a core
   that the export does not classify;
 * every new snapshot is restored once and compared with the live core it came from: the restored
   core must export the same state and rebuild the same indexes
-  (:func:`~kvtier.lifecycle.snapshot.indexes`), and the live core's indexes must match its records
-  (:func:`~kvtier.lifecycle.snapshot.index_problems`).
+  (:func:`~tools.snapshot.indexes`), and the live core's indexes must match its records
+  (:func:`~tools.snapshot.index_problems`).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from typing import Any
 import attrs
 import msgspec
 
-from kvtier.lifecycle import snapshot
 from kvtier.lifecycle.blockstates import BlockStates
 from kvtier.lifecycle.core import CoreSettings, TierCore
-from kvtier.lifecycle.effects import SendBlocks, Send
+from kvtier.lifecycle.effects import Send, SendBlocks
 from kvtier.lifecycle.session import HelloInput
-from kvtier.lifecycle.snapshot import CoreState
-from kvtier.testing.fakenet import Envelope
 from kvtier.wire import messages as wm
+from tools import snapshot
+from tools.fakenet import Envelope
+from tools.snapshot import CoreState
 
 __all__ = ["LOCAL", "CoreStep", "Cores", "Feed", "Summary", "summarise", "timeless"]
 
@@ -51,7 +51,7 @@ MACHINES = ("session", "producer", "consumer", "probe", "rounds", "serve")
 
 Feed = Callable[[str, CoreState, tuple], tuple[TierCore, list, bool]]
 """``feed(name, state, inp) -> (core, effects, early)``: restore core ``name`` from ``state``, apply
-input ``inp`` (message ids already resolved to :class:`~kvtier.testing.fakenet.Envelope`) through
+input ``inp`` (message ids already resolved to :class:`~tools.fakenet.Envelope`) through
 the driver, and return the core after the step, every effect performed, and whether a deadline
 fired while input that arrived before it was still unapplied."""
 
@@ -205,7 +205,7 @@ class Cores:
         unknown = snapshot.unknown_state(TierCore(settings, LOCAL))
         if unknown:
             raise RuntimeError(
-                f"model check: the core has state kvtier.lifecycle.snapshot does not export: {unknown}; classify it "
+                f"model check: the core has state tools.snapshot does not export: {unknown}; classify it "
                 f"there (KNOWN) and export it if it is state"
             )
         self.feed = feed
@@ -263,7 +263,7 @@ class Cores:
             problems.append(f"a restored core rebuilds other indexes: {snapshot.indexes(again)} != "
                             f"{snapshot.indexes(core)}")
         if problems:
-            raise RuntimeError("model check: kvtier.lifecycle.snapshot is out of date with the machines: "
+            raise RuntimeError("model check: tools.snapshot is out of date with the machines: "
                                + "; ".join(problems))
 
     def precords(self, sid: int) -> dict[tuple[str, str], Any]:

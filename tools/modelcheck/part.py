@@ -42,7 +42,7 @@ __all__ = ["Answer", "CoreInput", "Drive", "Part", "Stage"]
 class Drive:
     """How one model input is applied: the input records handed to
     :func:`kvtier.lifecycle.driver.drive`, the time deadlines fire at (None: none), how the
-    restored state is prepared first (:func:`kvtier.lifecycle.snapshot.retime`'s ``clock``;
+    restored state is prepared first (:func:`tools.snapshot.retime`'s ``clock``;
     None: as it is), and whether the inputs are messages that arrived before the deadline that
     is due fell due (``unread``: then no deadline may fire before they are applied)."""
 

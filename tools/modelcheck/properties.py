@@ -31,16 +31,32 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from kvtier.lifecycle.effects import JobDone, ReleasePins, Send, SendBlocks
+from kvtier.wire import messages as wm
 from tools.modelcheck import honest
+from tools.modelcheck.checking import NO_REC as _NO_REC
 from tools.modelcheck.checking import Fail
 from tools.modelcheck.checking import lane_of as _lane
 from tools.modelcheck.checking import read as _read
 from tools.modelcheck.checking import who as _who
+from tools.modelcheck.data_path import (
+    lands_or_fails_a_load,
+    no_store_result_while_referenced,
+    no_write_after_terminal,
+    receipt_or_store_result,
+    success_needs_receipt_c,
+    success_needs_receipt_p,
+)
 from tools.modelcheck.state import put
+from tools.modelcheck.symmetric_props import (
+    hits_pinned,
+    pins_held_by_records,
+    pins_released_once,
+    replies_probe,
+    retry_in_bound,
+    served_blocks_pinned,
+)
 from tools.modelcheck.trace import NETWORK, PRODUCER
-from kvtier.lifecycle.effects import JobDone, LandBlocks, ReleasePins, Send, SendBlocks
-from kvtier.lifecycle.serve import transfer_key
-from kvtier.wire import messages as wm
 
 if TYPE_CHECKING:
     from tools.modelcheck.encoding import CoreStep, Summary
@@ -173,7 +189,6 @@ def jobs_held_by_live_records(system: System, g: State) -> None:
                 )
 
 
-_NO_REC = ("absent", (), None, -1)
 """the producer summary of an id without a record"""
 
 
@@ -276,162 +291,6 @@ def _moves_a_producer_id(system: System, step: CoreStep) -> bool:
     return any(_pstate(pre, kid) != _pstate(post, kid) for kid in system.kids)
 
 
-def writes_only_in_flight(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_write_after_terminal, receiver-applied half: a consumer lands block data (``LandBlocks``)
-    only for a record in ``in_flight`` and only for block data of its current round."""
-    read = _read(system, step)
-    for eff in step.effects:
-        if isinstance(eff, LandBlocks):
-            load = step.pre.loads.get((eff.kv_request_id, eff.round))
-            if load is not None and eff.kv_request_id not in step.pre.consumer:  # a symmetric round's load
-                if load[0] != "in_flight":
-                    raise Fail(
-                        "no_write_after_terminal",
-                        f"{_who(system, c)} landed block data for {eff.kv_request_id} round {eff.round} in slots "
-                        f"{eff.slots} while the round's load was {load[0]}",
-                        _lane(system, c),
-                    )
-                continue
-            rec = step.pre.consumer.get(eff.kv_request_id)
-            other = sorted(env.round for env in read if env.kind == "block_data"
-                           and env.kv_request_id == eff.kv_request_id and rec is not None and env.round != rec[1])
-            if rec is None or rec[0] != "in_flight" or other:
-                state = rec[0] if rec else "absent"
-                raise Fail(
-                    "no_write_after_terminal",
-                    f"{_who(system, c)} landed block data for {eff.kv_request_id} in slots {eff.slots} while its load "
-                    f"was {state}" + (f" (message round {other[0]}, load round {rec[1]})" if rec and other else ""),
-                    _lane(system, c),
-                )
-
-
-def _live_jobs(system: System, c: int, step: CoreStep, ok: bool) -> list[tuple[str, int]]:
-    """(id, round) of every live load job of consumer ``c`` this step reports with result ``ok``
-    (not a new job refused alone: that one never fetched)."""
-    out = []
-    owner_of = system.engines.owner_of
-    for eff in step.effects:
-        if isinstance(eff, JobDone) and eff.ok == ok and eff.job_id in owner_of:
-            kid = system.kids[owner_of[eff.job_id][1]]
-            rec = step.pre.consumer.get(kid)
-            if rec is not None and rec[2] == eff.job_id:
-                out.append((kid, rec[1]))
-    return out
-
-
-def fails_only_when_no_write_can_land(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_write_after_terminal, one-sided half (``one_sided``; on a receiver-applied plane nothing
-    lands outside ``in_flight``, whoever still sends): a load is reported failed (its slots handed
-    back) only when the producer can no longer write into them — its data plane references no
-    transfer of the load's round, or the consumer's plane revoked the producer's access in this
-    step (``access_revoked``), or the load's ``revoke`` deadline fell due on a plane that
-    withdraws access by itself within ``revoke_timeout_s`` (``revoke_bounded``: the NIXL plane's
-    per-session windows, decision N14)."""
-    bounded = system.cores.settings.revoke_bounded
-    for kid, rnd in _live_jobs(system, c, step, False):
-        referenced = any(t[0] == c and t[1] == kid and t[2] == rnd for t in st.transfers)
-        if not referenced:
-            continue
-        rec = step.pre.consumer.get(kid)
-        if bounded and step.inp[0] == "fire" and rec is not None and rec[0] == "revoking":
-            continue
-        if step.inp[0] != "revoked":
-            raise Fail(
-                "no_write_after_terminal",
-                f"{system.cnames[c]} reported its load of {kid} (round {rnd}) failed while the producer's data plane "
-                f"still references the round's transfer and its access was not revoked: a write may still land",
-                system.lanes[c],
-            )
-
-
-def no_write_after_terminal(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_write_after_terminal: both halves (:func:`writes_only_in_flight`,
-    :func:`fails_only_when_no_write_can_land`)."""
-    if LandBlocks in step.types:
-        writes_only_in_flight(system, st, c, step)
-    if JobDone in step.types and system.b.one_sided:
-        fails_only_when_no_write_can_land(system, st, c, step)
-
-
-def _lands_or_fails_a_load(system: System, step: CoreStep) -> bool:
-    return LandBlocks in step.types or (
-        system.b.one_sided and any(isinstance(e, JobDone) and not e.ok for e in step.effects)
-    )
-
-
-def _store_jobs(system: System, step: CoreStep) -> list[tuple[JobDone, int]]:
-    """Every store job result of a producer step, with the index of its id."""
-    owner_of = system.engines.owner_of
-    return [
-        (eff, owner_of[eff.job_id][1])
-        for eff in step.effects
-        if isinstance(eff, JobDone) and owner_of.get(eff.job_id, (0,))[0] is None
-    ]
-
-
-def no_store_result_while_referenced(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_block_returned_while_referenced: a store job's result (success or failure) is reported only
-    in a step where the data plane references none of the job's blocks (``State.transfers`` before
-    the step: a release takes the transfer out before the producer hears of it)."""
-    for eff, i in _store_jobs(system, step):
-        block = eff.job_id % 1000  # the model stores chunk k of a job in pool block job % 1000
-        kid = system.kids[i]
-        for t in st.transfers:
-            if t[1] == kid and block in t[4]:
-                raise Fail(
-                    "no_block_returned_while_referenced",
-                    f"the producer reported {system.engines.describe_job(eff.job_id)} "
-                    f"({'ok' if eff.ok else 'failed: ' + str(eff.reason)}) while the data plane still references "
-                    f"its block in the transfer of {kid} r{t[2]} to {system.cnames[t[0]]}: the engine may reuse it "
-                    f"under a send",
-                    PRODUCER,
-                )
-
-
-def success_needs_receipt_p(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_success_without_receipt, producer half: a store job succeeds only after the current life's
-    binding received its consumer's receipt (or its fetch named zero keys).  Keeps the history
-    field ``receipted`` (per id: a receipt naming the current binding's (peer, round) was
-    delivered; cleared when the id's record is pruned: a new life)."""
-    read = _read(system, step)
-    for env in read:
-        if env.kind == "receipt":
-            _state, _jobs, peer, rnd = step.pre.producer.get(env.kv_request_id, _NO_REC)
-            if (peer, rnd) == (env.src, env.round):
-                st.receipted = put(st.receipted, system.kindex[env.kv_request_id], True)
-    empty_fetch = any(env.kind == "fetch" and not env.keys for env in read)
-    for eff, i in _store_jobs(system, step):
-        if eff.ok and not st.receipted[i] and not empty_fetch:
-            raise Fail(
-                "no_success_without_receipt",
-                f"the producer reported {system.engines.describe_job(eff.job_id)} succeeded, but no receipt from the "
-                f"consumer its life was bound to was delivered: nobody confirmed the blocks landed intact",
-                PRODUCER,
-            )
-    for i, kid in enumerate(system.kids):
-        if st.receipted[i] and kid not in step.post.producer:
-            st.receipted = put(st.receipted, i, False)
-
-
-def _receipt_or_store_result(system: System, step: CoreStep) -> bool:
-    if any(env.kind == "receipt" for env in _read(system, step)):
-        return True
-    return JobDone in step.types or any(kid in step.pre.producer and kid not in step.post.producer for kid in system.kids)
-
-
-def success_needs_receipt_c(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_success_without_receipt, consumer half: a load succeeds only if no block of its round
-    landed corrupt (``State.corrupted``, kept by :mod:`.network`'s ``corrupt`` fault)."""
-    for kid, rnd in _live_jobs(system, c, step, True):
-        if (c, system.kindex[kid], rnd) in st.corrupted:
-            raise Fail(
-                "no_success_without_receipt",
-                f"{system.cnames[c]} reported its load of {kid} (round {rnd}) succeeded although a block of the round "
-                f"landed corrupt",
-                system.lanes[c],
-            )
-
-
 def deadline_after_input(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
     """input_before_deadline: when a deadline falls due while messages that concern it (naming
     its id, or from its session's peer) wait unread in the core's sockets, the shell's tick —
@@ -498,104 +357,6 @@ def _emits(effect: type) -> StepFilter:
         return effect in step.types
 
     return emits
-
-
-# -- the symmetric path (decision M14; the engines are .symmetric's) -----------------------------
-
-
-def _released(step: CoreStep) -> set[int]:
-    return {p for e in step.effects if type(e) is ReleasePins for p in e.pins}
-
-
-def _pinned_blocks(st: Draft, kid: str, rnd: int, released: set[int]) -> set[int]:
-    """The pool blocks the engine pins for round ``rnd`` of ``kid``, pins released by the step aside."""
-    return {b for pin, k, r, blocks in st.pins if (k, r) == (kid, rnd) and pin not in released for b in blocks}
-
-
-def pins_released_once(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """pin_released_once (per step): every pin a ``ReleasePins`` names is one the producer's engine
-    gave out and nobody released yet (``State.pins``), named once, and the data plane references
-    none of its blocks in a transfer of the pin's round (the engine may evict or reuse them)."""
-    held = {p[0]: p for p in st.pins}
-    seen: set[int] = set()
-    for eff in step.effects:
-        if type(eff) is not ReleasePins:
-            continue
-        for pin in eff.pins:
-            if pin in seen or pin not in held:
-                raise Fail("pin_released_once", f"the producer released pin {pin} "
-                           + ("twice in one step" if pin in seen else "which is not held (released before, or never "
-                              "given out)"), PRODUCER)
-            seen.add(pin)
-            _, kid, rnd, blocks = held[pin]
-            for t in st.transfers:
-                if t[1] == transfer_key(system.cnames[t[0]], kid) and t[2] == rnd and set(t[4]) & set(blocks):
-                    raise Fail("pin_released_once", f"the producer released pin {pin} ({kid} r{rnd}, blocks {blocks}) "
-                               f"while the data plane still references them in the round's transfer to "
-                               f"{system.cnames[t[0]]}", PRODUCER)
-
-
-def pins_held_by_records(system: System, g: State) -> None:
-    """pin_released_once (per state): the pins the engine holds for the producer are exactly those
-    its serve records hold — one held by no record is never released, one a record holds that the
-    engine does not is released twice when the record ends."""
-    engine = {p[0] for p in g.pins}
-    records = {pin for (_state, pins, _found) in system.cores.summaries[g.p].serve.values() for pin in pins}
-    if engine != records:
-        raise Fail("pin_released_once", f"the engine holds pins {sorted(engine)} for the producer, its serve records "
-                   f"hold {sorted(records)}: " + ("a pin nobody will release" if engine - records
-                                                  else "a record holds a pin that was released"), PRODUCER)
-
-
-def hits_pinned(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_hit_without_pin: a ``probe_reply`` says hit only for a key its round's serve record found
-    in a pool block that a pin the engine holds (and the step does not release) keeps."""
-    released = _released(step)
-    for eff in step.effects:
-        if type(eff) is not Send or type(eff.msg) is not wm.ProbeReply:
-            continue
-        m = eff.msg
-        serve = step.post.serve.get((eff.peer, m.kv_request_id, m.round))
-        held = _pinned_blocks(st, m.kv_request_id, m.round, released)
-        for k, hit in zip(m.keys, m.hits):
-            if hit and (serve is None or k not in serve[2] or serve[2][k] not in held):
-                raise Fail("no_hit_without_pin", f"the producer's probe_reply for {m.kv_request_id} r{m.round} says hit "
-                           f"for {k.decode(errors='replace')} but no pin it holds keeps that key's block", PRODUCER)
-
-
-def _replies_probe(system: System, step: CoreStep) -> bool:
-    return Send in step.types and any(type(e) is Send and type(e.msg) is wm.ProbeReply for e in step.effects)
-
-
-def served_blocks_pinned(system: System, st: Draft, c: int | None, step: CoreStep) -> None:
-    """no_block_after_release: a served round's transfer (``SendBlocks`` with a plane key) names
-    only blocks a pin of that round keeps (held, and not released by the same step)."""
-    released = _released(step)
-    for eff in step.effects:
-        if type(eff) is SendBlocks and eff.transfer:
-            held = _pinned_blocks(st, eff.kv_request_id, eff.round, released)
-            if not set(eff.blocks) <= held:
-                raise Fail("no_block_after_release", f"the producer sends blocks {eff.blocks} of {eff.kv_request_id} "
-                           f"r{eff.round}, but the round's pins keep only {sorted(held)}", PRODUCER)
-
-
-def retry_in_bound(system: System, g: State) -> None:
-    """probe_answered_in_bound: a lookup answers RETRY (the live core's ``probe_answer``) only
-    while the probe is ``collecting`` or ``probing`` with its ``probe`` deadline armed."""
-    for c, sid in enumerate(g.c):
-        summary = system.cores.summaries[sid]
-        for (kid, key), answer in summary.answers.items():
-            if answer != "retry":
-                continue
-            state = summary.probe.get(kid, ("absent",))[0]
-            if state not in ("collecting", "probing"):
-                why = f"its probe is {state} (RETRY is bounded only in collecting and probing)"
-            elif ("probe", kid, "probe") not in summary.timers:
-                why = f"its probe is {state} without the probe deadline armed"
-            else:
-                continue
-            raise Fail("probe_answered_in_bound", f"{system.cnames[c]} answers RETRY for "
-                       f"{key.decode(errors='replace')} of {kid} while {why}", system.lanes[c])
 
 
 def quiescent(system: System, g: State) -> bool:
@@ -674,7 +435,7 @@ REGISTRY: tuple[Property, ...] = (
     ),
     Property(
         "no_success_without_receipt", ("no_success_without_receipt",),
-        producer_step=success_needs_receipt_p, consumer_step=success_needs_receipt_c, when=_receipt_or_store_result,
+        producer_step=success_needs_receipt_p, consumer_step=success_needs_receipt_c, when=receipt_or_store_result,
     ),
     Property(
         "lives_never_mix", ("lives_never_mix",),
@@ -691,7 +452,7 @@ REGISTRY: tuple[Property, ...] = (
     ),
     Property(
         "no_write_after_terminal", ("no_write_after_terminal",),
-        consumer_step=no_write_after_terminal, when=_lands_or_fails_a_load,
+        consumer_step=no_write_after_terminal, when=lands_or_fails_a_load,
     ),
     Property("bounded_bookkeeping", ("bounded_bookkeeping",), producer_step=retained_within_cap, when=_over_the_cap),
     # the symmetric path (decision M14)
@@ -699,7 +460,7 @@ REGISTRY: tuple[Property, ...] = (
         "pin_released_once", ("pin_released_once",),
         producer_step=pins_released_once, when=_emits(ReleasePins), state=pins_held_by_records,
     ),
-    Property("no_hit_without_pin", ("no_hit_without_pin",), producer_step=hits_pinned, when=_replies_probe),
+    Property("no_hit_without_pin", ("no_hit_without_pin",), producer_step=hits_pinned, when=replies_probe),
     Property(
         "no_block_after_release", ("no_block_after_release",), producer_step=served_blocks_pinned, when=_emits(SendBlocks),
     ),

@@ -24,6 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from functools import partial
 
+from kvtier.lifecycle import driver
+from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings, TierCore
+from tools import snapshot
 from tools.modelcheck.bounds import Bounds
 from tools.modelcheck.clock import NOW, Clock
 from tools.modelcheck.encoding import Cores, CoreStep
@@ -41,9 +44,7 @@ from tools.modelcheck.state import Draft, State, put
 from tools.modelcheck.symmetric import Symmetric
 from tools.modelcheck.trace import PREFILL, PRODUCER, Recorder, consumer_lane, decode_lane
 from tools.modelcheck.transport import Transport
-from kvtier.lifecycle import driver, snapshot
-from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings, TierCore
-from kvtier.lifecycle.snapshot import CoreState
+from tools.snapshot import CoreState
 
 __all__ = ["System"]
 
