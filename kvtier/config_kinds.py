@@ -154,6 +154,10 @@ def _strings(value: Any) -> list[Any]:
     return list(value)
 
 
+#: Most entries ``allowed_peers`` takes (each is checked against every dial).
+MAX_ALLOWED_PEERS = 4096
+
+
 def peers(value: Any) -> tuple[str, ...]:
     """``allowed_peers``: a non-empty list of entries :class:`kvtier.params.PeerPolicy` takes."""
     from kvtier.params import PeerPolicy
@@ -161,8 +165,8 @@ def peers(value: Any) -> tuple[str, ...]:
     entries = _strings(value)
     if not entries:
         raise _Invalid('must not be empty (use ["*"] for any peer)')
-    if len(entries) > 4096:
-        raise _Invalid("more than 4096 entries")
+    if len(entries) > MAX_ALLOWED_PEERS:
+        raise _Invalid(f"more than {MAX_ALLOWED_PEERS} entries")
     try:
         PeerPolicy.from_entries(entries)
     except ValueError as exc:

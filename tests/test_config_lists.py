@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.config import TierConfig, TierConfigError
-from kvtier.config_kinds import PeerList, safe_repr
+from kvtier.config_kinds import MAX_ALLOWED_PEERS, safe_repr
 
 
 def refused(entry: dict) -> TierConfigError:
@@ -27,7 +27,7 @@ def test_allowed_peers_refusals_name_the_key_and_the_value(value: object, why: s
 
 
 def test_allowed_peers_up_to_the_limit_is_taken_one_more_is_refused() -> None:
-    limit = PeerList.max_items
+    limit = MAX_ALLOWED_PEERS
     at = [f"10.0.{i // 256}.{i % 256}" for i in range(limit)]
     assert TierConfig.from_dict({"allowed_peers": at}).allowed_peers == tuple(at)
     over = [*at, "10.255.0.1"]
