@@ -180,11 +180,14 @@ def _wait(pred, *mgrs, timeout_s: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-def _held_round(managers) -> tuple[Any, Any, Any, Any, list[bytes], ReqContext, ReqContext, Any]:
+def _held_round(managers, *, producer_steps_only: bool = False
+                ) -> tuple[Any, Any, Any, Any, list[bytes], ReqContext, ReqContext, Any]:
     """A holds 3 blocks; B's symmetric request probed them and A answered every one HIT (pinned
     for B's round, one store job of A's tiering manager): returns (prod, ptier, cons, ctier, keys,
-    A's request, B's request, A's primary view)."""
-    prod, ptier = managers(SERVE)
+    A's request, B's request, A's primary view).  ``producer_steps_only``: A's kvtier runs only
+    when A's engine steps (``background_poll: false``), so nothing B sends is read before A's next
+    call."""
+    prod, ptier = managers({**SERVE, "background_poll": False} if producer_steps_only else SERVE)
     cons, ctier = managers(SERVE)
     host, port = ptier.address.rsplit(":", 1)
     pview = __import__("numpy").asarray(prod.primary_tier.get_kv_memoryview())
@@ -242,8 +245,10 @@ def test_reset_cache_while_the_consumer_promotes_one_offered_key(managers) -> No
     starts its promotion, a load of that key alone, which closes the round (its other offers are
     forgotten, decision V5).  The drained round refuses the fetch: the load fails (drained), the
     key answers MISS from then on and is never probed again; the two forgotten keys are probed once
-    more (RETRY meanwhile), and A, its cache reset, answers MISS.  Every pin is released once."""
-    prod, ptier, cons, ctier, ks, L, S, pview = _held_round(managers)
+    more (RETRY meanwhile), and A, its cache reset, answers MISS.  Every pin is released once.  A's
+    kvtier runs only when A's engine calls it, so B's fetch waits for A's reset (with A's I/O loop
+    on its own thread the fetch could be served first: another interleaving, another test's)."""
+    prod, ptier, cons, ctier, ks, L, S, pview = _held_round(managers, producer_steps_only=True)
     _wait(lambda: stat(ctier, "kvtier_probe_keys_total{answer=hit}") == 3, prod, cons)  # B has the reply
     with cons.lock:
         assert cons.lookup(ks[0], S) is LookupResult.HIT_PENDING  # the promotion of ks[0] begins
