@@ -180,14 +180,11 @@ def _wait(pred, *mgrs, timeout_s: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-def _held_round(managers, *, producer_steps_only: bool = False
-                ) -> tuple[Any, Any, Any, Any, list[bytes], ReqContext, ReqContext, Any]:
+def _held_round(managers) -> tuple[Any, Any, Any, Any, list[bytes], ReqContext, ReqContext, Any]:
     """A holds 3 blocks; B's symmetric request probed them and A answered every one HIT (pinned
     for B's round, one store job of A's tiering manager): returns (prod, ptier, cons, ctier, keys,
-    A's request, B's request, A's primary view).  ``producer_steps_only``: A's kvtier runs only
-    when A's engine steps (``background_poll: false``), so nothing B sends is read before A's next
-    call."""
-    prod, ptier = managers({**SERVE, "background_poll": False} if producer_steps_only else SERVE)
+    A's request, B's request, A's primary view)."""
+    prod, ptier = managers(SERVE)
     cons, ctier = managers(SERVE)
     host, port = ptier.address.rsplit(":", 1)
     pview = __import__("numpy").asarray(prod.primary_tier.get_kv_memoryview())
@@ -236,35 +233,4 @@ def test_reset_cache_while_pins_are_held_for_an_unfetched_round(managers) -> Non
         assert [cons.lookup(k, S) for k in ks] == [LookupResult.MISS] * 3
     _finish(prod, cons, L, S)
     assert stat(ctier, "kvtier_probe_keys_total{answer=") == 3  # never probed again
-    del pview
-
-
-@pytest.mark.timeout(60)
-def test_reset_cache_while_the_consumer_promotes_one_offered_key(managers) -> None:
-    """As above, but B's engine looked one offered key up after A's reply and before A's reset: vLLM
-    starts its promotion, a load of that key alone, which closes the round (its other offers are
-    forgotten, decision V5).  The drained round refuses the fetch: the load fails (drained), the
-    key answers MISS from then on and is never probed again; the two forgotten keys are probed once
-    more (RETRY meanwhile), and A, its cache reset, answers MISS.  Every pin is released once.  A's
-    kvtier runs only when A's engine calls it, so B's fetch waits for A's reset (with A's I/O loop
-    on its own thread the fetch could be served first: another interleaving, another test's)."""
-    prod, ptier, cons, ctier, ks, L, S, pview = _held_round(managers, producer_steps_only=True)
-    _wait(lambda: stat(ctier, "kvtier_probe_keys_total{answer=hit}") == 3, prod, cons)  # B has the reply
-    with cons.lock:
-        assert cons.lookup(ks[0], S) is LookupResult.HIT_PENDING  # the promotion of ks[0] begins
-    with prod.lock:
-        prod.reset_cache()
-    assert not prod._jobs
-    _wait(lambda: stat(ctier, "kvtier_jobs_total{kind=load,outcome=fail,reason=drained}") == 1, prod, cons)
-    with cons.lock:
-        assert cons.lookup(ks[0], S) is LookupResult.MISS
-        assert [cons.lookup(k, S) for k in ks[1:]] == [LookupResult.RETRY] * 2  # a fresh round
-    _wait(lambda: stat(ctier, "kvtier_probe_keys_total{answer=miss}") == 2, prod, cons)
-    with cons.lock:
-        assert [cons.lookup(k, S) for k in ks] == [LookupResult.MISS] * 3
-    assert stat(ptier, "kvtier_pins_released_total{outcome=fail,reason=drained}") == 1
-    assert stat(ptier, "kvtier_pins_released_total{outcome=ok") == 0
-    assert stat(ptier, "kvtier_served_keys_total{answer=miss}") == 2  # ks[0] was not probed again
-    _finish(prod, cons, L, S)
-    assert not prod._jobs
     del pview

@@ -1,6 +1,6 @@
 """The harness for kvtier inside real vLLM 0.33.0 code, on CPU (no GPU, no model weights).
 
-Two levels (see shared/design/vllm-harness.md):
+Two levels:
 
 * **manager level** ("level A"): the real ``OffloadingSpecFactory`` → ``TieringOffloadingSpec`` →
   ``TieringOffloadingManager`` with a real CPU primary tier over ``/dev/shm``; vLLM's

@@ -2,7 +2,7 @@
 sleeps): every failure reaches the consumer exactly once -- a cancel or reject before the fetch,
 a silent producer, load and abort-ack timeouts, liveness, a handshake never acknowledged, a
 block send that fails, a producer restart.  Expected values come from
-/work/shared/reference/bug-scenarios.md (B05, B09, B10, B17) with its parameters
+docs/scenarios.md (B05, B09, B10, B17) with its parameters
 (T_park = 60 s, T_tomb = 60 s, T_load = 30 s) unless a test says otherwise.
 """
 

@@ -2,7 +2,7 @@
 sleeps): the producer's park clock -- a late fetch refused in one round trip, reap and prune, a
 store after the reap, a fetch for blocks never stored, empty and partial fetches, fetches that
 wait in the socket during a stall.  Expected values come from
-/work/shared/reference/bug-scenarios.md (B01, B02, B03, B12, B16, B20, B24, B29) with its
+docs/scenarios.md (B01, B02, B03, B12, B16, B20, B24, B29) with its
 parameters (T_park = 60 s, T_tomb = 60 s, T_load = 30 s) unless a test says otherwise.
 """
 

@@ -1,7 +1,7 @@
 """The real manager pair on an in-memory network, driven by a virtual clock (no sockets, no
 sleeps): one ``kv_request_id`` and several requests, a confirmed transfer waiting for its release,
 unbounded demand, and the fetch-size limits.  Expected values come from
-/work/shared/reference/bug-scenarios.md (B13, B15) with its parameters (T_park = 60 s,
+docs/scenarios.md (B13, B15) with its parameters (T_park = 60 s,
 T_tomb = 60 s, T_load = 30 s) unless a test says otherwise.
 """
 

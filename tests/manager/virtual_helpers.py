@@ -1,5 +1,5 @@
 """Shared by the ``test_virtual_*`` modules: the scenario parameters of
-/work/shared/reference/bug-scenarios.md (T_park = 60 s, T_tomb = 60 s) and small steps on a
+docs/scenarios.md (T_park = 60 s, T_tomb = 60 s) and small steps on a
 :class:`mgr_helpers.VirtualPair` (the ``pairs`` fixture is in ``conftest.py``).
 """
 
