@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 # workers than this host's 2 cores pay; docs/testing.md has the measurements (decision V2).
 TEST_WORKERS ?= 3
 # The inner loop (docs/testing.md): the lifecycle core and spec, the wire codec, config, the
-# stateful properties and the planted bugs they must find; under a minute.  Left to `make test`:
+# stateful properties and the planted bugs they must find; ~2 CPU-minutes.  Left to `make test`:
 # rendering (diagrams, review pages), memory measurement, and real processes and sockets.
 FAST_TESTS := tests/lifecycle tests/stateful tests/symmetric tests/wire tests/test_config*.py \
 	--ignore=tests/lifecycle/test_diagrams.py --ignore=tests/lifecycle/test_statecharts.py \
@@ -24,7 +24,7 @@ FAST_TESTS := tests/lifecycle tests/stateful tests/symmetric tests/wire tests/te
 help:
 	@echo "make demo   - set up .venv and run the SmolLM2 prefill/decode demo"
 	@echo "make test   - set up .venv and run the test suite (what CI runs)"
-	@echo "make test-fast - the inner loop: core, spec, properties, planted bugs (< 1 min)"
+	@echo "make test-fast - the inner loop: core, spec, properties, planted bugs (~2 CPU-minutes)"
 	@echo "make mutate - mutation testing of the core, shell results, codec and config (docs/mutation.md)"
 	@echo "make bench  - run the benchmark suite (writes docs/benchmarks/)"
 	@echo "make check  - exhaustive model check of the lifecycle spec"
