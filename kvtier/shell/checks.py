@@ -11,9 +11,12 @@ __all__ = ["MAX_JOB_ID", "check_fetch_size", "check_job", "check_job_id", "check
 
 
 def check_req(req: Any, where: str) -> None:
-    """The engine's request handle must be a :class:`~kvtier.api.RequestContext`."""
+    """The engine's request handle must be a :class:`~kvtier.api.RequestContext` whose ``req_id``
+    is a non-empty str (the key of every per-request record)."""
     if not isinstance(req, RequestContext):
         raise TypeError(f"{where}: req must be a kvtier.api.RequestContext, got {type(req).__name__}")
+    if not isinstance(req.req_id, str) or not req.req_id:
+        raise TypeError(f"{where}: req.req_id must be a non-empty str, got {req.req_id!r:.40}")
 
 
 def check_job_type(job: Any) -> None:

@@ -487,3 +487,10 @@ def test_a_missing_kv_request_id_is_named_missing(mgr):
         params = {role: {"remote_host": "127.0.0.1", "remote_port": 9}} if role == "remote_prefiller" else {role: {}}
         with pytest.raises(ValueError, match=f"{role}.kv_request_id is missing"):
             mgr.on_new_request(RequestContext(req_id=f"r-{role}", kv_transfer_params=params))
+
+
+@pytest.mark.parametrize("req_id", [123, None, "", b"r1"])
+def test_a_request_id_that_is_not_a_string_is_refused_by_name(mgr, req_id):
+    with pytest.raises(TypeError, match="req.req_id must be a non-empty str"):
+        mgr.on_new_request(RequestContext(req_id=req_id, kv_transfer_params=None))  # type: ignore[arg-type]
+    mgr.on_new_request(RequestContext(req_id="fine", kv_transfer_params=None))  # the manager still works
