@@ -56,7 +56,6 @@ log = logging.getLogger("kvtier.manager")
 _MIN_GOODBYE_S = 0.05
 
 
-
 class KvTierManager:
     """One kvtier tier instance: producer and consumer at once, over one block pool.
 
