@@ -8,9 +8,9 @@ the worker loads identical to the ones the other worker stored, vLLM counting th
 and the serving side's pins (store jobs of its tiering manager) all released afterwards.
 Variants: the peer lacks the last block (partial: the missing block is computed, never probed
 twice); the peer is unreachable (the request is computed after a MISS, well inside the probe
-bound); a ``reset_cache`` on the serving engine while it pins blocks for an unfetched round (the
-seed's held-pin assertion, fixed: ``drain_jobs`` releases the pins), and the same while the
-consumer's engine promotes one offered key (its load fails, the other keys are probed again).  Properties exercised:
+bound); a ``reset_cache`` on the serving engine while it pins blocks for an unfetched round
+(vLLM asserts that no job is left after the drain: ``drain_jobs`` releases the pins, decision V5).
+Properties exercised:
 ``probe_answered_in_bound``, ``pin_released_once``, ``no_hit_without_pin``.
 """
 
@@ -218,9 +218,9 @@ def test_reset_cache_while_pins_are_held_for_an_unfetched_round(managers) -> Non
     """A answered B's probe (every block HIT, pinned) and B has not fetched yet; A's engine resets
     its cache.  vLLM's reset_cache drains the tier and asserts no job of its is left: kvtier's
     drain_jobs ends the unfetched round (drained), releasing its pins through their store jobs'
-    results, so the assertion holds (the seed's own tier failed it here).  B's probe learns of the
+    results, so the assertion holds (a tier that keeps its pins fails it).  B's probe learns of the
     withdrawal (failed) and its lookups then MISS.  B waits for that without looking a key up: a
-    lookup of an offered key is a fetch (vLLM starts its promotion), which the next test covers
+    lookup of an offered key is a fetch (vLLM starts its promotion), another interleaving
     (decision V5)."""
     prod, ptier, cons, ctier, ks, L, S, pview = _held_round(managers)
     with prod.lock:

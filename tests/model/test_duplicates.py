@@ -6,7 +6,7 @@ tests/model/conftest.py): each message the searches delivered is delivered a sec
 core the first delivery left, and each step is traced per machine (the state the message met,
 the effects produced).  What the duplicates must do, from the spec:
 
-* no second result and no second release: no ``JobDone``, ``ReleasePins`` or ``SendBlocks`` (the
+* no repeated result and no repeated release: no ``JobDone``, ``ReleasePins`` or ``SendBlocks`` (the
   job, the pins and the blocks were answered, released or sent by the original);
 * an input the table drops (an ``ignore`` rule: "a late, duplicate or out-of-order input ...;
   counted and dropped", or the ``note_duplicate`` effect) is counted: the step reports an
