@@ -36,13 +36,7 @@ from kvtier.wire import (
     encode_frames,
 )
 
-# the codec's refusal codes, by their short names in these tests
-BAD_FIELD = WireReason.BAD_FIELD.value
-BAD_PAYLOAD = WireReason.BAD_PAYLOAD.value
-MALFORMED = WireReason.MALFORMED.value
-OVERSIZE = WireReason.OVERSIZE.value
-UNKNOWN_TYPE = WireReason.UNKNOWN_TYPE.value
-VERSION_MISMATCH = WireReason.VERSION_MISMATCH.value
+from tests.wire.refusals import BAD_FIELD, BAD_PAYLOAD, MALFORMED, OVERSIZE, UNKNOWN_TYPE, VERSION_MISMATCH
 
 pytestmark = pytest.mark.timeout(60)
 

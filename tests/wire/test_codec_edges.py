@@ -22,12 +22,7 @@ from kvtier.wire import (
 )
 from kvtier.wire.messages import MAX_ID_CHARS
 
-# the codec's refusal codes, by their short names in these tests
-BAD_FIELD = WireReason.BAD_FIELD.value
-BAD_PAYLOAD = WireReason.BAD_PAYLOAD.value
-MALFORMED = WireReason.MALFORMED.value
-OVERSIZE = WireReason.OVERSIZE.value
-UNKNOWN_TYPE = WireReason.UNKNOWN_TYPE.value
+from tests.wire.refusals import BAD_FIELD, BAD_PAYLOAD, MALFORMED, OVERSIZE, UNKNOWN_TYPE
 
 pytestmark = pytest.mark.timeout(60)
 
