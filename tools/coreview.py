@@ -2,7 +2,7 @@
 producer record, the ids of each machine, the deadlines, the jobs still open.
 
 They are not the core's: a running tier never asks them, so the runtime carries only the reads
-its shell, metrics endpoint and forensics use (decision W14).  Every answer here is computed from
+its shell, metrics endpoint and forensics use (decision W12).  Every answer here is computed from
 the core's public surface — :meth:`TierCore.records` (every record as frozen views),
 :meth:`TierCore.snapshot` (counts) and :meth:`TierCore.probe_answers` — so it reads exactly what
 an operator's introspection would, and nothing here reaches into a machine.

@@ -226,7 +226,7 @@ class CoreState(msgspec.Struct, frozen=True, gc=False):
 #: ``index`` (rebuilt by :func:`restore`, checked by :func:`index_problems`), ``config``,
 #: ``counter`` (metrics, not state), ``cache``, ``machine`` (one of the core's machines; the
 #: symmetric path's probe, rounds and serve machines are exported like the others, decision M14)
-#: or ``part`` (a part built on the machines, decision W14: its own attributes are classified too).
+#: or ``part`` (a part built on the machines, decision W12: its own attributes are classified too).
 #: :func:`unknown_state` checks it is complete.
 KNOWN: dict[str, dict[str, str]] = {
     "core": {

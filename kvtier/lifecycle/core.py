@@ -43,7 +43,7 @@ The core builds every message it sends (a transfer's ``block_data`` headers: :mo
 and reports every job's result (a job no machine takes: ``JobSettled``).  It owns its six machines
 and two parts built on them, ``Receive`` (peer messages) and :class:`~kvtier.lifecycle.reads.CoreReads`
 (reads spanning machines); its public reads are what the shell, metrics and forensics use, plus
-:meth:`TierCore.records` for tests and tools (decision W14).
+:meth:`TierCore.records` for tests and tools (decision W12).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The reads of :class:`~kvtier.lifecycle.TierCore` that span several machines, as a part the core
-owns (decision W14): the metrics counts (:class:`~kvtier.lifecycle.views.CoreSnapshot`), every
+owns (decision W12): the metrics counts (:class:`~kvtier.lifecycle.views.CoreSnapshot`), every
 record as frozen views (:class:`~kvtier.lifecycle.views.CoreRecords`), and the questions the shell
 asks of more than one machine (busy, symmetric work, probe answers, rounds' loads).  It holds the
 machines the core built and only reads them (decision C8: nothing outside ``kvtier.lifecycle``

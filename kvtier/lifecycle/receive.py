@@ -2,7 +2,7 @@
 the spec's ``WIRE`` table), behind the session gate — a message from a peer with no ready session,
 or tagged with another generation, never reaches a producer, consumer, probe or serve record —
 and the answer to a message that did not decode (decision C10).  :class:`Receive` is a part of
-:class:`~kvtier.lifecycle.TierCore` (decision W14): it drives the machines the core built and owns
+:class:`~kvtier.lifecycle.TierCore` (decision W12): it drives the machines the core built and owns
 the one state of its own, the rate limit of unsolicited error replies.
 """
 

@@ -1,4 +1,4 @@
-"""The core's public surface is what kvtier's runtime uses (decision W14).
+"""The core's public surface is what kvtier's runtime uses (decision W12).
 
 Every public method of :class:`~kvtier.lifecycle.TierCore` is called by the runtime outside the
 core's own modules (the driver, shell, manager, metrics, forensics, the testing kit), except the two

@@ -562,7 +562,7 @@ def test_shutdown_fails_every_outstanding_job_and_leaves_nothing_behind(producer
     assert not m.has_pending_work()
 
     assert m.transport.closed
-    assert m.transport._router.closed and m.transport._ctx.closed
+    assert m.transport._conns.router.closed and m.transport._ctx.closed
     assert not any(t.name == "kvtier-io" for t in threading.enumerate())
     del m
     gc.collect()
