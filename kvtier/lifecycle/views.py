@@ -98,7 +98,7 @@ class ProbeView(msgspec.Struct, frozen=True):
 
 
 class ProbeAnswers(msgspec.Struct, frozen=True, gc=False):
-    """What lookups of a symmetric request answer now, key by key (``TierCore.probe_answer``'s
+    """What lookups of a symmetric request answer now, key by key (``TierCore.probe_answers``, the
     rule as sets, for a reader on another thread): ``dead`` (no record, or probing failed: every
     key MISS), else a key in ``miss`` is MISS, in ``hit`` HIT (offered, or being loaded), in
     ``retry`` RETRY (its round waits for the peer), any other key MISS."""

@@ -109,7 +109,7 @@ class Summary:
     probe: dict[str, tuple[str, int, tuple[bytes, ...], tuple[bytes, ...]]] = attrs.Factory(dict)
     """the symmetric path: kv_request_id -> (probe state, open round, keys offered, keys loading)"""
     answers: dict[tuple[str, bytes], str] = attrs.Factory(dict)
-    """(kv_request_id, key) -> what a lookup answers now (``TierCore.probe_answer``, asked of the
+    """(kv_request_id, key) -> what a lookup answers now (``TierCore.probe_answers``, asked of the
     live core), for every key the probe knows; any other key answers ``miss``"""
     loads: dict[tuple[str, int], tuple[str, int | None]] = attrs.Factory(dict)
     """(kv_request_id, round) -> (state, job id) of each symmetric round's load"""
