@@ -74,6 +74,7 @@ class CoreReads:
                 or any(r.state in _S_IN_FLIGHT for r in self._serve.records.values()))
 
     def probe_answers(self, kv_request_id: str) -> ProbeAnswers:
+        # RETRY only in the two states that carry the probe timer (property probe_answered_in_bound)
         r = self._probe.records.get(kv_request_id)
         if r is None or r.state is ProbeState.FAILED:
             return ProbeAnswers()
