@@ -126,43 +126,47 @@ class CoreReads:
         )
 
     def records(self) -> CoreRecords:
-        p, s = self._producer, self._sessions
-        deadlines = [DeadlineView(when, m.NAME, key, lane) for m in (s, p, self._consumer)
-                     for when, key, lane in m.live_deadlines()]
+        p, s, c, q, rounds, v = (self._producer, self._sessions, self._consumer, self._probe, self._rounds,
+                                 self._serve)
+        # each machine's live deadlines once (a record's own lookup scans its queue: O(n) each)
+        live = {name: m.live_deadlines() for name, m in (("session", s), ("producer", p), ("consumer", c),
+                                                         ("probe", q), ("rounds", rounds), ("serve", v))}
+        due = {name: {key: when for when, key, _lane in entries} for name, entries in live.items()}
+        deadlines = [DeadlineView(when, name, key, lane) for name in ("session", "producer", "consumer")
+                     for when, key, lane in live[name]]
         deadlines.extend(DeadlineView(when, p.NAME, key, p.records[key].timer) for key, when in p.retained.items())
         deadlines.sort(key=lambda d: (d.when, d.machine, d.key))
+        due["producer"].update(p.retained)  # a retained id's deadline is its prune
         return CoreRecords(
             sessions=tuple(SessionView(r.key, r.state, r.gen, r.dialled, r.instance, r.principal, r.heard)
                            for r in (s.records[k] for k in sorted(s.records))),
             suspect=frozenset(s.suspect),
-            producers=tuple(self._producer_view(p.records[k]) for k in sorted(p.records)),
+            producers=tuple(self._producer_view(p.records[k], due["producer"]) for k in sorted(p.records)),
             retained=frozenset(p.retained),
             bound={peer: frozenset(ids) for peer, ids in p.by_peer.items()},
             quarantined=frozenset(p.quarantined),
-            consumers=tuple(self._consumer_view(self._consumer.records[k], self._consumer)
-                            for k in sorted(self._consumer.records)),
-            round_loads=tuple(self.round_loads()),
-            probes=tuple(self._probe_view(self._probe.records[k]) for k in sorted(self._probe.records)),
-            serves=tuple(self._serve_view(self._serve.records[k]) for k in sorted(self._serve.records)),
-            pins=frozenset(self._serve.pins_held()),
+            consumers=tuple(self._consumer_view(c.records[k], due["consumer"]) for k in sorted(c.records)),
+            round_loads=tuple(self._consumer_view(rounds.records[k], due["rounds"]) for k in sorted(rounds.records)),
+            probes=tuple(self._probe_view(q.records[k], due) for k in sorted(q.records)),
+            serves=tuple(self._serve_view(v.records[k], due["serve"]) for k in sorted(v.records)),
+            pins=frozenset(v.pins_held()),
             deadlines=tuple(deadlines),
         )
 
-    def _producer_view(self, r: Any) -> ProducerView:
+    def _producer_view(self, r: Any, due: Mapping[Any, float]) -> ProducerView:
         return ProducerView(r.key, r.state, r.reason, tuple(r.jobs), r.peer, r.gen, r.round, tuple(r.demand),
-                            r.consumer, tuple(r.blocks), r.receipt, self._producer.deadline_of(r.key))
+                            r.consumer, tuple(r.blocks), r.receipt, due.get(r.key))
 
-    def _consumer_view(self, r: Any, m: ConsumerMachine) -> ConsumerView:
+    def _consumer_view(self, r: Any, due: Mapping[Any, float] | ConsumerMachine) -> ConsumerView:
+        when = due.deadline_of(r.key) if isinstance(due, ConsumerMachine) else due.get(r.key)
         return ConsumerView(r.kv_request_id, r.state, r.reason, r.peer, r.job_id, r.round, tuple(r.keys),
-                            tuple(r.slots), r.n_landed, m.deadline_of(r.key))
+                            tuple(r.slots), r.n_landed, when)
 
-    def _probe_view(self, r: Any) -> ProbeView:
-        loads = tuple(self._consumer_view(rec, self._rounds) for rec in self._rounds.of_request(r.key))
+    def _probe_view(self, r: Any, due: Mapping[str, Mapping[Any, float]]) -> ProbeView:
+        loads = tuple(self._consumer_view(rec, due["rounds"]) for rec in self._rounds.of_request(r.key))
         return ProbeView(r.key, r.state, r.reason, r.peer, r.round, r.sent, tuple(r.unsent), tuple(r.waiting),
-                         frozenset(r.offered), frozenset(r.miss), dict(r.loading), loads,
-                         self._probe.deadline_of(r.key))
+                         frozenset(r.offered), frozenset(r.miss), dict(r.loading), loads, due["probe"].get(r.key))
 
-    def _serve_view(self, r: Any) -> ServeView:
+    def _serve_view(self, r: Any, due: Mapping[Any, float]) -> ServeView:
         return ServeView(r.peer, r.kv_request_id, r.round, r.state, r.reason, tuple(r.keys), dict(r.found),
-                         frozenset(r.missing), frozenset(r.todo), tuple(r.pins), r.demand, r.receipt,
-                         self._serve.deadline_of(r.key))
+                         frozenset(r.missing), frozenset(r.todo), tuple(r.pins), r.demand, r.receipt, due.get(r.key))

@@ -88,9 +88,7 @@ class PropertyChecks:
 
     def _loads(self, c: str) -> dict[int, tuple[str, int]]:
         """Live load jobs of consumer ``c``: job -> (id, round)."""
-        core = self.cores[c]
-        return {v.job_id: (k, v.round) for k in CoreView(core).consumer_ids()
-                if (v := core.consumer(k)) and v.job_id is not None}
+        return {v.job_id: (v.kv_request_id, v.round) for v in self.cores[c].records().consumers if v.job_id is not None}
 
     def _checked(self, who: str, apply: Any, inp: Any) -> list[Any]:
         try:
