@@ -108,7 +108,7 @@ __all__ = ["CoreSettings", "TIMER_KEYS", "TierCore"]
 
 
 class TierCore:
-    """Producer + consumer + session machines of one manager instance.
+    """The lifecycle core of one manager: six machines and the parts built on them (module docstring).
 
     Args:
         settings: timers and limits (:class:`CoreSettings`).
