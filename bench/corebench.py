@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from bench._util import CpuMeter, paired_ratio, summary, target
 from kvtier.lifecycle.core import TIMER_KEYS
+from tools.coreview import CoreView
 
 ONE_KEY = (b"k0000000000000000",)
 
@@ -325,7 +326,7 @@ def run_p5(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
         cores[n] = (core, t0, due)
         # vLLM p2p's records: same population, each with its deadline
         seed = {}
-        for k in core.producer_ids():
+        for k in CoreView(core).producer_ids():
             st = core.producer_state(k).value
             seed[k] = _SeedRec(k, st, t0 + (600.0 if st == "tombstoned" else 60.0 if st == "parked" else 11.0))
         seeds[n] = seed
@@ -363,7 +364,7 @@ def run_p5(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]
         rows.append({
             "n": n,
             "records": core.producer_count(),
-            "deadline_heap": core.deadline_entries(),
+            "deadline_heap": CoreView(core).deadline_entries(),
             "core_tick_idle_us": summary(idle[n]),
             "core_tick_idle_first_us": summary(first[n]),
             "core_tick_few_due_us": summary(few[n]),

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from bench._util import CpuMeter, summary, target
 from bench.corebench import ONE_KEY, STORE_GUARDS, durations
 from tools.child import Child
+from tools.coreview import CoreView
 
 
 class _Traced:
@@ -112,7 +113,7 @@ def retained_bytes(n: int, fetch_keys: int, end: str) -> dict[str, float]:
     core.handle(ix.Received(peer, wm.Hello(gen=g, version=wm.PROTOCOL_VERSION, instance="consumer", block_bytes=4096,
                                            layout="bench", hash_seed="")), 1.0)
     core.handle(ix.PeerAttached(peer, g), 1.0)
-    assert core.session_ready(peer)
+    assert CoreView(core).session_ready(peer)
 
     def serve(i: int) -> None:
         digests = tuple(range(10**9, 10**9 + fetch_keys))
@@ -140,7 +141,7 @@ def retained_bytes(n: int, fetch_keys: int, end: str) -> dict[str, float]:
         core.fire(100.0)  # past the reap (61 s) and transfer (31 s) deadlines, before the prune
         steady = tm.mark()
     want = ProducerState.DONE if end == "done" else ProducerState.TOMBSTONED
-    assert all(core.producer_state(k) is want for k in ids) and core.retained() == n + 1
+    assert all(core.producer_state(k) is want for k in ids) and CoreView(core).retained() == n + 1
     return {"retained": retained / n, "steady": steady / n}
 
 
@@ -327,27 +328,30 @@ class ScaleRunner:
                 rss = _rss()
                 peak_rss = max(peak_rss, rss)
                 peak_records = max(peak_records, core.producer_count())
-                peak_heap = max(peak_heap, core.deadline_entries())
-                if step % 10 == 0:
-                    timeline.append({"t": round(now, 2), "records": core.producer_count(), "retained": core.retained(),
-                                     "heap": core.deadline_entries(), "rss_mib": rss / 2**20})
+                snap = core.snapshot()  # counts only, no views: O(records) without allocating per record
+                peak_heap = max(peak_heap, snap.deadline_entries)
+                timeline.append({"t": round(now, 2), "records": core.producer_count(),
+                                 "retained": sum(snap.retained.values()), "heap": snap.deadline_entries,
+                                 "rss_mib": rss / 2**20})
         # let every deadline pass: reap the last parked ids, then prune every tombstone
         while core.producer_count():
             clock.advance(1.0)
             fired += len(core.fire(clock.now()))
-            timeline.append({"t": round(clock.now(), 2), "records": core.producer_count(), "retained": core.retained(),
-                             "heap": core.deadline_entries(), "rss_mib": _rss() / 2**20})
+            snap = core.snapshot()
+            timeline.append({"t": round(clock.now(), 2), "records": core.producer_count(),
+                             "retained": sum(snap.retained.values()), "heap": snap.deadline_entries,
+                             "rss_mib": _rss() / 2**20})
         seconds = time.perf_counter() - t0
         gc.collect()
         # the producer's two per-peer indexes lead the tuple (tools.snapshot.indexes)
         by_peer, awaiting = snapshot.indexes(core)[:2]
         state = {
             "records": core.producer_count(),
-            "retained": core.retained(),
+            "retained": CoreView(core).retained(),
             "by_peer": len(by_peer),
             "awaiting_per_peer": len(awaiting),
-            "deadline_heap": core.deadline_entries(),
-            "evicted_by_cap": core.evicted(),
+            "deadline_heap": core.snapshot().deadline_entries,
+            "evicted_by_cap": core.snapshot().evicted,
         }
         blocks1, rss1 = sys.getallocatedblocks(), _rss()
         rss_trim = _malloc_trim_rss()

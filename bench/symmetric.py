@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from bench._util import CpuMeter, paired_ratio, summary, target
 from tools.child import Child, start_all
+from tools.coreview import CoreView
 
 KEYS_PER_PROBE = (1, 8, 64)
 BLOCK_BYTES = 4096
@@ -125,7 +126,7 @@ def _probe_rtt(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
             answers = [cons.lookup(k, req) for k in keys]
             dt = time.perf_counter() - t0
             if answers != [LookupResult.HIT] * n:
-                view = cons.core.probe(kid)
+                view = CoreView(cons.core).probe(kid)
                 raise RuntimeError(f"P9: the probe answered {answers[:4]}… instead of HIT "
                                    f"({view.reason if view else 'no record'})")
             cons.on_request_finished(req)

@@ -50,6 +50,7 @@ from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import Effect
 from kvtier.wire import messages as wm
+from tools.coreview import CoreView
 
 __all__ = ["Envelope", "FakeNetwork", "Landing", "Transfer"]
 
@@ -432,7 +433,7 @@ class FakeNetwork:
         of that session fails at its post, and the fault is reported to ``src``'s core
         (``PlaneFaulted``).  Returns every effect performed."""
         core = self.cores.get(src)
-        gen = core.session_gen(peer) if core is not None else None
+        gen = CoreView(core).session_gen(peer) if core is not None else None
         if gen is None:
             return []
         self.faulted[(src, peer)] = gen
@@ -451,7 +452,7 @@ class FakeNetwork:
         """Complete a handshake between two attached cores at once (dial, hello, hello_ack),
         delivering only the handshake messages. Returns every effect performed."""
         out: list[Effect] = []
-        if self.cores[consumer].session(producer) is None:
+        if CoreView(self.cores[consumer]).session(producer) is None:
             out += self.apply(consumer, ix.Dial(producer), now)
         for src, dst in ((consumer, producer), (producer, consumer)):
             q = self.queues.get((src, dst), [])

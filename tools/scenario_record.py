@@ -16,6 +16,7 @@ from kvtier.lifecycle.effects import Ignored, LandBlocks
 from kvtier.testing.clock import VirtualClock
 from kvtier.testing.inproc import InprocNetwork, InprocTransport
 from kvtier.wire.codec import Decoder, WireError, WireLimits
+from tools.coreview import CoreView
 from tools.seqchart import Lane, Step
 from tools.spec import Spec
 
@@ -244,13 +245,13 @@ class RecordingCore:
     def _snapshot(self) -> dict[tuple[str, str], tuple[str, float | None]]:
         """(state, live deadline) of every record, by (machine, key), from the read API."""
         core = self._core
-        due = {(d.machine, d.key): d.when for d in core.deadlines()}
+        due = {(d.machine, d.key): d.when for d in CoreView(core).deadlines()}
         out = {}
-        for v in core.sessions():
+        for v in CoreView(core).sessions():
             out[("session", v.peer)] = (v.state.value, due.get(("session", v.peer)))
-        for kid in core.producer_ids():
+        for kid in CoreView(core).producer_ids():
             out[("producer", kid)] = (core.producer_state(kid).value, due.get(("producer", kid)))
-        for kid in core.consumer_ids():
+        for kid in CoreView(core).consumer_ids():
             out[("consumer", kid)] = (core.consumer_state(kid).value, due.get(("consumer", kid)))
         return out
 

@@ -224,15 +224,24 @@ class CoreState(msgspec.Struct, frozen=True, gc=False):
 
 #: Every attribute of the core and of each machine, by what it is: ``state`` (exported),
 #: ``index`` (rebuilt by :func:`restore`, checked by :func:`index_problems`), ``config``,
-#: ``counter`` (metrics, not state), ``cache`` or ``machine`` (one of the core's machines; the
-#: symmetric path's probe, rounds and serve machines are exported like the others, decision M14).
+#: ``counter`` (metrics, not state), ``cache``, ``machine`` (one of the core's machines; the
+#: symmetric path's probe, rounds and serve machines are exported like the others, decision M14)
+#: or ``part`` (a part built on the machines, decision W12: its own attributes are classified too).
 #: :func:`unknown_state` checks it is complete.
 KNOWN: dict[str, dict[str, str]] = {
     "core": {
         "settings": "config", "_notes": "state", "_producer": "machine", "_sessions": "machine",
-        "_consumer": "machine", "_error_replies": "state", "_APPLY": "config", "_RECEIVE": "config",
-        "_ROUTE": "config", "_machines": "config", "_probe": "machine", "_rounds": "machine",
-        "_serve": "machine",
+        "_consumer": "machine", "_APPLY": "config", "_ROUTE": "config", "_machines": "config",
+        "_probe": "machine", "_rounds": "machine", "_serve": "machine", "_rx": "part", "_reads": "part",
+    },
+    "receive": {
+        "_sessions": "config", "_producer": "config", "_consumer": "config", "_probe": "config", "_rounds": "config",
+        "_serve": "config", "_settle": "config", "_error_interval": "config", "error_replies": "state",
+        "_table": "config",
+    },
+    "reads": {
+        "_sessions": "config", "_producer": "config", "_consumer": "config", "_probe": "config", "_rounds": "config",
+        "_serve": "config",
     },
     "session": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
@@ -290,7 +299,8 @@ _DERIVED = {"producer": {"rounds"}}
 
 def _parts(core: TierCore) -> dict[str, Any]:
     return {"core": core, "session": core._sessions, "producer": core._producer, "consumer": core._consumer,
-            "probe": core._probe, "rounds": core._rounds, "serve": core._serve}
+            "probe": core._probe, "rounds": core._rounds, "serve": core._serve, "receive": core._rx,
+            "reads": core._reads}
 
 
 def _slots(cls: type) -> set[str]:
@@ -309,7 +319,7 @@ def unknown_state(core: TierCore) -> list[str]:
 
 
 def _deadlines(machine: Any) -> dict[Any, float]:
-    return {key: when for when, _seq, key, _lane in machine._deadlines.live(machine._is_live)}
+    return {key: when for when, key, _lane in machine.live_deadlines()}
 
 
 def export(core: TierCore) -> CoreState:
@@ -366,7 +376,7 @@ def export(core: TierCore) -> CoreState:
         suspect=tuple(sm.suspect),
         closing=pm.closing,
         named=tuple(sorted(pm.named.items())),
-        error_replies=tuple(sorted((peer, reason, when) for (peer, reason), when in core._error_replies.items())),
+        error_replies=tuple(sorted((peer, reason, when) for (peer, reason), when in core._rx.error_replies.items())),
         gone=tuple(sm.gone),
         last_instance=tuple(sm.last_instance.items()),
         last_gen=tuple(sm.last_gen.items()),
@@ -405,7 +415,7 @@ def _reset(core: TierCore) -> None:
     """Empty ``core`` as if it were new (configuration and compiled rules kept)."""
     for name, obj in _parts(core).items():
         for attr, kind in KNOWN[name].items():
-            if kind in ("config", "machine"):
+            if kind in ("config", "machine", "part"):
                 continue
             value = getattr(obj, attr)
             if isinstance(value, (dict, set, deque, list, DeadlineQueue)):
@@ -505,7 +515,7 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
     sm.last_gen = dict(state.last_gen)
     pm.closing = state.closing
     pm.named = dict(state.named)
-    core._error_replies = {(peer, reason): when for peer, reason, when in state.error_replies}
+    core._rx.error_replies = {(peer, reason): when for peer, reason, when in state.error_replies}
     return core
 
 

@@ -21,6 +21,7 @@ from kvtier.lifecycle.probe import Answer
 from kvtier.lifecycle.session import HelloInput
 from kvtier.lifecycle.views import (
     ConsumerView,
+    CoreRecords,
     CoreSnapshot,
     DeadlineView,
     ProbeView,
@@ -34,6 +35,7 @@ __all__ = [
     "Answer",
     "ConsumerState",
     "ConsumerView",
+    "CoreRecords",
     "CoreSettings",
     "CoreSnapshot",
     "DeadlineView",

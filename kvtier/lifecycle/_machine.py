@@ -243,6 +243,14 @@ class TableMachine:
     def effect_restart_timer(self, rec: Any, inp: Any, reason: Reason | None, now: float, out: list[Effect]) -> None:
         self.restart_timer(rec, now)
 
+    def live_deadlines(self) -> list[tuple[float, Any, Any]]:
+        """``(when, key, timer)`` of every live deadline (for introspection; O(n))."""
+        return [(when, key, lane) for when, _seq, key, lane in self._deadlines.live(self._is_live)]
+
+    def deadline_entries(self) -> int:
+        """Entries in the deadline queue, stale ones not yet dropped included (O(1))."""
+        return len(self._deadlines)
+
     def deadline_of(self, key: Any) -> float | None:
         """The live deadline of ``key`` if it has one (for tests and introspection; O(n))."""
         rec = self.records.get(key)

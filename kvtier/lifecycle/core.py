@@ -25,10 +25,8 @@ consumer.
 Three tables, no switchboards:
 
 * ``_APPLY``: input type → the method that applies it;
-* ``_RECEIVE``: wire message type → the method that turns it into a machine event
-  (:mod:`kvtier.lifecycle.receive`; built from the spec's generated ``WIRE`` table, decision C16;
-  the session gate first: a message from a peer with no ready session, or tagged with another
-  generation, never reaches the producer or consumer records);
+* wire message type → its handler in the :class:`~kvtier.lifecycle.receive.Receive` part (from
+  the spec's generated ``WIRE`` table, decision C16; behind the session gate);
 * ``_ROUTE``: note type → what one machine's note means for another (a record that gives up on
   its peer ends the session; a session that ends tells every record bound to it; a session that
   becomes ready lets its queued loads fetch).  Notes are routed after the transition that made
@@ -42,23 +40,25 @@ it still holds — so a deadline never beats a message that was already waiting 
 The shell, the model checker and the stateful suite all drive the core through that one function.
 
 The core builds every message it sends (a transfer's ``block_data`` headers: :mod:`kvtier.lifecycle.batches`)
-and reports every job's result (a job no machine takes: ``JobSettled``).  Its read API is
-:mod:`kvtier.lifecycle.reads`; its settings :mod:`kvtier.lifecycle.settings`.
+and reports every job's result (a job no machine takes: ``JobSettled``).  It owns its six machines
+and two parts built on them, ``Receive`` (peer messages) and :class:`~kvtier.lifecycle.reads.CoreReads`
+(reads spanning machines); its public reads are what the shell, metrics and forensics use, plus
+:meth:`TierCore.records` for tests and tools (decision W12).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from kvtier.lifecycle._machine import TableMachine
 from kvtier.lifecycle._table import (
-    WIRE,
     ConsumerEvent,
     ConsumerState,
     ProbeEvent,
+    ProbeState,
     ProducerEvent,
+    ProducerState,
     Reason,
     ServeEvent,
+    ServeState,
     SessionEvent,
     SessionState,
 )
@@ -95,21 +95,20 @@ from kvtier.lifecycle.inputs import (
     TransferReleased,
 )
 from kvtier.lifecycle.notes import GiveUp, LoadRound, Notes, PeerLost, RoundLoadEnded, SessionReady
-from kvtier.lifecycle.probe import ProbeMachine, ReplyInput, RoundLoads
+from kvtier.lifecycle.probe import ProbeMachine, RoundLoads
 from kvtier.lifecycle.producer import ProducerMachine
 from kvtier.lifecycle.reads import CoreReads
 from kvtier.lifecycle.receive import Receive, Why
 from kvtier.lifecycle.serve import ServeLimits, ServeMachine, is_transfer_key
 from kvtier.lifecycle.session import HelloInput, SessionMachine
 from kvtier.lifecycle.settings import TIMER_KEYS, CoreSettings
-from kvtier.lifecycle.views import DeadlineView
-from kvtier.wire import messages as wm
+from kvtier.lifecycle.views import ConsumerView, CoreRecords, CoreSnapshot, ProbeAnswers
 
 __all__ = ["CoreSettings", "TIMER_KEYS", "TierCore"]
 
 
-class TierCore(CoreReads, Receive):
-    """Producer + consumer + session machines of one manager instance.
+class TierCore:
+    """The lifecycle core of one manager: six machines and the parts built on them (module docstring).
 
     Args:
         settings: timers and limits (:class:`CoreSettings`).
@@ -144,9 +143,10 @@ class TierCore(CoreReads, Receive):
         self._producer.batcher = self._serve.batcher = Batcher(settings.block_bytes, settings.max_header_bytes,
                                                                settings.integrity)
         self._machines = (self._sessions, self._producer, self._consumer, self._probe, self._rounds, self._serve)
-        self._error_replies: dict[tuple[str, str], float] = {}
+        self._rx = Receive(*self._machines, self._settle, settings.error_reply_interval_s)
+        self._reads = CoreReads(*self._machines)
         self._APPLY = {
-            Received: self._received,
+            Received: self._rx.received,
             StoreSubmitted: self._store,
             LoadAnnounced: self._announce,
             Dial: self._dial,
@@ -156,7 +156,7 @@ class TierCore(CoreReads, Receive):
             DrainStarted: self._drain,
             ShutdownStarted: self._shutdown,
             GraceEnded: self._close,
-            Malformed: self._malformed,
+            Malformed: self._rx.malformed,
             ConnectionUp: self._connection_up,
             ConnectFailed: self._connect_failed,
             ConnectionClosed: self._connection_closed,
@@ -173,8 +173,6 @@ class TierCore(CoreReads, Receive):
             LookupAnswered: self._lookup_answered,
             JobSettled: self._job_settled,
         }
-        # wire message -> its handler, from the spec's routing table (the only place that says so)
-        self._RECEIVE = {getattr(wm, w.struct): getattr(self, f"_rx_{w.receive}") for w in WIRE.values()}
         self._ROUTE = {
             GiveUp: self._route_give_up,
             PeerLost: self._route_peer_lost,
@@ -197,13 +195,6 @@ class TierCore(CoreReads, Receive):
         self._APPLY[type(inp)](inp, now, out)
         if self._notes:
             self._settle(now, out)
-        return out
-
-    def step(self, inputs: Iterable[Input], now: float) -> list[Effect]:
-        """Apply ``inputs`` in order (no performing in between); return all their effects."""
-        out: list[Effect] = []
-        for inp in inputs:
-            out.extend(self.handle(inp, now))
         return out
 
     def fire(self, now: float) -> list[Effect]:
@@ -229,21 +220,93 @@ class TierCore(CoreReads, Receive):
         Everything else asks the read API."""
         return {"producer": self._producer, "consumer": self._consumer, "session": self._sessions}
 
-    def deadlines(self) -> list[DeadlineView]:
-        """Every live deadline, earliest first (ties: machine, then key).  O(records): for tests,
-        tools and introspection, never a per-tick path."""
-        out = []
-        for m in (self._sessions, self._producer, self._consumer):
-            out.extend(DeadlineView(when, m.NAME, key, lane) for when, _seq, key, lane in m._deadlines.live(m._is_live))
-        p = self._producer
-        out.extend(DeadlineView(when, p.NAME, key, p.records[key].timer) for key, when in p.retained.items())
-        out.sort(key=lambda d: (d.when, d.machine, d.key))
-        return out
+    # =========================================================================================
+    # Reads (O(1) unless said otherwise; decision C8: nothing outside kvtier.lifecycle reads a
+    # machine's records)
+    # =========================================================================================
+    def producer_state(self, kv_request_id: str) -> ProducerState:
+        """The producer state of ``kv_request_id`` (``absent`` when there is no record)."""
+        return self._producer.state_of(kv_request_id)
 
-    def deadline_entries(self) -> int:
-        """Entries in the machines' deadline queues, stale ones not yet dropped included (what
-        the deadlines cost in memory: for benchmarks; O(1))."""
-        return sum(len(m._deadlines) for m in (self._sessions, self._producer, self._consumer))
+    def consumer_state(self, kv_request_id: str) -> ConsumerState:
+        """The (PD) consumer state of ``kv_request_id`` (``absent`` when there is no record)."""
+        return self._consumer.state_of(kv_request_id)
+
+    def probe_state(self, kv_request_id: str) -> ProbeState:
+        """The probe state of symmetric request ``kv_request_id`` (``absent``: no record)."""
+        return self._probe.state_of(kv_request_id)
+
+    def consumer(self, kv_request_id: str) -> ConsumerView | None:
+        """A snapshot of the (PD) consumer record of ``kv_request_id``, or None."""
+        return self._reads.consumer(kv_request_id)
+
+    def load_failed(self, kv_request_id: str) -> bool:
+        """True when lookups for this id must MISS (the engine should recompute)."""
+        return self._consumer.state_of(kv_request_id) is ConsumerState.FAILED
+
+    def producer_count(self) -> int:
+        """Producer records (live and retained)."""
+        return len(self._producer.records)
+
+    def quarantined_count(self) -> int:
+        """How many producer ids are quarantined: the data plane never confirmed their release, so
+        their store jobs stay outstanding (decision I1).  The shell asks every tick."""
+        return len(self._producer.quarantined)
+
+    def quarantined_blocks(self) -> int:
+        """Pool blocks held by quarantined producer ids (O(quarantined))."""
+        return self._reads.quarantined_blocks()
+
+    def loading(self) -> bool:
+        """True while any load of ours is outstanding (a peer may be writing into our pool)."""
+        return bool(self._consumer.by_peer) or bool(self._rounds.by_peer)
+
+    def busy(self) -> bool:
+        """True while a transfer or a load is in flight (what shutdown's grace waits for; O(records))."""
+        return self._reads.busy()
+
+    def probe_ids(self) -> list[str]:
+        """Every symmetric request with a probe record, sorted."""
+        return sorted(self._probe.records)
+
+    def probe_answers(self, kv_request_id: str) -> ProbeAnswers:
+        """Every key's answer for symmetric request ``kv_request_id`` at once: RETRY while its round
+        waits for the peer (bounded by ``probe_timeout_s``), HIT for a key the peer pins for us (or
+        a load of ours fetches), MISS otherwise — as sets, for the shell to publish to the engine."""
+        return self._reads.probe_answers(kv_request_id)
+
+    def round_loads(self, kv_request_id: str | None = None) -> list[ConsumerView]:
+        """The loads of symmetric rounds (all, or those of ``kv_request_id``) as consumer views."""
+        return self._reads.round_loads(kv_request_id)
+
+    def symmetric_work(self) -> bool:
+        """True while a probe round waits (RETRY), a serve record lives or a round's load is out:
+        the engine must keep stepping (``has_pending_work``)."""
+        return self._reads.symmetric_work()
+
+    def serve_wants(self, peer: str, kv_request_id: str, round: int) -> bool:
+        """True while ``peer``'s round still waits for lookups in the engine's tiers: a serve
+        window skips a queued lookup the core no longer wants."""
+        return self._serve.state_of((peer, kv_request_id, round)) is ServeState.LOOKING_UP
+
+    def snapshot(self) -> CoreSnapshot:
+        """Counts for the metrics endpoint (O(records): computed at scrape time, not per tick)."""
+        return self._reads.snapshot()
+
+    def records(self) -> CoreRecords:
+        """Every record as frozen views, with the deadlines and indexes a checker asks about: for
+        tests, tools and introspection (O(records), never a per-message path)."""
+        return self._reads.records()
+
+    @property
+    def local(self) -> HelloInput:
+        """Our hello (what every later handshake announces)."""
+        return self._sessions.local
+
+    def set_local(self, local: HelloInput) -> None:
+        """Replace our hello (e.g. the hash seed became known); established sessions keep the
+        one they were checked with, every later handshake uses this one."""
+        self._sessions.local = local
 
     def _fire(self, now: float, out: list[Effect]) -> None:
         for m in self._machines:
@@ -403,23 +466,7 @@ class TierCore(CoreReads, Receive):
         # no reason: a load that ends on a landing's answer keeps the reason it ended with (the
         # spec's corrupt branch names its own)
         m = MessageInput(inp.kv_request_id, inp.round, inp.first, inp.count, inp.ok)
-        self._to_consumer(inp.peer, ConsumerEvent.BLOCKS_LANDED, None, m, now, out)
-
-    def _to_consumer(self, peer: str, event: ConsumerEvent, probe_event: ProbeEvent | None, m: MessageInput,
-                     now: float, out: list[Effect]) -> None:
-        """A message for a load of ours: the symmetric round's load named by (id, round) if there
-        is one; else the id's probe (``probe_event``; None: nothing of a probe, stale); else the
-        PD consumer of the id."""
-        kid = m.kv_request_id
-        if (kid, m.round) in self._rounds.records:
-            self._rounds.message(peer, event, m, now, out)
-        elif kid in self._probe.records:
-            if probe_event is None:
-                out.append(Ignored("probe", kid, self._probe.state_of(kid), event, Reason.STALE))
-            else:
-                self._probe.message(peer, probe_event, ReplyInput(kid, m.round, ok=m.ok, reason=m.reason), now, out)
-        else:
-            self._consumer.message(peer, event, m, now, out)
+        self._rx.to_consumer(inp.peer, ConsumerEvent.BLOCKS_LANDED, None, m, now, out)
 
     # =========================================================================================
     # Notes between machines

@@ -1,6 +1,6 @@
 """Effects: what the lifecycle core asks the I/O shell to do, as small frozen records.
 
-The core never performs I/O; :meth:`~kvtier.lifecycle.TierCore.step` returns a list of these, in
+The core never performs I/O; :meth:`~kvtier.lifecycle.TierCore.handle` returns a list of these, in
 the order the shell must carry them out.  The shell performs each with the performer its
 outbound table names for the effect's type (``kvtier/shell/outbound.py``); a performer that learns
 something (a connection came up, the plane took a descriptor, a landing was checked) reports it

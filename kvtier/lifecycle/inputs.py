@@ -1,6 +1,6 @@
 """Inputs: every fact the shell hands the core, as small frozen records (past tense).
 
-:meth:`~kvtier.lifecycle.TierCore.step` takes a sequence of these; one table in the core maps each
+:meth:`~kvtier.lifecycle.TierCore.handle` takes these one at a time; one table in the core maps each
 input type to the code that applies it, and for :class:`Received` a second table maps the wire
 message type to the machine event it becomes.  Four sources:
 
@@ -17,7 +17,7 @@ message type to the machine event it becomes.  Four sources:
   :class:`PeerAttached`, :class:`AttachRefused`.
 
 Time is not an input: every step is given ``now``, and deadlines fire inside the step (the
-``input_before_deadline`` contract of :meth:`~kvtier.lifecycle.TierCore.step`).
+``input_before_deadline`` contract of :func:`~kvtier.lifecycle.driver.drive`).
 
 msgspec Structs for the same reason as the effects (decision C3 in docs/decisions.md).
 """
@@ -136,7 +136,7 @@ class ProbeAnnounced(_Input):
 
 class KeyLookedUp(_Input):
     """The engine looked ``key`` up for the symmetric request ``kv_request_id``; the answer
-    (:meth:`~kvtier.lifecycle.TierCore.probe_answer`) is read after the input."""
+    (:meth:`~kvtier.lifecycle.TierCore.probe_answers`) is read after the input."""
 
     kv_request_id: str
     key: bytes

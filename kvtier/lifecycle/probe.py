@@ -172,20 +172,6 @@ class ProbeMachine(TableMachine):
         rec = self.records.get(kv_request_id)
         return rec.state if rec is not None else ProbeState.ABSENT
 
-    def answer(self, kv_request_id: str, key: bytes) -> Answer:
-        """What a lookup of ``key`` answers now (property ``probe_answered_in_bound``: RETRY only
-        in the two states that carry the probe timer)."""
-        rec = self.records.get(kv_request_id)
-        if rec is None or rec.state is ProbeState.FAILED:
-            return Answer.MISS
-        if key in rec.miss:
-            return Answer.MISS
-        if key in rec.offered or key in rec.loading:
-            return Answer.HIT
-        if (key in rec.unsent or key in rec.waiting) and rec.state in _RETRYING:
-            return Answer.RETRY
-        return Answer.MISS
-
     # -- indexes -------------------------------------------------------------------------------
     def index_ops(self, old: Any, new: Any) -> tuple:
         ops: list = []
@@ -318,7 +304,6 @@ class ProbeMachine(TableMachine):
         out.append(Ignored(self.NAME, rec.key, rec.state, "other_round", Reason.STALE))
 
 
-_RETRYING = frozenset({ProbeState.COLLECTING, ProbeState.PROBING})
 
 
 class RoundLoads(ConsumerMachine):

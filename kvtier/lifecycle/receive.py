@@ -1,23 +1,26 @@
 """How the core takes what a peer sends: one handler per wire message (``_rx_<name>``, routed by
 the spec's ``WIRE`` table), behind the session gate — a message from a peer with no ready session,
 or tagged with another generation, never reaches a producer, consumer, probe or serve record —
-and the answer to a message that did not decode (decision C10).  A mixin of
-:class:`~kvtier.lifecycle.TierCore`: it drives the machines the core built.
+and the answer to a message that did not decode (decision C10).  :class:`Receive` is a part of
+:class:`~kvtier.lifecycle.TierCore` (decision W12): it drives the machines the core built and owns
+the one state of its own, the rate limit of unsolicited error replies.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import msgspec
 
-from kvtier.lifecycle._table import ConsumerEvent, ProbeEvent, Reason, ServeEvent, SessionEvent, SessionState
-from kvtier.lifecycle.consumer import MessageInput
+from kvtier.lifecycle._table import WIRE, ConsumerEvent, ProbeEvent, Reason, ServeEvent, SessionEvent, SessionState
+from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput
 from kvtier.lifecycle.effects import Effect, Ignored, Send
 from kvtier.lifecycle.inputs import Malformed, Received
-from kvtier.lifecycle.probe import ReplyInput
+from kvtier.lifecycle.probe import ProbeMachine, ReplyInput, RoundLoads
+from kvtier.lifecycle.producer import ProducerMachine
 from kvtier.lifecycle.producer_records import FetchInput
-from kvtier.lifecycle.session import HelloInput
+from kvtier.lifecycle.serve import ServeMachine
+from kvtier.lifecycle.session import HelloInput, SessionMachine
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import WireReason
 
@@ -39,18 +42,29 @@ def wire_reason(text: str) -> Reason:
 
 
 class Receive:
-    """Peer messages into the core (mixin of :class:`~kvtier.lifecycle.TierCore`)."""
+    """Peer messages into the core's machines (a part of :class:`~kvtier.lifecycle.TierCore`).
 
-    _producer: Any
-    _consumer: Any
-    _sessions: Any
-    _probe: Any
-    _rounds: Any
-    _serve: Any
-    _error_replies: dict[tuple[str, str], float]
-    settings: Any
+    Args:
+        machines: the core's session, producer, consumer, probe, rounds' loads and serve machines.
+        settle: the core's routing of the notes a transition queued (called where a handler
+            must see a transition's consequences before it goes on).
+        error_reply_interval_s: an unsolicited ``error`` goes to a (peer, reason) at most once
+            per this many seconds.
+    """
 
-    def _malformed(self, inp: Malformed, now: float, out: list[Effect]) -> None:
+    def __init__(self, sessions: SessionMachine, producer: ProducerMachine, consumer: ConsumerMachine,
+                 probe: ProbeMachine, rounds: RoundLoads, serve: ServeMachine,
+                 settle: Callable[[float, list[Effect]], None], error_reply_interval_s: float) -> None:
+        self._sessions, self._producer, self._consumer = sessions, producer, consumer
+        self._probe, self._rounds, self._serve = probe, rounds, serve
+        self._settle = settle
+        self._error_interval = error_reply_interval_s
+        self.error_replies: dict[tuple[str, str], float] = {}
+        """(peer, reason) -> when an unsolicited ``error`` last went to it (seconds)."""
+        # wire message -> its handler, from the spec's routing table (the only place that says so)
+        self._table = {getattr(wm, w.struct): getattr(self, f"_rx_{w.receive}") for w in WIRE.values()}
+
+    def malformed(self, inp: Malformed, now: float, out: list[Effect]) -> None:
         """Answer a message that did not decode: a hello of another protocol version gets a
         handshake refusal naming the version; one that names a ``kv_request_id`` gets an
         ``error`` so its sender can fail that request at once; anything else an ``error`` at
@@ -62,20 +76,37 @@ class Receive:
             return
         if not inp.kv_request_id:
             key = (peer, inp.reason)
-            last = self._error_replies.get(key)
-            if last is not None and now - last < self.settings.error_reply_interval_s:
+            last = self.error_replies.get(key)
+            if last is not None and now - last < self._error_interval:
                 return
-            if len(self._error_replies) >= 4096:  # bounded: peer ids come from connections
-                self._error_replies.clear()
-            self._error_replies[key] = now
+            if len(self.error_replies) >= 4096:  # bounded: peer ids come from connections
+                self.error_replies.clear()
+            self.error_replies[key] = now
         out.append(Send(peer, wm.Error(gen=self._sessions.gen(peer), reason=str(inp.reason), detail=inp.detail[:4096],
                                        kv_request_id=inp.kv_request_id), ends_session=False))
 
     # =========================================================================================
     # Peer messages
     # =========================================================================================
-    def _received(self, inp: Received, now: float, out: list[Effect]) -> None:
-        self._RECEIVE[type(inp.msg)](inp, now, out)
+    def received(self, inp: Received, now: float, out: list[Effect]) -> None:
+        """Apply one decoded peer message at ``now`` (seconds); never raises for what it says."""
+        self._table[type(inp.msg)](inp, now, out)
+
+    def to_consumer(self, peer: str, event: ConsumerEvent, probe_event: ProbeEvent | None, m: MessageInput,
+                    now: float, out: list[Effect]) -> None:
+        """A message (or a landing) for a load of ours: the symmetric round's load named by (id,
+        round) if there is one; else the id's probe (``probe_event``; None: nothing of a probe,
+        stale); else the PD consumer of the id."""
+        kid = m.kv_request_id
+        if (kid, m.round) in self._rounds.records:
+            self._rounds.message(peer, event, m, now, out)
+        elif kid in self._probe.records:
+            if probe_event is None:
+                out.append(Ignored("probe", kid, self._probe.state_of(kid), event, Reason.STALE))
+            else:
+                self._probe.message(peer, probe_event, ReplyInput(kid, m.round, ok=m.ok, reason=m.reason), now, out)
+        else:
+            self._consumer.message(peer, event, m, now, out)
 
     def _gate(self, peer: str, msg: object, event: SessionEvent, now: float, out: list[Effect]) -> bool:
         """Let a peer message through only on a ready session of the same generation — or, for a
@@ -149,20 +180,20 @@ class Receive:
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             m = MessageInput(msg.kv_request_id, msg.round, msg.first, msg.count, digests=tuple(msg.digests),
                              payloads=inp.payloads, life=msg.life)
-            self._to_consumer(inp.peer, ConsumerEvent.BLOCK_DATA, None, m, now, out)
+            self.to_consumer(inp.peer, ConsumerEvent.BLOCK_DATA, None, m, now, out)
 
     def _rx_transfer_done(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             reason = None if msg.ok else wire_reason(msg.reason or Reason.TRANSFER_FAILED.value)
             m = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=reason, life=msg.life, final=msg.final)
-            self._to_consumer(inp.peer, ConsumerEvent.TRANSFER_DONE, ProbeEvent.TRANSFER_DONE, m, now, out)
+            self.to_consumer(inp.peer, ConsumerEvent.TRANSFER_DONE, ProbeEvent.TRANSFER_DONE, m, now, out)
 
     def _rx_abort_ack(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
             # a probe's release needs no answer: an abort_ack for it concerns no record
-            self._to_consumer(inp.peer, ConsumerEvent.ABORT_ACK, None, MessageInput(msg.kv_request_id, msg.round,
+            self.to_consumer(inp.peer, ConsumerEvent.ABORT_ACK, None, MessageInput(msg.kv_request_id, msg.round,
                                                                                    life=msg.life),
                               now, out)
 

@@ -11,7 +11,8 @@ import msgspec
 
 from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, Reason, ServeState, SessionState
 
-__all__ = ["ConsumerView", "CoreSnapshot", "DeadlineView", "ProbeView", "ProducerView", "ServeView", "SessionView"]
+__all__ = ["ConsumerView", "CoreRecords", "CoreSnapshot", "DeadlineView", "ProbeView", "ProducerView", "ServeView",
+           "SessionView"]
 
 
 class SessionView(msgspec.Struct, frozen=True):
@@ -97,7 +98,7 @@ class ProbeView(msgspec.Struct, frozen=True):
 
 
 class ProbeAnswers(msgspec.Struct, frozen=True, gc=False):
-    """What lookups of a symmetric request answer now, key by key (``TierCore.probe_answer``'s
+    """What lookups of a symmetric request answer now, key by key (``TierCore.probe_answers``, the
     rule as sets, for a reader on another thread): ``dead`` (no record, or probing failed: every
     key MISS), else a key in ``miss`` is MISS, in ``hit`` HIT (offered, or being loaded), in
     ``retry`` RETRY (its round waits for the peer), any other key MISS."""
@@ -152,3 +153,35 @@ class CoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     probe: dict[str, int] = {}
     serve: dict[str, int] = {}
     serve_pinned_blocks: int = 0
+    evicted: int = 0
+    """Retained ids evicted early by the ``tombstone_max`` cap since start (a counter)."""
+    deadline_entries: int = 0
+    """Entries in the machines' deadline queues, stale ones not yet dropped included (what the
+    deadlines cost in memory)."""
+
+
+class CoreRecords(msgspec.Struct, frozen=True, kw_only=True):
+    """Every record of a core as frozen views, each sequence in key order: what tests, tools and
+    introspection read (``TierCore.records()``; O(records) to make, never on a per-message path).
+
+    ``sessions``: live sessions; ``suspect``: producer instances whose sessions are suspect
+    (decision I7); ``producers``: producer records, live and retained; ``retained``: the ids
+    retained until their prune; ``bound``: the producer's per-peer index (peer -> ids bound to
+    it); ``quarantined``: producer ids in ``quarantined`` (decision I1); ``consumers``: the PD
+    consumer records; ``round_loads``: the symmetric rounds' loads (their ``kv_request_id`` is the
+    request's, ``round`` tells them apart); ``probes`` and ``serves``: the symmetric path's records;
+    ``pins``: engine pins the serve records hold; ``deadlines``: every live deadline of the
+    session, producer and consumer machines, earliest first (ties: machine, then key)."""
+
+    sessions: tuple[SessionView, ...]
+    suspect: frozenset[str]
+    producers: tuple[ProducerView, ...]
+    retained: frozenset[str]
+    bound: dict[str, frozenset[str]]
+    quarantined: frozenset[str]
+    consumers: tuple[ConsumerView, ...]
+    round_loads: tuple[ConsumerView, ...]
+    probes: tuple[ProbeView, ...]
+    serves: tuple[ServeView, ...]
+    pins: frozenset[int]
+    deadlines: tuple[DeadlineView, ...]

@@ -25,8 +25,9 @@ libzmq closed and reused meanwhile is never shut down. Residual race, accepted: 
 connection closed and *the same remote ip:port* reconnected onto the *same fd number* between
 our last monitor drain and the dup, the new connection of that same remote endpoint is cut.
 
-:class:`ZmqConnections` is a base of :class:`~kvtier.transport.zmq_transport.ZmqTransport`; the
-state it works on is made by ``ZmqTransport.__init__``.
+:class:`Connections` is a part of :class:`~kvtier.transport.zmq_transport.ZmqTransport` (decision
+W12): it owns the ROUTER, the dialled DEALERs, their monitors, the connection records and the
+events they produce; it fails a peer's queued sends through the transport's outbox.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ import os
 import socket
 import struct
 import time
-from typing import Any
+from collections import deque
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from kvtier.transport import CloseReason, PeerClosed, SendFailure, TransportEvent
+
+if TYPE_CHECKING:
+    from kvtier.transport.zmq_send import Outbox, Target
 
 #: peer ids of the peers that dialled us: this prefix and their routing id in hex
 IN_PREFIX = "in:"
@@ -137,46 +142,171 @@ class Conn:
 #: Routing ids whose connection closed, remembered (oldest forgotten first) so that their
 #: leftover messages never bind a newer connection that reused the fd number.
 _MAX_SPENT = 65536
+_MAX_EVENTS = 65536  # undrained events beyond this drop the oldest (an owner that never reads)
 
 
-class ZmqConnections:
-    """The connection records and monitors of :class:`~kvtier.transport.zmq_transport.ZmqTransport`."""
+class Connections:
+    """The sockets and connections of :class:`~kvtier.transport.zmq_transport.ZmqTransport`.
+
+    Args:
+        ctx: the transport's context (monitors are inproc PAIRs on it).
+        curve: the transport runs CURVE (principals are read from the ZAP handler's User-Id).
+        idle_timeout_s: accepted connections silent this long are cut (None: never).
+        connect_timeout_ms: the dials' ``ZMQ_CONNECT_TIMEOUT`` (0: off).
+    """
+
+    def __init__(self, ctx: zmq.Context, *, curve: bool, idle_timeout_s: float | None,
+                 connect_timeout_ms: int) -> None:
+        self._ctx = ctx
+        self._curve = curve
+        self._idle_timeout_s = idle_timeout_s
+        self._connect_timeout_ms = connect_timeout_ms
+        self.outbox: Outbox  # set by the transport (the two parts refer to each other)
+        self.router: zmq.Socket | None = None
+        self.rmon: zmq.Socket | None = None
+        self.dealers: dict[str, zmq.Socket] = {}
+        """Dialled producers' DEALERs, by address (the peer id)."""
+        self._dealer_mons: dict[str, zmq.Socket] = {}
+        self._dialling: dict[str, float] = {}  # fail_fast dials not connected yet -> when dialled
+        self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
+        self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
+        self._mon_set: frozenset[zmq.Socket] | None = None
+        self._mon_n = 0
+        self.version = 0
+        """Bumped whenever the set of sockets changes (a poller built before is stale)."""
+        self.closing: dict[str, float] = {}
+        """Peers that dialled us, cut at this time (a goodbye's linger)."""
+        self._lingering: list[tuple[float, zmq.Socket, zmq.Socket]] = []  # closed dials flushing a goodbye
+        self.events: deque[TransportEvent] = deque(maxlen=_MAX_EVENTS)
+        """Connection events not yet taken by the owner, oldest first."""
+        self._conns: dict[int, Conn] = {}  # ROUTER connections by fd
+        self.rid_fd: dict[bytes, int] = {}
+        """Routing id -> fd of its connection (bound once)."""
+        self._spent: dict[bytes, None] = {}  # routing ids whose connection closed (bounded)
+        self._unbound: dict[int, Conn] = {}  # accepted, no message yet (accept order)
+        self._refusing: tuple[bool, str] | None = None  # the ROUTER's last failed handshake, until its close
+        self.idle_dropped = 0
+        """Accepted connections cut by ``idle_timeout_s`` (a counter)."""
+        self.handshake_failures: set[tuple[str, int]] = set()
+        """``(producer address, libzmq EVENT_HANDSHAKE_FAILED_*)`` seen on our dials (each logged once)."""
+
+    # -- sockets ------------------------------------------------------------------------------
+
+    def set_router(self, router: zmq.Socket) -> None:
+        """Take the ROUTER we listen on (before it binds: its monitor must see every accept)."""
+        self.router = router
+        self.rmon = self.monitor(router, ROUTER_EVENTS)
+        self.version += 1
+
+    def add_dealer(self, address: str, sock: zmq.Socket, mon: zmq.Socket, *, fail_fast: bool) -> None:
+        """Take the DEALER dialling ``address`` and its monitor (from :meth:`monitor`)."""
+        self.dealers[address] = sock
+        self._dealer_mons[address] = mon
+        if fail_fast:
+            self._dialling[address] = time.monotonic()
+        self._dealer_peer[sock] = address
+        self._mon_peer[mon] = address
+        self.version += 1
+        self._mon_set = None
+
+    def forget_events_of(self, peer: str) -> None:
+        """Drop the undrained events about ``peer`` (a new dial: they are history now)."""
+        self.events = deque((e for e in self.events if e.peer != peer), maxlen=_MAX_EVENTS)
+
+    def take_events(self) -> list[TransportEvent]:
+        """The undrained events, oldest first; none remain."""
+        if not self.events:
+            return []
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+    def resolve(self, peer: str) -> Target | None:
+        """Socket and ROUTER routing id for a peer id, or None if it cannot exist."""
+        sock = self.dealers.get(peer)
+        if sock is not None:
+            return sock, None
+        if isinstance(peer, str) and peer.startswith(IN_PREFIX):
+            try:
+                rid = bytes.fromhex(peer[len(IN_PREFIX) :])
+            except ValueError:
+                return None
+            if 0 < len(rid) <= 255:
+                return self.router, rid
+        return None
+
+    def is_dropped(self, rid: bytes) -> bool:
+        """True when the connection ``rid`` speaks for was cut by us."""
+        conn = self._conns.get(self.rid_fd.get(rid, -1))
+        return conn is not None and conn.dropped
+
+    def peer_record(self, peer: str) -> Conn | None:
+        """The accepted connection a peer that dialled us speaks for, or None."""
+        target = self.resolve(peer)
+        if target is None or target[1] is None:
+            return None
+        fd = self.rid_fd.get(target[1])
+        return None if fd is None else self._conns[fd]
+
+    def idle_count(self) -> int:
+        """Accepted connections that have not delivered a message yet."""
+        return len(self._unbound)
+
+    def data_sockets(self) -> list[tuple[zmq.Socket, str | None]]:
+        """The ROUTER (peer None) and every DEALER with its address, in that order."""
+        socks: list[tuple[zmq.Socket, str | None]] = [(self.router, None)]
+        socks.extend((s, p) for p, s in self.dealers.items())
+        return socks
+
+    def monitors(self) -> frozenset[zmq.Socket]:
+        """Every monitor PAIR (cached until the sockets change)."""
+        mons = self._mon_set
+        if mons is None:
+            mons = self._mon_set = frozenset({self.rmon, *self._dealer_mons.values()})
+        return mons
+
+    def drain_monitor(self, mon: zmq.Socket) -> None:
+        """Read the events waiting on monitor ``mon`` (one of :meth:`monitors`)."""
+        if mon is self.rmon:
+            self.drain_router_monitor()
+        else:
+            self.drain_dealer_monitor(self._mon_peer[mon])
+
+    def peer_of(self, sock: zmq.Socket) -> str | None:
+        """The address a DEALER dials; None for the ROUTER (its messages name their peer)."""
+        return None if sock is self.router else self._dealer_peer[sock]
+
+    def housekeeping(self, now: float) -> None:
+        """Cut the idle connections and end the goodbyes' lingers that are due."""
+        if self._idle_timeout_s is not None and self._unbound:
+            self.cut_idle()
+        if self.closing or self._lingering:
+            self.end_lingering(now)
+
+    def next_due(self, until: float) -> float:
+        """The earlier of ``until`` and the next idle cut or linger end (``time.monotonic``)."""
+        if self._idle_timeout_s is not None and self._unbound:
+            until = min(until, next(iter(self._unbound.values())).accepted + self._idle_timeout_s)
+        if self.closing or self._lingering:  # a goodbye's linger ends: cut on time
+            until = min(until, self.next_linger_end())
+        return until
 
     # -- monitors and connection events -----------------------------------------------------
 
-    def events(self) -> list[TransportEvent]:
-        """Connection events since the last call, oldest first. Never blocks.
-
-        Returns:
-            :class:`~kvtier.transport.PeerClosed` records: one per connection of a known peer
-            that closed or reset (``disconnected``), was cut by :meth:`drop_peer`
-            (``dropped``). A connection that never delivered a message has no peer id and is
-            reported by nothing (see :attr:`idle_dropped`). ``[]`` after ``close()``.
-        """
-        if self._closed:
-            return []
-        self._service()
-        out = list(self._events)
-        self._events.clear()
-        return out
-
-    def _service(self) -> None:
+    def service(self) -> None:
         """Housekeeping on every poll path: read monitor events, cut idle connections, and make
         the ROUTER process its commands (a pipe closed by a shutdown releases its queued
         zero-copy frames only when the socket does)."""
-        self._drain_router_monitor()
+        self.drain_router_monitor()
         for address in list(self._dealer_mons):
-            self._drain_dealer_monitor(address)
-        if self._idle_timeout_s is not None and self._unbound:
-            self._cut_idle()
-        if self._closing or self._lingering:
-            self._end_lingering(time.monotonic())
+            self.drain_dealer_monitor(address)
+        self.housekeeping(time.monotonic())
         try:
-            self._router.get(EVENTS)
+            self.router.get(EVENTS)
         except zmq.ZMQError:  # pragma: no cover
             pass
 
-    def _monitor(self, sock: zmq.Socket, events: int) -> zmq.Socket:
+    def monitor(self, sock: zmq.Socket, events: int) -> zmq.Socket:
         """A PAIR that receives ``sock``'s monitor events. Unbounded on our side, so a flood of
         connections cannot make libzmq drop (and us miss) a ``DISCONNECTED``."""
         self._mon_n += 1
@@ -205,8 +335,8 @@ class ZmqConnections:
                 return out
             out.append(_MON_HEADER.unpack_from(frames[0]))
 
-    def _drain_router_monitor(self) -> None:
-        for event, fd in self._monitor_events(self._rmon):
+    def drain_router_monitor(self) -> None:
+        for event, fd in self._monitor_events(self.rmon):
             if event == zmq.EVENT_ACCEPTED:
                 self._conn_closed(fd)  # a missed close of an older connection on this fd
                 conn = self._conns[fd] = Conn(fd, _peername(fd), time.monotonic())
@@ -217,7 +347,7 @@ class ZmqConnections:
                 # the value is libzmq's error code, not the fd: libzmq closes that connection next,
                 # and its DISCONNECTED names the fd (so the peer's address) of a connection that
                 # never delivered a message
-                self._refusing = handshake_problem(event, fd, curve=self._curve is not None, dialled=False)
+                self._refusing = handshake_problem(event, fd, curve=self._curve, dialled=False)
 
     def _conn_closed(self, fd: int) -> None:
         conn = self._conns.pop(fd, None)
@@ -226,17 +356,17 @@ class ZmqConnections:
         if refusing is not None and refusing[0] and conn is not None and conn.rid is None and not conn.dropped:
             # an inbound connection that failed CURVE: no peer id, no session; the shell counts
             # and logs it with the reason the dialler's session ends with (decision E1)
-            self._events.append(PeerClosed(conn.peername, CloseReason.AUTH_REFUSED, refusing[1]))
-        if conn is None or conn.rid is None or self._rid_fd.get(conn.rid) != fd:
+            self.events.append(PeerClosed(conn.peername, CloseReason.AUTH_REFUSED, refusing[1]))
+        if conn is None or conn.rid is None or self.rid_fd.get(conn.rid) != fd:
             return
-        del self._rid_fd[conn.rid]
+        del self.rid_fd[conn.rid]
         self._spend(conn.rid)
         peer = IN_PREFIX + conn.rid.hex()
-        self._fail_queue(peer, SendFailure.UNREACHABLE, "connection closed")
+        self.outbox.fail(peer, SendFailure.UNREACHABLE, "connection closed")
         reason = CloseReason.DROPPED if conn.dropped else CloseReason.DISCONNECTED
-        self._events.append(PeerClosed(peer, reason))
+        self.events.append(PeerClosed(peer, reason))
 
-    def _drain_dealer_monitor(self, address: str) -> None:
+    def drain_dealer_monitor(self, address: str) -> None:
         failed_auth = False
         for event, value in self._monitor_events(self._dealer_mons[address]):
             if event == zmq.EVENT_CONNECTED:
@@ -246,23 +376,23 @@ class ZmqConnections:
                 if since is not None:  # a fail_fast dial that never connected: the dial failed
                     timed_out = self._connect_timeout_ms and (
                         time.monotonic() - since) * 1000 >= 0.9 * self._connect_timeout_ms
-                    self._events.append(PeerClosed(address, CloseReason.CONNECT_TIMEOUT if timed_out
+                    self.events.append(PeerClosed(address, CloseReason.CONNECT_TIMEOUT if timed_out
                                                    else CloseReason.REFUSED))
             elif event == zmq.EVENT_DISCONNECTED:
                 if not failed_auth:  # after a failed CURVE handshake its session already ends auth_failed
-                    self._events.append(PeerClosed(address, CloseReason.DISCONNECTED))
+                    self.events.append(PeerClosed(address, CloseReason.DISCONNECTED))
             elif event in (_AUTH, _NO_DETAIL, _PROTOCOL):
-                auth, text = handshake_problem(event, value, curve=self._curve is not None, dialled=True)
+                auth, text = handshake_problem(event, value, curve=self._curve, dialled=True)
                 if auth and not failed_auth:
                     failed_auth = True
-                    self._events.append(PeerClosed(address, CloseReason.AUTH_FAILED, text))
+                    self.events.append(PeerClosed(address, CloseReason.AUTH_FAILED, text))
                 if (address, event) in self.handshake_failures:
                     continue
                 # once per producer and text: libzmq retries the connect and fails the same way,
                 # and each failed load may dial again (bounded: addresses come from requests)
                 if len(self.handshake_failures) >= 4096:
                     self.handshake_failures.clear()
-                said = any(handshake_problem(e, value, curve=self._curve is not None, dialled=True)[1] == text
+                said = any(handshake_problem(e, value, curve=self._curve, dialled=True)[1] == text
                            for a, e in self.handshake_failures if a == address)
                 self.handshake_failures.add((address, event))
                 if not said:
@@ -270,7 +400,7 @@ class ZmqConnections:
 
     # -- binding routing ids to connections -------------------------------------------------
 
-    def _from_connection(self, frame: zmq.Frame, rid: bytes) -> bool:
+    def from_connection(self, frame: zmq.Frame, rid: bytes) -> bool:
         """Bind ``rid`` to the connection (fd) ``frame`` came in on, the first time it speaks.
         False: drop the message (it comes from a connection we dropped).  See the module
         docstring for why a routing id binds once and leftovers change nothing."""
@@ -282,21 +412,21 @@ class ZmqConnections:
         if conn is not None and conn.rid == rid:
             return not conn.dropped
         # The monitor may not have told us about this fd (or its reuse) yet; it has by now.
-        self._drain_router_monitor()
+        self.drain_router_monitor()
         conn = self._conns.get(fd)
         if conn is not None and conn.rid == rid:
             return not conn.dropped
-        if rid in self._rid_fd or rid in self._spent:
+        if rid in self.rid_fd or rid in self._spent:
             # a leftover of a connection that closed (or is bound to another fd): deliver it
             # unless that connection was dropped by us; it changes no record
-            own = self._conns.get(self._rid_fd.get(rid, -1))
+            own = self._conns.get(self.rid_fd.get(rid, -1))
             return not (own is not None and own.dropped)
         if conn is None or conn.rid is not None:
             self._spend(rid)
             if conn is None:
                 # its connection closed before anything of it was read: nothing will report
                 # that close, so report it after this message
-                self._events.append(PeerClosed(IN_PREFIX + rid.hex(), CloseReason.DISCONNECTED))
+                self.events.append(PeerClosed(IN_PREFIX + rid.hex(), CloseReason.DISCONNECTED))
             else:
                 conn.ambiguous = True  # which of the two ids is the live one is unknown
             return True
@@ -304,8 +434,8 @@ class ZmqConnections:
             return False
         conn.rid = rid
         self._unbound.pop(fd, None)
-        self._rid_fd[rid] = fd
-        if self._curve is not None:
+        self.rid_fd[rid] = fd
+        if self._curve:
             try:
                 conn.principal = frame.get("User-Id")
             except zmq.ZMQError:  # pragma: no cover - libzmq sets it after ZAP
@@ -322,37 +452,30 @@ class ZmqConnections:
     def _linger(self, peer: str, linger_s: float) -> bool:
         """:meth:`drop_peer` with a linger (see there)."""
         deadline = time.monotonic() + linger_s
-        self._flush_peer(peer)
-        sock = self._dealers.get(peer)
+        self.outbox.flush_peer(peer)
+        sock = self.dealers.get(peer)
         if sock is not None:
-            mon = self._dealer_mons[peer]
-            self._fail_queue(peer, SendFailure.DISCONNECTED)  # what could not be handed to libzmq
-            self._dealers.pop(peer)
-            self._dealer_mons.pop(peer)
-            self._dialling.pop(peer, None)
-            self._dealer_peer.pop(sock, None)
-            self._mon_peer.pop(mon, None)
-            self._mon_set = None
-            self._poller = None
+            self.outbox.fail(peer, SendFailure.DISCONNECTED)  # what could not be handed to libzmq
+            mon = self._forget_dealer(peer)
             self._lingering.append((deadline, sock, mon))
-            self._events.append(PeerClosed(peer, CloseReason.DROPPED))
+            self.events.append(PeerClosed(peer, CloseReason.DROPPED))
             return True
-        target = self._resolve(peer)
-        if target is None or target[1] is None or target[1] not in self._rid_fd:
+        target = self.resolve(peer)
+        if target is None or target[1] is None or target[1] not in self.rid_fd:
             return False
-        self._closing[peer] = deadline
+        self.closing[peer] = deadline
         return True
 
-    def _next_linger_end(self) -> float:
+    def next_linger_end(self) -> float:
         """When the first goodbye's linger ends (``inf`` when none lingers)."""
-        ends = [*self._closing.values(), *(d for d, _, _ in self._lingering)]
+        ends = [*self.closing.values(), *(d for d, _, _ in self._lingering)]
         return min(ends) if ends else float("inf")
 
-    def _end_lingering(self, now: float) -> None:
+    def end_lingering(self, now: float) -> None:
         """Cut the connections whose goodbye's linger is over."""
-        for peer, deadline in list(self._closing.items()):
+        for peer, deadline in list(self.closing.items()):
             if now >= deadline:
-                del self._closing[peer]
+                del self.closing[peer]
                 self.drop_peer(peer)
         if self._lingering:
             keep = []
@@ -364,7 +487,7 @@ class ZmqConnections:
                     keep.append((deadline, sock, mon))
             self._lingering = keep
 
-    def _cut_idle(self) -> None:
+    def cut_idle(self) -> None:
         cutoff = time.monotonic() - self._idle_timeout_s  # type: ignore[operator]
         for fd, conn in list(self._unbound.items()):
             if conn.accepted > cutoff:
@@ -395,41 +518,21 @@ class ZmqConnections:
             dup.close()
 
     def drop_peer(self, peer: str, linger_s: float = 0.0) -> bool:
-        """Force the connection to ``peer`` closed, now — or, with ``linger_s`` > 0, once a
-        goodbye just sent (and whatever is queued before it) had up to ``linger_s`` seconds to
-        leave: nothing more can be sent to ``peer`` from now on, and the connection is cut at the
-        deadline unless the peer closed it first (a goodbye that names why, decision I28).  A
-        dialled producer's DEALER is forgotten at once (``connect()`` dials afresh; what it
-        receives meanwhile is not read) and closed at the deadline.
-
-        - A peer that dialled us: its TCP connection is shut down (see the module docstring).
-          libzmq then frees everything queued to it, so zero-copy handles become ``done``
-          within a poll or two, and messages it still had in flight to us are discarded. A
-          :class:`~kvtier.transport.PeerClosed` (``dropped``) follows when libzmq reports the
-          close. The peer may dial again; that is a new connection.
-        - A producer we dialled: its DEALER is closed (``linger=0``) and a ``PeerClosed``
-          (``dropped``) is reported at once. ``connect()`` dials it afresh.
-
-        Our queued sends to ``peer`` fail with ``disconnected``; later sends fail too.
-
-        Returns:
-            True if a connection was cut; False if ``peer`` is unknown or already gone.
-        """
-        if self._closed:
-            return False
+        """:meth:`ZmqTransport.drop_peer <kvtier.transport.zmq_transport.ZmqTransport.drop_peer>`
+        on an open transport."""
         if linger_s > 0:
             return self._linger(peer, linger_s)
-        self._closing.pop(peer, None)
-        self._fail_queue(peer, SendFailure.DISCONNECTED)
-        if peer in self._dealers:
-            self._close_dealer(peer)
-            self._events.append(PeerClosed(peer, CloseReason.DROPPED))
+        self.closing.pop(peer, None)
+        self.outbox.fail(peer, SendFailure.DISCONNECTED)
+        if peer in self.dealers:
+            self.close_dealer(peer)
+            self.events.append(PeerClosed(peer, CloseReason.DROPPED))
             return True
-        target = self._resolve(peer)
+        target = self.resolve(peer)
         if target is None or target[1] is None:
             return False
-        self._drain_router_monitor()
-        fd = self._rid_fd.get(target[1])
+        self.drain_router_monitor()
+        fd = self.rid_fd.get(target[1])
         if fd is None:
             return False
         conn = self._conns[fd]
@@ -438,5 +541,45 @@ class ZmqConnections:
         if not self._shutdown_conn(conn):
             return False
         conn.dropped = True
-        self._service()
+        self.service()
         return True
+
+    def _forget_dealer(self, address: str) -> zmq.Socket:
+        """Stop reading the DEALER dialling ``address``; returns its monitor (both stay open)."""
+        self._dialling.pop(address, None)
+        sock = self.dealers.pop(address)
+        mon = self._dealer_mons.pop(address)
+        self._dealer_peer.pop(sock, None)
+        self._mon_peer.pop(mon, None)
+        self._mon_set = None
+        self.version += 1
+        return mon
+
+    def close_dealer(self, address: str) -> None:
+        """Close the DEALER dialling ``address`` and its monitor (``linger=0``)."""
+        sock = self.dealers[address]
+        mon = self._forget_dealer(address)
+        try:
+            sock.disable_monitor()
+        except zmq.ZMQError:  # pragma: no cover
+            pass
+        mon.close(linger=0)
+        sock.close(linger=0)
+
+    def teardown(self, linger_ms: int = 0) -> None:
+        """Close every socket (queued messages get ``linger_ms`` to leave)."""
+        for _, sock, mon in self._lingering:
+            mon.close(linger=0)
+            sock.close(linger=0)
+        self._lingering.clear()
+        self.closing.clear()
+        for address in list(self.dealers):
+            sock = self.dealers.pop(address)
+            self._dealer_mons.pop(address).close(linger=0)
+            sock.close(linger=linger_ms)
+        if self.rmon is not None:
+            self.rmon.close(linger=0)
+        if self.router is not None:
+            self.router.close(linger=linger_ms)
+        self.version += 1
+

@@ -9,20 +9,22 @@ turns True when libzmq releases them. (pyzmq finishes trackers on its own proces
 "garbage collector" thread, started on the first zero-copy send. It is not ours and outlives
 every transport.)
 
-:class:`ZmqSends` is a base of :class:`~kvtier.transport.zmq_transport.ZmqTransport`; the state
-it works on is made by ``ZmqTransport.__init__``.
+:class:`Outbox` is a part of :class:`~kvtier.transport.zmq_transport.ZmqTransport` (decision W12):
+it owns the per-peer queues and asks the connections part where a peer's socket is.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import zmq
 
 from kvtier.transport import SendFailure, SendHandle
-from kvtier.transport.zmq_conns import IN_PREFIX
+
+#: where a peer's messages go: its socket and, for a peer that dialled us, its ROUTER routing id
+Target = tuple[zmq.Socket, bytes | None]
 
 
 class Pending:
@@ -36,69 +38,37 @@ class Pending:
         self.handle = handle
 
 
-class ZmqSends:
-    """Sending and the per-peer queues of :class:`~kvtier.transport.zmq_transport.ZmqTransport`."""
+class Outbox:
+    """The per-peer send queues of :class:`~kvtier.transport.zmq_transport.ZmqTransport`.
 
-    def send(self, peer: str, frames: Sequence[Any], *, track: bool = False) -> SendHandle:
-        """Send one multipart message to ``peer``. Never blocks and never raises for peer
-        conditions.
+    Args:
+        zero_copy_threshold: frames of at least this many bytes go out zero-copy when tracked.
+        resolve: ``resolve(peer)`` -> the peer's :data:`Target`, or None when it cannot exist.
+    """
 
-        Args:
-            peer: a peer id from :meth:`connect` or from :meth:`recv`.
-            frames: non-empty sequence of buffers (bytes, bytearray, memoryview, numpy array,
-                zmq.Frame). Do not modify their memory until the handle is ``done``.
-            track: True → frames of at least ``zero_copy_threshold`` bytes are sent zero-copy,
-                and ``done`` waits until libzmq releases them; a message of smaller frames that
-                add up to the threshold has its last frame sent so (``done``: the whole message
-                left). False → every frame is copied into zmq when it is sent.
+    def __init__(self, zero_copy_threshold: int, resolve: Callable[[str], Target | None]) -> None:
+        self._threshold = zero_copy_threshold
+        self._resolve = resolve
+        self._queues: dict[str, deque[Pending]] = {}
+        self.pending = 0
+        """Messages waiting in the queues."""
 
-        Returns:
-            A :class:`SendHandle`. It is sent, queued (sent later by flush/recv/wait, in FIFO
-            order per peer), or failed (unknown or departed peer, transport closed).
-
-        Raises:
-            ValueError: ``frames`` is empty or a frame is not a contiguous buffer (a caller bug).
-        """
-        frames = _check_frames(frames)
-        handle = SendHandle(peer)
-        if self._closed:
-            handle._mark_failed(SendFailure.CLOSED)
-            return handle
-        target = self._resolve(peer)
-        if target is None:
-            handle._mark_failed(SendFailure.UNKNOWN_PEER, f"no such peer {peer!r}")
-            return handle
-        if (target[1] is not None and self._is_dropped(target[1])) or peer in self._closing:
-            handle._mark_failed(SendFailure.DISCONNECTED, f"{peer!r} was dropped")
-            return handle
+    def submit(self, peer: str, target: Target, frames: list[Any], track: bool, handle: SendHandle) -> None:
+        """Send now, or queue behind what waits for ``peer`` (never blocks): the rest of
+        :meth:`ZmqTransport.send <kvtier.transport.zmq_transport.ZmqTransport.send>`."""
         queue = self._queues.get(peer)
         if queue:  # keep per-peer FIFO order: never overtake queued messages
             queue.append(Pending(frames, track, handle))
-            self._npending += 1
-            self._flush_peer(peer)
-            return handle
+            self.pending += 1
+            self.flush_peer(peer)
+            return
         if not self._try_send(target, frames, track, handle):
             self._queues.setdefault(peer, deque()).append(Pending(frames, track, handle))
-            self._npending += 1
-        return handle
+            self.pending += 1
 
-    def _resolve(self, peer: str) -> tuple[zmq.Socket, bytes | None] | None:
-        """Socket and ROUTER routing id for a peer id, or None if it cannot exist."""
-        sock = self._dealers.get(peer)
-        if sock is not None:
-            return sock, None
-        if isinstance(peer, str) and peer.startswith(IN_PREFIX):
-            try:
-                rid = bytes.fromhex(peer[len(IN_PREFIX) :])
-            except ValueError:
-                return None
-            if 0 < len(rid) <= 255:
-                return self._router, rid
-        return None
-
-    def _is_dropped(self, rid: bytes) -> bool:
-        conn = self._conns.get(self._rid_fd.get(rid, -1))
-        return conn is not None and conn.dropped
+    def queued_peers(self) -> Iterable[str]:
+        """The peers with queued messages."""
+        return self._queues.keys()
 
     def _try_send(
         self,
@@ -113,7 +83,7 @@ class ZmqSends:
         parts = frames if rid is None else [rid, *frames]
         last = len(parts) - 1
         trackers = []
-        threshold = self._zc_threshold
+        threshold = self._threshold
         # a tracked message of many small frames (each copied) still gets one tracker, on its last
         # frame: libzmq frees frames in order, so its release means the whole message left, and a
         # caller's window of bytes in flight holds for copied frames too (decision C22)
@@ -148,24 +118,18 @@ class ZmqSends:
             handle._mark_sent(trackers)
         return True
 
-    def pending_sends(self) -> int:
-        """Messages waiting in the per-peer outbound queues."""
-        return self._npending
-
-    def flush(self) -> None:
+    def flush_all(self) -> int:
         """Move queued messages to their sockets in FIFO order, until each peer hits its HWM.
-        Never blocks."""
-        self._flush_all()
-
-    def _flush_all(self) -> int:
-        if not self._npending:
+        Never blocks.  Returns how many moved."""
+        if not self.pending:
             return 0
         moved = 0
         for peer in list(self._queues):
-            moved += self._flush_peer(peer)
+            moved += self.flush_peer(peer)
         return moved
 
-    def _flush_peer(self, peer: str) -> int:
+    def flush_peer(self, peer: str) -> int:
+        """:meth:`flush_all` for one peer."""
         queue = self._queues.get(peer)
         if not queue:
             self._queues.pop(peer, None)
@@ -179,25 +143,31 @@ class ZmqSends:
             elif not self._try_send(target, head.frames, head.track, head.handle):
                 break
             queue.popleft()
-            self._npending -= 1
+            self.pending -= 1
             moved += 1
             if head.handle.failed and head.handle.error == SendFailure.UNREACHABLE:
                 # The peer is gone, so everything behind this message would fail the same way.
-                self._fail_queue(peer, SendFailure.UNREACHABLE, head.handle.detail)
+                self.fail(peer, SendFailure.UNREACHABLE, head.handle.detail)
                 return moved
         if not queue:
             del self._queues[peer]
         return moved
 
-    def _fail_queue(self, peer: str, error: str, detail: str = "") -> None:
+    def fail(self, peer: str, error: str, detail: str = "") -> None:
+        """Fail everything queued for ``peer`` with ``error`` (a :class:`SendFailure`)."""
         queue = self._queues.pop(peer, None)
         if queue:
             for p in queue:
                 p.handle._mark_failed(error, detail)
-            self._npending -= len(queue)
+            self.pending -= len(queue)
+
+    def fail_all(self, error: str) -> None:
+        """Fail everything queued, for every peer."""
+        for peer in list(self._queues):
+            self.fail(peer, error)
 
 
-def _check_frames(frames: Sequence[Any]) -> list[Any]:
+def check_frames(frames: Sequence[Any]) -> list[Any]:
     if isinstance(frames, (bytes, bytearray, memoryview, str)) or not isinstance(
         frames, (list, tuple)
     ):

@@ -14,30 +14,33 @@ Why this shape (more in docs/protocol.md):
   interval backs off up to ``reconnect_ivl_max_s``. ``LINGER=0`` everywhere, so ``close()``
   never hangs.
 
-Where the parts live: sends and their per-peer queues in :mod:`~kvtier.transport.zmq_send`;
-the connection records, the socket monitors and ``drop_peer`` in
-:mod:`~kvtier.transport.zmq_conns` (why a routing id binds to its connection once: that module's
-docstring, decision T10); reading and waiting in :mod:`~kvtier.transport.zmq_recv`; addresses and
-argument checks in :mod:`~kvtier.transport.zmq_options`.  Each is a base of :class:`ZmqTransport`.
+The transport owns three parts, each with its own state (composition, decision W12): the sockets,
+connection records, monitors, events and ``drop_peer`` (:class:`~kvtier.transport.zmq_conns.Connections`;
+why a routing id binds to its connection once: that module's docstring, decision T10); the
+per-peer send queues (:class:`~kvtier.transport.zmq_send.Outbox`); reading, polling and waiting
+(:class:`~kvtier.transport.zmq_recv.Inbox`).  Addresses and argument checks are in
+:mod:`~kvtier.transport.zmq_options`.  This class keeps the options, the context, dialling and
+closing, and checks every argument before a part sees it.
 
 Not thread-safe: one transport belongs to one I/O loop thread.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
-from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
 
-from kvtier.transport import PeerInfo, SendFailure, TransportError, TransportEvent
+from kvtier.transport import PeerInfo, SendFailure, SendHandle, TransportError, TransportEvent
 from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
-from kvtier.transport.zmq_conns import DEALER_EVENTS, ROUTER_EVENTS, Conn, ZmqConnections
+from kvtier.transport.zmq_conns import DEALER_EVENTS, Conn, Connections
 from kvtier.transport.zmq_options import parse_address, positive_int, resolve_vetted, seconds_to_ms, tcp_endpoint
-from kvtier.transport.zmq_recv import ZmqReceive
-from kvtier.transport.zmq_send import Pending, ZmqSends
+from kvtier.transport.zmq_recv import Inbox
+from kvtier.transport.zmq_send import Outbox, check_frames
 
 __all__ = ["ZmqTransport", "parse_address"]
 
@@ -45,10 +48,9 @@ _Conn = Conn  # the connection record's name before it moved to zmq_conns, still
 
 _MAX_HEARTBEAT_TTL_MS = 6_553_500
 _CURVE_OVERHEAD = 256  # bytes a CURVE MESSAGE command adds to a frame (libzmq: 33), with room
-_MAX_EVENTS = 65536  # undrained events beyond this drop the oldest (an owner that never reads)
 
 
-class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
+class ZmqTransport:
     """Transport over ZeroMQ TCP (see module docstring).
 
     Args:
@@ -160,50 +162,30 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
         self._ctx = zmq.Context(positive_int("io_threads", io_threads))
         self._ctx.linger = 0  # default for every socket of this context, belt and braces
         self._closed = False
-        self._dealers: dict[str, zmq.Socket] = {}
-        self._closing: dict[str, float] = {}  # peers that dialled us, cut at this time (a goodbye's linger)
-        self._lingering: list[tuple[float, zmq.Socket, zmq.Socket]] = []  # closed dials flushing a goodbye
-        self._queues: dict[str, deque[Pending]] = {}
-        self._npending = 0
-        self._poller: zmq.Poller | None = None
-        self._wake: int | None = None  # the owner's wake-up fd, polled with the sockets (set_wake)
-        self._rr = 0  # round-robin start offset for recv() fairness
-        self._events: deque[TransportEvent] = deque(maxlen=_MAX_EVENTS)
-        self._conns: dict[int, Conn] = {}  # ROUTER connections by fd
-        self._rid_fd: dict[bytes, int] = {}  # routing id -> fd of its connection (bound once)
-        self._spent: dict[bytes, None] = {}  # routing ids whose connection closed (bounded)
-        self._unbound: dict[int, Conn] = {}  # accepted, no message yet (accept order)
-        self._dealer_mons: dict[str, zmq.Socket] = {}
-        self._dialling: dict[str, float] = {}  # fail_fast dials not connected yet -> when dialled
-        self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
-        self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
-        self._mon_set: frozenset[zmq.Socket] | None = None
-        self._mon_n = 0
         self._auth: PrincipalAuthenticator | None = None
-        self.idle_dropped = 0
-        """Accepted connections cut by ``idle_timeout_s`` (a counter)."""
-        self._refusing: tuple[bool, str] | None = None  # the ROUTER's last failed handshake, until its close
-        self.handshake_failures: set[tuple[str, int]] = set()
-        """``(producer address, libzmq EVENT_HANDSHAKE_FAILED_*)`` seen on our dials (each logged once)."""
-        self._router: zmq.Socket | None = None
-        self._rmon: zmq.Socket | None = None
+        # the parts (decision W12): the connections fail a peer's queue through the outbox, the
+        # outbox asks the connections where a peer is, the inbox reads the one and moves the other
+        conns = self._conns = Connections(self._ctx, curve=curve is not None, idle_timeout_s=idle_timeout_s,
+                                          connect_timeout_ms=self._connect_timeout_ms)
+        self._out = conns.outbox = Outbox(self._zc_threshold, conns.resolve)
+        self._in = Inbox(conns, self._out, self._zc_threshold)
         try:
             if curve is not None:
                 # The ZAP handler must exist before the first connection is accepted.
                 self._auth = PrincipalAuthenticator(self._ctx, curve.allowed, curve.allowed_dir)
                 self._auth.start()
-            self._router = self._socket(zmq.ROUTER, ipv6=self._ipv6)
-            self._router.setsockopt(zmq.MAXMSGSIZE, self._router_maxmsg)
-            self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self._router.setsockopt(zmq.ROUTER_HANDOVER, 0)  # one routing id, one connection (T10)
+            router = self._socket(zmq.ROUTER, ipv6=self._ipv6)
+            conns.set_router(router)
+            router.setsockopt(zmq.MAXMSGSIZE, self._router_maxmsg)
+            router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            router.setsockopt(zmq.ROUTER_HANDOVER, 0)  # one routing id, one connection (T10)
             if curve is not None:
-                self._router.curve_server = True
-                self._router.curve_secretkey = curve.identity.secret
-                self._router.curve_publickey = curve.identity.public
-                self._router.zap_domain = ZAP_DOMAIN.encode()
-            self._rmon = self._monitor(self._router, ROUTER_EVENTS)
-            self._router.bind(tcp_endpoint(bind_host, port or "*"))
-            endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+                router.curve_server = True
+                router.curve_secretkey = curve.identity.secret
+                router.curve_publickey = curve.identity.public
+                router.zap_domain = ZAP_DOMAIN.encode()
+            router.bind(tcp_endpoint(bind_host, port or "*"))
+            endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         except BaseException as exc:
             # Never leak a context (and its threads) from a failed constructor.
             self._teardown()
@@ -265,11 +247,11 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
         """
         if self._closed:
             raise TransportError("connect() on a closed transport")
-        if address in self._dealers:
+        if address in self._conns.dealers:
             return address
         # what happened to an earlier connection to this address is history now: its events must
         # not be read as news about the new one
-        self._events = deque((e for e in self._events if e.peer != address), maxlen=_MAX_EVENTS)
+        self._conns.forget_events_of(address)
         host, port = parse_address(address)
         dial_host = host if vet is None else resolve_vetted(host, port, vet)
         server_key = None
@@ -293,41 +275,174 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
                 sock.curve_serverkey = server_key
                 sock.curve_publickey = self._curve.identity.public
                 sock.curve_secretkey = self._curve.identity.secret
-            mon = self._monitor(sock, DEALER_EVENTS)
+            mon = self._conns.monitor(sock, DEALER_EVENTS)
             sock.connect(tcp_endpoint(dial_host, port))
         except zmq.ZMQError as exc:
             for x in (mon, sock):
                 if x is not None:
                     x.close(linger=0)
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
-        self._dealers[address] = sock
-        self._dealer_mons[address] = mon
-        if fail_fast:
-            self._dialling[address] = time.monotonic()
-        self._dealer_peer[sock] = address
-        self._mon_peer[mon] = address
-        self._poller = None
-        self._mon_set = None
+        self._conns.add_dealer(address, sock, mon, fail_fast=fail_fast)
         return address
+
+    # -- sending and receiving (the parts do the work) -----------------------------------------
+
+    def send(self, peer: str, frames: Sequence[Any], *, track: bool = False) -> SendHandle:
+        """Send one multipart message to ``peer``. Never blocks and never raises for peer
+        conditions.
+
+        Args:
+            peer: a peer id from :meth:`connect` or from :meth:`recv`.
+            frames: non-empty sequence of buffers (bytes, bytearray, memoryview, numpy array,
+                zmq.Frame). Do not modify their memory until the handle is ``done``.
+            track: True → frames of at least ``zero_copy_threshold`` bytes are sent zero-copy,
+                and ``done`` waits until libzmq releases them; a message of smaller frames that
+                add up to the threshold has its last frame sent so (``done``: the whole message
+                left). False → every frame is copied into zmq when it is sent.
+
+        Returns:
+            A :class:`SendHandle`. It is sent, queued (sent later by flush/recv/wait, in FIFO
+            order per peer), or failed (unknown or departed peer, transport closed).
+
+        Raises:
+            ValueError: ``frames`` is empty or a frame is not a contiguous buffer (a caller bug).
+        """
+        frames = check_frames(frames)
+        handle = SendHandle(peer)
+        if self._closed:
+            handle._mark_failed(SendFailure.CLOSED)
+            return handle
+        conns = self._conns
+        target = conns.resolve(peer)
+        if target is None:
+            handle._mark_failed(SendFailure.UNKNOWN_PEER, f"no such peer {peer!r}")
+            return handle
+        if (target[1] is not None and conns.is_dropped(target[1])) or peer in conns.closing:
+            handle._mark_failed(SendFailure.DISCONNECTED, f"{peer!r} was dropped")
+            return handle
+        self._out.submit(peer, target, frames, track, handle)
+        return handle
+
+    def pending_sends(self) -> int:
+        """Messages waiting in the per-peer outbound queues."""
+        return self._out.pending
+
+    def flush(self) -> None:
+        """Move queued messages to their sockets in FIFO order, until each peer hits its HWM.
+        Never blocks."""
+        self._out.flush_all()
+
+    def recv(self, max_messages: int = 1000) -> list[tuple[str, list[memoryview | bytes]]]:
+        """Drain received messages without blocking. Flushes queued sends first.
+
+        Sockets are served round-robin, one message at a time, so a busy peer cannot starve
+        the others.
+
+        Args:
+            max_messages: upper bound on messages returned, >= 1.
+
+        Returns:
+            ``[(peer, frames), ...]`` in arrival order per peer. Frames shorter than
+            ``zero_copy_threshold`` are ``bytes``. Longer ones are read-only ``memoryview``
+            objects over zmq's buffer (no copy), which stay valid while referenced. ``[]`` after
+            ``close()``.
+
+        Raises:
+            ValueError: ``max_messages`` is not an int >= 1.
+        """
+        max_messages = positive_int("max_messages", max_messages)
+        return [] if self._closed else self._in.recv(max_messages)
+
+    def service(self, max_messages: int = 1000) -> tuple[list[tuple[str, list[memoryview | bytes]]], list[TransportEvent], bool]:
+        """One non-blocking pass over what the poller reports readable: monitors first (their
+        connection events), then the data sockets, round-robin, until each is empty or
+        ``max_messages`` were read.  Also flushes queued sends and cuts accepted connections
+        whose idle time is up.  Sockets the poller does not report are not touched.
+
+        Returns:
+            ``(messages, events, drained)``: messages as :meth:`recv` returns them, events as
+            :meth:`events` does, and whether every socket was read to empty in this pass (then
+            everything that arrived before the pass began has been returned).
+        """
+        max_messages = positive_int("max_messages", max_messages)
+        return ([], [], True) if self._closed else self._in.service(max_messages)
+
+    def set_wake(self, fd: int | None) -> None:
+        """Watch ``fd`` (an eventfd or pipe the owner writes to wake its loop) in the same poll
+        as the sockets: :meth:`wait` returns True as soon as it is readable.  The owner reads it
+        (this transport never does); ``None`` stops watching."""
+        self._in.set_wake(fd)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a message or a connection event is ready, the wake-up fd
+        (:meth:`set_wake`) is readable, or ``timeout_s`` passes.
+        Flushes queued sends as their sockets become writable, and cuts idle connections
+        when their time is up.
+
+        Args:
+            timeout_s: seconds, finite. Values <= 0 just poll; values under 1 ms are honoured
+                (``Inbox._poll_once``), not rounded up to ``zmq_poll``'s millisecond.
+
+        Returns:
+            True if a message is readable (call :meth:`recv`) or an event is waiting (call
+            :meth:`events`), else False.
+
+        Raises:
+            ValueError: ``timeout_s`` is NaN or infinite.
+        """
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s):
+            raise ValueError(f"timeout_s must be a finite number, got {timeout_s!r}")
+        return False if self._closed else self._in.wait(timeout_s)
+
+    def events(self) -> list[TransportEvent]:
+        """Connection events since the last call, oldest first. Never blocks.
+
+        Returns:
+            :class:`~kvtier.transport.PeerClosed` records: one per connection of a known peer
+            that closed or reset (``disconnected``), was cut by :meth:`drop_peer`
+            (``dropped``). A connection that never delivered a message has no peer id and is
+            reported by nothing (see :attr:`idle_dropped`). ``[]`` after ``close()``.
+        """
+        if self._closed:
+            return []
+        self._conns.service()
+        return self._conns.take_events()
+
+    def drop_peer(self, peer: str, linger_s: float = 0.0) -> bool:
+        """Force the connection to ``peer`` closed, now — or, with ``linger_s`` > 0, once a
+        goodbye just sent (and whatever is queued before it) had up to ``linger_s`` seconds to
+        leave: nothing more can be sent to ``peer`` from now on, and the connection is cut at the
+        deadline unless the peer closed it first (a goodbye that names why, decision I28).  A
+        dialled producer's DEALER is forgotten at once (``connect()`` dials afresh; what it
+        receives meanwhile is not read) and closed at the deadline.
+
+        - A peer that dialled us: its TCP connection is shut down (see the module docstring).
+          libzmq then frees everything queued to it, so zero-copy handles become ``done``
+          within a poll or two, and messages it still had in flight to us are discarded. A
+          :class:`~kvtier.transport.PeerClosed` (``dropped``) follows when libzmq reports the
+          close. The peer may dial again; that is a new connection.
+        - A producer we dialled: its DEALER is closed (``linger=0``) and a ``PeerClosed``
+          (``dropped``) is reported at once. ``connect()`` dials it afresh.
+
+        Our queued sends to ``peer`` fail with ``disconnected``; later sends fail too.
+
+        Returns:
+            True if a connection was cut; False if ``peer`` is unknown or already gone.
+        """
+        return False if self._closed else self._conns.drop_peer(peer, linger_s)
 
     def peer_info(self, peer: str) -> PeerInfo | None:
         """Remote address and authenticated principal of ``peer`` (see
         :class:`~kvtier.transport.PeerInfo`), or None if no connection is known for it."""
-        if peer in self._dealers:
+        if peer in self._conns.dealers:
             principal = None
             if self._curve is not None:
                 host, port = parse_address(peer)
                 key = self._curve.allowed.server_key_for(host, port)
                 principal = self._curve.allowed.principal(key) if key else None
             return PeerInfo(peer, principal)
-        target = self._resolve(peer)
-        if target is None or target[1] is None:
-            return None
-        fd = self._rid_fd.get(target[1])
-        if fd is None:
-            return None
-        conn = self._conns[fd]
-        return PeerInfo(conn.peername, conn.principal)
+        conn = self._conns.peer_record(peer)
+        return None if conn is None else PeerInfo(conn.peername, conn.principal)
 
     # -- teardown ---------------------------------------------------------------------------
 
@@ -344,24 +459,9 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
         dropped); no event is reported. For a peer that dialled us only our queue is dropped;
         :meth:`drop_peer` cuts its connection. Unknown peers are ignored.
         """
-        self._fail_queue(peer, SendFailure.DISCONNECTED)
-        if peer in self._dealers:
-            self._close_dealer(peer)
-
-    def _close_dealer(self, address: str) -> None:
-        self._dialling.pop(address, None)
-        sock = self._dealers.pop(address)
-        mon = self._dealer_mons.pop(address)
-        self._dealer_peer.pop(sock, None)
-        self._mon_peer.pop(mon, None)
-        self._mon_set = None
-        try:
-            sock.disable_monitor()
-        except zmq.ZMQError:  # pragma: no cover
-            pass
-        mon.close(linger=0)
-        sock.close(linger=0)
-        self._poller = None
+        self._out.fail(peer, SendFailure.DISCONNECTED)
+        if peer in self._conns.dealers:
+            self._conns.close_dealer(peer)
 
     def close(self, linger_s: float = 0.0) -> None:
         """Close every socket and terminate the context. Idempotent.
@@ -380,33 +480,19 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
             return
         if linger_ms:
             deadline = time.monotonic() + linger_s
-            while self._npending and time.monotonic() < deadline:
+            while self._out.pending and time.monotonic() < deadline:
                 self.wait(min(0.01, max(0.0, deadline - time.monotonic())))
-                self._flush_all()
+                self._out.flush_all()
             linger_ms = max(0, int((deadline - time.monotonic()) * 1000))
         self._closed = True
-        for peer in list(self._queues):
-            self._fail_queue(peer, SendFailure.CLOSED)
+        self._out.fail_all(SendFailure.CLOSED)
         self._teardown(linger_ms)
 
     def _teardown(self, linger_ms: int = 0) -> None:
-        for _, sock, mon in self._lingering:
-            mon.close(linger=0)
-            sock.close(linger=0)
-        self._lingering.clear()
-        self._closing.clear()
-        for address in list(self._dealers):
-            sock = self._dealers.pop(address)
-            self._dealer_mons.pop(address).close(linger=0)
-            sock.close(linger=linger_ms)
-        if self._rmon is not None:
-            self._rmon.close(linger=0)
-        if self._router is not None:
-            self._router.close(linger=linger_ms)
+        self._conns.teardown(linger_ms)
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
-        self._poller = None
         # Every socket is closed, so term() returns once each one's linger is over (at once for
         # 0) and joins libzmq's threads.
         self._ctx.destroy(linger=linger_ms)
@@ -418,11 +504,21 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
 
     def idle_connections(self) -> int:
         """Accepted connections that have not delivered a message yet."""
-        return len(self._unbound)
+        return self._conns.idle_count()
+
+    @property
+    def idle_dropped(self) -> int:
+        """Accepted connections cut by ``idle_timeout_s`` (a counter)."""
+        return self._conns.idle_dropped
+
+    @property
+    def handshake_failures(self) -> set[tuple[str, int]]:
+        """``(producer address, libzmq EVENT_HANDSHAKE_FAILED_*)`` seen on our dials (each logged once)."""
+        return self._conns.handshake_failures
 
     def peers(self) -> list[str]:
         """Peer ids of the producers we dialled (peers that dialled us are not tracked)."""
-        return list(self._dealers)
+        return list(self._conns.dealers)
 
     def __enter__(self) -> ZmqTransport:
         return self
@@ -432,6 +528,6 @@ class ZmqTransport(ZmqReceive, ZmqSends, ZmqConnections):
 
     def __repr__(self) -> str:
         return (
-            f"<ZmqTransport {self.address} dialled={len(self._dealers)} "
-            f"pending={self._npending}{' closed' if self._closed else ''}>"
+            f"<ZmqTransport {self.address} dialled={len(self._conns.dealers)} "
+            f"pending={self._out.pending}{' closed' if self._closed else ''}>"
         )

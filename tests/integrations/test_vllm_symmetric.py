@@ -37,6 +37,7 @@ from tests.integrations.vllm_harness import (  # the harness (and its module-lev
     stat,
     step,
 )
+from tools.coreview import CoreView
 
 pytestmark = [pytest.mark.vllm]
 
@@ -199,7 +200,7 @@ def _held_round(managers) -> tuple[Any, Any, Any, Any, list[bytes], ReqContext, 
         cons.on_new_request(S)
         assert [cons.lookup(k, S) for k in ks] == [LookupResult.RETRY] * 3
         step(cons, ("req-S",))  # the tier's on_schedule_end sends the probe (once the session is up)
-    _wait(lambda: ptier.kvtier.core.serve_ids() and ptier.kvtier.core.pins_held(), prod, cons)
+    _wait(lambda: CoreView(ptier.kvtier.core).serve_ids() and CoreView(ptier.kvtier.core).pins_held(), prod, cons)
     assert len(prod._jobs) == 1  # the pin: one store job of A's tiering manager
     return prod, ptier, cons, ctier, ks, L, S, pview
 

@@ -20,6 +20,7 @@ from kvtier.lifecycle.effects import (
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
 from tools import snapshot
+from tools.coreview import CoreView
 
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="scenarios", hash_seed="", instance="scen")
 BASE = {
@@ -74,13 +75,13 @@ class Pair:
         self.c = TierCore(settings, msgspec.structs.replace(LOCAL, instance="cons"), gen_base=100)
         self.c.handle(ix.LoadAnnounced("__warmup__", P), 0.0)  # dials
         (hello,) = sent(self.c.handle(ix.ConnectionUp(P), 0.0), wm.Hello)
-        self.gen = self.c.session_gen(P)
+        self.gen = CoreView(self.c).session_gen(P)
         assert hello.gen == self.gen
         self.p.handle(ix.Received(C, hello), 0.0)
         (ack,) = sent(self.p.handle(ix.PeerAttached(C, self.gen), 0.0), wm.HelloAck)
         self.c.handle(ix.Received(P, ack), 0.0)
         self.c.handle(ix.PeerAttached(P, self.gen), 0.0)
-        assert self.c.session_ready(P) and self.p.session_ready(C)
+        assert CoreView(self.c).session_ready(P) and CoreView(self.p).session_ready(C)
         self.c.handle(ix.RequestFinished("__warmup__", producer=False), 0.0)
         self.job = 0
 

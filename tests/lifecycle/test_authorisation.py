@@ -17,6 +17,7 @@ from kvtier.lifecycle.effects import JobDone, Send, SendBlocks, SessionEnded
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
 from tools import snapshot
+from tools.coreview import CoreView
 
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="authz", hash_seed="", instance="authz")
 DURATIONS = {k: 10.0 for k in TIMER_KEYS} | {"heartbeat_interval_s": 1000.0, "peer_timeout_s": 1000.0}
@@ -43,7 +44,7 @@ def connect(p: TierCore, peer: str, principal: str, gen: int, now: float = 0.0) 
     descriptor at once)."""
     hello = wm.Hello(gen=gen, version=wm.PROTOCOL_VERSION, instance=peer, block_bytes=16, layout="authz", hash_seed="")
     out = p.handle(ix.Received(peer, hello, principal=principal), now)
-    if p.session_state(peer).value == "attaching":
+    if CoreView(p).session_state(peer).value == "attaching":
         out += p.handle(ix.PeerAttached(peer, gen), now)
     return out
 
@@ -69,7 +70,7 @@ def test_a_named_consumer_is_the_only_peer_that_can_touch_the_id() -> None:
     keys = (b"k0", b"k1")
     p.handle(ix.StoreSubmitted("A", "r1", 1, keys, (0, 1), consumer="decode-1"), 0.5)
     before = entry(p, "A")
-    deadline = p.producer("A").deadline
+    deadline = CoreView(p).producer("A").deadline
     # the stranger's fetch (real keys), empty fetch, made-up keys and abort: refused, nothing
     # changes (each its own round: a round already answered is dropped unanswered, decision I11)
     assert refused(fetch(p, "evil", 2, "A", keys), "evil", "not_authorised")
@@ -78,7 +79,7 @@ def test_a_named_consumer_is_the_only_peer_that_can_touch_the_id() -> None:
     out = abort(p, "evil", 2, "A", 7, fetched=False, now=1.0)
     assert sent(out, wm.AbortAck) and not of(out, JobDone)
     assert p.producer_state("A") is ProducerState.PARKED
-    assert entry(p, "A") == before and p.producer("A").deadline == deadline
+    assert entry(p, "A") == before and CoreView(p).producer("A").deadline == deadline
     assert before.peer is None and before.jobs == (1,) and before.consumer == "decode-1"
     # the named consumer is served
     out = fetch(p, "good", 1, "A", keys, now=2.0)
@@ -131,7 +132,7 @@ def test_a_capacity_refusal_fails_the_load_with_too_many_peers() -> None:
     c.handle(ix.LoadAnnounced("A", "prod:1"), 0.0)
     c.handle(ix.ConnectionUp("prod:1"), 0.0)
     out = c.handle(ix.LoadSubmitted("A", 9, (b"k0",), (3,)), 0.0)
-    gen = c.session_gen("prod:1")
+    gen = CoreView(c).session_gen("prod:1")
     reject = wm.HelloReject(gen=gen, reason="too_many_peers", field="max_peers", ours="128", theirs="129")
     out = c.handle(ix.Received("prod:1", reject), 0.1)
     assert of(out, JobDone) == [JobDone(9, False, Reason.TOO_MANY_PEERS)]
@@ -148,9 +149,10 @@ def test_idle_inbound_sessions_are_evicted_to_admit_a_new_peer_at_max_peers() ->
     # too early: every session saw work within handshake_timeout_s -> the newcomer is refused
     out = connect(p, "new1", "new1", gen=3, now=5.0)
     assert any(getattr(getattr(e, "msg", None), "reason", "") == "too_many_peers" for e in out)
-    assert p.session("new1") is None
+    assert CoreView(p).session("new1") is None
     # later the idle one (nothing bound, only pings) is evicted; the bound one is kept
     p.handle(ix.Received("idle", wm.Ping(gen=1, t=8.0)), 8.0)
     out = connect(p, "new2", "new2", gen=4, now=10.5)
     assert [(e.peer, e.reason) for e in of(out, SessionEnded)] == [("idle", "idle_evicted")]
-    assert p.session_ready("new2") and p.session_ready("busy") and p.session("idle") is None
+    view = CoreView(p)
+    assert view.session_ready("new2") and view.session_ready("busy") and view.session("idle") is None

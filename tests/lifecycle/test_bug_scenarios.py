@@ -24,6 +24,7 @@ from kvtier.lifecycle.effects import Ignored, JobDone, Send, SendBlocks
 from kvtier.wire import messages as wm
 from tests.lifecycle.scenario_pair import C, P, Pair, done_fail, entry, keys, of, sent
 from tools import snapshot
+from tools.coreview import CoreView
 
 # ------------------------------------------------------------------------------------------------
 
@@ -37,7 +38,7 @@ def test_b01_late_fetch_after_reap_is_refused_in_one_rtt_and_sends_no_bytes() ->
     out = s.p.fire(60.0)
     assert of(out, JobDone) == [JobDone(job_a, False, Reason.REAPED)]  # the 4 blocks are released
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
-    assert s.p.producer("A").parked == ()
+    assert CoreView(s.p).producer("A").parked == ()
     job_b, out = s.store("B", 4, 61.0, blocks=(0, 1, 2, 3))  # B reuses the same pool blocks
     b_before = entry(s.p, "B").blocks
     out = s.fetch("A", keys("A", 4), 62.0)
@@ -70,7 +71,7 @@ def test_b02_park_clock_for_a_chunked_prefill(park_clock: str) -> None:
         job, out = s.store("A", 1, t, start=i)
         jobs.append(job)
         assert out == []
-    assert s.p.producer("A").deadline == (60.0 if park_clock == "first_store" else 73.0)
+    assert CoreView(s.p).producer("A").deadline == (60.0 if park_clock == "first_store" else 73.0)
     out = s.p.fire(60.0)
     out += s.fetch("A", keys("A", 12), 65.0)
     if park_clock == "first_store":
@@ -105,13 +106,13 @@ def test_b03_store_after_reap_fails_at_once_and_pins_nothing() -> None:
     s = Pair()
     s.store("A", 1, 0.0)
     s.p.fire(60.0)
-    prune_at = s.p.producer("A").deadline
+    prune_at = CoreView(s.p).producer("A").deadline
     assert prune_at == 120.0
     job2, out = s.store("A", 1, 61.0, start=1)
     assert of(out, JobDone) == [JobDone(job2, False, Reason.REAPED)]
-    v = s.p.producer("A")
+    v = CoreView(s.p).producer("A")
     assert v.state is ProducerState.TOMBSTONED and v.parked == () and v.jobs == ()
-    assert s.p.producer("A").deadline == prune_at  # retention not extended
+    assert CoreView(s.p).producer("A").deadline == prune_at  # retention not extended
     assert done_fail(s.fetch("A", keys("A", 2), 62.0), "A").reason == "reaped"
     s.p.fire(120.0)
     assert s.p.producer_state("A") is ProducerState.ABSENT
@@ -149,7 +150,7 @@ def test_b12_second_round_for_a_live_id_is_refused_and_the_first_is_untouched() 
     out = s.fetch("A", ks, 1.5, rnd=8)
     fail = done_fail(out, "A")
     assert (fail.round, fail.reason) == (8, "duplicate_fetch")
-    v = s.p.producer("A")
+    v = CoreView(s.p).producer("A")
     assert (v.state, v.round, v.peer) == (ProducerState.AWAITING, 7, C)
     out = s.fetch("A", ks, 1.6, rnd=7)  # the network repeated round 7
     assert sent(out, wm.TransferDone) == [] and of(out, Ignored)
@@ -173,9 +174,9 @@ def test_b13_a_second_owner_cannot_park_under_a_live_id() -> None:
     assert of(out, SendBlocks)[0].blocks == (0, 1, 2, 3)
     out = s.complete("A", 0, 2.5)
     assert of(out, JobDone) == [JobDone(j1, True, None)]
-    v = s.p.producer("A")
+    v = CoreView(s.p).producer("A")
     assert v.state is ProducerState.DONE and v.parked == () and v.jobs == ()
-    assert s.p.pending_jobs() == 0
+    assert CoreView(s.p).pending_jobs() == 0
 
 
 def test_b15_unknown_id_demand_is_bounded_in_time_and_count() -> None:
@@ -225,9 +226,9 @@ def test_b16_a_consumer_that_never_comes_the_reaper_alone_reclaims() -> None:
     assert of(out, JobDone) == [JobDone(job, False, Reason.REAPED)]
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
     s.p.fire(120.0)
-    assert not s.p.tracks("A")  # no record, no retained entry, no per-peer index entry, no deadline
-    assert all(d.key != "A" for d in s.p.deadlines())
-    assert s.p.pending_jobs() == 0
+    assert not CoreView(s.p).tracks("A")  # no record, no retained entry, no per-peer index entry, no deadline
+    assert all(d.key != "A" for d in CoreView(s.p).deadlines())
+    assert CoreView(s.p).pending_jobs() == 0
 
 
 def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
@@ -237,11 +238,11 @@ def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
     with the others."""
     s = Pair()
     job, out = s.store("A", 0, 0.0)
-    assert out == [JobDone(job, True, None)] and s.p.producer("A") is None
+    assert out == [JobDone(job, True, None)] and CoreView(s.p).producer("A") is None
     out = s.fetch("A", (), 1.0)
     assert of(out, Send) == [Send(C, wm.TransferDone(gen=s.gen, kv_request_id="A", round=0, ok=True, reason=""))]
     assert of(out, SendBlocks) == []
-    assert s.p.pending_jobs() == 0
+    assert CoreView(s.p).pending_jobs() == 0
     cjob = s.next_job()
     s.c.handle(ix.LoadAnnounced("E", P), 1.0)
     out = s.c.handle(ix.LoadSubmitted("E", cjob, (), ()), 1.0)
@@ -271,4 +272,4 @@ def test_b29_fetching_a_subset_releases_every_parked_block() -> None:
     assert len(of(out, SendBlocks)[0].blocks) == 6
     out = s.complete("A", 0, 1.5)
     assert of(out, JobDone) == [JobDone(job, True, None)]
-    assert s.p.producer("A").parked == () and s.p.pending_jobs() == 0
+    assert CoreView(s.p).producer("A").parked == () and CoreView(s.p).pending_jobs() == 0

@@ -13,6 +13,7 @@ from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import CancelTransfer, Ignored, JobDone, LandBlocks, RevokeAccess, Send
 from kvtier.wire import messages as wm
 from tests.lifecycle.scenario_pair import C, P, Pair, done_fail, ended, keys, of, sent
+from tools.coreview import CoreView
 
 
 def test_b05_consumer_cancels_before_fetching_and_the_producer_releases_at_once() -> None:
@@ -41,7 +42,7 @@ def test_b05_abort_before_the_first_store() -> None:
     assert sent(out, wm.AbortAck) and s.p.producer_state("A") is ProducerState.TOMBSTONED
     job, out = s.store("A", 4, 1.0)
     assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
-    assert s.p.producer("A").parked == ()
+    assert CoreView(s.p).producer("A").parked == ()
 
 
 def test_b05_without_an_abort_t_park_is_the_only_bound() -> None:
@@ -68,7 +69,7 @@ def test_b06_abort_propagation_frees_capacity_and_the_rest_are_reaped() -> None:
         out = s.abort(f"R{i}", 2.0)
         freed += of(out, JobDone)
     assert freed == [JobDone(jobs[i], False, Reason.ABORTED) for i in range(60)]  # 600 blocks free
-    parked = [v for k in s.p.producer_ids() if (v := s.p.producer(k)).state is ProducerState.PARKED]
+    parked = [v for v in s.p.records().producers if v.state is ProducerState.PARKED]
     assert len(parked) == 40 and sum(len(v.parked) for v in parked) == 400
     assert s.p.snapshot().pinned_blocks == {"parked": 400}
     zjob, out = s.store("Z", 10, 3.0)
@@ -173,7 +174,7 @@ def test_b19_partial_transfer_failure_releases_the_whole_load() -> None:
     assert of(out, JobDone) == [] and s.c.consumer_state("A").value == "settling"
     out = s.c.handle(ix.BlocksLanded(P, "A", rnd, 0, 4, True), 1.0)
     assert of(out, JobDone) == [JobDone(cjob, False, Reason.TRANSFER_FAILED, keys("A", 4))]
-    assert s.c.pending_jobs() == 0 and s.p.pending_jobs() == 0
+    assert CoreView(s.c).pending_jobs() == 0 and CoreView(s.p).pending_jobs() == 0
     # a straggling block for that load is never written
     out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=4, count=4), 1.1)
     assert of(out, LandBlocks) == []
@@ -209,11 +210,12 @@ def test_b31_lost_abort_the_producers_own_deadlines_end_it(producer_state: str) 
         out = s.p.fire(60.0)  # the plane never released: quarantine, the session is ended to force it
         assert of(out, JobDone) == [] and ended(out) == [(C, "transfer_stalled")]
         assert s.p.producer_state("A") is ProducerState.QUARANTINED
-        assert s.p.quarantined() == {"A"} and s.p.quarantined_count() == 1  # what the shell's gauge and log read
-        assert s.p.quarantined_jobs() == (sjob,) and s.p.quarantined_blocks() == 4
-        assert s.p.pending_jobs() == 1  # the engine cannot reuse blocks a send may still read
+        # what the shell's gauge and log read
+        assert CoreView(s.p).quarantined() == {"A"} and s.p.quarantined_count() == 1
+        assert CoreView(s.p).quarantined_jobs() == (sjob,) and s.p.quarantined_blocks() == 4
+        assert CoreView(s.p).pending_jobs() == 1  # the engine cannot reuse blocks a send may still read
         out = s.p.handle(ix.TransferReleased("A", rnd), 60.01)  # the dropped connection released them
         assert of(out, JobDone) == [JobDone(sjob, False, Reason.TRANSFER_TIMEOUT)]
-        assert s.p.quarantined() == frozenset() and s.p.quarantined_count() == 0
+        assert CoreView(s.p).quarantined() == frozenset() and s.p.quarantined_count() == 0
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
-    assert s.p.pending_jobs() == 0 and s.c.pending_jobs() == 0
+    assert CoreView(s.p).pending_jobs() == 0 and CoreView(s.c).pending_jobs() == 0

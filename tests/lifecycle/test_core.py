@@ -27,6 +27,7 @@ from kvtier.lifecycle.serve import ServeMachine
 from kvtier.lifecycle.session import HelloInput, SessionMachine
 from kvtier.wire import messages as wm
 from tools import reference, snapshot
+from tools.coreview import CoreView
 from tools.fakenet import FakeNetwork
 from tools.spec import load
 
@@ -201,7 +202,7 @@ def test_effects_are_returned_not_performed(no_io: None) -> None:
     assert {"SendBlocks", "LandBlocks", "Send", "JobDone", "OpenConnection", "AttachPeer"} <= names
     sent = {e.msg.TYPE for e in seen if isinstance(e, effects_mod.Send)}
     assert {"hello", "hello_ack", "fetch", "receipt"} <= sent
-    assert p.pending_jobs() == 0 and c.pending_jobs() == 0
+    assert CoreView(p).pending_jobs() == 0 and CoreView(c).pending_jobs() == 0
 
 
 # -- reject leaves the core unchanged ------------------------------------------------------------
@@ -233,7 +234,7 @@ def test_submit_load_before_announce_raises_and_creates_nothing() -> None:
     with pytest.raises(InvalidTransition) as info:
         core.handle(ix.LoadSubmitted("A", 1, (b"k",), (0,)), 0.0)
     assert info.value.reason == "not_announced"
-    assert core.consumer_ids() == [] and core.consumer("A") is None and core.pending_jobs() == 0
+    assert CoreView(core).consumer_ids() == [] and core.consumer("A") is None and CoreView(core).pending_jobs() == 0
 
 
 # -- deadlines cost O(expired) -------------------------------------------------------------------
@@ -245,7 +246,7 @@ def _ready_producer(durations: dict[str, float], **kw: Any) -> TierCore:
     p.handle(ix.Received("c", wm.Hello(gen=7, version=wm.PROTOCOL_VERSION, instance="c", block_bytes=16,
                                         layout="test", hash_seed="")), 0.0)
     p.handle(ix.PeerAttached("c", 7), 0.0)
-    assert p.session_ready("c")
+    assert CoreView(p).session_ready("c")
     return p
 
 
@@ -289,4 +290,4 @@ def test_drain_respects_the_tombstone_count_cap() -> None:
         core.handle(ix.StoreSubmitted(f"id{i}", "r", i, (b"k",), (i,)), 0.0)
     out = core.handle(ix.DrainStarted(), 1.0)
     assert sorted(e.job_id for e in out if isinstance(e, effects_mod.JobDone)) == list(range(5))
-    assert core.retained() <= 2 and core.evicted() == 3
+    assert CoreView(core).retained() <= 2 and CoreView(core).evicted() == 3

@@ -25,6 +25,7 @@ from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
 from kvtier.wire import messages as wm
 from tools import reference
+from tools.coreview import CoreView
 from tools.fakenet import FakeNetwork
 
 REFS = reference.build()
@@ -121,9 +122,10 @@ class Harness:
             c, what = args
             cname = CONSUMERS[c]
             core = self.cores[cname]
-            pgen = p.session_gen(cname) or 0
+            pgen = CoreView(p).session_gen(cname) or 0
             if what == "disconnect":
-                net.apply(cname, ix.Received("p", wm.Disconnect(gen=core.session_gen("p") or 0, reason="")), now)
+                gen = CoreView(core).session_gen("p") or 0
+                net.apply(cname, ix.Received("p", wm.Disconnect(gen=gen, reason="")), now)
                 net.apply("p", ix.Received(cname, wm.Disconnect(gen=pgen, reason="")), now)
             elif what == "send_failed":
                 net.apply("p", ix.SendFailed(cname), now)
@@ -139,13 +141,13 @@ class Harness:
             elif what == "ping":
                 net.apply("p", ix.Received(cname, wm.Ping(gen=pgen, t=now)), now)
             elif what == "pong":
-                net.apply(cname, ix.Received("p", wm.Pong(gen=core.session_gen("p") or 0, t=now)), now)
+                net.apply(cname, ix.Received("p", wm.Pong(gen=CoreView(core).session_gen("p") or 0, t=now)), now)
             elif what == "stale_attach":
-                net.apply(cname, ix.AttachRefused("p", (core.session_gen("p") or 0) + 1, "stale"), now)
+                net.apply(cname, ix.AttachRefused("p", (CoreView(core).session_gen("p") or 0) + 1, "stale"), now)
         elif kind == "stale_msg":
             c, kid, rnd = args
             cname = CONSUMERS[c]
-            gen = self.cores[cname].session_gen("p") or 0
+            gen = CoreView(self.cores[cname]).session_gen("p") or 0
             for msg in (
                 wm.TransferDone(gen=gen, kv_request_id=IDS[kid], round=rnd, ok=False, reason="stale"),
                 wm.BlockData(gen=gen, kv_request_id=IDS[kid], round=rnd, first=0, count=1),

@@ -16,6 +16,7 @@ from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS
 from kvtier.wire import messages as wm
+from tools.coreview import CoreView
 
 PEER = "in:c"
 GEN = 77
@@ -31,7 +32,7 @@ def _producer() -> TierCore:
     effects = core.handle(ix.Received(PEER, hello), 0.0)
     assert any(isinstance(e, fx.AttachPeer) for e in effects)
     core.handle(ix.PeerAttached(PEER, GEN), 0.0)
-    assert core.session_ready(PEER)
+    assert CoreView(core).session_ready(PEER)
     return core
 
 

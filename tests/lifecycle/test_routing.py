@@ -38,11 +38,11 @@ def test_every_effect_has_one_performer_row() -> None:
 
 
 def test_the_core_and_the_shell_have_every_handler_the_tables_name() -> None:
-    from kvtier.lifecycle import TierCore
+    from kvtier.lifecycle.receive import Receive  # the core's part that takes peer messages
     from kvtier.shell.outbound import Outbound
 
     for w in WIRE.values():
-        assert callable(getattr(TierCore, f"_rx_{w.receive}", None)), w
+        assert callable(getattr(Receive, f"_rx_{w.receive}", None)), w
     for cls, name in PERFORM.items():
         assert callable(getattr(Outbound, f"_{name}", None)), (cls, name)
 

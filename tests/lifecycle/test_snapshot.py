@@ -15,6 +15,7 @@ from kvtier.lifecycle.producer import ProducerMachine
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
 from tools import snapshot
+from tools.coreview import CoreView
 from tools.fakenet import FakeNetwork
 
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="snap", hash_seed="", instance="snap")
@@ -43,7 +44,7 @@ def _busy_pair() -> tuple[FakeNetwork, TierCore, TierCore]:
     net.deliver("p", "c", 0, 1.6)  # A's block_data: A loaded, receipt queued
     net.deliver("c", "p", 0, 1.7)  # A's receipt
     net.finish_transfer(0, 1.8)  # A released: done
-    net.apply("p", ix.Received("c", wm.AbortFetch(gen=p.session_gen("c"), kv_request_id="C", round=0,
+    net.apply("p", ix.Received("c", wm.AbortFetch(gen=CoreView(p).session_gen("c"), kv_request_id="C", round=0,
                                                    fetched=False)), 2.0)  # C tombstoned
     assert [p.producer_state(k) for k in "ABCDE"] == [
         ProducerState.DONE, ProducerState.SERVING, ProducerState.TOMBSTONED, ProducerState.AWAITING,
@@ -75,12 +76,10 @@ def test_export_is_canonical_hashable_and_restores_exactly() -> None:
         assert snapshot.export(again) == state and hash(snapshot.export(again)) == hash(state)
         assert snapshot.indexes(again) == snapshot.indexes(core)
         assert snapshot.index_problems(again) == snapshot.index_problems(core) == []
-        assert again.deadlines() == core.deadlines()
-        for kid in core.producer_ids():
-            assert again.producer(kid) == core.producer(kid)
-        for kid in core.consumer_ids():
-            assert again.consumer(kid) == core.consumer(kid)
-        assert again.sessions() == core.sessions()
+        assert CoreView(again).deadlines() == CoreView(core).deadlines()
+        assert again.records().producers == core.records().producers
+        assert again.records().consumers == core.records().consumers
+        assert CoreView(again).sessions() == CoreView(core).sessions()
     state = snapshot.export(p)
     assert [e.kv_request_id for e in state.producer] == sorted(e.kv_request_id for e in state.producer)
     assert state.retained == ("A", "C") and state.named == (("E", "somebody"),)
@@ -95,7 +94,7 @@ def test_a_restored_core_behaves_as_the_original() -> None:
     leave the same state, across deadlines, messages and reports."""
     _, p, _ = _busy_pair()
     copy = snapshot.restore(snapshot.export(p), SETTINGS, LOCAL)
-    gen = p.session_gen("c")
+    gen = CoreView(p).session_gen("c")
     steps: list[tuple[str, Any, float]] = [
         ("in", ix.Received("c", wm.Fetch(gen=gen, kv_request_id="C", round=7, keys=[b"C0"])), 3.0),  # late: refused
         ("in", ix.StoreSubmitted("D", "rD", 40, (b"D0",), (9,)), 3.5),  # meets D's demand: served
@@ -111,7 +110,7 @@ def test_a_restored_core_behaves_as_the_original() -> None:
         want = copy.fire(now) if kind == "fire" else copy.handle(inp, now)
         assert got == want, (kind, inp, now)
         assert snapshot.export(copy) == snapshot.export(p), (kind, inp, now)
-    assert p.session_state("c") is SessionState.ABSENT
+    assert CoreView(p).session_state("c") is SessionState.ABSENT
 
 
 def test_retime_moves_every_time_and_only_times() -> None:
@@ -130,8 +129,8 @@ def test_retime_moves_every_time_and_only_times() -> None:
     assert snapshot.retime(timeless, lambda kind, m, k, t: t) == timeless
     core = snapshot.restore(timeless, SETTINGS, LOCAL)
     assert core.fire(1e9) == [] and core.next_deadline() == math.inf, "armed at +inf: nothing ever falls due"
-    assert sorted((d.machine, d.key, d.timer) for d in core.deadlines()) == sorted(
-        (d.machine, d.key, d.timer) for d in p.deadlines()), "the same deadlines are armed"
+    assert sorted((d.machine, d.key, d.timer) for d in CoreView(core).deadlines()) == sorted(
+        (d.machine, d.key, d.timer) for d in CoreView(p).deadlines()), "the same deadlines are armed"
 
 
 def test_index_problems_names_an_index_that_drifted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +148,8 @@ def test_restoring_into_a_used_core_forgets_everything_it_held() -> None:
     state = snapshot.export(c)
     reused = snapshot.restore(state, SETTINGS, LOCAL, into=p)
     assert reused is p and snapshot.export(p) == state and snapshot.index_problems(p) == []
-    assert p.producer_ids() == [] and p.evicted() == 0 and p.deadlines() == c.deadlines()
+    pv = CoreView(p)
+    assert pv.producer_ids() == [] and pv.evicted() == 0 and pv.deadlines() == CoreView(c).deadlines()
     fresh = snapshot.restore(state, SETTINGS, LOCAL)
     for now in (5.0, 12.0, 300.0):
         assert p.fire(now) == fresh.fire(now)
@@ -171,11 +171,12 @@ def _roundtrips(core: TierCore) -> snapshot.CoreState:
     assert snapshot.index_problems(core) == snapshot.index_problems(again) == []
     assert again.next_deadline() == core.next_deadline()
     for kid in core.probe_ids():
-        assert again.probe(kid) == core.probe(kid)
-    for key in core.serve_ids():
-        assert again.serve(*key) == core.serve(*key)
+        assert CoreView(again).probe(kid) == CoreView(core).probe(kid)
+    for key in CoreView(core).serve_ids():
+        assert CoreView(again).serve(*key) == CoreView(core).serve(*key)
     assert again.round_loads() == core.round_loads()
-    assert again.pins_held() == core.pins_held() and again.serve_pinned_blocks() == core.serve_pinned_blocks()
+    av, cv = CoreView(again), CoreView(core)
+    assert av.pins_held() == cv.pins_held() and av.serve_pinned_blocks() == cv.serve_pinned_blocks()
     return state
 
 
@@ -240,7 +241,7 @@ def test_the_symmetric_path_exports_and_restores_at_every_step() -> None:
     assert {ProbeState.COLLECTING, ProbeState.PROBING, ProbeState.OFFERED} <= seen["probe"]
     assert ConsumerState.IN_FLIGHT in seen["rounds"]
     assert {ServeState.LOOKING_UP, ServeState.OFFERED, ServeState.SERVING} <= seen["serve"] and seen["pins"]
-    assert not p.serve_ids() and not p.pins_held()
+    assert not CoreView(p).serve_ids() and not CoreView(p).pins_held()
 
 
 def test_a_core_without_symmetric_records_exports_no_symmetric_state() -> None:

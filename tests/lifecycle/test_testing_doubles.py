@@ -14,6 +14,7 @@ from kvtier.lifecycle.effects import JobDone, LandBlocks
 from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
 from kvtier.wire import messages as wm
+from tools.coreview import CoreView
 from tools.fakenet import Envelope, FakeNetwork
 
 
@@ -51,9 +52,9 @@ def test_fake_network_carries_a_whole_transfer() -> None:
     assert [type(e).__name__ for e in effs] == ["OpenConnection", "Send"]
     assert [e.kind for e in net.pending("c", "p")] == ["hello"]
     _, effs = net.deliver("c", "p", 0, 0.0)  # the producer's plane takes the descriptor: ready, hello_ack
-    assert [type(e).__name__ for e in effs] == ["AttachPeer", "Send"] and p.session_ready("c")
+    assert [type(e).__name__ for e in effs] == ["AttachPeer", "Send"] and CoreView(p).session_ready("c")
     net.deliver("p", "c", 0, 0.0)  # hello_ack
-    assert c.session_ready("p")
+    assert CoreView(c).session_ready("p")
     net.apply("c", ix.LoadSubmitted("A", 2, (b"k0", b"k1"), (8, 9)), 0.0)
     _, effs = net.deliver("c", "p", 0, 0.0)  # fetch -> SendBlocks
     assert len(net.transfers) == 1 and [e.kind for e in net.pending("p", "c")] == ["block_data"]

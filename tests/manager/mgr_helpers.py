@@ -18,6 +18,7 @@ from kvtier.manager import KvTierManager
 from kvtier.testing.pair import Jobs
 from kvtier.testing.pair import VirtualPair as _KitPair
 from tests.support.peer_process import block_pattern, pattern_digest, slot_digest
+from tools.coreview import CoreView
 
 __all__ = [
     "BOTH_PLANES",
@@ -108,7 +109,7 @@ def metric_sum(src: KvTierManager | dict[str, float], name: str, **labels: str) 
 def in_core(mgr: KvTierManager, kv_id: str, job_id: int) -> bool:
     """Whether store job ``job_id`` of ``kv_id`` reached ``mgr``'s core, or already has its result
     (a large store is held until the digest pool took its digests, decision I14)."""
-    view = mgr.core.producer(kv_id)
+    view = CoreView(mgr.core).producer(kv_id)
     return (view is not None and job_id in view.jobs) or job_id not in mgr.jobs_in_flight(kv_id)
 
 

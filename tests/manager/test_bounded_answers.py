@@ -44,6 +44,7 @@ from mgr_helpers import (
     sentinel_digest,
 )
 from tests.support import wedge
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,7 +55,7 @@ HB = {"heartbeat_interval_s": 0.2}
 
 
 def _ready(c, peer: str) -> bool:
-    return pump_until(lambda: c.core.session_ready(peer), managers=[c])
+    return pump_until(lambda: CoreView(c.core).session_ready(peer), managers=[c])
 
 
 def _fetch_first(c, p_child, kv: str, keys, dst, job_id: int, *, life: str | None = None):
@@ -203,7 +204,7 @@ def test_both_ranks_of_an_instance_killed_fail_new_loads_at_once(data_plane, pro
     addresses = [f"{p.host}:{p.port}" for p in ranks]
     producer.crash_manager()
     victim.kill()
-    assert pump_until(lambda: all(c.core.session(a) is None for a in addresses), managers=[c])
+    assert pump_until(lambda: all(CoreView(c.core).session(a) is None for a in addresses), managers=[c])
     time.sleep(1.0)
     for i, p_addr in enumerate(addresses):
         host, port = p_addr.rsplit(":", 1)

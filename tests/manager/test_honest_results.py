@@ -50,6 +50,7 @@ from tests.support.raw_peer import RawConsumer
 from tests.support import wedge
 from tests.support.relay import TcpRelay
 from kvtier.wire import messages as wm
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,11 +146,11 @@ def test_a_connection_reset_does_not_condemn_a_live_producer(data_plane, produce
         relay.reset()
         assert pump_until(lambda: jobs.has(21), managers=[c], jobs=[jobs], timeout_s=10.0)
         assert (jobs.one(21).success, jobs.one(21).reason) == (False, "peer_disconnected"), jobs.one(21)
-        assert c.core.suspect_instances() == frozenset()
+        assert CoreView(c.core).suspect_instances() == frozenset()
         c.on_request_finished(req)
         r = _load_once(c, producer, "kv-after", 30, via=relay.address)
         assert r.success, r
-        assert c.core.session_ready(relay.address)
+        assert CoreView(c.core).session_ready(relay.address)
 
 
 @BOTH_PLANES
@@ -161,15 +162,15 @@ def test_a_restarted_producer_is_proven_gone_and_its_successor_serves(data_plane
     producer.start_manager(cfg, num_blocks=16, block_bytes=4096)
     c = make_manager(CCFG, num_blocks=16, block_bytes=4096)
     assert _load_once(c, producer, "kv-first", 10).success
-    old = c.core.session(f"{producer.host}:{producer.port}").instance
+    old = CoreView(c.core).session(f"{producer.host}:{producer.port}").instance
     port = producer.port
     producer.crash_manager()
     producer.start_manager({**cfg, "port": port}, num_blocks=16, block_bytes=4096)
-    assert pump_until(lambda: c.core.session(f"{producer.host}:{port}") is None, managers=[c], timeout_s=10.0)
+    assert pump_until(lambda: CoreView(c.core).session(f"{producer.host}:{port}") is None, managers=[c], timeout_s=10.0)
     r = _load_once(c, producer, "kv-second", 30)
     assert r.success, r
-    assert old in c.core.suspect_instances()
-    assert c.core.session(f"{producer.host}:{port}").instance != old
+    assert old in CoreView(c.core).suspect_instances()
+    assert CoreView(c.core).session(f"{producer.host}:{port}").instance != old
 
 
 @BOTH_PLANES

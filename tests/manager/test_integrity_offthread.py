@@ -34,6 +34,7 @@ from mgr_helpers import (
     producer_req,
     pump_until,
 )
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,7 +119,7 @@ def test_the_requests_end_right_after_a_large_store_waits_for_its_digests(make_m
     p.submit_store(job(1, keys_for("kv-end", N), list(range(N)), preq))
     p.on_request_finished(preq)
     assert pump_until(lambda: in_core(p, "kv-end", 1), managers=[p])
-    view = p.core.producer("kv-end")
+    view = CoreView(p.core).producer("kv-end")
     assert view is not None and view.state is ProducerState.PARKED and view.jobs == (1,)
     assert not pjobs.has(1)
 

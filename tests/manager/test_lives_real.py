@@ -37,6 +37,7 @@ from mgr_helpers import (
     producer_req,
     pump_until,
 )
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,7 +126,7 @@ def test_duplicate_hello_on_a_ready_session_is_answered_and_loads_continue(make_
         first = raw.hello()
         again = raw.hello()
         assert again.instance == first.instance == p.instance
-        (peer,) = [v.peer for v in p.core.sessions() if v.state is SessionState.READY]
+        (peer,) = [v.peer for v in CoreView(p.core).sessions() if v.state is SessionState.READY]
         assert metric_sum(p, "kvtier_session_ends_total") == 0
         req = producer_req("p-dup", "kv-dup")
         p.on_new_request(req)
@@ -134,13 +135,13 @@ def test_duplicate_hello_on_a_ready_session_is_answered_and_loads_continue(make_
         assert _serve(raw, "kv-dup", 1, keys_for("kv-dup", 1)) == stored
         raw.receipt("kv-dup", 1)
         assert _result(p, pjobs, 1).success
-        assert p.core.session_state(peer) is SessionState.READY
+        assert CoreView(p.core).session_state(peer) is SessionState.READY
 
         raw.gen += 1  # the peer restarted: a new generation on the same connection
         raw.hello()
         assert pump_until(lambda: metric(p, "kvtier_session_ends_total", reason="peer_restarted") == 1,
                           timeout_s=BOUND_S)
-        assert p.core.session_ready(peer)
+        assert CoreView(p.core).session_ready(peer)
         req2 = producer_req("p-dup2", "kv-dup2")
         p.on_new_request(req2)
         stored2 = fill_pattern(p.pool, [1], seed=6)

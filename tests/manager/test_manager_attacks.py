@@ -139,7 +139,7 @@ def test_dropping_a_peer_reports_it(make_manager, zctx) -> None:
     d = _dealer(zctx, p)
     d.send(pack({"type": "ping", "gen": 1, "t": 0.0}))
     _replies(d, p, 1)
-    [peer] = [k for k in p.transport._rid_fd]
+    [peer] = [k for k in p.transport._conns.rid_fd]
     in_peer = "in:" + peer.hex()
     assert p.transport.peer_info(in_peer).address.startswith("127.0.0.1:")
     assert p.transport.drop_peer(in_peer)

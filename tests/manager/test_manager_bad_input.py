@@ -36,6 +36,7 @@ from mgr_helpers import (
     producer_req,
     pump_until,
 )
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,7 +149,7 @@ def test_wire_garbage_to_router_is_counted_and_a_legit_consumer_is_served(make_m
     p.submit_store(job(1, [b"a", b"b", b"c"], [0, 1, 2], preq))
     creq = consumer_req("c1", "kv-legit", p.host, p.port)
     c.on_new_request(creq)
-    assert pump_until(lambda: c.core.session_ready(p.address), managers=[p, c])
+    assert pump_until(lambda: CoreView(c.core).session_ready(p.address), managers=[p, c])
     before = metric_sum(p, "kvtier_wire_errors_total")
     for _, frames, _ in GARBAGE[:6]:
         c.transport.send(p.address, frames)
@@ -156,7 +157,7 @@ def test_wire_garbage_to_router_is_counted_and_a_legit_consumer_is_served(make_m
     # answered (rate-limited: at least once per distinct reason), counted as peer_reported_*
     n_reasons = len({r for _, _, r in GARBAGE[:6]})
     assert pump_until(lambda: metric_sum(c, "kvtier_wire_errors_total") >= n_reasons, managers=[p, c])
-    assert c.core.session_ready(p.address)
+    assert CoreView(c.core).session_ready(p.address)
 
     c.submit_load(job(9, [b"a", b"b", b"c"], [7, 8, 9], creq))
     assert pump_until(lambda: jobs.has(9), managers=[p], jobs=[jobs])
@@ -386,7 +387,7 @@ def test_malformed_kv_transfer_params_raise_value_error_naming_the_field(mgr, pa
         mgr.on_new_request(req)
     with pytest.raises(UnknownRequest):  # the bad request was not registered
         mgr.submit_store(job(1, [b"a"], [0], req))
-    assert mgr.core.sessions() == []  # and nothing was dialled
+    assert CoreView(mgr.core).sessions() == []  # and nothing was dialled
 
 
 def test_request_announced_twice_with_different_params_raises(mgr):

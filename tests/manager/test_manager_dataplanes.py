@@ -38,6 +38,7 @@ from mgr_helpers import (
     pump_until,
     sentinel_digest,
 )
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,7 +93,7 @@ def test_consumer_killed_mid_transfer_fails_the_store_only_after_the_plane_relea
     p.submit_store(job(1, keys, list(range(n)), preq))
 
     victim.call("announce", req_id="c-kv-cut", kv_id="kv-cut", host=p.host, port=p.port)
-    assert pump_until(lambda: any(r.state.value == "ready" for r in p.core.sessions()),
+    assert pump_until(lambda: any(r.state.value == "ready" for r in CoreView(p.core).sessions()),
                       managers=[p]), "no session"
     # the consumer must have taken the hello_ack too, or its load would queue behind the
     # handshake of a consumer that no longer reads
@@ -232,7 +233,7 @@ def test_an_unanswered_abort_is_answered_within_the_bound_and_a_late_write_never
     req = consumer_req("c1", "kv-wedged", producer.host, producer.port)
     c.on_new_request(req)
     peer = f"{producer.host}:{producer.port}"
-    assert pump_until(lambda: c.core.session_ready(peer), managers=[c])
+    assert pump_until(lambda: CoreView(c.core).session_ready(peer), managers=[c])
 
     dst = [40, 41, 42, 43]
     bound_s = sum(timers.values())
@@ -263,7 +264,7 @@ def test_an_unanswered_abort_is_answered_within_the_bound_and_a_late_write_never
     stored2 = producer.store("kv-next", 2, keys2, [4, 5, 6], seed=34)
     req2 = consumer_req("c2", "kv-next", producer.host, producer.port)
     c.on_new_request(req2)
-    assert pump_until(lambda: c.core.session_ready(peer), managers=[c], jobs=[jobs])
+    assert pump_until(lambda: CoreView(c.core).session_ready(peer), managers=[c], jobs=[jobs])
     c.submit_load(job(6, keys2, [50, 51, 52], req2))
     assert pump_until(lambda: jobs.has(6), jobs=[jobs])
     assert jobs.one(6).success

@@ -8,6 +8,7 @@ from kvtier.memory import BlockPool
 from kvtier.testing.clock import VirtualClock
 from kvtier.testing.inproc import InprocNetwork, InprocTransport
 from mgr_helpers import Jobs, consumer_req, job, keys_for, producer_req
+from tools.coreview import CoreView
 
 
 def _mgr(net, clock, addr, cfg):
@@ -32,11 +33,11 @@ def test_producer_refuses_a_session_beyond_max_peers_and_the_consumer_fails_fast
         r1, r2 = consumer_req("r1", "A", "prod", 1), consumer_req("r2", "B", "prod", 1)
         c1.on_new_request(r1)
         _pump([p, c1])
-        assert c1.core.session_ready("prod:1")
+        assert CoreView(c1.core).session_ready("prod:1")
         c2.on_new_request(r2)
         _pump([p, c1, c2])
         # the second consumer was refused at the handshake (names max_peers) and fails at once
-        assert not c2.core.session_ready("prod:1")
+        assert not CoreView(c2.core).session_ready("prod:1")
         assert c2.lookup(keys_for("B", 1)[0], r2) is LookupResult.MISS
         assert p.stats().get("kvtier_session_ends_total{reason=too_many_peers}") == 1.0
         # the first one is unaffected

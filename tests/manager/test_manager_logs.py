@@ -10,6 +10,7 @@ import pytest
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode_frames
 from mgr_helpers import consumer_req, pump_until
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,7 +25,7 @@ def _session(make_manager, cfg=None):
     p = make_manager(dict(cfg or {}))
     c = make_manager(dict(cfg or {}))
     c.on_new_request(consumer_req("c1", "kv-log", p.host, p.port))
-    assert pump_until(lambda: c.core.session_ready(p.address) and len(p.core.sessions()) == 1,
+    assert pump_until(lambda: CoreView(c.core).session_ready(p.address) and len(CoreView(p.core).sessions()) == 1,
                       managers=[p, c])
     return p, c
 

@@ -35,6 +35,7 @@ from mgr_helpers import (
     pump_until,
     sentinel_digest,
 )
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -264,7 +265,7 @@ def test_load_timeout_abort_then_late_data_is_not_written(producer, make_manager
     req = consumer_req("c1", "kv-slow", producer.host, producer.port)
     c.on_new_request(req)
     peer = f"{producer.host}:{producer.port}"
-    assert pump_until(lambda: c.core.session_ready(peer), managers=[c]), "handshake never completed"
+    assert pump_until(lambda: CoreView(c.core).session_ready(peer), managers=[c]), "handshake never completed"
 
     producer.pause()
     try:
@@ -418,7 +419,7 @@ def test_producer_restart_on_the_same_port_fails_old_loads_once_and_serves_new_o
     c.submit_load(job(1, keys_for("kv-old", 2), [0, 1], r1))  # never stored: stays awaiting
     _wait_state(producer, "kv-old", "awaiting", managers=[c])
     peer = f"{producer.host}:{port}"
-    old_gen = c.core.session_gen(peer)
+    old_gen = CoreView(c.core).session_gen(peer)
 
     producer.crash_manager()
     producer.start_manager({**PCFG, "port": port}, num_blocks=NB, block_bytes=BB)
@@ -430,7 +431,7 @@ def test_producer_restart_on_the_same_port_fails_old_loads_once_and_serves_new_o
 
     stored = producer.store("kv-new", 1, keys_for("kv-new", 3), [0, 1, 2], seed=70)
     # a disconnect alone proves nothing: the instance is not held gone (decision I23)
-    assert c.core.session(peer) is None and c.core.suspect_instances() == frozenset()
+    assert CoreView(c.core).session(peer) is None and CoreView(c.core).suspect_instances() == frozenset()
     # a new request dials afresh and the restarted producer (a new instance) serves it; its
     # hello_ack proves the old instance gone
     r2 = consumer_req("c2", "kv-new", producer.host, port)
@@ -439,8 +440,8 @@ def test_producer_restart_on_the_same_port_fails_old_loads_once_and_serves_new_o
     assert pump_until(lambda: jobs.has(2), jobs=[jobs])
     assert jobs.one(2).success, jobs.one(2)
     assert digests(c.pool, [5, 6, 7]) == stored["digests"]
-    assert c.core.session_gen(peer) not in (None, old_gen)
-    assert len(c.core.suspect_instances()) == 1  # the old instance, proven gone by the new one's hello_ack
+    assert CoreView(c.core).session_gen(peer) not in (None, old_gen)
+    assert len(CoreView(c.core).suspect_instances()) == 1  # the old instance, proven gone by the new one's hello_ack
     c.on_request_finished(r2)
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
     assert jobs.total() == 2
@@ -561,7 +562,7 @@ def test_shutdown_fails_every_outstanding_job_and_leaves_nothing_behind(producer
     assert not m.has_pending_work()
 
     assert m.transport.closed
-    assert m.transport._router.closed and m.transport._ctx.closed
+    assert m.transport._conns.router.closed and m.transport._ctx.closed
     assert not any(t.name == "kvtier-io" for t in threading.enumerate())
     del m
     gc.collect()
@@ -584,8 +585,8 @@ def test_idle_session_is_kept_alive_by_heartbeats(producer, make_manager):
     c, _ = _consumer(make_manager, cfg, block_bytes=4096, num_blocks=8)
     c.on_new_request(consumer_req("c", "kv-any", producer.host, producer.port))
     peer = f"{producer.host}:{producer.port}"
-    assert pump_until(lambda: c.core.session_ready(peer), managers=[c])
+    assert pump_until(lambda: CoreView(c.core).session_ready(peer), managers=[c])
     pump_until(lambda: False, managers=[c], timeout_s=2.0)
-    assert c.core.session_state(peer) is SessionState.READY
+    assert CoreView(c.core).session_state(peer) is SessionState.READY
     assert metric_sum(c, "kvtier_session_ends_total") == 0
     assert metric_sum(producer.stats(), "kvtier_session_ends_total") == 0

@@ -19,6 +19,7 @@ from kvtier.transport import TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode_frames
 from mgr_helpers import consumer_req, job, keys_for, metric, metric_sum, producer_req, pump_until, transfer_once
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,7 +67,7 @@ def test_a_peer_cannot_grow_the_label_set(make_manager) -> None:
     c = make_manager({})
     req = consumer_req("c1", "kv-x", p.host, p.port)
     c.on_new_request(req)
-    assert pump_until(lambda: c.core.session_ready(p.address), managers=[p, c])
+    assert pump_until(lambda: CoreView(c.core).session_ready(p.address), managers=[p, c])
     for i in range(20):
         c.transport.send(p.address, encode_frames(wm.Error(gen=0, reason=f"made-up-{i}", detail="", kv_request_id="")))
     c.transport.send(p.address, encode_frames(wm.Error(gen=0, reason="bad_field", detail="", kv_request_id="")))

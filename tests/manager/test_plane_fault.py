@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from mgr_helpers import Jobs, consumer_req, digests, fill_pattern, job, keys_for, pattern_digest, producer_req, pump_until
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,15 +65,15 @@ def test_one_disconnect_error_ends_the_session_and_the_next_load_dials_afresh(da
     c = make_manager({**HB, "load_timeout_s": 15.0, "fetch_supply_timeout_s": 10.0}, num_blocks=16, block_bytes=BB)
     peer = f"{p.host}:{p.port}"
     assert _load(p, c, "kv-before", 10).success
-    gen = c.core.session(peer).gen
+    gen = CoreView(c.core).session(peer).gen
     raised = _inject_one_disconnect(p)
     r = _load(p, c, "kv-fault", 20)
     assert raised == [1] and not r.success and r.reason in ("transfer_failed", "plane_fault"), r
     # the fault ended the session on both sides; nothing condemned the producer
-    assert pump_until(lambda: c.core.session(peer) is None, managers=[p, c], timeout_s=10.0)
-    assert c.core.suspect_instances() == frozenset()
+    assert pump_until(lambda: CoreView(c.core).session(peer) is None, managers=[p, c], timeout_s=10.0)
+    assert CoreView(c.core).suspect_instances() == frozenset()
     for i in range(3):  # every later load works, on a fresh session
         r = _load(p, c, f"kv-after-{i}", 30 + 10 * i)
         assert r.success, r
         assert digests(c.pool, range(8, 12)) == [pattern_digest(30 + 10 * i, b, BB) for b in range(4)]
-    assert c.core.session(peer).gen != gen
+    assert CoreView(c.core).session(peer).gen != gen

@@ -38,6 +38,7 @@ from mgr_helpers import (
     producer_req,
     pump_until,
 )
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,7 +50,7 @@ C_CFG = {"peer_timeout_s": 60.0, "heartbeat_interval_s": 0.2, "load_timeout_s": 
 
 
 def _session_ready(c, host, port) -> bool:
-    return c.core.session_ready(f"{host}:{port}")
+    return CoreView(c.core).session_ready(f"{host}:{port}")
 
 
 # -- B24 -----------------------------------------------------------------------------------------
@@ -210,24 +211,24 @@ def test_b11_a_dead_rank_fails_new_loads_to_its_sibling_until_the_sibling_is_hea
     assert pump_until(lambda: all(_session_ready(c, r.host, r.port) for r in (rank0, rank1)), managers=[c],
                       timeout_s=BOUND_S)
     p0, p1 = f"{rank0.host}:{rank0.port}", f"{rank1.host}:{rank1.port}"
-    assert c.core.session(p0).instance == c.core.session(p1).instance == "pod-x"
+    assert CoreView(c.core).session(p0).instance == CoreView(c.core).session(p1).instance == "pod-x"
     before = rank1.store("kv-before", 1, keys_for("kv-before", 1), [0], seed=110)
     after = rank1.store("kv-after", 2, keys_for("kv-after", 2), [1, 2], seed=111)
 
     rank1.pause()  # silent: it answers no ping until resumed
     try:
         rank0.kill()
-        assert pump_until(lambda: c.core.session(p0) is None
-                          or c.core.session_state(p0) is SessionState.DEAD, managers=[c], timeout_s=BOUND_S)
+        assert pump_until(lambda: CoreView(c.core).session(p0) is None
+                          or CoreView(c.core).session_state(p0) is SessionState.DEAD, managers=[c], timeout_s=BOUND_S)
         assert metric(c, "kvtier_session_ends_total", reason="peer_disconnected") == 1
-        assert "pod-x" not in c.core.suspect_instances()  # a disconnect alone proves nothing
-        assert c.core.session_ready(p1)  # the sibling's own session has not noticed anything
+        assert "pod-x" not in CoreView(c.core).suspect_instances()  # a disconnect alone proves nothing
+        assert CoreView(c.core).session_ready(p1)  # the sibling's own session has not noticed anything
         r0 = consumer_req("c-dead", "kv-dead", rank0.host, rank0.port)
         c.on_new_request(r0)
         c.submit_load(job(5, keys_for("kv-dead", 1), [3], r0))
         assert pump_until(lambda: cjobs.has(5), managers=[c], jobs=[cjobs], timeout_s=BOUND_S)
         assert (cjobs.one(5).success, cjobs.one(5).reason) == (False, "connect_refused")
-        assert "pod-x" in c.core.suspect_instances()  # the refused dial proves it gone
+        assert "pod-x" in CoreView(c.core).suspect_instances()  # the refused dial proves it gone
         rb = consumer_req("c-before", "kv-before", rank1.host, rank1.port)
         c.on_new_request(rb)
         c.submit_load(job(10, keys_for("kv-before", 1), [4], rb))
@@ -238,7 +239,7 @@ def test_b11_a_dead_rank_fails_new_loads_to_its_sibling_until_the_sibling_is_hea
     assert rank1.state("kv-before") == "parked"  # the refused load never reached the sibling
 
     # heard from again (the consumer's next ping is answered with a pong): loads to it work
-    assert pump_until(lambda: "pod-x" not in c.core.suspect_instances(), managers=[c], timeout_s=BOUND_S)
+    assert pump_until(lambda: "pod-x" not in CoreView(c.core).suspect_instances(), managers=[c], timeout_s=BOUND_S)
     ra = consumer_req("c-after", "kv-after", rank1.host, rank1.port)
     c.on_new_request(ra)
     c.submit_load(job(20, keys_for("kv-after", 2), [5, 6], ra))

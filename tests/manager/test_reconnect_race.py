@@ -27,6 +27,7 @@ import pytest
 
 from mgr_helpers import BOTH_PLANES, Jobs, consumer_req, digests, job, keys_for, pump_until
 from tests.support import wedge
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -58,7 +59,7 @@ def test_reconnect_after_a_reaped_session_never_cuts_the_new_one(data_plane, vic
 
         wedge.stop(victim.pid)
         try:
-            assert pump_until(lambda: c.core.session(peer) is None, jobs=[jobs]), f"cycle {cycle}: not reaped"
+            assert pump_until(lambda: CoreView(c.core).session(peer) is None, jobs=[jobs]), f"cycle {cycle}: not reaped"
             kv = f"kv-new-{cycle}"
             keys = keys_for(kv, 3)
             job_id += 1

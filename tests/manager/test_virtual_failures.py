@@ -18,6 +18,7 @@ from kvtier.wire import messages as wm
 from kvtier.wire.codec import encode_frames
 from mgr_helpers import digests, job, keys_for, metric, sentinel_digest
 from virtual_helpers import BB, SCEN, outcome, store
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,7 +54,7 @@ def test_b05_cancel_during_load_before_store_tombstones_and_refuses_the_later_st
     v.step()
     assert outcome(v.cjobs, 10) == (False, "cancelled")
     assert P.core.producer_state("A").value == "tombstoned"
-    assert P.core.producer("A").reason == "aborted"
+    assert CoreView(P.core).producer("A").reason == "aborted"
     v.advance_to(2.0)
     store(v, "A", 1, [0, 1, 2, 3], seed=1)
     v.step()
@@ -132,7 +133,7 @@ def test_load_timeout_abort_is_acknowledged_and_late_data_is_dropped(pairs):
     ca = v.creq("c-A", "A")
     C.on_new_request(ca)
     v.step()
-    assert C.core.session_ready(v.P_ADDR)
+    assert CoreView(C.core).session_ready(v.P_ADDR)
     v.frozen.add("P")
     v.advance_to(1.0)
     C.submit_load(job(10, keys_for("A", 4), [4, 5, 6, 7], ca))
@@ -170,7 +171,7 @@ def test_liveness_timeout_when_pings_stop_arriving_then_a_new_session_works(pair
     assert metric(C, "kvtier_session_ends_total", reason="peer_timeout") == 1
     assert metric(P, "kvtier_session_ends_total", reason="peer_timeout") == 1
     assert P.core.producer_state("A").value == "tombstoned"
-    assert P.core.producer("A").reason == "peer_lost"
+    assert CoreView(P.core).producer("A").reason == "peer_lost"
 
     v.net.heal(v.P_ADDR, v.C_ADDR)
     _, dig = store(v, "B", 1, [5, 6], seed=9)
@@ -248,7 +249,7 @@ def test_b17_transfer_failure_is_told_to_the_consumer_at_once(pairs):
     assert digests(C.pool, [0, 1, 2, 3]) == [sentinel_digest(BB)] * 4
 
     # a late duplicate failure and a malformed message for the cleared id are ignored
-    gen = P.core.session_gen("in:" + v.C_ADDR)
+    gen = CoreView(P.core).session_gen("in:" + v.C_ADDR)
     rnd = C.core.consumer("A").round
     flaky.send("in:" + v.C_ADDR, encode_frames(wm.TransferDone(gen=gen, kv_request_id="A", round=rnd, ok=False,
                                                                reason="transfer_failed")))
@@ -271,7 +272,7 @@ def test_producer_restart_fails_old_loads_once_drops_stale_generation_new_loads_
     C.submit_load(job(10, keys_for("K0", 1), [0], c0))
     v.step()
     assert outcome(v.cjobs, 10) == (True, None)
-    old_gen = C.core.session_gen(v.P_ADDR)
+    old_gen = CoreView(C.core).session_gen(v.P_ADDR)
 
     old = {}
     for jid, kv in ((11, "K1"), (12, "K2")):
@@ -296,9 +297,9 @@ def test_producer_restart_fails_old_loads_once_drops_stale_generation_new_loads_
     c3 = v.creq("c-K3", "K3")
     C.on_new_request(c3)
     v.step()
-    new_gen = C.core.session_gen(v.P_ADDR)
+    new_gen = CoreView(C.core).session_gen(v.P_ADDR)
     assert new_gen is not None and new_gen != old_gen
-    assert C.core.session_ready(v.P_ADDR)
+    assert CoreView(C.core).session_ready(v.P_ADDR)
 
     # stale messages of the old session, in both directions, are dropped by generation
     stale_before = metric(P2, "kvtier_ignored_inputs_total", machine="session", reason="stale")
@@ -315,7 +316,7 @@ def test_producer_restart_fails_old_loads_once_drops_stale_generation_new_loads_
         gen=old_gen, kv_request_id="K3", round=live_round, ok=False, reason="reaped")))
     v.step()
     assert metric(C, "kvtier_ignored_inputs_total", machine="session", reason="stale") == c_stale_before + 1
-    assert C.core.session_ready(v.P_ADDR)
+    assert CoreView(C.core).session_ready(v.P_ADDR)
     assert outcome(v.cjobs, 13) == (True, None)
     assert digests(C.pool, [5, 6]) == dig3
     assert outcome(v.pjobs, 2) == (True, None)

@@ -30,6 +30,7 @@ from mgr_helpers import (
     sentinel_digest,
 )
 from virtual_helpers import BB, SCEN, no_refs, outcome, store
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -161,7 +162,7 @@ def test_b03_store_after_reap_fails_at_once_and_never_reparks(pairs):
     assert not P.jobs_in_flight() and P.outstanding_jobs() == {2}  # answered in the call, not collected
     v.step()
     assert outcome(v.pjobs, 2) == (False, "reaped")
-    rec = P.core.producer("A")
+    rec = CoreView(P.core).producer("A")
     assert rec.state.value == "tombstoned" and rec.parked == () and not rec.jobs
     assert not P.outstanding_jobs()  # nothing pinned for A
 
@@ -213,7 +214,7 @@ def test_b16_reaper_runs_without_any_engine_call():
         end = time.monotonic() + 8.0
         while time.monotonic() < end:
             with m.lock:
-                gone = m.core.producer("A") is None and not m.jobs_in_flight()
+                gone = CoreView(m.core).producer("A") is None and not m.jobs_in_flight()
             if gone:
                 break
             time.sleep(0.02)
@@ -273,7 +274,7 @@ def test_b20_zero_block_store_and_load_complete_at_once(pairs):
     assert outcome(v.cjobs, 10) == (True, None)
     # nothing pinned; the empty fetch is a terminal request (done, not_needed), retained so that
     # a store that follows it succeeds at once instead of parking until the reap
-    view = P.core.producer("A")
+    view = CoreView(P.core).producer("A")
     assert (view.state.value, view.reason, view.parked, view.jobs) == ("done", "not_needed", (), ())
     assert metric(P, "kvtier_block_bytes_sent_total") == 0
 
@@ -320,7 +321,7 @@ def test_b29_fetching_a_subset_releases_every_parked_block(pairs):
     assert outcome(v.cjobs, 10) == (True, None)
     assert digests(C.pool, range(6)) == [pattern_digest(4, i, BB) for i in range(1, 7)]
     assert outcome(v.pjobs, 1) == (True, None) and outcome(v.pjobs, 2) == (True, None)
-    assert not P.jobs_in_flight() and P.core.producer("A").parked == ()
+    assert not P.jobs_in_flight() and CoreView(P.core).producer("A").parked == ()
     assert metric(P, "kvtier_block_bytes_sent_total") == 6 * BB
 
 

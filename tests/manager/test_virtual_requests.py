@@ -13,6 +13,7 @@ from kvtier.api import UnknownRequest
 from kvtier.testing.inproc import InprocTransport
 from mgr_helpers import digests, job, keys_for, metric
 from virtual_helpers import BB, SCEN, outcome, store
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,7 +109,7 @@ def test_b13_reused_kv_request_id_on_the_producer_is_refused_and_the_first_owner
     assert outcome(v.cjobs, 10) == (True, None)
     assert digests(C.pool, [0, 1, 2, 3]) == dig  # r1's blocks, not r2's
     assert outcome(v.pjobs, 1) == (True, None)
-    assert not P.jobs_in_flight() and P.core.producer("A").parked == ()
+    assert not P.jobs_in_flight() and CoreView(P.core).producer("A").parked == ()
 
 
 def test_b15_demand_for_never_stored_ids_is_bounded_and_does_not_block_legit_transfers(pairs):

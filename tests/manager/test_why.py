@@ -18,6 +18,7 @@ from mgr_helpers import BOTH_PLANES, Jobs, consumer_req, job, keys_for, producer
 
 from kvtier.cli import cli
 from kvtier.lifecycle import REASON_DOCS, Reason
+from tools.coreview import CoreView
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -102,7 +103,7 @@ def test_why_explains_a_load_that_timed_out(make_manager) -> None:
     keys = keys_for("kv-slow", 2)
     creq = consumer_req("c1", "kv-slow", p.host, p.port)
     c.on_new_request(creq)
-    assert pump_until(lambda: c.core.session_ready(p.address), managers=[p, c])
+    assert pump_until(lambda: CoreView(c.core).session_ready(p.address), managers=[p, c])
     c.submit_load(job(2, keys, [0, 1], creq))  # the producer is never polled again: nothing answers
     assert pump_until(lambda: cjobs.has(2), managers=[c], jobs=[cjobs])
     assert cjobs.one(2).reason == "load_timeout"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kvtier.manager import KvTierManager
 from mgr_helpers import Jobs, VirtualPair, fill_pattern, job, keys_for, producer_req
+from tools.coreview import CoreView
 
 SCEN = {"unbound_store_timeout_s": 60.0, "tombstone_retention_s": 60.0}
 BB = 64
@@ -26,5 +27,5 @@ def store(v: VirtualPair, kv: str, job_id: int, slots, seed: int, *, keys=None, 
 
 
 def no_refs(m: KvTierManager, kv: str) -> None:
-    assert not m.core.tracks(kv)
+    assert not CoreView(m.core).tracks(kv)
     assert not m.jobs_in_flight(kv)

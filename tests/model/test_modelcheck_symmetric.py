@@ -5,6 +5,7 @@ restored from snapshots; its properties fail when the core breaks them."""
 from __future__ import annotations
 
 import attrs
+import msgspec
 import pytest
 
 from tools.modelcheck import PROFILES, PROPERTIES, check, format_result
@@ -12,7 +13,7 @@ from tools.modelcheck.system import System
 from tools.planted import PROFILE_OF
 from kvtier.lifecycle import probe as probe_module
 from kvtier.lifecycle.effects import ReleasePins
-from kvtier.lifecycle.probe import Answer, ProbeMachine
+from kvtier.lifecycle.reads import CoreReads
 from kvtier.lifecycle.serve import ServeMachine
 
 SYMMETRIC = PROFILES["symmetric"]
@@ -92,16 +93,14 @@ def test_a_pin_never_released_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_retry_outside_the_bound_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     """A probe that answers RETRY for a key the peer answered miss (so outside collecting and
-    probing): probe_answered_in_bound."""
-    original = ProbeMachine.answer
+    probing), in the answers the shell publishes to the engine: probe_answered_in_bound."""
+    original = CoreReads.probe_answers
 
-    def retry_misses(self, kv_request_id, key):  # type: ignore[no-untyped-def]
-        rec = self.records.get(kv_request_id)
-        if rec is not None and key in rec.miss:
-            return Answer.RETRY
-        return original(self, kv_request_id, key)
+    def retry_misses(self, kv_request_id):  # type: ignore[no-untyped-def]
+        a = original(self, kv_request_id)
+        return msgspec.structs.replace(a, retry=a.retry | a.miss, miss=frozenset())
 
-    monkeypatch.setattr(ProbeMachine, "answer", retry_misses)
+    monkeypatch.setattr(CoreReads, "probe_answers", retry_misses)
     r = check(SYMMETRIC)
     assert r.violation is not None and r.violation.prop == "probe_answered_in_bound", format_result(r)
 

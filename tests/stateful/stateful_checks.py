@@ -23,6 +23,7 @@ from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import JobDone, LandBlocks, Send, SendBlocks
 from kvtier.wire import messages as wm
 from tools import snapshot
+from tools.coreview import CoreView
 
 P_LIVE = {"parked", "awaiting", "serving", "delivering", "confirmed", "cancelling", "quarantined"}
 P_RETAINED = {"done", "tombstoned"}
@@ -56,7 +57,7 @@ class Checked:
     def fire(self, now: float) -> list[Any]:
         if self.unread:  # input_before_deadline: nothing due after the first unread arrival fires first
             first = min(t for t, _ in self.unread)
-            early = [f"{d.machine} {d.key} ({d.timer}, due {d.when})" for d in self.core.deadlines()
+            early = [f"{d.machine} {d.key} ({d.timer}, due {d.when})" for d in CoreView(self.core).deadlines()
                      if first < d.when <= now]
             if early:
                 self.machine.broken = True
@@ -87,8 +88,7 @@ class PropertyChecks:
 
     def _loads(self, c: str) -> dict[int, tuple[str, int]]:
         """Live load jobs of consumer ``c``: job -> (id, round)."""
-        core = self.cores[c]
-        return {v.job_id: (k, v.round) for k in core.consumer_ids() if (v := core.consumer(k)) and v.job_id is not None}
+        return {v.job_id: (v.kv_request_id, v.round) for v in self.cores[c].records().consumers if v.job_id is not None}
 
     def _checked(self, who: str, apply: Any, inp: Any) -> list[Any]:
         try:
@@ -105,7 +105,7 @@ class PropertyChecks:
         pre_p = self._pstates()
         pre_c = self._cstates(who) if who != "p" else {}
         pre_loads = self._loads(who) if who != "p" else {}
-        pre_bind = {k: (v.peer, v.round) for k in self.p.producer_ids() if (v := self.p.producer(k))}
+        pre_bind = {v.kv_request_id: (v.peer, v.round) for v in self.p.records().producers}
         fetch = msg if who == "p" and isinstance(msg, wm.Fetch) else None
         pre_gate = None
         stale = False
@@ -114,7 +114,7 @@ class PropertyChecks:
             # duplicate or overtaken fetch, dropped unanswered (decision I11)
             low, answered = next((e.rounds for e in snapshot.export(self.p).sessions if e.peer == src), (0, ()))
             stale = fetch.round < low or fetch.round in answered
-            sess = self.p.session(src)
+            sess = CoreView(self.p).session(src)
             pre_gate = sess is not None and sess.state.value == "ready" and sess.gen == fetch.gen
             if fetch.keys and pre_p[fetch.kv_request_id] in ("absent", "parked"):
                 self.fetched_ids.add(fetch.kv_request_id)

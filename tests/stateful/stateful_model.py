@@ -45,6 +45,7 @@ from kvtier.lifecycle.session import HelloInput
 from kvtier.testing.clock import VirtualClock
 from kvtier.wire import messages as wm
 from tools import snapshot
+from tools.coreview import CoreView
 from tools.fakenet import Envelope, FakeNetwork
 
 
@@ -332,21 +333,17 @@ def make_machine(
                 self.disordered.discard(c)  # a new process: nothing of the old one's reaches it
                 self._start_consumer(c)
                 return
-            gen = self.cores[c].session_gen("p")
+            gen = CoreView(self.cores[c]).session_gen("p")
             if gen is not None and c not in self.shut:
                 self._call(c, ix.Received("p", wm.Disconnect(gen=gen, reason="")))
-            pgen = self.p.session_gen(c)
+            pgen = CoreView(self.p).session_gen(c)
             if pgen is not None and "p" not in self.shut:
                 self._call("p", ix.Received(c, wm.Disconnect(gen=pgen, reason="")))
 
         # -- invariants ----------------------------------------------------------------------------
         @invariant()
         def jobs_without_result_are_held_by_live_records(self) -> None:
-            held = {}
-            for k in self.p.producer_ids():
-                v = self.p.producer(k)
-                for j in v.jobs:
-                    held[j] = v.state.value
+            held = {j: v.state.value for v in self.p.records().producers for j in v.jobs}
             for job, owner in self.outstanding.items():
                 if owner == "p":
                     assert held.get(job) in P_LIVE, (
@@ -356,8 +353,7 @@ def make_machine(
                 else:
                     core = self.cores[owner]
                     assert any(
-                        (v := core.consumer(k)) is not None and v.job_id == job and v.state.value in C_LIVE
-                        for k in core.consumer_ids()
+                        v.job_id == job and v.state.value in C_LIVE for v in core.records().consumers
                     ), f"exactly_once_job_result: load job {job} of {owner} has no result and no live load"
 
         @invariant()
@@ -365,16 +361,17 @@ def make_machine(
             # the shell reads these indexes instead of scanning (quarantine gauge and log on every
             # poll, per-peer fan-out), so a drifted index is a wrong gauge or a missed session end
             assert snapshot.index_problems(self.p) == []
-            views = [self.p.producer(k) for k in self.p.producer_ids()]
-            assert self.p.quarantined() == {v.kv_request_id for v in views if v.state.value == "quarantined"}
-            assert self.p.quarantined_count() == len(self.p.quarantined())
-            assert self.p.retained() == sum(1 for v in views if v.state.value in P_RETAINED)
+            r = self.p.records()
+            assert r.quarantined == {v.kv_request_id for v in r.producers if v.state.value == "quarantined"}
+            assert self.p.quarantined_count() == len(r.quarantined)
+            assert len(r.retained) == sum(1 for v in r.producers if v.state.value in P_RETAINED)
 
         @invariant()
         def bounded_bookkeeping(self) -> None:
-            assert self.p.retained() <= TOMBSTONE_MAX
-            live = sum(1 for k in self.p.producer_ids() if self.p.producer_state(k).value in P_LIVE)
-            assert self.p.producer_count() <= live + self.p.retained()
+            r = self.p.records()
+            assert len(r.retained) <= TOMBSTONE_MAX
+            live = sum(1 for v in r.producers if v.state.value in P_LIVE)
+            assert self.p.producer_count() <= live + len(r.retained)
 
         # -- liveness ------------------------------------------------------------------------------
         def teardown(self) -> None:
@@ -420,10 +417,12 @@ def make_machine(
             assert not self._live_records(), f"liveness: records stuck after settling: {self._live_records()}"
 
         def _live_records(self) -> list[str]:
-            stuck = [f"p:{k}:{s}" for k in self.p.producer_ids() if (s := self.p.producer_state(k).value) in P_LIVE]
+            stuck = [f"p:{k}:{s}" for k in CoreView(self.p).producer_ids()
+                     if (s := self.p.producer_state(k).value) in P_LIVE]
             for c in CONSUMERS:
                 core = self.cores[c]
-                stuck += [f"{c}:{k}:{s}" for k in core.consumer_ids() if (s := core.consumer_state(k).value) in C_LIVE]
+                stuck += [f"{c}:{k}:{s}" for k in CoreView(core).consumer_ids()
+                          if (s := core.consumer_state(k).value) in C_LIVE]
             return stuck
 
     if not full:

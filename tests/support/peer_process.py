@@ -28,6 +28,7 @@ from typing import Any
 
 from tools.blocks import block_pattern, pattern_digest, slot_digest
 from tools.child import Child
+from tools.coreview import CoreView
 
 __all__ = ["PeerHandler", "PeerProcess", "block_pattern", "pattern_digest", "slot_digest"]
 
@@ -173,7 +174,7 @@ class PeerHandler:
         mgr.submit_store(TransferJob(job_id=job_id, keys=tuple(keys), slots=tuple(slots), req=req))
         deadline = time.monotonic() + 30.0
         while not self.paused and job_id in mgr.jobs_in_flight(kv_id) and time.monotonic() < deadline:
-            view = mgr.core.producer(kv_id)
+            view = CoreView(mgr.core).producer(kv_id)
             if view is not None and job_id in view.jobs:
                 break
             mgr.poll(0.0005)
@@ -281,7 +282,7 @@ class PeerHandler:
 
     def op_session_state(self, peer: str) -> str:
         """The state of this manager's session with ``peer`` (``absent`` when none)."""
-        return self._need().core.session_state(peer).value
+        return CoreView(self._need().core).session_state(peer).value
 
     def op_drain(self, drain_timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """``drain_jobs`` in the child; returns the results collected afterwards."""

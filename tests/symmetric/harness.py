@@ -31,6 +31,7 @@ from kvtier.lifecycle.serve import transfer_key
 from kvtier.lifecycle.session import HelloInput
 from kvtier.shell.serving import ServeWindows
 from kvtier.wire import messages as wm
+from tools.coreview import CoreView
 from tools.fakenet import Envelope, FakeNetwork, Transfer
 
 __all__ = ["FakeEngine", "PropertyViolation", "SymNet", "make_core"]
@@ -212,7 +213,7 @@ class SymNet(FakeNetwork):
         m = e.msg
         if not any(m.hits):
             return
-        view = core.serve(e.peer, m.kv_request_id, m.round)
+        view = CoreView(core).serve(e.peer, m.kv_request_id, m.round)
         if view is None:
             raise PropertyViolation(f"no_hit_without_pin: a hit for {m.kv_request_id} r{m.round} without a record")
         held = self.engines[src].held()
@@ -245,7 +246,7 @@ class SymNet(FakeNetwork):
         if e.successful_keys != want:
             raise PropertyViolation(f"partial_keys_verified: job {e.job_id} reports {e.successful_keys}, its verified "
                                     f"prefix is {want}")
-        probe = self.cores[src].probe(where[1]) if src in self.cores else None
+        probe = CoreView(self.cores[src]).probe(where[1]) if src in self.cores else None
         lost = [k for k in keys[n:] if probe is not None and k not in probe.missed]
         if lost:
             raise PropertyViolation(f"failed_keys_miss: job {e.job_id} failed, yet {lost} are not held MISS for the "
@@ -262,14 +263,14 @@ class SymNet(FakeNetwork):
         m = env.msg if env is not None else None
         if (core is not None and type(m) is wm.TransferDone and not m.ok
                 and not any(v.round == m.round for v in core.round_loads(m.kv_request_id))):
-            view = core.probe(m.kv_request_id)
+            view = CoreView(core).probe(m.kv_request_id)
             if view is not None and view.round == m.round and view.peer == src:
                 before = (m.kv_request_id, set(view.offered) - set(view.loading))
         out = super().deliver(src, dst, i, now)
         if before is not None:
             kid, offered = before
             for k in offered:
-                if core.probe_answer(kid, k).value == "hit":
+                if CoreView(core).probe_answer(kid, k).value == "hit":
                     raise PropertyViolation(f"no_hit_without_pin: {dst} answers HIT for {k!r} after the offer was "
                                             f"withdrawn ({m.reason})")
         return out
@@ -300,9 +301,9 @@ class SymNet(FakeNetwork):
         core = self.cores.get(consumer)
         if core is None:
             return
-        view = core.probe(kv_request_id)
+        view = CoreView(core).probe(kv_request_id)
         for k in keys:
-            if core.probe_answer(kv_request_id, k).value == "retry":
+            if CoreView(core).probe_answer(kv_request_id, k).value == "retry":
                 if view is None or view.state not in (ProbeState.COLLECTING, ProbeState.PROBING):
                     raise PropertyViolation("probe_answered_in_bound: RETRY outside collecting/probing")
                 if view.deadline is None or view.deadline > now + 1.0 + 1e-9:
@@ -316,5 +317,5 @@ class SymNet(FakeNetwork):
         if eng.opened != eng.closed:
             raise PropertyViolation(f"lookup_context_closed_once: contexts {eng.opened - eng.closed} never closed")
         core = self.cores.get(producer)
-        if core is not None and (core.serve_ids() or core.pins_held()):
-            raise PropertyViolation(f"serve records left at quiescence: {core.serve_ids()}")
+        if core is not None and (CoreView(core).serve_ids() or CoreView(core).pins_held()):
+            raise PropertyViolation(f"serve records left at quiescence: {CoreView(core).serve_ids()}")

@@ -16,6 +16,7 @@ from kvtier.lifecycle import Answer, InvalidTransition, ProbeState, Reason, Serv
 from kvtier.lifecycle import inputs as ix
 from kvtier.wire import messages as wm
 from tests.symmetric.harness import PropertyViolation, SymNet, make_core
+from tools.coreview import CoreView
 
 K = "sym-1"
 KEYS = [bytes([i]) * 8 for i in range(1, 5)]
@@ -50,7 +51,7 @@ def lookup_all(net: SymNet, keys, now: float, kid: str = K) -> list[Answer]:
     out = []
     for k in keys:
         net.engine_input("C", ix.KeyLookedUp(kid, k), now)
-        a = net.cores["C"].probe_answer(kid, k)
+        a = CoreView(net.cores["C"]).probe_answer(kid, k)
         out.append(a)
         net.check("C", kid, keys, now)
         if a is Answer.MISS:
@@ -88,7 +89,7 @@ def test_full_round_retry_then_hit_one_probe_per_step_and_every_pin_released_onc
     deliver_all(net, 0.0, windows=False)  # handshake; the probe leaves when the session is ready
     probes = [e for e in net.log if "deliver C->P probe" in e]
     assert len(probes) == 1, net.log  # one probe for the step, carrying all four keys
-    assert net.cores["P"].serve_state("C", K, 0) is ServeState.LOOKING_UP
+    assert CoreView(net.cores["P"]).serve_state("C", K, 0) is ServeState.LOOKING_UP
     deliver_all(net, 0.0)  # the serve window answers; the reply arrives
     assert lookup_all(net, KEYS, 0.0) == [Answer.HIT] * 3 + [Answer.MISS]
     assert net.cores["C"].probe_state(K) is ProbeState.OFFERED
@@ -98,7 +99,7 @@ def test_full_round_retry_then_hit_one_probe_per_step_and_every_pin_released_onc
     net.engine_input("C", ix.LoadSubmitted(K, 7, tuple(KEYS[:3]), (0, 1, 2)), 0.0)
     deliver_all(net, 0.0)
     # the receipt came back while the plane still reads the blocks: the pin waits for the release
-    assert net.cores["P"].serve_state("C", K, 0) is ServeState.CONFIRMED
+    assert CoreView(net.cores["P"]).serve_state("C", K, 0) is ServeState.CONFIRMED
     assert not eng.released
     finish_transfers(net, 0.0)
     assert [r.ok for r in net.results[7]] == [True]
@@ -122,7 +123,7 @@ def test_a_miss_is_kept_for_the_request_life_and_hits_are_forgotten_after_the_lo
     net.engine_input("C", ix.LoadSubmitted(K, 1, (KEYS[0],), (5,)), 0.0)
     deliver_all(net, 0.0)
     finish_transfers(net, 0.0)
-    view = net.cores["C"].probe(K)
+    view = CoreView(net.cores["C"]).probe(K)
     assert view.state is ProbeState.IDLE and view.missed == {KEYS[1]} and not view.offered and not view.loading
     served = sum(1 for e in net.log if "deliver C->P probe" in e)
     lookup_all(net, [KEYS[1]], 0.0)
@@ -139,7 +140,7 @@ def test_all_miss_closes_the_round_without_a_pin() -> None:
     deliver_all(net, 0.0)
     assert lookup_all(net, KEYS, 0.0) == [Answer.MISS]
     assert net.cores["C"].probe_state(K) is ProbeState.IDLE
-    assert net.cores["P"].serve_ids() == [] and not net.engines["P"].pins
+    assert CoreView(net.cores["P"]).serve_ids() == [] and not net.engines["P"].pins
     net.quiet_checks("P")
 
 
@@ -153,7 +154,7 @@ def test_pending_blocks_are_looked_up_again_at_the_next_window() -> None:
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0, windows=False)
     net.serve_window("P", 0.0)  # pending: no reply yet
-    assert net.cores["P"].serve_state("C", K, 0) is ServeState.LOOKING_UP
+    assert CoreView(net.cores["P"]).serve_state("C", K, 0) is ServeState.LOOKING_UP
     assert not net.directions()
     net.serve_window("P", 0.0)  # found now
     deliver_all(net, 0.0)
@@ -191,7 +192,7 @@ def test_a_silent_peer_bounds_retry_by_the_probe_timeout_from_the_first_key() ->
     net.fire("C", 0.99)
     assert lookup_all(net, KEYS[:1], 0.99) == [Answer.RETRY]
     net.fire("C", 1.0)
-    assert net.cores["C"].probe(K).reason is Reason.PROBE_TIMEOUT
+    assert CoreView(net.cores["C"]).probe(K).reason is Reason.PROBE_TIMEOUT
     assert lookup_all(net, KEYS, 1.0) == [Answer.MISS]
 
 
@@ -206,7 +207,7 @@ def test_probe_deadline_with_a_probe_out_releases_the_round() -> None:
     (rel,) = [e.msg for e in net.pending("C", "P") if e.msg.TYPE != "ping"]
     assert rel.TYPE == "abort_fetch" and rel.offered and not rel.fetched
     deliver_all(net, 1.0)
-    assert net.cores["P"].serve_ids() == []
+    assert CoreView(net.cores["P"]).serve_ids() == []
     net.quiet_checks("P")
 
 
@@ -217,7 +218,7 @@ def test_instance_down_answers_miss_at_once() -> None:
     net.cores["C"]._sessions.suspect["P"] = None  # noqa: SLF001 - stand in for a sibling's death (I7)
     announce(net)
     assert lookup_all(net, KEYS[:1], 0.0) == [Answer.MISS]
-    assert net.cores["C"].probe(K).reason is Reason.INSTANCE_DOWN
+    assert CoreView(net.cores["C"]).probe(K).reason is Reason.INSTANCE_DOWN
 
 
 # -- every way a pin is released --------------------------------------------------------------------
@@ -228,7 +229,7 @@ def _offered(net: SymNet, n: int = 2) -> int:
     lookup_all(net, KEYS[:n], 0.0)
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
-    assert net.cores["P"].serve_state("C", K, 0) is ServeState.OFFERED
+    assert CoreView(net.cores["P"]).serve_state("C", K, 0) is ServeState.OFFERED
     (pin,) = net.engines["P"].pins
     return pin
 
@@ -273,8 +274,8 @@ def test_drain_releases_unfetched_rounds_at_once() -> None:
     net.engine_input("P", ix.DrainStarted(), 0.0)
     assert net.engines["P"].released == {pin: False}
     deliver_all(net, 0.0)
-    assert net.cores["C"].probe(K).state is ProbeState.FAILED
-    assert net.cores["C"].probe(K).reason is Reason.DRAINED
+    assert CoreView(net.cores["C"]).probe(K).state is ProbeState.FAILED
+    assert CoreView(net.cores["C"]).probe(K).reason is Reason.DRAINED
     net.quiet_checks("P")
 
 
@@ -287,7 +288,7 @@ def test_shutdown_refuses_new_probes_and_releases_held_pins() -> None:
     lookup_all(net, KEYS[:1], 0.0, kid="sym-2")
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
-    assert net.cores["C"].probe("sym-2").reason is Reason.SHUTDOWN
+    assert CoreView(net.cores["C"]).probe("sym-2").reason is Reason.SHUTDOWN
     net.quiet_checks("P")
 
 
@@ -296,7 +297,7 @@ def test_fetch_of_a_key_never_offered_moves_nothing_and_fails_at_once() -> None:
     step that receives it, and the round's pins are released."""
     net = pair()
     pin = _offered(net)
-    gen = net.cores["C"].session_gen("P")
+    gen = CoreView(net.cores["C"]).session_gen("P")
     net.send(__import__("tools.fakenet", fromlist=["Envelope"]).Envelope(
         "C", "P", wm.Fetch(gen=gen, kv_request_id=K, round=0, keys=[KEYS[3]], offered=True)))
     net.deliver("C", "P", 0, 0.0)
@@ -311,7 +312,7 @@ def test_a_pd_fetch_never_reaches_a_served_round_and_an_offered_fetch_never_reac
     net = pair()
     net.engine_input("P", ix.StoreSubmitted(K, "own", 50, (KEYS[3],), (9,)), 0.0)
     pin = _offered(net)
-    gen = net.cores["C"].session_gen("P")
+    gen = CoreView(net.cores["C"]).session_gen("P")
     env = __import__("tools.fakenet", fromlist=["Envelope"]).Envelope
     net.send(env("C", "P", wm.Fetch(gen=gen, kv_request_id=K, round=0, keys=[KEYS[3]], offered=True)))
     net.deliver("C", "P", 0, 0.0)
@@ -345,7 +346,7 @@ def test_serving_off_refuses_in_one_round_trip() -> None:
     lookup_all(net, KEYS[:1], 0.0)
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
-    view = net.cores["C"].probe(K)
+    view = CoreView(net.cores["C"]).probe(K)
     assert view.state is ProbeState.FAILED and view.reason is Reason.NOT_SERVING
     assert not net.engines["P"].opened  # the engine was never asked
 
@@ -356,7 +357,7 @@ def test_principals_not_allowed_are_refused() -> None:
     lookup_all(net, KEYS[:1], 0.0)
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
-    assert net.cores["C"].probe(K).reason is Reason.NOT_SERVING
+    assert CoreView(net.cores["C"]).probe(K).reason is Reason.NOT_SERVING
 
 
 def test_pinned_budget_per_peer_refuses_serve_busy() -> None:
@@ -365,7 +366,7 @@ def test_pinned_budget_per_peer_refuses_serve_busy() -> None:
     lookup_all(net, KEYS[:3], 0.0)
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
-    assert net.cores["C"].probe(K).reason is Reason.SERVE_BUSY
+    assert CoreView(net.cores["C"]).probe(K).reason is Reason.SERVE_BUSY
 
 
 def test_rounds_per_peer_budget() -> None:
@@ -377,8 +378,8 @@ def test_rounds_per_peer_budget() -> None:
     lookup_all(net, KEYS[1:2], 0.0, kid="b")
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
-    assert net.cores["C"].probe("a").state is ProbeState.OFFERED
-    assert net.cores["C"].probe("b").reason is Reason.SERVE_BUSY
+    assert CoreView(net.cores["C"]).probe("a").state is ProbeState.OFFERED
+    assert CoreView(net.cores["C"]).probe("b").reason is Reason.SERVE_BUSY
 
 
 # -- the engine's misuse raises, a peer's never does ---------------------------------------------------
@@ -433,7 +434,7 @@ def test_pd_load_partial_successful_keys_and_none_without_integrity() -> None:
         net.connect("C", "P", 0.0)
         deliver_dir(net, "C", "P", 0.0)
         net.queues[("P", "C")].clear()
-        gen = net.cores["P"].session("C").gen
+        gen = CoreView(net.cores["P"]).session("C").gen
         env = __import__("tools.fakenet", fromlist=["Envelope"]).Envelope
         net.send(env("P", "C", wm.BlockData(gen=gen, kv_request_id="pd", round=0, first=0, count=1)))
         net.send(env("P", "C", wm.TransferDone(gen=gen, kv_request_id="pd", round=0, ok=False, reason="aborted")))
@@ -452,7 +453,7 @@ def test_one_sided_partial_loads_carry_slot_digests_for_the_shell_to_recheck() -
     net.connect("C", "P", 0.0)
     deliver_dir(net, "C", "P", 0.0)
     net.queues[("P", "C")].clear()
-    gen = net.cores["P"].session("C").gen
+    gen = CoreView(net.cores["P"]).session("C").gen
     env = __import__("tools.fakenet", fromlist=["Envelope"]).Envelope
     net.send(env("P", "C", wm.BlockData(gen=gen, kv_request_id="pd", round=0, first=0, count=1, digests=[111])))
     net.send(env("P", "C", wm.TransferDone(gen=gen, kv_request_id="pd", round=0, ok=False, reason="aborted")))

@@ -21,6 +21,7 @@ from kvtier.api import LookupResult, RequestContext, TransferJob
 from kvtier.blocksource import BlockIndex
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
+from tools.coreview import CoreView
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
@@ -127,13 +128,13 @@ def test_each_manager_serves_and_fetches_byte_identical_and_releases_every_pin(m
         assert r.success, r
         for s, d in zip(slots, data):
             assert cons.pool.buffer(s).tobytes() == d
-        assert pump([cons, prod], lambda prod=prod: not prod.core.serve_ids())
+        assert pump([cons, prod], lambda prod=prod: not CoreView(prod.core).serve_ids())
         cons.on_request_finished(req)
         assert pump([cons, prod], lambda cons=cons: not cons.core.probe_ids())
     for m, idx in ((a, ia), (b, ib)):
         assert idx.pins_outstanding() == 0 and all(idx.released.values())
         assert stat(m, "kvtier_pins_released_total{outcome=ok") >= 1
-        assert not m.core.pins_held() and not m.has_pending_work()
+        assert not CoreView(m.core).pins_held() and not m.has_pending_work()
 
 
 def test_partial_prefix_hits_what_the_peer_holds_and_misses_the_rest(make) -> None:
@@ -169,7 +170,7 @@ def test_allowed_peers_bounds_whom_a_request_probes(make) -> None:
     req = source_req("r", "refused", a)
     assert b.on_new_request(req) == "local"
     assert b.lookup(b"k", req) is LookupResult.MISS
-    assert b.core.sessions() == [] and b.core.probe_ids() == []
+    assert CoreView(b.core).sessions() == [] and b.core.probe_ids() == []
     assert stat(b, "kvtier_rejected_peer_total") == 1
 
 
@@ -184,7 +185,8 @@ def test_an_unreachable_peer_answers_miss_within_the_probe_bound(make) -> None:
     assert probe(b, req, [b"k0", b"k1"], []) == [LookupResult.MISS]
     assert time.monotonic() - t0 < 0.5 + 1.5  # probe_answered_in_bound (+ slack on a shared machine)
     # a closed port refuses the dial at once: the probe fails then, not at its deadline (decision I18's dials)
-    assert b.core.probe(req.kv_transfer_params["remote_kv_source"]["kv_request_id"]).reason.value == "connect_refused"
+    kid = req.kv_transfer_params["remote_kv_source"]["kv_request_id"]
+    assert CoreView(b.core).probe(kid).reason.value == "connect_refused"
 
 
 def test_drain_jobs_releases_the_pins_of_an_unfetched_round(make) -> None:
@@ -233,5 +235,5 @@ def test_curve_only_allowed_principals_are_served(make, tmp_path) -> None:
     other.on_new_request(r_other)
     assert probe(ok, r_ok, [b"c0"], [p, other]) == [LookupResult.HIT]
     assert probe(other, r_other, [b"c0"], [p, ok]) == [LookupResult.MISS]
-    assert other.core.probe("cv-2").reason.value == "not_serving"
+    assert CoreView(other.core).probe("cv-2").reason.value == "not_serving"
     assert load(ok, r_ok, 1, [b"c0"], [3], [p, other]).success

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvtier.lifecycle import Answer, InvalidTransition
 from kvtier.lifecycle import inputs as ix
 from tests.symmetric.harness import SymNet, make_core
+from tools.coreview import CoreView
 
 KEYS = [bytes([i]) * 8 for i in range(1, 5)]
 
@@ -85,7 +86,7 @@ class Symmetric(RuleBasedStateMachine):
             if k in held:
                 continue
             self.net.engine_input("C", ix.KeyLookedUp(self.kid, k), self.now)
-            if self.net.cores["C"].probe_answer(self.kid, k) is Answer.MISS:
+            if CoreView(self.net.cores["C"]).probe_answer(self.kid, k) is Answer.MISS:
                 break
 
     @precondition(lambda self: not self.closed["C"])
@@ -106,7 +107,7 @@ class Symmetric(RuleBasedStateMachine):
         """Load the first ``n`` keys answering HIT (the engine only loads what was HIT, but a
         stale view may name a key the round no longer offers: it must fail, never be served)."""
         core = self.net.cores["C"]
-        keys = tuple(k for k in KEYS if core.probe_answer(self.kid, k) is Answer.HIT)[:n]
+        keys = tuple(k for k in KEYS if CoreView(core).probe_answer(self.kid, k) is Answer.HIT)[:n]
         job = self.next_job
         self.next_job += 1
         try:
@@ -174,18 +175,19 @@ class Symmetric(RuleBasedStateMachine):
             if not self.closed["P"]:
                 self.net.serve_window("P", self.now)
 
-    @precondition(lambda self: bool(self.net.cores["P"].serve_ids()) and self.net.cores["C"].session("P") is not None)
+    @precondition(lambda self: bool(CoreView(self.net.cores["P"]).serve_ids())
+                  and CoreView(self.net.cores["C"]).session("P") is not None)
     @rule(which=st.integers(0, 3), keys=st.sets(st.integers(0, 3), min_size=1))
     def forged_fetch(self, which: int, keys: set[int]) -> None:
         """A misbehaving consumer: a fetch(offered) of any keys for a live round of its own."""
         from kvtier.wire import messages as wm
         from tools.fakenet import Envelope
 
-        ids = [sid for sid in self.net.cores["P"].serve_ids() if sid[0] == "C"]
+        ids = [sid for sid in CoreView(self.net.cores["P"]).serve_ids() if sid[0] == "C"]
         if not ids:
             return
         _, kid, rnd = ids[which % len(ids)]
-        gen = self.net.cores["C"].session("P").gen
+        gen = CoreView(self.net.cores["C"]).session("P").gen
         self.net.send(Envelope("C", "P", wm.Fetch(gen=gen, kv_request_id=kid, round=rnd,
                                                   keys=[KEYS[i] for i in sorted(keys)], offered=True)))
 
@@ -227,7 +229,7 @@ class Symmetric(RuleBasedStateMachine):
                 net.finish_landing(0, self.now)
             elif net.transfers:
                 net.finish_transfer(0, self.now)
-            elif net.windows["P"].pending() and net.cores["P"].serve_ids():
+            elif net.windows["P"].pending() and CoreView(net.cores["P"]).serve_ids():
                 net.serve_window("P", self.now)
                 self.now += 0.3
                 net.fire("P", self.now)

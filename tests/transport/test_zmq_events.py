@@ -123,9 +123,9 @@ def test_drop_peer_unknown_returns_false(make) -> None:
 def test_shutdown_guard_refuses_a_reused_fd(make) -> None:
     # An fd whose recorded remote address does not match (closed and reused) is never shut down.
     producer, consumer, _, in_peer = hello_pair(make)
-    fd = producer._rid_fd[bytes.fromhex(in_peer[3:])]
+    fd = producer._conns.rid_fd[bytes.fromhex(in_peer[3:])]
     wrong = _Conn(fd, "127.0.0.1:1", 0.0)
-    assert producer._shutdown_conn(wrong) is False
+    assert producer._conns._shutdown_conn(wrong) is False
     consumer.send(consumer.peers()[0], [b"still here"])
     assert [bytes(f[0]) for _, f in recv_until(producer, 1)] == [b"still here"]
 

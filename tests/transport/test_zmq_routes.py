@@ -61,7 +61,7 @@ def test_leftovers_of_a_closed_connection_never_bind_the_connection_that_reused_
         a = _dealer(ctx, t.address, ra)
         a.send(b"a0")
         [(peer_a, _)], _ = _read(t, 1)
-        fd_a = t._rid_fd[ra]
+        fd_a = t._conns.rid_fd[ra]
         for i in range(1, 4):
             a.send(f"a{i}".encode())
         time.sleep(0.2)  # A's bytes reach the producer's pipe; nothing reads them
@@ -72,7 +72,7 @@ def test_leftovers_of_a_closed_connection_never_bind_the_connection_that_reused_
         b.send(b"b0")
         msgs, events = _read(t, 4)
         peer_b = "in:" + rb.hex()
-        assert t._rid_fd.get(rb) == fd_a, "precondition: B's connection reused A's fd number"
+        assert t._conns.rid_fd.get(rb) == fd_a, "precondition: B's connection reused A's fd number"
         assert sorted((p, f[0]) for p, f in msgs) == sorted(
             [(peer_a, b"a1"), (peer_a, b"a2"), (peer_a, b"a3"), (peer_b, b"b0")])
         assert t.drop_peer(peer_a) is False  # A's connection is gone; B's is not A's

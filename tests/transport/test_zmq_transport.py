@@ -352,7 +352,7 @@ def test_bad_arguments(make) -> None:
 
 def test_long_heartbeat_ttl_is_clamped(make) -> None:
     t = make(heartbeat_ttl_s=86400.0)  # libzmq's maximum is 6553.5 s
-    assert t._router.getsockopt(zmq.HEARTBEAT_TTL) == 6553500
+    assert t._conns.router.getsockopt(zmq.HEARTBEAT_TTL) == 6553500
 
 
 def test_port_in_use_raises_transport_error(make) -> None:
@@ -497,6 +497,6 @@ def test_zmq_errors_never_escape(make, monkeypatch) -> None:
     def boom(*a, **k):
         raise zmq.ZMQError(errno.EIO)
 
-    monkeypatch.setattr(consumer._dealers[peer], "send", boom, raising=False)
+    monkeypatch.setattr(consumer._conns.dealers[peer], "send", boom, raising=False)
     h = consumer.send(peer, [b"x"])
     assert h.failed and h.error == SendFailure.ERROR and h.detail

@@ -37,6 +37,7 @@ from kvtier.lifecycle.effects import Send, SendBlocks
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
 from tools import snapshot
+from tools.coreview import CoreView
 from tools.fakenet import Envelope
 from tools.snapshot import CoreState
 
@@ -108,7 +109,7 @@ class Summary:
     probe: dict[str, tuple[str, int, tuple[bytes, ...], tuple[bytes, ...]]] = attrs.Factory(dict)
     """the symmetric path: kv_request_id -> (probe state, open round, keys offered, keys loading)"""
     answers: dict[tuple[str, bytes], str] = attrs.Factory(dict)
-    """(kv_request_id, key) -> what a lookup answers now (``TierCore.probe_answer``, asked of the
+    """(kv_request_id, key) -> what a lookup answers now (``TierCore.probe_answers``, asked of the
     live core), for every key the probe knows; any other key answers ``miss``"""
     loads: dict[tuple[str, int], tuple[str, int | None]] = attrs.Factory(dict)
     """(kv_request_id, round) -> (state, job id) of each symmetric round's load"""
@@ -138,7 +139,7 @@ def summarise(state: CoreState, core: TierCore | None = None) -> Summary:
     if core is not None:
         for e in state.probe:
             for k in {*e.unsent, *e.waiting, *e.offered, *e.miss, *(k for k, _ in e.loading)}:
-                answers[(e.kv_request_id, k)] = core.probe_answer(e.kv_request_id, k).value
+                answers[(e.kv_request_id, k)] = CoreView(core).probe_answer(e.kv_request_id, k).value
     return Summary(
         producer={e.kv_request_id: (e.state.value, e.jobs, e.peer, e.round) for e in state.producer},
         consumer={e.kv_request_id: (e.state.value, e.round, e.job_id) for e in state.consumer},

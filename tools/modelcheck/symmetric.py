@@ -8,7 +8,7 @@ request's blocks, and the producer's engine answering in its serve windows.
   (``ScheduleEnded``, only while the probe collects keys: otherwise it changes nothing); submits
   one load of the keys answered HIT that no load holds yet (``LoadSubmitted``, job
   :meth:`.engines.Engines.sym_job`); and finishes the request (``RequestFinished``).  The answers
-  are the live core's (``TierCore.probe_answer``, read into :class:`.encoding.Summary`).
+  are the live core's (``TierCore.probe_answers``, read into :class:`.encoding.Summary`).
 * **The producer's engine** (the shell's :class:`kvtier.shell.serving.ServeWindows` and a block
   source): every ``LookUpBlocks`` the producer's core emits is queued (``State.lookups``); a
   *window* step takes the oldest: if the core no longer waits for the round's lookups
