@@ -15,6 +15,7 @@ from __future__ import annotations
 from kvtier.lifecycle import Answer, Reason, ServeState
 from kvtier.lifecycle import inputs as ix
 from tests.symmetric.test_core_symmetric import KEYS, K, announce, deliver_all, finish_transfers, lookup_all, pair
+from tools.coreview import CoreView
 
 
 def _probes(net) -> list[str]:
@@ -30,7 +31,7 @@ def test_a_promotion_started_before_the_producer_reset_fails_drained_and_its_key
     lookup_all(net, KEYS[:3], 0.0)
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
-    assert net.cores["P"].serve_state("C", K, 0) is ServeState.OFFERED
+    assert CoreView(net.cores["P"]).serve_state("C", K, 0) is ServeState.OFFERED
     (pin,) = engine.pins
     assert lookup_all(net, KEYS[:3], 0.0) == [Answer.HIT] * 3
 
