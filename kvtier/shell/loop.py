@@ -394,10 +394,12 @@ class IoLoop:
         plane = self.plane.max_wait_s(receiving=self.core.loading())
         if plane is not None:
             budget = min(budget, plane)
+            # the eager window shortens the plane's own progress interval, never makes one: after
+            # a refusal or a receipt nothing comes through the plane (decision C25)
+            if self.plane.one_sided and self.clock() - self.outbound.sent_at < EAGER_S:
+                budget = min(budget, EAGER_WAIT_S)
         if self.plane.referenced():
             budget = min(budget, RELEASE_WAIT_S)
-        if self.plane.one_sided and self.clock() - self.outbound.sent_at < EAGER_S:
-            budget = min(budget, EAGER_WAIT_S)
         return budget
 
     def poll(self, timeout_s: float) -> None:

@@ -9,6 +9,7 @@ it works on is made by ``ZmqTransport.__init__``.
 from __future__ import annotations
 
 import math
+import select
 import time
 
 import zmq
@@ -21,9 +22,14 @@ from kvtier.transport.zmq_options import positive_int
 #: long (``zmq_poll`` itself counts whole milliseconds).
 SUB_MS_SLICE_S = 0.0001
 
+#: ``select``'s fd limit (glibc's ``FD_SETSIZE``): past it a sub-millisecond wait slices instead.
+_FD_SETSIZE = 1024
+
 
 class ZmqReceive:
     """Receiving, polling and waiting of :class:`~kvtier.transport.zmq_transport.ZmqTransport`."""
+
+    _sel_cache: tuple[zmq.Poller, list[int] | None] | None = None  # (poller, its select fds)
 
     # -- receive ----------------------------------------------------------------------------
 
@@ -155,14 +161,24 @@ class ZmqReceive:
 
     # -- waiting ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _poll_once(poller: zmq.Poller, remaining_s: float) -> list:
+    def _poll_once(self, poller: zmq.Poller, remaining_s: float) -> list:
         """One poll of at most ``remaining_s``. ``zmq_poll`` counts whole milliseconds, so a
         sub-millisecond wait (a NIXL plane's progress interval) would round up to 1 ms per
-        wait; it is non-blocking polls :data:`SUB_MS_SLICE_S` apart instead, so a message
-        arriving meanwhile waits at most one slice."""
+        wait; it is a non-blocking poll, then one ``select`` over the sockets' notification fds
+        (and the wake-up fd) for what is left, then a non-blocking poll again: a message that
+        arrives meanwhile ends the wait at once (decision C25; the ``select`` cannot miss one:
+        the first poll left every socket's fd unsignalled, and libzmq signals it when a pipe
+        turns readable).  With an fd past ``select``'s limit, non-blocking polls
+        :data:`SUB_MS_SLICE_S` apart (a message waits at most one slice)."""
         if remaining_s >= 0.001 or remaining_s <= 0:
             return poller.poll(max(0, math.ceil(remaining_s * 1000)))
+        events = poller.poll(0)
+        if events:
+            return events
+        fds = self._select_fds(poller)
+        if fds is not None:
+            select.select(fds, (), (), remaining_s)
+            return poller.poll(0)
         end = time.monotonic() + remaining_s
         while True:
             events = poller.poll(0)
@@ -170,6 +186,18 @@ class ZmqReceive:
             if events or left <= 0:
                 return events
             time.sleep(min(left, SUB_MS_SLICE_S))
+
+    def _select_fds(self, poller: zmq.Poller) -> list[int] | None:
+        """The fds a sub-millisecond wait selects on for ``poller`` (each socket's ``ZMQ_FD``,
+        the raw fds as they are), cached per poller; None when one is past ``FD_SETSIZE``."""
+        cached = self._sel_cache
+        if cached is not None and cached[0] is poller:
+            return cached[1]
+        fds = [s.FD if isinstance(s, zmq.Socket) else (s if isinstance(s, int) else s.fileno())
+               for s, _ in poller.sockets]
+        out = fds if max(fds, default=0) < _FD_SETSIZE else None
+        self._sel_cache = (poller, out)
+        return out
 
     def set_wake(self, fd: int | None) -> None:
         """Watch ``fd`` (an eventfd or pipe the owner writes to wake its loop) in the same poll
