@@ -73,7 +73,10 @@ class Outbound:
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self.changed = False
-        """A load failed or a session ended since the loop last published its answers."""
+        """A session ended (or a load of no known id failed) since the loop last published its
+        answers: every id's load is looked at again."""
+        self.failed: set[str] = set()
+        """Ids whose load job failed since the loop last published: only these are looked at."""
         self.sent_at = float("-inf")
         """When a message or a transfer last left (the manager's clock): a one-sided plane's answer
         to it comes only through the plane's progress (:data:`kvtier.shell.loop.EAGER_S`)."""
@@ -134,13 +137,17 @@ class Outbound:
     # -- jobs ----------------------------------------------------------------------------------
     def _job_done(self, e: fx.JobDone) -> None:
         keys = self._verified(e) if e.successful_keys else None
+        info = None if e.ok else self.jobs.info(e.job_id)
         done = self.jobs.finish(e.job_id, e.ok, e.reason, self.clock(), successful_keys=keys)
         if done is None:  # the core guarantees exactly once; count instead of crashing the engine
             self.metrics.internal_error()
             return
         store, nbytes, elapsed = done
-        if not e.ok and not store:
-            self.changed = True  # lookups of the id MISS now (decision L11)
+        if not e.ok and not store:  # lookups of the id MISS now (decision L11)
+            if info is not None and info[1] is not None:
+                self.failed.add(info[1])
+            else:
+                self.changed = True
         if e.reason is Reason.NOT_AUTHORISED:
             self.logs("*", e.reason, "kvtier: %s job %d refused: not_authorised (the producer request named another "
                       "consumer for this id; check remote_decoder.consumer and this manager's CURVE principal)",

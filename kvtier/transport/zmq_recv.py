@@ -146,8 +146,13 @@ class ZmqReceive:
                     return False
                 sock, peer = entry
                 try:
+                    # ZMQ_EVENTS first: an emptied socket costs a flag read, not a raised (and
+                    # built) zmq.Again at the end of every pass that read it (decision C25)
+                    if not sock.get(EVENTS) & POLLIN:
+                        active.remove(entry)
+                        continue
                     parts = sock.recv_multipart(NOBLOCK, copy=False)
-                except zmq.ZMQError:  # Again: empty now (or a socket error: skip it this pass)
+                except zmq.ZMQError:  # Again (raced), or a socket error: skip it this pass
                     active.remove(entry)
                     continue
                 if peer is None:
