@@ -402,9 +402,12 @@ class IoLoop:
         plane = self.plane.max_wait_s(receiving=self.core.loading())
         if plane is not None:
             budget = min(budget, plane)
-            # the eager window shortens the plane's own progress interval, never makes one: after
-            # a refusal or a receipt nothing comes through the plane (decision C25)
-            if self.plane.one_sided and self.clock() - self.outbound.sent_at < EAGER_S:
+        if self.plane.one_sided:
+            # after a message, eager only while the plane wants progress (a fetch: the blocks and
+            # their header come through it); after a refusal or a receipt nothing does.  After a
+            # transfer, eager regardless: its header leaves only as our side progresses (C25)
+            out, now = self.outbound, self.clock()
+            if now - out.posted_at < EAGER_S or (plane is not None and now - out.sent_at < EAGER_S):
                 budget = min(budget, EAGER_WAIT_S)
         if self.plane.referenced():
             budget = min(budget, RELEASE_WAIT_S)

@@ -80,6 +80,9 @@ class Outbound:
         self.sent_at = float("-inf")
         """When a message or a transfer last left (the manager's clock): a one-sided plane's answer
         to it comes only through the plane's progress (:data:`kvtier.shell.loop.EAGER_S`)."""
+        self.posted_at = float("-inf")
+        """When a transfer was last handed to the plane: its header goes out only as the plane is
+        progressed, on our side too."""
         # effect record -> performer, message struct -> observation when sent: both from the
         # spec's routing tables (kvtier.lifecycle._table.PERFORM, WIRE)
         self.PERFORMERS: dict[type, Callable[[Any], Inputs | None]] = {
@@ -205,7 +208,7 @@ class Outbound:
         batches = [Batch(h.first, blocks[h.first:h.first + h.count],
                          slots[h.first:h.first + h.count] if one_sided else (), encode(h)) for h in headers]
         key = e.transfer or e.kv_request_id
-        self.posted[(key, e.round)] = self.sent_at = self.clock()
+        self.posted[(key, e.round)] = self.sent_at = self.posted_at = self.clock()
         self.plane.post(e.peer, key, e.round, batches)
 
     def _cancel(self, e: fx.CancelTransfer) -> None:
