@@ -7,10 +7,10 @@ its failed load answers HIT again (never a stale MISS)."""
 from __future__ import annotations
 
 import pytest
-
-from kvtier.api import LookupResult
 from mgr_helpers import job, keys_for
 from virtual_helpers import BB, SCEN, outcome, store
+
+from kvtier.api import LookupResult
 
 pytestmark = pytest.mark.timeout(60)
 
