@@ -182,7 +182,10 @@ class ZmqReceive:
             return events
         fds = self._select_fds(poller)
         if fds is not None:
-            select.select(fds, (), (), remaining_s)
+            try:
+                select.select(fds, (), (), remaining_s)
+            except (OSError, ValueError):  # an fd closed meanwhile (shutdown): the poll says what is left
+                pass
             return poller.poll(0)
         end = time.monotonic() + remaining_s
         while True:
