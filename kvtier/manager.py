@@ -93,6 +93,7 @@ class KvTierManager:
         if not isinstance(pool, BlockPool):
             raise TypeError(f"pool must be a kvtier.memory.BlockPool, got {type(pool).__name__}")
         self.pool = pool
+        self._num_blocks, self._block_bytes = pool.num_blocks, pool.block_bytes  # read per job
         self.clock = clock
         cfg = self.config
         self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers, listen_host=cfg.host)
@@ -372,18 +373,21 @@ class KvTierManager:
             ValueError: keys/slots lengths differ, duplicate keys, or a slot outside the pool.
             RuntimeError: :meth:`shutdown` began.
         """
-        self._check_open()
+        if self._closed or self._closing:  # one flat path: the engine pays it per store, cold (C25)
+            self._check_open()
         info = self._job_request(job)
-        self._check_job(job)
-        now = self.clock()
+        check_job(job, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
+        job_id, jobs = job.job_id, self._jobs
+        jobs.check_new(job_id)
         kid = info.kv_request_id if info.role == "producer" else None
-        self._jobs.open(job.job_id, store=True, kv_request_id=kid, now=now,
-                        nbytes=len(job.slots) * self.pool.block_bytes)
+        keys, slots = job.keys, job.slots
+        jobs.open(job_id, store=True, kv_request_id=kid, now=self.clock(), nbytes=len(slots) * self._block_bytes)
         if kid is None:  # a local-only request: the core reports it at once
-            self._loop.input(ix.JobSettled(job.job_id, True, Reason.LOCAL))
+            self._loop.input(ix.JobSettled(job_id, True, Reason.LOCAL))
             return
-        self._loop.store(ix.StoreSubmitted(kid, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots), (),
-                                           info.consumer, info.life))
+        if type(keys) is not tuple or type(slots) is not tuple:
+            keys, slots = tuple(keys), tuple(slots)
+        self._loop.store(ix.StoreSubmitted(kid, job.req.req_id, job_id, keys, slots, (), info.consumer, info.life))
 
     def submit_load(self, job: TransferJob) -> None:
         """Fetch ``job.keys`` from the request's producer into pool slots ``job.slots``.
@@ -405,15 +409,13 @@ class KvTierManager:
             self._loop.input(ix.JobSettled(job.job_id, False, Reason.PEER_NOT_ALLOWED))
             return
         if info.role not in ("consumer", "source"):
-            raise UnknownRequest(
-                f"submit_load job {job.job_id}: request {job.req.req_id!r} has no remote_prefiller or "
-                "remote_kv_source params"
-            )
+            raise UnknownRequest(f"submit_load job {job.job_id}: request {job.req.req_id!r} has no "
+                                 "remote_prefiller or remote_kv_source params")
         self._check_job(job)
         check_fetch_size(job, self.config.max_message_bytes)
         self._loading.add(job.req.req_id)
         self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=self.clock(),
-                        nbytes=len(job.slots) * self.pool.block_bytes)
+                        nbytes=len(job.slots) * self._block_bytes)
         self._loop.input(ix.LoadSubmitted(info.kv_request_id, job.job_id, tuple(job.keys), tuple(job.slots)))
 
     def load_nothing(self, req: RequestContext) -> bool:
@@ -586,14 +588,14 @@ class KvTierManager:
             raise RuntimeError("kvtier manager is shut down" if self._closed else "kvtier manager is shutting down")
 
     def _job_request(self, job: TransferJob) -> TransferParams:
-        check_job_type(job)
+        if type(job) is not TransferJob or type(job.req) is not RequestContext:
+            check_job_type(job)  # raises, unless subclasses
         info = self._requests.get(job.req.req_id)
         if info is None:
-            raise UnknownRequest(
-                f"job {job.job_id}: request {job.req.req_id!r} was never announced with on_new_request"
-            )
+            raise UnknownRequest(f"job {job.job_id}: request {job.req.req_id!r} was never announced "
+                                 "with on_new_request")
         return info
 
     def _check_job(self, job: TransferJob) -> None:
-        check_job(job, num_blocks=self.pool.num_blocks, max_blocks=self.config.max_blocks_per_fetch)
+        check_job(job, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
         self._jobs.check_new(job.job_id)

@@ -114,6 +114,8 @@ _STATS_INTERVAL_S = 1.0
 """vLLM asks for stats at every engine step; the live gauges walk every record, so at most this often."""
 
 
+_BYTES = {bytes}
+
 _LOOKUP = {LookupResult.HIT: VllmLookupResult.HIT, LookupResult.MISS: VllmLookupResult.MISS,
            LookupResult.RETRY: VllmLookupResult.RETRY}
 
@@ -425,7 +427,9 @@ class KvTierSecondaryTier(SecondaryTierManager):
             req.loading = True
         # keys may be a set (connector-driven stores): iterate it exactly once and pair it
         # positionally with chunk_ids, as vLLM built chunk_ids by iterating the same collection.
-        keys = tuple(k if type(k) is bytes else bytes(k) for k in job.keys)
+        keys = tuple(job.keys)
+        if {*map(type, keys)} != _BYTES:  # one C-level pass for the common case (decision C25)
+            keys = tuple(k if type(k) is bytes else bytes(k) for k in keys)
         slots = tuple(job.chunk_ids.tolist())
         if len(keys) != len(slots):
             log.error("kvtier: job %d has %d keys but %d chunk_ids; failing it", job_id, len(keys), len(slots))

@@ -46,35 +46,54 @@ def check_seconds(name: str, value: object) -> float:
     return float(value)
 
 
+_INT = {int}
+_BYTES = {bytes}
+
+
 def check_job(job: TransferJob, *, num_blocks: int, max_blocks: int) -> None:
     """Shape of a store or load job: an id in ``0 .. MAX_JOB_ID``, equal-length key and slot
     sequences without duplicates, at most ``max_blocks`` blocks, slots inside the pool, keys of
-    1..256 bytes.  Raises ``TypeError``/``ValueError`` naming the field."""
-    check_job_id(job.job_id)
-    for name in ("keys", "slots"):  # sized and re-iterable: a generator would be consumed by the checks
-        if not isinstance(getattr(job, name), (tuple, list)):
-            raise TypeError(f"job {job.job_id}: {name} must be a tuple or list, got {type(getattr(job, name)).__name__}")
-    if len(job.keys) != len(job.slots):
-        raise ValueError(f"job {job.job_id}: {len(job.keys)} keys but {len(job.slots)} slots")
-    if len(set(job.keys)) != len(job.keys):
-        raise ValueError(f"job {job.job_id}: duplicate keys")
-    if len(set(job.slots)) != len(job.slots):
-        raise ValueError(f"job {job.job_id}: duplicate slots (two blocks cannot share a slot)")
-    if len(job.keys) > max_blocks:
-        raise ValueError(f"job {job.job_id}: {len(job.keys)} blocks > max_blocks_per_fetch")
-    if not job.slots:
+    1..256 bytes.  Raises ``TypeError``/``ValueError`` naming the field.
+
+    This runs on the engine's thread for every job, usually cold (decision C25): the common case
+    is a few C-level passes with no call per block; only a failure looks for the culprit, to
+    name it."""
+    job_id, keys, slots = job.job_id, job.keys, job.slots
+    if type(job_id) is not int or not 0 <= job_id <= MAX_JOB_ID:
+        check_job_id(job_id)  # raises, unless an int subclass in range
+    tk, ts = type(keys), type(slots)
+    if not ((tk is tuple or tk is list) and (ts is tuple or ts is list)):
+        # sized and re-iterable: a generator would be consumed by the checks
+        for name, value in (("keys", keys), ("slots", slots)):
+            if not isinstance(value, (tuple, list)):
+                raise TypeError(f"job {job_id}: {name} must be a tuple or list, got {type(value).__name__}")
+    n = len(keys)
+    if n != len(slots):
+        raise ValueError(f"job {job_id}: {n} keys but {len(slots)} slots")
+    if n == 1:  # the one-block job: no set, no pass
+        slot, key = slots[0], keys[0]
+        if type(slot) is int and 0 <= slot < num_blocks and type(key) is bytes and 0 < len(key) <= 256 \
+                and max_blocks >= 1:
+            return
+    if len(set(keys)) != n:
+        raise ValueError(f"job {job_id}: duplicate keys")
+    if len(set(slots)) != n:
+        raise ValueError(f"job {job_id}: duplicate slots (two blocks cannot share a slot)")
+    if n > max_blocks:
+        raise ValueError(f"job {job_id}: {n} blocks > max_blocks_per_fetch")
+    if not n:
         return
-    # the common case in C-level passes (this runs on the engine's thread for every job); a
-    # failure looks for the culprit, to name it
-    slots, keys = job.slots, job.keys
-    if not ({*map(type, slots)} == {int} and min(slots) >= 0 and max(slots) < num_blocks):
-        for s in slots:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < num_blocks:
-                raise ValueError(f"job {job.job_id}: slot {s!r} is outside the pool (0..{num_blocks - 1})")
-    if not ({*map(type, keys)} == {bytes} and min(map(len, keys)) > 0 and max(map(len, keys)) <= 256):
-        for k in keys:
-            if not isinstance(k, bytes) or not 0 < len(k) <= 256:
-                raise ValueError(f"job {job.job_id}: keys must be 1..256 bytes, got {k!r:.40}")
+    if not ({*map(type, slots)} == _INT and min(slots) >= 0 and max(slots) < num_blocks):
+        for slot in slots:
+            if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < num_blocks:
+                raise ValueError(f"job {job_id}: slot {slot!r} is outside the pool (0..{num_blocks - 1})")
+    if {*map(type, keys)} == _BYTES:
+        lens = {*map(len, keys)}
+        if min(lens) > 0 and max(lens) <= 256:
+            return
+    for key in keys:
+        if not isinstance(key, bytes) or not 0 < len(key) <= 256:
+            raise ValueError(f"job {job_id}: keys must be 1..256 bytes, got {key!r:.40}")
 
 
 def check_fetch_size(job: TransferJob, max_message_bytes: int) -> None:

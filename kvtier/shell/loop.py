@@ -96,16 +96,24 @@ class Waker:
         self._closed = False
         self._write = _LIBC.write
         self._buf = ctypes.byref(_ONE)
+        self._written = False  # set after each write: clear() reads the fd only then
 
     def wake(self) -> None:
         if not self._closed:
             self._write(self.fd, self._buf, 8)  # -1 (EAGAIN: saturated) is fine: it wakes anyway
+            self._written = True
 
     def clear(self) -> None:
-        try:
-            os.eventfd_read(self.fd)
-        except OSError:  # nothing written since the last clear
-            pass
+        """Reset the eventfd if a wake wrote it since the last clear.  The flag is set after the
+        write, so a clear between the two leaves the fd readable: the next wait returns at once
+        and that pass's clear reads it — never a lost wake, at most one spare pass; a clear with
+        nothing written costs no syscall and no raised ``OSError`` (decision C25)."""
+        if self._written:
+            self._written = False
+            try:
+                os.eventfd_read(self.fd)
+            except OSError:  # a racing clear read it already
+                pass
 
     def close(self) -> None:
         if not self._closed:
@@ -275,7 +283,7 @@ class IoLoop:
         if t is ix.KeyLookedUp:
             self.lookups_applied[inp.kv_request_id] = self.lookups_applied.get(inp.kv_request_id, 0) + 1
         elif t is ix.LoadAnnounced or t is ix.ProbeAnnounced:
-            self.published.dirty = True
+            self.published.announced.add(inp.kv_request_id)
         elif t is ix.RequestFinished and not inp.producer:
             self.published.finishing.add(inp.kv_request_id)
 
@@ -394,10 +402,15 @@ class IoLoop:
         plane = self.plane.max_wait_s(receiving=self.core.loading())
         if plane is not None:
             budget = min(budget, plane)
+        if self.plane.one_sided:
+            # after a message, eager only while the plane wants progress (a fetch: the blocks and
+            # their header come through it); after a refusal or a receipt nothing does.  After a
+            # transfer, eager regardless: its header leaves only as our side progresses (C25)
+            out, now = self.outbound, self.clock()
+            if now - out.posted_at < EAGER_S or (plane is not None and now - out.sent_at < EAGER_S):
+                budget = min(budget, EAGER_WAIT_S)
         if self.plane.referenced():
             budget = min(budget, RELEASE_WAIT_S)
-        if self.plane.one_sided and self.clock() - self.outbound.sent_at < EAGER_S:
-            budget = min(budget, EAGER_WAIT_S)
         return budget
 
     def poll(self, timeout_s: float) -> None:

@@ -73,10 +73,16 @@ class Outbound:
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self.changed = False
-        """A load failed or a session ended since the loop last published its answers."""
+        """A session ended (or a load of no known id failed) since the loop last published its
+        answers: every id's load is looked at again."""
+        self.failed: set[str] = set()
+        """Ids whose load job failed since the loop last published: only these are looked at."""
         self.sent_at = float("-inf")
         """When a message or a transfer last left (the manager's clock): a one-sided plane's answer
         to it comes only through the plane's progress (:data:`kvtier.shell.loop.EAGER_S`)."""
+        self.posted_at = float("-inf")
+        """When a transfer was last handed to the plane: its header goes out only as the plane is
+        progressed, on our side too."""
         # effect record -> performer, message struct -> observation when sent: both from the
         # spec's routing tables (kvtier.lifecycle._table.PERFORM, WIRE)
         self.PERFORMERS: dict[type, Callable[[Any], Inputs | None]] = {
@@ -134,13 +140,17 @@ class Outbound:
     # -- jobs ----------------------------------------------------------------------------------
     def _job_done(self, e: fx.JobDone) -> None:
         keys = self._verified(e) if e.successful_keys else None
+        info = None if e.ok else self.jobs.info(e.job_id)
         done = self.jobs.finish(e.job_id, e.ok, e.reason, self.clock(), successful_keys=keys)
         if done is None:  # the core guarantees exactly once; count instead of crashing the engine
             self.metrics.internal_error()
             return
         store, nbytes, elapsed = done
-        if not e.ok and not store:
-            self.changed = True  # lookups of the id MISS now (decision L11)
+        if not e.ok and not store:  # lookups of the id MISS now (decision L11)
+            if info is not None and info[1] is not None:
+                self.failed.add(info[1])
+            else:
+                self.changed = True
         if e.reason is Reason.NOT_AUTHORISED:
             self.logs("*", e.reason, "kvtier: %s job %d refused: not_authorised (the producer request named another "
                       "consumer for this id; check remote_decoder.consumer and this manager's CURVE principal)",
@@ -198,7 +208,7 @@ class Outbound:
         batches = [Batch(h.first, blocks[h.first:h.first + h.count],
                          slots[h.first:h.first + h.count] if one_sided else (), encode(h)) for h in headers]
         key = e.transfer or e.kv_request_id
-        self.posted[(key, e.round)] = self.sent_at = self.clock()
+        self.posted[(key, e.round)] = self.sent_at = self.posted_at = self.clock()
         self.plane.post(e.peer, key, e.round, batches)
 
     def _cancel(self, e: fx.CancelTransfer) -> None:

@@ -8,8 +8,9 @@ since is accounted for by the façade (a lookup the loop has not applied yet ans
 command counts as pending work).
 
 * ``failed_loads``: consumer ``kv_request_id``\\ s whose load failed (lookups MISS until the engine
-  finishes the request, decision L11); recomputed only after a pass that could change it (a failed
-  load's result, a session's end, an announce).
+  finishes the request, decision L11); after a pass that could change it, only the ids it could
+  have changed are looked at again (an announce, a failed load's result), every id after a
+  session's end.
 * ``probes``: per symmetric request, the keys answered HIT, RETRY (a probe is out) and MISS, and
   whether every key is MISS now; ``applied``: how many of the request's lookups the loop applied.
 * ``in_use``: consumer ids some request or winding-down load still holds (the façade adds an id
@@ -44,14 +45,30 @@ class Published:
         self.pins = 0
         self.quarantined = (0, 0)
         self.dirty = True
+        """Every id in use must be looked at again (set at start)."""
+        self.announced: set[str] = set()
+        """Ids announced since the last publish (the loop adds them): only these are looked at."""
 
     def update(self, loop: Any) -> None:
         """Refresh from the loop's parts (on the loop's thread, under its lock)."""
         core, serving = loop.core, loop.serving
-        if self.dirty or loop.outbound.changed:
-            self.dirty = loop.outbound.changed = False
+        out = loop.outbound
+        if self.dirty or out.changed:
+            self.dirty = out.changed = False
+            self.announced.clear()
+            out.failed.clear()
             # a copy first: the engine's thread adds to in_use while this runs
             self.failed_loads = frozenset(k for k in list(self.in_use) if core.load_failed(k))
+        elif self.announced or out.failed:
+            # only the ids a pass could have changed: an announce or a failed load is O(1), not
+            # O(ids in use) (decision C25)
+            ids = self.announced | out.failed
+            self.announced.clear()
+            out.failed.clear()
+            add = {k for k in ids if k in self.in_use and core.load_failed(k)}
+            drop = (ids - add) & self.failed_loads
+            if add or drop:
+                self.failed_loads = (self.failed_loads - drop) | add
         if self.finishing:
             gone = {k for k in self.finishing
                     if core.consumer_state(k).value == "absent" and core.probe_state(k) is ProbeState.ABSENT
@@ -59,6 +76,8 @@ class Published:
             if gone:
                 self.finishing -= gone
                 self.in_use -= gone
+                if gone & self.failed_loads:
+                    self.failed_loads = self.failed_loads - gone
                 for k in gone:
                     loop.lookups_applied.pop(k, None)
         symmetric = core.symmetric_work()

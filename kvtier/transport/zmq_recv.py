@@ -10,6 +10,7 @@ part holds and keeps the outbox's queued sends moving.
 from __future__ import annotations
 
 import math
+import select
 import time
 
 import zmq
@@ -21,6 +22,9 @@ from kvtier.transport.zmq_send import Outbox
 #: Sub-millisecond waits poll this often: a message that arrives during one waits at most this
 #: long (``zmq_poll`` itself counts whole milliseconds).
 SUB_MS_SLICE_S = 0.0001
+
+#: ``select``'s fd limit (glibc's ``FD_SETSIZE``): past it a sub-millisecond wait slices instead.
+_FD_SETSIZE = 1024
 
 
 class Inbox:
@@ -41,6 +45,8 @@ class Inbox:
         self._poller_version = -1  # the sockets' version the cached poller was built for
         self._wake: int | None = None  # the owner's wake-up fd, polled with the sockets (set_wake)
         self._rr = 0  # round-robin start offset for recv() fairness
+
+    _sel_cache: tuple[zmq.Poller, list[int] | None] | None = None  # (poller, its select fds)
 
     # -- receive ----------------------------------------------------------------------------
 
@@ -118,8 +124,13 @@ class Inbox:
                     return False
                 sock, peer = entry
                 try:
+                    # ZMQ_EVENTS first: an emptied socket costs a flag read, not a raised (and
+                    # built) zmq.Again at the end of every pass that read it (decision C25)
+                    if not sock.get(EVENTS) & POLLIN:
+                        active.remove(entry)
+                        continue
                     parts = sock.recv_multipart(NOBLOCK, copy=False)
-                except zmq.ZMQError:  # Again: empty now (or a socket error: skip it this pass)
+                except zmq.ZMQError:  # Again (raced), or a socket error: skip it this pass
                     active.remove(entry)
                     continue
                 if peer is None:
@@ -133,14 +144,27 @@ class Inbox:
 
     # -- waiting ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _poll_once(poller: zmq.Poller, remaining_s: float) -> list:
+    def _poll_once(self, poller: zmq.Poller, remaining_s: float) -> list:
         """One poll of at most ``remaining_s``. ``zmq_poll`` counts whole milliseconds, so a
         sub-millisecond wait (a NIXL plane's progress interval) would round up to 1 ms per
-        wait; it is non-blocking polls :data:`SUB_MS_SLICE_S` apart instead, so a message
-        arriving meanwhile waits at most one slice."""
+        wait; it is a non-blocking poll, then one ``select`` over the sockets' notification fds
+        (and the wake-up fd) for what is left, then a non-blocking poll again: a message that
+        arrives meanwhile ends the wait at once (decision C25; the ``select`` cannot miss one:
+        the first poll left every socket's fd unsignalled, and libzmq signals it when a pipe
+        turns readable).  With an fd past ``select``'s limit, non-blocking polls
+        :data:`SUB_MS_SLICE_S` apart (a message waits at most one slice)."""
         if remaining_s >= 0.001 or remaining_s <= 0:
             return poller.poll(max(0, math.ceil(remaining_s * 1000)))
+        events = poller.poll(0)
+        if events:
+            return events
+        fds = self._select_fds(poller)
+        if fds is not None:
+            try:
+                select.select(fds, (), (), remaining_s)
+            except (OSError, ValueError):  # an fd closed meanwhile (shutdown): the poll says what is left
+                pass
+            return poller.poll(0)
         end = time.monotonic() + remaining_s
         while True:
             events = poller.poll(0)
@@ -148,6 +172,18 @@ class Inbox:
             if events or left <= 0:
                 return events
             time.sleep(min(left, SUB_MS_SLICE_S))
+
+    def _select_fds(self, poller: zmq.Poller) -> list[int] | None:
+        """The fds a sub-millisecond wait selects on for ``poller`` (each socket's ``ZMQ_FD``,
+        the raw fds as they are), cached per poller; None when one is past ``FD_SETSIZE``."""
+        cached = self._sel_cache
+        if cached is not None and cached[0] is poller:
+            return cached[1]
+        fds = [s.FD if isinstance(s, zmq.Socket) else (s if isinstance(s, int) else s.fileno())
+               for s, _ in poller.sockets]
+        out = fds if max(fds, default=0) < _FD_SETSIZE else None
+        self._sel_cache = (poller, out)
+        return out
 
     def set_wake(self, fd: int | None) -> None:
         self._wake = fd

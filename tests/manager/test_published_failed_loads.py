@@ -1,0 +1,58 @@
+"""Lookups of consumer ids answer from what the I/O loop published (decision C19); the failed
+loads there are kept up to date per id, not by looking at every id in use again (decision C25).
+These tests pin what that must not change: a failed load's id answers MISS (decision L11) while
+every other id in use keeps answering HIT, and an id reused by a new request once the core forgot
+its failed load answers HIT again (never a stale MISS)."""
+
+from __future__ import annotations
+
+import pytest
+from mgr_helpers import job, keys_for
+from virtual_helpers import BB, SCEN, outcome, store
+
+from kvtier.api import LookupResult
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _tombstone(v, kv: str, job_id: int) -> None:
+    """Park ``kv`` and let the consumer reject it before fetching: the producer tombstones it."""
+    store(v, kv, job_id, [0], seed=job_id)
+    r = v.creq("c-pre-" + kv, kv)
+    v.C.on_new_request(r)
+    v.step()
+    v.C.on_request_finished(r)
+    v.step()
+    assert v.P.core.producer_state(kv).value == "tombstoned"
+
+
+def test_only_the_failed_id_misses_and_a_reused_id_hits_again(pairs):
+    v = pairs(SCEN, block_bytes=BB)
+    C = v.C
+    _tombstone(v, "A", 1)
+    v.advance_to(1.0)
+    others = [v.creq(f"c-{kv}", kv) for kv in ("B", "C", "D")]
+    for r in others:
+        C.on_new_request(r)
+    ra = v.creq("c-A", "A")
+    C.on_new_request(ra)
+    v.step()
+    assert C.lookup(keys_for("A", 1)[0], ra) is LookupResult.HIT  # nothing failed yet
+    C.submit_load(job(10, keys_for("A", 1), [1], ra))  # refused: the producer tombstoned it
+    v.step()
+    assert outcome(v.cjobs, 10) == (False, "aborted")
+    assert C.lookup(keys_for("A", 1)[0], ra) is LookupResult.MISS  # the engine recomputes (L11)
+    for r, kv in zip(others, ("B", "C", "D")):
+        assert C.lookup(keys_for(kv, 1)[0], r) is LookupResult.HIT
+    C.on_request_finished(ra)
+    v.advance_to(2.0)
+    v.step()
+    assert C.core.consumer_state("A").value == "absent"  # the core forgot the failed load
+    again = v.creq("c-A-again", "A")
+    C.on_new_request(again)  # a new request reuses the id
+    v.step()
+    assert C.lookup(keys_for("A", 1)[0], again) is LookupResult.HIT
+    C.submit_load(job(11, keys_for("A", 1), [2], again))
+    v.step()
+    assert outcome(v.cjobs, 11) == (False, "aborted")
+    assert C.lookup(keys_for("A", 1)[0], again) is LookupResult.MISS
