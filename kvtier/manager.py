@@ -385,9 +385,8 @@ class KvTierManager:
         if kid is None:  # a local-only request: the core reports it at once
             self._loop.input(ix.JobSettled(job_id, True, Reason.LOCAL))
             return
-        if type(keys) is not tuple or type(slots) is not tuple:
-            keys, slots = tuple(keys), tuple(slots)
-        self._loop.store(ix.StoreSubmitted(kid, job.req.req_id, job_id, keys, slots, (), info.consumer, info.life))
+        self._loop.store(ix.StoreSubmitted(kid, job.req.req_id, job_id, tuple(keys), tuple(slots), (),
+                                           info.consumer, info.life))  # tuple() of a tuple: no copy
 
     def submit_load(self, job: TransferJob) -> None:
         """Fetch ``job.keys`` from the request's producer into pool slots ``job.slots``.
