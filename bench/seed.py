@@ -489,13 +489,13 @@ def unavailable() -> str | None:
     return None
 
 
-def run_p0(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+def run_p0(quick: bool, log: Callable[[str], None], smoke: bool = False) -> dict[str, dict[str, Any]]:
     """The suite's entry (``python -m bench --only P0``): one host, every system; skipped with
-    the reason when NIXL or vLLM's p2p tier is missing."""
+    the reason when NIXL or vLLM's p2p tier is missing.  ``smoke``: quick's sizes, one round."""
     why = unavailable()
     if why is not None:
         return {"P0": {"id": "P0", "title": TITLE, "status": "skipped", "reason": why}}
-    res = run(quick, log)
+    res = run(quick, log, rounds=1 if smoke else None)
     res["method"] = render(res)
     return {"P0": res}
 
