@@ -271,7 +271,7 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
         # side's managers shut down in seconds each, and the pairs are independent
         with ThreadPoolExecutor(len(names)) as pool:
             for side in (1, 0):
-                list(pool.map(lambda pair: pair[side].close(), pairs.values()))
+                list(pool.map(Child.close, [pair[side] for pair in pairs.values()]))
         _remove_shm(tag)
 
     rows = []
