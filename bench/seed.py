@@ -130,6 +130,7 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
     late_rounds = late_rounds or (1 if quick else 3)
     max_blocks = max(sizes)
     t_start = time.monotonic()
+    machine = machine_info()  # before the children start: its load average is the one at the start
     meter = CpuMeter()
     names = [*systems, "limits"]
     log(f"P0: starting a producer and a consumer for each of {', '.join(names)} ({max_blocks} MiB primaries)")
@@ -302,7 +303,7 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
     return {"id": "P0", "title": TITLE,
             "status": "ok", "quick": quick, "rounds": rounds, "block_bytes": ROW, "rows": rows,
             "late_s": {s: summary(v) for s, v in late.items() if v}, "ratio": ratio, "kvtier": kv,
-            "baseline": base, "targets": targets, "noise": noise, "machine": machine_info(),
+            "baseline": base, "targets": targets, "noise": noise, "machine": machine,
             "wall_s": time.monotonic() - t_start}
 
 
