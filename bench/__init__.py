@@ -27,12 +27,15 @@ in the same run; medians with min–max.  The suite:
 P1 and P3 also write a py-spy profile (all threads of both processes; ``bench/_profile.py``) of
 their 1-block cell and late-fetch run into ``OUT/profiles/``, raw collapsed stacks with a summary.
 
-Usage, from a checkout (the suite is not part of the kvtier wheel): ``python -m bench [--quick]
-[--only P1,P3] [--out DIR] [--json PATH]``; ``python -m bench --summary`` rewrites ``summary.md``
+Usage, from a checkout (the suite is not part of the kvtier wheel): ``python -m bench [--quick |
+--smoke] [--only P1,P3] [--out DIR] [--json PATH]``; ``python -m bench --summary`` rewrites ``summary.md``
 (and docs/benchmarks.md's generated run and targets) from the results already written.  Writes ``results.json`` (``results-quick.json`` with
 ``--quick``), ``summary.md`` and one PNG per benchmark into ``--out`` (default the checkout's
 ``docs/benchmarks``; ``docs/benchmarks/quick`` with ``--quick``, so a smoke run never overwrites
-the committed full results), and prints the headline table.
+the committed full results), and prints the headline table.  ``--smoke`` is the test suite's shape
+(tests/bench): smaller than ``--quick`` where a benchmark's sizes, repeats or ids can shrink, every
+benchmark's code still run and every file written (``-smoke`` names, ``docs/benchmarks/smoke``);
+its figures say nothing (decision V9).
 Exit status: 0 when every benchmark ran (targets missed are reported, not errors), 1 if one
 crashed, 2 on bad arguments.
 """
@@ -66,26 +69,33 @@ BENCHMARKS: dict[str, str] = {
     "P10": "engine-call latency under load",
 }
 
-Runner = Callable[[bool, Callable[[str], None], set[str]], dict[str, dict[str, Any]]]
+SHAPES = ("full", "quick", "smoke")
+"""A run's shape, largest first: ``quick`` and ``smoke`` are both quick runs (``quick=True`` in each
+benchmark); a benchmark with a smaller ``smoke`` shape takes ``smoke=True`` too."""
+
+Runner = Callable[[str, Callable[[str], None], set[str]], dict[str, dict[str, Any]]]
 
 
 def _groups() -> list[tuple[set[str], Runner]]:
     """Benchmarks that share a setup run together (P1-P3: one pair of processes)."""
     from bench import corebench, corememory, engine_calls, pd, seed, symmetric, xproc
 
-    def single(fn: Callable[[bool, Callable[[str], None]], dict[str, dict[str, Any]]]) -> Runner:
-        return lambda quick, log, which: fn(quick, log)
+    def single(fn: Callable[..., dict[str, dict[str, Any]]], smoke: bool = False) -> Runner:
+        """``fn(quick, log)``, or ``fn(quick, log, smoke=...)`` for a benchmark with a smoke shape."""
+        def run(shape: str, log: Callable[[str], None], which: set[str]) -> dict[str, dict[str, Any]]:
+            return fn(shape != "full", log, **({"smoke": shape == "smoke"} if smoke else {}))
+        return run
 
     return [
-        ({"P0"}, single(seed.run_p0)),
+        ({"P0"}, single(seed.run_p0, smoke=True)),
         ({"P4"}, single(corebench.run_p4)),
         ({"P5"}, single(corebench.run_p5)),
-        ({"P6"}, single(corememory.run_p6)),
+        ({"P6"}, single(corememory.run_p6, smoke=True)),
         ({"P8"}, single(corememory.run_p8)),
-        ({"P1", "P2", "P3"}, xproc.run),
+        ({"P1", "P2", "P3"}, lambda shape, log, which: xproc.run(shape != "full", log, which, smoke=shape == "smoke")),
         ({"P7"}, single(pd.run_p7)),
-        ({"P9"}, single(symmetric.run_p9)),
-        ({"P10"}, single(engine_calls.run_p10)),
+        ({"P9"}, single(symmetric.run_p9, smoke=True)),
+        ({"P10"}, single(engine_calls.run_p10, smoke=True)),
     ]
 
 
@@ -98,10 +108,13 @@ def groups() -> list[list[str]]:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: small grids, few repeats (seconds)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="quick run: small grids, few repeats (seconds)")
+    size.add_argument("--smoke", action="store_true",
+                      help="the test suite's run: the smallest grids and repeats that run every benchmark's code")
     p.add_argument("--only", default="", help="comma-separated benchmark ids, e.g. P1,P3 (default: all)")
     p.add_argument("--out", default=None, help="output directory for JSON, summary.md and PNG plots "
-                   "(default docs/benchmarks, or docs/benchmarks/quick with --quick)")
+                   "(default docs/benchmarks, or docs/benchmarks/quick or /smoke with --quick or --smoke)")
     p.add_argument("--json", default=None, help="path of the JSON results (default OUT/results.json)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-profiles", action="store_true", help="skip the py-spy profiles of P1's 1-block cell and P3")
@@ -115,6 +128,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if bad:
         p.error(f"unknown benchmark id(s) {bad}; choose from {','.join(BENCHMARKS)}")
     args.ids = [x for x in BENCHMARKS if x in ids]
+    args.shape = "smoke" if args.smoke else "quick" if args.quick else "full"
     return args
 
 
@@ -140,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         except NotACheckout as exc:
             console.print(f"[red]python -m bench: {exc} (or name the output directory with --out)[/]")
             return 2
-        out = docs / "benchmarks" / "quick" if args.quick else docs / "benchmarks"
+        out = docs / "benchmarks" / args.shape if args.shape != "full" else docs / "benchmarks"
     else:
         out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _profile.configure(None if args.no_profiles else out / "profiles")
-    suffix = "-quick" if args.quick else ""
+    suffix = f"-{args.shape}" if args.shape != "full" else ""
     json_path = Path(args.json) if args.json else out / f"results{suffix}.json"
     if args.summary:
         doc = json.loads(json_path.read_text())
@@ -160,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
     meta: dict[str, Any] = {
         "command": "python -m bench " + " ".join(argv),
-        "quick": args.quick,
+        "quick": args.shape != "full",
+        "shape": args.shape,
         "started": started,
         "machine": machine_info(),
     }
@@ -174,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"running {', '.join(sorted(todo))} …")
         t1 = time.monotonic()
         try:
-            got = runner(args.quick, log, todo)
+            got = runner(args.shape, log, todo)
         except Exception:  # noqa: BLE001 - one crashed benchmark must not lose the others
             rc = 1
             tb = traceback.format_exc()
@@ -182,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             got = {i: {"id": i, "title": BENCHMARKS[i], "status": "error", "error": tb} for i in todo}
         for i in todo:
             r = got[i]
-            r.setdefault("command", f"python -m bench{' --quick' if args.quick else ''} --only {i}")
+            r.setdefault("command", f"python -m bench{'' if args.shape == 'full' else ' --' + args.shape} --only {i}")
             results[i] = r
         log(f"… done in {time.monotonic() - t1:.1f} s")
     results = {i: results[i] for i in BENCHMARKS if i in results}

@@ -150,7 +150,7 @@ def _mmm(s: dict[str, Any], scale: float = 1.0, fmt: str = "{:.3g}") -> str:
 def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     """``summary.md``: the run, one line per target, one line per benchmark, then every table."""
     parts = [
-        f"# kvtier benchmark results ({'quick' if meta['quick'] else 'full'} run)",
+        f"# kvtier benchmark results ({meta.get('shape') or ('quick' if meta['quick'] else 'full')} run)",
         "",
         "Written by the suite from its results (`python -m bench`; `python -m bench --summary` rewrites it "
         "from the committed `results.json`).",

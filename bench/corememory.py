@@ -202,13 +202,13 @@ def _transitions_bytes(n: int) -> dict[str, float]:
     return {"parked": parked / n, "tombstoned": tombstoned / n}
 
 
-def run_p6(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    n_core = 5_000 if quick else 100_000
-    n_tr = 500 if quick else 5_000
-    reps = 2 if quick else 3
+def run_p6(quick: bool, log: Callable[[str], None], smoke: bool = False) -> dict[str, dict[str, Any]]:
+    n_core = 1_000 if smoke else 5_000 if quick else 100_000
+    n_tr = 100 if smoke else 500 if quick else 5_000
+    reps = 1 if smoke else 2 if quick else 3
     meter = CpuMeter()
     t_start = time.monotonic()
-    n_ret = 300 if quick else 1_000  # the same for both fetch sizes: per-id dict overheads then match
+    n_ret = 50 if smoke else 300 if quick else 1_000  # the same for both fetch sizes: per-id dict overheads then match
     c1, c16, tr = [], [], []
     ret: dict[tuple[str, int], list[dict[str, float]]] = {}
     for rep in range(reps):

@@ -120,9 +120,10 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
     thread, which keeps a core busy even when idle, and would otherwise run beside every other
     system's hand-offs."""
     import signal
+    from concurrent.futures import ThreadPoolExecutor
 
     from bench._util import CpuMeter, machine_info, summary
-    from tools.child import Child, start_all
+    from tools.child import Child
 
     sizes = tuple(sizes or (QUICK_SIZES_MIB if quick else SIZES_MIB))
     rounds = rounds or (3 if quick else 9)
@@ -140,11 +141,6 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
             kw = {"role": role, "systems": [] if name == "limits" else [name], "max_blocks": max_blocks,
                   "tag": tag, "limits": name == "limits", **side}
             children.append(Child("bench.seed_side", "Side", kw, name=f"p0-{name}-{role}", call_timeout_s=300))
-    try:
-        start_all(*children, timeout_s=600)
-    except BaseException:
-        _remove_shm(tag)
-        raise
     pairs = {name: (children[2 * i], children[2 * i + 1]) for i, name in enumerate(names)}
     frozen: set[str] = set()
 
@@ -152,6 +148,24 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
         for c in pairs[name]:
             os.kill(c.pid, signal.SIGSTOP)  # type: ignore[arg-type]
         frozen.add(name)
+
+    try:  # each pair is frozen once it is ready: a busy progress thread must not slow the others' start
+        for c in children:
+            c.start()
+        for name in names:
+            for c in pairs[name]:
+                c.wait_ready(600)
+            freeze(name)
+    except BaseException:
+        for c in reversed(children):
+            if c.pid is not None:
+                try:
+                    os.kill(c.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            c.close()
+        _remove_shm(tag)
+        raise
 
     def thaw(name: str) -> None:
         if name in frozen:
@@ -254,8 +268,11 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
     finally:
         for name in list(frozen):
             thaw(name)
-        for c in reversed(children):  # consumers first: their producers see a clean disconnect
-            c.close()
+        # consumers first (their producers see a clean disconnect), each side's pairs at once: a
+        # side's managers shut down in seconds each, and the pairs are independent
+        with ThreadPoolExecutor(len(names)) as pool:
+            for side in (1, 0):
+                list(pool.map(Child.close, [pair[side] for pair in pairs.values()]))
         _remove_shm(tag)
 
     rows = []
@@ -473,13 +490,13 @@ def unavailable() -> str | None:
     return None
 
 
-def run_p0(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+def run_p0(quick: bool, log: Callable[[str], None], smoke: bool = False) -> dict[str, dict[str, Any]]:
     """The suite's entry (``python -m bench --only P0``): one host, every system; skipped with
-    the reason when NIXL or vLLM's p2p tier is missing."""
+    the reason when NIXL or vLLM's p2p tier is missing.  ``smoke``: quick's sizes, one round."""
     why = unavailable()
     if why is not None:
         return {"P0": {"id": "P0", "title": TITLE, "status": "skipped", "reason": why}}
-    res = run(quick, log)
+    res = run(quick, log, rounds=1 if smoke else None)
     res["method"] = render(res)
     return {"P0": res}
 

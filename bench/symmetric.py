@@ -90,7 +90,7 @@ class ServeSide:
         self.mgr.shutdown()
 
 
-def _probe_rtt(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
+def _probe_rtt(quick: bool, log: Callable[[str], None], smoke: bool = False) -> dict[str, Any]:
     import zmq
 
     from kvtier.api import LookupResult, RequestContext
@@ -98,7 +98,7 @@ def _probe_rtt(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
     from kvtier.manager import KvTierManager
     from kvtier.memory import BlockPool
 
-    reps = 20 if quick else 200
+    reps = 5 if smoke else 20 if quick else 200
     n_keys = max(KEYS_PER_PROBE)
     (child,) = start_all(Child(__name__, "ServeSide", {"n_keys": n_keys}, name="bench-p9-serve"), timeout_s=300)
     cons = KvTierManager({"host": "127.0.0.1", "port": 0}, BlockPool(8, BLOCK_BYTES, pin=False))
@@ -163,7 +163,7 @@ def _probe_rtt(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
     return {"rows": rows, "noise": noise, "pins_left": pins}
 
 
-def _shared_ttft(quick: bool, log: Callable[[str], None]) -> dict[str, Any] | None:
+def _shared_ttft(quick: bool, log: Callable[[str], None], smoke: bool = False) -> dict[str, Any] | None:
     try:
         from demo.model import encode_prompt
         from demo.weights import load_model
@@ -181,11 +181,11 @@ def _shared_ttft(quick: bool, log: Callable[[str], None]) -> dict[str, Any] | No
 
     torch.set_num_threads(1)
     _model, tok = load_model()
-    lengths = (128, 512) if quick else (128, 512, 1024)
+    lengths = (128,) if smoke else (128, 512) if quick else (128, 512, 1024)
     questions = ["What is the capital of France?", "Write a haiku about a cache that never forgets.",
                  "Explain photosynthesis to a ten-year-old in three short sentences.",
                  "Name three tools for hanging a picture.", "When do you open on Sundays?"]
-    reps = 2 if quick else len(questions) - 1
+    reps = 1 if smoke else 2 if quick else len(questions) - 1
     unit = max(1, len(tok(SHARED_SYSTEM)["input_ids"]))
     prompts = {n: [encode_prompt(tok, q, system=SHARED_SYSTEM * max(1, n // unit)) for q in questions[: reps + 1]]
                for n in lengths}
@@ -221,9 +221,9 @@ def _shared_ttft(quick: bool, log: Callable[[str], None]) -> dict[str, Any] | No
     return {"rows": rows, "noise": noise, "pins_left": pins}
 
 
-def run_p9(quick: bool, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    rtt = _probe_rtt(quick, log)
-    ttft = _shared_ttft(quick, log)
+def run_p9(quick: bool, log: Callable[[str], None], smoke: bool = False) -> dict[str, dict[str, Any]]:
+    rtt = _probe_rtt(quick, log, smoke)
+    ttft = _shared_ttft(quick, log, smoke)
     big = rtt["rows"][-1]
     problems = [f"{rtt['pins_left']} pins left on the serving side"] if rtt["pins_left"] else []
     targets = [target("<=", 10.0, big["ratio"]["median"],

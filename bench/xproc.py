@@ -20,8 +20,10 @@ PRODUCER_CONFIG: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "background_p
 CONSUMER_CONFIG: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "background_poll": False}
 
 
-def _grid(quick: bool) -> list[tuple[int, int]]:
-    if quick:
+def _grid(quick: bool, smoke: bool = False) -> list[tuple[int, int]]:
+    if smoke:  # one cell of ≥ 8 MiB, which the digest's cost is measured over
+        sizes, counts, cap = (64 * KiB, 1 * MiB), (1, 8), 8 * MiB
+    elif quick:
         sizes, counts, cap = (64 * KiB, 1 * MiB, 16 * MiB), (1, 8), 32 * MiB
     else:
         sizes, counts, cap = (64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB), (1, 8, 64, 512), 256 * MiB
@@ -96,22 +98,24 @@ def _children() -> tuple[Child, Child]:
     return prod, cons
 
 
-def run(quick: bool, log: Callable[[str], None], which: set[str]) -> dict[str, dict[str, Any]]:
-    """Run the requested ones of P1/P2 (one run) and P3 between one pair of child processes."""
+def run(quick: bool, log: Callable[[str], None], which: set[str], smoke: bool = False) -> dict[str, dict[str, Any]]:
+    """Run the requested ones of P1/P2 (one run) and P3 between one pair of child processes
+    (``smoke``: the test suite's shape, smaller than ``quick``)."""
     out: dict[str, dict[str, Any]] = {}
     prod, cons = _children()
     try:
         if which & {"P1", "P2"}:
-            out.update(run_p1p2(quick, log, prod, cons))
+            out.update(run_p1p2(quick, log, prod, cons, smoke))
         if "P3" in which:
-            out.update(run_p3(quick, log, prod, cons))
+            out.update(run_p3(quick, log, prod, cons, smoke))
     finally:
         cons.close()  # consumer first: the producer then sees a clean disconnect, not a dead peer
         prod.close()
     return {k: v for k, v in out.items() if k in which}
 
 
-def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) -> dict[str, dict[str, Any]]:
+def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child,
+             smoke: bool = False) -> dict[str, dict[str, Any]]:
     import tempfile
 
     from kvtier.manager import MAX_BATCH_BYTES
@@ -120,10 +124,10 @@ def run_p1p2(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) 
     pcfgs, ccfgs = _pairs(_curve_configs(keydir.name))
     pairs = list(pcfgs)  # zmq, curve, nodigest[, nixl, nixl_nodigest]
     nixl_on = "nixl" in pairs
-    reps = 2 if quick else 7
+    reps = 1 if smoke else 2 if quick else 7
     target_bytes = (8 if quick else 128) * MiB
     kmax = 40 if quick else 200
-    grid = _grid(quick)
+    grid = _grid(quick, smoke)
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
     meter = CpuMeter()
@@ -361,10 +365,11 @@ def headline_of(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
             "over": "cells with requests ≥ 8 MiB"}
 
 
-def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child) -> dict[str, dict[str, Any]]:
+def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child,
+           smoke: bool = False) -> dict[str, dict[str, Any]]:
     planes = ["zmq"] + (["nixl"] if _nixl_available() is None else [])
     batches = 2 if quick else 6
-    per_batch = 30 if quick else 200
+    per_batch = 10 if smoke else 30 if quick else 200
     bs, nblocks = 64 * KiB, 4
     reap_s = 0.05
     meter = CpuMeter()

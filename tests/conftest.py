@@ -57,7 +57,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 #: once (the SmolLM2 model is loaded into one worker, not into each; its on-disk cache needs no
 #: group: demo.model serialises building it with a file lock); the model checker's profiles and
 #: the P0 benchmark are run once and asserted on by several tests (docs/testing.md)
-_ONE_WORKER = {"smollm2": "smollm2", "profile_runs": "profile_runs", "p0_quick": "p0_quick"}
+_ONE_WORKER = {"smollm2": "smollm2", "profile_runs": "profile_runs", "planted_checks": "planted_checks",
+               "p0_smoke": "p0_smoke"}
 #: shared session fixture -> the pytest-timeout (s) of every test that uses it: whichever of them runs
 #: first pays for building it (every model-check profile: ~35 s of CPU, 240 s of wall measured at
 #: load average 15-20, near the default 300 s hang guard)

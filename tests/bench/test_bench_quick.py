@@ -1,4 +1,5 @@
-"""Smoke test of the benchmark suite: ``python -m bench --quick --only <group>`` runs every
+"""Smoke test of the benchmark suite: ``python -m bench --smoke --only <group>`` (the smallest
+shape, decision V9; the same code as ``--quick`` on fewer sizes, repeats and ids) runs every
 benchmark end to end, one test per group of benchmarks that share a setup (so the groups run on
 several workers at once), and writes well-formed results and plots.  It asserts nothing about
 timings (they depend on the machine and on what else runs on it): only that every benchmark
@@ -42,16 +43,16 @@ def test_the_groups_cover_every_benchmark_once() -> None:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("ids", [
-    pytest.param(g, marks=[pytest.mark.xdist_group("p0_quick")] if g == ["P0"] else []) for g in GROUPS
+    pytest.param(g, marks=[pytest.mark.xdist_group("p0_smoke")] if g == ["P0"] else []) for g in GROUPS
 ], ids=["-".join(g) for g in GROUPS])
 def test_quick_suite_writes_every_benchmark(tmp_path: Path, ids: list[str], request: pytest.FixtureRequest) -> None:
     if ids == ["P0"]:  # the session's one P0 run, which test_seed_quick.py asserts on too (conftest.py)
-        out, doc = request.getfixturevalue("p0_quick")
+        out, doc = request.getfixturevalue("p0_smoke")
     else:
         out = tmp_path / "bench"
-        assert main(["--quick", "--quiet", "--only", ",".join(ids), "--out", str(out)]) == 0
-        doc = json.loads((out / "results-quick.json").read_text())
-    assert doc["meta"]["quick"] is True
+        assert main(["--smoke", "--quiet", "--only", ",".join(ids), "--out", str(out)]) == 0
+        doc = json.loads((out / "results-smoke.json").read_text())
+    assert doc["meta"]["quick"] is True and doc["meta"]["shape"] == "smoke"
     assert doc["meta"]["machine"]["nproc"] >= 1
     results = doc["benchmarks"]
     assert list(results) == ids  # every id of the group, in the suite's order
@@ -99,7 +100,7 @@ def test_quick_suite_writes_every_benchmark(tmp_path: Path, ids: list[str], requ
 
     if any(r["status"] == "ok" for r in results.values()):
         assert (out / doc["meta"]["plots"]["summary"]).is_file()
-    summary = (out / "summary-quick.md").read_text()
+    summary = (out / "summary-smoke.md").read_text()
     for bid in ids:
         assert f"| {bid} |" in summary
 

@@ -1,6 +1,6 @@
 """Smoke test of P0 (``bench/seed.py``): the seed's p2p tier and kvtier's adapter on both
 planes, driven through vLLM's TieringOffloadingManager in two processes, hand off every size of
-``--quick`` byte-exact (the benchmark raises otherwise), and the result record is complete.
+``--quick`` (``--smoke``: the same sizes, one round) byte-exact (the benchmark raises otherwise), and the result record is complete.
 Nothing about timings is asserted."""
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ def _number(x: object) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_quick_p0_hands_off_every_size_on_every_system(p0_quick) -> None:
-    """On the session's one quick P0 run (``python -m bench --quick --only P0``, tests/bench/conftest.py),
+def test_quick_p0_hands_off_every_size_on_every_system(p0_smoke) -> None:
+    """On the session's one smoke P0 run (``python -m bench --smoke --only P0``, tests/bench/conftest.py),
     whose record test_bench_quick.py checks too."""
-    _, doc = p0_quick
+    _, doc = p0_smoke
     res = doc["benchmarks"]["P0"]
     assert res["status"] == "ok", res.get("error")
     got = {(r["mib"], r["system"]) for r in res["rows"]}

@@ -1,9 +1,10 @@
 """One exploration of every model-check profile per session, shared by the tests that assert on it
 (``test_modelcheck.py``'s default-bounds and every-profile tests, ``test_modelcheck_symmetric.py``'s
 symmetric-profile test, ``test_duplicates.py``): the same searches used to run twice (the default
-bounds are the ``core`` profile, the ``symmetric`` profile is one of the profiles).
-``tests/conftest.py`` keeps the tests that use :func:`profile_runs` on one xdist worker, so the
-searches run once."""
+bounds are the ``core`` profile, the ``symmetric`` profile is one of the profiles).  Likewise one
+search per planted bug (:func:`planted_checks`), which the trace, chart and planted-bug tests of
+three modules each ran again.  ``tests/conftest.py`` keeps the tests that use each fixture on one
+xdist worker, so the searches run once."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from kvtier.lifecycle import _machine
 from kvtier.lifecycle.effects import JobDone, ReleasePins
 from kvtier.wire import messages as wm
-from tools.modelcheck import PROFILES, Result, check_profiles, search
+from tools.modelcheck import PROFILES, Bounds, Result, check, check_profiles, search
 from tools.modelcheck.system import System
 
 
@@ -146,3 +147,22 @@ def profile_runs() -> Any:
     finally:
         search.System = original
     return ProfileRuns(results, seen, first, again, cpu)
+
+
+@pytest.fixture(scope="session")
+def planted_checks() -> Any:
+    """``of(bug) -> Result``: ``check()`` of the bounds that find planted bug ``bug`` (its profile
+    of :data:`tools.planted.PROFILE_OF`, named in the report, else the default bounds), searched
+    once per session on first use.  The searches are deterministic, so every test that used to run
+    one of them asserts on the same result; none of them changes a result."""
+    from tools.planted import PROFILE_OF
+
+    done: dict[str, Result] = {}
+
+    def of(bug: str) -> Result:
+        if bug not in done:
+            profile = PROFILE_OF.get(bug)
+            done[bug] = check(PROFILES[profile] if profile else Bounds(), bug=bug, profile=profile)
+        return done[bug]
+
+    return of

@@ -73,8 +73,9 @@ def test_every_profile_is_explored_to_exhaustion(profile_runs) -> None:
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_each_planted_bug_fails_with_a_trace(bug: str) -> None:
-    r = check(PROFILES[PROFILE_OF[bug]] if bug in PROFILE_OF else Bounds(), bug=bug)
+def test_each_planted_bug_fails_with_a_trace(bug: str, planted_checks) -> None:
+    """On the session's one search per planted bug (tests/model/conftest.py)."""
+    r = planted_checks(bug)
     text = format_result(r)
     print(text)
     assert r.violation is not None, f"the model check did not find {bug}"

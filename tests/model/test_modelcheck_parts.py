@@ -35,7 +35,7 @@ from tools.modelcheck.state import State
 from tools.modelcheck.system import System
 from tools.modelcheck.trace import KINDS
 from tools.modelcheck.transport import Transfer, after_effects, after_report, reports
-from tools.planted import PLANTED, PROFILE_OF
+from tools.planted import PLANTED
 from tools.spec import load as load_spec
 
 LANE = re.compile(r"^(engine:prefill|producer|consumer:\d+|engine:decode:\d+|network|clock)$")
@@ -379,9 +379,10 @@ def test_a_check_reports_the_property_and_the_lane() -> None:
 # -- structured traces ---------------------------------------------------------------------------
 
 
+# the searches that find a planted bug run once per session (tests/model/conftest.py)
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_structured_trace_mirrors_the_text_trace(bug: str) -> None:
-    r = check(PROFILES[PROFILE_OF[bug]] if bug in PROFILE_OF else Bounds(), bug=bug)
+def test_structured_trace_mirrors_the_text_trace(bug: str, planted_checks) -> None:
+    r = planted_checks(bug)
     assert r.violation is not None
     numbered = [line for line in r.trace if line[:5].strip().rstrip(".").isdigit()]
     assert r.steps, "a violation has structured steps"
@@ -408,8 +409,8 @@ def test_structured_trace_mirrors_the_text_trace(bug: str) -> None:
     assert chart == [{"src": s.src, "dst": s.dst, "label": s.label, "kind": s.kind, "t": None} for s in r.steps]
 
 
-def test_structured_trace_of_a_write_after_abort() -> None:
-    r = check(Bounds(), bug="write_after_abort")
+def test_structured_trace_of_a_write_after_abort(planted_checks) -> None:
+    r = planted_checks("write_after_abort")  # check(Bounds(), bug="write_after_abort")
     steps = [(s.kind, s.src, s.dst, s.label) for s in r.steps]
     assert ("call", "engine:decode:1", "consumer:1", "load(X)") in steps
     assert ("msg", "consumer:1", "producer", "fetch X r0 keys=1 g101") in steps
@@ -421,8 +422,8 @@ def test_structured_trace_of_a_write_after_abort() -> None:
     assert steps[-1] == ("violation", "consumer:1", "consumer:1", "violates no_write_after_terminal")
 
 
-def test_structured_trace_of_a_stuck_load_and_a_clean_run() -> None:
-    r = check(Bounds(), bug="abort_never_gives_up")
+def test_structured_trace_of_a_stuck_load_and_a_clean_run(planted_checks) -> None:
+    r = planted_checks("abort_never_gives_up")  # check(Bounds(), bug="abort_never_gives_up")
     assert ("msg", "producer", "network", "lost: abort_ack X r0 g101") in [
         (s.kind, s.src, s.dst, s.label) for s in r.steps
     ]
@@ -444,8 +445,8 @@ def test_python_dash_m_runs_the_check() -> None:
 # -- counterexample charts -----------------------------------------------------------------------
 
 
-def test_a_counterexample_chart_is_drawn_from_the_structured_steps() -> None:
-    r = check(Bounds(), bug="cancel_deadline_returns_blocks")
+def test_a_counterexample_chart_is_drawn_from_the_structured_steps(planted_checks) -> None:
+    r = planted_checks("cancel_deadline_returns_blocks")  # check(Bounds(), bug=...), searched once
     steps = chart_steps(r)
     assert len(steps) == len(r.steps)
     for drawn, step in zip(steps, r.steps):  # a deadline is a box on its core's lane, not an arrow from the clock
@@ -453,7 +454,7 @@ def test_a_counterexample_chart_is_drawn_from_the_structured_steps() -> None:
     assert steps[-1].label.replace("\n", " ").startswith("no_block_returned_while_referenced: the producer reported store job 1000")
     assert all(len(line) <= 60 for line in steps[-1].label.split("\n"))
     dot = chart_dot(r)
-    assert dot == chart_dot(check(Bounds(), bug="cancel_deadline_returns_blocks")), "byte-stable"
+    assert dot == chart_dot(check(Bounds(), bug="cancel_deadline_returns_blocks")), "byte-stable: a search of its own"
     assert dot.startswith("digraph seqchart {") and "python -m tools check --bug cancel_deadline_returns_blocks" in dot
     heads = re.findall(r'label="?([^"]+?)"? fillcolor="#dde6f5"', dot)
     assert heads[: len(heads) // 2] == [

@@ -49,10 +49,11 @@ def test_with_one_key_the_faults_are_explored_too() -> None:
 
 
 @pytest.mark.parametrize("bug", sorted(bug for bug, profile in PROFILE_OF.items() if profile == "symmetric"))
-def test_the_symmetric_profile_finds_its_planted_bugs(bug: str) -> None:
+def test_the_symmetric_profile_finds_its_planted_bugs(bug: str, planted_checks) -> None:
     from tests.model.test_modelcheck import EXPECTED
 
-    r = check(SYMMETRIC, bug=bug, profile="symmetric")
+    r = planted_checks(bug)  # check(SYMMETRIC, bug=bug, profile="symmetric"), searched once (conftest.py)
+    assert r.bounds == SYMMETRIC and r.profile == "symmetric"
     text = format_result(r)
     print(text)
     assert r.violation is not None and r.violation.prop == EXPECTED[bug], text
