@@ -14,6 +14,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -49,8 +50,13 @@ def _norm(name: str) -> str:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("wheel")
+    # built from a copy without the checkout's build/: setuptools never removes a module it copied
+    # there once, so a stale tree would put a module that was moved away back into the wheel
+    src = tmp_path_factory.mktemp("src") / "kvtier"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".hypothesis", ".*_cache", "mutants"))
     res = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                "-w", str(out), str(REPO)], cwd=out)
+                "-w", str(out), str(src)], cwd=out)
     assert res.returncode == 0, res.stdout + res.stderr
     (whl,) = out.glob("kvtier-*.whl")
     return whl, res.stdout + res.stderr
