@@ -216,3 +216,65 @@ def test_the_plan_covers_every_block_within_the_bounds(n: int, per: int, tail: i
     assert sum(sizes) == n and all(1 <= s <= per for s in sizes)
     if n > min(tail, per):
         assert sizes[-1] == min(tail, per)
+
+
+# -- a load's last landing, and what the pool's failures leave behind ------------------------------
+
+
+def test_a_loads_last_landing_counts_the_blocks_still_landing_on_the_pool() -> None:
+    """``last``: landed + landing now + this batch >= the load's blocks, exactly at the bound; only
+    the same load (id and round) counts, and a landing that ended no longer counts."""
+    work = _work()
+    assert work.last(("kv", 0, 2, 2), landed=2, blocks=4)  # 2 landed + 2 now = 4: the last
+    assert not work.last(("kv", 0, 2, 1), landed=2, blocks=4)  # 3 of 4
+    work.landing("P", ("kv", 0, 0, 2))  # two blocks of round 0 land on the pool
+    assert work.last(("kv", 0, 2, 2), landed=0, blocks=4)  # 0 + 2 landing + 2 now
+    assert not work.last(("kv", 0, 2, 1), landed=0, blocks=4)
+    work.landing("P", ("kv", 1, 0, 3))  # another round of the same id: not this load's blocks
+    work.landing("Q", ("other", 0, 0, 3))  # another id
+    assert not work.last(("kv", 0, 2, 1), landed=0, blocks=4)
+    assert work.last(("kv", 1, 3, 1), landed=0, blocks=4)  # round 1: 3 landing + 1 now
+    work.landing("P", ("kv", 0, 2, 1))
+    assert work.last(("kv", 0, 3, 1), landed=0, blocks=4)  # 2 + 1 landing + 1 now
+    work.landed("P", ("kv", 0, 0, 2), -1)  # ended: its blocks count as landed (the caller's), not landing
+    assert not work.last(("kv", 0, 3, 1), landed=0, blocks=4)  # 1 landing + 1 now
+    assert work.last(("kv", 0, 3, 1), landed=2, blocks=4)
+    work.landed("P", ("kv", 0, 2, 1), -1)  # the round's last landing ended: nothing of it is landing
+    assert work.last(("kv", 0, 3, 1), landed=3, blocks=4)
+    assert not work.last(("kv", 0, 3, 1), landed=2, blocks=4)
+    assert work.last(("kv", 1, 3, 1), landed=0, blocks=4)  # round 1 still has its 3 landing
+
+
+def test_a_landing_reported_twice_or_never_started_is_logged_and_changes_nothing(caplog) -> None:
+    work = _work()
+    work.landing("P", ("kv", 0, 0, 2))
+    work.landed("P", ("kv", 0, 0, 2), -1)
+    with caplog.at_level("ERROR", logger="kvtier.manager"):
+        work.landed("P", ("kv", 0, 0, 2), -1)  # a second report of the same landing
+        work.landed("Q", ("kv", 0, 0, 2), -1)  # another peer's landing that was never started
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: a landing nobody waits for was reported (P ('kv', 0, 0, 2))",
+        "kvtier: a landing nobody waits for was reported (Q ('kv', 0, 0, 2))"]
+    assert not work.last(("kv", 0, 2, 1), landed=0, blocks=2)  # no landing counted twice, none below zero
+    assert work.last(("kv", 0, 2, 2), landed=0, blocks=2)
+    out = list(work.inputs((), 0.0))
+    assert [(type(i).__name__, i.first, i.count, i.ok) for i in out] == [("BlocksLanded", 0, 2, True)]
+    assert work.held() == 0
+
+
+def test_a_store_whose_pool_digests_failed_is_hashed_here_and_still_applied(caplog) -> None:
+    """The pool's digests cannot fail for pool buffers, but a store is never lost if they do: its
+    digests are taken on the caller's thread, exactly those of its blocks, and the failure is logged."""
+    from kvtier.integrity import block_digests
+
+    pool = FakePool()
+    work = _work(pool)
+    bufs = _bufs()
+    assert work.store(_store("kv", 7), bufs) is None
+    pool.futures[0].set_exception(RuntimeError("pool closed"))
+    with caplog.at_level("ERROR", logger="kvtier.manager"):
+        (ready,) = list(work.inputs((), 0.0))
+    assert ready.job_id == 7 and ready.digests == block_digests(bufs, "xxh3_64")
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: digests of store job 7 failed in the pool (pool closed); taking them here"]
+    assert work.held() == 0

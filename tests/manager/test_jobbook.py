@@ -1,0 +1,85 @@
+"""The job book (kvtier.shell.jobs.JobBook): exactly one result per engine job, handed over once;
+an id stays taken until its result was collected; the manager's own jobs (a load of nothing it
+runs for a request whose lookups found nothing) are counted and ended like the engine's but never
+reported, listed or counted as the engine's."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvtier.api import DuplicateJob
+from kvtier.lifecycle import Reason
+from kvtier.shell.jobs import JobBook
+
+
+def _book() -> JobBook:
+    book = JobBook()
+    book.open(1, store=False, kv_request_id="A", now=1.0, nbytes=128)
+    book.open(2, store=True, kv_request_id="A", now=2.0, nbytes=64)
+    book.open(9, store=False, kv_request_id="A", now=3.0, nbytes=0, internal=True)
+    return book
+
+
+def test_the_managers_own_job_is_never_the_engines() -> None:
+    book = _book()
+    assert len(book) == 2
+    assert book.outstanding() == frozenset({1, 2})
+    assert sorted(book.open_ids()) == [1, 2] and sorted(book.open_ids("A")) == [1, 2]
+    assert book.info(9) is None and book.info(1) == (False, "A", 1.0, 128)
+    assert book.finish(9, True, None, 4.0) == (False, 0, 1.0)  # counted for metrics...
+    assert book.take() == [] and not book.ready  # ...never handed over
+    assert len(book) == 2 and book.outstanding() == frozenset({1, 2})
+    assert book.finish(9, True, None, 5.0) is None  # ended once
+
+
+def test_a_result_keeps_its_id_taken_until_it_is_collected() -> None:
+    book = _book()
+    assert book.finish(1, True, None, 3.5) == (False, 128, 2.5)
+    # reported, not collected: still outstanding, no longer open, a resubmission is a duplicate
+    assert book.outstanding() == frozenset({1, 2}) and book.is_outstanding(1)
+    assert sorted(book.open_ids()) == [2] and len(book) == 1 and book.ready
+    with pytest.raises(DuplicateJob, match=r"^job 1 is already outstanding \(its result has not been collected yet\)$"):
+        book.check_new(1)
+    with pytest.raises(DuplicateJob, match=r"^job 2 is already outstanding$"):
+        book.check_new(2)
+    (r,) = book.take()
+    assert (r.job_id, r.success, r.reason, r.transfer_bytes, r.transfer_time_s) == (1, True, None, 128, 2.5)
+    assert book.take() == []  # exactly one result
+    assert book.outstanding() == frozenset({2}) and not book.is_outstanding(1)
+    book.check_new(1)  # free again
+
+
+def test_outstanding_without_internal_jobs_is_open_and_reported() -> None:
+    book = JobBook()
+    book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=1)
+    book.open(2, store=False, kv_request_id="B", now=0.0, nbytes=1)
+    book.finish(2, False, Reason.LOAD_TIMEOUT, 1.0)
+    assert book.outstanding() == frozenset({1, 2}) and len(book) == 1
+    assert book.open_ids("B") == [] and book.open_ids("A") == [1]
+
+
+def test_what_each_kind_of_result_reports() -> None:
+    book = _book()
+    book.open(3, store=False, kv_request_id="B", now=0.0, nbytes=256)
+    book.open(4, store=False, kv_request_id="C", now=0.0, nbytes=256)
+    book.finish(2, True, None, 4.0, successful_keys=(b"k",))  # a store reports neither bytes nor keys
+    book.finish(1, False, None, 4.0, successful_keys=(b"k0",))  # a failure without a reason: transfer_failed
+    book.finish(3, True, Reason.LOCAL, 4.0)  # a load served locally moved nothing over the network
+    book.finish(4, False, Reason.CORRUPT, 4.0, successful_keys=())  # no verified key: None, not ()
+    got = {r.job_id: (r.success, r.reason, r.transfer_bytes, r.transfer_time_s, r.successful_keys)
+           for r in book.take()}
+    assert got == {2: (True, None, None, None, None), 1: (False, "transfer_failed", None, None, (b"k0",)),
+                   3: (True, None, None, None, None), 4: (False, "corrupt", None, None, None)}
+
+
+def test_a_second_or_unknown_result_is_dropped_and_logged(caplog) -> None:
+    book = _book()
+    book.finish(1, True, None, 2.0)
+    with caplog.at_level(logging.ERROR, logger="kvtier.manager"):
+        assert book.finish(1, False, Reason.SHUTDOWN, 3.0) is None
+        assert book.finish(77, True, None, 3.0) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: duplicate or unknown job result 1 dropped", "kvtier: duplicate or unknown job result 77 dropped"]
+    assert [r.job_id for r in book.take()] == [1]
