@@ -130,15 +130,19 @@ def _lived(name: str, only: str = "") -> list[str]:
 
 
 def run(name: str, children: int, only: str = "", *, again: bool = False) -> int:
-    """Test the group's mutants not tested yet; ``only`` (a module, ``kvtier.lifecycle.consumer``):
-    that module's mutants, all of them again; ``again``: the mutants that lived (after new tests
-    were written), not the others."""
+    """Test the group's mutants not tested yet; ``only`` (comma-separated name prefixes: a module,
+    ``kvtier.lifecycle.consumer``, or a function, ``kvtier.shell.outbound.xǁOutboundǁ_land``): only
+    those of its mutants not tested yet; ``again``: the mutants that lived (after new tests were
+    written), not the others."""
     ws = workspace(name)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CI")}
     env["HYPOTHESIS_PROFILE"] = "mutate"
     print(f"==> mutate {name}: {only or ', '.join(GROUPS[name].modules)}", flush=True)
-    names = _lived(name, only) if again else [f"{only}.*"] if only else []
-    if again and not names:
+    prefixes = [o for o in only.split(",") if o]
+    names = (_lived(name, only) if again else
+             sorted(k for k, v in verdicts(name).items() if v == "not checked" and k.startswith(tuple(prefixes)))
+             if prefixes and verdicts(name) else [f"{o}*" for o in prefixes])
+    if (again or prefixes) and not names:
         return 0
     return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *names], cwd=ws,
                            env=env)

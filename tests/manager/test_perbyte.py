@@ -278,3 +278,115 @@ def test_a_store_whose_pool_digests_failed_is_hashed_here_and_still_applied(capl
     assert [r.getMessage() for r in caplog.records] == [
         "kvtier: digests of store job 7 failed in the pool (pool closed); taking them here"]
     assert work.held() == 0
+
+
+# -- the landing performer (kvtier.shell.outbound): what one block_data's landing reports ---------
+
+
+class FakePlane:
+    """A plane whose ``land`` answers what the test says: an index (first bad block, -1: all
+    matched), ``None`` (the landing went to the digest pool) or a ``PlaneError``."""
+
+    one_sided = False
+    max_header_bytes = 1 << 16
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.calls: list[tuple] = []
+
+    def land(self, peer, key, slots, payloads, digests):
+        self.calls.append((peer, key, tuple(slots), tuple(payloads), tuple(digests)))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+class Calls:
+    """Metrics that record every call by name."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kw: self.calls.append((name, *args))
+
+
+def _outbound(answer, landed: int = 0, blocks: int = 4):
+    import time
+    from types import SimpleNamespace
+
+    from kvtier.shell.jobs import JobBook
+    from kvtier.shell.logs import RateLimitedLog
+    from kvtier.shell.outbound import Outbound
+    from kvtier.testing.inproc import InprocNetwork, InprocTransport
+
+    metrics = Calls()
+    logs = RateLimitedLog(time.monotonic, lambda p: "")
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=metrics, logs=logs)
+    plane = FakePlane(answer)
+    view = SimpleNamespace(landed=landed, keys=tuple(range(blocks)))
+    out = Outbound(transport=InprocTransport(InprocNetwork(), "c:1"), plane=plane, pool=None, jobs=JobBook(),
+                   metrics=metrics, logs=logs, work=work, clock=time.monotonic,
+                   loads=lambda kid: view if kid == "kv" else None)
+    return out, work, plane, metrics
+
+
+def _land(first: int = 2, count: int = 2, kid: str = "kv"):
+    from kvtier.lifecycle import effects as fx
+
+    return fx.LandBlocks("P", kid, 3, first, tuple(range(10, 10 + count)), (7,) * count, (b"x",) * count)
+
+
+def test_a_landing_the_plane_refuses_fails_its_batch_corrupt_and_is_counted(caplog) -> None:
+    from kvtier.dataplane import PlaneError
+    from kvtier.lifecycle import Reason
+
+    out, work, plane, metrics = _outbound(PlaneError("block_data carries 1 payload frames for 2 blocks"))
+    with caplog.at_level("WARNING", logger="kvtier.manager"):
+        produced = out.perform([_land()])
+    assert produced == [ix.BlocksLanded("P", "kv", 3, 2, 2, False, Reason.CORRUPT)]
+    assert plane.calls == [("P", ("kv", 3, 2, 2), (10, 11), (b"x", b"x"), (7, 7))]
+    assert metrics.calls == [("wire_error", "bad_payload")]
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: bad block_data from P: block_data carries 1 payload frames for 2 blocks"]
+    assert work.held() == 0 and not work.settle
+
+
+@pytest.mark.parametrize(("answer", "ok"), [(-1, True), (1, False)])
+def test_a_landing_done_here_reports_at_once(answer: int, ok: bool) -> None:
+    from kvtier.lifecycle import Reason
+
+    out, work, _, _ = _outbound(answer)
+    (landed,) = out.perform([_land()])
+    assert landed == ix.BlocksLanded("P", "kv", 3, 2, 2, ok, None if ok else Reason.CORRUPT)
+    assert work.held() == 0 and not work.settle  # nothing of the load runs on the pool
+
+
+@pytest.mark.parametrize(("landed", "first", "last"), [(2, 2, True), (1, 1, False)])
+def test_a_landing_on_the_pool_holds_its_peer_and_settles_the_tick_only_as_the_loads_last(
+        landed: int, first: int, last: bool) -> None:
+    out, work, _, _ = _outbound(None, landed=landed)
+    assert out.perform([_land(first=first)]) == []  # its blocks_landed comes from the pool later
+    assert work.held() == 1 and work.settle is last
+    # what the peer sends next waits behind it
+    assert list(work.inputs([_done("P")], 0.0)) == []
+    work.landed("P", ("kv", 3, first, 2), -1)
+    assert [type(i).__name__ for i in work.inputs((), 0.0)] == ["BlocksLanded", "Received"]
+
+
+def test_a_bad_landing_here_settles_the_tick_only_while_others_run_on_the_pool() -> None:
+    out, work, plane, _ = _outbound(None, landed=0)
+    out.perform([_land(first=0)])  # blocks 0-1 on the pool, not the last
+    assert not work.settle
+    plane.answer = 0  # blocks 2-3, the load's last, land here and the first does not match
+    (bad,) = out.perform([_land(first=2)])
+    assert bad.ok is False and work.settle  # the pool's landing must end before the tick does
+    out2, work2, _, _ = _outbound(0, landed=2)
+    out2.perform([_land(first=2)])  # the last batch, bad, nothing on the pool: nothing to wait for
+    assert not work2.settle
+
+
+def test_a_landing_of_a_load_the_core_no_longer_tracks_never_settles_the_tick() -> None:
+    out, work, _, _ = _outbound(None)
+    assert out.perform([_land(kid="gone")]) == []
+    assert work.held() == 1 and not work.settle
