@@ -28,8 +28,10 @@ BB = INLINE_STORE_BYTES  # one block is small enough to hash inline, four are no
 class FakePool:
     def __init__(self) -> None:
         self.futures: list[Future] = []
+        self.asked: list[tuple] = []
 
     def submit_digests(self, buffers, algorithm):
+        self.asked.append((list(buffers), algorithm))
         f: Future = Future()
         self.futures.append(f)
         return f
@@ -54,8 +56,8 @@ class Logs:
         return peer
 
 
-def _work(pool=None) -> ByteWork:
-    return ByteWork(algorithm="xxh3_64", digest_pool=pool, block_bytes=BB, metrics=Counters(), logs=Logs())
+def _work(pool=None, algorithm: str = "xxh3_64") -> ByteWork:
+    return ByteWork(algorithm=algorithm, digest_pool=pool, block_bytes=BB, metrics=Counters(), logs=Logs())
 
 
 def _store(kid: str, job: int, n: int = 4) -> ix.StoreSubmitted:
@@ -311,7 +313,7 @@ class Calls:
         return lambda *args, **kw: self.calls.append((name, *args))
 
 
-def _outbound(answer, landed: int = 0, blocks: int = 4):
+def _outbound(answer, landed: int = 0, blocks: int = 4, pool=None):
     import time
     from types import SimpleNamespace
 
@@ -325,7 +327,7 @@ def _outbound(answer, landed: int = 0, blocks: int = 4):
     work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=metrics, logs=logs)
     plane = FakePlane(answer)
     view = SimpleNamespace(landed=landed, keys=tuple(range(blocks)))
-    out = Outbound(transport=InprocTransport(InprocNetwork(), "c:1"), plane=plane, pool=None, jobs=JobBook(),
+    out = Outbound(transport=InprocTransport(InprocNetwork(), "c:1"), plane=plane, pool=pool, jobs=JobBook(),
                    metrics=metrics, logs=logs, work=work, clock=time.monotonic,
                    loads=lambda kid: view if kid == "kv" else None)
     return out, work, plane, metrics
@@ -390,3 +392,55 @@ def test_a_landing_of_a_load_the_core_no_longer_tracks_never_settles_the_tick() 
     out, work, _, _ = _outbound(None)
     assert out.perform([_land(kid="gone")]) == []
     assert work.held() == 1 and not work.settle
+
+
+def test_a_large_store_asks_the_pool_for_its_blocks_digests_and_none_asks_nothing() -> None:
+    pool = FakePool()
+    bufs = _bufs()
+    assert _work(pool).store(_store("kv", 1), bufs) is None
+    assert pool.asked == [(bufs, "xxh3_64")]
+    off = _work(pool, algorithm="none")  # integrity off: no digests, applied at once, the pool not asked
+    ready = off.store(_store("kv", 2), bufs)
+    assert ready is not None and ready.job_id == 2 and ready.digests == () and len(pool.asked) == 1
+    assert off.held() == 0
+
+
+def test_held_counts_stores_and_landings_together() -> None:
+    work = _work(FakePool())
+    work.store(_store("kv", 1), _bufs())
+    work.holds(ix.RequestFinished("kv", producer=True))
+    work.landing("P", ("x", 0, 0, 1))
+    assert work.held() == 3
+
+
+def test_a_landings_result_names_its_blocks_and_counts_or_logs_them() -> None:
+    from kvtier.lifecycle import Reason
+
+    counters, logs = Counters(), Logs()
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=counters, logs=logs)
+    assert work.result("P", ("kv", 3, 4, 2), -1) == ix.BlocksLanded("P", "kv", 3, 4, 2, True)
+    assert counters.bytes == 2 * BB
+    assert work.result("P", ("kv", 3, 4, 2), 1) == ix.BlocksLanded("P", "kv", 3, 4, 2, False, Reason.CORRUPT)
+    assert counters.bytes == 2 * BB  # a bad batch's bytes are not counted as landed
+    assert logs.lines == ["kvtier: block 5 of kv round 3 from P does not match its parked digest; the load fails"]
+
+
+def test_a_one_sided_loads_keys_are_rechecked_and_a_mismatch_is_logged_once(caplog) -> None:
+    from kvtier.integrity import block_digests
+    from kvtier.lifecycle import Reason
+    from kvtier.lifecycle import effects as fx
+    from kvtier.memory import BlockPool
+
+    pool = BlockPool(8, 64, pin=False)
+    pool.write(3, bytes(range(64)))
+    (d3,) = block_digests([pool.buffer(3)], "xxh3_64")
+    out, _, _, _ = _outbound(-1, pool=pool)
+    out.jobs.open(5, store=False, kv_request_id="K", now=0.0, nbytes=128)
+    out.jobs.open(6, store=False, kv_request_id="L", now=0.0, nbytes=64)
+    with caplog.at_level("WARNING", logger="kvtier.manager"):
+        out.perform([fx.JobDone(6, False, Reason.PEER_LOST, (b"k3",), ((3, d3),))])  # still matches: no line
+        out.perform([fx.JobDone(5, False, Reason.PEER_LOST, (b"k3", b"k4", b"k5"), ((3, d3), (4, d3), (5, d3)))])
+    got = {r.job_id: r.successful_keys for r in out.jobs.take()}
+    assert got == {6: (b"k3",), 5: (b"k3",)}
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: job 5: 2 landed blocks no longer match their digests; not reported"]
