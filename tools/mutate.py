@@ -47,6 +47,10 @@ class Group(NamedTuple):
     modules: tuple[str, ...]
     tests: tuple[str, ...]
     exclude: tuple[str, ...] = ()
+    scope: tuple[str, ...] = ()
+    """Mutant name prefixes the group is about (empty: every mutant of its modules): mutmut mutates
+    whole files, so a module that also does other jobs has its other functions' mutants made but
+    neither run nor counted."""
 
 
 #: the lifecycle core, the shell's result and landing paths, the wire codec and config, each with
@@ -68,7 +72,10 @@ GROUPS: dict[str, Group] = {
                     "tests/manager/test_virtual_results.py", "tests/manager/test_virtual_park.py",
                     "tests/manager/test_virtual_failures.py", "tests/manager/test_virtual_requests.py",
                     "tests/manager/test_manager_limits.py", "tests/manager/test_request_passes.py",
-                    "tests/symmetric/test_shell_symmetric.py::test_one_sided_successful_keys_are_rechecked_at_reporting")),
+                    "tests/symmetric/test_shell_symmetric.py::test_one_sided_successful_keys_are_rechecked_at_reporting"),
+                   # outbound's other performers (sends, hellos, connections, serve pins) are not results
+                   scope=("kvtier.shell.jobs.", "kvtier.shell.perbyte.", "kvtier.shell.outbound.xǁOutboundǁ_job_done_",
+                          "kvtier.shell.outbound.xǁOutboundǁ_verified_", "kvtier.shell.outbound.xǁOutboundǁ_land_")),
     "lifecycle": Group(("kvtier/lifecycle/*.py",),
                        ("tests/lifecycle", "tests/stateful/test_interleavings.py", "tests/symmetric/test_core_symmetric.py",
                         "tests/symmetric/test_stateful_symmetric.py"),
@@ -138,7 +145,7 @@ def run(name: str, children: int, only: str = "", *, again: bool = False) -> int
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CI")}
     env["HYPOTHESIS_PROFILE"] = "mutate"
     print(f"==> mutate {name}: {only or ', '.join(GROUPS[name].modules)}", flush=True)
-    prefixes = [o for o in only.split(",") if o]
+    prefixes = [o for o in only.split(",") if o] or list(GROUPS[name].scope)
     names = (_lived(name, only) if again else
              sorted(k for k, v in verdicts(name).items() if v == "not checked" and k.startswith(tuple(prefixes)))
              if prefixes and verdicts(name) else [f"{o}*" for o in prefixes])
@@ -190,13 +197,16 @@ def _record(mutants: Path, key: str, rc: int) -> None:
     meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
 
 
-def verdicts(name: str) -> dict[str, str]:
-    """mutant name -> verdict, for every mutant of group ``name`` that was generated."""
+def verdicts(name: str, *, everything: bool = False) -> dict[str, str]:
+    """mutant name -> verdict, for every mutant of group ``name`` that was generated (in its
+    scope, unless ``everything``)."""
+    scope = () if everything else GROUPS[name].scope
     out: dict[str, str] = {}
     for meta in sorted((WORK / name / "mutants").rglob("*.py.meta")):
         data = json.loads(meta.read_text(encoding="utf-8"))
         for key, code in data.get("exit_code_by_key", {}).items():
-            out[key] = "not checked" if code is None else VERDICT.get(code, "suspicious")
+            if not scope or key.startswith(scope):
+                out[key] = "not checked" if code is None else VERDICT.get(code, "suspicious")
     return out
 
 
@@ -222,6 +232,10 @@ def report(names: list[str]) -> dict[str, dict]:
         score = round(100 * counts["killed"] / (checked - len(equiv)), 1) if checked > len(equiv) else None
         summary[name] = {"counts": dict(counts), "equivalent": len(equiv), "score": score, "survivors": survivors}
         print(f"{name}: {dict(counts)}; equivalent {len(equiv)}; score {score} % of non-equivalent mutants")
+        if GROUPS[name].scope:
+            outside = len(verdicts(name, everything=True)) - len(v)
+            summary[name]["outside_scope"] = outside
+            print(f"    ({outside} mutants of the same files are outside the group's scope: not run, not counted)")
         modules = sorted({k.rpartition(".")[0] for k in v})
         for module in modules if len(modules) > 1 else ():
             mv = {k: s for k, s in v.items() if k.rpartition(".")[0] == module}

@@ -83,3 +83,75 @@ def test_a_second_or_unknown_result_is_dropped_and_logged(caplog) -> None:
     assert [r.getMessage() for r in caplog.records] == [
         "kvtier: duplicate or unknown job result 1 dropped", "kvtier: duplicate or unknown job result 77 dropped"]
     assert [r.job_id for r in book.take()] == [1]
+
+
+def test_internal_jobs_are_counted_one_by_one() -> None:
+    book = JobBook()
+    book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=1, internal=True)
+    book.open(2, store=False, kv_request_id="B", now=0.0, nbytes=1, internal=True)
+    book.open(3, store=False, kv_request_id="C", now=0.0, nbytes=1)
+    book.finish(1, True, None, 1.0)
+    assert book.outstanding() == frozenset({3}) and book.open_ids() == [3] and len(book) == 1
+
+
+# -- the JobDone performer (kvtier.shell.outbound): what a result changes besides the book ----------
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kw: self.calls.append((name, *args))
+
+
+def _performer():
+    import time
+
+    from kvtier.shell.logs import RateLimitedLog
+    from kvtier.shell.outbound import Outbound
+    from kvtier.shell.perbyte import ByteWork
+    from kvtier.testing.inproc import InprocNetwork, InprocTransport
+
+    metrics, logs, book = Calls(), RateLimitedLog(time.monotonic, lambda p: ""), JobBook()
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=64, metrics=metrics, logs=logs)
+    out = Outbound(transport=InprocTransport(InprocNetwork(), "c:1"), plane=None, pool=None, jobs=book,
+                   metrics=metrics, logs=logs, work=work, clock=lambda: 7.0)
+    return out, book, metrics
+
+
+def test_only_a_failed_load_changes_what_lookups_answer() -> None:
+    """A failed load makes the id's lookups MISS (decision L11): the loop republishes its answers."""
+    from kvtier.lifecycle import effects as fx
+
+    for store, ok, changed in [(False, False, True), (False, True, False), (True, False, False), (True, True, False)]:
+        out, book, _ = _performer()
+        book.open(1, store=store, kv_request_id="A", now=0.0, nbytes=64)
+        out.perform([fx.JobDone(1, ok, None if ok else Reason.ABORTED)])
+        assert out.changed is changed, (store, ok)
+
+
+def test_a_failure_without_a_reason_is_counted_and_reported_as_transfer_failed() -> None:
+    from kvtier.lifecycle import effects as fx
+
+    out, book, metrics = _performer()
+    book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=64)
+    book.open(2, store=False, kv_request_id="B", now=3.0, nbytes=64)
+    out.perform([fx.JobDone(1, False), fx.JobDone(2, True)])
+    assert metrics.calls == [("job_done", "load", False, Reason.TRANSFER_FAILED), ("job_done", "load", True, None),
+                             ("transfer", "consumer", 64, 4.0)]
+    assert [(r.job_id, r.reason) for r in book.take()] == [(1, "transfer_failed"), (2, None)]
+
+
+@pytest.mark.parametrize(("store", "kind"), [(True, "store"), (False, "load")])
+def test_a_job_refused_as_not_authorised_says_where_to_look(store: bool, kind: str, caplog) -> None:
+    from kvtier.lifecycle import effects as fx
+
+    out, book, metrics = _performer()
+    book.open(4, store=store, kv_request_id="A", now=0.0, nbytes=64)
+    with caplog.at_level(logging.WARNING, logger="kvtier.manager"):
+        out.perform([fx.JobDone(4, False, Reason.NOT_AUTHORISED)])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"kvtier: {kind} job 4 refused: not_authorised (the producer request named another consumer for this id; "
+        "check remote_decoder.consumer and this manager's CURVE principal)"]
+    assert metrics.calls == [("job_done", kind, False, Reason.NOT_AUTHORISED)]

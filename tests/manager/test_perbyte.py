@@ -444,3 +444,64 @@ def test_a_one_sided_loads_keys_are_rechecked_and_a_mismatch_is_logged_once(capl
     assert got == {6: (b"k3",), 5: (b"k3",)}
     assert [r.getMessage() for r in caplog.records] == [
         "kvtier: job 5: 2 landed blocks no longer match their digests; not reported"]
+
+
+def test_a_held_input_keeps_its_own_arrival_stamp_and_an_unstamped_one_holds_every_deadline() -> None:
+    import msgspec
+
+    work = _work()
+    work.landing("P", ("kv", 0, 0, 1))
+    stamped = msgspec.structs.replace(_done("P"), after=5.0)
+    assert list(work.inputs([stamped], after=9.0)) == []  # held behind the landing
+    assert work.floor() == 5.0  # its own stamp, not the pass's
+    other = _work()
+    other.landing("P", ("kv", 0, 0, 1))
+    assert list(other.inputs([_done("P")])) == []  # no stamp, and none given for the pass
+    assert other.floor() == float("-inf")  # when it arrived is unknown: no deadline may fire
+
+
+def test_a_landing_started_after_a_pass_has_no_arrival_bound() -> None:
+    work = _work()
+    assert [type(i).__name__ for i in work.inputs([_bd("P")], after=4.0)] == ["Received"]
+    work.landing("P", ("kv", 0, 0, 1))  # after the pass: not behind anything read in it
+    assert work.floor() == float("inf")
+
+
+def test_ready_only_when_a_held_head_can_go() -> None:
+    work = _work()
+    assert not work.ready()
+    work.landing("P", ("kv", 0, 0, 1))
+    list(work.inputs([_done("P")], after=1.0))  # held behind the landing
+    assert not work.ready()  # the landing still runs
+    work.landed("P", ("kv", 0, 0, 1), -1)
+    assert work.ready()
+    work.landing("Q", ("kv2", 0, 0, 1))
+    assert work.ready()  # P's queue can go, Q's cannot
+
+
+def test_corrupt_landings_are_logged_once_per_peer_per_interval() -> None:
+    """The log line of a corrupt batch is rate-limited per peer, so one bad peer cannot hide
+    another's."""
+    import logging
+
+    from kvtier.shell.logs import RateLimitedLog
+
+    logs = RateLimitedLog(lambda: 0.0, lambda p: p)  # the clock stands still: one interval
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=Counters(), logs=logs)
+    records: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler = Grab()
+    logger = logging.getLogger("kvtier.manager")
+    logger.addHandler(handler)
+    try:
+        for peer in ("P", "P", "Q"):
+            work.result(peer, ("kv", 0, 0, 1), 0)
+    finally:
+        logger.removeHandler(handler)
+    assert [r for r in records if "does not match" in r] == [
+        "kvtier: block 0 of kv round 0 from P does not match its parked digest; the load fails",
+        "kvtier: block 0 of kv round 0 from Q does not match its parked digest; the load fails"]
