@@ -14,10 +14,18 @@ Hypothesis runs its ``mutate`` profile there (tests/conftest.py: derandomized, 3
     python -m tools.mutate --fresh codec   the same, each mutant in a fresh process (see fresh())
     python -m tools.mutate lifecycle --only kvtier.lifecycle.consumer   one module of a group
 
-The score is killed / (killed + survived + timeout + suspicious), per group; docs/mutation.md
+The score is killed / (killed + survived + timeout + suspicious - equivalent), per group (and per
+module in the report); docs/mutation.md
 keeps the committed figures and, for every surviving mutant, the test that now kills it or the
 reason it is equivalent (decision V3).  Not part of CI's run: on this 2-core host the lifecycle
-group alone takes the better part of an hour.
+group alone takes hours; run it a module at a time (``--only``).
+
+Two limits of mutmut 3 this tool works around (docs/mutation.md): a mutant of code that runs at
+import time (attrs field declarations, validator tuples) is never switched on in mutmut's workers,
+which fork from a process that imported the module first, so it always *survives* there:
+``--fresh`` tests each survivor again in a fresh process; and a test whose id pytest escapes
+(non-ASCII) cannot be selected again by its id, which mutmut reports as a *timeout* of every
+mutant that test reaches: test ids stay ASCII.
 """
 
 from __future__ import annotations
@@ -271,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for name in names:
             g = GROUPS[name]
-            print(f"{name}: mutates {', '.join(g.modules)}; tests {', '.join(g.tests)}")
+            scope = f" (only {', '.join(g.scope)})" if g.scope else ""
+            print(f"{name}: mutates {', '.join(g.modules)}{scope}; tests {', '.join(g.tests)}")
         return 0
     rc = 0
     if not args.report:
