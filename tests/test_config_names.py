@@ -11,7 +11,6 @@ from kvtier.config import TierConfig, TierConfigError
 from kvtier.config_kinds import safe_repr
 from tests.config_helpers import CURVE, refused
 
-
 # -- backends: 1..16 distinct names of 1..64 [A-Za-z0-9_] ---------------------------------------
 
 

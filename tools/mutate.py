@@ -14,8 +14,8 @@ Hypothesis runs its ``mutate`` profile there (tests/conftest.py: derandomized, 3
     python -m tools.mutate --fresh codec   the same, each mutant in a fresh process (see fresh())
     python -m tools.mutate lifecycle --only kvtier.lifecycle.consumer   one module of a group
 
-The score is killed / (killed + survived + timeout + suspicious - equivalent), per group (and per
-module in the report); docs/mutation.md
+The score is killed / (killed + survived + timeout + suspicious + no tests - equivalent), per
+group (and per module in the report); docs/mutation.md
 keeps the committed figures and, for every surviving mutant, the test that now kills it or the
 reason it is equivalent (decision V3).  Not part of CI's run: on this 2-core host the lifecycle
 group alone takes hours; run it a module at a time (``--only``).
@@ -137,11 +137,11 @@ def _selection(name: str) -> list[str]:
 
 
 def _lived(name: str, only: str = "") -> list[str]:
-    """The group's mutants that survived, timed out or were suspicious (whose name contains one of
-    the comma-separated ``only``)."""
+    """The group's mutants that survived, timed out, were suspicious or reached by no test (whose
+    name contains one of the comma-separated ``only``)."""
     parts = [o for o in only.split(",") if o] or [""]
     return sorted(k for k, v in verdicts(name).items()
-                  if v in ("survived", "timeout", "suspicious") and any(o in k for o in parts))
+                  if v in ("survived", "timeout", "suspicious", "no tests") and any(o in k for o in parts))
 
 
 def run(name: str, children: int, only: str = "", *, again: bool = False) -> int:
@@ -186,7 +186,7 @@ def fresh(name: str, only: str = "", timeout: float = 600.0) -> int:
         env["MUTANT_UNDER_TEST"] = key
         try:
             rc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                                 "--timeout=120", *_selection(name)], cwd=mutants, env=env, timeout=timeout,
+                                 "--timeout=120", *_selection(name)], check=False, cwd=mutants, env=env, timeout=timeout,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
         except subprocess.TimeoutExpired:
             rc = 36
@@ -234,9 +234,11 @@ def report(names: list[str]) -> dict[str, dict]:
         if not v:
             continue
         counts = Counter(v.values())
-        survivors = sorted(k for k, s in v.items() if s in ("survived", "suspicious", "timeout") and k not in eq)
+        # a mutant no test reaches lives as surely as one the tests missed: it counts against the score
+        survivors = sorted(k for k, s in v.items() if s in ("survived", "suspicious", "timeout", "no tests")
+                           and k not in eq)
         equiv = sorted(k for k, s in v.items() if s != "killed" and k in eq)
-        checked = counts["killed"] + counts["survived"] + counts["timeout"] + counts["suspicious"]
+        checked = counts["killed"] + counts["survived"] + counts["timeout"] + counts["suspicious"] + counts["no tests"]
         score = round(100 * counts["killed"] / (checked - len(equiv)), 1) if checked > len(equiv) else None
         summary[name] = {"counts": dict(counts), "equivalent": len(equiv), "score": score, "survivors": survivors}
         print(f"{name}: {dict(counts)}; equivalent {len(equiv)}; score {score} % of non-equivalent mutants")
@@ -249,7 +251,7 @@ def report(names: list[str]) -> dict[str, dict]:
             mv = {k: s for k, s in v.items() if k.rpartition(".")[0] == module}
             mc = Counter(mv.values())
             me = sum(1 for k, s in mv.items() if s != "killed" and k in eq)
-            tested = mc["killed"] + mc["survived"] + mc["timeout"] + mc["suspicious"] - me
+            tested = mc["killed"] + mc["survived"] + mc["timeout"] + mc["suspicious"] + mc["no tests"] - me
             ms = round(100 * mc["killed"] / tested, 1) if tested > 0 else None
             summary[name].setdefault("modules", {})[module] = {"counts": dict(mc), "equivalent": me, "score": ms}
             print(f"    {module}: {dict(mc)}; equivalent {me}; score {ms} %")

@@ -151,7 +151,7 @@ def test_a_job_refused_as_not_authorised_says_where_to_look(store: bool, kind: s
     book.open(4, store=store, kv_request_id="A", now=0.0, nbytes=64)
     with caplog.at_level(logging.WARNING, logger="kvtier.manager"):
         out.perform([fx.JobDone(4, False, Reason.NOT_AUTHORISED)])
-    assert [r.getMessage() for r in caplog.records] == [
-        f"kvtier: {kind} job 4 refused: not_authorised (the producer request named another consumer for this id; "
-        "check remote_decoder.consumer and this manager's CURVE principal)"]
+    said = (f"kvtier: {kind} job 4 refused: not_authorised (the producer request named another consumer for this "
+            "id; check remote_decoder.consumer and this manager's CURVE principal)")
+    assert [r.getMessage() for r in caplog.records] == [said]
     assert metrics.calls == [("job_done", kind, False, Reason.NOT_AUTHORISED)]
