@@ -180,3 +180,14 @@ def test_a_string_key_takes_one_character_up_to_its_longest_and_refuses_one_more
     err = refused({key: "h" * (longest + 1)})
     assert str(err) == f"{key}={safe_repr('h' * (longest + 1))}: longer than {longest} characters"
     assert str(refused({key: ""})) == f"{key}='': must not be empty"
+
+
+# -- numbers beyond a float keep their sign --------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["-1e999", -(10 ** 400)])
+def test_a_number_too_negative_for_a_float_is_refused_as_below_its_range(value: object) -> None:
+    err = refused({"load_timeout_s": value})
+    assert str(err) == f"load_timeout_s={safe_repr(value)}: must be > 0 (range 0.001..86400.0 s)"
+    err = refused({"max_peers": value})
+    assert str(err) == f"max_peers={safe_repr(value)}: below the minimum 1"

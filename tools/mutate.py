@@ -140,8 +140,9 @@ def _lived(name: str, only: str = "") -> list[str]:
     """The group's mutants that survived, timed out, were suspicious or reached by no test (whose
     name contains one of the comma-separated ``only``)."""
     parts = [o for o in only.split(",") if o] or [""]
+    eq = equivalent()
     return sorted(k for k, v in verdicts(name).items()
-                  if v in ("survived", "timeout", "suspicious", "no tests") and any(o in k for o in parts))
+                  if v in ("survived", "timeout", "suspicious", "no tests") and any(o in k for o in parts) and k not in eq)
 
 
 def run(name: str, children: int, only: str = "", *, again: bool = False) -> int:
