@@ -1,0 +1,85 @@
+"""The deadline lanes (kvtier.lifecycle.deadlines.DeadlineQueue): entries come out in firing
+order (when, then arm order) across lanes, an entry is found only by its own key *and* seq, stale
+entries are dropped by a compaction exactly past its thresholds (decision C9), and a cleared
+queue starts afresh."""
+
+from __future__ import annotations
+
+from kvtier.lifecycle.deadlines import STALE_FLOOR, DeadlineQueue
+
+
+def _always(key, seq) -> bool:
+    return True
+
+
+def test_live_entries_are_in_firing_order_across_lanes_ties_in_arm_order() -> None:
+    q = DeadlineQueue()
+    a = q.arm(5.0, "late", lane="park")
+    b = q.arm(1.0, "early", lane="tomb")
+    c = q.arm(3.0, "z", lane="park2")
+    d = q.arm(3.0, "a", lane="tomb2")  # same time as "z", armed after it
+    assert q.live(_always) == [(1.0, b, "early", "tomb"), (3.0, c, "z", "park2"), (3.0, d, "a", "tomb2"),
+                               (5.0, a, "late", "park")]
+    assert [q.pop_due(9.0, _always) for _ in range(4)] == ["early", "z", "a", "late"]
+
+
+def test_an_entry_is_found_by_its_key_and_its_seq_together() -> None:
+    q = DeadlineQueue()
+    s1 = q.arm(2.0, "A")
+    s2 = q.arm(4.0, "B")
+    assert q.when_of("A", s1) == 2.0 and q.when_of("B", s2) == 4.0
+    assert q.when_of("A", s2) is None and q.when_of("B", s1) is None  # a re-armed key's old entry is not it
+
+
+def _fill(q: DeadlineQueue, n_live: int, n_stale: int):
+    """Arm a live head, then ``n_stale`` entries that are stale, then ``n_live - 1`` live ones;
+    return the liveness test."""
+    dead: set[int] = set()
+    q.arm(0.0, "head")
+    for i in range(n_stale):
+        dead.add(q.arm(1.0 + i, f"s{i}"))
+    for i in range(n_live - 1):
+        q.arm(1e6 + i, f"l{i}")
+    return lambda key, seq: seq not in dead
+
+
+def test_reported_stale_entries_are_compacted_only_past_the_floor_and_half_the_queue() -> None:
+    q = DeadlineQueue()
+    is_live = _fill(q, n_live=STALE_FLOOR, n_stale=STALE_FLOOR + 1)
+    for _ in range(STALE_FLOOR):
+        q.retire(is_live)  # the head is live: nothing is dropped on the way
+    assert len(q) == 2 * STALE_FLOOR + 1  # reported stale entries at the floor: no compaction
+    q.retire(is_live)  # one past the floor, and more than half the queue
+    assert len(q) == STALE_FLOOR
+    assert [e[2] for e in q.live(is_live)][:2] == ["head", "l0"] and q.next_when(is_live) == 0.0
+    half = DeadlineQueue()
+    is_live = _fill(half, n_live=STALE_FLOOR + 1, n_stale=STALE_FLOOR + 1)
+    for _ in range(STALE_FLOOR + 1):
+        half.retire(is_live)  # past the floor, but exactly half the queue: kept
+    assert len(half) == 2 * STALE_FLOOR + 2
+
+
+def test_unreported_stale_entries_are_compacted_past_four_per_live_record() -> None:
+    q = DeadlineQueue()
+    is_live = _fill(q, n_live=1, n_stale=STALE_FLOOR + 3)  # size = floor + 4 * 1 exactly
+    q.maybe_compact(live_records=1, is_live=is_live)
+    assert len(q) == STALE_FLOOR + 4
+    q.arm(2e6, "new")
+    q.maybe_compact(live_records=1, is_live=is_live)  # one past it
+    assert len(q) == 2 and [e[2] for e in q.live(is_live)] == ["head", "new"]
+
+
+def test_a_cleared_queue_starts_afresh() -> None:
+    q = DeadlineQueue()
+    is_live = _fill(q, n_live=3, n_stale=2)
+    q.retire(is_live)
+    q.clear()
+    assert len(q) == 0 and q.next_when(_always) is None and q.live(_always) == []
+    assert q.arm(1.0, "A") == 1  # seqs restart
+    q.clear()
+    # and so does the count of reported stale entries: a compaction needs as many reports as in
+    # a new queue
+    is_live = _fill(q, n_live=STALE_FLOOR, n_stale=STALE_FLOOR + 1)
+    for _ in range(STALE_FLOOR):
+        q.retire(is_live)
+    assert len(q) == 2 * STALE_FLOOR + 1
