@@ -167,7 +167,7 @@ def run(name: str, children: int, only: str = "", *, again: bool = False) -> int
                            env=env)
 
 
-def fresh(name: str, only: str = "", timeout: float = 600.0) -> int:
+def fresh(name: str, only: str = "", timeout: float = 600.0, tests: list[str] | None = None) -> int:
     """Test again, each in a fresh Python process, the group's mutants that lived (after new tests
     were written), or only those whose name contains ``only``; record the new verdicts where
     :func:`verdicts` reads them.
@@ -177,7 +177,11 @@ def fresh(name: str, only: str = "", timeout: float = 600.0) -> int:
     mutmut's own workers fork from a process that imported the modules before any mutant was on,
     and such a mutant always *survives* there.  Each run is the group's whole test selection,
     stopped at the first failure (not only the tests mutmut traced to the function), so it is
-    also a second opinion on a verdict a loaded host may have got wrong."""
+    also a second opinion on a verdict a loaded host may have got wrong.
+
+    ``tests`` (paths or node ids of the group's selection): run only those, and record only the
+    mutants they kill; one that lives keeps its verdict (a part of the selection proves a kill,
+    never a survival)."""
     mutants = workspace(name) / "mutants"
     todo = _lived(name, only)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
@@ -190,12 +194,16 @@ def fresh(name: str, only: str = "", timeout: float = 600.0) -> int:
         env["MUTANT_UNDER_TEST"] = key
         try:
             rc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                                 "--timeout=120", *_selection(name)], check=False, cwd=mutants, env=env, timeout=timeout,
+                                 "--timeout=120", *(tests or _selection(name))], check=False, cwd=mutants, env=env,
+                                timeout=timeout,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
         except subprocess.TimeoutExpired:
             rc = 36
         if rc == 2:  # the tests could not even be collected: the mutant broke an import (they pass without it)
             rc = 1
+        if tests and rc not in (1, 3):
+            print(f"    [{n}/{len(todo)}] {key}: not killed by {' '.join(tests)} (verdict kept)", flush=True)
+            continue
         _record(mutants, key, rc)
         print(f"    [{n}/{len(todo)}] {key}: {VERDICT.get(rc, 'suspicious')}", flush=True)
     return 0
@@ -272,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retest", action="store_true", help="test the surviving mutants again (after new tests)")
     ap.add_argument("--fresh", action="store_true",
                     help="test the surviving mutants again, each in a fresh process (import-time code)")
+    ap.add_argument("--tests", nargs="+", help="with --fresh: run only these tests; record only the kills")
     ap.add_argument("--only", default="",
                     help="run: only this module's mutants (kvtier.lifecycle.consumer); --retest, --fresh: only the "
                          "mutants whose name contains one of these (comma-separated)")
@@ -291,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     if not args.report:
         for name in names:
-            rc = (fresh(name, args.only) if args.fresh
+            rc = (fresh(name, args.only, tests=args.tests) if args.fresh
                   else run(name, args.children, args.only, again=args.retest)) or rc
     summary = report(names)
     if args.json:

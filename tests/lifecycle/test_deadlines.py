@@ -83,3 +83,34 @@ def test_a_cleared_queue_starts_afresh() -> None:
     for _ in range(STALE_FLOOR):
         q.retire(is_live)
     assert len(q) == 2 * STALE_FLOOR + 1
+
+
+def test_len_counts_the_entries_held_through_every_way_one_leaves() -> None:
+    q = DeadlineQueue()
+    assert q.arm(1.0, "a", lane="x") == 1  # seqs start at 1
+    dead = {q.arm(2.0, "b", lane="x"), q.arm(0.5, "c", lane="y")}
+    q.arm(3.0, "d", lane="y")
+    q.arm(4.0, "e", lane="z")
+
+    def is_live(key, seq):
+        return seq not in dead
+
+    assert len(q) == 5
+    assert q.next_when(is_live) == 1.0 and len(q) == 4  # the stale head of lane y went on the way
+    assert q.pop_due(1.0, is_live) == "a" and len(q) == 3
+    q.retire(is_live, lane="x")  # lane x's stale head goes at once
+    assert len(q) == 2
+    q.maybe_compact(live_records=0, is_live=is_live)  # nothing stale left: the two live ones stay
+    assert len(q) == 2 and [e[2] for e in q.live(is_live)] == ["d", "e"]
+
+
+def test_an_entry_armed_out_of_order_in_its_lane_fires_in_its_place() -> None:
+    """A caller's clock that stepped back: the later-armed, earlier deadline is not stuck behind
+    the lane's tail, and the lane stays sorted."""
+    q = DeadlineQueue()
+    q.arm(10.0, "late", lane="t")
+    q.arm(11.0, "later", lane="t")
+    q.arm(3.0, "early", lane="t")
+    assert q.next_when(_always) == 3.0
+    assert q.pop_due(5.0, _always) == "early" and q.pop_due(5.0, _always) is None
+    assert [q.pop_due(20.0, _always) for _ in range(2)] == ["late", "later"]
