@@ -33,25 +33,26 @@ def test_an_entry_is_found_by_its_key_and_its_seq_together() -> None:
 
 def _fill(q: DeadlineQueue, n_live: int, n_stale: int):
     """Arm a live head, then ``n_stale`` entries that are stale, then ``n_live - 1`` live ones;
-    return the liveness test."""
-    dead: set[int] = set()
-    q.arm(0.0, "head")
+    return the liveness test, which (like the core's) asks the key's record for its live seq."""
+    live: dict[str, int] = {"head": q.arm(0.0, "head")}
     for i in range(n_stale):
-        dead.add(q.arm(1.0 + i, f"s{i}"))
+        q.arm(1.0 + i, f"s{i}")  # its record moved on: no live seq
     for i in range(n_live - 1):
-        q.arm(1e6 + i, f"l{i}")
-    return lambda key, seq: seq not in dead
+        live[f"l{i}"] = q.arm(1e6 + i, f"l{i}")
+    return lambda key, seq: live.get(key) == seq
 
 
 def test_reported_stale_entries_are_compacted_only_past_the_floor_and_half_the_queue() -> None:
     q = DeadlineQueue()
-    is_live = _fill(q, n_live=STALE_FLOOR, n_stale=STALE_FLOOR + 1)
+    is_live = _fill(q, n_live=STALE_FLOOR - 2, n_stale=STALE_FLOOR + 1)
     for _ in range(STALE_FLOOR):
         q.retire(is_live)  # the head is live: nothing is dropped on the way
-    assert len(q) == 2 * STALE_FLOOR + 1  # reported stale entries at the floor: no compaction
+    assert len(q) == 2 * STALE_FLOOR - 1  # reported stale entries at the floor: no compaction
     q.retire(is_live)  # one past the floor, and more than half the queue
-    assert len(q) == STALE_FLOOR
+    assert len(q) == STALE_FLOOR - 2
     assert [e[2] for e in q.live(is_live)][:2] == ["head", "l0"] and q.next_when(is_live) == 0.0
+    q.retire(is_live)  # reports after a compaction are counted afresh
+    assert len(q) == STALE_FLOOR - 2
     half = DeadlineQueue()
     is_live = _fill(half, n_live=STALE_FLOOR + 1, n_stale=STALE_FLOOR + 1)
     for _ in range(STALE_FLOOR + 1):
@@ -64,9 +65,13 @@ def test_unreported_stale_entries_are_compacted_past_four_per_live_record() -> N
     is_live = _fill(q, n_live=1, n_stale=STALE_FLOOR + 3)  # size = floor + 4 * 1 exactly
     q.maybe_compact(live_records=1, is_live=is_live)
     assert len(q) == STALE_FLOOR + 4
-    q.arm(2e6, "new")
-    q.maybe_compact(live_records=1, is_live=is_live)  # one past it
-    assert len(q) == 2 and [e[2] for e in q.live(is_live)] == ["head", "new"]
+    new = q.arm(2e6, "new")
+
+    def also_new(key, seq):
+        return (key, seq) == ("new", new) or is_live(key, seq)
+
+    q.maybe_compact(live_records=1, is_live=also_new)  # one past it
+    assert len(q) == 2 and [e[2] for e in q.live(also_new)] == ["head", "new"]
 
 
 def test_a_cleared_queue_starts_afresh() -> None:
