@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kvtier.config import ConfigRow, TierConfig, TierConfigError, config_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +76,9 @@ FREE_FLOAT_KEYS = ["unbound_store_timeout_s", "tombstone_retention_s", "transfer
 
 
 def value_id(value) -> str:
-    text = repr(value)
+    # printable ASCII without backslashes: an id pytest escapes cannot be selected again by its
+    # node id (mutmut selects each mutant's tests that way)
+    text = ascii(value).replace("\\", "/")
     return text if len(text) <= 24 else text[:21] + "..."
 
 
@@ -95,3 +99,14 @@ def row(key: str) -> ConfigRow:
     """``key``'s row of the configuration table: its bounds (``minimum``, ``maximum``) and its
     validation text, as the docs show them."""
     return next(r for r in config_table() if r.key == key)
+
+
+#: the keys CURVE needs besides ``auth`` (file paths are not opened by the config)
+CURVE = {"auth": "curve", "auth_secret_key_file": "/keys/p.key_secret", "auth_allowed_keys_dir": "/keys/allowed"}
+
+
+def refused(entry: dict) -> TierConfigError:
+    """The error ``TierConfig.from_dict(entry)`` raises (fails the test if it raises none)."""
+    with pytest.raises(TierConfigError) as info:
+        TierConfig.from_dict(entry)
+    return info.value

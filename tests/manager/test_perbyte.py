@@ -28,8 +28,10 @@ BB = INLINE_STORE_BYTES  # one block is small enough to hash inline, four are no
 class FakePool:
     def __init__(self) -> None:
         self.futures: list[Future] = []
+        self.asked: list[tuple] = []
 
     def submit_digests(self, buffers, algorithm):
+        self.asked.append((list(buffers), algorithm))
         f: Future = Future()
         self.futures.append(f)
         return f
@@ -54,8 +56,8 @@ class Logs:
         return peer
 
 
-def _work(pool=None) -> ByteWork:
-    return ByteWork(algorithm="xxh3_64", digest_pool=pool, block_bytes=BB, metrics=Counters(), logs=Logs())
+def _work(pool=None, algorithm: str = "xxh3_64") -> ByteWork:
+    return ByteWork(algorithm=algorithm, digest_pool=pool, block_bytes=BB, metrics=Counters(), logs=Logs())
 
 
 def _store(kid: str, job: int, n: int = 4) -> ix.StoreSubmitted:
@@ -216,3 +218,290 @@ def test_the_plan_covers_every_block_within_the_bounds(n: int, per: int, tail: i
     assert sum(sizes) == n and all(1 <= s <= per for s in sizes)
     if n > min(tail, per):
         assert sizes[-1] == min(tail, per)
+
+
+# -- a load's last landing, and what the pool's failures leave behind ------------------------------
+
+
+def test_a_loads_last_landing_counts_the_blocks_still_landing_on_the_pool() -> None:
+    """``last``: landed + landing now + this batch >= the load's blocks, exactly at the bound; only
+    the same load (id and round) counts, and a landing that ended no longer counts."""
+    work = _work()
+    assert work.last(("kv", 0, 2, 2), landed=2, blocks=4)  # 2 landed + 2 now = 4: the last
+    assert not work.last(("kv", 0, 2, 1), landed=2, blocks=4)  # 3 of 4
+    work.landing("P", ("kv", 0, 0, 2))  # two blocks of round 0 land on the pool
+    assert work.last(("kv", 0, 2, 2), landed=0, blocks=4)  # 0 + 2 landing + 2 now
+    assert not work.last(("kv", 0, 2, 1), landed=0, blocks=4)
+    work.landing("P", ("kv", 1, 0, 3))  # another round of the same id: not this load's blocks
+    work.landing("Q", ("other", 0, 0, 3))  # another id
+    assert not work.last(("kv", 0, 2, 1), landed=0, blocks=4)
+    assert work.last(("kv", 1, 3, 1), landed=0, blocks=4)  # round 1: 3 landing + 1 now
+    work.landing("P", ("kv", 0, 2, 1))
+    assert work.last(("kv", 0, 3, 1), landed=0, blocks=4)  # 2 + 1 landing + 1 now
+    work.landed("P", ("kv", 0, 0, 2), -1)  # ended: its blocks count as landed (the caller's), not landing
+    assert not work.last(("kv", 0, 3, 1), landed=0, blocks=4)  # 1 landing + 1 now
+    assert work.last(("kv", 0, 3, 1), landed=2, blocks=4)
+    work.landed("P", ("kv", 0, 2, 1), -1)  # the round's last landing ended: nothing of it is landing
+    assert work.last(("kv", 0, 3, 1), landed=3, blocks=4)
+    assert not work.last(("kv", 0, 3, 1), landed=2, blocks=4)
+    assert work.last(("kv", 1, 3, 1), landed=0, blocks=4)  # round 1 still has its 3 landing
+
+
+def test_a_landing_reported_twice_or_never_started_is_logged_and_changes_nothing(caplog) -> None:
+    work = _work()
+    work.landing("P", ("kv", 0, 0, 2))
+    work.landed("P", ("kv", 0, 0, 2), -1)
+    with caplog.at_level("ERROR", logger="kvtier.manager"):
+        work.landed("P", ("kv", 0, 0, 2), -1)  # a second report of the same landing
+        work.landed("Q", ("kv", 0, 0, 2), -1)  # another peer's landing that was never started
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: a landing nobody waits for was reported (P ('kv', 0, 0, 2))",
+        "kvtier: a landing nobody waits for was reported (Q ('kv', 0, 0, 2))"]
+    assert not work.last(("kv", 0, 2, 1), landed=0, blocks=2)  # no landing counted twice, none below zero
+    assert work.last(("kv", 0, 2, 2), landed=0, blocks=2)
+    out = list(work.inputs((), 0.0))
+    assert [(type(i).__name__, i.first, i.count, i.ok) for i in out] == [("BlocksLanded", 0, 2, True)]
+    assert work.held() == 0
+
+
+def test_a_store_whose_pool_digests_failed_is_hashed_here_and_still_applied(caplog) -> None:
+    """The pool's digests cannot fail for pool buffers, but a store is never lost if they do: its
+    digests are taken on the caller's thread, exactly those of its blocks, and the failure is logged."""
+    from kvtier.integrity import block_digests
+
+    pool = FakePool()
+    work = _work(pool)
+    bufs = _bufs()
+    assert work.store(_store("kv", 7), bufs) is None
+    pool.futures[0].set_exception(RuntimeError("pool closed"))
+    with caplog.at_level("ERROR", logger="kvtier.manager"):
+        (ready,) = list(work.inputs((), 0.0))
+    assert ready.job_id == 7 and ready.digests == block_digests(bufs, "xxh3_64")
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: digests of store job 7 failed in the pool (pool closed); taking them here"]
+    assert work.held() == 0
+
+
+# -- the landing performer (kvtier.shell.outbound): what one block_data's landing reports ---------
+
+
+class FakePlane:
+    """A plane whose ``land`` answers what the test says: an index (first bad block, -1: all
+    matched), ``None`` (the landing went to the digest pool) or a ``PlaneError``."""
+
+    one_sided = False
+    max_header_bytes = 1 << 16
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.calls: list[tuple] = []
+
+    def land(self, peer, key, slots, payloads, digests):
+        self.calls.append((peer, key, tuple(slots), tuple(payloads), tuple(digests)))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+class Calls:
+    """Metrics that record every call by name."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kw: self.calls.append((name, *args))
+
+
+def _outbound(answer, landed: int = 0, blocks: int = 4, pool=None):
+    import time
+    from types import SimpleNamespace
+
+    from kvtier.shell.jobs import JobBook
+    from kvtier.shell.logs import RateLimitedLog
+    from kvtier.shell.outbound import Outbound
+    from kvtier.testing.inproc import InprocNetwork, InprocTransport
+
+    metrics = Calls()
+    logs = RateLimitedLog(time.monotonic, lambda p: "")
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=metrics, logs=logs)
+    plane = FakePlane(answer)
+    view = SimpleNamespace(landed=landed, keys=tuple(range(blocks)))
+    out = Outbound(transport=InprocTransport(InprocNetwork(), "c:1"), plane=plane, pool=pool, jobs=JobBook(),
+                   metrics=metrics, logs=logs, work=work, clock=time.monotonic,
+                   loads=lambda kid: view if kid == "kv" else None)
+    return out, work, plane, metrics
+
+
+def _land(first: int = 2, count: int = 2, kid: str = "kv"):
+    from kvtier.lifecycle import effects as fx
+
+    return fx.LandBlocks("P", kid, 3, first, tuple(range(10, 10 + count)), (7,) * count, (b"x",) * count)
+
+
+def test_a_landing_the_plane_refuses_fails_its_batch_corrupt_and_is_counted(caplog) -> None:
+    from kvtier.dataplane import PlaneError
+    from kvtier.lifecycle import Reason
+
+    out, work, plane, metrics = _outbound(PlaneError("block_data carries 1 payload frames for 2 blocks"))
+    with caplog.at_level("WARNING", logger="kvtier.manager"):
+        produced = out.perform([_land()])
+    assert produced == [ix.BlocksLanded("P", "kv", 3, 2, 2, False, Reason.CORRUPT)]
+    assert plane.calls == [("P", ("kv", 3, 2, 2), (10, 11), (b"x", b"x"), (7, 7))]
+    assert metrics.calls == [("wire_error", "bad_payload")]
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: bad block_data from P: block_data carries 1 payload frames for 2 blocks"]
+    assert work.held() == 0 and not work.settle
+
+
+@pytest.mark.parametrize(("answer", "ok"), [(-1, True), (1, False)])
+def test_a_landing_done_here_reports_at_once(answer: int, ok: bool) -> None:
+    from kvtier.lifecycle import Reason
+
+    out, work, _, _ = _outbound(answer)
+    (landed,) = out.perform([_land()])
+    assert landed == ix.BlocksLanded("P", "kv", 3, 2, 2, ok, None if ok else Reason.CORRUPT)
+    assert work.held() == 0 and not work.settle  # nothing of the load runs on the pool
+
+
+@pytest.mark.parametrize(("landed", "first", "last"), [(2, 2, True), (1, 1, False)])
+def test_a_landing_on_the_pool_holds_its_peer_and_settles_the_tick_only_as_the_loads_last(
+        landed: int, first: int, last: bool) -> None:
+    out, work, _, _ = _outbound(None, landed=landed)
+    assert out.perform([_land(first=first)]) == []  # its blocks_landed comes from the pool later
+    assert work.held() == 1 and work.settle is last
+    # what the peer sends next waits behind it
+    assert list(work.inputs([_done("P")], 0.0)) == []
+    work.landed("P", ("kv", 3, first, 2), -1)
+    assert [type(i).__name__ for i in work.inputs((), 0.0)] == ["BlocksLanded", "Received"]
+
+
+def test_a_bad_landing_here_settles_the_tick_only_while_others_run_on_the_pool() -> None:
+    out, work, plane, _ = _outbound(None, landed=0)
+    out.perform([_land(first=0)])  # blocks 0-1 on the pool, not the last
+    assert not work.settle
+    plane.answer = 0  # blocks 2-3, the load's last, land here and the first does not match
+    (bad,) = out.perform([_land(first=2)])
+    assert bad.ok is False and work.settle  # the pool's landing must end before the tick does
+    out2, work2, _, _ = _outbound(0, landed=2)
+    out2.perform([_land(first=2)])  # the last batch, bad, nothing on the pool: nothing to wait for
+    assert not work2.settle
+
+
+def test_a_landing_of_a_load_the_core_no_longer_tracks_never_settles_the_tick() -> None:
+    out, work, _, _ = _outbound(None)
+    assert out.perform([_land(kid="gone")]) == []
+    assert work.held() == 1 and not work.settle
+
+
+def test_a_large_store_asks_the_pool_for_its_blocks_digests_and_none_asks_nothing() -> None:
+    pool = FakePool()
+    bufs = _bufs()
+    assert _work(pool).store(_store("kv", 1), bufs) is None
+    assert pool.asked == [(bufs, "xxh3_64")]
+    off = _work(pool, algorithm="none")  # integrity off: no digests, applied at once, the pool not asked
+    ready = off.store(_store("kv", 2), bufs)
+    assert ready is not None and ready.job_id == 2 and ready.digests == () and len(pool.asked) == 1
+    assert off.held() == 0
+
+
+def test_held_counts_stores_and_landings_together() -> None:
+    work = _work(FakePool())
+    work.store(_store("kv", 1), _bufs())
+    work.holds(ix.RequestFinished("kv", producer=True))
+    work.landing("P", ("x", 0, 0, 1))
+    assert work.held() == 3
+
+
+def test_a_landings_result_names_its_blocks_and_counts_or_logs_them() -> None:
+    from kvtier.lifecycle import Reason
+
+    counters, logs = Counters(), Logs()
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=counters, logs=logs)
+    assert work.result("P", ("kv", 3, 4, 2), -1) == ix.BlocksLanded("P", "kv", 3, 4, 2, True)
+    assert counters.bytes == 2 * BB
+    assert work.result("P", ("kv", 3, 4, 2), 1) == ix.BlocksLanded("P", "kv", 3, 4, 2, False, Reason.CORRUPT)
+    assert counters.bytes == 2 * BB  # a bad batch's bytes are not counted as landed
+    assert logs.lines == ["kvtier: block 5 of kv round 3 from P does not match its parked digest; the load fails"]
+
+
+def test_a_one_sided_loads_keys_are_rechecked_and_a_mismatch_is_logged_once(caplog) -> None:
+    from kvtier.integrity import block_digests
+    from kvtier.lifecycle import Reason
+    from kvtier.lifecycle import effects as fx
+    from kvtier.memory import BlockPool
+
+    pool = BlockPool(8, 64, pin=False)
+    pool.write(3, bytes(range(64)))
+    (d3,) = block_digests([pool.buffer(3)], "xxh3_64")
+    out, _, _, _ = _outbound(-1, pool=pool)
+    out.jobs.open(5, store=False, kv_request_id="K", now=0.0, nbytes=128)
+    out.jobs.open(6, store=False, kv_request_id="L", now=0.0, nbytes=64)
+    with caplog.at_level("WARNING", logger="kvtier.manager"):
+        out.perform([fx.JobDone(6, False, Reason.PEER_LOST, (b"k3",), ((3, d3),))])  # still matches: no line
+        out.perform([fx.JobDone(5, False, Reason.PEER_LOST, (b"k3", b"k4", b"k5"), ((3, d3), (4, d3), (5, d3)))])
+    got = {r.job_id: r.successful_keys for r in out.jobs.take()}
+    assert got == {6: (b"k3",), 5: (b"k3",)}
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: job 5: 2 landed blocks no longer match their digests; not reported"]
+
+
+def test_a_held_input_keeps_its_own_arrival_stamp_and_an_unstamped_one_holds_every_deadline() -> None:
+    import msgspec
+
+    work = _work()
+    work.landing("P", ("kv", 0, 0, 1))
+    stamped = msgspec.structs.replace(_done("P"), after=5.0)
+    assert list(work.inputs([stamped], after=9.0)) == []  # held behind the landing
+    assert work.floor() == 5.0  # its own stamp, not the pass's
+    other = _work()
+    other.landing("P", ("kv", 0, 0, 1))
+    assert list(other.inputs([_done("P")])) == []  # no stamp, and none given for the pass
+    assert other.floor() == float("-inf")  # when it arrived is unknown: no deadline may fire
+
+
+def test_a_landing_started_after_a_pass_has_no_arrival_bound() -> None:
+    work = _work()
+    assert [type(i).__name__ for i in work.inputs([_bd("P")], after=4.0)] == ["Received"]
+    work.landing("P", ("kv", 0, 0, 1))  # after the pass: not behind anything read in it
+    assert work.floor() == float("inf")
+
+
+def test_ready_only_when_a_held_head_can_go() -> None:
+    work = _work()
+    assert not work.ready()
+    work.landing("P", ("kv", 0, 0, 1))
+    list(work.inputs([_done("P")], after=1.0))  # held behind the landing
+    assert not work.ready()  # the landing still runs
+    work.landed("P", ("kv", 0, 0, 1), -1)
+    assert work.ready()
+    work.landing("Q", ("kv2", 0, 0, 1))
+    assert work.ready()  # P's queue can go, Q's cannot
+
+
+def test_corrupt_landings_are_logged_once_per_peer_per_interval() -> None:
+    """The log line of a corrupt batch is rate-limited per peer, so one bad peer cannot hide
+    another's."""
+    import logging
+
+    from kvtier.shell.logs import RateLimitedLog
+
+    logs = RateLimitedLog(lambda: 0.0, lambda p: p)  # the clock stands still: one interval
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=Counters(), logs=logs)
+    records: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler = Grab()
+    logger = logging.getLogger("kvtier.manager")
+    logger.addHandler(handler)
+    try:
+        for peer in ("P", "P", "Q"):
+            work.result(peer, ("kv", 0, 0, 1), 0)
+    finally:
+        logger.removeHandler(handler)
+    assert [r for r in records if "does not match" in r] == [
+        "kvtier: block 0 of kv round 0 from P does not match its parked digest; the load fails",
+        "kvtier: block 0 of kv round 0 from Q does not match its parked digest; the load fails"]

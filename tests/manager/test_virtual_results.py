@@ -9,7 +9,7 @@ import pytest
 
 from kvtier.api import DuplicateJob
 from mgr_helpers import job, keys_for
-from virtual_helpers import BB, SCEN, store
+from virtual_helpers import BB, SCEN, outcome, store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,3 +74,36 @@ def test_a_job_id_stays_taken_until_its_result_is_collected(pairs):
     v.C.on_new_request(cb)
     v.C.submit_load(job(10, keys_for("B", 1), [1], cb))
     assert v.C.is_outstanding(10)
+
+
+def test_every_result_is_counted_by_kind_outcome_and_reason_and_only_network_loads_are_timed(pairs):
+    """``kvtier_jobs_total{kind,outcome,reason}`` counts each result once; the consumer's transfer
+    histograms observe a successful load's bytes and submit-to-result seconds, and nothing else."""
+    from kvtier.api import RequestContext
+    from mgr_helpers import metric
+
+    v = pairs(SCEN, block_bytes=BB)
+    ca = v.creq("c-A", "A")
+    v.C.on_new_request(ca)
+    v.advance_to(2.0)
+    v.C.submit_load(job(10, keys_for("A", 3), [0, 1, 2], ca))
+    v.advance_to(4.5)
+    store(v, "A", 1, [0, 1, 2], seed=3)
+    v.step()
+    cb = v.creq("c-B", "B")  # never stored: fails by the supply timeout
+    v.C.on_new_request(cb)
+    v.C.submit_load(job(11, keys_for("B", 1), [3], cb))
+    local = RequestContext(req_id="p-local", kv_transfer_params={})  # no remote decoder: nothing to park
+    v.P.on_new_request(local)
+    v.P.submit_store(job(2, keys_for("L", 1), [5], local))
+    v.advance_to(16.0)
+    assert outcome(v.cjobs, 10) == (True, None) and outcome(v.cjobs, 11) == (False, "supply_timeout")
+    C, P = v.C, v.P
+    assert metric(C, "kvtier_jobs_total", kind="load", outcome="ok", reason="") == 1
+    assert metric(C, "kvtier_jobs_total", kind="load", outcome="fail", reason="supply_timeout") == 1
+    assert metric(C, "kvtier_transfer_bytes_count", role="consumer") == 1
+    assert metric(C, "kvtier_transfer_bytes_sum", role="consumer") == 3 * BB
+    assert metric(C, "kvtier_transfer_duration_seconds_sum", role="consumer") == pytest.approx(2.5)
+    assert metric(P, "kvtier_jobs_total", kind="store", outcome="ok", reason="") == 1
+    assert metric(P, "kvtier_jobs_total", kind="store", outcome="ok", reason="local") == 1
+    assert metric(P, "kvtier_transfer_bytes_count", role="consumer") == 0

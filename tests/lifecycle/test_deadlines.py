@@ -1,0 +1,121 @@
+"""The deadline lanes (kvtier.lifecycle.deadlines.DeadlineQueue): entries come out in firing
+order (when, then arm order) across lanes, an entry is found only by its own key *and* seq, stale
+entries are dropped by a compaction exactly past its thresholds (decision C9), and a cleared
+queue starts afresh."""
+
+from __future__ import annotations
+
+from kvtier.lifecycle.deadlines import STALE_FLOOR, DeadlineQueue
+
+
+def _always(key, seq) -> bool:
+    return True
+
+
+def test_live_entries_are_in_firing_order_across_lanes_ties_in_arm_order() -> None:
+    q = DeadlineQueue()
+    a = q.arm(5.0, "late", lane="park")
+    b = q.arm(1.0, "early", lane="tomb")
+    c = q.arm(3.0, "z", lane="park2")
+    d = q.arm(3.0, "a", lane="tomb2")  # same time as "z", armed after it
+    assert q.live(_always) == [(1.0, b, "early", "tomb"), (3.0, c, "z", "park2"), (3.0, d, "a", "tomb2"),
+                               (5.0, a, "late", "park")]
+    assert [q.pop_due(9.0, _always) for _ in range(4)] == ["early", "z", "a", "late"]
+
+
+def test_an_entry_is_found_by_its_key_and_its_seq_together() -> None:
+    q = DeadlineQueue()
+    s1 = q.arm(2.0, "A")
+    s2 = q.arm(4.0, "B")
+    assert q.when_of("A", s1) == 2.0 and q.when_of("B", s2) == 4.0
+    assert q.when_of("A", s2) is None and q.when_of("B", s1) is None  # a re-armed key's old entry is not it
+
+
+def _fill(q: DeadlineQueue, n_live: int, n_stale: int):
+    """Arm a live head, then ``n_stale`` entries that are stale, then ``n_live - 1`` live ones;
+    return the liveness test, which (like the core's) asks the key's record for its live seq."""
+    live: dict[str, int] = {"head": q.arm(0.0, "head")}
+    for i in range(n_stale):
+        q.arm(1.0 + i, f"s{i}")  # its record moved on: no live seq
+    for i in range(n_live - 1):
+        live[f"l{i}"] = q.arm(1e6 + i, f"l{i}")
+    return lambda key, seq: live.get(key) == seq
+
+
+def test_reported_stale_entries_are_compacted_only_past_the_floor_and_half_the_queue() -> None:
+    q = DeadlineQueue()
+    is_live = _fill(q, n_live=STALE_FLOOR - 2, n_stale=STALE_FLOOR + 1)
+    for _ in range(STALE_FLOOR):
+        q.retire(is_live)  # the head is live: nothing is dropped on the way
+    assert len(q) == 2 * STALE_FLOOR - 1  # reported stale entries at the floor: no compaction
+    q.retire(is_live)  # one past the floor, and more than half the queue
+    assert len(q) == STALE_FLOOR - 2
+    assert [e[2] for e in q.live(is_live)][:2] == ["head", "l0"] and q.next_when(is_live) == 0.0
+    q.retire(is_live)  # reports after a compaction are counted afresh
+    assert len(q) == STALE_FLOOR - 2
+    half = DeadlineQueue()
+    is_live = _fill(half, n_live=STALE_FLOOR + 1, n_stale=STALE_FLOOR + 1)
+    for _ in range(STALE_FLOOR + 1):
+        half.retire(is_live)  # past the floor, but exactly half the queue: kept
+    assert len(half) == 2 * STALE_FLOOR + 2
+
+
+def test_unreported_stale_entries_are_compacted_past_four_per_live_record() -> None:
+    q = DeadlineQueue()
+    is_live = _fill(q, n_live=1, n_stale=STALE_FLOOR + 3)  # size = floor + 4 * 1 exactly
+    q.maybe_compact(live_records=1, is_live=is_live)
+    assert len(q) == STALE_FLOOR + 4
+    new = q.arm(2e6, "new")
+
+    def also_new(key, seq):
+        return (key, seq) == ("new", new) or is_live(key, seq)
+
+    q.maybe_compact(live_records=1, is_live=also_new)  # one past it
+    assert len(q) == 2 and [e[2] for e in q.live(also_new)] == ["head", "new"]
+
+
+def test_a_cleared_queue_starts_afresh() -> None:
+    q = DeadlineQueue()
+    is_live = _fill(q, n_live=3, n_stale=2)
+    q.retire(is_live)
+    q.clear()
+    assert len(q) == 0 and q.next_when(_always) is None and q.live(_always) == []
+    assert q.arm(1.0, "A") == 1  # seqs restart
+    q.clear()
+    # and so does the count of reported stale entries: a compaction needs as many reports as in
+    # a new queue
+    is_live = _fill(q, n_live=STALE_FLOOR, n_stale=STALE_FLOOR + 1)
+    for _ in range(STALE_FLOOR):
+        q.retire(is_live)
+    assert len(q) == 2 * STALE_FLOOR + 1
+
+
+def test_len_counts_the_entries_held_through_every_way_one_leaves() -> None:
+    q = DeadlineQueue()
+    assert q.arm(1.0, "a", lane="x") == 1  # seqs start at 1
+    dead = {q.arm(2.0, "b", lane="x"), q.arm(0.5, "c", lane="y")}
+    q.arm(3.0, "d", lane="y")
+    q.arm(4.0, "e", lane="z")
+
+    def is_live(key, seq):
+        return seq not in dead
+
+    assert len(q) == 5
+    assert q.next_when(is_live) == 1.0 and len(q) == 4  # the stale head of lane y went on the way
+    assert q.pop_due(1.0, is_live) == "a" and len(q) == 3
+    q.retire(is_live, lane="x")  # lane x's stale head goes at once
+    assert len(q) == 2
+    q.maybe_compact(live_records=0, is_live=is_live)  # nothing stale left: the two live ones stay
+    assert len(q) == 2 and [e[2] for e in q.live(is_live)] == ["d", "e"]
+
+
+def test_an_entry_armed_out_of_order_in_its_lane_fires_in_its_place() -> None:
+    """A caller's clock that stepped back: the later-armed, earlier deadline is not stuck behind
+    the lane's tail, and the lane stays sorted."""
+    q = DeadlineQueue()
+    q.arm(10.0, "late", lane="t")
+    q.arm(11.0, "later", lane="t")
+    q.arm(3.0, "early", lane="t")
+    assert q.next_when(_always) == 3.0
+    assert q.pop_due(5.0, _always) == "early" and q.pop_due(5.0, _always) is None
+    assert [q.pop_due(20.0, _always) for _ in range(2)] == ["late", "later"]

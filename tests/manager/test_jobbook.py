@@ -1,0 +1,157 @@
+"""The job book (kvtier.shell.jobs.JobBook): exactly one result per engine job, handed over once;
+an id stays taken until its result was collected; the manager's own jobs (a load of nothing it
+runs for a request whose lookups found nothing) are counted and ended like the engine's but never
+reported, listed or counted as the engine's."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvtier.api import DuplicateJob
+from kvtier.lifecycle import Reason
+from kvtier.shell.jobs import JobBook
+
+
+def _book() -> JobBook:
+    book = JobBook()
+    book.open(1, store=False, kv_request_id="A", now=1.0, nbytes=128)
+    book.open(2, store=True, kv_request_id="A", now=2.0, nbytes=64)
+    book.open(9, store=False, kv_request_id="A", now=3.0, nbytes=0, internal=True)
+    return book
+
+
+def test_the_managers_own_job_is_never_the_engines() -> None:
+    book = _book()
+    assert len(book) == 2
+    assert book.outstanding() == frozenset({1, 2})
+    assert sorted(book.open_ids()) == [1, 2] and sorted(book.open_ids("A")) == [1, 2]
+    assert book.info(9) is None and book.info(1) == (False, "A", 1.0, 128)
+    assert book.finish(9, True, None, 4.0) == (False, 0, 1.0)  # counted for metrics...
+    assert book.take() == [] and not book.ready  # ...never handed over
+    assert len(book) == 2 and book.outstanding() == frozenset({1, 2})
+    assert book.finish(9, True, None, 5.0) is None  # ended once
+
+
+def test_a_result_keeps_its_id_taken_until_it_is_collected() -> None:
+    book = _book()
+    assert book.finish(1, True, None, 3.5) == (False, 128, 2.5)
+    # reported, not collected: still outstanding, no longer open, a resubmission is a duplicate
+    assert book.outstanding() == frozenset({1, 2}) and book.is_outstanding(1)
+    assert sorted(book.open_ids()) == [2] and len(book) == 1 and book.ready
+    with pytest.raises(DuplicateJob, match=r"^job 1 is already outstanding \(its result has not been collected yet\)$"):
+        book.check_new(1)
+    with pytest.raises(DuplicateJob, match=r"^job 2 is already outstanding$"):
+        book.check_new(2)
+    (r,) = book.take()
+    assert (r.job_id, r.success, r.reason, r.transfer_bytes, r.transfer_time_s) == (1, True, None, 128, 2.5)
+    assert book.take() == []  # exactly one result
+    assert book.outstanding() == frozenset({2}) and not book.is_outstanding(1)
+    book.check_new(1)  # free again
+
+
+def test_outstanding_without_internal_jobs_is_open_and_reported() -> None:
+    book = JobBook()
+    book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=1)
+    book.open(2, store=False, kv_request_id="B", now=0.0, nbytes=1)
+    book.finish(2, False, Reason.LOAD_TIMEOUT, 1.0)
+    assert book.outstanding() == frozenset({1, 2}) and len(book) == 1
+    assert book.open_ids("B") == [] and book.open_ids("A") == [1]
+
+
+def test_what_each_kind_of_result_reports() -> None:
+    book = _book()
+    book.open(3, store=False, kv_request_id="B", now=0.0, nbytes=256)
+    book.open(4, store=False, kv_request_id="C", now=0.0, nbytes=256)
+    book.finish(2, True, None, 4.0, successful_keys=(b"k",))  # a store reports neither bytes nor keys
+    book.finish(1, False, None, 4.0, successful_keys=(b"k0",))  # a failure without a reason: transfer_failed
+    book.finish(3, True, Reason.LOCAL, 4.0)  # a load served locally moved nothing over the network
+    book.finish(4, False, Reason.CORRUPT, 4.0, successful_keys=())  # no verified key: None, not ()
+    got = {r.job_id: (r.success, r.reason, r.transfer_bytes, r.transfer_time_s, r.successful_keys)
+           for r in book.take()}
+    assert got == {2: (True, None, None, None, None), 1: (False, "transfer_failed", None, None, (b"k0",)),
+                   3: (True, None, None, None, None), 4: (False, "corrupt", None, None, None)}
+
+
+def test_a_second_or_unknown_result_is_dropped_and_logged(caplog) -> None:
+    book = _book()
+    book.finish(1, True, None, 2.0)
+    with caplog.at_level(logging.ERROR, logger="kvtier.manager"):
+        assert book.finish(1, False, Reason.SHUTDOWN, 3.0) is None
+        assert book.finish(77, True, None, 3.0) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvtier: duplicate or unknown job result 1 dropped", "kvtier: duplicate or unknown job result 77 dropped"]
+    assert [r.job_id for r in book.take()] == [1]
+
+
+def test_internal_jobs_are_counted_one_by_one() -> None:
+    book = JobBook()
+    book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=1, internal=True)
+    book.open(2, store=False, kv_request_id="B", now=0.0, nbytes=1, internal=True)
+    book.open(3, store=False, kv_request_id="C", now=0.0, nbytes=1)
+    book.finish(1, True, None, 1.0)
+    assert book.outstanding() == frozenset({3}) and book.open_ids() == [3] and len(book) == 1
+
+
+# -- the JobDone performer (kvtier.shell.outbound): what a result changes besides the book ----------
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kw: self.calls.append((name, *args))
+
+
+def _performer():
+    import time
+
+    from kvtier.shell.logs import RateLimitedLog
+    from kvtier.shell.outbound import Outbound
+    from kvtier.shell.perbyte import ByteWork
+    from kvtier.testing.inproc import InprocNetwork, InprocTransport
+
+    metrics, logs, book = Calls(), RateLimitedLog(time.monotonic, lambda p: ""), JobBook()
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=64, metrics=metrics, logs=logs)
+    out = Outbound(transport=InprocTransport(InprocNetwork(), "c:1"), plane=None, pool=None, jobs=book,
+                   metrics=metrics, logs=logs, work=work, clock=lambda: 7.0)
+    return out, book, metrics
+
+
+def test_only_a_failed_load_changes_what_lookups_answer() -> None:
+    """A failed load makes the id's lookups MISS (decision L11): the loop republishes its answers."""
+    from kvtier.lifecycle import effects as fx
+
+    for store, ok, changed in [(False, False, True), (False, True, False), (True, False, False), (True, True, False)]:
+        out, book, _ = _performer()
+        book.open(1, store=store, kv_request_id="A", now=0.0, nbytes=64)
+        out.perform([fx.JobDone(1, ok, None if ok else Reason.ABORTED)])
+        assert out.changed is changed, (store, ok)
+
+
+def test_a_failure_without_a_reason_is_counted_and_reported_as_transfer_failed() -> None:
+    from kvtier.lifecycle import effects as fx
+
+    out, book, metrics = _performer()
+    book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=64)
+    book.open(2, store=False, kv_request_id="B", now=3.0, nbytes=64)
+    out.perform([fx.JobDone(1, False), fx.JobDone(2, True)])
+    assert metrics.calls == [("job_done", "load", False, Reason.TRANSFER_FAILED), ("job_done", "load", True, None),
+                             ("transfer", "consumer", 64, 4.0)]
+    assert [(r.job_id, r.reason) for r in book.take()] == [(1, "transfer_failed"), (2, None)]
+
+
+@pytest.mark.parametrize(("store", "kind"), [(True, "store"), (False, "load")])
+def test_a_job_refused_as_not_authorised_says_where_to_look(store: bool, kind: str, caplog) -> None:
+    from kvtier.lifecycle import effects as fx
+
+    out, book, metrics = _performer()
+    book.open(4, store=store, kv_request_id="A", now=0.0, nbytes=64)
+    with caplog.at_level(logging.WARNING, logger="kvtier.manager"):
+        out.perform([fx.JobDone(4, False, Reason.NOT_AUTHORISED)])
+    said = (f"kvtier: {kind} job 4 refused: not_authorised (the producer request named another consumer for this "
+            "id; check remote_decoder.consumer and this manager's CURVE principal)")
+    assert [r.getMessage() for r in caplog.records] == [said]
+    assert metrics.calls == [("job_done", kind, False, Reason.NOT_AUTHORISED)]
