@@ -121,14 +121,16 @@ def _performer():
 
 
 def test_only_a_failed_load_changes_what_lookups_answer() -> None:
-    """A failed load makes the id's lookups MISS (decision L11): the loop republishes its answers."""
+    """A failed load makes the id's lookups MISS (decision L11): the loop republishes that id's answers
+    (only that id: decision C25), and nothing else asks for a republish."""
     from kvtier.lifecycle import effects as fx
 
     for store, ok, changed in [(False, False, True), (False, True, False), (True, False, False), (True, True, False)]:
         out, book, _ = _performer()
         book.open(1, store=store, kv_request_id="A", now=0.0, nbytes=64)
         out.perform([fx.JobDone(1, ok, None if ok else Reason.ABORTED)])
-        assert out.changed is changed, (store, ok)
+        assert out.failed == ({"A"} if changed else set()), (store, ok)
+        assert out.changed is False, (store, ok)  # the id is known: no rescan of every id
 
 
 def test_a_failure_without_a_reason_is_counted_and_reported_as_transfer_failed() -> None:
