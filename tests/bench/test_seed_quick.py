@@ -1,4 +1,4 @@
-"""Smoke test of P0 (``bench/seed.py``): the seed's p2p tier and kvtier's adapter on both
+"""Smoke test of P0 (``bench/seed.py``): vLLM's p2p tier and kvtier's adapter on both
 planes, driven through vLLM's TieringOffloadingManager in two processes, hand off every size of
 ``--quick`` (``--smoke``: the same sizes, one round) byte-exact (the benchmark raises otherwise), and the result record is complete.
 Nothing about timings is asserted."""

@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.vllm]
 def test_manager_level_store_park_lookup_load_finish(managers, data_plane) -> None:
     prod, ptier = managers({**TIER, "unbound_store_timeout_s": "180", "locality": "REMOTE", "data_plane": data_plane})
     cons, ctier = managers({**TIER, "data_plane": data_plane})
-    assert ptier.config.unbound_store_timeout_s == 180.0  # the seed's string value is converted
+    assert ptier.config.unbound_store_timeout_s == 180.0  # a string, as vLLM p2p's configs give it, is converted
     assert ptier.tier_type == "KvTierSecondaryTier" and ptier.cache_hit_source.name == "P2P"
     assert ptier.medium is None and ptier.locality is None
     assert prod._polled_tiers == [ptier]  # opted in to off-thread polling (thread off: poll_s=0)

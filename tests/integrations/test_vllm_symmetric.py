@@ -170,7 +170,7 @@ def test_serving_is_off_by_default_and_the_request_is_computed(model_dir: str) -
             e.shutdown()
 
 
-# -- manager level: the seed's held-pin reset_cache, and a partial load ----------------------------
+# -- manager level: vLLM p2p's held-pin reset_cache, and a partial load ----------------------------
 def _wait(pred, *mgrs, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not pred():

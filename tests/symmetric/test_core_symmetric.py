@@ -183,7 +183,7 @@ def test_still_pending_at_the_lookup_deadline_is_answered_miss() -> None:
 # -- bounds: the consumer never waits long ----------------------------------------------------------
 def test_a_silent_peer_bounds_retry_by_the_probe_timeout_from_the_first_key() -> None:
     """probe_answered_in_bound: the handshake never completes; RETRY stops at probe_timeout_s (1 s)
-    after the round's first key, not 30 s (the seed's handshake bound)."""
+    after the round's first key, not 30 s (vLLM p2p's handshake bound)."""
     net = pair()
     announce(net, 0.0)
     assert lookup_all(net, KEYS, 0.0) == [Answer.RETRY] * 4

@@ -19,7 +19,7 @@ from tests.symmetric.test_stateful_symmetric import Symmetric, SymmetricHonest
 from tools.planted import PLANTED
 
 
-def _drain_keeps_pins(self, rec, inp, reason, now, out):  # the seed's reset_cache bug
+def _drain_keeps_pins(self, rec, inp, reason, now, out):  # vLLM p2p's reset_cache bug
     if reason is not Reason.DRAINED:
         self._release(rec, False, reason or Reason.TRANSFER_FAILED, out)
 
