@@ -146,7 +146,7 @@ class CoreView:
 
     def serve_ids(self) -> list[tuple[str, str, int]]:
         """Every live serve record's ``(peer, kv_request_id, round)``, sorted."""
-        return [(v.peer, v.kv_request_id, v.round) for v in self._records().serves]
+        return sorted((v.peer, v.kv_request_id, v.round) for v in self._records().serves)
 
     def pins_held(self) -> frozenset[int]:
         """Engine pins the serve records hold."""
