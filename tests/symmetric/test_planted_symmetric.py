@@ -91,7 +91,7 @@ def test_the_stateful_suite_finds_the_planted_bug(bug: str, monkeypatch: pytest.
 def _hunt(prop: str, machine: type) -> None:
     # the honest hunts need a corrupt block before its landing: shorter examples, more of them.
     # Run alone, the serve_unpinned hunt meets its bug after ~750 examples (the machine reads the
-    # answers the shell publishes, decision W12): the budget leaves room; a hunt stops once it finds
+    # answers the shell publishes, decision W12); a hunt stops at the bug, so the margin costs nothing.
     examples, steps = (1000, 15) if machine is SymmetricHonest else (2000, 30)
     with pytest.raises((PropertyViolation, AssertionError), match=prop):
         run_state_machine_as_test(machine, settings=settings(
