@@ -83,12 +83,15 @@ class NixlTransfers:
         """Post a READ of ``peer``'s slot 0 into a private scratch block (never a pool block) and
         return its transfer id; its outcome comes from :meth:`poll` like a WRITE's.
 
-        Why: measured (NIXL 1.5.1, UCX 1.23, CMA and tcp), the *first* transfer on a new peer's
-        endpoint stays ``PROC`` until the target's worker progresses, although its bytes already
-        moved; every later one completes without the target.  Doing one harmless transfer while
-        both sides are in the handshake (both progressing) means a WRITE posted later completes
-        even if the target then stalls — so its ``block_data`` header is not held back until the
-        target wakes, by when its load deadline may have passed (decision N15).
+        Why: measured (NIXL 1.5.1, UCX 1.23, CMA and tcp), a transfer's completion waits for the
+        target's worker to progress whenever this endpoint sent anything (UCX's own wire-up
+        messages, a notification) since its last completed transfer: NIXL flushes the endpoint
+        before it reports a transfer done.  The first transfer on a new endpoint meets the
+        wire-up; the next ones may meet its last messages.  Doing harmless READs one after the
+        other while both sides are in the handshake (both progressing; the plane posts
+        ``WARM_READS``) means a WRITE posted later completes even if the target then stalls — so
+        its ``block_data`` header is not held back until the target wakes, by when its load
+        deadline may have passed (decision N15).
 
         Raises:
             ValueError: unknown peer.  NixlError: the agent is closed or the scratch block cannot

@@ -361,16 +361,18 @@ def test_without_lives_an_earlier_abort_still_ends_the_reused_id(data_plane, pro
 
 @BOTH_PLANES
 def test_blocks_that_landed_before_the_load_deadline_beat_it_on_a_fresh_endpoint(data_plane, victim, make_manager):
-    """5 trials, each with a fresh consumer manager (on NIXL: a new agent, a new endpoint, so the
-    producer's WRITE is the first one on it).  The consumer fetches, then its whole process stalls
-    past its ``load_timeout_s``; the producer stores meanwhile.  Its blocks landed (and their
-    header waits in the consumer's socket) before the deadline, so the load succeeds byte-exact
-    every trial — the producer's warm-up during the handshake (decision N15) lets the WRITE
-    complete without the stalled consumer."""
-    p = make_manager({**HB, "peer_timeout_s": 30.0}, num_blocks=16, block_bytes=BB)
-    pjobs = Jobs(p)
+    """5 trials, each with a fresh producer and a fresh consumer manager (on NIXL: new agents, a
+    new endpoint whose wire-up is still under way, so the producer's WRITE is the first one on
+    it).  The consumer fetches, then its whole process stalls past its ``load_timeout_s``; the
+    producer stores meanwhile.  Its blocks landed (and their header waits in the consumer's
+    socket) before the deadline, so the load succeeds byte-exact every trial — the producer's
+    warm-up READs during the handshake (decision N15) let the WRITE complete without the stalled
+    consumer.  A fresh producer is the hard case: with one warm-up READ 14 of 40 such WRITEs
+    waited for the consumer."""
     outcomes = []
     for trial in range(5):
+        p = make_manager({**HB, "peer_timeout_s": 30.0}, num_blocks=16, block_bytes=BB)
+        pjobs = Jobs(p)
         # timings x2 of what the scenario needs: a loaded host (parallel workers) must not eat the
         # producer's time to write before the stalled consumer wakes up
         victim.start_manager({**HB, "load_timeout_s": 2.0, "fetch_supply_timeout_s": 1.6, "peer_timeout_s": 30.0,

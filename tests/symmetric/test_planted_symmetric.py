@@ -92,7 +92,11 @@ def _hunt(prop: str, machine: type) -> None:
     # the honest hunts need a corrupt block before its landing: shorter examples, more of them.
     # Run alone, the serve_unpinned hunt meets its bug after ~750 examples (the machine reads the
     # answers the shell publishes, decision W12); a hunt stops at the bug, so the margin costs nothing.
-    examples, steps = (1000, 15) if machine is SymmetricHonest else (2000, 30)
+    # The derandomized search is not the same in every process: after the real-manager tests of
+    # this directory ran in the same worker, its draws part from a lone run's at the fourth
+    # example (same hash seed; cause not found), and partial_keys_unverified then needed more
+    # than 1000 examples (~11 s to find it), hence 4000.
+    examples, steps = (4000, 15) if machine is SymmetricHonest else (2000, 30)
     with pytest.raises((PropertyViolation, AssertionError), match=prop):
         run_state_machine_as_test(machine, settings=settings(
             max_examples=examples, stateful_step_count=steps, deadline=None, database=None, derandomize=True,
