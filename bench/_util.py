@@ -109,7 +109,8 @@ def _proc_stat() -> tuple[float, float]:
 
 
 def _our_cpu_s() -> float:
-    """CPU seconds of this process, its waited-for children and its live descendants."""
+    """CPU seconds of this process, its waited-for children and its live descendants (with what
+    each of them waited for: a fork server's finished children, tools.child)."""
     t = os.times()
     total = t.user + t.system + t.children_user + t.children_system
     try:
@@ -118,7 +119,7 @@ def _our_cpu_s() -> float:
         for child in psutil.Process().children(recursive=True):
             try:
                 ct = child.cpu_times()
-                total += ct.user + ct.system
+                total += ct.user + ct.system + ct.children_user + ct.children_system
             except psutil.Error:
                 pass
     except ImportError:  # pragma: no cover - psutil is a dev dependency

@@ -1,8 +1,10 @@
 """A Python child process that answers calls by name: the one helper the demo, the benchmarks and
 the multi-process tests start their children with.
 
-The parent names a *handler* (``module``, ``factory``, keyword arguments); the child, started with
-the ``spawn`` context (a fresh interpreter: no forked zmq context, no forked torch state), builds
+The parent names a *handler* (``module``, ``factory``, keyword arguments); the child, forked from
+a fork server that only imported :data:`PRELOAD` (no zmq context, no torch state, none of the
+parent's threads; ``KVTIER_CHILD_START=spawn`` for a fresh interpreter instead), takes the
+parent's environment and working directory as they were at :meth:`Child.start`, builds
 ``module.factory(**kwargs)`` and then answers every call ``op`` with ``handler.op_<op>(*args,
 **kwargs)``.  Handler hooks, all optional:
 
@@ -34,7 +36,18 @@ from typing import Any
 
 __all__ = ["Child", "ChildError", "start_all"]
 
-_CTX = mp.get_context("spawn")
+PRELOAD: tuple[str, ...] = ("numpy", "torch", "zmq", "msgspec", "kvtier.manager", "tools.child")
+"""Modules the fork server imports once, so that a child starts with them loaded instead of paying
+~1.5 s of CPU to import torch and kvtier again (decision V11).  A module missing here is skipped."""
+
+START_METHOD: str = os.environ.get("KVTIER_CHILD_START", "forkserver")
+"""``forkserver`` (default): children are forks of one clean, single-threaded server process that
+only imported :data:`PRELOAD` (no zmq context, no torch state, no thread of the parent's);
+``spawn``: a fresh interpreter per child (``KVTIER_CHILD_START=spawn``)."""
+
+_CTX = mp.get_context(START_METHOD)
+if START_METHOD == "forkserver":
+    _CTX.set_forkserver_preload(list(PRELOAD))
 
 
 class ChildError(RuntimeError):
@@ -56,9 +69,17 @@ def _error(exc: BaseException) -> tuple[str, str, str, str]:
 
 
 def _main(conn: Any, module: str, factory: str, kwargs: Mapping[str, Any], env: Mapping[str, str],
-          max_lifetime_s: float | None) -> None:
-    """The child's side (module-level, so ``spawn`` can import it)."""
-    os.environ.update(env)  # before the handler's module imports anything that reads it
+          max_lifetime_s: float | None, parent_env: Mapping[str, str] | None = None, cwd: str | None = None) -> None:
+    """The child's side (module-level, so the fork server has it loaded)."""
+    # a fork server's child starts with the server's environment and directory, taken when the
+    # server started: give it the parent's as they are now, as ``spawn`` would, then ``env`` —
+    # all before the handler's module imports anything that reads them
+    if parent_env is not None:
+        os.environ.clear()
+        os.environ.update(parent_env)
+    os.environ.update(env)
+    if cwd is not None:
+        os.chdir(cwd)
     handler: Any = None
     try:
         handler = getattr(importlib.import_module(module), factory)(**kwargs)
@@ -142,11 +163,12 @@ class Child:
 
     # -- process control ---------------------------------------------------------------------------
     def start(self) -> Child:
-        """Spawn the child (returns at once; idempotent)."""
+        """Start the child (returns at once; idempotent)."""
         if self._proc is None:
             parent, child = _CTX.Pipe(duplex=True)
             self._proc = _CTX.Process(
-                target=_main, args=(child, self.module, self.factory, self.kwargs, self.env, self.max_lifetime_s),
+                target=_main, args=(child, self.module, self.factory, self.kwargs, self.env, self.max_lifetime_s,
+                                    dict(os.environ), os.getcwd()),
                 name=self.name, daemon=True)
             self._proc.start()
             child.close()

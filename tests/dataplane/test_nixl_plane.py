@@ -352,3 +352,35 @@ def test_a_warmed_endpoint_completes_a_write_while_the_target_makes_no_progress(
     assert _slot_bytes(cp, [26]) == {26: {0x77}}
     p.remove_peer("cons-warm")
     c.remove_peer("prod-warm")
+
+
+def test_a_session_is_admitted_after_its_warm_up_reads_one_after_another(wpair, monkeypatch):
+    """N15: the producer posts WARM_READS warm-up READs, each once the one before completed, and
+    reports ``Attached`` only after the last (one READ left a fresh producer's first WRITE waiting
+    for a stalled consumer in 14 of 40 real-process trials)."""
+    from kvtier.dataplane.nixl import WARM_READS
+
+    p, c, _, _ = wpair
+    posted: list[int] = []
+    ended: set[int] = set()
+    real_warm, real_poll = p.agent.warm, p.agent.poll
+
+    def warm(peer):
+        assert set(posted) <= ended, "a READ was posted before the one before it ended"
+        posted.append(real_warm(peer))
+        return posted[-1]
+
+    def poll():
+        events = real_poll()
+        ended.update(e.xfer_id for e in events if hasattr(e, "xfer_id"))
+        return events
+
+    monkeypatch.setattr(p.agent, "warm", warm)
+    monkeypatch.setattr(p.agent, "poll", poll)
+    desc = c.session_descriptor("prod-reads", 9)
+    assert p.add_peer("cons-reads", desc, gen=9) is False
+    out = _until(p, lambda o: any(isinstance(r, Attached) for r in o), other=c)
+    assert [r for r in out if isinstance(r, Attached)] == [Attached("cons-reads", 9)]
+    assert WARM_READS >= 3 and len(posted) == WARM_READS
+    p.remove_peer("cons-reads")
+    c.remove_peer("prod-reads")

@@ -361,16 +361,21 @@ def test_without_lives_an_earlier_abort_still_ends_the_reused_id(data_plane, pro
 
 @BOTH_PLANES
 def test_blocks_that_landed_before_the_load_deadline_beat_it_on_a_fresh_endpoint(data_plane, victim, make_manager):
-    """5 trials, each with a fresh producer and a fresh consumer manager (on NIXL: new agents, a
+    """Trials, each with a fresh producer and a fresh consumer manager (on NIXL: new agents, a
     new endpoint whose wire-up is still under way, so the producer's WRITE is the first one on
     it).  The consumer fetches, then its whole process stalls past its ``load_timeout_s``; the
-    producer stores meanwhile.  Its blocks landed (and their header waits in the consumer's
-    socket) before the deadline, so the load succeeds byte-exact every trial — the producer's
-    warm-up READs during the handshake (decision N15) let the WRITE complete without the stalled
-    consumer.  A fresh producer is the hard case: with one warm-up READ 14 of 40 such WRITEs
-    waited for the consumer."""
-    outcomes = []
-    for trial in range(5):
+    producer stores meanwhile.  When the producer's plane moved every block while the consumer
+    was stalled, the blocks landed (and their header waits in the consumer's socket) before the
+    deadline, so the load succeeds byte-exact.  When it did not (NIXL only: the WRITE's
+    completion waited for the stalled consumer), the header comes after the deadline and the load
+    fails ``load_timeout`` — true, not lost.  Five trials must exercise the first case, in at most
+    ten: the producer's warm-up READs during the handshake (decision N15) make it the usual one
+    (with one warm-up READ 14 of 40 such WRITEs waited for the consumer, with three none of 75
+    on a quiet host; it still happened under the full suite's load)."""
+    landed_in_time, trials = 0, 0
+    while landed_in_time < 5:
+        trials += 1
+        assert trials <= 10, f"only {landed_in_time} of {trials - 1} WRITEs completed while the consumer was stalled"
         p = make_manager({**HB, "peer_timeout_s": 30.0}, num_blocks=16, block_bytes=BB)
         pjobs = Jobs(p)
         # timings x2 of what the scenario needs: a loaded host (parallel workers) must not eat the
@@ -378,25 +383,28 @@ def test_blocks_that_landed_before_the_load_deadline_beat_it_on_a_fresh_endpoint
         victim.start_manager({**HB, "load_timeout_s": 2.0, "fetch_supply_timeout_s": 1.6, "peer_timeout_s": 30.0,
                               "handshake_timeout_s": 1.8, "connect_timeout_s": 1.8, "abort_ack_timeout_s": 1.0},
                              num_blocks=16, block_bytes=BB)
-        kv = f"kv-stall-{trial}"
+        kv = f"kv-stall-{trials}"
         keys = keys_for(kv, 4)
-        assert victim.load(kv, 200 + trial, keys, [0, 1, 2, 3], host=p.host, port=p.port, sentinel=SENTINEL) == []
+        assert victim.load(kv, 200 + trials, keys, [0, 1, 2, 3], host=p.host, port=p.port, sentinel=SENTINEL) == []
         assert pump_until(lambda kv=kv: p.core.producer_state(kv).value == "awaiting", managers=[p], jobs=[pjobs])
         victim.stall(3.0)  # the whole child sleeps past its load deadline: no poll, no NIXL progress
         from mgr_helpers import fill_pattern
 
         preq = producer_req(f"p-{kv}", kv)
         p.on_new_request(preq)
-        want = fill_pattern(p.pool, [4, 5, 6, 7], seed=300 + trial)
-        p.submit_store(job(trial + 1, keys, [4, 5, 6, 7], preq))
+        want = fill_pattern(p.pool, [4, 5, 6, 7], seed=300 + trials)
+        p.submit_store(job(trials, keys, [4, 5, 6, 7], preq))
         # the producer works until its plane moved every block (an event, not a fixed pump: on a
-        # loaded host 0.3 s of polling did not always reach the write)
-        assert pump_until(lambda kv=kv: p.core.producer_state(kv).value in ("delivering", "confirmed", "done"),
-                          managers=[p], jobs=[pjobs], timeout_s=2.5)
-        got = victim.wait_results([200 + trial], timeout_s=10.0)[200 + trial]
+        # loaded host 0.3 s of polling did not always reach the write); 2.5 s ends inside the stall
+        moved = pump_until(lambda kv=kv: p.core.producer_state(kv).value in ("delivering", "confirmed", "done"),
+                           managers=[p], jobs=[pjobs], timeout_s=2.5)
+        assert moved or data_plane == "nixl", "the zmq plane needs nothing from the consumer to send"
+        got = victim.wait_results([200 + trials], timeout_s=10.0)[200 + trials]
         assert len(got) == 1, got
-        outcomes.append("ok" if got[0]["success"] else got[0]["reason"])
-        if got[0]["success"]:
+        if moved:
+            assert got[0]["success"], got
             assert victim.digests([0, 1, 2, 3]) == want
-    assert outcomes == ["ok"] * 5, outcomes
-
+            landed_in_time += 1
+        else:
+            assert (got[0]["success"], got[0]["reason"]) == (False, "load_timeout"), got
+        p.shutdown()
