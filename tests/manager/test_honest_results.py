@@ -229,16 +229,16 @@ def test_a_duplicate_abort_is_acknowledged_again_and_counted(make_manager):
 
 @BOTH_PLANES
 def test_a_slow_consumer_learns_why_the_producer_gave_its_transfer_up(data_plane, victim, make_manager, monkeypatch):
-    """10 trials: the consumer runs 2 ms of every 100 ms (SIGSTOP/SIGCONT), so the producer's
+    """10 trials: the consumer runs 2 ms of every 100-200 ms (SIGSTOP/SIGCONT), so the producer's
     ``transfer_timeout_s`` (0.3 s) passes mid-transfer, then its cancel deadline: it gives the
     session up (``transfer_stalled``).  Its notice and its goodbye name why, and the connection is
     cut only once the goodbye had ``shutdown_grace_s`` to leave behind the data already queued
-    (decision I28): the consumer, slow but alive, reports ``transfer_timeout`` (or success when
+    (decision I28).  The consumer recovers as the producer gives up (slow, not dead), so it reads
+    its way to the goodbye within the grace and reports ``transfer_timeout`` (or success when
     every block still landed intact), never the bare ``peer_disconnected`` of a cut that
-    overtook the reason — on zmq too, where the notice queues behind the data.  A consumer so
-    slow that it did not read its way to the goodbye within the grace is cut then (the rule's
-    bound): ``peer_disconnected`` is true for it only once the grace is over (seen once, in a
-    fresh-clone CI run, where the 2 ms slices got little CPU)."""
+    overtook the reason — on zmq too, where the notice queues behind the data.  (Kept throttled
+    through the grace, whether it reached the goodbye was the host's speed: 10 of 10 trials on
+    some runs, 0 of 10 on others, on the same quiet host.)"""
     if data_plane == "nixl":
         monkeypatch.setenv("UCX_TLS", "tcp")  # WRITEs need the consumer's progress
     # zmq: 96 MiB, more than the 32 MiB a transfer may have inside the transport plus what the
@@ -268,10 +268,9 @@ def test_a_slow_consumer_learns_why_the_producer_gave_its_transfer_up(data_plane
 
             assert pump_until(lambda t=trial: gave_up() or pjobs.has(t + 1), managers=[p], jobs=[pjobs],
                               timeout_s=20.0)
-            given_up = time.monotonic() if gave_up() else None
-            assert pump_until(lambda t=trial: pjobs.has(t + 1), managers=[p], jobs=[pjobs], timeout_s=20.0)
         finally:
-            throttle.close()
+            throttle.close()  # the consumer recovers: it has the whole grace to read up to the goodbye
+        assert pump_until(lambda t=trial: pjobs.has(t + 1), managers=[p], jobs=[pjobs], timeout_s=20.0)
         # the producer keeps running (as its background thread would): its goodbye waits in its
         # own send queue until a pass hands it to the transport
         got: list = []
@@ -279,15 +278,10 @@ def test_a_slow_consumer_learns_why_the_producer_gave_its_transfer_up(data_plane
             lambda j=100 + trial: got.extend(r for r in victim.call("results") if r["job_id"] == j) or got,
             managers=[p], jobs=[pjobs], timeout_s=20.0,
         )
-        seen = time.monotonic()
         got.extend(victim.wait_results([100 + trial], timeout_s=0.2).get(100 + trial, []))
         assert len(got) == 1, got
         reasons.append("ok" if got[0]["success"] else got[0]["reason"])
-        if reasons[-1] == "peer_disconnected":
-            assert given_up is not None and seen - given_up >= 3.0 - 0.05, \
-                f"cut {seen - given_up:.2f} s after the give-up, inside the grace" if given_up else "no give-up"
-    assert set(reasons) <= {"transfer_timeout", "ok", "peer_disconnected"}, reasons
-    assert reasons.count("transfer_timeout") + reasons.count("ok") >= 5, reasons
+    assert set(reasons) <= {"transfer_timeout", "ok"} and reasons.count("transfer_timeout") >= 5, reasons
 
 
 @pytest.mark.parametrize("tls", ["tcp", "default"])
