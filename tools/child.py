@@ -41,10 +41,12 @@ PRELOAD: tuple[str, ...] = ("numpy", "torch", "zmq", "msgspec", "kvtier.manager"
 ~1.5 s of CPU to import torch and kvtier again (decision V11).  A module missing here is skipped."""
 
 START_METHOD: str = os.environ.get("KVTIER_CHILD_START", "forkserver")
-"""``forkserver`` (default): children are forks of one clean, single-threaded server process that
-only imported :data:`PRELOAD` (no zmq context, no torch state, no thread of the parent's);
-``spawn``: a fresh interpreter per child (``KVTIER_CHILD_START=spawn``)."""
+"""``forkserver`` (default): children are forks of one clean server process that only imported
+:data:`PRELOAD` (no zmq context, no torch state, none of the parent's threads); ``spawn``: a fresh
+interpreter per child (``KVTIER_CHILD_START=spawn``)."""
 
+if START_METHOD not in ("forkserver", "spawn"):
+    raise ValueError(f"KVTIER_CHILD_START must be 'forkserver' or 'spawn', got {START_METHOD!r}")
 _CTX = mp.get_context(START_METHOD)
 if START_METHOD == "forkserver":
     _CTX.set_forkserver_preload(list(PRELOAD))
