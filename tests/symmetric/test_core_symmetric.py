@@ -65,6 +65,12 @@ def deliver_dir(net: SymNet, src: str, dst: str, now: float) -> None:
         net.deliver(src, dst, 0, now)
 
 
+def hold(net: SymNet, n: int, first: int) -> None:
+    """The producer's engine holds KEYS[:n] in pool blocks first, first + 1, ..."""
+    for i, k in enumerate(KEYS[:n]):
+        net.engines["P"].blocks[k] = first + i
+
+
 def announce(net: SymNet, now: float = 0.0, kid: str = K) -> None:
     net.engine_input("C", ix.ProbeAnnounced(kid, "P"), now)
 
@@ -80,8 +86,7 @@ def test_full_round_retry_then_hit_one_probe_per_step_and_every_pin_released_onc
     """probe_answered_in_bound, no_hit_without_pin, pin_released_once, lookup_context_closed_once."""
     net = pair()
     eng = net.engines["P"]
-    for i, k in enumerate(KEYS[:3]):
-        eng.blocks[k] = 10 + i
+    hold(net, 3, 10)
     announce(net)
     assert lookup_all(net, KEYS, 0.0) == [Answer.RETRY] * 4
     assert lookup_all(net, KEYS, 0.0) == [Answer.RETRY] * 4  # repeated lookups only answer
@@ -223,8 +228,7 @@ def test_instance_down_answers_miss_at_once() -> None:
 
 # -- every way a pin is released --------------------------------------------------------------------
 def _offered(net: SymNet, n: int = 2) -> int:
-    for i, k in enumerate(KEYS[:n]):
-        net.engines["P"].blocks[k] = 20 + i
+    hold(net, n, 20)
     announce(net)
     lookup_all(net, KEYS[:n], 0.0)
     net.engine_input("C", ix.ScheduleEnded(), 0.0)

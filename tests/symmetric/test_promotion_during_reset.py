@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kvtier.lifecycle import Answer, Reason, ServeState
 from kvtier.lifecycle import inputs as ix
-from tests.symmetric.test_core_symmetric import KEYS, K, announce, deliver_all, finish_transfers, lookup_all, pair
+from tests.symmetric.test_core_symmetric import KEYS, K, announce, deliver_all, finish_transfers, hold, lookup_all, pair
 from tools.coreview import CoreView
 
 
@@ -25,8 +25,7 @@ def _probes(net) -> list[str]:
 def test_a_promotion_started_before_the_producer_reset_fails_drained_and_its_keys_miss_in_one_round_trip() -> None:
     net = pair()
     engine = net.engines["P"]
-    for i, k in enumerate(KEYS[:3]):
-        engine.blocks[k] = 20 + i
+    hold(net, 3, 20)
     announce(net)
     lookup_all(net, KEYS[:3], 0.0)
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
