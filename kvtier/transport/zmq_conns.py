@@ -182,7 +182,7 @@ class Connections:
         self._conns: dict[int, Conn] = {}  # ROUTER connections by fd
         self.rid_fd: dict[bytes, int] = {}
         """Routing id -> fd of its connection (bound once)."""
-        self._spent: dict[bytes, None] = {}  # routing ids whose connection closed (bounded)
+        self._spent: dict[bytes, bool] = {}  # routing ids that bind no more -> their close was reported (bounded)
         self._unbound: dict[int, Conn] = {}  # accepted, no message yet (accept order)
         self._refusing: tuple[bool, str] | None = None  # the ROUTER's last failed handshake, until its close
         self.idle_dropped = 0
@@ -239,6 +239,13 @@ class Connections:
         """True when the connection ``rid`` speaks for was cut by us."""
         conn = self._conns.get(self.rid_fd.get(rid, -1))
         return conn is not None and conn.dropped
+
+    def is_closed(self, rid: bytes) -> bool:
+        """True when ``rid``'s connection was reported closed (:class:`PeerClosed`). libzmq's
+        ROUTER may still hold that connection's pipe for a moment after its monitor said so
+        (the socket takes the pipe's end on a later command pass), and a send there would be
+        accepted and dropped; a routing id never binds again, so such a send fails instead."""
+        return self._spent.get(rid, False) and rid not in self.rid_fd
 
     def peer_record(self, peer: str) -> Conn | None:
         """The accepted connection a peer that dialled us speaks for, or None."""
@@ -360,7 +367,7 @@ class Connections:
         if conn is None or conn.rid is None or self.rid_fd.get(conn.rid) != fd:
             return
         del self.rid_fd[conn.rid]
-        self._spend(conn.rid)
+        self._spend(conn.rid, closed=True)
         peer = IN_PREFIX + conn.rid.hex()
         self.outbox.fail(peer, SendFailure.UNREACHABLE, "connection closed")
         reason = CloseReason.DROPPED if conn.dropped else CloseReason.DISCONNECTED
@@ -422,7 +429,7 @@ class Connections:
             own = self._conns.get(self.rid_fd.get(rid, -1))
             return not (own is not None and own.dropped)
         if conn is None or conn.rid is not None:
-            self._spend(rid)
+            self._spend(rid, closed=conn is None)
             if conn is None:
                 # its connection closed before anything of it was read: nothing will report
                 # that close, so report it after this message
@@ -442,8 +449,8 @@ class Connections:
                 conn.principal = None
         return True
 
-    def _spend(self, rid: bytes) -> None:
-        self._spent[rid] = None
+    def _spend(self, rid: bytes, *, closed: bool) -> None:
+        self._spent[rid] = closed
         if len(self._spent) > _MAX_SPENT:
             del self._spent[next(iter(self._spent))]
 

@@ -320,6 +320,9 @@ class ZmqTransport:
         if (target[1] is not None and conns.is_dropped(target[1])) or peer in conns.closing:
             handle._mark_failed(SendFailure.DISCONNECTED, f"{peer!r} was dropped")
             return handle
+        if target[1] is not None and conns.is_closed(target[1]):
+            handle._mark_failed(SendFailure.UNREACHABLE, "connection closed")
+            return handle
         self._out.submit(peer, target, frames, track, handle)
         return handle
 
