@@ -464,3 +464,33 @@ def test_one_sided_partial_loads_carry_slot_digests_for_the_shell_to_recheck() -
     deliver_all(net, 0.0, windows=False)
     (r,) = net.results[2]
     assert r.successful_keys == (KEYS[0],) and r.verify == ((3, 111),)
+
+
+def test_symmetric_work_and_busy_follow_the_probe_the_serve_and_the_rounds_load() -> None:
+    """What the shell asks to decide whether to keep passes coming (``symmetric_work``) and whether
+    a transfer is in flight (``busy``), through one round from probe to release."""
+    net = pair()
+    cons, prod = net.cores["C"], net.cores["P"]
+    hold(net, 3, 10)
+    assert not cons.symmetric_work() and not prod.symmetric_work()
+    announce(net)
+    lookup_all(net, KEYS, 0.0)
+    assert cons.symmetric_work() and not cons.busy()  # keys collected for the step's probe
+    net.engine_input("C", ix.ScheduleEnded(), 0.0)
+    deliver_all(net, 0.0, windows=False)
+    assert CoreView(prod).serve_state("C", K, 0) is ServeState.LOOKING_UP
+    assert prod.symmetric_work() and not prod.busy()  # looking keys up moves no bytes
+    deliver_all(net, 0.0)
+    assert cons.probe_state(K) is ProbeState.OFFERED and cons.symmetric_work()
+    net.engine_input("C", ix.LoadSubmitted(K, 7, tuple(KEYS[:3]), (0, 1, 2)), 0.0)
+    # the probe is idle again; the round's load alone is the symmetric work, and it is in flight
+    assert cons.probe_state(K) is ProbeState.IDLE and cons.round_loads()
+    assert cons.symmetric_work() and cons.busy()
+    deliver_all(net, 0.0)
+    assert CoreView(prod).serve_state("C", K, 0) is ServeState.CONFIRMED
+    assert prod.busy() and prod.symmetric_work()  # the plane still reads the pinned blocks
+    finish_transfers(net, 0.0)
+    assert not prod.busy() and not cons.busy()
+    net.engine_input("C", ix.RequestFinished(K, False), 0.0)
+    deliver_all(net, 0.0)
+    assert not cons.symmetric_work() and not prod.symmetric_work()

@@ -1,0 +1,88 @@
+"""How the core cuts a transfer into ``block_data`` messages (:mod:`kvtier.lifecycle.batches`,
+decision I16): the taper of :func:`plan_batches`, and :class:`Batcher` keeping every header within
+what the data plane carries (a NIXL notification: 4 KiB) while packing as many blocks as fit."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from kvtier.lifecycle.batches import MAX_BATCH_BYTES, TAIL_BYTES, Batcher, plan_batches
+from kvtier.wire import messages as wm
+
+BIG = 2**64 - 1  # the longest digest msgpack encodes (9 bytes)
+
+
+def _encoded(header: wm.BlockData) -> int:
+    return len(msgspec.msgpack.encode(header))
+
+
+@pytest.mark.parametrize(("n", "per", "tail", "want"), [
+    (256, 8, 1, [8] * 31 + [4, 2, 1, 1]),
+    (1, 8, 1, [1]),
+    (0, 8, 1, []),
+    (3, 8, 4, [3]),  # at most `tail` blocks: one batch
+    (5, 8, 4, [1, 4]),
+    (10, 2, 8, [2, 2, 2, 2, 2]),  # a tail above `per` is cut to `per`
+])
+def test_the_plan_tapers_to_the_tail_and_sums_to_the_transfer(n, per, tail, want) -> None:
+    assert plan_batches(n, per, tail) == want
+    assert sum(want) == n and all(b > 0 for b in want)
+
+
+@pytest.mark.parametrize(("per", "tail"), [(0, 1), (1, 0), (-1, 1)])
+def test_the_plan_refuses_a_size_that_is_not_positive(per, tail) -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        plan_batches(4, per, tail)
+
+
+def test_every_header_fits_the_planes_limit_and_the_batches_are_as_full_as_it_allows() -> None:
+    limit = 4096
+    batcher = Batcher(block_bytes=64, max_header_bytes=limit, integrity=True)
+    n = 2000
+    out = batcher.send_blocks("peer", "kid-" + "x" * 40, 7, range(n), gen=3, digests=[BIG] * n,
+                              slots=range(n))
+    sizes = [h.count for h in out.headers]
+    assert sum(sizes) == n and [h.first for h in out.headers] == [sum(sizes[:i]) for i in range(len(sizes))]
+    assert all(_encoded(h) <= limit for h in out.headers)
+    full = max(sizes)
+    assert full > 100  # far more than one block per batch
+    # one more digest would not leave the margin the estimate keeps (4 bytes for longer prefixes)
+    bigger = wm.BlockData(gen=3, kv_request_id="kid-" + "x" * 40, round=7, first=n, count=full + 1,
+                          digests=[BIG] * (full + 1))
+    assert _encoded(bigger) > limit - 13
+    assert all(h.digests == [BIG] * h.count for h in out.headers)
+
+
+def test_a_tiny_header_limit_still_sends_one_block_per_batch() -> None:
+    out = Batcher(64, max_header_bytes=10, integrity=True).send_blocks("p", "k", 0, range(5), 1, [BIG] * 5,
+                                                                          range(5))
+    assert [h.count for h in out.headers] == [1] * 5
+
+
+def test_without_digests_or_without_a_limit_only_the_byte_plan_counts() -> None:
+    block = 1 << 20  # 1 MiB blocks: 8 per batch, a tail of 1
+    per, tail = MAX_BATCH_BYTES // block, TAIL_BYTES // block
+    want = plan_batches(40, per, tail)
+    no_digests = Batcher(block, max_header_bytes=4096, integrity=True).send_blocks("p", "k", 0, range(40), 1, [],
+                                                                                      range(40))
+    no_limit = Batcher(block, max_header_bytes=None, integrity=True).send_blocks("p", "k", 0, range(40), 1,
+                                                                                    [BIG] * 40, range(40))
+    assert [h.count for h in no_digests.headers] == want == [h.count for h in no_limit.headers]
+    assert all(h.digests == [] for h in no_digests.headers)
+
+
+def test_digests_the_shell_takes_later_are_planned_for_only_when_integrity_is_on() -> None:
+    """``take_digests``: the headers get their digests when the shell hands the transfer over, so
+    the plan must leave room for them — unless the tier runs without integrity."""
+    n = 2000
+    on = Batcher(64, 4096, integrity=True).send_blocks("p", "k", 0, range(n), 1, [], range(n), take_digests=True)
+    off = Batcher(64, 4096, integrity=False).send_blocks("p", "k", 0, range(n), 1, [], range(n), take_digests=True)
+    assert len(on.headers) > 1 and max(h.count for h in on.headers) < n
+    assert [h.count for h in off.headers] == plan_batches(n, MAX_BATCH_BYTES // 64, TAIL_BYTES // 64)
+    assert on.take_digests and on.blocks == tuple(range(n)) and on.slots == tuple(range(n))
+
+
+def test_a_block_size_of_zero_sends_one_block_per_batch() -> None:
+    out = Batcher(0, None, True).send_blocks("p", "k", 0, range(3), 1, [], range(3))
+    assert [h.count for h in out.headers] == [1, 1, 1]
