@@ -130,3 +130,16 @@ def test_the_records_view_shows_each_producer_records_binding_consumer_and_recei
     c = views["C"]
     assert c.state is ProducerState.TOMBSTONED and c.reason is Reason.ABORTED and c.receipt is False
     assert c.peer is None and c.demand == () and c.deadline is not None  # its prune
+
+
+def test_every_fetched_ids_store_jobs_wait_for_its_receipt() -> None:
+    s = Pair()
+    s.store("A", 1, 0.0, blocks=(0,))
+    s.store("A", 1, 0.0, start=1, blocks=(1,))  # two store jobs for A
+    s.store("B", 1, 0.0, blocks=(2,))
+    for kid, n in (("A", 2), ("B", 1)):
+        _, _, out = s.load(kid, n, 1.0)
+        s.forward_fetch(out, 1.0)
+    snap = s.p.snapshot()
+    assert snap.producer == {ProducerState.SERVING.value: 2}
+    assert snap.awaiting_receipt_jobs == 3

@@ -69,6 +69,19 @@ def test_from_config_carries_every_value() -> None:
     assert attrs.evolve(cfg) == cfg
 
 
+@pytest.mark.parametrize(("pool_blocks", "fraction", "want"), [
+    (3, 0.25, 1),  # 0.75 of a block: still one block may be pinned for peers
+    (4, 0.25, 1),  # exactly one
+    (8, 0.25, 2),
+    (9, 0.5, 4),  # rounded down
+    (None, 0.5, 1 << 62),  # no pool: no bound from it
+])
+def test_the_serve_pin_budget_is_a_fraction_of_the_pool_and_never_less_than_one_block(pool_blocks, fraction,
+                                                                                       want) -> None:
+    cfg = TierConfig(serve_max_pinned_fraction=fraction)
+    assert CoreSettings.from_config(cfg, pool_blocks=pool_blocks).serve_max_pinned_blocks == want
+
+
 def test_plane_settings_are_built_from_the_config_with_its_defaults() -> None:
     from kvtier.dataplane.settings import PlaneSettings
 

@@ -494,3 +494,41 @@ def test_symmetric_work_and_busy_follow_the_probe_the_serve_and_the_rounds_load(
     net.engine_input("C", ix.RequestFinished(K, False), 0.0)
     deliver_all(net, 0.0)
     assert not cons.symmetric_work() and not prod.symmetric_work()
+
+
+def test_the_counts_views_and_answers_of_one_round_on_both_sides() -> None:
+    """What the metrics and ``kvtier why`` read of a symmetric round: the probe's answers and
+    counts on the consumer, its round's load among the consumer's loads, the serve record with its
+    keys, finds, pins and demand on the producer (the engine holds 3 of the 4 keys, blocks 10-12)."""
+    net = pair()
+    cons, prod = net.cores["C"], net.cores["P"]
+    hold(net, 3, 10)
+    announce(net)
+    lookup_all(net, KEYS, 0.0)
+    answers = cons.probe_answers(K)
+    assert (answers.dead, answers.hit, answers.retry, answers.miss) == (False, frozenset(), frozenset(KEYS),
+                                                                         frozenset())
+    net.engine_input("C", ix.ScheduleEnded(), 0.0)
+    deliver_all(net, 0.0)
+    answers = cons.probe_answers(K)
+    assert (answers.dead, answers.hit, answers.retry, answers.miss) == (False, frozenset(KEYS[:3]), frozenset(),
+                                                                         frozenset(KEYS[3:]))
+    assert cons.snapshot().probe == {ProbeState.OFFERED.value: 1}
+    net.engine_input("C", ix.LoadSubmitted(K, 7, tuple(KEYS[:3]), (0, 1, 2)), 0.0)
+    snap = cons.snapshot()
+    assert snap.consumer == {"in_flight": 1} and snap.probe == {ProbeState.IDLE.value: 1}  # the round's load
+    (probe,) = cons.records().probes
+    (load,) = probe.loads
+    assert (load.job_id, load.keys, load.slots, load.round) == (7, tuple(KEYS[:3]), (0, 1, 2), 0)
+    deliver_all(net, 0.0)
+    snap = prod.snapshot()
+    assert snap.serve == {ServeState.CONFIRMED.value: 1} and snap.serve_pinned_blocks == 3
+    assert snap.probe == {} and snap.consumer == {}
+    (serve,) = prod.records().serves
+    assert (serve.peer, serve.kv_request_id, serve.round, serve.reason) == ("C", K, 0, None)
+    assert serve.keys == tuple(KEYS) and serve.found == {KEYS[0]: 10, KEYS[1]: 11, KEYS[2]: 12}
+    assert serve.missing == frozenset(KEYS[3:]) and serve.pending == frozenset()
+    assert serve.demand == tuple(KEYS[:3]) and serve.receipt is True and serve.deadline is not None
+    assert len(serve.pins) == 1
+    finish_transfers(net, 0.0)
+    assert prod.snapshot().serve == {} and prod.snapshot().serve_pinned_blocks == 0
