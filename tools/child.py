@@ -36,13 +36,11 @@ from typing import Any
 
 __all__ = ["Child", "ChildError", "start_all"]
 
-PRELOAD: tuple[str, ...] = ("numpy", "torch", "zmq", "msgspec", "kvtier.manager", "tools.child",
-                            "vllm.v1.kv_offload.factory", "vllm.v1.kv_offload.tiering.manager",
-                            "kvtier.integrations.vllm")
+PRELOAD: tuple[str, ...] = ("numpy", "torch", "zmq", "msgspec", "kvtier.manager", "tools.child", "tools.vllm_preload")
 """Modules the fork server imports once, so that a child starts with them loaded instead of paying
-~1.1 s of CPU to import torch and kvtier, and ~3.8 s more for vLLM's tiering manager, again
-(decision V11).  Not vLLM's p2p tier: it looks for NIXL when it is imported, before the child has
-its environment.  A module missing here is skipped."""
+~1.1 s of CPU to import torch and kvtier, and ~3.8 s more for vLLM's tiering manager
+(:mod:`tools.vllm_preload`), again (decision V11).  Not vLLM's p2p tier: it looks for NIXL when it
+is imported, before the child has its environment.  A module missing here is skipped."""
 
 START_METHOD: str = os.environ.get("KVTIER_CHILD_START", "forkserver")
 """``forkserver`` (default): children are forks of one clean server process that only imported
