@@ -83,6 +83,13 @@ def test_digests_the_shell_takes_later_are_planned_for_only_when_integrity_is_on
     assert on.take_digests and on.blocks == tuple(range(n)) and on.slots == tuple(range(n))
 
 
+def test_a_transfer_without_digests_is_not_cut_for_digests_it_will_not_carry() -> None:
+    """Small blocks, no digests, none to be taken later: one batch, however tight the header limit
+    would be for digests."""
+    out = Batcher(64, 4096, integrity=True).send_blocks("p", "k", 0, range(2000), 1, [], range(2000))
+    assert [h.count for h in out.headers] == [2000] and out.take_digests is False
+
+
 def test_a_block_size_of_zero_sends_one_block_per_batch() -> None:
     out = Batcher(0, None, True).send_blocks("p", "k", 0, range(3), 1, [], range(3))
     assert [h.count for h in out.headers] == [1, 1, 1]

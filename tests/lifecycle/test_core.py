@@ -233,7 +233,8 @@ def test_submit_load_before_announce_raises_and_creates_nothing() -> None:
     core = TierCore(CoreSettings(durations=DURATIONS), LOCAL)
     with pytest.raises(InvalidTransition) as info:
         core.handle(ix.LoadSubmitted("A", 1, (b"k",), (0,)), 0.0)
-    assert info.value.reason == "not_announced"
+    assert (info.value.key, info.value.reason) == ("A", "not_announced")
+    assert str(info.value) == "consumer 'A': input 'submit_load' is not allowed in state 'absent' (not_announced)"
     assert CoreView(core).consumer_ids() == [] and core.consumer("A") is None and CoreView(core).pending_jobs() == 0
 
 

@@ -1,0 +1,58 @@
+"""The order of one tick (:mod:`kvtier.lifecycle.driver`): inputs and their consequences first,
+then the deadlines due by ``deadlines_at`` (no later than what the caller still holds), and what
+the performers report applied at the tick's ``now`` before anything after it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvtier.lifecycle import ProducerState, Reason
+from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle.driver import drive
+from kvtier.lifecycle.effects import JobDone
+from tests.lifecycle.scenario_pair import Pair, keys
+
+
+class Performer:
+    """Records what it was asked to perform; reports a store of ``B`` once it sees A's reap."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Any]] = []
+
+    def __call__(self, effects: Sequence[Any]) -> list[Any]:
+        self.calls.append(list(effects))
+        if any(isinstance(e, JobDone) and e.reason == Reason.REAPED for e in effects):
+            return [ix.StoreSubmitted("B", "req-B", 99, keys("B", 1), (7,))]
+        return []
+
+
+def test_what_a_deadline_leads_to_is_applied_at_the_ticks_now() -> None:
+    s = Pair()
+    s.store("A", 1, 0.0)
+    perform = Performer()
+    drive(s.p, [], 70.0, deadlines_at=60.0, perform=perform)  # A's reap (T_park 60 s) is due
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
+    assert s.p.producer_state("B") is ProducerState.PARKED
+    (b,) = [v for v in s.p.records().producers if v.kv_request_id == "B"]
+    assert b.deadline == 70.0 + 60.0  # parked at the tick's now, not at the deadline's time
+
+
+def test_no_deadline_fires_past_what_the_caller_still_holds_or_without_deadlines_at() -> None:
+    s = Pair()
+    s.store("A", 1, 0.0)
+    perform = Performer()
+    drive(s.p, [], 70.0, deadlines_at=None, perform=perform)
+    assert s.p.producer_state("A") is ProducerState.PARKED
+    drive(s.p, [], 70.0, deadlines_at=65.0, perform=perform, held=lambda: 59.0)  # an input read at 59
+    assert s.p.producer_state("A") is ProducerState.PARKED
+    drive(s.p, [], 70.0, deadlines_at=65.0, perform=perform, held=lambda: 60.0)
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
+
+
+def test_the_performer_is_asked_only_when_there_is_something_to_perform() -> None:
+    s = Pair()
+    perform = Performer()
+    drive(s.p, [ix.StoreSubmitted("A", "req-A", 1, keys("A", 1), (0,))], 1.0, deadlines_at=1.0, perform=perform)
+    assert s.p.producer_state("A") is ProducerState.PARKED
+    assert perform.calls == []  # a store that parks has no effect to perform
