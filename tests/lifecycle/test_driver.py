@@ -9,7 +9,7 @@ from typing import Any
 
 from kvtier.lifecycle import ProducerState, Reason
 from kvtier.lifecycle import inputs as ix
-from kvtier.lifecycle.driver import drive
+from kvtier.lifecycle.driver import drive, settle
 from kvtier.lifecycle.effects import JobDone
 from tests.lifecycle.scenario_pair import Pair, keys
 
@@ -56,3 +56,32 @@ def test_the_performer_is_asked_only_when_there_is_something_to_perform() -> Non
     drive(s.p, [ix.StoreSubmitted("A", "req-A", 1, keys("A", 1), (0,))], 1.0, deadlines_at=1.0, perform=perform)
     assert s.p.producer_state("A") is ProducerState.PARKED
     assert perform.calls == []  # a store that parks has no effect to perform
+
+
+class ScriptedCore:
+    """Answers each input with the effects a script names, and records what it handled when."""
+
+    def __init__(self, script: dict[str, list[str]]) -> None:
+        self.script, self.handled = script, []
+
+    def handle(self, inp: str, now: float) -> list[str]:
+        self.handled.append((inp, now))
+        return self.script.get(inp, [])
+
+
+def test_an_inputs_consequences_are_applied_before_the_inputs_reported_after_it() -> None:
+    """``e0`` reports x1 and x2; x1's effect reports y: y is applied before x2 (a landing checked
+    before the message that followed its block_data), all at the pass's ``now``."""
+    core = ScriptedCore({"x1": ["e1"]})
+    reports = {"e0": ["x1", "x2"], "e1": ["y"]}
+    asked: list[list[str]] = []
+
+    def perform(effects: Sequence[str]) -> list[str]:
+        asked.append(list(effects))
+        return [inp for e in effects for inp in reports.get(e, [])]
+
+    settle(core, ["e0"], 5.0, perform)  # type: ignore[arg-type]
+    assert core.handled == [("x1", 5.0), ("y", 5.0), ("x2", 5.0)]
+    assert [a for a in asked if a] == [["e0"], ["e1"]]
+    settle(core, [], 6.0, perform)  # type: ignore[arg-type]
+    assert core.handled[-1] == ("x2", 5.0)  # nothing to perform: nothing applied
