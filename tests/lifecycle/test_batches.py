@@ -93,3 +93,21 @@ def test_a_transfer_without_digests_is_not_cut_for_digests_it_will_not_carry() -
 def test_a_block_size_of_zero_sends_one_block_per_batch() -> None:
     out = Batcher(0, None, True).send_blocks("p", "k", 0, range(3), 1, [], range(3))
     assert [h.count for h in out.headers] == [1, 1, 1]
+
+
+@pytest.mark.parametrize(("block_bytes", "n", "want"), [
+    (1, 3, [3]),  # 1-byte blocks: a batch holds 8 Mi of them, the tail 1 Mi
+    (MAX_BATCH_BYTES, 5, [1, 1, 1, 1, 1]),  # 8 MiB blocks: one per batch
+    (5 << 20, 5, [1, 1, 1, 1, 1]),  # larger than half a batch: still one per batch
+    (0, 5, [1, 1, 1, 1, 1]),  # no block size known: one per batch
+])
+def test_the_batch_and_tail_sizes_follow_the_block_size_at_its_edges(block_bytes, n, want) -> None:
+    out = Batcher(block_bytes, None, integrity=True).send_blocks("p", "k", 0, range(n), 1, [], range(n))
+    assert [h.count for h in out.headers] == want
+
+
+def test_a_tail_that_is_not_a_whole_number_of_blocks_is_rounded_down() -> None:
+    n = 400_000  # 3-byte blocks: the tail is 349,525 blocks (1 MiB // 3), the rest one batch before it
+    out = Batcher(3, None, integrity=True).send_blocks("p", "k", 0, range(n), 1, [], range(n))
+    counts = [h.count for h in out.headers]
+    assert counts == [n - TAIL_BYTES // 3, TAIL_BYTES // 3] and all(type(c) is int for c in counts)
