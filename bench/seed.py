@@ -123,7 +123,9 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
     from concurrent.futures import ThreadPoolExecutor
 
     from bench._util import CpuMeter, machine_info, summary
-    from tools.child import Child
+    from tools.child import Child, preload_vllm
+
+    preload_vllm()  # every child here drives vLLM (decision V11)
 
     sizes = tuple(sizes or (QUICK_SIZES_MIB if quick else SIZES_MIB))
     rounds = rounds or (3 if quick else 9)

@@ -24,6 +24,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tools.child import preload_vllm
+
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.register_profile(
     "ci",
@@ -51,6 +53,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+# the suite's children include P0's six, which drive vLLM: each worker's fork server imports it once
+# (decision V11; the demo and other callers of tools.child do not)
+preload_vllm()
 
 
 #: session fixture -> the xdist group of every test that uses it: one worker builds the resource

@@ -34,13 +34,11 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Child", "ChildError", "start_all"]
+__all__ = ["Child", "ChildError", "preload_vllm", "start_all"]
 
-PRELOAD: tuple[str, ...] = ("numpy", "torch", "zmq", "msgspec", "kvtier.manager", "tools.child", "tools.vllm_preload")
+PRELOAD: tuple[str, ...] = ("numpy", "torch", "zmq", "msgspec", "kvtier.manager", "tools.child")
 """Modules the fork server imports once, so that a child starts with them loaded instead of paying
-~1.1 s of CPU to import torch and kvtier, and ~3.8 s more for vLLM's tiering manager
-(:mod:`tools.vllm_preload`), again (decision V11).  Not vLLM's p2p tier: it looks for NIXL when it
-is imported, before the child has its environment.  A module missing here is skipped."""
+~1.1 s of CPU to import torch and kvtier again (decision V11).  A module missing here is skipped."""
 
 START_METHOD: str = os.environ.get("KVTIER_CHILD_START", "forkserver")
 """``forkserver`` (default): children are forks of one clean server process that only imported
@@ -52,6 +50,17 @@ if START_METHOD not in ("forkserver", "spawn"):
 _CTX = mp.get_context(START_METHOD)
 if START_METHOD == "forkserver":
     _CTX.set_forkserver_preload(list(PRELOAD))
+
+
+def preload_vllm() -> None:
+    """Have this process's fork server also import vLLM's tiering manager and kvtier's adapter
+    (:mod:`tools.vllm_preload`: ~3.8 s of CPU each child that drives vLLM would pay again,
+    decision V11) — for a process whose children drive vLLM (P0, the test suite), not for every
+    one: the server imports it before its first child starts, and the demo's children never use
+    it.  Call it before the first child starts; a running server keeps what it loaded.  Not vLLM's
+    p2p tier: it looks for NIXL when imported, before a child has its environment."""
+    if START_METHOD == "forkserver":
+        _CTX.set_forkserver_preload([*PRELOAD, "tools.vllm_preload"])
 
 
 class ChildError(RuntimeError):

@@ -1,4 +1,4 @@
-"""What :mod:`tools.child`'s fork server imports of vLLM (its ``PRELOAD``): the tiering manager and
+"""What :mod:`tools.child`'s fork server imports of vLLM (:func:`tools.child.preload_vllm`): the tiering manager and
 offloading factory, and kvtier's adapter — ~3.8 s of CPU each child that drives vLLM would pay
 again (decision V11).  A vLLM that is missing or fails to import, for any reason, is left alone
 here: the children that need it import it themselves and report the failure; the others never
