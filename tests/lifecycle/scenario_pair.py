@@ -93,10 +93,12 @@ class Pair:
 
     # producer side
     def store(self, kid: str, n: int, t: float, *, owner: str | None = None, start: int = 0,
-              blocks: tuple[int, ...] | None = None) -> tuple[int, list[Any]]:
+              blocks: tuple[int, ...] | None = None, consumer: str | None = None,
+              life: str = "") -> tuple[int, list[Any]]:
         job = self.next_job()
         b = blocks if blocks is not None else tuple(range(start, start + n))
-        return job, self.p.handle(ix.StoreSubmitted(kid, owner or f"req-{kid}", job, keys(kid, n, start), b), t)
+        return job, self.p.handle(ix.StoreSubmitted(kid, owner or f"req-{kid}", job, keys(kid, n, start), b,
+                                                    consumer=consumer, life=life), t)
 
     def to_p(self, msg: Any, t: float) -> list[Any]:
         """``msg`` from the consumer reaches the producer at ``t``."""

@@ -114,7 +114,7 @@ def test_an_id_fetched_before_its_blocks_are_stored_is_counted_as_awaiting_not_p
 def test_the_records_view_shows_each_producer_records_binding_consumer_and_receipt() -> None:
     s = Pair()
     s.store("D", 3, 0.0, blocks=(6, 7, 8))
-    s.p.handle(ix.StoreSubmitted("N", "req-N", s.next_job(), keys("N", 1), (9,), consumer="alice"), 0.0)
+    s.store("N", 1, 0.0, blocks=(9,), consumer="alice")
     s.abort("C", 0.0)
     _, rnd, out = s.load("D", 3, 1.0)
     s.forward_fetch(out, 1.0)

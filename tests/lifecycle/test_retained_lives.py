@@ -5,22 +5,20 @@ answered from the retained state."""
 from __future__ import annotations
 
 from kvtier.lifecycle import ProducerState, Reason
-from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import JobDone
-from tests.lifecycle.scenario_pair import Pair, keys, of
+from tests.lifecycle.scenario_pair import Pair, of
 
 
 def _tombstoned(life: str) -> Pair:
     s = Pair()
-    s.p.handle(ix.StoreSubmitted("A", "req-A", s.next_job(), keys("A", 2), (0, 1), life=life), 0.0)
+    s.store("A", 2, 0.0, blocks=(0, 1), life=life)
     s.abort("A", 1.0)
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
     return s
 
 
 def _store(s: Pair, life: str, t: float) -> tuple[int, list]:
-    job = s.next_job()
-    return job, s.p.handle(ix.StoreSubmitted("A", "req-A2", job, keys("A", 2), (2, 3), life=life), t)
+    return s.store("A", 2, t, owner="req-A2", blocks=(2, 3), life=life)
 
 
 def test_a_store_of_a_new_life_parks_over_the_tombstone_of_the_old_one() -> None:
