@@ -33,7 +33,7 @@ import msgspec
 from prometheus_client import CollectorRegistry
 
 from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
-from kvtier.blocksource import BlockSource
+from kvtier.blocksource import BlockSource, check_source
 from kvtier.config import TierConfig
 from kvtier.integrity import DigestPool
 from kvtier.lifecycle import Reason, TierCore
@@ -337,8 +337,7 @@ class KvTierManager:
         Raises:
             TypeError: ``source`` does not implement :class:`~kvtier.blocksource.BlockSource`.
         """
-        if not isinstance(source, BlockSource):
-            raise TypeError(f"source must implement kvtier.blocksource.BlockSource, got {type(source).__name__}")
+        check_source(source)
         if self._closed or (self._loop.threaded and not self._loop.fresh().serve_wanted):
             return 0
         return int(self._loop.query(lambda: self._loop.serve(source)))
@@ -351,8 +350,8 @@ class KvTierManager:
         Raises:
             TypeError: ``source`` does not implement :class:`~kvtier.blocksource.BlockSource`.
         """
-        if source is not None and not isinstance(source, BlockSource):
-            raise TypeError(f"source must implement kvtier.blocksource.BlockSource, got {type(source).__name__}")
+        if source is not None:
+            check_source(source)
         serving = self._loop.serving
         self._loop.call(lambda _: setattr(serving, "standing", source))
 

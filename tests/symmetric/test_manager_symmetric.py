@@ -237,3 +237,25 @@ def test_curve_only_allowed_principals_are_served(make, tmp_path) -> None:
     assert probe(other, r_other, [b"c0"], [p, ok]) == [LookupResult.MISS]
     assert CoreView(other.core).probe("cv-2").reason.value == "not_serving"
     assert load(ok, r_ok, 1, [b"c0"], [3], [p, other]).success
+
+
+def test_a_source_missing_a_method_is_refused_even_after_a_good_one_was_taken(make) -> None:
+    """``serve_external_requests`` and ``serve_from`` check the source's type once (vLLM hands the
+    same source in every tier poll); a source of another class is still checked, and one that
+    lacks a method is refused with a ``TypeError`` naming its class."""
+    m = make(serve_external=True)
+    index = BlockIndex(NB)
+    assert m.serve_external_requests(index) == 0
+    m.serve_from(index)
+    m.serve_from(None)
+
+    class NoRelease:
+        def open(self, ctx_id: str) -> None: ...
+        def lookup(self, key: bytes, ctx: Any) -> Any: ...
+        def pin(self, keys: Any, ctx: Any) -> Any: ...
+        def close(self, ctx: Any) -> None: ...
+
+    for call in (m.serve_external_requests, m.serve_from):
+        with pytest.raises(TypeError, match="must implement kvtier.blocksource.BlockSource, got NoRelease"):
+            call(NoRelease())
+    assert m.serve_external_requests(index) == 0
