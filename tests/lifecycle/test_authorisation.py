@@ -156,3 +156,21 @@ def test_idle_inbound_sessions_are_evicted_to_admit_a_new_peer_at_max_peers() ->
     assert [(e.peer, e.reason) for e in of(out, SessionEnded)] == [("idle", "idle_evicted")]
     view = CoreView(p)
     assert view.session_ready("new2") and view.session_ready("busy") and view.session("idle") is None
+
+
+def test_a_named_id_refuses_strangers_after_it_was_reaped_too() -> None:
+    """A tombstone answers late fetches from its state, reason and named consumer alone (decision
+    I8): the named consumer learns why the id ended, a stranger only that it may not touch it
+    — not that the id existed and was reaped."""
+    p = producer()
+    connect(p, "good", "decode-1", gen=1)
+    connect(p, "evil", "mallory", gen=2)
+    out = p.handle(ix.StoreSubmitted("A", "r1", 1, (b"k0",), (0,), consumer="decode-1"), 0.5)
+    out += p.fire(0.5 + DURATIONS["unbound_store_timeout_s"] + 0.1)
+    assert p.producer_state("A") is ProducerState.TOMBSTONED
+    assert entry(p, "A").consumer == "decode-1"
+    assert refused(fetch(p, "evil", 2, "A", (b"k0",), now=12.0), "evil", "not_authorised")
+    late = fetch(p, "good", 1, "A", (b"k0",), now=12.0)
+    (answer,) = sent(late, wm.TransferDone)
+    assert not answer.ok and answer.reason not in ("not_authorised", "")
+    assert p.producer_state("A") is ProducerState.TOMBSTONED
