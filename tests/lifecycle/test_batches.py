@@ -54,6 +54,23 @@ def test_every_header_fits_the_planes_limit_and_the_batches_are_as_full_as_it_al
     assert all(h.digests == [BIG] * h.count for h in out.headers)
 
 
+@pytest.mark.parametrize("k", range(1, 40))
+def test_at_every_limit_a_batch_holds_the_most_blocks_whose_header_fits(k) -> None:
+    """The estimate's margin, swept across the 9-byte steps of a digest: at a limit of one
+    one-block header plus its 4-byte margin plus ``k`` digests, the full batches hold ``k + 1``
+    blocks, every header fits, and a header one block longer would not."""
+    kid, n = "req-1", 64
+    one = _encoded(wm.BlockData(gen=1, kv_request_id=kid, round=0, first=n, count=1, digests=[BIG]))
+    limit = one + 4 + 9 * k
+    out = Batcher(block_bytes=1024, max_header_bytes=limit, integrity=True).send_blocks(
+        "peer", kid, 0, range(n), gen=1, digests=[BIG] * n, slots=range(n))
+    assert all(_encoded(h) <= limit for h in out.headers)
+    full = max(h.count for h in out.headers)
+    assert full == k + 1
+    longer = wm.BlockData(gen=1, kv_request_id=kid, round=0, first=n, count=full + 1, digests=[BIG] * (full + 1))
+    assert _encoded(longer) > limit
+
+
 def test_a_tiny_header_limit_still_sends_one_block_per_batch() -> None:
     out = Batcher(64, max_header_bytes=10, integrity=True).send_blocks("p", "k", 0, range(5), 1, [BIG] * 5,
                                                                           range(5))
