@@ -119,3 +119,94 @@ def test_an_entry_armed_out_of_order_in_its_lane_fires_in_its_place() -> None:
     assert q.next_when(_always) == 3.0
     assert q.pop_due(5.0, _always) == "early" and q.pop_due(5.0, _always) is None
     assert [q.pop_due(20.0, _always) for _ in range(2)] == ["late", "later"]
+
+
+class _Owners:
+    """The records behind a queue's entries: each key's live seq (an entry whose key moved on is
+    stale), and the count the queue's rule is stated in — stale entries reported with
+    ``retire`` and still queued."""
+
+    def __init__(self, q: DeadlineQueue) -> None:
+        self.q, self.seq, self.stale = q, {}, 0
+
+    def live(self, key, seq) -> bool:
+        return self.seq.get(key) == seq
+
+    def arm(self, when: float, key: str, lane: str) -> None:
+        self.seq[key] = self.q.arm(when, key, lane)
+
+    def retire(self, key: str, lane: str, *, at_head: int = 0) -> None:
+        """``key``'s record drops its timer and says so; ``at_head``: stale entries the retire
+        finds at its lane's head and drops (this one included, if it is there)."""
+        del self.seq[key]
+        before = len(self.q)
+        self.stale += 1
+        self.q.retire(self.live, lane)
+        self.stale -= at_head
+        if self.stale > STALE_FLOOR and 2 * self.stale > before - at_head:
+            assert len(self.q) == before - at_head - self.stale, "a compaction drops every stale entry"
+            self.stale = 0
+        else:
+            assert len(self.q) == before - at_head, f"no compaction at {self.stale} stale of {before - at_head}"
+
+
+def _to_compaction(o: _Owners, lane: str, when: float) -> None:
+    """Retire entries behind a live head of a fresh ``lane`` until the rule compacts (each
+    retire checked against it): a count that drifted shows as a compaction one retire early or
+    late."""
+    o.arm(when, f"{lane}-head", lane)
+    for i in range(STALE_FLOOR + 200):
+        o.arm(when + 1 + i, f"{lane}{i}", lane)
+    i = 0
+    while o.stale or i == 0:
+        o.retire(f"{lane}{i}", lane)
+        i += 1
+        assert i < STALE_FLOOR + 200, "no compaction"
+
+
+def test_a_compaction_comes_exactly_when_the_stale_entries_still_queued_pass_its_thresholds() -> None:
+    """After compactions, across lanes, after stale entries left at a lane's head (as it was read
+    or as a retire found them there): the queue's count of stale entries never drifts, so each
+    compaction comes at the exact retire the rule names (decision C9) and leaves exactly the live
+    entries."""
+    q = DeadlineQueue()
+    o = _Owners(q)
+    for i in range(100):
+        o.arm(float(i), f"b{i}", "b")  # a second lane, all live
+    _to_compaction(o, "a", 0.0)
+    assert o.stale == 0 and len(q) == 100 + 1 + 200 - 1 + 0  # b, a's head and a's live tail
+    _to_compaction(o, "d", 1e5)  # the count starts from zero again
+    # stale entries that reach a lane's head as it is read leave and no longer count: down to zero
+    for i in range(100):
+        o.arm(-1000.0 + i, f"c{i}", "c")  # the earliest of all
+    for i in range(1, 100):
+        o.retire(f"c{i}", "c")  # behind c0, which is live
+    assert q.pop_due(-1000.0, o.live) == "c0"
+    del o.seq["c0"]
+    q.next_when(o.live)  # reads the heads: c1..c99 leave
+    o.stale -= 99
+    assert o.stale == 0 and len(q) == 100 + 1 + 200 - 1 + 1 + 200 - 1
+    _to_compaction(o, "e", 2e5)
+    # ... and down to some, not zero
+    for i in range(50):
+        o.arm(-900.0 + i, f"f{i}", "f")
+    for i in range(1, 50):
+        o.retire(f"f{i}", "f")
+    o.retire("b99", "b")  # not at its lane's head: it stays, counted
+    assert q.pop_due(-900.0, o.live) == "f0"
+    del o.seq["f0"]
+    q.next_when(o.live)
+    o.stale -= 49
+    assert o.stale == 1
+    _to_compaction(o, "g", 3e5)
+    # a retire that finds its own entry at its lane's head drops it at once: down to zero
+    o.arm(-800.0, "h0", "h")
+    o.retire("h0", "h", at_head=1)
+    assert o.stale == 0
+    _to_compaction(o, "i", 4e5)
+    # ... down to some, not zero
+    o.retire("b98", "b")  # behind b's live head: it stays, counted
+    o.arm(-700.0, "j0", "j")
+    o.retire("j0", "j", at_head=1)
+    assert o.stale == 1
+    _to_compaction(o, "k", 5e5)
