@@ -1,0 +1,122 @@
+"""How the core answers what a peer sends that it cannot take (decision C10) and what passes the
+session gate: a hello of another protocol version is refused naming the version; a message that
+did not decode but names a ``kv_request_id`` always gets an ``error`` (its sender fails that
+request at once); anything else gets one at most once per (peer, reason) per
+``error_reply_interval_s``, from a bounded table; a reason code outside the shared vocabulary
+reads as ``peer_error``; a message of another generation never reaches a record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvtier.lifecycle import Reason, SessionState, TierCore
+from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle._table import SessionEvent
+from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
+from kvtier.lifecycle.effects import Ignored, JobDone, Send
+from kvtier.lifecycle.session import HelloInput
+from kvtier.wire import messages as wm
+from kvtier.wire.codec import WireReason
+from tools.coreview import CoreView
+
+LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="rx", hash_seed="", instance="me")
+DURATIONS = {k: 10.0 for k in TIMER_KEYS} | {"heartbeat_interval_s": 1000.0, "peer_timeout_s": 1000.0}
+P = "prefill:1"
+
+
+def core(**kw: Any) -> TierCore:
+    return TierCore(CoreSettings(durations=DURATIONS, error_reply_interval_s=5.0, **kw), LOCAL, gen_base=300)
+
+
+def error(peer: str, reason: str, detail: str = "", kid: str = "", gen: int = 0) -> Send:
+    return Send(peer, wm.Error(gen=gen, reason=reason, detail=detail, kv_request_id=kid), ends_session=False)
+
+
+def dialled(c: TierCore, peer: str = P) -> int:
+    (opened,) = c.handle(ix.Dial(peer), 0.0)
+    c.handle(ix.ConnectionUp(peer), 0.0)
+    c.handle(ix.Received(peer, wm.HelloAck(gen=opened.gen, instance="prod")), 0.0)
+    c.handle(ix.PeerAttached(peer, opened.gen), 0.0)
+    return opened.gen
+
+
+# -- what did not decode ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("theirs", "shown"), [("7", "7"), (None, "?")])
+def test_a_hello_of_another_protocol_version_is_refused_naming_both_versions(theirs: str | None, shown: str) -> None:
+    p = core()
+    out = p.handle(ix.Malformed("c1", WireReason.VERSION_MISMATCH, "version 7", msg_type="hello", gen=12,
+                                theirs=theirs), 0.0)
+    assert out == [Send("c1", wm.HelloReject(gen=12, reason="handshake_mismatch", field="version",
+                                             ours=str(wm.PROTOCOL_VERSION), theirs=shown), ends_session=False)]
+    assert CoreView(p).sessions() == []
+
+
+@pytest.mark.parametrize(("msg_type", "gen"), [("fetch", 12), ("hello", None)])
+def test_a_version_mismatch_that_is_not_a_readable_hello_gets_an_error(msg_type: str, gen: int | None) -> None:
+    p = core()
+    out = p.handle(ix.Malformed("c1", WireReason.VERSION_MISMATCH, "v7", msg_type=msg_type, gen=gen), 0.0)
+    assert out == [error("c1", "version_mismatch", "v7")]
+
+
+def test_an_undecodable_message_naming_an_id_is_always_answered_with_the_sessions_generation() -> None:
+    c = core()
+    gen = dialled(c)
+    for t in (1.0, 1.1, 1.2):  # never rate-limited: its sender fails that request at once
+        out = c.handle(ix.Malformed(P, WireReason.BAD_FIELD, "round: expected int", kv_request_id="A"), t)
+        assert out == [error(P, "bad_field", "round: expected int", "A", gen)]
+
+
+def test_an_errors_detail_is_cut_to_4096_characters() -> None:
+    p = core()
+    out = p.handle(ix.Malformed("c1", WireReason.MALFORMED, "x" * 5000, kv_request_id="A"), 0.0)
+    assert out == [error("c1", "malformed", "x" * 4096, "A")]
+
+
+def test_anonymous_errors_go_once_per_peer_and_reason_per_interval() -> None:
+    p = core()  # error_reply_interval_s 5.0
+    bad = ix.Malformed("c1", WireReason.MALFORMED, "not msgpack")
+    assert p.handle(bad, 10.0) == [error("c1", "malformed", "not msgpack")]
+    assert p.handle(bad, 14.9) == []  # within the interval: dropped
+    assert p.handle(ix.Malformed("c1", WireReason.OVERSIZE, "big"), 14.9) == [error("c1", "oversize", "big")]
+    assert p.handle(ix.Malformed("c2", WireReason.MALFORMED, "x"), 14.9) == [error("c2", "malformed", "x")]
+    assert p.handle(bad, 15.0) == [error("c1", "malformed", "not msgpack")]  # exactly one interval later
+    assert p.handle(bad, 19.9) == []  # the interval counts from the last answer
+
+
+def test_the_table_of_anonymous_error_replies_is_bounded_and_starts_afresh_when_full() -> None:
+    p = core()
+    for i in range(4095):
+        p.handle(ix.Malformed(f"c{i}", WireReason.MALFORMED, ""), 0.0)
+    assert p.handle(ix.Malformed("c0", WireReason.MALFORMED, ""), 1.0) == []  # remembered
+    p.handle(ix.Malformed("c4095", WireReason.MALFORMED, ""), 1.0)  # the 4096th: the table is full
+    assert p.handle(ix.Malformed("c0", WireReason.MALFORMED, ""), 1.0) == []  # still remembered
+    p.handle(ix.Malformed("c4096", WireReason.MALFORMED, ""), 1.0)  # one more: the table starts afresh
+    assert p.handle(ix.Malformed("c0", WireReason.MALFORMED, ""), 1.0) == [error("c0", "malformed", "")]
+
+
+# -- what passes the gate ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("said", "reason"), [("bogus_reason", Reason.PEER_ERROR), ("", Reason.TRANSFER_FAILED),
+                                              ("aborted", Reason.ABORTED)])
+def test_a_failed_transfer_done_is_read_in_the_shared_vocabulary(said: str, reason: Reason) -> None:
+    c = core()
+    gen = dialled(c)
+    c.handle(ix.LoadAnnounced("A", P), 1.0)
+    c.handle(ix.LoadSubmitted("A", 4, (b"k",), (3,)), 1.0)
+    out = c.handle(ix.Received(P, wm.TransferDone(gen=gen, kv_request_id="A", round=0, ok=False, reason=said)), 1.5)
+    assert [(j.job_id, j.ok, j.reason) for j in out if isinstance(j, JobDone)] == [(4, False, reason)]
+
+
+def test_a_message_of_another_generation_never_reaches_a_record() -> None:
+    c = core()
+    gen = dialled(c)
+    c.handle(ix.LoadAnnounced("A", P), 1.0)
+    c.handle(ix.LoadSubmitted("A", 4, (b"k",), (3,)), 1.0)
+    out = c.handle(ix.Received(P, wm.TransferDone(gen=gen + 1, kv_request_id="A", round=0, ok=False,
+                                                  reason="aborted")), 1.5)
+    assert out == [Ignored("session", P, SessionState.READY, SessionEvent.MESSAGE, Reason.STALE)]
+    assert CoreView(c).session(P).heard == 0.0  # not even heard
