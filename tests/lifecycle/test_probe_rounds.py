@@ -22,10 +22,10 @@ K = "sym-r"
 KEYS = [bytes([i]) * 8 for i in range(1, 4)]
 
 
-def pair(*, integrity: bool = True) -> SymNet:
+def pair(*, integrity: bool = True, one_sided: bool = False) -> SymNet:
     net = SymNet()
-    net.attach("C", make_core("C", integrity=integrity))
-    net.attach("P", make_core("P", integrity=integrity))
+    net.attach("C", make_core("C", integrity=integrity, one_sided=one_sided))
+    net.attach("P", make_core("P", integrity=integrity, one_sided=one_sided))
     for i, k in enumerate(KEYS[:2]):
         net.engines["P"].blocks[k] = 20 + i
     return net
@@ -100,8 +100,11 @@ def test_a_reply_or_refusal_naming_another_round_is_dropped_as_stale(state: Prob
     assert CoreView(c).probe(K) == view  # nothing else changed: the open round keeps its offers
 
 
-def test_a_rounds_load_that_fails_reports_the_reason_the_peer_gave() -> None:
-    net = pair()
+@pytest.mark.parametrize("one_sided", [False, True], ids=["receiver_applied", "one_sided"])
+def test_a_rounds_load_that_fails_reports_the_reason_the_peer_gave(one_sided: bool) -> None:
+    # one-sided: the producer writes the slots itself, so the load revokes its access first (a timer
+    # of its own: the harness's plane confirms at once)
+    net = pair(one_sided=one_sided)
     to_state(net, ProbeState.OFFERED)
     c = net.cores["C"]
     rnd = CoreView(c).probe(K).round
@@ -129,3 +132,195 @@ def test_a_round_that_loaded_leaves_its_keys_answerable_not_missed(integrity: bo
     view = CoreView(net.cores["C"]).probe(K)
     assert view.missed == frozenset() and not view.loading
     assert answers(net, KEYS[:2], 1.0) == [Answer.RETRY, Answer.RETRY]  # asked again, not held MISS
+
+
+@pytest.mark.parametrize("state", [ProbeState.PROBING, ProbeState.OFFERED], ids=lambda s: s.value)
+def test_a_load_naming_a_key_never_offered_fails_not_offered_and_leaves_the_round(state: ProbeState) -> None:
+    net = pair()
+    to_state(net, state)
+    c = net.cores["C"]
+    before = CoreView(c).probe(K)
+    out = c.handle(ix.LoadSubmitted(K, 5, (KEYS[0], KEYS[2]), (0, 1)), 0.5)
+    assert out == [JobDone(5, False, Reason.NOT_OFFERED)]
+    assert CoreView(c).probe(K) == before and c.round_loads() == []
+
+
+def test_keys_unanswered_when_a_round_loads_are_probed_in_a_fresh_round() -> None:
+    net = pair()
+    to_state(net, ProbeState.OFFERED)
+    c = net.cores["C"]
+    first = CoreView(c).probe(K).round
+    assert answers(net, KEYS[2:], 0.5) == [Answer.RETRY]  # a new key joins the open round
+    net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.5)
+    view = CoreView(c).probe(K)
+    assert view.state is ProbeState.COLLECTING and view.round > first and not view.sent
+    assert (view.unsent, view.waiting, view.offered) == ((KEYS[2],), (), frozenset())
+    assert view.loading == {KEYS[0]: first, KEYS[1]: first}
+    out = c.handle(ix.ScheduleEnded(), 0.6)
+    gen = CoreView(c).session_gen("P")
+    assert [s.msg for s in out if isinstance(getattr(s, "msg", None), wm.Probe)] == [
+        wm.Probe(gen=gen, kv_request_id=K, round=view.round, keys=[KEYS[2]])]
+
+
+def test_a_probe_with_no_open_round_says_round_minus_one() -> None:
+    net = pair()
+    to_state(net, ProbeState.OFFERED)
+    net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.5)  # every key loads
+    view = CoreView(net.cores["C"]).probe(K)
+    assert (view.state, view.round, view.sent, view.unsent, view.offered) == (ProbeState.IDLE, -1, False, (),
+                                                                                frozenset())
+    failed = pair()
+    to_state(failed, ProbeState.PROBING)
+    failed.fire("C", 5.0)  # probe_timeout_s: the round is released and dropped
+    view = CoreView(failed.cores["C"]).probe(K)
+    assert (view.state, view.reason, view.round, view.sent) == (ProbeState.FAILED, Reason.PROBE_TIMEOUT, -1, False)
+
+
+def test_every_request_probing_a_peer_learns_that_its_session_died() -> None:
+    net = pair()
+    to_state(net, ProbeState.IDLE)
+    settle(net, 0.0, windows=False)
+    c = net.cores["C"]
+    for kid in ("K2", "K3"):
+        c.handle(ix.ProbeAnnounced(kid, "P"), 0.1)
+    c.handle(ix.RequestFinished(K, False), 0.2)  # one of three ends first
+    c.handle(ix.ConnectionClosed("P"), 0.3)
+    assert [(CoreView(c).probe(k).state, CoreView(c).probe(k).reason) for k in ("K2", "K3")] == [
+        (ProbeState.FAILED, Reason.PEER_DISCONNECTED)] * 2
+
+
+def test_a_message_for_a_rounds_load_from_another_peer_is_dropped_as_stale() -> None:
+    net = pair()
+    to_state(net, ProbeState.OFFERED)
+    c = net.cores["C"]
+    rnd = CoreView(c).probe(K).round
+    net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.5)  # the round's load: in flight
+    (load,) = c.round_loads(K)
+    (opened,) = c.handle(ix.Dial("Q"), 0.5)  # a second producer, ready too
+    c.handle(ix.ConnectionUp("Q"), 0.5)
+    c.handle(ix.Received("Q", wm.HelloAck(gen=opened.gen, instance="q")), 0.5)
+    c.handle(ix.PeerAttached("Q", opened.gen), 0.5)
+    out = c.handle(ix.Received("Q", wm.TransferDone(gen=opened.gen, kv_request_id=K, round=rnd, ok=False,
+                                                    reason="aborted")), 0.6)
+    assert out == [Ignored("consumer", K, load.state, "transfer_done", Reason.STALE)]
+    assert c.round_loads(K) == [load]
+
+
+def test_a_one_sided_rounds_load_noticed_of_a_give_up_waits_abort_ack_timeout_from_the_notice() -> None:
+    # writes the producer already posted may still land: the load waits for its final answer, bounded
+    net = pair(one_sided=True)
+    to_state(net, ProbeState.OFFERED)
+    c = net.cores["C"]
+    rnd = CoreView(c).probe(K).round
+    net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.0)
+    gen = CoreView(c).session_gen("P")
+    c.handle(ix.Received("P", wm.TransferDone(gen=gen, kv_request_id=K, round=rnd, ok=False, reason="aborted",
+                                              final=False)), 0.25)
+    (load,) = c.round_loads(K)
+    assert (load.state.value, load.deadline) == ("given_up", 0.25 + 10.0)  # abort_ack_timeout_s
+
+
+def test_a_request_finished_cancels_every_round_load_still_out_after_another_ended() -> None:
+    net = pair()
+    net.engines["P"].blocks[KEYS[2]] = 22
+    to_state(net, ProbeState.OFFERED)
+    c = net.cores["C"]
+    net.engine_input("C", ix.LoadSubmitted(K, 5, (KEYS[0],), (0,)), 0.0)  # round 1's load
+    while net.pending("C", "P"):
+        net.deliver("C", "P", 0, 0.0)  # its fetch is served: its blocks wait in the network
+    assert answers(net, KEYS[2:], 0.1) == [Answer.RETRY]
+    net.engine_input("C", ix.ScheduleEnded(), 0.1)
+    net.deliver("C", "P", 0, 0.1)  # the probe of round 2
+    net.serve_window("P", 0.1)
+    (i,) = [n for n, e in enumerate(net.pending("P", "C")) if isinstance(e.msg, wm.ProbeReply)]
+    net.deliver("P", "C", i, 0.1)  # round 2's reply overtakes round 1's blocks
+    net.engine_input("C", ix.LoadSubmitted(K, 6, (KEYS[2],), (1,)), 0.2)  # round 2's load
+    while net.pending("P", "C"):
+        net.deliver("P", "C", 0, 0.3)  # round 1's blocks land: its load ends
+    assert [r.ok for r in net.results[5]] == [True]
+    assert [(v.job_id, v.state.value) for v in c.round_loads(K)] == [(6, "in_flight")]
+    c.handle(ix.RequestFinished(K, False), 0.4)
+    assert [(v.job_id, v.state.value) for v in c.round_loads(K)] == [(6, "cancelling")]
+
+
+@pytest.mark.parametrize(("integrity", "missed"), [(True, {KEYS[1]}), (False, {KEYS[0], KEYS[1]})])
+def test_a_failed_rounds_load_holds_miss_exactly_the_keys_past_its_verified_prefix(integrity: bool,
+                                                                                   missed: set[bytes]) -> None:
+    # decision I22: a key whose block landed and matched stays the engine's; without digests nothing
+    # was verified, so every key of the failed load answers MISS
+    net = pair(integrity=integrity)
+    to_state(net, ProbeState.OFFERED)
+    c = net.cores["C"]
+    rnd = CoreView(c).probe(K).round
+    net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.0)
+    while net.pending("C", "P"):
+        net.deliver("C", "P", 0, 0.0)
+    first = next(e for e in net.pending("P", "C") if isinstance(e.msg, wm.BlockData) and e.msg.first == 0)
+    net.queues[("P", "C")] = [first]
+    net.deliver("P", "C", 0, 0.0)  # the first block lands (and, with digests, is checked)
+    gen = CoreView(c).session_gen("P")
+    net.engine_input("C", ix.Received("P", wm.TransferDone(gen=gen, kv_request_id=K, round=rnd, ok=False,
+                                                           reason="transfer_failed")), 0.1)
+    assert [r.ok for r in net.results[5]] == [False]
+    assert CoreView(c).probe(K).missed == missed
+
+
+def test_a_round_answered_in_parts_is_offered_once_every_key_is_answered() -> None:
+    net = pair()
+    to_state(net, ProbeState.PROBING)  # KEYS[0], KEYS[1] wait for their answer
+    c = net.cores["C"]
+    rnd, gen = CoreView(c).probe(K).round, CoreView(c).session_gen("P")
+    c.handle(ix.Received("P", wm.ProbeReply(gen=gen, kv_request_id=K, round=rnd, keys=[KEYS[0]], hits=[True])), 0.1)
+    view = CoreView(c).probe(K)
+    assert (view.state, view.offered, view.waiting) == (ProbeState.PROBING, {KEYS[0]}, (KEYS[1],))
+    c.handle(ix.Received("P", wm.ProbeReply(gen=gen, kv_request_id=K, round=rnd, keys=[KEYS[1]], hits=[False])), 0.2)
+    view = CoreView(c).probe(K)  # the hit of the first part still counts
+    assert (view.state, view.offered, view.missed, view.waiting) == (ProbeState.OFFERED, {KEYS[0]}, {KEYS[1]}, ())
+
+
+def test_a_load_of_the_offered_part_of_a_round_still_probing_restarts_the_probe_deadline() -> None:
+    net = pair()
+    to_state(net, ProbeState.PROBING)
+    c = net.cores["C"]
+    rnd, gen = CoreView(c).probe(K).round, CoreView(c).session_gen("P")
+    c.handle(ix.Received("P", wm.ProbeReply(gen=gen, kv_request_id=K, round=rnd, keys=[KEYS[0]], hits=[True])), 0.1)
+    net.engine_input("C", ix.LoadSubmitted(K, 5, (KEYS[0],), (0,)), 0.3)
+    view = CoreView(c).probe(K)  # KEYS[1], still unanswered, goes to a fresh round, bounded from now
+    assert (view.state, view.unsent, view.deadline) == (ProbeState.COLLECTING, (KEYS[1],), 0.3 + 1.0)
+    assert view.round > rnd and view.loading == {KEYS[0]: rnd}
+
+
+def test_a_probe_reply_from_another_peer_or_for_no_probe_is_dropped() -> None:
+    net = pair()
+    to_state(net, ProbeState.PROBING)
+    c = net.cores["C"]
+    rnd = CoreView(c).probe(K).round
+    (opened,) = c.handle(ix.Dial("Q"), 0.0)
+    c.handle(ix.ConnectionUp("Q"), 0.0)
+    c.handle(ix.Received("Q", wm.HelloAck(gen=opened.gen, instance="q")), 0.0)
+    c.handle(ix.PeerAttached("Q", opened.gen), 0.0)
+    before = CoreView(c).probe(K)
+    reply = wm.ProbeReply(gen=opened.gen, kv_request_id=K, round=rnd, keys=list(KEYS[:2]), hits=[True, True])
+    assert c.handle(ix.Received("Q", reply), 0.1) == [Ignored("probe", K, ProbeState.PROBING, "probe_reply",
+                                                              Reason.STALE)]
+    assert CoreView(c).probe(K) == before
+    other = wm.ProbeReply(gen=opened.gen, kv_request_id="nobody", round=0, keys=[KEYS[0]], hits=[True])
+    assert c.handle(ix.Received("Q", other), 0.1) == [Ignored("probe", "nobody", ProbeState.ABSENT, "probe_reply",
+                                                              Reason.NO_RECORD)]
+
+
+def test_a_load_job_with_more_keys_than_slots_is_refused_by_name() -> None:
+    net = pair()
+    to_state(net, ProbeState.IDLE)
+    with pytest.raises(ValueError, match=r"^load job 5: 2 keys but 1 slots$"):
+        net.cores["C"].handle(ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0,)), 0.0)
+
+
+def test_a_key_looked_up_again_while_its_probe_is_out_is_not_probed_twice() -> None:
+    net = pair()
+    to_state(net, ProbeState.PROBING)
+    c = net.cores["C"]
+    assert answers(net, KEYS[:2], 0.1) == [Answer.RETRY, Answer.RETRY]
+    view = CoreView(c).probe(K)
+    assert (view.state, view.unsent, view.waiting) == (ProbeState.PROBING, (), tuple(KEYS[:2]))
+    assert c.handle(ix.ScheduleEnded(), 0.2) == []
