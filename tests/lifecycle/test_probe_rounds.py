@@ -13,7 +13,7 @@ import pytest
 
 from kvtier.lifecycle import Answer, ProbeState, Reason
 from kvtier.lifecycle import inputs as ix
-from kvtier.lifecycle.effects import Ignored, JobDone
+from kvtier.lifecycle.effects import Ignored, JobDone, SlotsHeld
 from kvtier.wire import messages as wm
 from tests.symmetric.harness import SymNet, make_core
 from tools.coreview import CoreView
@@ -324,3 +324,69 @@ def test_a_key_looked_up_again_while_its_probe_is_out_is_not_probed_twice() -> N
     view = CoreView(c).probe(K)
     assert (view.state, view.unsent, view.waiting) == (ProbeState.PROBING, (), tuple(KEYS[:2]))
     assert c.handle(ix.ScheduleEnded(), 0.2) == []
+
+
+def test_an_announced_probe_has_no_open_round_and_a_second_announce_is_dropped() -> None:
+    net = pair()
+    to_state(net, ProbeState.IDLE)
+    c = net.cores["C"]
+    view = CoreView(c).probe(K)
+    assert (view.state, view.peer, view.round, view.sent, view.unsent, view.waiting) == (
+        ProbeState.IDLE, "P", -1, False, (), ())
+    assert c.handle(ix.ProbeAnnounced(K, "P"), 0.1) == [Ignored("probe", K, ProbeState.IDLE, "announce",
+                                                                Reason.STALE)]
+
+
+def test_a_round_never_probed_releases_nothing_at_its_deadline() -> None:
+    net = pair()
+    net.engine_input("C", ix.ProbeAnnounced(K, "P"), 0.0)
+    settle(net, 0.0, windows=False)  # the session is ready; the key waits for the step's end
+    answers(net, KEYS[:1], 0.0)
+    out = net.cores["C"].fire(5.0)
+    assert not [e for e in out if isinstance(getattr(e, "msg", None), wm.AbortFetch)]
+    assert net.cores["C"].probe_state(K) is ProbeState.FAILED
+
+
+def test_a_key_being_loaded_is_not_probed_again() -> None:
+    net = pair()
+    to_state(net, ProbeState.OFFERED)
+    c = net.cores["C"]
+    rnd = CoreView(c).probe(K).round
+    net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.0)  # not delivered: loading
+    net.engine_input("C", ix.KeyLookedUp(K, KEYS[0]), 0.1)
+    view = CoreView(c).probe(K)
+    assert (view.state, view.unsent, view.loading) == (ProbeState.IDLE, (), {KEYS[0]: rnd, KEYS[1]: rnd})
+
+
+def test_shutdown_and_close_end_every_probe() -> None:
+    for last in (ix.ShutdownStarted(), ix.GraceEnded()):
+        net = pair()
+        to_state(net, ProbeState.OFFERED)
+        c = net.cores["C"]
+        c.handle(ix.ProbeAnnounced("K2", "P"), 0.0)
+        c.handle(last, 1.0)
+        assert c.probe_ids() == []
+
+
+@pytest.mark.parametrize("bounded", [True, False], ids=["revoke_bounded", "revoke_unbounded"])
+def test_a_one_sided_rounds_load_whose_session_died_waits_for_its_revocation_as_the_plane_allows(
+        bounded: bool) -> None:
+    # the producer could still write the slots: the result waits for the plane's proof; a plane that
+    # withdraws access by itself fails the load at revoke_timeout_s, one that cannot holds the slots
+    net = SymNet()
+    net.attach("C", make_core("C", one_sided=True, revoke_bounded=bounded))
+    net.attach("P", make_core("P", one_sided=True))
+    net.engines["P"].blocks.update({KEYS[0]: 20, KEYS[1]: 21})
+    to_state(net, ProbeState.OFFERED)
+    c = net.cores["C"]
+    rnd = CoreView(c).probe(K).round
+    net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.0)
+    out = c.handle(ix.ConnectionClosed("P"), 1.0)  # the plane's confirmation never comes
+    assert not [e for e in out if isinstance(e, JobDone)]
+    (load,) = c.round_loads(K)
+    assert (load.state.value, load.deadline) == ("revoking", 1.0 + 10.0)  # revoke_timeout_s
+    out = c.fire(11.0)
+    if bounded:
+        assert [e for e in out if isinstance(e, JobDone)] == [JobDone(5, False, Reason.PEER_DISCONNECTED)]
+    else:
+        assert out == [SlotsHeld("P", (K, rnd), 2)] and c.round_loads(K)[0].state.value == "revoking"
