@@ -390,3 +390,31 @@ def test_a_one_sided_rounds_load_whose_session_died_waits_for_its_revocation_as_
         assert [e for e in out if isinstance(e, JobDone)] == [JobDone(5, False, Reason.PEER_DISCONNECTED)]
     else:
         assert out == [SlotsHeld("P", (K, rnd), 2)] and c.round_loads(K)[0].state.value == "revoking"
+
+
+def test_a_peers_error_naming_a_symmetric_request_fails_its_open_round_and_its_rounds_loads() -> None:
+    net = pair()
+    net.engines["P"].blocks[KEYS[2]] = 22
+    to_state(net, ProbeState.OFFERED)
+    c = net.cores["C"]
+    net.engine_input("C", ix.LoadSubmitted(K, 5, (KEYS[0],), (0,)), 0.0)  # round 1's load, its fetch not delivered
+    answers(net, KEYS[2:], 0.1)
+    c.handle(ix.ScheduleEnded(), 0.1)  # a second round's probe is out
+    assert c.probe_state(K) is ProbeState.PROBING
+    gen = CoreView(c).session_gen("P")
+    out = c.handle(ix.Received("P", wm.Error(gen=gen, reason="bad_field", detail="", kv_request_id=K)), 0.2)
+    assert [(j.job_id, j.ok, j.reason) for j in out if isinstance(j, JobDone)] == [(5, False, Reason.PEER_ERROR)]
+    view = CoreView(c).probe(K)
+    assert (view.state, view.reason, view.round) == (ProbeState.FAILED, Reason.PEER_ERROR, -1)
+    # an error from another peer about the request changes nothing
+    other = pair()
+    to_state(other, ProbeState.PROBING)
+    oc = other.cores["C"]
+    (opened,) = oc.handle(ix.Dial("Q"), 0.0)
+    oc.handle(ix.ConnectionUp("Q"), 0.0)
+    oc.handle(ix.Received("Q", wm.HelloAck(gen=opened.gen, instance="q")), 0.0)
+    oc.handle(ix.PeerAttached("Q", opened.gen), 0.0)
+    before = CoreView(oc).probe(K)
+    assert oc.handle(ix.Received("Q", wm.Error(gen=opened.gen, reason="bad_field", detail="", kv_request_id=K)),
+                     0.2) == []
+    assert CoreView(oc).probe(K) == before

@@ -14,7 +14,6 @@ import pytest
 
 from kvtier.lifecycle import Reason, SessionState, TierCore
 from kvtier.lifecycle import inputs as ix
-from kvtier.lifecycle._table import SessionEvent
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.effects import Ignored, JobDone, Send
 from kvtier.lifecycle.session import HelloInput
@@ -118,5 +117,120 @@ def test_a_message_of_another_generation_never_reaches_a_record() -> None:
     c.handle(ix.LoadSubmitted("A", 4, (b"k",), (3,)), 1.0)
     out = c.handle(ix.Received(P, wm.TransferDone(gen=gen + 1, kv_request_id="A", round=0, ok=False,
                                                   reason="aborted")), 1.5)
-    assert out == [Ignored("session", P, SessionState.READY, SessionEvent.MESSAGE, Reason.STALE)]
+    assert out == [Ignored("session", P, SessionState.READY, "message", Reason.STALE)]
     assert CoreView(c).session(P).heard == 0.0  # not even heard
+
+
+# -- a peer's error ------------------------------------------------------------------------------------
+
+def _loading(c: TierCore, kid: str, job: int, peer: str = P) -> None:
+    c.handle(ix.LoadAnnounced(kid, peer), 1.0)
+    c.handle(ix.LoadSubmitted(kid, job, (b"k",), (3,)), 1.0)
+
+
+def test_a_peers_error_naming_one_of_our_loads_fails_that_load_at_once_with_peer_error() -> None:
+    c = core()
+    gen = dialled(c)
+    _loading(c, "A", 4)
+    _loading(c, "B", 5)
+    out = c.handle(ix.Received(P, wm.Error(gen=gen, reason="bad_field", detail="round", kv_request_id="A")), 2.0)
+    assert [(j.job_id, j.ok, j.reason) for j in out if isinstance(j, JobDone)] == [(4, False, Reason.PEER_ERROR)]
+    assert c.consumer_state("B").value == "in_flight"  # the other load is unaffected
+    assert CoreView(c).session(P).heard == 2.0
+
+
+def test_a_peers_error_about_no_load_of_its_own_changes_nothing() -> None:
+    c = core()
+    gen = dialled(c)
+    qgen = dialled(c, "prefill:2")
+    _loading(c, "A", 4)
+    for peer, msg in (("prefill:2", wm.Error(gen=qgen, reason="bad_field", detail="", kv_request_id="A")),
+                      (P, wm.Error(gen=gen, reason="bad_field", detail="", kv_request_id="")),
+                      (P, wm.Error(gen=gen, reason="bad_field", detail="", kv_request_id="nobody"))):
+        assert c.handle(ix.Received(peer, msg), 2.0) == []
+    assert c.consumer_state("A").value == "in_flight"
+    out = c.handle(ix.Received(P, wm.Error(gen=gen + 1, reason="bad_field", detail="", kv_request_id="A")), 2.0)
+    assert out == [Ignored("session", P, SessionState.READY, "message", Reason.STALE)]
+
+
+# -- evicting an idle inbound session at max_peers (decision B22) ---------------------------------------
+
+def _inbound(p: TierCore, peer: str, gen: int, now: float) -> None:
+    hello = wm.Hello(gen=gen, version=wm.PROTOCOL_VERSION, instance=peer, block_bytes=16, layout="rx", hash_seed="")
+    p.handle(ix.Received(peer, hello), now)
+    p.handle(ix.PeerAttached(peer, gen), now)
+
+
+def _evicted(out: list[Any]) -> list[str]:
+    return [e.peer for e in out if type(e).__name__ == "SessionEnded" and e.reason is Reason.IDLE_EVICTED]
+
+
+def test_the_session_idle_longest_is_evicted_ties_by_peer_id() -> None:
+    p = core(max_peers=3)
+    _inbound(p, "c1", 1, 2.0)  # did work last at 2.0
+    _inbound(p, "c2", 2, 0.0)  # idle longest
+    _inbound(p, "c3", 3, 1.0)
+    hello = wm.Hello(gen=9, version=wm.PROTOCOL_VERSION, instance="n", block_bytes=16, layout="rx", hash_seed="")
+    assert _evicted(p.handle(ix.Received("new", hello), 12.0)) == ["c2"]
+    q = core(max_peers=2)
+    _inbound(q, "b", 1, 0.0)
+    _inbound(q, "a", 2, 0.0)  # the same idle time: the lower peer id goes
+    assert _evicted(q.handle(ix.Received("new", hello), 12.0)) == ["a"]
+
+
+@pytest.mark.parametrize(("active", "now", "evicted"), [(0.0, 10.0, True), (0.0, 9.99, False), (6.0, 11.0, False)])
+def test_a_session_is_idle_once_it_did_no_work_for_handshake_timeout(active: float, now: float,
+                                                                     evicted: bool) -> None:
+    p = core(max_peers=1)  # handshake_timeout_s 10.0
+    _inbound(p, "c1", 1, 0.0)
+    if active:
+        p.handle(ix.Received("c1", wm.AbortFetch(gen=1, kv_request_id="X", round=0, fetched=False)), active)
+    hello = wm.Hello(gen=9, version=wm.PROTOCOL_VERSION, instance="n", block_bytes=16, layout="rx", hash_seed="")
+    out = p.handle(ix.Received("new", hello), now)
+    assert _evicted(out) == (["c1"] if evicted else [])
+    assert CoreView(p).session("new") is not None if evicted else CoreView(p).session("new") is None
+
+
+@pytest.mark.parametrize("work", ["serve", "load", "probe"])
+def test_a_session_with_work_bound_to_it_is_never_evicted(work: str) -> None:
+    # c1 did its last work first, so it would be the victim if its work did not count
+    p = core(max_peers=2, serve_external=True)
+    _inbound(p, "c1", 1, 0.0)
+    _inbound(p, "c2", 2, 1.0)
+    if work == "serve":  # c1 probes our engine's blocks: a serve round of its
+        p.handle(ix.Received("c1", wm.Probe(gen=1, kv_request_id="s", round=0, keys=[b"k"])), 0.0)
+    elif work == "load":  # we load from c1 over its session
+        _loading(p, "L", 7, "c1")
+    else:  # we probe c1 over its session
+        p.handle(ix.ProbeAnnounced("K", "c1"), 0.0)
+    hello = wm.Hello(gen=9, version=wm.PROTOCOL_VERSION, instance="n", block_bytes=16, layout="rx", hash_seed="")
+    assert _evicted(p.handle(ix.Received("new", hello), 12.0)) == ["c2"]
+
+
+# -- handshake answers and goodbyes of another generation ----------------------------------------------
+
+def test_handshake_answers_and_goodbyes_for_another_generation_are_dropped_as_stale() -> None:
+    c = core()
+    (opened,) = c.handle(ix.Dial(P), 0.0)
+    c.handle(ix.ConnectionUp(P), 0.0)
+    gen = opened.gen
+    other = gen + 1
+    reject = wm.HelloReject(gen=other, reason="handshake_mismatch", field="layout", ours="a", theirs="b")
+    for peer, msg, st, event in (
+            (P, wm.HelloAck(gen=other, instance="prod"), SessionState.HANDSHAKING, "hello_ack"),
+            ("nobody", wm.HelloAck(gen=gen, instance="prod"), SessionState.ABSENT, "hello_ack"),
+            (P, reject, SessionState.HANDSHAKING, "hello_reject"),
+            ("nobody", reject, SessionState.ABSENT, "hello_reject"),
+            (P, wm.Disconnect(gen=other, reason="shutdown"), SessionState.HANDSHAKING, "disconnect"),
+            ("nobody", wm.Disconnect(gen=0, reason="shutdown"), SessionState.ABSENT, "disconnect")):
+        assert c.handle(ix.Received(peer, msg), 0.5) == [Ignored("session", peer, st, event, Reason.STALE)]
+    assert CoreView(c).session_state(P) is SessionState.HANDSHAKING
+    for late in (ix.PeerAttached(P, other), ix.PlaneFaulted(P, other)):
+        assert len(c.handle(late, 0.5)) == 1 and CoreView(c).session_state(P) is SessionState.HANDSHAKING
+
+
+def test_a_goodbye_with_generation_0_is_taken_a_peer_that_does_not_know_ours_says_so() -> None:
+    c = core()
+    dialled(c)
+    out = c.handle(ix.Received(P, wm.Disconnect(gen=0, reason="peer_disconnected")), 1.0)
+    assert [(e.peer, e.reason) for e in out if type(e).__name__ == "SessionEnded"] == [(P, Reason.PEER_DISCONNECTED)]
