@@ -15,10 +15,21 @@ import pytest
 from kvtier.lifecycle import Reason, SessionState, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
-from kvtier.lifecycle.effects import Ignored, JobDone, Send
+from kvtier.lifecycle.effects import (
+    AttachPeer,
+    CloseConnection,
+    DetachPeer,
+    Ignored,
+    JobDone,
+    LandBlocks,
+    Send,
+    SessionEnded,
+)
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import WireReason
+from tests.lifecycle.scenario_pair import P as scenario_P
+from tests.lifecycle.scenario_pair import Pair
 from tools.coreview import CoreView
 
 LOCAL = HelloInput(version=wm.PROTOCOL_VERSION, block_bytes=16, layout="rx", hash_seed="", instance="me")
@@ -234,3 +245,89 @@ def test_a_goodbye_with_generation_0_is_taken_a_peer_that_does_not_know_ours_say
     dialled(c)
     out = c.handle(ix.Received(P, wm.Disconnect(gen=0, reason="peer_disconnected")), 1.0)
     assert [(e.peer, e.reason) for e in out if type(e).__name__ == "SessionEnded"] == [(P, Reason.PEER_DISCONNECTED)]
+
+
+# -- a consumer's new session replacing its old one (decision N14) ---------------------------------------
+
+def _hello(gen: int, instance: str = "cons", replaces: int = 0) -> wm.Hello:
+    return wm.Hello(gen=gen, version=wm.PROTOCOL_VERSION, instance=instance, block_bytes=16, layout="rx", hash_seed="",
+                    replaces=replaces)
+
+
+def test_a_hello_naming_the_session_it_replaces_ends_that_session_first() -> None:
+    p = core(shutdown_grace_s=2.0)
+    p.handle(ix.Received("c-old", _hello(5), principal="alice"), 0.0)
+    p.handle(ix.PeerAttached("c-old", 5), 0.0)
+    out = p.handle(ix.Received("c-new", _hello(6, replaces=5), principal="alice"), 1.0)
+    assert out == [
+        Send("c-old", wm.Disconnect(gen=5, reason="peer_restarted"), ends_session=False),
+        CloseConnection("c-old", 2.0),
+        SessionEnded("c-old", Reason.PEER_RESTARTED, False, "cons"),
+        DetachPeer("c-old"),
+        AttachPeer("c-new", 6, b"", False),
+    ]
+
+
+@pytest.mark.parametrize("differs", ["generation", "instance", "principal"])
+def test_a_hello_replaces_only_the_session_of_its_generation_instance_and_principal(differs: str) -> None:
+    p = core()
+    p.handle(ix.Received("c-old", _hello(5), principal="alice"), 0.0)
+    p.handle(ix.PeerAttached("c-old", 5), 0.0)
+    hello = _hello(6, instance="other" if differs == "instance" else "cons", replaces=4 if differs == "generation" else 5)
+    out = p.handle(ix.Received("c-new", hello, principal="bob" if differs == "principal" else "alice"), 1.0)
+    assert out == [AttachPeer("c-new", 6, b"", False)]
+    assert CoreView(p).session_ready("c-old")
+
+
+def test_a_hello_never_replaces_a_session_we_dialled() -> None:
+    p = core()
+    gen = dialled(p, "cons-addr")  # our dial; its hello_ack named instance "prod"
+    out = p.handle(ix.Received("c-new", _hello(6, instance="prod", replaces=gen), principal="prod"), 1.0)
+    assert out == [AttachPeer("c-new", 6, b"", False)]
+    assert CoreView(p).session_ready("cons-addr")
+
+
+# -- the symmetric path's messages pass the same gate -----------------------------------------------------
+
+def test_probe_messages_from_a_peer_without_a_session_are_answered_that_it_is_unknown() -> None:
+    p = core(serve_external=True)
+    for msg in (wm.Probe(gen=3, kv_request_id="s", round=0, keys=[b"k"]),
+                wm.ProbeReply(gen=3, kv_request_id="s", round=0, keys=[b"k"], hits=[True])):
+        out = p.handle(ix.Received("c9", msg), 0.0)
+        assert out == [Send("c9", wm.Disconnect(gen=3, reason="peer_disconnected"), ends_session=False)]
+
+
+def test_a_probe_reply_notes_its_peer_heard() -> None:
+    c = core()
+    gen = dialled(c)
+    c.handle(ix.Received(P, wm.ProbeReply(gen=gen, kv_request_id="s", round=0, keys=[b"k"], hits=[True])), 4.0)
+    assert CoreView(c).session(P).heard == 4.0
+
+
+# -- a producer's answers reach the life they name ----------------------------------------------------------
+
+def test_a_successful_transfer_done_before_every_block_landed_fails_the_load_incomplete() -> None:
+    s = Pair()
+    job, rnd, _ = s.load("A", 2, 1.0)
+    out = s.done("A", rnd, 1.5)  # ok, but no block_data ever arrived
+    assert [(j.job_id, j.ok, j.reason) for j in out if isinstance(j, JobDone)] == [
+        (job, False, Reason.INCOMPLETE_DATA)]
+
+
+@pytest.mark.parametrize("answer", ["transfer_done", "abort_ack", "block_data"])
+def test_an_answer_naming_another_life_of_the_id_is_dropped_as_stale(answer: str) -> None:
+    s = Pair()
+    s.c.handle(ix.LoadAnnounced("A", scenario_P, life="life-2"), 1.0)
+    (fetch,) = [e.msg for e in s.c.handle(ix.LoadSubmitted("A", 9, (b"k",), (3,)), 1.0) if isinstance(e, Send)]
+    if answer == "abort_ack":
+        s.c.handle(ix.RequestFinished("A", producer=False), 1.1)  # the load cancels: it waits for the ack
+        msg: Any = wm.AbortAck(gen=s.gen, kv_request_id="A", round=fetch.round, life="life-1")
+    elif answer == "block_data":
+        msg = wm.BlockData(gen=s.gen, kv_request_id="A", round=fetch.round, first=0, count=1, life="life-1")
+    else:
+        msg = wm.TransferDone(gen=s.gen, kv_request_id="A", round=fetch.round, ok=False, reason="aborted",
+                             life="life-1")
+    before = s.c.consumer_state("A")
+    out = s.to_c(msg, 1.2)
+    assert [(e.machine, e.key, e.state) for e in out if isinstance(e, Ignored)] == [("consumer", "A", before)]
+    assert not [e for e in out if isinstance(e, (JobDone, LandBlocks))] and s.c.consumer_state("A") is before
