@@ -233,6 +233,7 @@ def test_handshake_answers_and_goodbyes_for_another_generation_are_dropped_as_st
             (P, reject, SessionState.HANDSHAKING, "hello_reject"),
             ("nobody", reject, SessionState.ABSENT, "hello_reject"),
             (P, wm.Disconnect(gen=other, reason="shutdown"), SessionState.HANDSHAKING, "disconnect"),
+            (P, wm.Disconnect(gen=1, reason="shutdown"), SessionState.HANDSHAKING, "disconnect"),
             ("nobody", wm.Disconnect(gen=0, reason="shutdown"), SessionState.ABSENT, "disconnect")):
         assert c.handle(ix.Received(peer, msg), 0.5) == [Ignored("session", peer, st, event, Reason.STALE)]
     assert CoreView(c).session_state(P) is SessionState.HANDSHAKING

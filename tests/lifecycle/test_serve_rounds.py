@@ -14,7 +14,16 @@ import pytest
 from kvtier.lifecycle import Reason, ServeState, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
-from kvtier.lifecycle.effects import CancelTransfer, CloseLookup, Ignored, LookUpBlocks, ReleasePins, Send, SendBlocks
+from kvtier.lifecycle.effects import (
+    CancelTransfer,
+    CloseLookup,
+    Ignored,
+    LookUpBlocks,
+    ReleasePins,
+    Send,
+    SendBlocks,
+    SessionEnded,
+)
 from kvtier.lifecycle.serve import transfer_key
 from kvtier.lifecycle.session import HelloInput
 from kvtier.wire import messages as wm
@@ -255,3 +264,49 @@ def test_a_release_for_no_served_round_is_dropped_as_stale() -> None:
     offered(p)  # an offered round references no blocks of the plane's yet
     assert p.handle(ix.TransferReleased(transfer_key(C, "s"), 0, failed=True), 0.0) == [
         Ignored("serve", transfer_key(C, "s"), ServeState.ABSENT, "transfer_failed", Reason.STALE)]
+
+
+def _serving(p: TierCore) -> None:
+    offered(p)
+    p.handle(ix.Received(C, wm.Fetch(gen=1, kv_request_id="s", round=0, keys=[K1], offered=True)), 0.1)
+    assert state(p) is ServeState.SERVING
+
+
+def test_a_transfer_the_plane_failed_releases_its_pins_failed_and_says_so() -> None:
+    p = producer()
+    _serving(p)
+    out = p.handle(ix.TransferReleased(transfer_key(C, "s"), 0, failed=True), 0.2)
+    assert out == [ReleasePins((7,), False, Reason.TRANSFER_FAILED), done(0, "transfer_failed")]
+
+
+@pytest.mark.parametrize(("how", "answer"), [("timeout", done(0, "transfer_timeout")), ("close", done(0, "shutdown"))])
+def test_a_delivered_transfer_without_its_receipt_ends_failed(how: str, answer: Send) -> None:
+    p = producer()
+    _serving(p)
+    p.handle(ix.TransferReleased(transfer_key(C, "s"), 0), 0.2)  # delivering: the receipt is due
+    out = p.fire(0.1 + 3.0) if how == "timeout" else p.handle(ix.GraceEnded(), 0.5)
+    reason = Reason.TRANSFER_TIMEOUT if how == "timeout" else Reason.SHUTDOWN
+    assert [e for e in out if isinstance(e, ReleasePins) or (isinstance(e, Send) and e.peer == C
+                                                              and isinstance(e.msg, wm.TransferDone))] == [
+        ReleasePins((7,), False, reason), answer]
+
+
+def test_a_second_receipt_of_a_confirmed_round_is_dropped_as_stale() -> None:
+    p = producer()
+    _serving(p)
+    p.handle(ix.Received(C, wm.Receipt(gen=1, kv_request_id="s", round=0)), 0.2)
+    out = p.handle(ix.Received(C, wm.Receipt(gen=1, kv_request_id="s", round=0)), 0.3)
+    assert out == [Ignored("serve", "s", ServeState.CONFIRMED, "stale", Reason.STALE)]
+
+
+def test_a_transfer_the_plane_never_releases_quarantines_the_round_and_ends_the_session() -> None:
+    # cancel_deadline: the session is ended (transfer_stalled) to force the plane to let go
+    p = producer(shutdown_grace_s=2.0)
+    _serving(p)
+    p.handle(ix.Received(C, wm.AbortFetch(gen=1, kv_request_id="s", round=0, fetched=True, offered=True)), 0.2)
+    out = p.fire(0.2 + 10.0)  # transfer_timeout's cancel deadline: the plane still holds the blocks
+    assert state(p) is ServeState.QUARANTINED
+    assert [e for e in out if isinstance(e, (Send, SessionEnded))] == [
+        Send(C, wm.Disconnect(gen=1, reason="transfer_stalled"), ends_session=False),
+        SessionEnded(C, Reason.TRANSFER_STALLED, False, C)]
+    assert CoreView(p).pins_held() == frozenset({7})  # still referenced: the pins wait for the release
