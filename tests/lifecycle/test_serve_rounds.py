@@ -310,3 +310,73 @@ def test_a_transfer_the_plane_never_releases_quarantines_the_round_and_ends_the_
         Send(C, wm.Disconnect(gen=1, reason="transfer_stalled"), ends_session=False),
         SessionEnded(C, Reason.TRANSFER_STALLED, False, C)]
     assert CoreView(p).pins_held() == frozenset({7})  # still referenced: the pins wait for the release
+    out = p.handle(ix.TransferReleased(transfer_key(C, "s"), 0), 11.0)  # no receipt came: the pins fail
+    assert out == [ReleasePins((7,), False, Reason.ABORTED), Send(C, wm.AbortAck(gen=1, kv_request_id="s", round=0))]
+
+
+def test_a_round_whose_lookup_ends_with_nothing_new_keeps_its_earlier_offer() -> None:
+    p = producer()
+    probe(p, [K1, K2])
+    p.handle(ix.LookupAnswered(C, "s", 0, found=(K1,), blocks=(20,), pin=7, pending=(K2,)), 0.1)
+    out = p.handle(ix.LookupAnswered(C, "s", 0, missing=(K2,)), 0.2)
+    assert out == [reply(0, [K1, K2], [True, False]), CloseLookup(C, "s", 0)]
+    assert state(p) is ServeState.OFFERED and CoreView(p).pins_held() == frozenset({7})
+
+
+def test_the_blocks_pinned_count_falls_back_to_zero_when_a_round_of_two_pins_ends() -> None:
+    p = producer()
+    offered(p)
+    probe(p, [K3], now=0.2)
+    p.handle(ix.LookupAnswered(C, "s", 0, found=(K3,), blocks=(22,), pin=8), 0.3)
+    assert p.snapshot().serve_pinned_blocks == 2
+    out = p.handle(ix.Received(C, wm.AbortFetch(gen=1, kv_request_id="s", round=0, fetched=False, offered=True)), 0.4)
+    assert out[0] == ReleasePins((7, 8), True, None)
+    assert p.snapshot().serve_pinned_blocks == 0
+    assert probe(p, [K1, K2, K3], 1, 0.5) == [LookUpBlocks(C, "s", 1, (K1, K2, K3))]  # the whole budget again
+
+
+def test_a_round_that_pinned_nothing_leaves_the_peers_budget_whole() -> None:
+    p = producer()  # serve_max_pinned_blocks_per_peer 3
+    probe(p, [K1])
+    p.handle(ix.LookupAnswered(C, "s", 0, missing=(K1,)), 0.1)  # nothing found: the round ends
+    assert probe(p, [K1, K2, K3], 1, 0.2) == [LookUpBlocks(C, "s", 1, (K1, K2, K3))]
+
+
+def test_the_peers_budget_keeps_the_blocks_its_other_rounds_still_pin() -> None:
+    p = producer()  # serve_max_pinned_blocks_per_peer 3
+    offered(p, 0, pin=7)  # round 0 pins K1
+    probe(p, [K3], 1)
+    p.handle(ix.LookupAnswered(C, "s", 1, found=(K3,), blocks=(22,), pin=8), 0.1)  # round 1 pins K3
+    p.handle(ix.Received(C, wm.AbortFetch(gen=1, kv_request_id="s", round=1, fetched=False, offered=True)), 0.2)
+    assert probe(p, [K2, K4, bytes(8)], 2, 0.3) == [done(2, "serve_busy")]  # 1 still pinned + 3 > 3
+    assert probe(p, [K2, K4], 2, 0.3) == [LookUpBlocks(C, "s", 2, (K2, K4))]  # 1 + 2: exactly 3
+
+
+def test_when_a_peers_session_dies_every_round_of_it_still_open_is_released() -> None:
+    p = producer()
+    offered(p, 0, pin=7)
+    offered(p, 1, pin=8)
+    p.handle(ix.Received(C, wm.AbortFetch(gen=1, kv_request_id="s", round=0, fetched=False, offered=True)), 0.1)
+    out = p.handle(ix.ConnectionClosed(C), 0.2)
+    assert [e for e in out if isinstance(e, ReleasePins)] == [ReleasePins((8,), False, Reason.PEER_LOST)]
+    assert CoreView(p).pins_held() == frozenset() and CoreView(p).serve_ids() == []
+
+
+def test_served_blocks_are_digested_as_they_are_sent() -> None:
+    # the engine's blocks carry no parked digest: the shell takes each one's at send time
+    p = producer()
+    offered(p)
+    out = p.handle(ix.Received(C, wm.Fetch(gen=1, kv_request_id="s", round=0, keys=[K1], offered=True)), 0.1)
+    (sb,) = [e for e in out if isinstance(e, SendBlocks)]
+    assert sb.take_digests is True and sb.digests == ()
+
+
+def test_close_cancels_a_transfer_in_flight_and_bounds_its_release() -> None:
+    p = producer()
+    _serving(p)
+    view = CoreView(p).serve(C, "s", 0)
+    assert (view.receipt, view.demand, view.pins) == (False, (K1,), (7,))
+    out = p.handle(ix.GraceEnded(), 1.0)
+    assert [e for e in out if isinstance(e, CancelTransfer)] == [CancelTransfer(transfer_key(C, "s"), 0)]
+    view = CoreView(p).serve(C, "s", 0)
+    assert (view.state, view.reason, view.deadline) == (ServeState.CANCELLING, Reason.SHUTDOWN, 1.0 + 3.0)
