@@ -418,3 +418,17 @@ def test_a_peers_error_naming_a_symmetric_request_fails_its_open_round_and_its_r
     assert oc.handle(ix.Received("Q", wm.Error(gen=opened.gen, reason="bad_field", detail="", kv_request_id=K)),
                      0.2) == []
     assert CoreView(oc).probe(K) == before
+
+
+def test_a_peers_error_fails_the_managers_first_round_too_and_notes_the_peer_heard() -> None:
+    net = pair()
+    to_state(net, ProbeState.PROBING)  # the manager's first round: 0
+    c = net.cores["C"]
+    assert CoreView(c).probe(K).round == 0
+    gen = CoreView(c).session_gen("P")
+    c.handle(ix.Received("P", wm.Error(gen=gen, reason="bad_field", detail="", kv_request_id=K)), 0.7)
+    view = CoreView(c).probe(K)
+    assert (view.state, view.reason) == (ProbeState.FAILED, Reason.PEER_ERROR)
+    assert CoreView(c).session("P").heard == 0.7
+    stale = c.handle(ix.Received("P", wm.Error(gen=gen + 1, reason="bad_field", detail="", kv_request_id=K)), 0.8)
+    assert stale == [Ignored("session", "P", CoreView(c).session_state("P"), "message", Reason.STALE)]

@@ -17,6 +17,7 @@ from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.effects import (
     AttachPeer,
+    CancelTransfer,
     CloseConnection,
     DetachPeer,
     Ignored,
@@ -267,6 +268,20 @@ def test_a_hello_naming_the_session_it_replaces_ends_that_session_first() -> Non
         DetachPeer("c-old"),
         AttachPeer("c-new", 6, b"", False),
     ]
+
+
+def test_what_was_bound_to_the_replaced_session_learns_it_is_lost_at_that_moment() -> None:
+    p = core()
+    p.handle(ix.Received("c-old", _hello(5), principal="alice"), 0.0)
+    p.handle(ix.PeerAttached("c-old", 5), 0.0)
+    p.handle(ix.Received("c-old", wm.Fetch(gen=5, kv_request_id="A", round=0, keys=[b"k"])), 0.5)  # bound, waits
+    p.handle(ix.StoreSubmitted("B", "req-B", 1, (b"b",), (4,)), 0.5)
+    p.handle(ix.Received("c-old", wm.Fetch(gen=5, kv_request_id="B", round=1, keys=[b"b"])), 0.5)  # serving
+    out = p.handle(ix.Received("c-new", _hello(6, replaces=5), principal="alice"), 1.0)
+    view = CoreView(p).producer("A")
+    assert (view.state.value, view.reason, view.deadline) == ("tombstoned", Reason.PEER_LOST, 1.0 + 10.0)
+    assert CancelTransfer("B", 1) in out  # B's transfer to the old session is cancelled
+    assert out[-1] == AttachPeer("c-new", 6, b"", False)
 
 
 @pytest.mark.parametrize("differs", ["generation", "instance", "principal"])

@@ -380,3 +380,12 @@ def test_close_cancels_a_transfer_in_flight_and_bounds_its_release() -> None:
     assert [e for e in out if isinstance(e, CancelTransfer)] == [CancelTransfer(transfer_key(C, "s"), 0)]
     view = CoreView(p).serve(C, "s", 0)
     assert (view.state, view.reason, view.deadline) == (ServeState.CANCELLING, Reason.SHUTDOWN, 1.0 + 3.0)
+
+
+def test_a_session_dying_mid_transfer_cancels_it_and_bounds_the_release() -> None:
+    p = producer()
+    _serving(p)
+    out = p.handle(ix.ConnectionClosed(C), 1.0)
+    assert [e for e in out if isinstance(e, CancelTransfer)] == [CancelTransfer(transfer_key(C, "s"), 0)]
+    view = CoreView(p).serve(C, "s", 0)
+    assert (view.state, view.reason, view.deadline) == (ServeState.CANCELLING, Reason.PEER_LOST, 1.0 + 3.0)
