@@ -389,3 +389,15 @@ def test_a_session_dying_mid_transfer_cancels_it_and_bounds_the_release() -> Non
     assert [e for e in out if isinstance(e, CancelTransfer)] == [CancelTransfer(transfer_key(C, "s"), 0)]
     view = CoreView(p).serve(C, "s", 0)
     assert (view.state, view.reason, view.deadline) == (ServeState.CANCELLING, Reason.PEER_LOST, 1.0 + 3.0)
+
+
+def test_a_late_release_of_an_ended_rounds_transfer_never_reaches_a_new_round_of_the_same_number() -> None:
+    # a consumer that restarted numbers its rounds from 0 again: the old transfer's key is forgotten
+    p = producer()
+    _serving(p)
+    p.handle(ix.TransferReleased(transfer_key(C, "s"), 0), 0.2)
+    p.handle(ix.Received(C, wm.Receipt(gen=1, kv_request_id="s", round=0)), 0.3)  # the round ended
+    offered(p, 0, pin=9, now=1.0)  # round 0 again
+    out = p.handle(ix.TransferReleased(transfer_key(C, "s"), 0), 1.1)
+    assert out == [Ignored("serve", transfer_key(C, "s"), ServeState.ABSENT, "transfer_released", Reason.STALE)]
+    assert state(p) is ServeState.OFFERED and CoreView(p).pins_held() == frozenset({9})
