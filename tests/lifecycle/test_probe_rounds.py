@@ -432,3 +432,15 @@ def test_a_peers_error_fails_the_managers_first_round_too_and_notes_the_peer_hea
     assert CoreView(c).session("P").heard == 0.7
     stale = c.handle(ix.Received("P", wm.Error(gen=gen + 1, reason="bad_field", detail="", kv_request_id=K)), 0.8)
     assert stale == [Ignored("session", "P", CoreView(c).session_state("P"), "message", Reason.STALE)]
+
+
+@pytest.mark.parametrize("kind", ["block_data", "abort_ack"])
+def test_block_data_or_an_abort_ack_for_a_probed_request_with_no_round_load_is_stale(kind: str) -> None:
+    net = pair()
+    to_state(net, ProbeState.PROBING)
+    c = net.cores["C"]
+    rnd, gen = CoreView(c).probe(K).round, CoreView(c).session_gen("P")
+    msg = (wm.BlockData(gen=gen, kv_request_id=K, round=rnd, first=0, count=1) if kind == "block_data"
+           else wm.AbortAck(gen=gen, kv_request_id=K, round=rnd))
+    assert c.handle(ix.Received("P", msg), 0.5) == [Ignored("probe", K, ProbeState.PROBING, kind, Reason.STALE)]
+    assert c.probe_state(K) is ProbeState.PROBING
