@@ -37,7 +37,7 @@ def test_a_record_moving_to_another_timer_leaves_no_stale_entry_behind() -> None
     s = Pair()
     s.store("A", 2, 0.0)  # parked: its reap deadline is the producer's first entry
     before = CoreView(s.p).deadline_entries()
-    _, rnd, out = s.load("A", 2, 1.0)
+    _, _, out = s.load("A", 2, 1.0)
     s.forward_fetch(out, 1.0)  # serving: the reap deadline gives way to the transfer's
     assert CoreView(s.p).deadline_entries() == before
     (deadline,) = [d for d in CoreView(s.p).deadlines() if d.key == "A"]

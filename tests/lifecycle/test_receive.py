@@ -24,6 +24,7 @@ from kvtier.lifecycle.effects import (
     JobDone,
     LandBlocks,
     Send,
+    SendBlocks,
     SessionEnded,
 )
 from kvtier.lifecycle.session import HelloInput
@@ -289,7 +290,8 @@ def test_a_hello_replaces_only_the_session_of_its_generation_instance_and_princi
     p = core()
     p.handle(ix.Received("c-old", _hello(5), principal="alice"), 0.0)
     p.handle(ix.PeerAttached("c-old", 5), 0.0)
-    hello = _hello(6, instance="other" if differs == "instance" else "cons", replaces=4 if differs == "generation" else 5)
+    hello = _hello(6, instance="other" if differs == "instance" else "cons",
+                   replaces=4 if differs == "generation" else 5)
     out = p.handle(ix.Received("c-new", hello, principal="bob" if differs == "principal" else "alice"), 1.0)
     assert out == [AttachPeer("c-new", 6, b"", False)]
     assert CoreView(p).session_ready("c-old")
@@ -347,3 +349,39 @@ def test_an_answer_naming_another_life_of_the_id_is_dropped_as_stale(answer: str
     out = s.to_c(msg, 1.2)
     assert [(e.machine, e.key, e.state) for e in out if isinstance(e, Ignored)] == [("consumer", "A", before)]
     assert not [e for e in out if isinstance(e, (JobDone, LandBlocks))] and s.c.consumer_state("A") is before
+
+
+def test_while_the_plane_attaches_only_a_release_reaches_the_producer() -> None:
+    # decision I24: an abort right behind the hello frees blocks in one round trip; a fetch waits
+    p = core()
+    p.handle(ix.Received("c1", _hello(5)), 0.0)
+    assert CoreView(p).session_state("c1") is SessionState.ATTACHING
+    out = p.handle(ix.Received("c1", wm.Fetch(gen=5, kv_request_id="A", round=0, keys=[b"k"])), 0.1)
+    assert out == [Ignored("session", "c1", SessionState.ATTACHING, "message", Reason.STALE)]
+    assert CoreView(p).producer("A") is None
+    out = p.handle(ix.Received("c1", wm.AbortFetch(gen=5, kv_request_id="A", round=0, fetched=True)), 0.2)
+    assert out == [Send("c1", wm.AbortAck(gen=5, kv_request_id="A", round=0))]
+    out = p.handle(ix.Received("c1", wm.Fetch(gen=5, kv_request_id="B", round=1, keys=[])), 0.3)  # only releases
+    assert out == [Send("c1", wm.TransferDone(gen=5, kv_request_id="B", round=1, ok=True, reason=""))]
+
+
+def test_a_one_sided_fetch_hands_its_slots_to_the_plane() -> None:
+    p = core(one_sided=True)
+    p.handle(ix.Received("c1", _hello(5)), 0.0)
+    p.handle(ix.PeerAttached("c1", 5), 0.0)
+    p.handle(ix.StoreSubmitted("A", "req-A", 1, (b"k0", b"k1"), (3, 4)), 0.0)
+    fetch = wm.Fetch(gen=5, kv_request_id="A", round=0, keys=[b"k0", b"k1"], slots=[7, 9])
+    out = p.handle(ix.Received("c1", fetch), 0.1)
+    (sb,) = [e for e in out if isinstance(e, SendBlocks)]
+    assert (sb.blocks, sb.slots) == ((3, 4), (7, 9))
+
+
+def test_a_one_sided_load_noticed_of_a_give_up_waits_abort_ack_timeout_from_the_notice() -> None:
+    c = core(one_sided=True)
+    gen = dialled(c)
+    _loading(c, "A", 4)
+    out = c.handle(ix.Received(P, wm.TransferDone(gen=gen, kv_request_id="A", round=0, ok=False, reason="aborted",
+                                                  final=False)), 2.0)
+    assert not [e for e in out if isinstance(e, JobDone)]
+    view = c.consumer("A")
+    assert (view.state.value, view.deadline) == ("given_up", 2.0 + 10.0)  # abort_ack_timeout_s

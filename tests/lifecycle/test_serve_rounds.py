@@ -38,8 +38,8 @@ K1, K2, K3, K4 = (bytes([i]) * 8 for i in range(1, 5))
 
 
 def producer(**kw: Any) -> TierCore:
-    settings = dict(serve_external=True, serve_max_rounds_per_peer=2, serve_max_probes_per_round=2,
-                    serve_max_pinned_blocks_per_peer=3) | kw
+    settings: dict[str, Any] = {"serve_external": True, "serve_max_rounds_per_peer": 2, "serve_max_probes_per_round": 2,
+                                "serve_max_pinned_blocks_per_peer": 3} | kw
     p = TierCore(CoreSettings(durations=DURATIONS, **settings), LOCAL)
     connect(p, C, 1)
     return p

@@ -50,7 +50,8 @@ def sends(effects: list[Any]) -> list[Send]:
 
 
 def hello(gen: int = 7, **over: Any) -> wm.Hello:
-    fields = dict(gen=gen, version=V, instance="peer-inst", block_bytes=16, layout="sessions", hash_seed="seed-a")
+    fields = {"gen": gen, "version": V, "instance": "peer-inst", "block_bytes": 16, "layout": "sessions",
+              "hash_seed": "seed-a"}
     return wm.Hello(**(fields | over))
 
 
