@@ -385,3 +385,26 @@ def test_a_one_sided_load_noticed_of_a_give_up_waits_abort_ack_timeout_from_the_
     assert not [e for e in out if isinstance(e, JobDone)]
     view = c.consumer("A")
     assert (view.state.value, view.deadline) == ("given_up", 2.0 + 10.0)  # abort_ack_timeout_s
+
+
+def test_a_message_naming_no_watermark_never_raises_it() -> None:
+    # receipts (and probes) carry no low watermark: after one, a fetch of round 0 still binds
+    s = Pair()
+    s.store("B", 1, 0.0)
+    s.fetch("B", (b"B:0",), 0.1, rnd=3)
+    s.complete("B", 3, 0.2)  # B's receipt
+    s.store("A", 1, 0.3)
+    s.fetch("A", (b"A:0",), 0.4, rnd=0)
+    assert s.p.producer_state("A").value == "serving"
+
+
+def test_a_fetch_naming_a_new_life_of_a_served_id_binds_afresh() -> None:
+    # the life a fetch names reaches the producer: a new pairing is a fresh id (decision I11's lives)
+    s = Pair()
+    s.store("A", 1, 0.0, life="life-1")
+    s.to_p(wm.Fetch(gen=s.gen, kv_request_id="A", round=0, keys=[b"A:0"], life="life-1"), 0.1)
+    s.complete("A", 0, 0.2)
+    assert s.p.producer_state("A").value == "done"
+    out = s.to_p(wm.Fetch(gen=s.gen, kv_request_id="A", round=1, keys=[b"A:0"], life="life-2"), 0.3)
+    assert not [m for m in (e.msg for e in out if isinstance(e, Send)) if isinstance(m, wm.TransferDone)]
+    assert s.p.producer_state("A").value == "awaiting"
