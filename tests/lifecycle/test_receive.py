@@ -408,3 +408,18 @@ def test_a_fetch_naming_a_new_life_of_a_served_id_binds_afresh() -> None:
     out = s.to_p(wm.Fetch(gen=s.gen, kv_request_id="A", round=1, keys=[b"A:0"], life="life-2"), 0.3)
     assert not [m for m in (e.msg for e in out if isinstance(e, Send)) if isinstance(m, wm.TransferDone)]
     assert s.p.producer_state("A").value == "awaiting"
+
+
+def test_what_was_bound_to_a_restarted_peers_session_learns_it_is_lost_at_that_moment() -> None:
+    p = core()
+    p.handle(ix.Received("c1", _hello(5)), 0.0)
+    p.handle(ix.PeerAttached("c1", 5), 0.0)
+    p.handle(ix.Received("c1", wm.Fetch(gen=5, kv_request_id="A", round=0, keys=[b"k"])), 0.5)  # bound, waits
+    p.handle(ix.StoreSubmitted("B", "req-B", 1, (b"b",), (4,)), 0.5)
+    p.handle(ix.Received("c1", wm.Fetch(gen=5, kv_request_id="B", round=1, keys=[b"b"])), 0.5)  # serving
+    out = p.handle(ix.Received("c1", _hello(6)), 1.0)  # the same peer, a new generation: it restarted
+    assert [(e.peer, e.reason) for e in out if isinstance(e, SessionEnded)] == [("c1", Reason.PEER_RESTARTED)]
+    view = CoreView(p).producer("A")
+    assert (view.state.value, view.reason, view.deadline) == ("tombstoned", Reason.PEER_LOST, 1.0 + 10.0)
+    assert CancelTransfer("B", 1) in out
+    assert out[-1] == AttachPeer("c1", 6, b"", False)
