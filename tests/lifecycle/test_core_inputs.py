@@ -70,3 +70,20 @@ def test_a_symmetric_rounds_load_alone_counts_as_loading() -> None:
     net.engine_input("C", ix.LoadSubmitted(K, 5, tuple(KEYS[:2]), (0, 1)), 0.0)
     assert c.round_loads(K) and CoreView(c).consumer_ids() == []  # no PD load: only the round's
     assert c.loading()
+
+
+def test_a_send_that_failed_ends_the_session() -> None:
+    s = Pair()
+    out = s.c.handle(ix.SendFailed(P), 1.0)
+    assert [(e.peer, e.reason) for e in out if type(e).__name__ == "SessionEnded"] == [(P, Reason.SEND_FAILED)]
+
+
+def test_a_landing_that_failed_its_check_aborts_the_load_as_corrupt() -> None:
+    s = Pair()
+    _, rnd, _ = s.load("A", 2, 1.0)
+    s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=rnd, first=0, count=1, digests=[7]), 1.1)
+    out = s.c.handle(ix.BlocksLanded(P, "A", rnd, 0, 1, ok=False), 1.2)
+    view = s.c.consumer("A")
+    assert (view.state.value, view.reason) == ("aborting", Reason.CORRUPT)
+    assert [m.kv_request_id for m in (e.msg for e in out if isinstance(e, Send)) if isinstance(m, wm.AbortFetch)] == [
+        "A"]
