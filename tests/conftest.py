@@ -7,7 +7,7 @@ replaces the ``ci`` profile Hypothesis would load by itself — else ``dev``):
 * ``ci`` — derandomized, no example database, no deadline, failure blobs printed, ~200 examples;
 * ``explore`` — randomized, 20 000 examples, for long nightly runs
   (``HYPOTHESIS_PROFILE=explore timeout 3600 pytest tests/stateful tests/lifecycle``);
-* ``mutate`` — derandomized, no database, 30 examples: what ``make mutate`` runs for each mutant
+* ``mutate`` — derandomized, no database, 30 examples, no shrinking: what ``make mutate`` runs for each mutant
   (docs/mutation.md).
 
 Parallel runs (``pytest -n N``, pytest-xdist; docs/testing.md): every test owns its ports (port 0),
@@ -22,7 +22,7 @@ import gc
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from tools.child import preload_vllm
 
@@ -50,6 +50,9 @@ settings.register_profile(
     derandomize=True,
     database=None,
     deadline=None,
+    # a mutant is killed by the first failing example; shrinking it (minutes for a stateful run)
+    # would only make the counterexample smaller, which no mutation verdict reads
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))

@@ -190,10 +190,10 @@ def fresh(name: str, only: str = "", timeout: float = 600.0, tests: list[str] | 
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env.update(HYPOTHESIS_PROFILE="mutate", PYTHONPATH=str(mutants))
     print(f"==> fresh {name}: {len(todo)} mutants, each in a fresh process", flush=True)
+    # mutmut copied the tests when it made the mutants: test with those of the checkout now
+    shutil.copytree(REPO / "tests", mutants / "tests", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
     for n, key in enumerate(todo, 1):
-        # mutmut copied the tests when it made the mutants: test with those of the checkout now
-        shutil.copytree(REPO / "tests", mutants / "tests", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
         env["MUTANT_UNDER_TEST"] = key
         try:
             rc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",

@@ -15,6 +15,8 @@ this is the model checker's ``symmetric`` profile: docs/modelcheck.md.)
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -280,5 +282,9 @@ class SymmetricHonest(Symmetric):
 
 
 TestSymmetric = SymmetricHonest.TestCase
-TestSymmetric.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+# under mutation testing (docs/mutation.md) every mutant that reaches the symmetric path runs this
+# suite: there it takes the mutate profile's example count, like tests/stateful's suite
+_MUTATE = os.environ.get("HYPOTHESIS_PROFILE") == "mutate"
+TestSymmetric.settings = settings(max_examples=settings.default.max_examples if _MUTATE else 150,
+                                  stateful_step_count=40, deadline=None,
                                   suppress_health_check=[HealthCheck.too_slow])
