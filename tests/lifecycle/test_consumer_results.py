@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.lifecycle import ConsumerState, Reason
+from kvtier.lifecycle.consumer import ConsumerEvent
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.effects import Ignored, JobDone, LandBlocks, RevokeAccess, SlotsHeld
 from kvtier.wire import messages as wm
@@ -214,3 +215,99 @@ def test_an_abort_answered_while_one_block_lands_waits_for_that_landing() -> Non
     assert of(out, JobDone) == [] and s.c.consumer_state("A") is ConsumerState.SETTLING
     out = _landed(s, "A", rnd, 0, 1, 30.2)
     assert of(out, JobDone) == [JobDone(job, False, Reason.LOAD_TIMEOUT, (keys("A", 1)[0],))]
+
+
+def test_a_landing_reported_for_another_peer_cannot_touch_the_load() -> None:
+    s = Pair()
+    job, rnd = _load(s, "A", 1, 0.0)
+    _blocks(s, "A", rnd, 0, 1, 0.1)
+    out = s.c.handle(ix.BlocksLanded("other:2", "A", rnd, 0, 1, True), 0.2)
+    assert out == [Ignored("consumer", "A", ConsumerState.IN_FLIGHT, ConsumerEvent.BLOCKS_LANDED, Reason.STALE)]
+    assert s.c.consumer_state("A") is ConsumerState.IN_FLIGHT
+    out = _landed(s, "A", rnd, 0, 1, 0.3)  # the producer's own landing still completes the load
+    assert of(out, JobDone) == [JobDone(job, True, None)]
+
+
+@pytest.mark.parametrize("one_sided", [False, True])
+def test_a_fetch_names_its_destination_slots_only_for_a_one_sided_plane(one_sided: bool) -> None:
+    s = Pair(options={"one_sided": one_sided})
+    s.c.handle(ix.LoadAnnounced("A", P), 0.0)
+    (fetch,) = sent(s.c.handle(ix.LoadSubmitted("A", 1, keys("A", 2), (100, 101)), 0.0), wm.Fetch)
+    assert fetch.slots == ([100, 101] if one_sided else [])
+
+
+def test_a_message_of_the_loads_round_but_another_life_is_stale_and_one_naming_none_is_not() -> None:
+    s = Pair()
+    job, rnd = _load(s, "A", 2, 0.0, life="L1")
+    out = _blocks(s, "A", rnd, 0, 1, 0.1, life="L2")
+    assert out == [Ignored("consumer", "A", ConsumerState.IN_FLIGHT, "message", Reason.STALE)]
+    out = _blocks(s, "A", rnd, 0, 1, 0.2)  # names no life: the load's own
+    assert [e.first for e in of(out, LandBlocks)] == [0]
+
+
+def test_a_block_that_did_not_match_its_digest_aborts_the_load_with_the_abort_ack_deadline_from_then() -> None:
+    s = Pair()
+    job, rnd = _load(s, "A", 2, 0.0)
+    _blocks(s, "A", rnd, 0, 1, 0.1)
+    out = _landed(s, "A", rnd, 0, 1, 2.0, ok=False)
+    assert sent(out, wm.AbortFetch) and s.c.consumer_state("A") is ConsumerState.ABORTING
+    assert s.c.next_deadline() == 7.0  # abort_ack_timeout_s after the corrupt landing
+
+
+def test_block_data_for_an_id_with_no_load_is_dropped_as_having_no_record() -> None:
+    s = Pair()
+    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="Z", round=3, first=0, count=1, digests=[1]), 0.1)
+    assert out == [Ignored("consumer", "Z", ConsumerState.ABSENT, ConsumerEvent.BLOCK_DATA, Reason.NO_RECORD)]
+    assert s.c.consumer_state("Z") is ConsumerState.ABSENT
+
+
+def test_every_fetch_names_the_lowest_round_still_open_with_its_producer_and_its_life() -> None:
+    s = Pair()
+
+    def fetch(kid: str, t: float, life: str = "") -> wm.Fetch:
+        s.c.handle(ix.LoadAnnounced(kid, P, life=life), t)
+        (f,) = sent(s.c.handle(ix.LoadSubmitted(kid, s.next_job(), keys(kid, 1), (100,)), t), wm.Fetch)
+        return f
+
+    def land(f: wm.Fetch, t: float) -> None:
+        _blocks(s, f.kv_request_id, f.round, 0, 1, t)
+        _landed(s, f.kv_request_id, f.round, 0, 1, t)
+        assert s.c.consumer_state(f.kv_request_id) is ConsumerState.LOADED
+
+    a, b = fetch("A", 0.0), fetch("B", 0.1)
+    c = fetch("C", 0.2, life="L1")
+    assert a.round < b.round < c.round  # one counter per manager: every load its own round
+    assert (a.low, b.low, c.low, c.life) == (a.round, a.round, a.round, "L1")
+    land(b, 0.3)  # a round in the middle closes: A's is still the lowest
+    assert fetch("D", 0.4).low == a.round
+    land(a, 0.5)  # the lowest closes: C's is next
+    e = fetch("E", 0.6)
+    assert e.low == c.round
+
+
+def test_an_abort_names_its_life_and_the_lowest_round_still_open() -> None:
+    s = Pair()
+    _, first = _load(s, "A", 1, 0.0)  # stays open
+    _, rnd = _load(s, "B", 1, 0.1, life="L1")
+    (abort,) = sent(s.c.handle(ix.RequestFinished("B", producer=False), 0.2), wm.AbortFetch)
+    assert abort == wm.AbortFetch(gen=s.gen, kv_request_id="B", round=rnd, fetched=True, life="L1", low=first)
+
+
+def test_a_session_lost_reaches_every_load_left_on_it_after_another_one_finished() -> None:
+    s = Pair()
+    job_a, rnd_a = _load(s, "A", 1, 0.0)
+    _load(s, "B", 1, 0.0)
+    _blocks(s, "A", rnd_a, 0, 1, 0.1)
+    _landed(s, "A", rnd_a, 0, 1, 0.1)
+    s.c.handle(ix.RequestFinished("A", producer=False), 0.2)  # A's record ends; B's is still on the session
+    assert s.c.consumer_state("A") is ConsumerState.ABSENT
+    out = s.c.handle(ix.ConnectionClosed(P), 0.3)
+    assert of(out, RevokeAccess) == [RevokeAccess(P)] and s.c.consumer_state("B") is ConsumerState.REVOKING
+
+
+def test_an_announced_load_shows_no_job_and_no_round_yet() -> None:
+    s = Pair()
+    s.c.handle(ix.LoadAnnounced("A", P), 0.0)
+    view = s.c.consumer("A")
+    assert (view.state, view.peer, view.job_id, view.round, view.keys, view.landed) == (
+        ConsumerState.ANNOUNCED, P, None, -1, (), 0)
