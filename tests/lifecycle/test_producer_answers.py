@@ -401,3 +401,30 @@ def test_an_id_retained_exactly_one_retention_after_another_is_kept_its_full_ret
     assert s.p.producer_state("Y") is ProducerState.TOMBSTONED
     s.p.fire(120.0)
     assert s.p.producer_state("Y") is ProducerState.ABSENT
+
+
+def test_a_session_lost_with_an_id_bound_to_it_evicts_the_oldest_retained_in_its_own_step() -> None:
+    s = Pair(tombstone_max=1)
+    s.abort("Z", 0.0)
+    job, _ = s.store("A", 1, 0.0)
+    rnd, _ = _fetch(s, "A", 1, 1.0)
+    s.p.handle(ix.TransferReleased("A", rnd), 1.5)  # delivering: the receipt never comes
+    out = s.p.handle(ix.ConnectionClosed("decode-1"), 2.0)
+    assert of(out, JobDone) == [JobDone(job, False, Reason.PEER_LOST)]
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED and s.p.producer_state("Z") is ProducerState.ABSENT
+    assert s.p.snapshot().evicted == 1
+
+
+def test_the_producer_counts_every_prune_a_tick_fires() -> None:
+    s = Pair()
+    for kid in ("A", "B", "C"):
+        s.abort(kid, 0.0)
+    producer = s.p.machines()["producer"]
+    assert producer.tick(59.9, []) == 0
+    assert producer.tick(60.0, []) == 3
+    assert s.p.records().retained == frozenset()
+
+
+def test_an_unknown_park_clock_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^park_clock must be 'last_store' or 'first_store', got 'sometimes'$"):
+        Pair(park_clock="sometimes")
