@@ -66,10 +66,12 @@ class Pair:
     """A producer core and a consumer core with a ready session (handshake at t=0)."""
 
     def __init__(self, *, park_clock: str = "last_store", tombstone_max: int = 65536, max_pending: int = 1024,
-                 **durations: float) -> None:
+                 options: dict[str, Any] | None = None, **durations: float) -> None:
+        """``options``: more :class:`CoreSettings` fields for both cores (``one_sided``,
+        ``revoke_bounded``, ``integrity``, ...); ``durations``: timers replacing ``BASE``'s."""
         settings = CoreSettings(
             durations={**BASE, **durations}, park_clock=park_clock, tombstone_max=tombstone_max,
-            max_pending_fetches_per_peer=max_pending,
+            max_pending_fetches_per_peer=max_pending, **(options or {}),
         )
         self.p = TierCore(settings, LOCAL, gen_base=0)
         self.c = TierCore(settings, msgspec.structs.replace(LOCAL, instance="cons"), gen_base=100)
