@@ -99,26 +99,17 @@ def thread_cpu() -> dict[str, float]:
 
 
 def _shared_rows(rows: int, row_bytes: int) -> Any:
-    """``(rows, row_bytes)`` uint8 over a ``/dev/shm`` file mapping, as vLLM's primary CPU tier
-    (every system here reads and writes that memory): the raw baselines move bytes between
-    memory of the same kind as the tiers.  numpy's own arrays of this size sit on transparent
-    huge pages (numpy advises them), which this host gives anonymous memory but not ``/dev/shm``,
-    and a CMA copy between them ran 1.1-1.5x faster than between 4 KiB pages (docs/benchmarks.md,
-    P0) — a baseline no tier over vLLM's memory could reach.  The file is unlinked at once: the
-    mapping lives as long as the process."""
-    import mmap
-
+    """``(rows, row_bytes)`` uint8 over shared memory (tmpfs pages, as vLLM's primary CPU tier, a
+    ``/dev/shm`` file: every system here reads and writes that memory), so the raw baselines move
+    bytes between memory of the same kind as the tiers.  numpy's own arrays of this size sit on
+    transparent huge pages (numpy advises them), which this host gives anonymous memory but not
+    shared memory, and a CMA copy between them ran 1.1-1.5x faster than between 4 KiB pages
+    (docs/benchmarks.md, P0) — a baseline no tier over vLLM's memory could reach."""
     import numpy as np
 
-    size = rows * row_bytes
-    path = f"/dev/shm/kvtier_p0_raw_{os.getpid()}_{time.monotonic_ns()}"
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        os.unlink(path)
-        os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
+    from kvtier.memory.shared import allocate
+
+    mm, _ = allocate(rows * row_bytes, "kvtier-p0-raw")
     return np.frombuffer(mm, dtype=np.uint8).reshape(rows, row_bytes)
 
 

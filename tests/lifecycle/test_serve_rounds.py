@@ -371,24 +371,19 @@ def test_served_blocks_are_digested_as_they_are_sent() -> None:
     assert sb.take_digests is True and sb.digests == ()
 
 
-def test_close_cancels_a_transfer_in_flight_and_bounds_its_release() -> None:
+@pytest.mark.parametrize(("ending", "reason"), [(ix.GraceEnded(), Reason.SHUTDOWN),
+                                                (ix.ConnectionClosed(C), Reason.PEER_LOST)],
+                         ids=["close", "session_dies"])
+def test_an_ending_mid_transfer_cancels_it_and_bounds_its_release(ending, reason) -> None:
+    """The manager's close (its grace ended) or the session dying while a round's blocks move."""
     p = producer()
     _serving(p)
     view = CoreView(p).serve(C, "s", 0)
     assert (view.receipt, view.demand, view.pins) == (False, (K1,), (7,))
-    out = p.handle(ix.GraceEnded(), 1.0)
+    out = p.handle(ending, 1.0)
     assert [e for e in out if isinstance(e, CancelTransfer)] == [CancelTransfer(transfer_key(C, "s"), 0)]
     view = CoreView(p).serve(C, "s", 0)
-    assert (view.state, view.reason, view.deadline) == (ServeState.CANCELLING, Reason.SHUTDOWN, 1.0 + 3.0)
-
-
-def test_a_session_dying_mid_transfer_cancels_it_and_bounds_the_release() -> None:
-    p = producer()
-    _serving(p)
-    out = p.handle(ix.ConnectionClosed(C), 1.0)
-    assert [e for e in out if isinstance(e, CancelTransfer)] == [CancelTransfer(transfer_key(C, "s"), 0)]
-    view = CoreView(p).serve(C, "s", 0)
-    assert (view.state, view.reason, view.deadline) == (ServeState.CANCELLING, Reason.PEER_LOST, 1.0 + 3.0)
+    assert (view.state, view.reason, view.deadline) == (ServeState.CANCELLING, reason, 1.0 + 3.0)
 
 
 def test_a_late_release_of_an_ended_rounds_transfer_never_reaches_a_new_round_of_the_same_number() -> None:
