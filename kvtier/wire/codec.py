@@ -408,13 +408,18 @@ def _classify(header: memoryview, exc: Exception) -> WireError:
 
 
 def _classify_text(text: str) -> WireError:
-    """A big rejected header: msgspec's message says which tag failed, if it got that far."""
-    m = re.search(r"Invalid value '([a-z_]{1,32})' - at `\$\.type`", text)
+    """A big rejected header: msgspec's message says which tag failed, if it got that far.
+
+    That message quotes the peer's own words (a tag's value, an unknown field's name: ``Object
+    contains unknown field `...` ``), so each rule matches a whole message in msgspec's words,
+    never a part of one a peer could have written."""
+    m = re.fullmatch(r"Invalid value '([a-z_]{1,32})' - at `\$\.type`", text)
     if m and m.group(1) not in MESSAGE_TYPES:
         return WireError(WireReason.UNKNOWN_TYPE, f"unknown message type {m.group(1)!r}")
-    if "Expected `object`" in text and "at `$" not in text:
+    if re.fullmatch(r"Expected `object`, got `\w+`", text):
         return WireError(WireReason.MALFORMED, "header is not a msgpack map")
-    if "missing required field `type`" in text or "at `$.type`" in text:
+    if re.fullmatch(r"Object missing required field `type`|(Expected `str`, got `\w+`|Invalid value '.*') - at `\$\.type`",
+                    text, re.DOTALL):
         return WireError(WireReason.MALFORMED, "header has no string 'type'")
     return WireError(WireReason.BAD_FIELD, f"header: {text}")
 

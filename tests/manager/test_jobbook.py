@@ -133,6 +133,20 @@ def test_only_a_failed_load_changes_what_lookups_answer() -> None:
         assert out.changed is False, (store, ok)  # the id is known: no rescan of every id
 
 
+
+@pytest.mark.parametrize("internal", [True, False], ids=["own-job", "no-id"])
+def test_a_failed_load_with_no_id_to_name_asks_to_look_at_every_id_again(internal: bool) -> None:
+    """The manager's own load of nothing (the book keeps its id from the engine's views) and a load
+    that failed before it had an id (its producer not in ``allowed_peers``, or ended by
+    ``finish_job``) name no id to republish: the loop looks at every id in use again."""
+    from kvtier.lifecycle import effects as fx
+
+    out, book, _ = _performer()
+    book.open(1, store=False, kv_request_id="A" if internal else None, now=0.0, nbytes=0, internal=internal)
+    out.perform([fx.JobDone(1, False, Reason.PEER_LOST)])
+    assert out.changed is True
+    assert out.failed == set()
+
 def test_a_failure_without_a_reason_is_counted_and_reported_as_transfer_failed() -> None:
     from kvtier.lifecycle import effects as fx
 

@@ -313,7 +313,7 @@ class Calls:
         return lambda *args, **kw: self.calls.append((name, *args))
 
 
-def _outbound(answer, landed: int = 0, blocks: int = 4, pool=None):
+def _outbound(answer, landed: int = 0, blocks: int = 4, pool=None, logs=None):
     import time
     from types import SimpleNamespace
 
@@ -323,7 +323,7 @@ def _outbound(answer, landed: int = 0, blocks: int = 4, pool=None):
     from kvtier.testing.inproc import InprocNetwork, InprocTransport
 
     metrics = Calls()
-    logs = RateLimitedLog(time.monotonic, lambda p: "")
+    logs = logs or RateLimitedLog(time.monotonic, lambda p: "")
     work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=metrics, logs=logs)
     plane = FakePlane(answer)
     view = SimpleNamespace(landed=landed, keys=tuple(range(blocks)))
@@ -333,10 +333,10 @@ def _outbound(answer, landed: int = 0, blocks: int = 4, pool=None):
     return out, work, plane, metrics
 
 
-def _land(first: int = 2, count: int = 2, kid: str = "kv"):
+def _land(first: int = 2, count: int = 2, kid: str = "kv", peer: str = "P"):
     from kvtier.lifecycle import effects as fx
 
-    return fx.LandBlocks("P", kid, 3, first, tuple(range(10, 10 + count)), (7,) * count, (b"x",) * count)
+    return fx.LandBlocks(peer, kid, 3, first, tuple(range(10, 10 + count)), (7,) * count, (b"x",) * count)
 
 
 def test_a_landing_the_plane_refuses_fails_its_batch_corrupt_and_is_counted(caplog) -> None:
@@ -505,3 +505,63 @@ def test_corrupt_landings_are_logged_once_per_peer_per_interval() -> None:
     assert [r for r in records if "does not match" in r] == [
         "kvtier: block 0 of kv round 0 from P does not match its parked digest; the load fails",
         "kvtier: block 0 of kv round 0 from Q does not match its parked digest; the load fails"]
+
+
+def test_a_peers_bad_payloads_make_one_line_per_interval_whichever_check_finds_them(caplog) -> None:
+    """Lines are rate-limited per (peer, reason): a block_data the plane refuses is ``bad_payload``
+    (the wire error it is counted as), as is one whose payload frame the decoder refuses, so a peer
+    whose payloads fail both checks makes one line per interval; another peer's refusal in the
+    same interval is a line of its own."""
+    from kvtier.dataplane import Notified, PlaneError
+    from kvtier.shell.inbound import Inbound
+    from kvtier.shell.logs import RateLimitedLog
+    from kvtier.wire import Decoder, encode
+
+    logs = RateLimitedLog(lambda: 0.0, lambda p: "")  # the clock stands still: one interval
+    out, work, plane, metrics = _outbound(PlaneError("block_data carries 1 payload frames for 2 blocks"), logs=logs)
+    inbound = Inbound(transport=out.transport, plane=plane, decoder=Decoder(block_bytes=BB), metrics=metrics,
+                      logs=logs, clock=lambda: 0.0, posted={}, work=work)
+    short = (encode(wm.BlockData(gen=1, kv_request_id="kv", round=3, first=0, count=1)), b"short")
+    with caplog.at_level("WARNING", logger="kvtier.manager"):
+        (refused,) = inbound.reports([Notified("P", short)])
+        assert type(refused) is ix.Malformed and refused.reason == "bad_payload"
+        out.perform([_land()])  # P again, refused by the plane this time
+        out.perform([_land(peer="Q")])
+    assert metrics.calls == [("wire_error", "bad_payload")] * 3
+    assert [r.getMessage() for r in caplog.records] == [
+        f"kvtier: bad message from P: bad_payload: payload 0 is 5 bytes, block_bytes is {BB}",
+        "kvtier: bad block_data from Q: block_data carries 1 payload frames for 2 blocks"]
+
+
+def test_a_loads_landings_leave_nothing_behind_once_they_ended() -> None:
+    """A load's blocks landing on the pool are counted while they land (what ``last`` adds) and
+    forgotten once its landings ended, so a consumer that serves for months keeps nothing per
+    load: 10,000 loads leave this module's traced memory where the first left it (tracemalloc:
+    sizes of objects, not timings; the bound leaves room for the interpreter's free lists, which
+    keep a few freed objects traced where they were made; one entry kept per load is ~90 B)."""
+    import tracemalloc
+
+    from kvtier.shell import perbyte
+
+    work = _work()
+
+    def load(i: int) -> None:
+        key = (f"kv{i}", 1, 0, 2)
+        work.landing("P", key)
+        assert work.last((f"kv{i}", 1, 2, 2), 0, 4)  # its other half lands now: the load's last
+        work.landed("P", key, -1)
+        assert not work.last((f"kv{i}", 1, 2, 1), 0, 4)  # ended: no longer counted
+        assert [type(i).__name__ for i in work.inputs((), 0.0)] == ["BlocksLanded"]
+
+    mine = [tracemalloc.Filter(True, perbyte.__file__)]
+    tracemalloc.start()
+    try:
+        load(0)
+        before = tracemalloc.take_snapshot().filter_traces(mine)
+        for i in range(1, 10_001):
+            load(i)
+        after = tracemalloc.take_snapshot().filter_traces(mine)
+    finally:
+        tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert grown < 256 << 10, grown
