@@ -252,7 +252,8 @@ def report(names: list[str]) -> dict[str, dict]:
         # a mutant no test reaches lives as surely as one the tests missed: it counts against the score
         survivors = sorted(k for k, s in v.items() if s in ("survived", "suspicious", "timeout", "no tests")
                            and k not in eq)
-        equiv = sorted(k for k, s in v.items() if s != "killed" and k in eq)
+        # an equivalent mutant counts once it was tested (one not checked yet is in no count)
+        equiv = sorted(k for k, s in v.items() if s not in ("killed", "not checked") and k in eq)
         checked = counts["killed"] + counts["survived"] + counts["timeout"] + counts["suspicious"] + counts["no tests"]
         score = round(100 * counts["killed"] / (checked - len(equiv)), 1) if checked > len(equiv) else None
         summary[name] = {"counts": dict(counts), "equivalent": len(equiv), "score": score, "survivors": survivors}
@@ -265,7 +266,7 @@ def report(names: list[str]) -> dict[str, dict]:
         for module in modules if len(modules) > 1 else ():
             mv = {k: s for k, s in v.items() if k.rpartition(".")[0] == module}
             mc = Counter(mv.values())
-            me = sum(1 for k, s in mv.items() if s != "killed" and k in eq)
+            me = sum(1 for k, s in mv.items() if s not in ("killed", "not checked") and k in eq)
             tested = mc["killed"] + mc["survived"] + mc["timeout"] + mc["suspicious"] + mc["no tests"] - me
             ms = round(100 * mc["killed"] / tested, 1) if tested > 0 else None
             summary[name].setdefault("modules", {})[module] = {"counts": dict(mc), "equivalent": me, "score": ms}
