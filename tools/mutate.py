@@ -86,7 +86,8 @@ GROUPS: dict[str, Group] = {
                           "kvtier.shell.outbound.xǁOutboundǁ_verified_", "kvtier.shell.outbound.xǁOutboundǁ_land_")),
     "lifecycle": Group(("kvtier/lifecycle/*.py",),
                        ("tests/lifecycle", "tests/stateful/test_interleavings.py", "tests/symmetric/test_core_symmetric.py",
-                        "tests/symmetric/test_stateful_symmetric.py"),
+                        "tests/symmetric/test_stateful_symmetric.py", "tests/symmetric/test_core_views.py",
+                        "tests/symmetric/test_core_survivors_symmetric.py"),
                        exclude=("kvtier/lifecycle/_table.py",)),
 }
 #: tests under a group's selection that do not test the runtime's behaviour (rendering, docs
