@@ -327,12 +327,12 @@ def test_b21_shutdown_mid_transfer_with_a_wedged_consumer(producer, victim, make
         big = store("kv-big", 4, big_slots, seed=4)
         healthy.load("kv-big", 203, keys_for("kv-big", N), list(range(N)), host=host, port=port)
         if slow is not None:
-            wedge.stop(healthy.pid)  # the throttle lets it run again, a little at a time
+            # slow from here on, not stopped: its load hands the fetch to its I/O thread, which may not
+            # have sent it yet; a stopped consumer would never send it and the producer would stay parked
+            slow.start()
         assert pump_until(lambda: p.core.producer_state("kv-big") is not ProducerState.PARKED, managers=[p],
                           timeout_s=BOUND_S)
         big_state = p.core.producer_state("kv-big")
-        if slow is not None:
-            slow.start()
         t0 = time.monotonic()
         p.shutdown()
         took = time.monotonic() - t0
