@@ -243,6 +243,11 @@ class ProducerMachine(TableMachine):
     def timer_token(self, key: Any) -> Any:
         return self.retained.get(key) or super().timer_token(key)
 
+    def deadline_entries(self) -> int:
+        """The queue's entries plus the prune order's: one per retained id and one per id that
+        left retention out of order whose entry is not dropped yet (O(1))."""
+        return super().deadline_entries() + len(self._prune_order)
+
     def deadline_of(self, key: Any) -> float | None:
         if key in self.retained:
             return self.retained[key]
