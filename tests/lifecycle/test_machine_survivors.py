@@ -3,7 +3,8 @@ them (kvtier.lifecycle.deadlines): all at once when the entries reported stale a
 half of the queue and more than ``STALE_FLOOR``, or at the end of a tick once the queue holds
 more than ``STALE_FLOOR`` plus four entries per live record (the backstop); otherwise one by one
 as they surface at their lane's head.  A timer that fired leaves no stale entry (it was popped),
-so firing many timers never counts as many stale entries.
+and neither does a record that left its timer for a state without one, so firing many timers, or
+releasing many quarantined ids, never counts as many stale entries.
 
 The producer's reap deadline is the lane used (``unbound_store_timeout_s``); every figure
 follows from the scenario's ids and :class:`~tests.lifecycle.scenario_pair.Pair`'s settings.
@@ -12,8 +13,9 @@ follows from the scenario's ids and :class:`~tests.lifecycle.scenario_pair.Pair`
 from __future__ import annotations
 
 from kvtier.lifecycle import ProducerState
+from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.deadlines import STALE_FLOOR
-from tests.lifecycle.scenario_pair import Pair
+from tests.lifecycle.scenario_pair import Pair, keys
 
 
 def _park(s: Pair, kids: list[str], t: float) -> None:
@@ -58,3 +60,26 @@ def test_stale_entries_of_ids_that_are_gone_are_dropped_at_the_next_tick() -> No
     assert s.p.snapshot().deadline_entries == others + 1 + 1  # X's reap and the retained id's prune
     s.p.fire(1000.5)
     assert s.p.producer_state("X") is ProducerState.TOMBSTONED
+
+
+def test_ids_released_from_quarantine_count_no_stale_entry_so_a_lone_stale_one_waits_for_its_lanes_head() -> None:
+    s = Pair()
+    quarantined = [f"Q{i:04d}" for i in range(STALE_FLOOR + 4)]
+    rounds = {}
+    for kid in quarantined:  # served at t=0: given up at t=30, quarantined at t=60 (transfer_timeout_s)
+        s.store(kid, 1, 0.0)
+        rounds[kid] = s.fresh_round()
+        s.fetch(kid, keys(kid, 1), 0.0, rounds[kid])
+    _park(s, ["A"], 1.0)  # reaped at t=61
+    _park(s, ["S"], 2.0)
+    s.abort("S", 2.0)  # S's reap entry goes stale behind A's: the only stale entry
+    s.p.fire(30.0)
+    s.p.fire(60.0)
+    assert all(s.p.producer_state(k) is ProducerState.QUARANTINED for k in (quarantined[0], quarantined[-1]))
+    before = s.p.snapshot().deadline_entries
+    for kid in quarantined:  # the plane lets go at last: each id is retained (its prune enters the order)
+        s.p.handle(ix.TransferReleased(kid, rounds[kid]), 60.5)
+    assert s.p.producer_state(quarantined[-1]) is ProducerState.TOMBSTONED  # no receipt came
+    assert s.p.snapshot().deadline_entries == before + len(quarantined)  # S's stale entry still waits
+    s.p.fire(61.0)  # A reaped: S's stale entry surfaces at the lane's head and goes with it
+    assert s.p.snapshot().deadline_entries == before + len(quarantined) - 2 + 1
