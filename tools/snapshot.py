@@ -253,7 +253,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
         "ignored": "counter", "park_clock_last": "config", "tombstone_max": "config", "max_pending": "config",
         "by_peer": "index", "awaiting_per_peer": "index", "quarantined": "index", "retained": "state",
-        "_prune_order": "index", "_prune_at": "cache", "count_evicted": "counter", "closing": "state",
+        "_prune_order": "index", "_left_early": "index", "_prune_at": "cache", "count_evicted": "counter", "closing": "state",
         "named": "state", "_notes": "config", "batcher": "config",
     },
     "consumer": {

@@ -94,6 +94,11 @@ def index_problems(core: TierCore) -> list[str]:
     missing = [k for k in pm.retained if k not in set(pm._prune_order)]
     if missing:
         out.append(f"retained ids missing from the prune order: {missing}")
+    # each id once: a retained one, or one that left retention early (its stale entry)
+    order, left = list(pm._prune_order), pm._left_early
+    if len(set(order)) != len(order) or set(order) != set(pm.retained) | left or left & pm.retained.keys():
+        out.append(f"the prune order {order} is not each retained id {list(pm.retained)} once and each id "
+                   f"that left retention early {sorted(left)} once")
     return out
 
 

@@ -107,13 +107,16 @@ class ProducerMachine(TableMachine):
         # deadline order and the prune timer needs no heap entry of its own
         self.retained: dict[str, float] = {}
         # the same ids in the same order; popping the front of a dict is O(size) in CPython, of a
-        # deque O(1).  Ids leave retention from the front (prune deadline, tombstone_max); only
-        # close() (the end of the manager) or a test firing one id's prune takes one out of
-        # order, leaving a stale entry here that is skipped when it reaches the front.  (Were
-        # that id retained again before its stale entry surfaced, the stale entry would stand
-        # for the new life and hold the ids behind it back until the new life's prune: late,
-        # never early.  It cannot happen after close().)
+        # deque O(1).  Ids leave retention from the front (prune deadline, tombstone_max); a
+        # store, fetch or abort of a new life (decision I20), close() or a test firing one id's
+        # prune takes one out of order, leaving a stale entry here that is skipped when it
+        # reaches the front, or dropped with the others by a re-pack (_unretain)
         self._prune_order: deque[str] = deque()
+        # the ids whose stale entry is still in the prune order (at most one each): should one be
+        # retained again, that entry would stand for the new life and hold the ids behind it back
+        # until the new life's prune, so the order is re-packed first (rare: an id's new life
+        # ending before its old life's prune time)
+        self._left_early: set[str] = set()
         self._prune_at = (float("nan"), float("nan"))  # (now, now + retention): one float per batch
         self.count_evicted = 0
         self.closing = False  # shutdown() began: new fetches for unknown ids are refused
@@ -219,6 +222,7 @@ class ProducerMachine(TableMachine):
             when = retained.get(key)
             if when is None:
                 order.popleft()  # stale: the id left retention out of order
+                self._left_early.discard(key)
             elif when > now:
                 break
             else:
@@ -234,7 +238,7 @@ class ProducerMachine(TableMachine):
         heap = super().next_deadline()
         retained, order = self.retained, self._prune_order
         while order and order[0] not in retained:
-            order.popleft()
+            self._left_early.discard(order.popleft())
         prune = retained[order[0]] if order else None
         if heap is None or (prune is not None and prune < heap):
             return prune
@@ -242,6 +246,11 @@ class ProducerMachine(TableMachine):
 
     def timer_token(self, key: Any) -> Any:
         return self.retained.get(key) or super().timer_token(key)
+
+    def deadline_entries(self) -> int:
+        """The queue's entries plus the prune order's: one per retained id and one per id that
+        left retention out of order whose entry is not dropped yet (O(1))."""
+        return super().deadline_entries() + len(self._prune_order)
 
     def deadline_of(self, key: Any) -> float | None:
         if key in self.retained:
@@ -262,6 +271,8 @@ class ProducerMachine(TableMachine):
             rec.timer = timer
             if self._prune_at[0] != now:
                 self._prune_at = (now, now + self._durations[timer])
+            if rec.key in self._left_early:  # its stale entry would stand for this life
+                self._repack()
             self.retained[rec.key] = self._prune_at[1]
             self._prune_order.append(rec.key)
 
@@ -273,6 +284,7 @@ class ProducerMachine(TableMachine):
             key = order[0]
             if key not in retained:
                 order.popleft()
+                self._left_early.discard(key)
                 continue
             self.count_evicted += 1
             self.apply(self.records[key], ProducerEvent.PRUNE_DEADLINE, None, now, out)
@@ -339,7 +351,14 @@ class ProducerMachine(TableMachine):
         if order and order[0] == rec.key:
             order.popleft()
         elif len(order) > 64 + 2 * len(self.retained):
-            self._prune_order = deque(k for k in order if k in self.retained)
+            self._repack()
+        else:
+            self._left_early.add(rec.key)
+
+    def _repack(self) -> None:
+        """Drop every stale entry of the prune order (O(retained + stale))."""
+        self._prune_order = deque(k for k in self._prune_order if k in self.retained)
+        self._left_early.clear()
 
     def _swap_retained(self, rec: Any) -> None:
         # from here on the id is answered from its state, reason and named consumer alone

@@ -156,8 +156,9 @@ class CoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     evicted: int = 0
     """Retained ids evicted early by the ``tombstone_max`` cap since start (a counter)."""
     deadline_entries: int = 0
-    """Entries in the machines' deadline queues, stale ones not yet dropped included (what the
-    deadlines cost in memory)."""
+    """Entries in the machines' deadline queues, stale ones not yet dropped included, and in the
+    producer's prune order (one per retained id, plus those of ids that left retention early and
+    are not dropped yet): what the deadlines cost in memory."""
 
 
 class CoreRecords(msgspec.Struct, frozen=True, kw_only=True):

@@ -384,9 +384,9 @@ def test_an_id_leaving_its_timer_for_retention_leaves_no_stale_deadline_behind()
     before = s.p.snapshot().deadline_entries
     s.store("A", 1, 0.0)  # parked: its reap deadline
     assert s.p.snapshot().deadline_entries == before + 1
-    s.abort("A", 1.0)  # tombstoned: retained until its prune, which is not a queue entry
+    s.abort("A", 1.0)  # tombstoned: its prune's entry (in the prune order) replaces the reap deadline
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
-    assert s.p.snapshot().deadline_entries == before
+    assert s.p.snapshot().deadline_entries == before + 1
 
 
 def test_an_id_retained_exactly_one_retention_after_another_is_kept_its_full_retention() -> None:
