@@ -311,3 +311,22 @@ def test_an_announced_load_shows_no_job_and_no_round_yet() -> None:
     view = s.c.consumer("A")
     assert (view.state, view.peer, view.job_id, view.round, view.keys, view.landed) == (
         ConsumerState.ANNOUNCED, P, None, -1, (), 0)
+
+
+def test_a_round_being_cancelled_stays_the_lowest_open_one_until_its_abort_is_answered() -> None:
+    """A load whose request finished mid-transfer moves from in flight to cancelling: its round is
+    still open (the producer may still send under it), so a fetch to the same producer names it
+    as the lowest open round until the producer's ``abort_ack`` closes it."""
+    s = Pair()
+    _, first = _load(s, "A", 1, 0.0)
+    (abort,) = sent(s.c.handle(ix.RequestFinished("A", producer=False), 0.1), wm.AbortFetch)
+    assert s.c.consumer_state("A") is ConsumerState.CANCELLING and abort.low == first
+    _, second = _load(s, "B", 1, 0.2)
+    (fetch_c,) = sent(s.c.handle(ix.LoadAnnounced("C", P), 0.3)
+                      + s.c.handle(ix.LoadSubmitted("C", s.next_job(), keys("C", 1), (110,)), 0.3), wm.Fetch)
+    assert fetch_c.low == first < second < fetch_c.round
+    s.to_c(wm.AbortAck(gen=s.gen, kv_request_id="A", round=first), 0.4)
+    assert s.c.consumer_state("A") is not ConsumerState.CANCELLING
+    (fetch_d,) = sent(s.c.handle(ix.LoadAnnounced("D", P), 0.5)
+                      + s.c.handle(ix.LoadSubmitted("D", s.next_job(), keys("D", 1), (111,)), 0.5), wm.Fetch)
+    assert fetch_d.low == second  # A's round closed with its answer: B's is the lowest now
