@@ -242,6 +242,12 @@ def equivalent() -> dict[str, str]:
     return {k: v for k, v in tomllib.loads(path.read_text(encoding="utf-8")).items() if isinstance(v, str)}
 
 
+def _equivalents_tested(v: dict[str, str], eq: dict[str, str]) -> list[str]:
+    """The listed equivalents among ``v``'s mutants that were tested and not killed: one not
+    checked yet is in no count, and one killed is no equivalent."""
+    return sorted(k for k, s in v.items() if s not in ("killed", "not checked") and k in eq)
+
+
 def report(names: list[str]) -> dict[str, dict]:
     eq = equivalent()
     summary: dict[str, dict] = {}
@@ -253,8 +259,7 @@ def report(names: list[str]) -> dict[str, dict]:
         # a mutant no test reaches lives as surely as one the tests missed: it counts against the score
         survivors = sorted(k for k, s in v.items() if s in ("survived", "suspicious", "timeout", "no tests")
                            and k not in eq)
-        # an equivalent mutant counts once it was tested (one not checked yet is in no count)
-        equiv = sorted(k for k, s in v.items() if s not in ("killed", "not checked") and k in eq)
+        equiv = _equivalents_tested(v, eq)
         checked = counts["killed"] + counts["survived"] + counts["timeout"] + counts["suspicious"] + counts["no tests"]
         score = round(100 * counts["killed"] / (checked - len(equiv)), 1) if checked > len(equiv) else None
         summary[name] = {"counts": dict(counts), "equivalent": len(equiv), "score": score, "survivors": survivors}
@@ -267,7 +272,7 @@ def report(names: list[str]) -> dict[str, dict]:
         for module in modules if len(modules) > 1 else ():
             mv = {k: s for k, s in v.items() if k.rpartition(".")[0] == module}
             mc = Counter(mv.values())
-            me = sum(1 for k, s in mv.items() if s not in ("killed", "not checked") and k in eq)
+            me = len(_equivalents_tested(mv, eq))
             tested = mc["killed"] + mc["survived"] + mc["timeout"] + mc["suspicious"] + mc["no tests"] - me
             ms = round(100 * mc["killed"] / tested, 1) if tested > 0 else None
             summary[name].setdefault("modules", {})[module] = {"counts": dict(mc), "equivalent": me, "score": ms}
