@@ -9,7 +9,8 @@ endpoint (``GET /kvtier/requests``, :mod:`kvtier.metrics`), shown by ``kvtier to
 ``kvtier why KV_REQUEST_ID`` (:mod:`kvtier.explain`).
 
 Fed in one place (decision E3): the I/O shell hands every batch of effects the core asked for to
-:meth:`Forensics.observe` *before* performing them.  Nothing here runs inside the core and
+:meth:`Forensics.before` and :meth:`Forensics.after`, around performing them (what the job ledger
+must still know before, the rest after: a message leaves before its bookkeeping, decision C26).  Nothing here runs inside the core and
 nothing is recorded that the core does not already report: the effects name the id, the peer and
 the step (a fetch sent, blocks landed, an abort, a receipt, a refusal, a job's result); the job
 ledger knows each job's id, submit time and size; the core's read API tells the state the id is
@@ -54,6 +55,9 @@ CAPACITY = 1024
 MAX_OPEN = 65536
 """Requests in progress tracked at once; beyond it the oldest is forgotten (it then finishes
 untracked).  Far above what one engine has in flight."""
+
+MAX_NAMED = 4096
+"""Peers whose address is remembered for naming entries (forgotten all at once beyond it)."""
 
 _FINAL_PRODUCER = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED, ProducerState.ABSENT,
                              ProducerState.PRUNED})
@@ -137,6 +141,7 @@ class Forensics:
         self._ring: collections.deque[Finished] = collections.deque(maxlen=capacity)
         self._open: dict[tuple[str, str], _Open] = {}
         self._last_store: tuple[str, float] | None = None  # the producer entry added last, and when
+        self._named: dict[str, str] = {}  # peer id -> where (asking the transport builds a record)
         self.finished_total = 0
         """Requests finished since the manager started (the ring keeps the last ``capacity``)."""
         self._on: dict[type, Callable[[Any, float], None]] = {
@@ -153,11 +158,35 @@ class Forensics:
 
     # -- the one hook -------------------------------------------------------------------------
     def observe(self, effects: Sequence[Any]) -> None:
-        """The shell is about to perform ``effects`` (one batch the core returned): note what they
-        say about each id.  Never raises for an effect it does not know."""
+        """Note what ``effects`` (one batch the core returned) say about each id, all before the
+        batch is performed.  Never raises for an effect it does not know."""
+        self._observe(effects, 0, len(effects))
+
+    def before(self, effects: Sequence[Any]) -> int:
+        """The shell is about to perform ``effects``: note those up to the batch's last
+        ``JobDone`` (performing one closes the job ledger's record this reads) and return how
+        many were noted; the shell hands the rest to :meth:`after` once the batch is performed,
+        so a message leaves before its bookkeeping (decision C26).  The core's state, which the
+        notes read, does not change while a batch is performed: what performers report is
+        applied after it."""
+        last = 0
+        for i, e in enumerate(effects, 1):
+            if type(e) is fx.JobDone:
+                last = i
+        if last:
+            self._observe(effects, 0, last)
+        return last
+
+    def after(self, effects: Sequence[Any], start: int) -> None:
+        """The shell performed ``effects``: note those from ``start`` on (see :meth:`before`)."""
+        if start < len(effects):
+            self._observe(effects, start, len(effects))
+
+    def _observe(self, effects: Sequence[Any], start: int, stop: int) -> None:
         on = self._on
         now = None
-        for e in effects:
+        for i in range(start, stop):
+            e = effects[i]
             f = on.get(type(e))
             if f is not None:
                 if now is None:
@@ -322,7 +351,13 @@ class Forensics:
 
     def _add(self, entry: Finished) -> None:
         if entry.peer and self._where is not None:
-            where = self._where(entry.peer)  # an inbound "in:<hex>" id means nothing to a person
+            where = self._named.get(entry.peer)
+            if where is None:
+                where = self._where(entry.peer)  # an inbound "in:<hex>" id means nothing to a person
+                if where:  # a peer id names one connection for good (its routing id never binds again)
+                    if len(self._named) >= MAX_NAMED:
+                        self._named.clear()
+                    self._named[entry.peer] = where
             if where and where != entry.peer:
                 entry = msgspec.structs.replace(entry, peer=where)
         self._ring.append(entry)

@@ -129,3 +129,81 @@ def test_the_ring_ignores_what_it_does_not_track() -> None:
     _finish(ring, clock, 0, 10, batch=1)
     assert [e.kv_request_id for e in ring.recent()] == [_kid(j) for j in range(9, 5, -1)]
     assert ring.recent(_kid(8)) == [ring.recent()[1]] and ring.recent(_kid(1)) == []
+
+
+def _split(ring: Forensics, effects: list[Any], performed: list[int]) -> None:
+    """Feed ``effects`` as the shell does (decision C26): ``before``, the batch performed (the
+    job ledger forgets each job as its ``JobDone`` is performed), then ``after``."""
+    noted = ring.before(effects)
+    performed.extend(e.job_id for e in effects if type(e) is fx.JobDone)
+    ring.after(effects, noted)
+
+
+def test_a_batch_is_noted_in_its_order_whatever_is_noted_after_it_is_performed() -> None:
+    """A message leaves before its bookkeeping, yet the entries read as if each batch had been
+    noted whole before it was performed: an abort that came before a result is in the result's
+    entry, a receipt right after a success is added to that entry, and each result finds its
+    job in the ledger."""
+    performed: list[int] = []
+    kids = {2: _kid(2), 4: _kid(4)}
+
+    def job_info(j: int) -> tuple[bool, str, float, int] | None:
+        return None if j in performed or j not in kids else (False, kids[j], 0.0, 4096)
+
+    def feed(ring: Forensics, clock: list[float], split: bool) -> list[Any]:
+        performed.clear()
+        steps: list[tuple[float, list[Any]]] = []
+        for j, kid in kids.items():
+            steps.append((0.0, [fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=kid, round=j, keys=[b"k"], slots=[0]))]))
+        steps.append((0.25, [fx.Send(PEER, wm.AbortFetch(gen=1, kv_request_id=kids[2], round=2)),
+                             fx.JobDone(2, False, Reason.LOAD_TIMEOUT)]))
+        steps.append((0.5, [fx.JobDone(4, True), fx.Send(PEER, wm.Receipt(gen=1, kv_request_id=kids[4], round=4))]))
+        for at, batch in steps:
+            clock[0] = at
+            if split:
+                _split(ring, batch, performed)
+            else:
+                ring.observe(batch)
+                performed.extend(e.job_id for e in batch if type(e) is fx.JobDone)
+        return ring.recent()
+
+    clock = [0.0]
+    ring = Forensics(core=_Core(), job_info=job_info, clock=lambda: clock[0], block_bytes=4096)
+    fetch = fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(6), round=6, keys=[b"k"], slots=[0]))
+    assert ring.before([fetch]) == 0 and ring.in_progress() == 0  # nothing needs the ledger: all after
+    ring.after([fetch], 0)
+    assert ring.in_progress() == 1
+    ring = Forensics(core=_Core(), job_info=job_info, clock=lambda: clock[0], block_bytes=4096)
+    entries = feed(ring, clock, split=True)
+    ok, failed = entries
+    assert [m for m, _ in failed.marks] == ["fetch", "abort", "result"] and failed.reason == "load_timeout"
+    assert [m for m, _ in ok.marks] == ["fetch", "receipt", "result"] and ok.ok and ok.blocks == 1
+    assert ring.in_progress() == 0
+    whole = Forensics(core=_Core(), job_info=job_info, clock=lambda: clock[0], block_bytes=4096)
+    assert feed(whole, clock, split=False) == entries  # noted whole before performing: the same
+    _split(ring, [fx.JobDone(10**9, True)], performed)  # a job the ledger does not know: nothing
+    assert len(ring.recent()) == 2
+
+
+def test_a_peer_is_named_once_per_connection_not_per_entry() -> None:
+    """Naming an inbound peer asks the transport (a record built per call): the ring asks once per
+    peer id, and asks again for a peer it could not name yet."""
+    asked: list[str] = []
+    known = {"in:01": "10.0.0.9:40000"}
+
+    def where(peer: str) -> str:
+        asked.append(peer)
+        return known.get(peer, "")
+
+    clock = [0.0]
+    ring = Forensics(core=_Core(), job_info=lambda j: None, clock=lambda: clock[0], block_bytes=4096, where=where)
+    for j in range(5):
+        ring.observe([fx.Send("in:01", wm.TransferDone(gen=1, kv_request_id=_kid(j), round=1, ok=False,
+                                                       reason="reaped", final=True))])
+    ring.observe([fx.Send("in:02", wm.TransferDone(gen=1, kv_request_id=_kid(9), round=1, ok=False,
+                                                   reason="reaped", final=True))])
+    known["in:02"] = "10.0.0.7:40001"
+    ring.observe([fx.Send("in:02", wm.TransferDone(gen=1, kv_request_id=_kid(10), round=1, ok=False,
+                                                   reason="reaped", final=True))])
+    assert asked == ["in:01", "in:02", "in:02"]
+    assert [e.peer for e in ring.recent()] == ["10.0.0.7:40001", "in:02"] + ["10.0.0.9:40000"] * 5

@@ -34,13 +34,20 @@ __all__ = ["DeadlineQueue"]
 class DeadlineQueue:
     """Deadlines in seconds (the caller's clock), keyed by record key, in lanes (one per timer)."""
 
-    __slots__ = ("_lanes", "_seq", "_stale", "_size")
+    __slots__ = ("_lanes", "_seq", "_stale", "_size", "_low", "_best")
 
     def __init__(self) -> None:
         self._lanes: dict[Any, deque[tuple[float, int, Any]]] = {}
         self._seq = 0
         self._stale = 0  # entries known to be stale (an estimate: owners may under-report)
         self._size = 0
+        # No live entry falls due before _low: lowered by every arm, made exact by each scan of
+        # the heads, and never wrong as entries leave (that only raises the earliest).  _best
+        # is the lane whose head the last scan found earliest.  Every pass of the I/O loop asks
+        # for the next deadline and fires what is due; most find nothing due and the earliest
+        # unchanged, and answer from these two without a scan (decision C26).
+        self._low = float("inf")
+        self._best: deque[tuple[float, int, Any]] | None = None
 
     def arm(self, when: float, key: Any, lane: Any = None) -> int:
         """Schedule ``key`` at ``when`` on ``lane`` (its timer); return the entry's seq (the
@@ -56,6 +63,8 @@ class DeadlineQueue:
         else:
             q.append((when, seq, key))
         self._size += 1
+        if when < self._low:
+            self._low = when
         return seq
 
     def _head(self, is_live: IsLive) -> deque[tuple[float, int, Any]] | None:
@@ -68,15 +77,25 @@ class DeadlineQueue:
                 self._stale = max(0, self._stale - 1)
             if q and (best is None or q[0][0] < best[0][0]):
                 best = q
+        self._best = best
+        self._low = best[0][0] if best is not None else float("inf")
         return best
 
     def next_when(self, is_live: IsLive) -> float | None:
-        """Earliest live deadline, discarding stale heads."""
+        """Earliest live deadline, discarding stale heads (unless the earliest is known: the head
+        the last scan found is still live and nothing earlier was armed since)."""
+        q = self._best
+        if q:
+            when, seq, key = q[0]
+            if when == self._low and is_live(key, seq):
+                return when
         q = self._head(is_live)
         return q[0][0] if q is not None else None
 
     def pop_due(self, now: float, is_live: IsLive) -> Any | None:
         """Pop and return the key of the earliest live entry with ``when <= now``, or None."""
+        if now < self._low:  # nothing live falls due before _low
+            return None
         q = self._head(is_live)
         if q is None or q[0][0] > now:
             return None
@@ -113,6 +132,7 @@ class DeadlineQueue:
             size += len(kept)
         self._size = size
         self._stale = 0
+        self._best = None
 
     def when_of(self, key: Any, seq: int) -> float | None:
         """When the entry ``(key, seq)`` falls due, or None (O(n): tests and introspection)."""
@@ -136,6 +156,8 @@ class DeadlineQueue:
         self._seq = 0
         self._stale = 0
         self._size = 0
+        self._low = float("inf")
+        self._best = None
 
     def __len__(self) -> int:
         return self._size

@@ -69,7 +69,7 @@ class Outbound:
         """The serve windows (the symmetric path's lookups, contexts and pins)."""
         self.forensics: Any = None
         """The request forensics (:class:`kvtier.forensics.Forensics`): shown every batch of
-        effects before it is performed (its one feed, decision E3); None: off."""
+        effects around performing it (its one feed, decision E3); None: off."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self.changed = False
@@ -99,12 +99,14 @@ class Outbound:
         """Carry out ``effects`` in order; return the inputs they produced, in order."""
         produced: Inputs = []
         table = self.PERFORMERS
-        if self.forensics is not None:
-            self.forensics.observe(effects)
+        fz = self.forensics
+        noted = fz.before(effects) if fz is not None else 0
         for e in effects:
             more = table[type(e)](e)
             if more:
                 produced.extend(more)
+        if fz is not None:
+            fz.after(effects, noted)
         return produced
 
     # -- messages ------------------------------------------------------------------------------

@@ -26,6 +26,10 @@ from kvtier.transport import SendFailure, SendHandle
 #: where a peer's messages go: its socket and, for a peer that dialled us, its ROUTER routing id
 Target = tuple[zmq.Socket, bytes | None]
 
+# plain ints: or-ing pyzmq's flag enums builds an enum member per frame sent (decision C26)
+_LAST = int(zmq.NOBLOCK)
+_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+
 
 class Pending:
     """One queued multipart message waiting for room below the high-water mark."""
@@ -92,7 +96,7 @@ class Outbox:
         i = 0
         try:
             for i, part in enumerate(parts):
-                flags = zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0)
+                flags = _MORE if i < last else _LAST
                 if track_last and i == last:  # below the socket's copy threshold: a frame of its own
                     frame = zmq.Frame(part, copy=False, track=True, copy_threshold=0)
                     sock.send(frame, flags, copy=False)

@@ -5,6 +5,9 @@ queue starts afresh."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from kvtier.lifecycle.deadlines import STALE_FLOOR, DeadlineQueue
 
 
@@ -210,3 +213,57 @@ def test_a_compaction_comes_exactly_when_the_stale_entries_still_queued_pass_its
     o.retire("j0", "j", at_head=1)
     assert o.stale == 1
     _to_compaction(o, "k", 5e5)
+
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("arm"), st.integers(0, 3), st.integers(0, 40)),  # key, when
+    st.tuples(st.just("rearm"), st.integers(0, 3), st.integers(0, 40)),  # the key's live entry goes stale
+    st.tuples(st.just("drop"), st.integers(0, 3), st.just(0)),  # the record leaves, unreported
+    st.tuples(st.just("next"), st.just(0), st.just(0)),
+    st.tuples(st.just("pop"), st.just(0), st.integers(0, 40)),  # now
+    st.tuples(st.just("clear"), st.just(0), st.just(0)),
+), max_size=60)
+
+
+@given(_OPS)
+@settings(max_examples=300, deadline=None)
+def test_the_earliest_deadline_and_what_falls_due_match_a_scan_of_every_live_entry(ops: list) -> None:
+    """The queue answers most asks without scanning its heads (decision C26); whatever the order of
+    arms, re-arms, records leaving unannounced, pops and clears, ``next_when`` is the
+    earliest live entry and ``pop_due`` pops it exactly when it is due — as a scan of every live
+    entry says.  Keys map to lanes (``key % 2``), so lanes interleave."""
+    q = DeadlineQueue()
+    live: dict[int, int] = {}  # key -> the seq of its live entry
+    armed: dict[tuple[int, int], float] = {}  # (key, seq) -> when
+
+    def is_live(key: int, seq: int) -> bool:
+        return live.get(key) == seq
+
+    def earliest() -> tuple[float, int, int] | None:
+        entries = [(armed[(k, s)], s, k) for k, s in live.items()]
+        return min(entries) if entries else None
+
+    for op, key, t in ops:
+        if op in ("arm", "rearm"):
+            if op == "rearm" and key in live:
+                del live[key]  # as a record re-arms: its entry goes stale first, then is reported
+                q.retire(is_live, key % 2)
+            seq = q.arm(float(t), key, key % 2)
+            live[key], armed[(key, seq)] = seq, float(t)
+        elif op == "drop":
+            live.pop(key, None)
+        elif op == "next":
+            e = earliest()
+            assert q.next_when(is_live) == (e[0] if e else None)
+        elif op == "pop":
+            e = earliest()
+            got = q.pop_due(float(t), is_live)
+            if e is None or e[0] > t:
+                assert got is None
+            else:
+                # ties: any live entry due at the earliest time may come first (lanes are FIFO)
+                assert got in {k for k, s in live.items() if armed[(k, s)] == e[0]}
+                del live[got]
+        else:
+            q.clear()
+            live.clear()
