@@ -84,19 +84,21 @@ class Inbound:
         self._received = {getattr(wm, w.struct): (notes[w.noted] if w.noted else None, w.principal)
                           for w in WIRE.values()}
 
-    def collect(self, budget: int | None = None) -> list[ix.Input]:
+    def collect(self, budget: int | None = None, *, receiving: bool = True) -> list[ix.Input]:
         """Read up to ``budget`` messages (default :data:`RECV_BUDGET`) and every connection
         event, then the plane's reports.  Advances :attr:`quiet_since` when a pass emptied every
-        socket."""
+        socket.  ``receiving``: a load of ours is out (a peer may be writing into our pool)."""
         if budget is None:
             budget = RECV_BUDGET
         out: list[ix.Input] = []
         read = 0
         after = self.quiet_since  # what this pass reads arrived after it: every input's stamp
-        if self.plane.one_sided:
+        if receiving and self.plane.one_sided:
             # progress first: what our progress lets complete now (a WRITE into us, and the header
             # the producer sends once it is done) is then read before the time that dates
-            # quiet_since, so it counts as input that came before a deadline due then (N15)
+            # quiet_since, so it counts as input that came before a deadline due then (N15).  With
+            # no load out nothing can be written into us: the progress after the read serves
+            # (a producer reads a fetch one progress call sooner, decision C26)
             early = self.plane.poll()
             if early:
                 out.extend(self.reports(early, after))

@@ -335,8 +335,8 @@ class IoLoop:
     def tick(self) -> None:
         """One service pass over the network and the plane, then whatever is due (and, with a
         standing block source, a serve window)."""
-        inputs = self.inbound.collect()
         work, core = self.work, self.core
+        inputs = self.inbound.collect(receiving=core.loading())
         quiet = self.inbound.quiet_since
         due = core.next_deadline()
         firing = due is not None and due <= quiet and due <= work.floor()
