@@ -30,6 +30,8 @@ STALE_FLOOR = 4096
 
 __all__ = ["DeadlineQueue"]
 
+_NEVER = float("inf")
+
 
 class DeadlineQueue:
     """Deadlines in seconds (the caller's clock), keyed by record key, in lanes (one per timer)."""
@@ -46,7 +48,7 @@ class DeadlineQueue:
         # is the lane whose head the last scan found earliest.  Every pass of the I/O loop asks
         # for the next deadline and fires what is due; most find nothing due and the earliest
         # unchanged, and answer from these two without a scan (decision C26).
-        self._low = float("inf")
+        self._low = _NEVER
         self._best: deque[tuple[float, int, Any]] | None = None
 
     def arm(self, when: float, key: Any, lane: Any = None) -> int:
@@ -78,16 +80,19 @@ class DeadlineQueue:
             if q and (best is None or q[0][0] < best[0][0]):
                 best = q
         self._best = best
-        self._low = best[0][0] if best is not None else float("inf")
+        self._low = best[0][0] if best is not None else _NEVER
         return best
 
     def next_when(self, is_live: IsLive) -> float | None:
         """Earliest live deadline, discarding stale heads (unless the earliest is known: the head
         the last scan found is still live and nothing earlier was armed since)."""
+        low = self._low
+        if low == _NEVER:  # nothing armed since a scan found no live entry
+            return None
         q = self._best
         if q:
             when, seq, key = q[0]
-            if when == self._low and is_live(key, seq):
+            if when == low and is_live(key, seq):
                 return when
         q = self._head(is_live)
         return q[0][0] if q is not None else None
@@ -156,7 +161,7 @@ class DeadlineQueue:
         self._seq = 0
         self._stale = 0
         self._size = 0
-        self._low = float("inf")
+        self._low = _NEVER
         self._best = None
 
     def __len__(self) -> int:
