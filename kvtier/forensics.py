@@ -151,6 +151,13 @@ class Forensics:
             fx.LandBlocks: self._land,
             fx.JobDone: self._job_done,
         }
+        # by the type of the message a Send carries: what leaving says about its id
+        self._on_sent: dict[type, Callable[[str, Any, float], None]] = {
+            wm.Fetch: self._sent_fetch,
+            wm.AbortFetch: self._sent_abort,
+            wm.Receipt: self._sent_receipt,
+            wm.TransferDone: self._answered,
+        }
 
     @property
     def capacity(self) -> int:
@@ -242,22 +249,29 @@ class Forensics:
             t.path.append(name)
 
     def _send(self, e: fx.Send, now: float) -> None:
-        msg = e.msg
-        kind = type(msg)
-        if kind is wm.Fetch:
-            t = self._trace("consumer", msg.kv_request_id, now)
-            t.peer = e.peer
-            t.mark("fetch", now)
+        f = self._on_sent.get(type(e.msg))
+        if f is not None:
+            f(e.peer, e.msg, now)
+
+    def _sent_fetch(self, peer: str, msg: wm.Fetch, now: float) -> None:
+        t = self._trace("consumer", msg.kv_request_id, now)
+        t.peer = peer
+        t.mark("fetch", now)
+        self._state("consumer", msg.kv_request_id, t)
+
+    def _sent_abort(self, peer: str, msg: wm.AbortFetch, now: float) -> None:
+        t = self._open.get(("consumer", msg.kv_request_id))  # only about a fetch we are tracking
+        if t is not None:
+            t.mark("abort", now)
             self._state("consumer", msg.kv_request_id, t)
-        elif kind is wm.AbortFetch or kind is wm.Receipt:  # only about a fetch we are tracking
-            t = self._open.get(("consumer", msg.kv_request_id))
-            if t is not None:
-                t.mark("abort" if kind is wm.AbortFetch else "receipt", now)
-                self._state("consumer", msg.kv_request_id, t)
-            elif kind is wm.Receipt:
-                self._late_receipt(msg.kv_request_id, now)
-        elif kind is wm.TransferDone:
-            self._answered(e.peer, msg, now)
+
+    def _sent_receipt(self, peer: str, msg: wm.Receipt, now: float) -> None:
+        t = self._open.get(("consumer", msg.kv_request_id))
+        if t is not None:
+            t.mark("receipt", now)
+            self._state("consumer", msg.kv_request_id, t)
+        else:
+            self._late_receipt(msg.kv_request_id, now)
 
     def _late_receipt(self, kid: str, now: float) -> None:
         """A load's receipt leaves in the step that reported its result, after it: add the mark to
