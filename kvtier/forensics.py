@@ -9,12 +9,12 @@ endpoint (``GET /kvtier/requests``, :mod:`kvtier.metrics`), shown by ``kvtier to
 ``kvtier why KV_REQUEST_ID`` (:mod:`kvtier.explain`).
 
 Fed in one place (decision E3): the I/O shell hands every batch of effects the core asked for to
-:meth:`Forensics.before` and :meth:`Forensics.after`, around performing them (what the job ledger
-must still know before, the rest after: a message leaves before its bookkeeping, decision C26).  Nothing here runs inside the core and
-nothing is recorded that the core does not already report: the effects name the id, the peer and
-the step (a fetch sent, blocks landed, an abort, a receipt, a refusal, a job's result); the job
-ledger knows each job's id, submit time and size; the core's read API tells the state the id is
-in after the step.  The cost on the thread that performs effects is a type lookup per effect and
+:meth:`Forensics.before` and :meth:`Forensics.after`, around performing them (what needs the job
+ledger's record before, the rest after: a message leaves before its bookkeeping, decision C26).
+Nothing here runs inside the core and nothing is recorded that the core does not already
+report: the effects name the id, the peer and the step (a fetch sent, blocks landed, an abort, a
+receipt, a refusal, a job's result); the job ledger knows each job's id, submit time and size;
+the core's read API tells the state the id is in after the step.  The cost on the thread that performs effects is a type lookup per effect and
 a few dict operations per effect that names an id.
 
 Bounded memory (decision E3): at most :data:`CAPACITY` finished entries (a ``deque``) and at most

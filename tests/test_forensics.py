@@ -2,7 +2,8 @@
 requests finish: a million finished ids leave :data:`~kvtier.forensics.CAPACITY` entries of a few
 hundred bytes each, measured object by object, and nothing in progress.
 
-The ring is fed exactly as the shell feeds it — batches of effects through ``observe`` — with a
+The ring is fed batches of effects — through ``observe`` (a batch noted whole before it is
+performed), or through ``before``/``after`` around performing it, as the shell feeds it — with a
 stand-in for the two things it reads (the core's state of an id, the job ledger's record of a
 job); the end-to-end stories are in ``tests/manager/test_why.py``.
 """
@@ -207,3 +208,34 @@ def test_a_peer_is_named_once_per_connection_not_per_entry() -> None:
                                                    reason="reaped", final=True))])
     assert asked == ["in:01", "in:02", "in:02"]
     assert [e.peer for e in ring.recent()] == ["10.0.0.7:40001", "in:02"] + ["10.0.0.9:40000"] * 5
+
+
+def test_a_batch_whose_performer_raised_is_noted_all_the_same() -> None:
+    """An internal error in a performer (the loop counts it and goes on) does not cost the ring
+    the batch's notes: the fetch before it is traced as if the batch had been performed."""
+    import time
+    from types import SimpleNamespace
+
+    from kvtier.shell.jobs import JobBook
+    from kvtier.shell.logs import RateLimitedLog
+    from kvtier.shell.outbound import Outbound
+    from kvtier.shell.perbyte import ByteWork
+    from kvtier.testing.inproc import InprocNetwork, InprocTransport
+
+    metrics = SimpleNamespace(internal_error=lambda: None)
+    logs = RateLimitedLog(time.monotonic, lambda p: "")
+    work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=4096, metrics=metrics, logs=logs)
+    out = Outbound(transport=InprocTransport(InprocNetwork(), "c:1"), plane=None, pool=None, jobs=JobBook(),
+                   metrics=metrics, logs=logs, work=work, clock=time.monotonic)
+
+    def boom(e: Any) -> None:
+        raise RuntimeError("a performer bug")
+
+    out.PERFORMERS[fx.Send] = lambda e: None  # the effect -> performer table (the spec's PERFORM)
+    out.PERFORMERS[fx.CloseConnection] = boom
+    ring, _ = _ring()
+    out.forensics = ring
+    with pytest.raises(RuntimeError, match="a performer bug"):
+        out.perform([fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(2), round=2, keys=[b"k"], slots=[0])),
+                     fx.CloseConnection(PEER)])
+    assert ring.in_progress() == 1

@@ -100,12 +100,19 @@ class Outbound:
         produced: Inputs = []
         table = self.PERFORMERS
         fz = self.forensics
-        noted = fz.before(effects) if fz is not None else 0
-        for e in effects:
-            more = table[type(e)](e)
-            if more:
-                produced.extend(more)
-        if fz is not None:
+        if fz is None:
+            for e in effects:
+                more = table[type(e)](e)
+                if more:
+                    produced.extend(more)
+            return produced
+        noted = fz.before(effects)
+        try:
+            for e in effects:
+                more = table[type(e)](e)
+                if more:
+                    produced.extend(more)
+        finally:  # a performer that raised (an internal error): the batch is noted all the same
             fz.after(effects, noted)
         return produced
 
