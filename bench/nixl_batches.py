@@ -1,7 +1,7 @@
 """The limit of a batched NIXL transfer: raw WRITEs posted back to back, cut as the NIXL plane cuts
 a fetch, against one WRITE of the whole fetch (a measurement, not a test).
 
-    python -m bench.nixl_batches [--reps 9] [--sizes 8,64,256]
+    python -m bench.nixl_batches [--reps 9] [--sizes 8,64,256] [--shm]
 
 Two spawned processes, each a :class:`~kvtier.dataplane.nixl_agent.NixlBlockAgent` over a pool of
 1 MiB blocks (CMA on one host).  The producer WRITEs a request of ``size`` MiB into the
@@ -38,12 +38,25 @@ WINDOW_MIB = 64
 NOTIF = b"h" * 160  # a 1 MiB-block header with 8 digests is ~140 bytes
 
 
-def _consumer(conn: Any, nblocks: int) -> None:
+def _region(nblocks: int, fill: int, shm: bool) -> Any:
+    """The pool: numpy's own array (anonymous memory, which numpy advises onto transparent huge
+    pages) or, with ``shm``, a ``/dev/shm`` mapping of 4 KiB pages as vLLM's primary tier and P0's
+    raw baselines use (``bench.seed_side._shared_rows``)."""
     import numpy as np
 
+    if not shm:
+        return np.full((nblocks, MiB), fill, dtype=np.uint8)
+    from bench.seed_side import _shared_rows
+
+    region = _shared_rows(nblocks, MiB)
+    region[:] = fill
+    return region
+
+
+def _consumer(conn: Any, nblocks: int, shm: bool = False) -> None:
     from kvtier.dataplane.nixl_agent import NixlBlockAgent
 
-    region = np.zeros((nblocks, MiB), dtype=np.uint8)
+    region = _region(nblocks, 0, shm)
     agent = NixlBlockAgent(f"nb-c-{os.getpid()}", region)
     conn.send(agent.descriptor())
     agent.add_peer("p", conn.recv())
@@ -99,9 +112,7 @@ def _write(agent: Any, n: int, pack: int) -> tuple[float, float]:
     return time.perf_counter() - t0, in_post
 
 
-def run(sizes: tuple[int, ...] = (8, 64, 256), reps: int = 9) -> dict[str, Any]:
-    import numpy as np
-
+def run(sizes: tuple[int, ...] = (8, 64, 256), reps: int = 9, shm: bool = False) -> dict[str, Any]:
     from bench._util import CpuMeter
     from kvtier.dataplane.nixl_agent import NixlBlockAgent
 
@@ -111,11 +122,11 @@ def run(sizes: tuple[int, ...] = (8, 64, 256), reps: int = 9) -> dict[str, Any]:
     nblocks = max(sizes)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    child = ctx.Process(target=_consumer, args=(there, nblocks), daemon=True)
+    child = ctx.Process(target=_consumer, args=(there, nblocks, shm), daemon=True)
     child.start()
-    region = np.ones((nblocks, MiB), dtype=np.uint8)
+    region = _region(nblocks, 1, shm)
     agent = NixlBlockAgent(f"nb-p-{os.getpid()}", region)
-    out: dict[str, Any] = {"rows": []}
+    out: dict[str, Any] = {"rows": [], "memory": "/dev/shm (4 KiB pages)" if shm else "numpy (anonymous)"}
     try:
         agent.add_peer("c", here.recv())
         here.send(agent.descriptor())
@@ -147,7 +158,7 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"| {row['mib']} MiB | {row['cut']} | {row['s'] * 1e3:.2f} ms | {row['in_post_s'] * 1e3:.2f} ms "
                      f"| {row['ratio']:.2f} |")
     ld = r["load"]
-    lines += ["", f"load: 1-min loadavg {ld['loadavg_1m']:.2f}, other processes used {ld['others_cores']:.2f} cores"]
+    lines += ["", f"memory: {r['memory']}; load: 1-min loadavg {ld['loadavg_1m']:.2f}, other processes used {ld['others_cores']:.2f} cores"]
     return "\n".join(lines)
 
 
@@ -155,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--sizes", default="8,64,256", help="comma-separated MiB per request")
+    ap.add_argument("--shm", action="store_true",
+                    help="both pools over /dev/shm (4 KiB pages), as vLLM's primary tier and P0's raw baselines")
     a = ap.parse_args(argv)
-    print(render(run(tuple(int(s) for s in a.sizes.split(",")), a.reps)))
+    print(render(run(tuple(int(s) for s in a.sizes.split(",")), a.reps, a.shm)))
     return 0
 
 

@@ -81,15 +81,18 @@ def _median(xs: Sequence[float]) -> float:
 def run(quick: bool = False, log: Callable[[str], None] = print, rounds: int | None = None,
         late_rounds: int | None = None, systems: Sequence[str] = SYSTEMS, two_hosts: bool = False,
         sizes: Sequence[int] | None = None, batch_bytes: int | None = None,
-        tail_bytes: int | None = None, window_bytes: int | None = None) -> dict[str, Any]:
+        tail_bytes: int | None = None, window_bytes: int | None = None,
+        tier_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run P0; returns a result record (``rows`` per size and system, ``late``, ``machine``).
 
     ``two_hosts``: producer and consumer in two network namespaces joined by a veth pair
     (:class:`tests.support.netns.TwoHosts`; root), NIXL with UCX over TCP on it.  ``sizes``: MiB
     per request (default 1, 8, 64, 256; quick 1, 8).  ``batch_bytes``/``tail_bytes``: kvtier's
     batch plan and the NIXL plane's window in the children (measuring them; default the shipped
-    constants)."""
-    plan = {"batch_bytes": batch_bytes, "tail_bytes": tail_bytes, "window_bytes": window_bytes}
+    constants).  ``tier_config``: keys set in every kvtier tier's config (measuring what one costs,
+    e.g. ``{"integrity": "none"}``)."""
+    plan = {"batch_bytes": batch_bytes, "tail_bytes": tail_bytes, "window_bytes": window_bytes,
+            "tier_config": tier_config}
     if two_hosts:
         from tests.support.netns import TwoHosts, unavailable_reason
 
@@ -503,6 +506,21 @@ def run_p0(quick: bool, log: Callable[[str], None], smoke: bool = False) -> dict
     return {"P0": res}
 
 
+def config_settings(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as config keys: each value parsed as JSON (numbers, true/false), else
+    kept as a string.  Raises ``SystemExit`` naming a pair without ``=``."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.seed", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 and 8 MiB only, 3 rounds, 1 late round")
@@ -516,6 +534,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-mib", type=float, default=None, help="kvtier's largest batch (measuring it)")
     ap.add_argument("--tail-mib", type=float, default=None, help="kvtier's last batch (measuring it)")
     ap.add_argument("--window-mib", type=float, default=None, help="the NIXL plane's window (measuring it)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config key of every kvtier tier (repeatable; the value as JSON, else a string): "
+                         "measuring what it costs, e.g. --set integrity=none")
     a = ap.parse_args(argv)
     mib = (lambda x: None if x is None else int(x * MiB))
     systems = [s.strip() for s in a.systems.split(",") if s.strip()]
@@ -525,8 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else None
     res = run(a.quick, lambda m: print(m, file=sys.stderr, flush=True), a.rounds, a.late_rounds, systems,
               two_hosts=a.two_hosts, sizes=sizes, batch_bytes=mib(a.batch_mib), tail_bytes=mib(a.tail_mib),
-              window_bytes=mib(a.window_mib))
-    res["plan"] = {"batch_mib": a.batch_mib, "tail_mib": a.tail_mib, "window_mib": a.window_mib}
+              window_bytes=mib(a.window_mib), tier_config=config_settings(a.set))
+    res["plan"] = {"batch_mib": a.batch_mib, "tail_mib": a.tail_mib, "window_mib": a.window_mib,
+                   "tier_config": config_settings(a.set)}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=str)

@@ -220,7 +220,7 @@ class Side(RawZmq):
     def __init__(self, role: str, systems: Sequence[str], max_blocks: int, tag: str, host: str = "127.0.0.1",
                  netns: str | None = None, env: dict[str, str] | None = None, limits: bool = False,
                  batch_bytes: int | None = None, tail_bytes: int | None = None,
-                 window_bytes: int | None = None) -> None:
+                 window_bytes: int | None = None, tier_config: dict[str, Any] | None = None) -> None:
         if netns is not None:
             # before any thread or socket exists: UCX and libzmq threads inherit the namespace
             from tests.support.netns import enter
@@ -248,6 +248,7 @@ class Side(RawZmq):
 
             nixl_pipeline.WINDOW_BYTES = window_bytes
         self.np = np
+        self.tier_config = dict(tier_config or {})
         self.role = role
         self.tag = tag
         self.host = host
@@ -296,6 +297,7 @@ class Side(RawZmq):
             # sessions must still be there when it is thawed (vLLM p2p's have no such timer)
             entry = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "host": self.host,
                      "port": port, "data_plane": name.removeprefix("kvtier_"), "peer_timeout_s": 600.0}
+            entry.update(self.tier_config)  # measuring what a key costs (bench.seed --set)
         if producer:
             entry["unbound_store_timeout_s"] = UNBOUND_S
         cfg = OffloadingConfig(
