@@ -59,6 +59,9 @@ untracked).  Far above what one engine has in flight."""
 MAX_NAMED = 4096
 """Peers whose address is remembered for naming entries (forgotten all at once beyond it)."""
 
+_CHANGES_WHAT_IS_READ = frozenset({fx.JobDone, fx.CloseConnection})
+"""Effects whose performing changes what a note reads (see :meth:`Forensics.before`)."""
+
 _FINAL_PRODUCER = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED, ProducerState.ABSENT,
                              ProducerState.PRUNED})
 
@@ -170,15 +173,16 @@ class Forensics:
         self._observe(effects, 0, len(effects))
 
     def before(self, effects: Sequence[Any]) -> int:
-        """The shell is about to perform ``effects``: note those up to the batch's last
-        ``JobDone`` (performing one closes the job ledger's record this reads) and return how
+        """The shell is about to perform ``effects``: note those up to the batch's last effect
+        whose performing changes what the notes read — a ``JobDone`` closes the job ledger's
+        record, a ``CloseConnection`` may take the transport's name of a peer — and return how
         many were noted; the shell hands the rest to :meth:`after` once the batch is performed,
         so a message leaves before its bookkeeping (decision C26).  The core's state, which the
-        notes read, does not change while a batch is performed: what performers report is
+        notes read too, does not change while a batch is performed: what performers report is
         applied after it."""
         last = 0
         for i, e in enumerate(effects, 1):
-            if type(e) is fx.JobDone:
+            if type(e) in _CHANGES_WHAT_IS_READ:
                 last = i
         if last:
             self._observe(effects, 0, last)

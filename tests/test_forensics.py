@@ -213,6 +213,20 @@ def test_a_peer_is_named_once_per_connection_not_per_entry() -> None:
 def test_a_batch_whose_performer_raised_is_noted_all_the_same() -> None:
     """An internal error in a performer (the loop counts it and goes on) does not cost the ring
     the batch's notes: the fetch before it is traced as if the batch had been performed."""
+    def boom(e: Any) -> None:
+        raise RuntimeError("a performer bug")
+
+    ring, _ = _ring()
+    out = _outbound_with(ring, {fx.Send: lambda e: None, fx.CloseConnection: boom}, [])
+    with pytest.raises(RuntimeError, match="a performer bug"):
+        out.perform([fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(2), round=2, keys=[b"k"], slots=[0])),
+                     fx.CloseConnection(PEER)])
+    assert ring.in_progress() == 1
+
+
+def _outbound_with(ring: Forensics, performers: dict[type, Any], calls: list[str]) -> Any:
+    """A real :class:`~kvtier.shell.outbound.Outbound` whose table performs ``performers`` (its
+    public effect -> performer table, from the spec's PERFORM), feeding ``ring``."""
     import time
     from types import SimpleNamespace
 
@@ -222,20 +236,41 @@ def test_a_batch_whose_performer_raised_is_noted_all_the_same() -> None:
     from kvtier.shell.perbyte import ByteWork
     from kvtier.testing.inproc import InprocNetwork, InprocTransport
 
-    metrics = SimpleNamespace(internal_error=lambda: None)
+    metrics = SimpleNamespace(internal_error=lambda: calls.append("internal_error"))
     logs = RateLimitedLog(time.monotonic, lambda p: "")
     work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=4096, metrics=metrics, logs=logs)
     out = Outbound(transport=InprocTransport(InprocNetwork(), "c:1"), plane=None, pool=None, jobs=JobBook(),
                    metrics=metrics, logs=logs, work=work, clock=time.monotonic)
-
-    def boom(e: Any) -> None:
-        raise RuntimeError("a performer bug")
-
-    out.PERFORMERS[fx.Send] = lambda e: None  # the effect -> performer table (the spec's PERFORM)
-    out.PERFORMERS[fx.CloseConnection] = boom
-    ring, _ = _ring()
+    out.PERFORMERS.update(performers)
     out.forensics = ring
-    with pytest.raises(RuntimeError, match="a performer bug"):
-        out.perform([fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(2), round=2, keys=[b"k"], slots=[0])),
-                     fx.CloseConnection(PEER)])
-    assert ring.in_progress() == 1
+    return out
+
+
+def test_a_refusal_is_named_before_the_same_batch_closes_its_peers_connection() -> None:
+    """Closing a connection may take the transport's name of the peer it spoke for; a refusal in
+    the same batch is noted before that close is performed, so its entry names where the late
+    consumer is, as noting the whole batch first did."""
+    known = {"in:01": "10.0.0.9:40000"}
+    ring = Forensics(core=_Core(), job_info=lambda j: None, clock=lambda: 0.0, block_bytes=4096,
+                     where=lambda p: known.get(p, ""))
+    out = _outbound_with(ring, {fx.Send: lambda e: None, fx.CloseConnection: lambda e: known.pop(e.peer) and None}, [])
+    refusal = wm.TransferDone(gen=1, kv_request_id=_kid(1), round=1, ok=False, reason="reaped", final=True)
+    assert out.perform([fx.Send("in:01", refusal), fx.CloseConnection("in:01")]) == []
+    assert [e.peer for e in ring.recent()] == ["10.0.0.9:40000"] and not known
+
+
+def test_a_failing_ring_costs_the_batch_nothing_it_did_or_produced() -> None:
+    """The ring is a diagnostic: if noting after the batch fails, what the performers produced is
+    still returned (applied by the core next) and the failure is counted as an internal error."""
+    calls: list[str] = []
+
+    class Broken(Forensics):
+        def after(self, effects: Any, start: int) -> None:
+            raise RuntimeError("a ring bug")
+
+    ring = Broken(core=_Core(), job_info=lambda j: None, clock=lambda: 0.0, block_bytes=4096)
+    produced = object()
+    out = _outbound_with(ring, {fx.Send: lambda e: [produced]}, calls)
+    fetch = fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(2), round=2, keys=[b"k"], slots=[0]))
+    assert out.perform([fetch]) == [produced]
+    assert calls == ["internal_error"]

@@ -86,9 +86,9 @@ class DeadlineQueue:
     def next_when(self, is_live: IsLive) -> float | None:
         """Earliest live deadline, discarding stale heads (unless the earliest is known: the head
         the last scan found is still live and nothing earlier was armed since)."""
-        low = self._low
-        if low == _NEVER:  # nothing armed since a scan found no live entry
+        if not self._size:  # no entry at all
             return None
+        low = self._low
         q = self._best
         if q:
             when, seq, key = q[0]

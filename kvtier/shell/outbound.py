@@ -113,7 +113,12 @@ class Outbound:
                 if more:
                     produced.extend(more)
         finally:  # a performer that raised (an internal error): the batch is noted all the same
-            fz.after(effects, noted)
+            try:
+                fz.after(effects, noted)
+            except Exception as exc:  # the ring is a diagnostic: what the batch did and produced stands
+                self.metrics.internal_error()
+                self.logs("*", "forensics_failed", "kvtier: the request forensics failed on a batch of effects: %r",
+                          exc, level=logging.ERROR)
         return produced
 
     # -- messages ------------------------------------------------------------------------------

@@ -267,3 +267,14 @@ def test_the_earliest_deadline_and_what_falls_due_match_a_scan_of_every_live_ent
         else:
             q.clear()
             live.clear()
+
+
+def test_an_entry_that_never_falls_due_is_still_the_earliest_when_it_is_the_only_one() -> None:
+    """A timeless state is armed at +inf (``tools/snapshot``): the earliest deadline is then +inf,
+    not "none" — an empty queue and one whose only entry is at +inf answer differently."""
+    q = DeadlineQueue()
+    assert q.next_when(_always) is None
+    q.arm(float("inf"), "k")
+    assert q.next_when(_always) == float("inf") and q.next_when(_always) == float("inf")
+    assert q.pop_due(1e300, _always) is None and q.pop_due(float("inf"), _always) == "k"
+    assert q.next_when(_always) is None and len(q) == 0
