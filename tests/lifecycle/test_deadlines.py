@@ -278,3 +278,25 @@ def test_an_entry_that_never_falls_due_is_still_the_earliest_when_it_is_the_only
     assert q.next_when(_always) == float("inf") and q.next_when(_always) == float("inf")
     assert q.pop_due(1e300, _always) is None and q.pop_due(float("inf"), _always) == "k"
     assert q.next_when(_always) is None and len(q) == 0
+
+
+def test_asking_again_for_an_unchanged_earliest_asks_about_one_entry() -> None:
+    """Every pass of the I/O loop asks for the next deadline and fires what is due (decision C26):
+    with the earliest unchanged since the last scan, the queue asks whether that one entry is still
+    live instead of scanning every lane's head again, and with nothing due it asks about none."""
+    q = DeadlineQueue()
+    for lane in range(5):
+        q.arm(10.0 + lane, f"k{lane}", lane)
+    asked: list[str] = []
+
+    def is_live(key: str, seq: int) -> bool:
+        asked.append(key)
+        return True
+
+    assert q.next_when(is_live) == 10.0 and sorted(asked) == [f"k{lane}" for lane in range(5)]  # a scan
+    asked.clear()
+    assert q.next_when(is_live) == 10.0 and asked == ["k0"]
+    assert q.pop_due(9.5, is_live) is None and asked == ["k0"]
+    q.arm(9.0, "early", 7)  # earlier than the known earliest: the next ask scans again
+    asked.clear()
+    assert q.next_when(is_live) == 9.0 and len(asked) == 6
