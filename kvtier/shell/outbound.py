@@ -100,12 +100,21 @@ class Outbound:
         produced: Inputs = []
         table = self.PERFORMERS
         fz = self.forensics
-        if fz is None:
+        noted = fz.before(effects) if fz is not None else 0
+        try:
             for e in effects:
                 more = table[type(e)](e)
                 if more:
                     produced.extend(more)
-            return produced
+        finally:  # a performer that raised (an internal error): the batch is noted all the same
+            if fz is not None:
+                try:
+                    fz.after(effects, noted)
+                except Exception as exc:  # the ring is a diagnostic: what the batch did and produced stands
+                    self.metrics.internal_error()
+                    self.logs("*", "forensics_failed", "kvtier: the request forensics failed on a batch of "
+                              "effects: %r", exc, level=logging.ERROR)
+        return produced
         noted = fz.before(effects)
         try:
             for e in effects:
