@@ -36,7 +36,7 @@ _NEVER = float("inf")
 class DeadlineQueue:
     """Deadlines in seconds (the caller's clock), keyed by record key, in lanes (one per timer)."""
 
-    __slots__ = ("_lanes", "_seq", "_stale", "_size", "_low", "_best")
+    __slots__ = ("_best", "_lanes", "_low", "_seq", "_size", "_stale")
 
     def __init__(self) -> None:
         self._lanes: dict[Any, deque[tuple[float, int, Any]]] = {}
@@ -65,7 +65,7 @@ class DeadlineQueue:
         else:
             q.append((when, seq, key))
         self._size += 1
-        if when < self._low:
+        if when < self._low:  # noqa: PLR1730 - a comparison, not a call to min(), on every arm
             self._low = when
         return seq
 

@@ -110,24 +110,10 @@ class Outbound:
             if fz is not None:
                 try:
                     fz.after(effects, noted)
-                except Exception as exc:  # the ring is a diagnostic: what the batch did and produced stands
+                except Exception as exc:  # noqa: BLE001 - the ring is a diagnostic: the batch's work stands
                     self.metrics.internal_error()
                     self.logs("*", "forensics_failed", "kvtier: the request forensics failed on a batch of "
                               "effects: %r", exc, level=logging.ERROR)
-        return produced
-        noted = fz.before(effects)
-        try:
-            for e in effects:
-                more = table[type(e)](e)
-                if more:
-                    produced.extend(more)
-        finally:  # a performer that raised (an internal error): the batch is noted all the same
-            try:
-                fz.after(effects, noted)
-            except Exception as exc:  # the ring is a diagnostic: what the batch did and produced stands
-                self.metrics.internal_error()
-                self.logs("*", "forensics_failed", "kvtier: the request forensics failed on a batch of effects: %r",
-                          exc, level=logging.ERROR)
         return produced
 
     # -- messages ------------------------------------------------------------------------------
