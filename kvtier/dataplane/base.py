@@ -146,6 +146,8 @@ class DataPlane(Protocol):
     """``"zmq"`` or ``"nixl"``: compared in the handshake."""
     one_sided: bool
     """True when the producer writes into the consumer's slots (the fetch must name them)."""
+    posts: int
+    """Sends (zmq: ``block_data`` messages; NIXL: WRITEs) posted since start."""
 
     def descriptor(self) -> bytes:
         """What a peer needs to reach our memory (``b""`` for zmq), sent in hello/hello_ack."""

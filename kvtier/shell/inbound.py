@@ -64,6 +64,8 @@ class Inbound:
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
         self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
         self._after = float("-inf")  # the stamp of the reports being turned into inputs
+        self.reported = 0
+        """The plane's reports turned into inputs since start (the loop's eager window follows them)."""
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
             Released: self._released,
             Revoked: lambda r, now: ix.AccessRevoked(r.peer),
@@ -138,6 +140,7 @@ class Inbound:
         """The inputs the plane's ``reports`` make (a landing's goes to the per-byte work); a
         notification's header is stamped ``after``."""
         self._after = after
+        self.reported += len(reports)
         now = self.clock()
         table = self.PLANE_REPORTS
         return [i for i in (table[type(r)](r, now) for r in reports) if i is not None]

@@ -51,7 +51,7 @@ from kvtier.shell.build import Parts
 from kvtier.shell.published import Published
 from kvtier.shell.serving import ServeWindows
 
-__all__ = ["IoLoop"]
+__all__ = ["EAGER_S", "EAGER_WAIT_S", "IoLoop", "PlaneActivity", "eager"]
 
 log = logging.getLogger("kvtier.manager")
 
@@ -63,9 +63,10 @@ MAX_WAIT_S = 0.25
 #: not on a request's critical path (the consumer's result never waits for it).
 RELEASE_WAIT_S = 0.001
 
-#: For this long after a message or a transfer left, a one-sided plane is progressed every
-#: :data:`EAGER_WAIT_S` (seconds): its answer — a WRITE's completion, the notification that carries
-#: a batch's header — is seen only when the plane is progressed, on both sides (decision C20).
+#: For this long after a message or a transfer left, or the plane's own last activity, a one-sided
+#: plane is progressed every :data:`EAGER_WAIT_S` (seconds): its answer — a WRITE's completion, the
+#: notification that carries a batch's header — is seen only when the plane is progressed, on both
+#: sides (decisions C20, C27; :func:`eager`).
 EAGER_S = 0.002
 EAGER_WAIT_S = 0.0001
 
@@ -77,6 +78,35 @@ SETTLE_S = 0.005
 _GLOBAL = (ix.DrainStarted, ix.ShutdownStarted, ix.GraceEnded)
 
 Command = tuple[Callable[[Any], Any], Any]
+
+
+def eager(now: float, transfer_at: float, message_at: float, plane_at: float, wants_progress: bool) -> bool:
+    """Whether a one-sided plane is progressed every :data:`EAGER_WAIT_S` now (times in seconds,
+    the manager's clock): for :data:`EAGER_S` after a transfer left (its header leaves only as our
+    side progresses, C25); after a message left or the plane's own last activity (a WRITE posted,
+    a notification or an outcome taken: the next WRITE's end, and its header, come the same way,
+    C27) only while the plane wants progress (``wants_progress``: a load of ours or a WRITE is
+    out) — after a refusal or a receipt nothing comes through it."""
+    if now - transfer_at < EAGER_S:
+        return True
+    return wants_progress and (now - message_at < EAGER_S or now - plane_at < EAGER_S)
+
+
+class PlaneActivity:
+    """When a pass last saw the data plane post or report something (:attr:`at`, manager clock)."""
+
+    __slots__ = ("at", "_seen")
+
+    def __init__(self) -> None:
+        self.at = float("-inf")
+        self._seen = (0, 0)
+
+    def saw(self, posts: int, reports: int, clock: Callable[[], float]) -> None:
+        """A pass saw the plane's ``posts`` since start and the ``reports`` turned into inputs
+        since start: either moved since the last pass, the plane was active now."""
+        if (posts, reports) != self._seen:
+            self._seen = (posts, reports)
+            self.at = clock()
 
 
 _LIBC = ctypes.PyDLL(None)  # PyDLL: its calls keep the GIL (a plain CDLL call would release it)
@@ -150,6 +180,7 @@ class IoLoop:
         self.passes = 0
         """Passes that applied something to the core (commands, inputs, deadlines): a request's
         cost in passes (tests count them; decision C13)."""
+        self.plane_activity = PlaneActivity()
         self.published = Published()
         self._stale = False
         self.lookups_applied: dict[str, int] = {}
@@ -337,6 +368,8 @@ class IoLoop:
         standing block source, a serve window)."""
         work, core = self.work, self.core
         inputs = self.inbound.collect(receiving=core.loading())
+        if self.plane.one_sided:
+            self.plane_activity.saw(self.plane.posts, self.inbound.reported, self.clock)
         quiet = self.inbound.quiet_since
         due = core.next_deadline()
         firing = due is not None and due <= quiet and due <= work.floor()
@@ -403,11 +436,8 @@ class IoLoop:
         if plane is not None:
             budget = min(budget, plane)
         if self.plane.one_sided:
-            # after a message, eager only while the plane wants progress (a fetch: the blocks and
-            # their header come through it); after a refusal or a receipt nothing does.  After a
-            # transfer, eager regardless: its header leaves only as our side progresses (C25)
-            out, now = self.outbound, self.clock()
-            if now - out.posted_at < EAGER_S or (plane is not None and now - out.sent_at < EAGER_S):
+            out = self.outbound
+            if eager(self.clock(), out.posted_at, out.sent_at, self.plane_activity.at, plane is not None):
                 budget = min(budget, EAGER_WAIT_S)
         if self.plane.referenced():
             budget = min(budget, RELEASE_WAIT_S)

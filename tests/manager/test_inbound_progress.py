@@ -45,3 +45,24 @@ def test_a_one_sided_plane_is_progressed_before_the_read_only_while_a_load_is_ou
     assert inbound.collect(receiving=receiving) == []
     assert calls == order
     assert inbound.quiet_since == 5.0  # every socket was emptied: the pass dates quiet_since
+
+
+def test_the_reports_a_pass_turns_into_inputs_are_counted() -> None:
+    """The loop's eager window follows the plane's activity (decision C27): every report counts,
+    in a pass's early and late progress alike."""
+    from kvtier.dataplane import Revoked
+
+    class _Reporting(_Plane):
+        def __init__(self) -> None:
+            super().__init__([], True)
+            self.queue: list[list[Any]] = [[Revoked("a")], [Revoked("b"), Revoked("c")]]
+
+        def poll(self) -> list[Any]:
+            return self.queue.pop(0) if self.queue else []
+
+    inbound = Inbound(transport=_Transport([]), plane=_Reporting(), decoder=Decoder(block_bytes=64),
+                      metrics=None, logs=None, clock=lambda: 5.0, posted={}, work=None)  # type: ignore[arg-type]
+    assert inbound.reported == 0
+    assert [i.peer for i in inbound.collect(receiving=True)] == ["a", "b", "c"]
+    assert inbound.reported == 3
+    assert inbound.collect(receiving=True) == [] and inbound.reported == 3
