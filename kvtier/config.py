@@ -58,6 +58,7 @@ from kvtier.config_kinds import (
     integer,
     key,
     maybe_integer,
+    maybe_number,
     maybe_text,
     names,
     number,
@@ -293,6 +294,15 @@ class TierConfig:
         cgroup quota, at most 8); ``0`` does all of it on the calling thread, under the lock (the
         engine's thread then pays per byte stored). Small stores (≤ 64 KiB) and landings (≤ 1 MiB)
         are always done on the calling thread. Unused with ``integrity="none"`` (decision I14).""")
+
+    gil_switch_interval_s: float | None = key(None, maybe_number, *_positive(0.0001, 0.005), unit="s", doc="""
+        Python's thread switch interval while this manager runs (``sys.setswitchinterval``; the
+        process's, shared by its managers: the shortest asked for holds, and the last one to close
+        puts back what was there); ``null`` (the default) leaves it alone (5 ms unless the process
+        set it). The I/O loop and the digest pool take the interpreter lock back after every wait
+        and every block's digest, up to one interval late while the engine's thread runs Python:
+        beside an engine thread in Python 90-100 % of the time a 1-block request took 4.8-22 ms at
+        5 ms and 2.0-3.6 ms at 0.5 ms (``python -m bench.gil``, decision C28).""")
 
     instance: str = key("", text, max_len(128), doc="""
         Name this manager gives itself in handshakes. Sessions to one instance

@@ -119,6 +119,9 @@ def integer(value: Any) -> int:
 maybe_integer: Callable[[Any], int | None] = attrs.converters.optional(integer)
 """``None`` (off) or :func:`integer`."""
 
+maybe_number: Callable[[Any], float | None] = attrs.converters.optional(number)
+"""``None`` (off) or :func:`number`."""
+
 
 def text(value: Any) -> str:
     if not isinstance(value, str):
@@ -287,6 +290,8 @@ def describe(k: Key) -> str:
         return f"integer or integral numeric string, {lo} ≤ n ≤ {hi}; bool and fractional values rejected"
     if k.convert is maybe_integer:
         return f"`null` (off), or an integer or integral numeric string, {lo} ≤ n ≤ {hi}"
+    if k.convert is maybe_number:
+        return f"`null` (off), or a number or numeric string, {lo!r} ≤ x ≤ {hi!r}; bool, NaN, ±inf, ≤ 0 rejected"
     if k.convert is flag:
         return "`true` or `false` only (no 0/1, no strings)"
     options = [c.options for c in k.checks if hasattr(c, "options")]

@@ -47,6 +47,7 @@ EXPECTED_DEFAULTS = {
     "nixl_progress_interval_s": 0.001,
     "integrity": "xxh3_64",
     "digest_threads": None,
+    "gil_switch_interval_s": None,
     "instance": "",
 
     "auth": "none",

@@ -47,6 +47,7 @@ from kvtier.lifecycle import ConsumerState, ProbeState, Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.driver import drive, settle
 from kvtier.lifecycle.errors import InvalidTransition
+from kvtier.shell import switch
 from kvtier.shell.build import Parts
 from kvtier.shell.published import Published
 from kvtier.shell.serving import ServeWindows
@@ -181,6 +182,7 @@ class IoLoop:
         """Passes that applied something to the core (commands, inputs, deadlines): a request's
         cost in passes (tests count them; decision C13)."""
         self.plane_activity = PlaneActivity()
+        self._switch = switch.claim(config.gil_switch_interval_s)
         self.published = Published()
         self._stale = False
         self.lookups_applied: dict[str, int] = {}
@@ -545,6 +547,7 @@ class IoLoop:
                 self.transport.flush()
         finally:
             self.close(linger_s=max(0.05, grace_s - (time.monotonic() - start)))
+
     def close(self, linger_s: float) -> None:
         """Caller-driven (the thread stopped): close the transport (queued sends get
         ``linger_s``), then the plane, whose releases give the last store jobs their results;
@@ -564,6 +567,7 @@ class IoLoop:
                 if self.digest_pool is not None:
                     self.digest_pool.close()
                 self._waker.close()
+                switch.release(self._switch)
                 self._publish()
 
     def close_abruptly(self) -> None:
@@ -576,6 +580,7 @@ class IoLoop:
             if self.digest_pool is not None:
                 self.digest_pool.close()  # lets its running work end: none starts again
             self._waker.close()
+            switch.release(self._switch)
 
     def _finish_plane(self) -> None:
         inputs = self.inbound.reports(self.plane.close())  # landings still running end first
