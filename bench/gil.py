@@ -82,7 +82,8 @@ def digests(duty: float, reps: int = 3) -> float:
 def requests(duty: float, n: int = 50, plane: str = "zmq") -> float:
     """Median seconds per 1-block request (``submit_load`` → ``JobResult``) between two managers
     with their loops on threads, beside an engine thread at ``duty``."""
-    from kvtier.api import RequestContext, TransferJob
+    from bench.reqloop import park_one
+    from kvtier.api import TransferJob
     from kvtier.manager import KvTierManager
     from kvtier.memory import BlockPool
 
@@ -107,13 +108,7 @@ def requests(duty: float, n: int = 50, plane: str = "zmq") -> float:
     try:
         for i in range(n + 5):
             kid = f"g{i}"
-            preq = RequestContext(req_id="P" + kid, kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
-            prod.on_new_request(preq)
-            prod.submit_store(TransferJob(job_id=next(jobs), keys=(b"k0",), slots=(0,), req=preq))
-            prod.on_request_finished(preq)
-            creq = RequestContext(req_id="C" + kid, kv_transfer_params={
-                "remote_prefiller": {"kv_request_id": kid, "remote_host": host, "remote_port": int(port)}})
-            cons.on_new_request(creq)
+            creq = park_one(prod, cons, kid, jobs, host, int(port))
             job = next(jobs)
             t0 = time.perf_counter()
             cons.submit_load(TransferJob(job_id=job, keys=(b"k0",), slots=(1,), req=creq))

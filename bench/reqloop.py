@@ -20,9 +20,25 @@ from typing import Any
 BS = 64 << 10
 
 
+def park_one(prod: Any, cons: Any, kid: str, jobs: Any, host: str, port: int) -> Any:
+    """``prod`` parks block 0 under ``kid`` (key ``k0``, its request already finished, as vLLM
+    does after its last store); ``cons`` is told of a request that fetches it from
+    ``host:port``.  Returns the consumer's :class:`~kvtier.api.RequestContext`."""
+    from kvtier.api import RequestContext, TransferJob
+
+    preq = RequestContext(req_id="P" + kid, kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
+    prod.on_new_request(preq)
+    prod.submit_store(TransferJob(job_id=next(jobs), keys=(b"k0",), slots=(0,), req=preq))
+    prod.on_request_finished(preq)
+    creq = RequestContext(req_id="C" + kid, kv_transfer_params={
+        "remote_prefiller": {"kv_request_id": kid, "remote_host": host, "remote_port": port}})
+    cons.on_new_request(creq)
+    return creq
+
+
 def kvtier_loop(n: int, plane: str = "zmq", warm: int = 50) -> list[float]:
     """Seconds per request (submit_load → its successful JobResult), ``n`` requests."""
-    from kvtier.api import RequestContext, TransferJob
+    from kvtier.api import TransferJob
     from kvtier.manager import KvTierManager
     from kvtier.memory import BlockPool
 
@@ -34,13 +50,7 @@ def kvtier_loop(n: int, plane: str = "zmq", warm: int = 50) -> list[float]:
 
     def one(i: int) -> float:
         kid = f"r{i}"
-        preq = RequestContext(req_id="P" + kid, kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
-        prod.on_new_request(preq)
-        prod.submit_store(TransferJob(job_id=next(jobs), keys=(b"k0",), slots=(0,), req=preq))
-        prod.on_request_finished(preq)
-        creq = RequestContext(req_id="C" + kid, kv_transfer_params={
-            "remote_prefiller": {"kv_request_id": kid, "remote_host": host, "remote_port": int(port)}})
-        cons.on_new_request(creq)
+        creq = park_one(prod, cons, kid, jobs, host, int(port))
         j = next(jobs)
         t0 = time.perf_counter()
         cons.submit_load(TransferJob(job_id=j, keys=(b"k0",), slots=(1,), req=creq))
