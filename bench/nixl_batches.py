@@ -35,6 +35,7 @@ per-WRITE overhead (a post, a flush, a notification), not waiting.
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing as mp
 import os
 import statistics
@@ -42,9 +43,12 @@ import sys
 import time
 from typing import Any
 
+from kvtier.integrity import digest
+
 MiB = 1 << 20
 CUTS = (("one", 0), ("plan", 8), ("packed 16", 16), ("packed 32", 32))
 DIGESTED = "packed 16 + digests"
+_FILLS = itertools.cycle(range(2, 256))  # a fresh fill per digest cut: the last one's bytes never pass
 OVERLAPPED = "packed 16 + digests, overlapped"
 WINDOW_MIB = 64
 NOTIF = b"h" * 160  # a 1 MiB-block header with 8 digests is ~140 bytes
@@ -121,10 +125,14 @@ def _sizes(n: int, pack: int) -> list[int]:
 
 def _write(agent: Any, n: int, pack: int, checks: Any = None, overlap: bool = False) -> tuple[float, float]:
     """Seconds post → every WRITE done, and seconds spent inside the posts.  With ``checks``
-    (``(pipe, digest pool, region, digest)``): the source blocks' digests are taken on the pool
-    first (a store right before its fetch, as P0 does) — with ``overlap``, one request per WRITE,
-    each WRITE posted once its own are taken (decision N20) — every WRITE names its slots in its
-    notification, and the time runs until the consumer says every block was checked."""
+    (``(pipe, digest pool, region)``): the source blocks get a fill of their own first (so a
+    block that did not land fails its check), their digests are taken on the pool (a store
+    right before its fetch, as P0 does) — with ``overlap``, one request per WRITE, each WRITE
+    posted once its own are taken (decision N20) — every WRITE names its slots in its
+    notification, and the time runs until the consumer says every block was checked.
+
+    Raises:
+        RuntimeError: a WRITE failed, or the consumer found a block whose bytes do not match."""
     import numpy as np
 
     loc = np.arange(n, dtype=np.int32)
@@ -137,8 +145,9 @@ def _write(agent: Any, n: int, pack: int, checks: Any = None, overlap: bool = Fa
     nxt = done = 0
     in_post = 0.0
     if checks is not None:
-        conn, pool, region, digest = checks
-        conn.send(("check", n, digest))
+        conn, pool, region = checks
+        region[:n] = next(_FILLS)
+        conn.send(("check", n, digest(memoryview(region[0]))))
     t0 = time.perf_counter()
     taken: list[Any] = []
     if checks is not None:
@@ -177,7 +186,7 @@ def run(sizes: tuple[int, ...] = (8, 64, 256), reps: int = 9, shm: bool = False,
         digests: bool = False) -> dict[str, Any]:
     from bench._util import CpuMeter
     from kvtier.dataplane.nixl_agent import NixlBlockAgent
-    from kvtier.integrity import DigestPool, digest
+    from kvtier.integrity import DigestPool
 
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
@@ -195,7 +204,7 @@ def run(sizes: tuple[int, ...] = (8, 64, 256), reps: int = 9, shm: bool = False,
         here.send(agent.descriptor())
         _write(agent, nblocks, 0)  # warm-up: first touch of the consumer's pages, the endpoint
         pool = DigestPool() if digests else None
-        checks = (here, pool, region, digest(memoryview(region[0]))) if digests else None
+        checks = (here, pool, region) if digests else None
         for size in sizes:
             cuts = list(CUTS) + ([(DIGESTED, 16), (OVERLAPPED, 16)] if digests else [])
             got: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in cuts}
@@ -220,7 +229,8 @@ def run(sizes: tuple[int, ...] = (8, 64, 256), reps: int = 9, shm: bool = False,
 
 
 def render(r: dict[str, Any]) -> str:
-    lines = ["| request | cut | post → every WRITE done | in post | throughput vs one WRITE (paired) |",
+    lines = [("| request | cut | post → every WRITE done (digest cuts: → every block checked) | in post "
+              "| throughput vs one WRITE (paired) |"),
              "|---|---|---|---|---|"]
     for row in r["rows"]:
         lines.append(f"| {row['mib']} MiB | {row['cut']} | {row['s'] * 1e3:.2f} ms | {row['in_post_s'] * 1e3:.2f} ms "

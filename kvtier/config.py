@@ -301,7 +301,7 @@ class TierConfig:
         puts back what was there); ``null`` (the default) leaves it alone (5 ms unless the process
         set it). The I/O loop and the digest pool take the interpreter lock back after every wait
         and every block's digest, up to one interval late while the engine's thread runs Python:
-        beside an engine thread in Python 90-100 % of the time a 1-block request took 4.8-22 ms at
+        beside an engine thread in Python 90-100 % of the time a 1-block request took 4.7-27 ms at
         5 ms and 2.0-3.6 ms at 0.5 ms (``python -m bench.gil``, decision C28).""")
 
     instance: str = key("", text, max_len(128), doc="""

@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -64,7 +65,7 @@ MAX_WAIT_S = 0.25
 #: not on a request's critical path (the consumer's result never waits for it).
 RELEASE_WAIT_S = 0.001
 
-#: For this long after a message or a transfer left, or the plane's own last activity, a one-sided
+#: For this long after a message or a transfer left, or the plane's last post or report, a one-sided
 #: plane is progressed every :data:`EAGER_WAIT_S` (seconds): its answer — a WRITE's completion, the
 #: notification that carries a batch's header — is seen only when the plane is progressed, on both
 #: sides (decisions C20, C27; :func:`eager`).
@@ -85,9 +86,9 @@ def eager(now: float, transfer_at: float, message_at: float, plane_at: float, wa
     """Whether a one-sided plane is progressed every :data:`EAGER_WAIT_S` now (times in seconds,
     the manager's clock): for :data:`EAGER_S` after a transfer left (its header leaves only as our
     side progresses, C25); after a message left or the plane's own last activity (a WRITE posted,
-    a notification or an outcome taken: the next WRITE's end, and its header, come the same way,
-    C27) only while the plane wants progress (``wants_progress``: a load of ours or a WRITE is
-    out) — after a refusal or a receipt nothing comes through it."""
+    or a report: a notification, a transfer released, a landing — the next WRITE's end, and its
+    header, come the same way, C27) only while the plane wants progress (``wants_progress``: a
+    load of ours or a WRITE is out) — after a refusal or a receipt nothing comes through it."""
     if now - transfer_at < EAGER_S:
         return True
     return wants_progress and (now - message_at < EAGER_S or now - plane_at < EAGER_S)
@@ -96,7 +97,7 @@ def eager(now: float, transfer_at: float, message_at: float, plane_at: float, wa
 class PlaneActivity:
     """When a pass last saw the data plane post or report something (:attr:`at`, manager clock)."""
 
-    __slots__ = ("at", "_seen")
+    __slots__ = ("_seen", "at")
 
     def __init__(self) -> None:
         self.at = float("-inf")
@@ -182,7 +183,6 @@ class IoLoop:
         """Passes that applied something to the core (commands, inputs, deadlines): a request's
         cost in passes (tests count them; decision C13)."""
         self.plane_activity = PlaneActivity()
-        self._switch = switch.claim(config.gil_switch_interval_s)
         self.published = Published()
         self._stale = False
         self.lookups_applied: dict[str, int] = {}
@@ -198,6 +198,8 @@ class IoLoop:
         self._pass_done = threading.Condition(threading.Lock())
         self._waiters = 0
         self.closed = False
+        # last: nothing after it can fail; a loop collected without a close lets go of it then
+        self._switch = weakref.finalize(self, switch.release, switch.claim(config.gil_switch_interval_s))
 
     # =========================================================================================
     # The engine's side: hand a command over, wake the loop, return
@@ -370,8 +372,6 @@ class IoLoop:
         standing block source, a serve window)."""
         work, core = self.work, self.core
         inputs = self.inbound.collect(receiving=core.loading())
-        if self.plane.one_sided:
-            self.plane_activity.saw(self.plane.posts, self.inbound.reported, self.clock)
         quiet = self.inbound.quiet_since
         due = core.next_deadline()
         firing = due is not None and due <= quiet and due <= work.floor()
@@ -391,6 +391,8 @@ class IoLoop:
             self.serve(serving.standing)
         if core.quarantined_count():
             self._report_quarantine()
+        if self.plane.one_sided:  # after the pass: its posts and its settle-path reports count too
+            self.plane_activity.saw(self.plane.posts, self.inbound.reported, self.clock)
 
     def serve(self, source: Any) -> int:
         """One serve window with ``source`` (:mod:`kvtier.shell.serving`): each lookup's answer is
@@ -567,7 +569,7 @@ class IoLoop:
                 if self.digest_pool is not None:
                     self.digest_pool.close()
                 self._waker.close()
-                switch.release(self._switch)
+                self._switch()
                 self._publish()
 
     def close_abruptly(self) -> None:
@@ -576,11 +578,13 @@ class IoLoop:
             if self.closed:
                 return
             self.closed = True
-            self.transport.close()
-            if self.digest_pool is not None:
-                self.digest_pool.close()  # lets its running work end: none starts again
-            self._waker.close()
-            switch.release(self._switch)
+            try:
+                self.transport.close()
+                if self.digest_pool is not None:
+                    self.digest_pool.close()  # lets its running work end: none starts again
+                self._waker.close()
+            finally:
+                self._switch()
 
     def _finish_plane(self) -> None:
         inputs = self.inbound.reports(self.plane.close())  # landings still running end first

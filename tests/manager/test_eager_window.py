@@ -1,7 +1,7 @@
 """When the I/O loop progresses a one-sided plane every ``EAGER_WAIT_S`` instead of at its progress
 interval (decisions C20, C25, C27): for ``EAGER_S`` after a transfer left, whatever the plane
-wants; after a message left or after the plane's own activity (a WRITE posted, a notification or
-an outcome taken) only while the plane wants progress; never after the window.  A pass counts the
+wants; after a message left or after the plane's own activity (a WRITE posted, or a report: a
+notification, a transfer released, a landing) only while the plane wants progress; never after the window.  A pass counts the
 plane as active when its posts or its reports moved since the pass before."""
 
 from __future__ import annotations
