@@ -297,9 +297,9 @@ class TierConfig:
 
     gil_switch_interval_s: float | None = key(None, maybe_number, *_positive(0.0001, 0.005), unit="s", doc="""
         Python's thread switch interval while this manager runs (``sys.setswitchinterval``; the
-        process's, shared by its managers: the shortest asked for holds, and the last one to close
-        puts back what was there); ``null`` (the default) leaves it alone (5 ms unless the process
-        set it). The I/O loop and the digest pool take the interpreter lock back after every wait
+        process's, shared by its managers: the shortest asked for holds, never longer than the
+        process's own, and the last one to close puts back what was there unless the process set
+        another meanwhile); ``null`` (the default) leaves it alone (5 ms unless the process set it). The I/O loop and the digest pool take the interpreter lock back after every wait
         and every block's digest, up to one interval late while the engine's thread runs Python:
         beside an engine thread in Python 90-100 % of the time a 1-block request took 4.7-27 ms at
         5 ms and 2.0-3.6 ms at 0.5 ms (``python -m bench.gil``, decision C28).""")
