@@ -82,8 +82,7 @@ def digests(duty: float, reps: int = 3) -> float:
 def requests(duty: float, n: int = 50, plane: str = "zmq") -> float:
     """Median seconds per 1-block request (``submit_load`` → ``JobResult``) between two managers
     with their loops on threads, beside an engine thread at ``duty``."""
-    from bench.reqloop import park_one
-    from kvtier.api import TransferJob
+    from bench.reqloop import start_one
     from kvtier.manager import KvTierManager
     from kvtier.memory import BlockPool
 
@@ -108,10 +107,7 @@ def requests(duty: float, n: int = 50, plane: str = "zmq") -> float:
     try:
         for i in range(n + 5):
             kid = f"g{i}"
-            creq = park_one(prod, cons, kid, jobs, host, int(port))
-            job = next(jobs)
-            t0 = time.perf_counter()
-            cons.submit_load(TransferJob(job_id=job, keys=(b"k0",), slots=(1,), req=creq))
+            creq, job, t0 = start_one(prod, cons, kid, jobs, host, int(port))
             done: list[Any] = []
             while not done:
                 done = [r for r in cons.get_finished_jobs() if r.job_id == job]

@@ -20,10 +20,12 @@ from typing import Any
 BS = 64 << 10
 
 
-def park_one(prod: Any, cons: Any, kid: str, jobs: Any, host: str, port: int) -> Any:
+def start_one(prod: Any, cons: Any, kid: str, jobs: Any, host: str, port: int) -> tuple[Any, int, float]:
     """``prod`` parks block 0 under ``kid`` (key ``k0``, its request already finished, as vLLM
-    does after its last store); ``cons`` is told of a request that fetches it from
-    ``host:port``.  Returns the consumer's :class:`~kvtier.api.RequestContext`."""
+    does after its last store); ``cons`` is told of a request that fetches it from ``host:port``
+    and submits the load into slot 1.  Returns the consumer's
+    :class:`~kvtier.api.RequestContext`, the load's job id and ``perf_counter`` right before
+    ``submit_load``."""
     from kvtier.api import RequestContext, TransferJob
 
     preq = RequestContext(req_id="P" + kid, kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
@@ -33,12 +35,14 @@ def park_one(prod: Any, cons: Any, kid: str, jobs: Any, host: str, port: int) ->
     creq = RequestContext(req_id="C" + kid, kv_transfer_params={
         "remote_prefiller": {"kv_request_id": kid, "remote_host": host, "remote_port": port}})
     cons.on_new_request(creq)
-    return creq
+    job = next(jobs)
+    t0 = time.perf_counter()
+    cons.submit_load(TransferJob(job_id=job, keys=(b"k0",), slots=(1,), req=creq))
+    return creq, job, t0
 
 
 def kvtier_loop(n: int, plane: str = "zmq", warm: int = 50) -> list[float]:
     """Seconds per request (submit_load → its successful JobResult), ``n`` requests."""
-    from kvtier.api import TransferJob
     from kvtier.manager import KvTierManager
     from kvtier.memory import BlockPool
 
@@ -50,10 +54,7 @@ def kvtier_loop(n: int, plane: str = "zmq", warm: int = 50) -> list[float]:
 
     def one(i: int) -> float:
         kid = f"r{i}"
-        creq = park_one(prod, cons, kid, jobs, host, int(port))
-        j = next(jobs)
-        t0 = time.perf_counter()
-        cons.submit_load(TransferJob(job_id=j, keys=(b"k0",), slots=(1,), req=creq))
+        creq, j, t0 = start_one(prod, cons, kid, jobs, host, int(port))
         done: list[Any] = []
         while not done:
             prod.poll(0)
