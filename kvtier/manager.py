@@ -25,28 +25,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import msgspec
-from prometheus_client import CollectorRegistry
 
 from kvtier.api import JobResult, LookupResult, RequestContext, TransferJob, UnknownRequest
 from kvtier.blocksource import BlockSource, check_source
 from kvtier.config import TierConfig
-from kvtier.integrity import DigestPool
-from kvtier.lifecycle import Reason, TierCore
-from kvtier.explain import TierStats
+from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
 from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
 from kvtier.shell.build import build_parts
-from kvtier.shell.checks import (check_fetch_size, check_job, check_job_id, check_job_type, check_req,
-                                 check_seconds)
+from kvtier.shell.checks import (MAX_JOB_ID, check_fetch_size, check_job, check_job_id, check_job_type, check_req,
+                                 check_seconds, store_input)
 from kvtier.shell.loop import IoLoop
 from kvtier.shell.outbound import MAX_BATCH_BYTES
+from kvtier.view import TierView
 
 __all__ = ["KvTierManager", "MAX_BATCH_BYTES"]
 
@@ -56,7 +54,7 @@ log = logging.getLogger("kvtier.manager")
 _MIN_GOODBYE_S = 0.05
 
 
-class KvTierManager:
+class KvTierManager(TierView):
     """One kvtier tier instance: producer and consumer at once, over one block pool.
 
     Args:
@@ -127,85 +125,6 @@ class KvTierManager:
         self._closed = False
         if cfg.background_poll:
             self._loop.start()
-
-    # -- what the loop owns, for readers -----------------------------------------------------------
-    @property
-    def core(self) -> TierCore:
-        """The lifecycle core (its read API: sessions, states, quarantine, snapshots).  Owned by
-        the I/O loop: read it under :attr:`lock` while the loop runs on its thread."""
-        return self._loop.core
-
-    @property
-    def transport(self) -> Any:
-        """The loop's transport (introspection and fault injection in tests; the loop owns it)."""
-        return self._loop.transport
-
-    @property
-    def plane(self) -> Any:
-        """The loop's data plane (introspection in tests and benchmarks; the loop owns it)."""
-        return self._loop.plane
-
-    @property
-    def digest_pool(self) -> DigestPool | None:
-        """The pool that takes large stores' digests and does large landings (config
-        ``digest_threads``; ``None`` with ``digest_threads=0`` or ``integrity="none"``); closed,
-        its threads joined, by :meth:`shutdown` and :meth:`close_abruptly`."""
-        return self._loop.digest_pool
-
-    @property
-    def lock(self) -> threading.RLock:
-        """The I/O loop's pass lock: held for the length of each pass (never while the loop waits
-        for input).  Hold it to read :attr:`core` consistently while the loop runs on its thread.
-        Engine calls do not take it."""
-        return self._lock
-
-    @property
-    def passes(self) -> int:
-        """Passes of the I/O loop that applied something (commands, inputs, deadlines) so far."""
-        return self._loop.passes
-
-    # -- metrics ---------------------------------------------------------------------------------
-    @property
-    def metrics(self) -> CollectorRegistry:
-        """This manager's Prometheus registry (its series: docs/metrics.md)."""
-        return self._metrics.registry
-
-    @property
-    def metrics_address(self) -> str | None:
-        """``host:port`` of the metrics endpoint (config ``metrics_port``), or ``None`` when off."""
-        return self._metrics.address
-
-    @property
-    def tier_metrics(self) -> TierMetrics:
-        """This manager's :class:`~kvtier.metrics.TierMetrics` (its registry, taps, labels)."""
-        return self._metrics
-
-    def stats(self) -> TierStats:
-        """A snapshot of every series (not a stable API): a ``dict`` whose keys are
-        ``name{label=value,...}`` without the per-manager ``tier``/``listener`` labels; printed, a
-        dozen readable lines with the last finished requests (:class:`kvtier.explain.TierStats`)."""
-        with self._lock:
-            samples = self._metrics.samples()
-        return TierStats(samples, title=f"{self.config.type} @ {self.address}", recent=self.forensics.as_json(limit=5))
-
-    # -- properties ------------------------------------------------------------------------------
-    @property
-    def address(self) -> str:
-        """``host:port`` this manager listens on (give it to consumers as remote_host/port)."""
-        return self._loop.transport.address
-
-    @property
-    def host(self) -> str:
-        return self.address.rpartition(":")[0].strip("[]")
-
-    @property
-    def port(self) -> int:
-        return int(self.address.rpartition(":")[2])
-
-    @property
-    def local_hello(self) -> Any:
-        """What our handshakes announce (:class:`~kvtier.lifecycle.HelloInput`)."""
-        return self._hello
 
     def set_hash_seed(self, hash_seed: str) -> None:
         """Set the block-hash seed our handshakes advertise and require from peers.
@@ -295,20 +214,7 @@ class KvTierManager:
         if info.role == "source":
             if not isinstance(key, bytes) or not 0 < len(key) <= 256:
                 raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
-            pub = self._loop.fresh()
-            answers = pub.probes.get(kid)
-            if answers is not None and (answers.dead or key in answers.miss):
-                return LookupResult.MISS
-            step = self._step_keys.setdefault(kid, {})
-            step[key] = None  # every lookup registers the key, as the core's rule wants
-            if answers is not None:
-                if key in answers.hit:
-                    return LookupResult.HIT
-                if key in answers.retry:
-                    return LookupResult.RETRY
-            if key in step or pub.applied.get(kid, 0) < self._looked.get(kid, 0):
-                return LookupResult.RETRY  # the loop has not seen it yet
-            return LookupResult.MISS
+            return self._loop.fresh().probe_answer(kid, key, self._step_keys, self._looked.get(kid, 0))
         if info.role != "consumer":
             return LookupResult.MISS
         return LookupResult.MISS if kid in self._loop.fresh().failed_loads else LookupResult.HIT
@@ -375,17 +281,46 @@ class KvTierManager:
         if self._closed or self._closing:  # one flat path: the engine pays it per store, cold (C25)
             self._check_open()
         info = self._job_request(job)
-        check_job(job, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
-        job_id, jobs = job.job_id, self._jobs
+        inp = store_input(job, info, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
+        if self._open_store(job.job_id, info, job.slots):
+            self._loop.store(inp)
+
+    def hand_over_store(self, job_id: int, req: RequestContext, keys: tuple[bytes, ...], slots: list[int]) -> None:
+        """:meth:`submit_store` for an engine whose submit must not raise on a malformed job (vLLM's
+        ``SecondaryTierManager``): the engine's thread checks only what needs no pass over the
+        blocks; the keys and slots are checked on the I/O loop, and a job they fail gets its one
+        result there, failed ``bad_job``, with an error log naming what was wrong (decision C29).
+        ``keys`` and ``slots`` must not change after the call.  Raises as :meth:`submit_store`,
+        except for what is wrong with ``keys`` or ``slots`` (only ``TypeError``: no length)."""
+        if self._closed or self._closing:
+            self._check_open()
+        if type(job_id) is not int or not 0 <= job_id <= MAX_JOB_ID:
+            check_job_id(job_id)
+        info = self._request_of(job_id, req)
+        if self._open_store(job_id, info, slots):
+            self._loop.call(self._take_store, (job_id, keys, slots, req, info))
+
+    def _open_store(self, job_id: int, info: TransferParams, slots: Sequence[int]) -> bool:
+        """Book store job ``job_id``; False when it is settled already (a local-only request)."""
+        jobs, kid = self._jobs, info.kv_request_id if info.role == "producer" else None
         jobs.check_new(job_id)
-        kid = info.kv_request_id if info.role == "producer" else None
-        keys, slots = job.keys, job.slots
         jobs.open(job_id, store=True, kv_request_id=kid, now=self.clock(), nbytes=len(slots) * self._block_bytes)
         if kid is None:  # a local-only request: the core reports it at once
             self._loop.input(ix.JobSettled(job_id, True, Reason.LOCAL))
+        return kid is not None
+
+    def _take_store(self, arg: tuple[int, Sequence[bytes], Sequence[int], RequestContext, TransferParams]) -> None:
+        """On the I/O loop: check a handed-over store, then park it or settle it failed (C29)."""
+        job_id, keys, slots, req, info = arg
+        try:
+            inp = store_input(TransferJob(job_id=job_id, keys=keys, slots=slots, req=req), info,
+                              num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
+        except (TypeError, ValueError) as exc:
+            self._loop.logs("", "bad_job", "kvtier: store job %d refused: %s", job_id, clip(str(exc)),
+                            level=logging.ERROR)
+            self._loop.apply(ix.JobSettled(job_id, False, Reason.BAD_JOB))
             return
-        self._loop.store(ix.StoreSubmitted(kid, job.req.req_id, job_id, tuple(keys), tuple(slots), (),
-                                           info.consumer, info.life))  # tuple() of a tuple: no copy
+        self._loop.park(inp)
 
     def submit_load(self, job: TransferJob) -> None:
         """Fetch ``job.keys`` from the request's producer into pool slots ``job.slots``.
@@ -588,10 +523,14 @@ class KvTierManager:
     def _job_request(self, job: TransferJob) -> TransferParams:
         if type(job) is not TransferJob or type(job.req) is not RequestContext:
             check_job_type(job)  # raises, unless subclasses
-        info = self._requests.get(job.req.req_id)
+        return self._request_of(job.job_id, job.req)
+
+    def _request_of(self, job_id: int, req: RequestContext) -> TransferParams:
+        if type(req) is not RequestContext:
+            check_req(req, f"job {job_id}")
+        info = self._requests.get(req.req_id)
         if info is None:
-            raise UnknownRequest(f"job {job.job_id}: request {job.req.req_id!r} was never announced "
-                                 "with on_new_request")
+            raise UnknownRequest(f"job {job_id}: request {req.req_id!r} was never announced with on_new_request")
         return info
 
     def _check_job(self, job: TransferJob) -> None:

@@ -430,19 +430,18 @@ class KvTierSecondaryTier(SecondaryTierManager):
         keys = tuple(job.keys)
         if {*map(type, keys)} != _BYTES:  # one C-level pass for the common case (decision C25)
             keys = tuple(k if type(k) is bytes else bytes(k) for k in keys)
-        slots = tuple(job.chunk_ids.tolist())
+        slots = job.chunk_ids.tolist()  # a copy: vLLM may reuse its array once this returns
         if len(keys) != len(slots):
             log.error("kvtier: job %d has %d keys but %d chunk_ids; failing it", job_id, len(keys), len(slots))
             return self._fail_locally(job_id, Reason.BAD_JOB, load=load, req=req)
         if not keys and not load:
             mgr.finish_job(job_id, store=True, success=True)
             return
-        kjob = TransferJob(job_id=job_id, keys=keys, slots=slots, req=req.rc)
         try:
             if load:
-                mgr.submit_load(kjob)
-            else:
-                mgr.submit_store(kjob)
+                mgr.submit_load(TransferJob(job_id=job_id, keys=keys, slots=tuple(slots), req=req.rc))
+            else:  # its blocks are checked on the loop: the scheduler's thread pays no pass over them (C29)
+                mgr.hand_over_store(job_id, req.rc, keys, slots)
         except Exception as exc:
             if mgr.is_outstanding(job_id):
                 # The manager took the job and its core may be acting on it (sending from or

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.api import RequestContext, TransferJob
+from kvtier.lifecycle.inputs import StoreSubmitted
+from kvtier.params import TransferParams
 
-__all__ = ["MAX_JOB_ID", "check_fetch_size", "check_job", "check_job_id", "check_req", "check_seconds"]
+__all__ = ["MAX_JOB_ID", "check_fetch_size", "check_job", "check_job_id", "check_req", "check_seconds", "store_input"]
 
 
 def check_req(req: Any, where: str) -> None:
@@ -105,3 +107,11 @@ def check_fetch_size(job: TransferJob, max_message_bytes: int) -> None:
             f"job {job.job_id}: a fetch of {len(job.keys)} keys ({size} bytes) exceeds max_message_bytes="
             f"{max_message_bytes} (a fetch is one message); raise max_message_bytes on both sides"
         )
+
+
+def store_input(job: TransferJob, info: TransferParams, *, num_blocks: int, max_blocks: int) -> StoreSubmitted:
+    """The core's input for store ``job`` of a producer request ``info``, once :func:`check_job`
+    passed (it raises as that does).  Lists become tuples (``tuple()`` of a tuple: no copy)."""
+    check_job(job, num_blocks=num_blocks, max_blocks=max_blocks)
+    return StoreSubmitted(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots), (),
+                          info.consumer, info.life)

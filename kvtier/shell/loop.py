@@ -234,7 +234,7 @@ class IoLoop:
     def store(self, inp: ix.StoreSubmitted) -> None:
         """Queue a store: the loop takes its blocks' digests (inline or on the pool) before the
         core sees it (decision I14)."""
-        self.call(self._store, inp)
+        self.call(self.park, inp)
 
     def query(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the loop with every command queued before it applied, and return its
@@ -334,7 +334,8 @@ class IoLoop:
             effects = self.core.handle(ix.JobSettled(job, False, reason), self.clock())
         settle(self.core, effects, self.clock(), self.outbound.perform)
 
-    def _store(self, inp: ix.StoreSubmitted) -> None:
+    def park(self, inp: ix.StoreSubmitted) -> None:
+        """On the loop (inside a command): a checked store, its digests taken first (I14)."""
         pool = self.outbound.pool
         self.metrics.parked(inp.kv_request_id, self.clock())  # before the store: the first one starts the age
         ready = self.work.store(inp, [pool.buffer(b) for b in inp.blocks])

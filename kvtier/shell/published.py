@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvtier.api import LookupResult
 from kvtier.lifecycle import ProbeState
 from kvtier.lifecycle.views import ProbeAnswers
 
@@ -93,3 +94,22 @@ class Published:
             or symmetric or serving.pending())
         n = core.quarantined_count()
         self.quarantined = (n, core.quarantined_blocks()) if n else (0, 0)
+
+    def probe_answer(self, kid: str, key: bytes, step_keys: dict[str, dict[bytes, None]], looked: int) -> LookupResult:
+        """A symmetric request's lookup of ``key`` (on the engine's thread): registers it in this
+        step's ``step_keys`` (every lookup does, as the core's rule wants) and answers from the
+        last pass — RETRY while a probe is out or the loop has not applied the request's
+        ``looked`` lookups yet."""
+        answers = self.probes.get(kid)
+        if answers is not None and (answers.dead or key in answers.miss):
+            return LookupResult.MISS
+        step = step_keys.setdefault(kid, {})
+        step[key] = None
+        if answers is not None:
+            if key in answers.hit:
+                return LookupResult.HIT
+            if key in answers.retry:
+                return LookupResult.RETRY
+        if key in step or self.applied.get(kid, 0) < looked:
+            return LookupResult.RETRY  # the loop has not seen it yet
+        return LookupResult.MISS

@@ -1,0 +1,120 @@
+"""``KvTierManager.hand_over_store`` (decision C29): a store whose keys and slots are checked on the
+I/O loop.  What needs no pass over the blocks still raises at once; a malformed job gets its one
+result, failed ``bad_job``, with an error log naming what was wrong; a good one is parked and
+fetched exactly as one from ``submit_store``."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvtier.api import DuplicateJob, RequestContext, UnknownRequest
+from kvtier.memory import BlockPool
+from kvtier.manager import KvTierManager
+from mgr_helpers import VirtualPair, consumer_req, digests, fill_pattern, job, keys_for, producer_req, pump_until
+from kvtier.testing.pair import Jobs
+from tools.coreview import CoreView
+
+
+def test_a_handed_over_store_is_parked_and_fetched_like_a_submitted_one() -> None:
+    v = VirtualPair(block_bytes=64)
+    try:
+        preq = producer_req("p", "A")
+        v.P.on_new_request(preq)
+        want = fill_pattern(v.P.pool, [0, 1, 2], seed=5)
+        v.P.hand_over_store(1, preq, tuple(keys_for("A", 3)), [0, 1, 2])  # slots: a list, as vLLM's tolist()
+        v.P.on_request_finished(preq)  # queued behind the store: applied after it, in order
+        creq = v.creq("c", "A")
+        v.C.on_new_request(creq)
+        v.C.submit_load(job(2, keys_for("A", 3), [5, 6, 7], creq))
+        v.step()
+        assert v.cjobs.one(2).success
+        assert digests(v.C.pool, [5, 6, 7]) == want
+        assert v.pjobs.one(1).success
+    finally:
+        v.close()
+
+
+@pytest.mark.parametrize(("keys", "slots", "named"), [
+    ((b"k0", b"k1"), [0, 0], "duplicate slots"),
+    ((b"k0", b"k0"), [0, 1], "duplicate keys"),
+    ((b"k0",), [16], "outside the pool"),
+    ((b"k0", b"k1"), [0], "2 keys but 1 slots"),
+    (("k0",), [0], "keys must be 1..256 bytes"),
+    ((b"k0",), [True], "outside the pool"),
+])
+def test_a_malformed_handed_over_store_fails_bad_job_on_the_loop(keys, slots, named, caplog) -> None:
+    v = VirtualPair(block_bytes=64)
+    try:
+        preq = producer_req("p", "A")
+        v.P.on_new_request(preq)
+        with caplog.at_level(logging.ERROR, logger="kvtier"):
+            v.P.hand_over_store(1, preq, keys, slots)  # no exception: the loop checks it
+            v.step()
+        r = v.pjobs.one(1)
+        assert (r.success, r.reason) == (False, "bad_job")
+        assert any(named in rec.getMessage() and "store job 1" in rec.getMessage() for rec in caplog.records), \
+            [rec.getMessage() for rec in caplog.records]
+        assert not CoreView(v.P.core).tracks("A")  # the core never saw the store
+        # the id is free again once its result was collected, and a good store of it parks
+        v.P.hand_over_store(1, preq, (b"k0",), [3])
+        v.step()
+        assert CoreView(v.P.core).tracks("A")
+        assert v.P.is_outstanding(1)
+    finally:
+        v.close()
+
+
+def test_what_needs_no_pass_over_the_blocks_still_raises_at_once() -> None:
+    v = VirtualPair(block_bytes=64)
+    try:
+        preq = producer_req("p", "A")
+        with pytest.raises(UnknownRequest, match="never announced"):
+            v.P.hand_over_store(1, preq, (b"k",), [0])
+        v.P.on_new_request(preq)
+        with pytest.raises(ValueError, match="job_id"):
+            v.P.hand_over_store(-1, preq, (b"k",), [0])
+        with pytest.raises(TypeError, match="RequestContext"):
+            v.P.hand_over_store(1, "p", (b"k",), [0])  # type: ignore[arg-type]
+        v.P.hand_over_store(1, preq, (b"k",), [0])
+        with pytest.raises(DuplicateJob):
+            v.P.hand_over_store(1, preq, (b"j",), [1])
+        local = RequestContext(req_id="local")
+        v.P.on_new_request(local)
+        v.P.hand_over_store(2, local, (b"x",), [9, 9])  # a local-only request reads no slot: success
+        v.step()
+        assert v.pjobs.one(2).success
+        assert not v.pjobs.by_id.get(1)  # parked, waiting for its consumer
+        v.P.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            v.P.hand_over_store(3, preq, (b"k",), [2])
+    finally:
+        v.close()
+
+
+def test_a_threaded_hand_over_is_checked_and_answered_by_the_loop() -> None:
+    """With the loop on its own thread, the store is checked there: a good one is fetched, a bad
+    one's failure arrives through ``get_finished_jobs`` — each job exactly one result."""
+    cfg = {"host": "127.0.0.1", "port": 0, "background_poll": True}
+    p = KvTierManager(cfg, BlockPool(8, 64, pin=False))
+    c = KvTierManager(cfg, BlockPool(8, 64, pin=False))
+    try:
+        pjobs, cjobs = Jobs(p), Jobs(c)
+        preq = producer_req("p", "T")
+        p.on_new_request(preq)
+        want = fill_pattern(p.pool, [1, 2], seed=9)
+        p.hand_over_store(7, preq, tuple(keys_for("T", 2)), [1, 2])
+        bad = producer_req("p-bad", "U")
+        p.on_new_request(bad)
+        p.hand_over_store(8, bad, (b"u0", b"u1"), [3, 3])
+        creq = consumer_req("c", "T", p.host, p.port)
+        c.on_new_request(creq)
+        c.submit_load(job(1, keys_for("T", 2), [4, 5], creq))
+        assert pump_until(lambda: cjobs.has(1) and pjobs.has(7, 8), managers=[], jobs=[pjobs, cjobs])
+        assert cjobs.one(1).success and digests(c.pool, [4, 5]) == want
+        assert pjobs.one(7).success
+        assert (pjobs.one(8).success, pjobs.one(8).reason) == (False, "bad_job")
+    finally:
+        p.shutdown()
+        c.shutdown()
