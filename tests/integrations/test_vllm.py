@@ -391,3 +391,32 @@ def test_the_two_documented_examples_run_side_by_side_on_one_host(managers) -> N
         prod.on_request_finished(P)
         step(prod)
     del pview, cview
+
+
+def test_a_malformed_store_fails_bad_job_without_raising_into_vllm(managers, caplog) -> None:
+    """vLLM's ``submit_store`` must not raise: a store whose chunk ids repeat or leave the pool is
+    checked on kvtier's I/O loop and fails ``bad_job`` (decision C29); a good one beside it parks."""
+    from vllm.v1.kv_offload.tiering.base import TransferJob as VllmTransferJob
+
+    prod, ptier = managers({**TIER})
+    P = ReqContext("req-bad", kv_transfer_params={"remote_decoder": {"kv_request_id": "cmpl-bad"}})
+    with prod.lock:
+        prod.on_new_request(P)
+    rows = ptier.kvtier.pool.num_blocks
+    with caplog.at_level("ERROR", logger="kvtier"):
+        for job_id, ids in ((901, [0, 0]), (902, [rows])):
+            ptier.submit_store(VllmTransferJob(job_id=job_id, keys=keys(f"bad{job_id}", len(ids)),
+                                               chunk_ids=np.array(ids, dtype=np.int64), is_promotion=False,
+                                               req_context=P))
+        ptier.submit_store(VllmTransferJob(job_id=903, keys=keys("good", 1), chunk_ids=np.array([1]),
+                                           is_promotion=False, req_context=P))
+        got: dict[int, Any] = {}
+        deadline = time.monotonic() + 10
+        while not {901, 902} <= set(got):
+            got.update({r.job_id: r for r in ptier.get_finished_jobs()})
+            assert time.monotonic() < deadline, got
+            time.sleep(0.002)
+    assert not got[901].success and not got[902].success and 903 not in got  # the good one stays parked
+    assert stat(ptier, 'kvtier_jobs_total{kind=store,outcome=fail,reason=bad_job}') == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("store job 901 refused" in m and "duplicate slots" in m for m in messages), messages
