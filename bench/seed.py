@@ -132,7 +132,7 @@ def _run(quick: bool, log: Callable[[str], None], rounds: int | None, late_round
 
     sizes = tuple(sizes or (QUICK_SIZES_MIB if quick else SIZES_MIB))
     rounds = rounds or (3 if quick else 9)
-    late_rounds = late_rounds or (1 if quick else 3)
+    late_rounds = (1 if quick else 3) if late_rounds is None else late_rounds  # 0: none
     max_blocks = max(sizes)
     t_start = time.monotonic()
     machine = machine_info()  # before the children start: its load average is the one at the start

@@ -282,7 +282,9 @@ class KvTierManager(TierView):
             self._check_open()
         info = self._job_request(job)
         inp = store_input(job, info, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
-        if self._open_store(job.job_id, info, job.slots):
+        if self._book_store(job.job_id, info, len(job.slots)) is None:  # local-only: reported at once
+            self._loop.input(ix.JobSettled(job.job_id, True, Reason.LOCAL))
+        else:
             self._loop.store(inp)
 
     def hand_over_store(self, job_id: int, req: RequestContext, keys: tuple[bytes, ...], slots: list[int]) -> None:
@@ -290,37 +292,50 @@ class KvTierManager(TierView):
         ``SecondaryTierManager``): the engine's thread checks only what needs no pass over the
         blocks; the keys and slots are checked on the I/O loop, and a job they fail gets its one
         result there, failed ``bad_job``, with an error log naming what was wrong (decision C29).
-        ``keys`` and ``slots`` must not change after the call.  Raises as :meth:`submit_store`,
-        except for what is wrong with ``keys`` or ``slots`` (only ``TypeError``: no length)."""
+        ``keys`` and ``slots`` must not change after the call.  Raises as :meth:`submit_store`
+        (``ValueError`` for ``job_id``, ``TypeError`` for ``req``, or for ``slots`` without a
+        length), never for the contents of ``keys`` and ``slots``."""
         if self._closed or self._closing:
             self._check_open()
         if type(job_id) is not int or not 0 <= job_id <= MAX_JOB_ID:
             check_job_id(job_id)
         info = self._request_of(job_id, req)
-        if self._open_store(job_id, info, slots):
-            self._loop.call(self._take_store, (job_id, keys, slots, req, info))
+        try:
+            n = len(slots)
+        except TypeError:
+            raise TypeError(f"hand_over_store job {job_id}: slots must be a list or tuple of ints, "
+                            f"got {type(slots).__name__}") from None
+        self._book_store(job_id, info, n)
+        self._loop.call(self._take_store, (job_id, keys, slots, req, info))
 
-    def _open_store(self, job_id: int, info: TransferParams, slots: Sequence[int]) -> bool:
-        """Book store job ``job_id``; False when it is settled already (a local-only request)."""
-        jobs, kid = self._jobs, info.kv_request_id if info.role == "producer" else None
-        jobs.check_new(job_id)
-        jobs.open(job_id, store=True, kv_request_id=kid, now=self.clock(), nbytes=len(slots) * self._block_bytes)
-        if kid is None:  # a local-only request: the core reports it at once
-            self._loop.input(ix.JobSettled(job_id, True, Reason.LOCAL))
-        return kid is not None
+    def _book_store(self, job_id: int, info: TransferParams, blocks: int) -> str | None:
+        """Book store job ``job_id`` of ``blocks`` blocks; its kv_request_id (None: local-only)."""
+        kid = info.kv_request_id if info.role == "producer" else None
+        self._jobs.check_new(job_id)
+        self._jobs.open(job_id, store=True, kv_request_id=kid, now=self.clock(), nbytes=blocks * self._block_bytes)
+        return kid
 
     def _take_store(self, arg: tuple[int, Sequence[bytes], Sequence[int], RequestContext, TransferParams]) -> None:
-        """On the I/O loop: check a handed-over store, then park it or settle it failed (C29)."""
+        """On the I/O loop: check a handed-over store, then park it (a local-only request's is
+        done) or settle it failed — whatever the check raises, the job gets its one result (C29)."""
         job_id, keys, slots, req, info = arg
         try:
             inp = store_input(TransferJob(job_id=job_id, keys=keys, slots=slots, req=req), info,
                               num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
-        except (TypeError, ValueError) as exc:
-            self._loop.logs("", "bad_job", "kvtier: store job %d refused: %s", job_id, clip(str(exc)),
-                            level=logging.ERROR)
-            self._loop.apply(ix.JobSettled(job_id, False, Reason.BAD_JOB))
+        except Exception as exc:
+            if isinstance(exc, (TypeError, ValueError)):  # the job's shape: check_job names the field
+                self._loop.logs("", "bad_job", "kvtier: store refused: %s", exc, level=logging.ERROR)
+                reason = Reason.BAD_JOB
+            else:  # anything else is ours (or a key whose hash raises): counted, and still one result
+                self._metrics.internal_error()
+                log.exception("kvtier: store job %d could not be checked", job_id)
+                reason = Reason.JOB_REFUSED
+            self._loop.apply(ix.JobSettled(job_id, False, reason))
             return
-        self._loop.park(inp)
+        if info.role == "producer":
+            self._loop.park(inp)
+        else:
+            self._loop.apply(ix.JobSettled(job_id, True, Reason.LOCAL))
 
     def submit_load(self, job: TransferJob) -> None:
         """Fetch ``job.keys`` from the request's producer into pool slots ``job.slots``.

@@ -124,7 +124,8 @@ _ELSEWHERE = {
     "local": "a store job's success for a request without a remote decoder (`kvtier_jobs_total`)",
     "invalid_params": "a job refused by the vLLM adapter (`kvtier_jobs_total`), with a rate-limited warning",
     "not_a_consumer": "a load refused by the vLLM adapter (`kvtier_jobs_total{kind=\"load\"}`)",
-    "bad_job": "a job refused by the vLLM adapter (`kvtier_jobs_total`), with the error logged",
+    "bad_job": "a job the vLLM adapter could not map, or a store whose keys or slots failed the I/O loop's "
+               "checks (`kvtier_jobs_total`), with the error logged",
     "job_refused": "a job refused by the manager (`kvtier_jobs_total`), with the error logged",
     "peer_error": "the peer's `error` about one of our messages (`kvtier_wire_errors_total{reason=\"peer_reported_…\"}`)",
 }

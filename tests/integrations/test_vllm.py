@@ -419,4 +419,4 @@ def test_a_malformed_store_fails_bad_job_without_raising_into_vllm(managers, cap
     assert not got[901].success and not got[902].success and 903 not in got  # the good one stays parked
     assert stat(ptier, 'kvtier_jobs_total{kind=store,outcome=fail,reason=bad_job}') == 2
     messages = [r.getMessage() for r in caplog.records]
-    assert any("store job 901 refused" in m and "duplicate slots" in m for m in messages), messages
+    assert any("store refused: job 901: duplicate slots" in m for m in messages), messages

@@ -54,7 +54,7 @@ def test_a_malformed_handed_over_store_fails_bad_job_on_the_loop(keys, slots, na
             v.step()
         r = v.pjobs.one(1)
         assert (r.success, r.reason) == (False, "bad_job")
-        assert any(named in rec.getMessage() and "store job 1" in rec.getMessage() for rec in caplog.records), \
+        assert any(named in m and "store refused: job 1:" in m for m in (rec.getMessage() for rec in caplog.records)), \
             [rec.getMessage() for rec in caplog.records]
         assert not CoreView(v.P.core).tracks("A")  # the core never saw the store
         # the id is free again once its result was collected, and a good store of it parks
@@ -80,11 +80,16 @@ def test_what_needs_no_pass_over_the_blocks_still_raises_at_once() -> None:
         v.P.hand_over_store(1, preq, (b"k",), [0])
         with pytest.raises(DuplicateJob):
             v.P.hand_over_store(1, preq, (b"j",), [1])
+        with pytest.raises(TypeError, match="slots must be a list or tuple of ints, got NoneType"):
+            v.P.hand_over_store(4, preq, (b"k",), None)  # type: ignore[arg-type]
+        assert not v.P.is_outstanding(4)
         local = RequestContext(req_id="local")
         v.P.on_new_request(local)
-        v.P.hand_over_store(2, local, (b"x",), [9, 9])  # a local-only request reads no slot: success
+        v.P.hand_over_store(2, local, (b"x",), [9])  # a local-only request: done, nothing parked
+        v.P.hand_over_store(5, local, (b"x", b"y"), [9, 9])  # ... but checked like any other
         v.step()
-        assert v.pjobs.one(2).success
+        assert (v.pjobs.one(2).success, v.pjobs.one(2).reason) == (True, None)
+        assert (v.pjobs.one(5).success, v.pjobs.one(5).reason) == (False, "bad_job")
         assert not v.pjobs.by_id.get(1)  # parked, waiting for its consumer
         v.P.shutdown()
         with pytest.raises(RuntimeError, match="shut down"):
@@ -118,3 +123,25 @@ def test_a_threaded_hand_over_is_checked_and_answered_by_the_loop() -> None:
     finally:
         p.shutdown()
         c.shutdown()
+
+
+class _Unhashable(bytes):
+    def __hash__(self) -> int:
+        raise RuntimeError("a key whose hash raises")
+
+
+def test_whatever_the_check_raises_the_job_gets_its_one_result(caplog) -> None:
+    """Not only a malformed job: any error while the loop checks a handed-over store settles it
+    (counted as an internal error), so a drain or the engine's pending work never waits on it."""
+    v = VirtualPair(block_bytes=64)
+    try:
+        preq = producer_req("p", "A")
+        v.P.on_new_request(preq)
+        v.P.hand_over_store(1, preq, (_Unhashable(b"k0"), b"k1"), [0, 1])
+        v.step()
+        assert (v.pjobs.one(1).success, v.pjobs.one(1).reason) == (False, "job_refused")
+        assert v.P.stats()["kvtier_internal_errors_total"] == 1
+        v.P.drain_jobs(timeout_s=1.0)
+        assert not v.P.has_pending_work()
+    finally:
+        v.close()
