@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "6fc8f7c0ad33ab661a6698212a014e4686b3f87715de6b7e78e1078a3f8f0fcc"
+SPEC_SHA256: Final = "fc21b24e844daca0fef24e342814ec374e2f27cfc500d459fe145733c9567f68"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -73,7 +73,7 @@ class Reason(enum.StrEnum):
     ABORT_UNACKNOWLEDGED = "abort_unacknowledged"
     """the producer did not answer an abort within abort_ack_timeout_s; the session is ended so no write can still land"""
     INSTANCE_DOWN = "instance_down"
-    """another session to the same producer instance died and none has been heard from since"""
+    """the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since"""
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     """the session was not ready within handshake_timeout_s"""
     HANDSHAKE_MISMATCH = "handshake_mismatch"
@@ -168,7 +168,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.CORRUPT: "a block landed whose digest differs from the digest taken when it was parked",
     Reason.TRANSFER_STALLED: "a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release",
     Reason.ABORT_UNACKNOWLEDGED: "the producer did not answer an abort within abort_ack_timeout_s; the session is ended so no write can still land",
-    Reason.INSTANCE_DOWN: "another session to the same producer instance died and none has been heard from since",
+    Reason.INSTANCE_DOWN: "the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since",
     Reason.HANDSHAKE_TIMEOUT: "the session was not ready within handshake_timeout_s",
     Reason.HANDSHAKE_MISMATCH: "protocol version, block layout or hash seed differ between the peers",
     Reason.PEER_TIMEOUT: "nothing heard from the peer for peer_timeout_s",
@@ -867,7 +867,7 @@ class ConsumerGuard(enum.StrEnum):
     EMPTY_ON_READY_SESSION = "empty_on_ready_session"
     """the load job names zero keys and the session to the producer is ready (the empty fetch can go now; on a session still in its handshake it queues like any fetch, so it is never sent before the producer can take it)"""
     INSTANCE_DOWN = "instance_down"
-    """the session to the producer (ready, or still dialling an address whose instance is known) belongs to a producer instance one of whose sessions died abnormally, and none has been heard from since"""
+    """the session to the producer is ready but belongs to a producer instance proven gone (its address refused a dial, or answers for another instance now) and none of its sessions has been heard from since; a session still dialling waits for the dial's own outcome (decision I30)"""
     SESSION_READY = "session_ready"
     """the session to the producer is ready"""
     OTHER_ROUND = "other_round"
@@ -1398,7 +1398,7 @@ class SessionGuard(enum.StrEnum):
 
 class SessionEffect(enum.StrEnum):
     OPEN_CONNECTION = "open_connection"
-    """open a transport connection to the peer; the session starts with the instance the peer's address last answered for (sessions to one instance share fate, also before the handshake)"""
+    """open a transport connection to the peer; the session starts with the instance the peer's address last answered for (a refused dial proves that instance gone)"""
     SEND_HELLO = "send_hello"
     """send our hello (with the data plane's descriptor for this session, and the generation of our previous session to this address, which it replaces)"""
     NOTE_PEER = "note_peer"

@@ -20,9 +20,11 @@ Sessions to one producer *instance* share fate, but only on **proof** that the i
 naming another instance (it restarted).  Then the instance is *gone*, and new loads to any session
 of it fail fast (``instance_down``) until one of them is heard from again (decision I7).  A
 disconnect, a reset connection, silence, a failed send or our own give-up proves nothing — the
-producer may be alive and answer the next dial — so none of them condemns the instance.  The
-instance an address last answered for is remembered (bounded), so a fresh dial to a gone
-instance's address shares that fate from its first moment, before any handshake (decision I18).
+producer may be alive and answer the next dial — so none of them condemns the instance.  A fresh
+dial does not inherit the fate either: its load waits for the dial, which a dead address refuses
+in a millisecond and a restarted producer answers (decision I30).  The instance an address last
+answered for is remembered (bounded): a refused dial condemns it, a hello_ack naming another
+proves it restarted.
 
 What crosses machines is not called but queued: ``peer_down`` queues :class:`PeerLost` and
 ``flush_queued`` queues :class:`SessionReady` on the core's note queue, which the core routes
@@ -177,7 +179,7 @@ class SessionMachine(TableMachine):
         # instances a test marks suspect by hand (a ready session to one answers instance_down)
         self.suspect: dict[str, None] = {}
         self.gone: dict[str, None] = {}
-        # dialled address -> the instance its last hello_ack named (fresh dials share its fate)
+        # dialled address -> the instance its last hello_ack named (a refused dial condemns it)
         self.last_instance: dict[str, str] = {}
         # dialled address -> the generation of our last session to it (the next hello replaces it)
         self.last_gen: dict[str, int] = {}
@@ -200,13 +202,13 @@ class SessionMachine(TableMachine):
         return rec.gen if rec is not None else 0
 
     def instance_down(self, peer: str) -> bool:
-        """The session to ``peer`` belongs to an instance proven gone and not heard from since
-        (decisions I7, I23): a ready session, or a dial to an address whose last instance is gone
-        (decision I18)."""
+        """The ready session to ``peer`` belongs to an instance proven gone and not heard from
+        since (decisions I7, I23).  A dial is never down before its outcome, even to an address
+        whose last instance is gone: it is refused in a millisecond, or answered by whatever
+        listens there now — a restarted producer (decision I30)."""
         rec = self.records.get(peer)
-        if rec is None or not rec.instance or rec.instance not in self.suspect:
-            return False
-        return rec.state is SessionState.READY or rec.instance in self.gone
+        return (rec is not None and rec.state is SessionState.READY and bool(rec.instance)
+                and rec.instance in self.suspect)
 
     # -- guards --------------------------------------------------------------------------------
     def guard_hello_compatible(self, rec: SessionRecord, inp: HelloInput, now: float) -> bool:

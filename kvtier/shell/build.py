@@ -86,8 +86,8 @@ def _zmq_transport(cfg: TierConfig, block_bytes: int, curve: Any) -> Transport:
         cfg.port,
         heartbeat_ivl_s=cfg.heartbeat_interval_s,
         # libzmq's own silence cut-off stays behind the core's (peer_timeout_s, then a heartbeat):
-        # a silent peer then ends its session as peer_timeout, never as a closed connection,
-        # which a fresh dial to its instance would take for a gone process (decision I18)
+        # a silent peer then ends its session as peer_timeout (the core's reason, at its
+        # deadline), never as a closed connection first
         heartbeat_timeout_s=3 * cfg.peer_timeout_s + 1.0,
         heartbeat_ttl_s=3 * cfg.peer_timeout_s + 1.0,
         # libzmq cuts a peer whose frame exceeds the largest legal one before receiving it

@@ -76,6 +76,16 @@ def load(c: TierCore, kid: str, job: int, now: float, peer: str = P) -> list[Any
     return out + c.handle(ix.LoadSubmitted(kid, job, (b"k0",), (5,)), now)
 
 
+def refused_after_close(c: TierCore, instance: str = "prod-1", peer: str = P) -> None:
+    """A ready session to ``peer`` (``instance``) closes, and the redial is refused: proof that
+    ``instance`` is gone (decision I23)."""
+    dial(c, peer, instance=instance)
+    c.handle(ix.ConnectionClosed(peer), 1.0)
+    c.handle(ix.Dial(peer), 2.0)
+    c.handle(ix.ConnectFailed(peer, "refused"), 2.0)
+    assert instance in CoreView(c).suspect_instances()
+
+
 # -- a hello refused ---------------------------------------------------------------------------
 
 MISMATCHES = [  # (our hello, their hello's fields, the field named, ours, theirs)
@@ -308,8 +318,12 @@ def test_a_refused_dial_proves_the_instance_gone_and_fails_new_loads_at_once_unt
     assert CoreView(c).suspect_instances() == frozenset({"prod-1"})
     # the other session of prod-1 is still up, but a load on it fails at once
     assert of(load(c, "A", 1, 3.0, "prefill:2"), JobDone) == [JobDone(1, False, Reason.INSTANCE_DOWN)]
-    # a fresh dial to the refused address shares the fate from its first moment (before any hello)
-    assert of(load(c, "B", 2, 3.5), JobDone) == [JobDone(2, False, Reason.INSTANCE_DOWN)]
+    # a fresh dial to the refused address does not inherit the fate: its load waits for the dial,
+    # and a second refusal fails it (decision I30)
+    out = load(c, "B", 2, 3.5)
+    assert of(out, JobDone) == [] and of(out, OpenConnection)
+    out = c.handle(ix.ConnectFailed(P, "refused"), 3.51)
+    assert of(out, JobDone) == [JobDone(2, False, Reason.CONNECT_REFUSED)]
     # prod-1 heard again (a pong on the second address): loads go out again
     gen2 = CoreView(c).session_gen("prefill:2")
     c.handle(ix.Received("prefill:2", wm.Pong(gen=gen2, t=4.0)), 4.0)
@@ -420,11 +434,7 @@ def test_an_undecodable_message_from_a_peer_without_a_session_is_answered_with_g
 
 def test_an_instance_that_answers_again_is_no_longer_down_while_its_plane_attaches() -> None:
     c = core()
-    dial(c, P, instance="prod-1")
-    c.handle(ix.ConnectionClosed(P), 1.0)
-    c.handle(ix.Dial(P), 2.0)
-    c.handle(ix.ConnectFailed(P, "refused"), 2.0)
-    assert CoreView(c).suspect_instances() == frozenset({"prod-1"})
+    refused_after_close(c)
     c.handle(ix.Dial(P), 3.0)
     c.handle(ix.ConnectionUp(P), 3.0)
     gen = CoreView(c).session_gen(P)
@@ -437,8 +447,8 @@ def test_an_instance_that_answers_again_is_no_longer_down_while_its_plane_attach
 @pytest.mark.parametrize("heard", ["hello_ack", "pong"])
 def test_an_instance_heard_again_no_longer_takes_room_among_the_gone(heard: str) -> None:
     # A is condemned first, X second; X is then heard again.  cap - 1 more condemnations fill the
-    # bookkeeping to exactly its bound: A, the oldest, must still be known gone, so a fresh dial to
-    # its address fails its load at once (decision I18) -- X's entry no longer counts
+    # bookkeeping to exactly its bound: A, the oldest, must still be known gone -- X's entry no
+    # longer counts
     c = core()
     cap = SessionMachine.MAX_SUSPECT
     if heard == "pong":  # a session to X at another address, ready before X is condemned
@@ -462,7 +472,7 @@ def test_an_instance_heard_again_no_longer_takes_room_among_the_gone(heard: str)
         dial(c, P, 2.0, instance=f"b{i}", check=False)
         c.handle(ix.ConnectionClosed(P), 2.0)
     assert len(CoreView(c).suspect_instances()) == cap
-    assert of(load(c, "L", 1, 3.0, "pa"), JobDone) == [JobDone(1, False, Reason.INSTANCE_DOWN)]
+    assert "A" in CoreView(c).suspect_instances()
 
 
 def test_the_generation_a_redial_replaces_is_remembered_for_the_latest_addresses() -> None:
@@ -488,3 +498,18 @@ def test_the_generation_a_redial_replaces_is_remembered_for_the_latest_addresses
     c.handle(ix.ConnectionClosed(f"a{cap}"), 0.0)  # one more: the oldest, a1, is forgotten
     assert session("a1")[1] == 0
     assert session("a0")[1] == second
+
+
+def test_a_producer_restarted_at_a_refused_address_serves_the_first_load_after_it() -> None:
+    """Decision I30: prod-1's address refused a dial (prod-1 is gone); a new instance then listens
+    there.  The next load dials and is served by it -- no ``instance_down`` from the old proof."""
+    c = core()
+    refused_after_close(c)
+    out = load(c, "A", 1, 600.0)  # long after: the proof is still held, the dial still waits
+    assert of(out, JobDone) == []
+    (opened,) = of(out, OpenConnection)
+    c.handle(ix.ConnectionUp(P), 600.0)
+    c.handle(ix.Received(P, wm.HelloAck(gen=opened.gen, instance="prod-2")), 600.1)
+    out = c.handle(ix.PeerAttached(P, opened.gen), 600.1)
+    assert [s.msg.kv_request_id for s in sends(out)] == ["A"] and of(out, JobDone) == []
+    assert CoreView(c).suspect_instances() == frozenset({"prod-1"})  # the old one stays gone

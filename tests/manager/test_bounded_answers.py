@@ -10,7 +10,7 @@ the engine reuses after a result never receive a late write, and that nothing st
   window of the pool was withdrawn, decision N14); the id can be announced again at once;
 * a producer shut down gracefully mid-transfer: the load ends ``shutdown`` (or byte-exact);
 * a dial to a closed port fails ``connect_refused`` at once; both ranks of an instance killed:
-  a load to either a second later fails at once (decision I18);
+  a load to either a second later fails at once (decisions B11, I30);
 * a producer that gives a transfer up says why first (decision I19): on NIXL the consumer reports
   ``transfer_timeout`` in every trial;
 * zero-block loads: an empty fetch before or after the store releases the producer's blocks in
@@ -186,8 +186,8 @@ def test_a_dial_to_a_closed_port_fails_its_load_at_once(data_plane, make_manager
 def test_both_ranks_of_an_instance_killed_fail_new_loads_at_once(data_plane, producer, victim, make_manager):
     """Two ranks of instance ``pod-x`` serve one consumer; both die without a goodbye (one
     crashes, one is killed -9).  A load submitted to either rank a second later fails at once —
-    ``instance_down`` (the dial inherits the instance's fate, decision I18) or
-    ``connect_refused`` — never after ``handshake_timeout_s``."""
+    ``connect_refused`` (the fresh dial is refused: decision I30) or ``instance_down`` — never
+    after ``handshake_timeout_s``."""
     pcfg = {**HB, "instance": "pod-x"}
     producer.start_manager(pcfg, num_blocks=16, block_bytes=4096)
     victim.start_manager(pcfg, num_blocks=16, block_bytes=4096)

@@ -27,6 +27,7 @@ bounds, never timing assertions.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -153,24 +154,51 @@ def test_a_connection_reset_does_not_condemn_a_live_producer(data_plane, produce
         assert CoreView(c.core).session_ready(relay.address)
 
 
-@BOTH_PLANES
-def test_a_restarted_producer_is_proven_gone_and_its_successor_serves(data_plane, producer, make_manager):
-    """The producer restarts on the same port (a new instance).  The consumer's next dial meets
-    the new instance: its hello_ack proves the old one gone (decision I23), and the load on it
-    succeeds."""
-    cfg = {**HB}
-    producer.start_manager(cfg, num_blocks=16, block_bytes=4096)
+def _served_then_crashed(producer, make_manager) -> tuple[Any, str, int]:
+    """A consumer loads once from ``producer``, which then crashes: (the consumer, the crashed
+    instance, its port)."""
+    producer.start_manager({**HB}, num_blocks=16, block_bytes=4096)
     c = make_manager(CCFG, num_blocks=16, block_bytes=4096)
     assert _load_once(c, producer, "kv-first", 10).success
     old = CoreView(c.core).session(f"{producer.host}:{producer.port}").instance
     port = producer.port
     producer.crash_manager()
-    producer.start_manager({**cfg, "port": port}, num_blocks=16, block_bytes=4096)
+    return c, old, port
+
+
+@BOTH_PLANES
+def test_a_restarted_producer_is_proven_gone_and_its_successor_serves(data_plane, producer, make_manager):
+    """The producer restarts on the same port (a new instance).  The consumer's next dial meets
+    the new instance: its hello_ack proves the old one gone (decision I23), and the load on it
+    succeeds."""
+    c, old, port = _served_then_crashed(producer, make_manager)
+    producer.start_manager({**HB, "port": port}, num_blocks=16, block_bytes=4096)
     assert pump_until(lambda: CoreView(c.core).session(f"{producer.host}:{port}") is None, managers=[c], timeout_s=10.0)
     r = _load_once(c, producer, "kv-second", 30)
     assert r.success, r
     assert old in CoreView(c.core).suspect_instances()
     assert CoreView(c.core).session(f"{producer.host}:{port}").instance != old
+
+
+@BOTH_PLANES
+def test_the_first_load_after_a_restart_is_served_even_after_a_refused_dial(data_plane, producer, make_manager):
+    """The producer dies; a load while it is down is refused at the dial (``connect_refused``),
+    which proves its instance gone.  It restarts on the same port: the very next load dials and is
+    served by the new instance — the old proof does not fail it ``instance_down`` (decision I30)."""
+    c, old, port = _served_then_crashed(producer, make_manager)
+    addr = f"{producer.host}:{port}"
+    assert pump_until(lambda: CoreView(c.core).session(addr) is None, managers=[c], timeout_s=10.0)
+    jobs = Jobs(c)
+    req = consumer_req("c-kv-down", "kv-down", producer.host, port)
+    c.on_new_request(req)
+    c.submit_load(job(21, keys_for("kv-down", 1), [8], req))
+    assert pump_until(lambda: jobs.has(21), managers=[c], jobs=[jobs], timeout_s=10.0)
+    assert (jobs.one(21).success, jobs.one(21).reason) == (False, "connect_refused")
+    assert old in CoreView(c.core).suspect_instances()
+    c.on_request_finished(req)
+    producer.start_manager({**HB, "port": port}, num_blocks=16, block_bytes=4096)
+    r = _load_once(c, producer, "kv-after", 30)
+    assert r.success, r
 
 
 @BOTH_PLANES

@@ -176,7 +176,7 @@ def test_liveness_timeout_when_pings_stop_arriving_then_a_new_session_works(pair
     v.net.heal(v.P_ADDR, v.C_ADDR)
     _, dig = store(v, "B", 1, [5, 6], seed=9)
     # silence is not death: a load on the fresh dial waits for it (a producer that was only
-    # partitioned answers); only a connection-level end fails fresh dials at once (decision I18)
+    # partitioned answers; a fresh dial waits for its own outcome, decision I30)
     cb = v.creq("c-B", "B")
     C.on_new_request(cb)
     C.submit_load(job(11, keys_for("B", 2), [2, 3], cb))

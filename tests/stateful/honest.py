@@ -19,8 +19,9 @@ state machine's ``Checked`` proxy, beside the spec's other properties:
   landing failed, was never answered, or follows a hole (vLLM keeps a prefix);
 * ``result_after_last_write``: no load result (success or failure) while a landing of that load is
   still running: the engine may reuse the slots the moment it has the result;
-* ``instance_fate_proven``: no load fails ``instance_down``, because nothing here proves a producer
-  gone (it never restarts, no dial is refused) — a disconnect or a plane fault is a hiccup;
+* ``instance_fate_proven``: no load fails ``instance_down`` and no consumer holds a producer instance
+  gone, because nothing here proves one gone (it never restarts, no dial is refused) — a
+  disconnect or a plane fault is a hiccup;
 * ``plane_fault_ends_session``: the producer never starts a transfer on a session whose plane path
   broke (the fault ended it; the next load dials afresh).
 """
@@ -64,6 +65,14 @@ def check_instance_fate(who: str, eff: JobDone) -> None:
     assert eff.reason is not Reason.INSTANCE_DOWN, (
         f"instance_fate_proven: {who}'s load job {eff.job_id} failed instance_down, but no restart or refused "
         "dial proved the producer gone (a disconnect alone proves nothing)")
+
+
+def check_instances_held(who: str, gone: frozenset[str]) -> None:
+    """No consumer holds a producer instance gone: nothing in this suite proves one (a fresh dial
+    waits for its own outcome, decision I30, so a wrong proof shows here before any load)."""
+    assert not gone, (
+        f"instance_fate_proven: {who} holds producer instance(s) {sorted(gone)} gone, but no restart or refused "
+        "dial proved it (a disconnect alone proves nothing)")
 
 
 def check_sends(net: Any, who: str, effects: list[Any]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from honest import check_instance_fate, check_load_result, check_sends
+from honest import check_instance_fate, check_instances_held, check_load_result, check_sends
 
 from kvtier.lifecycle import TierCore
 from kvtier.lifecycle import inputs as ix
@@ -120,6 +120,8 @@ class PropertyChecks:
                 self.fetched_ids.add(fetch.kv_request_id)
         effects = apply()
         check_sends(self.net, who, effects)
+        if who != "p":
+            check_instances_held(who, CoreView(self.cores[who]).suspect_instances())
         post_p = self._pstates()
         if who == "p" and (isinstance(msg, wm.Receipt) or (isinstance(msg, wm.AbortFetch) and msg.fetched)):
             k = msg.kv_request_id
