@@ -252,6 +252,8 @@ def test_port_range(value):
         ("host", 127),
         ("host", None),
         ("host", "h" * 300),
+        ("host", "localhost:5710"),  # a port belongs in `port`: this would bind no device at start
+        ("host", "[::1]:5710"),
         ("hash_seed", 0),
         ("hash_seed", None),
         ("hash_seed", "s" * 2000),
@@ -292,6 +294,8 @@ def test_every_non_numeric_key_rejects(key, value):
         ("module_path", "my_pkg.sub.mod"),
         ("host", "0.0.0.0"),
         ("host", "::1"),
+        ("host", "[::1]"),
+        ("host", "fe80::1%eth0"),
         ("host", "node-7.example.org"),
         ("hash_seed", ""),
         ("hash_seed", "12345"),

@@ -66,6 +66,11 @@ class VirtualPair:
     ``p_transport(network, address)`` builds the producer's transport (default: InprocTransport).
     ``consumer_fill``: a byte every consumer slot starts as (``None``: the pool's zeroes), so a
     test can tell a slot that was never written.
+
+    A store or landing of more than 64 KiB runs on the manager's digest pool, real threads beside
+    the virtual clock: a step may come before they finish, and time moved meanwhile counts against
+    the fetch.  Give ``{"digest_threads": 0}`` in ``p_cfg``/``c_cfg`` to keep every byte on the
+    test's thread.
     """
 
     P_ADDR = "prod:1"
