@@ -27,7 +27,6 @@ import os
 import struct
 import time
 from typing import Any
-from tools.coreview import CoreView
 
 KIND_STREAM = 1
 KIND_RTT = 2
@@ -127,7 +126,7 @@ class Producer:
         deadline = time.monotonic() + 120.0
         while time.monotonic() < deadline:
             with mgr.lock:
-                if all(CoreView(mgr.core).producer(k) is not None for k in ids):
+                if all(mgr.core.producer_state(k).value != "absent" for k in ids):  # O(1) each
                     break
             time.sleep(0.001)
         return ids

@@ -72,6 +72,10 @@ class Batcher:
         self._tail = max(1, TAIL_BYTES // block_bytes) if block_bytes > 0 else 1
         self._max_header = max_header_bytes
         self._integrity = integrity
+        # batches of at most this many blocks fit any header (the longest kv_request_id, the largest
+        # numbers): only a plan of larger batches needs the exact fit of this transfer's header
+        self._fit_any = self._fits(2**63 - 1, "x" * wm.MAX_ID_CHARS, 2**63 - 1, 2**63 - 1) \
+            if max_header_bytes is not None else 0
 
     def send_blocks(self, peer: str, kv_request_id: str, round: int, blocks: Sequence[int], gen: int,
                     digests: Sequence[int], slots: Sequence[int], transfer: str = "",
@@ -82,17 +86,22 @@ class Batcher:
         blocks, digests, slots = tuple(blocks), tuple(digests), tuple(slots)
         per = self._per
         with_digests = bool(digests) or (take_digests and self._integrity)
-        if self._max_header is not None and with_digests:
+        if self._max_header is not None and with_digests and per > self._fit_any:
             per = min(per, self._fits(gen, kv_request_id, round, len(blocks)))
-        headers = []
-        first = 0
-        for count in plan_batches(len(blocks), per, self._tail):
-            end = first + count
-            headers.append(wm.BlockData(gen=gen, kv_request_id=kv_request_id, round=round, first=first, count=count,
-                                        digests=list(digests[first:end])))
-            first = end
-        return SendBlocks(peer, kv_request_id, round, blocks, gen, digests, slots, transfer, take_digests,
-                          tuple(headers))
+        n = len(blocks)
+        if 0 < n <= self._tail and n <= per:  # one batch: the common small transfer, no plan
+            headers: tuple[wm.BlockData, ...] = (wm.BuiltBlockData(
+                gen=gen, kv_request_id=kv_request_id, round=round, first=0, count=n, digests=list(digests)),)
+        else:
+            out = []
+            first = 0
+            for count in plan_batches(n, per, self._tail):
+                end = first + count
+                out.append(wm.BuiltBlockData(gen=gen, kv_request_id=kv_request_id, round=round, first=first,
+                                             count=count, digests=list(digests[first:end])))
+                first = end
+            headers = tuple(out)
+        return SendBlocks(peer, kv_request_id, round, blocks, gen, digests, slots, transfer, take_digests, headers)
 
     def _fits(self, gen: int, kv_request_id: str, round: int, n: int) -> int:
         """Blocks per batch whose header fits ``max_header_bytes``."""

@@ -33,6 +33,7 @@ import msgspec
 from kvtier.errors import KvTierError
 from kvtier.wire.messages import (
     KV_REQUEST_ID_RE,
+    BuiltBlockData,
     MAX_ID_CHARS,
     MAX_U63,
     MESSAGE_TYPES,
@@ -143,7 +144,8 @@ DEFAULT_LIMITS: Final = WireLimits()
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(Message)
-_MESSAGE_CLASSES: Final = frozenset(MESSAGE_TYPES.values())
+# and the block_data headers our core builds (encoded as BlockData: a peer decodes one)
+_MESSAGE_CLASSES: Final = frozenset((*MESSAGE_TYPES.values(), BuiltBlockData))
 
 
 def encode(msg: Message) -> bytes:

@@ -310,6 +310,17 @@ class BlockData(_Msg, tag="block_data"):
             raise ValueError(f"digests has {len(self.digests)} entries for count={self.count}")
 
 
+class BuiltBlockData(BlockData):
+    """A ``block_data`` header our own core built (:mod:`kvtier.lifecycle.batches`) from values it
+    had already checked — the session's generation, a checked ``kv_request_id`` and round, the
+    digests it took.  Encoded exactly as :class:`BlockData` (a peer decodes a ``BlockData``); only
+    its construction skips the checks a decoded header gets, which cost more than the rest of a
+    1-block transfer's start in the core (P4)."""
+
+    def __post_init__(self) -> None:
+        return
+
+
 class TransferDone(_Msg, tag="transfer_done"):
     """producer→consumer: the round is over (``ok=false`` carries a lifecycle reason code); a terminal
     answer is sent only once the producer's data plane holds no reference to the round's blocks, so no
@@ -517,6 +528,7 @@ MESSAGE_TYPES: Final[dict[str, type[_Msg]]] = {cls.TYPE: cls for cls in _MESSAGE
 """Tag → class, for every message type."""
 
 __all__ = [
+    "BuiltBlockData",
     "PROTOCOL_VERSION",
     "MAX_U63",
     "MAX_ID_CHARS",

@@ -128,3 +128,23 @@ def test_a_tail_that_is_not_a_whole_number_of_blocks_is_rounded_down() -> None:
     out = Batcher(3, None, integrity=True).send_blocks("p", "k", 0, range(n), 1, [], range(n))
     counts = [h.count for h in out.headers]
     assert counts == [n - TAIL_BYTES // 3, TAIL_BYTES // 3] and all(type(c) is int for c in counts)
+
+
+@pytest.mark.parametrize(("n", "limit", "digests"), [(1, None, True), (300, None, True), (2000, 4096, True),
+                                                    (5, 4096, False), (64, 600, True)])
+def test_every_header_the_core_builds_is_one_a_peer_decodes_and_accepts(n, limit, digests) -> None:
+    """The core's headers skip the checks a decoded one gets (``wm.BuiltBlockData``): each must
+    encode exactly as the checked ``BlockData`` of the same fields, and decode into one."""
+    from kvtier.wire.codec import Decoder, encode
+
+    digs = [BIG - i for i in range(n)] if digests else []
+    out = Batcher(block_bytes=64, max_header_bytes=limit, integrity=digests).send_blocks(
+        "peer", "kid-" + "y" * 20, 9, range(n), gen=2**63 - 1, digests=digs, slots=range(n))
+    decoder = Decoder(block_bytes=64)
+    for h in out.headers:
+        checked = wm.BlockData(gen=h.gen, kv_request_id=h.kv_request_id, round=h.round, first=h.first,
+                               count=h.count, digests=list(h.digests))
+        assert encode(h) == encode(checked)
+        msg, payloads = decoder.decode([encode(h)] + [b"\0" * 64] * h.count)
+        assert type(msg) is wm.BlockData and msg == checked
+    assert [d for h in out.headers for d in h.digests] == digs
