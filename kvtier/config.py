@@ -142,8 +142,9 @@ class TierConfig:
                            shape="a dotted module path", doc="""
         Python module that holds ``type``. vLLM pops it before calling the tier.""")
 
-    # no colon (a name or IPv4) or two and more (IPv6, bracketed or not): "name:port" is refused
-    host: str = key("127.0.0.1", text, *_string(255), matches_re(r"[^\s/:\[\]]+|\[?[^\s/\[\]]*:[^\s/\[\]]*:[^\s/\[\]]*\]?"),
+    # no colon (a name or IPv4) or two and more (IPv6, in brackets or not): "name:port" is refused
+    host: str = key("127.0.0.1", text, *_string(255), matches_re(
+                        r"[^\s/:\[\]]+|(?P<b>\[)?[^\s/\[\]]*:[^\s/\[\]]*:[^\s/\[\]]*(?(b)\])"),
                     shape="an address without whitespace, '/' or a port (the port goes in 'port')",
                     doc="""
         Address the producer's listener binds to. Consumers dial the producer at

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "fc21b24e844daca0fef24e342814ec374e2f27cfc500d459fe145733c9567f68"
+SPEC_SHA256: Final = "786a4239cfc91ac16d588d4b19fb6d8552e20f0a6d52795920fb92ae3ce57679"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1725,7 +1725,7 @@ class ProbeEvent(enum.StrEnum):
 
 class ProbeGuard(enum.StrEnum):
     INSTANCE_DOWN = "instance_down"
-    """the session to the peer is ready but another session to the same instance died and none has been heard from since (decision I7)"""
+    """the session to the peer is ready but belongs to an instance proven gone (a refused dial, or a restart seen at its address) and none of its sessions has been heard from since (decisions I7, I23); a session still dialling waits for its own outcome (decision I30)"""
     NEW_KEYS = "new_keys"
     """the looked-up key has no answer in this request and is not registered in the open round or loading"""
     SESSION_READY = "session_ready"

@@ -91,7 +91,7 @@ class Batcher:
         n = len(blocks)
         if 0 < n <= self._tail and n <= per:  # one batch: the common small transfer, no plan
             headers: tuple[wm.BlockData, ...] = (wm.BuiltBlockData(
-                gen=gen, kv_request_id=kv_request_id, round=round, first=0, count=n, digests=list(digests)),)
+                gen=gen, kv_request_id=kv_request_id, round=round, first=0, count=n, digests=list(digests[:n])),)
         else:
             out = []
             first = 0

@@ -32,7 +32,10 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 def tcp_endpoint(host: str, port: int | str) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    """``tcp://host:port``; an IPv6 host in brackets, whether or not it came with them."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
 
 
 def seconds_to_ms(name: str, value: float, *, maximum_ms: int = 2**31 - 1) -> int:

@@ -113,6 +113,8 @@ class ZmqTransport:
             raise ValueError(f"port must be an int in 0..65535, got {port!r}")
         if not isinstance(bind_host, str) or not bind_host:
             raise ValueError(f"bind_host must be a non-empty str, got {bind_host!r}")
+        if bind_host.startswith("[") and bind_host.endswith("]"):  # an IPv6 address as URLs write it
+            bind_host = bind_host[1:-1]
         self._opts: dict[int, int] = {
             zmq.LINGER: 0,
             zmq.SNDHWM: positive_int("sndhwm", sndhwm),

@@ -83,6 +83,21 @@ def test_address_and_protocol(make) -> None:
     assert t.port > 0 and t.address == f"127.0.0.1:{t.port}"
 
 
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_an_ipv6_loopback_listener_is_dialled_whether_its_host_came_in_brackets_or_not(host) -> None:
+    """IPv6 as configs write it: bare or as URLs do (``[::1]``); both listen on ``[::1]:port``."""
+    producer, consumer = ZmqTransport(host, **FAST), ZmqTransport("127.0.0.1", **FAST)
+    try:
+        assert producer.address == f"[::1]:{producer.port}"
+        peer = consumer.connect(producer.address)
+        assert consumer.send(peer, [b"fetch"]).sent
+        [(_, frames)] = recv_until(producer, 1)
+        assert as_bytes(frames) == [b"fetch"]
+    finally:
+        producer.close()
+        consumer.close()
+
+
 def test_send_recv_both_directions(make) -> None:
     producer, consumer = make(), make()
     peer = consumer.connect(producer.address)
