@@ -305,6 +305,10 @@ class ScaleRunner:
         from tools import snapshot
 
         gc.collect()
+        # what the child imported (vLLM too, once the fork server preloaded it for P0) leaves the
+        # collector's scans, as vLLM's engine freezes its heap after start-up (freeze_gc_heap):
+        # the collections measured are those of the core's own objects
+        gc.freeze()
         rss0, blocks0 = _rss(), sys.getallocatedblocks()
         settings = CoreSettings(durations=durations(unbound_store_timeout_s=1.0, tombstone_retention_s=5.0))
         core = TierCore(settings, HelloInput(wm.PROTOCOL_VERSION, 4096, "bench", "", instance="bench"))
@@ -355,6 +359,7 @@ class ScaleRunner:
         }
         blocks1, rss1 = sys.getallocatedblocks(), _rss()
         rss_trim = _malloc_trim_rss()
+        gc.unfreeze()
         return {
             "ids": n,
             "seconds": seconds,
