@@ -114,7 +114,6 @@ class KvTierManager(TierView):
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
         self._loading: set[str] = set()  # consumer requests that submitted a load (or load_nothing)
-        self._looked: dict[str, int] = {}  # symmetric requests: lookups handed to the loop
         # symmetric requests' keys looked up during this engine step: handed over together, with
         # the step's end, so they leave in one probe per (peer, id) per step (decision Y4)
         self._step_keys: dict[str, dict[bytes, None]] = {}
@@ -214,7 +213,7 @@ class KvTierManager(TierView):
         if info.role == "source":
             if not isinstance(key, bytes) or not 0 < len(key) <= 256:
                 raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
-            return self._loop.fresh().probe_answer(kid, key, self._step_keys, self._looked.get(kid, 0))
+            return self._loop.fresh().probe_answer(kid, key, self._step_keys)
         if info.role != "consumer":
             return LookupResult.MISS
         return LookupResult.MISS if kid in self._loop.fresh().failed_loads else LookupResult.HIT
@@ -226,8 +225,6 @@ class KvTierManager(TierView):
         if self._closed:
             return
         keys = [ix.KeyLookedUp(kid, k) for kid, step in self._step_keys.items() for k in step]
-        for kid, step in self._step_keys.items():
-            self._looked[kid] = self._looked.get(kid, 0) + len(step)
         self._step_keys = {}
         self._loop.call(self._loop.schedule_end, keys)
 
@@ -437,7 +434,6 @@ class KvTierManager(TierView):
         self._loading.discard(req.req_id)
         if info is None or self._closed or info.role not in ("producer", "consumer", "source"):
             return
-        self._looked.pop(info.kv_request_id, None)
         self._step_keys.pop(info.kv_request_id, None)
         self._loop.input(ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life))
 

@@ -89,19 +89,16 @@ class Batcher:
         if self._max_header is not None and with_digests and per > self._fit_any:
             per = min(per, self._fits(gen, kv_request_id, round, len(blocks)))
         n = len(blocks)
-        if 0 < n <= self._tail and n <= per:  # one batch: the common small transfer, no plan
-            headers: tuple[wm.BlockData, ...] = (wm.BuiltBlockData(
-                gen=gen, kv_request_id=kv_request_id, round=round, first=0, count=n, digests=list(digests[:n])),)
-        else:
-            out = []
-            first = 0
-            for count in plan_batches(n, per, self._tail):
-                end = first + count
-                out.append(wm.BuiltBlockData(gen=gen, kv_request_id=kv_request_id, round=round, first=first,
+        headers = []
+        first = 0
+        # one batch (a small transfer, the usual case) needs no plan
+        for count in ((n,) if 0 < n <= per and n <= self._tail else plan_batches(n, per, self._tail)):
+            end = first + count
+            headers.append(wm.BuiltBlockData(gen=gen, kv_request_id=kv_request_id, round=round, first=first,
                                              count=count, digests=list(digests[first:end])))
-                first = end
-            headers = tuple(out)
-        return SendBlocks(peer, kv_request_id, round, blocks, gen, digests, slots, transfer, take_digests, headers)
+            first = end
+        return SendBlocks(peer, kv_request_id, round, blocks, gen, digests, slots, transfer, take_digests,
+                          tuple(headers))
 
     def _fits(self, gen: int, kv_request_id: str, round: int, n: int) -> int:
         """Blocks per batch whose header fits ``max_header_bytes``."""

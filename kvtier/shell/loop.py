@@ -185,8 +185,6 @@ class IoLoop:
         self.plane_activity = PlaneActivity()
         self.published = Published()
         self._stale = False
-        self.lookups_applied: dict[str, int] = {}
-        """Symmetric requests' lookups applied so far (published after each pass)."""
         self._cmds: deque[Command] = deque()
         self._waker = Waker()
         self.transport.set_wake(self._waker.fd)
@@ -315,9 +313,7 @@ class IoLoop:
             return
         self._run(inp)
         t = type(inp)  # what the published answers must look at again (inputs, not messages)
-        if t is ix.KeyLookedUp:
-            self.lookups_applied[inp.kv_request_id] = self.lookups_applied.get(inp.kv_request_id, 0) + 1
-        elif t is ix.LoadAnnounced or t is ix.ProbeAnnounced:
+        if t is ix.LoadAnnounced or t is ix.ProbeAnnounced:
             self.published.announced.add(inp.kv_request_id)
         elif t is ix.RequestFinished and not inp.producer:
             self.published.finishing.add(inp.kv_request_id)

@@ -12,7 +12,7 @@ command counts as pending work).
   have changed are looked at again (an announce, a failed load's result), every id after a
   session's end.
 * ``probes``: per symmetric request, the keys answered HIT, RETRY (a probe is out) and MISS, and
-  whether every key is MISS now; ``applied``: how many of the request's lookups the loop applied.
+  whether every key is MISS now.
 * ``in_use``: consumer ids some request or winding-down load still holds (the façade adds an id
   when it announces it; the loop drops it once the core forgot it).
 """
@@ -34,8 +34,6 @@ class Published:
     def __init__(self) -> None:
         self.failed_loads: frozenset[str] = frozenset()
         self.probes: dict[str, ProbeAnswers] = {}
-        self.applied: dict[str, int] = {}
-        """Lookups applied per symmetric request (the loop counts; the façade compares)."""
         self.in_use: set[str] = set()
         self.finishing: set[str] = set()
         """Consumer ids whose request finished: dropped from ``in_use`` once the core forgot them."""
@@ -79,13 +77,10 @@ class Published:
                 self.in_use -= gone
                 if gone & self.failed_loads:
                     self.failed_loads = self.failed_loads - gone
-                for k in gone:
-                    loop.lookups_applied.pop(k, None)
         symmetric = core.symmetric_work()
         ids = core.probe_ids()
         if ids or self.probes:
             self.probes = {k: core.probe_answers(k) for k in ids}
-            self.applied = dict(loop.lookups_applied)  # after the answers: never ahead of them
         self.serve_wanted = serving.wanted()
         self.pins = serving.pin_count()
         transport = loop.transport
@@ -95,11 +90,10 @@ class Published:
         n = core.quarantined_count()
         self.quarantined = (n, core.quarantined_blocks()) if n else (0, 0)
 
-    def probe_answer(self, kid: str, key: bytes, step_keys: dict[str, dict[bytes, None]], looked: int) -> LookupResult:
+    def probe_answer(self, kid: str, key: bytes, step_keys: dict[str, dict[bytes, None]]) -> LookupResult:
         """A symmetric request's lookup of ``key`` (on the engine's thread): registers it in this
         step's ``step_keys`` (every lookup does, as the core's rule wants) and answers from the
-        last pass — RETRY while a probe is out or the loop has not applied the request's
-        ``looked`` lookups yet."""
+        last pass — HIT or MISS once the peer answered it, RETRY until then."""
         answers = self.probes.get(kid)
         if answers is not None and (answers.dead or key in answers.miss):
             return LookupResult.MISS
@@ -110,6 +104,4 @@ class Published:
                 return LookupResult.HIT
             if key in answers.retry:
                 return LookupResult.RETRY
-        if key in step or self.applied.get(kid, 0) < looked:
-            return LookupResult.RETRY  # the loop has not seen it yet
-        return LookupResult.MISS
+        return LookupResult.RETRY  # registered now: the loop has not seen it, or its probe is out
