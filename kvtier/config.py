@@ -38,6 +38,7 @@ W8).  This module declares the keys, checks the cross-field rules and exposes th
 from __future__ import annotations
 
 import difflib
+import operator
 import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -398,6 +399,10 @@ class TierConfig:
     def __attrs_post_init__(self) -> None:
         for rule in CROSS_FIELD_RULES:
             rule.check(self)
+        if self.metrics_port and self.metrics_port == self.port:  # else: "Address already in use" at start
+            raise TierConfigError(f"metrics_port={self.metrics_port} is port too: the Prometheus endpoint and the "
+                                  "producer's listener cannot bind one port; pick another (0: a free one)",
+                                  keys=("port", "metrics_port"))
         if self.serve_allowed_principals != ("*",) and self.auth != "curve":
             raise TierConfigError(
                 f"serve_allowed_principals={list(self.serve_allowed_principals)!r} needs auth='curve': without "
@@ -534,12 +539,7 @@ class CrossFieldRule(NamedTuple):
             )
 
 
-_OPS: dict[str, Callable[[float, float], bool]] = {
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-}
+_OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(

@@ -272,7 +272,9 @@ class KvTierManager(TierView):
             UnknownRequest: the request was never passed to :meth:`on_new_request`.
             DuplicateJob: ``job.job_id`` is outstanding (submitted, and its result not yet handed over
                 by :meth:`get_finished_jobs`).
-            ValueError: keys/slots lengths differ, duplicate keys, or a slot outside the pool.
+            ValueError: keys/slots lengths differ, duplicate keys, a slot outside the pool, or a
+                key that is not ``bytes`` / a slot that is not an ``int`` (a numpy or torch integer
+                is named with its fix, ``int(slot)``).
             RuntimeError: :meth:`shutdown` began.
         """
         if self._closed or self._closing:  # one flat path: the engine pays it per store, cold (C25)
@@ -342,8 +344,9 @@ class KvTierManager(TierView):
             UnknownRequest: the request was never announced, or is not a consumer request.
             DuplicateJob: ``job.job_id`` is outstanding (submitted, and its result not yet handed over
                 by :meth:`get_finished_jobs`).
-            ValueError: keys/slots lengths differ, duplicate keys, a slot outside the pool, or a
-                fetch too large for one message.
+            ValueError: keys/slots lengths differ, duplicate keys, a slot outside the pool, a key
+                that is not ``bytes`` / a slot that is not an ``int``, or a fetch too large for one
+                message.
             RuntimeError: :meth:`shutdown` began.
         """
         self._check_open()

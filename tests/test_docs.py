@@ -73,6 +73,16 @@ def test_cli_help_is_plain_text() -> None:
         assert res.exit_code == 0 and "``" not in res.output, res.output
 
 
+def test_python_dash_m_kvtier_is_the_same_command_line() -> None:
+    """A virtual environment whose scripts are not on PATH runs the CLI as ``python -m kvtier``."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "kvtier", "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Usage: kvtier ") and "check-config" in res.stdout, res.stdout
+
+
 def test_kvtier_version_names_the_release_and_what_it_speaks() -> None:
     import tomllib
 

@@ -77,6 +77,14 @@ def check_job(job: TransferJob, *, num_blocks: int, max_blocks: int) -> None:
         if type(slot) is int and 0 <= slot < num_blocks and type(key) is bytes and 0 < len(key) <= 256 \
                 and max_blocks >= 1:
             return
+    # element types before the duplicate checks: a set of unhashable keys or slots would raise a
+    # bare "unhashable type" naming neither the job nor the field
+    if {*map(type, slots)} != _INT:
+        for slot in slots:
+            _check_slot_type(job_id, slot)
+    if {*map(type, keys)} != _BYTES:
+        for key in keys:
+            _check_key_type(job_id, key)
     if len(set(keys)) != n:
         raise ValueError(f"job {job_id}: duplicate keys")
     if len(set(slots)) != n:
@@ -85,17 +93,38 @@ def check_job(job: TransferJob, *, num_blocks: int, max_blocks: int) -> None:
         raise ValueError(f"job {job_id}: {n} blocks > max_blocks_per_fetch")
     if not n:
         return
-    if not ({*map(type, slots)} == _INT and min(slots) >= 0 and max(slots) < num_blocks):
+    if not (min(slots) >= 0 and max(slots) < num_blocks):
         for slot in slots:
-            if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < num_blocks:
+            if not 0 <= slot < num_blocks:
                 raise ValueError(f"job {job_id}: slot {slot!r} is outside the pool (0..{num_blocks - 1})")
-    if {*map(type, keys)} == _BYTES:
-        lens = {*map(len, keys)}
-        if min(lens) > 0 and max(lens) <= 256:
-            return
+    lens = {*map(len, keys)}
+    if min(lens) > 0 and max(lens) <= 256:
+        return
     for key in keys:
-        if not isinstance(key, bytes) or not 0 < len(key) <= 256:
+        if not 0 < len(key) <= 256:
             raise ValueError(f"job {job_id}: keys must be 1..256 bytes, got {key!r:.40}")
+
+
+def _check_slot_type(job_id: int, slot: object) -> None:
+    """A slot is a Python ``int`` (an engine's numpy or torch integers are refused by name, with
+    the conversion that fixes them; a bool is not a slot number)."""
+    if type(slot) is int or (isinstance(slot, int) and not isinstance(slot, bool)):
+        return
+    what = type(slot).__module__ + "." + type(slot).__qualname__ if type(slot).__module__ != "builtins" \
+        else type(slot).__qualname__
+    fix = "" if isinstance(slot, bool) else " (pass int(slot))" if hasattr(slot, "__index__") else ""
+    raise ValueError(f"job {job_id}: slot {slot!r:.40} is a {what}, not an int slot number{fix}")
+
+
+def _check_key_type(job_id: int, key: object) -> None:
+    """A key is ``bytes`` of 1..256 (a str, bytearray or memoryview is refused by name, with the
+    conversion that fixes it)."""
+    if isinstance(key, bytes):
+        return
+    fix = (" (pass key.encode())" if isinstance(key, str)
+           else " (pass bytes(key))" if isinstance(key, (bytearray, memoryview)) else "")
+    raise ValueError(f"job {job_id}: key {key!r:.40} is a {type(key).__qualname__}; "
+                     f"keys must be 1..256 bytes{fix}")
 
 
 def check_fetch_size(job: TransferJob, max_message_bytes: int) -> None:

@@ -162,6 +162,19 @@ def test_check_config_refuses_an_entry_vllm_would_not_load(entry, says) -> None:
     assert "ok:" not in res.output, res.output
 
 
+def test_a_metrics_port_equal_to_port_is_refused_before_start() -> None:
+    """Both bind ``host``: the clash was found only at start, as an "Address already in use" that did
+    not say it was our own listener's port."""
+    with pytest.raises(TierConfigError, match=r"metrics_port=5710 is port too: .* pick another \(0: a free one\)") as exc:
+        TierConfig.from_dict({"port": 5710, "metrics_port": 5710})
+    assert exc.value.keys == ("port", "metrics_port")
+    assert TierConfig.from_dict({"port": 0, "metrics_port": 0}).metrics_port == 0  # two free ports
+    entry = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "port": 5710, "metrics_port": 5710}
+    doc = json.dumps({"kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}})
+    res = CliRunner().invoke(cli, ["check-config", doc])
+    assert res.exit_code == 1 and "metrics_port=5710 is port too" in res.output and "ok:" not in res.output, res.output
+
+
 def test_check_config_never_says_ok_and_problem_for_one_entry() -> None:
     entry = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "backpressure": {}}
     doc = json.dumps({"kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}})

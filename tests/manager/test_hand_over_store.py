@@ -42,7 +42,8 @@ def test_a_handed_over_store_is_parked_and_fetched_like_a_submitted_one() -> Non
     ((b"k0",), [16], "outside the pool"),
     ((b"k0", b"k1"), [0], "2 keys but 1 slots"),
     (("k0",), [0], "keys must be 1..256 bytes"),
-    ((b"k0",), [True], "outside the pool"),
+    ((b"k0",), [True], "slot True is a bool"),
+    ((b"k0", b"k1"), [0, [1]], "slot [1] is a list"),
 ])
 def test_a_malformed_handed_over_store_fails_bad_job_on_the_loop(keys, slots, named, caplog) -> None:
     v = VirtualPair(block_bytes=64)

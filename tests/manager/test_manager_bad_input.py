@@ -10,7 +10,9 @@ from __future__ import annotations
 import random
 
 import msgspec
+import numpy as np
 import pytest
+import torch
 import zmq
 
 from kvtier.api import DuplicateJob, LookupResult, RequestContext, UnknownRequest
@@ -339,6 +341,14 @@ def test_slot_outside_pool_or_not_an_int_raises_value_error(mgr, slot):
         ([b""], [0], "keys must be"),
         ([b"x" * 257], [0], "keys must be"),
         (["text"], [0], "keys must be"),
+        # element types are checked first, named with their fix (a set of unhashable values would
+        # otherwise raise a bare "unhashable type"; a numpy slot was reported "outside the pool")
+        (["text"], [0], r"key 'text' is a str; keys must be 1\.\.256 bytes \(pass key\.encode\(\)\)"),
+        ([bytearray(b"a")], [0], r"is a bytearray; .*\(pass bytes\(key\)\)"),
+        ([b"a"], [[0]], r"job 1: slot \[0\] is a list, not an int slot number"),
+        ([b"a", b"b"], [np.int64(0), 1], r"job 1: slot np\.int64\(0\) is a numpy\.int64, not an int slot number \(pass int\(slot\)\)"),
+        ([b"a"], [torch.tensor(0)], r"is a torch\.Tensor, not an int slot number \(pass int\(slot\)\)"),
+        ([b"a", b"b"], [1, True], "slot True is a bool, not an int slot number"),
     ],
 )
 def test_bad_keys_raise_value_error(mgr, keys, slots, match):
