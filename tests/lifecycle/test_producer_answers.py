@@ -428,3 +428,48 @@ def test_the_producer_counts_every_prune_a_tick_fires() -> None:
 def test_an_unknown_park_clock_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"^park_clock must be 'last_store' or 'first_store', got 'sometimes'$"):
         Pair(park_clock="sometimes")
+
+
+def _store_digests(s: Pair, kid: str, ks: tuple[bytes, ...], blocks: tuple[int, ...], digests: tuple[int, ...],
+                   t: float) -> tuple[int, list]:
+    job = s.next_job()
+    return job, s.p.handle(ix.StoreSubmitted(kid, f"req-{kid}", job, ks, blocks, digests), t)
+
+
+def test_a_store_naming_a_parked_key_with_other_bytes_fails_key_conflict_at_once() -> None:
+    """A later store never replaces a parked key: the consumer is served the first bytes.  A job
+    whose bytes under that key differ could never reach a consumer, so it fails at once instead of
+    succeeding with the id's transfer (decision I31); the same bytes again (vLLM's keys are content
+    hashes) are no conflict."""
+    s = Pair()
+    first, out = _store_digests(s, "A", keys("A", 2), (0, 1), (11, 12), 0.0)
+    assert of(out, JobDone) == []
+    clash, out = _store_digests(s, "A", keys("A", 2, start=1), (2, 3), (99, 13), 0.5)  # A:1 parked as 12
+    assert of(out, JobDone) == [JobDone(clash, False, Reason.KEY_CONFLICT)]
+    assert s.p.producer_state("A") is ProducerState.PARKED
+    same, out = _store_digests(s, "A", keys("A", 1, start=1), (4,), (12,), 0.6)  # A:1 again, same bytes
+    assert of(out, JobDone) == []
+    rnd, out = _fetch(s, "A", 2, 1.0)
+    (send,) = of(out, SendBlocks)
+    assert send.blocks == (0, 1)  # the first store's blocks, never the conflicting job's
+    out = s.complete("A", rnd, 2.0)
+    assert sorted(of(out, JobDone), key=lambda d: d.job_id) == [JobDone(first, True, None), JobDone(same, True, None)]
+
+
+def test_a_conflicting_store_while_the_blocks_move_fails_instead_of_succeeding_at_once() -> None:
+    s = Pair()
+    first, _ = _store_digests(s, "A", keys("A", 2), (0, 1), (11, 12), 0.0)
+    rnd, out = _fetch(s, "A", 2, 1.0)
+    assert s.p.producer_state("A") is ProducerState.SERVING
+    clash, out = _store_digests(s, "A", keys("A", 1), (5,), (77,), 1.5)
+    assert of(out, JobDone) == [JobDone(clash, False, Reason.KEY_CONFLICT)]
+    other, out = _store_digests(s, "A", (b"A:9",), (6,), (5,), 1.6)  # a key nobody demanded: as before
+    assert of(out, JobDone) == [JobDone(other, True, None)]
+
+
+def test_without_digests_a_repeated_key_is_no_conflict() -> None:
+    """integrity 'none': the bytes cannot be compared, and the key keeps its first block."""
+    s = Pair()
+    _store_digests(s, "A", keys("A", 1), (0,), (), 0.0)
+    job, out = _store_digests(s, "A", keys("A", 1), (1,), (), 0.5)
+    assert of(out, JobDone) == [] and s.p.producer_state("A") is ProducerState.PARKED
