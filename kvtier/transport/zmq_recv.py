@@ -23,6 +23,10 @@ from kvtier.transport.zmq_send import Outbox
 #: long (``zmq_poll`` itself counts whole milliseconds).
 SUB_MS_SLICE_S = 0.0001
 
+#: Received frames from this size up are handed over as views of libzmq's message, not copied into
+#: ``bytes`` (decision T12): a block's payload is copied once, into its slot; a header stays ``bytes``.
+VIEW_BYTES = 4 << 10
+
 #: ``select``'s fd limit (glibc's ``FD_SETSIZE``): past it a sub-millisecond wait slices instead.
 _FD_SETSIZE = 1024
 
@@ -51,13 +55,14 @@ class Inbox:
     Args:
         conns: the transport's sockets and connections.
         outbox: the transport's send queues.
-        zero_copy_threshold: frames at least this long are returned as ``memoryview``.
+        zero_copy_threshold: frames at least this long (or :data:`VIEW_BYTES`, if less) are
+            returned as ``memoryview``.
     """
 
     def __init__(self, conns: Connections, outbox: Outbox, zero_copy_threshold: int) -> None:
         self._conns = conns
         self._out = outbox
-        self._threshold = zero_copy_threshold
+        self._threshold = min(zero_copy_threshold, VIEW_BYTES)
         self._poller: zmq.Poller | None = None
         self._poller_version = -1  # the sockets' version the cached poller was built for
         self._wake: int | None = None  # the owner's wake-up fd, polled with the sockets (set_wake)

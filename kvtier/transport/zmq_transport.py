@@ -348,7 +348,8 @@ class ZmqTransport:
 
         Returns:
             ``[(peer, frames), ...]`` in arrival order per peer. Frames shorter than
-            ``zero_copy_threshold`` are ``bytes``. Longer ones are read-only ``memoryview``
+            ``zero_copy_threshold`` and than ``zmq_recv.VIEW_BYTES`` (4 KiB) are ``bytes``.
+            Longer ones are read-only ``memoryview``
             objects over zmq's buffer (no copy), which stay valid while referenced. ``[]`` after
             ``close()``.
 

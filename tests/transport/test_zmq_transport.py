@@ -168,6 +168,22 @@ def test_zero_copy_big_payload_arrives_intact(make) -> None:
     assert until(lambda: h.done)  # libzmq released the payload: the memory may be reused
 
 
+def test_received_frames_from_4_kib_up_are_views_and_headers_bytes(make) -> None:
+    """A 64 KiB block below the send's zero-copy threshold still arrives as a view of libzmq's
+    message: the plane copies it once, into its slot (decision T12)."""
+    from kvtier.transport.zmq_recv import VIEW_BYTES
+
+    producer, consumer = make(), make()
+    peer = consumer.connect(producer.address)
+    consumer.send(peer, [b"hello"])
+    [(in_peer, _)] = recv_until(producer, 1)
+    block, small = os.urandom(64 << 10), os.urandom(VIEW_BYTES - 1)
+    producer.send(in_peer, [b"block_data", block, small, os.urandom(VIEW_BYTES)], track=True)
+    [(_, frames)] = recv_until(consumer, 1)
+    assert [type(f) for f in frames] == [bytes, memoryview, bytes, memoryview]
+    assert bytes(frames[1]) == block and frames[2] == small
+
+
 def test_untracked_big_payload_is_copied(make) -> None:
     producer, consumer = make(), make()
     peer = consumer.connect(producer.address)
