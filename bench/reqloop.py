@@ -7,7 +7,7 @@ request/reply carrying the same block between two sockets of this process (``rec
 
 ``python -m bench.reqloop [N] [zmq|nixl]`` prints the medians; run it under py-spy or cProfile to
 see where a request's time goes.  ``python -m bench.reqloop --files [zmq|nixl]`` lists the kvtier
-files one request's calls run in (decision C13)."""
+files one request's calls run in, with the calls in each (decisions C13, C32)."""
 
 from __future__ import annotations
 
@@ -105,11 +105,11 @@ def raw_loop(n: int, warm: int = 100) -> list[float]:
         ctx.destroy(linger=0)
 
 
-def files_crossed(plane: str = "zmq") -> tuple[list[str], int]:
+def files_crossed(plane: str = "zmq") -> tuple[dict[str, int], int]:
     """The kvtier source files whose functions run for one warm 1-block request (both managers,
     from the producer's ``submit_store`` to the consumer's successful ``JobResult``), in order of
-    first entry, and how many kvtier calls that takes (``sys.setprofile``; housekeeping of the
-    passes it takes included)."""
+    first entry, each with how many of its functions were called, and how many kvtier calls that
+    takes in all (``sys.setprofile``; housekeeping of the passes it takes included)."""
     import os as _os
 
     from kvtier.api import RequestContext, TransferJob
@@ -121,7 +121,7 @@ def files_crossed(plane: str = "zmq") -> tuple[list[str], int]:
     prod, cons = KvTierManager(cfg, BlockPool(4, BS)), KvTierManager(cfg, BlockPool(4, BS))
     host, _, port = prod.address.rpartition(":")
     sep = _os.sep + "kvtier" + _os.sep
-    seen: list[str] = []
+    seen: dict[str, int] = {}
     calls = 0
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -129,8 +129,7 @@ def files_crossed(plane: str = "zmq") -> tuple[list[str], int]:
         if event == "call" and sep in frame.f_code.co_filename:
             calls += 1
             rel = frame.f_code.co_filename.split(sep, 1)[1]
-            if rel not in seen:
-                seen.append(rel)
+            seen[rel] = seen.get(rel, 0) + 1
 
     try:
         for i in range(6):  # five warm requests, the sixth traced
@@ -166,9 +165,9 @@ def files_crossed(plane: str = "zmq") -> tuple[list[str], int]:
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--files":
         seen, calls = files_crossed(argv[1] if len(argv) > 1 else "zmq")
-        print(f"{len(seen)} kvtier files, {calls} kvtier calls for one 1-block request:")
-        for f in seen:
-            print("  " + f)
+        print(f"{len(seen)} kvtier files, {calls} kvtier calls for one 1-block request (calls per file):")
+        for f, n in seen.items():
+            print(f"  {n:4d}  {f}")
         return
     n = int(argv[0]) if argv else 2000
     plane = argv[1] if len(argv) > 1 else "zmq"
