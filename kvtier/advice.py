@@ -46,9 +46,6 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                        "chunks than the decoder fetched (a prefill that continues after the hand-off). Harmless.",
     _R.ID_IN_USE: "Two prefill requests used one `kv_request_id`: make the proxy generate a fresh id per client "
                   "request (a uuid4), and send `life` when ids may be reused.",
-    _R.KEY_CONFLICT: "Two store jobs of one request parked one key with different bytes; the consumer gets the "
-                     "first. Store each key once per `kv_request_id`, or derive keys from the block's content "
-                     "(as vLLM's block hashes are).",
     # ---- refused fetches -------------------------------------------------------------------------
     _R.DUPLICATE_FETCH: "Two decoders (or two rounds) fetched one id: the proxy sent one `kv_request_id` to two "
                         "decode requests. One id per client request.",

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "e4061d13649caa7e95369f6cff9ff5f1cbb15fe1aa3d9ba210be420cb4f527b0"
+SPEC_SHA256: Final = "786a4239cfc91ac16d588d4b19fb6d8552e20f0a6d52795920fb92ae3ce57679"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -56,8 +56,6 @@ class Reason(enum.StrEnum):
     """a store arrived after the id's transfer completed"""
     ID_IN_USE = "id_in_use"
     """another engine request already parks blocks under this kv_request_id"""
-    KEY_CONFLICT = "key_conflict"
-    """the store names a key already parked under this kv_request_id with other bytes (another digest): the consumer is served the first, so this job's bytes could never reach it"""
     LOAD_TIMEOUT = "load_timeout"
     """the consumer's load did not complete within load_timeout_s"""
     CANCELLED = "cancelled"
@@ -162,7 +160,6 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.ALREADY_SERVED: "the id's blocks were already transferred to a consumer",
     Reason.ROUND_FINISHED: "a store arrived after the id's transfer completed",
     Reason.ID_IN_USE: "another engine request already parks blocks under this kv_request_id",
-    Reason.KEY_CONFLICT: "the store names a key already parked under this kv_request_id with other bytes (another digest): the consumer is served the first, so this job's bytes could never reach it",
     Reason.LOAD_TIMEOUT: "the consumer's load did not complete within load_timeout_s",
     Reason.CANCELLED: "the consumer's engine finished the request before the load completed",
     Reason.DUPLICATE_LOAD: "a second load for an id while one is live",
@@ -306,8 +303,6 @@ class ProducerGuard(enum.StrEnum):
     """the store job names zero blocks"""
     OTHER_OWNER = "other_owner"
     """the store comes from a different engine request than the one that parked the id"""
-    KEY_CONFLICT = "key_conflict"
-    """the store names a key the id already holds, with another digest (integrity off: never)"""
     PARK_CLOCK_LAST = "park_clock_last"
     """config park_clock == 'last_store': every store restarts the reap clock"""
     FETCH_EMPTY = "fetch_empty"
@@ -451,7 +446,6 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.ABSENT, ProducerEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.PARKED, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.PARKED, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
-        Branch(ProducerGuard.KEY_CONFLICT, ProducerState.PARKED, (ProducerEffect.FAIL_STORE_JOB, ), Reason.KEY_CONFLICT),
         Branch(ProducerGuard.PARK_CLOCK_LAST, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ProducerEffect.RESTART_TIMER, ), None),
         Branch(None, ProducerState.PARKED, (ProducerEffect.PARK_BLOCKS, ), None),
     ), None),
@@ -497,7 +491,6 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.AWAITING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.AWAITING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
-        Branch(ProducerGuard.KEY_CONFLICT, ProducerState.AWAITING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.KEY_CONFLICT),
         Branch(ProducerGuard.OTHER_LIFE, ProducerState.PARKED, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ProducerEffect.PARK_BLOCKS, ), Reason.ID_IN_USE),
         Branch(ProducerGuard.BINDING_UNAUTHORISED, ProducerState.PARKED, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ProducerEffect.PARK_BLOCKS, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.STORE_MEETS_DEMAND, ProducerState.SERVING, (ProducerEffect.PARK_BLOCKS, ProducerEffect.START_TRANSFER, ), None),
@@ -542,7 +535,6 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.SERVING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.SERVING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
-        Branch(ProducerGuard.KEY_CONFLICT, ProducerState.SERVING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.KEY_CONFLICT),
         Branch(None, ProducerState.SERVING, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.SERVING, ProducerEvent.FETCH): Rule(TRANSITION, (
@@ -585,7 +577,6 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.DELIVERING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
-        Branch(ProducerGuard.KEY_CONFLICT, ProducerState.DELIVERING, (ProducerEffect.FAIL_STORE_JOB, ), Reason.KEY_CONFLICT),
         Branch(None, ProducerState.DELIVERING, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.FETCH): Rule(TRANSITION, (
@@ -624,7 +615,6 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.STORE): Rule(TRANSITION, (
         Branch(ProducerGuard.OTHER_OWNER, ProducerState.CONFIRMED, (ProducerEffect.FAIL_STORE_JOB, ), Reason.ID_IN_USE),
-        Branch(ProducerGuard.KEY_CONFLICT, ProducerState.CONFIRMED, (ProducerEffect.FAIL_STORE_JOB, ), Reason.KEY_CONFLICT),
         Branch(None, ProducerState.CONFIRMED, (ProducerEffect.REPORT_STORE_OK, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.FETCH): Rule(TRANSITION, (

@@ -372,13 +372,6 @@ class ProducerMachine(TableMachine):
     def guard_other_owner(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
         return rec.owner is not None and inp.owner != rec.owner
 
-    def guard_key_conflict(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
-        # a later store never replaces a parked key (park_blocks): with other bytes under it, its
-        # job's success would claim bytes no consumer is ever sent (decision I31)
-        blocks, digests = rec.blocks, inp.digests
-        return bool(blocks) and bool(digests) and any(
-            k in blocks and blocks[k][1] != d for k, d in zip(inp.keys, digests))
-
     def guard_park_clock_last(self, rec: ProducerRecord, inp: StoreSubmitted, now: float) -> bool:
         return self.park_clock_last
 

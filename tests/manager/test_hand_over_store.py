@@ -146,35 +146,3 @@ def test_whatever_the_check_raises_the_job_gets_its_one_result(caplog) -> None:
         assert not v.P.has_pending_work()
     finally:
         v.close()
-
-
-def test_a_second_store_of_a_parked_key_with_other_bytes_fails_key_conflict_and_the_first_is_served() -> None:
-    """Two store jobs of one request park the same key: the consumer is served the first job's
-    bytes, so a second job with other bytes fails ``key_conflict`` at once (it reported success
-    with the id's transfer before, although its bytes never left: decision I31); the same bytes
-    again succeed, as vLLM's content-hashed keys do."""
-    v = VirtualPair(block_bytes=64)
-    try:
-        preq = producer_req("p", "A")
-        v.P.on_new_request(preq)
-        want = fill_pattern(v.P.pool, [0], seed=1)
-        fill_pattern(v.P.pool, [1], seed=2)  # other bytes for the same key
-        v.P.pool.tensor[2].copy_(v.P.pool.tensor[0])  # the same bytes again
-        key = tuple(keys_for("A", 1))
-        v.P.submit_store(job(1, key, [0], preq))
-        v.P.submit_store(job(2, key, [1], preq))
-        v.P.submit_store(job(3, key, [2], preq))
-        v.step()
-        r = v.pjobs.one(2)
-        assert (r.success, r.reason) == (False, "key_conflict")
-        assert not v.pjobs.has(1) and not v.pjobs.has(3)  # parked, waiting for the fetch
-        v.P.on_request_finished(preq)
-        creq = v.creq("c", "A")
-        v.C.on_new_request(creq)
-        v.C.submit_load(job(9, key, [5], creq))
-        v.step()
-        assert v.cjobs.one(9).success
-        assert digests(v.C.pool, [5]) == want
-        assert v.pjobs.one(1).success and v.pjobs.one(3).success
-    finally:
-        v.close()
