@@ -265,7 +265,10 @@ class KvTierManager(TierView):
         the data plane may still read the blocks.  A digest of each block (config ``integrity``) is
         taken by the I/O loop before anything can read the blocks and before anything else about
         the id is applied — on the digest pool's threads for a large store, inline for a small
-        one — so bytes changed later can never reach a consumer as a success (decision I14).
+        one — so bytes changed later can never reach a consumer as a success (decision I14).  A key
+        names its block's content (vLLM's block hashes do): a key already parked under the id keeps
+        its first block, and a later job naming it again succeeds with the id's transfer without
+        replacing it (decision I31).
 
         Raises:
             TypeError: ``job`` is not a :class:`~kvtier.api.TransferJob` (or has mistyped fields).

@@ -428,3 +428,20 @@ def test_the_producer_counts_every_prune_a_tick_fires() -> None:
 def test_an_unknown_park_clock_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"^park_clock must be 'last_store' or 'first_store', got 'sometimes'$"):
         Pair(park_clock="sometimes")
+
+
+def test_a_key_parked_again_keeps_its_first_block_and_the_job_s_new_keys_are_parked() -> None:
+    """A key names its content (decision I31): a later store naming a parked key, even with another
+    digest, neither replaces the block nor fails; its other keys are parked, and both jobs succeed
+    with the id's transfer."""
+    s = Pair()
+    first = s.next_job()
+    assert of(s.p.handle(ix.StoreSubmitted("A", "req-A", first, keys("A", 1), (0,), (11,)), 0.0), JobDone) == []
+    second = s.next_job()
+    out = s.p.handle(ix.StoreSubmitted("A", "req-A", second, keys("A", 2), (1, 2), (99, 12)), 0.5)
+    assert of(out, JobDone) == []
+    rnd, out = _fetch(s, "A", 2, 1.0)
+    (send,) = of(out, SendBlocks)
+    assert send.blocks == (0, 2)  # A:0 from the first job, A:1 from the second
+    out = s.complete("A", rnd, 2.0)
+    assert sorted(of(out, JobDone), key=lambda d: d.job_id) == [JobDone(first, True, None), JobDone(second, True, None)]

@@ -146,3 +146,27 @@ def test_whatever_the_check_raises_the_job_gets_its_one_result(caplog) -> None:
         assert not v.P.has_pending_work()
     finally:
         v.close()
+
+
+def test_a_key_stored_twice_under_one_id_is_served_with_its_first_bytes() -> None:
+    """Decision I31, with real bytes: the second job's new key is served from its own slot, the
+    repeated key from the first job's, and every job succeeds."""
+    v = VirtualPair(block_bytes=64)
+    try:
+        preq = producer_req("p", "A")
+        v.P.on_new_request(preq)
+        want = fill_pattern(v.P.pool, [0, 2], seed=1)
+        fill_pattern(v.P.pool, [1], seed=2)  # other bytes under the repeated key
+        k0, k1 = keys_for("A", 2)
+        v.P.submit_store(job(1, (k0,), [0], preq))
+        v.P.submit_store(job(2, (k0, k1), [1, 2], preq))
+        v.P.on_request_finished(preq)
+        creq = v.creq("c", "A")
+        v.C.on_new_request(creq)
+        v.C.submit_load(job(9, (k0, k1), [5, 6], creq))
+        v.step()
+        assert v.cjobs.one(9).success
+        assert digests(v.C.pool, [5, 6]) == want
+        assert v.pjobs.one(1).success and v.pjobs.one(2).success
+    finally:
+        v.close()
