@@ -54,12 +54,14 @@ from kvtier.config_kinds import (
     absent,
     bounds,
     describe,
+    field_problems,
     flag,
     fmt,
     integer,
     key,
     maybe_integer,
     maybe_number,
+    raise_all,
     maybe_text,
     names,
     number,
@@ -397,37 +399,32 @@ class TierConfig:
         on unless the entry sets it.""")
 
     def __attrs_post_init__(self) -> None:
-        for rule in CROSS_FIELD_RULES:
-            rule.check(self)
+        problems = [exc for rule in CROSS_FIELD_RULES if (exc := rule.problem(self)) is not None]
+
+        def no(message: str, *keys: str) -> None:
+            problems.append(TierConfigError(message, keys=keys))
+
         if self.metrics_port and self.metrics_port == self.port:  # else: "Address already in use" at start
-            raise TierConfigError(f"metrics_port={self.metrics_port} is port too: the Prometheus endpoint and the "
-                                  "producer's listener cannot bind one port; pick another (0: a free one)",
-                                  keys=("port", "metrics_port"))
+            no(f"metrics_port={self.metrics_port} is port too: the Prometheus endpoint and the producer's listener "
+               "cannot bind one port; pick another (0: a free one)", "port", "metrics_port")
         if self.serve_allowed_principals != ("*",) and self.auth != "curve":
-            raise TierConfigError(
-                f"serve_allowed_principals={list(self.serve_allowed_principals)!r} needs auth='curve': without "
-                "authentication a principal is whatever the peer claims (use [\"*\"] or turn CURVE on)",
-                keys=("serve_allowed_principals", "auth"),
-            )
+            no(f"serve_allowed_principals={list(self.serve_allowed_principals)!r} needs auth='curve': without "
+               "authentication a principal is whatever the peer claims (use [\"*\"] or turn CURVE on)",
+               "serve_allowed_principals", "auth")
         if "*" in self.serve_allowed_principals and len(self.serve_allowed_principals) > 1:
-            raise TierConfigError(
-                "serve_allowed_principals lists \"*\" with other names: \"*\" already allows every peer",
-                keys=("serve_allowed_principals",),
-            )
+            no("serve_allowed_principals lists \"*\" with other names: \"*\" already allows every peer",
+               "serve_allowed_principals")
+        given = [k for k in ("auth_secret_key_file", "auth_allowed_keys_dir") if getattr(self, k)]
         if self.auth == "curve":
             for key in ("auth_secret_key_file", "auth_allowed_keys_dir"):
-                if not getattr(self, key):
-                    raise TierConfigError(f"auth='curve' needs {key} (see docs/security.md)", keys=("auth", key))
-        else:
+                if key not in given:
+                    no(f"auth='curve' needs {key} (see docs/security.md)", "auth", key)
+        elif given:
             # Fail closed: key files without auth='curve' would run unauthenticated while the
             # operator believes otherwise (a forgotten auth key, a template switched half-way).
-            given = [k for k in ("auth_secret_key_file", "auth_allowed_keys_dir") if getattr(self, k)]
-            if given:
-                raise TierConfigError(
-                    f"{' and '.join(given)} set but auth='none': nothing would be authenticated; set "
-                    f"auth='curve' to use the keys, or remove {'them' if len(given) > 1 else 'it'}",
-                    keys=("auth", *given),
-                )
+            no(f"{' and '.join(given)} set but auth='none': nothing would be authenticated; set auth='curve' to "
+               f"use the keys, or remove {'them' if len(given) > 1 else 'it'}", "auth", *given)
+        raise_all(problems)  # every problem at once, not one per attempt
 
     # ---- dict round trip ----------------------------------------------------
 
@@ -465,6 +462,7 @@ class TierConfig:
                 keys=tuple(unknown),
             )
         _refuse_builtin_type(mapping)
+        raise_all(field_problems(cls, mapping))
         return cls(**mapping)
 
     def to_dict(self) -> dict[str, Any]:
@@ -527,16 +525,17 @@ class CrossFieldRule(NamedTuple):
         rhs = self.rhs if self.factor == 1 else f"{fmt(self.factor)} * {self.rhs}"
         return f"{self.lhs} {self.op} {rhs}"
 
-    def check(self, cfg: TierConfig) -> None:
+    def problem(self, cfg: TierConfig) -> TierConfigError | None:
         a = getattr(cfg, self.lhs)
         b = getattr(cfg, self.rhs)
         ok = _OPS[self.op](a, self.factor * b)
         if not ok:
-            raise TierConfigError(
+            return TierConfigError(
                 f"{self.lhs}={safe_repr(a)} and {self.rhs}={safe_repr(b)} violate "
                 f"{self.text()}: {self.why}",
                 keys=(self.lhs, self.rhs),
             )
+        return None
 
 
 _OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}

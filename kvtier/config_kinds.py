@@ -15,7 +15,7 @@ import difflib
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -247,6 +247,29 @@ def key(default: Any, convert: Callable[[Any], Any] | None, *checks: Any, doc: s
     declared = Key(convert, checks, unit, " ".join(doc.split()), shape, text)
     return attrs.field(default=default, converter=attrs.Converter(convert_and_check, takes_field=True),
                        metadata={KEY: declared})
+
+
+def field_problems(cls: type, mapping: Mapping[str, Any]) -> list[TierConfigError]:
+    """What each key of ``mapping`` that names a field of ``cls`` (built with :func:`key`) is
+    refused for, in declaration order, so a config with several bad values is told all of them
+    at once (the record's construction checks them again)."""
+    out = []
+    for a in attrs.fields(cls):
+        if a.name in mapping:
+            try:
+                a.converter.converter(mapping[a.name], a)
+            except TierConfigError as exc:
+                out.append(exc)
+    return out
+
+
+def raise_all(problems: Sequence[TierConfigError]) -> None:
+    """Raise ``problems`` as one error (the one itself when there is one), naming every key."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise TierConfigError(f"{len(problems)} problems:" + "".join(f"\n  - {p}" for p in problems),
+                              keys=tuple(dict.fromkeys(k for p in problems for k in p.keys)))
 
 
 def bounds(checks: tuple[Any, ...]) -> tuple[float | None, float | None]:

@@ -66,3 +66,26 @@ def test_backpressure_says_how_to_remove_it():
         build("backpressure", {})
     assert str(exc.value).startswith("backpressure={}: kvtier does its own flow control (")
     assert str(exc.value).endswith("(vLLM merges a top-level 'backpressure' block into every tier).")
+
+
+def test_every_problem_of_a_config_is_named_at_once() -> None:
+    """A user fixing a config is told every bad value, then every broken relation, in one error
+    (each line as it would read alone), not one per attempt."""
+    from kvtier.config import TierConfig
+
+    with pytest.raises(TierConfigError) as exc:
+        TierConfig.from_dict({"port": 70000, "load_timeout_s": "x", "peer_timeout_s": -1})
+    assert str(exc.value) == ("3 problems:\n  - port=70000: above the maximum 65535\n"
+                              "  - load_timeout_s='x': not a decimal number\n"
+                              "  - peer_timeout_s=-1: must be > 0 (range 0.001..86400.0 s)")
+    assert exc.value.keys == ("port", "load_timeout_s", "peer_timeout_s")
+    with pytest.raises(TierConfigError) as exc:
+        TierConfig.from_dict({"peer_timeout_s": 1, "heartbeat_interval_s": 5, "port": 5710, "metrics_port": 5710,
+                              "auth": "curve"})
+    lines = str(exc.value).split("\n")
+    assert lines[0] == "4 problems:" and len(lines) == 5
+    assert "violate peer_timeout_s >= 2 * heartbeat_interval_s" in lines[1]
+    assert lines[2].startswith("  - metrics_port=5710 is port too")
+    assert [ln.split(" needs ")[0] for ln in lines[3:5]] == ["  - auth='curve'"] * 2
+    assert exc.value.keys == ("peer_timeout_s", "heartbeat_interval_s", "port", "metrics_port", "auth",
+                              "auth_secret_key_file", "auth_allowed_keys_dir")
