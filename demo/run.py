@@ -53,6 +53,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "port": 0,
     "background_poll": True,
     "serve_external": True,  # the shared-prefix run: instance A serves its cached blocks (loopback only)
+    "allowed_peers": ["127.0.0.1"],  # both instances listen on loopback: dial nothing else (docs/security.md)
 }
 
 SHARED_SYSTEM = (
@@ -533,7 +534,7 @@ def _print_report(report: dict[str, Any]) -> None:
     con = Console(width=None if sys.stdout.isatty() else 160)
     t = Table(title="python -m demo: SmolLM2-135M, prefill and decode in separate processes, "
                     f"data plane {report['summary']['data_plane']}")
-    for col in ("request", "prompt tok", "KV bytes", "blocks", "transfer ms", "GB/s", "outcome", "reason",
+    for col in ("request", "prompt tok", "KV bytes", "blocks", "load ms", "GB/s", "outcome", "reason",
                 "KV ready: fetched / recompute", "identical"):
         t.add_column(col, justify="right" if col not in ("request", "outcome", "reason") else "left")
     for r in report["requests"]:

@@ -145,6 +145,7 @@ class Forensics:
         self._open: dict[tuple[str, str], _Open] = {}
         self._last_store: tuple[str, float] | None = None  # the producer entry added last, and when
         self._named: dict[str, str] = {}  # peer id -> where (asking the transport builds a record)
+        self._probed: dict[str, str] = {}  # kv_request_id -> the peer its last probe went to
         self.finished_total = 0
         """Requests finished since the manager started (the ring keeps the last ``capacity``)."""
         self._on: dict[type, Callable[[Any, float], None]] = {
@@ -160,6 +161,7 @@ class Forensics:
             wm.AbortFetch: self._sent_abort,
             wm.Receipt: self._sent_receipt,
             wm.TransferDone: self._answered,
+            wm.Probe: self._sent_probe,
         }
 
     @property
@@ -365,7 +367,13 @@ class Forensics:
 
     def _peer_of(self, kid: str) -> str:
         view = self._core.consumer(kid)
-        return view.peer if view is not None else ""
+        # a symmetric load that failed before its fetch (its probing had failed): the probed peer
+        return view.peer if view is not None else self._probed.pop(kid, "")
+
+    def _sent_probe(self, peer: str, msg: wm.Probe, now: float) -> None:
+        if len(self._probed) >= MAX_OPEN:  # requests that probed and never loaded: forget them all
+            self._probed.clear()
+        self._probed[msg.kv_request_id] = peer
 
     def _add(self, entry: Finished) -> None:
         if entry.peer and self._where is not None:

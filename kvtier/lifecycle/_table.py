@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "786a4239cfc91ac16d588d4b19fb6d8552e20f0a6d52795920fb92ae3ce57679"
+SPEC_SHA256: Final = "d442efb59ed29873822a4b44e1d70a19ce1de4ed0ed5b1d3efd77c7be8f1a220"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1689,7 +1689,7 @@ class ProbeState(enum.StrEnum):
     OFFERED = "offered"
     """Every key of the round is answered and the peer pins the HIT ones for us: lookups answer HIT for them and MISS for the others. Waits for the engine's load, a new key or the end of the request (the peer bounds its pins with offer_timeout_s)."""
     FAILED = "failed"
-    """Probing failed (deadline, session death, refusal, withdrawal, a suspect instance): every lookup answers MISS, so the engine computes the blocks, until it finishes the request."""
+    """Probing failed (deadline, session death, refusal, withdrawal, a suspect instance): every lookup answers MISS, so the engine computes the blocks, until it finishes the request; a load submitted on an earlier HIT fails with the failure's reason."""
     FINISHED = "finished"
     """Record deleted (final)."""
 
@@ -1974,7 +1974,7 @@ PROBE_TABLE: Final = MappingProxyType({
     (ProbeState.FAILED, ProbeEvent.TRANSFER_DONE): Rule(IGNORE, (), Reason.STALE),
     (ProbeState.FAILED, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(ProbeGuard.LOAD_EMPTY, ProbeState.FAILED, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
-        Branch(None, ProbeState.FAILED, (ProbeEffect.FAIL_NEW_JOB, ), Reason.NOT_OFFERED),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.FAIL_NEW_JOB, ), None),
     ), None),
     (ProbeState.FAILED, ProbeEvent.LOAD_ENDED): Rule(TRANSITION, (
         Branch(None, ProbeState.FAILED, (ProbeEffect.NOTE_LOADED, ), None),

@@ -295,7 +295,8 @@ class ProbeMachine(TableMachine):
                 rec.miss.add(k)  # the engine computes it: a failed key is not probed again
 
     def effect_fail_new_job(self, rec: ProbeRecord, inp: LoadSubmitted, reason, now, out) -> None:
-        out.append(JobDone(inp.job_id, False, reason))
+        # from failed the reason is the record's (why the probing failed); never a reasonless failure
+        out.append(JobDone(inp.job_id, False, reason or Reason.NOT_OFFERED))
 
     def effect_report_new_job_ok(self, rec: ProbeRecord, inp: LoadSubmitted, reason, now, out) -> None:
         out.append(JobDone(inp.job_id, True, None))

@@ -249,7 +249,8 @@ def test_release_on_request_finished_without_a_fetch() -> None:
 
 def test_offer_expiry_withdraws_the_offer_and_the_consumer_answers_miss() -> None:
     """no_hit_without_pin: once the producer told transfer_done(fail, offer_expired), the consumer
-    stops answering HIT; a load of the withdrawn keys fails at once."""
+    stops answering HIT; a load of the withdrawn keys, submitted on the earlier HIT, fails at once
+    with why (offer_expired), not as keys never offered (decision I32)."""
     net = pair()
     pin = _offered(net)
     net.fire("P", 5.0)  # offer_timeout_s
@@ -257,7 +258,7 @@ def test_offer_expiry_withdraws_the_offer_and_the_consumer_answers_miss() -> Non
     deliver_all(net, 5.0)
     assert lookup_all(net, KEYS[:2], 5.0) == [Answer.MISS]
     net.engine_input("C", ix.LoadSubmitted(K, 9, tuple(KEYS[:2]), (0, 1)), 5.0)
-    assert net.results[9][0].ok is False and net.results[9][0].reason is Reason.NOT_OFFERED
+    assert net.results[9][0].ok is False and net.results[9][0].reason is Reason.OFFER_EXPIRED
     net.quiet_checks("P")
 
 
@@ -269,6 +270,20 @@ def test_session_death_releases_the_pins_failed() -> None:
     net.engine_input("C", ix.ConnectionClosed("P"), 0.0)
     assert lookup_all(net, KEYS[:1], 0.0) == [Answer.MISS]
     net.quiet_checks("P")
+    # the engine loads what it was offered before the session died: it learns the session's end
+    reason = CoreView(net.cores["C"]).probe(K).reason
+    assert reason is Reason.PEER_DISCONNECTED
+    net.engine_input("C", ix.LoadSubmitted(K, 9, tuple(KEYS[:2]), (0, 1)), 0.5)
+    assert net.results[9][0].ok is False and net.results[9][0].reason is reason
+
+
+def test_a_load_after_the_peer_drained_the_round_fails_drained() -> None:
+    net = pair()
+    _offered(net)
+    net.engine_input("P", ix.DrainStarted(), 0.0)
+    deliver_all(net, 0.0)
+    net.engine_input("C", ix.LoadSubmitted(K, 9, tuple(KEYS[:2]), (0, 1)), 0.5)
+    assert net.results[9][0].ok is False and net.results[9][0].reason is Reason.DRAINED
 
 
 def test_drain_releases_unfetched_rounds_at_once() -> None:

@@ -202,6 +202,12 @@ def test_drain_jobs_releases_the_pins_of_an_unfetched_round(make) -> None:
     a.drain_jobs(timeout_s=5.0)
     assert not ia.pinned(4) and ia.pins_outstanding() == 0 and ia.released == {1: False}
     assert pump([a, b], lambda: b.lookup(keys[0], req) is LookupResult.MISS)  # the offer was withdrawn
+    # an engine that loads on the HIT it had is told why the offer went (decision I32), and the
+    # request's record names the peer it probed
+    r = load(b, req, 7, keys, [10, 11], [a])
+    assert (r.success, r.reason) == (False, "drained")
+    (entry,) = b.forensics.recent("drain")
+    assert (entry.ok, entry.reason, entry.peer) == (False, "drained", f"{a.host}:{a.port}")
 
 
 def test_curve_only_allowed_principals_are_served(make, tmp_path) -> None:
