@@ -17,7 +17,7 @@ from kvtier.lifecycle import REASON_DOCS, Reason
 __all__ = ["TierStats", "explain", "one_line"]
 
 _ROLE = {"consumer": "load (consumer)", "producer": "parked blocks (producer)",
-         "fetch": "a peer's fetch (producer)"}
+         "fetch": "a peer's fetch (producer)", "probe": "probing its peer (symmetric)"}
 
 
 def _ms(seconds: float) -> str:

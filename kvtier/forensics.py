@@ -31,6 +31,9 @@ What an entry is
   ``cancelled``, ``answered`` (our ``transfer_done`` left), ``result``.
 * **fetch** — a peer's fetch this producer refused for an id that has no live blocks here (it was
   reaped, already served, never parked): the late consumer's side of a refusal.
+* **probe** — a symmetric request whose probing of its peer failed (a deadline, the peer's loss,
+  its refusal or withdrawal): its lookups answer MISS and the engine computes the blocks; one
+  milestone, ``failed``.
 
 Times are seconds on the manager's clock; milestones are offsets from the entry's start.
 """
@@ -71,8 +74,9 @@ class Finished(msgspec.Struct, frozen=True, gc=False):
 
     Attributes:
         kv_request_id: the id.
-        role: ``"consumer"`` (a load), ``"producer"`` (parked blocks) or ``"fetch"`` (a peer's
-            fetch refused for an id with no live blocks here).
+        role: ``"consumer"`` (a load), ``"producer"`` (parked blocks), ``"fetch"`` (a peer's
+            fetch refused for an id with no live blocks here) or ``"probe"`` (a symmetric
+            request's probing of its peer failed: its blocks were computed).
         ok: whether it succeeded.
         reason: the spec reason code of a failure (docs/troubleshooting.md); ``""`` on success
             (or the label of a success that moved nothing, ``not_needed``).
@@ -154,6 +158,7 @@ class Forensics:
             fx.CancelTransfer: self._cancel,
             fx.LandBlocks: self._land,
             fx.JobDone: self._job_done,
+            fx.ProbeFailed: self._probe_failed,
         }
         # by the type of the message a Send carries: what leaving says about its id
         self._on_sent: dict[type, Callable[[str, Any, float], None]] = {
@@ -369,6 +374,11 @@ class Forensics:
         view = self._core.consumer(kid)
         # a symmetric load that failed before its fetch (its probing had failed): the probed peer
         return view.peer if view is not None else self._probed.pop(kid, "")
+
+    def _probe_failed(self, e: fx.ProbeFailed, now: float) -> None:
+        # a symmetric request that may never load: its record says why its blocks were computed
+        self._add(Finished(e.kv_request_id, "probe", False, str(e.reason), e.peer, ("probe:failed",),
+                           (("failed", 0.0),), now, 0.0))
 
     def _sent_probe(self, peer: str, msg: wm.Probe, now: float) -> None:
         if len(self._probed) >= MAX_OPEN:  # requests that probed and never loaded: forget them all

@@ -163,6 +163,9 @@ SERIES: tuple[SeriesDef, ...] = (
     SeriesDef("kvtier_probe_keys_total", "counter", ("answer",), "keys",
               "Keys peers answered in probe replies to us: answer hit (pinned for us) or miss.",
               fed_by="probe_answered"),
+    SeriesDef("kvtier_probe_failures_total", "counter", ("reason",), "requests",
+              "Symmetric requests whose probing of their peer failed, by reason: their lookups answer "
+              "miss, so the engine computed the blocks.", fed_by="probe_failed"),
     SeriesDef("kvtier_serve_rounds", "gauge", ("state",), "rounds",
               "Peers' symmetric rounds this producer answers from its engine's tiers, by serve state.",
               fed_by="scrape"),
@@ -406,6 +409,10 @@ class TierMetrics:
     def ignored(self, machine: str, reason: str | None) -> None:
         """An input was dropped by one of the spec's ignore rules."""
         self._inc("kvtier_ignored_inputs_total", machine if machine in _MACHINES else "other", bounded(reason))
+
+    def probe_failed(self, reason: str | None) -> None:
+        """A request's probing of its peer failed with ``reason``."""
+        self._inc("kvtier_probe_failures_total", bounded(reason))
 
     def probe_answered(self, hits: int, misses: int) -> None:
         """A peer's probe reply answered ``hits`` keys hit and ``misses`` miss."""

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "d442efb59ed29873822a4b44e1d70a19ce1de4ed0ed5b1d3efd77c7be8f1a220"
+SPEC_SHA256: Final = "9e7d38c24b1c79a9af939bfd510c7ced910b7a7f87cc1b67a793337585a4326d"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1763,6 +1763,8 @@ class ProbeEffect(enum.StrEnum):
     """forget the loaded keys that landed intact; the others answer MISS from now on, so the engine computes them"""
     FAIL_NEW_JOB = "fail_new_job"
     """report the new load job as failed with the reason"""
+    NOTE_FAILED = "note_failed"
+    """report that the probing failed, with the reason (a counter by reason, the log, the request's record)"""
     REPORT_NEW_JOB_OK = "report_new_job_ok"
     """report the new (empty) load job as succeeded"""
     NOTE_STALE = "note_stale"
@@ -1805,7 +1807,7 @@ PROBE_TABLE: Final = MappingProxyType({
     (ProbeState.ABSENT, ProbeEvent.CLOSE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProbeState.IDLE, ProbeEvent.ANNOUNCE): Rule(IGNORE, (), Reason.STALE),
     (ProbeState.IDLE, ProbeEvent.LOOKUP): Rule(TRANSITION, (
-        Branch(ProbeGuard.INSTANCE_DOWN, ProbeState.FAILED, (), Reason.INSTANCE_DOWN),
+        Branch(ProbeGuard.INSTANCE_DOWN, ProbeState.FAILED, (ProbeEffect.NOTE_FAILED, ), Reason.INSTANCE_DOWN),
         Branch(ProbeGuard.NEW_KEYS, ProbeState.COLLECTING, (ProbeEffect.OPEN_ROUND, ProbeEffect.REGISTER_KEYS, ), None),
         Branch(None, ProbeState.IDLE, (), None),
     ), None),
@@ -1825,7 +1827,7 @@ PROBE_TABLE: Final = MappingProxyType({
         Branch(None, ProbeState.FINISHED, (), None),
     ), None),
     (ProbeState.IDLE, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ProbeState.FAILED, (), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.NOTE_FAILED, ), None),
     ), None),
     (ProbeState.IDLE, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ProbeState.FINISHED, (), None),
@@ -1851,7 +1853,7 @@ PROBE_TABLE: Final = MappingProxyType({
     ), None),
     (ProbeState.COLLECTING, ProbeEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ProbeGuard.OTHER_ROUND, ProbeState.COLLECTING, (ProbeEffect.NOTE_STALE, ), None),
-        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), None),
     ), None),
     (ProbeState.COLLECTING, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(ProbeGuard.LOAD_EMPTY, ProbeState.COLLECTING, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
@@ -1862,15 +1864,15 @@ PROBE_TABLE: Final = MappingProxyType({
         Branch(None, ProbeState.COLLECTING, (ProbeEffect.NOTE_LOADED, ), None),
     ), None),
     (ProbeState.COLLECTING, ProbeEvent.PROBE_DEADLINE): Rule(TRANSITION, (
-        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FAILED, (ProbeEffect.RELEASE_ROUND, ProbeEffect.DROP_OFFERS, ), Reason.PROBE_TIMEOUT),
-        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), Reason.PROBE_TIMEOUT),
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FAILED, (ProbeEffect.RELEASE_ROUND, ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), Reason.PROBE_TIMEOUT),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), Reason.PROBE_TIMEOUT),
     ), None),
     (ProbeState.COLLECTING, ProbeEvent.REQUEST_FINISHED): Rule(TRANSITION, (
         Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
         Branch(None, ProbeState.FINISHED, (), None),
     ), None),
     (ProbeState.COLLECTING, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), None),
     ), None),
     (ProbeState.COLLECTING, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
@@ -1897,7 +1899,7 @@ PROBE_TABLE: Final = MappingProxyType({
     ), None),
     (ProbeState.PROBING, ProbeEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ProbeGuard.OTHER_ROUND, ProbeState.PROBING, (ProbeEffect.NOTE_STALE, ), None),
-        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), None),
     ), None),
     (ProbeState.PROBING, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(ProbeGuard.LOAD_EMPTY, ProbeState.PROBING, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
@@ -1908,15 +1910,15 @@ PROBE_TABLE: Final = MappingProxyType({
         Branch(None, ProbeState.PROBING, (ProbeEffect.NOTE_LOADED, ), None),
     ), None),
     (ProbeState.PROBING, ProbeEvent.PROBE_DEADLINE): Rule(TRANSITION, (
-        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FAILED, (ProbeEffect.RELEASE_ROUND, ProbeEffect.DROP_OFFERS, ), Reason.PROBE_TIMEOUT),
-        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), Reason.PROBE_TIMEOUT),
+        Branch(ProbeGuard.ROUND_OPEN, ProbeState.FAILED, (ProbeEffect.RELEASE_ROUND, ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), Reason.PROBE_TIMEOUT),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), Reason.PROBE_TIMEOUT),
     ), None),
     (ProbeState.PROBING, ProbeEvent.REQUEST_FINISHED): Rule(TRANSITION, (
         Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
         Branch(None, ProbeState.FINISHED, (), None),
     ), None),
     (ProbeState.PROBING, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), None),
     ), None),
     (ProbeState.PROBING, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
@@ -1938,7 +1940,7 @@ PROBE_TABLE: Final = MappingProxyType({
     (ProbeState.OFFERED, ProbeEvent.PROBE_REPLY): Rule(IGNORE, (), Reason.STALE),
     (ProbeState.OFFERED, ProbeEvent.TRANSFER_DONE): Rule(TRANSITION, (
         Branch(ProbeGuard.OTHER_ROUND, ProbeState.OFFERED, (ProbeEffect.NOTE_STALE, ), None),
-        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), None),
     ), None),
     (ProbeState.OFFERED, ProbeEvent.SUBMIT_LOAD): Rule(TRANSITION, (
         Branch(ProbeGuard.LOAD_EMPTY, ProbeState.OFFERED, (ProbeEffect.REPORT_NEW_JOB_OK, ), None),
@@ -1954,7 +1956,7 @@ PROBE_TABLE: Final = MappingProxyType({
         Branch(None, ProbeState.FINISHED, (), None),
     ), None),
     (ProbeState.OFFERED, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ), None),
+        Branch(None, ProbeState.FAILED, (ProbeEffect.DROP_OFFERS, ProbeEffect.NOTE_FAILED, ), None),
     ), None),
     (ProbeState.OFFERED, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(ProbeGuard.ROUND_OPEN, ProbeState.FINISHED, (ProbeEffect.RELEASE_ROUND, ), None),
@@ -2439,6 +2441,7 @@ PERFORM: Final = MappingProxyType({
     "AttachPeer": "attach",
     "DetachPeer": "detach",
     "SessionEnded": "session_ended",
+    "ProbeFailed": "probe_failed",
     "SlotsHeld": "slots_held",
     "Ignored": "ignored",
     "LookUpBlocks": "queue_lookup",

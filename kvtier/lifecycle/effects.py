@@ -38,6 +38,7 @@ __all__ = [
     "LandBlocks",
     "LookUpBlocks",
     "OpenConnection",
+    "ProbeFailed",
     "ReleasePins",
     "RevokeAccess",
     "Send",
@@ -189,6 +190,16 @@ class SessionEnded(_Effect):
     instance: str = ""
 
 
+class ProbeFailed(_Effect):
+    """Symmetric: the probing of ``peer`` for ``kv_request_id`` failed with ``reason``; its
+    lookups answer MISS, so the engine computes the blocks (for the metrics, the log and the
+    request's record: a request that never loads leaves no job behind to say why, decision I32)."""
+
+    kv_request_id: str
+    peer: str
+    reason: Reason
+
+
 class SlotsHeld(_Effect):
     """Consumer: ``slots`` slots of load ``kv_request_id`` are still held past the revoke
     deadline, because the data plane cannot withdraw ``peer``'s access by itself; for the
@@ -252,6 +263,7 @@ Effect = (
     | AttachPeer
     | DetachPeer
     | SessionEnded
+    | ProbeFailed
     | SlotsHeld
     | LookUpBlocks
     | CloseLookup

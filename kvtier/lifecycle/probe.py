@@ -46,7 +46,7 @@ from kvtier.lifecycle._table import (
 )
 from kvtier.lifecycle.blockstates import BlockStates
 from kvtier.lifecycle.consumer import ConsumerMachine, ConsumerRecord, MessageInput, RoundCounter
-from kvtier.lifecycle.effects import Effect, Ignored, JobDone, Send
+from kvtier.lifecycle.effects import Effect, Ignored, JobDone, ProbeFailed, Send
 from kvtier.lifecycle.inputs import KeyLookedUp, LoadSubmitted
 from kvtier.lifecycle.notes import LoadRound, Notes, RoundLoadEnded
 from kvtier.lifecycle.session import SessionMachine
@@ -297,6 +297,9 @@ class ProbeMachine(TableMachine):
     def effect_fail_new_job(self, rec: ProbeRecord, inp: LoadSubmitted, reason, now, out) -> None:
         # from failed the reason is the record's (why the probing failed); never a reasonless failure
         out.append(JobDone(inp.job_id, False, reason or Reason.NOT_OFFERED))
+
+    def effect_note_failed(self, rec: ProbeRecord, inp, reason, now, out) -> None:
+        out.append(ProbeFailed(rec.key, rec.peer, reason or Reason.PEER_LOST))
 
     def effect_report_new_job_ok(self, rec: ProbeRecord, inp: LoadSubmitted, reason, now, out) -> None:
         out.append(JobDone(inp.job_id, True, None))

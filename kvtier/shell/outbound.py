@@ -295,5 +295,10 @@ class Outbound:
                   "(the pool is not shared memory); held until that producer is proven gone or accepts a fresh "
                   "handshake", e.kv_request_id, e.slots, self.logs.who(e.peer), level=logging.WARNING)
 
+    def _probe_failed(self, e: fx.ProbeFailed) -> None:
+        self.metrics.probe_failed(e.reason)
+        self.logs(e.peer, "probe_failed", "kvtier: request %.64s: probing %s failed (%s); its blocks are computed",
+                  e.kv_request_id, self.logs.who(e.peer), e.reason, level=logging.INFO)
+
     def _ignored(self, e: fx.Ignored) -> None:
         self.metrics.ignored(e.machine, e.reason)

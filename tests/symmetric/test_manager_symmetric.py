@@ -162,6 +162,16 @@ def test_serving_is_off_by_default_and_refused_in_one_round_trip(make) -> None:
     assert probe(b, req, keys, [a]) == [LookupResult.MISS]
     assert ia.pins_outstanding() == 0 and not ia.released  # the engine was never asked
     assert stat(a, "kvtier_fetches_refused_total{reason=not_serving}") == 1
+    # the request never loads: its record and a counter say why its blocks were computed (I32)
+    b.on_request_finished(req)
+    (entry,) = b.forensics.recent("off")
+    assert (entry.role, entry.reason, entry.peer) == ("probe", "not_serving", f"{a.host}:{a.port}")
+    assert stat(b, "kvtier_probe_failures_total{reason=not_serving}") == 1
+    from kvtier.explain import explain
+    from kvtier.forensics import to_json
+
+    text = explain(to_json([entry], entry.started)[0])
+    assert "off probing its peer (symmetric) FAILED: not_serving" in text and "turn `serve_external` on there" in text, text
 
 
 def test_allowed_peers_bounds_whom_a_request_probes(make) -> None:
@@ -206,8 +216,10 @@ def test_drain_jobs_releases_the_pins_of_an_unfetched_round(make) -> None:
     # request's record names the peer it probed
     r = load(b, req, 7, keys, [10, 11], [a])
     assert (r.success, r.reason) == (False, "drained")
-    (entry,) = b.forensics.recent("drain")
-    assert (entry.ok, entry.reason, entry.peer) == (False, "drained", f"{a.host}:{a.port}")
+    where = f"{a.host}:{a.port}"
+    assert [(e.role, e.ok, e.reason, e.peer) for e in b.forensics.recent("drain")] == [
+        ("consumer", False, "drained", where), ("probe", False, "drained", where)]  # newest first
+    assert stat(b, "kvtier_probe_failures_total{reason=drained}") == 1
 
 
 def test_curve_only_allowed_principals_are_served(make, tmp_path) -> None:
