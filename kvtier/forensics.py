@@ -265,6 +265,7 @@ class Forensics:
             f(e.peer, e.msg, now)
 
     def _sent_fetch(self, peer: str, msg: wm.Fetch, now: float) -> None:
+        self._probed.pop(msg.kv_request_id, None)  # the load's own trace names its peer from here on
         t = self._trace("consumer", msg.kv_request_id, now)
         t.peer = peer
         t.mark("fetch", now)
