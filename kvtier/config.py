@@ -462,8 +462,11 @@ class TierConfig:
                 keys=tuple(unknown),
             )
         _refuse_builtin_type(mapping)
-        raise_all(field_problems(cls, mapping))
-        return cls(**mapping)
+        try:
+            return cls(**mapping)
+        except TierConfigError:  # the first bad value stopped construction: name every one
+            raise_all(field_problems(cls, mapping))
+            raise
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape ``from_dict`` accepts (``from_dict(c.to_dict()) == c``).
@@ -525,7 +528,7 @@ class CrossFieldRule(NamedTuple):
         rhs = self.rhs if self.factor == 1 else f"{fmt(self.factor)} * {self.rhs}"
         return f"{self.lhs} {self.op} {rhs}"
 
-    def problem(self, cfg: TierConfig) -> TierConfigError | None:
+    def problem(self, cfg: TierConfig) -> TierConfigError | None:  # None: the relation holds
         a = getattr(cfg, self.lhs)
         b = getattr(cfg, self.rhs)
         ok = _OPS[self.op](a, self.factor * b)
@@ -535,7 +538,6 @@ class CrossFieldRule(NamedTuple):
                 f"{self.text()}: {self.why}",
                 keys=(self.lhs, self.rhs),
             )
-        return None
 
 
 _OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
