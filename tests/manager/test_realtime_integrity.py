@@ -280,8 +280,9 @@ def test_b21_shutdown_mid_transfer_with_a_wedged_consumer(producer, victim, make
     returns within the grace (bound: grace + 2 s) despite the wedged peer; every store job gets
     exactly one result (the parked and the awaiting one fail ``shutdown``; the in-flight ones fail
     ``shutdown`` or, with the consumer's receipt, succeed); the healthy consumer's loads end at
-    once — the awaiting one with the terminal ``shutdown`` answer, the big one byte-exact or with
-    ``shutdown``/``peer_disconnected`` — never by peer_timeout_s (60 s).  ``slow``: the healthy
+    once — the awaiting one with the terminal ``shutdown`` answer (``slow``: or, when the answer was
+    still queued behind the big transfer's window at the cut, ``peer_disconnected``), the big one
+    byte-exact or with ``shutdown``/``peer_disconnected`` — never by peer_timeout_s (60 s).  ``slow``: the healthy
     consumer reads slowly through the whole shutdown (SIGSTOP/SIGCONT duty cycle), so its big
     transfer is still in flight when the grace ends and only the goodbye (or the closed
     connection) can tell it."""
@@ -351,7 +352,14 @@ def test_b21_shutdown_mid_transfer_with_a_wedged_consumer(producer, victim, make
 
     res = healthy.wait_results([202, 203], timeout_s=BOUND_S)
     assert set(res) >= {202, 203}, res  # promptly: the bound is 15 s, the consumer's peer_timeout 60 s
-    assert [(r["success"], r["reason"]) for r in res[202]] == [(False, "shutdown")]
+    # the awaiting load's terminal answer leaves behind the big transfer's window (up to 32 MiB on the
+    # same connection): a consumer that reads it in time learns "shutdown"; the slow one may still be
+    # short of it when the grace ends, and then only the closed connection can tell it — whether it
+    # read that far in 1.5 s at a 2 % duty cycle is the host's speed (failed 1 of 3 fresh CI runs), so
+    # either is true there, and neither may wait for a deadline
+    want = {"shutdown"} if healthy_speed == "fast" else {"shutdown", "peer_disconnected"}
+    (ra,) = res[202]
+    assert not ra["success"] and ra["reason"] in want, ra
     (rb,) = res[203]
     if rb["success"]:
         assert healthy.digests(list(range(N))) == big
