@@ -496,7 +496,8 @@ class KvTierManager(TierView):
            fail; a fetch for an unknown id is refused ``shutdown``.
         2. Transfers and loads in flight get the grace to finish (they may still succeed).
         3. Whatever is still live is given up, every peer gets a goodbye, and the transport is
-           closed after letting queued messages flush for what is left of the grace.
+           closed after letting queued messages flush for what is left of the grace (a dial that
+           never completed its handshake can take none: it is closed at once, decision T13).
         4. Closing the transport drops every reference the data plane held, so the store jobs of
            transfers given up in step 3 are reported (failed) only then — never while a send may
            still read their blocks (decision I1).

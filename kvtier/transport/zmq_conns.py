@@ -59,7 +59,8 @@ _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILE
 ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | _HANDSHAKE_EVENTS
 # CONNECTED and CLOSED: a CLOSED before the dial's first CONNECTED is a connect attempt that
 # failed (refused, unreachable, or ZMQ_CONNECT_TIMEOUT); reported only for fail_fast dials.
-DEALER_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | _HANDSHAKE_EVENTS
+_SPOKE = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)  # only a dial that completed ZMTP can carry a goodbye (T13)
+DEALER_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | _HANDSHAKE_EVENTS | _SPOKE
 _AUTH, _NO_DETAIL, _PROTOCOL = (int(zmq.EVENT_HANDSHAKE_FAILED_AUTH), int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL),
                                 int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL))
 _MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
@@ -168,6 +169,7 @@ class Connections:
         """Dialled producers' DEALERs, by address (the peer id)."""
         self._dealer_mons: dict[str, zmq.Socket] = {}
         self._dialling: dict[str, float] = {}  # fail_fast dials not connected yet -> when dialled
+        self._spoken: set[str] = set()  # dials whose ZMTP handshake succeeded since their last disconnect
         self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
         self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
         self._mon_set: frozenset[zmq.Socket] | None = None
@@ -378,6 +380,8 @@ class Connections:
         for event, value in self._monitor_events(self._dealer_mons[address]):
             if event == zmq.EVENT_CONNECTED:
                 self._dialling.pop(address, None)
+            elif event == _SPOKE:
+                self._spoken.add(address)
             elif event == zmq.EVENT_CLOSED:
                 since = self._dialling.pop(address, None)
                 if since is not None:  # a fail_fast dial that never connected: the dial failed
@@ -386,6 +390,7 @@ class Connections:
                     self.events.append(PeerClosed(address, CloseReason.CONNECT_TIMEOUT if timed_out
                                                    else CloseReason.REFUSED))
             elif event == zmq.EVENT_DISCONNECTED:
+                self._spoken.discard(address)
                 if not failed_auth:  # after a failed CURVE handshake its session already ends auth_failed
                     self.events.append(PeerClosed(address, CloseReason.DISCONNECTED))
             elif event in (_AUTH, _NO_DETAIL, _PROTOCOL):
@@ -554,6 +559,7 @@ class Connections:
     def _forget_dealer(self, address: str) -> zmq.Socket:
         """Stop reading the DEALER dialling ``address``; returns its monitor (both stay open)."""
         self._dialling.pop(address, None)
+        self._spoken.discard(address)
         sock = self.dealers.pop(address)
         mon = self._dealer_mons.pop(address)
         self._dealer_peer.pop(sock, None)
@@ -574,16 +580,18 @@ class Connections:
         sock.close(linger=0)
 
     def teardown(self, linger_ms: int = 0) -> None:
-        """Close every socket (queued messages get ``linger_ms`` to leave)."""
+        """Close every socket (queued messages get ``linger_ms`` to leave; on a dial whose ZMTP
+        handshake never succeeded nothing can leave, so it is cut at once: decision T13)."""
         for _, sock, mon in self._lingering:
             mon.close(linger=0)
             sock.close(linger=0)
         self._lingering.clear()
         self.closing.clear()
         for address in list(self.dealers):
+            self.drain_dealer_monitor(address)  # a handshake that succeeded since the last poll
             sock = self.dealers.pop(address)
             self._dealer_mons.pop(address).close(linger=0)
-            sock.close(linger=linger_ms)
+            sock.close(linger=linger_ms if address in self._spoken else 0)
         if self.rmon is not None:
             self.rmon.close(linger=0)
         if self.router is not None:

@@ -10,7 +10,8 @@ the engine reuses after a result never receive a late write, and that nothing st
   window of the pool was withdrawn, decision N14); the id can be announced again at once;
 * a producer shut down gracefully mid-transfer: the load ends ``shutdown`` (or byte-exact);
 * a dial to a closed port fails ``connect_refused`` at once; both ranks of an instance killed:
-  a load to either a second later fails at once (decisions B11, I30);
+  a load to either a second later fails at once (decisions B11, I30); a shutdown with a load out
+  to a producer that never completes its handshake returns without waiting its grace (T13);
 * a producer that gives a transfer up says why first (decision I19): on NIXL the consumer reports
   ``transfer_timeout`` in every trial;
 * zero-block loads: an empty fetch before or after the store releases the producer's blocks in
@@ -24,6 +25,7 @@ The reconnect race (decision T10) has its own file, ``test_reconnect_race.py``.
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -180,6 +182,30 @@ def test_a_dial_to_a_closed_port_fails_its_load_at_once(data_plane, make_manager
     assert metric(c, "kvtier_session_ends_total", reason="connect_refused") == 1
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)
     assert jobs.total() == 1
+
+
+@BOTH_PLANES
+def test_shutdown_does_not_wait_its_grace_for_a_producer_that_never_spoke(data_plane, make_manager):
+    """The load's producer address accepts TCP but never speaks ZMTP (a black hole).  The load
+    fails ``shutdown`` and shutdown returns: the goodbye it owes that dial can never leave, so
+    lingering for it would only spend the grace (it took the whole 20 s: decision T13)."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    try:
+        c = make_manager({"shutdown_grace_s": 20.0})
+        jobs = Jobs(c)
+        req = consumer_req("c1", "kv-hole", "127.0.0.1", hole.getsockname()[1])
+        c.on_new_request(req)
+        c.submit_load(job(1, [b"k"], [0], req))
+        pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)  # the dial connects, the fetch waits
+        start = time.monotonic()
+        c.shutdown()
+        assert time.monotonic() - start < 10.0
+        jobs.pump()
+        assert (jobs.total(), jobs.one(1).success, jobs.one(1).reason) == (1, False, "shutdown")
+    finally:
+        hole.close()
 
 
 @BOTH_PLANES

@@ -184,6 +184,26 @@ def test_close_linger_is_bounded_with_a_dead_peer(make) -> None:
     assert time.monotonic() - start < 3.0
 
 
+def test_close_cuts_at_once_a_dial_that_never_completed_its_handshake(make) -> None:
+    """A peer that accepted the TCP connection but never speaks ZMTP (a black hole: a listening
+    socket nobody serves) can take no goodbye, so close does not wait the linger out for it;
+    a dial that completed its handshake still gets its goodbye through (decision T13)."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)  # the kernel completes the TCP handshake; nothing ever answers ZMTP's greeting
+    try:
+        producer, consumer, peer, _ = hello_pair(make)
+        lost = consumer.connect(f"127.0.0.1:{hole.getsockname()[1]}")
+        consumer.send(lost, [b"bye"])
+        consumer.send(peer, [b"bye"])
+        start = time.monotonic()
+        consumer.close(linger_s=20.0)
+        assert time.monotonic() - start < 10.0  # it waited 20 s: the whole linger, for the hole
+        assert [bytes(f[0]) for _, f in recv_until(producer, 1)] == [b"bye"]
+    finally:
+        hole.close()
+
+
 def test_close_linger_rejects_bad_values(make) -> None:
     t = make()
     with pytest.raises(ValueError):
