@@ -20,9 +20,11 @@ _R = Reason
 
 ADVICE: Mapping[Reason, str] = MappingProxyType({
     # ---- the producer's parked blocks --------------------------------------------------------
-    _R.REAPED: "The consumer came after `unbound_store_timeout_s`. Raise it above your worst prefill→decode "
-               "admission delay, or find why decode admits late (proxy backlog, decode queue: "
-               "`kvtier_oldest_parked_age_seconds`). A late consumer recomputes; nothing is lost but time.",
+    _R.REAPED: "No consumer fetched the blocks within `unbound_store_timeout_s`: it came later (its side then "
+               "says `reaped` too) or never (the proxy sent the decode elsewhere, or the request was cancelled "
+               "before decode). If late, raise it above your worst prefill→decode admission delay, or find why "
+               "decode admits late (proxy backlog, decode queue: `kvtier_oldest_parked_age_seconds`). A late "
+               "consumer recomputes; nothing is lost but time.",
     _R.ABORTED: "The consumer gave up or its engine finished the request first: look at the consumer's side "
                 "(`kvtier why` there) for its reason (`load_timeout`, `cancelled`, `corrupt`).",
     _R.TRANSFER_FAILED: "The data plane could not move the blocks: check the producer's log for the plane's "

@@ -299,6 +299,7 @@ class Forensics:
         t = self._open.get(("producer", kid))
         if t is not None:
             t.peer = t.peer or peer
+            self._name(peer)
             t.mark("answered", now)
             self._state("producer", kid, t)
             return
@@ -314,6 +315,7 @@ class Forensics:
             return
         t = self._trace("producer", e.kv_request_id, now)
         t.peer = e.peer
+        self._name(e.peer)  # while its connection is up
         t.mark("sending", now)
         self._state("producer", e.kv_request_id, t)
 
@@ -386,16 +388,24 @@ class Forensics:
             self._probed.clear()
         self._probed[msg.kv_request_id] = peer
 
+    def _name(self, peer: str) -> str:
+        """Where ``peer`` is (an inbound ``in:<hex>`` id means nothing to a person), remembered
+        from the first time it is asked while the connection is up: a peer id names one
+        connection for good (its routing id never binds again), and once the session ended the
+        transport can no longer tell."""
+        where = self._named.get(peer)
+        if where is None and self._where is not None:
+            where = self._where(peer)
+            if where:
+                if len(self._named) >= MAX_NAMED:
+                    self._named.clear()
+                self._named[peer] = where
+        return where or peer
+
     def _add(self, entry: Finished) -> None:
-        if entry.peer and self._where is not None:
-            where = self._named.get(entry.peer)
-            if where is None:
-                where = self._where(entry.peer)  # an inbound "in:<hex>" id means nothing to a person
-                if where:  # a peer id names one connection for good (its routing id never binds again)
-                    if len(self._named) >= MAX_NAMED:
-                        self._named.clear()
-                    self._named[entry.peer] = where
-            if where and where != entry.peer:
+        if entry.peer:
+            where = self._name(entry.peer)
+            if where != entry.peer:
                 entry = msgspec.structs.replace(entry, peer=where)
         self._ring.append(entry)
         self.finished_total += 1

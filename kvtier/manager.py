@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -122,6 +123,10 @@ class KvTierManager(TierView):
         # follows it shares that one budget (decision A6)
         self._drain_deadline: float | None = None
         self._closed = False
+        # a manager dropped (or left at exit) without shutdown() closes its sockets then: left to
+        # the garbage collector, pyzmq's context would wait for sockets it can no longer close, and
+        # hang the collecting thread for ever (decision A7)
+        self._abandon = weakref.finalize(self, _close_abandoned, self._loop, self._metrics)
         if cfg.background_poll:
             self._loop.start()
 
@@ -518,6 +523,7 @@ class KvTierManager(TierView):
         if self._closed or self._closing:
             return
         self._closing = True
+        self._abandon.detach()
         try:
             self._loop.shutdown(start, grace)
         finally:
@@ -529,6 +535,7 @@ class KvTierManager(TierView):
         """Close the sockets now, with no goodbye, no grace and no further results: what a crash
         looks like to the peers (fault injection in tests and benchmarks; an engine calls
         :meth:`shutdown`).  The manager does nothing afterwards.  Idempotent."""
+        self._abandon.detach()
         self._loop.stop()
         self._closed = True
         self._loop.close_abruptly()
@@ -554,3 +561,21 @@ class KvTierManager(TierView):
     def _check_job(self, job: TransferJob) -> None:
         check_job(job, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
         self._jobs.check_new(job.job_id)
+
+
+def _close_abandoned(loop: IoLoop, metrics: TierMetrics) -> None:
+    """A manager collected, or left at the interpreter's exit, without :meth:`KvTierManager.shutdown`:
+    close its sockets as :meth:`KvTierManager.close_abruptly` does (decision A7)."""
+    log.warning("kvtier: a KvTierManager was dropped without shutdown(): its sockets are closed now, without "
+                "goodbyes (its peers see a crash); call shutdown() when you are done with it")
+    if threading.current_thread().name.startswith("kvtier"):
+        # collected on one of its own threads (I/O loop, digest pool, metrics), which cannot join themselves
+        threading.Thread(target=_close_now, args=(loop, metrics), name="kvtier-abandoned", daemon=True).start()
+    else:
+        _close_now(loop, metrics)
+
+
+def _close_now(loop: IoLoop, metrics: TierMetrics) -> None:
+    loop.stop()
+    loop.close_abruptly()
+    metrics.close()

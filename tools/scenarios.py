@@ -288,17 +288,19 @@ def late_fetch_after_reap(h: Harness) -> None:
 @scenario("Abort racing completion: the engine cancels while the blocks are on the wire",
           properties=("exactly_once_job_result", "no_write_after_terminal", "no_success_without_receipt"))
 def abort_racing_completion(h: Harness) -> None:
-    """The producer serves id A in full and its transport has moved every block, but before the
-    consumer reads them its engine finishes the request. The consumer sends `abort_fetch` and from
+    """The producer serves id A in full and its transport has moved every block, but before they
+    reach the consumer its engine finishes the request. The consumer sends `abort_fetch` and from
     then on drops block data (`late_data`): its load fails once with `cancelled` and no byte is
     written into slots the engine already considers free. The producer never gets a receipt, so
     its store job fails (`aborted`): handing the bytes to the transport is not delivering them."""
     _, creq = _park_then_connect(h, 2, seed=2)
     h.decode.load(10, creq, _keys("A", 2), [4, 5])  # fetch sent; the consumer is not polled yet
+    h.net.hold(h.C_ADDR)  # what the producer sends now is on the wire, not yet at the consumer
     h.poll("P")  # the producer serves; its transport moves the blocks: block_data in flight
     h.poll("P")  # its next tick reads the plane's report that it holds none of them any more
     h.expect(h.producer_state("A") == "delivering", "the blocks are moved; the producer waits for the receipt")
-    h.decode.finish(creq)  # the engine gives up before reading them
+    h.decode.finish(creq)  # the engine gives up before they arrive
+    h.net.release(h.C_ADDR)
     h.settle()
     h.expect(h.decode.outcome(10) == (False, "cancelled"), "the load fails once, cancelled")
     h.expect(h.slots_untouched([4, 5]), "no block data was written after the abort")

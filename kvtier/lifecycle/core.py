@@ -426,7 +426,7 @@ class TierCore:
         self._session_event(inp.peer, SessionEvent.SEND_FAILED, None, now, out)
 
     def _connection_closed(self, inp: ConnectionClosed, now: float, out: list[Effect]) -> None:
-        self._session_event(inp.peer, SessionEvent.CONNECTION_CLOSED, None, now, out)
+        self._session_event(inp.peer, SessionEvent.CONNECTION_CLOSED, inp, now, out)
 
     def _attached(self, inp: PeerAttached | AttachRefused, now: float, out: list[Effect]) -> None:
         rec = self._sessions.records.get(inp.peer)

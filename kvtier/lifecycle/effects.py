@@ -182,12 +182,14 @@ class DetachPeer(_Effect):
 
 class SessionEnded(_Effect):
     """Session: the session with ``peer`` ended with ``reason`` (for metrics and the log; the
-    core already told every record bound to it)."""
+    core already told every record bound to it).  ``closed``: it ended because its connection
+    closed with no goodbye (a crash, a kill, a reset: a fault, not routine; decision O8)."""
 
     peer: str
     reason: Reason
     dialled: bool = False
     instance: str = ""
+    closed: bool = False
 
 
 class ProbeFailed(_Effect):

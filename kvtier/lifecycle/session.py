@@ -51,7 +51,7 @@ from kvtier.lifecycle._table import (
     SessionState,
 )
 from kvtier.lifecycle.effects import AttachPeer, CloseConnection, DetachPeer, Effect, OpenConnection, Send, SessionEnded
-from kvtier.lifecycle.inputs import AttachRefused
+from kvtier.lifecycle.inputs import AttachRefused, ConnectionClosed
 from kvtier.lifecycle.notes import Notes, PeerLost, SessionReady
 from kvtier.wire import messages as wm
 
@@ -346,7 +346,7 @@ class SessionMachine(TableMachine):
             self._condemn(rec.instance)
         if rec.dialled:
             _remember(self.last_gen, rec.key, rec.gen, self.MAX_REMEMBERED)
-        out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance))
+        out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance, type(inp) is ConnectionClosed))
         out.append(DetachPeer(rec.key))
         self._notes.append(PeerLost(rec.key, why))
 

@@ -100,7 +100,10 @@ def _zmq_transport(cfg: TierConfig, block_bytes: int, curve: Any) -> Transport:
         # 256 KiB up (measured with raw pyzmq here), and a tracked frame costs a tracker, pyzmq's garbage-collector
         # thread and a later release report (decision C21)
         zero_copy_threshold=ZERO_COPY_BYTES,
-        handshake_ivl_s=cfg.handshake_timeout_s,
+        # libzmq's cut of a connection that never completes ZMTP is a backstop after the core's
+        # hello timer, which names the session's end (handshake_timeout): at the same instant
+        # they raced, and a silent listener read as a peer that disconnected (decision T14)
+        handshake_ivl_s=2 * cfg.handshake_timeout_s,
         connect_timeout_s=cfg.connect_timeout_s,
         idle_timeout_s=cfg.handshake_timeout_s,
         curve=curve,

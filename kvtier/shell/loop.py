@@ -204,13 +204,15 @@ class IoLoop:
     # =========================================================================================
     def call(self, fn: Callable[[Any], Any], arg: Any = None) -> None:
         """Queue ``fn(arg)`` for the loop.  Threaded: wakes the loop if it sleeps and returns;
-        caller-driven (or closed): runs it, and whatever it leads to, now on this thread."""
+        caller-driven (or closed): applies what the network delivered before this call, then runs
+        it and whatever it leads to, now on this thread (arrival order, decision C33)."""
         self._cmds.append((fn, arg))
         if self._thread is not None:
             if self._sleeping:
                 self._waker.wake()
             return
         with self.lock:
+            self.tick()  # what the network delivered before this call is applied before it (C33)
             self.run_commands()
             self._stale = True
 

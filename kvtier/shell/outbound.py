@@ -31,6 +31,8 @@ from kvtier.transport import DialNotAllowed, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import WireReason, encode, encode_frames
 
+_ROUTINE = frozenset({Reason.SHUTDOWN, Reason.PEER_DISCONNECTED})  # session ends that follow a goodbye
+
 __all__ = ["MAX_BATCH_BYTES", "Outbound", "TAIL_BYTES", "plan_batches"]
 
 
@@ -283,8 +285,9 @@ class Outbound:
     def _session_ended(self, e: fx.SessionEnded) -> None:
         self.changed = True
         self.metrics.session_ended(e.reason)
-        # a goodbye (ours or the peer's) is routine; every other ending is a fault
-        level = logging.INFO if e.reason in (Reason.SHUTDOWN, Reason.PEER_DISCONNECTED) else logging.WARNING
+        # a goodbye (ours or the peer's) is routine; a connection that closed without one (a crash,
+        # a kill) and every other ending is a fault (O8)
+        level = logging.INFO if e.reason in _ROUTINE and not e.closed else logging.WARNING
         self.logs(e.peer, e.reason, "kvtier: session with %s ended: %s", self.logs.who(e.peer, e.instance), e.reason,
                   level=level)
         self.logs.forget(e.peer)

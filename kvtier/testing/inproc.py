@@ -62,6 +62,7 @@ class InprocNetwork:
     def __init__(self) -> None:
         self._endpoints: dict[str, InprocTransport] = {}
         self._cuts: set[frozenset[str]] = set()
+        self._wire: dict[str, list[tuple[str, list[bytes]]]] = {}  # held destination -> messages on the wire
         self.dropped = 0
         self.delivered = 0
 
@@ -81,6 +82,22 @@ class InprocNetwork:
     def heal(self, a: str, b: str) -> None:
         """Undo :meth:`partition` for ``a`` and ``b``. Messages dropped meanwhile stay lost."""
         self._cuts.discard(frozenset((a, b)))
+
+    def hold(self, dest: str) -> None:
+        """Messages to ``dest`` stay on the wire from now on: sent (their sends complete), not yet
+        arrived, until :meth:`release` — what a receiver has not been delivered cannot be read
+        before anything it does next."""
+        self._wire.setdefault(dest, [])
+
+    def release(self, dest: str) -> None:
+        """The messages held on the wire to ``dest`` arrive, in the order they were sent."""
+        arriving = self._wire.pop(dest, [])
+        target = self._endpoints.get(dest)
+        if target is None or target._closed:
+            self.dropped += len(arriving)
+            return
+        target._inbox.extend(arriving)
+        self.delivered += len(arriving)
 
     def is_partitioned(self, a: str, b: str) -> bool:
         """True while traffic between ``a`` and ``b`` is being dropped."""
@@ -425,8 +442,12 @@ class InprocTransport:
             # We are the "in:" peer to anyone we dialled. To a peer that dialled us, we are
             # its dialled address.
             sender_id = _IN_PREFIX + self.address if peer in self._dialled else self.address
-            target._inbox.append((sender_id, data))
-            net.delivered += 1
+            wire = net._wire.get(dest)
+            if wire is not None:
+                wire.append((sender_id, data))
+            else:
+                target._inbox.append((sender_id, data))
+                net.delivered += 1
         if self.hold_completion:
             handle._held = True
             self._held.append(handle)

@@ -188,3 +188,80 @@ def test_top_says_what_an_endpoint_looks_like() -> None:
     res = CliRunner().invoke(cli, ["top", "notaurl", "--once"])
     assert res.exit_code == 2
     assert "'notaurl' is not a metrics endpoint: give host:port (e.g. 10.0.0.5:9464)" in res.output, res.output
+
+
+_DROPPED = """
+import gc, socket, sys
+from kvtier.api import RequestContext
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+
+def setup(background_poll):
+    # a producer and a consumer that dialled it, both dropped without shutdown() by a setup
+    # step that raised: they are garbage in a reference cycle (the exception's traceback)
+    p = KvTierManager({"host": "127.0.0.1", "port": 0, "metrics_port": 0, "background_poll": background_poll},
+                      BlockPool(8, 4096, pin=False))
+    c = KvTierManager({"host": "127.0.0.1", "port": 0}, BlockPool(8, 4096, pin=False))
+    host, port = p.address.rsplit(":", 1)
+    c.on_new_request(RequestContext(req_id="d", kv_transfer_params={"remote_prefiller": {
+        "kv_request_id": "A", "remote_host": host, "remote_port": int(port)}}))
+    for _ in range(20):
+        p.poll(0.002)
+        c.poll(0.002)
+    ports.append(int(port))
+    raise RuntimeError("a later setup step failed")
+
+ports = []
+for background_poll in (False, True):
+    try:
+        setup(background_poll)
+    except RuntimeError:
+        pass
+    gc.collect()
+for port in ports:  # released: it listens again (a closed connection's TIME_WAIT aside, as zmq binds)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+print("collected", len(ports))
+"""
+
+
+def test_a_manager_dropped_without_shutdown_is_collected_and_says_so() -> None:
+    """Managers a failed setup dropped without ``shutdown()`` are collected: their sockets close
+    (the ports bind again) and a warning says to call ``shutdown()``.  The collector used to hang
+    for ever in pyzmq's context, waiting for sockets it could no longer close (decision A7).  In a
+    child process: a hang must not take the test worker with it."""
+    import subprocess
+    import sys
+
+    try:
+        r = subprocess.run([sys.executable, "-c", _DROPPED], capture_output=True, text=True, timeout=40)
+    except subprocess.TimeoutExpired:
+        pytest.fail("collecting a manager dropped without shutdown() hung")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "collected 2"
+    assert r.stderr.count("dropped without shutdown(): its sockets are closed now") == 4
+
+
+def test_a_listener_that_never_speaks_is_named_handshake_timeout_every_time(make_manager) -> None:
+    """A wrong ``remote_port`` (something that accepts TCP and never speaks): the load fails
+    ``handshake_timeout``, whose advice names that cause, in every trial.  libzmq's own cut of a
+    connection that never completes ZMTP came at the same instant as the core's hello timer and
+    won 1 time in 6, reading as ``peer_disconnected`` ("the peer closed the connection"), which
+    it never did (decision T14)."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)  # the kernel completes every TCP handshake; nothing answers ZMTP's greeting
+        port = hole.getsockname()[1]
+        reasons = []
+        for trial in range(8):
+            c = make_manager({"handshake_timeout_s": 0.2})
+            jobs = Jobs(c)
+            req = consumer_req(f"d{trial}", f"kv-{trial}", "127.0.0.1", port)
+            c.on_new_request(req)
+            c.submit_load(job(1, keys_for(f"kv-{trial}", 1), [0], req))
+            assert pump_until(lambda: jobs.has(1), jobs=[jobs], timeout_s=5.0)
+            reasons.append(jobs.one(1).reason)
+            c.shutdown(0.05)
+    assert reasons == ["handshake_timeout"] * 8

@@ -10,7 +10,8 @@
 * a connection reset between a consumer and a live producer fails the load in flight
   (``peer_disconnected``), and the next load to that producer dials afresh and succeeds — the
   instance is not held gone (I23); a producer that restarted on the same port is (its old
-  instance is proven gone by the new hello_ack) and still serves the next load;
+  instance is proven gone by the new hello_ack) and still serves the next load — also to a
+  caller-driven consumer that made no call while it restarted (C33);
 * a request cancelled while a landing of more than 1 MiB copies on the digest pool: its job's
   result comes after the last write into its slots — slots the engine refills at the result stay
   refilled (I26);
@@ -343,3 +344,48 @@ def test_a_quarantined_transfer_ends_once_the_paused_consumer_resumes(data_plane
                       timeout_s=5.0), (p.core.quarantined_blocks(), p.core.producer_state(kv))
     assert len(pjobs.by_id[1]) == 1
     assert len(victim.wait_results([100], timeout_s=10.0)[100]) == 1
+
+
+@pytest.mark.parametrize("how", ["graceful", "crash"])
+def test_an_idle_caller_driven_consumer_loads_from_a_restarted_producer(how, make_manager):
+    """A caller-driven consumer (``background_poll: false``) makes no call while its producer
+    stops (``shutdown``, or closes with no goodbye) and a new one starts on the same port with the
+    next id parked.  Its next load dials the new producer and succeeds byte-exact: the engine call
+    applies first what the network delivered before it (the goodbye, the close), then the load.
+    It failed ``shutdown`` (``peer_disconnected`` after a crash): the load was attached to the
+    dead session, whose end was read only after it (decision C33)."""
+    def producer(port: int, kid: str, seed: int):
+        p = make_manager({"port": port, "background_poll": True}, num_blocks=4, block_bytes=4096)
+        want = fill_pattern(p.pool, [0], seed)
+        req = producer_req(f"p-{kid}", kid)
+        p.on_new_request(req)
+        p.submit_store(job(1, keys_for(kid, 1), [0], req))
+        p.on_request_finished(req)
+        return p, want
+
+    c = make_manager({}, num_blocks=4, block_bytes=4096)
+    jobs = Jobs(c)
+
+    def load(p, kid: str, job_id: int, slot: int):
+        host, port = p.address.rsplit(":", 1)
+        req = consumer_req(f"c-{kid}", kid, host, int(port))
+        c.on_new_request(req)
+        c.submit_load(job(job_id, keys_for(kid, 1), [slot], req))
+        assert pump_until(lambda: jobs.has(job_id), managers=[c], jobs=[jobs])
+        c.on_request_finished(req)
+        return jobs.one(job_id)
+
+    p1, want_a = producer(0, "kv-a", 1)
+    assert load(p1, "kv-a", 1, 0).success
+    port = int(p1.address.rsplit(":", 1)[1])
+    if how == "crash":
+        p1.close_abruptly()
+    else:
+        p1.shutdown()
+    p2, want_b = producer(port, "kv-b", 2)
+    time.sleep(0.5)  # the consumer makes no call: its engine is idle
+    r = load(p2, "kv-b", 2, 1)
+    assert (r.success, r.reason) == (True, None)
+    assert digests(c.pool, [1]) == want_b
+    assert jobs.total() == 2
+

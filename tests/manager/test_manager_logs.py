@@ -57,6 +57,19 @@ def test_a_silent_peer_is_a_fault(make_manager, caplog) -> None:
     assert f"{p.address} instance {p.instance}" in line.getMessage()
 
 
+def test_a_connection_closed_without_a_goodbye_is_a_fault(make_manager, caplog) -> None:
+    """The producer's process dies (its sockets close, no goodbye): the consumer's session ends
+    ``peer_disconnected`` at WARNING — a crash or a kill, which an operator must see.  It logged
+    at INFO, as a goodbye does, so a producer killed mid-transfer left no warning (O8)."""
+    caplog.set_level(logging.DEBUG, logger="kvtier.manager")
+    p, c = _session(make_manager)
+    p.close_abruptly()
+    assert pump_until(lambda: _lines(caplog, "ended: peer_disconnected"), managers=[c])
+    (line,) = _lines(caplog, "ended: peer_disconnected")
+    assert line.levelno == logging.WARNING
+    assert f"{p.address} instance {p.instance}" in line.getMessage()
+
+
 def test_bad_messages_log_once_per_peer_and_reason(make_manager, caplog) -> None:
     caplog.set_level(logging.DEBUG, logger="kvtier.manager")
     p, c = _session(make_manager)

@@ -129,3 +129,20 @@ def test_two_process_run_shows_every_series_with_the_values_of_the_run(producer,
     assert _get(paddr).total("kvtier_sessions") == 0
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(f"http://{caddr}/metrics", timeout=5)
+
+
+def test_shutdown_with_the_endpoint_served_keeps_to_its_grace(make_manager):
+    """``shutdown(grace_s)`` returns within its grace (plus a few milliseconds) with the metrics
+    endpoint served too: stopping the endpoint wakes its server at once.  It waited out the
+    HTTP server's 0.5 s poll interval after the grace (0.45 s here: the scrape just before
+    restarts that interval)."""
+    import time
+
+    m = make_manager({"metrics_port": 0})
+    address = m.metrics_address
+    assert "kvtier_sessions" in _families(address)
+    start = time.monotonic()
+    m.shutdown(0.05)
+    assert time.monotonic() - start < 0.25
+    with pytest.raises(urllib.error.URLError):  # and its port is released
+        _families(address)

@@ -202,3 +202,26 @@ def test_why_tells_a_successful_load_too(make_manager) -> None:
     assert load["path"][-1] == "loaded" and load["landed"] == 3 == load["blocks"]
     (parked,) = _records("kv-ok", p)
     assert parked["path"][-1] == "done" and parked["peer"] and "sending" in parked["marks"]
+
+
+def test_the_producer_names_a_consumer_that_died_by_its_address(make_manager) -> None:
+    """The consumer's process dies mid-transfer (no goodbye): the producer's record of the id names
+    the consumer by the address its connection came from, as its log lines do — not by the
+    inbound routing id (``in:<hex>``), which was all it could say once the connection was gone."""
+    p = make_manager({**HB, "transfer_timeout_s": 30.0}, num_blocks=64, block_bytes=256 * 1024)
+    c = make_manager(HB, num_blocks=64, block_bytes=256 * 1024)
+    pjobs, cjobs = Jobs(p), Jobs(c)
+    keys = keys_for("kv-dead", 64)
+    preq = producer_req("p1", "kv-dead")
+    p.on_new_request(preq)
+    p.submit_store(job(1, keys, range(64), preq))
+    p.on_request_finished(preq)
+    creq = consumer_req("c1", "kv-dead", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys, range(64), creq))
+    serving = lambda: getattr(CoreView(p.core).producer("kv-dead"), "state", None) in ("serving", "delivering")  # noqa: E731
+    assert pump_until(serving, managers=[p, c])
+    c.close_abruptly()
+    assert pump_until(lambda: pjobs.has(1), managers=[p], jobs=[pjobs])
+    (rec,) = [r for r in _records("kv-dead", p) if r["role"] == "producer"]
+    assert not rec["ok"] and rec["peer"].startswith("127.0.0.1:"), rec
