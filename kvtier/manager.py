@@ -568,11 +568,10 @@ def _close_abandoned(loop: IoLoop, metrics: TierMetrics) -> None:
     close its sockets as :meth:`KvTierManager.close_abruptly` does (decision A7)."""
     log.warning("kvtier: a KvTierManager was dropped without shutdown(): its sockets are closed now, without "
                 "goodbyes (its peers see a crash); call shutdown() when you are done with it")
-    if threading.current_thread().name.startswith("kvtier"):
-        # collected on one of its own threads (I/O loop, digest pool, metrics), which cannot join themselves
-        threading.Thread(target=_close_now, args=(loop, metrics), name="kvtier-abandoned", daemon=True).start()
-    else:
+    if getattr(weakref.finalize, "_shutdown", False):  # the interpreter's exit: nothing else runs now
         _close_now(loop, metrics)
+    else:  # the collector runs on any thread: one of the manager's own, or one that holds its lock
+        threading.Thread(target=_close_now, args=(loop, metrics), name="kvtier-abandoned", daemon=True).start()
 
 
 def _close_now(loop: IoLoop, metrics: TierMetrics) -> None:

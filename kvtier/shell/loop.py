@@ -23,8 +23,8 @@ nothing to do sleeps until its next deadline.
 Two ways to run it, one code path:
 
 * **thread** (``background_poll``): :meth:`IoLoop.start` runs passes on the ``kvtier-io`` thread;
-* **caller-driven**: an engine call's command runs at once on the caller's thread, and
-  :meth:`IoLoop.poll` runs one pass there (the virtual-clock and stateful suites step it so).
+* **caller-driven**: an engine call's command runs at once on the caller's thread, after what the
+  network delivered before it, and :meth:`IoLoop.poll` runs one pass there (the suites step it so).
 
 :attr:`IoLoop.lock` is held for the length of a pass, never while the loop waits; engine calls
 do not take it.  Readers that want a consistent view of the core (metrics at scrape time, tests)
@@ -212,7 +212,12 @@ class IoLoop:
                 self._waker.wake()
             return
         with self.lock:
-            self.tick()  # what the network delivered before this call is applied before it (C33)
+            if not self.closed:  # what the network delivered before this call is applied first (C33)
+                try:
+                    self.tick()
+                except Exception:  # the job is booked and its command queued: this call must not raise
+                    self.metrics.internal_error()
+                    log.exception("kvtier: I/O loop error")
             self.run_commands()
             self._stale = True
 
@@ -282,11 +287,6 @@ class IoLoop:
     def threaded(self) -> bool:
         return self._thread is not None
 
-    @property
-    def queued(self) -> int:
-        """Commands not applied yet."""
-        return len(self._cmds)
-
     # =========================================================================================
     # The loop's side
     # =========================================================================================
@@ -304,10 +304,10 @@ class IoLoop:
 
     def apply(self, inp: ix.Input) -> None:
         """On the loop (inside a command): apply one engine input and perform everything it leads
-        to — unless it must wait
-        behind a store whose digests are being taken (then it is applied in its turn).  An input
-        about everything (drain, shutdown) first waits for every store in progress.  A job the
-        core refuses (a reject rule, a shape it cannot take) is settled failed, by the core."""
+        to — unless it must wait behind a store whose digests are being taken (then it is applied
+        in its turn).  An input about everything (drain, shutdown) first waits for every store in
+        progress.  A job the core refuses (a reject rule, a shape it cannot take) is settled
+        failed, by the core."""
         if isinstance(inp, _GLOBAL):
             for held in self.work.flush():
                 self._run(held)

@@ -208,6 +208,29 @@ def test_shutdown_does_not_wait_its_grace_for_a_producer_that_never_spoke(data_p
         hole.close()
 
 
+def test_after_close_abruptly_an_engine_call_runs_no_pass(make_manager):
+    """``close_abruptly`` gives no further results.  A call still allowed afterwards
+    (``finish_job``) gets its own result and nothing else: it applies no network input first
+    (C33) on the closed loop — the load out to a silent producer, past its handshake deadline,
+    would otherwise have failed then."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    try:
+        c = make_manager({"handshake_timeout_s": 0.2})
+        jobs = Jobs(c)
+        req = consumer_req("c1", "kv-hole", "127.0.0.1", hole.getsockname()[1])
+        c.on_new_request(req)
+        c.submit_load(job(1, [b"k"], [0], req))
+        pump_until(lambda: False, jobs=[jobs], timeout_s=0.05)
+        c.close_abruptly()
+        time.sleep(0.4)  # past the handshake deadline
+        c.finish_job(9, store=True, success=True)
+        assert [(r.job_id, r.success) for r in c.get_finished_jobs()] == [(9, True)]
+    finally:
+        hole.close()
+
+
 @BOTH_PLANES
 def test_both_ranks_of_an_instance_killed_fail_new_loads_at_once(data_plane, producer, victim, make_manager):
     """Two ranks of instance ``pod-x`` serve one consumer; both die without a goodbye (one
