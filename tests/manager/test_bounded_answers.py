@@ -184,51 +184,51 @@ def test_a_dial_to_a_closed_port_fails_its_load_at_once(data_plane, make_manager
     assert jobs.total() == 1
 
 
+@pytest.fixture
+def silent_port():
+    """A port that accepts TCP and never speaks (a black hole: the kernel completes the handshake)."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        yield hole.getsockname()[1]
+
+
+def _load_out_to(c, port: int) -> Jobs:
+    """Job 1: a load of one block from ``port``."""
+    jobs = Jobs(c)
+    req = consumer_req("c1", "kv-hole", "127.0.0.1", port)
+    c.on_new_request(req)
+    c.submit_load(job(1, [b"k"], [0], req))
+    return jobs
+
+
 @BOTH_PLANES
-def test_shutdown_does_not_wait_its_grace_for_a_producer_that_never_spoke(data_plane, make_manager):
+def test_shutdown_does_not_wait_its_grace_for_a_producer_that_never_spoke(data_plane, make_manager, silent_port):
     """The load's producer address accepts TCP but never speaks ZMTP (a black hole).  The load
     fails ``shutdown`` and shutdown returns: the goodbye it owes that dial can never leave, so
     lingering for it would only spend the grace (it took the whole 20 s: decision T13)."""
-    hole = socket.socket()
-    hole.bind(("127.0.0.1", 0))
-    hole.listen(8)
-    try:
-        c = make_manager({"shutdown_grace_s": 20.0})
-        jobs = Jobs(c)
-        req = consumer_req("c1", "kv-hole", "127.0.0.1", hole.getsockname()[1])
-        c.on_new_request(req)
-        c.submit_load(job(1, [b"k"], [0], req))
-        pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)  # the dial connects, the fetch waits
-        start = time.monotonic()
-        c.shutdown()
-        assert time.monotonic() - start < 10.0
-        jobs.pump()
-        assert (jobs.total(), jobs.one(1).success, jobs.one(1).reason) == (1, False, "shutdown")
-    finally:
-        hole.close()
+    c = make_manager({"shutdown_grace_s": 20.0})
+    jobs = _load_out_to(c, silent_port)
+    pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)  # the dial connects, the fetch waits
+    start = time.monotonic()
+    c.shutdown()
+    assert time.monotonic() - start < 10.0
+    jobs.pump()
+    assert (jobs.total(), jobs.one(1).success, jobs.one(1).reason) == (1, False, "shutdown")
 
 
-def test_after_close_abruptly_an_engine_call_runs_no_pass(make_manager):
+def test_after_close_abruptly_an_engine_call_runs_no_pass(make_manager, silent_port):
     """``close_abruptly`` gives no further results.  A call still allowed afterwards
     (``finish_job``) gets its own result and nothing else: it applies no network input first
     (C33) on the closed loop — the load out to a silent producer, past its handshake deadline,
     would otherwise have failed then."""
-    hole = socket.socket()
-    hole.bind(("127.0.0.1", 0))
-    hole.listen(8)
-    try:
-        c = make_manager({"handshake_timeout_s": 0.2})
-        jobs = Jobs(c)
-        req = consumer_req("c1", "kv-hole", "127.0.0.1", hole.getsockname()[1])
-        c.on_new_request(req)
-        c.submit_load(job(1, [b"k"], [0], req))
-        pump_until(lambda: False, jobs=[jobs], timeout_s=0.05)
-        c.close_abruptly()
-        time.sleep(0.4)  # past the handshake deadline
-        c.finish_job(9, store=True, success=True)
-        assert [(r.job_id, r.success) for r in c.get_finished_jobs()] == [(9, True)]
-    finally:
-        hole.close()
+    c = make_manager({"handshake_timeout_s": 0.2})
+    jobs = _load_out_to(c, silent_port)
+    pump_until(lambda: False, jobs=[jobs], timeout_s=0.05)
+    c.close_abruptly()
+    time.sleep(0.4)  # past the handshake deadline
+    c.finish_job(9, store=True, success=True)
+    assert [(r.job_id, r.success) for r in c.get_finished_jobs()] == [(9, True)]
 
 
 @BOTH_PLANES
