@@ -67,7 +67,12 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
 
     from kvtier.explain import explain
     from kvtier.top import fetch_requests
+    from kvtier.wire.messages import check_kv_request_id
 
+    try:
+        check_kv_request_id(kv_request_id)
+    except ValueError as exc:
+        raise click.BadParameter(f"{kv_request_id!r} is not a kv_request_id: {exc}", param_hint="KV_REQUEST_ID") from None
     found, problems, records = 0, [], {}
     for endpoint in endpoints:
         try:
@@ -101,7 +106,8 @@ def check_config(config: str) -> None:
     validated as kvtier would (each error names the key), and the mistakes vLLM decides before
     kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "type" or "module_path" vLLM cannot load, a "backpressure" key).
 
-    KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. Exit status 1 on a problem.
+    KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. Exit status 1 on a problem in
+    the config, 2 when it cannot be read or is not a JSON object.
     """
     from kvtier.vllmconfig import check_kv_transfer_config
 

@@ -453,7 +453,8 @@ class TierConfig:
             parts = []
             for key in unknown:
                 close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = (f" ({_NOT_OURS[key]})" if key in _NOT_OURS
+                        else f" (did you mean {close[0]!r}?)" if close else "")
                 parts.append(f"{safe_repr(key)}{hint}")
             # the did-you-mean is the useful part; the list of every key lives in the docs
             raise TierConfigError(
@@ -483,6 +484,8 @@ class TierConfig:
         return out
 
 
+# keys of vLLM's p2p tier with no kvtier counterpart: a did-you-mean would point at an unrelated key
+_NOT_OURS = {"num_threads": "vLLM p2p's UCX thread count: kvtier has no such key, drop it"}
 _KEYS: tuple[str, ...] = tuple(a.name for a in attrs.fields(TierConfig))
 
 #: ``type`` names vLLM 0.33.0 registers for its own secondary tiers: its factory looks a registered
@@ -559,10 +562,6 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         "abort_ack_timeout_s", "<", 1, "load_timeout_s",
         "an abort must be acknowledged well within the consumer's load budget",
-    ),
-    CrossFieldRule(
-        "heartbeat_interval_s", ">=", 1, "poll_interval_s",
-        "heartbeats cannot be sent more often than the transport is polled",
     ),
     CrossFieldRule(
         "serve_lookup_timeout_s", "<", 1, "probe_timeout_s",

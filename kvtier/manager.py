@@ -168,7 +168,7 @@ class KvTierManager(TierView):
             self._metrics.rejected_peer()
             self._loop.logs("", "peer_not_allowed", "kvtier: request %s: refusing to dial %s (not in allowed_peers)",
                             clip(req.req_id), clip(exc.endpoint))
-            info = TransferParams("refused")
+            info = TransferParams("refused", exc.kv_request_id or None, exc.endpoint)  # its load's record names both
         except ValueError as exc:
             raise ValueError(f"request {clip(req.req_id)}: {exc}") from None
         if info.role == "refused":
@@ -361,7 +361,7 @@ class KvTierManager(TierView):
         info = self._job_request(job)
         if info.role == "refused":  # its producer is not in allowed_peers: nothing to load
             self._check_job(job)
-            self._jobs.open(job.job_id, store=False, kv_request_id=None, now=self.clock(), nbytes=0)
+            self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=self.clock(), nbytes=0)
             self._loop.input(ix.JobSettled(job.job_id, False, Reason.PEER_NOT_ALLOWED))
             return
         if info.role not in ("consumer", "source"):

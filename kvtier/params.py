@@ -87,9 +87,10 @@ def clip(value: object, n: int = 80) -> str:
 class PeerNotAllowed(ValueError):
     """A request names a producer endpoint outside ``allowed_peers``. Nothing was dialled."""
 
-    def __init__(self, message: str, endpoint: str) -> None:
+    def __init__(self, message: str, endpoint: str, kv_request_id: str = "") -> None:
         super().__init__(message)
         self.endpoint = endpoint
+        self.kv_request_id = kv_request_id
 
 
 @attrs.frozen(slots=True)
@@ -350,7 +351,7 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         peer = _endpoint(host, port)
         why = policy.why_not(host, port)
         if why is not None:
-            raise PeerNotAllowed(f"{key} names {clip(peer)}: {why}", peer)
+            raise PeerNotAllowed(f"{key} names {clip(peer)}: {why}", peer, kid)
         return TransferParams(role, kid, peer, life=_life(sub, key) if role == "consumer" else "")
     if dst is not None:
         key, sub = dst

@@ -59,6 +59,13 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
                  "(docs/integrations/vllm.md)")], []
     problems: list[str] = []
     notes: list[str] = []
+    if doc.get("kv_connector") != "OffloadingConnector":
+        problems.append(f"kv_connector is {doc.get('kv_connector')!r}: kvtier runs as a secondary tier of vLLM's "
+                        'offloading connector; write "kv_connector": "OffloadingConnector"')
+    misplaced = sorted(set(extra) & set(DEFAULTS) - {"backpressure"})
+    if misplaced:  # vLLM ignores them there: an allowed_peers left out of the entry leaves it open
+        problems.append(f"kv_connector_extra_config: {', '.join(misplaced)} belong inside the kvtier entry of "
+                        "secondary_tiers (vLLM ignores them here)")
     if extra.get("spec_name") != "TieringOffloadingSpec":
         problems.append(f"kv_connector_extra_config.spec_name is {extra.get('spec_name')!r}: secondary tiers need "
                         '"TieringOffloadingSpec"')
@@ -106,10 +113,20 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
         except ValueError as exc:
             problems.append(f"{where}: {exc}")
             continue
+        if cfg.auth == "curve":  # the files the engine reads at start, read now
+            from kvtier.transport.curve import curve_settings
+
+            try:
+                curve_settings(cfg.auth_secret_key_file, cfg.auth_allowed_keys_dir)
+            except ValueError as exc:
+                problems.append(f"{where}: {exc}")
         if len(problems) > before:  # checked, but vLLM would not start it as written
             continue
         notes.append(f"{where}: kvtier, {cfg.data_plane} plane, listens on {cfg.host}:{cfg.port}"
                      f"{' (+ data_parallel_index)' if cfg.port else ''}, auth {cfg.auth}")
     if not found and not problems:
         problems.append(f"no secondary_tiers entry loads kvtier (module_path {KVTIER_MODULE!r})")
+    if found > 1:
+        problems.append(f"{found} secondary_tiers entries load kvtier: one per engine (a second one parks every "
+                        "prefill request's blocks again and pins them until its unbound_store_timeout_s)")
     return problems, notes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.config import TierConfigError
+from kvtier.config import TierConfig, TierConfigError
 from kvtier.config_kinds import safe_repr
 from tests.config_helpers import build
 
@@ -89,3 +89,11 @@ def test_every_problem_of_a_config_is_named_at_once() -> None:
     assert [ln.split(" needs ")[0] for ln in lines[3:5]] == ["  - auth='curve'"] * 2
     assert exc.value.keys == ("peer_timeout_s", "heartbeat_interval_s", "port", "metrics_port", "auth",
                               "auth_secret_key_file", "auth_allowed_keys_dir")
+
+
+def test_a_p2p_key_with_no_counterpart_says_to_drop_it() -> None:
+    """vLLM p2p's ``num_threads`` carried over: the refusal says it has no kvtier counterpart
+    (a did-you-mean pointed at ``digest_threads``, an unrelated key)."""
+    with pytest.raises(TierConfigError) as exc:
+        TierConfig.from_dict({"num_threads": 4})
+    assert "kvtier has no such key, drop it" in str(exc.value) and "did you mean" not in str(exc.value)

@@ -128,6 +128,9 @@ _ELSEWHERE = {
                "checks (`kvtier_jobs_total`), with the error logged",
     "job_refused": "a job refused by the manager (`kvtier_jobs_total`), with the error logged",
     "peer_error": "the peer's `error` about one of our messages (`kvtier_wire_errors_total{reason=\"peer_reported_…\"}`)",
+    "peer_not_allowed": "a consumer request refused before any dial: `on_new_request` answers `local` and its load "
+                        "fails with it (`kvtier_rejected_peer_total`, `kvtier_jobs_total{kind=\"load\"}`, a "
+                        "rate-limited warning, the request's record for `kvtier why`)",
 }
 
 

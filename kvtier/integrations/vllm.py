@@ -108,6 +108,23 @@ __all__ = ["KvTierSecondaryTier", "TESTED_VLLM_VERSION", "vllm_layout"]
 log = logging.getLogger("kvtier.integrations.vllm")
 
 
+def _share_vllm_logging() -> None:
+    """Write kvtier's log lines through vLLM's handlers when nothing else would show them.
+
+    vLLM configures only its own ``vllm`` logger (its handlers, ``propagate`` off); with no root
+    handler either, kvtier's INFO lines (the tier's "listening on" line the docs point to) were
+    dropped and its warnings printed bare by Python's last-resort handler.  A ``kvtier`` logger or
+    root logger the application configured is left alone."""
+    ours, theirs = logging.getLogger("kvtier"), logging.getLogger("vllm")
+    if ours.handlers or logging.getLogger().handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(theirs.getEffectiveLevel())
+    ours.propagate = False
+
+
 _DRAIN_MARGIN_S = 5.0
 
 _STATS_INTERVAL_S = 1.0
@@ -163,6 +180,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
         backpressure_detector: Any = None,
         **options: Any,
     ) -> None:
+        _share_vllm_logging()
         # 1. Validate everything before building anything (vLLM does not call shutdown() on a
         #    tier whose __init__ raised).
         # kvtier's I/O runs on its own thread unless the entry says otherwise: vLLM's scheduler
@@ -170,6 +188,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
         config = TierConfig.from_dict({"type": tier_type, "background_poll": True, **options,
                                        "backpressure": backpressure_detector})
         dp = _dp_index(offloading_spec)
+        shifted = {}
         for key in ("port", "metrics_port"):  # the listener and the metrics endpoint
             base = getattr(config, key)
             if base and dp:
@@ -179,7 +198,9 @@ class KvTierSecondaryTier(SecondaryTierManager):
                         "pick a lower base port",
                         keys=(key,),
                     )
-                config = attrs.evolve(config, **{key: base + dp})
+                shifted[key] = base + dp
+        if shifted:  # both at once: a config half shifted may relate them falsely (port+r == metrics_port)
+            config = attrs.evolve(config, **shifted)
         explicit_seed = config.hash_seed
         if not explicit_seed:
             # Until vLLM has run init_none_hash, advertise what it reports now (its deterministic
@@ -298,7 +319,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
                 if ready and seed != self._explicit_seed:
                     log.warning(
                         "kvtier: hash_seed is set explicitly and differs from vLLM's NONE_HASH seed; "
-                        "peers will agree in the handshake but block hashes may not match"
+                        "peers will agree in the handshake but block hashes may not match: remove hash_seed "
+                        "from this tier's entry (kvtier then takes vLLM's own seed)"
                     )
                 return
             mgr = self._mgr

@@ -228,6 +228,32 @@ def test_port_adds_the_data_parallel_index(managers) -> None:
 
 
 
+@pytest.mark.timeout(60)
+def test_kvtier_lines_go_through_vllms_handlers(managers, monkeypatch) -> None:
+    """vLLM sets up only its ``vllm`` logger: with nothing else configured, kvtier's lines go
+    through vLLM's handlers, so the tier's "listening on" line (docs/integrations/vllm.md) shows.
+    It was dropped (an INFO line with no handler), and warnings printed bare."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    root, kv, vl = logging.getLogger(), logging.getLogger("kvtier"), logging.getLogger("vllm")
+    monkeypatch.setattr(root, "handlers", [])  # as under vLLM: no root handler (pytest's own aside)
+    monkeypatch.setattr(kv, "handlers", [])
+    monkeypatch.setattr(kv, "level", logging.NOTSET)
+    monkeypatch.setattr(kv, "propagate", True)
+    monkeypatch.setattr(vl, "handlers", [Keep()])
+    monkeypatch.setattr(vl, "level", logging.INFO)
+    _, tier = managers(TIER)
+    assert any(r.name == "kvtier.integrations.vllm" and f"listening on {tier.address}" in r.getMessage()
+               for r in records), [r.getMessage() for r in records]
+    assert kv.propagate is False  # not twice, should the application add a root handler later
+
+
 # -- a producer request with nothing stored; remote_port as a string --------------------
 @pytest.mark.timeout(60)
 def test_nothing_stored_is_refused_in_one_round_trip_through_the_adapter(managers) -> None:

@@ -124,3 +124,14 @@ def test_metrics_port_beyond_65535_after_the_dp_index_is_refused(monkeypatch) ->
     with pytest.raises(V.TierConfigError, match="metrics_port"):
         cfg, _ = V.offloading_config({**V.TIER, "metrics_port": 65535}, dp_index=1)
         V.OffloadingSpecFactory.create_spec(cfg).get_manager()
+
+
+@pytest.mark.timeout(60)
+def test_a_metrics_port_one_above_the_port_shifts_with_it(managers) -> None:
+    """``port`` P and ``metrics_port`` P + 1 on rank 1: the rank listens on P + 1 and serves its
+    metrics on P + 2.  It was refused "metrics_port=P+1 is port too": the two were shifted one
+    at a time, and the config in between was checked."""
+    port = V.free_port()
+    _, tier = managers({**V.TIER, "port": port, "metrics_port": port + 1}, dp_index=1)
+    assert (tier.config.port, tier.config.metrics_port) == (port + 1, port + 2)
+    assert tier.kvtier.metrics_address == f"127.0.0.1:{port + 2}"

@@ -268,3 +268,31 @@ def test_a_listener_that_never_speaks_is_named_handshake_timeout_every_time(make
             reasons.append(jobs.one(1).reason)
             c.shutdown(0.05)
     assert reasons == ["handshake_timeout"] * 8
+
+
+_KVTIER = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "port": 5710}
+
+
+@pytest.mark.parametrize("doc, says", [
+    ({"kv_connector": "P2pNcclConnector", "kv_connector_extra_config": {
+        "spec_name": "TieringOffloadingSpec", "secondary_tiers": [_KVTIER]}},
+     "kv_connector is 'P2pNcclConnector'"),
+    ({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {
+        "spec_name": "TieringOffloadingSpec", "allowed_peers": ["10.0.0.5:5710"], "unbound_store_timeout_s": 180,
+        "secondary_tiers": [_KVTIER]}},
+     "allowed_peers, unbound_store_timeout_s belong inside the kvtier entry"),
+    ({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {
+        "spec_name": "TieringOffloadingSpec", "secondary_tiers": [_KVTIER, {**_KVTIER, "port": 5711}]}},
+     "2 secondary_tiers entries load kvtier: one per engine"),
+    ({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {
+        "spec_name": "TieringOffloadingSpec", "secondary_tiers": [{
+            **_KVTIER, "auth": "curve", "auth_secret_key_file": "/nonexistent.key_secret",
+            "auth_allowed_keys_dir": "/nonexistent"}]}},
+     "auth_secret_key_file"),
+])
+def test_check_config_finds_what_the_engine_would_ignore_or_refuse(doc, says) -> None:
+    """A connector that never loads kvtier, kvtier keys one level too high (vLLM ignores them: an
+    ``allowed_peers`` there leaves the tier open), two kvtier entries, CURVE key files the engine
+    cannot read at start: each was ``ok``."""
+    res = CliRunner().invoke(cli, ["check-config", json.dumps(doc)])
+    assert res.exit_code == 1 and says in res.output, res.output

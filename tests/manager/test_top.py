@@ -87,7 +87,7 @@ def test_endpoint_urls(target: str, url: str) -> None:
     assert endpoint_url(target) == url
 
 
-@pytest.mark.parametrize("target", ["", "localhost", "http://h/metrics", "[::1]"])
+@pytest.mark.parametrize("target", ["", "localhost", "http://h/metrics", "[::1]", "127.0.0.1:99999", "h:0"])
 def test_a_target_without_a_port_is_refused_by_name(target: str) -> None:
     res = CliRunner().invoke(cli, ["top", target, "--once"])
     assert res.exit_code == 2 and ("host:port" in res.output or "empty" in res.output), res.output
@@ -113,3 +113,47 @@ def test_top_at_80_columns_shows_one_column_per_endpoint(make_manager) -> None:
     assert _cells(res.output, "listener")[2] == "unreachable"
     assert _cells(res.output, "error")[1:2] == [""]  # the live endpoint has none
     assert "URLError" in _cells(res.output, "error")[2] or "Connection" in res.output, res.output
+
+
+def _serve_text(text: str):
+    """An HTTP endpoint that answers every GET with ``text`` (a Prometheus exposition)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(("exposition", "parked"), [
+    ("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n", None),
+    ('# TYPE vllm:kvtier_parked_ids gauge\nvllm:kvtier_parked_ids{listener="10.0.0.5:5710",state="parked"} 3.0\n', "3"),
+])
+def test_an_endpoint_without_kvtier_series_is_said_so(exposition: str, parked: str | None) -> None:
+    """An endpoint that is not kvtier's (vLLM's own /metrics of an engine without kvtier) is an
+    error row and exit 1 — it showed an idle tier, every count 0; vLLM's /metrics of an engine
+    that runs kvtier carries the series as ``vllm:kvtier_*``, which count."""
+    server = _serve_text(exposition)
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        res = CliRunner().invoke(cli, ["top", target, "--once", "--interval", "0.1"], env={"COLUMNS": "250"})
+        if parked is None:  # an error turns the table: a row per figure, the error's among them
+            assert res.exit_code == 1 and "no kvtier series at this endpoint" in _cells(res.output, "error")[1]
+        else:
+            assert res.exit_code == 0, res.output
+            assert _cells(res.output, f"http://{target}/metrics")[1:3] == ["10.0.0.5:5710", parked]
+    finally:
+        server.shutdown()
+        server.server_close()

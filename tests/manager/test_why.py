@@ -225,3 +225,25 @@ def test_the_producer_names_a_consumer_that_died_by_its_address(make_manager) ->
     assert pump_until(lambda: pjobs.has(1), managers=[p], jobs=[pjobs])
     (rec,) = [r for r in _records("kv-dead", p) if r["role"] == "producer"]
     assert not rec["ok"] and rec["peer"].startswith("127.0.0.1:"), rec
+
+
+def test_why_explains_a_load_refused_by_allowed_peers(make_manager) -> None:
+    """A request naming a producer outside ``allowed_peers`` is refused before any dial; its
+    load's record explains it (it left none: "not among its last finished requests")."""
+    c = make_manager({**HB, "allowed_peers": ["10.9.9.9"]})
+    req = consumer_req("c1", "kv-deny", "127.0.0.1", 5999)
+    assert c.on_new_request(req) == "local"
+    c.submit_load(job(1, [b"k"], [0], req))
+    jobs = Jobs(c)
+    assert pump_until(lambda: jobs.has(1), managers=[c], jobs=[jobs])
+    code, out, _ = _why("kv-deny", c)
+    assert code == 0, out
+    _failed_load(out, "kv-deny", "peer_not_allowed")
+
+
+@pytest.mark.parametrize("kid", ["", "a b", "x" * 257])
+def test_why_refuses_what_cannot_be_a_kv_request_id(kid: str) -> None:
+    """An id no request can have is a usage error naming the rule (it was looked up and reported
+    "not among its last 1024 finished requests")."""
+    res = CliRunner().invoke(cli, ["why", kid, "127.0.0.1:9"])
+    assert res.exit_code == 2 and "is not a kv_request_id" in res.output, res.output
