@@ -384,9 +384,14 @@ class Forensics:
                            (("failed", 0.0),), now, 0.0))
 
     def _sent_probe(self, peer: str, msg: wm.Probe, now: float) -> None:
-        if len(self._probed) >= MAX_OPEN:  # requests that probed and never loaded: forget them all
+        self.peer_of_request(msg.kv_request_id, peer)
+
+    def peer_of_request(self, kv_request_id: str, peer: str) -> None:
+        """Name ``peer`` in the record of the load of ``kv_request_id`` should it end before any
+        fetch names one: a probed peer, or the endpoint a refused request named (``peer_not_allowed``)."""
+        if len(self._probed) >= MAX_OPEN:  # requests that never loaded: forget them all
             self._probed.clear()
-        self._probed[msg.kv_request_id] = peer
+        self._probed[kv_request_id] = peer
 
     def _name(self, peer: str) -> str:
         """Where ``peer`` is (an inbound ``in:<hex>`` id means nothing to a person), remembered

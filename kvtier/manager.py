@@ -362,6 +362,8 @@ class KvTierManager(TierView):
         if info.role == "refused":  # its producer is not in allowed_peers: nothing to load
             self._check_job(job)
             self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=self.clock(), nbytes=0)
+            if info.kv_request_id and info.peer:
+                self._loop.call(lambda _: self.forensics.peer_of_request(info.kv_request_id, info.peer))
             self._loop.input(ix.JobSettled(job.job_id, False, Reason.PEER_NOT_ALLOWED))
             return
         if info.role not in ("consumer", "source"):

@@ -57,8 +57,10 @@ def _split(target: str) -> tuple[str, str, str]:
     scheme, _, rest = target.partition("://")
     hostport, _, path = rest.partition("/")
     port = hostport.rsplit("]", 1)[-1].rpartition(":")[2]
-    if scheme not in ("http", "https") or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{given!r} is not a metrics endpoint (a port is 1..65535): give {_EXAMPLE}")
+    if scheme not in ("http", "https") or not (port.isascii() and port.isdigit()):
+        raise ValueError(f"{given!r} is not a metrics endpoint: give {_EXAMPLE}")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"{given!r}: port {port} is not 1..65535: give {_EXAMPLE}")
     return scheme, hostport, path
 
 
@@ -134,14 +136,16 @@ def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = tim
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
             text = resp.read().decode("utf-8", "replace")
         samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        ours = False  # a kvtier family, even with no sample yet (vLLM adds its children at the first stats)
         for family in text_string_to_metric_families(text):
+            ours = ours or family.name.startswith(("kvtier_", "vllm:kvtier_"))
             for s in family.samples:
                 # vLLM's own /metrics carries kvtier's series as vllm:kvtier_* (its stats bridge)
                 name = s.name[5:] if s.name.startswith("vllm:kvtier_") else s.name
                 samples[name, tuple(sorted(s.labels.items()))] = s.value
     except (OSError, urllib.error.URLError, ValueError) as exc:
         return Snapshot(url, t, error=f"{type(exc).__name__}: {exc}"[:160])
-    if not any(name.startswith("kvtier_") for name, _ in samples):
+    if not ours:
         return Snapshot(url, t, error="no kvtier series at this endpoint: point it at a tier's host and metrics_port "
                                       "(or at vLLM's /metrics of an engine that runs kvtier)")
     return Snapshot(url, t, samples)

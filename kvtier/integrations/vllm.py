@@ -91,6 +91,7 @@ from kvtier.config import TierConfig, TierConfigError
 from kvtier.integrations.vllm_engine import (
     VllmParentSource,
     _dp_index,
+    _dp_size,
     _Req,
     _ReqStates,
     _Throttled,
@@ -101,6 +102,7 @@ from kvtier.integrations.vllm_stats import _StatsBridge, vllm_metric_definitions
 from kvtier.lifecycle import Reason
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
+from kvtier.transport import TransportError
 from kvtier.version import TESTED_VLLM_VERSION
 
 __all__ = ["KvTierSecondaryTier", "TESTED_VLLM_VERSION", "vllm_layout"]
@@ -116,7 +118,9 @@ def _share_vllm_logging() -> None:
     dropped and its warnings printed bare by Python's last-resort handler.  A ``kvtier`` logger or
     root logger the application configured is left alone."""
     ours, theirs = logging.getLogger("kvtier"), logging.getLogger("vllm")
-    if ours.handlers or logging.getLogger().handlers or not theirs.handlers:
+    configured = any(name.startswith("kvtier.") and getattr(lg, "handlers", None)  # an application's own
+                     for name, lg in list(logging.Logger.manager.loggerDict.items()))
+    if ours.handlers or configured or logging.getLogger().handlers or not theirs.handlers:
         return
     for handler in theirs.handlers:
         ours.addHandler(handler)
@@ -188,6 +192,13 @@ class KvTierSecondaryTier(SecondaryTierManager):
         config = TierConfig.from_dict({"type": tier_type, "background_poll": True, **options,
                                        "backpressure": backpressure_detector})
         dp = _dp_index(offloading_spec)
+        ranks = _dp_size(offloading_spec)
+        # rank r binds port + r and metrics_port + r: ranks sharing a host may take each other's (said
+        # if a bind fails; ranks on separate hosts do not clash, and vLLM does not say which share one)
+        overlap = (f"port={config.port} and metrics_port={config.metrics_port} are {abs(config.metrics_port - config.port)} "
+                   f"apart and each of the {ranks} data-parallel ranks binds both plus its index, so ranks on one "
+                   f"host take each other's ports: put them at least {ranks} apart"
+                   if config.port and config.metrics_port and abs(config.metrics_port - config.port) < ranks else "")
         shifted = {}
         for key in ("port", "metrics_port"):  # the listener and the metrics endpoint
             base = getattr(config, key)
@@ -237,6 +248,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
             traceback.clear_frames(exc.__traceback__)
             self._mgr = None
             self._release_check("constructor failure")
+            if overlap and isinstance(exc, (TransportError, OSError)):  # our listener or metrics port is taken
+                raise TierConfigError(f"{exc}. {overlap}", keys=("port", "metrics_port")) from exc
             raise
         del pool
         self._ledger: KvTierManager = self._mgr

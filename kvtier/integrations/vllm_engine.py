@@ -156,6 +156,13 @@ def _dp_index(offloading_spec: Any) -> int:
     return idx if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0 else 0
 
 
+def _dp_size(offloading_spec: Any) -> int:
+    """How many data-parallel ranks the deployment has (1 when vLLM does not say)."""
+    parallel = getattr(getattr(offloading_spec, "config", None), "parallel", None)
+    n = getattr(parallel, "data_parallel_size", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+
+
 def vllm_layout(offloading_spec: Any, row_bytes: int) -> str:
     """The layout fingerprint kvtier's handshake compares (both engines must produce the same).
 

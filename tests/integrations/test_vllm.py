@@ -242,16 +242,21 @@ def test_kvtier_lines_go_through_vllms_handlers(managers, monkeypatch) -> None:
             records.append(record)
 
     root, kv, vl = logging.getLogger(), logging.getLogger("kvtier"), logging.getLogger("vllm")
+    levels = kv.level, vl.level
     monkeypatch.setattr(root, "handlers", [])  # as under vLLM: no root handler (pytest's own aside)
     monkeypatch.setattr(kv, "handlers", [])
-    monkeypatch.setattr(kv, "level", logging.NOTSET)
     monkeypatch.setattr(kv, "propagate", True)
     monkeypatch.setattr(vl, "handlers", [Keep()])
-    monkeypatch.setattr(vl, "level", logging.INFO)
-    _, tier = managers(TIER)
-    assert any(r.name == "kvtier.integrations.vllm" and f"listening on {tier.address}" in r.getMessage()
-               for r in records), [r.getMessage() for r in records]
-    assert kv.propagate is False  # not twice, should the application add a root handler later
+    kv.setLevel(logging.NOTSET)
+    vl.setLevel(logging.INFO)
+    try:
+        _, tier = managers(TIER)
+        assert any(r.name == "kvtier.integrations.vllm" and f"listening on {tier.address}" in r.getMessage()
+                   for r in records), [r.getMessage() for r in records]
+        assert kv.propagate is False  # not twice, should the application add a root handler later
+    finally:
+        kv.setLevel(levels[0])  # setLevel, not an attribute: it clears the loggers' level caches
+        vl.setLevel(levels[1])
 
 
 # -- a producer request with nothing stored; remote_port as a string --------------------

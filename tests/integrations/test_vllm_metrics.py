@@ -135,3 +135,19 @@ def test_a_metrics_port_one_above_the_port_shifts_with_it(managers) -> None:
     _, tier = managers({**V.TIER, "port": port, "metrics_port": port + 1}, dp_index=1)
     assert (tier.config.port, tier.config.metrics_port) == (port + 1, port + 2)
     assert tier.kvtier.metrics_address == f"127.0.0.1:{port + 2}"
+
+
+@pytest.mark.timeout(60)
+def test_two_ranks_on_one_host_whose_ports_overlap_are_told_why(managers) -> None:
+    """Ranks 0 and 1 on one host with ``metrics_port`` one above ``port``: rank 1's listener is
+    rank 0's metrics port.  Rank 1's refusal says so and what to change (it read "another process
+    listens there", which sent the user looking for a stranger)."""
+    port = V.free_port()
+    entry = {**V.TIER, "port": port, "metrics_port": port + 1}
+    _, rank0 = managers(entry, dp_index=0)
+    assert (rank0.config.port, rank0.config.metrics_port) == (port, port + 1)
+    with pytest.raises(V.TierConfigError) as exc:
+        managers(entry, dp_index=1)
+    assert exc.value.keys == ("port", "metrics_port")
+    assert "each of the 2 data-parallel ranks binds both plus its index" in str(exc.value)
+    assert "put them at least 2 apart" in str(exc.value)

@@ -239,6 +239,8 @@ def test_why_explains_a_load_refused_by_allowed_peers(make_manager) -> None:
     code, out, _ = _why("kv-deny", c)
     assert code == 0, out
     _failed_load(out, "kv-deny", "peer_not_allowed")
+    (rec,) = _records("kv-deny", c)
+    assert rec["peer"] == "127.0.0.1:5999", rec  # the endpoint to add to allowed_peers, or to fix
 
 
 @pytest.mark.parametrize("kid", ["", "a b", "x" * 257])
