@@ -141,7 +141,7 @@ def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = tim
             ours = ours or family.name.startswith(("kvtier_", "vllm:kvtier_"))
             for s in family.samples:
                 # vLLM's own /metrics carries kvtier's series as vllm:kvtier_* (its stats bridge)
-                name = s.name[5:] if s.name.startswith("vllm:kvtier_") else s.name
+                name = s.name.removeprefix("vllm:") if s.name.startswith("vllm:kvtier_") else s.name
                 samples[name, tuple(sorted(s.labels.items()))] = s.value
     except (OSError, urllib.error.URLError, ValueError) as exc:
         return Snapshot(url, t, error=f"{type(exc).__name__}: {exc}"[:160])

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -190,3 +191,14 @@ class ShmBaseline:
 @pytest.fixture
 def shm_files() -> ShmBaseline:
     return ShmBaseline()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts TCP and never speaks (a black hole, a wrong ``remote_port``): the kernel
+    completes every TCP handshake; nothing answers ZMTP's greeting."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        yield hole.getsockname()[1]
+

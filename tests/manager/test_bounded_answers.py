@@ -25,7 +25,6 @@ The reconnect race (decision T10) has its own file, ``test_reconnect_race.py``.
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -182,15 +181,6 @@ def test_a_dial_to_a_closed_port_fails_its_load_at_once(data_plane, make_manager
     assert metric(c, "kvtier_session_ends_total", reason="connect_refused") == 1
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.3)
     assert jobs.total() == 1
-
-
-@pytest.fixture
-def silent_port():
-    """A port that accepts TCP and never speaks (a black hole: the kernel completes the handshake)."""
-    with socket.socket() as hole:
-        hole.bind(("127.0.0.1", 0))
-        hole.listen(8)
-        yield hole.getsockname()[1]
 
 
 def _load_out_to(c, port: int) -> Jobs:

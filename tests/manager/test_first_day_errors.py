@@ -247,26 +247,22 @@ def test_a_manager_dropped_without_shutdown_is_collected_and_says_so() -> None:
     assert r.stderr.count("dropped without shutdown(): its sockets are closed now") == 4
 
 
-def test_a_listener_that_never_speaks_is_named_handshake_timeout_every_time(make_manager) -> None:
+def test_a_listener_that_never_speaks_is_named_handshake_timeout_every_time(make_manager, silent_port) -> None:
     """A wrong ``remote_port`` (something that accepts TCP and never speaks): the load fails
     ``handshake_timeout``, whose advice names that cause, in every trial.  libzmq's own cut of a
     connection that never completes ZMTP came at the same instant as the core's hello timer and
     won 1 time in 6, reading as ``peer_disconnected`` ("the peer closed the connection"), which
     it never did (decision T14)."""
-    with socket.socket() as hole:
-        hole.bind(("127.0.0.1", 0))
-        hole.listen(64)  # the kernel completes every TCP handshake; nothing answers ZMTP's greeting
-        port = hole.getsockname()[1]
-        reasons = []
-        for trial in range(8):
-            c = make_manager({"handshake_timeout_s": 0.5})
-            jobs = Jobs(c)
-            req = consumer_req(f"d{trial}", f"kv-{trial}", "127.0.0.1", port)
-            c.on_new_request(req)
-            c.submit_load(job(1, keys_for(f"kv-{trial}", 1), [0], req))
-            assert pump_until(lambda: jobs.has(1), jobs=[jobs], timeout_s=5.0)
-            reasons.append(jobs.one(1).reason)
-            c.shutdown(0.05)
+    reasons = []
+    for trial in range(8):
+        c = make_manager({"handshake_timeout_s": 0.5})
+        jobs = Jobs(c)
+        req = consumer_req(f"d{trial}", f"kv-{trial}", "127.0.0.1", silent_port)
+        c.on_new_request(req)
+        c.submit_load(job(1, keys_for(f"kv-{trial}", 1), [0], req))
+        assert pump_until(lambda: jobs.has(1), jobs=[jobs], timeout_s=5.0)
+        reasons.append(jobs.one(1).reason)
+        c.shutdown(0.05)
     assert reasons == ["handshake_timeout"] * 8
 
 
