@@ -106,6 +106,9 @@ def check_config(config: str) -> None:
     validated as kvtier would (each error names the key), and the mistakes vLLM decides before
     kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "type" or "module_path" vLLM cannot load, a "backpressure" key).
 
+    A MultiConnector config is checked through its "connectors": kvtier's entry in the
+    OffloadingConnector among them.
+
     KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. CURVE key files are read as the
     engine reads them, on this host. Exit status 1 on a problem in the config, 2 when it cannot be
     read or is not a JSON object.

@@ -9,6 +9,9 @@ at all, because vLLM 0.33.0's ``SecondaryTierFactory`` decides them first:
   non-empty top-level ``"backpressure"`` block into a back-pressure detector that kvtier refuses
   (a top-level ``"backpressure": null`` or ``{}`` is ignored by vLLM).
 
+A ``MultiConnector`` config is checked through its ``connectors``: each one vLLM builds as a
+connector of its own, and kvtier's entry sits in the offloading one among them.
+
 This module reads the JSON the way vLLM does (no vLLM import) and validates every kvtier entry
 with :class:`kvtier.config.TierConfig`, so those mistakes are found on the operator's terminal,
 each with the key to change.
@@ -53,15 +56,59 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
         ValueError: not JSON, or not a JSON object.
     """
     doc = _load(blob)
+    if doc.get("kv_connector") == "MultiConnector":
+        return _check_multi(doc)
+    problems, notes, _ = _check_offloading(doc)
+    return problems, notes
+
+
+def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """vLLM's ``MultiConnector`` builds each entry of ``kv_connector_extra_config.connectors`` as a
+    connector of its own (a whole ``--kv-transfer-config`` each): kvtier's is the offloading one."""
+    extra = doc.get("kv_connector_extra_config")
+    children = extra.get("connectors") if isinstance(extra, Mapping) else None
+    if not isinstance(children, list) or not children:
+        return [("kv_connector is 'MultiConnector' but kv_connector_extra_config.connectors is missing or empty: "
+                 'list the connectors there, one of them {"kv_connector": "OffloadingConnector", ...} with the '
+                 "kvtier entry (docs/integrations/vllm.md)")], []
+    problems: list[str] = []
+    notes: list[str] = []
+    found = offloading = 0
+    for i, child in enumerate(children):
+        if not isinstance(child, Mapping):
+            problems.append(f"connectors[{i}] is not a JSON object")
+            continue
+        if child.get("kv_connector") != "OffloadingConnector":
+            continue  # another connector (e.g. NixlConnector): not ours to judge
+        offloading += 1
+        p, n, k = _check_offloading(child, own_entry_required=False)
+        problems += [f"connectors[{i}]: {x}" for x in p]
+        notes += [f"connectors[{i}]: {x}" for x in n]
+        found += k
+    if not offloading:
+        problems.append('no entry of MultiConnector\'s connectors is "kv_connector": "OffloadingConnector": kvtier runs '
+                        "as a secondary tier of vLLM's offloading connector; add one (docs/integrations/vllm.md)")
+    elif not found and not problems:
+        problems.append(f"no secondary_tiers entry of an OffloadingConnector loads kvtier (module_path {KVTIER_MODULE!r})")
+    if found > 1:
+        problems.append(f"{found} secondary_tiers entries load kvtier: one per engine (a second one parks every "
+                        "prefill request's blocks again and pins them until its unbound_store_timeout_s)")
+    return problems, notes
+
+
+def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -> tuple[list[str], list[str], int]:
+    """One offloading connector's config: ``(problems, notes, kvtier entries found)``; with
+    ``own_entry_required`` a config that loads no kvtier entry (or more than one) is a problem."""
     extra = doc.get("kv_connector_extra_config")
     if not isinstance(extra, Mapping):
         return [("kv_connector_extra_config is missing: kvtier is configured as one of its secondary_tiers "
-                 "(docs/integrations/vllm.md)")], []
+                 "(docs/integrations/vllm.md)")], [], 0
     problems: list[str] = []
     notes: list[str] = []
     if doc.get("kv_connector") != "OffloadingConnector":
         problems.append(f"kv_connector is {doc.get('kv_connector')!r}: kvtier runs as a secondary tier of vLLM's "
-                        'offloading connector; write "kv_connector": "OffloadingConnector"')
+                        'offloading connector; write "kv_connector": "OffloadingConnector" (or list it among a '
+                        "MultiConnector's connectors)")
     misplaced = sorted(set(extra) & set(DEFAULTS) - {"backpressure"})
     if misplaced:  # vLLM ignores them there: an allowed_peers left out of the entry leaves it open
         problems.append(f"kv_connector_extra_config: {', '.join(misplaced)} belong inside the kvtier entry of "
@@ -74,7 +121,7 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
     if not isinstance(tiers, list) or not tiers:
         what = "is missing or empty" if not tiers else f"must be a list of entries, got {type(tiers).__name__}"
         return problems + [(f"kv_connector_extra_config.secondary_tiers {what}: add one kvtier entry "
-                            '({"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", ...})')], notes
+                            '({"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", ...})')], notes, 0
     found = 0
     for i, entry in enumerate(tiers):
         where = f"secondary_tiers[{i}]"
@@ -124,9 +171,9 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
             continue
         notes.append(f"{where}: kvtier, {cfg.data_plane} plane, listens on {cfg.host}:{cfg.port}"
                      f"{' (+ data_parallel_index)' if cfg.port else ''}, auth {cfg.auth}")
-    if not found and not problems:
+    if own_entry_required and not found and not problems:
         problems.append(f"no secondary_tiers entry loads kvtier (module_path {KVTIER_MODULE!r})")
-    if found > 1:
+    if own_entry_required and found > 1:
         problems.append(f"{found} secondary_tiers entries load kvtier: one per engine (a second one parks every "
                         "prefill request's blocks again and pins them until its unbound_store_timeout_s)")
-    return problems, notes
+    return problems, notes, found

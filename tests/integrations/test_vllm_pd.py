@@ -117,3 +117,39 @@ def test_pd_pair_driven_by_engine_steps_only(model_dir: str) -> None:
             e.shutdown()
     for e in engines:
         assert_released(e.manager, e.engine_id)
+
+
+@pytest.mark.timeout(90)
+def test_pd_pair_inside_a_multiconnector(model_dir: str) -> None:
+    """Both engines run the offloading connector (and kvtier in it) as a ``MultiConnector``'s
+    connector, as beside a NixlConnector: vLLM builds it from its own entry, and the hand-off is
+    the same — byte-identical blocks, nothing left pinned."""
+    from kvtier.vllmconfig import check_kv_transfer_config
+
+    prefill = Engine("mprefill", model_dir, TIER, multi=True)
+    decode = Engine("mdecode", model_dir, TIER, multi=True)
+    engines = [prefill, decode]
+    try:
+        config = prefill.sched.vllm_config.kv_transfer_config
+        assert config.kv_connector == "MultiConnector"
+        problems, notes = check_kv_transfer_config({"kv_connector": config.kv_connector,
+                                                    "kv_connector_extra_config": config.kv_connector_extra_config})
+        assert not problems and notes, problems  # what check-config says of the config this engine runs
+        host, port = prefill.tier.address.rsplit(":", 1)
+        prompt = [(i * 17 + 2) % 1000 + 10 for i in range(64)]  # 4 full blocks
+        prefill.add("P", prompt, 1, {"remote_decoder": {"kv_request_id": "cmpl-kv-multi"}})
+        run([prefill], lambda: "P" in prefill.finished, "prefill")
+        decode.add("D", prompt, 2, {"remote_prefiller": {
+            "kv_request_id": "cmpl-kv-multi", "remote_host": host, "remote_port": int(port)}})
+        run(engines, lambda: "D" in decode.finished, "decode of D")
+        run(engines, lambda: not (prefill.busy() or decode.busy()), "both engines idle")
+        loaded = decode.loaded["D"]
+        assert len(loaded) >= 3
+        for h in loaded:
+            assert decode.loaded_bytes[h] == prefill.stored[h] == pattern(h).tobytes()
+        assert stat(decode.tier, "kvtier_block_bytes_landed") == len(loaded) * ROW
+    finally:
+        for e in engines:
+            e.shutdown()
+    for e in engines:
+        assert_released(e.manager, e.engine_id)

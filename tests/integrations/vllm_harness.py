@@ -230,7 +230,10 @@ TINY_LLAMA = {
 class Engine:
     """A real v1 Scheduler (+ OffloadingConnector + kvtier tier) with a faked GPU worker."""
 
-    def __init__(self, name: str, model_dir: str, tier_entry: dict, *, poll_s: float = 0.001) -> None:
+    def __init__(self, name: str, model_dir: str, tier_entry: dict, *, poll_s: float = 0.001,
+                 multi: bool = False) -> None:
+        """``multi``: the offloading connector is the only one of a ``MultiConnector`` (as beside a
+        NixlConnector), which builds it from its own ``--kv-transfer-config`` entry."""
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -245,6 +248,18 @@ class Engine:
 
         self.name = name
         self.engine_id = f"kvtier-pd-{name}-{uuid.uuid4().hex[:6]}"
+        self.multi = multi
+        offloading = {
+            "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": "TieringOffloadingSpec",
+                "cpu_bytes_to_use": 16 * ROW,
+                # > 0: vLLM's tier-poll thread drives kvtier between steps (default 1 ms);
+                # 0: no thread, kvtier is polled only when the engine steps
+                "tier_poll_interval_s": poll_s,
+                "secondary_tiers": [tier_entry],
+            },
+        }
         vllm_config = VllmConfig(
             model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
                                      max_model_len=1024, seed=0),
@@ -252,17 +267,9 @@ class Engine:
                                      enable_prefix_caching=True),
             scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024,
                                              enable_chunked_prefill=True, is_encoder_decoder=False),
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=self.engine_id,
-                kv_connector_extra_config={
-                    "spec_name": "TieringOffloadingSpec",
-                    "cpu_bytes_to_use": 16 * ROW,
-                    # > 0: vLLM's tier-poll thread drives kvtier between steps (default 1 ms);
-                    # 0: no thread, kvtier is polled only when the engine steps
-                    "tier_poll_interval_s": poll_s,
-                    "secondary_tiers": [tier_entry],
-                },
-            ),
+            kv_transfer_config=KVTransferConfig(engine_id=self.engine_id, **(
+                {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                 "kv_connector_extra_config": {"connectors": [offloading]}} if multi else offloading)),
             device_config=DeviceConfig("cpu"),
         )
         kv_cache_config = KVCacheConfig(
@@ -274,7 +281,8 @@ class Engine:
         self.sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                                structured_output_manager=StructuredOutputManager(vllm_config),
                                block_size=BLOCK, log_stats=True)
-        self.manager: TieringOffloadingManager = self.sched.connector.connector_scheduler.manager
+        connector = self.sched.connector.sub_connectors[0] if multi else self.sched.connector
+        self.manager: TieringOffloadingManager = connector.connector_scheduler.manager
         (self.tier,) = self.manager.secondary_tiers
         assert isinstance(self.tier, KvTierSecondaryTier)
         self.primary: np.ndarray | None = np.asarray(self.manager.primary_tier.get_kv_memoryview())
@@ -283,6 +291,15 @@ class Engine:
         self.loaded_bytes: dict[bytes, bytes] = {}  # block hash -> bytes the worker loaded (decode)
         self.scheduled: dict[str, int] = {}  # req id -> tokens scheduled (computed) so far
         self.finished: set[str] = set()
+
+    def _worker_meta(self, wmeta: Any) -> Any:
+        if not wmeta.completed_jobs:
+            return None
+        if not self.multi:
+            return wmeta
+        from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorWorkerMetadata
+
+        return MultiKVConnectorWorkerMetadata(metadata=(wmeta,))
 
     def _gpu_block_hash(self, block_id: int) -> bytes:
         blk = self.sched.kv_cache_manager.block_pool.blocks[block_id]
@@ -294,7 +311,7 @@ class Engine:
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
         so = self.sched.schedule()
-        meta = so.kv_connector_metadata
+        meta = so.kv_connector_metadata.metadata[0] if self.multi else so.kv_connector_metadata
         wmeta = OffloadingWorkerMetadata()
         recving: set[str] = set()
         assert self.primary is not None
@@ -322,7 +339,7 @@ class Engine:
             sampled_token_ids=[[7] for _ in req_ids], logprobs=None, prompt_logprobs_dict={},
             pooler_output=None,
             kv_connector_output=KVConnectorOutput(finished_sending=set(), finished_recving=recving,
-                                                  kv_connector_worker_meta=wmeta if wmeta.completed_jobs else None),
+                                                  kv_connector_worker_meta=self._worker_meta(wmeta)),
         )
         outputs = self.sched.update_from_output(so, out)
         for eco in outputs.values():

@@ -292,3 +292,36 @@ def test_check_config_finds_what_the_engine_would_ignore_or_refuse(doc, says) ->
     cannot read at start: each was ``ok``."""
     res = CliRunner().invoke(cli, ["check-config", json.dumps(doc)])
     assert res.exit_code == 1 and says in res.output, res.output
+
+
+def test_check_config_reads_a_multiconnector_through_its_connectors() -> None:
+    """vLLM's ``MultiConnector`` builds each of its ``connectors`` as a connector of its own:
+    kvtier's entry in the offloading one is checked there (it was refused as the wrong
+    ``kv_connector``), other connectors are not judged, and a MultiConnector without an
+    offloading connector, or with two kvtier entries, is a problem."""
+    ok = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "port": 5710}
+
+    def offloading(*entries: dict) -> dict:
+        return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec", "secondary_tiers": list(entries)}}
+
+    def multi(*children: dict) -> str:
+        return json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"connectors": list(children)}})
+
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    res = CliRunner().invoke(cli, ["check-config", multi(nixl, offloading(ok))])
+    assert res.exit_code == 0 and "ok: connectors[1]: secondary_tiers[0]: kvtier" in res.output, res.output
+    res = CliRunner().invoke(cli, ["check-config", multi(nixl, offloading({**ok, "unbound_store_timout_s": 3}))])
+    assert res.exit_code == 1 and "connectors[1]: secondary_tiers[0]:" in res.output, res.output
+    assert "did you mean 'unbound_store_timeout_s'" in res.output
+    res = CliRunner().invoke(cli, ["check-config", multi(nixl)])
+    assert res.exit_code == 1 and 'is "kv_connector": "OffloadingConnector"' in res.output, res.output
+    res = CliRunner().invoke(cli, ["check-config", multi(offloading(ok), offloading({**ok, "port": 5711}))])
+    assert res.exit_code == 1 and "2 secondary_tiers entries load kvtier" in res.output, res.output
+    res = CliRunner().invoke(cli, ["check-config", multi(offloading({"type": "p2p", "port": 5710}))])
+    assert res.exit_code == 1 and "no secondary_tiers entry of an OffloadingConnector loads kvtier" in res.output
+    res = CliRunner().invoke(cli, ["check-config", json.dumps({"kv_connector": "MultiConnector"})])
+    assert res.exit_code == 1 and "connectors is missing or empty" in res.output, res.output
+    res = CliRunner().invoke(cli, ["check-config", json.dumps({**offloading(ok), "kv_connector": "NixlConnector"})])
+    assert res.exit_code == 1 and "or list it among a MultiConnector's connectors" in res.output, res.output
