@@ -57,7 +57,8 @@ def top(urls: tuple[str, ...], interval_s: float, once: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoints' records as JSON instead.")
 def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
     """Explain how KV_REQUEST_ID ended: its states, timeline, peer and bytes, and for a failure what
-    the reason means and what to change.
+    the reason means and what to change. A fetch still out, or a transfer still being served, is
+    shown as in progress, with its states and milestones so far.
 
     ENDPOINT: the metrics endpoint (host:port, the tier's metrics_port) of the decode engine, the
     prefill engine, or both. Each keeps its last 1024 finished requests. Exit status 1 when no
@@ -65,7 +66,7 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
     """
     import json
 
-    from kvtier.explain import explain
+    from kvtier.explain import explain, explain_open
     from kvtier.top import fetch_requests
     from kvtier.wire.messages import check_kv_request_id
 
@@ -82,11 +83,17 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
         except OSError as exc:
             problems.append(f"{endpoint}: cannot read it ({exc})")
             continue
-        entries = doc.get("requests", [])
+        entries, opened = doc.get("requests", []), doc.get("open", [])
         records[endpoint] = doc
-        if not entries:
+        if not entries and not opened:
             problems.append(f"{endpoint}: {kv_request_id!r} is not among its last {doc.get('capacity', '?')} "
-                            f"finished requests")
+                            "finished requests, and no fetch or transfer of it is under way (an id parked "
+                            "there that no consumer fetched yet is listed once it ends)")
+        for e in opened:
+            found += 1
+            if not as_json:
+                click.echo(explain_open(e, where=f"{endpoint}, listener {doc.get('listener', '?')}"))
+                click.echo()
         for e in entries:
             found += 1
             if not as_json:

@@ -14,7 +14,7 @@ from typing import Any
 from kvtier.advice import advice
 from kvtier.lifecycle import REASON_DOCS, Reason
 
-__all__ = ["TierStats", "explain", "one_line"]
+__all__ = ["TierStats", "explain", "explain_open", "one_line"]
 
 _ROLE = {"consumer": "load (consumer)", "producer": "parked blocks (producer)",
          "fetch": "a peer's fetch (producer)", "probe": "probing its peer (symmetric)"}
@@ -50,6 +50,22 @@ def one_line(e: Mapping[str, Any]) -> str:
     when = f", {_ms(ago)} ago" if isinstance(ago, (int, float)) else ""
     peer = f", peer {e['peer']}" if e.get("peer") else ""
     return f"{e['kv_request_id']} {_ROLE.get(e['role'], e['role'])} {_outcome(e)}{peer}{when}"
+
+
+def explain_open(e: Mapping[str, Any], where: str = "") -> str:
+    """A request still in progress (an ``open`` object of ``GET /kvtier/requests``): its role,
+    peer, states and milestones so far."""
+    peer = f", peer {e['peer']}" if e.get("peer") else ""
+    lines = [f"{e['kv_request_id']} {_ROLE.get(e['role'], e['role'])} IN PROGRESS for {_ms(e.get('seconds', 0.0))}"
+             f"{peer}" + (f"  [{where}]" if where else "")]
+    if e.get("path"):
+        lines.append(f"  path      {' → '.join(e['path'])} (so far)")
+    marks = e.get("marks") or {}
+    if marks:
+        lines.append(f"  timeline  {' · '.join(f'{name} +{_ms(at)}' for name, at in marks.items())}")
+    if e["role"] == "consumer" and e.get("landed"):
+        lines.append(f"  blocks    {e['landed']} landed so far")
+    return "\n".join(lines)
 
 
 def explain(e: Mapping[str, Any], where: str = "") -> str:

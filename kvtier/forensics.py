@@ -234,6 +234,24 @@ class Forensics:
         """Requests being tracked now."""
         return len(self._open)
 
+    def open_json(self, kv_request_id: str) -> list[dict[str, Any]]:
+        """The entries of ``kv_request_id`` still in progress (a fetch out or a transfer being
+        served; a parked id nobody fetched yet has none), as :func:`to_json` writes finished ones
+        with ``seconds`` so far and no outcome.  Safe from any thread: it reads a snapshot of each
+        record and names a peer only from what :meth:`_name` remembered."""
+        now = self._clock()
+        out = []
+        for role in ("consumer", "producer"):
+            t = self._open.get((role, kv_request_id))
+            if t is None:
+                continue
+            start = t.started
+            out.append({"kv_request_id": kv_request_id, "role": role, "peer": self._named.get(t.peer, t.peer),
+                        "path": list(t.path), "marks": {m: max(0.0, at - start) for m, at in list(t.marks)},
+                        "started": start, "seconds": max(0.0, now - start), "blocks": t.blocks,
+                        "landed": t.landed})
+        return out
+
     # -- effects ------------------------------------------------------------------------------
     def _trace(self, role: str, kv_request_id: str, now: float) -> _Open:
         key = (role, kv_request_id)

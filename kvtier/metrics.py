@@ -563,7 +563,7 @@ def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
         body = json.dumps({
             "tier": const[0], "listener": const[1], "capacity": requests.capacity,
             "finished_total": requests.finished_total, "in_progress": requests.in_progress(),
-            "requests": requests.as_json(kid, limit),
+            "requests": requests.as_json(kid, limit), "open": requests.open_json(kid) if kid else [],
         }).encode()
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
         return [body]

@@ -150,11 +150,36 @@ def test_why_explains_a_corrupt_load(make_manager) -> None:
     assert "sending" in parked["marks"] and parked["blocks"] == 4
 
 
+def test_why_shows_a_load_still_in_progress(make_manager) -> None:
+    """A fetch still out is shown as in progress (its states and milestones so far), not as an id
+    the endpoint does not know; once it ends, its finished record is shown."""
+    p = make_manager(HB)
+    c = make_manager(HB)
+    pjobs, cjobs = Jobs(p), Jobs(c)
+    transfer_once(p, c, "kv-warm")  # the session is up: the next fetch leaves at once
+    keys = keys_for("kv-open", 2)
+    preq = producer_req("p2", "kv-open")
+    p.on_new_request(preq)
+    p.submit_store(job(11, keys, [0, 1], preq))
+    creq = consumer_req("c2", "kv-open", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(12, keys, [2, 3], creq))  # the producer is not polled: the fetch stays out
+    assert pump_until(lambda: _why("kv-open", c)[0] == 0, managers=[c], jobs=[cjobs])
+    code, out, err = _why("kv-open", c)
+    assert "kv-open load (consumer) IN PROGRESS for " in out and f"peer {p.address}" in out, (out, err)
+    assert "in_flight (so far)" in out and "timeline  fetch +" in out, out
+    assert not cjobs.has(12)
+    assert pump_until(lambda: cjobs.has(12) and pjobs.has(11), managers=[p, c], jobs=[pjobs, cjobs])
+    code, out, _ = _why("kv-open", c, p)
+    assert code == 0 and "IN PROGRESS" not in out, out
+    assert "kv-open load (consumer) ok" in out and "kv-open parked blocks (producer) ok" in out, out
+
+
 def test_why_says_when_no_endpoint_knows_the_id(make_manager) -> None:
     c = make_manager(HB)
     code, out, err = _why("kv-never", c)
     assert code == 1 and out == ""
-    assert "'kv-never' is not among its last 1024 finished requests" in err, err
+    assert "'kv-never' is not among its last 1024 finished requests, and no fetch or transfer" in err, err
     res = CliRunner().invoke(cli, ["why", "kv-x", "notaurl"])
     assert res.exit_code == 2 and "host:port (e.g. 10.0.0.5:9464)" in res.output, res.output
 
