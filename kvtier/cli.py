@@ -40,7 +40,8 @@ def top(urls: tuple[str, ...], interval_s: float, once: bool) -> None:
     """Live view of kvtier metrics endpoints, one row each, and their last finished requests
     (failures first).
 
-    ENDPOINT: host:port (e.g. 10.0.0.5:9464) or http://host:port, a tier's host and metrics_port.
+    ENDPOINT: host:port (e.g. 10.0.0.5:9464) or http://host:port, a tier's host and metrics_port
+    (or vLLM's /metrics: a data-parallel deployment's ranks get a row each, by listener).
     """
     from kvtier.top import main as run_top
 

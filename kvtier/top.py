@@ -36,8 +36,8 @@ from rich.table import Table
 from kvtier.lifecycle import Reason
 from kvtier.metrics import REQUESTS_PATH
 
-__all__ = ["Row", "Snapshot", "endpoint_url", "fetch_requests", "main", "recent", "render", "requests_url", "row",
-           "scrape"]
+__all__ = ["Row", "Snapshot", "by_listener", "endpoint_url", "fetch_requests", "main", "recent", "render",
+           "requests_url", "row", "scrape"]
 
 _LATE = (Reason.REAPED.value, Reason.ALREADY_SERVED.value)
 """Refusal reasons that mean the consumer came after the producer let go of the id."""
@@ -149,6 +149,22 @@ def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = tim
         return Snapshot(url, t, error="no kvtier series at this endpoint: point it at a tier's host and metrics_port "
                                       "(or at vLLM's /metrics of an engine that runs kvtier)")
     return Snapshot(url, t, samples)
+
+
+def by_listener(snap: Snapshot) -> list[tuple[str, Snapshot]]:
+    """``(listener, snapshot)`` per kvtier tier behind an endpoint, told apart by their ``listener``
+    label: vLLM's /metrics of a data-parallel deployment carries every rank's tier (summed, the
+    ranks' figures read as one tier's).  An endpoint with one tier, or an error, stays whole
+    (listener ``""``)."""
+    if snap.error:
+        return [("", snap)]
+    groups: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for key, value in snap.samples.items():
+        groups.setdefault(dict(key[1]).get("listener", ""), {})[key] = value
+    named = sorted(lst for lst in groups if lst)
+    if len(named) <= 1:
+        return [("", snap)]
+    return [(lst, Snapshot(snap.url, snap.t, groups[lst])) for lst in named]
 
 
 @attrs.frozen
@@ -310,14 +326,15 @@ def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
     targets = list(targets)
     urls = [endpoint_url(t) for t in targets]
     console = console or Console()
-    prev: dict[str, Snapshot | None] = dict.fromkeys(urls)
+    prev: dict[tuple[str, str], Snapshot] = {}  # (url, listener) -> its last scrape
 
     def frame() -> tuple[Group, bool]:
         rows = []
         for url in urls:
-            cur = scrape(url, timeout_s)
-            rows.append(row(prev[url], cur))
-            prev[url] = cur
+            for listener, cur in by_listener(scrape(url, timeout_s)):  # a row per tier (vLLM: per DP rank)
+                key = (url, listener)
+                rows.append(row(prev.get(key), cur))
+                prev[key] = cur
         parts: list[Any] = [render(rows, interval_s, console.width)]
         done = recent([t for t, r in zip(targets, rows) if not r.error], timeout_s=timeout_s)
         if done:

@@ -86,10 +86,12 @@ def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         notes += [f"connectors[{i}]: {x}" for x in n]
         found += k
     if not offloading:
-        problems.append('no entry of MultiConnector\'s connectors is "kv_connector": "OffloadingConnector": kvtier runs '
-                        "as a secondary tier of vLLM's offloading connector; add one (docs/integrations/vllm.md)")
+        problems.append('no entry of MultiConnector\'s connectors is "kv_connector": "OffloadingConnector": '
+                        "kvtier runs as a secondary tier of vLLM's offloading connector; add one "
+                        "(docs/integrations/vllm.md)")
     elif not found and not problems:
-        problems.append(f"no secondary_tiers entry of an OffloadingConnector loads kvtier (module_path {KVTIER_MODULE!r})")
+        problems.append("no secondary_tiers entry of an OffloadingConnector loads kvtier "
+                        f"(module_path {KVTIER_MODULE!r})")
     if found > 1:
         problems.append(f"{found} secondary_tiers entries load kvtier: one per engine (a second one parks every "
                         "prefill request's blocks again and pins them until its unbound_store_timeout_s)")
@@ -120,8 +122,9 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
     tiers = extra.get("secondary_tiers")
     if not isinstance(tiers, list) or not tiers:
         what = "is missing or empty" if not tiers else f"must be a list of entries, got {type(tiers).__name__}"
-        return problems + [(f"kv_connector_extra_config.secondary_tiers {what}: add one kvtier entry "
-                            '({"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", ...})')], notes, 0
+        problems.append(f"kv_connector_extra_config.secondary_tiers {what}: add one kvtier entry "
+                        '({"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", ...})')
+        return problems, notes, 0
     found = 0
     for i, entry in enumerate(tiers):
         where = f"secondary_tiers[{i}]"

@@ -160,3 +160,30 @@ def test_an_endpoint_without_kvtier_series_is_said_so(exposition: str, parked: s
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_data_parallel_endpoint_shows_a_row_per_tier() -> None:
+    """vLLM's /metrics of a data-parallel deployment carries every rank's tier, told apart by the
+    ``listener`` label: a row each (summed, two ranks' parked ids read as one tier's)."""
+    exposition = (
+        "# TYPE vllm:kvtier_parked_ids gauge\n"
+        'vllm:kvtier_parked_ids{engine="0",listener="10.0.0.5:5710",state="parked"} 3.0\n'
+        'vllm:kvtier_parked_ids{engine="1",listener="10.0.0.5:5711",state="parked"} 5.0\n'
+        "# TYPE vllm:kvtier_sessions gauge\n"
+        'vllm:kvtier_sessions{engine="0",listener="10.0.0.5:5710",state="ready"} 1.0\n'
+        'vllm:kvtier_sessions{engine="1",listener="10.0.0.5:5711",state="ready"} 2.0\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0"} 1.0\n'
+    )
+    server = _serve_text(exposition)
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        res = CliRunner().invoke(cli, ["top", target, "--once", "--interval", "0.1"], env={"COLUMNS": "250"})
+        assert res.exit_code == 0, res.output
+        rows = [[c.strip() for c in line.strip("│ \n").split("│")] for line in res.output.splitlines()
+                if line.strip("│ ").startswith(f"http://{target}/metrics")]
+        assert [r[1:3] for r in rows] == [["10.0.0.5:5710", "3"], ["10.0.0.5:5711", "5"]], res.output
+        assert [r[7] for r in rows] == ["1", "2"], res.output  # sessions, each rank's own
+    finally:
+        server.shutdown()
+        server.server_close()
