@@ -3,6 +3,7 @@ sans-I/O core (:mod:`kvtier.lifecycle`).  One module, one job:
 
 * :mod:`~kvtier.shell.loop` — the I/O loop: the one owner of transport, plane and core (commands,
   one pass, the wait, the ``kvtier-io`` thread);
+* :mod:`~kvtier.shell.waker` — the loop's wake-up eventfd;
 * :mod:`~kvtier.shell.published` — what the loop publishes for engine calls that answer at once;
 * :mod:`~kvtier.shell.jobs` — the job book (exactly one result per job, handed over once);
 * :mod:`~kvtier.shell.inbound` — one service pass of the transport and the plane, as stamped inputs;

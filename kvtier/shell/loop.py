@@ -33,9 +33,7 @@ take it.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import threading
 import time
 import weakref
@@ -52,6 +50,7 @@ from kvtier.shell import switch
 from kvtier.shell.build import Parts
 from kvtier.shell.published import Published
 from kvtier.shell.serving import ServeWindows
+from kvtier.shell.waker import Waker
 
 __all__ = ["EAGER_S", "EAGER_WAIT_S", "IoLoop", "PlaneActivity", "eager"]
 
@@ -109,48 +108,6 @@ class PlaneActivity:
         if (posts, reports) != self._seen:
             self._seen = (posts, reports)
             self.at = clock()
-
-
-_LIBC = ctypes.PyDLL(None)  # PyDLL: its calls keep the GIL (a plain CDLL call would release it)
-_ONE = ctypes.c_uint64(1)
-
-
-class Waker:
-    """An eventfd the loop polls with its sockets: :meth:`wake` from any thread ends its wait.
-
-    The write keeps the caller's GIL (``os.eventfd_write`` releases it around the syscall, and the
-    woken loop thread would take it and run a whole pass inside the engine's call: measured 84 µs
-    instead of 4 µs for a 256-block store).  The loop gets the GIL when the engine thread next
-    releases it."""
-
-    def __init__(self) -> None:
-        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._closed = False
-        self._write = _LIBC.write
-        self._buf = ctypes.byref(_ONE)
-        self._written = False  # set after each write: clear() reads the fd only then
-
-    def wake(self) -> None:
-        if not self._closed:
-            self._write(self.fd, self._buf, 8)  # -1 (EAGAIN: saturated) is fine: it wakes anyway
-            self._written = True
-
-    def clear(self) -> None:
-        """Reset the eventfd if a wake wrote it since the last clear.  The flag is set after the
-        write, so a clear between the two leaves the fd readable: the next wait returns at once
-        and that pass's clear reads it — never a lost wake, at most one spare pass; a clear with
-        nothing written costs no syscall and no raised ``OSError`` (decision C25)."""
-        if self._written:
-            self._written = False
-            try:
-                os.eventfd_read(self.fd)
-            except OSError:  # a racing clear read it already
-                pass
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self.fd)
 
 
 class IoLoop:
@@ -212,14 +169,20 @@ class IoLoop:
                 self._waker.wake()
             return
         with self.lock:
-            if not self.closed:  # what the network delivered before this call is applied first (C33)
-                try:
-                    self.tick()
-                except Exception:  # the job is booked and its command queued: this call must not raise
-                    self.metrics.internal_error()
-                    log.exception("kvtier: I/O loop error")
+            self._catch_up()
             self.run_commands()
             self._stale = True
+
+    def _catch_up(self) -> None:
+        """Caller-driven, under the lock: apply what the network delivered before the engine's
+        call (one tick), so the call sees the core the I/O thread would have shown it (C33).  A
+        failed tick is counted and logged, never raised from the engine's call."""
+        if not self.closed:
+            try:
+                self.tick()
+            except Exception:
+                self.metrics.internal_error()
+                log.exception("kvtier: I/O loop error")
 
     def fresh(self) -> Published:
         """What the loop published, current: threaded, as of its last pass (the engine's thread
@@ -245,9 +208,12 @@ class IoLoop:
         """Run ``fn()`` on the loop with every command queued before it applied, and return its
         value (or raise its exception).  Threaded: the caller waits for the loop to get to it —
         only for rare calls that need the core's word at once (a serve window, an id reused
-        while its previous load winds down)."""
+        while its previous load winds down); caller-driven: after what the network delivered
+        before it (C33)."""
         if self._thread is None or self._thread is threading.current_thread():
             with self.lock:
+                if self._thread is None:
+                    self._catch_up()
                 self.run_commands()
                 try:
                     return fn()

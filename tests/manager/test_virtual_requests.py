@@ -52,6 +52,25 @@ def test_reused_kv_request_id_on_the_consumer_never_leaks_a_job(pairs, first_req
     assert C.on_new_request(c2) == "consumer"  # the id is free again
 
 
+def test_a_reused_id_is_free_once_the_abort_ack_arrived_even_before_the_consumer_polls(pairs):
+    """Caller-driven, the id-reuse check applies what the network delivered before it (C33), as the
+    I/O thread would have on arrival: the producer acked the first request's abort, so the second
+    request is accepted although the consumer has not polled since (it was refused: still in use)."""
+    v = pairs(SCEN, block_bytes=BB)
+    C, P = v.C, v.P
+    c1 = v.creq("c1", "A")
+    C.on_new_request(c1)
+    C.submit_load(job(1, keys_for("A", 1), [0], c1))
+    v.step()
+    C.on_request_finished(c1)  # abort_fetch leaves; the record is 'cancelling'
+    assert C.core.consumer_state("A").value == "cancelling"
+    P.poll(0)  # the producer reads the abort and acks it; the consumer does not poll
+    assert C.on_new_request(v.creq("c2", "A")) == "consumer"
+    assert len(v.cjobs.by_id.get(1, [])) <= 1
+    v.step()
+    assert outcome(v.cjobs, 1)[0] is False  # the first load still has its one result
+
+
 # -- more scenarios: transfer timeout, B12, B13, B15, B20, B29 -----------------------------------
 
 
