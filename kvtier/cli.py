@@ -58,8 +58,8 @@ def top(urls: tuple[str, ...], interval_s: float, once: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoints' records as JSON instead.")
 def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
     """Explain how KV_REQUEST_ID ended: its states, timeline, peer and bytes, and for a failure what
-    the reason means and what to change. A fetch still out, or a transfer still being served, is
-    shown as in progress, with its states and milestones so far.
+    the reason means and what to change. A request still in progress (blocks parked, a fetch out,
+    a transfer being served) is shown as such, with its states so far and what it waits for.
 
     ENDPOINT: the metrics endpoint (host:port, the tier's metrics_port) of the decode engine, the
     prefill engine, or both. Each keeps its last 1024 finished requests. Exit status 1 when no
@@ -88,8 +88,7 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
         records[endpoint] = doc
         if not entries and not opened:
             problems.append(f"{endpoint}: {kv_request_id!r} is not among its last {doc.get('capacity', '?')} "
-                            "finished requests, and no fetch or transfer of it is under way (an id parked "
-                            "there that no consumer fetched yet is listed once it ends)")
+                            "finished requests, nor in progress there")
         for e in opened:
             found += 1
             if not as_json:

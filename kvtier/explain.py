@@ -52,19 +52,35 @@ def one_line(e: Mapping[str, Any]) -> str:
     return f"{e['kv_request_id']} {_ROLE.get(e['role'], e['role'])} {_outcome(e)}{peer}{when}"
 
 
+#: What a request in one of these states waits for (``kvtier why`` on one still in progress).
+_WAITING = {
+    ("producer", "parked"): "a consumer's fetch; unbound_store_timeout_s after the store it is reaped",
+    ("producer", "awaiting"): "the rest of the fetched blocks to be stored (fetch_supply_timeout_s)",
+    ("consumer", "announced"): "the engine's load of it (submit_load)",
+    ("consumer", "queued"): "its session with the producer (the dial and handshake); the fetch leaves then",
+    ("consumer", "in_flight"): "the producer's blocks (load_timeout_s)",
+}
+
+
 def explain_open(e: Mapping[str, Any], where: str = "") -> str:
     """A request still in progress (an ``open`` object of ``GET /kvtier/requests``): its role,
-    peer, states and milestones so far."""
+    peer, states and milestones so far, and what its state waits for."""
     peer = f", peer {e['peer']}" if e.get("peer") else ""
-    lines = [f"{e['kv_request_id']} {_ROLE.get(e['role'], e['role'])} IN PROGRESS for {_ms(e.get('seconds', 0.0))}"
-             f"{peer}" + (f"  [{where}]" if where else "")]
-    if e.get("path"):
-        lines.append(f"  path      {' → '.join(e['path'])} (so far)")
+    seconds = e.get("seconds")
+    since = f" for {_ms(seconds)}" if isinstance(seconds, (int, float)) else ""
+    lines = [f"{e['kv_request_id']} {_ROLE.get(e['role'], e['role'])} IN PROGRESS{since}{peer}"
+             + (f"  [{where}]" if where else "")]
+    path = e.get("path") or []
+    if path:
+        lines.append(f"  path      {' → '.join(path)} (so far)")
     marks = e.get("marks") or {}
     if marks:
         lines.append(f"  timeline  {' · '.join(f'{name} +{_ms(at)}' for name, at in marks.items())}")
     if e["role"] == "consumer" and e.get("landed"):
         lines.append(f"  blocks    {e['landed']} landed so far")
+    waits = _WAITING.get((e["role"], path[-1])) if path else None
+    if waits:
+        lines.append(f"  waiting   for {waits}")
     return "\n".join(lines)
 
 

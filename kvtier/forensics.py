@@ -67,6 +67,10 @@ _CHANGES_WHAT_IS_READ = frozenset({fx.JobDone, fx.CloseConnection})
 
 _FINAL_PRODUCER = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED, ProducerState.ABSENT,
                              ProducerState.PRUNED})
+#: Consumer and probe states (as :meth:`Forensics._state` names them) in which a request is no
+#: longer in progress: its result is given (the ring has its entry) or the request ended.
+_FINAL_CONSUMER = frozenset({ConsumerState.LOADED.value, ConsumerState.FAILED.value, ConsumerState.FINISHED.value,
+                             f"probe:{ProbeState.FAILED.value}", f"probe:{ProbeState.FINISHED.value}"})
 
 
 class Finished(msgspec.Struct, frozen=True, gc=False):
@@ -135,12 +139,18 @@ class Forensics:
         block_bytes: bytes per pool block.
         capacity: finished entries kept.
         where: ``peer id -> "host:port"`` (the transport's view), to name a peer that dialled us.
+        lock: the manager's pass lock: :meth:`open_json` reads the core's state of an id under it
+            (from the metrics endpoint's thread).
+        parked_since: ``kv_request_id -> when its first store was applied`` (or ``None``).
     """
 
     def __init__(self, *, core: Any, job_info: Callable[[int], tuple[bool, str | None, float, int] | None],
                  clock: Callable[[], float], block_bytes: int, capacity: int = CAPACITY,
-                 where: Callable[[str], str] | None = None) -> None:
+                 where: Callable[[str], str] | None = None, lock: Any = None,
+                 parked_since: Callable[[str], float | None] | None = None) -> None:
         self._core = core
+        self._lock = lock
+        self._parked_since = parked_since
         self._where = where
         self._job_info = job_info
         self._clock = clock
@@ -235,22 +245,43 @@ class Forensics:
         return len(self._open)
 
     def open_json(self, kv_request_id: str) -> list[dict[str, Any]]:
-        """The entries of ``kv_request_id`` still in progress (a fetch out or a transfer being
-        served; a parked id nobody fetched yet has none), as :func:`to_json` writes finished ones
-        with ``seconds`` so far and no outcome.  Safe from any thread: it reads a snapshot of each
-        record and names a peer only from what :meth:`_name` remembered."""
+        """The entries of ``kv_request_id`` still in progress, one per role (consumer, producer):
+        as :func:`to_json` writes finished ones, with ``seconds`` so far (``None``: not known) and
+        no outcome — a fetch out or a transfer being served, with its milestones so far; else the
+        core's state of the id, if live (parked blocks no consumer fetched yet, a load waiting for
+        its session, a probe), read under the manager's lock.  Safe from any thread; a peer is
+        named only from what :meth:`_name` remembered."""
         now = self._clock()
         out = []
         for role in ("consumer", "producer"):
             t = self._open.get((role, kv_request_id))
             if t is None:
-                continue
+                t = self._untraced(role, kv_request_id)
+                if t is None:
+                    continue
             start = t.started
             out.append({"kv_request_id": kv_request_id, "role": role, "peer": self._named.get(t.peer, t.peer),
                         "path": list(t.path), "marks": {m: max(0.0, at - start) for m, at in list(t.marks)},
-                        "started": start, "seconds": max(0.0, now - start), "blocks": t.blocks,
-                        "landed": t.landed})
+                        "started": start, "seconds": None if start is None else max(0.0, now - start),
+                        "blocks": t.blocks, "landed": t.landed})
         return out
+
+    def _untraced(self, role: str, kid: str) -> _Open | None:
+        """A live id no effect has traced yet, from the core's state (None when not live)."""
+        if self._lock is None or not self._lock.acquire(timeout=1.0):
+            return None
+        try:
+            t = _Open(None)  # type: ignore[arg-type]
+            self._state(role, kid, t)
+            if role == "producer":
+                if self._core.producer_state(kid) in _FINAL_PRODUCER:
+                    return None
+                t.started = self._parked_since(kid) if self._parked_since is not None else None
+            elif t.path and t.path[-1] in _FINAL_CONSUMER:
+                return None
+            return t if t.path else None
+        finally:
+            self._lock.release()
 
     # -- effects ------------------------------------------------------------------------------
     def _trace(self, role: str, kv_request_id: str, now: float) -> _Open:

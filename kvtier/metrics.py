@@ -455,6 +455,11 @@ class TierMetrics:
                 for kid in [k for k in self._parked_at if k != kv_request_id and state_of(k) is not parked]:
                     del self._parked_at[kid]
 
+    def parked_since(self, kv_request_id: str) -> float | None:
+        """When the store that created ``kv_request_id``'s producer record was applied (manager
+        clock, seconds), or ``None`` when not known (never parked here, or forgotten)."""
+        return self._parked_at.get(kv_request_id)
+
     # -- reading ----------------------------------------------------------------------------------
     def samples(self) -> dict[str, float]:
         """Every sample as ``{'name{label=value,...}': value}``, without the constant labels and

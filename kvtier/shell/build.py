@@ -189,10 +189,10 @@ def build_parts(cfg: TierConfig, pool: object, *, layout: str, clock: Callable[[
                          max_header_bytes=plane.max_header_bytes)
         jobs = JobBook()
         where = getattr(transport, "peer_address", None)
-        forensics = Forensics(core=core, job_info=jobs.info, clock=clock, block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
-                              where=where)
         metrics = TierMetrics(tier=cfg.type, listener=transport.address, core=core, lock=lock, clock=clock,
                               block_bytes=pool.block_bytes)  # type: ignore[attr-defined]
+        forensics = Forensics(core=core, job_info=jobs.info, clock=clock, block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
+                              where=where, lock=lock, parked_since=metrics.parked_since)
         if cfg.metrics_port is not None:
             try:
                 metrics.serve(cfg.host, cfg.metrics_port, requests=forensics)

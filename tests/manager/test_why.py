@@ -151,8 +151,9 @@ def test_why_explains_a_corrupt_load(make_manager) -> None:
 
 
 def test_why_shows_a_load_still_in_progress(make_manager) -> None:
-    """A fetch still out is shown as in progress (its states and milestones so far), not as an id
-    the endpoint does not know; once it ends, its finished record is shown."""
+    """A fetch still out, and blocks parked that no consumer fetched yet, are shown as in progress
+    (states and milestones so far, what they wait for), not as ids the endpoints do not know; once
+    the request ends, its finished records are shown."""
     p = make_manager(HB)
     c = make_manager(HB)
     pjobs, cjobs = Jobs(p), Jobs(c)
@@ -168,6 +169,11 @@ def test_why_shows_a_load_still_in_progress(make_manager) -> None:
     code, out, err = _why("kv-open", c)
     assert "kv-open load (consumer) IN PROGRESS for " in out and f"peer {p.address}" in out, (out, err)
     assert "in_flight (so far)" in out and "timeline  fetch +" in out, out
+    assert "waiting   for the producer's blocks (load_timeout_s)" in out, out
+    # the producer has not read the fetch: its id is parked, which it says (and for how long)
+    code, out, _ = _why("kv-open", p)
+    assert code == 0 and "kv-open parked blocks (producer) IN PROGRESS for " in out, out
+    assert "path      parked (so far)" in out and "waiting   for a consumer's fetch" in out, out
     assert not cjobs.has(12)
     assert pump_until(lambda: cjobs.has(12) and pjobs.has(11), managers=[p, c], jobs=[pjobs, cjobs])
     code, out, _ = _why("kv-open", c, p)
@@ -179,7 +185,7 @@ def test_why_says_when_no_endpoint_knows_the_id(make_manager) -> None:
     c = make_manager(HB)
     code, out, err = _why("kv-never", c)
     assert code == 1 and out == ""
-    assert "'kv-never' is not among its last 1024 finished requests, and no fetch or transfer" in err, err
+    assert "'kv-never' is not among its last 1024 finished requests, nor in progress there" in err, err
     res = CliRunner().invoke(cli, ["why", "kv-x", "notaurl"])
     assert res.exit_code == 2 and "host:port (e.g. 10.0.0.5:9464)" in res.output, res.output
 
