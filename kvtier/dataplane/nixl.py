@@ -458,7 +458,10 @@ class NixlPlane:
         its handshake (its producer reads our window to warm the endpoint): the progress interval
         (``nixl_progress_interval_s``); otherwise ``None``, so an idle manager is not woken every
         interval (waking 1,000 times a second per connected peer takes the core from the
-        manager that is working)."""
+        manager that is working); no wait at all while a transfer has a WRITE to post that the
+        last poll left for after the loop's inputs (decision N22)."""
+        if self._writes.backlog:
+            return 0.0
         if self._writes or self._revoking or self._pending or self._warming or (receiving and self._peers):
             return self._interval
         if any(p not in self._peers for p in self._windows):

@@ -12,12 +12,15 @@ small.  Only a consumer whose descriptor says it reads packed notifications gets
 
 Over CMA a WRITE's copy runs inside its post, so :meth:`WritePipeline.drive` posts, takes the
 outcome (which is what makes NIXL send the notification) and posts the next in one loop until the
-window is full or the transfer is done; over UCX tcp or RDMA the WRITEs in flight (at most
-:data:`WINDOW_BYTES`) keep the link busy while the next poll takes their outcomes.
+window is full, the transfer is done or the call has run :data:`DRIVE_S`; over UCX tcp or RDMA
+the WRITEs in flight (at most :data:`WINDOW_BYTES`) keep the link busy while the next poll takes
+their outcomes.  A call cut by its budget leaves :attr:`WritePipeline.backlog` set: the loop then
+reads its sockets and comes back at once, without waiting out a progress interval (decision N22).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -27,7 +30,8 @@ import msgspec
 from kvtier.dataplane.base import Batch, Released
 from kvtier.dataplane.nixl_types import MAX_NOTIF_BYTES, NixlError, XferResult
 
-__all__ = ["PACKED", "WINDOW_BYTES", "WRITE_BYTES", "WritePipeline", "pack_headers", "unpack_notification"]
+__all__ = ["DRIVE_S", "PACKED", "WINDOW_BYTES", "WRITE_BYTES", "WritePipeline", "pack_headers",
+           "unpack_notification"]
 
 WINDOW_BYTES: Final = 64 << 20
 """Block bytes one transfer may have in posted, unfinished WRITEs at once: what a cancelled or
@@ -36,6 +40,12 @@ given-up transfer may still move (decision N8)."""
 WRITE_BYTES: Final = 16 << 20
 """Largest WRITE a packed transfer posts (decision N18: measured as fast as one WRITE of the whole
 transfer, where 8 MiB WRITEs posted back to back reached 0.86-0.88 of it)."""
+
+DRIVE_S: Final = 0.002
+"""Longest one :meth:`WritePipeline.drive` keeps posting (seconds; it finishes the WRITE it is in:
+over CMA one 16 MiB WRITE's copy runs ~5 ms inside its post): the loop's other inputs — a late
+consumer's fetch, an abort, a heartbeat — are read between calls, not after a whole transfer
+(decision N22)."""
 
 PACKED: Final = b"\xc1"
 """First byte of a notification carrying several headers: ``0xc1`` is the one byte msgpack never
@@ -106,6 +116,9 @@ class WritePipeline:
         self._by_write: dict[int, _Xfer] = {}
         self.posts = 0
         """WRITEs posted since start (tests and benchmarks count them)."""
+        self.backlog = False
+        """The last :meth:`drive` stopped at its budget (:data:`DRIVE_S`) with a WRITE it could
+        post at once: the loop must come back without waiting (decision N22)."""
 
     def __bool__(self) -> bool:
         return bool(self._xfers)
@@ -126,8 +139,11 @@ class WritePipeline:
         take finished WRITEs right after each post, until neither posts nor finishes anything:
         a WRITE's outcome is taken — and so its notification sent — as soon as the agent has it,
         and the next one posted in the same call (over CMA most end inside their post).  Takes
-        the agent's outcomes at least once, also with no transfer."""
+        the agent's outcomes at least once, also with no transfer; stops posting once it has run
+        :data:`DRIVE_S` (:attr:`backlog` then says so)."""
         xs = list(self._xfers.values()) if xs is None else xs
+        until = time.monotonic() + DRIVE_S
+        self.backlog = False
         while True:  # at least one reap: the agent's other outcomes (a warm-up READ) come this way
             posted = False
             for x in xs:
@@ -135,6 +151,15 @@ class WritePipeline:
             if not self._reap() and not posted:
                 return
             xs = [x for x in xs if x.key in self._xfers and not x.over]
+            if xs and time.monotonic() >= until:  # the rest on the next call, after the loop's inputs
+                self.backlog = any(self._could_post(x) for x in xs)
+                return
+
+    def _could_post(self, x: _Xfer) -> bool:
+        """Whether :meth:`_post_next` would post ``x``'s next WRITE now."""
+        if x.next >= len(x.batches) or x.cancelled or x.failed:
+            return False
+        return not x.inflight or x.inside + len(x.batches[x.next].blocks) * self._block_bytes <= WINDOW_BYTES
 
     def _post_next(self, x: _Xfer) -> bool:
         """Post ``x``'s next WRITE if its window has room; whether one was posted."""

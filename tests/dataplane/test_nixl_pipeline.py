@@ -59,14 +59,7 @@ def _run(p, c, peer, kid, batches):
     """Post ``batches`` to ``peer`` (the consumer plane ``c``) as round 0 of ``kid`` and poll both
     until the transfer is released and every header arrived; (``p``'s reports, the headers)."""
     p.post(peer, kid, 0, batches)
-    seen: list = []
-    out: list = []
-    for _ in range(50000):
-        out += p.poll()
-        seen += [r for r in c.poll() if isinstance(r, Notified)]
-        if any(isinstance(r, Released) for r in out) and len(seen) >= len(batches):
-            return out, seen
-    raise AssertionError(f"not done: {out} {seen}")
+    return _run_posted(p, c, len(batches))
 
 
 def _batches(n_blocks, per, slot0=0):
@@ -110,3 +103,46 @@ def test_a_consumer_without_packed_notifications_gets_one_write_per_batch(planes
     assert [r for r in out if isinstance(r, Released)] == [Released("kv-old", 0, False, 16 * BB, "")]
     assert p.posts - before == 4
     assert [r.frames for r in seen] == [(b.header,) for b in batches]
+
+
+def test_a_poll_stops_posting_at_its_budget_and_asks_to_be_called_again_at_once(planes, monkeypatch):
+    """Over CMA a WRITE's copy runs inside its post, so one poll used to post a whole transfer
+    (a 256 MiB one held the producer's loop for 40-150 ms: a late consumer's fetch waited that
+    long for its refusal).  Past its budget a poll stops posting: with no budget, every poll posts
+    one WRITE and says the rest is ready to post (``max_wait_s`` 0, so the loop reads its
+    sockets and comes back without waiting); the transfer still ends whole, every header in
+    order (decision N22)."""
+    import kvtier.dataplane.nixl_pipeline as pipeline
+
+    p, c, _, (pp, cp, _) = planes
+    for i in range(48):
+        pp.view(i).fill_(i + 3)
+    cp.tensor.fill_(0)
+    batches = _batches(48, 4)  # 48 MiB: three packed WRITEs of WRITE_BYTES
+    assert WRITE_BYTES == 16 * BB
+    monkeypatch.setattr(pipeline, "DRIVE_S", 0.0)
+    before = p.posts
+    p.post("cons", "kv-budget", 0, batches)
+    assert p.posts - before == 1 and p.max_wait_s(receiving=False) == 0.0
+    p.poll()
+    assert p.posts - before == 2 and p.max_wait_s(receiving=False) == 0.0
+    out, seen = _run_posted(p, c, len(batches))
+    assert p.posts - before == 3
+    assert [r for r in out if isinstance(r, Released)] == [Released("kv-budget", 0, False, 48 * BB, "")]
+    assert [r.frames for r in seen] == [(b.header,) for b in batches]
+    for i in range(48):
+        assert bytes(cp.buffer(i)) == bytes([i + 3]) * BB
+    assert p.max_wait_s(receiving=False) is None  # nothing left: an idle plane is not woken
+
+
+def _run_posted(p, c, n_batches):
+    """Poll both planes until the transfer posted on ``p`` is released and ``n_batches`` headers
+    arrived at ``c``."""
+    seen: list = []
+    out: list = []
+    for _ in range(50000):
+        out += p.poll()
+        seen += [r for r in c.poll() if isinstance(r, Notified)]
+        if any(isinstance(r, Released) for r in out) and len(seen) >= n_batches:
+            return out, seen
+    raise AssertionError(f"not done: {out} {seen}")
