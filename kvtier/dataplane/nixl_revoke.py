@@ -16,8 +16,8 @@ import msgspec
 from kvtier.dataplane.base import Revoked
 from kvtier.memory import shared
 
-__all__ = ["CHECK_EVERY_S", "DRAIN_CALLS", "DRAIN_S", "SINKS_WARN", "ProcessId", "Revocation", "Window",
-           "check_revocations", "process_gone", "reclaim_sinks", "this_process"]
+__all__ = ["CHECK_EVERY_S", "DRAIN_CALLS", "DRAIN_S", "SINK_RELEASE_S", "SINKS_WARN", "ProcessId", "Revocation",
+           "Window", "check_revocations", "process_gone", "reclaim_sinks", "this_process"]
 
 DRAIN_S: Final = 0.05
 """After a producer's death is proven, keep progressing this long (and at least
@@ -26,6 +26,11 @@ the bytes the producer had already put in our socket buffers."""
 DRAIN_CALLS: Final = 5
 CHECK_EVERY_S: Final = 0.01
 """How often a pending revocation re-reads ``/proc`` (each check is one small file read)."""
+
+SINK_RELEASE_S: Final = 1.0
+"""How often a sink kept for a producer not proven gone gives back the pages late WRITEs touched
+(``MADV_DONTNEED``: a later WRITE lands in fresh zero pages of the same sink, so nothing it
+writes reaches the pool either way; decision N23)."""
 
 #: Sinks kept beyond this are logged (their address ranges stay mapped until proven unused).
 SINKS_WARN = 1024
@@ -103,6 +108,7 @@ class Window:
     withdrawn_at: float | None = None
     proven_at: float | None = None
     drained: int = 0
+    released_at: float = 0.0  # when the sink last gave its touched pages back (SINK_RELEASE_S)
 
 
 def check_revocations(revoking: dict[str, Revocation], now: float, me: ProcessId) -> list[Revoked]:
@@ -140,5 +146,8 @@ def reclaim_sinks(sinks: list[Window], now: float, check: bool, me: ProcessId, s
             if w.drained >= DRAIN_CALLS and now - w.proven_at >= DRAIN_S:
                 shared.unmap(w.addr, size)
                 continue
+        elif now - w.released_at >= SINK_RELEASE_S:
+            w.released_at = now
+            shared.release_pages(w.addr, size)
         keep.append(w)
     return keep

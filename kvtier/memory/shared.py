@@ -27,10 +27,11 @@ import os
 import re
 from typing import Any
 
-__all__ = ["Backing", "allocate", "find_backing", "unmap", "withdraw"]
+__all__ = ["Backing", "allocate", "find_backing", "release_pages", "unmap", "withdraw"]
 
 _PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_FIXED = 0x10
+_MADV_DONTNEED = 4  # Linux
 
 try:
     _libc: Any = ctypes.CDLL(None, use_errno=True)
@@ -39,6 +40,8 @@ try:
                            ctypes.c_long]
     _libc.munmap.restype = ctypes.c_int
     _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    _libc.madvise.restype = ctypes.c_int
+    _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 except (OSError, AttributeError):  # pragma: no cover - not a libc platform
     _libc = None
 
@@ -161,6 +164,14 @@ def withdraw(addr: int, size: int) -> None:
     Raises:
         OSError: the kernel refused (the range is left as it was)."""
     _mmap(addr, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+
+
+def release_pages(addr: int, size: int) -> None:
+    """Give back the pages of the sink ``[addr, addr + size)`` that writes touched (private
+    anonymous pages: ``MADV_DONTNEED`` frees them, and the next write there gets a fresh zero
+    page).  Only for a sink (:func:`withdraw`): on a window it would not free the shared pages."""
+    if _libc is not None:
+        _libc.madvise(addr, size, _MADV_DONTNEED)
 
 
 def unmap(addr: int, size: int) -> None:
