@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "9e7d38c24b1c79a9af939bfd510c7ced910b7a7f87cc1b67a793337585a4326d"
+SPEC_SHA256: Final = "df25cb0d7a0821cad8237a44cde4b74a9635f904399f0440159f4d7795875e29"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -384,6 +384,8 @@ class ProducerEffect(enum.StrEnum):
     """forget the binding (peer, generation, round, keys, slots): the id waits for its named consumer again"""
     NOTE_LIFE = "note_life"
     """remember the life the input names: the record ends that life only, and an input of another life replaces it"""
+    NOTE_PREEMPTOR = "note_preemptor"
+    """an id no producer request has named a consumer for yet, ended by a peer's fetch or abort before any store: remember that peer's principal as the only one the ended id answers; a producer request (or store) naming another consumer replaces the record, so a stranger cannot decide the fate of an id before its engine names who may (decision L17)"""
 
 
 PRODUCER_INITIAL: Final = ProducerState.ABSENT
@@ -419,7 +421,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(ProducerGuard.STALE_ROUND, ProducerState.ABSENT, (ProducerEffect.NOTE_STALE, ), None),
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.NOT_AUTHORISED),
         Branch(ProducerGuard.SHUTTING_DOWN, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.SHUTDOWN),
-        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.NOTE_LIFE, ProducerEffect.REPLY_DONE_OK, ), Reason.NOT_NEEDED),
+        Branch(ProducerGuard.FETCH_EMPTY, ProducerState.DONE, (ProducerEffect.NOTE_LIFE, ProducerEffect.NOTE_PREEMPTOR, ProducerEffect.REPLY_DONE_OK, ), Reason.NOT_NEEDED),
         Branch(ProducerGuard.PEER_BUSY, ProducerState.ABSENT, (ProducerEffect.REPLY_FETCH_FAILED, ), Reason.TOO_MANY_PENDING),
         Branch(None, ProducerState.AWAITING, (ProducerEffect.BIND, ), None),
     ), None),
@@ -429,7 +431,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.ABSENT, ProducerEvent.ABORT_FETCH): Rule(TRANSITION, (
         Branch(ProducerGuard.NOT_AUTHORISED, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
         Branch(ProducerGuard.FETCHED_ROUND, ProducerState.ABSENT, (ProducerEffect.REPLY_ABORT_ACK, ), None),
-        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_LIFE, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
+        Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_LIFE, ProducerEffect.NOTE_PREEMPTOR, ProducerEffect.REPLY_ABORT_ACK, ), Reason.ABORTED),
     ), None),
     (ProducerState.ABSENT, ProducerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.NOTE_LIFE, ), Reason.NOTHING_STORED),

@@ -327,7 +327,7 @@ class TierCore:
         self._producer.store(inp, now, out)
 
     def _named(self, inp: ConsumerNamed, now: float, out: list[Effect]) -> None:
-        self._producer.announce(inp.kv_request_id, inp.consumer)
+        self._producer.announce(inp.kv_request_id, inp.consumer, now, out)
 
     def _dial(self, inp: Dial, now: float, out: list[Effect]) -> None:
         sessions = self._sessions

@@ -67,6 +67,12 @@ _BOUND = frozenset(
         ProducerState.QUARANTINED,
     }
 )
+def _other(held: str | None, named: str | None) -> bool:
+    """Whether a retained id answers ``held``, a principal other than the consumer a producer
+    request names (``named``): then the request starts the id afresh (decision L17)."""
+    return held is not None and named is not None and held != named
+
+
 class ProducerMachine(TableMachine):
     """All producer records of one manager. Inputs take ``now`` (seconds) and append effects."""
 
@@ -134,7 +140,8 @@ class ProducerMachine(TableMachine):
             raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.blocks)} blocks")
         if inp.digests and len(inp.digests) != len(inp.keys):
             raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.digests)} digests")
-        self.apply(self._life_record(inp.kv_request_id, inp.life, now, out), ProducerEvent.STORE, inp, now, out)
+        rec = self._life_record(inp.kv_request_id, inp.life, now, out, inp.consumer)
+        self.apply(rec, ProducerEvent.STORE, inp, now, out)
         if len(self.retained) > self.tombstone_max:
             self._enforce_cap(now, out)
 
@@ -143,22 +150,31 @@ class ProducerMachine(TableMachine):
         if len(self.retained) > self.tombstone_max:
             self._enforce_cap(now, out)
 
-    def _life_record(self, kv_request_id: str, life: str, now: float, out: list[Effect]) -> Any:
-        """The record an input naming ``life`` meets: a retained record of another life of the
-        id is pruned first (``new_life``), so the input meets a fresh one (decision I20)."""
+    def _life_record(self, kv_request_id: str, life: str, now: float, out: list[Effect],
+                     consumer: str | None = None) -> Any:
+        """The record an input naming ``life`` (a store: and ``consumer``) meets: a retained
+        record of another life of the id (decision I20), or one that answers another consumer
+        than the store names (L17), is pruned first (``new_life``), so the input meets a fresh
+        one."""
         rec = self.records.get(kv_request_id)
         if rec is None:
             return self.new_record(kv_request_id)
-        if life and rec.life and life != rec.life and rec.state in RETAINED:
+        if rec.state in RETAINED and ((life and rec.life and life != rec.life) or _other(rec.consumer, consumer)):
             self.apply(rec, ProducerEvent.NEW_LIFE, None, now, out)
             return self.new_record(kv_request_id)
         return rec
 
-    def announce(self, kv_request_id: str, consumer: str) -> None:
-        """A producer request names ``consumer`` as the only principal allowed to touch the id."""
+    def announce(self, kv_request_id: str, consumer: str, now: float, out: list[Effect]) -> None:
+        """A producer request names ``consumer`` as the only principal allowed to touch the id.
+        An id already ended for another principal (a fetch or abort before any store, L17) is
+        pruned: the request starts it afresh."""
         self.named[kv_request_id] = consumer
         rec = self.records.get(kv_request_id)
-        if rec is not None and rec.consumer is None:
+        if rec is None:
+            return
+        if rec.state in RETAINED and _other(rec.consumer, consumer):
+            self.apply(rec, ProducerEvent.NEW_LIFE, None, now, out)
+        elif rec.consumer is None:
             rec.consumer = consumer
 
     def forget(self, kv_request_id: str) -> None:
@@ -455,6 +471,10 @@ class ProducerMachine(TableMachine):
         rec.rounds = inp.rounds
         if not rec.life:
             rec.life = inp.life
+
+    def effect_note_preemptor(self, rec: ProducerRecord, inp, reason, now, out) -> None:
+        if rec.consumer is None and inp.principal is not None:
+            rec.consumer = inp.principal
 
     def effect_note_life(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         life = getattr(inp, "life", "")

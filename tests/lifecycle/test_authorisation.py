@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kvtier.lifecycle import ProducerState, Reason, TierCore
 from kvtier.lifecycle import inputs as ix
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings
@@ -111,6 +113,52 @@ def test_a_stranger_that_bound_first_is_unbound_when_the_store_names_the_consume
     assert p.producer_state("A") is ProducerState.PARKED  # its blocks wait for the named consumer
     out = fetch(p, "good", 1, "A", keys, now=1.0)
     assert of(out, SendBlocks) and of(out, SendBlocks)[0].peer == "good"
+
+
+@pytest.mark.parametrize("how", ["empty_fetch", "abort"])
+@pytest.mark.parametrize("naming", ["announced", "store"])
+def test_a_stranger_cannot_end_an_id_before_its_engine_names_the_consumer(how: str, naming: str) -> None:
+    """An empty fetch or an abort before any store ends an unnamed id (L10, L16: a consumer's own
+    abort or empty fetch may beat the store).  Done by a principal the producer request then does
+    not name, it decided nothing: the request (or its store naming the consumer) starts the id
+    afresh, its blocks are parked and the named consumer is served (decision L17)."""
+    p = producer()
+    connect(p, "good", "decode-1", gen=1)
+    connect(p, "evil", "mallory", gen=2)
+    keys = (b"k0", b"k1")
+    if how == "empty_fetch":
+        fetch(p, "evil", 2, "A", (), now=0.1)
+        assert p.producer_state("A") is ProducerState.DONE
+    else:
+        abort(p, "evil", 2, "A", 0, fetched=False, now=0.1)
+        assert p.producer_state("A") is ProducerState.TOMBSTONED
+    if naming == "announced":
+        p.handle(ix.ConsumerNamed("A", "decode-1"), 0.2)
+        assert p.producer_state("A") is ProducerState.ABSENT
+    out = p.handle(ix.StoreSubmitted("A", "r1", 1, keys, (0, 1), consumer="decode-1"), 0.5)
+    assert not of(out, JobDone)  # parked, not answered from the stranger's ending
+    assert p.producer_state("A") is ProducerState.PARKED
+    out = fetch(p, "good", 1, "A", keys, now=1.0)
+    assert of(out, SendBlocks) and of(out, SendBlocks)[0].peer == "good"
+
+
+@pytest.mark.parametrize("how", ["empty_fetch", "abort"])
+def test_the_named_consumers_own_early_ending_stands(how: str) -> None:
+    """The same early ending by the consumer the request names is its decision (L10, L16): the
+    store is answered from it, as before."""
+    p = producer()
+    connect(p, "good", "decode-1", gen=1)
+    if how == "empty_fetch":
+        fetch(p, "good", 1, "A", (), now=0.1)
+    else:
+        abort(p, "good", 1, "A", 0, fetched=False, now=0.1)
+    p.handle(ix.ConsumerNamed("A", "decode-1"), 0.2)
+    out = p.handle(ix.StoreSubmitted("A", "r1", 1, (b"k0",), (0,), consumer="decode-1"), 0.5)
+    (done,) = of(out, JobDone)
+    if how == "empty_fetch":
+        assert done.ok and p.producer_state("A") is ProducerState.DONE  # not_needed
+    else:
+        assert not done.ok and done.reason == Reason.ABORTED and p.producer_state("A") is ProducerState.TOMBSTONED
 
 
 def test_an_unnamed_id_is_first_come_and_only_its_binding_can_end_it() -> None:
