@@ -17,7 +17,8 @@ a new record with a new generation; messages tagged with another generation are 
 
 Sessions to one producer *instance* share fate, but only on **proof** that the instance is gone
 (decision I23): a dial its address refused (nothing listens there), or a hello_ack at its address
-naming another instance (it restarted).  Then the instance is *gone*, and new loads to any session
+naming another instance (it restarted).  An instance is known by the name its hello_ack gave and
+the host it was dialled at (:func:`fate`: a name is only a claim).  Then the instance is *gone*, and new loads to any session
 of it fail fast (``instance_down``) until one of them is heard from again (decision I7).  A
 disconnect, a reset connection, silence, a failed send or our own give-up proves nothing — the
 producer may be alive and answer the next dial — so none of them condemns the instance.  A fresh
@@ -208,7 +209,7 @@ class SessionMachine(TableMachine):
         listens there now — a restarted producer (decision I30)."""
         rec = self.records.get(peer)
         return (rec is not None and rec.state is SessionState.READY and bool(rec.instance)
-                and rec.instance in self.suspect)
+                and fate(rec.key, rec.instance) in self.suspect)
 
     # -- guards --------------------------------------------------------------------------------
     def guard_hello_compatible(self, rec: SessionRecord, inp: HelloInput, now: float) -> bool:
@@ -270,14 +271,15 @@ class SessionMachine(TableMachine):
         if before and inp.instance and before != inp.instance:
             # the address answers for another instance now: the one it answered for restarted,
             # and every session still believed to reach it is proven stale (decision I23)
-            self._condemn(before)
+            self._condemn(fate(rec.key, before))
         rec.instance = inp.instance
-        self.suspect.pop(inp.instance, None)
-        self.gone.pop(inp.instance, None)
+        self.suspect.pop(fate(rec.key, inp.instance), None)
+        self.gone.pop(fate(rec.key, inp.instance), None)
         _remember(self.last_instance, rec.key, inp.instance, self.MAX_REMEMBERED)
 
     def _condemn(self, instance: str) -> None:
-        """``instance`` is proven gone: new loads to it fail ``instance_down`` until it is heard."""
+        """``instance`` (a :func:`fate` key) is proven gone: new loads to it fail
+        ``instance_down`` until it is heard."""
         self.suspect[instance] = None
         if len(self.suspect) > self.MAX_SUSPECT:
             del self.suspect[next(iter(self.suspect))]
@@ -315,8 +317,8 @@ class SessionMachine(TableMachine):
     def effect_note_heard(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.heard = now
         if self.suspect and rec.instance:
-            self.suspect.pop(rec.instance, None)
-            self.gone.pop(rec.instance, None)
+            self.suspect.pop(fate(rec.key, rec.instance), None)
+            self.gone.pop(fate(rec.key, rec.instance), None)
 
     def effect_note_active(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.active = now
@@ -343,12 +345,21 @@ class SessionMachine(TableMachine):
     def effect_peer_down(self, rec: SessionRecord, inp, reason, now, out) -> None:
         why = reason or Reason.PEER_LOST
         if rec.instance and why in GONE:
-            self._condemn(rec.instance)
+            self._condemn(fate(rec.key, rec.instance))
         if rec.dialled:
             _remember(self.last_gen, rec.key, rec.gen, self.MAX_REMEMBERED)
         out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance, type(inp) is ConnectionClosed))
         out.append(DetachPeer(rec.key))
         self._notes.append(PeerLost(rec.key, why))
+
+
+def fate(address: str, instance: str) -> str:
+    """The key sessions share fate by: the instance a hello_ack named *and* the host it was
+    dialled at (``instance@host``).  A sibling rank of one producer process answers on the same
+    host; an instance name is only a claim, so a peer elsewhere claiming it (or a name reused by
+    another deployment) can neither condemn nor be condemned with it (decision I34)."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return f"{instance}@{host}"
 
 
 def _remember(table: dict, key: str, value: object, cap: int) -> None:

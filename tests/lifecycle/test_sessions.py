@@ -332,6 +332,25 @@ def test_a_refused_dial_proves_the_instance_gone_and_fails_new_loads_at_once_unt
     assert of(out, JobDone) == [] and [s.msg.kv_request_id for s in sends(out)] == ["C"]
 
 
+def test_an_instance_name_claimed_at_another_host_shares_no_fate() -> None:
+    """An instance name is only a claim: a peer at another host answering with the live producer's
+    name, then refusing a redial (it served once and closed), proves nothing about the producer,
+    whose loads go out (they failed instance_down until it was heard again, an attacker's to
+    repeat at will); a sibling at another port of the producer's own host still shares its fate
+    (B11, decision I34)."""
+    c = core()
+    dial(c, "10.0.0.5:5710", instance="prod")
+    dial(c, "10.0.0.66:5710", instance="prod")  # the claim
+    c.handle(ix.ConnectionClosed("10.0.0.66:5710"), 1.0)
+    c.handle(ix.Dial("10.0.0.66:5710"), 2.0)
+    c.handle(ix.ConnectFailed("10.0.0.66:5710", "refused"), 2.1)
+    assert CoreView(c).suspect_fates() == frozenset({"prod@10.0.0.66"})
+    out = load(c, "A", 1, 3.0, "10.0.0.5:5710")
+    assert of(out, JobDone) == [] and [s.msg.kv_request_id for s in sends(out)] == ["A"]
+    refused_after_close(c, instance="prod", peer="10.0.0.5:5711")  # a sibling rank of the producer's host
+    assert of(load(c, "B", 2, 3.0, "10.0.0.5:5710"), JobDone) == [JobDone(2, False, Reason.INSTANCE_DOWN)]
+
+
 def test_a_hello_ack_naming_another_instance_proves_the_old_one_restarted() -> None:
     c = core()
     dial(c, P, instance="prod-1")
@@ -446,27 +465,28 @@ def test_an_instance_that_answers_again_is_no_longer_down_while_its_plane_attach
 
 @pytest.mark.parametrize("heard", ["hello_ack", "pong"])
 def test_an_instance_heard_again_no_longer_takes_room_among_the_gone(heard: str) -> None:
-    # A is condemned first, X second; X is then heard again.  cap - 1 more condemnations fill the
+    # A is condemned first, X second; X is then heard again (at another port of its host: a
+    # sibling rank shares its fate, decision I34).  cap - 1 more condemnations fill the
     # bookkeeping to exactly its bound: A, the oldest, must still be known gone -- X's entry no
     # longer counts
     c = core()
     cap = SessionMachine.MAX_SUSPECT
     if heard == "pong":  # a session to X at another address, ready before X is condemned
-        dial(c, "px2", instance="X")
-    for addr, inst in (("pa", "A"), ("px", "X")):
+        dial(c, "10.0.0.9:3", instance="X")
+    for addr, inst in (("10.0.0.9:1", "A"), ("10.0.0.9:2", "X")):
         dial(c, addr, instance=inst)
         c.handle(ix.ConnectionClosed(addr), 0.0)
         c.handle(ix.Dial(addr), 0.0)
         c.handle(ix.ConnectFailed(addr, "refused"), 0.0)
     assert CoreView(c).suspect_instances() == frozenset({"A", "X"})
     if heard == "hello_ack":  # X answers a redial, then its plane refuses: never ready
-        c.handle(ix.Dial("px"), 1.0)
-        c.handle(ix.ConnectionUp("px"), 1.0)
-        gen = CoreView(c).session_gen("px")
-        c.handle(ix.Received("px", wm.HelloAck(gen=gen, instance="X")), 1.0)
-        c.handle(ix.AttachRefused("px", gen), 1.0)
+        c.handle(ix.Dial("10.0.0.9:2"), 1.0)
+        c.handle(ix.ConnectionUp("10.0.0.9:2"), 1.0)
+        gen = CoreView(c).session_gen("10.0.0.9:2")
+        c.handle(ix.Received("10.0.0.9:2", wm.HelloAck(gen=gen, instance="X")), 1.0)
+        c.handle(ix.AttachRefused("10.0.0.9:2", gen), 1.0)
     else:
-        c.handle(ix.Received("px2", wm.Pong(gen=CoreView(c).session_gen("px2"), t=1.0)), 1.0)
+        c.handle(ix.Received("10.0.0.9:3", wm.Pong(gen=CoreView(c).session_gen("10.0.0.9:3"), t=1.0)), 1.0)
     assert CoreView(c).suspect_instances() == frozenset({"A"})
     for i in range(cap):  # restarts at one address: cap - 1 more instances proven gone
         dial(c, P, 2.0, instance=f"b{i}", check=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtier.lifecycle.session import fate
 from kvtier.lifecycle import Answer, InvalidTransition, ProbeState, Reason, ServeState
 from kvtier.lifecycle import inputs as ix
 from kvtier.wire import messages as wm
@@ -220,7 +221,7 @@ def test_instance_down_answers_miss_at_once() -> None:
     net = pair()
     net.connect("C", "P", 0.0)
     deliver_all(net, 0.0)
-    net.cores["C"]._sessions.suspect["P"] = None  # noqa: SLF001 - stand in for a sibling's death (I7)
+    net.cores["C"]._sessions.suspect[fate("P", "P")] = None  # noqa: SLF001 - stand in for a sibling's death (I7)
     announce(net)
     assert lookup_all(net, KEYS[:1], 0.0) == [Answer.MISS]
     assert CoreView(net.cores["C"]).probe(K).reason is Reason.INSTANCE_DOWN
