@@ -252,6 +252,7 @@ KNOWN: dict[str, dict[str, str]] = {
     "producer": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
         "ignored": "counter", "park_clock_last": "config", "tombstone_max": "config", "max_pending": "config",
+        "max_pending_keys": "config", "awaiting_keys": "index", "_awaiting_n": "index",
         "by_peer": "index", "awaiting_per_peer": "index", "quarantined": "index", "retained": "state",
         "_prune_order": "index", "_left_early": "index", "_prune_at": "cache", "count_evicted": "counter", "closing": "state",
         "named": "state", "_notes": "config", "batcher": "config",

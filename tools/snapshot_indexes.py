@@ -56,14 +56,17 @@ def index_problems(core: TierCore) -> list[str]:
     out = []
     bound: dict[str, set[str]] = {}
     awaiting: dict[str, int] = {}
+    awaiting_keys: dict[str, int] = {}
     for r in recs:
         if r.state in P_BOUND:
             bound.setdefault(r.peer, set()).add(r.key)
         if r.state is ProducerState.AWAITING:
             awaiting[r.peer] = awaiting.get(r.peer, 0) + 1
+            awaiting_keys[r.peer] = awaiting_keys.get(r.peer, 0) + len(r.demand)
     checks = (
         ("producer ids per bound peer", {p: set(ids) for p, ids in pm.by_peer.items() if ids}, bound),
         ("producer fetches awaiting blocks per peer", dict(pm.awaiting_per_peer), awaiting),
+        ("keys of the fetches awaiting blocks per peer", dict(pm.awaiting_keys), awaiting_keys),
         ("quarantined producer ids", set(pm.quarantined), {r.key for r in recs if r.state is ProducerState.QUARANTINED}),
         ("retained producer ids", set(pm.retained), {r.key for r in recs if r.state in RETAINED}),
         ("consumer ids per producer peer", {p: set(ids) for p, ids in cm.by_peer.items() if ids},

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "df25cb0d7a0821cad8237a44cde4b74a9635f904399f0440159f4d7795875e29"
+SPEC_SHA256: Final = "051b80f08f3c6e4d4333df34b137b679b8d4bc9db7ab6e4ee0296ee61505d497"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -49,7 +49,7 @@ class Reason(enum.StrEnum):
     DUPLICATE_FETCH = "duplicate_fetch"
     """a second fetch for an id that is already bound to another round"""
     TOO_MANY_PENDING = "too_many_pending"
-    """the peer already has max_pending_fetches_per_peer fetches waiting for blocks"""
+    """the peer already has max_pending_fetches_per_peer fetches waiting for blocks, or they name 256 keys per allowed fetch in all"""
     ALREADY_SERVED = "already_served"
     """the id's blocks were already transferred to a consumer"""
     ROUND_FINISHED = "round_finished"
@@ -156,7 +156,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.DRAINED: "drain_jobs ended the id before a consumer fetched it",
     Reason.SHUTDOWN: "the manager shut down (ours, or the peer's: its goodbye said so)",
     Reason.DUPLICATE_FETCH: "a second fetch for an id that is already bound to another round",
-    Reason.TOO_MANY_PENDING: "the peer already has max_pending_fetches_per_peer fetches waiting for blocks",
+    Reason.TOO_MANY_PENDING: "the peer already has max_pending_fetches_per_peer fetches waiting for blocks, or they name 256 keys per allowed fetch in all",
     Reason.ALREADY_SERVED: "the id's blocks were already transferred to a consumer",
     Reason.ROUND_FINISHED: "a store arrived after the id's transfer completed",
     Reason.ID_IN_USE: "another engine request already parks blocks under this kv_request_id",
@@ -314,7 +314,7 @@ class ProducerGuard(enum.StrEnum):
     STORE_MEETS_DEMAND = "store_meets_demand"
     """this store supplies every key of the bound fetch that was still missing"""
     PEER_BUSY = "peer_busy"
-    """the fetching peer already has max_pending_fetches_per_peer ids awaiting blocks"""
+    """the fetching peer already has max_pending_fetches_per_peer ids awaiting blocks, or this fetch's keys would take the keys they name past 256 per allowed fetch (decision I35)"""
     SAME_ROUND = "same_round"
     """the input comes from the (peer, generation, round) the id is bound to"""
     NOT_AUTHORISED = "not_authorised"

@@ -67,6 +67,13 @@ _BOUND = frozenset(
         ProducerState.QUARANTINED,
     }
 )
+PENDING_KEYS_PER_FETCH = 256
+"""A peer's awaiting fetches may name at most this many keys per ``max_pending_fetches_per_peer``
+(256 × 1024 = 262,144 by default, ~26 MiB of bookkeeping): a fetch's keys are kept while it waits
+for its blocks, so a bound on fetches alone let one peer pin ~2.6 MiB per fetch of 28,000 keys
+(decision I35)."""
+
+
 def _other(held: str | None, named: str | None) -> bool:
     """Whether a retained id answers ``held``, a principal other than the consumer a producer
     request names (``named``): then the request starts the id afresh (decision L17)."""
@@ -104,6 +111,10 @@ class ProducerMachine(TableMachine):
         self.park_clock_last = park_clock == "last_store"
         self.tombstone_max = tombstone_max
         self.max_pending = max_pending_fetches_per_peer
+        # the keys one peer's awaiting fetches may name at once (decision I35): ~100 B each kept
+        self.max_pending_keys = PENDING_KEYS_PER_FETCH * max_pending_fetches_per_peer
+        self.awaiting_keys: dict[str, int] = {}  # peer -> keys its awaiting fetches name
+        self._awaiting_n: dict[str, int] = {}  # awaiting id -> the keys counted for it
         self.by_peer: dict[str, set[str]] = {}
         self.awaiting_per_peer: dict[str, int] = {}
         # ids in quarantined: the shell asks every poll, so an index, not a scan of every record
@@ -342,14 +353,17 @@ class ProducerMachine(TableMachine):
         return tuple(ops)
 
     def _awaiting_dec(self, rec: ProducerRecord) -> None:
-        per = self.awaiting_per_peer
+        per, keys = self.awaiting_per_peer, self.awaiting_keys
         per[rec.peer] -= 1
+        keys[rec.peer] -= self._awaiting_n.pop(rec.key, 0)
         if not per[rec.peer]:
-            del per[rec.peer]
+            del per[rec.peer], keys[rec.peer]
 
     def _awaiting_inc(self, rec: ProducerRecord) -> None:
-        per = self.awaiting_per_peer
+        per, keys = self.awaiting_per_peer, self.awaiting_keys
         per[rec.peer] = per.get(rec.peer, 0) + 1
+        n = self._awaiting_n[rec.key] = len(rec.demand)
+        keys[rec.peer] = keys.get(rec.peer, 0) + n
 
     def _unbind_peer(self, rec: ProducerRecord) -> None:
         peers = self.by_peer.get(rec.peer)
@@ -403,7 +417,8 @@ class ProducerMachine(TableMachine):
         return all(k in blocks or k in new for k in rec.demand)
 
     def guard_peer_busy(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
-        return self.awaiting_per_peer.get(inp.peer, 0) >= self.max_pending
+        return (self.awaiting_per_peer.get(inp.peer, 0) >= self.max_pending
+                or self.awaiting_keys.get(inp.peer, 0) + len(inp.keys) > self.max_pending_keys)
 
     def guard_same_round(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return inp.peer == rec.peer and inp.round == rec.round and inp.gen == rec.gen

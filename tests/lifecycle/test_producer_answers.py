@@ -321,6 +321,25 @@ def test_a_peer_may_have_exactly_max_pending_fetches_waiting_for_their_stores() 
     assert sent(out, wm.TransferDone) == [] and s.p.producer_state("B") is ProducerState.AWAITING
 
 
+def test_a_peers_waiting_fetches_are_bounded_by_the_keys_they_name_too() -> None:
+    """A fetch's keys are kept while it waits for its store (~100 B each): a peer's awaiting
+    fetches may name at most ``PENDING_KEYS_PER_FETCH`` keys per allowed pending fetch, so one
+    peer cannot pin gigabytes with a thousand 28,000-key fetches (decision I35)."""
+    from kvtier.lifecycle.producer import PENDING_KEYS_PER_FETCH as PER
+
+    s = Pair(max_pending=2)  # 2 fetches, 2 * PER keys
+    rnd_a, out = _fetch(s, "A", PER + 10, 0.0)
+    assert sent(out, wm.TransferDone) == [] and s.p.producer_state("A") is ProducerState.AWAITING
+    _, out = _fetch(s, "B", PER, 0.1)  # a second fetch is allowed, but not its keys
+    assert done_fail(out, "B").reason == "too_many_pending" and s.p.producer_state("B") is ProducerState.ABSENT
+    _, out = _fetch(s, "C", PER - 10, 0.2)  # exactly the budget
+    assert sent(out, wm.TransferDone) == [] and s.p.producer_state("C") is ProducerState.AWAITING
+    s.abort("A", 0.3, rnd_a, fetched=True)  # A's keys are given back with its wait
+    assert s.p.producer_state("A") is not ProducerState.AWAITING
+    _, out = _fetch(s, "D", PER, 0.4)
+    assert sent(out, wm.TransferDone) == [] and s.p.producer_state("D") is ProducerState.AWAITING
+
+
 def test_an_abort_of_a_new_life_is_remembered_over_the_tombstone_of_the_old_one() -> None:
     s = Pair()
     _tombstone(s, ["A"], 0.0)  # life L1, aborted
