@@ -65,11 +65,11 @@ class CoreView:
 
     def suspect_instances(self) -> frozenset[str]:
         """Producer instances (by name) whose sessions are suspect (decision I7); the core keys
-        them by name and host (``instance@host``, decision I34): :meth:`suspect_fates`."""
+        them by name and host (``instance@host``, decision I33): :meth:`suspect_fates`."""
         return frozenset(k.rsplit("@", 1)[0] for k in self._records().suspect)
 
     def suspect_fates(self) -> frozenset[str]:
-        """The suspect instances as the core keys them: ``instance@host`` (decision I34)."""
+        """The suspect instances as the core keys them: ``instance@host`` (decision I33)."""
         return self._records().suspect
 
     # -- the producer ---------------------------------------------------------------------------

@@ -71,7 +71,7 @@ PENDING_KEYS_PER_FETCH = 256
 """A peer's awaiting fetches may name at most this many keys per ``max_pending_fetches_per_peer``
 (256 × 1024 = 262,144 by default, ~26 MiB of bookkeeping): a fetch's keys are kept while it waits
 for its blocks, so a bound on fetches alone let one peer pin ~2.6 MiB per fetch of 28,000 keys
-(decision I35)."""
+(decision I34)."""
 
 
 def _other(held: str | None, named: str | None) -> bool:
@@ -111,7 +111,7 @@ class ProducerMachine(TableMachine):
         self.park_clock_last = park_clock == "last_store"
         self.tombstone_max = tombstone_max
         self.max_pending = max_pending_fetches_per_peer
-        # the keys one peer's awaiting fetches may name at once (decision I35): ~100 B each kept
+        # the keys one peer's awaiting fetches may name at once (decision I34): ~100 B each kept
         self.max_pending_keys = PENDING_KEYS_PER_FETCH * max_pending_fetches_per_peer
         self.awaiting_keys: dict[str, int] = {}  # peer -> keys its awaiting fetches name
         self._awaiting_n: dict[str, int] = {}  # awaiting id -> the keys counted for it

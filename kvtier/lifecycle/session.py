@@ -357,7 +357,7 @@ def fate(address: str, instance: str) -> str:
     """The key sessions share fate by: the instance a hello_ack named *and* the host it was
     dialled at (``instance@host``).  A sibling rank of one producer process answers on the same
     host; an instance name is only a claim, so a peer elsewhere claiming it (or a name reused by
-    another deployment) can neither condemn nor be condemned with it (decision I34)."""
+    another deployment) can neither condemn nor be condemned with it (decision I33)."""
     host = address.rsplit(":", 1)[0] if ":" in address else address
     return f"{instance}@{host}"
 

@@ -324,7 +324,7 @@ def test_a_peer_may_have_exactly_max_pending_fetches_waiting_for_their_stores() 
 def test_a_peers_waiting_fetches_are_bounded_by_the_keys_they_name_too() -> None:
     """A fetch's keys are kept while it waits for its store (~100 B each): a peer's awaiting
     fetches may name at most ``PENDING_KEYS_PER_FETCH`` keys per allowed pending fetch, so one
-    peer cannot pin gigabytes with a thousand 28,000-key fetches (decision I35)."""
+    peer cannot pin gigabytes with a thousand 28,000-key fetches (decision I34)."""
     from kvtier.lifecycle.producer import PENDING_KEYS_PER_FETCH as PER
 
     s = Pair(max_pending=2)  # 2 fetches, 2 * PER keys

@@ -337,7 +337,7 @@ def test_an_instance_name_claimed_at_another_host_shares_no_fate() -> None:
     name, then refusing a redial (it served once and closed), proves nothing about the producer,
     whose loads go out (they failed instance_down until it was heard again, an attacker's to
     repeat at will); a sibling at another port of the producer's own host still shares its fate
-    (B11, decision I34)."""
+    (B11, decision I33)."""
     c = core()
     dial(c, "10.0.0.5:5710", instance="prod")
     dial(c, "10.0.0.66:5710", instance="prod")  # the claim
@@ -466,7 +466,7 @@ def test_an_instance_that_answers_again_is_no_longer_down_while_its_plane_attach
 @pytest.mark.parametrize("heard", ["hello_ack", "pong"])
 def test_an_instance_heard_again_no_longer_takes_room_among_the_gone(heard: str) -> None:
     # A is condemned first, X second; X is then heard again (at another port of its host: a
-    # sibling rank shares its fate, decision I34).  cap - 1 more condemnations fill the
+    # sibling rank shares its fate, decision I33).  cap - 1 more condemnations fill the
     # bookkeeping to exactly its bound: A, the oldest, must still be known gone -- X's entry no
     # longer counts
     c = core()
