@@ -138,7 +138,8 @@ class Outbound:
                           "request named for this id (nothing changed)", self.logs.who(peer), msg.kv_request_id)
 
     def _note_reject(self, peer: str, msg: wm.HelloReject) -> None:
-        self.metrics.session_ended(msg.reason)
+        if msg.field != "descriptor":  # a refused descriptor ends a session: its SessionEnded counts it
+            self.metrics.session_ended(msg.reason)
         if msg.field == "max_peers":
             self.logs(peer, msg.reason, "kvtier: refusing a session from %s: max_peers=%s reached",
                       self.logs.who(peer), msg.ours)

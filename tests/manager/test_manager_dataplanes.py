@@ -207,6 +207,8 @@ def test_unusable_nixl_descriptor_is_refused_naming_the_descriptor(data_plane, m
     finally:
         ctx.destroy(linger=0)
     assert metric(p, "kvtier_internal_errors_total") == 0
+    # each refused session counted once (its end counts it; the refusal it sent is the same end)
+    assert metric(p, "kvtier_session_ends_total", reason="handshake_mismatch") == len(bad)
 
 
 @BOTH_PLANES
