@@ -74,17 +74,13 @@ def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool) -> 
     does not speak ZMTP at all.  ``curve``: this tier runs ``auth='curve'``; ``dialled``: we are
     the consumer that dialled.
 
-    The side that detects a mechanism mismatch reports it with its code and hangs up; the other
-    side then sees ``NO_DETAIL`` with ``EPIPE`` (it was writing its greeting), which is how a CURVE
-    problem reaches it about half of the time.  A connection closed before any greeting (a TCP
-    health check, a port scan) ends with ``ECONNRESET`` instead and is no authentication failure;
-    without CURVE, an inbound ``EPIPE`` is not one either: any client that hangs up early causes it,
-    and a CURVE dialler names the mismatch on its own side."""
+    The side that detects a mechanism mismatch reports it and hangs up; the other then sees
+    ``NO_DETAIL`` with ``EPIPE`` (it was writing its greeting), about half of the time.  A close
+    before any greeting (a health check, a port scan) ends with ``ECONNRESET``: no authentication
+    failure; nor, without CURVE, an inbound ``EPIPE``: any client that hangs up early causes it (E7)."""
     other = "the producer" if dialled else "the peer"
     mismatch = event == _PROTOCOL and value == _MECHANISM_MISMATCH
     hung_up = event == _NO_DETAIL and value == errno.EPIPE
-    # a hang-up alone, inbound, says nothing of CURVE here: a client that closes while we write
-    # our greeting (a health check, a pooled client leaving) ends the same way (decision E7)
     if not curve and (mismatch or (hung_up and dialled) or (dialled and event == _AUTH)):
         return True, (f"{other} requires CURVE (auth='curve') and this tier has auth='none': set auth='curve' "
                       "with auth_secret_key_file and auth_allowed_keys_dir here too (docs/security.md)")
