@@ -185,7 +185,9 @@ class ProducerMachine(TableMachine):
             return
         if rec.state in RETAINED and _other(rec.consumer, consumer):
             self.apply(rec, ProducerEvent.NEW_LIFE, None, now, out)
-        elif rec.consumer is None:
+        elif rec.consumer is None and not _other(rec.principal, consumer):
+            # a fetch another principal bound first keeps none of the name: its store unbinds it
+            # (binding_unauthorised), and should it end first, its record answers only it (L17)
             rec.consumer = consumer
 
     def forget(self, kv_request_id: str) -> None:

@@ -94,5 +94,7 @@ class RetainedRecord(Record):
         self.reason = rec.reason
         self.timer = rec.timer
         self.tseq = rec.tseq
-        self.consumer = rec.consumer
+        # an id nobody named a consumer for answers the principal whose binding ended it from here
+        # on, so a producer request naming another starts it afresh (decision L17)
+        self.consumer = rec.consumer if rec.consumer is not None else rec.principal
         self.life = rec.life

@@ -142,6 +142,36 @@ def test_a_stranger_cannot_end_an_id_before_its_engine_names_the_consumer(how: s
     assert of(out, SendBlocks) and of(out, SendBlocks)[0].peer == "good"
 
 
+@pytest.mark.parametrize("named_while_bound", [False, True])
+@pytest.mark.parametrize("end", ["abort", "peer_lost", "supply_deadline"])
+def test_a_stranger_that_bound_first_cannot_end_the_id_for_the_named_consumer(end: str, named_while_bound: bool) -> None:
+    """A stranger's fetch that bound the id before its engine named a consumer, ended by the
+    stranger (its own abort, its session's end, the supply deadline) before the store: the id's
+    end answers only the stranger, and the request naming the consumer starts it afresh (L17).
+    So also when the name came while the stranger was still bound."""
+    p = producer()
+    connect(p, "good", "decode-1", gen=1)
+    connect(p, "evil", "mallory", gen=2)
+    keys = (b"k0", b"k1")
+    fetch(p, "evil", 2, "A", (b"made-up",), now=0.1)
+    assert p.producer_state("A") is ProducerState.AWAITING
+    if named_while_bound:
+        p.handle(ix.ConsumerNamed("A", "decode-1"), 0.2)
+    if end == "abort":
+        abort(p, "evil", 2, "A", 0, fetched=True, now=0.3)
+    elif end == "peer_lost":
+        p.handle(ix.ConnectionClosed("evil"), 0.3)
+    else:
+        p.fire(50.0)  # past fetch_supply_timeout_s
+    assert p.producer_state("A") is ProducerState.TOMBSTONED
+    if not named_while_bound:
+        p.handle(ix.ConsumerNamed("A", "decode-1"), 51.0)
+    out = p.handle(ix.StoreSubmitted("A", "r1", 1, keys, (0, 1), consumer="decode-1"), 51.5)
+    assert not of(out, JobDone) and p.producer_state("A") is ProducerState.PARKED
+    out = fetch(p, "good", 1, "A", keys, now=52.0)
+    assert of(out, SendBlocks) and of(out, SendBlocks)[0].peer == "good"
+
+
 @pytest.mark.parametrize("how", ["empty_fetch", "abort"])
 def test_the_named_consumers_own_early_ending_stands(how: str) -> None:
     """The same early ending by the consumer the request names is its decision (L10, L16): the
