@@ -132,27 +132,34 @@ class WritePipeline:
         if not known:
             x.fail(f"no NIXL descriptor from {peer}")
             return
-        self.drive((x,))
+        self.drive((x,), budget_s=0.0)  # its first WRITE now; the rest in the loop's passes
 
-    def drive(self, xs: Sequence[_Xfer] | None = None) -> None:
+    def drive(self, xs: Sequence[_Xfer] | None = None, budget_s: float | None = None) -> None:
         """Post the next WRITE of each transfer (``xs``; default all) whose window has room and
         take finished WRITEs right after each post, until neither posts nor finishes anything:
         a WRITE's outcome is taken — and so its notification sent — as soon as the agent has it,
         and the next one posted in the same call (over CMA most end inside their post).  Takes
         the agent's outcomes at least once, also with no transfer; stops posting once it has run
-        :data:`DRIVE_S` (:attr:`backlog` then says so)."""
-        xs = list(self._xfers.values()) if xs is None else xs
-        until = time.monotonic() + DRIVE_S
-        self.backlog = False
+        ``budget_s`` (:data:`DRIVE_S`; checked after each post) — :attr:`backlog` then says so; a
+        call for some transfers (``xs``) only ever sets it, the next call for all renews it."""
+        if xs is None:
+            xs = list(self._xfers.values())
+            self.backlog = False
+        until = time.monotonic() + (DRIVE_S if budget_s is None else budget_s)
         while True:  # at least one reap: the agent's other outcomes (a warm-up READ) come this way
-            posted = False
+            posted = over = False
             for x in xs:
-                posted |= self._post_next(x)
-            if not self._reap() and not posted:
-                return
+                if self._post_next(x):
+                    posted = True
+                    if time.monotonic() >= until:
+                        over = True
+                        break
+            reaped = self._reap()
             xs = [x for x in xs if x.key in self._xfers and not x.over]
-            if xs and time.monotonic() >= until:  # the rest on the next call, after the loop's inputs
-                self.backlog = any(self._could_post(x) for x in xs)
+            if over or (xs and time.monotonic() >= until):  # the rest after the loop's inputs
+                self.backlog = self.backlog or any(self._could_post(x) for x in xs)
+                return
+            if not reaped and not posted:
                 return
 
     def _could_post(self, x: _Xfer) -> bool:

@@ -146,3 +146,23 @@ def _run_posted(p, c, n_batches):
         if any(isinstance(r, Released) for r in out) and len(seen) >= n_batches:
             return out, seen
     raise AssertionError(f"not done: {out} {seen}")
+
+
+def test_a_new_transfer_posts_one_write_and_keeps_the_others_backlog(planes, monkeypatch):
+    """A transfer that starts posts its first WRITE only (several starting in one pass must not
+    each take a budget), and never clears what an earlier poll left to post: the loop still comes
+    back at once for it (decision N22)."""
+    import kvtier.dataplane.nixl_pipeline as pipeline
+
+    p, c, _, (pp, cp, _) = planes
+    cp.tensor.fill_(0)
+    monkeypatch.setattr(pipeline, "DRIVE_S", 0.0)
+    before = p.posts
+    p.post("cons", "kv-first", 0, _batches(48, 4))  # three WRITEs of WRITE_BYTES
+    assert p.posts - before == 1 and p.max_wait_s(receiving=False) == 0.0
+    p.post("cons", "kv-second", 0, _batches(4, 4, slot0=48))  # one small WRITE: all it has
+    assert p.posts - before == 2
+    assert p.max_wait_s(receiving=False) == 0.0  # kv-first still has WRITEs to post
+    out, seen = _run_posted(p, c, 13)
+    assert sorted(r.kv_request_id for r in out if isinstance(r, Released)) == ["kv-first", "kv-second"]
+    assert p.posts - before == 4
