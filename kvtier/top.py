@@ -330,13 +330,16 @@ def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
 
     def frame() -> tuple[Group, bool]:
         rows = []
-        for url in urls:
+        answered = []  # the targets with a scrape that worked (for their finished requests)
+        for target, url in zip(targets, urls):
             for listener, cur in by_listener(scrape(url, timeout_s)):  # a row per tier (vLLM: per DP rank)
                 key = (url, listener)
                 rows.append(row(prev.get(key), cur))
                 prev[key] = cur
+                if not cur.error and target not in answered:
+                    answered.append(target)
         parts: list[Any] = [render(rows, interval_s, console.width)]
-        done = recent([t for t, r in zip(targets, rows) if not r.error], timeout_s=timeout_s)
+        done = recent(answered, timeout_s=timeout_s)
         if done:
             parts.append(render_recent(done))
         return Group(*parts), any(r.error for r in rows)

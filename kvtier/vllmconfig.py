@@ -73,6 +73,10 @@ def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
                  "kvtier entry (docs/integrations/vllm.md)")], []
     problems: list[str] = []
     notes: list[str] = []
+    misplaced = sorted(set(extra) & set(DEFAULTS))  # vLLM ignores them there too
+    if misplaced:
+        problems.append(f"kv_connector_extra_config: {', '.join(misplaced)} belong inside the kvtier entry of the "
+                        "OffloadingConnector's secondary_tiers (vLLM ignores them at the MultiConnector's level)")
     found = offloading = 0
     for i, child in enumerate(children):
         if not isinstance(child, Mapping):

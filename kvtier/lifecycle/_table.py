@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "3df94f0a8a66825ba688ce40a029dd2f553ce5cd8df553c96cf68c3273f31936"
+SPEC_SHA256: Final = "b439fa74bdab59f6b550cd4dd013864f8f085f8d3a1018ad025c5b9bb4c961cf"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -314,7 +314,7 @@ class ProducerGuard(enum.StrEnum):
     STORE_MEETS_DEMAND = "store_meets_demand"
     """this store supplies every key of the bound fetch that was still missing"""
     PEER_BUSY = "peer_busy"
-    """the fetching peer already has max_pending_fetches_per_peer ids awaiting blocks, or this fetch's keys would take the keys they name past 256 per allowed fetch (decision I34)"""
+    """the fetching peer already has max_pending_fetches_per_peer ids awaiting blocks, or has some and this fetch's keys would take the keys they name past 256 per allowed fetch (decision I34)"""
     SAME_ROUND = "same_round"
     """the input comes from the (peer, generation, round) the id is bound to"""
     NOT_AUTHORISED = "not_authorised"

@@ -419,8 +419,9 @@ class ProducerMachine(TableMachine):
         return all(k in blocks or k in new for k in rec.demand)
 
     def guard_peer_busy(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
-        return (self.awaiting_per_peer.get(inp.peer, 0) >= self.max_pending
-                or self.awaiting_keys.get(inp.peer, 0) + len(inp.keys) > self.max_pending_keys)
+        waiting = self.awaiting_per_peer.get(inp.peer, 0)  # a peer's first fetch always waits (I34)
+        return waiting >= self.max_pending or (
+            waiting > 0 and self.awaiting_keys[inp.peer] + len(inp.keys) > self.max_pending_keys)
 
     def guard_same_round(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return inp.peer == rec.peer and inp.round == rec.round and inp.gen == rec.gen

@@ -77,14 +77,14 @@ def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool) -> 
     The side that detects a mechanism mismatch reports it and hangs up; the other then sees
     ``NO_DETAIL`` with ``EPIPE`` (it was writing its greeting), about half of the time.  A close
     before any greeting (a health check, a port scan) ends with ``ECONNRESET``: no authentication
-    failure; nor, without CURVE, an inbound ``EPIPE``: any client that hangs up early causes it (E7)."""
+    failure; nor, with CURVE or without, an inbound ``EPIPE``: any client hanging up early causes it (E7)."""
     other = "the producer" if dialled else "the peer"
     mismatch = event == _PROTOCOL and value == _MECHANISM_MISMATCH
     hung_up = event == _NO_DETAIL and value == errno.EPIPE
     if not curve and (mismatch or (hung_up and dialled) or (dialled and event == _AUTH)):
         return True, (f"{other} requires CURVE (auth='curve') and this tier has auth='none': set auth='curve' "
                       "with auth_secret_key_file and auth_allowed_keys_dir here too (docs/security.md)")
-    if curve and (mismatch or (hung_up and not dialled)):
+    if curve and mismatch:
         return True, (f"{other} does not run CURVE (its auth is 'none') while this tier has auth='curve': "
                       "set the same auth on both sides (docs/security.md)")
     if curve and (event == _AUTH or (event == _PROTOCOL and value == _CRYPTOGRAPHIC)

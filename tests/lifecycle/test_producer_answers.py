@@ -334,6 +334,9 @@ def test_a_peers_waiting_fetches_are_bounded_by_the_keys_they_name_too() -> None
     assert done_fail(out, "B").reason == "too_many_pending" and s.p.producer_state("B") is ProducerState.ABSENT
     _, out = _fetch(s, "C", PER - 10, 0.2)  # exactly the budget
     assert sent(out, wm.TransferDone) == [] and s.p.producer_state("C") is ProducerState.AWAITING
+    s2 = Pair(max_pending=1)  # a peer's first waiting fetch is never refused for its keys alone
+    _, out = _fetch(s2, "Z", 4 * PER, 0.0)
+    assert sent(out, wm.TransferDone) == [] and s2.p.producer_state("Z") is ProducerState.AWAITING
     s.abort("A", 0.3, rnd_a, fetched=True)  # A's keys are given back with its wait
     assert s.p.producer_state("A") is not ProducerState.AWAITING
     _, out = _fetch(s, "D", PER, 0.4)

@@ -187,3 +187,31 @@ def test_a_data_parallel_endpoint_shows_a_row_per_tier() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_finished_requests_are_read_from_every_endpoint_that_answered(monkeypatch) -> None:
+    """With a row per listener, rows and endpoints no longer pair one to one: the finished
+    requests come from each endpoint that answered (not from an unreachable one, which cost its
+    timeout every frame, while a healthy one listed after it was never read)."""
+    import socket as socket_
+
+    import kvtier.top as top
+
+    two = _serve_text(
+        "# TYPE kvtier_parked_ids gauge\n"
+        'kvtier_parked_ids{listener="10.0.0.5:5710",state="parked"} 1.0\n'
+        'kvtier_parked_ids{listener="10.0.0.5:5711",state="parked"} 2.0\n')
+    one = _serve_text('# TYPE kvtier_parked_ids gauge\nkvtier_parked_ids{listener="10.0.0.6:5710",state="parked"} 0.0\n')
+    with socket_.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    asked: list[list[str]] = []
+    monkeypatch.setattr(top, "recent", lambda targets, **kw: asked.append(list(targets)) or [])
+    try:
+        a, c = f"127.0.0.1:{two.server_address[1]}", f"127.0.0.1:{one.server_address[1]}"
+        assert top.main([a, dead, c], interval_s=0.05, once=True, timeout_s=1.0) == 1  # the dead one
+        assert asked and all(t == [a, c] for t in asked), asked
+    finally:
+        for server in (two, one):
+            server.shutdown()
+            server.server_close()
