@@ -144,7 +144,8 @@ def test_a_stranger_cannot_end_an_id_before_its_engine_names_the_consumer(how: s
 
 @pytest.mark.parametrize("named_while_bound", [False, True])
 @pytest.mark.parametrize("end", ["abort", "peer_lost", "supply_deadline"])
-def test_a_stranger_that_bound_first_cannot_end_the_id_for_the_named_consumer(end: str, named_while_bound: bool) -> None:
+def test_a_stranger_that_bound_first_cannot_end_the_id_for_the_named_consumer(end: str,
+                                                                              named_while_bound: bool) -> None:
     """A stranger's fetch that bound the id before its engine named a consumer, ended by the
     stranger (its own abort, its session's end, the supply deadline) before the store: the id's
     end answers only the stranger, and the request naming the consumer starts it afresh (L17).

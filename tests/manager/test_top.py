@@ -201,7 +201,8 @@ def test_finished_requests_are_read_from_every_endpoint_that_answered(monkeypatc
         "# TYPE kvtier_parked_ids gauge\n"
         'kvtier_parked_ids{listener="10.0.0.5:5710",state="parked"} 1.0\n'
         'kvtier_parked_ids{listener="10.0.0.5:5711",state="parked"} 2.0\n')
-    one = _serve_text('# TYPE kvtier_parked_ids gauge\nkvtier_parked_ids{listener="10.0.0.6:5710",state="parked"} 0.0\n')
+    one = _serve_text("# TYPE kvtier_parked_ids gauge\n"
+                      'kvtier_parked_ids{listener="10.0.0.6:5710",state="parked"} 0.0\n')
     with socket_.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
