@@ -207,6 +207,8 @@ class SessionMachine(TableMachine):
         since (decisions I7, I23).  A dial is never down before its outcome, even to an address
         whose last instance is gone: it is refused in a millisecond, or answered by whatever
         listens there now — a restarted producer (decision I30)."""
+        if not self.suspect:  # nearly always: every load asks
+            return False
         rec = self.records.get(peer)
         return (rec is not None and rec.state is SessionState.READY and bool(rec.instance)
                 and fate(rec.key, rec.instance) in self.suspect)
