@@ -94,7 +94,9 @@ class RetainedRecord(Record):
         self.reason = rec.reason
         self.timer = rec.timer
         self.tseq = rec.tseq
-        # an id nobody named a consumer for answers the principal whose binding ended it from here
-        # on, so a producer request naming another starts it afresh (decision L17)
-        self.consumer = rec.consumer if rec.consumer is not None else rec.principal
+        # an id nobody named a consumer for, tombstoned while bound, answers the principal whose
+        # binding ended it from here on, so a producer request naming another starts it afresh
+        # (decision L17); one served whole (done) keeps no name: a second fetch is already_served
+        unnamed_end = rec.consumer is None and rec.state is ProducerState.TOMBSTONED
+        self.consumer = rec.principal if unnamed_end else rec.consumer
         self.life = rec.life

@@ -18,14 +18,14 @@ a new record with a new generation; messages tagged with another generation are 
 Sessions to one producer *instance* share fate, but only on **proof** that the instance is gone
 (decision I23): a dial its address refused (nothing listens there), or a hello_ack at its address
 naming another instance (it restarted).  An instance is known by the name its hello_ack gave and
-the host it was dialled at (:func:`fate`: a name is only a claim).  Then the instance is *gone*, and new loads to any session
-of it fail fast (``instance_down``) until one of them is heard from again (decision I7).  A
-disconnect, a reset connection, silence, a failed send or our own give-up proves nothing — the
-producer may be alive and answer the next dial — so none of them condemns the instance.  A fresh
-dial does not inherit the fate either: its load waits for the dial, which a dead address refuses
-in a millisecond and a restarted producer answers (decision I30).  The instance an address last
-answered for is remembered (bounded): a refused dial condemns it, a hello_ack naming another
-proves it restarted.
+the host it was dialled at (:func:`fate`: a name is only a claim).  Then the instance is *gone*,
+and new loads to any session of it fail fast (``instance_down``) until one of them is heard from
+again (decision I7).  A disconnect, a reset connection, silence, a failed send or our own give-up
+proves nothing — the producer may be alive and answer the next dial — so none of them condemns the
+instance.  A fresh dial does not inherit the fate either: its load waits for the dial, which a dead
+address refuses in a millisecond and a restarted producer answers (decision I30).  The instance an
+address last answered for is remembered (bounded): a refused dial condemns it, a hello_ack naming
+another proves it restarted.
 
 What crosses machines is not called but queued: ``peer_down`` queues :class:`PeerLost` and
 ``flush_queued`` queues :class:`SessionReady` on the core's note queue, which the core routes
