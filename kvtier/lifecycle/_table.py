@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "b439fa74bdab59f6b550cd4dd013864f8f085f8d3a1018ad025c5b9bb4c961cf"
+SPEC_SHA256: Final = "ec3d92d70b7c385f30f05435adae56d0b6012cb038cd153a1ea2be83cc0622d8"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -2454,7 +2454,7 @@ PERFORM: Final = MappingProxyType({
 
 PROPERTIES: Final = MappingProxyType({
     "exactly_once_job_result": ("safety", "Every store or load job handed to the manager gets exactly one result, on every path."),
-    "tombstoned_never_reparks": ("safety", "A tombstoned id never returns to parked; a store for it fails at once and pins nothing (a store naming another life of the id first prunes the tombstone: a new life is a fresh id)."),
+    "tombstoned_never_reparks": ("safety", "A tombstoned id never returns to parked; a store for it fails at once and pins nothing (a store naming another life of the id first prunes the tombstone: a new life is a fresh id; so does a producer request or store naming a consumer other than the principal that ended the id before any was named, decision L17)."),
     "no_bytes_for_tombstoned": ("safety", "Blocks are handed to the data plane only when an id enters serving; never for a parked, done, tombstoned or pruned id."),
     "late_fetch_one_rtt": ("safety", "A fetch for a done, tombstoned, cancelling or quarantined id is answered with transfer_done(fail, reason) in the same step that receives it; a duplicate of the fetch a cancelling or quarantined id is bound to gets its terminal answer when the data plane releases the blocks."),
     "every_state_has_deadline_or_exit": ("structural", "Every non-final state other than the initial one has a timer, or names the events that leave it."),
