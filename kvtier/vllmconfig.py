@@ -71,12 +71,9 @@ def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         return [("kv_connector is 'MultiConnector' but kv_connector_extra_config.connectors is missing or empty: "
                  'list the connectors there, one of them {"kv_connector": "OffloadingConnector", ...} with the '
                  "kvtier entry (docs/integrations/vllm.md)")], []
-    problems: list[str] = []
+    problems = _misplaced(extra, "the OffloadingConnector's secondary_tiers (vLLM ignores them at the "
+                                 "MultiConnector's level)")
     notes: list[str] = []
-    misplaced = sorted(set(extra) & set(DEFAULTS))  # vLLM ignores them there too
-    if misplaced:
-        problems.append(f"kv_connector_extra_config: {', '.join(misplaced)} belong inside the kvtier entry of the "
-                        "OffloadingConnector's secondary_tiers (vLLM ignores them at the MultiConnector's level)")
     found = offloading = 0
     for i, child in enumerate(children):
         if not isinstance(child, Mapping):
@@ -102,6 +99,14 @@ def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
+def _misplaced(extra: Mapping[str, Any], where: str) -> list[str]:
+    """kvtier keys one level too high, in a connector's ``kv_connector_extra_config``: vLLM ignores
+    them there (an ``allowed_peers`` left out of the entry leaves it open).  ``backpressure`` is
+    vLLM's own key at that level, judged on its own."""
+    keys = sorted(set(extra) & set(DEFAULTS) - {"backpressure"})
+    return [f"kv_connector_extra_config: {', '.join(keys)} belong inside the kvtier entry of {where}"] if keys else []
+
+
 def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -> tuple[list[str], list[str], int]:
     """One offloading connector's config: ``(problems, notes, kvtier entries found)``; with
     ``own_entry_required`` a config that loads no kvtier entry (or more than one) is a problem."""
@@ -115,10 +120,7 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
         problems.append(f"kv_connector is {doc.get('kv_connector')!r}: kvtier runs as a secondary tier of vLLM's "
                         'offloading connector; write "kv_connector": "OffloadingConnector" (or list it among a '
                         "MultiConnector's connectors)")
-    misplaced = sorted(set(extra) & set(DEFAULTS) - {"backpressure"})
-    if misplaced:  # vLLM ignores them there: an allowed_peers left out of the entry leaves it open
-        problems.append(f"kv_connector_extra_config: {', '.join(misplaced)} belong inside the kvtier entry of "
-                        "secondary_tiers (vLLM ignores them here)")
+    problems += _misplaced(extra, "secondary_tiers (vLLM ignores them here)")
     if extra.get("spec_name") != "TieringOffloadingSpec":
         problems.append(f"kv_connector_extra_config.spec_name is {extra.get('spec_name')!r}: secondary tiers need "
                         '"TieringOffloadingSpec"')
