@@ -52,6 +52,11 @@ def one_line(e: Mapping[str, Any]) -> str:
     return f"{e['kv_request_id']} {_ROLE.get(e['role'], e['role'])} {_outcome(e)}{peer}{when}"
 
 
+def _steps(marks: Mapping[str, float]) -> str:
+    """``fetch +0.1 ms · first_block +1.2 ms`` (milestone -> seconds after the start)."""
+    return " · ".join(f"{name} +{_ms(at)}" for name, at in marks.items())
+
+
 #: What a request in one of these states waits for (``kvtier why`` on one still in progress).
 _WAITING = {
     ("producer", "parked"): "a consumer's fetch; unbound_store_timeout_s after the store it is reaped",
@@ -75,7 +80,7 @@ def explain_open(e: Mapping[str, Any], where: str = "") -> str:
         lines.append(f"  path      {' → '.join(path)} (so far)")
     marks = e.get("marks") or {}
     if marks:
-        lines.append(f"  timeline  {' · '.join(f'{name} +{_ms(at)}' for name, at in marks.items())}")
+        lines.append(f"  timeline  {_steps(marks)}")
     if e["role"] == "consumer" and e.get("landed"):
         lines.append(f"  blocks    {e['landed']} landed so far")
     waits = _WAITING.get((e["role"], path[-1])) if path else None
@@ -93,8 +98,7 @@ def explain(e: Mapping[str, Any], where: str = "") -> str:
         lines.append(f"  path      {' → '.join(e['path'])}")
     marks = e.get("marks") or {}
     if marks:
-        steps = " · ".join(f"{name} +{_ms(at)}" for name, at in marks.items())
-        lines.append(f"  timeline  {steps}  ({_ms(e.get('seconds', 0.0))} in all)")
+        lines.append(f"  timeline  {_steps(marks)}  ({_ms(e.get('seconds', 0.0))} in all)")
     if e["role"] == "consumer" and e.get("blocks"):
         lines.append(f"  blocks    {e.get('landed', 0)} of {e['blocks']} landed ({_bytes(e.get('nbytes', 0))} asked)")
     elif e["role"] == "producer" and e.get("blocks"):

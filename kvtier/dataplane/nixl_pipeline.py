@@ -170,13 +170,11 @@ class WritePipeline:
 
     def _post_next(self, x: _Xfer) -> bool:
         """Post ``x``'s next WRITE if its window has room; whether one was posted."""
-        if x.next >= len(x.batches) or x.cancelled or x.failed:
+        if not self._could_post(x):
             return False
         batches, bb, i = x.batches, self._block_bytes, x.next
         first = batches[i]
         size = len(first.blocks) * bb
-        if x.inflight and x.inside + size > WINDOW_BYTES:
-            return False
         room = max(size, min(WRITE_BYTES, WINDOW_BYTES - x.inside))
         j, total, headers = i + 1, size, [first.header]
         pack = x.packed and len(first.blocks) == x.full

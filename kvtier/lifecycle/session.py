@@ -275,9 +275,13 @@ class SessionMachine(TableMachine):
             # and every session still believed to reach it is proven stale (decision I23)
             self._condemn(fate(rec.key, before))
         rec.instance = inp.instance
-        self.suspect.pop(fate(rec.key, inp.instance), None)
-        self.gone.pop(fate(rec.key, inp.instance), None)
+        self._heard(fate(rec.key, inp.instance))
         _remember(self.last_instance, rec.key, inp.instance, self.MAX_REMEMBERED)
+
+    def _heard(self, instance: str) -> None:
+        """``instance`` (a :func:`fate` key) was heard from: it is not gone."""
+        self.suspect.pop(instance, None)
+        self.gone.pop(instance, None)
 
     def _condemn(self, instance: str) -> None:
         """``instance`` (a :func:`fate` key) is proven gone: new loads to it fail
@@ -319,8 +323,7 @@ class SessionMachine(TableMachine):
     def effect_note_heard(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.heard = now
         if self.suspect and rec.instance:
-            self.suspect.pop(fate(rec.key, rec.instance), None)
-            self.gone.pop(fate(rec.key, rec.instance), None)
+            self._heard(fate(rec.key, rec.instance))
 
     def effect_note_active(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.active = now
