@@ -345,7 +345,8 @@ def test_check_config_reads_a_multiconnector_through_its_connectors() -> None:
     doc["kv_connector_extra_config"]["allowed_peers"] = ["10.0.0.6"]  # one level too high: ignored
     res = CliRunner().invoke(cli, ["check-config", json.dumps(doc)])
     assert res.exit_code == 1 and "allowed_peers belong inside the kvtier entry" in res.output, res.output
-    doc["kv_connector_extra_config"] = {"connectors": doc["kv_connector_extra_config"]["connectors"], "backpressure": {}}
+    connectors = doc["kv_connector_extra_config"]["connectors"]
+    doc["kv_connector_extra_config"] = {"connectors": connectors, "backpressure": {}}
     res = CliRunner().invoke(cli, ["check-config", json.dumps(doc)])  # vLLM's key, not kvtier's to move
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(cli, ["check-config", json.dumps({"kv_connector": "MultiConnector"})])
