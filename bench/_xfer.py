@@ -128,6 +128,7 @@ class Producer:
             with mgr.lock:
                 if all(mgr.core.producer_state(k).value != "absent" for k in ids):  # O(1) each
                     break
+            self._collect()  # as an engine polls: wakes the loop for stores no fetch awaits (C34)
             time.sleep(0.001)
         return ids
 

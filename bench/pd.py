@@ -95,6 +95,7 @@ class PDProducer(_PDSide):
         self.mgr.on_new_request(req)
         self.mgr.submit_store(TransferJob(job_id=next(self._jobs), keys=keys, slots=tuple(range(len(keys))), req=req))
         self.mgr.on_request_finished(req)
+        self.mgr.get_finished_jobs()  # vLLM's tier-poll thread calls it every 1 ms: the loop takes the store (C34)
         return len(keys)
 
 

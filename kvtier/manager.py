@@ -7,7 +7,8 @@ too (``JobSettled``).  The loop owns the sockets, the data plane and the core; t
 neither a transport nor a plane (decision C12).
 
 Threading: with ``background_poll=True`` the loop runs on its own thread (``kvtier-io``): engine
-calls only queue a command and wake it, and share no lock with any wait; results reach
+calls only queue a command and wake it (a producer's store, naming or finish that no fetch awaits
+rides the loop's next pass instead, decision C34), and share no lock with any wait; results reach
 :meth:`get_finished_jobs` through a queue, ``lookup`` answers from what the loop published after
 its last pass.  With ``background_poll=False`` (caller-driven) the same loop runs on the caller's
 thread: an engine call's command is applied at once, and :meth:`poll` / :meth:`get_finished_jobs`
@@ -196,7 +197,8 @@ class KvTierManager(TierView):
         else:
             self._requests[req.req_id] = info
             if info.role == "producer" and info.consumer is not None:
-                self._loop.input(ix.ConsumerNamed(info.kv_request_id, info.consumer))
+                self._loop.defer(self._loop.apply, ix.ConsumerNamed(info.kv_request_id, info.consumer),
+                                 info.kv_request_id)
         return info.role
 
     def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
@@ -273,7 +275,10 @@ class KvTierManager(TierView):
         one — so bytes changed later can never reach a consumer as a success (decision I14).  A key
         names its block's content (vLLM's block hashes do): a key already parked under the id keeps
         its first block, and a later job naming it again succeeds with the id's transfer without
-        replacing it (decision I31).
+        replacing it (decision I31).  With the loop on its own thread, the store wakes it only if
+        a peer's fetch already awaits the id; else the loop takes it on its next pass — the next
+        message, deadline or :meth:`get_finished_jobs`, within 0.25 s — and the engine's thread
+        pays no wake-up (decision C34).
 
         Raises:
             TypeError: ``job`` is not a :class:`~kvtier.api.TransferJob` (or has mistyped fields).
@@ -289,8 +294,8 @@ class KvTierManager(TierView):
             self._check_open()
         info = self._job_request(job)
         inp = store_input(job, info, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
-        if self._book_store(job.job_id, info, len(job.slots)) is None:  # local-only: reported at once
-            self._loop.input(ix.JobSettled(job.job_id, True, Reason.LOCAL))
+        if self._book_store(job.job_id, info, len(job.slots)) is None:  # local-only: no fetch awaits it
+            self._loop.defer(self._loop.apply, ix.JobSettled(job.job_id, True, Reason.LOCAL), None)
         else:
             self._loop.store(inp)
 
@@ -312,8 +317,8 @@ class KvTierManager(TierView):
         except TypeError:
             raise TypeError(f"hand_over_store job {job_id}: slots must be a list or tuple of ints, "
                             f"got {type(slots).__name__}") from None
-        self._book_store(job_id, info, n)
-        self._loop.call(self._take_store, (job_id, keys, slots, req, info))
+        kid = self._book_store(job_id, info, n)
+        self._loop.defer(self._take_store, (job_id, keys, slots, req, info), kid)
 
     def _book_store(self, job_id: int, info: TransferParams, blocks: int) -> str | None:
         """Book store job ``job_id`` of ``blocks`` blocks; its kv_request_id (None: local-only)."""
@@ -403,9 +408,11 @@ class KvTierManager(TierView):
     def get_finished_jobs(self, *, poll: bool = True) -> list[JobResult]:
         """Hand over every job result produced since the last call.  Caller-driven: when there is
         none yet, one pass of the loop runs first (``poll=False``: never).  With the loop on its
-        own thread this only drains the results queue."""
+        own thread this drains the results queue, and wakes the loop if a store, a producer
+        request's naming or finish waits for its next pass (decision C34)."""
         if poll and not self._closed and not self._jobs.ready and not self._loop.threaded:
             self._loop.poll(0.0)
+        self._loop.kick()  # stores an engine call deferred (C34); vLLM calls this from its tier-poll thread
         return self._jobs.take()
 
     def finish_job(self, job_id: int, *, store: bool, success: bool, reason: Reason | None = None) -> None:
@@ -448,7 +455,11 @@ class KvTierManager(TierView):
         if info is None or self._closed or info.role not in ("producer", "consumer", "source"):
             return
         self._step_keys.pop(info.kv_request_id, None)
-        self._loop.input(ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life))
+        inp = ix.RequestFinished(info.kv_request_id, info.role == "producer", info.life)
+        if inp.producer:  # no wake-up unless a fetch awaits it (C34)
+            self._loop.defer(self._loop.apply, inp, inp.kv_request_id)
+        else:  # a load to abort
+            self._loop.input(inp)
 
     def has_pending_work(self) -> bool:
         """True while any job lacks a collected result, a transfer is in flight, sends are queued,

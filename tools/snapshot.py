@@ -252,7 +252,7 @@ KNOWN: dict[str, dict[str, str]] = {
     "producer": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
         "ignored": "counter", "park_clock_last": "config", "tombstone_max": "config", "max_pending": "config",
-        "max_pending_keys": "config", "awaiting_keys": "index", "_awaiting_n": "index",
+        "max_pending_keys": "config", "awaiting_keys": "index", "awaiting_n": "index", "awaiting_version": "counter",
         "by_peer": "index", "awaiting_per_peer": "index", "quarantined": "index", "retained": "state",
         "_prune_order": "index", "_left_early": "index", "_prune_at": "cache", "count_evicted": "counter", "closing": "state",
         "named": "state", "_notes": "config", "batcher": "config",
@@ -405,6 +405,7 @@ def _consumer_entries(machine: Any) -> tuple[ConsumerEntry, ...]:
 _FRESH: dict[tuple[str, str], Any] = {
     ("session", "ignored"): 0, ("session", "_next_gen"): 0,
     ("producer", "ignored"): 0, ("producer", "count_evicted"): 0, ("producer", "closing"): False,
+    ("producer", "awaiting_version"): 0,
     ("producer", "_prune_at"): (math.nan, math.nan),
     ("consumer", "ignored"): 0, ("consumer", "_next_round"): 0,
     ("probe", "ignored"): 0, ("rounds", "ignored"): 0,

@@ -22,15 +22,12 @@ kv_request_id, round)``).  Messages are routed by what they name: ``fetch``/``ab
 round)`` goes to that round's load if there is one, else to the id's probe, else to the PD
 consumer.
 
-Three tables, no switchboards:
-
-* ``_APPLY``: input type → the method that applies it;
-* wire message type → its handler in the :class:`~kvtier.lifecycle.receive.Receive` part (from
-  the spec's generated ``WIRE`` table, decision C16; behind the session gate);
-* ``_ROUTE``: note type → what one machine's note means for another (a record that gives up on
-  its peer ends the session; a session that ends tells every record bound to it; a session that
-  becomes ready lets its queued loads fetch).  Notes are routed after the transition that made
-  them, so no machine ever re-enters another mid-transition.
+Three tables, no switchboards: ``_APPLY`` (input type → the method that applies it); wire message
+type → its handler in :class:`~kvtier.lifecycle.receive.Receive` (the spec's ``WIRE`` table, C16,
+behind the session gate); ``_ROUTE`` (note type → what one machine's note means for another: a
+record that gives up on its peer ends the session; a session that ends tells every record bound to
+it; a session that becomes ready lets its queued loads fetch).  Notes are routed after the transition that made them, so no
+machine ever re-enters another mid-transition.
 
 The input-before-deadline contract (spec property ``input_before_deadline``, decisions I3, C14)
 is stated once, in :func:`kvtier.lifecycle.driver.drive`: inputs are applied (and what their
@@ -39,11 +36,10 @@ time the shell last saw its inbound queue empty and no later than the arrival st
 it still holds — so a deadline never beats a message that was already waiting when it fell due.
 The shell, the model checker and the stateful suite all drive the core through that one function.
 
-The core builds every message it sends (a transfer's ``block_data`` headers: :mod:`kvtier.lifecycle.batches`)
-and reports every job's result (a job no machine takes: ``JobSettled``).  It owns its six machines
-and two parts built on them, ``Receive`` (peer messages) and :class:`~kvtier.lifecycle.reads.CoreReads`
-(reads spanning machines); its public reads are what the shell, metrics and forensics use, plus
-:meth:`TierCore.records` for tests and tools (decision W12).
+The core builds every message it sends (``block_data`` headers: :mod:`kvtier.lifecycle.batches`) and
+reports every job's result (a job no machine takes: ``JobSettled``).  It owns six machines and two
+parts built on them, ``Receive`` (peer messages) and :class:`~kvtier.lifecycle.reads.CoreReads` (reads
+spanning machines); its reads serve the shell, metrics, forensics, and tests (decision W12).
 """
 
 from __future__ import annotations
@@ -215,9 +211,8 @@ class TierCore:
         return best
 
     def machines(self) -> dict[str, TableMachine]:
-        """The producer, consumer and session machines, by spec machine name: for machine-level
-        checkers only (the reference interpreter shadows every transition, ``tools/reference.py``).
-        Everything else asks the read API."""
+        """The producer, consumer and session machines by spec name: for machine-level checkers only
+        (the reference interpreter shadows every transition, ``tools/reference.py``)."""
         return {"producer": self._producer, "consumer": self._consumer, "session": self._sessions}
 
     # =========================================================================================
@@ -248,9 +243,13 @@ class TierCore:
         """Producer records (live and retained)."""
         return len(self._producer.records)
 
+    def awaiting_ids(self, seen: int) -> tuple[int, frozenset[str] | None]:
+        """The producer ids a fetch awaits and their version: None if unchanged since ``seen``
+        (O(1); O(awaiting) when it moved).  A store for one of them is urgent (decision C34)."""
+        return self._reads.awaiting_ids(seen)
+
     def quarantined_count(self) -> int:
-        """How many producer ids are quarantined: the data plane never confirmed their release, so
-        their store jobs stay outstanding (decision I1).  The shell asks every tick."""
+        """Quarantined producer ids: their release never confirmed, their jobs stay outstanding (I1)."""
         return len(self._producer.quarantined)
 
     def quarantined_blocks(self) -> int:

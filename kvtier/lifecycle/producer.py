@@ -114,7 +114,8 @@ class ProducerMachine(TableMachine):
         # the keys one peer's awaiting fetches may name at once (decision I34): ~100 B each kept
         self.max_pending_keys = PENDING_KEYS_PER_FETCH * max_pending_fetches_per_peer
         self.awaiting_keys: dict[str, int] = {}  # peer -> keys its awaiting fetches name
-        self._awaiting_n: dict[str, int] = {}  # awaiting id -> the keys counted for it
+        self.awaiting_n: dict[str, int] = {}  # awaiting id -> the keys counted for it
+        self.awaiting_version = 0  # moves as ids enter or leave it (C34)
         self.by_peer: dict[str, set[str]] = {}
         self.awaiting_per_peer: dict[str, int] = {}
         # ids in quarantined: the shell asks every poll, so an index, not a scan of every record
@@ -357,15 +358,17 @@ class ProducerMachine(TableMachine):
     def _awaiting_dec(self, rec: ProducerRecord) -> None:
         per, keys = self.awaiting_per_peer, self.awaiting_keys
         per[rec.peer] -= 1
-        keys[rec.peer] -= self._awaiting_n.pop(rec.key, 0)
+        keys[rec.peer] -= self.awaiting_n.pop(rec.key, 0)
+        self.awaiting_version += 1
         if not per[rec.peer]:
             del per[rec.peer], keys[rec.peer]
 
     def _awaiting_inc(self, rec: ProducerRecord) -> None:
         per, keys = self.awaiting_per_peer, self.awaiting_keys
         per[rec.peer] = per.get(rec.peer, 0) + 1
-        n = self._awaiting_n[rec.key] = len(rec.demand)
+        n = self.awaiting_n[rec.key] = len(rec.demand)
         keys[rec.peer] = keys.get(rec.peer, 0) + n
+        self.awaiting_version += 1
 
     def _unbind_peer(self, rec: ProducerRecord) -> None:
         peers = self.by_peer.get(rec.peer)

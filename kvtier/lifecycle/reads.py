@@ -64,6 +64,11 @@ class CoreReads:
         r = self._consumer.records.get(kv_request_id)
         return None if r is None else self._consumer_view(r, self._consumer)
 
+    def awaiting_ids(self, seen: int) -> tuple[int, frozenset[str] | None]:
+        p = self._producer
+        v = p.awaiting_version
+        return v, (None if v == seen else frozenset(p.awaiting_n))
+
     def quarantined_blocks(self) -> int:
         recs = self._producer.records
         return sum(len(recs[k].blocks) for k in self._producer.quarantined)

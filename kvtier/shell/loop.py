@@ -168,6 +168,29 @@ class IoLoop:
             if self._sleeping:
                 self._waker.wake()
             return
+        self._inline()
+
+    def defer(self, fn: Callable[[Any], Any], arg: Any, kv_request_id: str | None) -> None:
+        """Queue ``fn(arg)`` for the loop, waking it only if a fetch awaits the producer id
+        ``kv_request_id`` (decision C34): anything else about a producer id — a store, its naming,
+        its finish — waits for the loop's next pass (the next message, deadline or wake-up, a
+        :meth:`kick` from ``get_finished_jobs``, at most :data:`MAX_WAIT_S`), and the engine's
+        thread pays no wake-up.  Caller-driven: as :meth:`call`."""
+        self._cmds.append((fn, arg))
+        if self._thread is not None:
+            # both reads after the append: the loop publishes ``awaiting`` before its last look at
+            # the queue, so an id it awaits is seen here or the command is seen there (C34)
+            if self._sleeping and kv_request_id in self.published.awaiting:
+                self._waker.wake()
+            return
+        self._inline()
+
+    def kick(self) -> None:
+        """Wake a sleeping loop that has commands queued (deferred ones, :meth:`defer`)."""
+        if self._cmds and self._sleeping:
+            self._waker.wake()
+
+    def _inline(self) -> None:
         with self.lock:
             self._catch_up()
             self.run_commands()
@@ -201,8 +224,8 @@ class IoLoop:
 
     def store(self, inp: ix.StoreSubmitted) -> None:
         """Queue a store: the loop takes its blocks' digests (inline or on the pool) before the
-        core sees it (decision I14)."""
-        self.call(self.park, inp)
+        core sees it (decision I14); deferred unless a fetch awaits its id (C34)."""
+        self.defer(self.park, inp, inp.kv_request_id)
 
     def query(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the loop with every command queued before it applied, and return its

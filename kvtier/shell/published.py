@@ -15,6 +15,8 @@ command counts as pending work).
   whether every key is MISS now.
 * ``in_use``: consumer ids some request or winding-down load still holds (the façade adds an id
   when it announces it; the loop drops it once the core forgot it).
+* ``awaiting``: producer ids a peer's fetch waits on (not every block stored): a store, naming or
+  finish of one of them wakes the loop at once, any other rides its next pass (decision C34).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class Published:
         """Every id in use must be looked at again (set at start)."""
         self.announced: set[str] = set()
         """Ids announced since the last publish (the loop adds them): only these are looked at."""
+        self.awaiting: frozenset[str] = frozenset()
+        self._awaiting_seen = -1
 
     def update(self, loop: Any) -> None:
         """Refresh from the loop's parts (on the loop's thread, under its lock)."""
@@ -77,6 +81,9 @@ class Published:
                 self.in_use -= gone
                 if gone & self.failed_loads:
                     self.failed_loads = self.failed_loads - gone
+        seen, awaiting = core.awaiting_ids(self._awaiting_seen)
+        if awaiting is not None:
+            self._awaiting_seen, self.awaiting = seen, awaiting
         symmetric = core.symmetric_work()
         ids = core.probe_ids()
         if ids or self.probes:

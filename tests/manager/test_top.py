@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 from kvtier.cli import cli
 from kvtier.top import Snapshot, endpoint_url, row
-from mgr_helpers import job, keys_for, producer_req, transfer_once
+from kvtier.lifecycle import ProducerState
+from mgr_helpers import job, keys_for, producer_req, pump_until, transfer_once
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -18,6 +19,11 @@ def _dead_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _parked(m, kid: str) -> bool:
+    with m.lock:
+        return m.core.producer_state(kid) is ProducerState.PARKED
 
 
 def _cells(output: str, first: str) -> list[str]:
@@ -38,6 +44,8 @@ def test_top_renders_live_endpoints(make_manager) -> None:
     held = producer_req("p2", "kv-held")
     p.on_new_request(held)
     p.submit_store(job(3, keys_for("kv-held", 2), [8, 9], held))
+    p.get_finished_jobs()  # as an engine does: a store no fetch awaits waits for it or the next pass (C34)
+    assert pump_until(lambda: _parked(p, "kv-held"))
 
     dead = f"127.0.0.1:{_dead_port()}"
     res = CliRunner().invoke(
@@ -101,6 +109,8 @@ def test_top_at_80_columns_shows_one_column_per_endpoint(make_manager) -> None:
     held = producer_req("p1", "kv-held")
     p.on_new_request(held)
     p.submit_store(job(1, keys_for("kv-held", 2), [0, 1], held))
+    p.get_finished_jobs()  # as an engine does (C34)
+    assert pump_until(lambda: _parked(p, "kv-held"))
     dead = f"127.0.0.1:{_dead_port()}"
     res = CliRunner().invoke(cli, ["top", p.metrics_address, dead, "--once", "--interval", "0.2"],
                              env={"COLUMNS": "80"})
