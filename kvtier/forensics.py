@@ -30,7 +30,9 @@ What an entry is
   store job.  Milestones: ``sending`` (a fetch bound them and the data plane took them),
   ``cancelled``, ``answered`` (our ``transfer_done`` left), ``result``.
 * **fetch** — a peer's fetch this producer refused for an id that has no live blocks here (it was
-  reaped, already served, never parked): the late consumer's side of a refusal.
+  reaped, already served, never parked): the late consumer's side of a refusal.  One milestone,
+  ``refused``: at once, or — a fetch that waited for blocks never stored (``supply_timeout``) —
+  after ``fetch_supply_timeout_s`` (at least: each store restarts that timer).
 * **probe** — a symmetric request whose probing of its peer failed (a deadline, the peer's loss,
   its refusal or withdrawal): its lookups answer MISS and the engine computes the blocks; one
   milestone, ``failed``.
@@ -46,7 +48,7 @@ from typing import Any
 
 import msgspec
 
-from kvtier.lifecycle import ConsumerState, ProbeState, ProducerState
+from kvtier.lifecycle import ConsumerState, ProbeState, ProducerState, Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.wire import messages as wm
 
@@ -357,7 +359,12 @@ class Forensics:
         # a refusal for an id with no live blocks here: the late consumer's side of the story
         state = self._core.producer_state(kid)
         path = () if state is ProducerState.ABSENT else (state.value,)
-        self._add(Finished(kid, "fetch", False, str(msg.reason), peer, path, (("refused", 0.0),), now, 0.0))
+        # a fetch that waited for blocks never stored: its timer ran at least this long (each store
+        # restarts it); any other refusal is answered in the pass that read the fetch
+        waited = self._core.settings.durations["fetch_supply_timeout_s"] if msg.reason == Reason.SUPPLY_TIMEOUT \
+            else 0.0
+        self._add(Finished(kid, "fetch", False, str(msg.reason), peer, path, (("refused", waited),), now - waited,
+                           waited))
 
     def _send_blocks(self, e: fx.SendBlocks, now: float) -> None:
         if e.transfer:  # a served symmetric round: no parked id behind it

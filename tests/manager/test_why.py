@@ -71,6 +71,25 @@ def test_why_explains_a_reaped_load(make_manager) -> None:
     assert list(load["marks"]) == ["fetch", "result"] and load["landed"] == 0 and load["blocks"] == 3
 
 
+def test_why_tells_how_long_a_fetch_waited_for_blocks_never_stored(make_manager) -> None:
+    """The consumer asked before the prefill stored anything, and nothing came: the producer's
+    entry says the fetch waited the supply timeout (at least: each store restarts it), not that it
+    was refused at once."""
+    p = make_manager({**HB, "fetch_supply_timeout_s": 0.3})
+    c = make_manager(HB)
+    cjobs = Jobs(c)
+    creq = consumer_req("c1", "kv-never", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys_for("kv-never", 1), [0], creq))
+    assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
+    assert cjobs.one(2).reason == "supply_timeout"
+    (fetch,) = _records("kv-never", p)
+    assert fetch["role"] == "fetch" and fetch["reason"] == "supply_timeout"
+    assert fetch["marks"] == {"refused": 0.3} and fetch["seconds"] == 0.3, fetch
+    code, out, _ = _why("kv-never", p)
+    assert code == 0 and "refused +300.0 ms" in out, out
+
+
 @BOTH_PLANES
 def test_why_explains_a_refused_dial(make_manager) -> None:
     c = make_manager(HB)
