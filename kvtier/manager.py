@@ -275,10 +275,10 @@ class KvTierManager(TierView):
         one — so bytes changed later can never reach a consumer as a success (decision I14).  A key
         names its block's content (vLLM's block hashes do): a key already parked under the id keeps
         its first block, and a later job naming it again succeeds with the id's transfer without
-        replacing it (decision I31).  With the loop on its own thread, the store wakes it only if
-        a peer's fetch already awaits the id; else the loop takes it on its next pass — the next
-        message, deadline or :meth:`get_finished_jobs`, within 0.25 s — and the engine's thread
-        pays no wake-up (decision C34).
+        replacing it (decision I31).  With the loop on its own thread, a producer request's store
+        wakes it only if a peer's fetch already awaits the id; else the loop takes it on its next
+        pass — the next message, deadline or :meth:`get_finished_jobs`, within 0.25 s — and the
+        engine's thread pays no wake-up (decision C34).
 
         Raises:
             TypeError: ``job`` is not a :class:`~kvtier.api.TransferJob` (or has mistyped fields).
@@ -294,8 +294,8 @@ class KvTierManager(TierView):
             self._check_open()
         info = self._job_request(job)
         inp = store_input(job, info, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
-        if self._book_store(job.job_id, info, len(job.slots)) is None:  # local-only: no fetch awaits it
-            self._loop.defer(self._loop.apply, ix.JobSettled(job.job_id, True, Reason.LOCAL), None)
+        if self._book_store(job.job_id, info, len(job.slots)) is None:  # local-only: its result, now
+            self._loop.input(ix.JobSettled(job.job_id, True, Reason.LOCAL))
         else:
             self._loop.store(inp)
 
@@ -318,7 +318,10 @@ class KvTierManager(TierView):
             raise TypeError(f"hand_over_store job {job_id}: slots must be a list or tuple of ints, "
                             f"got {type(slots).__name__}") from None
         kid = self._book_store(job_id, info, n)
-        self._loop.defer(self._take_store, (job_id, keys, slots, req, info), kid)
+        if kid is None:  # local-only: its result comes back at once (the engine waits to free the rows)
+            self._loop.call(self._take_store, (job_id, keys, slots, req, info))
+        else:
+            self._loop.defer(self._take_store, (job_id, keys, slots, req, info), kid)
 
     def _book_store(self, job_id: int, info: TransferParams, blocks: int) -> str | None:
         """Book store job ``job_id`` of ``blocks`` blocks; its kv_request_id (None: local-only)."""
@@ -462,11 +465,12 @@ class KvTierManager(TierView):
             self._loop.input(inp)
 
     def has_pending_work(self) -> bool:
-        """True while any job lacks a collected result, a transfer is in flight, sends are queued,
-        or symmetric work waits (a probe round, a peer's round, a pin, a queued engine lookup): the
-        engine must keep stepping (and opening serve windows) while it is."""
+        """True while any job lacks a collected result, a command waits for the I/O loop, a
+        transfer is in flight, sends are queued, or symmetric work waits (a probe round, a peer's
+        round, a pin, a queued engine lookup): the engine must keep stepping (and opening serve
+        windows) while it is."""
         return bool(self._jobs) or self._jobs.ready or (
-            not self._closed and (self._loop.fresh().pending or bool(self._step_keys)))
+            not self._closed and (self._loop.queued() or self._loop.fresh().pending or bool(self._step_keys)))
 
     def drain_jobs(self, timeout_s: float | None = None) -> None:
         """Return once every submitted job has a result (collect them with get_finished_jobs).

@@ -26,8 +26,8 @@ Three tables, no switchboards: ``_APPLY`` (input type → the method that applie
 type → its handler in :class:`~kvtier.lifecycle.receive.Receive` (the spec's ``WIRE`` table, C16,
 behind the session gate); ``_ROUTE`` (note type → what one machine's note means for another: a
 record that gives up on its peer ends the session; a session that ends tells every record bound to
-it; a session that becomes ready lets its queued loads fetch).  Notes are routed after the transition that made them, so no
-machine ever re-enters another mid-transition.
+it; a session that becomes ready lets its queued loads fetch).  Notes are routed after the
+transition that made them, so no machine ever re-enters another mid-transition.
 
 The input-before-deadline contract (spec property ``input_before_deadline``, decisions I3, C14)
 is stated once, in :func:`kvtier.lifecycle.driver.drive`: inputs are applied (and what their

@@ -190,6 +190,10 @@ class IoLoop:
         if self._cmds and self._sleeping:
             self._waker.wake()
 
+    def queued(self) -> bool:
+        """Whether commands wait for the loop (pending work the core has not seen yet)."""
+        return bool(self._cmds)
+
     def _inline(self) -> None:
         with self.lock:
             self._catch_up()
@@ -437,8 +441,10 @@ class IoLoop:
 
     def poll(self, timeout_s: float) -> None:
         """Caller-driven: wait up to ``timeout_s`` for input (or the wake-up), then one pass.
-        Threaded: wait up to ``timeout_s`` for the loop's next pass."""
+        Threaded: wait up to ``timeout_s`` for the loop's next pass (one that takes what is
+        queued: a deferred command wakes it now, C34)."""
         if self._thread is not None:
+            self.kick()
             if timeout_s > 0:
                 self.wait_pass(timeout_s)
             return
