@@ -14,7 +14,7 @@ docs/benchmarks.md measures the cost per event).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from kvtier.lifecycle._table import IGNORE, TRANSITION, Reason, Rule, TimerSpec
 from kvtier.lifecycle.deadlines import DeadlineQueue
@@ -22,6 +22,14 @@ from kvtier.lifecycle.effects import Effect, Ignored
 from kvtier.lifecycle.errors import InvalidTransition
 
 Guard = Callable[[Any, Any, float], bool]
+
+
+class Due(NamedTuple):
+    """A timer event's input for a machine that asks for it (:attr:`TableMachine.DUE_INPUT`):
+    when the deadline fell due (seconds; ``now`` is later by how late it fired)."""
+
+    when: float
+
 EffectBuilder = Callable[[Any, Any, "Reason | None", float, list], None]
 
 
@@ -63,9 +71,12 @@ class TableMachine:
 
     Guards are ``guard_<name>(rec, inp, now) -> bool`` and effects ``effect_<name>(rec, inp,
     reason, now, out)``, where ``inp`` is the input record of the event (``None`` for timer
-    events), ``now`` the time of the input (seconds) and ``reason`` the :class:`Reason` the
-    transition records.
+    events, or :class:`Due` where :attr:`DUE_INPUT` asks), ``now`` the time of the input
+    (seconds) and ``reason`` the :class:`Reason` the transition records.
     """
+
+    #: whether timer events carry :class:`Due` (when they fell due) instead of ``None``
+    DUE_INPUT: ClassVar[bool] = False
 
     NAME: ClassVar[str]
     TABLE: ClassVar[Mapping[tuple[Any, Any], Rule]]
@@ -232,10 +243,11 @@ class TableMachine:
         """Fire every deadline due at ``now``; O(expired) amortised. Returns how many fired."""
         fired = 0
         dq = self._deadlines
-        while (key := dq.pop_due(now, self._is_live)) is not None:
-            rec = self.records[key]
+        due_input = self.DUE_INPUT
+        while (due := dq.pop_due_at(now, self._is_live)) is not None:
+            rec = self.records[due[1]]
             rec.tseq = 0
-            self.apply(rec, self.TIMERS[rec.timer].event, None, now, out)
+            self.apply(rec, self.TIMERS[rec.timer].event, Due(due[0]) if due_input else None, now, out)
             fired += 1
         dq.maybe_compact(len(self.records), self._is_live)
         return fired

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "ec3d92d70b7c385f30f05435adae56d0b6012cb038cd153a1ea2be83cc0622d8"
+SPEC_SHA256: Final = "19698928974a5260abfd730758eb294d657da4175bfe61f475db6b1cf1b7e501"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1389,7 +1389,7 @@ class SessionGuard(enum.StrEnum):
     DIALLED = "dialled"
     """we dialled this peer (we are its consumer; it answers our pings)"""
     SILENT = "silent"
-    """nothing has been heard from the peer for peer_timeout_s"""
+    """nothing has been heard from the peer for peer_timeout_s, and this heartbeat fired on time (at most heartbeat_interval_s after it fell due): one that fires later says this side stalled, and the peer gets one more interval (its answers may still be unread, or were never asked for)"""
     CONNECT_TIMED_OUT = "connect_timed_out"
     """the dial got no answer within connect_timeout_s (rather than a refusal)"""
     CONNECT_NOT_ALLOWED = "connect_not_allowed"

@@ -99,13 +99,19 @@ class DeadlineQueue:
 
     def pop_due(self, now: float, is_live: IsLive) -> Any | None:
         """Pop and return the key of the earliest live entry with ``when <= now``, or None."""
+        due = self.pop_due_at(now, is_live)
+        return None if due is None else due[1]
+
+    def pop_due_at(self, now: float, is_live: IsLive) -> tuple[float, Any] | None:
+        """:meth:`pop_due`, returning ``(when, key)``: when it fell due, too."""
         if now < self._low:  # nothing live falls due before _low
             return None
         q = self._head(is_live)
         if q is None or q[0][0] > now:
             return None
         self._size -= 1
-        return q.popleft()[2]
+        when, _seq, key = q.popleft()
+        return when, key
 
     def retire(self, is_live: IsLive, lane: Any = None) -> None:
         """One live entry of ``lane`` just went stale (its record re-armed or dropped its timer).

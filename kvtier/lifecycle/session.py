@@ -39,7 +39,7 @@ from collections.abc import Mapping
 import msgspec
 
 from kvtier.config import DEFAULTS
-from kvtier.lifecycle._machine import Record, TableMachine
+from kvtier.lifecycle._machine import Due, Record, TableMachine
 from kvtier.lifecycle._table import (
     SESSION_FINAL,
     SESSION_INITIAL,
@@ -154,6 +154,7 @@ class SessionMachine(TableMachine):
     FINAL = SESSION_FINAL
     GUARD_ENUM = SessionGuard
     EFFECT_ENUM = SessionEffect
+    DUE_INPUT = True  # the heartbeat asks how late it fired (guard ``silent``)
 
     #: instances remembered as suspect at most (oldest forgotten first): bounded bookkeeping
     MAX_SUSPECT = 4096
@@ -236,7 +237,11 @@ class SessionMachine(TableMachine):
         return rec.dialled
 
     def guard_silent(self, rec: SessionRecord, inp, now: float) -> bool:
-        return now - rec.heard >= self.peer_timeout_s
+        # a heartbeat firing more than an interval late says this side stalled (a long pass, a
+        # stopped process): the peer's answers may still be unread, or never asked for — it
+        # gets one more interval before its silence counts (bug scenario B24, decision I35)
+        late = now - inp.when if type(inp) is Due else 0.0
+        return now - rec.heard >= self.peer_timeout_s and late <= self._durations["heartbeat"]
 
     def guard_connect_timed_out(self, rec: SessionRecord, inp, now: float) -> bool:
         return bool(getattr(inp, "timed_out", False))

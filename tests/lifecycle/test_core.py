@@ -262,15 +262,15 @@ def test_tick_with_nothing_due_pops_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     states = {p.producer_state(f"id{i}").value for i in (0, 19_999)}
     assert states == {"tombstoned", "parked"}
     popped = []
-    real = deadlines_mod.DeadlineQueue.pop_due
+    real = deadlines_mod.DeadlineQueue.pop_due_at
 
     def counting(self: Any, now: float, is_live: Any) -> Any:
-        key = real(self, now, is_live)
-        if key is not None:
-            popped.append(key)
-        return key
+        due = real(self, now, is_live)
+        if due is not None:
+            popped.append(due[1])
+        return due
 
-    monkeypatch.setattr(deadlines_mod.DeadlineQueue, "pop_due", counting)
+    monkeypatch.setattr(deadlines_mod.DeadlineQueue, "pop_due_at", counting)
     t0 = time.perf_counter()
     out = p.fire(50.0)
     elapsed = time.perf_counter() - t0

@@ -63,6 +63,8 @@ def test_the_consumer_counts_its_loads_and_the_slots_a_revocation_holds() -> Non
     s.store("B", 3, 0.0)
     s.load("A", 4, 0.0)
     s.load("B", 3, 0.0)
+    for t in (1.0, 2.0, 3.0, 4.0):  # heartbeats on time (a late one spares the peer, decision I35)
+        s.c.fire(t)
     out = s.c.fire(5.0)
     assert s.c.consumer_state("A") is ConsumerState.REVOKING
     snap = s.c.snapshot()

@@ -38,7 +38,9 @@ def test_a_loads_view_carries_its_peer_deadline_and_the_reason_it_failed() -> No
     assert (one.job_id, one.round, one.slots, one.landed) == (job, rnd, (100, 101), 0)
     assert one.deadline == 1.0 + BASE["load_timeout_s"]
     # the producer goes silent: the session dies and the load waits for its slots to be revoked
-    s.c.fire(5.0)
+    # (each heartbeat on time: one that fires late after a stall spares the peer, decision I35)
+    for t in (2.0, 3.0, 4.0, 5.0):
+        s.c.fire(t)
     one = s.c.consumer("A")
     assert one.state is ConsumerState.REVOKING and one.reason is Reason.PEER_TIMEOUT
     assert s.c.records().consumers == (one,)

@@ -186,6 +186,60 @@ def test_liveness_timeout_when_pings_stop_arriving_then_a_new_session_works(pair
     assert outcome(v.pjobs, 1) == (True, None)
 
 
+# -- B24 (the dialling side stalls) -------------------------------------------------------------
+
+_HB_C = {"heartbeat_interval_s": 0.2, "peer_timeout_s": 0.6}
+_HB_P = {"heartbeat_interval_s": 0.2, "peer_timeout_s": 30.0}  # the producer never gives up here
+
+
+def test_b24_a_consumer_whose_own_loop_stalled_does_not_condemn_a_live_producer(pairs):
+    """An idle session (only the consumer pings; the producer only answers): the consumer's
+    process makes no pass for 2 s (a stopped process, a long step), more than its peer_timeout_s,
+    so nothing was heard — nothing was asked.  Its first heartbeat after the stall fires late: the
+    producer gets one more interval to answer before its silence counts, and the session stays."""
+    v = pairs({**SCEN, **_HB_P}, {**SCEN, **_HB_C}, block_bytes=BB)
+    C = v.C
+    preq, dig = store(v, "A", 1, [3, 4], seed=5)
+    v.P.on_request_finished(preq)
+    r = v.creq("c-A", "A")
+    C.on_new_request(r)
+    C.submit_load(job(10, keys_for("A", 2), [0, 1], r))
+    v.advance_to(1.0)
+    assert outcome(v.cjobs, 10) == (True, None)
+    v.frozen.add("C")
+    v.advance_to(3.0)
+    v.frozen.discard("C")
+    v.advance_to(4.0)
+    assert metric(C, "kvtier_session_ends_total", reason="peer_timeout") == 0
+    preq, dig = store(v, "B", 2, [5, 6], seed=6)
+    v.P.on_request_finished(preq)
+    r = v.creq("c-B", "B")
+    C.on_new_request(r)
+    C.submit_load(job(11, keys_for("B", 2), [0, 1], r))
+    v.step()
+    assert outcome(v.cjobs, 11) == (True, None) and digests(C.pool, [0, 1]) == dig
+    assert metric(C, "kvtier_session_ends_total") == 0 and metric(v.P, "kvtier_session_ends_total") == 0
+
+
+def test_b24_a_producer_that_died_during_the_consumers_stall_is_still_declared_lost(pairs):
+    """The stall spares the peer one interval, not more: a producer gone silent meanwhile is lost
+    one heartbeat after the consumer's first on-time heartbeat finds it silent."""
+    v = pairs({**SCEN, **_HB_P}, {**SCEN, **_HB_C}, block_bytes=BB)
+    C = v.C
+    r = v.creq("c-A", "A")
+    C.on_new_request(r)
+    C.submit_load(job(10, keys_for("A", 2), [0, 1], r))
+    v.step()
+    v.advance_to(1.0)
+    v.frozen.add("C")
+    v.net.partition(v.P_ADDR, v.C_ADDR)  # the producer is gone: nothing arrives, no FIN
+    v.advance_to(3.0)
+    v.frozen.discard("C")
+    v.advance_to(3.0 + 0.2 + 0.2 + 0.05)  # the late heartbeat pings; the next, on time, condemns
+    assert outcome(v.cjobs, 10) == (False, "peer_timeout")
+    assert metric(C, "kvtier_session_ends_total", reason="peer_timeout") == 1
+
+
 # -- B10 -----------------------------------------------------------------------------------------
 
 
