@@ -108,7 +108,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                     "each side's public certificate (`NAME.key` from `kvtier keys generate`) must be in the "
                     "other's `auth_allowed_keys_dir`, and the producer's certificate must list the endpoint "
                     "the consumer dials (`--endpoint`). The log line says which side is missing what "
-                    "(docs/security.md).",
+                    "(docs/security.md). With `auth = \"none\"` here, an address that is not a kvtier listener "
+                    "(a service that hangs up) reads the same: check `remote_host` and `remote_port`.",
     _R.PLANE_FAULT: "The data plane reported the path to this peer broken (on NIXL: a remote-disconnect error at a "
                     "WRITE), so the session was ended; the next load dials a fresh one. Frequent ones point at the "
                     "network between the hosts or at a peer whose NIXL agent restarted (docs/dataplane.md).",

@@ -82,12 +82,11 @@ __all__ = [
     "config_table",
 ]
 
-# --------------------------------------------------------------------------
-# the checks keys share: attrs validators, run in this order (config_kinds.key)
-# --------------------------------------------------------------------------
+# ---- the checks keys share: attrs validators, run in this order (config_kinds.key) ----
 
 MAX_TIMEOUT_S = 86_400.0  # 24 h: any timeout longer than this is a typo or a leak
 MIN_DURATION_S = 0.001  # 1 ms: finer than any poll tick; denormals like 1e-320 are typos
+NIXL_MIN_REVOKE_S = 0.1  # the NIXL plane's revocation: a window withdrawn, twice its drain (DRAIN_S)
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 DOTTED_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
 
@@ -216,8 +215,8 @@ class TierConfig:
         The bound on revoking a producer's access to a load's slots once it cannot answer (its
         session died, or an abort went unanswered): the load is reported failed by then at the
         latest. The zmq plane needs no time; the NIXL plane withdraws the session's window of the
-        pool at once and needs ``DRAIN_S`` (50 ms) more. A NIXL pool that is not shared memory
-        cannot be withdrawn from: its slots stay held past this, logged each time it passes.""")
+        pool at once and needs ``DRAIN_S`` (50 ms) more (so at least 0.1 s with it). A NIXL pool
+        not in shared memory cannot be withdrawn from: its slots stay held past this, logged.""")
 
     # ---- sessions -----------------------------------------------------------
     handshake_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
@@ -404,6 +403,9 @@ class TierConfig:
         def no(message: str, *keys: str) -> None:
             problems.append(TierConfigError(message, keys=keys))
 
+        if self.data_plane == "nixl" and self.revoke_timeout_s < NIXL_MIN_REVOKE_S:  # else: PlaneError at start
+            no(f"revoke_timeout_s={self.revoke_timeout_s} is below {NIXL_MIN_REVOKE_S} s, the least the nixl plane "
+               "needs to withdraw a window and drain it", "revoke_timeout_s", "data_plane")
         if self.metrics_port and self.metrics_port == self.port:  # else: "Address already in use" at start
             no(f"metrics_port={self.metrics_port} is port too: the Prometheus endpoint and the producer's listener "
                "cannot bind one port; pick another (0: a free one)", "port", "metrics_port")
@@ -427,7 +429,6 @@ class TierConfig:
         raise_all(problems)  # every problem at once, not one per attempt
 
     # ---- dict round trip ----------------------------------------------------
-
     @classmethod
     def from_dict(cls, mapping: Mapping[str, Any]) -> TierConfig:
         """Build from a ``secondary_tiers[i]`` entry; unknown keys are rejected.

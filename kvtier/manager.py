@@ -465,12 +465,13 @@ class KvTierManager(TierView):
             self._loop.input(inp)
 
     def has_pending_work(self) -> bool:
-        """True while any job lacks a collected result, a command waits for the I/O loop, a
-        transfer is in flight, sends are queued, or symmetric work waits (a probe round, a peer's
-        round, a pin, a queued engine lookup): the engine must keep stepping (and opening serve
-        windows) while it is."""
+        """True while any job lacks a collected result, a transfer is in flight, sends are queued,
+        or symmetric work waits (a probe round, a peer's round, a pin, a queued engine lookup): the
+        engine must keep stepping (and opening serve windows) while it is.  A queued command with
+        no job (a producer request's naming or finish, decision C34) is not: the loop takes it on
+        its own within 0.25 s, and nothing waits for it."""
         return bool(self._jobs) or self._jobs.ready or (
-            not self._closed and (self._loop.queued() or self._loop.fresh().pending or bool(self._step_keys)))
+            not self._closed and (self._loop.fresh().pending or bool(self._step_keys)))
 
     def drain_jobs(self, timeout_s: float | None = None) -> None:
         """Return once every submitted job has a result (collect them with get_finished_jobs).

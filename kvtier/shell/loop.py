@@ -190,10 +190,6 @@ class IoLoop:
         if self._cmds and self._sleeping:
             self._waker.wake()
 
-    def queued(self) -> bool:
-        """Whether commands wait for the loop (pending work the core has not seen yet)."""
-        return bool(self._cmds)
-
     def _inline(self) -> None:
         with self.lock:
             self._catch_up()

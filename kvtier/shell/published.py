@@ -5,7 +5,7 @@ an engine call must answer at once — ``lookup``, ``has_pending_work``, ``quara
 this object instead: plain attributes the loop replaces wholesale (a reference swap is atomic under
 the GIL), read without a lock.  Each is as fresh as the loop's last pass; what the engine queued
 since is accounted for by the façade (a lookup the loop has not applied yet answers RETRY, a queued
-command counts as pending work).
+job counts as pending work).
 
 * ``failed_loads``: consumer ``kv_request_id``\\ s whose load failed (lookups MISS until the engine
   finishes the request, decision L11); after a pass that could change it, only the ids it could

@@ -14,20 +14,18 @@ it: a message from a routing id that was bound before (its connection closed, or
 another fd) is a leftover of that connection — delivered, but it changes no record.  A first
 message from a connection that closed before anything of it was read is delivered followed by
 its ``PeerClosed`` (a leftover ``hello`` must not open a session nothing will ever end).
-Residual, accepted: the *first* message of an old connection read after its fd number was
-reused and before the new connection's first message binds the new record to the old id; the
-record is then marked ambiguous and never shut down on anyone's behalf (decision T10).
+Residual, accepted: an old connection's *first* message read after its fd number was reused and
+before the new connection's first message binds the new record to the old id; the record is then
+ambiguous, never shut down on anyone's behalf (decision T10).
 
 :meth:`ZmqTransport.drop_peer` cuts one peer that dialled us: ``shutdown(SHUT_RDWR)`` on a
 ``dup`` of its fd (a ROUTER has no per-peer close). The dup pins the open socket, and its
 ``getpeername()`` is compared with the one recorded at accept time first, so a number that
-libzmq closed and reused meanwhile is never shut down. Residual race, accepted: if the peer's
-connection closed and *the same remote ip:port* reconnected onto the *same fd number* between
-our last monitor drain and the dup, the new connection of that same remote endpoint is cut.
+libzmq closed and reused meanwhile is never shut down. Residual race, accepted: *the same remote
+ip:port* reconnecting onto the *same fd number* between our last monitor drain and the dup is cut.
 
-:class:`Connections` is a part of :class:`~kvtier.transport.zmq_transport.ZmqTransport` (decision
-W12): it owns the ROUTER, the dialled DEALERs, their monitors, the connection records and the
-events they produce; it fails a peer's queued sends through the transport's outbox.
+:class:`Connections`, a part of :class:`~kvtier.transport.zmq_transport.ZmqTransport` (W12), owns the
+ROUTER, the dialled DEALERs, their monitors and connection records; it fails queued sends too.
 """
 
 from __future__ import annotations
@@ -75,15 +73,17 @@ def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool) -> 
     the consumer that dialled.
 
     The side that detects a mechanism mismatch reports it and hangs up; the other then sees
-    ``NO_DETAIL`` with ``EPIPE`` (it was writing its greeting), about half of the time.  A close
-    before any greeting (a health check, a port scan) ends with ``ECONNRESET``: no authentication
-    failure; nor, with CURVE or without, an inbound ``EPIPE``: any client hanging up early causes it (E7)."""
+    ``NO_DETAIL`` with ``EPIPE`` (writing its greeting), half of the time.  A close before any
+    greeting (a health check, a port scan) ends with ``ECONNRESET``: no authentication failure; nor
+    an inbound ``EPIPE``: any client hanging up early causes it (E7)."""
     other = "the producer" if dialled else "the peer"
     mismatch = event == _PROTOCOL and value == _MECHANISM_MISMATCH
     hung_up = event == _NO_DETAIL and value == errno.EPIPE
     if not curve and (mismatch or (hung_up and dialled) or (dialled and event == _AUTH)):
-        return True, (f"{other} requires CURVE (auth='curve') and this tier has auth='none': set auth='curve' "
-                      "with auth_secret_key_file and auth_allowed_keys_dir here too (docs/security.md)")
+        how = "closed the connection during the handshake: it may require" if hung_up else "requires"
+        return True, (f"{other} {how} CURVE (auth='curve') and this tier has auth='none': set auth='curve' with "
+                      "auth_secret_key_file and auth_allowed_keys_dir here too (docs/security.md)"
+                      + ", or the address is not a kvtier listener: check remote_host and remote_port" * hung_up)
     if curve and mismatch:
         return True, (f"{other} does not run CURVE (its auth is 'none') while this tier has auth='curve': "
                       "set the same auth on both sides (docs/security.md)")
@@ -96,7 +96,7 @@ def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool) -> 
         return True, ("the CURVE handshake failed: the peer's public certificate is not in our "
                       "auth_allowed_keys_dir, or the certificate it holds for our endpoint is not our key")
     if event == _NO_DETAIL:
-        return False, "the connection closed during the handshake"
+        return False, "the connection closed during the handshake" + ": check remote_host and remote_port" * dialled
     return False, f"{other} does not speak our ZMTP (a plain-TCP or other service?)"
 
 

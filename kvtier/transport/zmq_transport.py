@@ -50,6 +50,11 @@ _MAX_HEARTBEAT_TTL_MS = 6_553_500
 _CURVE_OVERHEAD = 256  # bytes a CURVE MESSAGE command adds to a frame (libzmq: 33), with room
 
 
+def _admit(host: str, port: int, ip: str) -> None:
+    """The vet of a dial that ``allowed_peers`` already admitted by name: every address."""
+    return None
+
+
 class ZmqTransport:
     """Transport over ZeroMQ TCP (see module docstring).
 
@@ -233,9 +238,10 @@ class ZmqTransport:
                 but the application had not read yet when that connection closes — a producer's
                 goodbye among them.)  Without it a dial made before the producer listens simply
                 waits for it.
-            vet: ``vet(host, port, ip) -> reason | None``.  With it, a hostname is resolved
-                here (``getaddrinfo``, blocking), every address vetted, and the first one dialled,
-                so no later resolution can differ from the one vetted.
+            vet: ``vet(host, port, ip) -> reason | None``: every address a hostname resolves to
+                is vetted.  A hostname is resolved here (``getaddrinfo``, blocking) and the first
+                address dialled, so no later resolution can differ from the one vetted, and a name
+                that does not resolve fails the dial at once.
 
         Returns:
             The peer id, equal to ``address``. Calling it again for the same address returns the
@@ -255,7 +261,9 @@ class ZmqTransport:
         # not be read as news about the new one
         self._conns.forget_events_of(address)
         host, port = parse_address(address)
-        dial_host = host if vet is None else resolve_vetted(host, port, vet)
+        # a name is resolved here even unvetted: one that does not resolve fails the dial now
+        # (libzmq would retry it silently until the handshake's deadline)
+        dial_host = resolve_vetted(host, port, vet or _admit)
         server_key = None
         if self._curve is not None:
             server_key = self._curve.allowed.server_key_for(host, port)
@@ -267,7 +275,7 @@ class ZmqTransport:
                 )
         sock = mon = None
         try:
-            sock = self._socket(zmq.DEALER, ipv6=":" in host)
+            sock = self._socket(zmq.DEALER, ipv6=":" in dial_host)
             # Random, stable identity: the producer keeps seeing the same peer id across our
             # reconnects. A leading 0 byte is reserved by libzmq for generated ids.
             sock.setsockopt(zmq.ROUTING_ID, b"k" + secrets.token_bytes(15))

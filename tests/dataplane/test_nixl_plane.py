@@ -384,3 +384,15 @@ def test_a_session_is_admitted_after_its_warm_up_reads_one_after_another(wpair, 
     assert WARM_READS >= 3 and len(posted) == WARM_READS
     p.remove_peer("cons-reads")
     c.remove_peer("prod-reads")
+
+
+def test_the_configs_least_nixl_revocation_is_the_planes() -> None:
+    """The config refuses a nixl ``revoke_timeout_s`` below what the plane needs (a window withdrawn
+    and drained) before start-up, so ``kvtier check-config`` says so too, not the plane's start."""
+    from kvtier.config import NIXL_MIN_REVOKE_S, TierConfig, TierConfigError
+
+    assert NIXL_MIN_REVOKE_S == 2 * DRAIN_S
+    with pytest.raises(TierConfigError, match="revoke_timeout_s=0.05 is below 0.1 s"):
+        TierConfig.from_dict({"data_plane": "nixl", "revoke_timeout_s": 0.05})
+    TierConfig.from_dict({"data_plane": "zmq", "revoke_timeout_s": 0.05})
+    TierConfig.from_dict({"data_plane": "nixl", "revoke_timeout_s": 0.1})

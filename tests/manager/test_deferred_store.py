@@ -163,21 +163,6 @@ def test_a_threaded_poll_takes_what_is_queued(quiet_loops) -> None:
     assert _until(lambda: p.poll(0.5) or _state(p, "Q") is ProducerState.PARKED, 10.0)
 
 
-def test_queued_commands_are_pending_work(quiet_loops) -> None:
-    """A producer request that names its consumer and finishes without a store leaves two
-    commands and no job: the engine is told to keep stepping until the loop took them."""
-    from kvtier.api import RequestContext
-
-    p = quiet_loops()
-    _asleep(p)
-    req = RequestContext(req_id="p", kv_transfer_params={"remote_decoder": {"kv_request_id": "N",
-                                                                            "consumer": "decode-0"}})
-    p.on_new_request(req)
-    p.on_request_finished(req)
-    assert p.has_pending_work()
-    assert _until(lambda: p.get_finished_jobs() == [] and not p.has_pending_work(), 10.0)
-
-
 def test_a_local_only_store_is_answered_without_waiting_for_a_poll(quiet_loops) -> None:
     """No fetch can want a local-only store, but the engine waits for its result to free the rows:
     it wakes the loop, and the first ``get_finished_jobs`` after that pass hands it over."""

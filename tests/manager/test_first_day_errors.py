@@ -102,7 +102,10 @@ def test_only_one_side_running_curve_fails_auth_failed_on_both(make_manager, key
     assert all("(auth_failed)" in x for x in producer_lines)
     assert metric(p, "kvtier_session_ends_total", reason="auth_failed") == len(producer_lines) <= 1
     if curve_side == "producer":
-        assert "the producer requires CURVE" in consumer_line and "auth_secret_key_file" in consumer_line
+        # a mismatch the consumer saw itself is certain; a hang-up on its greeting also names the address
+        assert ("the producer requires CURVE" in consumer_line or (
+            "may require CURVE" in consumer_line and "remote_port" in consumer_line)), consumer_line
+        assert "auth_secret_key_file" in consumer_line
         assert all("the peer does not run CURVE" in x for x in producer_lines)
     else:
         assert all("the peer requires CURVE" in x for x in producer_lines)
@@ -284,6 +287,65 @@ def test_a_listener_that_never_speaks_is_named_handshake_timeout_every_time(make
         reasons.append(jobs.one(1).reason)
         c.shutdown(0.05)
     assert reasons == ["handshake_timeout"] * 8
+
+
+@pytest.fixture
+def rude_port():
+    """A wrong ``remote_port`` where another service answers and hangs up (an HTTP server's 400)."""
+    import threading
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = lst.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(64)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield lst.getsockname()[1]
+    lst.close()
+    t.join(5)
+
+
+def test_a_service_that_is_not_kvtier_is_not_blamed_on_curve_alone(make_manager, rude_port, caplog) -> None:
+    """With ``auth: none`` a hang-up during the handshake may be a CURVE producer — or the wrong
+    port: whatever libzmq reports of it, the line names the address as a suspect too."""
+    c = make_manager({"allowed_peers": ["127.0.0.1"], "handshake_timeout_s": 2.0})
+    jobs = Jobs(c)
+    req = consumer_req("d", "kv-rude", "127.0.0.1", rude_port)
+    with caplog.at_level(logging.WARNING):
+        c.on_new_request(req)
+        c.submit_load(job(1, keys_for("kv-rude", 1), [0], req))
+        assert pump_until(lambda: jobs.has(1), managers=[c], jobs=[jobs], timeout_s=10.0)
+    assert not jobs.one(1).success
+    lines = [r.getMessage() for r in caplog.records if "handshake with producer" in r.getMessage()]
+    assert lines and all("remote_port" in x or "does not speak our ZMTP" in x for x in lines), lines
+
+
+def test_a_name_that_does_not_resolve_fails_at_once_whatever_allowed_peers_says(make_manager, caplog) -> None:
+    """An allowed_peers list that names the host admits it without resolving it; the dial still
+    resolves it first, so a typo fails ``connect_refused`` with "cannot resolve", not a silent
+    ``handshake_timeout`` seconds later."""
+    c = make_manager({"allowed_peers": ["no-such-host.invalid"], "handshake_timeout_s": 20.0})
+    jobs = Jobs(c)
+    req = consumer_req("d", "kv-typo", "no-such-host.invalid", 5710)
+    with caplog.at_level(logging.WARNING):
+        c.on_new_request(req)
+        c.submit_load(job(1, keys_for("kv-typo", 1), [0], req))
+        assert pump_until(lambda: jobs.has(1), managers=[c], jobs=[jobs], timeout_s=10.0)
+    assert jobs.one(1).reason == "connect_refused"
+    assert any("cannot resolve no-such-host.invalid" in r.getMessage() for r in caplog.records)
 
 
 _KVTIER = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "port": 5710}
