@@ -232,9 +232,9 @@ class TierConfig:
         Interval between pings on an otherwise idle session.""")
 
     peer_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
-        Silence longer than this marks the peer lost (one interval more after
-        this side stalled); its requests fail. A connection that closes or
-        resets ends its session at once.""")
+        Silence longer than this marks the peer lost (a stall of this side is
+        not counted); its requests fail. A connection that closes or resets
+        ends its session at once.""")
 
     shutdown_grace_s: float = key(3.0, number, *_positive(MIN_DURATION_S, 600.0), unit="s", doc="""
         How long ``shutdown()`` lets transfers and loads in flight finish and

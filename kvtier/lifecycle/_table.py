@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "19698928974a5260abfd730758eb294d657da4175bfe61f475db6b1cf1b7e501"
+SPEC_SHA256: Final = "ce93bf8e497b804bedd9b737e3fa99a3a04d59f2a38d58ccd09ee8903dda9887"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1389,7 +1389,7 @@ class SessionGuard(enum.StrEnum):
     DIALLED = "dialled"
     """we dialled this peer (we are its consumer; it answers our pings)"""
     SILENT = "silent"
-    """nothing has been heard from the peer for peer_timeout_s, and this heartbeat fired on time (at most heartbeat_interval_s after it fell due): one that fires later says this side stalled, and the peer gets one more interval (its answers may still be unread, or were never asked for)"""
+    """nothing had been heard from the peer for peer_timeout_s when this heartbeat fell due: one that fires late because this side stalled judges the peer at its due time, so the silence our stall made (answers still unread, pings never sent) is not counted against it"""
     CONNECT_TIMED_OUT = "connect_timed_out"
     """the dial got no answer within connect_timeout_s (rather than a refusal)"""
     CONNECT_NOT_ALLOWED = "connect_not_allowed"

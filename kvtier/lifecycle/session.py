@@ -154,7 +154,7 @@ class SessionMachine(TableMachine):
     FINAL = SESSION_FINAL
     GUARD_ENUM = SessionGuard
     EFFECT_ENUM = SessionEffect
-    DUE_INPUT = True  # the heartbeat asks how late it fired (guard ``silent``)
+    DUE_INPUT = True  # the heartbeat asks when it fell due (guard ``silent``)
 
     #: instances remembered as suspect at most (oldest forgotten first): bounded bookkeeping
     MAX_SUSPECT = 4096
@@ -237,11 +237,11 @@ class SessionMachine(TableMachine):
         return rec.dialled
 
     def guard_silent(self, rec: SessionRecord, inp, now: float) -> bool:
-        # a heartbeat firing more than an interval late says this side stalled (a long pass, a
-        # stopped process): the peer's answers may still be unread, or never asked for — it
-        # gets one more interval before its silence counts (bug scenario B24, decision I35)
-        late = now - inp.when if type(inp) is Due else 0.0
-        return now - rec.heard >= self.peer_timeout_s and late <= self._durations["heartbeat"]
+        # judged at the time the heartbeat fell due: one that fires late because this side stalled
+        # (a long pass, a stopped process) must not count the silence our stall made — answers
+        # still unread, or pings never sent (bug scenario B24, decision I35)
+        at = inp.when if type(inp) is Due else now
+        return at - rec.heard >= self.peer_timeout_s
 
     def guard_connect_timed_out(self, rec: SessionRecord, inp, now: float) -> bool:
         return bool(getattr(inp, "timed_out", False))

@@ -221,21 +221,46 @@ def test_b24_a_consumer_whose_own_loop_stalled_does_not_condemn_a_live_producer(
     assert metric(C, "kvtier_session_ends_total") == 0 and metric(v.P, "kvtier_session_ends_total") == 0
 
 
-def test_b24_a_producer_that_died_during_the_consumers_stall_is_still_declared_lost(pairs):
-    """The stall spares the peer one interval, not more: a producer gone silent meanwhile is lost
-    one heartbeat after the consumer's first on-time heartbeat finds it silent."""
+def _waiting_load(pairs):
+    """A pair whose consumer's load (job 10 of id A) waits on the producer at t = 1 s."""
     v = pairs({**SCEN, **_HB_P}, {**SCEN, **_HB_C}, block_bytes=BB)
-    C = v.C
     r = v.creq("c-A", "A")
-    C.on_new_request(r)
-    C.submit_load(job(10, keys_for("A", 2), [0, 1], r))
+    v.C.on_new_request(r)
+    v.C.submit_load(job(10, keys_for("A", 2), [0, 1], r))
     v.step()
     v.advance_to(1.0)
+    return v
+
+
+def test_b24_a_producer_that_died_during_the_consumers_stall_is_still_declared_lost(pairs):
+    """The stall does not spare the peer for long: a producer gone silent meanwhile is lost one
+    heartbeat after the consumer resumed (the late heartbeat judges at its due time and pings)."""
+    v = _waiting_load(pairs)
+    C = v.C
     v.frozen.add("C")
     v.net.partition(v.P_ADDR, v.C_ADDR)  # the producer is gone: nothing arrives, no FIN
     v.advance_to(3.0)
     v.frozen.discard("C")
-    v.advance_to(3.0 + 0.2 + 0.2 + 0.05)  # the late heartbeat pings; the next, on time, condemns
+    v.advance_to(3.0 + 0.2 + 0.2 + 0.05)  # the late heartbeat pings; the next condemns
+    assert outcome(v.cjobs, 10) == (False, "peer_timeout")
+    assert metric(C, "kvtier_session_ends_total", reason="peer_timeout") == 1
+
+
+def test_a_consumer_polled_slower_than_its_heartbeat_still_finds_a_silent_producer(pairs):
+    """A caller-driven consumer polled every 0.45 s (more than two heartbeat intervals, less than
+    peer_timeout_s): every heartbeat fires late, yet a producer gone silent is found within
+    peer_timeout_s + an interval + the poll period — a late heartbeat judges at its due time, it
+    does not spare the peer."""
+    v = _waiting_load(pairs)
+    C = v.C
+    v.net.partition(v.P_ADDR, v.C_ADDR)
+    t = 1.0
+    while t < 1.0 + 0.6 + 0.2 + 0.45 + 0.05:
+        t += 0.45
+        v.frozen.add("C")
+        v.advance_to(t - 0.001)
+        v.frozen.discard("C")
+        v.advance_to(t)  # one poll of the consumer
     assert outcome(v.cjobs, 10) == (False, "peer_timeout")
     assert metric(C, "kvtier_session_ends_total", reason="peer_timeout") == 1
 
