@@ -7,7 +7,7 @@ too (``JobSettled``).  The loop owns the sockets, the data plane and the core; t
 neither a transport nor a plane (decision C12).
 
 Threading: with ``background_poll=True`` the loop runs on its own thread (``kvtier-io``): engine
-calls only queue a command and wake it (a producer's store, naming or finish that no fetch awaits
+calls only queue a command and wake it (a producer's small store, naming or finish that no fetch awaits
 rides the loop's next pass instead, decision C34), and share no lock with any wait; results reach
 :meth:`get_finished_jobs` through a queue, ``lookup`` answers from what the loop published after
 its last pass.  With ``background_poll=False`` (caller-driven) the same loop runs on the caller's
@@ -276,9 +276,9 @@ class KvTierManager(TierView):
         names its block's content (vLLM's block hashes do): a key already parked under the id keeps
         its first block, and a later job naming it again succeeds with the id's transfer without
         replacing it (decision I31).  With the loop on its own thread, a producer request's store
-        wakes it only if a peer's fetch already awaits the id; else the loop takes it on its next
-        pass — the next message, deadline or :meth:`get_finished_jobs`, within 0.25 s — and the
-        engine's thread pays no wake-up (decision C34).
+        of at most 64 KiB wakes it only if a peer's fetch already awaits the id; else the loop
+        takes it on its next pass — the next message, deadline or :meth:`get_finished_jobs`,
+        within 0.25 s — and the engine's thread pays no wake-up (decision C34).
 
         Raises:
             TypeError: ``job`` is not a :class:`~kvtier.api.TransferJob` (or has mistyped fields).
@@ -318,7 +318,9 @@ class KvTierManager(TierView):
             raise TypeError(f"hand_over_store job {job_id}: slots must be a list or tuple of ints, "
                             f"got {type(slots).__name__}") from None
         kid = self._book_store(job_id, info, n)
-        if kid is None:  # local-only: its result comes back at once (the engine waits to free the rows)
+        # local-only: its result comes at once (the engine waits to free the rows); a large one's
+        # digests start at once (a fetch may soon wait for them, C34)
+        if kid is None or self._loop.pooled(n):
             self._loop.call(self._take_store, (job_id, keys, slots, req, info))
         else:
             self._loop.defer(self._take_store, (job_id, keys, slots, req, info), kid)

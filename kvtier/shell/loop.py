@@ -185,6 +185,10 @@ class IoLoop:
             return
         self._inline()
 
+    def pooled(self, blocks: int) -> bool:
+        """Whether a store of ``blocks`` blocks has its digests taken on the digest pool."""
+        return self.work.pooled(blocks)
+
     def kick(self) -> None:
         """Wake a sleeping loop that has commands queued (deferred ones, :meth:`defer`)."""
         if self._cmds and self._sleeping:
@@ -224,8 +228,12 @@ class IoLoop:
 
     def store(self, inp: ix.StoreSubmitted) -> None:
         """Queue a store: the loop takes its blocks' digests (inline or on the pool) before the
-        core sees it (decision I14); deferred unless a fetch awaits its id (C34)."""
-        self.defer(self.park, inp, inp.kv_request_id)
+        core sees it (decision I14); deferred unless a fetch awaits its id or its digests go to
+        the pool, which should start at once (C34)."""
+        if self.pooled(len(inp.blocks)):
+            self.call(self.park, inp)
+        else:
+            self.defer(self.park, inp, inp.kv_request_id)
 
     def query(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the loop with every command queued before it applied, and return its

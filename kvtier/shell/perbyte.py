@@ -130,6 +130,11 @@ class ByteWork:
         pool: the loop waits for them before the tick ends (:meth:`last`)."""
 
     # -- producer: stores ----------------------------------------------------------------------
+    def pooled(self, blocks: int) -> bool:
+        """Whether a store of ``blocks`` blocks has its digests taken on the pool (not inline)."""
+        return self.algorithm != "none" and self.digest_pool is not None and blocks * self._block_bytes > \
+            INLINE_STORE_BYTES
+
     def store(self, inp: ix.StoreSubmitted, buffers: Sequence[Any]) -> ix.StoreSubmitted | None:
         """The store ``inp`` (without digests) of blocks ``buffers``: returns it with its digests
         when it may be applied now, or ``None`` when it is held (digests in progress, or an

@@ -176,3 +176,24 @@ def test_a_local_only_store_is_answered_without_waiting_for_a_poll(quiet_loops) 
     p.hand_over_store(1, req, (b"k0",), [0])
     assert _until(lambda: p.passes > before, 10.0), "the loop was not woken for a local-only store"
     assert _until(lambda: [r.job_id for r in p.get_finished_jobs()] == [1], 10.0)
+
+
+@pytest.mark.parametrize("how", ["submit_store", "hand_over_store"])
+def test_a_store_whose_digests_go_to_the_pool_wakes_the_loop_at_once(monkeypatch, how: str) -> None:
+    """A large store's digests take milliseconds on the pool: they start at once, so a fetch that
+    comes soon after does not wait for all of them (only stores hashed inline are deferred)."""
+    monkeypatch.setattr(loop_module, "MAX_WAIT_S", 60.0)
+    p = KvTierManager(_QUIET, BlockPool(4, 256 * 1024, pin=False))
+    try:
+        _asleep(p)
+        before = p.passes
+        req = producer_req("p", "L")
+        p.on_new_request(req)
+        if how == "submit_store":
+            p.submit_store(job(1, keys_for("L", 2), [0, 1], req))
+        else:
+            p.hand_over_store(1, req, tuple(keys_for("L", 2)), [0, 1])
+        assert _until(lambda: p.passes > before, 10.0), "a pooled store waited for the loop's next pass"
+        assert _until(lambda: _state(p, "L") is ProducerState.PARKED, 10.0)
+    finally:
+        p.shutdown()
