@@ -318,12 +318,7 @@ class KvTierManager(TierView):
             raise TypeError(f"hand_over_store job {job_id}: slots must be a list or tuple of ints, "
                             f"got {type(slots).__name__}") from None
         kid = self._book_store(job_id, info, n)
-        # local-only: its result comes at once (the engine waits to free the rows); a large one's
-        # digests start at once (a fetch may soon wait for them, C34)
-        if kid is None or self._loop.pooled(n):
-            self._loop.call(self._take_store, (job_id, keys, slots, req, info))
-        else:
-            self._loop.defer(self._take_store, (job_id, keys, slots, req, info), kid)
+        self._loop.hand_over_store(self._take_store, (job_id, keys, slots, req, info), kid, n)
 
     def _book_store(self, job_id: int, info: TransferParams, blocks: int) -> str | None:
         """Book store job ``job_id`` of ``blocks`` blocks; its kv_request_id (None: local-only)."""

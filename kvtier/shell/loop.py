@@ -185,9 +185,14 @@ class IoLoop:
             return
         self._inline()
 
-    def pooled(self, blocks: int) -> bool:
-        """Whether a store of ``blocks`` blocks has its digests taken on the digest pool."""
-        return self.work.pooled(blocks)
+    def hand_over_store(self, fn: Callable[[Any], Any], arg: Any, kv_request_id: str | None, blocks: int) -> None:
+        """Queue a store command of ``blocks`` blocks (C34): a local-only one (``kv_request_id``
+        None: the engine waits for its result) or one whose digests go to the pool (they should
+        start at once) wakes the loop; any other is deferred (:meth:`defer`)."""
+        if kv_request_id is None or self.work.pooled(blocks):
+            self.call(fn, arg)
+        else:
+            self.defer(fn, arg, kv_request_id)
 
     def kick(self) -> None:
         """Wake a sleeping loop that has commands queued (deferred ones, :meth:`defer`)."""
@@ -230,10 +235,7 @@ class IoLoop:
         """Queue a store: the loop takes its blocks' digests (inline or on the pool) before the
         core sees it (decision I14); deferred unless a fetch awaits its id or its digests go to
         the pool, which should start at once (C34)."""
-        if self.pooled(len(inp.blocks)):
-            self.call(self.park, inp)
-        else:
-            self.defer(self.park, inp, inp.kv_request_id)
+        self.hand_over_store(self.park, inp, inp.kv_request_id, len(inp.blocks))
 
     def query(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the loop with every command queued before it applied, and return its
