@@ -1,6 +1,6 @@
 """Liveness under real timing: a stalled producer loop, kill -9, sibling ranks.
 
-Real processes over real ZeroMQ, with the expected values of bug-scenarios B24 and B11:
+Real processes (or real threads) over real ZeroMQ, with the expected values of bug-scenarios B24 and B11:
 
 * B24 — the producer's process stops polling for 3 s (its main thread sleeps, holding nothing)
   while a consumer sends 300 fetches for parked ids whose ``unbound_store_timeout_s`` (2 s)
@@ -11,6 +11,8 @@ Real processes over real ZeroMQ, with the expected values of bug-scenarios B24 a
   (``peer_disconnected``), not after ``peer_timeout_s`` (60 s here); the death of one producer
   process fails new loads to its sibling (same ``instance``) at once (``instance_down``) until
   the sibling is heard from again, and then loads to it work.
+* B24, the side that pings — the consumer's loop stalls past its own ``peer_timeout_s``; the
+  producer, which only answers pings, is not declared dead for the silence the stall made.
 
 Waits are bounds (``BOUND_S``); nothing asserts how long anything took.
 """
@@ -249,3 +251,43 @@ def test_b11_a_dead_rank_fails_new_loads_to_its_sibling_until_the_sibling_is_hea
     assert digests(c.pool, [5, 6]) == after["digests"]
     assert before["digests"] == [pattern_digest(110, 0, BB)]
     assert metric(c, "kvtier_jobs_total", kind="load", outcome="fail", reason="peer_timeout") == 0
+
+
+# -- B24, the side that pings ------------------------------------------------------------------
+
+
+def test_b24_a_consumer_whose_own_loop_stalled_keeps_its_live_producer(make_manager):
+    """The consumer's I/O loop makes no pass for 1.5 s (its pass lock held, as a long pass would),
+    longer than its peer_timeout_s (0.6 s); the producer is healthy but only answers pings, and
+    none were sent.  The session survives the stall (decision I35) and the next load works."""
+    import threading
+
+    p = make_manager({"background_poll": True, "heartbeat_interval_s": 0.2, "peer_timeout_s": 30.0})
+    c = make_manager({"background_poll": True, "heartbeat_interval_s": 0.2, "peer_timeout_s": 0.6,
+                      "load_timeout_s": 10.0, "fetch_supply_timeout_s": 5.0})
+    pjobs, cjobs = Jobs(p), Jobs(c)
+    for n, kid in enumerate(("before", "after")):
+        if kid == "after":
+            held = threading.Event()
+
+            def stall() -> None:
+                with c.lock:
+                    held.set()
+                    time.sleep(1.5)
+
+            t = threading.Thread(target=stall)
+            t.start()
+            held.wait()
+            t.join()
+            time.sleep(0.6)  # three heartbeats after the stall
+        preq = producer_req(f"p-{kid}", kid)
+        p.on_new_request(preq)
+        want = fill_pattern(p.pool, [n], seed=n + 3)
+        p.submit_store(job(10 + n, keys_for(kid, 1), [n], preq))
+        p.on_request_finished(preq)
+        creq = consumer_req(f"c-{kid}", kid, p.host, p.port)
+        c.on_new_request(creq)
+        c.submit_load(job(20 + n, keys_for(kid, 1), [8 + n], creq))
+        assert pump_until(lambda: cjobs.has(20 + n), jobs=[cjobs, pjobs], timeout_s=BOUND_S)
+        assert cjobs.one(20 + n).success and digests(c.pool, [8 + n]) == want
+    assert metric_sum(c, "kvtier_session_ends_total") == 0 and metric_sum(p, "kvtier_session_ends_total") == 0
