@@ -12,7 +12,10 @@ so its reason is the one the core keeps (decision I19).
 
 The pass also says when the inbound queue was last seen empty (``quiet_since``): the time before
 a read pass that emptied every socket.  The core fires deadlines only up to that time, so a
-deadline never beats a message that was already waiting (decision I3).
+deadline never beats a message that was already waiting (decision I3).  A pass that runs more
+than :data:`LATE_S` after a deadline fell due first crosses the transport's barrier: after a stall
+(a stopped process) the transport's own threads may not yet have taken in what the kernel holds,
+and empty sockets would prove nothing (decision T17).
 
 Two plane reports are not inputs themselves: a ``block_data`` header that came with a NIXL WRITE
 (:class:`~kvtier.dataplane.Notified`) is decoded like one the transport delivered, and a landing
@@ -38,12 +41,18 @@ from kvtier.transport import CloseReason, Transport
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import Decoder, WireError, WireReason
 
-__all__ = ["Inbound", "RECV_BATCH", "RECV_BUDGET"]
+__all__ = ["BARRIER_WAIT_S", "Inbound", "LATE_S", "RECV_BATCH", "RECV_BUDGET"]
 
 #: Messages read per service pass, and at most per tick: the budget keeps engine calls from
 #: waiting behind a flood; deadlines then wait for the queue to be seen empty.
 RECV_BATCH = 256
 RECV_BUDGET = 8192
+
+#: A pass this late after a deadline fell due (seconds) crosses the transport's barrier before it
+#: reads: far beyond a running loop's wake-up lag, well below any timeout a peer is judged by.
+LATE_S = 0.02
+#: Longest wait for the barrier (seconds): an I/O thread starved longer leaves the pass as before.
+BARRIER_WAIT_S = 0.05
 
 
 class Inbound:
@@ -64,6 +73,7 @@ class Inbound:
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
         self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
         self._after = float("-inf")  # the stamp of the reports being turned into inputs
+        self._crossed = float("-inf")  # when the last crossing of the transport's barrier began
         self.reported = 0
         """The plane's reports turned into inputs since start (the loop's eager window follows them)."""
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
@@ -86,15 +96,24 @@ class Inbound:
         self._received = {getattr(wm, w.struct): (notes[w.noted] if w.noted else None, w.principal)
                           for w in WIRE.values()}
 
-    def collect(self, budget: int | None = None, *, receiving: bool = True) -> list[ix.Input]:
+    def collect(self, budget: int | None = None, *, receiving: bool = True, due: float | None = None) -> list[ix.Input]:
         """Read up to ``budget`` messages (default :data:`RECV_BUDGET`) and every connection
         event, then the plane's reports.  Advances :attr:`quiet_since` when a pass emptied every
-        socket.  ``receiving``: a load of ours is out (a peer may be writing into our pool)."""
+        socket.  ``receiving``: a load of ours is out (a peer may be writing into our pool).
+        ``due``: the core's next deadline; a pass more than :data:`LATE_S` after it crosses the
+        transport's barrier first, and dates :attr:`quiet_since` no later than the crossing."""
         if budget is None:
             budget = RECV_BUDGET
         out: list[ix.Input] = []
         read = 0
         after = self.quiet_since  # what this pass reads arrived after it: every input's stamp
+        proven = float("inf")  # the latest time up to which an emptied socket proves quiet
+        if due is not None:
+            start = self.clock()
+            # late for it, and not crossed since: a deadline held back (a landing still running)
+            # does not make every pass cross again
+            if start - max(due, self._crossed) > LATE_S and self.transport.barrier(BARRIER_WAIT_S):
+                proven = self._crossed = start
         if receiving and self.plane.one_sided:
             # progress first: what our progress lets complete now (a WRITE into us, and the header
             # the producer sends once it is done) is then read before the time that dates
@@ -126,6 +145,7 @@ class Inbound:
                 if closes:  # everything delivered before these closes has been read now
                     out.extend(closes)
                     self._closes = []
+                t0 = min(t0, proven)
                 if t0 > self.quiet_since:
                     self.quiet_since = t0
                 break

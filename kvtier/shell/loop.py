@@ -369,9 +369,9 @@ class IoLoop:
         """One service pass over the network and the plane, then whatever is due (and, with a
         standing block source, a serve window)."""
         work, core = self.work, self.core
-        inputs = self.inbound.collect(receiving=core.loading())
+        due = core.next_deadline()  # a pass late for it crosses the transport's barrier first (T17)
+        inputs = self.inbound.collect(receiving=core.loading(), due=due)
         quiet = self.inbound.quiet_since
-        due = core.next_deadline()
         firing = due is not None and due <= quiet and due <= work.floor()
         if inputs or firing or work.ready():
             now = self.clock()

@@ -20,7 +20,9 @@ Fault helpers: :meth:`InprocNetwork.partition` / :meth:`~InprocNetwork.heal` sil
 traffic between two addresses. :meth:`InprocNetwork.kill` makes an endpoint vanish as if its
 process died. A new ``InprocTransport`` at the same address is a restart.
 ``hold_completion=True`` keeps ``SendHandle.done`` False until :meth:`InprocTransport.complete`,
-to test "don't reuse a slot before its send is done".
+to test "don't reuse a slot before its send is done".  ``io_lag = True`` on a transport models a
+stopped process's transport threads: what arrives waits "in its kernel", where ``service`` does
+not see it, until :meth:`InprocTransport.barrier` or a ``wait`` (a thread of the transport ran).
 
 Connection events, as ``ZmqTransport`` reports them: :meth:`InprocNetwork.close_connection`
 (a reset), :meth:`InprocNetwork.kill` and :meth:`InprocTransport.close` report
@@ -96,7 +98,7 @@ class InprocNetwork:
         if target is None or target._closed:
             self.dropped += len(arriving)
             return
-        target._inbox.extend(arriving)
+        (target._kernel if target.io_lag else target._inbox).extend(arriving)
         self.delivered += len(arriving)
 
     def is_partitioned(self, a: str, b: str) -> bool:
@@ -109,7 +111,7 @@ class InprocNetwork:
         lost. No-op if nothing listens there."""
         t = self._endpoints.get(address)
         if t is not None:
-            self.dropped += len(t._inbox)
+            self.dropped += len(t._inbox) + len(t._kernel)
             t.close()
 
     def close_connection(self, dialler: str, listener: str) -> bool:
@@ -182,6 +184,9 @@ class InprocTransport:
         self.hold_completion = hold_completion
         self.hold_after_drop = hold_after_drop
         self._inbox: deque[tuple[str, list[bytes]]] = deque()
+        self._kernel: list[tuple[str, list[bytes]]] = []  # arrived, not yet taken in (io_lag)
+        self.io_lag = False
+        """While True, arriving messages wait in the kernel until :meth:`barrier` or :meth:`wait`."""
         self._dialled: list[str] = []  # peers we connected to, in order
         self._inbound: set[str] = set()  # addresses that dialled us
         self._queues: dict[str, deque[tuple[list[bytes], SendHandle]]] = {}
@@ -288,11 +293,25 @@ class InprocTransport:
         """The owner's wake-up fd: :meth:`wait` also reports it readable (without reading it)."""
         self._wake = fd
 
-    def wait(self, timeout_s: float) -> bool:
-        """Never sleeps. Flushes, then returns True iff the inbox is non-empty (or the wake-up fd
-        of :meth:`set_wake` is readable)."""
+    def barrier(self, timeout_s: float) -> bool:
+        """Never sleeps: what waits in the kernel (``io_lag``) is taken in, and the lag ends."""
         if self._closed:
             return False
+        self._take_in()
+        return True
+
+    def _take_in(self) -> None:
+        self.io_lag = False
+        self._inbox.extend(self._kernel)
+        self._kernel.clear()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Never sleeps. Flushes, then returns True iff the inbox is non-empty (or the wake-up fd
+        of :meth:`set_wake` is readable).  A transport's threads run while its owner waits: what
+        waits in the kernel (``io_lag``) is taken in first."""
+        if self._closed:
+            return False
+        self._take_in()
         self.flush()
         if self._inbox:
             return True
@@ -396,6 +415,7 @@ class InprocTransport:
         for peer in list(self._queues):
             self._fail_queue(peer, SendFailure.CLOSED)
         self._inbox.clear()
+        self._kernel.clear()
         self.complete()
         self.network._detach(self)
 
@@ -446,7 +466,7 @@ class InprocTransport:
             if wire is not None:
                 wire.append((sender_id, data))
             else:
-                target._inbox.append((sender_id, data))
+                (target._kernel if target.io_lag else target._inbox).append((sender_id, data))
                 net.delivered += 1
         if self.hold_completion:
             handle._held = True

@@ -142,6 +142,19 @@ class VirtualPair:
     def advance(self, dt: float, tick: float = 0.25) -> None:
         self.advance_to(self.clock.now() + dt, tick)
 
+    def stop(self, name: str) -> None:
+        """The whole process ``name`` (``"P"``/``"C"``) stops, as under SIGSTOP: it is not polled,
+        and what reaches it waits in its kernel (``io_lag``).  After :meth:`cont` its loop runs
+        before its transport's threads take that in (the order that lets a deadline beat input
+        unless the loop crosses the transport's barrier first, decision T17)."""
+        self.frozen.add(name)
+        (self.P if name == "P" else self.C).transport.io_lag = True
+
+    def cont(self, name: str) -> None:
+        """The stopped process ``name`` runs again (its transport still lags until it waits or
+        crosses the barrier)."""
+        self.frozen.discard(name)
+
     def crash_producer(self) -> None:
         """The producer's process dies: no goodbye, its queues are lost."""
         self.net.kill(self.P_ADDR)

@@ -224,6 +224,13 @@ class Transport(Protocol):
         the pass began was returned)."""
         ...
 
+    def barrier(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds until whatever reads the connections on the
+        transport's own threads has taken in what had arrived when the call began (True), so the
+        next :meth:`service` that drains every socket returns it; False when that is not known
+        within ``timeout_s`` (decision T17)."""
+        ...
+
     def wait(self, timeout_s: float) -> bool:
         """Block until something is readable, or the fd given to :meth:`set_wake` is (True), or
         ``timeout_s`` passes (False)."""

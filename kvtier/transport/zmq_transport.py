@@ -37,6 +37,7 @@ import zmq
 
 from kvtier.transport import PeerInfo, SendFailure, SendHandle, TransportError, TransportEvent
 from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
+from kvtier.transport.zmq_barrier import IoBarrier
 from kvtier.transport.zmq_conns import DEALER_EVENTS, Conn, Connections
 from kvtier.transport.zmq_options import parse_address, positive_int, resolve_vetted, seconds_to_ms, tcp_endpoint
 from kvtier.transport.zmq_recv import Inbox
@@ -168,6 +169,7 @@ class ZmqTransport:
 
         self._ctx = zmq.Context(positive_int("io_threads", io_threads))
         self._ctx.linger = 0  # default for every socket of this context, belt and braces
+        self._barrier = IoBarrier(self._ctx, io_threads)
         self._closed = False
         self._auth: PrincipalAuthenticator | None = None
         # the parts (decision W12): the connections fail a peer's queue through the outbox, the
@@ -408,6 +410,13 @@ class ZmqTransport:
             raise ValueError(f"timeout_s must be a finite number, got {timeout_s!r}")
         return False if self._closed else self._in.wait(timeout_s)
 
+    def barrier(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds until libzmq's I/O threads have taken in what the
+        kernel held for our connections when the call began (:mod:`kvtier.transport.zmq_barrier`,
+        decision T17): the next :meth:`service` that drains every socket has then returned it.
+        False after :meth:`close`, or when the I/O threads did not run within ``timeout_s``."""
+        return False if self._closed else self._barrier.cross(timeout_s)
+
     def events(self) -> list[TransportEvent]:
         """Connection events since the last call, oldest first. Never blocks.
 
@@ -503,6 +512,7 @@ class ZmqTransport:
         self._teardown(linger_ms)
 
     def _teardown(self, linger_ms: int = 0) -> None:
+        self._barrier.close()
         self._conns.teardown(linger_ms)
         if self._auth is not None:
             self._auth.stop()

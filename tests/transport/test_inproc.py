@@ -65,6 +65,25 @@ def test_fifo_and_deterministic_order(net: InprocNetwork) -> None:
     assert first == run()
 
 
+def test_io_lag_keeps_arrivals_in_the_kernel_until_a_barrier_or_a_wait(net: InprocNetwork) -> None:
+    """A stopped process's transport threads (decision T17): what arrives is not seen by a
+    service pass until the barrier is crossed; a wait takes it in too; the lag then ends."""
+    prod, cons = InprocTransport(net, P), InprocTransport(net, C)
+    peer = cons.connect(P)
+    prod.io_lag = True
+    cons.send(peer, [b"a"])
+    assert prod.service() == ([], [], True) and prod.inbox_size() == 0
+    assert prod.barrier(1.0) is True and prod.io_lag is False
+    assert texts(prod.service()[0]) == [("in:" + C, [b"a"])]
+    prod.io_lag = True
+    cons.send(peer, [b"b"])
+    assert prod.recv() == []
+    assert prod.wait(0) is True
+    assert texts(prod.recv()) == [("in:" + C, [b"b"])]
+    prod.close()
+    assert prod.barrier(1.0) is False
+
+
 def test_hold_completion(net: InprocNetwork) -> None:
     InprocTransport(net, P)
     cons = InprocTransport(net, C, hold_completion=True)

@@ -1,0 +1,98 @@
+"""A round trip through each of libzmq's I/O threads: proof that what the kernel held for our
+connections when it began is now in the sockets' queues (decision T17).
+
+libzmq's I/O threads, not the caller, read the TCP connections: a message that reached the kernel
+is in a socket's queue only once an I/O thread has run.  Normally that is microseconds, so a read
+pass that finds every socket empty has seen everything that arrived before it began.  After the
+whole process was stopped (SIGSTOP, a VM pause) every thread resumes at once and the loop's thread
+may read before an I/O thread did: the sockets look empty while a peer's answer waits in the
+kernel, and a deadline that fell due during the stop would beat it.
+
+:meth:`IoBarrier.cross` sends one empty message per I/O thread over a private PUSH/PULL pair pinned
+to that thread (``ZMQ_AFFINITY``, an abstract ``ipc://`` address: no file, no port) and waits for
+it.  It arrives only after the thread has run two ``epoll`` rounds since the send — the one that
+wrote it and the one that read it back — and every connection that was readable when the send
+began was returned by the first of them (``epoll`` returns up to 256 ready descriptors per round;
+a thread with more than that many readable at once may need more rounds: not proven here).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+
+import zmq
+
+__all__ = ["IoBarrier"]
+
+
+class IoBarrier:
+    """The barrier of one context with ``io_threads`` I/O threads; its sockets are made on the
+    first :meth:`cross` (most processes never need one) and closed by :meth:`close`."""
+
+    def __init__(self, ctx: zmq.Context, io_threads: int) -> None:
+        self._ctx = ctx
+        self._threads = io_threads
+        self._pairs: list[tuple[zmq.Socket, zmq.Socket]] = []
+        self._poller: zmq.Poller | None = None
+        self._owed: dict[zmq.Socket, int] = {}  # crossings sent through a pair, not back yet
+
+    def _open(self) -> None:
+        base = f"ipc://@kvtier-barrier-{os.getpid()}-{secrets.token_hex(6)}"
+        poller = zmq.Poller()
+        try:
+            for i in range(self._threads):
+                pull, push = self._ctx.socket(zmq.PULL), self._ctx.socket(zmq.PUSH)
+                self._pairs.append((pull, push))
+                self._owed[pull] = 0
+                for s in (pull, push):
+                    s.setsockopt(zmq.LINGER, 0)
+                    s.setsockopt(zmq.AFFINITY, 1 << i)  # this I/O thread carries both ends
+                pull.bind(f"{base}-{i}")
+                push.connect(f"{base}-{i}")
+                poller.register(pull, zmq.POLLIN)
+        except zmq.ZMQError:
+            self.close()
+            raise
+        self._poller = poller
+
+    def cross(self, timeout_s: float) -> bool:
+        """Send through every I/O thread and wait up to ``timeout_s`` seconds for all of it to
+        come back.  True: each thread ran since the call began, so a read pass now finds what
+        the kernel held then.  False: not within ``timeout_s`` (a starved I/O thread), or the
+        barrier could not be set up — the caller goes on as without one."""
+        if self._poller is None:
+            try:
+                self._open()
+            except zmq.ZMQError:
+                return False
+        assert self._poller is not None
+        end = time.monotonic() + timeout_s
+        owed, sent = self._owed, True
+        for pull, push in self._pairs:
+            try:
+                push.send(b"", zmq.NOBLOCK)
+                owed[pull] += 1
+            except zmq.ZMQError:  # its pipe is full of earlier crossings still on their way
+                sent = False
+        # every crossing sent so far must be back, a late one of an earlier call included: a stale
+        # arrival proves nothing about this call's start
+        while any(owed.values()):
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            for sock, _ in self._poller.poll(max(1, int(left * 1000))):
+                while owed[sock] and sock.get(zmq.EVENTS) & zmq.POLLIN:
+                    sock.recv(zmq.NOBLOCK)
+                    owed[sock] -= 1
+        return sent
+
+    def close(self) -> None:
+        """Close the barrier's sockets (before the context is terminated).  Idempotent."""
+        for pull, push in self._pairs:
+            pull.close(0)
+            push.close(0)
+        self._pairs = []
+        self._owed = {}
+        self._poller = None

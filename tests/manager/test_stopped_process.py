@@ -1,0 +1,115 @@
+"""A whole process stopped (SIGSTOP, a VM pause) while its peer answered (decision T17).
+
+What reached a stopped process waits in its kernel; when it runs again, its loop may read its
+sockets before the transport's own threads took that in, and a deadline that fell due during the
+stop would beat an answer that had arrived long before.  The pair's ``stop``/``cont`` model that
+order on the in-memory network (``InprocTransport.io_lag``); a pass late for a deadline crosses
+the transport's barrier before it reads.  Virtual clock: no sleeps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mgr_helpers import digests, job, keys_for, metric
+from tools.coreview import CoreView
+from virtual_helpers import BB, SCEN, outcome, store
+
+pytestmark = pytest.mark.timeout(60)
+
+_P = {**SCEN, "peer_timeout_s": 30.0}  # the producer never gives up on the stopped consumer here
+_C = {**SCEN, "peer_timeout_s": 30.0, "handshake_timeout_s": 1.0, "load_timeout_s": 6.0,
+      "fetch_supply_timeout_s": 3.0}
+
+
+def _parked(pairs, slots=(3, 4)):
+    v = pairs(_P, _C, block_bytes=BB)
+    preq, dig = store(v, "A", 1, list(slots), seed=7)
+    v.P.on_request_finished(preq)
+    v.step()
+    return v, dig
+
+
+def test_a_hello_ack_that_reached_a_stopped_consumer_beats_its_handshake_deadline(pairs):
+    """The producer answers the hello while the consumer is stopped; the consumer resumes after
+    its handshake_timeout_s.  Its first pass reads the hello_ack before the deadline fires: the
+    session stays, and the queued load succeeds."""
+    v, dig = _parked(pairs)
+    C = v.C
+    v.frozen.add("P")  # the hello is not answered yet
+    r = v.creq("c-A", "A")
+    C.on_new_request(r)
+    C.submit_load(job(10, keys_for("A", 2), [0, 1], r))
+    v.step()
+    assert C.core.consumer_state("A").value == "queued"
+    v.stop("C")
+    v.frozen.discard("P")
+    v.step()  # the producer answers: the hello_ack waits in the stopped consumer's kernel
+    v.advance_to(2.5)  # past handshake_timeout_s (1 s)
+    v.cont("C")
+    v.step()
+    assert outcome(v.cjobs, 10) == (True, None)
+    assert digests(C.pool, [0, 1]) == dig
+    assert metric(C, "kvtier_session_ends_total") == 0
+
+
+def test_blocks_that_reached_a_stopped_consumer_beat_its_load_deadline(pairs):
+    """The fetch left; the consumer stops; the producer sends every block and transfer_done into
+    its kernel; the consumer resumes after its load_timeout_s.  The data is read and landed before
+    the deadline fires: the load succeeds, nothing is aborted."""
+    v, dig = _parked(pairs)
+    C = v.C
+    r = v.creq("c-A", "A")
+    C.on_new_request(r)
+    v.step()
+    assert CoreView(C.core).session_ready(v.P_ADDR)
+    C.submit_load(job(10, keys_for("A", 2), [0, 1], r))  # caller-driven: the fetch leaves now
+    v.stop("C")
+    v.step()  # the producer serves it into the stopped consumer's kernel
+    v.advance_to(7.0)  # past load_timeout_s (6 s)
+    v.cont("C")
+    v.step()
+    assert outcome(v.cjobs, 10) == (True, None)
+    assert digests(C.pool, [0, 1]) == dig
+    assert v.pjobs.one(1).success
+    assert metric(C, "kvtier_session_ends_total") == 0
+
+
+def test_a_producer_that_never_answered_is_still_timed_out_when_the_consumer_resumes(pairs):
+    """The barrier proves nothing arrived: a hello never answered (the producer wedged through
+    the consumer's stop) fails handshake_timeout in the consumer's first pass after it resumes."""
+    v, _ = _parked(pairs)
+    C = v.C
+    v.frozen.add("P")
+    r = v.creq("c-A", "A")
+    C.on_new_request(r)
+    C.submit_load(job(10, keys_for("A", 2), [0, 1], r))
+    v.step()
+    v.stop("C")
+    v.advance_to(2.5)
+    assert not v.cjobs.has(10)
+    v.cont("C")
+    v.step()
+    assert v.now == 2.5
+    assert outcome(v.cjobs, 10) == (False, "handshake_timeout")
+
+
+def test_a_pass_late_for_a_deadline_crosses_the_barrier_once(pairs):
+    """The crossing is for a late pass, not for every pass while a deadline stays overdue: a
+    second pass at the same time does not cross again; a pass on time does not cross at all."""
+    v, _ = _parked(pairs)
+    C = v.C
+    crossings = []
+    real = C.transport.barrier
+    C.transport.barrier = lambda t: crossings.append(v.now) or real(t)
+    r = v.creq("c-A", "A")
+    C.on_new_request(r)
+    v.step()
+    v.advance_to(1.0, tick=0.005)  # polled every 5 ms: never late by LATE_S (20 ms)
+    assert crossings == []
+    v.stop("C")
+    v.advance_to(3.3)  # a heartbeat (every 1 s) fell due meanwhile
+    v.cont("C")
+    v.step()
+    v.step()
+    assert crossings == [3.3]
