@@ -55,6 +55,11 @@ def _alias_nixl() -> None:
         return
 
 
+BIND_TRIES = 5
+"""A tier asks for its port up front (vLLM's p2p tier has no ephemeral port): a free one is picked
+and, when another process took it meanwhile (parallel tests), another."""
+
+
 def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -315,7 +320,15 @@ class Side(RawZmq):
                 data_parallel_size=1, data_parallel_rank_local=None, is_parallelism_agnostic=True,
             ),
         )
-        mgr = OffloadingSpecFactory.create_spec(cfg).get_manager()
+        for attempt in range(BIND_TRIES):
+            try:
+                mgr = OffloadingSpecFactory.create_spec(cfg).get_manager()
+                break
+            except Exception as exc:  # the port picked above was taken before the tier bound it
+                if "Address already in use" not in str(exc) or attempt == BIND_TRIES - 1:
+                    raise
+                port = _free_port(self.host)
+                entry["port"] = port
         s = _System(name, mgr, f"{self.host}:{port}")
         s.view = self.np.asarray(mgr.primary_tier.get_kv_memoryview()).view(self.np.uint64)
         return s
