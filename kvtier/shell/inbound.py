@@ -51,8 +51,9 @@ RECV_BUDGET = 8192
 #: A pass this late after a deadline fell due (seconds) crosses the transport's barrier before it
 #: reads: far beyond a running loop's wake-up lag, well below any timeout a peer is judged by.
 LATE_S = 0.02
-#: Longest wait for the barrier (seconds): an I/O thread starved longer leaves the pass as before.
-BARRIER_WAIT_S = 0.05
+#: Longest wait for the barrier (seconds), a backlog in the kernel included: a crossing that does not
+#: prove the backlog taken in within it leaves the deadlines to the next pass.
+BARRIER_WAIT_S = 0.1
 
 
 class Inbound:
@@ -73,7 +74,7 @@ class Inbound:
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
         self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
         self._after = float("-inf")  # the stamp of the reports being turned into inputs
-        self._crossed = float("-inf")  # when the last crossing of the transport's barrier began
+        self._crossed = float("-inf")  # when the last crossing of the transport's barrier ended
         self.reported = 0
         """The plane's reports turned into inputs since start (the loop's eager window follows them)."""
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
@@ -101,7 +102,8 @@ class Inbound:
         event, then the plane's reports.  Advances :attr:`quiet_since` when a pass emptied every
         socket.  ``receiving``: a load of ours is out (a peer may be writing into our pool).
         ``due``: the core's next deadline; a pass more than :data:`LATE_S` after it crosses the
-        transport's barrier first, and dates :attr:`quiet_since` no later than the crossing."""
+        transport's barrier first, and dates :attr:`quiet_since` no later than the crossing (not at
+        all when the crossing proved nothing: the next pass may, without one)."""
         if budget is None:
             budget = RECV_BUDGET
         out: list[ix.Input] = []
@@ -111,9 +113,11 @@ class Inbound:
         if due is not None:
             start = self.clock()
             # late for it, and not crossed since: a deadline held back (a landing still running)
-            # does not make every pass cross again
-            if start - max(due, self._crossed) > LATE_S and self.transport.barrier(BARRIER_WAIT_S):
-                proven = self._crossed = start
+            # does not make every pass cross again.  A crossing that proved nothing (a backlog
+            # that did not move: a full queue) holds this pass's deadlines, once: it reads first
+            if start - max(due, self._crossed) > LATE_S:
+                proven = start if self.transport.barrier(BARRIER_WAIT_S) else float("-inf")
+                self._crossed = self.clock()
         if receiving and self.plane.one_sided:
             # progress first: what our progress lets complete now (a WRITE into us, and the header
             # the producer sends once it is done) is then read before the time that dates

@@ -1,5 +1,5 @@
-"""A round trip through each of libzmq's I/O threads: proof that what the kernel held for our
-connections when it began is now in the sockets' queues (decision T17).
+"""A round trip through each of libzmq's I/O threads, repeated until the kernel holds nothing
+unread for our connections: proof that what had arrived is in the sockets' queues (decision T17).
 
 libzmq's I/O threads, not the caller, read the TCP connections: a message that reached the kernel
 is in a socket's queue only once an I/O thread has run.  Normally that is microseconds, so a read
@@ -10,21 +10,36 @@ kernel, and a deadline that fell due during the stop would beat it.
 
 :meth:`IoBarrier.cross` sends one empty message per I/O thread over a private PUSH/PULL pair pinned
 to that thread (``ZMQ_AFFINITY``, an abstract ``ipc://`` address: no file, no port) and waits for
-it.  It arrives only after the thread has run two ``epoll`` rounds since the send — the one that
-wrote it and the one that read it back — and every connection that was readable when the send
-began was returned by the first of them (``epoll`` returns up to 256 ready descriptors per round;
-a thread with more than that many readable at once may need more rounds: not proven here).
+it: it arrives only after the thread finished the ``epoll`` round it was in and ran another.  One
+round reads at most one buffer per connection, so a crossing alone proves nothing about a large
+backlog (a multipart ``block_data`` of several MiB is delivered only once all of it was read).
+:meth:`IoBarrier.settle` therefore asks the kernel (``FIONREAD``) how many bytes each connection
+still holds, crosses, and repeats until a check found none: every byte that had arrived by then was
+read by a round the crossing after it saw finished.  It gives up when a crossing moved none of the
+backlog (libzmq stops reading a connection whose queue is full: the owner must read first) or its
+time is out.
 """
-
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
+import termios
 import time
+from collections.abc import Callable
 
 import zmq
 
-__all__ = ["IoBarrier"]
+__all__ = ["IoBarrier", "unread_bytes"]
+
+
+def unread_bytes(fd: int) -> int:
+    """Bytes the kernel holds unread on socket ``fd`` (``FIONREAD``); 0 for an fd that is closed
+    or not a socket."""
+    try:
+        return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little", signed=True)
+    except OSError:
+        return 0
 
 
 class IoBarrier:
@@ -52,7 +67,7 @@ class IoBarrier:
                 pull.bind(f"{base}-{i}")
                 push.connect(f"{base}-{i}")
                 poller.register(pull, zmq.POLLIN)
-        except zmq.ZMQError:
+        except (zmq.ZMQError, OverflowError):
             self.close()
             raise
         self._poller = poller
@@ -65,7 +80,7 @@ class IoBarrier:
         if self._poller is None:
             try:
                 self._open()
-            except zmq.ZMQError:
+            except (zmq.ZMQError, OverflowError):  # OverflowError: a 64th thread has no affinity bit
                 return False
         assert self._poller is not None
         end = time.monotonic() + timeout_s
@@ -87,6 +102,23 @@ class IoBarrier:
                     sock.recv(zmq.NOBLOCK)
                     owed[sock] -= 1
         return sent
+
+    def settle(self, timeout_s: float, unread: Callable[[], dict[int, int]]) -> bool:
+        """Cross until a check of ``unread()`` (bytes held in the kernel, per connection fd, only
+        those above 0) made before a crossing found nothing; at most ``timeout_s`` seconds.  True:
+        what had arrived when the call began is in the sockets' queues.  False: a crossing failed,
+        the time ran out, or a crossing moved none of the backlog (a full queue)."""
+        end = time.monotonic() + timeout_s
+        last: dict[int, int] | None = None
+        while True:
+            pending = unread()
+            if not self.cross(end - time.monotonic()):
+                return False
+            if not pending:
+                return True
+            if pending == last:
+                return False
+            last = pending
 
     def close(self) -> None:
         """Close the barrier's sockets (before the context is terminated).  Idempotent."""

@@ -30,7 +30,6 @@ ROUTER, the dialled DEALERs, their monitors and connection records; it fails que
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from kvtier.transport import CloseReason, PeerClosed, SendFailure, TransportEvent
+from kvtier.transport.zmq_handshake import AUTH, NO_DETAIL, PROTOCOL, handshake_problem
 
 if TYPE_CHECKING:
     from kvtier.transport.zmq_send import Outbox, Target
@@ -59,45 +59,6 @@ ROUTER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED |
 # failed (refused, unreachable, or ZMQ_CONNECT_TIMEOUT); reported only for fail_fast dials.
 _SPOKE = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)  # only a dial that completed ZMTP can carry a goodbye (T13)
 DEALER_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED | zmq.EVENT_CLOSED | _HANDSHAKE_EVENTS | _SPOKE
-_AUTH, _NO_DETAIL, _PROTOCOL = (int(zmq.EVENT_HANDSHAKE_FAILED_AUTH), int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL),
-                                int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL))
-_MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-_CRYPTOGRAPHIC = int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
-
-
-def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool) -> tuple[bool, str]:
-    """What a libzmq ``EVENT_HANDSHAKE_FAILED_*`` (``value``: its protocol error code, or an errno
-    for ``NO_DETAIL``) most likely means, for the operator: ``(auth, text)``; ``auth`` when it is
-    an authentication failure (the session ends ``auth_failed``; decision E1), else a peer that
-    does not speak ZMTP at all.  ``curve``: this tier runs ``auth='curve'``; ``dialled``: we are
-    the consumer that dialled.
-
-    The side that detects a mechanism mismatch reports it and hangs up; the other then sees
-    ``NO_DETAIL`` with ``EPIPE`` (writing its greeting), half of the time.  A close before any
-    greeting (a health check, a port scan) ends with ``ECONNRESET``: no authentication failure; nor
-    an inbound ``EPIPE``: any client hanging up early causes it (E7)."""
-    other = "the producer" if dialled else "the peer"
-    mismatch = event == _PROTOCOL and value == _MECHANISM_MISMATCH
-    hung_up = event == _NO_DETAIL and value == errno.EPIPE
-    if not curve and (mismatch or (hung_up and dialled) or (dialled and event == _AUTH)):
-        how = "closed the connection during the handshake: it may require" if hung_up else "requires"
-        return True, (f"{other} {how} CURVE (auth='curve') and this tier has auth='none': set auth='curve' with "
-                      "auth_secret_key_file and auth_allowed_keys_dir here too (docs/security.md)"
-                      + ", or the address is not a kvtier listener: check remote_host and remote_port" * hung_up)
-    if curve and mismatch:
-        return True, (f"{other} does not run CURVE (its auth is 'none') while this tier has auth='curve': "
-                      "set the same auth on both sides (docs/security.md)")
-    if curve and (event == _AUTH or (event == _PROTOCOL and value == _CRYPTOGRAPHIC)
-                  or (dialled and event == _NO_DETAIL)):
-        if dialled:
-            return True, ("the CURVE handshake failed: the producer does not accept our key (is our public "
-                          "certificate in its auth_allowed_keys_dir?), the certificate in our auth_allowed_keys_dir "
-                          "that names this endpoint is not the producer's key, or it does not run auth='curve'")
-        return True, ("the CURVE handshake failed: the peer's public certificate is not in our "
-                      "auth_allowed_keys_dir, or the certificate it holds for our endpoint is not our key")
-    if event == _NO_DETAIL:
-        return False, "the connection closed during the handshake" + ": check remote_host and remote_port" * dialled
-    return False, f"{other} does not speak our ZMTP (a plain-TCP or other service?)"
 
 
 log = logging.getLogger("kvtier.transport")
@@ -169,6 +130,7 @@ class Connections:
         """Dialled producers' DEALERs, by address (the peer id)."""
         self._dealer_mons: dict[str, zmq.Socket] = {}
         self._dialling: dict[str, float] = {}  # fail_fast dials not connected yet -> when dialled
+        self._dealer_fd: dict[str, int] = {}  # a dial's TCP connection, from its monitor's CONNECTED
         self._spoken: set[str] = set()  # dials whose ZMTP handshake succeeded since their last disconnect
         self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
         self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
@@ -210,6 +172,11 @@ class Connections:
         self._mon_peer[mon] = address
         self.version += 1
         self._mon_set = None
+
+    def tcp_fds(self) -> list[int]:
+        """The fds of every TCP connection, accepted or dialled, as the monitors reported them so
+        far (a number libzmq closed since may be reused: a reader treats it as a hint)."""
+        return [*self._conns, *self._dealer_fd.values()]
 
     def forget_events_of(self, peer: str) -> None:
         """Drop the undrained events about ``peer`` (a new dial: they are history now)."""
@@ -352,7 +319,7 @@ class Connections:
                 self._unbound[fd] = conn
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
                 self._conn_closed(fd)
-            elif event in (_AUTH, _NO_DETAIL, _PROTOCOL):
+            elif event in (AUTH, NO_DETAIL, PROTOCOL):
                 # the value is libzmq's error code, not the fd: libzmq closes that connection next,
                 # and its DISCONNECTED names the fd (so the peer's address) of a connection that
                 # never delivered a message
@@ -380,9 +347,11 @@ class Connections:
         for event, value in self._monitor_events(self._dealer_mons[address]):
             if event == zmq.EVENT_CONNECTED:
                 self._dialling.pop(address, None)
+                self._dealer_fd[address] = value
             elif event == _SPOKE:
                 self._spoken.add(address)
             elif event == zmq.EVENT_CLOSED:
+                self._dealer_fd.pop(address, None)
                 since = self._dialling.pop(address, None)
                 if since is not None:  # a fail_fast dial that never connected: the dial failed
                     timed_out = self._connect_timeout_ms and (
@@ -390,10 +359,11 @@ class Connections:
                     self.events.append(PeerClosed(address, CloseReason.CONNECT_TIMEOUT if timed_out
                                                    else CloseReason.REFUSED))
             elif event == zmq.EVENT_DISCONNECTED:
+                self._dealer_fd.pop(address, None)
                 self._spoken.discard(address)
                 if not failed_auth:  # after a failed CURVE handshake its session already ends auth_failed
                     self.events.append(PeerClosed(address, CloseReason.DISCONNECTED))
-            elif event in (_AUTH, _NO_DETAIL, _PROTOCOL):
+            elif event in (AUTH, NO_DETAIL, PROTOCOL):
                 auth, text = handshake_problem(event, value, curve=self._curve, dialled=True)
                 if auth and not failed_auth:
                     failed_auth = True
@@ -559,6 +529,7 @@ class Connections:
     def _forget_dealer(self, address: str) -> zmq.Socket:
         """Stop reading the DEALER dialling ``address``; returns its monitor (both stay open)."""
         self._dialling.pop(address, None)
+        self._dealer_fd.pop(address, None)
         self._spoken.discard(address)
         sock = self.dealers.pop(address)
         mon = self._dealer_mons.pop(address)

@@ -37,7 +37,7 @@ import zmq
 
 from kvtier.transport import PeerInfo, SendFailure, SendHandle, TransportError, TransportEvent
 from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
-from kvtier.transport.zmq_barrier import IoBarrier
+from kvtier.transport.zmq_barrier import IoBarrier, unread_bytes
 from kvtier.transport.zmq_conns import DEALER_EVENTS, Conn, Connections
 from kvtier.transport.zmq_options import parse_address, positive_int, resolve_vetted, seconds_to_ms, tcp_endpoint
 from kvtier.transport.zmq_recv import Inbox
@@ -414,8 +414,17 @@ class ZmqTransport:
         """Wait up to ``timeout_s`` seconds until libzmq's I/O threads have taken in what the
         kernel held for our connections when the call began (:mod:`kvtier.transport.zmq_barrier`,
         decision T17): the next :meth:`service` that drains every socket has then returned it.
-        False after :meth:`close`, or when the I/O threads did not run within ``timeout_s``."""
-        return False if self._closed else self._barrier.cross(timeout_s)
+        False after :meth:`close`, when that is not reached within ``timeout_s``, or when the
+        backlog does not move (a connection whose queue is full: read first)."""
+        return False if self._closed else self._barrier.settle(timeout_s, self._unread)
+
+    def _unread(self) -> dict[int, int]:
+        """Bytes the kernel holds unread per TCP connection, those above 0 (the monitors read first:
+        a connection made during a stop is known then)."""
+        conns = self._conns
+        for mon in conns.monitors():
+            conns.drain_monitor(mon)
+        return {fd: n for fd in conns.tcp_fds() if (n := unread_bytes(fd)) > 0}
 
     def events(self) -> list[TransportEvent]:
         """Connection events since the last call, oldest first. Never blocks.

@@ -113,3 +113,27 @@ def test_a_pass_late_for_a_deadline_crosses_the_barrier_once(pairs):
     v.step()
     v.step()
     assert crossings == [3.3]
+
+
+def test_a_crossing_that_proves_nothing_holds_the_deadlines_of_one_pass_only(pairs):
+    """A barrier that cannot prove the kernel drained (a backlog that does not move: a full queue)
+    holds that pass's deadlines, so it reads first; the next pass fires them without crossing again:
+    a barrier that always fails never keeps a dead peer alive."""
+    v, _ = _parked(pairs)
+    C = v.C
+    crossings = []
+    C.transport.barrier = lambda t: crossings.append(v.now) and False
+    v.frozen.add("P")
+    r = v.creq("c-A", "A")
+    C.on_new_request(r)
+    C.submit_load(job(10, keys_for("A", 2), [0, 1], r))
+    v.step()
+    v.stop("C")
+    v.advance_to(2.5)
+    v.cont("C")
+    C.poll(0)  # late: crosses, proves nothing, fires nothing
+    assert crossings == [2.5] and C.get_finished_jobs(poll=False) == []
+    C.poll(0)
+    assert crossings == [2.5]
+    [res] = C.get_finished_jobs(poll=False)
+    assert (res.job_id, res.success, res.reason) == (10, False, "handshake_timeout")

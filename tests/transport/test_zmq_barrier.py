@@ -66,3 +66,72 @@ def test_after_close_the_barrier_says_false(make) -> None:
     assert t.barrier(5.0)
     t.close()
     assert t.barrier(5.0) is False
+
+
+_RECEIVER = r"""
+import json, sys, time
+from kvtier.transport import ZmqTransport
+t = ZmqTransport("127.0.0.1", 0, heartbeat_ivl_s=0)
+print(json.dumps({"port": t.port}), flush=True)
+seen = 0
+while seen < 2:  # the hello, then the warm-up's end
+    t.wait(0.1)
+    seen += sum(bytes(f[0]) in (b"hello", b"warm-end") for _, f in t.recv())
+print("{}", flush=True)
+while True:  # a wait that ends much later than asked: this process was stopped
+    a = time.monotonic()
+    t.wait(0.001)
+    if time.monotonic() - a > 0.2:
+        break
+    assert not t.recv(), "the message arrived before the stop"
+ok = t.barrier(5.0)
+first = 0
+while True:  # one draining pass, as the loop's collect runs it
+    msgs, _, drained = t.service(256)
+    first += len(msgs)
+    if drained:
+        break
+print(json.dumps({"crossed": ok, "first": first}), flush=True)
+t.close()
+"""
+
+
+def test_a_multi_mib_message_that_reached_a_stopped_receiver_is_read_by_the_first_pass_after_the_barrier(make) -> None:
+    """The receiver's process is stopped; a 4 MiB multipart message (64 frames of 64 KiB, as a
+    ``block_data`` batch) fills its kernel's buffer; once continued, the receiver crosses its
+    barrier and runs one non-blocking draining pass: the message is there.  One crossing alone
+    missed it in 8 of 12 trials (an I/O thread reads one buffer per connection per round)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import wedge
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for _ in range(4):
+        child = subprocess.Popen([sys.executable, "-c", _RECEIVER], stdout=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, PYTHONPATH=root))
+        try:
+            port = json.loads(child.stdout.readline())["port"]
+            s = make(heartbeat_ivl_s=0)
+            peer = s.connect(f"127.0.0.1:{port}")
+            s.send(peer, [b"hello"])
+            for _ in range(64):  # grow the connection's window, as a session's earlier loads did
+                s.send(peer, [b"w", b"y" * (1 << 20)])
+            s.send(peer, [b"warm-end"])
+            assert child.stdout.readline().strip() == "{}"
+            with wedge.stopped(child.pid):
+                s.send(peer, [b"batch"] + [b"x" * 65536] * 64)
+                end = time.monotonic() + 0.3
+                while time.monotonic() < end:  # into the stopped receiver's kernel, as far as it takes
+                    s.flush()
+                    time.sleep(0.01)
+            out = json.loads(child.stdout.readline())
+            assert out == {"crossed": True, "first": 1}
+            assert child.wait(10) == 0
+        finally:
+            if child.poll() is None:
+                wedge.cont(child.pid)
+                child.kill()
+                child.wait()
