@@ -75,10 +75,9 @@ def test_blocks_that_reached_a_stopped_consumer_beat_its_load_deadline(pairs):
     assert metric(C, "kvtier_session_ends_total") == 0
 
 
-def test_a_producer_that_never_answered_is_still_timed_out_when_the_consumer_resumes(pairs):
-    """The barrier proves nothing arrived: a hello never answered (the producer wedged through
-    the consumer's stop) fails handshake_timeout in the consumer's first pass after it resumes."""
-    v, _ = _parked(pairs)
+def _hello_unanswered_through_a_stop(v):
+    """The producer never answers the consumer's hello; the consumer is stopped from t = 0 to
+    2.5 s (past its handshake_timeout_s) and continued, not yet polled."""
     C = v.C
     v.frozen.add("P")
     r = v.creq("c-A", "A")
@@ -87,8 +86,15 @@ def test_a_producer_that_never_answered_is_still_timed_out_when_the_consumer_res
     v.step()
     v.stop("C")
     v.advance_to(2.5)
-    assert not v.cjobs.has(10)
     v.cont("C")
+
+
+def test_a_producer_that_never_answered_is_still_timed_out_when_the_consumer_resumes(pairs):
+    """The barrier proves nothing arrived: a hello never answered (the producer wedged through
+    the consumer's stop) fails handshake_timeout in the consumer's first pass after it resumes."""
+    v, _ = _parked(pairs)
+    _hello_unanswered_through_a_stop(v)
+    assert not v.cjobs.by_id
     v.step()
     assert v.now == 2.5
     assert outcome(v.cjobs, 10) == (False, "handshake_timeout")
@@ -123,14 +129,7 @@ def test_a_crossing_that_proves_nothing_holds_the_deadlines_of_one_pass_only(pai
     C = v.C
     crossings = []
     C.transport.barrier = lambda t: crossings.append(v.now) and False
-    v.frozen.add("P")
-    r = v.creq("c-A", "A")
-    C.on_new_request(r)
-    C.submit_load(job(10, keys_for("A", 2), [0, 1], r))
-    v.step()
-    v.stop("C")
-    v.advance_to(2.5)
-    v.cont("C")
+    _hello_unanswered_through_a_stop(v)
     C.poll(0)  # late: crosses, proves nothing, fires nothing
     assert crossings == [2.5] and C.get_finished_jobs(poll=False) == []
     C.poll(0)
