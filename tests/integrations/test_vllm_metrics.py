@@ -131,7 +131,7 @@ def test_a_metrics_port_one_above_the_port_shifts_with_it(managers) -> None:
     """``port`` P and ``metrics_port`` P + 1 on rank 1: the rank listens on P + 1 and serves its
     metrics on P + 2.  It was refused "metrics_port=P+1 is port too": the two were shifted one
     at a time, and the config in between was checked."""
-    port = V.free_port()
+    port = V.free_ports(3)
     _, tier = managers({**V.TIER, "port": port, "metrics_port": port + 1}, dp_index=1)
     assert (tier.config.port, tier.config.metrics_port) == (port + 1, port + 2)
     assert tier.kvtier.metrics_address == f"127.0.0.1:{port + 2}"
@@ -142,7 +142,7 @@ def test_two_ranks_on_one_host_whose_ports_overlap_are_told_why(managers) -> Non
     """Ranks 0 and 1 on one host with ``metrics_port`` one above ``port``: rank 1's listener is
     rank 0's metrics port.  Rank 1's refusal says so and what to change (it read "another process
     listens there", which sent the user looking for a stranger)."""
-    port = V.free_port()
+    port = V.free_ports(2)
     entry = {**V.TIER, "port": port, "metrics_port": port + 1}
     _, rank0 = managers(entry, dp_index=0)
     assert (rank0.config.port, rank0.config.metrics_port) == (port, port + 1)

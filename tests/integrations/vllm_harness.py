@@ -87,6 +87,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> int:
+    """A port P with P .. P + n - 1 all free now (bound together, then released): a test whose
+    ports follow from one another (a rank's index, a metrics port) must not land on one that a
+    test running beside it holds."""
+    for _ in range(100):
+        base, socks = free_port(), []
+        try:
+            for p in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", p))
+            return base
+        except OSError:  # a neighbour is taken (or past 65535): another base
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
 def offloading_config(entry: dict, *, n_chunks: int = 8, dp_index: int = 0, poll_s: float = 0.0):
     engine_id = f"kvtier-test-{uuid.uuid4().hex[:8]}"
     cfg = OffloadingConfig(
