@@ -75,6 +75,7 @@ class Inbound:
         self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
         self._after = float("-inf")  # the stamp of the reports being turned into inputs
         self._crossed = float("-inf")  # when the last crossing of the transport's barrier ended
+        self._held: float | None = None  # the deadline a crossing that proved nothing held back
         self.reported = 0
         """The plane's reports turned into inputs since start (the loop's eager window follows them)."""
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
@@ -115,8 +116,9 @@ class Inbound:
             # late for it, and not crossed since: a deadline held back (a landing still running)
             # does not make every pass cross again.  A crossing that proved nothing (a backlog
             # that did not move: a full queue) holds this pass's deadlines, once: it reads first
-            if start - max(due, self._crossed) > LATE_S:
+            if start - max(due, self._crossed) > LATE_S and due != self._held:
                 proven = start if self.transport.barrier(BARRIER_WAIT_S) else float("-inf")
+                self._held = due if proven < 0 else None  # held once: the next pass fires it, uncrossed
                 self._crossed = self.clock()
         if receiving and self.plane.one_sided:
             # progress first: what our progress lets complete now (a WRITE into us, and the header

@@ -30,7 +30,12 @@ from collections.abc import Callable
 
 import zmq
 
-__all__ = ["IoBarrier", "unread_bytes"]
+__all__ = ["IoBarrier", "MAX_RETRY_S", "RETRY_S", "unread_bytes"]
+
+RETRY_S = 1.0
+"""How long a barrier rests after its first crossing that failed (seconds)."""
+MAX_RETRY_S = 60.0
+"""The longest rest after failures in a row (seconds)."""
 
 
 def unread_bytes(fd: int) -> int:
@@ -52,6 +57,8 @@ class IoBarrier:
         self._pairs: list[tuple[zmq.Socket, zmq.Socket]] = []
         self._poller: zmq.Poller | None = None
         self._owed: dict[zmq.Socket, int] = {}  # crossings sent through a pair, not back yet
+        self._retry_at = 0.0  # a barrier that could not be made, or timed out, rests until then
+        self._rest_s = RETRY_S
 
     def _open(self) -> None:
         base = f"ipc://@kvtier-barrier-{os.getpid()}-{secrets.token_hex(6)}"
@@ -77,13 +84,16 @@ class IoBarrier:
         come back.  True: each thread ran since the call began, so a read pass now finds what
         the kernel held then.  False: not within ``timeout_s`` (a starved I/O thread), or the
         barrier could not be set up — the caller goes on as without one."""
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
         if self._poller is None:
             try:
                 self._open()
             except (zmq.ZMQError, OverflowError):  # OverflowError: a 64th thread has no affinity bit
-                return False
+                return self._rest(now)
         assert self._poller is not None
-        end = time.monotonic() + timeout_s
+        end = now + timeout_s
         owed, sent = self._owed, True
         for pull, push in self._pairs:
             try:
@@ -96,12 +106,21 @@ class IoBarrier:
         while any(owed.values()):
             left = end - time.monotonic()
             if left <= 0:
-                return False
+                return self._rest(time.monotonic())
             for sock, _ in self._poller.poll(max(1, int(left * 1000))):
                 while owed[sock] and sock.get(zmq.EVENTS) & zmq.POLLIN:
                     sock.recv(zmq.NOBLOCK)
                     owed[sock] -= 1
+        self._rest_s = RETRY_S
         return sent
+
+    def _rest(self, now: float) -> bool:
+        """A crossing that could not be made or did not come back (no fds left, a starved or
+        broken pipe): the next ones answer False at once for a while (doubling, at most
+        :data:`MAX_RETRY_S`), so a caller that crosses on every late pass does not wait each time."""
+        self._retry_at = now + self._rest_s
+        self._rest_s = min(2 * self._rest_s, MAX_RETRY_S)
+        return False
 
     def settle(self, timeout_s: float, unread: Callable[[], dict[int, int]]) -> bool:
         """Cross until a check of ``unread()`` (bytes held in the kernel, per connection fd, only

@@ -132,6 +132,7 @@ def test_a_crossing_that_proves_nothing_holds_the_deadlines_of_one_pass_only(pai
     _hello_unanswered_through_a_stop(v)
     C.poll(0)  # late: crosses, proves nothing, fires nothing
     assert crossings == [2.5] and C.get_finished_jobs(poll=False) == []
+    v.clock.set(2.55)  # a caller that polls every 50 ms: its next pass is late again, for the same deadline
     C.poll(0)
     assert crossings == [2.5]
     [res] = C.get_finished_jobs(poll=False)

@@ -49,12 +49,17 @@ def test_what_reached_the_kernel_before_the_barrier_is_read_by_the_next_draining
     assert [bytes(f) for f in cons.service()[0][0][1]] == [b"ack"]
 
 
-def test_a_crossing_that_timed_out_is_waited_for_by_the_next(make) -> None:
-    """A crossing given no time returns False; the next one waits for both, its own and the late
-    one (a stale arrival proves nothing about a later start), and no crossing is ever delivered
-    as a message."""
+def test_a_crossing_that_timed_out_rests_the_barrier_then_the_next_waits_for_both(make) -> None:
+    """A crossing given no time returns False, and the barrier rests (``RETRY_S``): calls answer
+    False at once, so a caller that crosses on every late pass does not wait each time.  After
+    the rest, a crossing waits for its own message and the late one (a stale arrival proves
+    nothing about a later start); no crossing is ever delivered as a message."""
+    from kvtier.transport.zmq_barrier import RETRY_S
+
     t = make()
     assert t.barrier(0.0) is False
+    assert t.barrier(5.0) is False  # resting (else it would wait for both and say True)
+    time.sleep(RETRY_S + 0.05)
     assert t.barrier(5.0) is True
     assert t.barrier(5.0) is True
     assert t.service() == ([], [], True)
