@@ -21,8 +21,10 @@ traffic between two addresses. :meth:`InprocNetwork.kill` makes an endpoint vani
 process died. A new ``InprocTransport`` at the same address is a restart.
 ``hold_completion=True`` keeps ``SendHandle.done`` False until :meth:`InprocTransport.complete`,
 to test "don't reuse a slot before its send is done".  ``io_lag = True`` on a transport models a
-stopped process's transport threads: what arrives waits "in its kernel", where ``service`` does
-not see it, until :meth:`InprocTransport.barrier` or a ``wait`` (a thread of the transport ran).
+stopped process's transport threads: what arrives waits "in its kernel", where the first
+``service`` after the stop does not see it (the order the real threads may take after a resume),
+until :meth:`InprocTransport.barrier`, a ``wait``, or that first ``service`` (then the threads ran).
+The model's kernel is unbounded and connection events are not held back with it.
 
 Connection events, as ``ZmqTransport`` reports them: :meth:`InprocNetwork.close_connection`
 (a reset), :meth:`InprocNetwork.kill` and :meth:`InprocTransport.close` report
@@ -186,7 +188,8 @@ class InprocTransport:
         self._inbox: deque[tuple[str, list[bytes]]] = deque()
         self._kernel: list[tuple[str, list[bytes]]] = []  # arrived, not yet taken in (io_lag)
         self.io_lag = False
-        """While True, arriving messages wait in the kernel until :meth:`barrier` or :meth:`wait`."""
+        """While True, arriving messages wait in the kernel until :meth:`barrier`, :meth:`wait` or
+        the end of the next :meth:`service`."""
         self._dialled: list[str] = []  # peers we connected to, in order
         self._inbound: set[str] = set()  # addresses that dialled us
         self._queues: dict[str, deque[tuple[list[bytes], SendHandle]]] = {}
@@ -285,9 +288,13 @@ class InprocTransport:
 
     def service(self, max_messages: int = 1000) -> tuple[list[tuple[str, list[memoryview | bytes]]], list[TransportEvent], bool]:
         """One pass, as ``ZmqTransport.service``: up to ``max_messages`` messages, every event,
-        and whether the inbox is now empty."""
+        and whether the inbox is now empty.  With ``io_lag``, what waits in the kernel is taken in
+        after the pass (the next one sees it): the transport's threads run beside its owner."""
         msgs = self.recv(max_messages)
-        return msgs, self.events(), not self._inbox
+        out = msgs, self.events(), not self._inbox
+        if self.io_lag and not self._closed:
+            self._take_in()
+        return out
 
     def set_wake(self, fd: int | None) -> None:
         """The owner's wake-up fd: :meth:`wait` also reports it readable (without reading it)."""
@@ -431,8 +438,8 @@ class InprocTransport:
         return k
 
     def inbox_size(self) -> int:
-        """Messages delivered to us and not yet received."""
-        return len(self._inbox)
+        """Messages delivered to us and not yet received (those still in the kernel included)."""
+        return len(self._inbox) + len(self._kernel)
 
     @property
     def closed(self) -> bool:

@@ -228,7 +228,8 @@ class Transport(Protocol):
         """Wait up to ``timeout_s`` seconds until whatever reads the connections on the
         transport's own threads has taken in what had arrived when the call began (True), so the
         next :meth:`service` that drains every socket returns it; False when that is not known
-        within ``timeout_s`` (decision T17)."""
+        within ``timeout_s``, or at once while a barrier that failed rests (decision T17).
+        Optional: a transport without it gets no crossing (its late passes fire as before)."""
         ...
 
     def wait(self, timeout_s: float) -> bool:

@@ -17,13 +17,21 @@ backlog (a multipart ``block_data`` of several MiB is delivered only once all of
 still holds, crosses, and repeats until a check found none: every byte that had arrived by then was
 read by a round the crossing after it saw finished.  It gives up when a crossing moved none of the
 backlog (libzmq stops reading a connection whose queue is full: the owner must read first) or its
-time is out.
+time is out.  Not proven either way: bytes libzmq read into a connection's decoder while that
+connection's queue was full (the kernel then shows none unread).
+
+A crossing that cannot be made (no fd left, no affinity bit for a 65th I/O thread) or whose message
+does not come back in time closes the pairs (a late arrival must not answer a later crossing) and
+*rests* the barrier: for :data:`RETRY_S`, doubling up to :data:`MAX_RETRY_S` while it keeps
+failing, it answers False at once, and the first failure of a streak is logged.
 """
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import secrets
+import stat
 import termios
 import time
 from collections.abc import Callable
@@ -32,32 +40,44 @@ import zmq
 
 __all__ = ["IoBarrier", "MAX_RETRY_S", "RETRY_S", "unread_bytes"]
 
+log = logging.getLogger("kvtier.transport")
+
 RETRY_S = 1.0
-"""How long a barrier rests after its first crossing that failed (seconds)."""
+"""How long a barrier rests after a crossing that failed (seconds)."""
 MAX_RETRY_S = 60.0
-"""The longest rest after failures in a row (seconds)."""
+"""The longest rest, after failures in a row (seconds)."""
 
 
 def unread_bytes(fd: int) -> int:
     """Bytes the kernel holds unread on socket ``fd`` (``FIONREAD``); 0 for an fd that is closed
-    or not a socket."""
+    or not a socket (a number libzmq closed may have been reused by a file or a pipe)."""
     try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return 0
         return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little", signed=True)
     except OSError:
         return 0
 
 
+def _affinity(thread: int) -> int:
+    """``ZMQ_AFFINITY`` for one I/O thread: a 64-bit mask that pyzmq takes as a signed int."""
+    if thread > 63:
+        raise OverflowError(f"libzmq's affinity mask has no bit for I/O thread {thread}")
+    return -(1 << 63) if thread == 63 else 1 << thread
+
+
 class IoBarrier:
     """The barrier of one context with ``io_threads`` I/O threads; its sockets are made on the
-    first :meth:`cross` (most processes never need one) and closed by :meth:`close`."""
+    first :meth:`cross` (most processes never need one) and closed by :meth:`close`.  ``clock``:
+    seconds, monotonic (tests give their own)."""
 
-    def __init__(self, ctx: zmq.Context, io_threads: int) -> None:
+    def __init__(self, ctx: zmq.Context, io_threads: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._ctx = ctx
         self._threads = io_threads
+        self._clock = clock
         self._pairs: list[tuple[zmq.Socket, zmq.Socket]] = []
         self._poller: zmq.Poller | None = None
-        self._owed: dict[zmq.Socket, int] = {}  # crossings sent through a pair, not back yet
-        self._retry_at = 0.0  # a barrier that could not be made, or timed out, rests until then
+        self._retry_at = float("-inf")  # resting until then
         self._rest_s = RETRY_S
 
     def _open(self) -> None:
@@ -67,10 +87,9 @@ class IoBarrier:
             for i in range(self._threads):
                 pull, push = self._ctx.socket(zmq.PULL), self._ctx.socket(zmq.PUSH)
                 self._pairs.append((pull, push))
-                self._owed[pull] = 0
                 for s in (pull, push):
                     s.setsockopt(zmq.LINGER, 0)
-                    s.setsockopt(zmq.AFFINITY, 1 << i)  # this I/O thread carries both ends
+                    s.setsockopt(zmq.AFFINITY, _affinity(i))  # this I/O thread carries both ends
                 pull.bind(f"{base}-{i}")
                 push.connect(f"{base}-{i}")
                 poller.register(pull, zmq.POLLIN)
@@ -79,45 +98,45 @@ class IoBarrier:
             raise
         self._poller = poller
 
-    def cross(self, timeout_s: float) -> bool:
-        """Send through every I/O thread and wait up to ``timeout_s`` seconds for all of it to
-        come back.  True: each thread ran since the call began, so a read pass now finds what
-        the kernel held then.  False: not within ``timeout_s`` (a starved I/O thread), or the
-        barrier could not be set up — the caller goes on as without one."""
-        now = time.monotonic()
+    def cross(self, timeout_s: float, *, rest: bool = True) -> bool:
+        """Send through every I/O thread and wait up to ``timeout_s`` seconds for it to come
+        back.  True: each thread ran since the call began, so a read pass now finds what the
+        kernel held then (one buffer's worth per connection: see :meth:`settle`).  False at once
+        while the barrier rests; False when it cannot be made or its messages did not come back
+        in time (then it rests, unless ``rest`` is False: a caller whose own budget ran out)."""
+        now = self._clock()
         if now < self._retry_at:
             return False
         if self._poller is None:
             try:
                 self._open()
-            except (zmq.ZMQError, OverflowError):  # OverflowError: a 64th thread has no affinity bit
-                return self._rest(now)
+            except (zmq.ZMQError, OverflowError) as exc:
+                return self._rest(now, f"it could not be made ({exc})")
         assert self._poller is not None
+        try:
+            for _, push in self._pairs:
+                push.send(b"", zmq.NOBLOCK)  # its queue is empty: a pair that failed was closed
+        except zmq.ZMQError as exc:
+            self.close()
+            return self._rest(now, f"a crossing could not be sent ({exc})")
+        waiting = {pull for pull, _ in self._pairs}
         end = now + timeout_s
-        owed, sent = self._owed, True
-        for pull, push in self._pairs:
-            try:
-                push.send(b"", zmq.NOBLOCK)
-                owed[pull] += 1
-            except zmq.ZMQError:  # its pipe is full of earlier crossings still on their way
-                sent = False
-        # every crossing sent so far must be back, a late one of an earlier call included: a stale
-        # arrival proves nothing about this call's start
-        while any(owed.values()):
-            left = end - time.monotonic()
-            if left <= 0:
-                return self._rest(time.monotonic())
-            for sock, _ in self._poller.poll(max(1, int(left * 1000))):
-                while owed[sock] and sock.get(zmq.EVENTS) & zmq.POLLIN:
-                    sock.recv(zmq.NOBLOCK)
-                    owed[sock] -= 1
+        while waiting:
+            left = end - self._clock()
+            if left <= 0 or not self._poller.poll(max(1, int(left * 1000))):
+                self.close()  # a late arrival must not answer a later crossing
+                return self._rest(self._clock(), f"a crossing did not come back in {timeout_s:g} s") if rest else False
+            for pull in list(waiting):
+                if pull.poll(0):
+                    pull.recv(zmq.NOBLOCK)
+                    waiting.discard(pull)
         self._rest_s = RETRY_S
-        return sent
+        return True
 
-    def _rest(self, now: float) -> bool:
-        """A crossing that could not be made or did not come back (no fds left, a starved or
-        broken pipe): the next ones answer False at once for a while (doubling, at most
-        :data:`MAX_RETRY_S`), so a caller that crosses on every late pass does not wait each time."""
+    def _rest(self, now: float, why: str) -> bool:
+        if self._rest_s == RETRY_S:  # the first failure of a streak
+            log.warning("kvtier: the transport barrier is resting %g s: %s; a loop pass that runs late "
+                        "meanwhile fires its deadlines without it (decision T17)", self._rest_s, why)
         self._retry_at = now + self._rest_s
         self._rest_s = min(2 * self._rest_s, MAX_RETRY_S)
         return False
@@ -125,19 +144,24 @@ class IoBarrier:
     def settle(self, timeout_s: float, unread: Callable[[], dict[int, int]]) -> bool:
         """Cross until a check of ``unread()`` (bytes held in the kernel, per connection fd, only
         those above 0) made before a crossing found nothing; at most ``timeout_s`` seconds.  True:
-        what had arrived when the call began is in the sockets' queues.  False: a crossing failed,
-        the time ran out, or a crossing moved none of the backlog (a full queue)."""
-        end = time.monotonic() + timeout_s
+        what had arrived when the call began is in the sockets' queues.  False: the barrier rests
+        or a crossing failed, the time ran out while the backlog still moved (no rest then), or a
+        crossing moved none of it (a full queue: read first)."""
+        end = self._clock() + timeout_s
         last: dict[int, int] | None = None
+        first = True
         while True:
+            left = end - self._clock()
+            if not first and left <= 0:
+                return False
             pending = unread()
-            if not self.cross(end - time.monotonic()):
+            if not self.cross(left, rest=first):
                 return False
             if not pending:
                 return True
             if pending == last:
                 return False
-            last = pending
+            last, first = pending, False
 
     def close(self) -> None:
         """Close the barrier's sockets (before the context is terminated).  Idempotent."""
@@ -145,5 +169,4 @@ class IoBarrier:
             pull.close(0)
             push.close(0)
         self._pairs = []
-        self._owed = {}
         self._poller = None

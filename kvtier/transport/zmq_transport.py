@@ -414,13 +414,25 @@ class ZmqTransport:
         """Wait up to ``timeout_s`` seconds until libzmq's I/O threads have taken in what the
         kernel held for our connections when the call began (:mod:`kvtier.transport.zmq_barrier`,
         decision T17): the next :meth:`service` that drains every socket has then returned it.
-        False after :meth:`close`, when that is not reached within ``timeout_s``, or when the
-        backlog does not move (a connection whose queue is full: read first)."""
+        A late loop pass calls it, on the loop's thread (caller-driven: the engine's), and it can
+        take all of ``timeout_s`` while a backlog still arrives.
+
+        Returns:
+            True when proven; False after :meth:`close`, when not reached within ``timeout_s``,
+            when the backlog does not move (a connection whose queue is full: read first), and at
+            once while the barrier rests after a failed crossing (1 s, doubling up to 60 s).
+
+        Raises:
+            ValueError: ``timeout_s`` is not a finite number >= 0.
+        """
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be a finite number >= 0, got {timeout_s!r}")
         return False if self._closed else self._barrier.settle(timeout_s, self._unread)
 
     def _unread(self) -> dict[int, int]:
-        """Bytes the kernel holds unread per TCP connection, those above 0 (the monitors read first:
-        a connection made during a stop is known then)."""
+        """Bytes the kernel holds unread per TCP connection, those above 0.  The monitors are read
+        first, so a connection libzmq accepted or connected during a stop is counted; one it has
+        not reported yet can carry no message of ours before its ZMTP handshake anyway."""
         conns = self._conns
         for mon in conns.monitors():
             conns.drain_monitor(mon)

@@ -98,7 +98,7 @@ def free_ports(n: int) -> int:
                 socks.append(socket.socket())
                 socks[-1].bind(("127.0.0.1", p))
             return base
-        except OSError:  # a neighbour is taken (or past 65535): another base
+        except (OSError, OverflowError):  # a neighbour is taken, or past 65535: another base
             continue
         finally:
             for sock in socks:

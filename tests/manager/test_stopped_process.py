@@ -128,7 +128,7 @@ def test_a_crossing_that_proves_nothing_holds_the_deadlines_of_one_pass_only(pai
     v, _ = _parked(pairs)
     C = v.C
     crossings = []
-    C.transport.barrier = lambda t: crossings.append(v.now) and False
+    C.transport.barrier = lambda t: crossings.append(v.now) or False
     _hello_unanswered_through_a_stop(v)
     C.poll(0)  # late: crosses, proves nothing, fires nothing
     assert crossings == [2.5] and C.get_finished_jobs(poll=False) == []
@@ -137,3 +137,76 @@ def test_a_crossing_that_proves_nothing_holds_the_deadlines_of_one_pass_only(pai
     assert crossings == [2.5]
     [res] = C.get_finished_jobs(poll=False)
     assert (res.job_id, res.success, res.reason) == (10, False, "handshake_timeout")
+
+
+class _Quiet:
+    """A transport with nothing to read whose barrier answers ``ok`` and notes when it was asked."""
+
+    def __init__(self, now: list[float], ok: bool = True) -> None:
+        self.now, self.ok, self.crossings = now, ok, []
+
+    def service(self, max_messages: int):
+        return [], [], True
+
+    def barrier(self, timeout_s: float) -> bool:
+        self.crossings.append(self.now[0])
+        return self.ok
+
+
+class _NoPlane:
+    one_sided = False
+
+    def poll(self):
+        return []
+
+
+def _inbound(transport, now):
+    from kvtier.shell.inbound import Inbound
+    from kvtier.wire import Decoder
+
+    return Inbound(transport=transport, plane=_NoPlane(), decoder=Decoder(block_bytes=64), metrics=None, logs=None,
+                   clock=lambda: now[0], posted={}, work=None)  # type: ignore[arg-type]
+
+
+def test_a_pass_crosses_only_when_more_than_late_s_after_the_deadline_and_the_last_crossing():
+    """LATE_S (20 ms): a pass 15 ms after its deadline does not cross; one 25 ms after does, and
+    dates quiet_since at the crossing; a deadline that stays due (held back by a landing) is
+    crossed for again only LATE_S after the last crossing, not on every pass."""
+    from kvtier.shell.inbound import LATE_S
+
+    now = [10.015]
+    t = _Quiet(now)
+    inbound = _inbound(t, now)
+    inbound.collect(due=10.0)
+    assert t.crossings == [] and inbound.quiet_since == 10.015
+    now[0] = 10.0 + LATE_S + 0.005
+    inbound.collect(due=10.0)
+    assert t.crossings == [now[0]] and inbound.quiet_since == now[0]
+    first = now[0]
+    now[0] = first + LATE_S - 0.005
+    inbound.collect(due=10.0)
+    assert t.crossings == [first]
+    now[0] = first + LATE_S + 0.005
+    inbound.collect(due=10.0)
+    assert t.crossings == [first, now[0]]
+
+
+def test_a_failed_crossing_leaves_quiet_since_where_it_was_and_a_transport_without_a_barrier_is_read_as_before():
+    now = [3.0]
+    failing = _Quiet(now, ok=False)
+    inbound = _inbound(failing, now)  # quiet since 3.0
+    now[0] = 5.0
+    inbound.collect(due=4.0)
+    assert failing.crossings == [5.0] and inbound.quiet_since == 3.0  # the deadline due at 4.0 waits
+    inbound.collect(due=4.0)
+    assert failing.crossings == [5.0] and inbound.quiet_since == 5.0  # held once: now it may fire
+
+    class _Plain:
+        def service(self, max_messages: int):
+            return [], [], True
+
+    now[0] = 3.0
+    inbound = _inbound(_Plain(), now)
+    now[0] = 5.0
+    inbound.collect(due=4.0)
+    assert inbound.quiet_since == 5.0
