@@ -1,5 +1,6 @@
-"""A round trip through each of libzmq's I/O threads, repeated until the kernel holds nothing
-unread for our connections: proof that what had arrived is in the sockets' queues (decision T17).
+"""A round trip through each of libzmq's I/O threads, repeated until libzmq has read what the
+kernel had received for our connections: proof that what had arrived is in the sockets' queues
+(decision T17).
 
 libzmq's I/O threads, not the caller, read the TCP connections: a message that reached the kernel
 is in a socket's queue only once an I/O thread has run.  Normally that is microseconds, so a read
@@ -13,11 +14,12 @@ to that thread (``ZMQ_AFFINITY``, an abstract ``ipc://`` address: no file, no po
 it: it arrives only after the thread finished the ``epoll`` round it was in and ran another.  One
 round reads at most one buffer per connection, so a crossing alone proves nothing about a large
 backlog (a multipart ``block_data`` of several MiB is delivered only once all of it was read).
-:meth:`IoBarrier.settle` therefore asks the kernel (``FIONREAD``) how many bytes each connection
-still holds, crosses, and repeats until a check found none: every byte that had arrived by then was
-read by a round the crossing after it saw finished.  It gives up when a crossing moved none of the
-backlog (libzmq stops reading a connection whose queue is full: the owner must read first) or its
-time is out.  Not proven either way: bytes libzmq read into a connection's decoder while that
+:meth:`IoBarrier.settle` therefore asks the kernel, for each connection that holds unread bytes
+(``FIONREAD``), how many bytes it had received then (``TCP_INFO``'s ``tcpi_bytes_received``), and
+crosses until a check found that libzmq has read at least that many (received less unread): every
+byte that had arrived was read, by a round the crossing after that check saw finished — also while
+a peer keeps streaming.  It gives up when a crossing moved none of the backlog (libzmq stops reading
+a connection whose queue is full: the owner must read first) or its time is out.  Not proven either way: bytes libzmq read into a connection's decoder while that
 connection's queue was full (the kernel then shows none unread).
 
 A crossing that cannot be made (no fd left, no affinity bit for a 65th I/O thread) or whose message
@@ -31,6 +33,7 @@ import fcntl
 import logging
 import os
 import secrets
+import socket
 import stat
 import termios
 import time
@@ -38,7 +41,7 @@ from collections.abc import Callable
 
 import zmq
 
-__all__ = ["IoBarrier", "MAX_RETRY_S", "RETRY_S", "unread_bytes"]
+__all__ = ["IoBarrier", "MAX_RETRY_S", "RETRY_S", "tcp_backlog", "unread_bytes"]
 
 log = logging.getLogger("kvtier.transport")
 
@@ -57,6 +60,27 @@ def unread_bytes(fd: int) -> int:
         return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little", signed=True)
     except OSError:
         return 0
+
+
+def tcp_backlog(fd: int) -> tuple[int, int] | None:
+    """``(unread, received)``: bytes the kernel holds unread on TCP socket ``fd`` and bytes it has
+    received on it in all (``TCP_INFO``, Linux 4.1+); None for an fd that is not a TCP socket or
+    holds nothing unread."""
+    unread = unread_bytes(fd)
+    if unread <= 0:
+        return None
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+    except OSError:
+        return None
+    if len(info) < _RECEIVED_AT + 8:
+        return None
+    return unread, int.from_bytes(info[_RECEIVED_AT:_RECEIVED_AT + 8], "little")
+
+
+_TCP_INFO_BYTES = 256
+_RECEIVED_AT = 128  # struct tcp_info's tcpi_bytes_received (linux/tcp.h, since 4.1)
 
 
 def _affinity(thread: int) -> int:
@@ -141,27 +165,33 @@ class IoBarrier:
         self._rest_s = min(2 * self._rest_s, MAX_RETRY_S)
         return False
 
-    def settle(self, timeout_s: float, unread: Callable[[], dict[int, int]]) -> bool:
-        """Cross until a check of ``unread()`` (bytes held in the kernel, per connection fd, only
-        those above 0) made before a crossing found nothing; at most ``timeout_s`` seconds.  True:
-        what had arrived when the call began is in the sockets' queues.  False: the barrier rests
-        or a crossing failed, the time ran out while the backlog still moved (no rest then), or a
+    def settle(self, timeout_s: float, backlog: Callable[[], dict[int, tuple[int, int]]]) -> bool:
+        """Cross until a check of ``backlog()`` (per connection fd holding unread bytes: unread and
+        received in all, :func:`tcp_backlog`) made before a crossing found that every byte received
+        by the first check of its fd was read; at most ``timeout_s`` seconds.  True: what had
+        arrived when the call began is in the sockets' queues.  False: the barrier rests or a
+        crossing failed, the time ran out while the backlog still moved (no rest then), or a
         crossing moved none of it (a full queue: read first)."""
         end = self._clock() + timeout_s
+        targets: dict[int, int] = {}  # fd -> bytes it had received when first seen holding some
         last: dict[int, int] | None = None
         first = True
         while True:
             left = end - self._clock()
             if not first and left <= 0:
                 return False
-            pending = unread()
+            behind = {}  # fd -> bytes libzmq has read of it, short of its target
+            for fd, (unread, received) in backlog().items():
+                read = received - unread
+                if read < targets.setdefault(fd, received):
+                    behind[fd] = read
             if not self.cross(left, rest=first):
                 return False
-            if not pending:
+            if not behind:
                 return True
-            if pending == last:
+            if behind == last:
                 return False
-            last, first = pending, False
+            last, first = behind, False
 
     def close(self) -> None:
         """Close the barrier's sockets (before the context is terminated).  Idempotent."""

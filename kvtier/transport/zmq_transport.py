@@ -37,7 +37,7 @@ import zmq
 
 from kvtier.transport import PeerInfo, SendFailure, SendHandle, TransportError, TransportEvent
 from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
-from kvtier.transport.zmq_barrier import IoBarrier, unread_bytes
+from kvtier.transport.zmq_barrier import IoBarrier, tcp_backlog
 from kvtier.transport.zmq_conns import DEALER_EVENTS, Conn, Connections
 from kvtier.transport.zmq_options import parse_address, positive_int, resolve_vetted, seconds_to_ms, tcp_endpoint
 from kvtier.transport.zmq_recv import Inbox
@@ -427,16 +427,17 @@ class ZmqTransport:
         """
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s < math.inf:
             raise ValueError(f"timeout_s must be a finite number >= 0, got {timeout_s!r}")
-        return False if self._closed else self._barrier.settle(timeout_s, self._unread)
+        return False if self._closed else self._barrier.settle(timeout_s, self._backlog)
 
-    def _unread(self) -> dict[int, int]:
-        """Bytes the kernel holds unread per TCP connection, those above 0.  The monitors are read
-        first, so a connection libzmq accepted or connected during a stop is counted; one it has
-        not reported yet can carry no message of ours before its ZMTP handshake anyway."""
+    def _backlog(self) -> dict[int, tuple[int, int]]:
+        """``(unread, received)`` bytes per TCP connection that holds unread bytes
+        (:func:`~kvtier.transport.zmq_barrier.tcp_backlog`).  The monitors are read first, so a
+        connection libzmq accepted or connected during a stop is counted; one it has not reported
+        yet can carry no message of ours before its ZMTP handshake anyway."""
         conns = self._conns
         for mon in conns.monitors():
             conns.drain_monitor(mon)
-        return {fd: n for fd in conns.tcp_fds() if (n := unread_bytes(fd)) > 0}
+        return {fd: b for fd in conns.tcp_fds() if (b := tcp_backlog(fd)) is not None}
 
     def events(self) -> list[TransportEvent]:
         """Connection events since the last call, oldest first. Never blocks.

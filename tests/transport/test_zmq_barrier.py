@@ -79,10 +79,11 @@ def test_a_crossing_that_did_not_come_back_rests_the_barrier_then_it_crosses_aga
         ctx.term()
 
 
-def test_a_settle_that_runs_out_of_time_while_the_backlog_moves_does_not_rest_the_barrier() -> None:
-    """Only a crossing that could not be made or did not come back rests the barrier: a settle
-    whose own budget ran out while the backlog kept moving says False, and the next settle with
-    nothing unread says True."""
+def test_settle_proves_the_bytes_received_before_it_even_while_more_arrive() -> None:
+    """A connection that keeps receiving (a streaming peer) is proven once libzmq has read what
+    it had received at the first check (received less unread); a backlog that does not move says
+    False (a full queue: read first); a settle whose own budget runs out while the backlog moves
+    says False without resting the barrier: the next settle, with nothing unread, says True."""
     import itertools
 
     import zmq
@@ -91,11 +92,13 @@ def test_a_settle_that_runs_out_of_time_while_the_backlog_moves_does_not_rest_th
 
     ctx = zmq.Context(1)
     b = IoBarrier(ctx, 1)
-    moving = itertools.count(1)
     try:
-        assert b.settle(0.01, lambda: {7: next(moving)}) is False
+        streaming = iter([{7: (50, 100)}, {7: (60, 200)}])  # read 50 of 100, then 140 of 200
+        assert b.settle(5.0, lambda: next(streaming)) is True
+        assert b.settle(5.0, lambda: {7: (3, 10)}) is False
+        slow = itertools.count(1)  # reads one byte per crossing of a backlog it never reaches
+        assert b.settle(0.01, lambda: {7: (10**9 - next(slow), 10**9)}) is False
         assert b.settle(5.0, lambda: {}) is True
-        assert b.settle(5.0, lambda: {7: 3}) is False  # a backlog that does not move: read first
     finally:
         b.close()
         ctx.term()
@@ -217,3 +220,25 @@ def test_a_multi_mib_message_that_reached_a_stopped_receiver_is_read_by_the_firs
                 child.kill()
                 child.wait()
     assert conclusive == 4
+
+
+def test_tcp_backlog_reports_unread_and_received_bytes_of_a_tcp_socket_only(tmp_path) -> None:
+    import socket
+
+    from kvtier.transport.zmq_barrier import tcp_backlog
+
+    with socket.create_server(("127.0.0.1", 0)) as srv, socket.create_connection(srv.getsockname()) as c:
+        a, _ = srv.accept()
+        with a:
+            assert tcp_backlog(a.fileno()) is None  # nothing unread
+            c.sendall(b"x" * 10_000)
+            end = time.monotonic() + 5.0
+            while tcp_backlog(a.fileno()) != (10_000, 10_000) and time.monotonic() < end:
+                time.sleep(0.001)
+            assert tcp_backlog(a.fileno()) == (10_000, 10_000)
+            a.recv(4_000, socket.MSG_WAITALL)
+            assert tcp_backlog(a.fileno()) == (6_000, 10_000)
+    with open(tmp_path / "f", "wb+") as f:
+        f.write(b"y" * 100)
+        f.seek(0)
+        assert tcp_backlog(f.fileno()) is None  # a file (a reused fd number) holds no backlog
