@@ -19,8 +19,9 @@ backlog (a multipart ``block_data`` of several MiB is delivered only once all of
 crosses until a check found that libzmq has read at least that many (received less unread): every
 byte that had arrived was read, by a round the crossing after that check saw finished — also while
 a peer keeps streaming.  It gives up when a crossing moved none of the backlog (libzmq stops reading
-a connection whose queue is full: the owner must read first) or its time is out.  Not proven either way: bytes libzmq read into a connection's decoder while that
-connection's queue was full (the kernel then shows none unread).
+a connection whose queue is full: the owner must read first) or its time is out.  Not proven either
+way: bytes libzmq read into a connection's decoder while that connection's queue was full (the
+kernel then shows none unread).
 
 A crossing that cannot be made (no fd left, no affinity bit for a 65th I/O thread) or whose message
 does not come back in time closes the pairs (a late arrival must not answer a later crossing) and
@@ -62,6 +63,10 @@ def unread_bytes(fd: int) -> int:
         return 0
 
 
+_TCP_INFO_BYTES = 256
+_RECEIVED_AT = 128  # struct tcp_info's tcpi_bytes_received (linux/tcp.h, since 4.1)
+
+
 def tcp_backlog(fd: int) -> tuple[int, int] | None:
     """``(unread, received)``: bytes the kernel holds unread on TCP socket ``fd`` and bytes it has
     received on it in all (``TCP_INFO``, Linux 4.1+); None for an fd that is not a TCP socket or
@@ -70,17 +75,22 @@ def tcp_backlog(fd: int) -> tuple[int, int] | None:
     if unread <= 0:
         return None
     try:
-        with socket.socket(fileno=os.dup(fd)) as s:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        s = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None
+    try:
+        with s:
             info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
     except OSError:
         return None
     if len(info) < _RECEIVED_AT + 8:
         return None
     return unread, int.from_bytes(info[_RECEIVED_AT:_RECEIVED_AT + 8], "little")
-
-
-_TCP_INFO_BYTES = 256
-_RECEIVED_AT = 128  # struct tcp_info's tcpi_bytes_received (linux/tcp.h, since 4.1)
 
 
 def _affinity(thread: int) -> int:
