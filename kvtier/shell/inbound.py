@@ -116,12 +116,13 @@ class Inbound:
             # late for it, and not crossed since: a deadline held back (a landing still running)
             # does not make every pass cross again.  A crossing that proved nothing (a backlog
             # that did not move: a full queue) holds this pass's deadlines, once: it reads first
-            barrier = getattr(self.transport, "barrier", None)  # optional in a transport of one's own
-            if start - max(due, self._crossed) > LATE_S and due != self._held and barrier is not None:
-                ok = barrier(BARRIER_WAIT_S)
-                proven = start if ok else float("-inf")
-                self._held = None if ok else due  # held once: the next pass fires it, uncrossed
-                self._crossed = self.clock()
+            if start - max(due, self._crossed) > LATE_S and due != self._held:
+                barrier = getattr(self.transport, "barrier", None)  # optional in a transport of one's own
+                if barrier is not None:
+                    ok = barrier(BARRIER_WAIT_S)
+                    proven = start if ok else float("-inf")
+                    self._held = None if ok else due  # held once: the next pass fires it, uncrossed
+                    self._crossed = self.clock()
         if receiving and self.plane.one_sided:
             # progress first: what our progress lets complete now (a WRITE into us, and the header
             # the producer sends once it is done) is then read before the time that dates
