@@ -31,10 +31,10 @@ hash, against one more tick (up to the poll interval, 1 ms by default) before a 
 read — and a request's last, small batch is the one whose latency shows (decision I14)."""
 
 LANDING_WAIT_S: Final = 0.001
-"""The longest wait while pool work runs: one whole millisecond, the cadence these waits always
-had; a shorter one would be honoured now (decision N17) and only add wake-ups on two cores."""
-"""While a landing runs on the pool, the manager waits at most this long for network input before
-polling the plane again (the pool's threads cannot wake the wait; a 1 MiB check takes ~50 µs)."""
+"""While a landing runs on a pool that wakes nobody when its work ends (its ``notify`` unset: a
+plane driven without an I/O loop), the longest wait before polling the plane again (seconds).  An
+I/O loop's pool wakes the loop as each landing ends, so its loop waits for that instead of
+polling (decision C35)."""
 
 
 class Landings:
@@ -99,8 +99,10 @@ class Landings:
         return not not_done
 
     def max_wait_s(self) -> float | None:
-        """:data:`LANDING_WAIT_S` while a landing runs on the pool, else ``None``."""
-        return LANDING_WAIT_S if self._pending else None
+        """:data:`LANDING_WAIT_S` while a landing runs on a pool whose end wakes nobody, else
+        ``None`` (nothing runs, or the pool's ``notify`` ends the owner's wait: C35)."""
+        woken = self._digests is None or self._digests.notify is not None
+        return LANDING_WAIT_S if self._pending and not woken else None
 
     def poll(self) -> list[Landed]:
         """The landings that ended since the last call, in the order they were started."""

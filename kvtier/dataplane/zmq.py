@@ -29,10 +29,15 @@ from kvtier.dataplane.settings import PlaneSettings
 from kvtier.integrity import DigestPool
 from kvtier.transport import SendHandle, Transport
 
-__all__ = ["WINDOW_BYTES", "ZmqPlane"]
+__all__ = ["RELEASE_WAIT_S", "WINDOW_BYTES", "ZmqPlane"]
 
 WINDOW_BYTES: Final = 32 << 20
 """Block bytes one transfer may have inside the transport at once (4 batches of 8 MiB)."""
+
+RELEASE_WAIT_S: Final = 0.001
+"""While posted blocks are still referenced, the plane is polled at least this often (seconds): a
+zero-copy send's release wakes no wait, and it both makes room in a transfer's window and ends the
+transfer (the store job's result, the slots' return)."""
 
 
 @attrs.define(slots=True)
@@ -146,8 +151,10 @@ class ZmqPlane:
         return sum(1 for x in self._xfers.values() if x.handles)
 
     def max_wait_s(self, receiving: bool = True) -> float | None:
-        # payloads and trackers move on libzmq's threads, whose input wakes the transport's wait;
-        # a landing on the digest pool does not
+        # payloads move on libzmq's threads, whose input wakes the transport's wait, and an I/O
+        # loop's digest pool wakes it when a landing ends; a tracker turning done wakes nothing
+        if any(x.handles for x in self._xfers.values()):
+            return RELEASE_WAIT_S  # the same 1 ms as a landing's wait without a notifying pool
         return self._landings.max_wait_s()
 
     # -- consumer ------------------------------------------------------------------------------

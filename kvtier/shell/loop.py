@@ -59,11 +59,6 @@ log = logging.getLogger("kvtier.manager")
 #: Longest one wait for input when nothing is due (seconds): a bound, not a cadence.
 MAX_WAIT_S = 0.25
 
-#: While the data plane still references posted blocks, passes at least this often (seconds): a
-#: zero-copy send's release is not an event any poll can wait for; the store job it completes is
-#: not on a request's critical path (the consumer's result never waits for it).
-RELEASE_WAIT_S = 0.001
-
 #: For this long after a message or a transfer left, or the plane's last post or report, a one-sided
 #: plane is progressed every :data:`EAGER_WAIT_S` (seconds): its answer — a WRITE's completion, the
 #: notification that carries a batch's header — is seen only when the plane is progressed, on both
@@ -441,8 +436,6 @@ class IoLoop:
             out = self.outbound
             if eager(self.clock(), out.posted_at, out.sent_at, self.plane_activity.at, plane is not None):
                 budget = min(budget, EAGER_WAIT_S)
-        if self.plane.referenced():
-            budget = min(budget, RELEASE_WAIT_S)
         return budget
 
     def poll(self, timeout_s: float) -> None:

@@ -22,6 +22,7 @@ class HeldPool:
 
     def __init__(self) -> None:
         self.jobs: list[tuple[Future, tuple]] = []
+        self.notify = None  # as DigestPool: called once a request's future resolved (if set)
 
     def submit_land(self, dsts, srcs, expected, algorithm):
         f: Future = Future()
@@ -31,6 +32,8 @@ class HeldPool:
     def release(self) -> None:
         for f, args in self.jobs:
             f.set_result(land_blocks(*args))
+            if self.notify is not None:
+                self.notify()
         self.jobs.clear()
 
 
@@ -64,6 +67,23 @@ def test_a_large_landing_holds_the_peers_revocation_until_it_ended() -> None:
     assert plane.poll() == [Landed("P", "key", -1), Revoked("P")]
     assert [bytes(pool.buffer(i)) for i in range(4)] == [bytes(f) for f in frames]
     assert plane.revoke("P") and plane.max_wait_s() is None
+
+
+def test_a_pool_that_wakes_its_owner_needs_no_polling_while_a_landing_runs() -> None:
+    """C35: an I/O loop's pool calls ``notify`` (the loop's wake-up) when a landing ends, so the
+    plane asks for no wait bound of its own; without ``notify`` it asks to be polled."""
+    held = HeldPool()
+    plane, _ = _plane(held)
+    woken = []
+    held.notify = lambda: woken.append(1)
+    frames = _frames(4)
+    assert plane.land("P", "key", [0, 1, 2, 3], frames, [digest(f) for f in frames]) is None
+    assert plane.max_wait_s() is None
+    held.notify = None
+    assert plane.max_wait_s() is not None
+    held.notify = lambda: woken.append(1)
+    held.release()
+    assert woken == [1] and plane.poll() == [Landed("P", "key", -1)]
 
 
 def test_a_payload_of_the_wrong_size_is_refused_before_anything_is_copied() -> None:
