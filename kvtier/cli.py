@@ -36,7 +36,9 @@ def cli() -> None:
               help="Seconds between scrapes (the window of every rate).")
 @click.option("--once", is_flag=True,
               help="Scrape twice, --interval apart, print one frame and exit (1 if an endpoint failed).")
-def top(urls: tuple[str, ...], interval_s: float, once: bool) -> None:
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
+              help="Seconds to wait for each endpoint's answer.")
+def top(urls: tuple[str, ...], interval_s: float, once: bool, timeout_s: float) -> None:
     """Live view of kvtier metrics endpoints, one row each, and their last finished requests
     (failures first).
 
@@ -46,7 +48,7 @@ def top(urls: tuple[str, ...], interval_s: float, once: bool) -> None:
     from kvtier.top import main as run_top
 
     try:
-        status = run_top(urls, interval_s=interval_s, once=once)
+        status = run_top(urls, interval_s=interval_s, once=once, timeout_s=timeout_s)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="ENDPOINT") from None
     sys.exit(status)
@@ -56,7 +58,9 @@ def top(urls: tuple[str, ...], interval_s: float, once: bool) -> None:
 @click.argument("kv_request_id")
 @click.argument("endpoints", nargs=-1, required=True, metavar="ENDPOINT [ENDPOINT...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoints' records as JSON instead.")
-def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
+              help="Seconds to wait for each endpoint's answer.")
+def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s: float) -> None:
     """Explain how KV_REQUEST_ID ended: its states, timeline, peer and bytes, and for a failure what
     the reason means and what to change. A request still in progress (blocks parked, a fetch out,
     a transfer being served) is shown as such, with its states so far and what it waits for.
@@ -68,7 +72,7 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
     import json
 
     from kvtier.explain import explain, explain_open
-    from kvtier.top import fetch_requests
+    from kvtier.top import NotAnEndpoint, fetch_requests
     from kvtier.wire.messages import check_kv_request_id
 
     try:
@@ -78,11 +82,14 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool) -> None:
     found, problems, records = 0, [], {}
     for endpoint in endpoints:
         try:
-            doc = fetch_requests(endpoint, kv_request_id)
+            doc = fetch_requests(endpoint, kv_request_id, timeout_s=timeout_s)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="ENDPOINT") from None
         except OSError as exc:
             problems.append(f"{endpoint}: cannot read it ({exc})")
+            continue
+        except NotAnEndpoint as exc:
+            problems.append(f"{endpoint} is not a kvtier metrics endpoint: {exc}")
             continue
         entries, opened = doc.get("requests", []), doc.get("open", [])
         records[endpoint] = doc

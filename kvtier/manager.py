@@ -115,6 +115,7 @@ class KvTierManager(TierView):
         """The recently finished requests (:mod:`kvtier.forensics`; ``GET /kvtier/requests``)."""
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
+        self._finished: dict[str, None] = {}  # the last 4096 requests finished, so an error can say so
         self._loading: set[str] = set()  # consumer requests that submitted a load (or load_nothing)
         # symmetric requests' keys looked up during this engine step: handed over together, with
         # the step's end, so they leave in one probe per (peer, id) per step (decision Y4)
@@ -124,9 +125,8 @@ class KvTierManager(TierView):
         # follows it shares that one budget (decision A6)
         self._drain_deadline: float | None = None
         self._closed = False
-        # a manager dropped (or left at exit) without shutdown() closes its sockets then: left to
-        # the garbage collector, pyzmq's context would wait for sockets it can no longer close, and
-        # hang the collecting thread for ever (decision A7)
+        # a manager dropped (or left at exit) without shutdown() closes its sockets then: else
+        # pyzmq's context would wait for sockets it can no longer close, for ever (decision A7)
         self._abandon = weakref.finalize(self, _close_abandoned, self._loop, self._metrics)
         if cfg.background_poll:
             self._loop.start()
@@ -282,7 +282,7 @@ class KvTierManager(TierView):
 
         Raises:
             TypeError: ``job`` is not a :class:`~kvtier.api.TransferJob` (or has mistyped fields).
-            UnknownRequest: the request was never passed to :meth:`on_new_request`.
+            UnknownRequest: the request was never passed to :meth:`on_new_request`, or has finished.
             DuplicateJob: ``job.job_id`` is outstanding (submitted, and its result not yet handed over
                 by :meth:`get_finished_jobs`).
             ValueError: keys/slots lengths differ, duplicate keys, a slot outside the pool, or a
@@ -354,7 +354,7 @@ class KvTierManager(TierView):
 
         Raises:
             TypeError: ``job`` is not a :class:`~kvtier.api.TransferJob` (or has mistyped fields).
-            UnknownRequest: the request was never announced, or is not a consumer request.
+            UnknownRequest: the request was never announced, has finished, or is not a consumer one.
             DuplicateJob: ``job.job_id`` is outstanding (submitted, and its result not yet handed over
                 by :meth:`get_finished_jobs`).
             ValueError: keys/slots lengths differ, duplicate keys, a slot outside the pool, a key
@@ -452,6 +452,9 @@ class KvTierManager(TierView):
         check_req(req, "on_request_finished")
         info = self._requests.pop(req.req_id, None)
         self._loading.discard(req.req_id)
+        if len(self._finished) >= 4096:
+            del self._finished[next(iter(self._finished))]
+        self._finished[req.req_id] = None
         if info is None or self._closed or info.role not in ("producer", "consumer", "source"):
             return
         self._step_keys.pop(info.kv_request_id, None)
@@ -570,7 +573,9 @@ class KvTierManager(TierView):
             check_req(req, f"job {job_id}")
         info = self._requests.get(req.req_id)
         if info is None:
-            raise UnknownRequest(f"job {job_id}: request {req.req_id!r} was never announced with on_new_request")
+            raise UnknownRequest(f"job {job_id}: request {req.req_id!r} " + (
+                "already finished (on_request_finished): submit a request's jobs before finishing it"
+                if req.req_id in self._finished else "was never announced with on_new_request"))
         return info
 
     def _check_job(self, job: TransferJob) -> None:

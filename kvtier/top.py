@@ -18,8 +18,10 @@ overlapping transfers (vllm-project/vllm#48224).
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
+import socket
 import time
 import urllib.error
 import urllib.parse
@@ -36,8 +38,8 @@ from rich.table import Table
 from kvtier.lifecycle import Reason
 from kvtier.metrics import REQUESTS_PATH
 
-__all__ = ["Row", "Snapshot", "by_listener", "endpoint_url", "fetch_requests", "main", "recent", "render",
-           "requests_url", "row", "scrape"]
+__all__ = ["NotAnEndpoint", "Row", "Snapshot", "by_listener", "endpoint_url", "fetch_requests", "main", "recent",
+           "render", "requests_url", "row", "scrape", "speaks_zmtp"]
 
 _LATE = (Reason.REAPED.value, Reason.ALREADY_SERVED.value)
 """Refusal reasons that mean the consumer came after the producer let go of the id."""
@@ -86,17 +88,69 @@ def requests_url(target: str, kv_request_id: str | None = None, limit: int | Non
     return f"{scheme}://{hostport}{REQUESTS_PATH}" + (f"?{query}" if query else "")
 
 
+_ZMTP_PORT = ("it is a kvtier tier's own port (it speaks ZMTP, not HTTP): give that tier's metrics_port (config "
+              "key metrics_port; 0 or unset: no metrics endpoint)")
+
+
+def speaks_zmtp(hostport: str, timeout_s: float = 0.5) -> bool:
+    """Whether ``host:port`` greets a new TCP connection with a ZMTP signature (``0xFF``, eight bytes,
+    ``0x7F``) before it is sent anything — a kvtier tier's ``port``, often given where its
+    ``metrics_port`` belongs; an HTTP server says nothing first.  Asked only after a read failed, so
+    a working endpoint pays nothing.  False when it cannot be reached or says anything else."""
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as s:
+            got = b""
+            while len(got) < 10:
+                chunk = s.recv(10 - len(got))
+                if not chunk:
+                    break
+                got += chunk
+    except (OSError, ValueError):
+        return False
+    return len(got) == 10 and got[0] == 0xFF and got[9] == 0x7F
+
+
+class NotAnEndpoint(Exception):
+    """Something answered at an endpoint, but not as a kvtier metrics endpoint: its message says what
+    answered and what to give instead (most often the tier's ``port`` given for its ``metrics_port``)."""
+
+
 def fetch_requests(target: str, kv_request_id: str | None = None, limit: int | None = None,
                    timeout_s: float = 5.0) -> dict[str, Any]:
-    """The JSON of ``target``'s ``/kvtier/requests`` (see :mod:`kvtier.forensics`).
+    """The JSON of ``target``'s ``/kvtier/requests`` (see :mod:`kvtier.forensics`): an object whose
+    ``requests`` and ``open`` are lists of records.
 
     Raises:
         ValueError: ``target`` is not an endpoint.
         OSError: the endpoint cannot be read (``urllib.error.URLError`` included).
+        NotAnEndpoint: what answered is not a kvtier metrics endpoint (not HTTP, no such page, not
+            kvtier's JSON).
     """
     url = requests_url(target, kv_request_id, limit)
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
-        return json.loads(resp.read().decode("utf-8", "replace"))
+    fix = "give the tier's host and metrics_port (its port takes the tier's own connections)"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+        raise NotAnEndpoint(f"it has no {REQUESTS_PATH} page (HTTP 404: not kvtier, or a kvtier before "
+                            f"that page): {fix}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        if speaks_zmtp(_split(target)[1]):
+            raise NotAnEndpoint(_ZMTP_PORT) from None
+        if isinstance(exc, http.client.HTTPException):  # e.g. BadStatusLine: another service
+            raise NotAnEndpoint(f"it does not answer HTTP ({type(exc).__name__}): {fix}") from None
+        raise
+    try:
+        doc = json.loads(body.decode("utf-8", "replace"))
+    except ValueError:
+        doc = None
+    lists = [doc.get(k, []) for k in ("requests", "open")] if isinstance(doc, dict) else [None]
+    if not all(isinstance(v, list) and all(isinstance(e, dict) for e in v) for v in lists):
+        raise NotAnEndpoint(f"its {REQUESTS_PATH} is not kvtier's list of requests: {fix}")
+    return doc
 
 
 @attrs.frozen
@@ -143,7 +197,12 @@ def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = tim
                 # vLLM's own /metrics carries kvtier's series as vllm:kvtier_* (its stats bridge)
                 name = s.name.removeprefix("vllm:") if s.name.startswith("vllm:kvtier_") else s.name
                 samples[name, tuple(sorted(s.labels.items()))] = s.value
-    except (OSError, urllib.error.URLError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError is an OSError
+        if not isinstance(exc, (ValueError, urllib.error.HTTPError)) and speaks_zmtp(_split(url)[1]):
+            return Snapshot(url, t, error=_ZMTP_PORT)
+        if isinstance(exc, http.client.HTTPException):
+            return Snapshot(url, t, error=f"it does not answer HTTP ({type(exc).__name__}): point it at a tier's "
+                                          "host and metrics_port")
         return Snapshot(url, t, error=f"{type(exc).__name__}: {exc}"[:160])
     if not ours:
         return Snapshot(url, t, error="no kvtier series at this endpoint: point it at a tier's host and metrics_port "
@@ -291,7 +350,7 @@ def recent(targets: Sequence[str], *, limit: int = RECENT, timeout_s: float = 5.
     for target in targets:
         try:
             doc = fetch_requests(target, limit=4 * limit, timeout_s=timeout_s)
-        except (OSError, ValueError):  # unreachable, or an older kvtier without the page: the table says so
+        except (OSError, ValueError, NotAnEndpoint):  # unreachable, or not kvtier's page: the table says so
             continue
         name = _split(target)[1]
         out += [(name, e) for e in doc.get("requests", ())]

@@ -46,6 +46,28 @@ WAIT_S = 8.0
 SENTINEL = 0xAB
 
 
+def serve_http(body: bytes, status: int = 200, content_type: str = "text/plain; version=0.0.4") -> Any:
+    """An HTTP server on loopback that answers every GET with ``status`` and ``body`` (a fake
+    metrics endpoint); the caller shuts it down (``shutdown()``, ``server_close()``)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def producer_req(req_id: str, kv_id: str) -> RequestContext:
     return RequestContext(req_id=req_id, kv_transfer_params={"remote_decoder": {"kv_request_id": kv_id}})
 

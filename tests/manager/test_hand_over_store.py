@@ -170,3 +170,28 @@ def test_a_key_stored_twice_under_one_id_is_served_with_its_first_bytes() -> Non
         assert v.pjobs.one(1).success and v.pjobs.one(2).success
     finally:
         v.close()
+
+
+def test_a_job_of_a_finished_request_is_refused_naming_the_finish() -> None:
+    """A store or load submitted after ``on_request_finished`` of its request raises
+    ``UnknownRequest`` saying the request finished (it had been announced), not that it never was."""
+    v = VirtualPair(block_bytes=64)
+    try:
+        preq, creq = producer_req("p", "A"), v.creq("c", "A")
+        for m, req in ((v.P, preq), (v.C, creq)):
+            m.on_new_request(req)
+            m.on_request_finished(req)
+        with pytest.raises(UnknownRequest, match=r"'p' already finished \(on_request_finished\): submit a request's "
+                                                 "jobs before finishing it"):
+            v.P.submit_store(job(1, [b"k"], [0], preq))
+        with pytest.raises(UnknownRequest, match="'p' already finished"):
+            v.P.hand_over_store(2, preq, (b"k",), [0])
+        with pytest.raises(UnknownRequest, match="'c' already finished"):
+            v.C.submit_load(job(3, [b"k"], [0], creq))
+        with pytest.raises(UnknownRequest, match="'q' was never announced"):
+            v.P.submit_store(job(4, [b"k"], [0], producer_req("q", "B")))
+        v.P.on_new_request(preq)  # the same request id announced again is a request like any other
+        v.P.submit_store(job(5, [b"k"], [0], preq))
+        assert v.P.is_outstanding(5)
+    finally:
+        v.close()

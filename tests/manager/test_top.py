@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from kvtier.cli import cli
 from kvtier.top import Snapshot, endpoint_url, row
 from kvtier.lifecycle import ProducerState
-from mgr_helpers import job, keys_for, producer_req, pump_until, transfer_once
+from mgr_helpers import job, keys_for, producer_req, pump_until, serve_http, transfer_once
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -127,24 +127,7 @@ def test_top_at_80_columns_shows_one_column_per_endpoint(make_manager) -> None:
 
 def _serve_text(text: str):
     """An HTTP endpoint that answers every GET with ``text`` (a Prometheus exposition)."""
-    import http.server
-    import threading
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return serve_http(text.encode())
 
 
 @pytest.mark.parametrize(("exposition", "parked"), [

@@ -14,7 +14,8 @@ import socket
 
 import pytest
 from click.testing import CliRunner
-from mgr_helpers import BOTH_PLANES, Jobs, consumer_req, job, keys_for, producer_req, pump_until, transfer_once
+from mgr_helpers import (BOTH_PLANES, Jobs, consumer_req, job, keys_for, producer_req, pump_until, serve_http,
+                         transfer_once)
 
 from kvtier.cli import cli
 from kvtier.lifecycle import REASON_DOCS, Reason
@@ -207,6 +208,41 @@ def test_why_says_when_no_endpoint_knows_the_id(make_manager) -> None:
     assert "'kv-never' is not among its last 1024 finished requests, nor in progress there" in err, err
     res = CliRunner().invoke(cli, ["why", "kv-x", "notaurl"])
     assert res.exit_code == 2 and "host:port (e.g. 10.0.0.5:9464)" in res.output, res.output
+
+
+@pytest.mark.parametrize(("body", "status", "says"), [
+    (b"<html>a web page</html>", 200, "is not kvtier's list of requests"),
+    (b"[1, 2]", 200, "is not kvtier's list of requests"),
+    (b'{"requests": 5}', 200, "is not kvtier's list of requests"),
+    (b'{"requests": [1]}', 200, "is not kvtier's list of requests"),
+    (b"no such page", 404, "has no /kvtier/requests page (HTTP 404"),
+])
+def test_why_names_an_endpoint_that_is_not_kvtiers(body: bytes, status: int, says: str) -> None:
+    """Something that answers HTTP but is not a tier's metrics page: one line naming the endpoint,
+    what answered and the fix, exit 1 — not a traceback, not a usage error."""
+    server = serve_http(body, status, "text/html")
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        res = CliRunner().invoke(cli, ["why", "kv-1", target])
+        assert res.exit_code == 1 and res.exception is None or isinstance(res.exception, SystemExit), res.output
+        assert f"{target} is not a kvtier metrics endpoint: it" in res.stderr and says in res.stderr, res.stderr
+        assert "metrics_port" in res.stderr, res.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_why_and_top_name_a_tiers_own_port_given_for_its_metrics_port(make_manager) -> None:
+    """The likeliest mistake: the tier's ``port`` (ZMTP, not HTTP) instead of its ``metrics_port``."""
+    c = make_manager(HB)
+    res = CliRunner().invoke(cli, ["why", "--timeout", "0.5", "kv-1", c.address])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert f"{c.address} is not a kvtier metrics endpoint: it is a kvtier tier's own port" in res.stderr, res.stderr
+    assert f"metrics_port ({c.metrics_address})" not in res.stderr  # it cannot know which: it only names the key
+    res = CliRunner().invoke(cli, ["top", c.address, "--once", "--interval", "0.1", "--timeout", "0.5"],
+                             env={"COLUMNS": "250"})
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "a kvtier tier's own port" in res.output and "metrics_port" in res.output, res.output
 
 
 def test_top_lists_the_last_finished_requests_failures_first(make_manager) -> None:
