@@ -457,12 +457,12 @@ class TierConfig:
                 hint = (f" ({_NOT_OURS[key]})" if key in _NOT_OURS
                         else f" (did you mean {close[0]!r}?)" if close else "")
                 parts.append(f"{safe_repr(key)}{hint}")
-            # the did-you-mean is the useful part; the list of every key lives in the docs
-            raise TierConfigError(
+            # the did-you-mean is the useful part (every key lives in the docs); bad values too, at once
+            raise_all([TierConfigError(
                 "unknown kvtier tier config key(s): " + ", ".join(parts)
                 + ". Every key, with its range: docs/configuration.md",
                 keys=tuple(unknown),
-            )
+            ), *field_problems(cls, mapping)])
         _refuse_builtin_type(mapping)
         try:
             return cls(**mapping)

@@ -91,6 +91,16 @@ def test_every_problem_of_a_config_is_named_at_once() -> None:
                               "auth_secret_key_file", "auth_allowed_keys_dir")
 
 
+def test_an_unknown_key_and_bad_values_are_named_in_one_error() -> None:
+    """A typo does not hide the bad values beside it: the unknown key first, then each bad value."""
+    with pytest.raises(TierConfigError) as exc:
+        TierConfig.from_dict({"prot": 5, "port": "x", "unbound_store_timeout_s": True})
+    lines = str(exc.value).split("\n")
+    assert lines[0] == "3 problems:" and "'prot' (did you mean 'port'?)" in lines[1], lines
+    assert lines[2] == "  - port='x': not a decimal number" and lines[3].startswith("  - unbound_store_timeout_s=True")
+    assert exc.value.keys == ("prot", "port", "unbound_store_timeout_s")
+
+
 def test_a_p2p_key_with_no_counterpart_says_to_drop_it() -> None:
     """vLLM p2p's ``num_threads`` carried over: the refusal says it has no kvtier counterpart
     (a did-you-mean pointed at ``digest_threads``, an unrelated key)."""
