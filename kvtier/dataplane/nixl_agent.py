@@ -131,8 +131,11 @@ def load_nixl_api() -> ModuleType:
     Raises:
         NixlUnavailable: none imports; the message names each attempt and how to install.
     """
-    # NIXL prints INFO lines to stdout unless told otherwise: an engine's stdout is not a log
+    # NIXL prints INFO lines to stdout unless told otherwise, and UCX writes its warnings there
+    # (a request left in its pool after a peer died mid-WRITE): an engine's stdout is not a log,
+    # and a host that speaks a protocol on it would read them as its own lines (decision N24)
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
     errors = []
     for name in _API_MODULES:
         try:

@@ -255,6 +255,29 @@ def test_torch_region_is_accepted(monkeypatch):
         assert (d.base_addr, d.num_blocks, d.block_bytes) == (t.data_ptr(), 4, 16)
 
 
+def test_nixl_and_ucx_diagnostics_stay_off_the_engines_stdout():
+    """Loading NIXL through kvtier points UCX's log at stderr unless the user chose (decision N24):
+    UCX writes its warnings (a request left in its pool after a peer died mid-WRITE) to stdout by
+    default, where a host speaking a protocol on its stdout would read them as its own lines.
+    Shown with UCX's INFO lines, which every agent's start prints at ``UCX_LOG_LEVEL=info``."""
+    import subprocess
+    import sys
+
+    code = ("from kvtier.dataplane.nixl_agent import load_nixl_api\n"
+            "api = load_nixl_api()\n"
+            "api.nixl_agent('log-check', api.nixl_agent_config(backends=['UCX']))\n"
+            "print('agent up', flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("UCX_LOG_FILE", "UCX_TLS")}
+    env.update(UCX_LOG_LEVEL="info", UCX_NET_DEVICES="lo", PYTHONPATH=os.getcwd())
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == ["agent up"], run.stdout[-2000:]
+    assert "UCX  INFO" in run.stderr, run.stderr[-2000:]
+    env["UCX_LOG_FILE"] = "stdout"  # a user's own choice stands
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "UCX  INFO" in run.stdout, run.stdout[-2000:]
+
+
 def test_ucx_without_tcp_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("UCX_NET_DEVICES", "lo")
     monkeypatch.setenv("UCX_TLS", "shm")
