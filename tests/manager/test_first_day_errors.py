@@ -314,8 +314,10 @@ def rude_port():
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     yield lst.getsockname()[1]
+    lst.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); a close alone leaves it blocked
     lst.close()
     t.join(5)
+    assert not t.is_alive()
 
 
 def test_a_service_that_is_not_kvtier_is_not_blamed_on_curve_alone(make_manager, rude_port, caplog) -> None:
