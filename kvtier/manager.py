@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -115,7 +116,7 @@ class KvTierManager(TierView):
         """The recently finished requests (:mod:`kvtier.forensics`; ``GET /kvtier/requests``)."""
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
-        self._finished: dict[str, None] = {}  # the last 4096 requests finished, so an error can say so
+        self._finished: OrderedDict[str, None] = OrderedDict()  # the last 4096 finished: an error says so
         self._loading: set[str] = set()  # consumer requests that submitted a load (or load_nothing)
         # symmetric requests' keys looked up during this engine step: handed over together, with
         # the step's end, so they leave in one probe per (peer, id) per step (decision Y4)
@@ -452,9 +453,9 @@ class KvTierManager(TierView):
         check_req(req, "on_request_finished")
         info = self._requests.pop(req.req_id, None)
         self._loading.discard(req.req_id)
-        if len(self._finished) >= 4096:
-            del self._finished[next(iter(self._finished))]
         self._finished[req.req_id] = None
+        if len(self._finished) > 4096:
+            self._finished.popitem(last=False)  # O(1): a dict's first key after many deletions is not
         if info is None or self._closed or info.role not in ("producer", "consumer", "source"):
             return
         self._step_keys.pop(info.kv_request_id, None)
@@ -546,8 +547,7 @@ class KvTierManager(TierView):
             self._loop.shutdown(start, grace)
         finally:
             self._closed = True
-        # outside the lock: a scrape in progress waits for that lock
-        self._metrics.close()
+        self._metrics.close()  # outside the lock: a scrape in progress waits for that lock
 
     def close_abruptly(self) -> None:
         """Close the sockets now, with no goodbye, no grace and no further results: what a crash

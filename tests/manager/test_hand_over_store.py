@@ -193,5 +193,11 @@ def test_a_job_of_a_finished_request_is_refused_naming_the_finish() -> None:
         v.P.on_new_request(preq)  # the same request id announced again is a request like any other
         v.P.submit_store(job(5, [b"k"], [0], preq))
         assert v.P.is_outstanding(5)
+        for i in range(4096):  # only the last 4096 finished requests are remembered: 'c' is forgotten
+            v.C.on_request_finished(RequestContext(req_id=f"other-{i}"))
+        with pytest.raises(UnknownRequest, match="'c' was never announced"):
+            v.C.submit_load(job(6, [b"k"], [0], creq))
+        with pytest.raises(UnknownRequest, match="'other-0' already finished"):
+            v.C.submit_load(job(7, [b"k"], [0], RequestContext(req_id="other-0")))
     finally:
         v.close()
