@@ -111,6 +111,20 @@ def speaks_zmtp(hostport: str, timeout_s: float = 0.5) -> bool:
     return len(got) == 10 and got[0] == 0xFF and got[9] == 0x7F
 
 
+_FIX = "give the tier's host and metrics_port (its port takes the tier's own connections)"
+
+
+def _what_answered(exc: BaseException, hostport: str) -> str | None:
+    """After a read of ``hostport`` failed with ``exc`` (a connection error, a timeout, or an
+    answer that is not HTTP): what answered there when it is known — a tier's own ZMTP port, or a
+    service that does not speak HTTP — with the fix; None for anything else (the error says it)."""
+    if speaks_zmtp(hostport):
+        return _ZMTP_PORT
+    if isinstance(exc, http.client.HTTPException):  # e.g. BadStatusLine: another service
+        return f"it does not answer HTTP ({type(exc).__name__}): {_FIX}"
+    return None
+
+
 class NotAnEndpoint(Exception):
     """Something answered at an endpoint, but not as a kvtier metrics endpoint: its message says what
     answered and what to give instead (most often the tier's ``port`` given for its ``metrics_port``)."""
@@ -128,7 +142,6 @@ def fetch_requests(target: str, kv_request_id: str | None = None, limit: int | N
             kvtier's JSON).
     """
     url = requests_url(target, kv_request_id, limit)
-    fix = "give the tier's host and metrics_port (its port takes the tier's own connections)"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
             body = resp.read()
@@ -136,12 +149,11 @@ def fetch_requests(target: str, kv_request_id: str | None = None, limit: int | N
         if exc.code != 404:
             raise
         raise NotAnEndpoint(f"it has no {REQUESTS_PATH} page (HTTP 404: not kvtier, or a kvtier before "
-                            f"that page): {fix}") from None
+                            f"that page): {_FIX}") from None
     except (OSError, http.client.HTTPException) as exc:
-        if speaks_zmtp(_split(target)[1]):
-            raise NotAnEndpoint(_ZMTP_PORT) from None
-        if isinstance(exc, http.client.HTTPException):  # e.g. BadStatusLine: another service
-            raise NotAnEndpoint(f"it does not answer HTTP ({type(exc).__name__}): {fix}") from None
+        why = _what_answered(exc, _split(target)[1])
+        if why is not None:
+            raise NotAnEndpoint(why) from None
         raise
     try:
         doc = json.loads(body.decode("utf-8", "replace"))
@@ -149,7 +161,7 @@ def fetch_requests(target: str, kv_request_id: str | None = None, limit: int | N
         doc = None
     lists = [doc.get(k, []) for k in ("requests", "open")] if isinstance(doc, dict) else [None]
     if not all(isinstance(v, list) and all(isinstance(e, dict) for e in v) for v in lists):
-        raise NotAnEndpoint(f"its {REQUESTS_PATH} is not kvtier's list of requests: {fix}")
+        raise NotAnEndpoint(f"its {REQUESTS_PATH} is not kvtier's list of requests: {_FIX}")
     return doc
 
 
@@ -198,12 +210,8 @@ def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = tim
                 name = s.name.removeprefix("vllm:") if s.name.startswith("vllm:kvtier_") else s.name
                 samples[name, tuple(sorted(s.labels.items()))] = s.value
     except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError is an OSError
-        if not isinstance(exc, (ValueError, urllib.error.HTTPError)) and speaks_zmtp(_split(url)[1]):
-            return Snapshot(url, t, error=_ZMTP_PORT)
-        if isinstance(exc, http.client.HTTPException):
-            return Snapshot(url, t, error=f"it does not answer HTTP ({type(exc).__name__}): point it at a tier's "
-                                          "host and metrics_port")
-        return Snapshot(url, t, error=f"{type(exc).__name__}: {exc}"[:160])
+        why = None if isinstance(exc, (ValueError, urllib.error.HTTPError)) else _what_answered(exc, _split(url)[1])
+        return Snapshot(url, t, error=why or f"{type(exc).__name__}: {exc}"[:160])
     if not ours:
         return Snapshot(url, t, error="no kvtier series at this endpoint: point it at a tier's host and metrics_port "
                                       "(or at vLLM's /metrics of an engine that runs kvtier)")

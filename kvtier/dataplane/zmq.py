@@ -153,7 +153,7 @@ class ZmqPlane:
     def max_wait_s(self, receiving: bool = True) -> float | None:
         # payloads move on libzmq's threads, whose input wakes the transport's wait, and an I/O
         # loop's digest pool wakes it when a landing ends; a tracker turning done wakes nothing
-        if any(x.handles for x in self._xfers.values()):
+        if self.referenced():
             return RELEASE_WAIT_S  # the same 1 ms as a landing's wait without a notifying pool
         return self._landings.max_wait_s()
 
