@@ -140,3 +140,23 @@ def test_label_values_a_live_registry_reports_are_the_documented_ones() -> None:
     labels = (DOCS / "metrics.md").read_text(encoding="utf-8")
     for states in STATES.values():
         assert all(f"`{s}`" in labels for s in states)
+
+
+_DECISION_ROW = re.compile(r"^\| ([A-Z]\d+) \|")
+#: "decision C35", "decisions I18, I23", "docs/decisions.md W1, W2 and O11": every id after the word.
+_DECISION_CITE = re.compile(r"decisions?(?:\.md)?,? ((?:[A-Z]\d+(?:, | and |/)?)+)")
+
+
+def test_decision_ids_are_unique_and_every_cited_one_exists() -> None:
+    rows = [m.group(1) for line in (DOCS / "decisions.md").read_text(encoding="utf-8").splitlines()
+            if (m := _DECISION_ROW.match(line))]
+    assert sorted({i for i in rows if rows.count(i) > 1}) == []
+    known, unknown = set(rows), []
+    for tree in ("docs", "kvtier", "spec", "tools", "tests", "bench", "README.md"):
+        root = ROOT / tree
+        for path in [root] if root.is_file() else [p for p in root.rglob("*") if p.suffix in (".md", ".py")]:
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for m in _DECISION_CITE.finditer(line):
+                    unknown += [f"{path.relative_to(ROOT)}:{n}: {i}" for i in re.findall(r"[A-Z]\d+", m.group(1))
+                                if i not in known]
+    assert unknown == []

@@ -166,7 +166,7 @@ def test_a_peers_error_about_no_load_of_its_own_changes_nothing() -> None:
     assert out == [Ignored("session", P, SessionState.READY, "message", Reason.STALE)]
 
 
-# -- evicting an idle inbound session at max_peers (decision B22) ---------------------------------------
+# -- evicting an idle inbound session at max_peers (scenario B22) ---------------------------------------
 
 def _inbound(p: TierCore, peer: str, gen: int, now: float) -> None:
     hello = wm.Hello(gen=gen, version=wm.PROTOCOL_VERSION, instance=peer, block_bytes=16, layout="rx", hash_seed="")

@@ -10,7 +10,7 @@ the engine reuses after a result never receive a late write, and that nothing st
   window of the pool was withdrawn, decision N14); the id can be announced again at once;
 * a producer shut down gracefully mid-transfer: the load ends ``shutdown`` (or byte-exact);
 * a dial to a closed port fails ``connect_refused`` at once; both ranks of an instance killed:
-  a load to either a second later fails at once (decisions B11, I30); a shutdown with a load out
+  a load to either a second later fails at once (scenario B11, decision I30); a shutdown with a load out
   to a producer that never completes its handshake returns without waiting its grace (T13);
 * a producer that gives a transfer up says why first (decision I19): on NIXL the consumer reports
   ``transfer_timeout`` in every trial;
