@@ -72,7 +72,7 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
     import json
 
     from kvtier.explain import explain, explain_open
-    from kvtier.top import NotAnEndpoint, fetch_requests
+    from kvtier.top import NotAnEndpoint, fetch_requests, unreachable
     from kvtier.wire.messages import check_kv_request_id
 
     try:
@@ -86,7 +86,7 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="ENDPOINT") from None
         except OSError as exc:
-            problems.append(f"{endpoint}: cannot read it ({exc})")
+            problems.append(f"{endpoint}: cannot read it: {unreachable(exc)}")
             continue
         except NotAnEndpoint as exc:
             problems.append(f"{endpoint} is not a kvtier metrics endpoint: {exc}")

@@ -173,9 +173,8 @@ class TierConfig:
 
     # ---- producer lifecycle -------------------------------------------------
     unbound_store_timeout_s: float = key(60.0, number, *_TIMEOUT, unit="s", doc="""
-        How long stored blocks of a ``kv_request_id`` that no consumer has
-        fetched yet stay parked (pinned) before they are reaped and the id is
-        tombstoned.""")
+        How long stored blocks of a ``kv_request_id`` that no consumer has fetched
+        yet stay parked (pinned) before they are reaped and the id is tombstoned.""")
 
     park_clock: str = key("last_store", None, in_(("last_store", "first_store")), doc="""
         Which store starts the reap clock of a parked id: ``last_store`` (every
@@ -187,13 +186,12 @@ class TierConfig:
         fetch for it is refused at once instead of waiting for blocks.""")
 
     tombstone_max: int = key(65_536, integer, *_within(1, 4_194_304), unit="ids", doc="""
-        Count cap on remembered (done or tombstoned) ids; the oldest are
-        forgotten first when it is reached.""")
+        Count cap on remembered (done or tombstoned) ids; the oldest are forgotten
+        first when it is reached.""")
 
     fetch_supply_timeout_s: float = key(10.0, number, *_TIMEOUT, unit="s", doc="""
-        How long a bound fetch waits for blocks that are not stored yet (e.g. a
-        fetch that arrives before the store) before the producer answers it with
-        a failure.""")
+        How long a bound fetch waits for blocks that are not stored yet (e.g. a fetch
+        that arrives before the store) before the producer answers it with a failure.""")
 
     transfer_timeout_s: float = key(30.0, number, *_TIMEOUT, unit="s", doc="""
         A transfer that has started must finish within this time, or it fails.""")
@@ -309,10 +307,12 @@ class TierConfig:
         5 ms and 2.0-3.6 ms at 0.5 ms (``python -m bench.gil``, decision C28).""")
 
     instance: str = key("", text, max_len(128), doc="""
-        Name this manager gives itself in handshakes. Sessions to one instance
-        share fate: when one dies, new loads to its siblings fail fast
-        (``instance_down``) until one is heard again (B11). Give every rank of one
-        producer pod the same value; empty: a random name per manager.""")
+        Name this manager gives itself in handshakes. Sessions to one instance share
+        fate once its death is proven (a redial refused, or its address answering for a
+        new instance; a closed connection or silence proves nothing, I23, I33): new loads
+        to its siblings then fail fast (``instance_down``) until one is heard again (B11);
+        loads already out keep their deadlines. Give every rank of a producer pod the
+        same value; empty: a random name per manager.""")
 
     # ---- security (docs/security.md) -----------------------------------------
     auth: str = key("none", None, in_(("none", "curve")), doc="""

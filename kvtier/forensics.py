@@ -243,7 +243,8 @@ class Forensics:
         return to_json(self.recent(kv_request_id, limit), self._clock())
 
     def in_progress(self) -> int:
-        """Requests being tracked now."""
+        """Fetches and transfers being traced now, across all ids (an id that has only parked blocks
+        or a queued load is not one: :meth:`open_json` lists it from the core's state)."""
         return len(self._open)
 
     def open_json(self, kv_request_id: str) -> list[dict[str, Any]]:

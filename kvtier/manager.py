@@ -41,7 +41,7 @@ from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
-from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
+from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, in_use_message, parse_params, unread_role
 from kvtier.shell.build import build_parts
 from kvtier.shell.checks import (MAX_JOB_ID, check_fetch_size, check_job, check_job_id, check_job_type, check_req,
                                  check_seconds, store_input)
@@ -98,12 +98,8 @@ class KvTierManager(TierView):
         self.clock = clock
         cfg = self.config
         self._peer_policy = PeerPolicy.from_entries(cfg.allowed_peers, listen_host=cfg.host)
-        if self._peer_policy.open:
-            log.warning(
-                "kvtier: SECURITY: allowed_peers is open ('*'): a request's kv_transfer_params may make this engine "
-                "dial any producer address (link-local, metadata, multicast and unspecified addresses%s excepted). "
-                "List your prefill endpoints or networks in allowed_peers (docs/security.md).",
-                ", and loopback," if self._peer_policy.beyond_loopback else "")
+        if (warning := self._peer_policy.open_warning()) is not None:
+            log.warning(warning)
         self._lock = threading.RLock()
         parts = build_parts(cfg, pool, layout=layout, clock=clock, lock=self._lock, transport=transport,
                             vet=self._peer_policy.vet_resolved if self._peer_policy.open else None)
@@ -186,17 +182,15 @@ class KvTierManager(TierView):
             assert kid is not None and info.peer is not None
             in_use = self._loop.fresh().in_use
             if kid in in_use and self._loop.query(lambda: self._loop.holds_consumer(kid)):
-                # an earlier request's load of this id is still winding down (abort in flight)
-                raise ValueError(
-                    f"request {req.req_id!r}: kv_request_id {kid!r} is still in use by an "
-                    "earlier request on this consumer"
-                )
+                raise ValueError(in_use_message(req.req_id, kid, self._requests))
             in_use.add(kid)
             self._requests[req.req_id] = info
             self._loop.input(ix.LoadAnnounced(kid, info.peer, info.life) if info.role == "consumer"
                              else ix.ProbeAnnounced(kid, info.peer))
         else:
             self._requests[req.req_id] = info
+            if info.role == "local" and (hint := unread_role(req.kv_transfer_params)) is not None:
+                self._loop.logs("", "unread_role", "kvtier: request %s: %s", clip(req.req_id), hint)
             if info.role == "producer" and info.consumer is not None:
                 self._loop.defer(self._loop.apply, ix.ConsumerNamed(info.kv_request_id, info.consumer),
                                  info.kv_request_id)
@@ -358,9 +352,9 @@ class KvTierManager(TierView):
             UnknownRequest: the request was never announced, has finished, or is not a consumer one.
             DuplicateJob: ``job.job_id`` is outstanding (submitted, and its result not yet handed over
                 by :meth:`get_finished_jobs`).
-            ValueError: keys/slots lengths differ, duplicate keys, a slot outside the pool, a key
-                that is not ``bytes`` / a slot that is not an ``int``, or a fetch too large for one
-                message.
+            ValueError: keys/slots lengths differ, duplicate keys, a slot outside the pool or still
+                being loaded by a job without a result (decision A9), a key that is not ``bytes`` /
+                a slot that is not an ``int``, or a fetch too large for one message.
             RuntimeError: :meth:`shutdown` began.
         """
         self._check_open()
@@ -377,9 +371,9 @@ class KvTierManager(TierView):
                                  "remote_prefiller or remote_kv_source params")
         self._check_job(job)
         check_fetch_size(job, self.config.max_message_bytes)
-        self._loading.add(job.req.req_id)
         self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=self.clock(),
-                        nbytes=len(job.slots) * self._block_bytes)
+                        nbytes=len(job.slots) * self._block_bytes, slots=tuple(job.slots))
+        self._loading.add(job.req.req_id)
         self._loop.input(ix.LoadSubmitted(info.kv_request_id, job.job_id, tuple(job.keys), tuple(job.slots)))
 
     def load_nothing(self, req: RequestContext) -> bool:

@@ -38,6 +38,7 @@ second resolution cannot differ).
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
@@ -61,6 +62,8 @@ __all__ = [
     "parse_host",
     "parse_port",
     "clip",
+    "in_use_message",
+    "unread_role",
 ]
 
 PRODUCER_KEYS: Final = ("remote_decoder", "decode")
@@ -201,6 +204,15 @@ class PeerPolicy:
     def open(self) -> bool:
         """``"*"`` is among the entries."""
         return self.any
+
+    def open_warning(self) -> str | None:
+        """The SECURITY line a manager logs at start when ``"*"`` is among the entries, else None."""
+        if not self.any:
+            return None
+        return ("kvtier: SECURITY: allowed_peers is open ('*'): a request's kv_transfer_params may make this engine "
+                "dial any producer address (link-local, metadata, multicast and unspecified addresses"
+                f"{', and loopback,' if self.beyond_loopback else ''} excepted). List your prefill endpoints or "
+                "networks in allowed_peers (docs/security.md).")
 
     @classmethod
     def from_entries(cls, entries: Iterable[str], *, listen_host: str | None = None) -> PeerPolicy:
@@ -363,3 +375,37 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
             raise ValueError(f"{key}.consumer must be a principal name or a z85 public key, got {clip(consumer)}")
         return TransferParams("producer", kid, None, consumer, _life(sub, key))
     return LOCAL
+
+
+_ROLE_KEYS: Final = (*PRODUCER_KEYS, *CONSUMER_KEYS, *SOURCE_KEYS)
+
+
+def unread_role(params: object) -> str | None:
+    """For a request :func:`parse_params` found local: a line naming a top-level key of
+    ``params`` that holds a mapping with a ``kv_request_id`` — a role entry under a name kvtier
+    does not read (a typo turns a hand-off into a local request) — with the nearest role key, or
+    None.  Other connectors' keys (flags, ids, lists) never match: they hold no such mapping."""
+    if not isinstance(params, Mapping):
+        return None
+    for key, sub in params.items():
+        if key not in _ROLE_KEYS and isinstance(sub, Mapping) and "kv_request_id" in sub:
+            near = difflib.get_close_matches(str(key), _ROLE_KEYS, n=1, cutoff=0.5)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            return (f"kv_transfer_params key {clip(key, 40)} holds a kv_request_id but is not a role kvtier "
+                    f"reads{hint}; the roles are {', '.join(_ROLE_KEYS)}. The request runs locally: nothing "
+                    "is parked or fetched for it")
+    return None
+
+
+def in_use_message(req_id: str, kv_request_id: str, requests: Mapping[str, TransferParams]) -> str:
+    """Why a consumer request may not take ``kv_request_id`` yet, and the fix (``requests``: the
+    manager's unfinished requests by id)."""
+    head = f"request {clip(req_id)}: kv_request_id {clip(kv_request_id)} is still in use on this consumer"
+    earlier = next((r for r, i in requests.items()
+                    if i.kv_request_id == kv_request_id and i.role in ("consumer", "source")), None)
+    if earlier is not None:
+        return (f"{head} by request {clip(earlier)}, which has not finished: an id takes one request at a time, "
+                f"so call on_request_finished for {clip(earlier)} first (once its load's result is in), or give "
+                "this request a kv_request_id of its own")
+    return (f"{head}: an earlier request's load of it is still winding down (its abort is in flight); submit "
+            "again once that load's result is in, or give this request a kv_request_id of its own")

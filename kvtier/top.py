@@ -125,6 +125,19 @@ def _what_answered(exc: BaseException, hostport: str) -> str | None:
     return None
 
 
+def unreachable(exc: OSError) -> str:
+    """Why an endpoint could not be read (``exc``: from ``urlopen``, ``urllib.error.URLError``
+    included), in words, with what to check."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused: is the tier's metrics_port this port?"  # short: it fills a table cell
+    if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+        return "no answer within --timeout: a host down or a firewall"
+    if isinstance(reason, socket.gaierror):
+        return f"its host name does not resolve ({reason.strerror or reason})"
+    return f"{type(exc).__name__}: {exc}"[:160]
+
+
 class NotAnEndpoint(Exception):
     """Something answered at an endpoint, but not as a kvtier metrics endpoint: its message says what
     answered and what to give instead (most often the tier's ``port`` given for its ``metrics_port``)."""
@@ -211,7 +224,9 @@ def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = tim
                 samples[name, tuple(sorted(s.labels.items()))] = s.value
     except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError is an OSError
         why = None if isinstance(exc, (ValueError, urllib.error.HTTPError)) else _what_answered(exc, _split(url)[1])
-        return Snapshot(url, t, error=why or f"{type(exc).__name__}: {exc}"[:160])
+        if why is None:
+            why = unreachable(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"[:160]
+        return Snapshot(url, t, error=why)
     if not ours:
         return Snapshot(url, t, error="no kvtier series at this endpoint: point it at a tier's host and metrics_port "
                                       "(or at vLLM's /metrics of an engine that runs kvtier)")

@@ -34,6 +34,7 @@ class _Job(msgspec.Struct, gc=False):
     submitted: float
     nbytes: int
     internal: bool = False  # the manager's own job (load_nothing): its result is not handed over
+    slots: tuple[int, ...] = ()  # a load's slots, taken until its result (decision A9)
 
 
 class JobBook:
@@ -45,6 +46,7 @@ class JobBook:
         self._internal = 0  # open internal jobs
         self._results: deque[JobResult] = deque()
         self._reported: set[int] = set()
+        self._loading: dict[int, int] = {}  # slot -> the open load job writing into it
 
     # -- the engine's side -----------------------------------------------------------------------
     def check_new(self, job_id: int) -> None:
@@ -56,12 +58,23 @@ class JobBook:
             raise DuplicateJob(f"job {job_id} is already outstanding (its result has not been collected yet)")
 
     def open(self, job_id: int, *, store: bool, kv_request_id: str | None, now: float, nbytes: int,
-             internal: bool = False) -> None:
+             internal: bool = False, slots: tuple[int, ...] = ()) -> None:
         """Register a job before its command reaches the loop (which reports its one result).
-        ``internal``: the manager's own job; its result is counted, never handed over."""
+        ``internal``: the manager's own job; its result is counted, never handed over.  ``slots``:
+        a load's slots, which no other load may name until this job's result (decision A9).
+
+        Raises:
+            ValueError: a slot of ``slots`` belongs to a load job without a result yet (nothing is
+                registered).
+        """
         with self._lock:
-            self._open[job_id] = _Job(store, kv_request_id, now, nbytes, internal)
+            loading = self._loading
+            if slots and not loading.keys().isdisjoint(slots):
+                raise ValueError(_taken(job_id, slots, loading))
+            self._open[job_id] = _Job(store, kv_request_id, now, nbytes, internal, slots)
             self._internal += internal
+            if slots:
+                loading.update(dict.fromkeys(slots, job_id))
 
     def take(self) -> list[JobResult]:
         """Hand over every queued result; their ids are free again."""
@@ -88,6 +101,10 @@ class JobBook:
                 log.error("kvtier: duplicate or unknown job result %d dropped", job_id)
                 return None
             elapsed = now - job.submitted
+            if job.slots:  # a load's result is final: no write into its slots can still land
+                loading = self._loading
+                for s in job.slots:
+                    del loading[s]
             if job.internal:
                 del self._open[job_id]
                 self._internal -= 1
@@ -140,3 +157,14 @@ class JobBook:
 
     def __len__(self) -> int:
         return len(self._open) - self._internal
+
+
+def _taken(job_id: int, slots: tuple[int, ...], loading: dict[int, int]) -> str:
+    taken = [s for s in slots if s in loading]
+    owners = sorted({loading[s] for s in taken})
+    shown = ", ".join(map(str, taken[:8])) + (f", … ({len(taken)} in all)" if len(taken) > 8 else "")
+    jobs = ", ".join(map(str, owners[:4])) + (", …" if len(owners) > 4 else "")
+    return (f"submit_load job {job_id}: slot{'s' if len(taken) > 1 else ''} {shown} "
+            f"{'are' if len(taken) > 1 else 'is'} still being loaded by job{'s' if len(owners) > 1 else ''} {jobs}: "
+            "a slot takes one load at a time, so submit this load after that job's result "
+            "(get_finished_jobs), or into other slots")

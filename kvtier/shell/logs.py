@@ -12,6 +12,9 @@ from typing import Any
 
 log = logging.getLogger("kvtier.manager")
 
+#: Characters of a peer's transport name a log line shows (an inbound `in:<hex>` id can be 513).
+_SHOWN = 40
+
 __all__ = ["RateLimitedLog", "log"]
 
 
@@ -70,7 +73,9 @@ class RateLimitedLog:
         if named:
             return named
         where = self._where(peer)
-        return peer if not where or where == peer else f"{where} ({peer})"
+        # a peer picks its own routing id (up to 255 bytes): a line shows its start only
+        short = peer if len(peer) <= _SHOWN else peer[:_SHOWN - 1] + "…"
+        return short if not where or where == peer else f"{where} ({short})"
 
     def name(self, peer: str, instance: str) -> None:
         """Remember ``peer``'s instance for later lines (bounded)."""

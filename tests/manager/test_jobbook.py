@@ -171,3 +171,37 @@ def test_a_job_refused_as_not_authorised_says_where_to_look(store: bool, kind: s
             "id; check remote_decoder.consumer and this manager's CURVE principal)")
     assert [r.getMessage() for r in caplog.records] == [said]
     assert metrics.calls == [("job_done", kind, False, Reason.NOT_AUTHORISED)]
+
+
+def test_a_slot_takes_one_load_at_a_time_until_that_loads_result() -> None:
+    """Decision A9: a load naming a slot an open load writes into is refused, naming both; the
+    slots are free again once the first load's result is final (not only once it is collected);
+    stores never take slots (one block may be parked under several ids)."""
+    book = JobBook()
+    book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=3, slots=(0, 1, 2))
+    book.open(2, store=True, kv_request_id="B", now=0.0, nbytes=3)  # a store from the same slots
+    with pytest.raises(ValueError, match=r"^submit_load job 3: slots 2, 1 are still being loaded by job 1: "
+                                         r"a slot takes one load at a time"):
+        book.open(3, store=False, kv_request_id="C", now=0.0, nbytes=3, slots=(5, 2, 1))
+    assert book.outstanding() == frozenset({1, 2})  # the refused job was not registered
+    book.open(3, store=False, kv_request_id="C", now=0.0, nbytes=3, slots=(5, 6))  # other slots: fine
+    many = tuple(range(10, 30))
+    book.open(4, store=False, kv_request_id="D", now=0.0, nbytes=20, slots=many)
+    with pytest.raises(ValueError, match=r"slots 10, 11, 12, 13, 14, 15, 16, 17, … \(20 in all\) are still "
+                                         r"being loaded by job 4:"):
+        book.open(5, store=False, kv_request_id="E", now=0.0, nbytes=20, slots=many)
+    book.finish(1, False, Reason.LOAD_TIMEOUT, 1.0)  # final, not yet collected
+    book.open(6, store=False, kv_request_id="F", now=1.0, nbytes=3, slots=(0, 1, 2))
+    with pytest.raises(ValueError, match=r"slot 6 is still being loaded by job 3:"):
+        book.open(7, store=False, kv_request_id="G", now=1.0, nbytes=1, slots=(6,))
+
+
+def test_a_log_line_shows_the_start_of_a_long_inbound_routing_id_only() -> None:
+    """A peer picks its own routing id (up to 255 bytes, 513 characters as ``in:<hex>``): a line
+    names where it is and the id's first 40 characters; a short id is shown whole."""
+    from kvtier.shell.logs import RateLimitedLog
+
+    long_id = "in:" + "ab" * 255
+    logs = RateLimitedLog(lambda: 0.0, lambda peer: "127.0.0.1:5000" if peer == long_id else "")
+    assert logs.who(long_id) == f"127.0.0.1:5000 ({long_id[:39]}…)"
+    assert logs.who("in:0011223344") == "in:0011223344"

@@ -39,7 +39,11 @@ def test_reused_kv_request_id_on_the_consumer_never_leaks_a_job(pairs, first_req
         C.on_request_finished(c1)  # abort_fetch on its way; the record is 'cancelling'
     else:
         assert outcome(v.cjobs, 1) == (True, None)
-    with pytest.raises(ValueError, match="still in use"):
+    # the message names what holds the id and the fix: the unfinished request, or the abort in flight
+    why = (r"winding down \(its abort is in flight\); submit again once that load's result is in"
+           if first_request_state == "cancelling" else
+           r"by request 'c1', which has not finished: .* call on_request_finished for 'c1' first")
+    with pytest.raises(ValueError, match=r"^request 'c2': kv_request_id 'A' is still in use on this consumer.*" + why):
         C.on_new_request(c2)
     with pytest.raises(UnknownRequest):
         C.submit_load(job(2, keys_for("A", 1), [1], c2))
@@ -182,3 +186,24 @@ def test_fetch_refused_by_a_producer_with_a_smaller_limit_fails_at_once(pairs):
     v.step()
     assert outcome(v.cjobs, 10) == (False, "peer_error")
     assert metric(v.P, "kvtier_wire_errors_total", reason="oversize") == 1
+
+
+def test_a_role_entry_under_a_name_kvtier_does_not_read_is_named_with_the_nearest_role(pairs, caplog):
+    """A typo in a role key turns a hand-off into a local request: the request stays local (other
+    connectors' keys pass through, decision A10), and one warning names the key and
+    the nearest role; other connectors' flags and ids warn nothing."""
+    from kvtier.api import RequestContext
+
+    v = pairs(SCEN, block_bytes=BB)
+    caplog.set_level("WARNING", logger="kvtier")
+    typo = RequestContext(req_id="d1", kv_transfer_params={"remote_prefill": {
+        "kv_request_id": "A", "remote_host": "127.0.0.1", "remote_port": 5555}})
+    assert v.C.on_new_request(typo) == "local"
+    (line,) = [r.getMessage() for r in caplog.records if "kv_transfer_params key" in r.getMessage()]
+    assert "request 'd1': kv_transfer_params key 'remote_prefill' holds a kv_request_id but is not a role" in line
+    assert "(did you mean 'remote_prefiller'?)" in line and "runs locally" in line
+    caplog.clear()
+    nixl_style = RequestContext(req_id="d2", kv_transfer_params={
+        "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": "e", "remote_block_ids": [1, 2]})
+    assert v.C.on_new_request(nixl_style) == "local"
+    assert not [r for r in caplog.records if "kv_transfer_params key" in r.getMessage()]

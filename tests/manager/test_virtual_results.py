@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.api import DuplicateJob
-from mgr_helpers import job, keys_for
+from mgr_helpers import digests, job, keys_for
 from virtual_helpers import BB, SCEN, outcome, store
 
 pytestmark = pytest.mark.timeout(60)
@@ -107,3 +107,24 @@ def test_every_result_is_counted_by_kind_outcome_and_reason_and_only_network_loa
     assert metric(P, "kvtier_jobs_total", kind="store", outcome="ok", reason="") == 1
     assert metric(P, "kvtier_jobs_total", kind="store", outcome="ok", reason="local") == 1
     assert metric(P, "kvtier_transfer_bytes_count", role="consumer") == 0
+
+
+def test_a_second_load_into_slots_still_being_loaded_is_refused_and_the_first_lands_its_own_bytes(pairs):
+    """Decision A9: two loads in flight into one slot would both report success with one id's
+    bytes; the second ``submit_load`` raises at once, naming the slot and the job, and changes
+    nothing; once the first load's result is in, the slot takes the second load."""
+    v = pairs(SCEN, block_bytes=BB)
+    _, want_a = store(v, "A", 1, [0, 1], seed=1)
+    _, want_b = store(v, "B", 2, [2, 3], seed=2)
+    ca, cb = v.creq("c-A", "A"), v.creq("c-B", "B")
+    v.C.on_new_request(ca)
+    v.C.on_new_request(cb)
+    v.C.submit_load(job(10, keys_for("A", 2), [4, 5], ca))
+    with pytest.raises(ValueError, match=r"^submit_load job 11: slot 5 is still being loaded by job 10: "):
+        v.C.submit_load(job(11, keys_for("B", 2), [5, 6], cb))
+    assert v.C.outstanding_jobs() == frozenset({10})
+    v.step()
+    assert outcome(v.cjobs, 10) == (True, None) and digests(v.C.pool, [4, 5]) == want_a
+    v.C.submit_load(job(11, keys_for("B", 2), [5, 6], cb))  # the slot is free again
+    v.step()
+    assert outcome(v.cjobs, 11) == (True, None) and digests(v.C.pool, [5, 6]) == want_b

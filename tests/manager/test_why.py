@@ -208,6 +208,13 @@ def test_why_says_when_no_endpoint_knows_the_id(make_manager) -> None:
     assert "'kv-never' is not among its last 1024 finished requests, nor in progress there" in err, err
     res = CliRunner().invoke(cli, ["why", "kv-x", "notaurl"])
     assert res.exit_code == 2 and "host:port (e.g. 10.0.0.5:9464)" in res.output, res.output
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    res = CliRunner().invoke(cli, ["why", "kv-x", dead])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert f"{dead}: cannot read it: connection refused: is the tier's metrics_port this port?" in res.stderr, \
+        res.stderr
 
 
 @pytest.mark.parametrize(("body", "status", "says"), [
