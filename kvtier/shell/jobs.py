@@ -46,7 +46,7 @@ class JobBook:
         self._internal = 0  # open internal jobs
         self._results: deque[JobResult] = deque()
         self._reported: set[int] = set()
-        self._loading: dict[int, int] = {}  # slot -> the open load job writing into it
+        self._loading: set[int] = set()  # the slots open load jobs write into
 
     # -- the engine's side -----------------------------------------------------------------------
     def check_new(self, job_id: int) -> None:
@@ -68,13 +68,12 @@ class JobBook:
                 registered).
         """
         with self._lock:
-            loading = self._loading
-            if slots and not loading.keys().isdisjoint(slots):
-                raise ValueError(_taken(job_id, slots, loading))
+            if slots:
+                if not self._loading.isdisjoint(slots):
+                    raise ValueError(_taken(job_id, slots, self._open))
+                self._loading.update(slots)
             self._open[job_id] = _Job(store, kv_request_id, now, nbytes, internal, slots)
             self._internal += internal
-            if slots:
-                loading.update(dict.fromkeys(slots, job_id))
 
     def take(self) -> list[JobResult]:
         """Hand over every queued result; their ids are free again."""
@@ -102,9 +101,7 @@ class JobBook:
                 return None
             elapsed = now - job.submitted
             if job.slots:  # a load's result is final: no write into its slots can still land
-                loading = self._loading
-                for s in job.slots:
-                    del loading[s]
+                self._loading.difference_update(job.slots)
             if job.internal:
                 del self._open[job_id]
                 self._internal -= 1
@@ -159,9 +156,10 @@ class JobBook:
         return len(self._open) - self._internal
 
 
-def _taken(job_id: int, slots: tuple[int, ...], loading: dict[int, int]) -> str:
-    taken = [s for s in slots if s in loading]
-    owners = sorted({loading[s] for s in taken})
+def _taken(job_id: int, slots: tuple[int, ...], open_jobs: dict[int, _Job]) -> str:
+    owner = {s: j for j, job in open_jobs.items() for s in job.slots}  # the error path only
+    taken = [s for s in slots if s in owner]
+    owners = sorted({owner[s] for s in taken})
     shown = ", ".join(map(str, taken[:8])) + (f", … ({len(taken)} in all)" if len(taken) > 8 else "")
     jobs = ", ".join(map(str, owners[:4])) + (", …" if len(owners) > 4 else "")
     return (f"submit_load job {job_id}: slot{'s' if len(taken) > 1 else ''} {shown} "
