@@ -74,7 +74,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.CORRUPT: "A block's bytes changed between park and landing: the prefill engine reused or overwrote a "
                 "block before its store job's result (an engine bug: blocks must stay unchanged until the "
                 "result), or memory corruption. To tell where, keep `integrity = \"xxh3_64\"` on both sides; "
-                "never turn it off to make this go away.",
+                "never turn it off to make this go away. A `bad_payload` wire error logged just before it means "
+                "the producer sent payload frames that are not the blocks it named (a producer bug).",
     _R.TRANSFER_STALLED: "The data plane kept references to a cancelled transfer past `transfer_timeout_s`; the "
                          "session was ended to free them. Check the data plane (NIXL/UCX logs) and the link.",
     _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s`: it is stalled or "
@@ -152,7 +153,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.STALE: "A late or duplicate input, dropped: routine.",
     _R.NOT_BOUND: "An input about an id not bound to that peer, dropped: routine.",
     _R.PEER_ERROR: "The peer refused one of our messages as malformed (e.g. over its `max_message_bytes`): "
-                   "align `max_message_bytes` and `max_blocks_per_fetch` on both sides.",
+                   "align `max_message_bytes` and `max_blocks_per_fetch` on both sides. If our log shows a "
+                   "\"bad message from\" that peer instead, it sent one we could not read: check both "
+                   "sides run the same kvtier release.",
     _R.LATE_DATA: "Block data for a load that had already ended, dropped and never written: routine after an "
                   "abort.",
     _R.NOT_ANNOUNCED: "A load for a request never announced (`on_new_request`): an engine adapter bug.",

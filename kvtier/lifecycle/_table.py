@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "ce93bf8e497b804bedd9b737e3fa99a3a04d59f2a38d58ccd09ee8903dda9887"
+SPEC_SHA256: Final = "bb26819a00c545000cba4610038c5b3879fbf7fa8835ce8d45e94633d80829d8"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -67,7 +67,7 @@ class Reason(enum.StrEnum):
     INCOMPLETE_DATA = "incomplete_data"
     """transfer_done(ok) arrived but not every block had landed"""
     CORRUPT = "corrupt"
-    """a block landed whose digest differs from the digest taken when it was parked"""
+    """a block landed whose digest differs from the digest taken when it was parked, or the producer sent block data whose payload frames are not the blocks it names (decision I36)"""
     TRANSFER_STALLED = "transfer_stalled"
     """a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release"""
     ABORT_UNACKNOWLEDGED = "abort_unacknowledged"
@@ -133,7 +133,7 @@ class Reason(enum.StrEnum):
     NOT_BOUND = "not_bound"
     """the id is not bound to a peer, so the input does not concern it"""
     PEER_ERROR = "peer_error"
-    """the peer refused our message as malformed (e.g. over its size limits)"""
+    """the peer refused our message as malformed (e.g. over its size limits), or sent one about this load that did not decode (decision I36)"""
     LATE_DATA = "late_data"
     """block data for a round that is no longer in flight is dropped, never written"""
     NOT_ANNOUNCED = "not_announced"
@@ -165,7 +165,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.DUPLICATE_LOAD: "a second load for an id while one is live",
     Reason.ONE_FETCH_PER_ID: "an id is fetched at most once; a second load after a terminal one fails",
     Reason.INCOMPLETE_DATA: "transfer_done(ok) arrived but not every block had landed",
-    Reason.CORRUPT: "a block landed whose digest differs from the digest taken when it was parked",
+    Reason.CORRUPT: "a block landed whose digest differs from the digest taken when it was parked, or the producer sent block data whose payload frames are not the blocks it names (decision I36)",
     Reason.TRANSFER_STALLED: "a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release",
     Reason.ABORT_UNACKNOWLEDGED: "the producer did not answer an abort within abort_ack_timeout_s; the session is ended so no write can still land",
     Reason.INSTANCE_DOWN: "the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since",
@@ -198,7 +198,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.NO_RECORD: "the id has no record in this machine (never seen or already pruned)",
     Reason.STALE: "a late, duplicate or out-of-order input for this state; counted and dropped",
     Reason.NOT_BOUND: "the id is not bound to a peer, so the input does not concern it",
-    Reason.PEER_ERROR: "the peer refused our message as malformed (e.g. over its size limits)",
+    Reason.PEER_ERROR: "the peer refused our message as malformed (e.g. over its size limits), or sent one about this load that did not decode (decision I36)",
     Reason.LATE_DATA: "block data for a round that is no longer in flight is dropped, never written",
     Reason.NOT_ANNOUNCED: "the engine must announce a request (on_new_request) before loading it",
     Reason.IN_GRACE: "shutdown lets work in flight finish within shutdown_grace_s; this input changes nothing until then",

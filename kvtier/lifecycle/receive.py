@@ -67,8 +67,9 @@ class Receive:
     def malformed(self, inp: Malformed, now: float, out: list[Effect]) -> None:
         """Answer a message that did not decode: a hello of another protocol version gets a
         handshake refusal naming the version; one that names a ``kv_request_id`` gets an
-        ``error`` so its sender can fail that request at once; anything else an ``error`` at
-        most once per (peer, reason) per ``error_reply_interval_s``."""
+        ``error`` so its sender can fail that request at once — and, when it is about a load of
+        ours from that peer, fails that load too; anything else an ``error`` at most once per
+        (peer, reason) per ``error_reply_interval_s``."""
         peer = inp.peer
         if inp.reason == WireReason.VERSION_MISMATCH and inp.msg_type == "hello" and inp.gen is not None:
             out.append(Send(peer, wm.HelloReject(gen=inp.gen, reason=Reason.HANDSHAKE_MISMATCH.value, field="version",
@@ -84,6 +85,14 @@ class Receive:
             self.error_replies[key] = now
         out.append(Send(peer, wm.Error(gen=self._sessions.gen(peer), reason=str(inp.reason), detail=inp.detail[:4096],
                                        kv_request_id=inp.kv_request_id), ends_session=False))
+        # a message about a load of ours from the peer it loads from, on that session, that did not
+        # decode: the load cannot complete as sent, so it fails now instead of at load_timeout_s
+        # (decision I36): a block_data's blocks as corrupt, anything else as the peer's error
+        rec = self._sessions.records.get(peer)
+        if (rec is not None and rec.state is SessionState.READY and inp.gen == rec.gen
+                and self._loads_from(peer, inp.kv_request_id)):
+            reason = Reason.CORRUPT if inp.msg_type == "block_data" else Reason.PEER_ERROR
+            self._fail_loads(peer, inp.kv_request_id, reason, now, out)
 
     # =========================================================================================
     # Peer messages
@@ -203,22 +212,32 @@ class Receive:
         symmetric request's: its probe's open round and its rounds' loads); anything else about the
         id is unaffected."""
         msg, peer = inp.msg, inp.peer
-        probe = self._probe.records.get(msg.kv_request_id) if msg.kv_request_id else None
+        if self._loads_from(peer, msg.kv_request_id) and self._gate(peer, msg, SessionEvent.MESSAGE, now, out):
+            self._fail_loads(peer, msg.kv_request_id, Reason.PEER_ERROR, now, out)
+
+    def _loads_from(self, peer: str, kid: str) -> bool:
+        """Whether ``kid`` is a load (a probe, or a PD consumer's) of ours from ``peer``."""
+        if not kid:
+            return False
+        probe, rec = self._probe.records.get(kid), self._consumer.records.get(kid)
+        return (probe is not None and probe.peer == peer) or (rec is not None and rec.peer == peer)
+
+    def _fail_loads(self, peer: str, kid: str, reason: Reason, now: float, out: list[Effect]) -> None:
+        """Fail our load of ``kid`` from ``peer`` now, with ``reason``: a symmetric request's probe
+        (its open round) and its rounds' loads, or the PD consumer's load."""
+        probe = self._probe.records.get(kid)
         if probe is not None and probe.peer == peer:
-            if self._gate(peer, msg, SessionEvent.MESSAGE, now, out):
-                for r in self._rounds.of_request(msg.kv_request_id):
-                    m = MessageInput(msg.kv_request_id, r.round, ok=False, reason=Reason.PEER_ERROR)
-                    self._rounds.message(peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
-                if probe.round >= 0:
-                    r = ReplyInput(msg.kv_request_id, probe.round, ok=False, reason=Reason.PEER_ERROR)
-                    self._probe.message(peer, ProbeEvent.TRANSFER_DONE, r, now, out)
+            for r in self._rounds.of_request(kid):
+                m = MessageInput(kid, r.round, ok=False, reason=reason)
+                self._rounds.message(peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
+            if probe.round >= 0:
+                reply = ReplyInput(kid, probe.round, ok=False, reason=reason)
+                self._probe.message(peer, ProbeEvent.TRANSFER_DONE, reply, now, out)
             return
-        rec = self._consumer.records.get(msg.kv_request_id) if msg.kv_request_id else None
-        if rec is None or rec.peer != peer:
-            return
-        if self._gate(peer, msg, SessionEvent.MESSAGE, now, out):
-            m = MessageInput(msg.kv_request_id, rec.round, ok=False, reason=Reason.PEER_ERROR)
-            self._consumer.message(peer, ConsumerEvent.TRANSFER_DONE, m, now, out)
+        rec = self._consumer.records.get(kid)
+        if rec is not None and rec.peer == peer:
+            self._consumer.message(peer, ConsumerEvent.TRANSFER_DONE,
+                                   MessageInput(kid, rec.round, ok=False, reason=reason), now, out)
 
     def _rx_ping(self, inp: Received, now: float, out: list[Effect]) -> None:
         self._gate(inp.peer, inp.msg, SessionEvent.PING, now, out)

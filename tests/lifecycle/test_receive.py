@@ -152,6 +152,30 @@ def test_a_peers_error_naming_one_of_our_loads_fails_that_load_at_once_with_peer
     assert CoreView(c).session(P).heard == 2.0
 
 
+def test_an_undecodable_message_about_a_load_of_ours_from_its_producer_fails_that_load_at_once() -> None:
+    """Decision I36: a block_data that did not decode fails the load as corrupt, any other message
+    type as the peer's error; the error reply still goes out; only the load's own producer, on its
+    session's generation, can end it this way."""
+    c = core()
+    gen = dialled(c)
+    qgen = dialled(c, "prefill:2")
+    for kid, job in (("A", 4), ("B", 5), ("C", 6)):
+        _loading(c, kid, job)
+    ignored = [ix.Malformed("prefill:2", WireReason.BAD_PAYLOAD, "", "block_data", "A", qgen),  # another peer
+               ix.Malformed(P, WireReason.BAD_PAYLOAD, "", "block_data", "A", gen + 1),  # another generation
+               ix.Malformed(P, WireReason.BAD_PAYLOAD, "", "block_data", "A", None),  # no generation read
+               ix.Malformed(P, WireReason.BAD_FIELD, "", "block_data", "Z", gen)]  # no load of ours
+    for bad in ignored:
+        out = c.handle(bad, 2.0)
+        assert not [e for e in out if isinstance(e, JobDone)] and [e for e in out if isinstance(e, Send)], bad
+    out = c.handle(ix.Malformed(P, WireReason.BAD_PAYLOAD, "payload 0 is 10 bytes", "block_data", "A", gen), 2.0)
+    assert out[0] == error(P, "bad_payload", "payload 0 is 10 bytes", "A", gen)
+    assert [(j.job_id, j.ok, j.reason) for j in out if isinstance(j, JobDone)] == [(4, False, Reason.CORRUPT)]
+    out = c.handle(ix.Malformed(P, WireReason.BAD_FIELD, "ok: expected bool", "transfer_done", "B", gen), 2.0)
+    assert [(j.job_id, j.ok, j.reason) for j in out if isinstance(j, JobDone)] == [(5, False, Reason.PEER_ERROR)]
+    assert c.consumer_state("C").value == "in_flight"  # the other load is unaffected
+
+
 def test_a_peers_error_about_no_load_of_its_own_changes_nothing() -> None:
     c = core()
     gen = dialled(c)

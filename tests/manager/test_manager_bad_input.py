@@ -8,6 +8,7 @@ message, never raises out of ``poll`` and never disturbs a legitimate peer in th
 from __future__ import annotations
 
 import random
+import time
 
 import msgspec
 import numpy as np
@@ -37,6 +38,7 @@ from mgr_helpers import (
     pattern_digest,
     producer_req,
     pump_until,
+    sentinel_digest,
 )
 from tools.coreview import CoreView
 
@@ -214,12 +216,13 @@ def test_hostile_producer_cannot_write_out_of_range_or_stale_blocks(make_manager
         return wm.BlockData(gen=gen, kv_request_id=kid, round=round, first=first, count=count,
                             digests=[digest(payload)] * count)
 
+    # undecodable block_data about another id (one about this load fails it at once: the test below)
     raw_frames = [
         [random.Random(1).randbytes(40)],  # malformed
-        [_hdr(type="block_data", gen=g, kv_request_id=kid, round=rnd, first=20, count=1), evil],  # oversize
-        [_hdr(type="block_data", gen=g, kv_request_id=kid, round=rnd, first=0, count=2), evil],  # bad_payload
-        [_hdr(type="block_data", gen=g, kv_request_id=kid, round=rnd, first=0, count=1), evil[:10]],  # bad_payload
-        [_hdr(type="block_data", gen=g, kv_request_id=kid, round=rnd, first=True, count=1), evil],  # bad_field
+        [_hdr(type="block_data", gen=g, kv_request_id="kv-other", round=rnd, first=20, count=1), evil],  # oversize
+        [_hdr(type="block_data", gen=g, kv_request_id="kv-other", round=rnd, first=0, count=2), evil],  # bad_payload
+        [_hdr(type="block_data", gen=g, kv_request_id="kv-other", round=rnd, first=0, count=1), evil[:10]],
+        [_hdr(type="block_data", gen=g, kv_request_id="kv-other", round=rnd, first=True, count=1), evil],  # bad_field
     ]
     for frames in raw_frames:
         fake.send_multipart([rid, *frames])
@@ -246,6 +249,53 @@ def test_hostile_producer_cannot_write_out_of_range_or_stale_blocks(make_manager
     assert metric(c, "kvtier_internal_errors_total") == 0
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
     assert jobs.total() == 1
+
+
+@pytest.mark.parametrize(("name", "payload", "count"), [("short payload", 10, 1), ("long payload", BB + 1, 1),
+                                                       ("too few frames", BB, 2)])
+def test_a_block_data_for_this_load_that_does_not_decode_fails_it_at_once(make_manager, zctx, name, payload, count):
+    """Decision I36: a block_data about our load, from its producer on the live session, whose
+    payload frames are not the blocks it names (``bad_payload``) fails the load at once as
+    ``corrupt`` — not at ``load_timeout_s`` — and writes nothing; the producer gets an ``error``."""
+    fake = zctx.socket(zmq.ROUTER)
+    fake.linger = 0
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    c = make_manager({**HB, **LIMITS, "load_timeout_s": 30.0}, block_bytes=BB)
+    c.pool.tensor.fill_(SENTINEL)
+    jobs = Jobs(c)
+    creq = consumer_req("c1", "kv-h", "127.0.0.1", port)
+    c.on_new_request(creq)
+    c.submit_load(job(1, [b"k0", b"k1"], [4, 5], creq))
+    got: list = []
+
+    def recv(kind):
+        def pred():
+            while True:
+                try:
+                    rid, *frames = fake.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                got.append((rid, decode(frames)[0]))
+            return any(isinstance(m, kind) for _, m in got)
+
+        assert pump_until(pred, managers=[c]), f"no {kind.__name__} from the consumer"
+        return next((rid, m) for rid, m in got if isinstance(m, kind))
+
+    rid, hello = recv(wm.Hello)
+    fake.send_multipart([rid, *encode_frames(wm.HelloAck(gen=hello.gen, instance="fake"))])
+    _, fetch = recv(wm.Fetch)
+    fake.send_multipart([rid, _hdr(type="block_data", gen=hello.gen, kv_request_id=fetch.kv_request_id,
+                                   round=fetch.round, first=0, count=count), b"\xee" * payload])
+    t0 = time.monotonic()
+    assert pump_until(lambda: jobs.has(1), jobs=[jobs], timeout_s=5.0), name
+    assert time.monotonic() - t0 < 5.0  # not load_timeout_s
+    r = jobs.one(1)
+    assert (r.success, r.reason) == (False, "corrupt"), r
+    assert digests(c.pool, [4, 5]) == [sentinel_digest(BB)] * 2  # nothing written
+    (_, err) = recv(wm.Error)
+    assert (err.reason, err.kv_request_id) == ("bad_payload", fetch.kv_request_id)
+    assert metric(c, "kvtier_wire_errors_total", reason="bad_payload") == 1
+    assert metric(c, "kvtier_internal_errors_total") == 0
 
 
 # -- API misuse (no sockets: in-memory transport) ------------------------------------------------
