@@ -171,38 +171,51 @@ def test_wire_garbage_to_router_is_counted_and_a_legit_consumer_is_served(make_m
     assert metric(c, "kvtier_internal_errors_total") == 0
 
 
+class _FakeProducer:
+    """A raw ROUTER standing in for the producer of a real consumer's load of two blocks (job 1
+    into slots 4 and 5, id ``kv-h``): :meth:`recv` pumps the consumer until it sent a message of
+    a kind, :meth:`send` answers with a message (and payload frames)."""
+
+    def __init__(self, make_manager, zctx, cfg: dict) -> None:
+        self.fake = zctx.socket(zmq.ROUTER)
+        self.fake.linger = 0
+        port = self.fake.bind_to_random_port("tcp://127.0.0.1")
+        self.c = make_manager({**HB, **LIMITS, **cfg}, block_bytes=BB)
+        self.c.pool.tensor.fill_(SENTINEL)
+        self.jobs = Jobs(self.c)
+        creq = consumer_req("c1", "kv-h", "127.0.0.1", port)
+        self.c.on_new_request(creq)
+        self.c.submit_load(job(1, [b"k0", b"k1"], [4, 5], creq))
+        self.inbox: list = []
+        self.rid, self.hello = self.recv(wm.Hello)
+
+    def recv(self, kind):
+        def pred():
+            while True:
+                try:
+                    rid, *frames = self.fake.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self.inbox.append((rid, decode(frames)[0]))
+            return any(isinstance(m, kind) for _, m in self.inbox)
+
+        assert pump_until(pred, managers=[self.c]), f"no {kind.__name__} from the consumer"
+        i = next(i for i, (_, m) in enumerate(self.inbox) if isinstance(m, kind))
+        return self.inbox.pop(i)
+
+    def send(self, msg, payloads=()) -> None:
+        self.fake.send_multipart([self.rid, *encode_frames(msg, payloads)])
+
+    def send_raw(self, frames) -> None:
+        self.fake.send_multipart([self.rid, *frames])
+
+
 def test_hostile_producer_cannot_write_out_of_range_or_stale_blocks(make_manager, zctx):
     """A fake producer (raw ROUTER) answers the consumer's handshake and fetch, then sends
     garbage, out-of-range and duplicate block indexes, a wrong generation and a stale round,
     before the real blocks.  Only the real blocks land; the load succeeds exactly once."""
-    fake = zctx.socket(zmq.ROUTER)
-    fake.linger = 0
-    port = fake.bind_to_random_port("tcp://127.0.0.1")
-    c = make_manager({**HB, **LIMITS}, block_bytes=BB)
-    c.pool.tensor.fill_(SENTINEL)
-    jobs = Jobs(c)
-    creq = consumer_req("c1", "kv-h", "127.0.0.1", port)
-    c.on_new_request(creq)
-    c.submit_load(job(1, [b"k0", b"k1"], [4, 5], creq))
-
-    inbox: list = []
-
-    def recv(kind):
-        def pred():
-            while True:
-                try:
-                    rid, *frames = fake.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                inbox.append((rid, decode(frames)[0]))
-            return any(isinstance(m, kind) for _, m in inbox)
-
-        assert pump_until(pred, managers=[c]), f"no {kind.__name__} from the consumer"
-        i = next(i for i, (_, m) in enumerate(inbox) if isinstance(m, kind))
-        return inbox.pop(i)
-
-    rid, hello = recv(wm.Hello)
-    send = lambda msg, payloads=(): fake.send_multipart([rid, *encode_frames(msg, payloads)])  # noqa: E731
+    fp = _FakeProducer(make_manager, zctx, {})
+    c, jobs, recv, send, hello = fp.c, fp.jobs, fp.recv, fp.send, fp.hello
     send(wm.HelloAck(gen=hello.gen + 1, instance="fake"))  # wrong generation: ignored
     send(wm.HelloAck(gen=hello.gen, instance="fake"))
     _, fetch = recv(wm.Fetch)
@@ -225,7 +238,7 @@ def test_hostile_producer_cannot_write_out_of_range_or_stale_blocks(make_manager
         [_hdr(type="block_data", gen=g, kv_request_id="kv-other", round=rnd, first=True, count=1), evil],  # bad_field
     ]
     for frames in raw_frames:
-        fake.send_multipart([rid, *frames])
+        fp.send_raw(frames)
     send(bd(5, 1, evil), [evil])  # index past the fetch's 2 keys: valid wire, refused by the core
     send(bd(0, 1, evil, gen=g + 1), [evil])  # another generation
     send(bd(0, 1, evil, round=rnd + 1000), [evil])  # another round
@@ -257,35 +270,12 @@ def test_a_block_data_for_this_load_that_does_not_decode_fails_it_at_once(make_m
     """Decision I36: a block_data about our load, from its producer on the live session, whose
     payload frames are not the blocks it names (``bad_payload``) fails the load at once as
     ``corrupt`` — not at ``load_timeout_s`` — and writes nothing; the producer gets an ``error``."""
-    fake = zctx.socket(zmq.ROUTER)
-    fake.linger = 0
-    port = fake.bind_to_random_port("tcp://127.0.0.1")
-    c = make_manager({**HB, **LIMITS, "load_timeout_s": 30.0}, block_bytes=BB)
-    c.pool.tensor.fill_(SENTINEL)
-    jobs = Jobs(c)
-    creq = consumer_req("c1", "kv-h", "127.0.0.1", port)
-    c.on_new_request(creq)
-    c.submit_load(job(1, [b"k0", b"k1"], [4, 5], creq))
-    got: list = []
-
-    def recv(kind):
-        def pred():
-            while True:
-                try:
-                    rid, *frames = fake.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                got.append((rid, decode(frames)[0]))
-            return any(isinstance(m, kind) for _, m in got)
-
-        assert pump_until(pred, managers=[c]), f"no {kind.__name__} from the consumer"
-        return next((rid, m) for rid, m in got if isinstance(m, kind))
-
-    rid, hello = recv(wm.Hello)
-    fake.send_multipart([rid, *encode_frames(wm.HelloAck(gen=hello.gen, instance="fake"))])
-    _, fetch = recv(wm.Fetch)
-    fake.send_multipart([rid, _hdr(type="block_data", gen=hello.gen, kv_request_id=fetch.kv_request_id,
-                                   round=fetch.round, first=0, count=count), b"\xee" * payload])
+    fp = _FakeProducer(make_manager, zctx, {"load_timeout_s": 30.0})
+    fp.send(wm.HelloAck(gen=fp.hello.gen, instance="fake"))
+    _, fetch = fp.recv(wm.Fetch)
+    fp.send_raw([_hdr(type="block_data", gen=fp.hello.gen, kv_request_id=fetch.kv_request_id, round=fetch.round,
+                      first=0, count=count), b"\xee" * payload])
+    c, jobs, recv = fp.c, fp.jobs, fp.recv
     t0 = time.monotonic()
     assert pump_until(lambda: jobs.has(1), jobs=[jobs], timeout_s=5.0), name
     assert time.monotonic() - t0 < 5.0  # not load_timeout_s
