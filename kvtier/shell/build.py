@@ -84,12 +84,10 @@ def _zmq_transport(cfg: TierConfig, block_bytes: int, curve: Any) -> Transport:
     return ZmqTransport(
         cfg.host,
         cfg.port,
-        heartbeat_ivl_s=cfg.heartbeat_interval_s,
-        # libzmq's own silence cut-off stays behind the core's (peer_timeout_s, then a heartbeat):
-        # a silent peer then ends its session as peer_timeout (the core's reason, at its
-        # deadline), never as a closed connection first
-        heartbeat_timeout_s=3 * cfg.peer_timeout_s + 1.0,
-        heartbeat_ttl_s=3 * cfg.peer_timeout_s + 1.0,
+        # no ZMTP heartbeats: libzmq 4.3.5 aborts the process when their timer fires on a
+        # connection stopped by backpressure that then failed (decision T18); the core's pings
+        # carry liveness, and it cuts the connection of a session it ends
+        heartbeat_ivl_s=0.0,
         # libzmq cuts a peer whose frame exceeds the largest legal one before receiving it
         # (consumers send us only control headers; producers also send blocks). Up to 2x the
         # header cap still arrives, to be answered "oversize": a misconfigured peer learns why

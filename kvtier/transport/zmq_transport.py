@@ -10,8 +10,9 @@ Why this shape (more in docs/protocol.md):
   speaks for one TCP connection only (decision T10).  A consumer never reconnects a session's
   DEALER (its first ``DISCONNECTED`` ends the session and closes the DEALER; the next session
   dials a new one), so a second connection claiming a live routing id is refused by libzmq.
-- ZMTP heartbeats find a frozen or vanished peer (TCP keepalive is off by default). The reconnect
-  interval backs off up to ``reconnect_ivl_max_s``. ``LINGER=0`` everywhere, so ``close()``
+- No ZMTP heartbeats by default (decision T18: libzmq 4.3.5 aborts on them after backpressure
+  and a reset); the manager's core finds a frozen or vanished peer with its own pings and cuts
+  its connection (``drop_peer``). The reconnect interval backs off up to ``reconnect_ivl_max_s``. ``LINGER=0`` everywhere, so ``close()``
   never hangs.
 
 The transport owns three parts, each with its own state (composition, decision W12): the sockets,
@@ -64,7 +65,11 @@ class ZmqTransport:
         port: TCP port, or 0 for an ephemeral one (read it back from :attr:`port`).
         sndhwm / rcvhwm: high-water marks, in messages, per peer connection. Past ``sndhwm`` sends
             queue in our per-peer FIFO instead of blocking.
-        heartbeat_ivl_s: ZMTP PING interval in seconds. 0 turns heartbeats off.
+        heartbeat_ivl_s: ZMTP PING interval in seconds; 0 (the default) turns heartbeats off.
+            libzmq 4.3.5's heartbeat timer writes on a connection whose input it stopped (the
+            receive pipe full) and that then failed, and aborts the process (``Assertion failed:
+            !_io_error``): a peer that floods and resets, or dies mid-transfer while we are busy,
+            takes us down.  The manager leaves them off; its own pings carry liveness (decision T18).
         heartbeat_timeout_s: seconds without traffic after a PING before the connection is
             dropped (> 0).
         heartbeat_ttl_s: seconds the *remote* side waits for traffic before dropping us
@@ -101,7 +106,7 @@ class ZmqTransport:
         *,
         sndhwm: int = 1000,
         rcvhwm: int = 1000,
-        heartbeat_ivl_s: float = 1.0,
+        heartbeat_ivl_s: float = 0.0,
         heartbeat_timeout_s: float = 5.0,
         heartbeat_ttl_s: float = 5.0,
         reconnect_ivl_s: float = 0.1,
@@ -152,18 +157,17 @@ class ZmqTransport:
             if self._router_maxmsg > 0:
                 self._router_maxmsg += _CURVE_OVERHEAD
         ivl = seconds_to_ms("heartbeat_ivl_s", heartbeat_ivl_s)
+        timeout_ms = seconds_to_ms("heartbeat_timeout_s", heartbeat_timeout_s)  # checked even when off
+        if timeout_ms <= 0:
+            raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
+        ttl_ms = seconds_to_ms("heartbeat_ttl_s", heartbeat_ttl_s)
         if ivl:
-            timeout_ms = seconds_to_ms("heartbeat_timeout_s", heartbeat_timeout_s)
-            if timeout_ms <= 0:
-                raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
             self._opts[zmq.HEARTBEAT_IVL] = ivl
             self._opts[zmq.HEARTBEAT_TIMEOUT] = timeout_ms
             # libzmq carries the TTL in deciseconds in a 16-bit field (at most 6553.5 s). Longer
             # values, e.g. a generous peer_timeout_s from the config, are clamped rather than
             # refused: the TTL is only a hint to the remote side.
-            self._opts[zmq.HEARTBEAT_TTL] = min(
-                seconds_to_ms("heartbeat_ttl_s", heartbeat_ttl_s), _MAX_HEARTBEAT_TTL_MS
-            )
+            self._opts[zmq.HEARTBEAT_TTL] = min(ttl_ms, _MAX_HEARTBEAT_TTL_MS)
         self._zc_threshold = positive_int("zero_copy_threshold", zero_copy_threshold)
         self._ipv6 = ":" in bind_host
 

@@ -160,3 +160,71 @@ def test_dropping_a_peer_reports_it(make_manager, zctx) -> None:
         p.transport.wait(0.05)
         got.extend(p.transport.events())
     assert got == [PeerClosed(in_peer, CloseReason.DROPPED)]
+
+
+_VICTIM = """
+import sys, time
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+m = KvTierManager({"host": "127.0.0.1", "port": 0, "heartbeat_interval_s": 0.05, "peer_timeout_s": 30.0},
+                  BlockPool(4, 4096, pin=False))
+print(m.port, flush=True)
+sys.stdin.readline()  # the attacker flooded us (we read nothing: libzmq stopped reading it) and reset
+time.sleep(0.5)  # ten heartbeat intervals while that connection is stopped and reset
+m.poll(0.05)
+m.shutdown(0.5)
+print("alive", flush=True)
+"""
+
+
+def _zmtp_flood_then_reset(port: int) -> None:
+    """Speak ZMTP 3.0 (NULL, as a DEALER) by hand: greet, flood small messages without reading a
+    byte, then close with SO_LINGER 0 — a TCP reset, as a crashed peer's kernel sends."""
+    s = socket.create_connection(("127.0.0.1", port))
+    try:
+        # the greeting and READY exactly as libzmq 4.3's own DEALER sends them (ZMTP 3.1, NULL)
+        s.sendall(b"\xff" + b"\x00" * 7 + b"\x01\x7f" + b"\x03\x01" + b"NULL".ljust(20, b"\x00") + b"\x00" * 32)
+        ready = (b"\x05READY" + b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
+                 + b"\x08Identity" + (0).to_bytes(4, "big"))
+        s.sendall(b"\x04" + bytes([len(ready)]) + ready)
+        got = b""
+        while len(got) < 66 or len(got) < 66 + got[65]:  # its greeting and READY: the handshake is over
+            chunk = s.recv(4096)
+            assert chunk, "the manager closed the connection during the handshake"
+            got += chunk
+        s.setblocking(False)
+        frame, sent, end = b"\x00\x08junk....", 0, time.monotonic() + 5.0
+        while sent < 200_000 and time.monotonic() < end:  # far past the manager's rcvhwm of 1,000
+            try:
+                s.send(frame * 512)
+                sent += 512
+            except BlockingIOError:
+                time.sleep(0.001)  # the victim's libzmq stopped reading: its pipe is full
+                if sent >= 20_000:
+                    break
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    finally:
+        s.close()
+
+
+def test_a_peer_that_floods_and_resets_while_the_loop_does_not_read_never_aborts_the_process() -> None:
+    """Decision T18: libzmq 4.3.5 aborts the process (``Assertion failed: !_io_error``) when its
+    ZMTP heartbeat timer fires on a connection whose input it stopped (the receive pipe full) and
+    that then failed (a reset) — a flooding peer that crashes, or a producer killed mid-transfer
+    while its consumer was busy.  The manager leaves ZMTP heartbeats off (its own pings carry
+    liveness), so the process lives and goes on."""
+    import subprocess
+    import sys
+
+    victim = subprocess.Popen([sys.executable, "-c", _VICTIM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(victim.stdout.readline())
+        _zmtp_flood_then_reset(port)
+        out, err = victim.communicate("go\n", timeout=30)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+    assert "Assertion failed" not in err, err
+    assert victim.returncode == 0 and out.strip() == "alive", (victim.returncode, out, err[-2000:])

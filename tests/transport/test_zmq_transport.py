@@ -381,8 +381,18 @@ def test_bad_arguments(make) -> None:
             ZmqTransport(**bad)
 
 
+def test_zmtp_heartbeats_are_off_unless_asked_for(make) -> None:
+    """Decision T18: libzmq 4.3.5 aborts on them after backpressure and a reset."""
+    t = ZmqTransport("127.0.0.1", 0)
+    try:
+        assert t._conns.router.getsockopt(zmq.HEARTBEAT_IVL) == 0
+    finally:
+        t.close()
+    assert make(heartbeat_ivl_s=0.5)._conns.router.getsockopt(zmq.HEARTBEAT_IVL) == 500
+
+
 def test_long_heartbeat_ttl_is_clamped(make) -> None:
-    t = make(heartbeat_ttl_s=86400.0)  # libzmq's maximum is 6553.5 s
+    t = make(heartbeat_ivl_s=1.0, heartbeat_ttl_s=86400.0)  # libzmq's maximum is 6553.5 s
     assert t._conns.router.getsockopt(zmq.HEARTBEAT_TTL) == 6553500
 
 
