@@ -26,6 +26,7 @@ that ended on the digest pool (:class:`~kvtier.dataplane.Landed`) goes to the pe
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -41,12 +42,17 @@ from kvtier.transport import CloseReason, Transport
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import Decoder, WireError, WireReason
 
-__all__ = ["BARRIER_WAIT_S", "Inbound", "LATE_S", "RECV_BATCH", "RECV_BUDGET"]
+__all__ = ["BARRIER_WAIT_S", "Inbound", "LATE_S", "RECV_BATCH", "RECV_BUDGET", "RECV_TIME_S"]
 
 #: Messages read per service pass, and at most per tick: the budget keeps engine calls from
 #: waiting behind a flood; deadlines then wait for the queue to be seen empty.
 RECV_BATCH = 256
 RECV_BUDGET = 8192
+#: Longest one pass decodes messages (seconds): what a pass read beyond it waits, undecoded and in
+#: order, for the next pass, so a peer whose messages are costly to decode (a flood of 60,000-key
+#: fetches: ~0.75 ms each) cannot hold a pass — and everyone else's requests — for seconds
+#: (decision C36).  Measured on the manager's clock: a virtual clock never ends a pass early.
+RECV_TIME_S = 0.005
 
 #: A pass this late after a deadline fell due (seconds) crosses the transport's barrier before it
 #: reads: far beyond a running loop's wake-up lag, well below any timeout a peer is judged by.
@@ -73,6 +79,7 @@ class Inbound:
         self.quiet_since = clock()
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
         self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
+        self._undecoded: deque[tuple[str, list[Any]]] = deque()  # read, left for the next pass (C36)
         self._after = float("-inf")  # the stamp of the reports being turned into inputs
         self._crossed = float("-inf")  # when the last crossing of the transport's barrier ended
         self._held: float | None = None  # the deadline a crossing that proved nothing held back
@@ -132,11 +139,15 @@ class Inbound:
             early = self.plane.poll()
             if early:
                 out.extend(self.reports(early, after))
+        undecoded = self._undecoded
+        until = self.clock() + RECV_TIME_S
         while True:
             t0 = self.clock()
+            if undecoded and not self._decode_until(until, out, after):
+                break  # still behind on what was read: nothing new this pass, the queue is not empty
             messages, events, drained = self.transport.service(min(RECV_BATCH, budget - read))
-            for peer, frames in messages:
-                out.append(self._decode(peer, frames, after))
+            undecoded.extend(messages)
+            caught_up = self._decode_until(until, out, after)
             closes = self._closes
             for ev in events:
                 if ev.reason in CloseReason.DIAL_FAILED:  # the dial never connected
@@ -150,6 +161,8 @@ class Inbound:
                 elif ev.reason != CloseReason.DROPPED:  # our own drop: its session already ended
                     closes.append(ix.ConnectionClosed(ev.peer, after))
             read += len(messages)
+            if not caught_up:
+                break
             if drained:
                 if closes:  # everything delivered before these closes has been read now
                     out.extend(closes)
@@ -158,12 +171,29 @@ class Inbound:
                 if t0 > self.quiet_since:
                     self.quiet_since = t0
                 break
-            if read >= budget:
+            if read >= budget or self.clock() >= until:
                 break
         reports = self.plane.poll()
         if reports:
             out.extend(self.reports(reports, after))
         return out
+
+    @property
+    def behind(self) -> bool:
+        """Messages were read but left undecoded by a pass that ran out of time (:data:`RECV_TIME_S`):
+        the loop runs its next pass at once, without waiting."""
+        return bool(self._undecoded)
+
+    def _decode_until(self, until: float, out: list[ix.Input], after: float) -> bool:
+        """Decode what was read, in order, into ``out`` until the clock passes ``until``; whether
+        nothing is left."""
+        undecoded, clock = self._undecoded, self.clock
+        while undecoded:
+            peer, frames = undecoded.popleft()
+            out.append(self._decode(peer, frames, after))
+            if clock() >= until:
+                return not undecoded
+        return True
 
     def reports(self, reports: list[Any], after: float = float("-inf")) -> list[ix.Input]:
         """The inputs the plane's ``reports`` make (a landing's goes to the per-byte work); a

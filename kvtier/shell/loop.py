@@ -422,6 +422,8 @@ class IoLoop:
     def wait_budget(self) -> float:
         """How long the next wait may block: until the core's next deadline, no longer than the
         data plane's progress allows, at most :data:`MAX_WAIT_S`."""
+        if self.inbound.behind:  # read, not yet decoded: sockets may be empty, nothing would wake us
+            return 0.0
         budget = MAX_WAIT_S
         nd = self.core.next_deadline()
         # a deadline held back by work still running (a landing on the pool) cannot fire before

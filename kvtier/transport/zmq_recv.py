@@ -30,6 +30,12 @@ VIEW_BYTES = 4 << 10
 #: ``select``'s fd limit (glibc's ``FD_SETSIZE``): past it a sub-millisecond wait slices instead.
 _FD_SETSIZE = 1024
 
+#: Header bytes one service call reads at most (the first message always): a peer's headers that
+#: are large and slow to decode (up to ``max_message_bytes`` each) are not taken in by the hundred
+#: ahead of the other peers' next messages, which the ROUTER's fair queue interleaves with them
+#: (decision C36).  A pass's usual ~100-200-byte headers never come near it.
+READ_HEADER_BYTES = 256 << 10
+
 
 def _recv_message(sock: zmq.Socket) -> list[zmq.Frame]:
     """One whole multipart message as frames (no copy), without blocking.  A frame says whether
@@ -138,11 +144,13 @@ class Inbox:
 
     def _read(self, active: list[tuple[zmq.Socket, str | None]], max_messages: int,
               out: list[tuple[str, list[memoryview | bytes]]]) -> bool:
-        """Read ``active`` sockets round-robin into ``out``; True when every one is empty."""
+        """Read ``active`` sockets round-robin into ``out``; True when every one is empty.  Stops
+        at ``max_messages``, or once :data:`READ_HEADER_BYTES` of headers were read."""
         threshold, conns = self._threshold, self._conns
+        header_bytes = 0
         while active:
             for entry in list(active):
-                if len(out) >= max_messages:
+                if len(out) >= max_messages or header_bytes >= READ_HEADER_BYTES:
                     return False
                 sock, peer = entry
                 try:
@@ -161,6 +169,7 @@ class Inbox:
                         continue
                     peer = IN_PREFIX + rid.hex()
                     parts = parts[1:]
+                header_bytes += len(parts[0])
                 out.append((peer, [p.bytes if len(p) < threshold else p.buffer for p in parts]))
         return True
 

@@ -228,3 +228,55 @@ def test_a_peer_that_floods_and_resets_while_the_loop_does_not_read_never_aborts
             victim.wait()
     assert "Assertion failed" not in err, err
     assert victim.returncode == 0 and out.strip() == "alive", (victim.returncode, out, err[-2000:])
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["caller-driven", "io-thread"])
+def test_a_flood_of_costly_messages_never_holds_another_peers_load(make_manager, zctx, threaded) -> None:
+    """Decision C36: one peer floods fetches that are legal in size but slow to decode (10,000 keys,
+    refused only once decoded: the last repeats the first).  A pass reads headers up to
+    ``READ_HEADER_BYTES`` per service call and decodes for at most ``RECV_TIME_S``, so the ROUTER's
+    fair queue brings the other peer's messages in within a few passes: its load succeeds with the
+    parked bytes well within a 2 s ``load_timeout_s`` (a pass used to read up to 8,192 messages,
+    seconds of decoding, before the core saw any of them).  On the I/O thread, what a pass read and
+    left undecoded makes the next pass start at once (the sockets may be empty by then)."""
+    import threading
+
+    p = make_manager({**HB, "background_poll": threaded}, block_bytes=BB)
+    keys = [i.to_bytes(4, "big") for i in range(10_000)] + [b"\x00\x00\x00\x00"]
+    heavy = pack({"type": "fetch", "gen": 1, "kv_request_id": "heavy", "round": 0, "keys": keys})
+    stop = threading.Event()
+
+    def flood() -> None:
+        d = _dealer(zctx, p)
+        try:
+            while not stop.is_set():
+                try:
+                    d.send(heavy, zmq.NOBLOCK)
+                except zmq.Again:
+                    time.sleep(0.0005)
+                while d.poll(0):
+                    d.recv_multipart()
+        finally:
+            d.close(linger=0)
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        pump_until(lambda: metric_sum(p, "kvtier_wire_errors_total") >= 20, managers=[p], timeout_s=10.0)
+        assert metric_sum(p, "kvtier_wire_errors_total") >= 20  # the flood reached the producer's passes
+        c = make_manager({**HB, "load_timeout_s": 2.0, "fetch_supply_timeout_s": 1.0, "handshake_timeout_s": 1.0,
+                          "abort_ack_timeout_s": 0.5}, block_bytes=BB)
+        jobs, pjobs = Jobs(c), Jobs(p)
+        preq = producer_req("p-kv-flood", "kv-flood")
+        p.on_new_request(preq)
+        want = fill_pattern(p.pool, [0, 1], seed=9)
+        p.submit_store(job(1, [b"a", b"b"], [0, 1], preq))
+        creq = consumer_req("c-kv-flood", "kv-flood", p.host, p.port)
+        c.on_new_request(creq)
+        c.submit_load(job(2, [b"a", b"b"], [3, 4], creq))
+        assert pump_until(lambda: jobs.has(2), managers=[p, c], jobs=[jobs, pjobs], timeout_s=20.0)
+        r = jobs.one(2)
+        assert (r.success, r.reason) == (True, None) and digests(c.pool, [3, 4]) == want, r
+    finally:
+        stop.set()
+        flooder.join(5.0)
