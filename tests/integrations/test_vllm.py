@@ -379,6 +379,7 @@ def test_the_two_documented_examples_run_side_by_side_on_one_host(managers) -> N
     import json
     import random
     import re
+    import socket
     import urllib.request
     from pathlib import Path
 
@@ -386,7 +387,19 @@ def test_the_two_documented_examples_run_side_by_side_on_one_host(managers) -> N
     blobs = re.findall(r"--kv-transfer-config '(\{.*?\})'", text, flags=re.S)
     prefill, decode = (json.loads(b)["kv_connector_extra_config"]["secondary_tiers"][0] for b in blobs[:2])
     assert prefill["metrics_port"] != decode["metrics_port"]
-    shift = random.randrange(20000, 40000)
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+            return True
+
+    # below the kernel's ephemeral range (32768 up), where every other test's sockets bind: a
+    # shift is taken only with its three ports free now (a collision failed a loaded run once)
+    wanted = (prefill["port"], prefill["metrics_port"], decode["metrics_port"])
+    shift = next(s for s in (random.randrange(10000, 32768 - max(wanted)) for _ in range(100))
+                 if all(free(p + s) for p in wanted))
     p_entry = {**prefill, "host": "127.0.0.1", "port": prefill["port"] + shift,
                "metrics_port": prefill["metrics_port"] + shift}
     d_entry = {**decode, "host": "127.0.0.1", "metrics_port": decode["metrics_port"] + shift,
