@@ -95,7 +95,7 @@ class Inbound:
             Faulted: lambda r, now: ix.PlaneFaulted(r.peer, r.gen, r.detail),
         }
         notes: dict[str, Callable[[str, Any], None]] = {
-            "name_peer": lambda peer, m: self.logs.name(peer, m.instance),
+            "name_peer": lambda peer, m: self.logs.name(peer, m.instance, self._principal(peer)),
             "rejected": self._note_rejected,
             "peer_error": self._note_error,
             "probe_answered": lambda peer, m: self.metrics.probe_answered(sum(m.hits), len(m.hits) - sum(m.hits)),
@@ -217,13 +217,15 @@ class Inbound:
             return ix.Malformed(peer, err.reason, err.detail, err.msg_type or None, err.kv_request_id, err.gen,
                                 err.theirs or None, after)
         note, wants_principal = self._received[type(msg)]
-        principal = None
         if note is not None:
             note(peer, msg)
-        if wants_principal:
-            info = self.transport.peer_info(peer)
-            principal = info.principal if info is not None else None
+        principal = self._principal(peer) if wants_principal else None
         return ix.Received(peer, msg, tuple(payloads) if payloads else (), principal, after)
+
+    def _principal(self, peer: str) -> str | None:
+        """The principal ``peer``'s connection proved (CURVE), or None."""
+        info = self.transport.peer_info(peer)
+        return info.principal if info is not None else None
 
     def _released(self, r: Released, now: float) -> ix.Input:
         posted = self._posted.pop((r.kv_request_id, r.round), now)

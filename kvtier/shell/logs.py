@@ -77,13 +77,17 @@ class RateLimitedLog:
         short = peer if len(peer) <= _SHOWN else peer[:_SHOWN - 1] + "…"
         return short if not where or where == peer else f"{where} ({short})"
 
-    def name(self, peer: str, instance: str) -> None:
-        """Remember ``peer``'s instance for later lines (bounded)."""
+    def name(self, peer: str, instance: str, principal: str | None = None) -> None:
+        """Remember ``peer``'s instance — what its hello claims — for later lines (bounded), and its
+        CURVE principal when the connection proved one that differs: an operator must see who
+        holds the key, not only the name it gave."""
         where = self._where(peer)
-        base = peer if not where or where == peer else f"{where} ({peer})"
+        short = peer if len(peer) <= _SHOWN else peer[:_SHOWN - 1] + "…"
+        base = short if not where or where == peer else f"{where} ({short})"
         if len(self._names) > 4096:
             self._names.clear()
-        self._names[peer] = f"{base} instance {instance}"
+        proven = f" (principal {principal})" if principal and principal != instance else ""
+        self._names[peer] = f"{base} instance {instance}{proven}"
 
     def forget(self, peer: str) -> None:
         self._names.pop(peer, None)

@@ -205,3 +205,18 @@ def test_a_log_line_shows_the_start_of_a_long_inbound_routing_id_only() -> None:
     logs = RateLimitedLog(lambda: 0.0, lambda peer: "127.0.0.1:5000" if peer == long_id else "")
     assert logs.who(long_id) == f"127.0.0.1:5000 ({long_id[:39]}…)"
     assert logs.who("in:0011223344") == "in:0011223344"
+
+
+def test_a_log_line_names_the_principal_a_connection_proved_beside_the_instance_it_claims() -> None:
+    """Under CURVE a peer holding an allowed key may claim another instance's name in its hello:
+    the line shows both, so an operator sees who holds the key; a principal equal to the claimed
+    instance (or none, without CURVE) adds nothing."""
+    from kvtier.shell.logs import RateLimitedLog
+
+    logs = RateLimitedLog(lambda: 0.0, lambda peer: "127.0.0.1:5000")
+    logs.name("in:01", "cons", "evil")
+    logs.name("in:02", "cons", "cons")
+    logs.name("in:03", "cons", None)
+    assert logs.who("in:01") == "127.0.0.1:5000 (in:01) instance cons (principal evil)"
+    assert logs.who("in:02") == "127.0.0.1:5000 (in:02) instance cons"
+    assert logs.who("in:03") == "127.0.0.1:5000 (in:03) instance cons"
