@@ -12,8 +12,8 @@ Why this shape (more in docs/protocol.md):
   dials a new one), so a second connection claiming a live routing id is refused by libzmq.
 - No ZMTP heartbeats by default (decision T18: libzmq 4.3.5 aborts on them after backpressure
   and a reset); the manager's core finds a frozen or vanished peer with its own pings and cuts
-  its connection (``drop_peer``). The reconnect interval backs off up to ``reconnect_ivl_max_s``. ``LINGER=0`` everywhere, so ``close()``
-  never hangs.
+  its connection (``drop_peer``). The reconnect interval backs off up to
+  ``reconnect_ivl_max_s``. ``LINGER=0`` everywhere, so ``close()`` never hangs.
 
 The transport owns three parts, each with its own state (composition, decision W12): the sockets,
 connection records, monitors, events and ``drop_peer`` (:class:`~kvtier.transport.zmq_conns.Connections`;
