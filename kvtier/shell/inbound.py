@@ -15,7 +15,9 @@ a read pass that emptied every socket.  The core fires deadlines only up to that
 deadline never beats a message that was already waiting (decision I3).  A pass that runs more
 than :data:`LATE_S` after a deadline fell due first crosses the transport's barrier: after a stall
 (a stopped process) the transport's own threads may not yet have taken in what the kernel holds,
-and empty sockets would prove nothing (decision T17).
+and empty sockets would prove nothing (decision T17).  The wait is bounded: once passes have read
+for :data:`HOLD_MAX_S` without seeing the queue empty (a peer sending faster than we read), deadlines
+that fell due more than that long ago fire (:meth:`Inbound.deadlines_at`, decision C37).
 
 Two plane reports are not inputs themselves: a ``block_data`` header that came with a NIXL WRITE
 (:class:`~kvtier.dataplane.Notified`) is decoded like one the transport delivered, and a landing
@@ -42,7 +44,7 @@ from kvtier.transport import CloseReason, Transport
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import Decoder, WireError, WireReason
 
-__all__ = ["BARRIER_WAIT_S", "Inbound", "LATE_S", "RECV_BATCH", "RECV_BUDGET", "RECV_TIME_S"]
+__all__ = ["BARRIER_WAIT_S", "HOLD_MAX_S", "Inbound", "LATE_S", "RECV_BATCH", "RECV_BUDGET", "RECV_TIME_S"]
 
 #: Messages read per service pass, and at most per tick: the budget keeps engine calls from
 #: waiting behind a flood; deadlines then wait for the queue to be seen empty.
@@ -53,6 +55,12 @@ RECV_BUDGET = 8192
 #: ~0.2 µs per key, 11 ms for 60,000 keys) cannot hold a pass — and everyone else's requests — for seconds
 #: (decision C36).  Measured on the manager's clock: a virtual clock never ends a pass early.
 RECV_TIME_S = 0.005
+
+#: Longest the deadlines wait for a queue that passes keep reading without ever seeing it empty
+#: (seconds): a message that arrived before a deadline fell due has been read within it — the
+#: ROUTER's fair queue gives every connection its turn, and a pass reads and decodes for at most
+#: RECV_TIME_S — so only a peer sending faster than we read is still queued (decision C37).
+HOLD_MAX_S = 1.0
 
 #: A pass this late after a deadline fell due (seconds) crosses the transport's barrier before it
 #: reads: far beyond a running loop's wake-up lag, well below any timeout a peer is judged by.
@@ -80,6 +88,7 @@ class Inbound:
         """When the inbound queue was last seen empty (seconds, the manager's clock)."""
         self._closes: list[ix.Input] = []  # connection ends held until a pass read everything
         self._undecoded: deque[tuple[str, list[Any]]] = deque()  # read, left for the next pass (C36)
+        self._busy_since: float | None = None  # the first pass since the queue was last seen empty (C37)
         self._after = float("-inf")  # the stamp of the reports being turned into inputs
         self._crossed = float("-inf")  # when the last crossing of the transport's barrier ended
         self._held: float | None = None  # the deadline a crossing that proved nothing held back
@@ -140,7 +149,8 @@ class Inbound:
             if early:
                 out.extend(self.reports(early, after))
         undecoded = self._undecoded
-        until = self.clock() + RECV_TIME_S
+        start_read = self.clock()
+        until = start_read + RECV_TIME_S
         while True:
             t0 = self.clock()
             if undecoded and not self._decode_until(until, out, after):
@@ -170,13 +180,27 @@ class Inbound:
                 t0 = min(t0, proven)
                 if t0 > self.quiet_since:
                     self.quiet_since = t0
+                self._busy_since = None
                 break
             if read >= budget or self.clock() >= until:
                 break
+        if self._busy_since is None and self.quiet_since < start_read:
+            self._busy_since = start_read  # this pass did not see the queue empty
         reports = self.plane.poll()
         if reports:
             out.extend(self.reports(reports, after))
         return out
+
+    def deadlines_at(self, now: float) -> float:
+        """Up to when deadlines may fire at ``now`` (seconds): when the queue was last seen empty
+        (:attr:`quiet_since`, decision I3) — or, once passes have read for :data:`HOLD_MAX_S`
+        without seeing it empty, ``now - HOLD_MAX_S``: a flood cannot hold every deadline, and
+        every job's result, for as long as it lasts (C37).  A loop that resumes after a stall
+        reads its backlog first: the bound counts from the first pass that did not empty it."""
+        busy = self._busy_since
+        if busy is None or now - busy <= HOLD_MAX_S:
+            return self.quiet_since
+        return max(self.quiet_since, now - HOLD_MAX_S)
 
     @property
     def behind(self) -> bool:

@@ -366,7 +366,7 @@ class IoLoop:
         work, core = self.work, self.core
         due = core.next_deadline()  # a pass late for it crosses the transport's barrier first (T17)
         inputs = self.inbound.collect(receiving=core.loading(), due=due)
-        quiet = self.inbound.quiet_since
+        quiet = self.inbound.deadlines_at(self.clock())
         firing = due is not None and due <= quiet and due <= work.floor()
         if inputs or firing or work.ready():
             now = self.clock()

@@ -280,3 +280,48 @@ def test_a_flood_of_costly_messages_never_holds_another_peers_load(make_manager,
     finally:
         stop.set()
         flooder.join(5.0)
+
+
+_CHEAP_FLOOD = """
+import sys, time, zmq
+c = zmq.Context(); d = c.socket(zmq.DEALER); d.linger = 0; d.sndhwm = 100_000; d.connect(sys.argv[1])
+junk, end = b"\\x81\\xa4type\\xa4ping", time.monotonic() + float(sys.argv[2])  # not a valid ping: refused cheaply
+while time.monotonic() < end:  # as fast as it can, its own queue bounded (~100,000 messages)
+    for _ in range(100):
+        try:
+            d.send(junk, zmq.NOBLOCK)
+        except zmq.Again:
+            break
+    while d.poll(0):
+        d.recv_multipart()
+"""
+
+
+def test_a_flood_that_never_lets_the_queue_empty_holds_deadlines_for_at_most_hold_max_s(make_manager) -> None:
+    """Decision C37: deadlines fire only up to when the inbound queue was last seen empty (I3), so
+    a peer sending faster than the producer reads used to hold every deadline — a reap, and the
+    store job's result with it — for as long as it kept sending.  Now they wait at most
+    ``HOLD_MAX_S`` (1 s) of passes that never see the queue empty: a 0.5 s reap lands within a
+    few seconds of a 12 s flood, not after it."""
+    import subprocess
+    import sys
+
+    p = make_manager({**HB, "unbound_store_timeout_s": 0.5}, block_bytes=BB)
+    jobs = Jobs(p)
+    flooder = subprocess.Popen([sys.executable, "-c", _CHEAP_FLOOD, f"tcp://{p.host}:{p.port}", "12"])
+    try:
+        assert pump_until(lambda: metric_sum(p, "kvtier_wire_errors_total") > 0, managers=[p], timeout_s=10.0)
+        preq = producer_req("p-kv-held", "kv-held")
+        p.on_new_request(preq)
+        p.submit_store(job(1, [b"a"], [0], preq))
+        p.on_request_finished(preq)
+        t0 = time.monotonic()
+        assert pump_until(lambda: jobs.has(1), managers=[p], jobs=[jobs], timeout_s=20.0)
+        took = time.monotonic() - t0
+        assert flooder.poll() is None, "no result while the flood ran: the reap waited for it to end"
+        r = jobs.one(1)
+        assert (r.success, r.reason) == (False, "reaped"), r
+        assert took < 6.0, took  # 0.5 s reap + 1 s hold, on a loaded host; the flood runs 12 s
+    finally:
+        flooder.kill()
+        flooder.wait()
