@@ -70,10 +70,12 @@ class RateLimitedLog:
         if named is None and instance:
             self.name(peer, instance)
             named = self._names.get(peer)
-        if named:
-            return named
+        return named or self._place(peer)
+
+    def _place(self, peer: str) -> str:
+        """Where ``peer`` is, with its transport name — at most :data:`_SHOWN` characters of it:
+        a peer picks its own routing id (up to 255 bytes)."""
         where = self._where(peer)
-        # a peer picks its own routing id (up to 255 bytes): a line shows its start only
         short = peer if len(peer) <= _SHOWN else peer[:_SHOWN - 1] + "…"
         return short if not where or where == peer else f"{where} ({short})"
 
@@ -81,13 +83,10 @@ class RateLimitedLog:
         """Remember ``peer``'s instance — what its hello claims — for later lines (bounded), and its
         CURVE principal when the connection proved one that differs: an operator must see who
         holds the key, not only the name it gave."""
-        where = self._where(peer)
-        short = peer if len(peer) <= _SHOWN else peer[:_SHOWN - 1] + "…"
-        base = short if not where or where == peer else f"{where} ({short})"
         if len(self._names) > 4096:
             self._names.clear()
         proven = f" (principal {principal})" if principal and principal != instance else ""
-        self._names[peer] = f"{base} instance {instance}{proven}"
+        self._names[peer] = f"{self._place(peer)} instance {instance}{proven}"
 
     def forget(self, peer: str) -> None:
         self._names.pop(peer, None)

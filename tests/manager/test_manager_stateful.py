@@ -9,7 +9,9 @@ Invariants:
 * every job gets at most one result, only jobs that were submitted get results, and by teardown
   (after time has moved past every deadline) every job has exactly one;
 * every successful load's slots hold exactly the bytes the producer stored for those keys;
-* a consumer slot that belongs to no live load is never written (no write after a result).
+* a consumer slot that belongs to no live load is never written (no write after a result);
+* a load naming a slot of a load without a result yet is refused at the call (rule
+  ``load_into_slots_still_being_loaded``).
 """
 
 from __future__ import annotations
@@ -160,6 +162,24 @@ class ManagerPair(RuleBasedStateMachine):
         self.next_job += 1
         self.c_out[jid] = (keys, slots)
         self.v.C.submit_load(job(jid, keys, slots, req))
+        self._after()
+
+    @rule(kv=KVS, pick=st.integers(0, 7))
+    def load_into_slots_still_being_loaded(self, kv: str, pick: int) -> None:
+        """An engine bug: a load naming a slot of a load that has no result yet.  It is refused at
+        the call and registers nothing (decision A9): two loads writing one slot would both be
+        reported successful, one with the other's bytes."""
+        req = self.c_reqs.get(kv)
+        busy = [(j, slots) for j, (_, slots) in sorted(self.c_out.items())
+                if slots and j in self.v.C.jobs_in_flight()]
+        if req is None or not busy:
+            return
+        owner, slots = busy[pick % len(busy)]
+        jid = self.next_job
+        self.next_job += 1
+        with pytest.raises(ValueError, match=f"still being loaded by job {owner}"):
+            self.v.C.submit_load(job(jid, [key_of(kv, 0)], [slots[0]], req))
+        assert not self.v.C.is_outstanding(jid)
         self._after()
 
     @rule(kv=KVS, n=st.integers(1, 3))
