@@ -154,3 +154,39 @@ def pytest_configure(config):  # type: ignore[no-untyped-def]
         "vllm: drives real vLLM code",
     ):
         config.addinivalue_line("markers", line)
+
+
+#: temp-dir prefixes the suite makes outside pytest's own ``tmp_path`` (tests/integrations/vllm_harness.py)
+_OWN_TMP = ("kvtier-tiny-llama-", "kvtier-vllm-cache-")
+_tmp_before: set[str] = set()
+
+
+def _own_tmp() -> set[str]:
+    import tempfile
+
+    root = tempfile.gettempdir()
+    try:
+        return {n for n in os.listdir(root) if n.startswith(_OWN_TMP)}
+    except OSError:
+        return set()
+
+
+def pytest_sessionstart(session):  # type: ignore[no-untyped-def]
+    _tmp_before.update(_own_tmp())
+
+
+def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
+    """Every test deletes what it made: a temp dir of the suite's own left behind by this run fails
+    it (checked once, by the controller, after every worker ended)."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: its fixtures may still be running
+        return
+    left = sorted(_own_tmp() - _tmp_before)
+    if left:
+        import tempfile
+
+        tw = session.config.get_terminal_writer()
+        tw.line()
+        tw.line(
+            f"tests left {len(left)} temp dir(s) in {tempfile.gettempdir()}: {', '.join(left[:5])}", red=True)
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -17,9 +17,11 @@ cannot be imported. Tests: ``test_vllm.py`` (manager level), ``test_vllm_params.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -33,7 +35,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # A private vLLM cache: a stale model-inspection cache elsewhere must not hide a missing dependency.
-os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="kvtier-vllm-cache-"))
+# Made once per process tree (a child inherits the variable) and removed by the process that made it.
+if "VLLM_CACHE_ROOT" not in os.environ:
+    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="kvtier-vllm-cache-")
+    atexit.register(shutil.rmtree, os.environ["VLLM_CACHE_ROOT"], ignore_errors=True)
 os.environ.setdefault("UCX_NET_DEVICES", "lo")  # the NIXL plane runs on loopback here
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
@@ -398,8 +403,9 @@ def run(engines: list[Engine], until, what: str, timeout_s: float = 20.0) -> Non
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> str:
-    """A config-only tiny Llama (no weights, no tokenizer), and vLLM's block-hash init."""
+def model_dir() -> Iterator[str]:
+    """A config-only tiny Llama (no weights, no tokenizer), and vLLM's block-hash init; removed
+    after the module's tests."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
@@ -407,4 +413,5 @@ def model_dir() -> str:
     path = tempfile.mkdtemp(prefix="kvtier-tiny-llama-")
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(TINY_LLAMA, f)
-    return path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
