@@ -97,7 +97,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.PEER_DISCONNECTED: "The peer closed the connection (it exited, restarted, or the connection reset). "
                           "Routine when a peer restarts; frequent ones point at the network. A producer that shut "
                           "down while more data was queued to us than its shutdown_grace_s let through looks the "
-                          "same here (its own record says shutdown): give it a longer grace.",
+                          "same here (its own record says shutdown): give it a longer grace. Right after we sent a "
+                          "large fetch (thousands of keys): a message over twice the peer's max_message_bytes "
+                          "closes the connection; give both sides the same max_message_bytes.",
     _R.PEER_RESTARTED: "The peer came back with a new session: it restarted. Requests bound to the old session "
                        "failed and recompute.",
     _R.CONNECT_REFUSED: "Nothing listens at the producer address the request named: check the proxy's "

@@ -213,8 +213,9 @@ class TierConfig:
         The bound on revoking a producer's access to a load's slots once it cannot answer (its
         session died, or an abort went unanswered): the load is reported failed by then at the
         latest. The zmq plane needs no time; the NIXL plane withdraws the session's window of the
-        pool at once and needs ``DRAIN_S`` (50 ms) more (so at least 0.1 s with it). A NIXL pool
-        not in shared memory cannot be withdrawn from: its slots stay held past this, logged.""")
+        pool at once and needs ``DRAIN_S`` (50 ms) more (so at least 0.1 s with it). A NIXL pool not
+        in shared memory cannot be withdrawn from: its slots stay held past this, logged, and its
+        producer is dialled again each time until it accepts a handshake or is proven gone.""")
 
     # ---- sessions -----------------------------------------------------------
     handshake_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
@@ -251,8 +252,9 @@ class TierConfig:
         256 keys per allowed fetch in all; more are refused (too_many_pending).""")
 
     max_message_bytes: int = key(1_048_576, integer, *_within(4096, 268_435_456), unit="bytes", doc="""
-        Largest control-message header accepted (1 MiB by default); bigger
-        messages are answered with an error and dropped.""")
+        Largest control-message header accepted (1 MiB by default); bigger ones are answered with an
+        error (``oversize``) and dropped, and one over twice this closes the connection (libzmq's
+        limit: the sender sees ``peer_disconnected``). Give producers and consumers the same value.""")
 
     hash_seed: str = key("", text, max_len(1024), doc="""
         Block-hash seed advertised in the handshake; both sides must agree, or
@@ -514,9 +516,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType(
 """Every key's code default (read-only)."""
 
 
-# --------------------------------------------------------------------------
-# cross-field relations
-# --------------------------------------------------------------------------
+# ---- cross-field relations ------------------------------------------------
 
 
 class CrossFieldRule(NamedTuple):

@@ -53,8 +53,8 @@ agent again only once no WRITE of its old entry is in flight), then they are unm
 
 A pool without shared backing (private memory) cannot be windowed: revocation then waits for one
 of those two proofs (``revocation_bounded`` is False and the core keeps such a load's slots,
-logging it at every ``revoke_timeout_s``) — a wedged producer, or one on another host that no
-request dials again, holds them until then.
+logging it and dialling the producer again at every ``revoke_timeout_s``, decision N25) — a
+producer that stays wedged, or one on another host that cannot be reached, holds them until then.
 
 Target-side progress: over UCX tcp a WRITE into us advances only while our agent is called, so
 :meth:`~NixlPlane.poll` calls it every tick and :meth:`~NixlPlane.max_wait_s` asks the manager not

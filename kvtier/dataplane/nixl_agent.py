@@ -235,10 +235,10 @@ class NixlBlockAgent(NixlTransfers):
                 try:
                     self._agent.create_backend(b, params.get(b, {}))
                 except Exception as e:
-                    raise NixlError(
-                        f"NIXL backend {b!r} could not start: {describe(e)}. UCX needs a transport with "
-                        f"peer-failure handling, so keep tcp in UCX_TLS (UCX_TLS={os.environ.get('UCX_TLS', '<unset>')!r})"
-                    ) from e
+                    hint = (f"UCX needs a transport with peer-failure handling, so keep tcp in UCX_TLS "
+                            f"(UCX_TLS={os.environ.get('UCX_TLS', '<unset>')!r})" if b == "UCX" else
+                            "kvtier's NIXL plane is tested with the UCX backend: try backends ['UCX']")
+                    raise NixlError(f"NIXL backend {b!r} could not start: {describe(e)}. {hint}") from e
             try:
                 self._reg = self._agent.register_memory([(addr, num_blocks * block_bytes, 0, "")], mem_type="DRAM")
                 self._local = self._agent.prep_xfer_dlist(
@@ -246,7 +246,9 @@ class NixlBlockAgent(NixlTransfers):
                 )
                 metadata = self._agent.get_agent_metadata()
             except Exception as e:
-                raise NixlError(f"could not register the region with NIXL: {describe(e)}") from e
+                raise NixlError(f"could not register the pool's host memory (DRAM) with NIXL backends "
+                                f"{list(backends)}: {describe(e)}; a backend that cannot register host memory "
+                                f"(e.g. POSIX, for files) cannot carry kvtier's blocks: use backends ['UCX']") from e
         except BaseException:
             self._agent = None  # dropping the last reference destroys the agent
             raise

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "bb26819a00c545000cba4610038c5b3879fbf7fa8835ce8d45e94633d80829d8"
+SPEC_SHA256: Final = "f129eff5a9fd7c8ebe72b4bdc198c6946ee2262097954bcd61ea99a809309cca"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -937,6 +937,8 @@ class ConsumerEffect(enum.StrEnum):
     """the job will report the reason the producer's notice gave, not the session's (the notice came first and says why)"""
     NOTE_HELD = "note_held"
     """say that the load's slots are still held, why, and until what (an operator line per revoke_timeout_s)"""
+    REDIAL = "redial"
+    """dial the producer again if no session to it is open: a handshake it accepts proves that none of its earlier WRITEs into our slots is still running (decision N25)"""
     RESTART_TIMER = "restart_timer"
     """restart the current state's timer from now"""
 
@@ -1222,7 +1224,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.REVOKING, ConsumerEvent.REVOKE_DEADLINE): Rule(TRANSITION, (
-        Branch(ConsumerGuard.REVOKE_UNBOUNDED, ConsumerState.REVOKING, (ConsumerEffect.NOTE_HELD, ConsumerEffect.RESTART_TIMER, ), None),
+        Branch(ConsumerGuard.REVOKE_UNBOUNDED, ConsumerState.REVOKING, (ConsumerEffect.NOTE_HELD, ConsumerEffect.REDIAL, ConsumerEffect.RESTART_TIMER, ), None),
         Branch(ConsumerGuard.LANDING, ConsumerState.SETTLING, (), None),
         Branch(ConsumerGuard.ENGINE_FINISHED, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),

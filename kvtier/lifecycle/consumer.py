@@ -47,7 +47,7 @@ from kvtier.lifecycle._table import (
     Reason,
 )
 from kvtier.lifecycle.effects import Effect, Ignored, JobDone, LandBlocks, RevokeAccess, Send, SlotsHeld
-from kvtier.lifecycle.inputs import LoadSubmitted
+from kvtier.lifecycle.inputs import Dial, LoadSubmitted
 from kvtier.lifecycle.notes import GiveUp, Notes
 from kvtier.lifecycle.session import SessionMachine
 from kvtier.wire import messages as wm
@@ -412,6 +412,9 @@ class ConsumerMachine(TableMachine):
 
     def effect_note_held(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(SlotsHeld(rec.peer, rec.key, len(rec.slots)))
+
+    def effect_redial(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        self._notes.append(Dial(rec.peer))  # routed as the engine's Dial: nothing if a session is open
 
     def effect_note_stale(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         out.append(Ignored(self.NAME, str(rec.key), rec.state, "message", reason or Reason.STALE))

@@ -170,6 +170,7 @@ class TierCore:
             JobSettled: self._job_settled,
         }
         self._ROUTE = {
+            Dial: self._dial,
             GiveUp: self._route_give_up,
             PeerLost: self._route_peer_lost,
             SessionReady: self._route_ready,

@@ -3,7 +3,8 @@
 A machine never calls another machine (or the core) from inside a transition: its effect builder
 appends a note to the core's :class:`Notes` queue, and :class:`~kvtier.lifecycle.TierCore` routes
 every note, oldest first, once the transition that made it has finished (one table in the core
-maps each note type to the machine input it becomes).  Notes never leave the core.
+maps each note type to the machine input it becomes).  Notes never leave the core.  A machine
+that needs a session opened notes the engine's own :class:`~kvtier.lifecycle.inputs.Dial`.
 """
 
 from __future__ import annotations

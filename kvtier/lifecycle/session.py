@@ -311,9 +311,9 @@ class SessionMachine(TableMachine):
             gen = inp.gen
             field, ours, theirs = self.local.first_mismatch(inp) or ("", "", "")
             if field == "hash_seed":
-                # The hash seed keys every block hash: a stranger must not learn it by guessing wrong.
-                # The refusal names the field; our value stays here.
-                ours = ""
+                # The hash seed keys every block hash: a stranger must not learn it by guessing wrong,
+                # and no log may show it (docs/compatibility.md): the refusal names the field only.
+                ours = theirs = ""
         why = (reason or Reason.HANDSHAKE_MISMATCH).value
         out.append(Send(rec.key, wm.HelloReject(gen=gen, reason=why, field=field, ours=ours, theirs=theirs),
                         ends_session=False))

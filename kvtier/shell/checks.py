@@ -90,7 +90,8 @@ def check_job(job: TransferJob, *, num_blocks: int, max_blocks: int) -> None:
     if len(set(slots)) != n:
         raise ValueError(f"job {job_id}: duplicate slots (two blocks cannot share a slot)")
     if n > max_blocks:
-        raise ValueError(f"job {job_id}: {n} blocks > max_blocks_per_fetch")
+        raise ValueError(f"job {job_id}: {n} blocks > max_blocks_per_fetch={max_blocks}: split the job, or raise "
+                         f"max_blocks_per_fetch on both sides (a producer refuses a fetch over its own)")
     if not n:
         return
     if not (min(slots) >= 0 and max(slots) < num_blocks):

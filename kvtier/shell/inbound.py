@@ -264,9 +264,12 @@ class Inbound:
         if msg.field == "max_peers":
             self.logs(peer, "hello_reject", "kvtier: %s refused the session: it already has max_peers=%s sessions",
                       self.logs.who(peer), msg.ours, level=logging.ERROR)
-        else:
+        elif msg.field == "descriptor":  # its plane could not admit ours: the reason is in its log
+            self.logs(peer, "hello_reject", "kvtier: %s refused our data-plane descriptor (its log says why)%s",
+                      self.logs.who(peer), handshake_hint(msg.field), level=logging.ERROR)
+        else:  # the refusal names our value first ("theirs" from its side); a secret field names none
             self.logs(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)%s",
-                      self.logs.who(peer), msg.field, msg.theirs, msg.ours or "(withheld)",
+                      self.logs.who(peer), msg.field, msg.theirs or "(not shown)", msg.ours or "(withheld)",
                       handshake_hint(msg.field), level=logging.ERROR)
 
     def _note_error(self, peer: str, msg: wm.Error) -> None:

@@ -243,6 +243,20 @@ def test_region_and_argument_validation(monkeypatch):
         NixlBlockAgent("r5", np.zeros((4, 16), np.uint8), backends="UCX")
 
 
+def test_a_backend_that_cannot_carry_blocks_is_named_with_its_fix(monkeypatch):
+    """A backend other than UCX that fails is named, with the fix, and no UCX_TLS hint (it is not
+    UCX's): POSIX starts but cannot register host memory; LIBFABRIC is absent or cannot start."""
+    monkeypatch.setenv("UCX_NET_DEVICES", "lo")
+    monkeypatch.setenv("NIXL_LOG_LEVEL", "ERROR")
+    monkeypatch.delenv("UCX_TLS", raising=False)
+    for backend in ("POSIX", "LIBFABRIC"):
+        with pytest.raises(NixlError) as err:
+            NixlBlockAgent(f"bk-{backend.lower()}", np.zeros((4, 4096), np.uint8), backends=[backend])
+        text = str(err.value)
+        assert backend in text and "UCX_TLS" not in text, text
+        assert "not available" in text or "backends ['UCX']" in text, text
+
+
 def test_torch_region_is_accepted(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("UCX_NET_DEVICES", "lo")

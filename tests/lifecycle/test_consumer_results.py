@@ -17,7 +17,7 @@ import pytest
 from kvtier.lifecycle import ConsumerState, Reason
 from kvtier.lifecycle.consumer import ConsumerEvent
 from kvtier.lifecycle import inputs as ix
-from kvtier.lifecycle.effects import Ignored, JobDone, LandBlocks, RevokeAccess, SlotsHeld
+from kvtier.lifecycle.effects import Ignored, JobDone, LandBlocks, OpenConnection, RevokeAccess, SlotsHeld
 from kvtier.wire import messages as wm
 from tests.lifecycle.scenario_pair import P, Pair, keys, of, sent
 
@@ -155,9 +155,14 @@ def test_slots_a_plane_cannot_free_by_itself_are_held_and_said_so_until_it_prove
     job, rnd = _load(s, "A", 2, 0.0)
     out = s.c.handle(ix.ConnectionClosed(P), 1.0)
     assert of(out, RevokeAccess) == [RevokeAccess(P)] and s.c.consumer_state("A") is ConsumerState.REVOKING
+    dials = []
     for t in (2.0, 3.0):  # every revoke_timeout_s: still held, and said so
         out = s.c.fire(t)
         assert of(out, SlotsHeld) == [SlotsHeld(P, "A", 2)] and of(out, JobDone) == []
+        dials.append([e.peer for e in of(out, OpenConnection)])
+    # the first deadline dialled the producer again (a handshake it accepts is the proof, N25); the
+    # second found that session still opening and dialled nothing more
+    assert dials == [[P], []]
     out = s.c.handle(ix.AccessRevoked(P), 3.5)
     assert [(j.job_id, j.ok) for j in of(out, JobDone)] == [(job, False)]
 

@@ -61,10 +61,10 @@ def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
     c_lines = [r.getMessage() for r in caplog.records if "rejected our hello" in r.getMessage()]
     assert p_lines and c_lines, caplog.text
     if field == "hash_seed":
-        # the refusal names the field but never carries the producer's seed
-        assert f"{field} differs (ours (withheld), theirs {c_value})" in p_lines[0]
-        assert f"{field} differs (ours {c_value}, theirs (withheld))" in c_lines[0]
-        assert p_value not in caplog.text
+        # the refusal names the field, and no log on either side shows either seed
+        assert f"{field} differs (ours (withheld), theirs (not shown))" in p_lines[0]
+        assert f"{field} differs (ours (not shown), theirs (withheld))" in c_lines[0]
+        assert p_value not in caplog.text and c_value not in caplog.text
     else:
         assert f"{field} differs (ours {p_value}, theirs {c_value})" in p_lines[0]
         assert f"{field} differs (ours {c_value}, theirs {p_value})" in c_lines[0]

@@ -110,3 +110,19 @@ def test_duplicate_slots_in_one_job_are_refused():
         assert not v.C.has_pending_work()
     finally:
         v.close()
+
+
+def test_a_load_over_max_blocks_per_fetch_is_refused_with_the_limit_and_the_fix():
+    from mgr_helpers import VirtualPair
+
+    import pytest
+
+    v = VirtualPair(c_cfg={"max_blocks_per_fetch": 2}, block_bytes=64)
+    try:
+        creq = v.creq("c", "A")
+        v.C.on_new_request(creq)
+        with pytest.raises(ValueError, match=r"^job 12: 3 blocks > max_blocks_per_fetch=2: split the job, or raise"):
+            v.C.submit_load(job(12, keys_for("A", 3), [0, 1, 2], creq))
+        assert not v.C.has_pending_work()
+    finally:
+        v.close()
