@@ -269,7 +269,7 @@ class TierConfig:
         use the same plane (checked in the handshake).""")
 
     backends: tuple[str, ...] = key(("UCX",), names,
-                                    text="list of 1..16 distinct names (`[A-Za-z0-9_]`, ≤ 64 chars)", doc="""
+                                    text="1..16 names (`[A-Za-z0-9_]`, ≤ 64), NIXL's case, no storage one", doc="""
         ``data_plane="nixl"`` only: the NIXL backend plugins to create, by NIXL's names, as
         vLLM's ``p2p`` tier takes them (``["UCX"]``; ``UCX_*`` environment variables tune UCX, see
         docs/dataplane.md). A plugin missing here fails the start with its name.""")
@@ -312,9 +312,9 @@ class TierConfig:
         Name this manager gives itself in handshakes. Sessions to one instance share
         fate once its death is proven (a redial refused, or its address answering for a
         new instance; a closed connection or silence proves nothing, I23, I33): new loads
-        to its siblings then fail fast (``instance_down``) until one is heard again (B11);
-        loads already out keep their deadlines. Give every rank of a producer pod the
-        same value; empty: a random name per manager.""")
+        to its siblings then fail fast (``instance_down``) until one is heard again (B11); a sibling
+        heard since outlived that rank, whose later refusals condemn nothing (I37). Loads already out
+        keep their deadlines. Give every rank of a pod the same value; empty: a random name each.""")
 
     # ---- security (docs/security.md) -----------------------------------------
     auth: str = key("none", None, in_(("none", "curve")), doc="""

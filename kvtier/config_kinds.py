@@ -177,14 +177,27 @@ def peers(value: Any) -> tuple[str, ...]:
     return tuple(e.strip() for e in entries)
 
 
+#: NIXL 1.5's storage backends (files, objects): they cannot register host memory for peers' WRITEs
+STORAGE_BACKENDS = frozenset({"POSIX", "GDS", "GDS_MT", "OBJ", "HF3FS", "AZURE_BLOB"})
+#: NIXL 1.5's network backends, by the (case-sensitive) names NIXL gives them
+NETWORK_BACKENDS = frozenset({"UCX", "LIBFABRIC", "GPUNETIO"})
+
+
 def names(value: Any, *, most: int = 16, name: re.Pattern[str] = re.compile(r"[A-Za-z0-9_]{1,64}")) -> tuple[str, ...]:
-    """``backends``: 1..16 distinct names of 1..64 ``[A-Za-z0-9_]`` characters."""
+    """``backends``: 1..16 distinct names of 1..64 ``[A-Za-z0-9_]`` characters; not a storage
+    backend, and a network backend's name in NIXL's case."""
     entries = _strings(value)
     if not entries or len(entries) > most:
         raise _Invalid(f"must list 1..{most} names")
     for v in entries:
         if not isinstance(v, str) or not name.fullmatch(v):
             raise _Invalid(f"{safe_repr(v, 40)} is not a name of 1..64 [A-Za-z0-9_] characters")
+        if v.upper() in STORAGE_BACKENDS:
+            raise _Invalid(f"{v!r} is a NIXL storage backend (files, objects): it cannot carry blocks between "
+                           "instances; use [\"UCX\"]")
+        cased = next((b for b in NETWORK_BACKENDS if b.lower() == v.lower()), v)
+        if cased != v:
+            raise _Invalid(f"{v!r}: NIXL's backend names are case-sensitive; did you mean {cased!r}?")
     if len(set(entries)) != len(entries):
         raise _Invalid("names a backend twice")
     return tuple(entries)

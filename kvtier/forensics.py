@@ -443,6 +443,13 @@ class Forensics:
     def _sent_probe(self, peer: str, msg: wm.Probe, now: float) -> None:
         self.peer_of_request(msg.kv_request_id, peer)
 
+    def refused(self, kv_request_id: str, peer: str, reason: str) -> None:
+        """Record consumer request ``kv_request_id`` refused before anything was dialled (``reason``:
+        ``peer_not_allowed``, its producer endpoint ``peer``): under vLLM no load follows (its
+        lookups miss), so this is the request's only record for ``kvtier why``."""
+        self._add(Finished(kv_request_id, "consumer", False, reason, peer, ("refused",), (("refused", 0.0),),
+                           self._clock(), 0.0))
+
     def peer_of_request(self, kv_request_id: str, peer: str) -> None:
         """Name ``peer`` in the record of the load of ``kv_request_id`` should it end before any
         fetch names one: a probed peer, or the endpoint a refused request named (``peer_not_allowed``)."""

@@ -166,8 +166,11 @@ class KvTierManager(TierView):
             self._metrics.rejected_peer()
             self._loop.logs("", "peer_not_allowed", "kvtier: request %s: refusing to dial %s (not in allowed_peers)",
                             clip(req.req_id), clip(exc.endpoint))
-            info = TransferParams("refused", exc.kv_request_id or None, exc.endpoint)  # its load's record names both
+            info = TransferParams("refused", exc.kv_request_id or None, exc.endpoint)
+            if info.kv_request_id:  # its record for `kvtier why`, now: under vLLM no load follows
+                self._loop.call(lambda _, i=info: self.forensics.refused(i.kv_request_id, i.peer, "peer_not_allowed"))
         except ValueError as exc:
+            self._metrics.rejected_params()
             raise ValueError(f"request {clip(req.req_id)}: {exc}") from None
         if info.role == "refused":
             self._requests[req.req_id] = info
@@ -361,9 +364,8 @@ class KvTierManager(TierView):
         info = self._job_request(job)
         if info.role == "refused":  # its producer is not in allowed_peers: nothing to load
             self._check_job(job)
-            self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=self.clock(), nbytes=0)
-            if info.kv_request_id and info.peer:
-                self._loop.call(lambda _: self.forensics.peer_of_request(info.kv_request_id, info.peer))
+            # no kv_request_id: the request's record was made when it was refused, not a second one
+            self._jobs.open(job.job_id, store=False, kv_request_id=None, now=self.clock(), nbytes=0)
             self._loop.input(ix.JobSettled(job.job_id, False, Reason.PEER_NOT_ALLOWED))
             return
         if info.role not in ("consumer", "source"):

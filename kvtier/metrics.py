@@ -225,6 +225,9 @@ SERIES: tuple[SeriesDef, ...] = (
               "request recomputes (docs/security.md). A steady rate means a misconfigured router "
               "or someone probing.",
               fed_by="rejected_peer"),
+    SeriesDef("kvtier_rejected_params_total", "counter", (), "requests", "Requests whose kv_transfer_params were "
+              "malformed (on_new_request raised; vLLM's adapter then runs them without KV hand-off and logs the "
+              "first each 10 s, naming the field).", fed_by="rejected_params"),
 )
 
 _BY_NAME: Mapping[str, SeriesDef] = {s.name: s for s in SERIES}
@@ -436,6 +439,9 @@ class TierMetrics:
     def rejected_peer(self) -> None:
         """A request named a producer endpoint outside ``allowed_peers``; nothing was dialled."""
         self._inc("kvtier_rejected_peer_total")
+
+    def rejected_params(self) -> None:  # malformed kv_transfer_params: no KV hand-off for that request
+        self._inc("kvtier_rejected_params_total")
 
     def internal_error(self) -> None:
         """An unexpected exception was caught (and logged) by the manager."""

@@ -312,7 +312,7 @@ def test_non_numeric_key_accepts(key, value):
     assert getattr(build(key, value), key) == value
 
 
-@pytest.mark.parametrize("value", [["UCX"], ("UCX", "GDS"), ["MOONCAKE"], ["LIBFABRIC", "UCX"]])
+@pytest.mark.parametrize("value", [["UCX"], ("UCX", "GPUNETIO"), ["MOONCAKE"], ["LIBFABRIC", "UCX"]])
 def test_backends_accepts_lists_of_backend_names(value):
     cfg = build("backends", value)
     assert cfg.backends == tuple(value)

@@ -107,3 +107,18 @@ def test_a_p2p_key_with_no_counterpart_says_to_drop_it() -> None:
     with pytest.raises(TierConfigError) as exc:
         TierConfig.from_dict({"num_threads": 4})
     assert "kvtier has no such key, drop it" in str(exc.value) and "did you mean" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("backends", "says"), [
+    (["POSIX"], "'POSIX' is a NIXL storage backend (files, objects): it cannot carry blocks between instances; "
+                'use ["UCX"]'),
+    (["UCX", "GDS"], "'GDS' is a NIXL storage backend"),
+    (["ucx"], "'ucx': NIXL's backend names are case-sensitive; did you mean 'UCX'?"),
+])
+def test_a_backend_that_can_never_carry_blocks_is_refused_before_the_engine_starts(backends, says) -> None:
+    """``kvtier check-config`` and the manager refuse it at once, as the engine's start would
+    (an outside tester's entries passed the check, then failed the start)."""
+    with pytest.raises(TierConfigError) as err:
+        TierConfig.from_dict({"data_plane": "nixl", "backends": backends})
+    assert says in str(err.value)
+    assert TierConfig.from_dict({"data_plane": "nixl", "backends": ["UCX", "LIBFABRIC"]}).backends == ("UCX", "LIBFABRIC")

@@ -122,7 +122,8 @@ _ELSEWHERE = {
     "abort_unacknowledged": ("session", "transition"),
     "idle_evicted": ("session", "transition"),
     "local": "a store job's success for a request without a remote decoder (`kvtier_jobs_total`)",
-    "invalid_params": "a job refused by the vLLM adapter (`kvtier_jobs_total`), with a rate-limited warning",
+    "invalid_params": "`kvtier_rejected_params_total` (every such request), its jobs failed by the vLLM adapter "
+                      "(`kvtier_jobs_total`) if vLLM submits any, and a warning (the first each 10 s)",
     "not_a_consumer": "a load refused by the vLLM adapter (`kvtier_jobs_total{kind=\"load\"}`)",
     "bad_job": "a job the vLLM adapter could not map, or a store whose keys or slots failed the I/O loop's "
                "checks (`kvtier_jobs_total`), with the error logged",

@@ -210,6 +210,10 @@ class CoreState(msgspec.Struct, frozen=True, gc=False):
     """``(peer address, instance)`` last heard there, oldest first (the order they are forgotten in)."""
     last_gen: tuple[tuple[str, int], ...] = ()
     """``(peer address, generation)`` of the last session there a hello names as ``replaces``, oldest first."""
+    suspect_by: tuple[tuple[str, str], ...] = ()
+    """``(suspect instance, the address whose refusal condemned it)`` where one did, oldest first."""
+    survived: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """``(instance, addresses whose refusal it outlived)``, oldest first (decision I37)."""
     probe: tuple[ProbeEntry, ...] = ()
     """The symmetric path's probe records, by ``kv_request_id`` (decision M14: empty, as every
     field below, for a core that never saw a symmetric request, so such a core exports as before)."""
@@ -247,7 +251,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
         "ignored": "counter", "peer_timeout_s": "config", "goodbye_linger_s": "config", "max_peers": "config", "local": "config",
         "_notes": "config", "_next_gen": "state", "suspect": "state", "gone": "state", "last_instance": "state",
-        "last_gen": "state",
+        "last_gen": "state", "survived": "state",
     },
     "producer": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
@@ -381,6 +385,8 @@ def export(core: TierCore) -> CoreState:
         gone=tuple(sm.gone),
         last_instance=tuple(sm.last_instance.items()),
         last_gen=tuple(sm.last_gen.items()),
+        suspect_by=tuple((k, v) for k, v in sm.suspect.items() if v),
+        survived=tuple((k, tuple(sorted(v))) for k, v in sm.survived.items()),
         probe=probe,
         rounds=_consumer_entries(rm),
         serve=serve,
@@ -512,6 +518,8 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
     sm._next_gen = state.next_gen
     cm._next_round = state.next_round
     sm.suspect = dict.fromkeys(state.suspect)
+    sm.suspect.update(state.suspect_by)
+    sm.survived = {k: frozenset(v) for k, v in state.survived}
     sm.gone = dict.fromkeys(state.gone)
     sm.last_instance = dict(state.last_instance)
     sm.last_gen = dict(state.last_gen)

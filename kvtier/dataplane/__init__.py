@@ -14,6 +14,7 @@ from kvtier.dataplane.base import (
     Faulted,
     Landed,
     Notified,
+    PeerStillHeld,
     PlaneError,
     Released,
     Report,
@@ -22,8 +23,8 @@ from kvtier.dataplane.base import (
 from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.zmq import ZmqPlane
 
-__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Faulted", "Landed", "Landings", "Notified", "PlaneError",
-           "Released", "Report", "Revoked", "ZmqPlane", "make_plane"]
+__all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Faulted", "Landed", "Landings", "Notified",
+           "PeerStillHeld", "PlaneError", "Released", "Report", "Revoked", "ZmqPlane", "make_plane"]
 
 
 def make_plane(name: str, **kwargs: object) -> DataPlane:

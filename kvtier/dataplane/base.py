@@ -48,6 +48,12 @@ class PlaneError(KvTierError):
     """A data plane cannot start, or a peer's descriptor or payload does not fit it."""
 
 
+class PeerStillHeld(PlaneError):
+    """A consumer's new session names the agent an earlier session of it still holds here (that
+    session has not ended on this side yet): refused for now, not a mismatch; the consumer's next
+    handshake is admitted once the earlier session ended."""
+
+
 @attrs.frozen(slots=True)
 class Batch:
     """One ``block_data`` message worth of a transfer.

@@ -76,7 +76,17 @@ from typing import Any, Final
 
 import msgspec
 
-from kvtier.dataplane.base import Attached, AttachFailed, Batch, Faulted, Notified, PlaneError, Report, Revoked
+from kvtier.dataplane.base import (
+    Attached,
+    AttachFailed,
+    Batch,
+    Faulted,
+    Notified,
+    PeerStillHeld,
+    PlaneError,
+    Report,
+    Revoked,
+)
 from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.settings import PlaneSettings
 from kvtier.dataplane.nixl_agent import (
@@ -275,6 +285,9 @@ class NixlPlane:
         if holder is not None and holder[1]:
             self._pending[peer] = (descriptor, accepted, gen)  # its old entry still drains transfers
             return False
+        if holder is not None and holder[0] != peer:
+            raise PeerStillHeld(f"{peer}'s NIXL agent is still held by our earlier session {holder[0]} with "
+                                "that consumer, which has not ended here yet")
         self._add(peer, descriptor, hello, agent, accepted)
         self._gens[peer] = gen
         return self._warm(peer, gen, accepted)

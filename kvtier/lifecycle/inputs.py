@@ -295,8 +295,13 @@ class PeerAttached(_Input):
     gen: int
 
 
+#: :class:`AttachRefused` detail: the peer's agent is still held by an earlier session of it here
+STILL_HELD = "still_held"
+
+
 class AttachRefused(_Input):
-    """The data plane refused the descriptor of ``peer``'s session generation ``gen``."""
+    """The data plane refused the descriptor of ``peer``'s session generation ``gen``
+    (``detail`` :data:`STILL_HELD`: for now, an earlier session of that peer still holds its agent)."""
 
     peer: str
     gen: int

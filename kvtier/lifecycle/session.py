@@ -52,7 +52,7 @@ from kvtier.lifecycle._table import (
     SessionState,
 )
 from kvtier.lifecycle.effects import AttachPeer, CloseConnection, DetachPeer, Effect, OpenConnection, Send, SessionEnded
-from kvtier.lifecycle.inputs import AttachRefused, ConnectionClosed
+from kvtier.lifecycle.inputs import STILL_HELD, AttachRefused, ConnectionClosed
 from kvtier.lifecycle.notes import Notes, PeerLost, SessionReady
 from kvtier.wire import messages as wm
 
@@ -177,10 +177,14 @@ class SessionMachine(TableMachine):
         self.local = local
         self._notes = notes
         self._next_gen = gen_base
-        # insertion-ordered sets of instances proven gone (decision I23); ``suspect`` also holds
-        # instances a test marks suspect by hand (a ready session to one answers instance_down)
-        self.suspect: dict[str, None] = {}
+        # insertion-ordered sets of instances proven gone (decision I23); ``suspect`` maps each to
+        # the address whose refusal proved it ("" for a restart proof, or an instance a test marks
+        # suspect by hand: a ready session to one answers instance_down)
+        self.suspect: dict[str, str | None] = {}
         self.gone: dict[str, None] = {}
+        # instance -> addresses whose refusal it outlived (a sibling was heard after it): another
+        # refusal there proves nothing new about the instance (decision I37)
+        self.survived: dict[str, frozenset[str]] = {}
         # dialled address -> the instance its last hello_ack named (a refused dial condemns it)
         self.last_instance: dict[str, str] = {}
         # dialled address -> the generation of our last session to it (the next hello replaces it)
@@ -280,18 +284,27 @@ class SessionMachine(TableMachine):
             # and every session still believed to reach it is proven stale (decision I23)
             self._condemn(fate(rec.key, before))
         rec.instance = inp.instance
-        self._heard(fate(rec.key, inp.instance))
+        self._heard(fate(rec.key, inp.instance), rec.key)
         _remember(self.last_instance, rec.key, inp.instance, self.MAX_REMEMBERED)
 
-    def _heard(self, instance: str) -> None:
-        """``instance`` (a :func:`fate` key) was heard from: it is not gone."""
-        self.suspect.pop(instance, None)
+    def _heard(self, instance: str, address: str) -> None:
+        """``instance`` (a :func:`fate` key) was heard from at ``address``: it is not gone.  Heard
+        from another address than the one whose refusal condemned it, it outlived that rank."""
+        refused = self.suspect.pop(instance, None)
         self.gone.pop(instance, None)
+        outlived = self.survived.get(instance)
+        if refused and refused != address:
+            _remember(self.survived, instance, (outlived or frozenset()) | {refused}, self.MAX_SUSPECT)
+        elif outlived and address in outlived:  # that rank answers again: its next refusal is news
+            self.survived[instance] = outlived - {address}
 
-    def _condemn(self, instance: str) -> None:
-        """``instance`` (a :func:`fate` key) is proven gone: new loads to it fail
-        ``instance_down`` until it is heard."""
-        self.suspect[instance] = None
+    def _condemn(self, instance: str, refused: str = "") -> None:
+        """``instance`` (a :func:`fate` key) is proven gone (``refused``: by that address refusing
+        our dial): new loads to it fail ``instance_down`` until it is heard — unless it already
+        outlived that address's refusal (decision I37)."""
+        if refused and refused in self.survived.get(instance, ()):
+            return
+        self.suspect[instance] = refused
         if len(self.suspect) > self.MAX_SUSPECT:
             del self.suspect[next(iter(self.suspect))]
         _remember(self.gone, instance, None, self.MAX_SUSPECT)
@@ -303,8 +316,8 @@ class SessionMachine(TableMachine):
         out.append(Send(rec.key, wm.HelloAck(gen=rec.gen, instance=self.local.instance, descriptor=self.local.descriptor)))
 
     def effect_send_hello_reject(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        if isinstance(inp, AttachRefused):
-            gen, field, ours, theirs = inp.gen, "descriptor", "", ""
+        if isinstance(inp, AttachRefused):  # ours names a refusal for now (STILL_HELD), never the detail
+            gen, field, ours, theirs = inp.gen, "descriptor", inp.detail if inp.detail == STILL_HELD else "", ""
         elif reason is Reason.TOO_MANY_PEERS:
             gen, field, ours, theirs = inp.gen, "max_peers", str(self.max_peers), str(len(self.records) + 1)
         else:
@@ -328,7 +341,7 @@ class SessionMachine(TableMachine):
     def effect_note_heard(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.heard = now
         if self.suspect and rec.instance:
-            self._heard(fate(rec.key, rec.instance))
+            self._heard(fate(rec.key, rec.instance), rec.key)
 
     def effect_note_active(self, rec: SessionRecord, inp, reason, now, out) -> None:
         rec.active = now
@@ -355,7 +368,7 @@ class SessionMachine(TableMachine):
     def effect_peer_down(self, rec: SessionRecord, inp, reason, now, out) -> None:
         why = reason or Reason.PEER_LOST
         if rec.instance and why in GONE:
-            self._condemn(fate(rec.key, rec.instance))
+            self._condemn(fate(rec.key, rec.instance), rec.key)
         if rec.dialled:
             _remember(self.last_gen, rec.key, rec.gen, self.MAX_REMEMBERED)
         out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance, type(inp) is ConnectionClosed))

@@ -264,6 +264,10 @@ class Inbound:
         if msg.field == "max_peers":
             self.logs(peer, "hello_reject", "kvtier: %s refused the session: it already has max_peers=%s sessions",
                       self.logs.who(peer), msg.ours, level=logging.ERROR)
+        elif msg.field == "descriptor" and msg.ours == ix.STILL_HELD:  # N25's redial meets its old session
+            self.logs(peer, "hello_reject", "kvtier: %s still holds an earlier session of ours, not ended there yet: "
+                      "it refused this handshake for now (a later one is admitted)", self.logs.who(peer),
+                      level=logging.WARNING)
         elif msg.field == "descriptor":  # its plane could not admit ours: the reason is in its log
             self.logs(peer, "hello_reject", "kvtier: %s refused our data-plane descriptor (its log says why)%s",
                       self.logs.who(peer), handshake_hint(msg.field), level=logging.ERROR)

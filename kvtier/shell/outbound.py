@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from kvtier.advice import handshake_hint
-from kvtier.dataplane import Batch, DataPlane, PlaneError
+from kvtier.dataplane import Batch, DataPlane, PeerStillHeld, PlaneError
 from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
@@ -143,7 +143,7 @@ class Outbound:
         if msg.field == "max_peers":
             self.logs(peer, msg.reason, "kvtier: refusing a session from %s: max_peers=%s reached",
                       self.logs.who(peer), msg.ours)
-        else:
+        elif msg.field != "descriptor":  # a refused descriptor: the plane's refusal was logged with its cause
             self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)%s",
                       self.logs.who(peer), msg.field, msg.ours or "(withheld)", msg.theirs or "(not shown)",
                       handshake_hint(msg.field), level=logging.ERROR)
@@ -254,6 +254,10 @@ class Outbound:
         try:
             if not self.plane.add_peer(e.peer, e.descriptor, accepted=e.accepted, gen=e.gen):
                 return None  # deferred: the plane reports Attached / AttachFailed later
+        except PeerStillHeld as exc:  # not a mismatch: it is admitted once the earlier session ended
+            self.logs(e.peer, "descriptor", "kvtier: refusing %s's handshake for now: %s", self.logs.who(e.peer), exc,
+                      level=logging.WARNING)
+            return [ix.AttachRefused(e.peer, e.gen, ix.STILL_HELD)]
         except PlaneError as exc:
             self.metrics.wire_error(WireReason.BAD_FIELD)
             self.logs(e.peer, "descriptor", "kvtier: %s sent a data-plane descriptor we cannot use: %s",

@@ -132,6 +132,7 @@ class Connections:
         self._dialling: dict[str, float] = {}  # fail_fast dials not connected yet -> when dialled
         self._dealer_fd: dict[str, int] = {}  # a dial's TCP connection, from its monitor's CONNECTED
         self._spoken: set[str] = set()  # dials whose ZMTP handshake succeeded since their last disconnect
+        self._spoke: dict[str, None] = {}  # addresses a handshake ever succeeded with (bounded, oldest out; E8)
         self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
         self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
         self._mon_set: frozenset[zmq.Socket] | None = None
@@ -350,6 +351,9 @@ class Connections:
                 self._dealer_fd[address] = value
             elif event == _SPOKE:
                 self._spoken.add(address)
+                self._spoke[address] = None
+                if len(self._spoke) > 4096:
+                    del self._spoke[next(iter(self._spoke))]
             elif event == zmq.EVENT_CLOSED:
                 self._dealer_fd.pop(address, None)
                 since = self._dialling.pop(address, None)
@@ -364,7 +368,8 @@ class Connections:
                 if not failed_auth:  # after a failed CURVE handshake its session already ends auth_failed
                     self.events.append(PeerClosed(address, CloseReason.DISCONNECTED))
             elif event in (AUTH, NO_DETAIL, PROTOCOL):
-                auth, text = handshake_problem(event, value, curve=self._curve, dialled=True)
+                spoke = address in self._spoke
+                auth, text = handshake_problem(event, value, curve=self._curve, dialled=True, spoke=spoke)
                 if auth and not failed_auth:
                     failed_auth = True
                     self.events.append(PeerClosed(address, CloseReason.AUTH_FAILED, text))
@@ -374,7 +379,7 @@ class Connections:
                 # and each failed load may dial again (bounded: addresses come from requests)
                 if len(self.handshake_failures) >= 4096:
                     self.handshake_failures.clear()
-                said = any(handshake_problem(e, value, curve=self._curve, dialled=True)[1] == text
+                said = any(handshake_problem(e, value, curve=self._curve, dialled=True, spoke=spoke)[1] == text
                            for a, e in self.handshake_failures if a == address)
                 self.handshake_failures.add((address, event))
                 if not said:

@@ -86,8 +86,8 @@ def test_plane_settings_are_built_from_the_config_with_its_defaults() -> None:
     from kvtier.dataplane.settings import PlaneSettings
 
     assert PlaneSettings() == PlaneSettings.from_config(TierConfig())
-    cfg = TierConfig(integrity="none", backends=("UCX", "POSIX"), nixl_progress_interval_s=0.002, instance="pod-1",
+    cfg = TierConfig(integrity="none", backends=("UCX", "LIBFABRIC"), nixl_progress_interval_s=0.002, instance="pod-1",
                      revoke_timeout_s=2.0)
     p = PlaneSettings.from_config(cfg)
     assert (p.integrity, p.backends, p.nixl_progress_interval_s, p.instance, p.revoke_timeout_s) == (
-        "none", ("UCX", "POSIX"), 0.002, "pod-1", 2.0)
+        "none", ("UCX", "LIBFABRIC"), 0.002, "pod-1", 2.0)

@@ -126,3 +126,24 @@ def test_a_load_over_max_blocks_per_fetch_is_refused_with_the_limit_and_the_fix(
         assert not v.C.has_pending_work()
     finally:
         v.close()
+
+
+def test_every_request_with_malformed_params_is_counted_not_only_the_logged_ones():
+    """vLLM's adapter logs the first malformed leg each 10 s; every one is counted, so a proxy
+    that breaks some requests shows in /metrics (an outside tester found the rest left no trace)."""
+    from mgr_helpers import VirtualPair, metric
+
+    import pytest
+
+    from kvtier.api import RequestContext
+
+    v = VirtualPair(block_bytes=64)
+    try:
+        legs = ({"kv_request_id": "a", "remote_host": "127.0.0.1", "remote_port": "abc"},
+                {"kv_request_id": "b", "remote_port": 5710}, {"kv_request_id": "c", "remote_host": "h", "remote_port": 70000})
+        for i, leg in enumerate(legs):
+            with pytest.raises(ValueError, match="remote_"):
+                v.C.on_new_request(RequestContext(req_id=f"bad-{i}", kv_transfer_params={"remote_prefiller": leg}))
+        assert metric(v.C, "kvtier_rejected_params_total") == 3
+    finally:
+        v.close()

@@ -322,10 +322,15 @@ def test_the_producer_names_a_consumer_that_died_by_its_address(make_manager) ->
 
 def test_why_explains_a_load_refused_by_allowed_peers(make_manager) -> None:
     """A request naming a producer outside ``allowed_peers`` is refused before any dial; its
-    load's record explains it (it left none: "not among its last finished requests")."""
+    record explains it at once — under vLLM no load follows (its lookups miss), and an outside
+    tester found no record — and a load submitted anyway adds no second one."""
     c = make_manager({**HB, "allowed_peers": ["10.9.9.9"]})
     req = consumer_req("c1", "kv-deny", "127.0.0.1", 5999)
     assert c.on_new_request(req) == "local"
+    pump_until(lambda: bool(c.forensics.recent("kv-deny")), managers=[c])
+    code, out, _ = _why("kv-deny", c)
+    assert code == 0, out
+    _failed_load(out, "kv-deny", "peer_not_allowed")
     c.submit_load(job(1, [b"k"], [0], req))
     jobs = Jobs(c)
     assert pump_until(lambda: jobs.has(1), managers=[c], jobs=[jobs])
