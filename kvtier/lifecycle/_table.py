@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "f129eff5a9fd7c8ebe72b4bdc198c6946ee2262097954bcd61ea99a809309cca"
+SPEC_SHA256: Final = "614776e3b0e902fbbb1a5f2d5c3da0ce090150f88e32d2253eea75e209f9741b"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -78,6 +78,8 @@ class Reason(enum.StrEnum):
     """the session was not ready within handshake_timeout_s"""
     HANDSHAKE_MISMATCH = "handshake_mismatch"
     """protocol version, block layout or hash seed differ between the peers"""
+    SESSION_STILL_HELD = "session_still_held"
+    """the producer still holds an earlier session of this consumer, not ended on its side yet (its data plane keeps the consumer's agent): the new session is refused for now, a later handshake is admitted (decision N25); not a mismatch"""
     PEER_TIMEOUT = "peer_timeout"
     """nothing heard from the peer for peer_timeout_s"""
     PEER_DISCONNECTED = "peer_disconnected"
@@ -171,6 +173,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.INSTANCE_DOWN: "the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since",
     Reason.HANDSHAKE_TIMEOUT: "the session was not ready within handshake_timeout_s",
     Reason.HANDSHAKE_MISMATCH: "protocol version, block layout or hash seed differ between the peers",
+    Reason.SESSION_STILL_HELD: "the producer still holds an earlier session of this consumer, not ended on its side yet (its data plane keeps the consumer's agent): the new session is refused for now, a later handshake is admitted (decision N25); not a mismatch",
     Reason.PEER_TIMEOUT: "nothing heard from the peer for peer_timeout_s",
     Reason.PEER_DISCONNECTED: "the peer said disconnect, did not know our session, or its connection closed",
     Reason.PEER_RESTARTED: "the peer reconnected with a new generation (or a new session from the same consumer replaced this one)",
@@ -1384,6 +1387,8 @@ class SessionGuard(enum.StrEnum):
     """the hello carries the generation this session already serves (a duplicate)"""
     CAPACITY_REFUSAL = "capacity_refusal"
     """the peer refused our hello because it already has max_peers sessions"""
+    STILL_HELD = "still_held"
+    """the refusal is for now: the peer's plane still holds an earlier session of ours (its hello_reject says session_still_held), or ours still holds an earlier session of the peer's agent (plane_refused)"""
     PEER_SHUTTING_DOWN = "peer_shutting_down"
     """the peer's disconnect says it is shutting down (its goodbye)"""
     PEER_GAVE_REASON = "peer_gave_reason"
@@ -1548,6 +1553,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.HELLO_REJECT): Rule(TRANSITION, (
         Branch(SessionGuard.CAPACITY_REFUSAL, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.TOO_MANY_PEERS),
+        Branch(SessionGuard.STILL_HELD, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SESSION_STILL_HELD),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.PLANE_ATTACHED): Rule(IGNORE, (), Reason.STALE),
@@ -1591,6 +1597,7 @@ SESSION_TABLE: Final = MappingProxyType({
     ), None),
     (SessionState.ATTACHING, SessionEvent.PLANE_REFUSED): Rule(TRANSITION, (
         Branch(SessionGuard.DIALLED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
+        Branch(SessionGuard.STILL_HELD, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, SessionEffect.PEER_DOWN, ), Reason.SESSION_STILL_HELD),
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
     ), None),
     (SessionState.ATTACHING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),

@@ -237,6 +237,9 @@ class SessionMachine(TableMachine):
     def guard_capacity_refusal(self, rec: SessionRecord, inp, now: float) -> bool:
         return getattr(inp, "reason", None) is Reason.TOO_MANY_PEERS
 
+    def guard_still_held(self, rec: SessionRecord, inp, now: float) -> bool:
+        return getattr(inp, "reason", None) is Reason.SESSION_STILL_HELD or getattr(inp, "detail", "") == STILL_HELD
+
     def guard_dialled(self, rec: SessionRecord, inp, now: float) -> bool:
         return rec.dialled
 

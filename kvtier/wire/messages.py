@@ -225,8 +225,9 @@ class HelloAck(_Msg, tag="hello_ack"):
 
 
 class HelloReject(_Msg, tag="hello_reject"):
-    """producer→consumer: session refused: ``reason`` is ``handshake_mismatch`` or ``too_many_peers``;
-    ``field`` names the first mismatch; ``ours`` is withheld (empty) for ``hash_seed``."""
+    """producer→consumer: session refused: ``reason`` is ``handshake_mismatch``, ``too_many_peers`` or
+    ``session_still_held`` (for now: an earlier session of the consumer still holds its agent); ``field``
+    names the first mismatch; ``ours`` and ``theirs`` are empty for ``hash_seed``."""
 
     TYPE: ClassVar[str] = "hello_reject"
     gen: int

@@ -153,6 +153,26 @@ def test_a_descriptor_the_plane_refuses_refuses_the_hello_naming_the_descriptor(
     assert CoreView(p).session("c1") is None
 
 
+def test_an_agent_still_held_by_an_earlier_session_is_refused_for_now_on_both_sides() -> None:
+    """The plane refuses a consumer's descriptor because an earlier session of it still holds its
+    agent here: the refusal says so (session_still_held), not handshake_mismatch, and the consumer's
+    session ends with that reason too (an outside tester saw N25's redials counted as mismatches)."""
+    p = core()
+    p.handle(ix.Received("c1", hello(7)), 0.0)
+    out = p.handle(ix.AttachRefused("c1", 7, ix.STILL_HELD), 0.5)
+    reject = wm.HelloReject(gen=7, reason="session_still_held", field="descriptor", ours="still_held", theirs="")
+    assert out == [Send("c1", reject, ends_session=False),
+                   SessionEnded("c1", Reason.SESSION_STILL_HELD, False, "peer-inst"), DetachPeer("c1")]
+    c = core()
+    (opened,) = c.handle(ix.Dial(P), 0.0)
+    c.handle(ix.ConnectionUp(P), 0.0)
+    reject = wm.HelloReject(gen=opened.gen, reason="session_still_held", field="descriptor", ours="still_held",
+                            theirs="")
+    out = c.handle(ix.Received(P, reject), 0.1)
+    assert of(out, SessionEnded) == [SessionEnded(P, Reason.SESSION_STILL_HELD, True, "")]
+    assert CoreView(c).suspect_instances() == frozenset()  # it proves nothing about the producer
+
+
 def test_a_message_without_a_session_is_answered_that_the_session_is_unknown() -> None:
     p = core()
     out = p.handle(ix.Received("c9", wm.Ping(gen=41, t=3.0)), 0.0)
