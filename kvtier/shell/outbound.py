@@ -301,7 +301,8 @@ class Outbound:
         self.logs(e.peer, "slots_held",
                   "kvtier: load %s: %d slots still held: the data plane cannot withdraw %s's access to them by itself "
                   "(the pool is not shared memory); held until that producer is proven gone or accepts a fresh "
-                  "handshake (kvtier dials it again now and at every revoke_timeout_s)", e.kv_request_id, e.slots, self.logs.who(e.peer), level=logging.WARNING)
+                  "handshake (kvtier dials it again now and at every revoke_timeout_s)", e.kv_request_id, e.slots,
+                  self.logs.who(e.peer), level=logging.WARNING)
 
     def _probe_failed(self, e: fx.ProbeFailed) -> None:
         self.metrics.probe_failed(e.reason)
