@@ -140,6 +140,19 @@ _BYTES = {bytes}
 _LOOKUP = {LookupResult.HIT: VllmLookupResult.HIT, LookupResult.MISS: VllmLookupResult.MISS,
            LookupResult.RETRY: VllmLookupResult.RETRY}
 
+def _clear_chain(exc: BaseException) -> None:
+    """Clear the frames of ``exc``'s traceback and of every exception chained to it."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
+
+
 def _vllm_seed_ready() -> bool:
     """True once vLLM's ``init_none_hash`` has run in this process."""
     return getattr(_vllm_kv_cache_utils, "_NONE_HASH_SEED", None) is not None
@@ -244,8 +257,9 @@ class KvTierSecondaryTier(SecondaryTierManager):
             self._mgr: KvTierManager | None = KvTierManager(config, pool, layout=layout)
         except BaseException as exc:
             pool = None
-            # The failed constructor's frames (held by the traceback) still reference the pool.
-            traceback.clear_frames(exc.__traceback__)
+            # The failed constructor's frames (held by the traceback, and by the tracebacks of the
+            # errors chained to it: a NIXL agent's) still reference the pool.
+            _clear_chain(exc)
             self._mgr = None
             self._release_check("constructor failure")
             if overlap and isinstance(exc, (TransportError, OSError)):  # our listener or metrics port is taken

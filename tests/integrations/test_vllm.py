@@ -6,6 +6,7 @@ primary tier over ``/dev/shm``, driven in the order the offloading connector dri
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from typing import Any
@@ -217,6 +218,34 @@ def test_config_is_validated_before_anything_is_built(monkeypatch) -> None:
     (region,) = regions
     assert region.mmap_obj is None, "the failed constructor kept a view of the primary memory"
     assert not shm_files(engine_id)
+
+
+@pytest.mark.timeout(60)
+def test_a_data_plane_that_cannot_start_releases_the_primary_memory_and_says_nothing_false(
+        monkeypatch, caplog) -> None:
+    """NIXL's LIBFABRIC backend cannot start here: the engine's start fails naming it, vLLM unmaps
+    its region, and no warning claims the region stays mapped (an outside tester saw one: the
+    chained NIXL error's frames still held the pool until the exception was dropped)."""
+    import vllm.v1.kv_offload.tiering.spec as spec_mod
+
+    from kvtier.dataplane import PlaneError
+
+    regions: list[Any] = []
+
+    class SpyRegion(spec_mod.SharedOffloadRegion):  # type: ignore[name-defined,misc]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            regions.append(self)
+
+    monkeypatch.setattr(spec_mod, "SharedOffloadRegion", SpyRegion)
+    monkeypatch.setenv("NIXL_LOG_LEVEL", "ERROR")
+    caplog.set_level(logging.WARNING, logger="kvtier")
+    cfg, engine_id = offloading_config({**TIER, "data_plane": "nixl", "backends": ["LIBFABRIC"]})
+    with pytest.raises(PlaneError, match="LIBFABRIC"):
+        OffloadingSpecFactory.create_spec(cfg).get_manager()
+    (region,) = regions
+    assert region.mmap_obj is None and not shm_files(engine_id)
+    assert "still referenced" not in caplog.text, caplog.text
 
 
 @pytest.mark.timeout(60)
