@@ -142,15 +142,13 @@ _LOOKUP = {LookupResult.HIT: VllmLookupResult.HIT, LookupResult.MISS: VllmLookup
 
 def _clear_chain(exc: BaseException) -> None:
     """Clear the frames of ``exc``'s traceback and of every exception chained to it."""
-    seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
     while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
-        todo += [e.__cause__, e.__context__]
+        if (e := todo.pop()) is not None and id(e) not in seen:
+            seen.add(id(e))
+            traceback.clear_frames(e.__traceback__)
+            todo += [e.__cause__, e.__context__]
 
 
 def _vllm_seed_ready() -> bool:
@@ -257,8 +255,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
             self._mgr: KvTierManager | None = KvTierManager(config, pool, layout=layout)
         except BaseException as exc:
             pool = None
-            # The failed constructor's frames (held by the traceback, and by the tracebacks of the
-            # errors chained to it: a NIXL agent's) still reference the pool.
+            # The failed constructor's frames (its traceback's, its chained errors') still reference the pool.
             _clear_chain(exc)
             self._mgr = None
             self._release_check("constructor failure")

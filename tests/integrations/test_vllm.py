@@ -183,6 +183,21 @@ def test_hash_seed_is_resolved_lazily_and_checked_in_the_handshake(managers, mon
     del pview
 
 
+def _spy_regions(monkeypatch) -> list[Any]:
+    """The shared primary regions vLLM's tiering spec makes from now on, in order."""
+    import vllm.v1.kv_offload.tiering.spec as spec_mod
+
+    regions: list[Any] = []
+
+    class SpyRegion(spec_mod.SharedOffloadRegion):  # type: ignore[name-defined,misc]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            regions.append(self)
+
+    monkeypatch.setattr(spec_mod, "SharedOffloadRegion", SpyRegion)
+    return regions
+
+
 @pytest.mark.timeout(60)
 def test_config_is_validated_before_anything_is_built(monkeypatch) -> None:
     # a bool is not a number (Python's bool is an int): refused, and vLLM cleans up /dev/shm
@@ -199,16 +214,7 @@ def test_config_is_validated_before_anything_is_built(monkeypatch) -> None:
         assert not shm_files(engine_id)
 
     # a failure after the pool exists (the port is taken) releases the primary memory too
-    import vllm.v1.kv_offload.tiering.spec as spec_mod
-
-    regions: list[Any] = []
-
-    class SpyRegion(spec_mod.SharedOffloadRegion):  # type: ignore[name-defined,misc]
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, **kw)
-            regions.append(self)
-
-    monkeypatch.setattr(spec_mod, "SharedOffloadRegion", SpyRegion)
+    regions = _spy_regions(monkeypatch)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -226,18 +232,9 @@ def test_a_data_plane_that_cannot_start_releases_the_primary_memory_and_says_not
     """NIXL's LIBFABRIC backend cannot start here: the engine's start fails naming it, vLLM unmaps
     its region, and no warning claims the region stays mapped (an outside tester saw one: the
     chained NIXL error's frames still held the pool until the exception was dropped)."""
-    import vllm.v1.kv_offload.tiering.spec as spec_mod
-
     from kvtier.dataplane import PlaneError
 
-    regions: list[Any] = []
-
-    class SpyRegion(spec_mod.SharedOffloadRegion):  # type: ignore[name-defined,misc]
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, **kw)
-            regions.append(self)
-
-    monkeypatch.setattr(spec_mod, "SharedOffloadRegion", SpyRegion)
+    regions = _spy_regions(monkeypatch)
     monkeypatch.setenv("NIXL_LOG_LEVEL", "ERROR")
     caplog.set_level(logging.WARNING, logger="kvtier")
     cfg, engine_id = offloading_config({**TIER, "data_plane": "nixl", "backends": ["LIBFABRIC"]})
