@@ -80,8 +80,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                          "session was ended to free them. Check the data plane (NIXL/UCX logs) and the link.",
     _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s`: it is stalled or "
                              "unreachable. Check the producer process and the network.",
-    _R.INSTANCE_DOWN: "Another session to the same producer instance died recently, so loads to it fail fast "
-                      "until it is heard again. Look at why that session died (its reason in the log).",
+    _R.INSTANCE_DOWN: "A dial to another rank of the same producer instance (same `instance`, same host) was "
+                      "refused, or its address answered for a new instance: the pod may be gone, so loads to "
+                      "its ranks fail fast until one is heard (once one is, that rank's later refusals change "
+                      "nothing, I37). Look at why that rank died (`connect_refused` in the log).",
     # ---- sessions ------------------------------------------------------------------------------
     _R.PEER_LOST: "The session with the peer died; the log line `session with … ended: <reason>` names why "
                   "(the job then usually carries that reason itself).",
