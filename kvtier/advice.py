@@ -95,8 +95,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                            "layout, the same `--prefix-caching-hash-algo` (and `PYTHONHASHSEED`), `data_plane` "
                            "and `integrity` on both (docs/compatibility.md).",
     _R.SESSION_STILL_HELD: "Nothing to change for one: the producer had not yet seen our earlier session end (it "
-                           "was stalled, or our new dial raced that session's end) and refused the new one for "
-                           "now; the next dial is admitted. Many mean producers that stall past `peer_timeout_s`.",
+                           "was stalled, or our new dial raced that session's end); the next dial is admitted. "
+                           "Every time: requests name this producer under two names (e.g. `localhost` and "
+                           "`127.0.0.1`), and NIXL admits one session per consumer agent: use one name.",
     _R.PEER_TIMEOUT: "Nothing was heard from the peer for `peer_timeout_s`: the process hangs (a long GC or "
                      "engine step holding the tier's lock) or the network dropped packets.",
     _R.PEER_DISCONNECTED: "The peer closed the connection (it exited, restarted, or the connection reset). "

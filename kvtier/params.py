@@ -361,10 +361,11 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         host = parse_host(sub.get("remote_host"), f"{key}.remote_host")
         port = parse_port(sub.get("remote_port"), f"{key}.remote_port")
         peer = _endpoint(host, port)
+        life = _life(sub, key) if role == "consumer" else ""  # malformed before refused: every field checked
         why = policy.why_not(host, port)
         if why is not None:
             raise PeerNotAllowed(f"{key} names {clip(peer)}: {why}", peer, kid)
-        return TransferParams(role, kid, peer, life=_life(sub, key) if role == "consumer" else "")
+        return TransferParams(role, kid, peer, life=life)
     if dst is not None:
         key, sub = dst
         if not isinstance(sub, Mapping):

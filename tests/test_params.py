@@ -94,6 +94,10 @@ def test_peer_policy() -> None:
         parse_params({"remote_kv_source": pref(remote_host="169.254.169.254", remote_port=80)["remote_prefiller"]},
                      POLICY)
     assert ei.value.endpoint == "169.254.169.254:80"
+    # a malformed field is malformed whatever the peer: refused as such, not as a peer (counted, named)
+    with pytest.raises(ValueError, match=r"remote_prefiller\.life is invalid") as ei:
+        parse_params(pref(remote_host="169.254.169.254", remote_port=80, life=5), POLICY)
+    assert not isinstance(ei.value, PeerNotAllowed)
     assert PeerPolicy.from_entries(["*"]).allows("anything", 1)
     for bad in (["10.0.0.0/33"], ["h:0"], [""], [5], ["a b"]):
         with pytest.raises(ValueError):

@@ -286,8 +286,8 @@ class NixlPlane:
             self._pending[peer] = (descriptor, accepted, gen)  # its old entry still drains transfers
             return False
         if holder is not None and holder[0] != peer:
-            raise PeerStillHeld(f"{peer}'s NIXL agent is still held by our earlier session {holder[0]} with "
-                                "that consumer, which has not ended here yet")
+            raise PeerStillHeld(f"{peer}'s NIXL agent is still held by our session {holder[0]} with that consumer: "
+                                "an earlier one not ended here yet, or the consumer dials us under two names")
         self._add(peer, descriptor, hello, agent, accepted)
         self._gens[peer] = gen
         return self._warm(peer, gen, accepted)

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "614776e3b0e902fbbb1a5f2d5c3da0ce090150f88e32d2253eea75e209f9741b"
+SPEC_SHA256: Final = "c6f419b62eb0741283b4435311909f4c184aac121b5fc385e9943743c25e6c73"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -79,7 +79,7 @@ class Reason(enum.StrEnum):
     HANDSHAKE_MISMATCH = "handshake_mismatch"
     """protocol version, block layout or hash seed differ between the peers"""
     SESSION_STILL_HELD = "session_still_held"
-    """the producer still holds an earlier session of this consumer, not ended on its side yet (its data plane keeps the consumer's agent): the new session is refused for now, a later handshake is admitted (decision N25); not a mismatch"""
+    """the producer's data plane still holds another session of this consumer's agent: one not ended on its side yet (a later handshake is admitted, decision N25), or the consumer dials it under two names (NIXL admits one session per agent); not a mismatch"""
     PEER_TIMEOUT = "peer_timeout"
     """nothing heard from the peer for peer_timeout_s"""
     PEER_DISCONNECTED = "peer_disconnected"
@@ -173,7 +173,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.INSTANCE_DOWN: "the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since",
     Reason.HANDSHAKE_TIMEOUT: "the session was not ready within handshake_timeout_s",
     Reason.HANDSHAKE_MISMATCH: "protocol version, block layout or hash seed differ between the peers",
-    Reason.SESSION_STILL_HELD: "the producer still holds an earlier session of this consumer, not ended on its side yet (its data plane keeps the consumer's agent): the new session is refused for now, a later handshake is admitted (decision N25); not a mismatch",
+    Reason.SESSION_STILL_HELD: "the producer's data plane still holds another session of this consumer's agent: one not ended on its side yet (a later handshake is admitted, decision N25), or the consumer dials it under two names (NIXL admits one session per agent); not a mismatch",
     Reason.PEER_TIMEOUT: "nothing heard from the peer for peer_timeout_s",
     Reason.PEER_DISCONNECTED: "the peer said disconnect, did not know our session, or its connection closed",
     Reason.PEER_RESTARTED: "the peer reconnected with a new generation (or a new session from the same consumer replaced this one)",

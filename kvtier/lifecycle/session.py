@@ -285,7 +285,7 @@ class SessionMachine(TableMachine):
         if before and inp.instance and before != inp.instance:
             # the address answers for another instance now: the one it answered for restarted,
             # and every session still believed to reach it is proven stale (decision I23)
-            self._condemn(fate(rec.key, before))
+            self._condemn(fate(rec.key, before), now, out)
         rec.instance = inp.instance
         self._heard(fate(rec.key, inp.instance), rec.key)
         _remember(self.last_instance, rec.key, inp.instance, self.MAX_REMEMBERED)
@@ -295,18 +295,26 @@ class SessionMachine(TableMachine):
         from another address than the one whose refusal condemned it, it outlived that rank."""
         refused = self.suspect.pop(instance, None)
         self.gone.pop(instance, None)
-        outlived = self.survived.get(instance)
+        before = self.survived.get(instance, frozenset())
+        outlived = before - {address}  # a rank that answers again: its next refusal is news
         if refused and refused != address:
-            _remember(self.survived, instance, (outlived or frozenset()) | {refused}, self.MAX_SUSPECT)
-        elif outlived and address in outlived:  # that rank answers again: its next refusal is news
-            self.survived[instance] = outlived - {address}
+            outlived |= {refused}
+        if outlived:
+            if outlived != before:
+                _remember(self.survived, instance, outlived, self.MAX_SUSPECT)
+        elif before:
+            del self.survived[instance]
 
-    def _condemn(self, instance: str, refused: str = "") -> None:
+    def _condemn(self, instance: str, now: float, out: list[Effect], refused: str = "") -> None:
         """``instance`` (a :func:`fate` key) is proven gone (``refused``: by that address refusing
         our dial): new loads to it fail ``instance_down`` until it is heard — unless it already
-        outlived that address's refusal (decision I37)."""
+        outlived that address's refusal (decision I37).  Its ready sessions are pinged at once: a
+        live rank's pong lifts it within a round trip, not at its next heartbeat."""
         if refused and refused in self.survived.get(instance, ()):
             return
+        for r in self.records.values():
+            if r.state is SessionState.READY and r.dialled and r.instance and fate(r.key, r.instance) == instance:
+                out.append(Send(r.key, wm.Ping(gen=r.gen, t=now), ends_session=False))
         self.suspect[instance] = refused
         if len(self.suspect) > self.MAX_SUSPECT:
             del self.suspect[next(iter(self.suspect))]
@@ -371,7 +379,7 @@ class SessionMachine(TableMachine):
     def effect_peer_down(self, rec: SessionRecord, inp, reason, now, out) -> None:
         why = reason or Reason.PEER_LOST
         if rec.instance and why in GONE:
-            self._condemn(fate(rec.key, rec.instance), rec.key)
+            self._condemn(fate(rec.key, rec.instance), now, out, rec.key)
         if rec.dialled:
             _remember(self.last_gen, rec.key, rec.gen, self.MAX_REMEMBERED)
         out.append(SessionEnded(rec.key, why, rec.dialled, rec.instance, type(inp) is ConnectionClosed))

@@ -265,8 +265,9 @@ class Inbound:
             self.logs(peer, "hello_reject", "kvtier: %s refused the session: it already has max_peers=%s sessions",
                       self.logs.who(peer), msg.ours, level=logging.ERROR)
         elif msg.field == "descriptor" and msg.ours == ix.STILL_HELD:  # N25's redial meets its old session
-            self.logs(peer, "hello_reject", "kvtier: %s still holds an earlier session of ours, not ended there yet: "
-                      "it refused this handshake for now (a later one is admitted)", self.logs.who(peer),
+            self.logs(peer, "hello_reject", "kvtier: %s still holds another session of ours: one ended here but not "
+                      "yet there (a later handshake is admitted), or we dial it under two names (e.g. localhost and "
+                      "127.0.0.1: NIXL admits one session per agent; use one name)", self.logs.who(peer),
                       level=logging.WARNING)
         elif msg.field == "descriptor":  # its plane could not admit ours: the reason is in its log
             self.logs(peer, "hello_reject", "kvtier: %s refused our data-plane descriptor (its log says why)%s",

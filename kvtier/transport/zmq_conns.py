@@ -132,7 +132,7 @@ class Connections:
         self._dialling: dict[str, float] = {}  # fail_fast dials not connected yet -> when dialled
         self._dealer_fd: dict[str, int] = {}  # a dial's TCP connection, from its monitor's CONNECTED
         self._spoken: set[str] = set()  # dials whose ZMTP handshake succeeded since their last disconnect
-        self._spoke: dict[str, None] = {}  # addresses a handshake ever succeeded with (bounded, oldest out; E8)
+        self._spoke: dict[str, int] = {}  # addresses a handshake succeeded with -> hang-ups since (bounded; E8)
         self._dealer_peer: dict[zmq.Socket, str] = {}  # DEALER -> the address it dials
         self._mon_peer: dict[zmq.Socket, str] = {}  # a DEALER's monitor -> that address
         self._mon_set: frozenset[zmq.Socket] | None = None
@@ -351,7 +351,7 @@ class Connections:
                 self._dealer_fd[address] = value
             elif event == _SPOKE:
                 self._spoken.add(address)
-                self._spoke[address] = None
+                self._spoke[address] = 0
                 if len(self._spoke) > 4096:
                     del self._spoke[next(iter(self._spoke))]
             elif event == zmq.EVENT_CLOSED:
@@ -368,7 +368,10 @@ class Connections:
                 if not failed_auth:  # after a failed CURVE handshake its session already ends auth_failed
                     self.events.append(PeerClosed(address, CloseReason.DISCONNECTED))
             elif event in (AUTH, NO_DETAIL, PROTOCOL):
-                spoke = address in self._spoke
+                hangups = self._spoke.get(address)
+                if hangups is not None and event == NO_DETAIL:  # a restart hangs up once; CURVE every time
+                    self._spoke[address] = hangups = hangups + 1
+                spoke = hangups is not None and hangups < 2
                 auth, text = handshake_problem(event, value, curve=self._curve, dialled=True, spoke=spoke)
                 if auth and not failed_auth:
                     failed_auth = True

@@ -22,7 +22,8 @@ def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool, spo
     an authentication failure (the session ends ``auth_failed``; decision E1), else a peer that
     does not speak ZMTP at all.  ``curve``: this tier runs ``auth='curve'``; ``dialled``: we are
     the consumer that dialled; ``spoke``: a handshake with that address succeeded before under the
-    same auth, so a hang-up during the greeting is a listener restarting, not CURVE (decision E8).
+    same auth and its dials have not hung up twice in a row since, so a hang-up during the greeting
+    is a listener restarting (or dying), not CURVE (decision E8).
 
     The side that detects a mechanism mismatch reports it and hangs up; the other then sees
     ``NO_DETAIL`` with ``EPIPE`` (writing its greeting), half of the time.  A close before any
@@ -31,9 +32,9 @@ def handshake_problem(event: int, value: int, *, curve: bool, dialled: bool, spo
     other = "the producer" if dialled else "the peer"
     mismatch = event == PROTOCOL and value == _MECHANISM_MISMATCH
     hung_up = event == NO_DETAIL and value == errno.EPIPE
-    if hung_up and dialled and spoke and not curve:
+    if event == NO_DETAIL and dialled and spoke and not curve:
         return False, ("the producer closed the connection during the handshake; it completed one without CURVE "
-                       "before, so it is most likely restarting")
+                       "before, so it is most likely restarting or gone")
     if not curve and (mismatch or (hung_up and dialled) or (dialled and event == AUTH)):
         how = "closed the connection during the handshake: it may require" if hung_up else "requires"
         return True, (f"{other} {how} CURVE (auth='curve') and this tier has auth='none': set auth='curve' with "

@@ -352,34 +352,6 @@ def test_a_refused_dial_proves_the_instance_gone_and_fails_new_loads_at_once_unt
     assert of(out, JobDone) == [] and [s.msg.kv_request_id for s in sends(out)] == ["C"]
 
 
-def test_a_refusal_its_instance_already_outlived_condemns_it_no_more() -> None:
-    """Rank 0 of an instance is dead and refuses every dial; rank 1 lives.  The first refusal
-    condemns the instance (B11: the pod may be gone), rank 1 heard since proves it outlived rank
-    0, so rank 0's later refusals condemn nothing: rank 1's loads go out (decision I37).  Once
-    rank 0 answers again, its next refusal is news again."""
-    c = core()
-    dial(c, P, instance="prod-1")
-    dial(c, "prefill:2", instance="prod-1")
-    c.handle(ix.ConnectionClosed(P), 1.0)
-    c.handle(ix.Dial(P), 2.0)
-    c.handle(ix.ConnectFailed(P, "refused"), 2.1)
-    assert CoreView(c).suspect_instances() == frozenset({"prod-1"})
-    gen2 = CoreView(c).session_gen("prefill:2")
-    c.handle(ix.Received("prefill:2", wm.Pong(gen=gen2, t=3.0)), 3.0)  # rank 1 lives
-    for i, t in enumerate((4.0, 5.0, 6.0)):  # loads for rank 0 keep coming, each dial refused
-        out = load(c, f"R0-{i}", 10 + i, t)
-        assert of(c.handle(ix.ConnectFailed(P, "refused"), t + 0.01) + out, JobDone) == [
-            JobDone(10 + i, False, Reason.CONNECT_REFUSED)]
-        assert CoreView(c).suspect_instances() == frozenset()
-        out = load(c, f"R1-{i}", 20 + i, t + 0.02, "prefill:2")
-        assert of(out, JobDone) == [] and [s.msg.kv_request_id for s in sends(out)] == [f"R1-{i}"]
-    dial(c, P, 7.0, instance="prod-1")  # rank 0 is back under the same name
-    c.handle(ix.ConnectionClosed(P), 8.0)
-    c.handle(ix.Dial(P), 8.5)
-    c.handle(ix.ConnectFailed(P, "refused"), 8.6)  # and dead again: that proves something again
-    assert CoreView(c).suspect_instances() == frozenset({"prod-1"})
-
-
 def test_an_instance_name_claimed_at_another_host_shares_no_fate() -> None:
     """An instance name is only a claim: a peer at another host answering with the live producer's
     name, then refusing a redial (it served once and closed), proves nothing about the producer,
