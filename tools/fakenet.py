@@ -206,6 +206,9 @@ class FakeNetwork:
         self.transfers = [t for t in self.transfers if t.src != name]
         self.revokes = [r for r in self.revokes if r[0] != name]
         self.landings = [x for x in self.landings if x.src != name]
+        # what landed in the dead process is gone with it: a new one at that name numbers its
+        # rounds afresh, and its loads' verified prefixes start empty
+        self.verified = {k: v for k, v in self.verified.items() if k[0] != name}
         self.log.append(f"kill {name} ({len(lost)} messages lost)")
         return lost
 

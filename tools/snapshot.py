@@ -134,6 +134,8 @@ class ConsumerEntry(msgspec.Struct, frozen=True, gc=False):
     notice: Reason | None = None
     digests: tuple[int, ...] = ()
     """Per key, the digest its ``block_data`` carried (a partial load's re-check)."""
+    redialled: bool = False
+    """It dialled its producer again (decision N25)."""
 
 
 class ProbeEntry(msgspec.Struct, frozen=True, gc=False):
@@ -401,7 +403,7 @@ def _consumer_entries(machine: Any) -> tuple[ConsumerEntry, ...]:
     return tuple(
         ConsumerEntry(r.kv_request_id, r.state, r.reason, r.timer, due.get(key), r.peer, r.job_id, tuple(r.keys),
                       tuple(r.slots), r.round, r.landed.raw(), r.n_landed, r.fetched, r.engine_finished, r.life,
-                      r.notice, tuple(r.digests))
+                      r.notice, tuple(r.digests), r.redialled)
         for key, r in sorted(machine.records.items())
     )
 
@@ -534,7 +536,7 @@ def _consumer_record(e: ConsumerEntry, key: Any) -> ConsumerRecord:
     rec.state, rec.reason, rec.timer = e.state, e.reason, e.timer
     rec.peer, rec.job_id, rec.keys, rec.slots, rec.round = e.peer, e.job_id, e.keys, e.slots, e.round
     rec.landed, rec.fetched, rec.engine_finished = BlockStates.from_raw(e.landed), e.fetched, e.engine_finished
-    rec.life, rec.notice, rec.digests = e.life, e.notice, list(e.digests)
+    rec.life, rec.notice, rec.digests, rec.redialled = e.life, e.notice, list(e.digests), e.redialled
     return rec
 
 

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "c6f419b62eb0741283b4435311909f4c184aac121b5fc385e9943743c25e6c73"
+SPEC_SHA256: Final = "05afa87d2e730f688662a0b86e6c06c56a45f1806ef6317c4318894e2b0a36f7"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -865,6 +865,8 @@ class ConsumerEvent(enum.StrEnum):
 
 
 class ConsumerGuard(enum.StrEnum):
+    REFUSED_FOR_NOW = "refused_for_now"
+    """the session ended session_still_held (the producer's plane still held another session of ours) and this load has not dialled again for that yet: one more dial may be admitted (decision N25)"""
     LOAD_EMPTY = "load_empty"
     """the load job names zero keys"""
     NEEDS_NOTHING = "needs_nothing"
@@ -941,7 +943,7 @@ class ConsumerEffect(enum.StrEnum):
     NOTE_HELD = "note_held"
     """say that the load's slots are still held, why, and until what (an operator line per revoke_timeout_s)"""
     REDIAL = "redial"
-    """dial the producer again if no session to it is open: a handshake it accepts proves that none of its earlier WRITEs into our slots is still running (decision N25)"""
+    """dial the producer again if no session to it is open (at most once for a load the producer refused for now): a handshake it accepts proves that none of its earlier WRITEs into our slots is still running, or lets a load refused for now fetch (decision N25)"""
     RESTART_TIMER = "restart_timer"
     """restart the current state's timer from now"""
 
@@ -1007,6 +1009,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.SEND_ABORT, ), Reason.CANCELLED),
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(ConsumerGuard.REFUSED_FOR_NOW, ConsumerState.ANNOUNCED, (ConsumerEffect.REDIAL, ), None),
         Branch(None, ConsumerState.FAILED, (), None),
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
@@ -1036,6 +1039,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.FINISHED, (ConsumerEffect.FAIL_JOB, ConsumerEffect.SEND_ABORT, ), Reason.CANCELLED),
     ), None),
     (ConsumerState.QUEUED, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
+        Branch(ConsumerGuard.REFUSED_FOR_NOW, ConsumerState.QUEUED, (ConsumerEffect.REDIAL, ), None),
         Branch(None, ConsumerState.FAILED, (ConsumerEffect.FAIL_JOB, ), None),
     ), None),
     (ConsumerState.QUEUED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (

@@ -75,7 +75,7 @@ class MessageInput(msgspec.Struct, frozen=True, gc=False):
 
 class ConsumerRecord(Record):
     __slots__ = ("kv_request_id", "peer", "job_id", "keys", "slots", "round", "landed", "digests",
-                 "fetched", "engine_finished", "life", "notice")
+                 "fetched", "engine_finished", "life", "notice", "redialled")
 
     def __init__(self, key: Any, kv_request_id: str | None = None) -> None:
         super().__init__(key, CONSUMER_INITIAL)
@@ -93,6 +93,7 @@ class ConsumerRecord(Record):
         self.engine_finished = False
         self.life = ""  # the pairing's life (decision I20)
         self.notice: Reason | None = None  # the reason of the producer's notice (decision I19)
+        self.redialled = False  # dialled its producer again (decision N25): a refusal for now gets one retry
 
     @property
     def n_landed(self) -> int:
@@ -253,6 +254,9 @@ class ConsumerMachine(TableMachine):
                 del self.by_peer[rec.peer]
 
     # -- guards --------------------------------------------------------------------------------
+    def guard_refused_for_now(self, rec: ConsumerRecord, inp, now: float) -> bool:
+        return getattr(inp, "reason", None) is Reason.SESSION_STILL_HELD and not rec.redialled
+
     def guard_load_empty(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:
         return not inp.keys
 
@@ -414,6 +418,7 @@ class ConsumerMachine(TableMachine):
         out.append(SlotsHeld(rec.peer, rec.key, len(rec.slots)))
 
     def effect_redial(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
+        rec.redialled = True
         self._notes.append(Dial(rec.peer))  # routed as the engine's Dial: nothing if a session is open
 
     def effect_note_stale(self, rec: ConsumerRecord, inp, reason, now, out) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
-from kvtier.lifecycle.effects import JobDone
+from kvtier.lifecycle.effects import JobDone, OpenConnection
 from kvtier.wire import messages as wm
 from tests.lifecycle.test_sessions import P, core, dial, load, of, sends
 from tools.coreview import CoreView
@@ -78,3 +78,25 @@ def test_a_rank_that_answers_again_is_news_again_even_after_another_rank_was_ref
     assert CoreView(c).suspect_instances() == frozenset()
     refuse(a, 5.0)  # A dies again: news
     assert CoreView(c).suspect_instances() == frozenset({"pod"})
+
+
+def test_a_load_refused_for_now_dials_once_more_and_a_second_refusal_fails_it() -> None:
+    """A load queued behind a handshake the producer refuses for now (session_still_held: it still
+    held another session of ours, right after a stall) dials once more instead of failing (N25); a
+    second refusal fails it, so a producer dialled under two names, which refuses every time, costs
+    one extra dial, not a loop."""
+    c = core()
+
+    def refuse(t: float) -> list:
+        (opened,) = [e for e in out if isinstance(e, OpenConnection)]
+        c.handle(ix.ConnectionUp(P), t)
+        reject = wm.HelloReject(gen=opened.gen, reason="session_still_held", field="descriptor", ours="still_held",
+                                theirs="")
+        return c.handle(ix.Received(P, reject), t + 0.01)
+
+    out = load(c, "A", 1, 0.0)
+    out = refuse(0.1)
+    assert of(out, JobDone) == [] and len(of(out, OpenConnection)) == 1  # dialled again, still queued
+    assert c.consumer_state("A").value == "queued"
+    out = refuse(0.2)
+    assert of(out, JobDone) == [JobDone(1, False, Reason.SESSION_STILL_HELD)] and of(out, OpenConnection) == []
