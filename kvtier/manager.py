@@ -152,7 +152,7 @@ class KvTierManager(TierView):
 
         Raises:
             TypeError: ``req`` is not a :class:`~kvtier.api.RequestContext`.
-            ValueError: malformed ``kv_transfer_params`` (the message names the field), the same
+            ValueError: malformed or unreadable ``kv_transfer_params`` (the message names the field), the same
                 request announced twice with different params, or a consumer ``kv_request_id``
                 whose earlier load is still winding down.
             RuntimeError: :meth:`shutdown` began.
@@ -169,9 +169,10 @@ class KvTierManager(TierView):
             info = TransferParams("refused", exc.kv_request_id or None, exc.endpoint)
             if info.kv_request_id:  # its record for `kvtier why`, now: under vLLM no load follows
                 self._loop.call(lambda _, i=info: self.forensics.refused(i.kv_request_id, i.peer, "peer_not_allowed"))
-        except ValueError as exc:
+        except Exception as exc:  # a ValueError names the field; anything else came from the params object itself
             self._metrics.rejected_params()
-            raise ValueError(f"request {clip(req.req_id)}: {exc}") from None
+            why = exc if isinstance(exc, ValueError) else f"kv_transfer_params could not be read ({type(exc).__name__})"
+            raise ValueError(f"request {clip(req.req_id)}: {why}") from None
         if info.role == "refused":
             self._requests[req.req_id] = info
             return "local"

@@ -145,5 +145,16 @@ def test_every_request_with_malformed_params_is_counted_not_only_the_logged_ones
             with pytest.raises(ValueError, match="remote_"):
                 v.C.on_new_request(RequestContext(req_id=f"bad-{i}", kv_transfer_params={"remote_prefiller": leg}))
         assert metric(v.C, "kvtier_rejected_params_total") == 3
+
+        class Broken(dict):  # a params object that raises when read: refused and counted like the rest
+            def get(self, *a):
+                raise RuntimeError("boom")
+
+            def __contains__(self, k):
+                raise RuntimeError("boom")
+
+        with pytest.raises(ValueError, match=r"kv_transfer_params could not be read \(RuntimeError\)"):
+            v.C.on_new_request(RequestContext(req_id="broken", kv_transfer_params=Broken(x=1)))
+        assert metric(v.C, "kvtier_rejected_params_total") == 4
     finally:
         v.close()
