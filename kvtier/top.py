@@ -114,6 +114,35 @@ def speaks_zmtp(hostport: str, timeout_s: float = 0.5) -> bool:
 _FIX = "give the tier's host and metrics_port (its port takes the tier's own connections)"
 
 
+class _Greeted(http.client.HTTPException):
+    """The endpoint spoke first, with a ZMTP signature's first byte: not an HTTP server."""
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection that looks at the answer's first byte before parsing it: a ZMTP peer (a
+    tier's own port) greets every connection with ``0xFF`` and then waits for ours, so a status line
+    read from it would wait out the whole timeout; an HTTP answer starts with ``H``.  The byte is
+    only peeked, so a working endpoint pays nothing."""
+
+    def getresponse(self) -> http.client.HTTPResponse:
+        if self.sock is not None and self.sock.recv(1, socket.MSG_PEEK) == b"\xff":
+            raise _Greeted("the endpoint greeted with a ZMTP signature")
+        return super().getresponse()
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPConnection, req)
+
+
+_OPENER = urllib.request.build_opener(_HTTPHandler)
+
+
+def _urlopen(url: str, timeout_s: float) -> Any:
+    """``urllib.request.urlopen``, but an endpoint that greets like ZMTP fails at once (:class:`_HTTPConnection`)."""
+    return _OPENER.open(url, timeout=timeout_s)
+
+
 def _what_answered(exc: BaseException, hostport: str) -> str | None:
     """After a read of ``hostport`` failed with ``exc`` (a connection error, a timeout, or an
     answer that is not HTTP): what answered there when it is known — a tier's own ZMTP port, or a
@@ -156,7 +185,7 @@ def fetch_requests(target: str, kv_request_id: str | None = None, limit: int | N
     """
     url = requests_url(target, kv_request_id, limit)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
+        with _urlopen(url, timeout_s) as resp:  # noqa: S310 - operator-given URL
             body = resp.read()
     except urllib.error.HTTPError as exc:
         if exc.code != 404:
@@ -212,7 +241,7 @@ def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = tim
     malformed endpoint: the snapshot's ``error`` says what went wrong)."""
     t = clock()
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
+        with _urlopen(url, timeout_s) as resp:  # noqa: S310 - operator-given URL
             text = resp.read().decode("utf-8", "replace")
         samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         ours = False  # a kvtier family, even with no sample yet (vLLM adds its children at the first stats)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -240,14 +241,20 @@ def test_why_names_an_endpoint_that_is_not_kvtiers(body: bytes, status: int, say
 
 
 def test_why_and_top_name_a_tiers_own_port_given_for_its_metrics_port(make_manager) -> None:
-    """The likeliest mistake: the tier's ``port`` (ZMTP, not HTTP) instead of its ``metrics_port``."""
+    """The likeliest mistake: the tier's ``port`` (ZMTP, not HTTP) instead of its ``metrics_port``.
+    Said as soon as the port greets, not after ``--timeout`` (a ZMTP peer greets, then waits for
+    us: a status line read from it would wait the timeout out)."""
     c = make_manager(HB)
-    res = CliRunner().invoke(cli, ["why", "--timeout", "0.5", "kv-1", c.address])
+    t0 = time.monotonic()
+    res = CliRunner().invoke(cli, ["why", "--timeout", "30", "kv-1", c.address])
+    assert time.monotonic() - t0 < 15, "why waited out its --timeout before naming the port"
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert f"{c.address} is not a kvtier metrics endpoint: it is a kvtier tier's own port" in res.stderr, res.stderr
     assert f"metrics_port ({c.metrics_address})" not in res.stderr  # it cannot know which: it only names the key
-    res = CliRunner().invoke(cli, ["top", c.address, "--once", "--interval", "0.1", "--timeout", "0.5"],
+    t0 = time.monotonic()
+    res = CliRunner().invoke(cli, ["top", c.address, "--once", "--interval", "0.1", "--timeout", "30"],
                              env={"COLUMNS": "250"})
+    assert time.monotonic() - t0 < 15, "top waited out its --timeout before naming the port"
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert "a kvtier tier's own port" in res.output and "metrics_port" in res.output, res.output
 
