@@ -118,7 +118,7 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
 def check_config(config: str) -> None:
     """Check a vLLM --kv-transfer-config for kvtier before an engine starts: every kvtier entry is
     validated as kvtier would (each error names the key), and the mistakes vLLM decides before
-    kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "type" or "module_path" vLLM cannot load, a "backpressure" key).
+    kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "type" or "module_path" vLLM cannot load, a "backpressure" key, a "tier_poll_interval_s" vLLM cannot read or below 0).
 
     A MultiConnector config is checked through its "connectors": kvtier's entry in the
     OffloadingConnector among them.

@@ -20,6 +20,7 @@ each with the key to change.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -107,6 +108,33 @@ def _misplaced(extra: Mapping[str, Any], where: str) -> list[str]:
     return [f"kv_connector_extra_config: {', '.join(keys)} belong inside the kvtier entry of {where}"] if keys else []
 
 
+def _poll_interval(extra: Mapping[str, Any], notes: list[str]) -> list[str]:
+    """vLLM's ``tier_poll_interval_s`` (``TieringOffloadingSpec`` reads it with ``float()``; at 0 or
+    below it starts no ``vllm_offload_tier_poll`` thread): what vLLM would refuse at start is a
+    problem, a deliberate 0 a note (docs/integrations/vllm.md)."""
+    if "tier_poll_interval_s" not in extra:
+        return []
+    value = extra["tier_poll_interval_s"]
+    where = f"kv_connector_extra_config.tier_poll_interval_s={value!r}"
+    if isinstance(value, bool):
+        return [f"{where}: a boolean, which vLLM reads with float() as {float(value)} s; write seconds, e.g. 0.001 "
+                "(its default)"]
+    if not isinstance(value, (int, float, str)):
+        return [f"{where}: vLLM reads it with float() and fails at start; write seconds, e.g. 0.001 (its default)"]
+    try:
+        seconds = float(value)
+    except ValueError:
+        return [f"{where}: vLLM reads it with float() and fails at start; write seconds, e.g. 0.001 (its default)"]
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        return [f"{where}: seconds between vLLM's tier-poll rounds must be a finite number >= 0; write seconds, "
+                "e.g. 0.001 (its default): below 0 vLLM silently starts no tier-poll thread"]
+    if seconds == 0:
+        notes.append("kv_connector_extra_config.tier_poll_interval_s=0: vLLM starts no tier-poll thread, so kvtier's "
+                     "results and a peer's lookups wait for the engine's steps (keep the 0.001 default unless "
+                     "that is meant)")
+    return []
+
+
 def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -> tuple[list[str], list[str], int]:
     """One offloading connector's config: ``(problems, notes, kvtier entries found)``; with
     ``own_entry_required`` a config that loads no kvtier entry (or more than one) is a problem."""
@@ -124,6 +152,7 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
     if extra.get("spec_name") != "TieringOffloadingSpec":
         problems.append(f"kv_connector_extra_config.spec_name is {extra.get('spec_name')!r}: secondary tiers need "
                         '"TieringOffloadingSpec"')
+    problems += _poll_interval(extra, notes)
     top_bp = extra.get("backpressure")
     tiers = extra.get("secondary_tiers")
     if not isinstance(tiers, list) or not tiers:

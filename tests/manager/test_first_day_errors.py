@@ -353,6 +353,28 @@ def test_a_name_that_does_not_resolve_fails_at_once_whatever_allowed_peers_says(
 _KVTIER = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "port": 5710}
 
 
+@pytest.mark.parametrize("value, says", [
+    (-1, "must be a finite number >= 0"), ("fast", "vLLM reads it with float() and fails at start"),
+    (None, "vLLM reads it with float() and fails at start"), (True, "a boolean, which vLLM reads with float() as 1.0 s"),
+    ("nan", "must be a finite number >= 0"),
+])
+def test_check_config_refuses_a_tier_poll_interval_vllm_would_refuse_or_ignore(value, says) -> None:
+    """vLLM's own ``tier_poll_interval_s`` beside the kvtier entry: one that vLLM's ``float()`` fails
+    on stops the engine at start, and a negative one silently starts no tier-poll thread; both were
+    ``ok``.  A deliberate 0 is said, not refused."""
+    extra = {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [_KVTIER]}
+    res = CliRunner().invoke(cli, ["check-config", json.dumps(
+        {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {**extra, "tier_poll_interval_s": value}})])
+    assert res.exit_code == 1 and says in res.output and "write seconds, e.g. 0.001" in res.output, res.output
+    for fine in (0.001, 1, "0.002"):
+        res = CliRunner().invoke(cli, ["check-config", json.dumps(
+            {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {**extra, "tier_poll_interval_s": fine}})])
+        assert res.exit_code == 0 and "tier_poll" not in res.output, res.output
+    res = CliRunner().invoke(cli, ["check-config", json.dumps(
+        {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {**extra, "tier_poll_interval_s": 0}})])
+    assert res.exit_code == 0 and "tier_poll_interval_s=0: vLLM starts no tier-poll thread" in res.output, res.output
+
+
 @pytest.mark.parametrize("doc, says", [
     ({"kv_connector": "P2pNcclConnector", "kv_connector_extra_config": {
         "spec_name": "TieringOffloadingSpec", "secondary_tiers": [_KVTIER]}},
