@@ -15,26 +15,36 @@ import attrs
 import pytest
 
 from kvtier.lifecycle import _machine
-from kvtier.lifecycle.effects import JobDone, ReleasePins
+from kvtier.lifecycle import Reason
+from kvtier.lifecycle.effects import JobDone, OpenConnection, ReleasePins
 from kvtier.wire import messages as wm
 from tools.modelcheck import PROFILES, Bounds, Result, check, check_profiles, search
 from tools.modelcheck.system import System
 
 
 def reached(system: System) -> dict[str, set]:
-    """Every serve, probe and round-load state the search's snapshots hold, and every pin release
-    and load result its core steps emitted."""
-    out: dict[str, set] = {"serve": set(), "probe": set(), "loads": set(), "releases": set(), "jobs": set()}
+    """Every serve, probe and round-load state the search's snapshots hold, every pin release and
+    load result its core steps emitted, and what a consumer did with a handshake refused for now
+    (``held``: ``"redial"`` when it dialled again, ``"failed"`` when a load failed on it; decision N25)."""
+    out: dict[str, set] = {"serve": set(), "probe": set(), "loads": set(), "releases": set(), "jobs": set(),
+                           "held": set()}
     for summary in system.cores.summaries:
         out["serve"] |= {v[0] for v in summary.serve.values()}
         out["probe"] |= {v[0] for v in summary.probe.values()}
         out["loads"] |= {v[0] for v in summary.loads.values()}
+    msgs = system.cores.msgs
     for step in system.cores.memo.values():
+        held = (step.inp[0] == "deliver" and type(msgs[step.inp[1]].msg) is wm.HelloReject
+                and msgs[step.inp[1]].msg.reason == Reason.SESSION_STILL_HELD)
         for e in step.effects:
             if type(e) is ReleasePins:
                 out["releases"].add(e.ok)
             elif type(e) is JobDone and e.job_id >= 3000:
                 out["jobs"].add(e.ok)
+            if held and type(e) is OpenConnection:
+                out["held"].add("redial")
+            elif held and type(e) is JobDone and e.reason == Reason.SESSION_STILL_HELD:
+                out["held"].add("failed")
     return out
 
 

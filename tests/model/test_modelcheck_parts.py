@@ -34,7 +34,7 @@ from tools.modelcheck.reduction import visit_key
 from tools.modelcheck.state import State
 from tools.modelcheck.system import System
 from tools.modelcheck.trace import KINDS
-from tools.modelcheck.transport import Transfer, after_effects, after_report, reports
+from tools.modelcheck.transport import HELD, REFUSED, TAKEN, Transfer, after_effects, after_report, reports
 from tools.planted import PLANTED
 from tools.spec import load as load_spec
 
@@ -492,17 +492,24 @@ def test_a_sessions_life_is_explored_from_the_dial() -> None:
     gen = s[g.p].sessions["c1"][1]
     assert s[g.p].sessions["c1"][0] == "attaching" and g.attaches == ((0, "c1", gen),) and g.chans[0] == ()
     acts = system.transport.attachments(g, True)
-    assert ("attached", 0, "c1", gen, True) in acts and ("attached", 0, "c1", gen, False) in acts
-    assert system.transport.attachments(g, False) == [("attached", 0, "c1", gen, True)], \
+    assert {("attached", 0, "c1", gen, o) for o in (TAKEN, REFUSED, HELD)} <= set(acts)
+    assert system.transport.attachments(g, False) == [("attached", 0, "c1", gen, TAKEN)], \
         "a refusal is not a completion step"
-    refused = system.apply(g, ("attached", 0, "c1", gen, False))
+    refused = system.apply(g, ("attached", 0, "c1", gen, REFUSED))
     assert "c1" not in s[refused.p].sessions and system.cores.msgs[refused.chans[0][0]].kind == "hello_reject"
-    g = system.apply(g, ("attached", 0, "c1", gen, True))
+    # refused for now (decision N25): the reject says so, and the consumer's queued load dials once more
+    held = system.apply(g, ("attached", 0, "c1", gen, HELD))
+    reject = system.cores.msgs[held.chans[0][0]]
+    assert reject.kind == "hello_reject" and "session_still_held" in repr(reject), reject
+    held = system.apply(held, ("deliver", 0, 0))
+    assert s[held.c[0]].consumer["X"][0] == "queued" and s[held.c[0]].sessions["p"][0] == "handshaking", \
+        "a load refused for now dials again"
+    g = system.apply(g, ("attached", 0, "c1", gen, TAKEN))
     assert s[g.p].sessions["c1"][0] == "ready" and system.cores.msgs[g.chans[0][0]].kind == "hello_ack"
     g = system.apply(g, ("deliver", 0, 0))  # the hello_ack: the consumer's plane takes the producer's
     assert s[g.c[0]].sessions["p"][0] == "attaching" and g.attaches == ((1, "p", gen),)
     assert ("fire", "c1", "session", "p", "") in system.clock.actions(g, True), "the handshake deadline"
-    g = system.apply(g, ("attached", 1, "p", gen, True))
+    g = system.apply(g, ("attached", 1, "p", gen, TAKEN))
     assert s[g.c[0]].sessions["p"][0] == "ready" and s[g.c[0]].consumer["X"][0] == "in_flight"
     assert system.cores.msgs[g.chans[1][0]].kind == "fetch"
     assert ("fire", "c1", "session", "p", "") in system.clock.actions(g, False), "the heartbeat pings"

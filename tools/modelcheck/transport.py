@@ -25,8 +25,10 @@ The life of one transfer::
   ``State.revokes`` until a later step confirms it (a completion step).
 * **Descriptors**: a session's ``AttachPeer`` is taken at once (``PeerAttached``), or, with
   ``attach_later``, waits in ``State.attaches`` until the plane takes it (a completion step) or
-  refuses it (``AttachRefused``: not a completion step), so the handshake's ``attaching`` state
-  meets deadlines, a peer's goodbye and the session's end.
+  refuses it (``AttachRefused``: not a completion step) — for good (a descriptor it cannot take)
+  or for now (``still_held``: it still holds an earlier session of that peer's agent, decision
+  N25) — so the handshake's ``attaching`` state meets deadlines, a peer's goodbye, the session's
+  end and a refusal its peer may outlive.
 * The pure functions :func:`reports`, :func:`after_effects` and :func:`after_report` are the
   transfer model; :class:`Transport` plugs them into the composed system (state fields
   ``transfers``, ``revokes``, ``attaches``).
@@ -101,6 +103,13 @@ def after_report(transfers: tuple[Transfer, ...], t: Transfer) -> tuple[Transfer
     return tuple(x for x in transfers if x != t)
 
 
+TAKEN, REFUSED, HELD = "taken", "refused", "held"
+"""What a plane does with a descriptor (``attach_later``): takes it, refuses it for good, or refuses it
+for now (an earlier session of the peer's agent still held: ``AttachRefused`` with ``still_held``)."""
+_SAYS = {TAKEN: "takes", REFUSED: "REFUSES", HELD: "REFUSES FOR NOW (still held)"}
+_RESULT = {TAKEN: "plane_attached", REFUSED: "plane_refused", HELD: "plane_refused_still_held"}
+
+
 class Transport(Part):
     """The data plane (and the consumer shell's landing) as a part of the composed system."""
 
@@ -131,11 +140,12 @@ class Transport(Part):
         return [("revoked", c) for c in g.revokes]
 
     def attachments(self, g: State, full: bool) -> list[tuple]:
-        """``("attached", manager, peer, gen, ok)``: a plane takes a descriptor (a completion step)
-        or refuses it (``ok`` False; not a completion step)."""
-        out = [("attached", *a, True) for a in g.attaches]
+        """``("attached", manager, peer, gen, outcome)``: a plane takes a descriptor (outcome
+        :data:`TAKEN`, a completion step) or refuses it (:data:`REFUSED`, or :data:`HELD`: for now,
+        an earlier session of the peer's agent still held; neither a completion step)."""
+        out = [("attached", *a, TAKEN) for a in g.attaches]
         if full:
-            out.extend(("attached", *a, False) for a in g.attaches)
+            out.extend(("attached", *a, o) for a in g.attaches for o in (REFUSED, HELD))
         return out
 
     def answers(self) -> dict[type, Answer]:
@@ -188,9 +198,9 @@ class Transport(Part):
         if action[0] == "revoked":
             return f"{self.system.cnames[action[1]]}'s data plane: the producer's access revoked"
         if action[0] == "attached":
-            _, m, peer, gen, ok = action
+            _, m, peer, gen, outcome = action
             who = "P" if m == 0 else self.system.cnames[m - 1]
-            return f"{who}'s data plane {'takes' if ok else 'REFUSES'} the descriptor of {peer} (gen {gen})"
+            return f"{who}'s data plane {_SAYS[outcome]} the descriptor of {peer} (gen {gen})"
         t = action[1]
         return f"transport: {action[2]} {t[1]} r{t[2]} (to {self.system.cnames[t[0]]})"
 
@@ -204,15 +214,15 @@ class Transport(Part):
             s.step_consumer(st, c, ("revoked",), rec)
             return
         if action[0] == "attached":
-            _, m, peer, gen, ok = action
+            _, m, peer, gen, outcome = action
             st.attaches = tuple(a for a in st.attaches if a != (m, peer, gen))
             lane = PRODUCER if m == 0 else s.lanes[m - 1]
             if rec is not None:
-                rec.add("result", NETWORK, lane, f"{'plane_attached' if ok else 'plane_refused'}({peer})")
+                rec.add("result", NETWORK, lane, f"{_RESULT[outcome]}({peer})")
             if m == 0:
-                s.step_producer(st, ("attached", peer, gen, ok), rec)
+                s.step_producer(st, ("attached", peer, gen, outcome), rec)
             else:
-                s.step_consumer(st, m - 1, ("attached", peer, gen, ok), rec)
+                s.step_consumer(st, m - 1, ("attached", peer, gen, outcome), rec)
             return
         _, t, outcome = action
         st.transfers = after_report(st.transfers, t)
@@ -246,7 +256,8 @@ class Transport(Part):
             "transport": lambda inp: Drive((ix.TransferReleased(inp[1], inp[2], inp[3] == "failed"),)),
             "revoked": lambda inp: Drive((ix.AccessRevoked("p"),)),
             "attached": lambda inp: Drive(
-                (ix.PeerAttached(inp[1], inp[2]) if inp[3] else ix.AttachRefused(inp[1], inp[2], "model"),)),
+                (ix.PeerAttached(inp[1], inp[2]) if inp[3] == TAKEN
+                 else ix.AttachRefused(inp[1], inp[2], ix.STILL_HELD if inp[3] == HELD else "model"),)),
         }
 
 
