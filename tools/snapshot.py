@@ -89,8 +89,8 @@ class SessionEntry(msgspec.Struct, frozen=True, gc=False):
 class ProducerEntry(msgspec.Struct, frozen=True, gc=False):
     """One producer record.  ``blocks``: ``(key, pool block, digest)`` per parked key, by key;
     ``deadline``: the live deadline (for a done or tombstoned id: its prune time).  A retained
-    id keeps only its state, reason, timer, deadline and named consumer; its other fields read as
-    their defaults."""
+    id keeps only its state, reason, timer, deadline, named consumer and ender; its other fields read
+    as their defaults."""
 
     kv_request_id: str
     state: ProducerState
@@ -110,6 +110,8 @@ class ProducerEntry(msgspec.Struct, frozen=True, gc=False):
     supply_complete: bool = False
     receipt: bool = False
     life: str = ""
+    ender: str | None = None
+    """the principal that ended the id before any producer request named a consumer (decision L17)"""
 
 
 class ConsumerEntry(msgspec.Struct, frozen=True, gc=False):
@@ -349,12 +351,13 @@ def export(core: TierCore) -> CoreState:
     producer = []
     for kid, r in sorted(pm.records.items()):
         if r.state in RETAINED:
-            producer.append(ProducerEntry(kid, r.state, r.reason, r.timer, pm.retained.get(kid), r.consumer))
+            producer.append(ProducerEntry(kid, r.state, r.reason, r.timer, pm.retained.get(kid), r.consumer,
+                                          ender=r.ender))
             continue
         producer.append(ProducerEntry(
             kid, r.state, r.reason, r.timer, due.get(kid), r.consumer, r.owner,
             tuple(sorted((k, b, d) for k, (b, d) in r.blocks.items())), tuple(r.jobs), r.peer, r.principal, r.gen,
-            r.round, tuple(r.demand), tuple(r.slots), r.supply_complete, r.receipt, r.life,
+            r.round, tuple(r.demand), tuple(r.slots), r.supply_complete, r.receipt, r.life, r.ender,
         ))
     consumer = _consumer_entries(cm)
     qm, rm, vm = core._probe, core._rounds, core._serve
@@ -468,7 +471,7 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
     prune_at: dict[str, float] = {}
     for e in state.producer:
         rec = ProducerRecord(e.kv_request_id)
-        rec.state, rec.reason, rec.timer, rec.consumer = e.state, e.reason, e.timer, e.consumer
+        rec.state, rec.reason, rec.timer, rec.consumer, rec.ender = e.state, e.reason, e.timer, e.consumer, e.ender
         if e.state in RETAINED:
             prune_at[e.kv_request_id] = math.inf if e.deadline is None else e.deadline
             for op in pm.index_ops(pm.INITIAL, e.state):

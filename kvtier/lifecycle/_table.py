@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "05afa87d2e730f688662a0b86e6c06c56a45f1806ef6317c4318894e2b0a36f7"
+SPEC_SHA256: Final = "f21e0857805ef50da21013d24616b5ad7c2260fc49b16be611ddd00e72d64c38"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -388,7 +388,7 @@ class ProducerEffect(enum.StrEnum):
     NOTE_LIFE = "note_life"
     """remember the life the input names: the record ends that life only, and an input of another life replaces it"""
     NOTE_PREEMPTOR = "note_preemptor"
-    """an id no producer request has named a consumer for yet, ended by a peer's fetch or abort before any store: remember that peer's principal as the only one the ended id answers; a producer request (or store) naming another consumer replaces the record, so a stranger cannot decide the fate of an id before its engine names who may (decision L17)"""
+    """an id no producer request has named a consumer for yet, ended by a peer's fetch or abort before any store: remember that peer's principal as the id's ender; a producer request (or store) naming another consumer replaces the record, so a stranger cannot decide the fate of an id before its engine names who may; any other peer's fetch is answered from the id's state (no consumer was named, so none is refused not_authorised; decision L17)"""
 
 
 PRODUCER_INITIAL: Final = ProducerState.ABSENT

@@ -171,7 +171,8 @@ class ProducerMachine(TableMachine):
         rec = self.records.get(kv_request_id)
         if rec is None:
             return self.new_record(kv_request_id)
-        if rec.state in RETAINED and ((life and rec.life and life != rec.life) or _other(rec.consumer, consumer)):
+        if rec.state in RETAINED and ((life and rec.life and life != rec.life)
+                                      or _other(rec.consumer or rec.ender, consumer)):
             self.apply(rec, ProducerEvent.NEW_LIFE, None, now, out)
             return self.new_record(kv_request_id)
         return rec
@@ -184,7 +185,7 @@ class ProducerMachine(TableMachine):
         rec = self.records.get(kv_request_id)
         if rec is None:
             return
-        if rec.state in RETAINED and _other(rec.consumer, consumer):
+        if rec.state in RETAINED and _other(rec.consumer or rec.ender, consumer):
             self.apply(rec, ProducerEvent.NEW_LIFE, None, now, out)
         elif rec.consumer is None and not _other(rec.principal, consumer):
             # a fetch another principal bound first keeps none of the name: its store unbinds it
@@ -495,7 +496,7 @@ class ProducerMachine(TableMachine):
 
     def effect_note_preemptor(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         if rec.consumer is None and inp.principal is not None:
-            rec.consumer = inp.principal
+            rec.ender = inp.principal
 
     def effect_note_life(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         life = getattr(inp, "life", "")

@@ -46,13 +46,16 @@ _NO_BLOCKS: dict[bytes, tuple[int, int]] = {}
 
 
 class ProducerRecord(Record):
-    __slots__ = ("owner", "consumer", "blocks", "jobs", "peer", "principal", "gen", "round", "demand", "slots",
-                 "supply_complete", "receipt", "life", "rounds")
+    __slots__ = ("owner", "consumer", "ender", "blocks", "jobs", "peer", "principal", "gen", "round", "demand",
+                 "slots", "supply_complete", "receipt", "life", "rounds")
 
     def __init__(self, key: str) -> None:
         super().__init__(key, PRODUCER_INITIAL)
         self.owner: str | None = None
         self.consumer: str | None = None  # the only principal allowed to touch the id, if named
+        # the principal that ended the id before any producer request named a consumer (L17): a
+        # request naming another starts the id afresh; it refuses nobody (no consumer was named)
+        self.ender: str | None = None
         self.blocks: dict[bytes, tuple[int, int]] = _NO_BLOCKS  # key -> (pool block, digest)
         self.jobs: list[int] = []
         self.peer: str | None = None
@@ -69,12 +72,12 @@ class ProducerRecord(Record):
 
 class RetainedRecord(Record):
     """What a done or tombstoned id keeps for the rest of ``tombstone_retention_s`` (decision
-    I8: ≤ 256 B per id): its state, reason and named consumer — all a late fetch, abort, receipt
-    or store is answered from.  The fields of a live record read as their empty values (class
+    I8: ≤ 256 B per id): its state, reason, named consumer and ender — all a late fetch, abort,
+    receipt or store is answered from.  The fields of a live record read as their empty values (class
     attributes, not slots), so code that scans every record needs no special case; writing one
     raises AttributeError, which is the point: nothing may bind or park a retained id."""
 
-    __slots__ = ("consumer", "life")
+    __slots__ = ("consumer", "ender", "life")
     rounds = None
     owner = None
     peer = None
@@ -94,9 +97,10 @@ class RetainedRecord(Record):
         self.reason = rec.reason
         self.timer = rec.timer
         self.tseq = rec.tseq
-        # an id nobody named a consumer for, tombstoned while bound, answers the principal whose
-        # binding ended it from here on, so a producer request naming another starts it afresh
-        # (decision L17); one served whole (done) keeps no name: a second fetch is already_served
+        # an id nobody named a consumer for, tombstoned while bound, remembers the principal whose
+        # binding ended it, so a producer request naming another starts it afresh (decision L17);
+        # one served whole (done) keeps none: a second fetch is already_served
         unnamed_end = rec.consumer is None and rec.state is ProducerState.TOMBSTONED
-        self.consumer = rec.principal if unnamed_end else rec.consumer
+        self.consumer = rec.consumer
+        self.ender = rec.ender if rec.ender is not None else (rec.principal if unnamed_end else None)
         self.life = rec.life

@@ -173,6 +173,38 @@ def test_a_stranger_that_bound_first_cannot_end_the_id_for_the_named_consumer(en
     assert of(out, SendBlocks) and of(out, SendBlocks)[0].peer == "good"
 
 
+@pytest.mark.parametrize("end, reason", [("abort_before_store", "aborted"), ("abort_while_bound", "aborted"),
+                                         ("peer_lost_while_bound", "peer_lost"), ("empty_fetch", "already_served")])
+def test_an_id_ended_before_any_name_answers_another_peer_from_its_state(end: str, reason: str) -> None:
+    """An id no producer request named a consumer for, ended by a peer (its abort or empty fetch
+    before the store, or the end of the fetch that bound it): another peer's fetch — a restarted
+    decode, another replica — is refused with what happened to the id, not ``not_authorised``: no
+    consumer was named, so nobody is unauthorised (decision L17; an outside tester's
+    ``not_authorised`` sent operators after a proxy or certificate fault that was not there)."""
+    p = producer()
+    connect(p, "c1", "decode-1", gen=1)
+    connect(p, "c2", "decode-2", gen=2)
+    if end == "abort_before_store":
+        abort(p, "c1", 1, "A", 0, fetched=False, now=0.1)
+    elif end == "empty_fetch":
+        fetch(p, "c1", 1, "A", (), now=0.1)
+    else:
+        fetch(p, "c1", 1, "A", (b"k0",), now=0.1)  # binds the unnamed id
+        if end == "abort_while_bound":
+            abort(p, "c1", 1, "A", 0, fetched=True, now=0.2)
+        else:
+            p.handle(ix.ConnectionClosed("c1"), 0.2)
+        out = p.handle(ix.StoreSubmitted("A", "r1", 1, (b"k0",), (0,)), 0.5)  # the unnamed store
+        assert [(j.ok, j.reason) for j in of(out, JobDone)] == [(False, Reason(reason))]
+    assert p.producer_state("A") in (ProducerState.TOMBSTONED, ProducerState.DONE)
+    out = fetch(p, "c2", 2, "A", (b"k0",), now=1.0)
+    assert refused(out, "c2", reason), out
+    assert not of(out, SendBlocks)
+    # the engine naming another consumer still starts the id afresh (the ender decided nothing for it)
+    p.handle(ix.ConsumerNamed("A", "decode-3"), 1.1)
+    assert p.producer_state("A") is ProducerState.ABSENT
+
+
 @pytest.mark.parametrize("how", ["empty_fetch", "abort"])
 def test_the_named_consumers_own_early_ending_stands(how: str) -> None:
     """The same early ending by the consumer the request names is its decision (L10, L16): the
