@@ -113,7 +113,9 @@ class KvTierManager(TierView):
         self._internal_jobs = 1 << 62  # ids of the manager's own jobs (above any engine's)
         self._requests: dict[str, TransferParams] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()  # the last 4096 finished: an error says so
-        self._loading: set[str] = set()  # consumer requests that submitted a load (or load_nothing)
+        # consumer requests that submitted a load (or load_nothing) -> the keys the first one named;
+        # none after a second (an id is fetched once: lookups of other keys MISS, decision L8)
+        self._loading: dict[str, frozenset[bytes]] = {}
         # symmetric requests' keys looked up during this engine step: handed over together, with
         # the step's end, so they leave in one probe per (peer, id) per step (decision Y4)
         self._step_keys: dict[str, dict[bytes, None]] = {}
@@ -202,8 +204,9 @@ class KvTierManager(TierView):
 
     def lookup(self, key: bytes, req: RequestContext) -> LookupResult:
         """HIT if ``key`` can be loaded for ``req`` from its remote producer; MISS otherwise
-        (including after the id's load failed, so the engine recomputes, and once :meth:`shutdown`
-        began, when a new load would raise).
+        (including after the id's load failed, so the engine recomputes; once a load of the id was
+        submitted, for a key it did not name, and after a second load of it: an id is fetched once,
+        decision L8; and once :meth:`shutdown` began, when a new load would raise).
 
         A symmetric (``source``) request registers ``key`` with its probe and answers RETRY until
         the peer said whether it holds the block — bounded by ``probe_timeout_s`` from the round's
@@ -220,8 +223,8 @@ class KvTierManager(TierView):
             if not isinstance(key, bytes) or not 0 < len(key) <= 256:
                 raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
             return self._loop.fresh().probe_answer(kid, key, self._step_keys)
-        if info.role != "consumer":
-            return LookupResult.MISS
+        if info.role != "consumer" or key not in self._loading.get(req.req_id, (key,)):
+            return LookupResult.MISS  # (a key no load of the id named once one was submitted: L8)
         return LookupResult.MISS if kid in self._loop.fresh().failed_loads else LookupResult.HIT
 
     def on_schedule_end(self) -> None:
@@ -376,7 +379,7 @@ class KvTierManager(TierView):
         check_fetch_size(job, self.config.max_message_bytes)
         self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=self.clock(),
                         nbytes=len(job.slots) * self._block_bytes, slots=tuple(job.slots))
-        self._loading.add(job.req.req_id)
+        self._loading[job.req.req_id] = frozenset() if job.req.req_id in self._loading else frozenset(job.keys)
         self._loop.input(ix.LoadSubmitted(info.kv_request_id, job.job_id, tuple(job.keys), tuple(job.slots)))
 
     def load_nothing(self, req: RequestContext) -> bool:
@@ -395,7 +398,7 @@ class KvTierManager(TierView):
         if (info is None or info.role != "consumer" or self._closed or self._closing
                 or req.req_id in self._loading):
             return False
-        self._loading.add(req.req_id)
+        self._loading[req.req_id] = frozenset()
         self._internal_jobs += 1
         job_id = self._internal_jobs
         kid = info.kv_request_id
@@ -449,7 +452,7 @@ class KvTierManager(TierView):
         its job fails with reason ``cancelled``."""
         check_req(req, "on_request_finished")
         info = self._requests.pop(req.req_id, None)
-        self._loading.discard(req.req_id)
+        self._loading.pop(req.req_id, None)
         self._finished[req.req_id] = None
         if len(self._finished) > 4096:
             self._finished.popitem(last=False)  # O(1): a dict's first key after many deletions is not

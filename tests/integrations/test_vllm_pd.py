@@ -153,3 +153,35 @@ def test_pd_pair_inside_a_multiconnector(model_dir: str) -> None:
             e.shutdown()
     for e in engines:
         assert_released(e.manager, e.engine_id)
+
+
+@pytest.mark.timeout(90)
+def test_a_prompt_larger_than_the_primary_tier_loads_what_fits_and_recomputes_the_rest(model_dir: str) -> None:
+    """The decode engine's primary (CPU) tier holds 16 chunks, the prompt 20 full blocks: vLLM loads
+    16 from kvtier and looks up the other 4 again.  An id is fetched once (the producer released the
+    rest with the first fetch), so those lookups MISS and vLLM recomputes them.  They answered HIT
+    (an outside tester): vLLM's second load failed ``one_fetch_per_id`` at once, the lookups said HIT
+    again, and the request was never scheduled (11,456 failed loads in 20 s)."""
+    prefill = Engine("bigprefill", model_dir, {**TIER, "unbound_store_timeout_s": 10})
+    decode = Engine("bigdecode", model_dir, TIER)
+    engines = [prefill, decode]
+    try:
+        host, port = prefill.tier.address.rsplit(":", 1)
+        prompt = [(i * 19 + 4) % 1000 + 10 for i in range(20 * 16 + 1)]  # 20 full blocks + 1 token
+        prefill.add("P", prompt, 1, {"remote_decoder": {"kv_request_id": "cmpl-kv-big"}})
+        run([prefill], lambda: "P" in prefill.finished, "prefill")
+        decode.add("D", prompt, 2, {"remote_prefiller": {
+            "kv_request_id": "cmpl-kv-big", "remote_host": host, "remote_port": int(port)}})
+        run(engines, lambda: "D" in decode.finished, "decode of D")
+        loaded = decode.loaded["D"]
+        assert len(loaded) == 16, len(loaded)  # what the primary tier had room for
+        for h in loaded:
+            assert decode.loaded_bytes[h] == prefill.stored[h] == pattern(h).tobytes()
+        assert decode.scheduled["D"] >= 4 * 16, decode.scheduled  # the other 4 blocks recomputed
+        assert stat(decode.tier, "kvtier_jobs_total{kind=load,outcome=fail") == 0
+        run(engines, lambda: not (prefill.busy() or decode.busy()), "both engines idle")
+    finally:
+        for e in engines:
+            e.shutdown()
+    for e in engines:
+        assert_released(e.manager, e.engine_id)

@@ -56,3 +56,29 @@ def test_only_the_failed_id_misses_and_a_reused_id_hits_again(pairs):
     v.step()
     assert outcome(v.cjobs, 11) == (False, "aborted")
     assert C.lookup(keys_for("A", 1)[0], again) is LookupResult.MISS
+
+
+def test_once_an_id_was_loaded_the_keys_its_load_did_not_name_miss(pairs):
+    """An id is fetched once (decision L8): the producer releases every block with the fetch. So once
+    a load of the id was submitted, a key it did not name answers MISS (the engine recomputes it:
+    an engine whose primary tier had room for only part of the prompt loaded the rest again, the
+    load failed ``one_fetch_per_id`` and the lookups said HIT for ever); the keys it named answer
+    HIT; after a second load (refused) every key answers MISS, the named ones too."""
+    v = pairs(SCEN, block_bytes=BB)
+    C = v.C
+    keys = keys_for("A", 3)
+    store(v, "A", 1, [0, 1, 2], seed=1)
+    ra = v.creq("c-A", "A")
+    C.on_new_request(ra)
+    v.step()
+    assert [C.lookup(k, ra) for k in keys] == [LookupResult.HIT] * 3
+    C.submit_load(job(10, keys[:2], [1, 2], ra))  # room for two
+    assert [C.lookup(k, ra) for k in keys] == [LookupResult.HIT, LookupResult.HIT, LookupResult.MISS]
+    v.step()
+    assert outcome(v.cjobs, 10) == (True, None)
+    assert [C.lookup(k, ra) for k in keys] == [LookupResult.HIT, LookupResult.HIT, LookupResult.MISS]
+    C.submit_load(job(11, keys[1:], [3, 4], ra))  # loaded again: refused at once
+    v.step()
+    assert outcome(v.cjobs, 11) == (False, "one_fetch_per_id")
+    assert [C.lookup(k, ra) for k in keys] == [LookupResult.MISS] * 3
+    C.on_request_finished(ra)
