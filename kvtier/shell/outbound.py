@@ -67,7 +67,8 @@ class Outbound:
         self.loads = loads  # kv_request_id -> the core's ConsumerView (read API), for a load's last batch
         self.vet = vet
         """``allowed_peers``' check of what a hostname resolves to (None: the policy lists names only)."""
-        self.serving = serving if serving is not None else ServeWindows(on_error=metrics.internal_error)
+        self.serving = serving if serving is not None else ServeWindows(
+            on_error=metrics.internal_error, num_blocks=getattr(pool, "num_blocks", None))
         """The serve windows (the symmetric path's lookups, contexts and pins)."""
         self.forensics: Any = None
         """The request forensics (:class:`kvtier.forensics.Forensics`): shown every batch of

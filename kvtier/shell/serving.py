@@ -19,6 +19,7 @@ that made it (property ``pin_released_once``); every context opened is closed ex
 from __future__ import annotations
 
 import logging
+import operator
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -39,10 +40,12 @@ class ServeWindows:
     """The serve windows of one manager (under its lock).
 
     Args:
-        on_error: counts an internal error (a source that raised, a pin released twice).
+        on_error: counts an internal error (a source that raised, a pin released twice, a bad pin).
+        num_blocks: the pool's blocks: a pin's block numbers must be below it (None: unchecked).
     """
 
-    def __init__(self, *, on_error: Callable[[], None]) -> None:
+    def __init__(self, *, on_error: Callable[[], None], num_blocks: int | None = None) -> None:
+        self._num_blocks = num_blocks
         self._lookups: deque[fx.LookUpBlocks] = deque()
         self._closes: deque[fx.CloseLookup] = deque()
         self._contexts: dict[RoundKey, tuple[BlockSource, Any]] = {}
@@ -139,19 +142,50 @@ class ServeWindows:
             self._on_error()
             log.exception("kvtier: looking blocks up in the engine failed; answering miss")
             return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
-        if pin.pin_id in self._pins or len(pin.blocks) != len(found):
+        pin_id = getattr(pin, "pin_id", None)
+        try:
+            blocks, bad = self._blocks(pin.blocks, len(found))
+            if pin_id in self._pins:
+                bad = f": pin id {pin_id} is outstanding"
+        except Exception:  # not a Pin: no blocks to read
+            blocks, bad = (), f": not a Pin ({type(pin).__name__})"
+        if bad:
             self._on_error()
-            log.error("kvtier: the block source returned a bad pin %r for %d keys; its blocks are not served",
-                      pin, len(found))
+            log.error("kvtier: the block source returned a bad pin %r for %d keys%s; its blocks are not served",
+                      pin, len(found), bad)
             try:  # a pin id already outstanding cannot be told apart: leave it to its first owner
-                if pin.pin_id not in self._pins:
-                    source.release(pin.pin_id, False, Reason.JOB_REFUSED.value)
+                if pin_id is not None and pin_id not in self._pins:
+                    source.release(pin_id, False, Reason.JOB_REFUSED.value)
             except Exception:
                 log.exception("kvtier: releasing a bad pin failed")
             return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
-        self._pins[pin.pin_id] = source
-        return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, tuple(found), tuple(pin.blocks), pin.pin_id,
+        self._pins[pin_id] = source
+        return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, tuple(found), blocks, pin_id,
                                  tuple(pending), tuple(missing))
+
+    def _blocks(self, given: Any, keys: int) -> tuple[tuple[int, ...], str]:
+        """A pin's block numbers as ints (an engine's numpy integers are taken: ``operator.index``),
+        and what is wrong with them ("" when nothing): a count other than the keys', a block that is
+        not an integer (a bool, a float) or one outside the pool would make the transfer fail in
+        the I/O loop, the peer's load wait for its timeout and the pin never be released.
+
+        Raises:
+            TypeError: ``given`` is not iterable."""
+        items = tuple(given)
+        if len(items) != keys:
+            return (), f": {len(items)} blocks"
+        out = []
+        for b in items:
+            try:
+                n = operator.index(b)
+            except TypeError:
+                n = None
+            if n is None or isinstance(b, bool):
+                return (), f": block {b!r} ({type(b).__name__}) is not an integer; return ints"
+            if n < 0 or (self._num_blocks is not None and n >= self._num_blocks):
+                return (), f": block {n} is outside the pool (0..{(self._num_blocks or 1) - 1})"
+            out.append(n)
+        return tuple(out), ""
 
     def _close_queued(self, n: int) -> None:
         for _ in range(n):

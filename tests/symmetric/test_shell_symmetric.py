@@ -134,6 +134,51 @@ def test_a_source_that_raises_answers_miss_and_never_crashes_the_manager() -> No
     assert got[0].missing == (b"a", b"b") and got[0].pin is None and errors == [1]
 
 
+@pytest.mark.parametrize("blocks, says", [
+    ((1, 64), "block 64 is outside the pool (0..63)"), ((-1, 2), "block -1 is outside the pool"),
+    ((1.0, 2), "block 1.0 (float) is not an integer"), ((True, 2), "block True (bool) is not an integer"),
+    ((1,), ": 1 blocks"), (None, "not a Pin"),
+])
+def test_a_pin_whose_blocks_cannot_be_served_is_released_and_its_keys_miss(blocks, says, caplog) -> None:
+    """A pin of blocks outside the pool, or not integers, was served as HIT: the transfer raised
+    in the serving tier's I/O loop, the peer's fetch was never answered (its load failed at
+    ``load_timeout_s`` and its whole session ended), and the pin was never released, so the
+    engine's ``drain_jobs`` never ended (an outside tester).  Now it is refused where it is made:
+    released at once, every key MISS, the fault named in the log."""
+    errors: list[int] = []
+    w = ServeWindows(on_error=lambda: errors.append(1), num_blocks=64)
+
+    class Bad(Source):
+        def pin(self, keys, ctx):
+            self.next_pin += 1
+            return Pin(self.next_pin, blocks)
+
+    src, got = Bad(found={b"a": 1, b"b": 2}), []
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a", b"b")))
+    w.run(src, lambda *k: True, got.append)
+    assert got[0].missing == (b"a", b"b") and got[0].pin is None and not got[0].blocks
+    assert [c for c in src.calls if c[0] == "release"] == [("release", 1, False, "job_refused")]
+    assert errors == [1] and not w.pins()
+    assert says in caplog.text, caplog.text
+
+
+def test_an_engines_numpy_block_numbers_are_served_as_ints() -> None:
+    """An engine that keeps its block table in numpy pins ``np.int64`` blocks: they are taken as the
+    ints they are (they raised in the I/O loop at the transfer's start)."""
+    import numpy as np
+    w = ServeWindows(on_error=lambda: None, num_blocks=64)
+
+    class Numpy(Source):
+        def pin(self, keys, ctx):
+            self.next_pin += 1
+            return Pin(self.next_pin, tuple(np.int64(self.found[k]) for k in keys))
+
+    got: list[ix.LookupAnswered] = []
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a", b"b")))
+    w.run(Numpy(found={b"a": 5, b"b": 63}), lambda *k: True, got.append)
+    assert got[0].blocks == (5, 63) and all(type(b) is int for b in got[0].blocks) and got[0].pin == 1
+
+
 def test_block_index_pins_keep_blocks_from_reuse_until_released() -> None:
     idx = BlockIndex(8)
     idx.publish(b"k", 5)
