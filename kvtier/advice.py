@@ -94,6 +94,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                            "or integrity: the log names the field. Use one kvtier release, one model and KV "
                            "layout, the same `--prefix-caching-hash-algo` (and `PYTHONHASHSEED`), `data_plane` "
                            "and `integrity` on both (docs/compatibility.md).",
+    _R.SELF_FETCH: "The request named this instance's own address (a router or proxy picked the same instance for "
+                   "both ends): on nixl a NIXL agent cannot load from itself. Send such a request without "
+                   "remote_prefiller / remote_kv_source (the instance's prefix cache holds its blocks), or run "
+                   "`data_plane: zmq`, which can.",
     _R.SESSION_STILL_HELD: "Nothing to change for one: the producer had not yet seen our earlier session end (it "
                            "was stalled, or our new dial raced that session's end); the next dial is admitted. "
                            "Every time: requests name this producer under two names (e.g. `localhost` and "

@@ -14,6 +14,7 @@ from kvtier.dataplane.base import (
     Faulted,
     Landed,
     Notified,
+    PeerIsSelf,
     PeerStillHeld,
     PlaneError,
     Released,
@@ -24,7 +25,7 @@ from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.zmq import ZmqPlane
 
 __all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Faulted", "Landed", "Landings", "Notified",
-           "PeerStillHeld", "PlaneError", "Released", "Report", "Revoked", "ZmqPlane", "make_plane"]
+           "PeerIsSelf", "PeerStillHeld", "PlaneError", "Released", "Report", "Revoked", "ZmqPlane", "make_plane"]
 
 
 def make_plane(name: str, **kwargs: object) -> DataPlane:

@@ -48,6 +48,12 @@ class PlaneError(KvTierError):
     """A data plane cannot start, or a peer's descriptor or payload does not fit it."""
 
 
+class PeerIsSelf(PlaneError):
+    """The peer's descriptor names this plane's own agent: the tier dialled its own address (a
+    request naming the instance that serves it). A NIXL agent cannot be its own remote; the zmq
+    plane has no agent and loads it."""
+
+
 class PeerStillHeld(PlaneError):
     """A consumer's new session names the agent an earlier session of it still holds here (that
     session has not ended on this side yet): refused for now, not a mismatch; the consumer's next

@@ -82,6 +82,7 @@ from kvtier.dataplane.base import (
     Batch,
     Faulted,
     Notified,
+    PeerIsSelf,
     PeerStillHeld,
     PlaneError,
     Report,
@@ -281,6 +282,8 @@ class NixlPlane:
             agent = decode_descriptor(hello.agent).agent  # validate before touching the live peer
         except (msgspec.DecodeError, msgspec.ValidationError, NixlError, ValueError, TypeError) as exc:
             raise PlaneError(f"{peer}'s NIXL descriptor: {exc}") from None
+        if agent == self._agent.name:
+            raise PeerIsSelf(f"{peer}'s NIXL descriptor names our own agent {agent!r}: it is this tier itself")
         holder = self._agent.holder(agent, _group(accepted))
         if holder is not None and holder[1]:
             self._pending[peer] = (descriptor, accepted, gen)  # its old entry still drains transfers

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "f21e0857805ef50da21013d24616b5ad7c2260fc49b16be611ddd00e72d64c38"
+SPEC_SHA256: Final = "d4e71a1214873eacbb00d980e2782948a6e6cc0a9b8b527506f2fc71822bd6d0"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -80,6 +80,8 @@ class Reason(enum.StrEnum):
     """protocol version, block layout or hash seed differ between the peers"""
     SESSION_STILL_HELD = "session_still_held"
     """the producer's data plane still holds another session of this consumer's agent: one not ended on its side yet (a later handshake is admitted, decision N25), or the consumer dials it under two names (NIXL admits one session per agent); not a mismatch"""
+    SELF_FETCH = "self_fetch"
+    """the request names this tier's own address and its data plane cannot load from itself (nixl: a NIXL agent is not its own peer; the zmq plane can); not a mismatch (decision N26)"""
     PEER_TIMEOUT = "peer_timeout"
     """nothing heard from the peer for peer_timeout_s"""
     PEER_DISCONNECTED = "peer_disconnected"
@@ -174,6 +176,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.HANDSHAKE_TIMEOUT: "the session was not ready within handshake_timeout_s",
     Reason.HANDSHAKE_MISMATCH: "protocol version, block layout or hash seed differ between the peers",
     Reason.SESSION_STILL_HELD: "the producer's data plane still holds another session of this consumer's agent: one not ended on its side yet (a later handshake is admitted, decision N25), or the consumer dials it under two names (NIXL admits one session per agent); not a mismatch",
+    Reason.SELF_FETCH: "the request names this tier's own address and its data plane cannot load from itself (nixl: a NIXL agent is not its own peer; the zmq plane can); not a mismatch (decision N26)",
     Reason.PEER_TIMEOUT: "nothing heard from the peer for peer_timeout_s",
     Reason.PEER_DISCONNECTED: "the peer said disconnect, did not know our session, or its connection closed",
     Reason.PEER_RESTARTED: "the peer reconnected with a new generation (or a new session from the same consumer replaced this one)",
@@ -1391,6 +1394,8 @@ class SessionGuard(enum.StrEnum):
     """the hello carries the generation this session already serves (a duplicate)"""
     CAPACITY_REFUSAL = "capacity_refusal"
     """the peer refused our hello because it already has max_peers sessions"""
+    IS_SELF = "is_self"
+    """the refusal names ourselves: the peer's descriptor names our own data-plane agent (plane_refused: we dialled our own address), or its hello_reject says self_fetch"""
     STILL_HELD = "still_held"
     """the refusal is for now: the peer's plane still holds an earlier session of ours (its hello_reject says session_still_held), or ours still holds an earlier session of the peer's agent (plane_refused)"""
     PEER_SHUTTING_DOWN = "peer_shutting_down"
@@ -1558,6 +1563,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.HANDSHAKING, SessionEvent.HELLO_REJECT): Rule(TRANSITION, (
         Branch(SessionGuard.CAPACITY_REFUSAL, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.TOO_MANY_PEERS),
         Branch(SessionGuard.STILL_HELD, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SESSION_STILL_HELD),
+        Branch(SessionGuard.IS_SELF, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.SELF_FETCH),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.PLANE_ATTACHED): Rule(IGNORE, (), Reason.STALE),
@@ -1602,6 +1608,7 @@ SESSION_TABLE: Final = MappingProxyType({
     (SessionState.ATTACHING, SessionEvent.PLANE_REFUSED): Rule(TRANSITION, (
         Branch(SessionGuard.DIALLED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
         Branch(SessionGuard.STILL_HELD, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, SessionEffect.PEER_DOWN, ), Reason.SESSION_STILL_HELD),
+        Branch(SessionGuard.IS_SELF, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, SessionEffect.PEER_DOWN, ), Reason.SELF_FETCH),
         Branch(None, SessionState.DEAD, (SessionEffect.SEND_HELLO_REJECT, SessionEffect.PEER_DOWN, ), Reason.HANDSHAKE_MISMATCH),
     ), None),
     (SessionState.ATTACHING, SessionEvent.MESSAGE): Rule(IGNORE, (), Reason.STALE),

@@ -297,11 +297,14 @@ class PeerAttached(_Input):
 
 #: :class:`AttachRefused` detail: the peer's agent is still held by an earlier session of it here
 STILL_HELD = "still_held"
+#: :class:`AttachRefused` detail: the peer's descriptor names our own agent (a tier dialled itself)
+SELF = "self"
 
 
 class AttachRefused(_Input):
     """The data plane refused the descriptor of ``peer``'s session generation ``gen``
-    (``detail`` :data:`STILL_HELD`: for now, an earlier session of that peer still holds its agent)."""
+    (``detail`` :data:`STILL_HELD`: for now, an earlier session of that peer still holds its agent;
+    :data:`SELF`: the descriptor names our own agent, the tier dialled itself)."""
 
     peer: str
     gen: int

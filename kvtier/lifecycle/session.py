@@ -52,7 +52,7 @@ from kvtier.lifecycle._table import (
     SessionState,
 )
 from kvtier.lifecycle.effects import AttachPeer, CloseConnection, DetachPeer, Effect, OpenConnection, Send, SessionEnded
-from kvtier.lifecycle.inputs import STILL_HELD, AttachRefused, ConnectionClosed
+from kvtier.lifecycle.inputs import SELF, STILL_HELD, AttachRefused, ConnectionClosed
 from kvtier.lifecycle.notes import Notes, PeerLost, SessionReady
 from kvtier.wire import messages as wm
 
@@ -237,6 +237,9 @@ class SessionMachine(TableMachine):
     def guard_capacity_refusal(self, rec: SessionRecord, inp, now: float) -> bool:
         return getattr(inp, "reason", None) is Reason.TOO_MANY_PEERS
 
+    def guard_is_self(self, rec: SessionRecord, inp, now: float) -> bool:
+        return getattr(inp, "reason", None) is Reason.SELF_FETCH or getattr(inp, "detail", "") == SELF
+
     def guard_still_held(self, rec: SessionRecord, inp, now: float) -> bool:
         return getattr(inp, "reason", None) is Reason.SESSION_STILL_HELD or getattr(inp, "detail", "") == STILL_HELD
 
@@ -327,8 +330,8 @@ class SessionMachine(TableMachine):
         out.append(Send(rec.key, wm.HelloAck(gen=rec.gen, instance=self.local.instance, descriptor=self.local.descriptor)))
 
     def effect_send_hello_reject(self, rec: SessionRecord, inp, reason, now, out) -> None:
-        if isinstance(inp, AttachRefused):  # ours names a refusal for now (STILL_HELD), never the detail
-            gen, field, ours, theirs = inp.gen, "descriptor", inp.detail if inp.detail == STILL_HELD else "", ""
+        if isinstance(inp, AttachRefused):  # ours names a refusal for now or of ourselves, never the detail
+            gen, field, ours, theirs = inp.gen, "descriptor", inp.detail if inp.detail in (STILL_HELD, SELF) else "", ""
         elif reason is Reason.TOO_MANY_PEERS:
             gen, field, ours, theirs = inp.gen, "max_peers", str(self.max_peers), str(len(self.records) + 1)
         else:

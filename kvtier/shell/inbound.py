@@ -269,6 +269,11 @@ class Inbound:
                       "yet there (a later handshake is admitted), or we dial it under two names (e.g. localhost and "
                       "127.0.0.1: NIXL admits one session per agent; use one name)", self.logs.who(peer),
                       level=logging.WARNING)
+        elif msg.field == "descriptor" and msg.ours == ix.SELF:  # a request naming this instance (N26)
+            self.logs(peer, "hello_reject", "kvtier: %s is this tier itself (self_fetch): its data plane cannot load "
+                      "from its own instance (a NIXL agent is not its own peer; zmq can). A request served by the "
+                      "instance that holds its blocks needs no remote_prefiller / remote_kv_source",
+                      self.logs.who(peer), level=logging.ERROR)
         elif msg.field == "descriptor":  # its plane could not admit ours: the reason is in its log
             self.logs(peer, "hello_reject", "kvtier: %s refused our data-plane descriptor (its log says why)%s",
                       self.logs.who(peer), handshake_hint(msg.field), level=logging.ERROR)

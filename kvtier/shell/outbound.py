@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from kvtier.advice import handshake_hint
-from kvtier.dataplane import Batch, DataPlane, PeerStillHeld, PlaneError
+from kvtier.dataplane import Batch, DataPlane, PeerIsSelf, PeerStillHeld, PlaneError
 from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
@@ -259,6 +259,10 @@ class Outbound:
             self.logs(e.peer, "descriptor", "kvtier: refusing %s's handshake for now: %s", self.logs.who(e.peer), exc,
                       level=logging.WARNING)
             return [ix.AttachRefused(e.peer, e.gen, ix.STILL_HELD)]
+        except PeerIsSelf as exc:  # a request naming this instance: not a mismatch either (N26)
+            self.logs(e.peer, "descriptor", "kvtier: refusing %s's handshake: %s; the %s data plane cannot load from "
+                      "its own instance (zmq can)", self.logs.who(e.peer), exc, self.plane.name, level=logging.WARNING)
+            return [ix.AttachRefused(e.peer, e.gen, ix.SELF)]
         except PlaneError as exc:
             self.metrics.wire_error(WireReason.BAD_FIELD)
             self.logs(e.peer, "descriptor", "kvtier: %s sent a data-plane descriptor we cannot use: %s",

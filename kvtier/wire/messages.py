@@ -225,9 +225,12 @@ class HelloAck(_Msg, tag="hello_ack"):
 
 
 class HelloReject(_Msg, tag="hello_reject"):
-    """producer→consumer: session refused: ``reason`` is ``handshake_mismatch``, ``too_many_peers`` or
-    ``session_still_held`` (for now: an earlier session of the consumer still holds its agent); ``field``
-    names the first mismatch; ``ours`` and ``theirs`` are empty for ``hash_seed``."""
+    """producer→consumer: session refused: ``reason`` is ``handshake_mismatch``, ``too_many_peers``,
+    ``session_still_held`` (for now: an earlier session of the consumer still holds its agent) or
+    ``self_fetch`` (the consumer is the producer itself, and its plane cannot load from itself); ``field``
+    names the first mismatch; ``ours`` and ``theirs`` are empty for ``hash_seed``; for a refused
+    ``descriptor`` ``ours`` is ``still_held``, ``self`` (it names the producer's own agent: a tier
+    that dialled itself) or empty."""
 
     TYPE: ClassVar[str] = "hello_reject"
     gen: int

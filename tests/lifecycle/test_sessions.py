@@ -173,6 +173,23 @@ def test_an_agent_still_held_by_an_earlier_session_is_refused_for_now_on_both_si
     assert CoreView(c).suspect_instances() == frozenset()  # it proves nothing about the producer
 
 
+def test_a_descriptor_naming_our_own_agent_ends_both_sides_self_fetch() -> None:
+    """A request named this instance's own address and its plane cannot load from itself (a NIXL
+    agent is not its own peer): both sessions end self_fetch, not handshake_mismatch (N26)."""
+    p = core()
+    p.handle(ix.Received("c1", hello(7)), 0.0)
+    out = p.handle(ix.AttachRefused("c1", 7, ix.SELF), 0.5)
+    reject = wm.HelloReject(gen=7, reason="self_fetch", field="descriptor", ours="self", theirs="")
+    assert out == [Send("c1", reject, ends_session=False),
+                   SessionEnded("c1", Reason.SELF_FETCH, False, "peer-inst"), DetachPeer("c1")]
+    c = core()
+    (opened,) = c.handle(ix.Dial(P), 0.0)
+    c.handle(ix.ConnectionUp(P), 0.0)
+    reject = wm.HelloReject(gen=opened.gen, reason="self_fetch", field="descriptor", ours="self", theirs="")
+    out = c.handle(ix.Received(P, reject), 0.1)
+    assert of(out, SessionEnded) == [SessionEnded(P, Reason.SELF_FETCH, True, "")]
+
+
 def test_a_message_without_a_session_is_answered_that_the_session_is_unknown() -> None:
     p = core()
     out = p.handle(ix.Received("c9", wm.Ping(gen=41, t=3.0)), 0.0)

@@ -163,6 +163,26 @@ def test_data_plane_mismatch_is_refused_in_the_handshake(make_manager):
     assert metric(p, "kvtier_block_bytes_sent_total") == 0
 
 
+@pytest.mark.parametrize("data_plane", ["nixl"], indirect=True)
+def test_a_nixl_tier_loading_from_its_own_address_fails_self_fetch_at_once(data_plane, make_manager, caplog):
+    """A request naming the instance's own address (a router that picked it for both ends): a NIXL
+    agent is not its own peer, so the load fails at once with ``self_fetch`` and a log line naming
+    the cause and the fix; it failed ``handshake_mismatch``, with advice to repair NIXL (N26).  The
+    zmq plane loads such a request (it has no agent)."""
+    m = make_manager(HB)
+    jobs = Jobs(m)
+    preq = producer_req("p-self", "kv-self")
+    m.on_new_request(preq)
+    m.submit_store(job(1, [b"k"], [0], preq))
+    creq = consumer_req("c-self", "kv-self", m.host, m.port)
+    m.on_new_request(creq)
+    m.submit_load(job(2, [b"k"], [3], creq))
+    assert pump_until(lambda: jobs.has(2), managers=[m], jobs=[jobs])
+    assert (jobs.one(2).success, jobs.one(2).reason) == (False, "self_fetch")
+    assert metric(m, "kvtier_session_ends_total", reason="handshake_mismatch") == 0
+    assert "is this tier itself (self_fetch)" in caplog.text and "same backends" not in caplog.text, caplog.text
+
+
 def _other_pool_descriptor(block_bytes: int) -> bytes:
     """A well-formed NIXL plane descriptor of a pool with another block size."""
     import numpy as np
