@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "d4e71a1214873eacbb00d980e2782948a6e6cc0a9b8b527506f2fc71822bd6d0"
+SPEC_SHA256: Final = "d5840281303d84c930c784fed64810af741464b3f66a542db08560abda4d6ca7"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -315,6 +315,8 @@ class ProducerGuard(enum.StrEnum):
     """the fetch names zero keys (the consumer already has every block)"""
     NEEDED_NOTHING = "needed_nothing"
     """the id is done because its consumer needed none of its blocks (not_needed)"""
+    NOTHING_PARKED = "nothing_parked"
+    """no block of the id is parked: its producer request stored nothing under it (its engine could not store the blocks), not only part of what the fetch named"""
     DEMAND_MET = "demand_met"
     """every key the fetch names is already stored"""
     STORE_MEETS_DEMAND = "store_meets_demand"
@@ -519,6 +521,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.AWAITING, (ProducerEffect.NOTE_STALE, ProducerEffect.REPLY_ABORT_ACK, ), None),
     ), None),
     (ProducerState.AWAITING, ProducerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOTHING_PARKED, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.NOTHING_STORED),
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ProducerEffect.REPLY_DONE_FAIL, ), Reason.INCOMPLETE),
     ), None),
     (ProducerState.AWAITING, ProducerEvent.REAP_DEADLINE): Rule(IGNORE, (), Reason.STALE),

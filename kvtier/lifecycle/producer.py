@@ -414,6 +414,9 @@ class ProducerMachine(TableMachine):
     def guard_fetch_empty(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return not inp.keys
 
+    def guard_nothing_parked(self, rec: ProducerRecord, inp: object, now: float) -> bool:
+        return not rec.blocks
+
     def guard_demand_met(self, rec: ProducerRecord, inp: FetchInput, now: float) -> bool:
         return all(map(rec.blocks.__contains__, inp.keys))
 

@@ -139,6 +139,27 @@ def test_b12_fetch_for_blocks_that_will_never_come_is_answered_promptly() -> Non
     assert done_fail(s.p.fire(12.0), "A").reason == "supply_timeout"
 
 
+def test_a_fetch_waiting_for_blocks_the_request_never_stored_is_told_nothing_stored() -> None:
+    """A fetch that arrived first (awaiting) for an id whose producer request then finished having
+    stored nothing (its engine could not: a full CPU tier) is answered ``nothing_stored``, as a
+    fetch after that finish is, not ``incomplete``, whose advice points at prompts that differ (an
+    outside tester); a request that stored part of what the fetch named is still ``incomplete``."""
+    for stored, reason in (((), "nothing_stored"), ((0,), "incomplete")):
+        s = Pair()
+        ks = keys("A", 2)
+        assert s.fetch("A", ks, 0.5) == [] and s.p.producer_state("A") is ProducerState.AWAITING
+        for i in stored:
+            s.p.handle(ix.StoreSubmitted("A", "req-A", 10 + i, (ks[i],), (i,)), 0.6)
+        out = s.p.handle(ix.RequestFinished("A", producer=True), 1.0)
+        assert done_fail(out, "A").reason == reason and s.p.producer_state("A") is ProducerState.TOMBSTONED
+        assert sorted(j.job_id for j in of(out, JobDone)) == [10 + i for i in stored]
+        late = Pair()  # the same request finished before the fetch came: the same answer
+        for i in stored:
+            late.p.handle(ix.StoreSubmitted("A", "req-A", 10 + i, (ks[i],), (i,)), 0.6)
+        late.p.handle(ix.RequestFinished("A", producer=True), 1.0)
+        assert done_fail(late.fetch("A", ks, 1.5), "A").reason == reason
+
+
 def test_b12_second_round_for_a_live_id_is_refused_and_the_first_is_untouched() -> None:
     """B12 (one fetch per id): a second round while the first is live fails only that fetch
     (``duplicate_fetch``); an exact network duplicate of the live round is ignored."""

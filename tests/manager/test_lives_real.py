@@ -159,8 +159,8 @@ C_CFG = {"fetch_supply_timeout_s": 30.0, "load_timeout_s": 60.0, "heartbeat_inte
 @pytest.mark.parametrize("order", ["finish_then_fetch", "fetch_then_finish"])
 def test_producer_request_finished_with_nothing_stored_is_refused_in_one_round_trip(make_manager, order):
     """vLLM could not store the producer request's chunks, so no store job came;
-    the request finished.  Expected: the consumer's load fails at once — ``nothing_stored`` when
-    the fetch arrives after the finish, ``incomplete`` when it was already waiting — within the
+    the request finished.  Expected: the consumer's load fails at once with ``nothing_stored``,
+    whether the fetch arrives after the finish or was already waiting (decision L18) — within the
     5 s bound, although fetch_supply_timeout_s is 30 s; not one byte lands."""
     p = make_manager(P_CFG, num_blocks=4, block_bytes=BB)
     c = make_manager(C_CFG, num_blocks=4, block_bytes=BB)
@@ -180,7 +180,7 @@ def test_producer_request_finished_with_nothing_stored_is_refused_in_one_round_t
         assert pump_until(lambda: p.core.producer_state("kv-none") is ProducerState.AWAITING, managers=[p, c],
                           timeout_s=BOUND_S)
         p.on_request_finished(preq)
-        want = "incomplete"
+        want = "nothing_stored"
     assert pump_until(lambda: cjobs.has(1), managers=[p, c], jobs=[cjobs], timeout_s=BOUND_S)
     assert (cjobs.one(1).success, cjobs.one(1).reason) == (False, want)
     assert metric(p, "kvtier_fetches_refused_total", reason=want) == 1
