@@ -41,6 +41,9 @@ def test_quick_p0_hands_off_every_size_on_every_system(p0_smoke) -> None:
             assert all(_number(r[k]["median"]) and r[k]["median"] > 0 for k in ("first_s", "done_s")), r
     assert set(res["late_s"]) == set(seed.SYSTEMS)
     assert res["targets"] and all(t["achieved"] is None or _number(t["achieved"]) for t in res["targets"])
+    limits = [t for t in res["targets"] if t["text"].startswith("limit here: a raw NIXL WRITE")]
+    assert len(limits) == len(seed.QUICK_SIZES_MIB) and all(_number(t["achieved"]) and t["met"] is None
+                                                           for t in limits), limits
     text = seed.render(res)
     assert "vLLM p2p (NIXL)" in text and "late fetch" in text
     assert "kvtier zmq / raw pyzmq" in text and "kvtier nixl / raw NIXL WRITE" in text  # the per-phase table
