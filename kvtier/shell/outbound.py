@@ -31,6 +31,8 @@ from kvtier.transport import DialNotAllowed, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import WireReason, encode, encode_frames
 
+log = logging.getLogger("kvtier.manager")
+
 _ROUTINE = frozenset({Reason.SHUTDOWN, Reason.PEER_DISCONNECTED})  # session ends that follow a goodbye
 
 __all__ = ["MAX_BATCH_BYTES", "Outbound", "TAIL_BYTES", "plan_batches"]
@@ -106,7 +108,13 @@ class Outbound:
         noted = fz.before(effects) if fz is not None else 0
         try:
             for e in effects:
-                more = table[type(e)](e)
+                try:
+                    more = table[type(e)](e)
+                except Exception:  # an internal error: the step's other effects still happen (they
+                    # may be another job's result), as the core, which decided them all, assumes
+                    self.metrics.internal_error()
+                    log.exception("kvtier: performing %s failed; the rest of its step goes on", type(e).__name__)
+                    continue
                 if more:
                     produced.extend(more)
         finally:  # a performer that raised (an internal error): the batch is noted all the same

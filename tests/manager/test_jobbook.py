@@ -220,3 +220,24 @@ def test_a_log_line_names_the_principal_a_connection_proved_beside_the_instance_
     assert logs.who("in:01") == "127.0.0.1:5000 (in:01) instance cons (principal evil)"
     assert logs.who("in:02") == "127.0.0.1:5000 (in:02) instance cons"
     assert logs.who("in:03") == "127.0.0.1:5000 (in:03) instance cons"
+
+
+def test_an_effect_whose_performer_fails_does_not_take_the_rest_of_its_step_with_it(caplog) -> None:
+    """A performer that raises (an internal error: a plane that could not post, a bug) is counted and
+    logged, and the step's other effects are still performed — another job's result among them —
+    as the core, which decided them all, assumes.  They were dropped with the step: a job whose
+    result came later in that step never got one."""
+    from kvtier.lifecycle import effects as fx
+
+    out, book, metrics = _performer()
+    book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=64)
+    book.open(2, store=False, kv_request_id="B", now=0.0, nbytes=64)
+
+    def broken(e):
+        raise RuntimeError("the plane could not post")
+
+    out.PERFORMERS[fx.CancelTransfer] = broken
+    out.perform([fx.JobDone(1, True), fx.CancelTransfer("A", 0), fx.JobDone(2, False, Reason.ABORTED)])
+    assert [r.job_id for r in book.take()] == [1, 2]
+    assert ("internal_error",) in metrics.calls
+    assert "performing CancelTransfer failed; the rest of its step goes on" in caplog.text
