@@ -45,11 +45,11 @@ class Presence(enum.Enum):
 @attrs.frozen(slots=True)
 class Pin:
     """An engine pin: ``blocks[i]`` (pool block numbers) holds the i-th pinned key, unchanged until
-    the pin's release.  ``pin_id`` must be unique among the manager's outstanding pins; ``blocks``
-    has one integer per pinned key (numpy integers are taken as ints), each in ``0 ..
-    num_blocks - 1`` of the pool.  A pin that breaks either is released at once (``ok`` False,
-    ``job_refused``), its keys answer the peer MISS and the log names what was wrong (decision
-    Y21)."""
+    the pin's release.  ``pin_id`` (not None, hashable) must be unique among the manager's
+    outstanding pins; ``blocks`` has one integer per pinned key (numpy integers are taken as
+    ints), each in ``0 .. num_blocks - 1`` of the pool and each once.  A pin that breaks either is
+    released at once by its own id (``ok`` False, ``job_refused``), its keys answer the peer MISS
+    and the log names what was wrong (decision Y21)."""
 
     pin_id: int
     blocks: tuple[int, ...]

@@ -33,6 +33,8 @@ __all__ = ["ServeWindows"]
 
 log = logging.getLogger("kvtier.manager")
 
+_NO_ID = object()  # a "pin" with no pin_id attribute: nothing to release it by
+
 RoundKey = tuple[str, str, int]
 
 
@@ -142,19 +144,26 @@ class ServeWindows:
             self._on_error()
             log.exception("kvtier: looking blocks up in the engine failed; answering miss")
             return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
-        pin_id = getattr(pin, "pin_id", None)
+        pin_id = getattr(pin, "pin_id", _NO_ID)
+        outstanding = False
         try:
             blocks, bad = self._blocks(pin.blocks, len(found))
-            if pin_id in self._pins:
-                bad = f": pin id {pin_id} is outstanding"
         except Exception:  # not a Pin: no blocks to read
             blocks, bad = (), f": not a Pin ({type(pin).__name__})"
+        try:
+            outstanding = pin_id in self._pins
+        except TypeError:  # it could not be released by id: refused, released by the source's own id
+            bad = bad or f": pin id {pin_id!r} is not hashable"
+        if pin_id is None or pin_id is _NO_ID:  # a pin of no id would read as no pin at all: never released
+            bad = bad or ": pin id None"
+        elif outstanding:
+            bad = bad or f": pin id {pin_id!r} is outstanding"
         if bad:
             self._on_error()
             log.error("kvtier: the block source returned a bad pin %r for %d keys%s; its blocks are not served",
                       pin, len(found), bad)
             try:  # a pin id already outstanding cannot be told apart: leave it to its first owner
-                if pin_id is not None and pin_id not in self._pins:
+                if pin_id is not _NO_ID and not outstanding:  # by the engine's own id, whatever it is
                     source.release(pin_id, False, Reason.JOB_REFUSED.value)
             except Exception:
                 log.exception("kvtier: releasing a bad pin failed")
@@ -167,7 +176,8 @@ class ServeWindows:
         """A pin's block numbers as ints (an engine's numpy integers are taken: ``operator.index``),
         and what is wrong with them ("" when nothing): a count other than the keys', a block that is
         not an integer (a bool, a float) or one outside the pool would make the transfer fail in
-        the I/O loop, the peer's load wait for its timeout and the pin never be released.
+        the I/O loop, the peer's load wait for its timeout and the pin never be released; a block
+        pinned for two keys would load one key's bytes into the other's slot, and they would check.
 
         Raises:
             TypeError: ``given`` is not iterable."""
@@ -185,6 +195,8 @@ class ServeWindows:
             if n < 0 or (self._num_blocks is not None and n >= self._num_blocks):
                 return (), f": block {n} is outside the pool (0..{(self._num_blocks or 1) - 1})"
             out.append(n)
+        if len(set(out)) != len(out):  # two keys cannot hold one block: one would load the other's bytes
+            return (), f": block {next(b for b in out if out.count(b) > 1)} is pinned for two keys"
         return tuple(out), ""
 
     def _close_queued(self, n: int) -> None:

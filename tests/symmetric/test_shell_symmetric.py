@@ -137,7 +137,7 @@ def test_a_source_that_raises_answers_miss_and_never_crashes_the_manager() -> No
 @pytest.mark.parametrize("blocks, says", [
     ((1, 64), "block 64 is outside the pool (0..63)"), ((-1, 2), "block -1 is outside the pool"),
     ((1.0, 2), "block 1.0 (float) is not an integer"), ((True, 2), "block True (bool) is not an integer"),
-    ((1,), ": 1 blocks"), (None, "not a Pin"),
+    ((1,), ": 1 blocks"), (None, "not a Pin"), ((3, 3), "block 3 is pinned for two keys"),
 ])
 def test_a_pin_whose_blocks_cannot_be_served_is_released_and_its_keys_miss(blocks, says, caplog) -> None:
     """A pin of blocks outside the pool, or not integers, was served as HIT: the transfer raised
@@ -160,6 +160,27 @@ def test_a_pin_whose_blocks_cannot_be_served_is_released_and_its_keys_miss(block
     assert [c for c in src.calls if c[0] == "release"] == [("release", 1, False, "job_refused")]
     assert errors == [1] and not w.pins()
     assert says in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("pin_id, says", [(None, "pin id None"), ([7], "pin id [7] is not hashable")])
+def test_a_pin_without_a_usable_id_is_refused_and_released_by_the_engines_own_id(pin_id, says, caplog) -> None:
+    """A pin whose id is None read as no pin at all: served, never released (the engine's
+    ``drain_jobs`` never ended); an unhashable id was refused as "not a Pin" and its release raised
+    (an outside tester).  Both are refused now, their keys MISS, and each is released at once with
+    the id the engine gave."""
+    errors: list[int] = []
+    w = ServeWindows(on_error=lambda: errors.append(1), num_blocks=64)
+
+    class Odd(Source):
+        def pin(self, keys, ctx):
+            return Pin(pin_id, tuple(self.found[k] for k in keys))
+
+    src, got = Odd(found={b"a": 1}), []
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a",)))
+    w.run(src, lambda *k: True, got.append)
+    assert got[0].missing == (b"a",) and got[0].pin is None and errors == [1] and not w.pins()
+    assert says in caplog.text and "not a Pin" not in caplog.text, caplog.text
+    assert [c for c in src.calls if c[0] == "release"] == [("release", pin_id, False, "job_refused")]
 
 
 def test_an_engines_numpy_block_numbers_are_served_as_ints() -> None:
