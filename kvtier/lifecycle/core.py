@@ -236,9 +236,9 @@ class TierCore:
         """A snapshot of the (PD) consumer record of ``kv_request_id``, or None."""
         return self._reads.consumer(kv_request_id)
 
-    def load_failed(self, kv_request_id: str) -> bool:
-        """True when lookups for this id must MISS (the engine should recompute)."""
-        return self._consumer.state_of(kv_request_id) is ConsumerState.FAILED
+    def load_ended(self, kv_request_id: str) -> bool:
+        """True when lookups for this id must MISS: its load failed (recompute) or loaded (once: L8)."""
+        return self._consumer.state_of(kv_request_id) in (ConsumerState.FAILED, ConsumerState.LOADED)
 
     def producer_count(self) -> int:
         """Producer records (live and retained)."""

@@ -161,16 +161,16 @@ class Outbound:
     # -- jobs ----------------------------------------------------------------------------------
     def _job_done(self, e: fx.JobDone) -> None:
         keys = self._verified(e) if e.successful_keys else None
-        info = None if e.ok else self.jobs.info(e.job_id)
+        info = self.jobs.info(e.job_id)
         done = self.jobs.finish(e.job_id, e.ok, e.reason, self.clock(), successful_keys=keys)
         if done is None:  # the core guarantees exactly once; count instead of crashing the engine
             self.metrics.internal_error()
             return
         store, nbytes, elapsed = done
-        if not e.ok and not store:  # lookups of the id MISS now (decision L11)
+        if not store:  # lookups of the id MISS now: its load failed (L11), or it loaded (fetched once, L8)
             if info is not None and info[1] is not None:
                 self.failed.add(info[1])
-            else:
+            elif not e.ok:
                 self.changed = True
         if e.reason is Reason.NOT_AUTHORISED:
             self.logs("*", e.reason, "kvtier: %s job %d refused: not_authorised (the producer request named another "

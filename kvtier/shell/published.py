@@ -7,7 +7,8 @@ the GIL), read without a lock.  Each is as fresh as the loop's last pass; what t
 since is accounted for by the façade (a lookup the loop has not applied yet answers RETRY, a queued
 job counts as pending work).
 
-* ``failed_loads``: consumer ``kv_request_id``\\ s whose load failed (lookups MISS until the engine
+* ``failed_loads``: consumer ``kv_request_id``\\ s whose load failed, or loaded (an id is fetched
+  once, decision L8) (lookups MISS until the engine
   finishes the request, decision L11); after a pass that could change it, only the ids it could
   have changed are looked at again (an announce, a failed load's result), every id after a
   session's end.
@@ -61,14 +62,14 @@ class Published:
             self.announced.clear()
             out.failed.clear()
             # a copy first: the engine's thread adds to in_use while this runs
-            self.failed_loads = frozenset(k for k in list(self.in_use) if core.load_failed(k))
+            self.failed_loads = frozenset(k for k in list(self.in_use) if core.load_ended(k))
         elif self.announced or out.failed:
             # only the ids a pass could have changed: an announce or a failed load is O(1), not
             # O(ids in use) (decision C25)
             ids = self.announced | out.failed
             self.announced.clear()
             out.failed.clear()
-            add = {k for k in ids if k in self.in_use and core.load_failed(k)}
+            add = {k for k in ids if k in self.in_use and core.load_ended(k)}
             drop = (ids - add) & self.failed_loads
             if add or drop:
                 self.failed_loads = (self.failed_loads - drop) | add

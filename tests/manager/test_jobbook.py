@@ -120,12 +120,13 @@ def _performer():
     return out, book, metrics
 
 
-def test_only_a_failed_load_changes_what_lookups_answer() -> None:
-    """A failed load makes the id's lookups MISS (decision L11): the loop republishes that id's answers
-    (only that id: decision C25), and nothing else asks for a republish."""
+def test_only_a_load_that_ended_changes_what_lookups_answer() -> None:
+    """A load that failed (decision L11) or loaded (an id is fetched once, L8) makes the id's lookups
+    MISS: the loop republishes that id's answers (only that id: decision C25), and nothing else asks
+    for a republish; a store's result changes no lookup."""
     from kvtier.lifecycle import effects as fx
 
-    for store, ok, changed in [(False, False, True), (False, True, False), (True, False, False), (True, True, False)]:
+    for store, ok, changed in [(False, False, True), (False, True, True), (True, False, False), (True, True, False)]:
         out, book, _ = _performer()
         book.open(1, store=store, kv_request_id="A", now=0.0, nbytes=64)
         out.perform([fx.JobDone(1, ok, None if ok else Reason.ABORTED)])

@@ -63,7 +63,9 @@ def test_once_an_id_was_loaded_the_keys_its_load_did_not_name_miss(pairs):
     a load of the id was submitted, a key it did not name answers MISS (the engine recomputes it:
     an engine whose primary tier had room for only part of the prompt loaded the rest again, the
     load failed ``one_fetch_per_id`` and the lookups said HIT for ever); the keys it named answer
-    HIT; after a second load (refused) every key answers MISS, the named ones too."""
+    HIT while it is out, and MISS once it loaded (an engine that evicted them, e.g. a preempted
+    request resumed, recomputes them instead of a load that must fail); after a second load
+    (refused) every key answers MISS."""
     v = pairs(SCEN, block_bytes=BB)
     C = v.C
     keys = keys_for("A", 3)
@@ -76,8 +78,8 @@ def test_once_an_id_was_loaded_the_keys_its_load_did_not_name_miss(pairs):
     assert [C.lookup(k, ra) for k in keys] == [LookupResult.HIT, LookupResult.HIT, LookupResult.MISS]
     v.step()
     assert outcome(v.cjobs, 10) == (True, None)
-    assert [C.lookup(k, ra) for k in keys] == [LookupResult.HIT, LookupResult.HIT, LookupResult.MISS]
-    C.submit_load(job(11, keys[1:], [3, 4], ra))  # loaded again: refused at once
+    assert [C.lookup(k, ra) for k in keys] == [LookupResult.MISS] * 3  # loaded: nothing more to fetch
+    C.submit_load(job(11, keys[1:], [3, 4], ra))  # loaded again all the same: refused at once
     v.step()
     assert outcome(v.cjobs, 11) == (False, "one_fetch_per_id")
     assert [C.lookup(k, ra) for k in keys] == [LookupResult.MISS] * 3
