@@ -123,11 +123,15 @@ def _poll_interval(extra: Mapping[str, Any], notes: list[str]) -> list[str]:
         return [f"{where}: vLLM reads it with float() and fails at start; write seconds, e.g. 0.001 (its default)"]
     try:
         seconds = float(value)
-    except ValueError:
-        return [f"{where}: vLLM reads it with float() and fails at start; write seconds, e.g. 0.001 (its default)"]
-    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
-        return [f"{where}: seconds between vLLM's tier-poll rounds must be a finite number >= 0; write seconds, "
-                "e.g. 0.001 (its default): below 0 vLLM silently starts no tier-poll thread"]
+    except (ValueError, OverflowError):  # an int too large for a float overflows
+        return [f"{where[:120]}: vLLM reads it with float() and fails at start; write seconds, e.g. 0.001 "
+                "(its default)"]
+    if math.isnan(seconds) or math.isinf(seconds):
+        return [f"{where}: not a number of seconds vLLM's tier-poll thread can wait; write seconds, e.g. 0.001 "
+                "(its default)"]
+    if seconds < 0:
+        return [f"{where}: below 0 vLLM silently starts no tier-poll thread; write seconds, e.g. 0.001 "
+                "(its default)"]
     if seconds == 0:
         notes.append("kv_connector_extra_config.tier_poll_interval_s=0: vLLM starts no tier-poll thread, so kvtier's "
                      "results and a peer's lookups wait for the engine's steps (keep the 0.001 default unless "
