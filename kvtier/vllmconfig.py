@@ -74,6 +74,9 @@ def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
                  "kvtier entry (docs/integrations/vllm.md)")], []
     problems = _misplaced(extra, "the OffloadingConnector's secondary_tiers (vLLM ignores them at the "
                                  "MultiConnector's level)")
+    if "tier_poll_interval_s" in extra:  # vLLM's own key, read from the offloading connector's config only
+        problems.append("kv_connector_extra_config.tier_poll_interval_s belongs in the OffloadingConnector's "
+                        "kv_connector_extra_config (vLLM ignores it at the MultiConnector's level)")
     notes: list[str] = []
     found = offloading = 0
     for i, child in enumerate(children):

@@ -373,6 +373,10 @@ def test_check_config_refuses_a_tier_poll_interval_vllm_would_refuse_or_ignore(v
     res = CliRunner().invoke(cli, ["check-config", json.dumps(
         {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {**extra, "tier_poll_interval_s": 0}})])
     assert res.exit_code == 0 and "tier_poll_interval_s=0: vLLM starts no tier-poll thread" in res.output, res.output
+    multi = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"tier_poll_interval_s": 0.001, "connectors": [
+        {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra}]}}  # one level too high
+    res = CliRunner().invoke(cli, ["check-config", json.dumps(multi)])
+    assert res.exit_code == 1 and "tier_poll_interval_s belongs in the OffloadingConnector's" in res.output, res.output
 
 
 @pytest.mark.parametrize("doc, says", [
