@@ -164,10 +164,9 @@ class KvTierSecondaryTier(SecondaryTierManager):
     **producer** leg: its chunks are parked (pinned in vLLM's primary tier) until the decoder
     fetches them or ``unbound_store_timeout_s`` reaps them.  A request with
     ``{"remote_prefiller": {"kv_request_id": K, "remote_host": H, "remote_port": P}}`` is a
-    **consumer** leg: ``lookup`` answers HIT until a load of it ended (then MISS: an id is
-    fetched once, so vLLM recomputes what it still needs; a key that load did not name MISSes
-    from its submission, decision L8) and loads fetch the chunks from ``H:P`` straight into the
-    primary rows vLLM allocated.  A request with ``{"remote_kv_source": {...same keys...}}`` is **symmetric**: its
+    **consumer** leg: ``lookup`` answers HIT until a load of it ended (then MISS, a key it did not
+    name from its submission: fetched once, L8) and loads fetch the chunks from ``H:P`` straight
+    into the primary rows vLLM allocated.  A request with ``{"remote_kv_source": {...same keys...}}`` is **symmetric**: its
     lookups answer RETRY until ``H:P`` (a peer running this tier with ``serve_external``) said
     which chunks its own tiers hold (pinned for us), then HIT or MISS, and vLLM loads the HITs.
     Anything else is local: stores succeed at once, lookups MISS.
