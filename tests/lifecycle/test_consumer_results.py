@@ -62,7 +62,7 @@ def test_a_transfer_done_ok_with_a_block_missing_fails_the_load() -> None:
     _landed(s, "A", rnd, 0, 1, 0.2)  # one of two landed
     out = s.done("A", rnd, 0.3)
     assert of(out, JobDone) == [JobDone(job, False, Reason.INCOMPLETE_DATA, (keys("A", 1)[0],))]
-    assert s.c.consumer_state("A") is ConsumerState.FAILED and s.c.load_failed("A")
+    assert s.c.consumer_state("A") is ConsumerState.FAILED and s.c.load_ended("A")
 
 
 def test_a_second_load_of_an_id_gets_its_own_refusal_and_an_empty_one_after_it_loaded_succeeds() -> None:
@@ -110,7 +110,7 @@ def test_a_failed_transfer_waits_for_the_landing_in_progress_before_reporting() 
     assert of(out, JobDone) == [] and s.c.consumer_state("A") is ConsumerState.SETTLING
     out = _landed(s, "A", rnd, 0, 1, 0.3)
     assert of(out, JobDone) == [JobDone(job, False, Reason.TRANSFER_FAILED, (keys("A", 1)[0],))]
-    assert s.c.consumer_state("A") is ConsumerState.FAILED and s.c.load_failed("A")
+    assert s.c.consumer_state("A") is ConsumerState.FAILED and s.c.load_ended("A")
 
 
 def test_the_result_waits_for_every_landing_whatever_order_they_answer_in() -> None:
@@ -134,7 +134,7 @@ def test_a_request_finished_while_its_load_settles_ends_the_record_with_the_resu
     assert s.c.handle(ix.RequestFinished("A", producer=False), 0.3) == []
     out = _landed(s, "A", rnd, 0, 1, 0.4)
     assert of(out, JobDone) == [JobDone(job, False, Reason.TRANSFER_FAILED, (keys("A", 1)[0],))]
-    assert s.c.consumer_state("A") is ConsumerState.ABSENT and not s.c.load_failed("A")
+    assert s.c.consumer_state("A") is ConsumerState.ABSENT and not s.c.load_ended("A")
 
 
 def test_a_load_given_up_by_its_producer_reports_the_producers_reason_when_the_session_dies() -> None:

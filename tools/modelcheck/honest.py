@@ -71,7 +71,7 @@ def failed_keys_miss(system: System, st: Draft, c: int | None, step: CoreStep) -
     post: Summary = step.post
     for eff, kid, rnd in _failed_loads(system, c, step):  # type: ignore[arg-type]
         if (kid, rnd) not in step.pre.loads:
-            continue  # a PD load: its record answers load_failed, not the probe
+            continue  # a PD load: its record answers load_ended, not the probe
         keys, _n = _fetched(step, kid, rnd)
         kept = set(eff.successful_keys or ())
         missed = post.missed.get(kid)
