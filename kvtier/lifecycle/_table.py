@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "12461fdd67ba1e85fca6d5cb03ab3ffeddbe91c11c730ec5f27eca76d7fdbb02"
+SPEC_SHA256: Final = "d5840281303d84c930c784fed64810af741464b3f66a542db08560abda4d6ca7"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -393,7 +393,7 @@ class ProducerEffect(enum.StrEnum):
     NOTE_LIFE = "note_life"
     """remember the life the input names: the record ends that life only, and an input of another life replaces it"""
     NOTE_PREEMPTOR = "note_preemptor"
-    """an id no producer request has named a consumer for yet, ended by a peer's fetch or abort before any store: remember that peer's principal as the id's ender; a producer request (or store) naming another consumer, or another peer's fetch before the engine's request met the id (a store, its finish), replaces the record, so a peer cannot decide the fate of an id for others before its engine does; once the request met it, any peer's fetch is answered from the id's state (no consumer was named, so none is refused not_authorised; decision L17)"""
+    """an id no producer request has named a consumer for yet, ended by a peer's fetch or abort before any store: remember that peer's principal as the id's ender; a producer request (or store) naming another consumer replaces the record, so a stranger cannot decide the fate of an id before its engine names who may; any other peer's fetch is answered from the id's state (no consumer was named, so none is refused not_authorised; decision L17)"""
 
 
 PRODUCER_INITIAL: Final = ProducerState.ABSENT

@@ -130,31 +130,25 @@ class ProducerMachine(TableMachine):
         if inp.digests and len(inp.digests) != len(inp.keys):
             raise ValueError(f"store job {inp.job_id}: {len(inp.keys)} keys but {len(inp.digests)} digests")
         rec = self._life_record(inp.kv_request_id, inp.life, now, out, inp.consumer)
-        if rec.state in RETAINED:  # the engine's request met the ended id: its end stands for every peer (L17)
-            rec.ender = None
         self.apply(rec, ProducerEvent.STORE, inp, now, out)
         if len(self.retained) > self.tombstone_max:
             self._enforce_cap(now, out)
 
     def fetch(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
-        rec = self._life_record(inp.kv_request_id, inp.life, now, out, fetcher=inp.principal)
-        self.apply(rec, ProducerEvent.FETCH, inp, now, out)
+        self.apply(self._life_record(inp.kv_request_id, inp.life, now, out), ProducerEvent.FETCH, inp, now, out)
         if len(self.retained) > self.tombstone_max:
             self._enforce_cap(now, out)
 
     def _life_record(self, kv_request_id: str, life: str, now: float, out: list[Effect],
-                     consumer: str | None = None, fetcher: str | None = None) -> Any:
-        """The record an input naming ``life`` (a store: and ``consumer``; a fetch: its principal
-        ``fetcher``) meets: a retained record of another life of the id (decision I20), one that
-        answers another consumer than the store names, or one another peer ended before the
-        engine's request met it, with no consumer named (L17), is pruned first (``new_life``), so
-        the input meets a fresh one."""
+                     consumer: str | None = None) -> Any:
+        """The record an input naming ``life`` (a store: and ``consumer``) meets: a retained
+        record of another life of the id (decision I20), or one ended by or for another consumer
+        than the store names (L17), is pruned first (``new_life``), so the input meets a fresh one."""
         rec = self.records.get(kv_request_id)
         if rec is None:
             return self.new_record(kv_request_id)
         if rec.state in RETAINED and ((life and rec.life and life != rec.life)
-                                      or _other(rec.consumer or rec.ender, consumer)
-                                      or (rec.consumer is None and _other(rec.ender, fetcher))):
+                                      or _other(rec.consumer or rec.ender, consumer)):
             self.apply(rec, ProducerEvent.NEW_LIFE, None, now, out)
             return self.new_record(kv_request_id)
         return rec
@@ -175,12 +169,8 @@ class ProducerMachine(TableMachine):
             rec.consumer = consumer
 
     def forget(self, kv_request_id: str) -> None:
-        """The producer request finished: its stores (if any) carried the name onto the record, and
-        an end another peer made stands for every peer now (L17)."""
+        """The producer request finished: its stores (if any) carried the name onto the record."""
         self.named.pop(kv_request_id, None)
-        rec = self.records.get(kv_request_id)
-        if rec is not None and rec.state in RETAINED:
-            rec.ender = None
 
     def abort_fetch(self, inp: FetchInput, now: float, out: list[Effect]) -> None:
         self.apply(self._life_record(inp.kv_request_id, inp.life, now, out), ProducerEvent.ABORT_FETCH, inp, now, out)

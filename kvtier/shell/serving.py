@@ -162,8 +162,9 @@ class ServeWindows:
             self._on_error()
             log.error("kvtier: the block source returned a bad pin %r for %d keys%s; its blocks are not served",
                       pin, len(found), bad)
-            try:  # a pin id already outstanding cannot be told apart: leave it to its first owner
-                if pin_id is not _NO_ID and not outstanding:  # by the engine's own id, whatever it is
+            try:  # an id outstanding from this source cannot be told apart: leave it to its first owner;
+                # one another source made is this source's own pin, released through it
+                if pin_id is not _NO_ID and (not outstanding or self._pins[pin_id] is not source):
                     source.release(pin_id, False, Reason.JOB_REFUSED.value)
             except Exception:
                 log.exception("kvtier: releasing a bad pin failed")

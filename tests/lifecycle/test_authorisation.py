@@ -177,11 +177,10 @@ def test_a_stranger_that_bound_first_cannot_end_the_id_for_the_named_consumer(en
                                          ("peer_lost_while_bound", "peer_lost"), ("empty_fetch", "already_served")])
 def test_an_id_ended_before_any_name_answers_another_peer_from_its_state(end: str, reason: str) -> None:
     """An id no producer request named a consumer for, ended by a peer (its abort or empty fetch
-    before the store, or the end of the fetch that bound it), and then met by the engine's request
-    (a store, or the request's finish): another peer's fetch — a restarted decode, another replica
-    — is refused with what happened to the id, not ``not_authorised``: no consumer was named, so
-    nobody is unauthorised (decision L17; an outside tester's ``not_authorised`` sent operators
-    after a proxy or certificate fault that was not there)."""
+    before the store, or the end of the fetch that bound it): another peer's fetch — a restarted
+    decode, another replica — is refused with what happened to the id, not ``not_authorised``: no
+    consumer was named, so nobody is unauthorised (decision L17; an outside tester's
+    ``not_authorised`` sent operators after a proxy or certificate fault that was not there)."""
     p = producer()
     connect(p, "c1", "decode-1", gen=1)
     connect(p, "c2", "decode-2", gen=2)
@@ -197,43 +196,13 @@ def test_an_id_ended_before_any_name_answers_another_peer_from_its_state(end: st
             p.handle(ix.ConnectionClosed("c1"), 0.2)
         out = p.handle(ix.StoreSubmitted("A", "r1", 1, (b"k0",), (0,)), 0.5)  # the unnamed store
         assert [(j.ok, j.reason) for j in of(out, JobDone)] == [(False, Reason(reason))]
-    p.handle(ix.RequestFinished("A", producer=True), 0.6)
     assert p.producer_state("A") in (ProducerState.TOMBSTONED, ProducerState.DONE)
     out = fetch(p, "c2", 2, "A", (b"k0",), now=1.0)
     assert refused(out, "c2", reason), out
     assert not of(out, SendBlocks)
-
-
-@pytest.mark.parametrize("how", ["empty_fetch", "abort", "bound_then_abort"])
-def test_another_peers_fetch_before_the_engines_request_restarts_an_id_a_peer_ended(how: str) -> None:
-    """A peer ended the id before the engine's producer request met it (no store, no name, no
-    finish yet), and the consumer the request will name fetches first — a PD proxy sends both legs
-    at once. That peer's end decides nothing for it: the fetch starts the id afresh and binds it,
-    and the request's store serves it (decision L17; an outside tester, CURVE on: the named
-    consumer's load failed ``aborted``, an abort it never sent, and the blocks stayed pinned until
-    reaped)."""
-    p = producer()
-    connect(p, "good", "decode-1", gen=1)
-    connect(p, "evil", "mallory", gen=2)
-    keys = (b"k0", b"k1")
-    if how == "empty_fetch":
-        fetch(p, "evil", 2, "A", (), now=0.1)
-    elif how == "abort":
-        abort(p, "evil", 2, "A", 0, fetched=False, now=0.1)
-    else:
-        fetch(p, "evil", 2, "A", (b"k0",), now=0.05)
-        abort(p, "evil", 2, "A", 0, fetched=True, now=0.1)
-    assert p.producer_state("A") in (ProducerState.TOMBSTONED, ProducerState.DONE)
-    out = fetch(p, "good", 1, "A", keys, now=0.2)
-    assert not sent(out, wm.TransferDone) and p.producer_state("A") is ProducerState.AWAITING
-    p.handle(ix.ConsumerNamed("A", "decode-1"), 0.3)
-    out = p.handle(ix.StoreSubmitted("A", "r1", 1, keys, (0, 1), consumer="decode-1"), 0.5)
-    assert of(out, SendBlocks) and of(out, SendBlocks)[0].peer == "good"
-    # the ender's own fetch is answered from its own end, as before
-    q = producer()
-    connect(q, "evil", "mallory", gen=2)
-    abort(q, "evil", 2, "B", 0, fetched=False, now=0.1)
-    assert refused(fetch(q, "evil", 2, "B", keys, now=0.2, rnd=1), "evil", "aborted")
+    # the engine naming another consumer still starts the id afresh (the ender decided nothing for it)
+    p.handle(ix.ConsumerNamed("A", "decode-3"), 1.1)
+    assert p.producer_state("A") is ProducerState.ABSENT
 
 
 @pytest.mark.parametrize("how", ["empty_fetch", "abort"])

@@ -183,6 +183,23 @@ def test_a_pin_without_a_usable_id_is_refused_and_released_by_the_engines_own_id
     assert [c for c in src.calls if c[0] == "release"] == [("release", pin_id, False, "job_refused")]
 
 
+def test_a_pin_id_another_source_holds_is_refused_and_released_through_its_own_source() -> None:
+    """An engine switched to a fresh BlockIndex while the old one still held pin 1: the new index's
+    pin 1 was refused as outstanding but never released, its blocks pinned for ever (an outside
+    tester).  It is refused (ids must be unique across the manager's pins) and released through the
+    source that made it; the old source's pin 1 stays with it."""
+    w = ServeWindows(on_error=lambda: None, num_blocks=64)
+    old, new = Source(found={b"a": 1}), Source(found={b"b": 2})
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a",)))
+    w.run(old, lambda *k: True, lambda inp: None)
+    got: list[ix.LookupAnswered] = []
+    w.queue_lookup(fx.LookUpBlocks("p", "L", 0, (b"b",)))
+    w.run(new, lambda *k: True, got.append)  # its pin is 1 too
+    assert got[0].missing == (b"b",) and got[0].pin is None
+    assert [c for c in new.calls if c[0] == "release"] == [("release", 1, False, "job_refused")]
+    assert [c for c in old.calls if c[0] == "release"] == [] and w.pins() == {1}
+
+
 def test_an_engines_numpy_block_numbers_are_served_as_ints() -> None:
     """An engine that keeps its block table in numpy pins ``np.int64`` blocks: they are taken as the
     ints they are (they raised in the I/O loop at the transfer's start)."""
