@@ -48,8 +48,9 @@ class Pin:
     the pin's release.  ``pin_id`` (not None, hashable) must be unique among the manager's
     outstanding pins; ``blocks`` has one integer per pinned key (numpy integers are taken as
     ints), each in ``0 .. num_blocks - 1`` of the pool and each once.  A pin that breaks either is
-    released at once by its own id (``ok`` False, ``job_refused``), its keys answer the peer MISS
-    and the log names what was wrong (decision Y21)."""
+    released at once by its own id (``ok`` False, ``job_refused``; except an id still outstanding
+    from the same source, which cannot be told apart from the first and is left to it), its keys
+    answer the peer MISS and the log names what was wrong (decision Y21)."""
 
     pin_id: int
     blocks: tuple[int, ...]

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "d5840281303d84c930c784fed64810af741464b3f66a542db08560abda4d6ca7"
+SPEC_SHA256: Final = "5f283783237ea23d2ed2357ff6419c48a11761558d4759bc38ac1c94ec311ae8"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -292,6 +292,8 @@ class ProducerEvent(enum.StrEnum):
     """timer cancel fired"""
     PRUNE_DEADLINE = "prune_deadline"
     """timer prune fired, or the retained-id count cap evicts this (oldest) id"""
+    NAMED_OTHER = "named_other"
+    """the producer request named a consumer for this id while a fetch from another peer holds it, bound before any name (fetch-before-store): that binding is refused not_authorised, so the named consumer's fetch finds the id free (decision L17)"""
     NEW_LIFE = "new_life"
     """an input names a life of the id other than the one this retained record ended with (the id is reused): the record is pruned first, and the input then meets a fresh record"""
     PEER_LOST = "peer_lost"
@@ -449,6 +451,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.ABSENT, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.NO_RECORD),
+    (ProducerState.ABSENT, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.ABSENT, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.NO_RECORD),
     (ProducerState.ABSENT, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.NO_RECORD),
@@ -488,6 +491,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.PARKED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.PARKED, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.PARKED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.NOT_BOUND),
     (ProducerState.PARKED, ProducerEvent.DRAIN): Rule(TRANSITION, (
@@ -531,6 +535,10 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.AWAITING, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.AWAITING, ProducerEvent.NAMED_OTHER): Rule(TRANSITION, (
+        Branch(ProducerGuard.NOTHING_PARKED, ProducerState.ABSENT, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ), Reason.NOT_AUTHORISED),
+        Branch(None, ProducerState.PARKED, (ProducerEffect.REPLY_DONE_FAIL, ProducerEffect.UNBIND, ), Reason.NOT_AUTHORISED),
+    ), None),
     (ProducerState.AWAITING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.AWAITING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.PEER_LOST),
@@ -577,6 +585,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.SERVING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.SERVING, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.SERVING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.CANCELLING, (ProducerEffect.CANCEL_TRANSFER, ), Reason.PEER_LOST),
@@ -615,6 +624,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     ), None),
     (ProducerState.DELIVERING, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.DELIVERING, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DELIVERING, ProducerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(None, ProducerState.TOMBSTONED, (ProducerEffect.FAIL_JOBS, ), Reason.PEER_LOST),
@@ -655,6 +665,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FORCE_RELEASE, ), None),
     ), None),
     (ProducerState.CONFIRMED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CONFIRMED, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CONFIRMED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CONFIRMED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.CONFIRMED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
@@ -693,6 +704,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
         Branch(None, ProducerState.QUARANTINED, (ProducerEffect.FORCE_RELEASE, ), None),
     ), None),
     (ProducerState.CANCELLING, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.CANCELLING, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.CANCELLING, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.CANCELLING, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
@@ -731,6 +743,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.QUARANTINED, ProducerEvent.TRANSFER_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.CANCEL_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.PRUNE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
+    (ProducerState.QUARANTINED, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.NEW_LIFE): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.QUARANTINED, ProducerEvent.PEER_LOST): Rule(IGNORE, (), Reason.REFERENCED),
     (ProducerState.QUARANTINED, ProducerEvent.DRAIN): Rule(IGNORE, (), Reason.STALE),
@@ -761,6 +774,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.DONE, ProducerEvent.PRUNE_DEADLINE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
+    (ProducerState.DONE, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.DONE, ProducerEvent.NEW_LIFE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
@@ -794,6 +808,7 @@ PRODUCER_TABLE: Final = MappingProxyType({
     (ProducerState.TOMBSTONED, ProducerEvent.PRUNE_DEADLINE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),
+    (ProducerState.TOMBSTONED, ProducerEvent.NAMED_OTHER): Rule(IGNORE, (), Reason.STALE),
     (ProducerState.TOMBSTONED, ProducerEvent.NEW_LIFE): Rule(TRANSITION, (
         Branch(None, ProducerState.PRUNED, (), None),
     ), None),

@@ -163,6 +163,8 @@ class ProducerMachine(TableMachine):
             return
         if rec.state in RETAINED and _other(rec.consumer or rec.ender, consumer):
             self.apply(rec, ProducerEvent.NEW_LIFE, None, now, out)
+        elif rec.state is ProducerState.AWAITING and rec.consumer is None and _other(rec.principal, consumer):
+            self.apply(rec, ProducerEvent.NAMED_OTHER, None, now, out)  # another's early binding: refused
         elif rec.consumer is None and not _other(rec.principal, consumer):
             # a fetch another principal bound first keeps none of the name: its store unbinds it
             # (binding_unauthorised), and should it end first, its record answers only it (L17)

@@ -149,7 +149,7 @@ def test_a_stranger_that_bound_first_cannot_end_the_id_for_the_named_consumer(en
     """A stranger's fetch that bound the id before its engine named a consumer, ended by the
     stranger (its own abort, its session's end, the supply deadline) before the store: the id's
     end answers only the stranger, and the request naming the consumer starts it afresh (L17).
-    So also when the name came while the stranger was still bound."""
+    Named while the stranger was still bound, the name drops that binding at once (named_other)."""
     p = producer()
     connect(p, "good", "decode-1", gen=1)
     connect(p, "evil", "mallory", gen=2)
@@ -164,7 +164,8 @@ def test_a_stranger_that_bound_first_cannot_end_the_id_for_the_named_consumer(en
         p.handle(ix.ConnectionClosed("evil"), 0.3)
     else:
         p.fire(50.0)  # past fetch_supply_timeout_s
-    assert p.producer_state("A") is ProducerState.TOMBSTONED
+    # named while bound: the name already dropped the stranger's binding (named_other), nothing to end
+    assert p.producer_state("A") is (ProducerState.ABSENT if named_while_bound else ProducerState.TOMBSTONED)
     if not named_while_bound:
         p.handle(ix.ConsumerNamed("A", "decode-1"), 51.0)
     out = p.handle(ix.StoreSubmitted("A", "r1", 1, keys, (0, 1), consumer="decode-1"), 51.5)
@@ -203,6 +204,36 @@ def test_an_id_ended_before_any_name_answers_another_peer_from_its_state(end: st
     # the engine naming another consumer still starts the id afresh (the ender decided nothing for it)
     p.handle(ix.ConsumerNamed("A", "decode-3"), 1.1)
     assert p.producer_state("A") is ProducerState.ABSENT
+
+
+@pytest.mark.parametrize("stored", [False, True])
+@pytest.mark.parametrize("then", ["fetch", "stranger_aborts"])
+def test_naming_the_consumer_drops_a_strangers_earlier_binding(stored: bool, then: str) -> None:
+    """A stranger's fetch bound the id before the producer request named its consumer; the request
+    is announced naming decode before decode fetches.  The stranger's binding is refused at the
+    announce (``named_other``), as a store naming decode already refused it, so decode's fetch finds
+    the id free — it failed ``duplicate_fetch``, or after the stranger's cancel ``aborted``, and the
+    blocks stayed pinned until reaped (an outside tester, CURVE on; decision L17).  Blocks already
+    stored for the id stay parked for decode."""
+    p = producer()
+    connect(p, "good", "decode-1", gen=1)
+    connect(p, "evil", "mallory", gen=2)
+    keys = (b"k0", b"k1")
+    fetch(p, "evil", 2, "A", keys, now=0.1)
+    if stored:
+        p.handle(ix.StoreSubmitted("A", "r1", 1, keys[:1], (0,)), 0.15)
+    assert p.producer_state("A") is ProducerState.AWAITING
+    out = p.handle(ix.ConsumerNamed("A", "decode-1"), 0.2)
+    assert refused(out, "evil", "not_authorised") and not of(out, JobDone)
+    assert p.producer_state("A") is (ProducerState.PARKED if stored else ProducerState.ABSENT)
+    if then == "stranger_aborts":
+        out = abort(p, "evil", 2, "A", 0, fetched=True, now=0.25)
+        assert sent(out, wm.AbortAck) and not of(out, JobDone)
+    out = fetch(p, "good", 1, "A", keys, now=0.3)
+    assert not sent(out, wm.TransferDone)
+    out += p.handle(ix.StoreSubmitted("A", "r1", 2, keys[1:] if stored else keys, (1,) if stored else (0, 1),
+                                      consumer="decode-1"), 0.5)
+    assert of(out, SendBlocks) and of(out, SendBlocks)[0].peer == "good"
 
 
 @pytest.mark.parametrize("how", ["empty_fetch", "abort"])
