@@ -166,8 +166,7 @@ class ProducerMachine(TableMachine):
         elif rec.state is ProducerState.AWAITING and rec.consumer is None and _other(rec.principal, consumer):
             self.apply(rec, ProducerEvent.NAMED_OTHER, None, now, out)  # another's early binding: refused
         elif rec.consumer is None and not _other(rec.principal, consumer):
-            # a fetch another principal bound first keeps none of the name: its store unbinds it
-            # (binding_unauthorised), and should it end first, its record answers only it (L17)
+            # unbound, or bound by the named consumer itself: the record takes the name (L17)
             rec.consumer = consumer
 
     def forget(self, kv_request_id: str) -> None:
