@@ -225,7 +225,7 @@ class KvTierManager(TierView):
             return self._loop.fresh().probe_answer(kid, key, self._step_keys)
         if info.role != "consumer" or key not in self._loading.get(req.req_id, (key,)):
             return LookupResult.MISS  # (a key no load of the id named once one was submitted: L8)
-        return LookupResult.MISS if kid in self._loop.fresh().failed_loads else LookupResult.HIT
+        return LookupResult.MISS if kid in self._loop.fresh().ended_loads else LookupResult.HIT
 
     def on_schedule_end(self) -> None:
         """The engine step ended (vLLM's ``on_schedule_end``): every symmetric request's keys

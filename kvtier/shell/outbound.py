@@ -80,8 +80,9 @@ class Outbound:
         self.changed = False
         """A session ended (or a load of no known id failed) since the loop last published its
         answers: every id's load is looked at again."""
-        self.failed: set[str] = set()
-        """Ids whose load job failed since the loop last published: only these are looked at."""
+        self.ended: set[str] = set()
+        """Ids whose load job ended (failed, or loaded) since the loop last published: only these
+        are looked at."""
         self.sent_at = float("-inf")
         """When a message or a transfer last left (the manager's clock): a one-sided plane's answer
         to it comes only through the plane's progress (:data:`kvtier.shell.loop.EAGER_S`)."""
@@ -169,7 +170,7 @@ class Outbound:
         store, nbytes, elapsed = done
         if not store:  # lookups of the id MISS now: its load failed (L11), or it loaded (fetched once, L8)
             if info is not None and info[1] is not None:
-                self.failed.add(info[1])
+                self.ended.add(info[1])
             elif not e.ok:
                 self.changed = True
         if e.reason is Reason.NOT_AUTHORISED:

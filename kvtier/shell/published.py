@@ -7,10 +7,10 @@ the GIL), read without a lock.  Each is as fresh as the loop's last pass; what t
 since is accounted for by the façade (a lookup the loop has not applied yet answers RETRY, a queued
 job counts as pending work).
 
-* ``failed_loads``: consumer ``kv_request_id``\\ s whose load failed, or loaded (an id is fetched
-  once, decision L8) (lookups MISS until the engine
-  finishes the request, decision L11); after a pass that could change it, only the ids it could
-  have changed are looked at again (an announce, a failed load's result), every id after a
+* ``ended_loads``: consumer ``kv_request_id``\\ s whose load failed or loaded (an id is fetched
+  once, decision L8): lookups MISS until the engine finishes the request (decision L11); after a
+  pass that could change it, only the ids it could have changed are looked at again (an announce,
+  a load's result), every id after a
   session's end.
 * ``probes``: per symmetric request, the keys answered HIT, RETRY (a probe is out) and MISS, and
   whether every key is MISS now.
@@ -35,7 +35,7 @@ class Published:
     """The loop's answers for the engine's thread (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.failed_loads: frozenset[str] = frozenset()
+        self.ended_loads: frozenset[str] = frozenset()
         self.probes: dict[str, ProbeAnswers] = {}
         self.in_use: set[str] = set()
         self.finishing: set[str] = set()
@@ -60,19 +60,19 @@ class Published:
         if self.dirty or out.changed:
             self.dirty = out.changed = False
             self.announced.clear()
-            out.failed.clear()
+            out.ended.clear()
             # a copy first: the engine's thread adds to in_use while this runs
-            self.failed_loads = frozenset(k for k in list(self.in_use) if core.load_ended(k))
-        elif self.announced or out.failed:
+            self.ended_loads = frozenset(k for k in list(self.in_use) if core.load_ended(k))
+        elif self.announced or out.ended:
             # only the ids a pass could have changed: an announce or a failed load is O(1), not
             # O(ids in use) (decision C25)
-            ids = self.announced | out.failed
+            ids = self.announced | out.ended
             self.announced.clear()
-            out.failed.clear()
+            out.ended.clear()
             add = {k for k in ids if k in self.in_use and core.load_ended(k)}
-            drop = (ids - add) & self.failed_loads
+            drop = (ids - add) & self.ended_loads
             if add or drop:
-                self.failed_loads = (self.failed_loads - drop) | add
+                self.ended_loads = (self.ended_loads - drop) | add
         if self.finishing:
             gone = {k for k in self.finishing
                     if core.consumer_state(k).value == "absent" and core.probe_state(k) is ProbeState.ABSENT
@@ -80,8 +80,8 @@ class Published:
             if gone:
                 self.finishing -= gone
                 self.in_use -= gone
-                if gone & self.failed_loads:
-                    self.failed_loads = self.failed_loads - gone
+                if gone & self.ended_loads:
+                    self.ended_loads = self.ended_loads - gone
         seen, awaiting = core.awaiting_ids(self._awaiting_seen)
         if awaiting is not None:
             self._awaiting_seen, self.awaiting = seen, awaiting

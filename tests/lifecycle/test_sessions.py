@@ -153,41 +153,25 @@ def test_a_descriptor_the_plane_refuses_refuses_the_hello_naming_the_descriptor(
     assert CoreView(p).session("c1") is None
 
 
-def test_an_agent_still_held_by_an_earlier_session_is_refused_for_now_on_both_sides() -> None:
+@pytest.mark.parametrize("detail, reason", [(ix.STILL_HELD, Reason.SESSION_STILL_HELD), (ix.SELF, Reason.SELF_FETCH)])
+def test_a_descriptor_refused_for_a_cause_not_a_mismatch_ends_both_sides_with_that_cause(detail, reason) -> None:
     """The plane refuses a consumer's descriptor because an earlier session of it still holds its
-    agent here: the refusal says so (session_still_held), not handshake_mismatch, and the consumer's
-    session ends with that reason too (an outside tester saw N25's redials counted as mismatches)."""
+    agent here (session_still_held: an outside tester saw N25's redials counted as mismatches), or
+    because it names our own agent (self_fetch: a tier that dialled itself, N26): the refusal says
+    so, not handshake_mismatch, and the consumer's session ends with that reason too."""
     p = core()
     p.handle(ix.Received("c1", hello(7)), 0.0)
-    out = p.handle(ix.AttachRefused("c1", 7, ix.STILL_HELD), 0.5)
-    reject = wm.HelloReject(gen=7, reason="session_still_held", field="descriptor", ours="still_held", theirs="")
-    assert out == [Send("c1", reject, ends_session=False),
-                   SessionEnded("c1", Reason.SESSION_STILL_HELD, False, "peer-inst"), DetachPeer("c1")]
+    out = p.handle(ix.AttachRefused("c1", 7, detail), 0.5)
+    reject = wm.HelloReject(gen=7, reason=reason.value, field="descriptor", ours=detail, theirs="")
+    assert out == [Send("c1", reject, ends_session=False), SessionEnded("c1", reason, False, "peer-inst"),
+                   DetachPeer("c1")]
     c = core()
     (opened,) = c.handle(ix.Dial(P), 0.0)
     c.handle(ix.ConnectionUp(P), 0.0)
-    reject = wm.HelloReject(gen=opened.gen, reason="session_still_held", field="descriptor", ours="still_held",
-                            theirs="")
+    reject = wm.HelloReject(gen=opened.gen, reason=reason.value, field="descriptor", ours=detail, theirs="")
     out = c.handle(ix.Received(P, reject), 0.1)
-    assert of(out, SessionEnded) == [SessionEnded(P, Reason.SESSION_STILL_HELD, True, "")]
+    assert of(out, SessionEnded) == [SessionEnded(P, reason, True, "")]
     assert CoreView(c).suspect_instances() == frozenset()  # it proves nothing about the producer
-
-
-def test_a_descriptor_naming_our_own_agent_ends_both_sides_self_fetch() -> None:
-    """A request named this instance's own address and its plane cannot load from itself (a NIXL
-    agent is not its own peer): both sessions end self_fetch, not handshake_mismatch (N26)."""
-    p = core()
-    p.handle(ix.Received("c1", hello(7)), 0.0)
-    out = p.handle(ix.AttachRefused("c1", 7, ix.SELF), 0.5)
-    reject = wm.HelloReject(gen=7, reason="self_fetch", field="descriptor", ours="self", theirs="")
-    assert out == [Send("c1", reject, ends_session=False),
-                   SessionEnded("c1", Reason.SELF_FETCH, False, "peer-inst"), DetachPeer("c1")]
-    c = core()
-    (opened,) = c.handle(ix.Dial(P), 0.0)
-    c.handle(ix.ConnectionUp(P), 0.0)
-    reject = wm.HelloReject(gen=opened.gen, reason="self_fetch", field="descriptor", ours="self", theirs="")
-    out = c.handle(ix.Received(P, reject), 0.1)
-    assert of(out, SessionEnded) == [SessionEnded(P, Reason.SELF_FETCH, True, "")]
 
 
 def test_a_message_without_a_session_is_answered_that_the_session_is_unknown() -> None:

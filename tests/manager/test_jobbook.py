@@ -130,7 +130,7 @@ def test_only_a_load_that_ended_changes_what_lookups_answer() -> None:
         out, book, _ = _performer()
         book.open(1, store=store, kv_request_id="A", now=0.0, nbytes=64)
         out.perform([fx.JobDone(1, ok, None if ok else Reason.ABORTED)])
-        assert out.failed == ({"A"} if changed else set()), (store, ok)
+        assert out.ended == ({"A"} if changed else set()), (store, ok)
         assert out.changed is False, (store, ok)  # the id is known: no rescan of every id
 
 
@@ -146,7 +146,7 @@ def test_a_failed_load_with_no_id_to_name_asks_to_look_at_every_id_again(interna
     book.open(1, store=False, kv_request_id="A" if internal else None, now=0.0, nbytes=0, internal=internal)
     out.perform([fx.JobDone(1, False, Reason.PEER_LOST)])
     assert out.changed is True
-    assert out.failed == set()
+    assert out.ended == set()
 
 def test_a_failure_without_a_reason_is_counted_and_reported_as_transfer_failed() -> None:
     from kvtier.lifecycle import effects as fx
