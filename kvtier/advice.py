@@ -89,7 +89,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                   "(the job then usually carries that reason itself).",
     _R.HANDSHAKE_TIMEOUT: "The peer accepted TCP but did not complete kvtier's handshake within "
                           "`handshake_timeout_s`: it is not a kvtier listener (a wrong `remote_port`), it is "
-                          "stalled, or NIXL's agent setup is slow on its host.",
+                          "stalled, or NIXL's agent setup is slow on its host. If the log says the dial ended "
+                          "before its name lookup answered, no TCP connection was made: this host's DNS "
+                          "resolver is slow; fix it or give the producer's address as an IP.",
     _R.HANDSHAKE_MISMATCH: "The two sides differ in protocol version, block size/layout, hash seed, data plane "
                            "or integrity: the log names the field. Use one kvtier release, one model and KV "
                            "layout, the same `--prefix-caching-hash-algo` (and `PYTHONHASHSEED`), `data_plane` "

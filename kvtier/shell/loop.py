@@ -48,6 +48,7 @@ from kvtier.lifecycle.driver import drive, settle
 from kvtier.lifecycle.errors import InvalidTransition
 from kvtier.shell import switch
 from kvtier.shell.build import Parts
+from kvtier.shell.lookups import Lookups
 from kvtier.shell.published import Published
 from kvtier.shell.serving import ServeWindows
 from kvtier.shell.waker import Waker
@@ -142,6 +143,7 @@ class IoLoop:
         self.transport.set_wake(self._waker.fd)
         if self.digest_pool is not None:
             self.digest_pool.notify = self._waker.wake
+        self.outbound.lookups = Lookups(self._waker.wake)
         self._thread: threading.Thread | None = None
         self._stop = False
         self._sleeping = False
@@ -366,6 +368,8 @@ class IoLoop:
         work, core = self.work, self.core
         due = core.next_deadline()  # a pass late for it crosses the transport's barrier first (T17)
         inputs = self.inbound.collect(receiving=core.loading(), due=due)
+        if self.outbound.lookups.ready:  # type: ignore[union-attr]
+            inputs[:0] = self.outbound.looked_up()
         quiet = self.inbound.deadlines_at(self.clock())
         firing = due is not None and due <= quiet and due <= work.floor()
         if inputs or firing or work.ready():

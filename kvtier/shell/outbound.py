@@ -25,6 +25,7 @@ from kvtier.lifecycle.batches import MAX_BATCH_BYTES, TAIL_BYTES, Batcher, plan_
 from kvtier.metrics import TierMetrics
 from kvtier.shell.jobs import JobBook
 from kvtier.shell.logs import RateLimitedLog
+from kvtier.shell.lookups import Lookups
 from kvtier.shell.perbyte import ByteWork
 from kvtier.shell.serving import ServeWindows
 from kvtier.transport import DialNotAllowed, Transport, TransportError
@@ -72,6 +73,8 @@ class Outbound:
         self.serving = serving if serving is not None else ServeWindows(
             on_error=metrics.internal_error, num_blocks=getattr(pool, "num_blocks", None))
         """The serve windows (the symmetric path's lookups, contexts and pins)."""
+        self.lookups: Lookups | None = None
+        """The dials' name lookups, off the loop (T19); None: looked up inline, as the dial."""
         self.forensics: Any = None
         """The request forensics (:class:`kvtier.forensics.Forensics`): shown every batch of
         effects around performing it (its one feed, decision E3); None: off."""
@@ -284,20 +287,49 @@ class Outbound:
 
     # -- transport -----------------------------------------------------------------------------
     def _open(self, e: fx.OpenConnection) -> Inputs:
+        needs = getattr(self.transport, "needs_lookup", None)  # optional in a transport of one's own
+        if self.lookups is not None and needs is not None and needs(e.peer):
+            # a name: looked up on a thread of its own, the dial finished when it ends (T19)
+            peer, vet, transport = e.peer, self.vet, self.transport
+            self.lookups.start(peer, e.gen, lambda: transport.lookup(peer, vet))
+            return []
+        return self._dial(e.peer, e.gen, None)
+
+    def looked_up(self) -> Inputs:
+        """The dials whose name lookup ended (:class:`~kvtier.shell.lookups.Lookups`): dialled
+        now, or failed as a dial the name refused."""
+        out: Inputs = []
+        for peer, gen, address, error in self.lookups.take() if self.lookups is not None else ():
+            out += self._dial(peer, gen, address) if error is None else self._dial_failed(peer, error)
+        return out
+
+    def _dial(self, peer: str, gen: int, resolved: str | None) -> Inputs:
         try:
             # fail_fast: a refused dial is reported at once (ConnectFailed), never retried
-            self.transport.connect(e.peer, fail_fast=True, vet=self.vet)
-            descriptor = self.plane.session_descriptor(e.peer, e.gen)
-        except DialNotAllowed as exc:
-            self.metrics.rejected_peer()
-            self.logs(e.peer, "peer_not_allowed", "kvtier: refusing to dial %s: %s", e.peer, exc)
-            return [ix.ConnectFailed(e.peer, str(exc), not_allowed=True)]
+            if resolved is None:
+                self.transport.connect(peer, fail_fast=True, vet=self.vet)
+            else:
+                self.transport.connect(peer, fail_fast=True, vet=self.vet, resolved=resolved)
+            descriptor = self.plane.session_descriptor(peer, gen)
         except (TransportError, ValueError, PlaneError) as exc:
-            self.logs(e.peer, "connect", "kvtier: cannot connect to %s: %s", e.peer, exc)
-            return [ix.ConnectFailed(e.peer, str(exc))]
-        return [ix.ConnectionUp(e.peer, descriptor)]
+            return self._dial_failed(peer, exc)
+        return [ix.ConnectionUp(peer, descriptor)]
+
+    def _dial_failed(self, peer: str, exc: Exception) -> Inputs:
+        if isinstance(exc, DialNotAllowed):
+            self.metrics.rejected_peer()
+            self.logs(peer, "peer_not_allowed", "kvtier: refusing to dial %s: %s", peer, exc)
+            return [ix.ConnectFailed(peer, str(exc), not_allowed=True)]
+        if not isinstance(exc, (TransportError, ValueError, PlaneError)):  # a lookup that raised oddly
+            log.error("kvtier: looking up %s failed", peer, exc_info=exc)
+        self.logs(peer, "connect", "kvtier: cannot connect to %s: %s", peer, exc)
+        return [ix.ConnectFailed(peer, str(exc))]
 
     def _close(self, e: fx.CloseConnection) -> None:
+        if self.lookups is not None and self.lookups.cancel(e.peer):
+            self.logs(e.peer, "lookup", "kvtier: the dial of %s ended before its name lookup answered: this "
+                      "host's DNS resolver is slow or unreachable (check /etc/resolv.conf), or give the "
+                      "producer's address as an IP", e.peer, level=logging.WARNING)
         self.transport.drop_peer(e.peer, linger_s=e.linger_s)
 
     # -- observations --------------------------------------------------------------------------

@@ -200,14 +200,30 @@ class Transport(Protocol):
     address: str
     """``"host:port"`` (or the in-memory address) this transport listens on."""
 
-    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None) -> str:
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None, resolved: str | None = None) -> str:
         """Dial a producer at ``"host:port"``. Returns the peer id (``== address``). Idempotent.
 
         ``fail_fast``: a dial that never connects (refused, unreachable, no answer within the
         connect timeout) is reported as a :class:`PeerClosed` with a reason in
         :attr:`CloseReason.DIAL_FAILED` instead of being retried.  ``vet(host, port, ip)``: a
         hostname is resolved first and every address it resolves to vetted (a reason string
-        refuses it: :class:`DialNotAllowed`); the first one is dialled."""
+        refuses it: :class:`DialNotAllowed`); the first one is dialled.  ``resolved``: what
+        :meth:`lookup` returned for ``address`` (the name is not looked up again)."""
+        ...
+
+    def needs_lookup(self, address: str) -> bool:
+        """Whether dialling ``address`` would block on a name lookup (its host is a name, not an
+        address).  Never blocks."""
+        ...
+
+    def lookup(self, address: str, vet: Any = None) -> str:
+        """The address to dial for ``address`` (pass it to :meth:`connect` as ``resolved``):
+        blocks for the name lookup, touches no socket, safe on any thread.
+
+        Raises:
+            ValueError: ``address`` is not ``host:port``.
+            TransportError: the name does not resolve.
+            DialNotAllowed: ``vet`` refused an address the name resolves to."""
         ...
 
     def send(self, peer: str, frames: Sequence[Any], *, track: bool = False) -> SendHandle:

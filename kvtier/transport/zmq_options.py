@@ -52,14 +52,19 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
-def resolve_vetted(host: str, port: int, vet: Any) -> str:
-    """``host`` itself if it is an IP literal; else the first address it resolves to, once
-    ``vet`` accepted every one (see :meth:`ZmqTransport.connect`)."""
+def is_ip_literal(host: str) -> bool:
+    """Whether ``host`` is an IPv4/IPv6 address (dialling it needs no name lookup)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        pass
-    else:
+        return False
+    return True
+
+
+def resolve_vetted(host: str, port: int, vet: Any) -> str:
+    """``host`` itself if it is an IP literal; else the first address it resolves to, once
+    ``vet`` accepted every one (see :meth:`ZmqTransport.connect`)."""
+    if is_ip_literal(host):
         return host if (why := vet(host, port, host)) is None else _refuse(why)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)

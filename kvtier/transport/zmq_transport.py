@@ -40,7 +40,8 @@ from kvtier.transport import PeerInfo, SendFailure, SendHandle, TransportError, 
 from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
 from kvtier.transport.zmq_barrier import IoBarrier, tcp_backlog
 from kvtier.transport.zmq_conns import DEALER_EVENTS, Conn, Connections
-from kvtier.transport.zmq_options import parse_address, positive_int, resolve_vetted, seconds_to_ms, tcp_endpoint
+from kvtier.transport.zmq_options import is_ip_literal, parse_address, positive_int, resolve_vetted, tcp_endpoint
+from kvtier.transport.zmq_options import seconds_to_ms
 from kvtier.transport.zmq_recv import Inbox
 from kvtier.transport.zmq_send import Outbox, check_frames
 
@@ -227,7 +228,22 @@ class ZmqTransport:
             raise
         return sock
 
-    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None) -> str:
+    def needs_lookup(self, address: str) -> bool:
+        """Whether ``address``'s host is a name (:meth:`connect` would block on its lookup)."""
+        try:
+            host, _ = parse_address(address)
+        except ValueError:
+            return False  # connect() names what is wrong with it, at once
+        return not is_ip_literal(host)
+
+    def lookup(self, address: str, vet: Any = None) -> str:
+        """The first address ``address``'s host resolves to, once ``vet`` accepted every one
+        (``getaddrinfo``, blocking; no socket is touched: any thread may call it).  Raises as
+        :meth:`kvtier.transport.Transport.lookup` says."""
+        host, port = parse_address(address)
+        return resolve_vetted(host, port, vet or _admit)
+
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None, resolved: str | None = None) -> str:
         """Dial a producer. zmq reconnects by itself if the producer restarts on the same port.
 
         Connecting is asynchronous: sends made before the TCP handshake completes wait in the
@@ -248,6 +264,7 @@ class ZmqTransport:
                 is vetted.  A hostname is resolved here (``getaddrinfo``, blocking) and the first
                 address dialled, so no later resolution can differ from the one vetted, and a name
                 that does not resolve fails the dial at once.
+            resolved: what :meth:`lookup` returned for ``address`` (off the loop, T19): dialled as is.
 
         Returns:
             The peer id, equal to ``address``. Calling it again for the same address returns the
@@ -269,7 +286,7 @@ class ZmqTransport:
         host, port = parse_address(address)
         # a name is resolved here even unvetted: one that does not resolve fails the dial now
         # (libzmq would retry it silently until the handshake's deadline)
-        dial_host = resolve_vetted(host, port, vet or _admit)
+        dial_host = resolve_vetted(host, port, vet or _admit) if resolved is None else resolved
         server_key = None
         if self._curve is not None:
             server_key = self._curve.allowed.server_key_for(host, port)
