@@ -213,15 +213,15 @@ class KvTierManager(TierView):
         first key — then HIT (pinned for us until our load) or MISS (kept for the request's life).
         Keys looked up during one engine step are handed to the I/O loop together at
         :meth:`on_schedule_end` and leave in one probe.  Answers come from what the loop published
-        after its last pass: a key it has not seen yet answers RETRY."""
+        after its last pass: a key it has not seen yet answers RETRY.  ``ValueError``: ``key`` is not 1..256 bytes."""
         check_req(req, "lookup")
         info = self._requests.get(req.req_id)
         if info is None or self._closed or self._closing:
             return LookupResult.MISS  # (shutting down: a load submitted now would raise)
         kid = info.kv_request_id
+        if info.role != "producer" and (not isinstance(key, bytes) or not 0 < len(key) <= 256):
+            raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
         if info.role == "source":
-            if not isinstance(key, bytes) or not 0 < len(key) <= 256:
-                raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
             return self._loop.fresh().probe_answer(kid, key, self._step_keys)
         if info.role != "consumer" or key not in self._loading.get(req.req_id, (key,)):
             return LookupResult.MISS  # (a key no load of the id named once one was submitted: L8)

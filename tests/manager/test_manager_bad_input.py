@@ -545,3 +545,16 @@ def test_a_request_id_that_is_not_a_string_is_refused_by_name(mgr, req_id):
     with pytest.raises(TypeError, match="req.req_id must be a non-empty str"):
         mgr.on_new_request(RequestContext(req_id=req_id, kv_transfer_params=None))  # type: ignore[arg-type]
     mgr.on_new_request(RequestContext(req_id="fine", kv_transfer_params=None))  # the manager still works
+
+
+@pytest.mark.parametrize("key", [["unhashable"], "text", b"", b"x" * 257, 7])
+def test_a_consumer_lookup_names_a_bad_key_before_and_after_its_load(mgr, key):
+    """A key that is not 1..256 bytes is a ValueError naming it, whether or not a load of the id
+    was submitted (it was HIT before one, and an unhashable one a TypeError after one)."""
+    creq = consumer_req("c-bad-key", "kv-bad-key", "127.0.0.1", 9)
+    mgr.on_new_request(creq)
+    with pytest.raises(ValueError, match="key must be 1..256 bytes"):
+        mgr.lookup(key, creq)
+    mgr.submit_load(job(901, [b"k0"], [5], creq))
+    with pytest.raises(ValueError, match="key must be 1..256 bytes"):
+        mgr.lookup(key, creq)
