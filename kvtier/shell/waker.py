@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 __all__ = ["Waker"]
 
@@ -24,14 +25,18 @@ class Waker:
     def __init__(self) -> None:
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._closed = False
+        self._lock = threading.Lock()
         self._write = _LIBC.write
         self._buf = ctypes.byref(_ONE)
         self._written = False  # set after each write: clear() reads the fd only then
 
     def wake(self) -> None:
-        if not self._closed:
-            self._write(self.fd, self._buf, 8)  # -1 (EAGAIN: saturated) is fine: it wakes anyway
-            self._written = True
+        # under the lock: a wake from another thread (the digest pool, a name lookup) racing the
+        # close must never write into whatever file took the closed fd's number
+        with self._lock:
+            if not self._closed:
+                self._write(self.fd, self._buf, 8)  # -1 (EAGAIN: saturated) is fine: it wakes anyway
+                self._written = True
 
     def clear(self) -> None:
         """Reset the eventfd if a wake wrote it since the last clear.  The flag is set after the
@@ -46,6 +51,7 @@ class Waker:
                 pass
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self.fd)
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self.fd)
