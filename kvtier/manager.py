@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from kvtier.lifecycle import inputs as ix
 from kvtier.memory import BlockPool
 from kvtier.metrics import TierMetrics
 from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, in_use_message, parse_params, unread_role
+from kvtier.shell import abandon
 from kvtier.shell.build import build_parts
 from kvtier.shell.checks import (MAX_JOB_ID, check_fetch_size, check_job, check_job_id, check_job_type, check_req,
                                  check_seconds, store_input)
@@ -126,7 +126,7 @@ class KvTierManager(TierView):
         self._closed = False
         # a manager dropped (or left at exit) without shutdown() closes its sockets then: else
         # pyzmq's context would wait for sockets it can no longer close, for ever (decision A7)
-        self._abandon = weakref.finalize(self, _close_abandoned, self._loop, self._metrics)
+        self._abandon = abandon.watch(self, self._loop, self._metrics)
         if cfg.background_poll:
             self._loop.start()
 
@@ -581,20 +581,3 @@ class KvTierManager(TierView):
     def _check_job(self, job: TransferJob) -> None:
         check_job(job, num_blocks=self._num_blocks, max_blocks=self.config.max_blocks_per_fetch)
         self._jobs.check_new(job.job_id)
-
-
-def _close_abandoned(loop: IoLoop, metrics: TierMetrics) -> None:
-    """A manager collected, or left at the interpreter's exit, without :meth:`KvTierManager.shutdown`:
-    close its sockets as :meth:`KvTierManager.close_abruptly` does (decision A7)."""
-    log.warning("kvtier: a KvTierManager was dropped without shutdown(): its sockets are closed now, without "
-                "goodbyes (its peers see a crash); call shutdown() when you are done with it")
-    if getattr(weakref.finalize, "_shutdown", False):  # the interpreter's exit: nothing else runs now
-        _close_now(loop, metrics)
-    else:  # the collector runs on any thread: one of the manager's own, or one that holds its lock
-        threading.Thread(target=_close_now, args=(loop, metrics), name="kvtier-abandoned", daemon=True).start()
-
-
-def _close_now(loop: IoLoop, metrics: TierMetrics) -> None:
-    loop.stop()
-    loop.close_abruptly()
-    metrics.close()

@@ -579,6 +579,7 @@ class IoLoop:
             self.closed = True
             try:
                 self.transport.close()
+                self.plane.close()  # its agent goes too, as in a crash: nothing of it outlives the manager
                 if self.digest_pool is not None:
                     self.digest_pool.close()  # lets its running work end: none starts again
                 self._waker.close()

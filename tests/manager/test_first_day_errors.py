@@ -270,6 +270,47 @@ def test_a_manager_dropped_without_shutdown_is_collected_and_says_so() -> None:
     assert r.stderr.count("dropped without shutdown(): its sockets are closed now") == 4
 
 
+_LEFT_AT_EXIT = """
+import atexit, socket, sys, threading
+
+started = []  # threads started during the exit: a close handed to one the exit does not wait for
+_start = threading.Thread.start
+def start(self):
+    started.append(self.name)
+    _start(self)
+
+def closed_by_now():  # registered before anything: runs after every other exit hook and finalizer
+    threading.Thread.start = _start
+    with socket.socket() as s:
+        s.settimeout(2)
+        print("port", "closed" if s.connect_ex(("127.0.0.1", port)) else "still listening", flush=True)
+    print("threads started during the exit:", started, flush=True)
+
+atexit.register(closed_by_now)
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+mgr = KvTierManager({"host": "127.0.0.1", "port": 0, "data_plane": sys.argv[1]}, BlockPool(4, 4096, pin=False))
+port = mgr.port
+threading.Thread.start = start
+sys.exit(0)  # without shutdown(), the manager still referenced
+"""
+
+
+@pytest.mark.parametrize("plane", ["zmq", "nixl"])
+def test_a_manager_left_at_exit_without_shutdown_is_closed_during_the_exit(plane) -> None:
+    """A manager still referenced at the interpreter's exit is closed by the exit's finalizers, on
+    the exiting thread: its port no longer listens when the last exit hook runs.  The close used
+    to go to a daemon thread the exit did not wait for; a NIXL producer whose agent was left to the
+    exit's teardown then died of SIGABRT about one exit in three (decision A7)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _LEFT_AT_EXIT, plane], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["port closed", "threads started during the exit: []"], r.stdout
+    assert "dropped without shutdown(): its sockets are closed now" in r.stderr
+
+
 def test_a_listener_that_never_speaks_is_named_handshake_timeout_every_time(make_manager, silent_port) -> None:
     """A wrong ``remote_port`` (something that accepts TCP and never speaks): the load fails
     ``handshake_timeout``, whose advice names that cause, in every trial.  libzmq's own cut of a
