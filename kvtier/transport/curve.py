@@ -144,6 +144,19 @@ def _check_path(path: Path, key: str, *, directory: bool, fix: str) -> None:
         raise ValueError(f"{key} {str(path)!r} is not a {'directory' if directory else 'file'}: {fix}")
 
 
+def _check_key(path: Path, what: str, field: str, key: bytes) -> None:
+    """Raise a ValueError naming ``what`` and ``path`` unless ``key`` (the certificate's ``field``)
+    is a CURVE key: 40 z85 characters encoding 32 bytes (libzmq would take the socket option
+    apart only at bind or dial time, with an error that names neither)."""
+    try:
+        ok = len(key) == 40 and len(z85.decode(key)) == 32
+    except (ValueError, KeyError, IndexError):  # not z85: a length or a character z85 lacks
+        ok = False
+    if not ok:
+        raise ValueError(f"{what} {str(path)!r}: its {field} is not a CURVE key (40 z85 characters); the file was "
+                         "cut or edited: write a fresh one with `kvtier keys generate`, or copy it again")
+
+
 def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     """Read this instance's key pair from a ``*.key_secret`` certificate.
 
@@ -161,6 +174,11 @@ def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     if not secret:
         raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key: it is a public certificate; "
                          "use NAME.key_secret (NAME.key goes into the peers' auth_allowed_keys_dir)")
+    _check_key(path, "auth_secret_key_file", "public-key", public)
+    _check_key(path, "auth_secret_key_file", "secret-key", secret)
+    if zmq.curve_public(secret) != public:
+        raise ValueError(f"auth_secret_key_file {str(path)!r}: its public-key is not the secret-key's own (the "
+                         "file mixes two key pairs): write a fresh one with `kvtier keys generate`")
     return CurveIdentity(path.name.split(".")[0], public, secret)
 
 
@@ -176,6 +194,7 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
                     "`kvtier keys generate`)")
     names: dict[bytes, str] = {}
     endpoints: dict[tuple[str, int | None], bytes] = {}
+    named_by: dict[tuple[str, int | None], Path] = {}
     for path in sorted(d.glob("*.key")):
         try:
             public, _ = zmq.auth.load_certificate(path)
@@ -183,9 +202,15 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
             eps = [_parse_endpoint(e) for e in meta.get("endpoints", "").split(",") if e.strip()]
         except (OSError, ValueError) as exc:
             raise ValueError(f"auth_allowed_keys_dir: cannot read {str(path)!r}: {exc}") from None
+        _check_key(path, "auth_allowed_keys_dir: certificate", "public-key", public)
         names[public] = path.stem
         for ep in eps:
-            endpoints[ep] = public
+            if endpoints.get(ep, public) != public:  # a dial there could prove only one of them
+                shown = f"{ep[0]}:{ep[1]}" if ep[1] is not None else ep[0]
+                raise ValueError(f"auth_allowed_keys_dir: {str(named_by[ep])!r} and {str(path)!r} both name endpoint "
+                                 f"{shown} with different keys (a key rotated with the old certificate left "
+                                 "behind?): keep only the certificate of the producer serving there now")
+            endpoints[ep], named_by[ep] = public, path
     if not names:
         raise ValueError(f"auth_allowed_keys_dir {str(d)!r} holds no public certificate (*.key): copy every "
                          "allowed peer's NAME.key (from `kvtier keys generate`) into it")

@@ -132,6 +132,51 @@ def test_key_files_are_checked(tmp_path, keys) -> None:
     assert "secret" not in repr(load_identity(keys["dir"] / "decode-0.key_secret")).replace("CurveIdentity", "")
 
 
+def _edit_key(path, field: str, new_value: str):
+    import re
+
+    text = path.read_text()
+    edited = re.sub(rf'({field} = ")[^"]*(")', lambda m: m.group(1) + new_value + m.group(2), text)
+    assert edited != text
+    path.write_text(edited)
+    return path
+
+
+@pytest.mark.parametrize("field, value", [("secret-key", "TRUNCATED"), ("public-key", "x" * 39),
+                                          ("secret-key", "~" * 40)])
+def test_a_cut_or_edited_key_is_named_with_its_file_not_at_bind_time(keys, field, value) -> None:
+    """libzmq would refuse the key only at bind or dial ("Invalid argument", blamed on the host or
+    reported as a refused dial); the load names the file, the field and the fix."""
+    path = _edit_key(keys["dir"] / "decode-0.key_secret", field, value)
+    with pytest.raises(ValueError, match=f"auth_secret_key_file .*decode-0.key_secret.*its {field} is not a CURVE key"):
+        load_identity(path)
+    cert = _edit_key(keys["allowed"] / "prefill-0.key", "public-key", "TOO-SHORT")
+    with pytest.raises(ValueError, match="certificate .*prefill-0.key.*public-key is not a CURVE key"):
+        load_allowed(keys["allowed"])
+    assert cert.exists()
+
+
+def test_a_key_pair_mixed_from_two_certificates_is_refused(tmp_path, keys) -> None:
+    other = (tmp_path / "other" / "mallory.key_secret").read_text()
+    import re
+
+    foreign_public = re.search(r'public-key = "([^"]*)"', other).group(1)
+    path = _edit_key(keys["dir"] / "decode-0.key_secret", "public-key", foreign_public)
+    with pytest.raises(ValueError, match="not the secret-key's own"):
+        load_identity(path)
+
+
+def test_two_certificates_naming_one_endpoint_with_different_keys_are_refused(tmp_path, keys) -> None:
+    """After a key rotation, the stale certificate left beside the new one: a dial could prove
+    only one of the two keys, and which one would depend on the files' names."""
+    generate_keys(tmp_path / "rotated", "prefill-0-new", ("127.0.0.1",))
+    (keys["allowed"] / "prefill-0-new.key").write_text((tmp_path / "rotated" / "prefill-0-new.key").read_text())
+    with pytest.raises(ValueError, match="prefill-0-new.key.*prefill-0.key.*both name endpoint 127.0.0.1"):
+        load_allowed(keys["allowed"])
+    (keys["allowed"] / "prefill-0.key").unlink()
+    assert load_allowed(keys["allowed"]).server_key_for("127.0.0.1", 5710) is not None
+
+
 def test_cli_keys_generate(tmp_path) -> None:
     r = CliRunner().invoke(cli, ["keys", "generate", str(tmp_path), "prefill-1", "--endpoint", "10.0.0.5:5710"])
     assert r.exit_code == 0, r.output
