@@ -258,7 +258,7 @@ class Outbound:
         if bad is None:
             work.landing(e.peer, key)
             return None
-        return [work.result(e.peer, key, bad)]
+        return work.results(e.peer, key, bad)
 
     def _revoke(self, e: fx.RevokeAccess) -> Inputs | None:
         return [ix.AccessRevoked(e.peer)] if self.plane.revoke(e.peer) else None

@@ -220,17 +220,23 @@ class ByteWork:
         else:
             self._landing_blocks.pop(load, None)
 
-    def result(self, peer: str, key: Any, bad: int) -> ix.BlocksLanded:
-        """The ``blocks_landed`` input for landing ``key`` = ``(kv_request_id, round, first,
-        count)`` of ``peer`` (``bad``: index of the first mismatching block, -1: all matched)."""
+    def results(self, peer: str, key: Any, bad: int) -> list[ix.BlocksLanded]:
+        """The ``blocks_landed`` inputs for landing ``key`` = ``(kv_request_id, round, first,
+        count)`` of ``peer`` (``bad``: index of the first mismatching block, -1: all matched).  The
+        blocks before a mismatch were checked and hold their parked bytes: they are reported
+        landed, so a failed load still names them as its successful keys, whatever the batching."""
         kid, rnd, first, count = key
-        if bad < 0:
-            self._metrics.landed(count * self._block_bytes)
-            return ix.BlocksLanded(peer, kid, rnd, first, count, True)
-        self._logs(peer, "corrupt",
-                   "kvtier: block %d of %s round %d from %s does not match its parked digest; the load fails",
-                   first + bad, kid, rnd, self._logs.who(peer))
-        return ix.BlocksLanded(peer, kid, rnd, first, count, False, Reason.CORRUPT)
+        good = count if bad < 0 else bad
+        out = []
+        if good:
+            self._metrics.landed(good * self._block_bytes)
+            out.append(ix.BlocksLanded(peer, kid, rnd, first, good, True))
+        if bad >= 0:
+            self._logs(peer, "corrupt",
+                       "kvtier: block %d of %s round %d from %s does not match its parked digest; the load fails",
+                       first + bad, kid, rnd, self._logs.who(peer))
+            out.append(ix.BlocksLanded(peer, kid, rnd, first + bad, count - bad, False, Reason.CORRUPT))
+        return out
 
     # -- the inputs of one tick ----------------------------------------------------------------
     def inputs(self, batch: Iterable[ix.Input], after: float | None = None) -> Iterator[ix.Input]:
@@ -254,7 +260,7 @@ class ByteWork:
             while q and q[0].ready():
                 item = q.popleft()
                 if item.landing:
-                    yield self.result(peer, item.key, item.bad)  # type: ignore[arg-type]
+                    yield from self.results(peer, item.key, item.bad)  # type: ignore[arg-type]
                     continue
                 self._front, self._after = peer, item.after
                 try:

@@ -354,13 +354,14 @@ def test_a_landing_the_plane_refuses_fails_its_batch_corrupt_and_is_counted(capl
     assert work.held() == 0 and not work.settle
 
 
-@pytest.mark.parametrize(("answer", "ok"), [(-1, True), (1, False)])
-def test_a_landing_done_here_reports_at_once(answer: int, ok: bool) -> None:
+@pytest.mark.parametrize(("answer", "reports"), [
+    (-1, [(2, 2, True)]), (0, [(2, 2, False)]), (1, [(2, 1, True), (3, 1, False)])])
+def test_a_landing_done_here_reports_at_once(answer: int, reports: list) -> None:
     from kvtier.lifecycle import Reason
 
     out, work, _, _ = _outbound(answer)
-    (landed,) = out.perform([_land()])
-    assert landed == ix.BlocksLanded("P", "kv", 3, 2, 2, ok, None if ok else Reason.CORRUPT)
+    assert out.perform([_land()]) == [ix.BlocksLanded("P", "kv", 3, first, count, ok, None if ok else Reason.CORRUPT)
+                                      for first, count, ok in reports]
     assert work.held() == 0 and not work.settle  # nothing of the load runs on the pool
 
 
@@ -418,11 +419,16 @@ def test_a_landings_result_names_its_blocks_and_counts_or_logs_them() -> None:
 
     counters, logs = Counters(), Logs()
     work = ByteWork(algorithm="xxh3_64", digest_pool=None, block_bytes=BB, metrics=counters, logs=logs)
-    assert work.result("P", ("kv", 3, 4, 2), -1) == ix.BlocksLanded("P", "kv", 3, 4, 2, True)
+    assert work.results("P", ("kv", 3, 4, 2), -1) == [ix.BlocksLanded("P", "kv", 3, 4, 2, True)]
     assert counters.bytes == 2 * BB
-    assert work.result("P", ("kv", 3, 4, 2), 1) == ix.BlocksLanded("P", "kv", 3, 4, 2, False, Reason.CORRUPT)
-    assert counters.bytes == 2 * BB  # a bad batch's bytes are not counted as landed
-    assert logs.lines == ["kvtier: block 5 of kv round 3 from P does not match its parked digest; the load fails"]
+    assert work.results("P", ("kv", 3, 4, 2), 0) == [ix.BlocksLanded("P", "kv", 3, 4, 2, False, Reason.CORRUPT)]
+    assert counters.bytes == 2 * BB  # a bad block's bytes, and those after it, are not counted as landed
+    # the blocks before the mismatch were checked: landed (a failed load names them), the rest failed
+    assert work.results("P", ("kv", 3, 4, 3), 2) == [ix.BlocksLanded("P", "kv", 3, 4, 2, True),
+                                                     ix.BlocksLanded("P", "kv", 3, 6, 1, False, Reason.CORRUPT)]
+    assert counters.bytes == 4 * BB
+    assert logs.lines == ["kvtier: block 4 of kv round 3 from P does not match its parked digest; the load fails",
+                          "kvtier: block 6 of kv round 3 from P does not match its parked digest; the load fails"]
 
 
 def test_a_one_sided_loads_keys_are_rechecked_and_a_mismatch_is_logged_once(caplog) -> None:
@@ -499,7 +505,7 @@ def test_corrupt_landings_are_logged_once_per_peer_per_interval() -> None:
     logger.addHandler(handler)
     try:
         for peer in ("P", "P", "Q"):
-            work.result(peer, ("kv", 0, 0, 1), 0)
+            work.results(peer, ("kv", 0, 0, 1), 0)
     finally:
         logger.removeHandler(handler)
     assert [r for r in records if "does not match" in r] == [

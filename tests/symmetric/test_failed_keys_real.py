@@ -4,9 +4,10 @@ being offered and loading them again (before decision I22 a key was loaded 10 ti
 
 The bytes go bad on the way: on zmq a TCP relay on the path inverts one byte of the second block's
 payload; on NIXL the consumer's slot is rewritten after the producer's WRITE and before the
-consumer checks it (when its plane reports the batch's header).  Either way the consumer's check fails, the load fails ``corrupt`` with no
-key before the bad batch verified (it is one batch), and from then on every key of it answers MISS
-— through ten more engine steps no probe leaves for it.
+consumer checks it (when its plane reports the batch's header).  Either way the consumer's check fails, the load fails ``corrupt``
+naming the block before the bad one (checked: its slot holds the peer's bytes, so vLLM keeps it),
+and from then on every key from the bad one on answers MISS — through ten more engine steps no
+probe leaves for them.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ def test_a_load_that_fails_its_check_turns_its_keys_into_miss(make, data_plane: 
         else:
             r = load(b, req, 1, keys, slots, [a])
             assert relay.flipped == 1
-        assert (r.success, r.reason, r.successful_keys) == (False, "corrupt", None), r
+        # the second block is the bad one: the first was checked before it, and is named
+        assert (r.success, r.reason, r.successful_keys) == (False, "corrupt", (b"bad/0",)), r
         fetches = stat(a, "kvtier_served_keys_total")
-        steps = _steps(b, req, keys, [a])
+        steps = _steps(b, req, keys[1:], [a])  # the engine kept bad/0: it scans on from the hole
         assert all(s == [LookupResult.MISS] for s in steps), steps
         assert stat(a, "kvtier_served_keys_total") == fetches  # nothing probed again
         b.on_request_finished(req)
