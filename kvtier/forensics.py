@@ -32,7 +32,8 @@ What an entry is
 * **fetch** — a peer's fetch this producer refused for an id that has no live blocks here (it was
   reaped, already served, never parked): the late consumer's side of a refusal.  One milestone,
   ``refused``: at once, or — a fetch that waited for blocks never stored (``supply_timeout``) —
-  after ``fetch_supply_timeout_s`` (at least: each store restarts that timer).
+  after ``fetch_supply_timeout_s`` (at least: each store restarts that timer).  Or a fetch its
+  consumer aborted before any block moved (``aborted``; one milestone, ``aborted``).
 * **probe** — a symmetric request whose probing of its peer failed (a deadline, the peer's loss,
   its refusal or withdrawal): its lookups answer MISS and the engine computes the blocks; one
   milestone, ``failed``.
@@ -178,6 +179,7 @@ class Forensics:
             wm.AbortFetch: self._sent_abort,
             wm.Receipt: self._sent_receipt,
             wm.TransferDone: self._answered,
+            wm.AbortAck: self._acked_abort,
             wm.Probe: self._sent_probe,
         }
 
@@ -366,6 +368,19 @@ class Forensics:
             else 0.0
         self._add(Finished(kid, "fetch", False, str(msg.reason), peer, path, (("refused", waited),), now - waited,
                            waited))
+
+    def _acked_abort(self, peer: str, msg: wm.AbortAck, now: float) -> None:
+        """An abort_ack left: a fetch whose consumer aborted it before any block moved (no
+        producer entry tells it here) ends its story on this side too — once: a repeated abort is
+        acked again."""
+        kid = msg.kv_request_id
+        if ("producer", kid) in self._open or any(
+                e.kv_request_id == kid and (e.role == "producer" or e.role == "fetch" and e.peer == peer)
+                for e in self._ring):
+            return
+        state = self._core.producer_state(kid)
+        path = () if state is ProducerState.ABSENT else (state.value,)
+        self._add(Finished(kid, "fetch", False, str(Reason.ABORTED), peer, path, (("aborted", 0.0),), now, 0.0))
 
     def _send_blocks(self, e: fx.SendBlocks, now: float) -> None:
         if e.transfer:  # a served symmetric round: no parked id behind it

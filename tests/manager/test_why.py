@@ -93,6 +93,28 @@ def test_why_tells_how_long_a_fetch_waited_for_blocks_never_stored(make_manager)
 
 
 @BOTH_PLANES
+def test_why_on_the_producer_tells_a_fetch_its_consumer_aborted_before_any_block(make_manager) -> None:
+    """The consumer asked before the prefill stored anything, then its request ended: the
+    producer tombstoned the id (aborted) and its endpoint tells that fetch's story too."""
+    p = make_manager({**HB, "fetch_supply_timeout_s": 20.0})
+    c = make_manager(HB)
+    cjobs = Jobs(c)
+    creq = consumer_req("c1", "kv-gone", p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys_for("kv-gone", 1), [0], creq))
+    assert pump_until(lambda: CoreView(p.core).producer("kv-gone") is not None, managers=[p, c], jobs=[cjobs])
+    c.on_request_finished(creq)
+    assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
+    assert cjobs.one(2).reason == "cancelled"
+    assert pump_until(lambda: bool(_records("kv-gone", p)), managers=[p, c])
+    (fetch,) = _records("kv-gone", p)
+    assert (fetch["role"], fetch["ok"], fetch["reason"]) == ("fetch", False, "aborted"), fetch
+    assert list(fetch["marks"]) == ["aborted"], fetch
+    code, out, _ = _why("kv-gone", p)
+    assert code == 0 and "a peer's fetch (producer) FAILED: aborted" in out, out
+
+
+@BOTH_PLANES
 def test_why_explains_a_refused_dial(make_manager) -> None:
     c = make_manager(HB)
     with socket.socket() as s:  # a port where nothing listens
