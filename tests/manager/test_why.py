@@ -73,16 +73,22 @@ def test_why_explains_a_reaped_load(make_manager) -> None:
     assert list(load["marks"]) == ["fetch", "result"] and load["landed"] == 0 and load["blocks"] == 3
 
 
+def _fetch_before_any_store(make_manager, kid: str, supply_s: float):
+    """A producer and a consumer whose load job 2 of ``kid`` asks before anything is stored."""
+    p = make_manager({**HB, "fetch_supply_timeout_s": supply_s})
+    c = make_manager(HB)
+    cjobs = Jobs(c)
+    creq = consumer_req("c1", kid, p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys_for(kid, 1), [0], creq))
+    return p, c, cjobs, creq
+
+
 def test_why_tells_how_long_a_fetch_waited_for_blocks_never_stored(make_manager) -> None:
     """The consumer asked before the prefill stored anything, and nothing came: the producer's
     entry says the fetch waited the supply timeout (at least: each store restarts it), not that it
     was refused at once."""
-    p = make_manager({**HB, "fetch_supply_timeout_s": 0.3})
-    c = make_manager(HB)
-    cjobs = Jobs(c)
-    creq = consumer_req("c1", "kv-never", p.host, p.port)
-    c.on_new_request(creq)
-    c.submit_load(job(2, keys_for("kv-never", 1), [0], creq))
+    p, c, cjobs, _ = _fetch_before_any_store(make_manager, "kv-never", 0.3)
     assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
     assert cjobs.one(2).reason == "supply_timeout"
     (fetch,) = _records("kv-never", p)
@@ -96,12 +102,7 @@ def test_why_tells_how_long_a_fetch_waited_for_blocks_never_stored(make_manager)
 def test_why_on_the_producer_tells_a_fetch_its_consumer_aborted_before_any_block(make_manager) -> None:
     """The consumer asked before the prefill stored anything, then its request ended: the
     producer tombstoned the id (aborted) and its endpoint tells that fetch's story too."""
-    p = make_manager({**HB, "fetch_supply_timeout_s": 20.0})
-    c = make_manager(HB)
-    cjobs = Jobs(c)
-    creq = consumer_req("c1", "kv-gone", p.host, p.port)
-    c.on_new_request(creq)
-    c.submit_load(job(2, keys_for("kv-gone", 1), [0], creq))
+    p, c, cjobs, creq = _fetch_before_any_store(make_manager, "kv-gone", 20.0)
     assert pump_until(lambda: CoreView(p.core).producer("kv-gone") is not None, managers=[p, c], jobs=[cjobs])
     c.on_request_finished(creq)
     assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
