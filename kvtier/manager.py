@@ -526,7 +526,8 @@ class KvTierManager(TierView):
            transfers given up in step 3 are reported (failed) only then — never while a send may
            still read their blocks (decision I1).
         Every job gets exactly one result (collect them with :meth:`get_finished_jobs`).  Returns
-        within the grace plus a few milliseconds, even when a peer is wedged.  Right after a
+        within the grace, even when a peer is wedged, plus the time to give every open job its
+        result (config ``shutdown_grace_s`` says how long: ~25 µs per parked id).  Right after a
         :meth:`drain_jobs` that timed out, the grace is what is left of the drain's budget (at
         least 50 ms for the goodbyes): one budget for both (decision A6).  Idempotent.
 
