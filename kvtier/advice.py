@@ -46,8 +46,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.SHUTDOWN: "This manager or its peer shut down. Routine during a restart or a rolling upgrade.",
     _R.ROUND_FINISHED: "A store arrived after the id's blocks were already transferred: the engine stored more "
                        "chunks than the decoder fetched (a prefill that continues after the hand-off). Harmless.",
-    _R.ID_IN_USE: "Two prefill requests used one `kv_request_id`: make the proxy generate a fresh id per client "
-                  "request (a uuid4), and send `life` when ids may be reused.",
+    _R.ID_IN_USE: "Two prefill requests used one `kv_request_id`, or the two legs of one request carry different "
+                  "`life` values: make the proxy generate a fresh id per client request (a uuid4), and when it "
+                  "sends `life`, send the same value in both legs (`remote_decoder.life` = "
+                  "`remote_prefiller.life`, e.g. the router's request uuid).",
     # ---- refused fetches -------------------------------------------------------------------------
     _R.DUPLICATE_FETCH: "Two decoders (or two rounds) fetched one id: the proxy sent one `kv_request_id` to two "
                         "decode requests. One id per client request.",
@@ -122,7 +124,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.AUTH_FAILED: "The CURVE handshake failed: both sides must run the same `auth`; with `auth = \"curve\"` "
                     "each side's public certificate (`NAME.key` from `kvtier keys generate`) must be in the "
                     "other's `auth_allowed_keys_dir`, and the producer's certificate must list the endpoint "
-                    "the consumer dials (`--endpoint`). The log line says which side is missing what "
+                    "the consumer dials (`--endpoint`; without one naming it nothing is dialled). The log line "
+                    "says which side is missing what "
                     "(docs/security.md). With `auth = \"none\"` here, an address that is not a kvtier listener "
                     "(a service that hangs up) reads the same: check `remote_host` and `remote_port`.",
     _R.PLANE_FAULT: "The data plane reported the path to this peer broken (on NIXL: a remote-disconnect error at a "

@@ -163,6 +163,10 @@ class Forensics:
         self._last_store: tuple[str, float] | None = None  # the producer entry added last, and when
         self._named: dict[str, str] = {}  # peer id -> where (asking the transport builds a record)
         self._probed: dict[str, str] = {}  # kv_request_id -> the peer its last probe went to
+        # what the last entries told, (kv_request_id, role) and (kv_request_id, peer, reason) of a
+        # fetch's: a story is told once (a refusal notice and the answer to the fetch that crossed
+        # it, a repeated abort's ack), looked up in O(1), not by a scan of the ring
+        self._told: collections.OrderedDict[tuple[str, ...], None] = collections.OrderedDict()
         self.finished_total = 0
         """Requests finished since the manager started (the ring keeps the last ``capacity``)."""
         self._on: dict[type, Callable[[Any, float], None]] = {
@@ -362,6 +366,8 @@ class Forensics:
         # a refusal for an id with no live blocks here: the late consumer's side of the story
         state = self._core.producer_state(kid)
         path = () if state is ProducerState.ABSENT else (state.value,)
+        if self._tell_once(kid, peer, str(msg.reason)):
+            return
         # a fetch that waited for blocks never stored: its timer ran at least this long (each store
         # restarts it); any other refusal is answered in the pass that read the fetch
         waited = self._core.settings.durations["fetch_supply_timeout_s"] if msg.reason == Reason.SUPPLY_TIMEOUT \
@@ -374,9 +380,8 @@ class Forensics:
         producer entry tells it here) ends its story on this side too — once: a repeated abort is
         acked again."""
         kid = msg.kv_request_id
-        if ("producer", kid) in self._open or any(
-                e.kv_request_id == kid and (e.role == "producer" or e.role == "fetch" and e.peer == peer)
-                for e in self._ring):
+        if ("producer", kid) in self._open or (kid, "producer") in self._told or self._tell_once(
+                kid, peer, str(Reason.ABORTED)):
             return
         state = self._core.producer_state(kid)
         path = () if state is ProducerState.ABSENT else (state.value,)
@@ -486,7 +491,23 @@ class Forensics:
                 self._named[peer] = where
         return where or peer
 
+    def _tell_once(self, kid: str, peer: str, reason: str) -> bool:
+        """Whether a fetch entry of ``kid`` from ``peer`` with ``reason`` was told already (else
+        it is noted as told now)."""
+        key = (kid, peer, reason)
+        if key in self._told:
+            return True
+        self._remember(key)
+        return False
+
+    def _remember(self, key: tuple[str, ...]) -> None:
+        told = self._told
+        told[key] = None
+        if len(told) > 2 * (self._ring.maxlen or 0):  # two keys per entry at most
+            told.popitem(last=False)
+
     def _add(self, entry: Finished) -> None:
+        self._remember((entry.kv_request_id, entry.role))
         if entry.peer:
             where = self._name(entry.peer)
             if where != entry.peer:

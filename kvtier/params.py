@@ -90,10 +90,12 @@ def clip(value: object, n: int = 80) -> str:
 class PeerNotAllowed(ValueError):
     """A request names a producer endpoint outside ``allowed_peers``. Nothing was dialled."""
 
-    def __init__(self, message: str, endpoint: str, kv_request_id: str = "") -> None:
+    def __init__(self, message: str, endpoint: str, kv_request_id: str = "", why: str = "") -> None:
         super().__init__(message)
         self.endpoint = endpoint
         self.kv_request_id = kv_request_id
+        self.why = why or "not in allowed_peers"
+        """Which rule refused it (a fixed text: never the request's own strings)."""
 
 
 @attrs.frozen(slots=True)
@@ -364,7 +366,7 @@ def parse_params(params: object, policy: PeerPolicy = ANY_PEER) -> TransferParam
         life = _life(sub, key) if role == "consumer" else ""  # malformed before refused: every field checked
         why = policy.why_not(host, port)
         if why is not None:
-            raise PeerNotAllowed(f"{key} names {clip(peer)}: {why}", peer, kid)
+            raise PeerNotAllowed(f"{key} names {clip(peer)}: {why}", peer, kid, why)
         return TransferParams(role, kid, peer, life=life)
     if dst is not None:
         key, sub = dst

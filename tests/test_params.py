@@ -7,6 +7,8 @@ never dials an endpoint outside allowed_peers.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -210,6 +212,23 @@ def test_unlisted_producer_is_never_dialled(spy_mgr) -> None:
     assert m.stats()["kvtier_rejected_peer_total"] >= 1
     assert len(t.dialled) == before
     m.on_request_finished(req)
+
+
+def test_a_refused_dial_names_the_rule_that_refused_it(caplog) -> None:
+    """allowed_peers '*' on a manager listening beyond loopback does not admit loopback: the
+    per-request line says so, not "not in allowed_peers" (the list is '*')."""
+    t = _SpyTransport(InprocNetwork(), "decode:1")
+    m = KvTierManager({"host": "0.0.0.0", "port": 0}, BlockPool(8, 64, pin=False), transport=t)
+    try:
+        req = RequestContext(req_id="loop-1", kv_transfer_params={"remote_prefiller": {
+            "kv_request_id": "L", "remote_host": "127.0.0.1", "remote_port": 5710}})
+        with caplog.at_level(logging.WARNING, logger="kvtier"):
+            assert m.on_new_request(req) == "local"
+        (line,) = [r.getMessage() for r in caplog.records if "refusing to dial" in r.getMessage()]
+        assert "loopback, while this manager listens beyond loopback" in line and "not in allowed_peers" not in line
+        assert not t.dialled
+    finally:
+        m.shutdown()
 
 
 # Hypothesis: arbitrary JSON-ish shapes, biased towards the keys the parser reads.

@@ -228,6 +228,9 @@ class CoreState(msgspec.Struct, frozen=True, gc=False):
     """The serve records, by ``(peer, kv_request_id, round)``."""
     serve_closing: bool = False
     """The serve machine saw shutdown (no new probe is served)."""
+    serve_withdrawn: tuple[tuple[str, str, int, str], ...] = ()
+    """``(peer, kv_request_id, round, reason)`` of the rounds the serve machine withdrew with a
+    notice and remembers, oldest first (a fetch crossing the notice is answered with its reason)."""
 
 
 #: Every attribute of the core and of each machine, by what it is: ``state`` (exported),
@@ -286,6 +289,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
         "ignored": "counter", "_notes": "config", "limits": "config", "by_peer": "index", "batcher": "config",
         "pinned_per_peer": "index", "pinned_total": "index", "closing": "state", "transfers": "state",
+        "withdrawn": "state",
     },
 }
 
@@ -396,6 +400,7 @@ def export(core: TierCore) -> CoreState:
         rounds=_consumer_entries(rm),
         serve=serve,
         serve_closing=vm.closing,
+        serve_withdrawn=tuple((*k, str(r)) for k, r in vm.withdrawn.items()),
     )
 
 
@@ -516,6 +521,8 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
             vm.pinned_total += e.pinned
             vm.pinned_per_peer[e.peer] = vm.pinned_per_peer.get(e.peer, 0) + e.pinned
     vm.closing = state.serve_closing
+    for peer, kid, rnd, why in state.serve_withdrawn:
+        vm.withdrawn[(peer, kid, rnd)] = Reason(why)
     for name, machine in (("session", sm), ("producer", pm), ("consumer", cm), ("probe", qm), ("rounds", rm),
                           ("serve", vm)):
         for when, key, rec in sorted(timed[name], key=lambda t: (t[0], t[1])):

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "5f283783237ea23d2ed2357ff6419c48a11761558d4759bc38ac1c94ec311ae8"
+SPEC_SHA256: Final = "74b39981eeab330d3ff77a8f67098821afa0c6d1ddf051005e5f0641b7227a11"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -55,7 +55,7 @@ class Reason(enum.StrEnum):
     ROUND_FINISHED = "round_finished"
     """a store arrived after the id's transfer completed"""
     ID_IN_USE = "id_in_use"
-    """another engine request already parks blocks under this kv_request_id"""
+    """another engine request already parks blocks under this kv_request_id, or the fetch names another life than the blocks parked under it (the two legs of one request carry different life values)"""
     LOAD_TIMEOUT = "load_timeout"
     """the consumer's load did not complete within load_timeout_s"""
     CANCELLED = "cancelled"
@@ -93,7 +93,7 @@ class Reason(enum.StrEnum):
     CONNECT_TIMEOUT = "connect_timeout"
     """the producer's address did not answer the connection within connect_timeout_s"""
     AUTH_FAILED = "auth_failed"
-    """the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); nothing was sent"""
+    """the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); or no certificate we hold names its endpoint, so it was never dialled; nothing was sent"""
     SEND_FAILED = "send_failed"
     """the transport could not send to the peer"""
     PLANE_FAULT = "plane_fault"
@@ -163,7 +163,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.TOO_MANY_PENDING: "the peer already has max_pending_fetches_per_peer fetches waiting for blocks, or they name 256 keys per allowed fetch in all",
     Reason.ALREADY_SERVED: "the id's blocks were already transferred to a consumer",
     Reason.ROUND_FINISHED: "a store arrived after the id's transfer completed",
-    Reason.ID_IN_USE: "another engine request already parks blocks under this kv_request_id",
+    Reason.ID_IN_USE: "another engine request already parks blocks under this kv_request_id, or the fetch names another life than the blocks parked under it (the two legs of one request carry different life values)",
     Reason.LOAD_TIMEOUT: "the consumer's load did not complete within load_timeout_s",
     Reason.CANCELLED: "the consumer's engine finished the request before the load completed",
     Reason.DUPLICATE_LOAD: "a second load for an id while one is live",
@@ -182,7 +182,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.PEER_RESTARTED: "the peer reconnected with a new generation (or a new session from the same consumer replaced this one)",
     Reason.CONNECT_REFUSED: "the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent",
     Reason.CONNECT_TIMEOUT: "the producer's address did not answer the connection within connect_timeout_s",
-    Reason.AUTH_FAILED: "the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); nothing was sent",
+    Reason.AUTH_FAILED: "the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); or no certificate we hold names its endpoint, so it was never dialled; nothing was sent",
     Reason.SEND_FAILED: "the transport could not send to the peer",
     Reason.PLANE_FAULT: "the data plane's path to the peer broke (NIXL: a remote disconnect at a post or a state check): the session is ended so no fetch waits on a dead path, and the next load dials afresh (the plane adds the peer anew)",
     Reason.TOO_MANY_PEERS: "this manager already has max_peers sessions",
@@ -1429,7 +1429,7 @@ class SessionGuard(enum.StrEnum):
     CONNECT_NOT_ALLOWED = "connect_not_allowed"
     """the producer's name resolved to an address allowed_peers '*' does not admit (nothing was dialled)"""
     CONNECT_AUTH_FAILED = "connect_auth_failed"
-    """the connection's CURVE handshake failed (a key the other side does not accept, or only one side runs auth='curve')"""
+    """the connection's CURVE handshake failed (a key the other side does not accept, or only one side runs auth='curve'), or no certificate in our auth_allowed_keys_dir names the endpoint (not dialled)"""
 
 
 class SessionEffect(enum.StrEnum):
@@ -2057,7 +2057,7 @@ class ServeState(enum.StrEnum):
     QUARANTINED = "quarantined"
     """The data plane did not release a given-up transfer in time; the session was ended to force it. The pins stay held until the plane reports the release."""
     ENDED = "ended"
-    """Record deleted (final): every pin of the round was released exactly once. A later fetch of the round meets absent and is refused (not_offered)."""
+    """Record deleted (final): every pin of the round was released exactly once. A later fetch of the round meets absent and is refused: with the reason this side withdrew the round with, if it did (withdrawn), else not_offered."""
 
 
 class ServeEvent(enum.StrEnum):
@@ -2112,6 +2112,8 @@ class ServeGuard(enum.StrEnum):
     """every key of the fetch is pinned in this round"""
     RECEIPT_SEEN = "receipt_seen"
     """the consumer confirmed every block before the data plane released them"""
+    WITHDRAWN = "withdrawn"
+    """this side ended the fetch's round and told the peer why (reply_refused: its offer expired, a drain, a shutdown, a budget) — one of the last 1024 rounds it so withdrew; a fetch that crossed that notice on the wire"""
 
 
 class ServeEffect(enum.StrEnum):
@@ -2149,6 +2151,8 @@ class ServeEffect(enum.StrEnum):
     """send the round its terminal answer now that no write can land: abort_ack if the consumer aborted it, else transfer_done(fail, reason)"""
     REPLY_FETCH_FAILED = "reply_fetch_failed"
     """send transfer_done(fail, reason) for THIS fetch's round"""
+    REPLY_FETCH_WITHDRAWN = "reply_fetch_withdrawn"
+    """send transfer_done(fail, reason) for THIS fetch's round, the reason this side withdrew the round with (its notice and this answer agree: offer_expired, not not_offered)"""
     REPLY_ABORT_ACK = "reply_abort_ack"
     """send abort_ack for the round"""
     NOTE_DUPLICATE = "note_duplicate"
@@ -2191,6 +2195,7 @@ SERVE_TABLE: Final = MappingProxyType({
         Branch(None, ServeState.ABSENT, (ServeEffect.RELEASE_FOUND, ), None),
     ), None),
     (ServeState.ABSENT, ServeEvent.FETCH): Rule(TRANSITION, (
+        Branch(ServeGuard.WITHDRAWN, ServeState.ABSENT, (ServeEffect.REPLY_FETCH_WITHDRAWN, ), None),
         Branch(None, ServeState.ABSENT, (ServeEffect.REPLY_FETCH_FAILED, ), Reason.NOT_OFFERED),
     ), None),
     (ServeState.ABSENT, ServeEvent.RECEIPT): Rule(IGNORE, (), Reason.NO_RECORD),
@@ -2506,7 +2511,7 @@ PROPERTIES: Final = MappingProxyType({
     "probe_answered_in_bound": ("safety", "A lookup of a symmetric request answers RETRY only while its round is in collecting or probing, both bounded by the probe timer (probe_timeout_s from the round's first key, dialling and handshake included); a probe that reached a ready peer is answered (probe_reply or transfer_done(fail)) within serve_lookup_timeout_s of the peer's serve windows."),
     "pin_released_once": ("safety", "Every pin the shell took (one engine job per lookup_result with found keys) is released exactly once on every path (fetch served, empty fetch, release, abort, offer deadline, session death, drain, shutdown, a result arriving after its round ended), and never while the data plane references its blocks."),
     "no_hit_without_pin": ("safety", "A probe_reply says hit for a key only while its serve record holds an unreleased pin covering it, held until the round's fetch is terminal, the consumer released the round or the producer told it transfer_done(fail); the consumer answers HIT only for keys its open round was told hit (or a load of it is in flight) and never after the round failed."),
-    "no_block_after_release": ("safety", "Blocks reach the data plane for a serve record only on its step into serving, only blocks of pins it still holds and only keys its replies offered; a fetch of an ended round, or of keys never offered, is answered transfer_done(fail, not_offered) in the step that receives it and moves no byte."),
+    "no_block_after_release": ("safety", "Blocks reach the data plane for a serve record only on its step into serving, only blocks of pins it still holds and only keys its replies offered; a fetch of an ended round, or of keys never offered, is answered transfer_done(fail, not_offered — or the reason this side withdrew the round with) in the step that receives it and moves no byte."),
     "lookup_context_closed_once": ("safety", "Every engine-side lookup context the shell opened for a serve record (ParentManager.on_new_request) is closed exactly once (on_request_finished), in a serve window, while the engine lives."),
     "partial_keys_verified": ("safety", "A failed load reports as successful_keys exactly the verified prefix of its fetch: the keys from the first whose blocks landed in its slots and matched their digests (re-checked at reporting on one-sided planes), never a key whose landing failed its check, was not answered yet, or follows a hole; and only once no write can land in its slots; with integrity = none it reports none (decision I21)."),
     "result_after_last_write": ("safety", "A load's job result (success or failure) is reported only once every landing it started has answered: no byte lands in a slot after its job's result, so the engine may reuse the slots the moment it has it (decision I26)."),

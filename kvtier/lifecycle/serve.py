@@ -27,6 +27,7 @@ All decisions come from ``_table.SERVE_TABLE``; this module supplies guards and 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,10 @@ __all__ = ["ServeLimits", "ServeMachine", "ServeRecord", "is_transfer_key", "tra
 ServeKey = tuple[str, str, int]
 
 #: states whose blocks the data plane may reference
+WITHDRAWN_KEPT = 1024
+"""Rounds withdrawn with a notice that are remembered (oldest forgotten first): a fetch crossing the
+notice comes within a round trip, so a window far shorter suffices; bounded memory either way."""
+
 REFERENCED = frozenset({ServeState.SERVING, ServeState.CONFIRMED, ServeState.CANCELLING, ServeState.QUARANTINED})
 
 
@@ -145,6 +150,9 @@ class ServeMachine(TableMachine):
         self.pinned_total = 0
         self.closing = False
         self.transfers: dict[tuple[str, int], ServeKey] = {}  # (plane key, round) -> record
+        # the rounds this side withdrew with a notice (the last WITHDRAWN_KEPT): a fetch that crossed
+        # the notice is answered with the notice's reason, not not_offered (the two sides agree)
+        self.withdrawn: OrderedDict[ServeKey, Reason] = OrderedDict()
 
     def new_record(self, key: ServeKey) -> ServeRecord:
         return ServeRecord(key)
@@ -168,6 +176,8 @@ class ServeMachine(TableMachine):
         self.apply(rec, event, None, now, out)
 
     def peer_lost(self, peer: str, now: float, out: list[Effect]) -> None:
+        for key in [k for k in self.withdrawn if k[0] == peer]:  # its next session starts afresh
+            del self.withdrawn[key]
         for key in sorted(self.by_peer.get(peer, ())):
             rec = self.records.get(key)
             if rec is not None:
@@ -313,6 +323,17 @@ class ServeMachine(TableMachine):
     def effect_reply_refused(self, rec: ServeRecord, inp, reason, now, out) -> None:
         gen = inp.gen if isinstance(inp, FetchInput) else rec.gen
         out.append(Send(rec.peer, _done(gen, rec.kv_request_id, rec.round, False, reason)))
+        withdrawn = self.withdrawn
+        withdrawn[rec.key] = reason
+        if len(withdrawn) > WITHDRAWN_KEPT:
+            withdrawn.popitem(last=False)
+
+    def guard_withdrawn(self, rec: ServeRecord, inp: FetchInput, now: float) -> bool:
+        return (inp.peer, inp.kv_request_id, inp.round) in self.withdrawn
+
+    def effect_reply_fetch_withdrawn(self, rec: ServeRecord, inp: FetchInput, reason, now, out) -> None:
+        why = self.withdrawn[(inp.peer, inp.kv_request_id, inp.round)]
+        out.append(Send(inp.peer, _done(inp.gen, inp.kv_request_id, inp.round, False, why)))
 
     def effect_close_lookup(self, rec: ServeRecord, inp, reason, now, out) -> None:
         out.append(CloseLookup(rec.peer, rec.kv_request_id, rec.round))

@@ -34,6 +34,7 @@ __all__ = [
     "SendFailure",
     "TransportError",
     "DialNotAllowed",
+    "NoServerKey",
     "ZmqTransport",
 ]
 
@@ -46,6 +47,12 @@ class TransportError(KvTierError):
 class DialNotAllowed(TransportError):
     """``connect(..., vet=...)``: the name resolved to an address the caller's policy refuses;
     nothing was dialled."""
+
+
+class NoServerKey(TransportError):
+    """``connect()`` with CURVE: no certificate in ``auth_allowed_keys_dir`` names the endpoint,
+    so the producer's key is unknown; nothing was dialled (an authentication setting, not a
+    producer that is down)."""
 
 
 class SendFailure:

@@ -125,14 +125,34 @@ def _metadata(path: Path) -> dict[str, str]:
     return out
 
 
+_HOSTNAME_RE = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                          r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+
+
 def _parse_endpoint(text: str) -> tuple[str, int | None]:
+    """``(host, port or None)`` of a certificate's endpoint ``HOST`` or ``HOST:PORT`` (an IP
+    address, ``[v6]`` with a port, or a DNS name): what a dial's ``remote_host``/``remote_port``
+    are matched against, so anything a dial can never name (a scheme, a space) is refused."""
     text = text.strip()
+    host, port = text, None
     if text.count(":") == 1 or (text.startswith("[") and "]:" in text):
-        host, _, port = text.rpartition(":")
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
+        host, _, p = text.rpartition(":")
+        if not p.isdigit() or not 1 <= int(p) <= 65535:
             raise ValueError(f"bad port in endpoint {text!r}")
-        return _norm_host(host), int(port)
-    return _norm_host(text), None
+        port = int(p)
+    norm = _norm_host(host)
+    if not (_HOSTNAME_RE.fullmatch(norm) or _is_ip(norm)):
+        raise ValueError(f"bad endpoint {text!r}: write HOST or HOST:PORT, HOST an IP address or a DNS name "
+                         "(no scheme, no spaces; [v6]:PORT for an IPv6 address with a port)")
+    return norm, port
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_path(path: Path, key: str, *, directory: bool, fix: str) -> None:
@@ -171,6 +191,9 @@ def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     except (OSError, ValueError) as exc:
         raise ValueError(f"auth_secret_key_file {str(path)!r}: cannot read a certificate ({exc}); it must be "
                          "a NAME.key_secret written by `kvtier keys generate`") from None
+    if not secret and path.name.endswith(".key_secret"):
+        raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key: the file was cut or edited; "
+                         "write a fresh one with `kvtier keys generate`, or copy it again")
     if not secret:
         raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key: it is a public certificate; "
                          "use NAME.key_secret (NAME.key goes into the peers' auth_allowed_keys_dir)")

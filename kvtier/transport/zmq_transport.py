@@ -36,7 +36,7 @@ from typing import Any
 
 import zmq
 
-from kvtier.transport import PeerInfo, SendFailure, SendHandle, TransportError, TransportEvent
+from kvtier.transport import NoServerKey, PeerInfo, SendFailure, SendHandle, TransportError, TransportEvent
 from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
 from kvtier.transport.zmq_barrier import IoBarrier, tcp_backlog
 from kvtier.transport.zmq_conns import DEALER_EVENTS, Conn, Connections
@@ -292,9 +292,9 @@ class ZmqTransport:
             server_key = self._curve.allowed.server_key_for(host, port)
             if server_key is None:
                 # Never dial with a key the network could choose for us.
-                raise TransportError(
-                    f"cannot connect to {address}: no certificate in auth_allowed_keys_dir names "
-                    "this endpoint (metadata endpoints), so the producer's key is unknown"
+                raise NoServerKey(
+                    f"cannot connect to {address}: no certificate in auth_allowed_keys_dir names this endpoint, so "
+                    "the producer's key is unknown: copy its NAME.key there (`kvtier keys generate --endpoint HOST`)"
                 )
         sock = mon = None
         try:

@@ -219,6 +219,35 @@ def test_an_unprobed_round_refuses_its_fetch_and_acknowledges_its_abort() -> Non
     assert out == [Send(C, wm.AbortAck(gen=1, kv_request_id="s", round=4))]
 
 
+@pytest.mark.parametrize(("end", "reason"), [("offer_deadline", "offer_expired"), ("drain", "drained"),
+                                             ("serve_busy", "serve_busy")])
+def test_a_fetch_that_crossed_the_withdrawal_of_its_round_is_told_the_withdrawals_reason(end: str, reason: str) -> None:
+    """The offer expired (or was drained, or a probe over budget ended the round) as the consumer's
+    lookups said HIT and its engine submitted the load: its fetch crosses the notice on the wire.
+    Both sides name the same event — the notice's reason, not ``not_offered`` (an adapter bug's
+    reason).  A round never withdrawn still meets ``not_offered``; a new session of the peer
+    starts with nothing remembered."""
+    p = producer()
+    offered(p)
+    if end == "offer_deadline":
+        p.fire(5.0)
+    elif end == "drain":
+        p.handle(ix.DrainStarted(), 1.0)
+    else:
+        probe(p, [K3], now=0.1)
+        probe(p, [K4], now=0.2)  # the third probe of the round: over serve_max_probes_per_round
+    assert state(p) is ServeState.ABSENT
+    fetch = wm.Fetch(gen=1, kv_request_id="s", round=0, keys=[K1], offered=True)
+    assert p.handle(ix.Received(C, fetch), 6.0) == [done(0, reason)]
+    assert p.handle(ix.Received(C, fetch), 6.1) == [done(0, reason)]  # a duplicate is told the same
+    other = wm.Fetch(gen=1, kv_request_id="s", round=3, keys=[K1], offered=True)
+    assert p.handle(ix.Received(C, other), 6.2) == [done(3, "not_offered")]
+    p.handle(ix.ConnectionClosed(C), 6.3)
+    connect(p, C, 2)
+    again = wm.Fetch(gen=2, kv_request_id="s", round=0, keys=[K1], offered=True)
+    assert p.handle(ix.Received(C, again), 6.4) == [done(0, "not_offered", gen=2)]
+
+
 @pytest.mark.parametrize(("event", "pins", "more"), [
     ("abort", ReleasePins((7,), True, None), [Send(C, wm.AbortAck(gen=1, kv_request_id="s", round=0)),
                                               CloseLookup(C, "s", 0)]),

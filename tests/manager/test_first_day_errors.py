@@ -112,6 +112,29 @@ def test_only_one_side_running_curve_fails_auth_failed_on_both(make_manager, key
         assert "auth='curve'" in consumer_line
 
 
+def test_a_producer_whose_certificate_the_consumer_lacks_fails_auth_failed_not_connect_refused(
+        make_manager, keys, tmp_path, caplog) -> None:
+    """The newcomer forgot to copy ``prefill-0.key`` into the consumer's allowed directory: the
+    producer runs and listens, but no certificate names its endpoint, so it is never dialled.  The
+    load fails ``auth_failed`` (an authentication setting), not ``connect_refused`` ("nothing
+    listens there"), and the log line says which file to copy."""
+    p = make_manager(keys("prefill-0"))
+    mine = keys("decode-0")
+    lacking = tmp_path / "lacking"
+    lacking.mkdir()
+    (lacking / "decode-0.key").write_text((tmp_path / "k" / "decode-0.key").read_text())
+    c = make_manager({**mine, "auth_allowed_keys_dir": str(lacking)})
+    cjobs = Jobs(c)
+    creq = consumer_req("c1", "kv-nokey", p.host, p.port)
+    with caplog.at_level(logging.WARNING):
+        c.on_new_request(creq)
+        c.submit_load(job(2, keys_for("kv-nokey", 1), [2], creq))
+        assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
+    assert (cjobs.one(2).success, cjobs.one(2).reason) == (False, "auth_failed")
+    assert any("no certificate in auth_allowed_keys_dir names this endpoint" in r.getMessage()
+               and "copy its NAME.key there" in r.getMessage() for r in caplog.records)
+
+
 def test_an_auth_none_producer_does_not_count_clients_that_hang_up_as_auth_failures(make_manager) -> None:
     """A client that hangs up while the producer writes to it (a health check, a pooled client
     leaving) is no authentication failure: without CURVE it was counted ``auth_failed`` ("the

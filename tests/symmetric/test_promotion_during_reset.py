@@ -46,7 +46,8 @@ def test_a_promotion_started_before_the_producer_reset_fails_drained_and_its_key
     (result,) = net.results[7]  # exactly one result, and it says why
     assert not result.ok and result.reason is Reason.DRAINED and not result.successful_keys
     refusals = [e for e in net.log if "deliver P->C transfer_done sym-1 r0 fail" in e]
-    assert [e.split()[-2] for e in refusals] == ["drained", "not_offered"]  # the fetch moved nothing
+    # the fetch moved nothing, and was told the drain too (it crossed the notice, decision Y22)
+    assert [e.split()[-2] for e in refusals] == ["drained", "drained"]
     assert not net.transfers
     assert engine.released == {pin: False}  # released once, failed
 

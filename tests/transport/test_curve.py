@@ -156,6 +156,14 @@ def test_a_cut_or_edited_key_is_named_with_its_file_not_at_bind_time(keys, field
     assert cert.exists()
 
 
+def test_a_secret_file_that_lost_its_secret_key_line_is_called_cut_not_a_public_certificate(keys) -> None:
+    path = keys["dir"] / "decode-0.key_secret"
+    path.write_text("".join(line for line in path.read_text().splitlines(True) if "secret-key" not in line))
+    with pytest.raises(ValueError, match="holds no secret-key: the file was cut or edited") as err:
+        load_identity(path)
+    assert "public certificate" not in str(err.value)
+
+
 def test_a_key_pair_mixed_from_two_certificates_is_refused(tmp_path, keys) -> None:
     other = (tmp_path / "other" / "mallory.key_secret").read_text()
     import re
@@ -175,6 +183,19 @@ def test_two_certificates_naming_one_endpoint_with_different_keys_are_refused(tm
         load_allowed(keys["allowed"])
     (keys["allowed"] / "prefill-0.key").unlink()
     assert load_allowed(keys["allowed"]).server_key_for("127.0.0.1", 5710) is not None
+
+
+@pytest.mark.parametrize("endpoint", ["http://10.0.0.5:5710", "10.0.0.5 5710", "10.0.0.5:99999", "prefill 0"])
+def test_an_endpoint_no_dial_could_name_is_refused_when_the_keys_are_made(tmp_path, endpoint) -> None:
+    with pytest.raises(ValueError, match="endpoint"):
+        generate_keys(tmp_path, "prefill-0", (endpoint,))
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("endpoint", ["10.0.0.5", "10.0.0.5:5710", "[::1]:5710", "fe80::1", "prefill-0.pd.svc:5710"])
+def test_an_endpoint_a_dial_can_name_is_kept(tmp_path, endpoint) -> None:
+    pub, _ = generate_keys(tmp_path, "prefill-0", (endpoint,))
+    assert load_allowed(tmp_path).endpoints
 
 
 def test_cli_keys_generate(tmp_path) -> None:

@@ -279,7 +279,8 @@ class Cores:
     def shared(self, sid: int) -> tuple:
         """The machine-wide part of snapshot ``sid`` (everything but the records)."""
         s = self.snaps[sid]
-        return (s.retained, s.next_gen, s.next_round, s.suspect, s.closing, s.named, s.error_replies, s.serve_closing)
+        return (s.retained, s.next_gen, s.next_round, s.suspect, s.closing, s.named, s.error_replies, s.serve_closing,
+                s.serve_withdrawn)
 
     def step(self, name: str, sid: int, inp: tuple) -> CoreStep:
         """Apply input ``inp`` to the core ``name`` (its peer name: "p", "c1"...) in snapshot ``sid``.
