@@ -38,6 +38,8 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
+from kvtier.transport.zmq_options import is_ip_literal
+
 __all__ = [
     "CurveIdentity",
     "AllowedKeys",
@@ -141,18 +143,11 @@ def _parse_endpoint(text: str) -> tuple[str, int | None]:
             raise ValueError(f"bad port in endpoint {text!r}")
         port = int(p)
     norm = _norm_host(host)
-    if not (_HOSTNAME_RE.fullmatch(norm) or _is_ip(norm)):
+    if not (_HOSTNAME_RE.fullmatch(norm) or is_ip_literal(norm)):
         raise ValueError(f"bad endpoint {text!r}: write HOST or HOST:PORT, HOST an IP address or a DNS name "
                          "(no scheme, no spaces; [v6]:PORT for an IPv6 address with a port)")
     return norm, port
 
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _check_path(path: Path, key: str, *, directory: bool, fix: str) -> None:

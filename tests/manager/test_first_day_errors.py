@@ -62,6 +62,16 @@ def test_the_public_key_file_says_where_it_goes(tmp_path) -> None:
     assert "auth_secret_key_file" in secret and ".curve" not in secret
 
 
+def _load_one(p, c, kid: str):
+    """Consumer ``c`` loads one block of ``kid`` from producer ``p`` (job 2, slot 0): its result."""
+    cjobs = Jobs(c)
+    creq = consumer_req("c1", kid, p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys_for(kid, 1), [0], creq))
+    assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
+    return cjobs.one(2)
+
+
 @pytest.fixture
 def keys(tmp_path):
     generate_keys(tmp_path / "k", "prefill-0", ("127.0.0.1",))
@@ -124,13 +134,9 @@ def test_a_producer_whose_certificate_the_consumer_lacks_fails_auth_failed_not_c
     lacking.mkdir()
     (lacking / "decode-0.key").write_text((tmp_path / "k" / "decode-0.key").read_text())
     c = make_manager({**mine, "auth_allowed_keys_dir": str(lacking)})
-    cjobs = Jobs(c)
-    creq = consumer_req("c1", "kv-nokey", p.host, p.port)
     with caplog.at_level(logging.WARNING):
-        c.on_new_request(creq)
-        c.submit_load(job(2, keys_for("kv-nokey", 1), [2], creq))
-        assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
-    assert (cjobs.one(2).success, cjobs.one(2).reason) == (False, "auth_failed")
+        result = _load_one(p, c, "kv-nokey")
+    assert (result.success, result.reason) == (False, "auth_failed")
     assert any("no certificate in auth_allowed_keys_dir names this endpoint" in r.getMessage()
                and "copy its NAME.key there" in r.getMessage() for r in caplog.records)
 
@@ -155,13 +161,9 @@ def test_an_auth_none_producer_does_not_count_clients_that_hang_up_as_auth_failu
 def test_an_integrity_mismatch_names_the_integrity_key(make_manager, caplog) -> None:
     p = make_manager({"integrity": "xxh3_64"})
     c = make_manager({"integrity": "none"})
-    cjobs = Jobs(c)
-    creq = consumer_req("c1", "kv-int", p.host, p.port)
     with caplog.at_level(logging.ERROR):
-        c.on_new_request(creq)
-        c.submit_load(job(2, keys_for("kv-int", 1), [0], creq))
-        assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
-    assert cjobs.one(2).reason == "handshake_mismatch"
+        result = _load_one(p, c, "kv-int")
+    assert result.reason == "handshake_mismatch"
     lines = [r.getMessage() for r in caplog.records if "differs" in r.getMessage()]
     assert len(lines) == 2 and all("set config key integrity to the same value on both tiers" in x for x in lines)
 
