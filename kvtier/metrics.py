@@ -193,8 +193,8 @@ SERIES: tuple[SeriesDef, ...] = (
     SeriesDef("kvtier_block_bytes_sent_total", "counter", (), "bytes",
               "Block payload bytes of completed producer transfers.", fed_by="transfer"),
     SeriesDef("kvtier_block_bytes_landed_total", "counter", (), "bytes",
-              "Block payload bytes written into consumer slots (partial loads included).",
-              fed_by="landed"),
+              "Block payload bytes written into consumer slots and checked, failed loads included (a batch "
+              "after a corrupt one too; the load reports the prefix before it: successful_keys).", fed_by="landed"),
     SeriesDef("kvtier_jobs_total", "counter", ("kind", "outcome", "reason"), "jobs",
               "Job results reported to the engine: kind store|load, outcome ok|fail, reason of a "
               "failure (local: a store for a request without a remote decoder).", fed_by="job_done"),

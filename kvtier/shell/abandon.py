@@ -5,7 +5,7 @@ NIXL agent left to the exit's teardown can abort the process.
 
 At the exit the close runs at once, on the exiting thread; collected at any other time it runs on
 a thread of its own (the collector runs on whatever thread allocates: one of the manager's own,
-or one that holds its pass lock).  Python's own flag for the exit is set only after every
+or one that holds its pass lock), which the exit waits for if it is still running then.  Python's own flag for the exit is set only after every
 finalizer ran, so the exit is noted by a hook of our own that runs before them (:func:`watch`).
 """
 
@@ -23,6 +23,10 @@ log = logging.getLogger("kvtier.manager")
 
 _exiting = False
 _hooked = False
+_closing: set[threading.Thread] = set()  # closes of collected managers still running
+JOIN_AT_EXIT_S = 5.0
+"""How long the exit waits for each close still running (a NIXL agent torn down mid-close by the
+exit's teardown can abort the process)."""
 
 
 def watch(manager: Any, loop: Any, metrics: Any) -> weakref.finalize:
@@ -42,6 +46,8 @@ def watch(manager: Any, loop: Any, metrics: Any) -> weakref.finalize:
 def _note_exit() -> None:
     global _exiting
     _exiting = True
+    for t in list(_closing):  # managers collected just before the exit: their closes end first
+        t.join(JOIN_AT_EXIT_S)
 
 
 def _close_abandoned(loop: Any, metrics: Any) -> None:
@@ -50,7 +56,16 @@ def _close_abandoned(loop: Any, metrics: Any) -> None:
     if _exiting or getattr(weakref.finalize, "_shutdown", False):  # nothing else runs now
         _close_now(loop, metrics)
     else:
-        threading.Thread(target=_close_now, args=(loop, metrics), name="kvtier-abandoned", daemon=True).start()
+        t = threading.Thread(target=_close_in_thread, args=(loop, metrics), name="kvtier-abandoned", daemon=True)
+        _closing.add(t)
+        t.start()
+
+
+def _close_in_thread(loop: Any, metrics: Any) -> None:
+    try:
+        _close_now(loop, metrics)
+    finally:
+        _closing.discard(threading.current_thread())
 
 
 def _close_now(loop: Any, metrics: Any) -> None:

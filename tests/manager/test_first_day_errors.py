@@ -321,6 +321,42 @@ sys.exit(0)  # without shutdown(), the manager still referenced
 """
 
 
+_COLLECTED_AT_EXIT = """
+import atexit, gc, socket, sys, threading
+
+def closed_by_now():  # registered before anything: runs after every other exit hook and finalizer
+    running = [t for t in threading.enumerate() if t.name == "kvtier-abandoned"]  # before any GIL release
+    print("closes still running:", len(running), flush=True)
+    with socket.socket() as s:
+        s.settimeout(2)
+        print("port", "closed" if s.connect_ex(("127.0.0.1", port)) else "still listening", flush=True)
+
+atexit.register(closed_by_now)
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+mgr = KvTierManager({"host": "127.0.0.1", "port": 0, "data_plane": sys.argv[1]}, BlockPool(4, 4096, pin=False))
+port = mgr.port
+mgr.cycle = mgr  # garbage only the collector finds
+del mgr
+sys.setswitchinterval(10)  # the exit runs on without handing the GIL over, unless it waits for the close
+gc.collect()  # collected now: its close runs on a thread of its own
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("plane", ["zmq", "nixl"])
+def test_a_manager_collected_just_before_the_exit_is_closed_before_the_exit_ends(plane) -> None:
+    """A manager dropped in a reference cycle and collected right before the exit: its close runs
+    on a thread of its own, which the exit waits for — a NIXL agent torn down mid-close by the
+    exit's teardown aborted the process (decision A7)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _COLLECTED_AT_EXIT, plane], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["closes still running: 0", "port closed"], r.stdout
+
+
 @pytest.mark.parametrize("plane", ["zmq", "nixl"])
 def test_a_manager_left_at_exit_without_shutdown_is_closed_during_the_exit(plane) -> None:
     """A manager still referenced at the interpreter's exit is closed by the exit's finalizers, on

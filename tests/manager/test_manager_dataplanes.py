@@ -34,6 +34,7 @@ from mgr_helpers import (
     job,
     keys_for,
     metric,
+    pattern_digest,
     producer_req,
     pump_until,
     sentinel_digest,
@@ -123,7 +124,8 @@ def test_consumer_killed_mid_transfer_fails_the_store_only_after_the_plane_relea
 def test_block_changed_after_park_fails_the_load_corrupt(producer, make_manager):
     """A parked block is overwritten after its digest was taken (as a reused engine block would
     be): the consumer checks every block as it lands, fails the load ``corrupt`` and never
-    reports those bytes as the parked ones; the producer's store fails too (aborted)."""
+    reports those bytes as the parked ones — only the two checked before it, which hold the
+    producer's bytes (decision I21); the producer's store fails too (aborted)."""
     producer.start_manager(HB, num_blocks=NB, block_bytes=BB)
     keys = keys_for("kv-bad", 4)
     producer.store("kv-bad", 1, keys, [0, 1, 2, 3], seed=8)
@@ -136,9 +138,10 @@ def test_block_changed_after_park_fails_the_load_corrupt(producer, make_manager)
     c.submit_load(job(5, keys, [10, 11, 12, 13], req))
     assert pump_until(lambda: jobs.has(5), jobs=[jobs])
     r = jobs.one(5)
-    assert (r.success, r.reason) == (False, "corrupt")
+    assert (r.success, r.reason, r.successful_keys) == (False, "corrupt", tuple(keys[:2]))
+    assert digests(c.pool, [10, 11]) == [pattern_digest(8, i, BB) for i in range(2)]
     assert c.lookup(keys[0], req).name == "MISS"
-    assert metric(c, "kvtier_block_bytes_landed_total") == 0
+    assert metric(c, "kvtier_block_bytes_landed_total") == 2 * BB
     res = producer.wait_results([1])
     assert [(x["success"], x["reason"]) for x in res[1]] == [(False, "aborted")]
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)

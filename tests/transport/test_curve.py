@@ -143,7 +143,7 @@ def _edit_key(path, field: str, new_value: str):
 
 
 @pytest.mark.parametrize("field, value", [("secret-key", "TRUNCATED"), ("public-key", "x" * 39),
-                                          ("secret-key", "~" * 40)])
+                                          ("secret-key", "~" * 40), ("public-key", "#" * 40)])
 def test_a_cut_or_edited_key_is_named_with_its_file_not_at_bind_time(keys, field, value) -> None:
     """libzmq would refuse the key only at bind or dial ("Invalid argument", blamed on the host or
     reported as a refused dial); the load names the file, the field and the fix."""
