@@ -215,12 +215,16 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
     named_by: dict[tuple[str, int | None], Path] = {}
     for path in sorted(d.glob("*.key")):
         try:
-            public, _ = zmq.auth.load_certificate(path)
+            public, secret = zmq.auth.load_certificate(path)
             meta = _metadata(path)
             eps = [_parse_endpoint(e) for e in meta.get("endpoints", "").split(",") if e.strip()]
         except (OSError, ValueError) as exc:
             raise ValueError(f"auth_allowed_keys_dir: cannot read {str(path)!r}: {exc}") from None
         _check_key(path, "auth_allowed_keys_dir: certificate", "public-key", public)
+        if secret:  # a secret key handed out with the public one: whoever reads this directory owns the principal
+            raise ValueError(f"auth_allowed_keys_dir: {str(path)!r} holds a secret-key (a NAME.key_secret copied as "
+                             "NAME.key?): copy the peer's public NAME.key instead, and replace the key pair whose "
+                             "secret was copied (`kvtier keys generate`)")
         names[public] = path.stem
         for ep in eps:
             if endpoints.get(ep, public) != public:  # a dial there could prove only one of them

@@ -164,6 +164,13 @@ def test_a_secret_file_that_lost_its_secret_key_line_is_called_cut_not_a_public_
     assert "public certificate" not in str(err.value)
 
 
+def test_a_secret_file_copied_into_the_allowed_directory_is_refused(keys) -> None:
+    """Its secret key would go wherever the directory goes: the principal is no longer its own."""
+    (keys["allowed"] / "decode-0.key").write_text((keys["dir"] / "decode-0.key_secret").read_text())
+    with pytest.raises(ValueError, match="decode-0.key' holds a secret-key"):
+        load_allowed(keys["allowed"])
+
+
 def test_a_key_pair_mixed_from_two_certificates_is_refused(tmp_path, keys) -> None:
     other = (tmp_path / "other" / "mallory.key_secret").read_text()
     import re
