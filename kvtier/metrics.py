@@ -147,8 +147,8 @@ SERIES: tuple[SeriesDef, ...] = (
               "(transferred) or tombstoned (ended without a transfer), by the reason they ended.",
               fed_by="scrape"),
     SeriesDef("kvtier_fetches_refused_total", "counter", ("reason",), "fetches",
-              "Fetches answered transfer_done(fail), by reason. reason=reaped (and already_served) "
-              "are consumers that came late.", fed_by="fetch_refused"),
+              "transfer_done(fail) sent, by reason: fetches refused, and a serving peer's notice that it withdrew an "
+              "offer (offer_expired, drained). reason=reaped, already_served: consumers late.", fed_by="fetch_refused"),
     SeriesDef("kvtier_store_jobs_awaiting_receipt", "gauge", (), "jobs",
               "Store jobs whose blocks were sent and which wait for the consumer's receipt "
               "before they are reported.", fed_by="scrape"),

@@ -123,7 +123,8 @@ def _metadata(path: Path) -> dict[str, str]:
             continue
         if section == "metadata" and "=" in line:
             k, _, v = line.partition("=")
-            out[k.strip()] = v.strip().strip('"')
+            v = v.strip()
+            out[k.strip()] = v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'" else v  # ZPL: '' or ""
     return out
 
 

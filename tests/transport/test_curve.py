@@ -205,6 +205,13 @@ def test_an_endpoint_a_dial_can_name_is_kept(tmp_path, endpoint) -> None:
     assert load_allowed(tmp_path).endpoints
 
 
+def test_a_single_quoted_endpoint_is_read_as_zpl_says(tmp_path) -> None:
+    """ZPL quotes a value with '...' as well as "..." (pyzmq reads both for the keys)."""
+    pub, _ = generate_keys(tmp_path, "prefill-0", ("127.0.0.1:5710",))
+    pub.write_text(pub.read_text().replace('endpoints = "127.0.0.1:5710"', "endpoints = '127.0.0.1:5710'"))
+    assert load_allowed(tmp_path).server_key_for("127.0.0.1", 5710) is not None
+
+
 def test_cli_keys_generate(tmp_path) -> None:
     r = CliRunner().invoke(cli, ["keys", "generate", str(tmp_path), "prefill-1", "--endpoint", "10.0.0.5:5710"])
     assert r.exit_code == 0, r.output
