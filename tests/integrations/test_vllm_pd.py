@@ -5,7 +5,9 @@ worker is faked (harness: :mod:`tests.integrations.vllm_harness`).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,6 +24,30 @@ from tests.integrations.vllm_harness import (  # the harness (and its module-lev
 )
 
 pytestmark = [pytest.mark.vllm]
+
+
+@contextlib.contextmanager
+def pair(*engines: Engine) -> Iterator[list[Engine]]:
+    """The engines, shut down however the block ends; once it ended without an error, each one's
+    regions unmapped, its /dev/shm files gone."""
+    try:
+        yield list(engines)
+    finally:
+        for e in engines:
+            e.shutdown()
+    for e in engines:
+        assert_released(e.manager, e.engine_id)
+
+
+def hand_off(prefill: Engine, decode: Engine, prompt: list[int], kid: str) -> None:
+    """Prefill request ``P`` parks ``prompt``'s KV under ``kid``; decode request ``D`` loads it and
+    finishes (both engines stepped)."""
+    host, port = prefill.tier.address.rsplit(":", 1)
+    prefill.add("P", prompt, 1, {"remote_decoder": {"kv_request_id": kid}})
+    run([prefill], lambda: "P" in prefill.finished, "prefill")
+    decode.add("D", prompt, 2, {"remote_prefiller": {"kv_request_id": kid, "remote_host": host,
+                                                     "remote_port": int(port)}})
+    run([prefill, decode], lambda: "D" in decode.finished, "decode of D")
 
 
 @pytest.mark.timeout(120)
@@ -94,10 +120,9 @@ def test_pd_pair_driven_by_engine_steps_only(model_dir: str) -> None:
     thread at all; kvtier progresses only when engines step, which they keep doing while a job is
     outstanding (has_pending_push_work)."""
     steps_only = {**TIER, "background_poll": False}
-    prefill = Engine("prefill0", model_dir, steps_only, poll_s=0)
-    decode = Engine("decode0", model_dir, steps_only, poll_s=0)
-    engines = [prefill, decode]
-    try:
+    with pair(Engine("prefill0", model_dir, steps_only, poll_s=0),
+              Engine("decode0", model_dir, steps_only, poll_s=0)) as engines:
+        prefill, decode = engines
         assert not kvtier_threads()
         host, port = prefill.tier.address.rsplit(":", 1)
         prompt = [(i * 13 + 1) % 1000 + 10 for i in range(64)]  # 4 full blocks
@@ -112,11 +137,6 @@ def test_pd_pair_driven_by_engine_steps_only(model_dir: str) -> None:
         assert len(loaded) >= 3  # at least the blocks before the last (partly recomputed) one
         for h in loaded:
             assert decode.loaded_bytes[h] == prefill.stored[h]
-    finally:
-        for e in engines:
-            e.shutdown()
-    for e in engines:
-        assert_released(e.manager, e.engine_id)
 
 
 @pytest.mark.timeout(90)
@@ -126,33 +146,22 @@ def test_pd_pair_inside_a_multiconnector(model_dir: str) -> None:
     the same — byte-identical blocks, nothing left pinned."""
     from kvtier.vllmconfig import check_kv_transfer_config
 
-    prefill = Engine("mprefill", model_dir, TIER, multi=True)
-    decode = Engine("mdecode", model_dir, TIER, multi=True)
-    engines = [prefill, decode]
-    try:
+    with pair(Engine("mprefill", model_dir, TIER, multi=True),
+              Engine("mdecode", model_dir, TIER, multi=True)) as engines:
+        prefill, decode = engines
         config = prefill.sched.vllm_config.kv_transfer_config
         assert config.kv_connector == "MultiConnector"
         problems, notes = check_kv_transfer_config({"kv_connector": config.kv_connector,
                                                     "kv_connector_extra_config": config.kv_connector_extra_config})
         assert not problems and notes, problems  # what check-config says of the config this engine runs
-        host, port = prefill.tier.address.rsplit(":", 1)
         prompt = [(i * 17 + 2) % 1000 + 10 for i in range(64)]  # 4 full blocks
-        prefill.add("P", prompt, 1, {"remote_decoder": {"kv_request_id": "cmpl-kv-multi"}})
-        run([prefill], lambda: "P" in prefill.finished, "prefill")
-        decode.add("D", prompt, 2, {"remote_prefiller": {
-            "kv_request_id": "cmpl-kv-multi", "remote_host": host, "remote_port": int(port)}})
-        run(engines, lambda: "D" in decode.finished, "decode of D")
+        hand_off(prefill, decode, prompt, "cmpl-kv-multi")
         run(engines, lambda: not (prefill.busy() or decode.busy()), "both engines idle")
         loaded = decode.loaded["D"]
         assert len(loaded) >= 3
         for h in loaded:
             assert decode.loaded_bytes[h] == prefill.stored[h] == pattern(h).tobytes()
         assert stat(decode.tier, "kvtier_block_bytes_landed") == len(loaded) * ROW
-    finally:
-        for e in engines:
-            e.shutdown()
-    for e in engines:
-        assert_released(e.manager, e.engine_id)
 
 
 @pytest.mark.timeout(90)
@@ -162,17 +171,11 @@ def test_a_prompt_larger_than_the_primary_tier_loads_what_fits_and_recomputes_th
     rest with the first fetch), so those lookups MISS and vLLM recomputes them.  They answered HIT
     (an outside tester): vLLM's second load failed ``one_fetch_per_id`` at once, the lookups said HIT
     again, and the request was never scheduled (11,456 failed loads in 20 s)."""
-    prefill = Engine("bigprefill", model_dir, {**TIER, "unbound_store_timeout_s": 10})
-    decode = Engine("bigdecode", model_dir, TIER)
-    engines = [prefill, decode]
-    try:
-        host, port = prefill.tier.address.rsplit(":", 1)
+    with pair(Engine("bigprefill", model_dir, {**TIER, "unbound_store_timeout_s": 10}),
+              Engine("bigdecode", model_dir, TIER)) as engines:
+        prefill, decode = engines
         prompt = [(i * 19 + 4) % 1000 + 10 for i in range(20 * 16 + 1)]  # 20 full blocks + 1 token
-        prefill.add("P", prompt, 1, {"remote_decoder": {"kv_request_id": "cmpl-kv-big"}})
-        run([prefill], lambda: "P" in prefill.finished, "prefill")
-        decode.add("D", prompt, 2, {"remote_prefiller": {
-            "kv_request_id": "cmpl-kv-big", "remote_host": host, "remote_port": int(port)}})
-        run(engines, lambda: "D" in decode.finished, "decode of D")
+        hand_off(prefill, decode, prompt, "cmpl-kv-big")
         loaded = decode.loaded["D"]
         assert len(loaded) == 16, len(loaded)  # what the primary tier had room for
         for h in loaded:
@@ -180,8 +183,3 @@ def test_a_prompt_larger_than_the_primary_tier_loads_what_fits_and_recomputes_th
         assert decode.scheduled["D"] >= 4 * 16, decode.scheduled  # the other 4 blocks recomputed
         assert stat(decode.tier, "kvtier_jobs_total{kind=load,outcome=fail") == 0
         run(engines, lambda: not (prefill.busy() or decode.busy()), "both engines idle")
-    finally:
-        for e in engines:
-            e.shutdown()
-    for e in engines:
-        assert_released(e.manager, e.engine_id)

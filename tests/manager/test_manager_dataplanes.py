@@ -148,20 +148,27 @@ def test_block_changed_after_park_fails_the_load_corrupt(producer, make_manager)
     assert jobs.total() == 1
 
 
+def _one_block_hand_off(p, c, kid: str):
+    """``p`` parks one block of ``kid`` (store job 1, slot 0), ``c`` loads it (load job 2, slot 3):
+    the load's result, once it came (``p`` polled, ``c`` collected)."""
+    jobs = Jobs(c)
+    preq = producer_req(f"p-{kid}", kid)
+    p.on_new_request(preq)
+    p.submit_store(job(1, [b"k"], [0], preq))
+    creq = consumer_req(f"c-{kid}", kid, p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, [b"k"], [3], creq))
+    assert pump_until(lambda: jobs.has(2), managers=[p], jobs=[jobs])
+    return jobs.one(2)
+
+
 def test_data_plane_mismatch_is_refused_in_the_handshake(make_manager):
     """A NIXL consumer dialling a zmq producer: the producer refuses the hello naming
     ``data_plane``, and the load fails ``handshake_mismatch`` without a byte moved."""
     p = make_manager({**HB, "data_plane": "zmq"})
     c = make_manager({**HB, "data_plane": "nixl", "load_timeout_s": 30.0})
-    jobs = Jobs(c)
-    preq = producer_req("p1", "kv-dp")
-    p.on_new_request(preq)
-    p.submit_store(job(1, [b"k"], [0], preq))
-    creq = consumer_req("c1", "kv-dp", p.host, p.port)
-    c.on_new_request(creq)
-    c.submit_load(job(2, [b"k"], [3], creq))
-    assert pump_until(lambda: jobs.has(2), managers=[p], jobs=[jobs])
-    assert (jobs.one(2).success, jobs.one(2).reason) == (False, "handshake_mismatch")
+    r = _one_block_hand_off(p, c, "kv-dp")
+    assert (r.success, r.reason) == (False, "handshake_mismatch")
     assert metric(p, "kvtier_session_ends_total", reason="handshake_mismatch") == 1
     assert metric(p, "kvtier_block_bytes_sent_total") == 0
 
@@ -173,15 +180,8 @@ def test_a_nixl_tier_loading_from_its_own_address_fails_self_fetch_at_once(data_
     the cause and the fix; it failed ``handshake_mismatch``, with advice to repair NIXL (N26).  The
     zmq plane loads such a request (it has no agent)."""
     m = make_manager(HB)
-    jobs = Jobs(m)
-    preq = producer_req("p-self", "kv-self")
-    m.on_new_request(preq)
-    m.submit_store(job(1, [b"k"], [0], preq))
-    creq = consumer_req("c-self", "kv-self", m.host, m.port)
-    m.on_new_request(creq)
-    m.submit_load(job(2, [b"k"], [3], creq))
-    assert pump_until(lambda: jobs.has(2), managers=[m], jobs=[jobs])
-    assert (jobs.one(2).success, jobs.one(2).reason) == (False, "self_fetch")
+    r = _one_block_hand_off(m, m, "kv-self")
+    assert (r.success, r.reason) == (False, "self_fetch")
     assert metric(m, "kvtier_session_ends_total", reason="handshake_mismatch") == 0
     assert "is this tier itself (self_fetch)" in caplog.text and "same backends" not in caplog.text, caplog.text
 
