@@ -52,10 +52,6 @@ class Lookups:
             self.ready = True
         self._wake()
 
-    def running(self, peer: str) -> bool:
-        """Whether a lookup for ``peer``'s latest dial has not ended yet (or not been taken)."""
-        return peer in self._wanted
-
     def cancel(self, peer: str) -> bool:
         """Drop ``peer``'s lookup (its dial was closed): its end is ignored.  True if one ran."""
         with self._lock:
