@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "74b39981eeab330d3ff77a8f67098821afa0c6d1ddf051005e5f0641b7227a11"
+SPEC_SHA256: Final = "85a63b28332cf1970a89a2412e36d94ffa32fe655875d79a95887b5b159ad1aa"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -89,7 +89,7 @@ class Reason(enum.StrEnum):
     PEER_RESTARTED = "peer_restarted"
     """the peer reconnected with a new generation (or a new session from the same consumer replaced this one)"""
     CONNECT_REFUSED = "connect_refused"
-    """the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent"""
+    """the producer's address (each address its host name resolves to, in turn) refused the connection or is unreachable (nothing listens there); nothing was sent"""
     CONNECT_TIMEOUT = "connect_timeout"
     """the producer's address did not answer the connection within connect_timeout_s"""
     AUTH_FAILED = "auth_failed"
@@ -180,7 +180,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.PEER_TIMEOUT: "nothing heard from the peer for peer_timeout_s",
     Reason.PEER_DISCONNECTED: "the peer said disconnect, did not know our session, or its connection closed",
     Reason.PEER_RESTARTED: "the peer reconnected with a new generation (or a new session from the same consumer replaced this one)",
-    Reason.CONNECT_REFUSED: "the producer's address refused the connection or is unreachable (nothing listens there); nothing was sent",
+    Reason.CONNECT_REFUSED: "the producer's address (each address its host name resolves to, in turn) refused the connection or is unreachable (nothing listens there); nothing was sent",
     Reason.CONNECT_TIMEOUT: "the producer's address did not answer the connection within connect_timeout_s",
     Reason.AUTH_FAILED: "the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); or no certificate we hold names its endpoint, so it was never dialled; nothing was sent",
     Reason.SEND_FAILED: "the transport could not send to the peer",

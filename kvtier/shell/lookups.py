@@ -18,6 +18,9 @@ from collections.abc import Callable
 
 __all__ = ["Lookups"]
 
+Addresses = tuple[str, ...]
+"""What a lookup answers: the addresses a name resolves to, in the order they are dialled (T20)."""
+
 
 class Lookups:
     """The name lookups in progress of one manager's dials.
@@ -30,21 +33,21 @@ class Lookups:
         self._wake = wake
         self._lock = threading.Lock()
         self._wanted: dict[str, int] = {}  # peer -> the dial (generation) whose lookup runs
-        self._ended: list[tuple[str, int, str | None, Exception | None]] = []
+        self._ended: list[tuple[str, int, Addresses | None, Exception | None]] = []
         self.ready = False
         """A lookup ended since the last :meth:`take` (read without the lock: a stale False only
         delays it to the pass its wake-up brings)."""
 
-    def start(self, peer: str, gen: int, lookup: Callable[[], str]) -> None:
-        """Run ``lookup()`` (blocking: the address to dial) for dial ``gen`` of ``peer`` on a
+    def start(self, peer: str, gen: int, lookup: Callable[[], Addresses]) -> None:
+        """Run ``lookup()`` (blocking: the addresses to dial, in order) for dial ``gen`` of ``peer`` on a
         thread of its own; a running lookup of an earlier dial of ``peer`` is superseded."""
         with self._lock:
             self._wanted[peer] = gen
         threading.Thread(target=self._run, args=(peer, gen, lookup), name="kvtier-lookup", daemon=True).start()
 
-    def _run(self, peer: str, gen: int, lookup: Callable[[], str]) -> None:
+    def _run(self, peer: str, gen: int, lookup: Callable[[], Addresses]) -> None:
         try:
-            out: tuple[str | None, Exception | None] = (lookup(), None)
+            out: tuple[Addresses | None, Exception | None] = (lookup(), None)
         except Exception as exc:  # noqa: BLE001 - the loop reports it as the dial's failure
             out = (None, exc)
         with self._lock:
@@ -57,14 +60,14 @@ class Lookups:
         with self._lock:
             return self._wanted.pop(peer, None) is not None
 
-    def take(self) -> list[tuple[str, int, str | None, Exception | None]]:
-        """The lookups that ended for dials still wanted: ``(peer, gen, address, error)``, one
-        of ``address`` (what to dial) and ``error`` (why not) set."""
+    def take(self) -> list[tuple[str, int, Addresses | None, Exception | None]]:
+        """The lookups that ended for dials still wanted: ``(peer, gen, addresses, error)``,
+        one of ``addresses`` (what to dial, in order) and ``error`` (why not) set."""
         with self._lock:
             ended, self._ended, self.ready = self._ended, [], False
             out = []
-            for peer, gen, address, error in ended:
+            for peer, gen, addresses, error in ended:
                 if self._wanted.get(peer) == gen:
                     del self._wanted[peer]
-                    out.append((peer, gen, address, error))
+                    out.append((peer, gen, addresses, error))
             return out

@@ -303,7 +303,7 @@ class Outbound:
             out += self._dial(peer, gen, address) if error is None else self._dial_failed(peer, error)
         return out
 
-    def _dial(self, peer: str, gen: int, resolved: str | None) -> Inputs:
+    def _dial(self, peer: str, gen: int, resolved: tuple[str, ...] | None) -> Inputs:
         try:
             # fail_fast: a refused dial is reported at once (ConnectFailed), never retried
             if resolved is None:

@@ -205,11 +205,12 @@ class InprocTransport:
         """Never: in-memory addresses are not names a resolver knows."""
         return False
 
-    def lookup(self, address: str, vet: Any = None) -> str:
+    def lookup(self, address: str, vet: Any = None) -> tuple[str, ...]:
         """``address`` itself (nothing to look up)."""
-        return address
+        return (address,)
 
-    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None, resolved: str | None = None) -> str:
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None,
+                resolved: Sequence[str] | None = None) -> str:
         """Dial ``address`` (it need not be listening yet). Returns the peer id ``address``.
 
         ``fail_fast``: nothing listening at ``address`` (and no partition between us) is a

@@ -207,14 +207,16 @@ class Transport(Protocol):
     address: str
     """``"host:port"`` (or the in-memory address) this transport listens on."""
 
-    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None, resolved: str | None = None) -> str:
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None,
+                resolved: Sequence[str] | None = None) -> str:
         """Dial a producer at ``"host:port"``. Returns the peer id (``== address``). Idempotent.
 
         ``fail_fast``: a dial that never connects (refused, unreachable, no answer within the
         connect timeout) is reported as a :class:`PeerClosed` with a reason in
         :attr:`CloseReason.DIAL_FAILED` instead of being retried.  ``vet(host, port, ip)``: a
         hostname is resolved first and every address it resolves to vetted (a reason string
-        refuses it: :class:`DialNotAllowed`); the first one is dialled.  ``resolved``: what
+        refuses it: :class:`DialNotAllowed`); they are dialled in order, a fail_fast dial moving to
+        the next when one fails before any connected (decision T20).  ``resolved``: what
         :meth:`lookup` returned for ``address`` (the name is not looked up again)."""
         ...
 
@@ -223,8 +225,8 @@ class Transport(Protocol):
         address).  Never blocks."""
         ...
 
-    def lookup(self, address: str, vet: Any = None) -> str:
-        """The address to dial for ``address`` (pass it to :meth:`connect` as ``resolved``):
+    def lookup(self, address: str, vet: Any = None) -> tuple[str, ...]:
+        """The addresses to dial for ``address``, in order (pass them to :meth:`connect` as ``resolved``):
         blocks for the name lookup, touches no socket, safe on any thread.
 
         Raises:

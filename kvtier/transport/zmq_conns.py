@@ -36,11 +36,13 @@ import socket
 import struct
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from kvtier.transport import CloseReason, PeerClosed, SendFailure, TransportEvent
+from kvtier.transport.zmq_dial import AddressOrder
 from kvtier.transport.zmq_handshake import AUTH, NO_DETAIL, PROTOCOL, handshake_problem
 
 if TYPE_CHECKING:
@@ -130,6 +132,7 @@ class Connections:
         """Dialled producers' DEALERs, by address (the peer id)."""
         self._dealer_mons: dict[str, zmq.Socket] = {}
         self._dialling: dict[str, float] = {}  # fail_fast dials not connected yet -> when dialled
+        self._order = AddressOrder()  # named dials still trying their addresses (T20)
         self._dealer_fd: dict[str, int] = {}  # a dial's TCP connection, from its monitor's CONNECTED
         self._spoken: set[str] = set()  # dials whose ZMTP handshake succeeded since their last disconnect
         self._spoke: dict[str, int] = {}  # addresses a handshake succeeded with -> hang-ups since (bounded; E8)
@@ -163,12 +166,16 @@ class Connections:
         self.rmon = self.monitor(router, ROUTER_EVENTS)
         self.version += 1
 
-    def add_dealer(self, address: str, sock: zmq.Socket, mon: zmq.Socket, *, fail_fast: bool) -> None:
-        """Take the DEALER dialling ``address`` and its monitor (from :meth:`monitor`)."""
+    def add_dealer(self, address: str, sock: zmq.Socket, mon: zmq.Socket, *, fail_fast: bool,
+                   endpoints: Sequence[str] = ()) -> None:
+        """Take the DEALER dialling ``address`` and its monitor (from :meth:`monitor`); a fail_fast
+        dial of a name that resolved to several addresses dials ``endpoints[0]`` and, while none
+        connected, each next one after a failed attempt (decision T20)."""
         self.dealers[address] = sock
         self._dealer_mons[address] = mon
         if fail_fast:
             self._dialling[address] = time.monotonic()
+            self._order.add(address, endpoints)
         self._dealer_peer[sock] = address
         self._mon_peer[mon] = address
         self.version += 1
@@ -300,8 +307,8 @@ class Connections:
         return mon
 
     @staticmethod
-    def _monitor_events(mon: zmq.Socket) -> list[tuple[int, int]]:
-        """``(event, value)`` pairs waiting on a monitor PAIR, without blocking."""
+    def _monitor_events(mon: zmq.Socket) -> list[tuple[int, int, bytes]]:
+        """``(event, value, endpoint)`` waiting on a monitor PAIR, without blocking."""
         out = []
         while True:
             try:
@@ -310,10 +317,10 @@ class Connections:
                 frames = mon.recv_multipart(NOBLOCK)
             except zmq.ZMQError:
                 return out
-            out.append(_MON_HEADER.unpack_from(frames[0]))
+            out.append((*_MON_HEADER.unpack_from(frames[0]), frames[1]))
 
     def drain_router_monitor(self) -> None:
-        for event, fd in self._monitor_events(self.rmon):
+        for event, fd, _ in self._monitor_events(self.rmon):
             if event == zmq.EVENT_ACCEPTED:
                 self._conn_closed(fd)  # a missed close of an older connection on this fd
                 conn = self._conns[fd] = Conn(fd, _peername(fd), time.monotonic())
@@ -345,9 +352,14 @@ class Connections:
 
     def drain_dealer_monitor(self, address: str) -> None:
         failed_auth = False
-        for event, value in self._monitor_events(self._dealer_mons[address]):
+        for event, value, endpoint in self._monitor_events(self._dealer_mons[address]):
+            if self._order.consumed(address, event, endpoint, self.dealers[address]):
+                if event == zmq.EVENT_CLOSED:
+                    self._dialling[address] = time.monotonic()  # the next address's attempt starts
+                continue
             if event == zmq.EVENT_CONNECTED:
                 self._dialling.pop(address, None)
+                self._order.forget(address)
                 self._dealer_fd[address] = value
             elif event == _SPOKE:
                 self._spoken.add(address)
@@ -537,6 +549,7 @@ class Connections:
     def _forget_dealer(self, address: str) -> zmq.Socket:
         """Stop reading the DEALER dialling ``address``; returns its monitor (both stay open)."""
         self._dialling.pop(address, None)
+        self._order.forget(address)
         self._dealer_fd.pop(address, None)
         self._spoken.discard(address)
         sock = self.dealers.pop(address)

@@ -61,23 +61,23 @@ def is_ip_literal(host: str) -> bool:
     return True
 
 
-def resolve_vetted(host: str, port: int, vet: Any) -> str:
-    """``host`` itself if it is an IP literal; else the first address it resolves to, once
-    ``vet`` accepted every one (see :meth:`ZmqTransport.connect`)."""
+def resolve_vetted(host: str, port: int, vet: Any) -> tuple[str, ...]:
+    """``(host,)`` if it is an IP literal; else every address it resolves to (the resolver's
+    order, each once), once ``vet`` accepted every one (see :meth:`ZmqTransport.connect`)."""
     if is_ip_literal(host):
-        return host if (why := vet(host, port, host)) is None else _refuse(why)
+        return (host,) if (why := vet(host, port, host)) is None else (_refuse(why),)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise TransportError(f"cannot resolve {host}: {exc}") from None
-    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    addresses = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
     for ip in addresses:
         why = vet(host, port, ip)
         if why is not None:
             _refuse(why)
     if not addresses:
         raise TransportError(f"{host} resolves to no address")
-    return addresses[0]
+    return addresses
 
 
 def _refuse(why: str) -> str:

@@ -40,6 +40,7 @@ from kvtier.transport import NoServerKey, PeerInfo, SendFailure, SendHandle, Tra
 from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
 from kvtier.transport.zmq_barrier import IoBarrier, tcp_backlog
 from kvtier.transport.zmq_conns import DEALER_EVENTS, Conn, Connections
+from kvtier.transport.zmq_dial import immediate
 from kvtier.transport.zmq_options import is_ip_literal, parse_address, positive_int, resolve_vetted, tcp_endpoint
 from kvtier.transport.zmq_options import seconds_to_ms
 from kvtier.transport.zmq_recv import Inbox
@@ -236,34 +237,31 @@ class ZmqTransport:
             return False  # connect() names what is wrong with it, at once
         return not is_ip_literal(host)
 
-    def lookup(self, address: str, vet: Any = None) -> str:
-        """The first address ``address``'s host resolves to, once ``vet`` accepted every one
-        (``getaddrinfo``, blocking; no socket is touched: any thread may call it).  Raises as
-        :meth:`kvtier.transport.Transport.lookup` says."""
+    def lookup(self, address: str, vet: Any = None) -> tuple[str, ...]:
+        """The addresses ``address``'s host resolves to, once ``vet`` accepted every one (blocking;
+        touches no socket, so any thread may call it).  Raises as ``Transport.lookup`` says."""
         host, port = parse_address(address)
         return resolve_vetted(host, port, vet or _admit)
 
-    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None, resolved: str | None = None) -> str:
-        """Dial a producer. zmq reconnects by itself if the producer restarts on the same port.
-
-        Connecting is asynchronous: sends made before the TCP handshake completes wait in the
-        DEALER's pipe (up to ``sndhwm``) and then in our queue.
+    def connect(self, address: str, *, fail_fast: bool = False, vet: Any = None,
+                resolved: Sequence[str] | None = None) -> str:
+        """Dial a producer (zmq reconnects if it restarts on the same port).  Asynchronous: sends
+        made before the TCP handshake wait in the DEALER's pipe (up to ``sndhwm``), then our queue.
 
         Args:
             address: ``"host:port"`` (``"[v6]:port"`` for IPv6).
-            fail_fast: the first connect attempt that fails is reported: a refused or
-                unreachable address at once, as ``PeerClosed(address, "refused")`` (the
-                monitor's ``CLOSED`` before any ``CONNECTED``, typically within a millisecond),
-                one that does not answer within ``connect_timeout_s`` as ``PeerClosed(address,
-                "connect_timeout")``; the caller then closes the dial.  (Not
+            fail_fast: the first connect attempt that fails (of the last address) is reported: a
+                refused or unreachable address at once, as ``PeerClosed(address, "refused")``
+                (the monitor's ``CLOSED`` before any ``CONNECTED``), one that does not answer
+                within ``connect_timeout_s`` as ``"connect_timeout"``; the caller closes the dial.  (Not
                 ``ZMQ_RECONNECT_STOP``: with it libzmq drops the messages a connection delivered
                 but the application had not read yet when that connection closes — a producer's
                 goodbye among them.)  Without it a dial made before the producer listens simply
                 waits for it.
             vet: ``vet(host, port, ip) -> reason | None``: every address a hostname resolves to
-                is vetted.  A hostname is resolved here (``getaddrinfo``, blocking) and the first
-                address dialled, so no later resolution can differ from the one vetted, and a name
-                that does not resolve fails the dial at once.
+                is vetted.  A hostname is resolved here (``getaddrinfo``, blocking), so no later
+                resolution can differ from the one vetted and a name that does not resolve fails
+                at once; its addresses are dialled in order (fail_fast: the next after one fails, T20).
             resolved: what :meth:`lookup` returned for ``address`` (off the loop, T19): dialled as is.
 
         Returns:
@@ -286,7 +284,7 @@ class ZmqTransport:
         host, port = parse_address(address)
         # a name is resolved here even unvetted: one that does not resolve fails the dial now
         # (libzmq would retry it silently until the handshake's deadline)
-        dial_host = resolve_vetted(host, port, vet or _admit) if resolved is None else resolved
+        dial_hosts = resolve_vetted(host, port, vet or _admit) if resolved is None else tuple(resolved)
         server_key = None
         if self._curve is not None:
             server_key = self._curve.allowed.server_key_for(host, port)
@@ -298,7 +296,7 @@ class ZmqTransport:
                 )
         sock = mon = None
         try:
-            sock = self._socket(zmq.DEALER, ipv6=":" in dial_host)
+            sock = self._socket(zmq.DEALER, ipv6=any(":" in h for h in dial_hosts))
             # Random, stable identity: the producer keeps seeing the same peer id across our
             # reconnects. A leading 0 byte is reserved by libzmq for generated ids.
             sock.setsockopt(zmq.ROUTING_ID, b"k" + secrets.token_bytes(15))
@@ -308,14 +306,16 @@ class ZmqTransport:
                 sock.curve_serverkey = server_key
                 sock.curve_publickey = self._curve.identity.public
                 sock.curve_secretkey = self._curve.identity.secret
+            endpoints = [tcp_endpoint(h, port) for h in dial_hosts]
+            sock.setsockopt(zmq.IMMEDIATE, int(immediate(endpoints, fail_fast)))
             mon = self._conns.monitor(sock, DEALER_EVENTS)
-            sock.connect(tcp_endpoint(dial_host, port))
+            sock.connect(endpoints[0])
         except zmq.ZMQError as exc:
             for x in (mon, sock):
                 if x is not None:
                     x.close(linger=0)
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
-        self._conns.add_dealer(address, sock, mon, fail_fast=fail_fast)
+        self._conns.add_dealer(address, sock, mon, fail_fast=fail_fast, endpoints=endpoints)
         return address
 
     # -- sending and receiving (the parts do the work) -----------------------------------------

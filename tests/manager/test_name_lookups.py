@@ -101,3 +101,59 @@ def test_a_dial_that_ends_before_its_lookup_answers_opens_nothing_later(make_man
             m.poll(0.02)
     assert metric_sum(p, "kvtier_sessions") == 0 and metric_sum(p, "kvtier_session_ends_total") == 0
     assert metric_sum(c, "kvtier_sessions") == 0
+
+
+DUAL = "dual.test"
+
+
+def test_a_name_whose_first_address_refuses_is_dialled_at_its_next(make_manager, monkeypatch) -> None:
+    """A name that resolves to ``::1`` before ``127.0.0.1`` (``localhost`` on a host whose
+    /etc/hosts lists both) reaches a producer that listens on IPv4 only: the refused first address
+    is followed by the next, not reported as ``connect_refused`` (decision T20)."""
+    real = socket.getaddrinfo
+    looked: list[object] = []
+
+    def getaddrinfo(host: object, port: object, *a: object, **k: object) -> object:
+        if host != DUAL:
+            return real(host, port, *a, **k)  # type: ignore[arg-type]
+        looked.append(host)
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    p = make_manager()
+    c = make_manager({"allowed_peers": [DUAL]})
+    keys = _park(p, "kv-dual", 2, 1)
+    jobs = Jobs(c)
+    req = consumer_req("d-dual", "kv-dual", DUAL, p.port)
+    c.on_new_request(req)
+    c.submit_load(job(11, keys, [20, 21], req))
+    assert pump_until(lambda: jobs.has(11), managers=[p, c], jobs=[jobs])
+    assert looked, "the name was never looked up"
+    result = jobs.one(11)
+    assert result.success, result
+
+
+def test_a_name_whose_every_address_refuses_fails_connect_refused(make_manager, monkeypatch) -> None:
+    """Each address is tried once: when the last refuses too, the load fails ``connect_refused``
+    at once (not at the handshake deadline)."""
+    real = socket.getaddrinfo
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def getaddrinfo(host: object, p: object, *a: object, **k: object) -> object:
+        if host != DUAL:
+            return real(host, p, *a, **k)  # type: ignore[arg-type]
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", p, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    c = make_manager({"allowed_peers": [DUAL], "handshake_timeout_s": 20})
+    jobs = Jobs(c)
+    req = consumer_req("d-none", "kv-none", DUAL, port)
+    c.on_new_request(req)
+    c.submit_load(job(11, [b"k0"], [20], req))
+    assert pump_until(lambda: jobs.has(11), managers=[c], jobs=[jobs], timeout_s=20)
+    result = jobs.one(11)
+    assert not result.success and result.reason == "connect_refused", result
