@@ -140,7 +140,7 @@ def _parse_endpoint(text: str) -> tuple[str, int | None]:
     host, port = text, None
     if text.count(":") == 1 or (text.startswith("[") and "]:" in text):
         host, _, p = text.rpartition(":")
-        if not p.isdigit() or not 1 <= int(p) <= 65535:
+        if not (p.isascii() and p.isdigit()) or not 1 <= int(p) <= 65535:
             raise ValueError(f"bad port in endpoint {text!r}")
         port = int(p)
     norm = _norm_host(host)

@@ -26,7 +26,7 @@ def parse_address(address: str) -> tuple[str, int]:
     host, _, port_s = address.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not host or not port_s.isdigit() or not 1 <= int(port_s) <= 65535:
+    if not host or not (port_s.isascii() and port_s.isdigit()) or not 1 <= int(port_s) <= 65535:
         raise ValueError(f"address must be 'host:port' with port 1..65535, got {address!r}")
     return host, int(port_s)
 

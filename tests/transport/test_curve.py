@@ -192,7 +192,7 @@ def test_two_certificates_naming_one_endpoint_with_different_keys_are_refused(tm
     assert load_allowed(keys["allowed"]).server_key_for("127.0.0.1", 5710) is not None
 
 
-@pytest.mark.parametrize("endpoint", ["http://10.0.0.5:5710", "10.0.0.5 5710", "10.0.0.5:99999", "prefill 0"])
+@pytest.mark.parametrize("endpoint", ["http://10.0.0.5:5710", "10.0.0.5 5710", "10.0.0.5:99999", "prefill 0", "10.0.0.5:５７１０"])
 def test_an_endpoint_no_dial_could_name_is_refused_when_the_keys_are_made(tmp_path, endpoint) -> None:
     with pytest.raises(ValueError, match="endpoint"):
         generate_keys(tmp_path, "prefill-0", (endpoint,))

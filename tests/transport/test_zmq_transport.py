@@ -368,7 +368,7 @@ def test_bad_arguments(make) -> None:
         with pytest.raises(ValueError):
             t.send(peer, frames)
     assert t.pending_sends() == 0
-    for addr in ("nohost", "h:0", "h:70000", ":5", "h:x"):
+    for addr in ("nohost", "h:0", "h:70000", ":5", "h:x", "127.0.0.1:５７１０"):
         with pytest.raises(ValueError):
             t.connect(addr)
     with pytest.raises(ValueError):
