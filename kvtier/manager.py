@@ -166,8 +166,9 @@ class KvTierManager(TierView):
         except PeerNotAllowed as exc:
             # No socket, no state: the request recomputes (lookup MISS; a load fails).
             self._metrics.rejected_peer()
-            self._loop.logs("", "peer_not_allowed", "kvtier: request %s: refusing to dial %s (%s)",
-                            clip(req.req_id), clip(exc.endpoint), exc.why)
+            self._loop.logs("", "peer_not_allowed", "kvtier: request %s (kv_request_id %s): refusing to dial %s (%s)",
+                            clip(req.req_id), clip(exc.kv_request_id) if exc.kv_request_id else "none",
+                            clip(exc.endpoint), exc.why)
             info = TransferParams("refused", exc.kv_request_id or None, exc.endpoint)
             if info.kv_request_id:  # its record for `kvtier why`, now: under vLLM no load follows
                 self._loop.call(lambda _, i=info: self.forensics.refused(i.kv_request_id, i.peer, "peer_not_allowed"))

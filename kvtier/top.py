@@ -22,6 +22,7 @@ import http.client
 import json
 import math
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -160,8 +161,14 @@ def unreachable(exc: OSError) -> str:
     reason = getattr(exc, "reason", exc)
     if isinstance(reason, ConnectionRefusedError):
         return "connection refused: is the tier's metrics_port this port?"  # short: it fills a table cell
+    if isinstance(exc, TimeoutError):
+        # urllib wraps what fails before the request left (the connect) in URLError: a bare
+        # timeout came while waiting for the answer, so the host and its kernel are up
+        return "connected, no answer within --timeout: its process is stalled (stopped, swapping, blocked)"
     if isinstance(reason, TimeoutError) or "timed out" in str(reason):
         return "no answer within --timeout: a host down or a firewall"
+    if isinstance(reason, ssl.SSLError):
+        return "plain HTTP, not TLS: give http://HOST:PORT or HOST:PORT"
     if isinstance(reason, socket.gaierror):
         return f"its host name does not resolve ({reason.strerror or reason})"
     return f"{type(exc).__name__}: {exc}"[:160]

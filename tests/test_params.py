@@ -216,7 +216,8 @@ def test_unlisted_producer_is_never_dialled(spy_mgr) -> None:
 
 def test_a_refused_dial_names_the_rule_that_refused_it(caplog) -> None:
     """allowed_peers '*' on a manager listening beyond loopback does not admit loopback: the
-    per-request line says so, not "not in allowed_peers" (the list is '*')."""
+    per-request line says so, not "not in allowed_peers" (the list is '*'), and names the
+    kv_request_id `kvtier why` takes."""
     t = _SpyTransport(InprocNetwork(), "decode:1")
     m = KvTierManager({"host": "0.0.0.0", "port": 0}, BlockPool(8, 64, pin=False), transport=t)
     try:
@@ -226,6 +227,7 @@ def test_a_refused_dial_names_the_rule_that_refused_it(caplog) -> None:
             assert m.on_new_request(req) == "local"
         (line,) = [r.getMessage() for r in caplog.records if "refusing to dial" in r.getMessage()]
         assert "loopback, while this manager listens beyond loopback" in line and "not in allowed_peers" not in line
+        assert "(kv_request_id 'L')" in line, line
         assert not t.dialled
     finally:
         m.shutdown()

@@ -209,3 +209,26 @@ def test_finished_requests_are_read_from_every_endpoint_that_answered(monkeypatc
         for server in (two, one):
             server.shutdown()
             server.server_close()
+
+
+def test_an_endpoint_that_accepts_but_never_answers_is_called_stalled_not_the_network() -> None:
+    """A wedged process (stopped, swapping) whose kernel still accepts the connection: the
+    operator is sent to the process, not to a firewall or a dead host."""
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(8)  # the kernel completes the handshake; nothing ever reads or answers
+        port = lsock.getsockname()[1]
+        res = CliRunner().invoke(cli, ["why", "--timeout", "0.5", "kv-x", f"127.0.0.1:{port}"])
+    assert res.exit_code != 0, res.output
+    assert "stalled" in res.output and "firewall" not in res.output, res.output
+
+
+def test_an_https_url_for_a_plain_http_endpoint_names_the_fix() -> None:
+    server = serve_http(b"kvtier_parked_ids 0\n")
+    try:
+        res = CliRunner().invoke(cli, ["why", "kv-x", f"https://127.0.0.1:{server.server_address[1]}"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.exit_code != 0, res.output
+    assert "plain HTTP, not TLS" in res.output and "SSL" not in res.output, res.output
