@@ -173,6 +173,21 @@ def _check_key(path: Path, what: str, field: str, key: bytes) -> None:
                          "cut or edited: write a fresh one with `kvtier keys generate`, or copy it again")
 
 
+def _one_line_each(path: Path, what: str, fields: tuple[str, ...]) -> None:
+    """Raise a ValueError naming ``what``, ``path`` and the field when a key field is written more
+    than once: pyzmq's reader keeps one of them without a word (the last public-key, the first
+    secret-key), so an edit that added a key would bind the principal to a key nobody chose."""
+    try:
+        lines = [ln.split("=", 1)[0].strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        return  # the certificate's own reader names it
+    for field in fields:
+        if (n := lines.count(field)) > 1:
+            raise ValueError(f"{what} {str(path)!r}: {n} {field} lines (a key added by hand beside the old one?): a "
+                             "certificate holds one key pair; write a fresh one with `kvtier keys generate`, or copy "
+                             "the peer's again")
+
+
 def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     """Read this instance's key pair from a ``*.key_secret`` certificate.
 
@@ -187,6 +202,7 @@ def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     except (OSError, ValueError) as exc:
         raise ValueError(f"auth_secret_key_file {str(path)!r}: cannot read a certificate ({exc}); it must be "
                          "a NAME.key_secret written by `kvtier keys generate`") from None
+    _one_line_each(path, "auth_secret_key_file", ("public-key", "secret-key"))
     if not secret and path.name.endswith(".key_secret"):
         raise ValueError(f"auth_secret_key_file {str(path)!r} holds no secret-key: the file was cut or edited; "
                          "write a fresh one with `kvtier keys generate`, or copy it again")
@@ -220,7 +236,9 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
             meta = _metadata(path)
             eps = [_parse_endpoint(e) for e in meta.get("endpoints", "").split(",") if e.strip()]
         except (OSError, ValueError) as exc:
-            raise ValueError(f"auth_allowed_keys_dir: cannot read {str(path)!r}: {exc}") from None
+            raise ValueError(f"auth_allowed_keys_dir: cannot read {str(path)!r}: {exc}; it must be a peer's public "
+                             "NAME.key written by `kvtier keys generate`: copy it again from the peer") from None
+        _one_line_each(path, "auth_allowed_keys_dir: certificate", ("public-key", "secret-key"))
         _check_key(path, "auth_allowed_keys_dir: certificate", "public-key", public)
         if secret:  # a secret key handed out with the public one: whoever reads this directory owns the principal
             raise ValueError(f"auth_allowed_keys_dir: {str(path)!r} holds a secret-key (a NAME.key_secret copied as "

@@ -171,6 +171,27 @@ def test_a_secret_file_copied_into_the_allowed_directory_is_refused(keys) -> Non
         load_allowed(keys["allowed"])
 
 
+def test_a_certificate_with_a_key_line_added_beside_its_own_is_refused(keys) -> None:
+    """pyzmq's reader keeps the last public-key of a certificate without a word: an appended key
+    would take the principal, and the real peer would fail its handshake with no cause named."""
+    mallory = load_identity(keys["mallory"]).public.decode()
+    cert = keys["allowed"] / "decode-0.key"
+    cert.write_text(cert.read_text() + f'    public-key = "{mallory}"\n')
+    with pytest.raises(ValueError, match="decode-0.key': 2 public-key lines"):
+        load_allowed(keys["allowed"])
+    secret = keys["dir"] / "decode-0.key_secret"
+    secret.write_text(secret.read_text() + f'    public-key = "{mallory}"\n')
+    with pytest.raises(ValueError, match="decode-0.key_secret': 2 public-key lines"):
+        load_identity(secret)
+
+
+@pytest.mark.parametrize("text", ["", "metadata\n", "\x00\x01garbage"])
+def test_an_unreadable_allowed_certificate_is_named_with_the_fix(keys, text) -> None:
+    (keys["allowed"] / "decode-0.key").write_text(text)
+    with pytest.raises(ValueError, match="cannot read .*decode-0.key.*copy it again from the peer"):
+        load_allowed(keys["allowed"])
+
+
 def test_a_key_pair_mixed_from_two_certificates_is_refused(tmp_path, keys) -> None:
     other = (tmp_path / "other" / "mallory.key_secret").read_text()
     import re
