@@ -180,8 +180,8 @@ SERIES: tuple[SeriesDef, ...] = (
               "(offer_expired: the consumer never fetched).", fed_by="pins_released"),
     # ---- both: transfers and jobs ----------------------------------------------------------------
     SeriesDef("kvtier_transfer_bytes", "histogram", ("role",), "bytes",
-              "Bytes per completed transfer: role=producer per sent round, role=consumer per "
-              "successful load.", _BYTES_BUCKETS, "transfer"),
+              "Bytes per completed transfer: role=producer per round its data plane finished sending (an "
+              "aborted or corrupt load's too), role=consumer per successful load.", _BYTES_BUCKETS, "transfer"),
     SeriesDef("kvtier_transfer_duration_seconds", "histogram", ("role",), "seconds",
               "Duration per completed transfer: producer from the first block handed to the "
               "transport to the last released; consumer from load submission to the job result.",
@@ -191,7 +191,8 @@ SERIES: tuple[SeriesDef, ...] = (
               "bandwidth is rate(kvtier_transfer_bytes_sum), never bytes/summed durations.",
               _THROUGHPUT_BUCKETS, "transfer"),
     SeriesDef("kvtier_block_bytes_sent_total", "counter", (), "bytes",
-              "Block payload bytes of completed producer transfers.", fed_by="transfer"),
+              "Block payload bytes of rounds the producer's data plane finished sending, whatever the consumer made "
+              "of them (its store job's result says).", fed_by="transfer"),
     SeriesDef("kvtier_block_bytes_landed_total", "counter", (), "bytes",
               "Block payload bytes written into consumer slots and checked, failed loads included (a batch "
               "after a corrupt one too; the load reports the prefix before it: successful_keys).", fed_by="landed"),
@@ -199,8 +200,8 @@ SERIES: tuple[SeriesDef, ...] = (
               "Job results reported to the engine: kind store|load, outcome ok|fail, reason of a "
               "failure (local: a store for a request without a remote decoder).", fed_by="job_done"),
     SeriesDef("kvtier_quarantined_blocks", "gauge", ("role",), "blocks",
-              "Blocks kept out of reuse because a transfer touching them could not be proven "
-              "finished, by role.", fed_by="scrape"),
+              "Blocks kept out of reuse because a transfer touching them could not be proven finished, by role.",
+              fed_by="scrape"),
     # ---- sessions and the wire -------------------------------------------------------------------
     SeriesDef("kvtier_sessions", "gauge", ("state",), "sessions",
               "Control sessions with peers, by session state.", fed_by="scrape"),
@@ -211,8 +212,8 @@ SERIES: tuple[SeriesDef, ...] = (
               "Malformed or invalid messages: from peers (the codec's reason), or reported by a "
               "peer about ours (peer_reported_<reason>).", fed_by="wire_error"),
     SeriesDef("kvtier_ignored_inputs_total", "counter", ("machine", "reason"), "inputs",
-              "Inputs dropped by an ignore rule of the spec (late, duplicate, stale), by machine "
-              "and reason.", fed_by="ignored"),
+              "Inputs dropped by an ignore rule of the spec (late, duplicate, stale), by machine and reason.",
+              fed_by="ignored"),
     # ---- the loop itself ------------------------------------------------------------------------
     SeriesDef("kvtier_tick_lag_seconds", "histogram", (), "seconds",
               "How late lifecycle deadlines fire after they are due (poll-loop starvation).",
@@ -234,8 +235,7 @@ _BY_NAME: Mapping[str, SeriesDef] = {s.name: s for s in SERIES}
 
 
 class _Live(Collector):
-    """The scrape-time gauges: one core snapshot (:meth:`TierCore.snapshot`) under the manager's
-    lock.
+    """The scrape-time gauges: one core snapshot (:meth:`TierCore.snapshot`) under the manager's lock.
 
     Holds the core, the lock and plain values — never the manager — so a registry kept alive by
     a scraper cannot keep the manager (and its block pool) alive.
