@@ -237,7 +237,8 @@ class Inbound:
                 self.logs(peer, err.reason, "kvtier: %s speaks protocol version %s, we speak %s", self.logs.who(peer),
                           err.theirs, wm.PROTOCOL_VERSION, level=logging.ERROR)
             else:
-                self.logs(peer, err.reason, "kvtier: bad message from %s: %s", self.logs.who(peer), err)
+                self.logs(peer, err.reason, "kvtier: bad message from %s%s: %s", self.logs.who(peer),
+                          f" about {err.kv_request_id}" if err.kv_request_id else "", err)
             return ix.Malformed(peer, err.reason, err.detail, err.msg_type or None, err.kv_request_id, err.gen,
                                 err.theirs or None, after)
         note, wants_principal = self._received[type(msg)]
@@ -284,5 +285,5 @@ class Inbound:
 
     def _note_error(self, peer: str, msg: wm.Error) -> None:
         self.metrics.wire_error(msg.reason, reported_by_peer=True)
-        self.logs(peer, "peer_error", "kvtier: %s reports an error: %.64s %.200s", self.logs.who(peer), msg.reason,
-                  msg.detail)
+        self.logs(peer, "peer_error", "kvtier: %s reports an error%s: %.64s %.200s", self.logs.who(peer),
+                  f" about {msg.kv_request_id}" if msg.kv_request_id else "", msg.reason, msg.detail)

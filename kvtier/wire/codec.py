@@ -256,12 +256,17 @@ class Decoder:
         if not frames:
             raise WireError(WireReason.MALFORMED, "no frames")
         header = _as_buffer(frames[0], 0)
-        # Size first: msgspec never sees a header larger than the limit.
+        # Size first: msgspec never builds a message from a header larger than the limit.  Only
+        # its id is read, by the probe (bounded: PROBE_MAX_BYTES), so the reply names the request
+        # and its sender fails that load at once, not at its deadline (decision I36).
         if header.nbytes > self.limits.max_message_bytes:
+            probe = _probe(header)
             raise WireError(
                 WireReason.OVERSIZE,
                 f"header is {header.nbytes} bytes > max_message_bytes "
                 f"{self.limits.max_message_bytes}",
+                probe.kv_request_id if probe is not None and _valid_id(probe.kv_request_id) else "",
+                gen=probe.gen if probe is not None and type(probe.gen) is int and 0 <= probe.gen < MAX_U63 else None,
             )
         try:
             msg = _decoder.decode(header)
@@ -371,6 +376,17 @@ PROBE_MAX_BYTES: Final = 64 << 10
 """A rejected header up to this size is scanned once more, for its ``type``/``gen``/
 ``kv_request_id`` (so the reply can name the request). A larger one is classified from the
 decoder's error alone: rejecting it costs one pass over its bytes, whatever it holds."""
+
+
+def _probe(header: memoryview) -> _Probe | None:
+    """The few fields an error reply needs, from a header of at most :data:`PROBE_MAX_BYTES`
+    that is a msgpack map; else None."""
+    if header.nbytes > PROBE_MAX_BYTES:
+        return None
+    try:
+        return _probe_decoder.decode(header)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
 
 
 def _classify(header: memoryview, exc: Exception) -> WireError:

@@ -188,6 +188,22 @@ def test_fetch_refused_by_a_producer_with_a_smaller_limit_fails_at_once(pairs):
     assert metric(v.P, "kvtier_wire_errors_total", reason="oversize") == 1
 
 
+def test_fetch_over_a_producers_smaller_header_limit_fails_at_once(pairs):
+    """The producer's max_message_bytes is smaller than the consumer's: the fetch header is over
+    it (under twice it, so it is read).  Its error names the id (only the id is read from the
+    header), and the consumer fails that load at once (peer_error), not at load_timeout_s."""
+    n = 20
+    v = pairs({"max_message_bytes": 4096}, num_blocks=n, block_bytes=BB)
+    C = v.C
+    ca = v.creq("c-A", "A")
+    C.on_new_request(ca)
+    C.submit_load(job(10, [f"A/{i:03d}/".encode().ljust(250, b"k") for i in range(n)], list(range(n)), ca))
+    v.step()
+    v.step()
+    assert outcome(v.cjobs, 10) == (False, "peer_error")
+    assert metric(v.P, "kvtier_wire_errors_total", reason="oversize") == 1
+
+
 def test_a_role_entry_under_a_name_kvtier_does_not_read_is_named_with_the_nearest_role(pairs, caplog):
     """A typo in a role key turns a hand-off into a local request: the request stays local (other
     connectors' keys pass through, decision A10), and one warning names the key and
