@@ -119,6 +119,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.CONNECT_REFUSED: "Nothing listens at the producer address the request named: check the proxy's "
                         "`remote_host`/`remote_port` against the prefill engine's `host` and `port` (+ its "
                         "data-parallel rank), and that the prefill engine runs.",
+    _R.UNRESOLVED_HOST: "The producer's host name in the request does not resolve on this host: check the proxy's "
+                        "`remote_host` spelling and this host's resolver (/etc/resolv.conf, /etc/hosts); an IP "
+                        "address needs no lookup. The producer itself may be fine.",
     _R.CONNECT_TIMEOUT: "The producer address did not answer TCP within `connect_timeout_s`: a firewall drops "
                         "the packets, or the address is not routable from this host.",
     _R.AUTH_FAILED: "The CURVE handshake failed: both sides must run the same `auth`; with `auth = \"curve\"` "

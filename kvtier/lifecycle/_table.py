@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "85a63b28332cf1970a89a2412e36d94ffa32fe655875d79a95887b5b159ad1aa"
+SPEC_SHA256: Final = "57bb631bab622f284fff6eca194aab4f77cb5a51e5efcfd0543b9b199c36f98e"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -92,6 +92,8 @@ class Reason(enum.StrEnum):
     """the producer's address (each address its host name resolves to, in turn) refused the connection or is unreachable (nothing listens there); nothing was sent"""
     CONNECT_TIMEOUT = "connect_timeout"
     """the producer's address did not answer the connection within connect_timeout_s"""
+    UNRESOLVED_HOST = "unresolved_host"
+    """the producer's host name did not resolve on this host (no such name, or no DNS answer); nothing was dialled, and it proves nothing about the producer"""
     AUTH_FAILED = "auth_failed"
     """the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); or no certificate we hold names its endpoint, so it was never dialled; nothing was sent"""
     SEND_FAILED = "send_failed"
@@ -182,6 +184,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.PEER_RESTARTED: "the peer reconnected with a new generation (or a new session from the same consumer replaced this one)",
     Reason.CONNECT_REFUSED: "the producer's address (each address its host name resolves to, in turn) refused the connection or is unreachable (nothing listens there); nothing was sent",
     Reason.CONNECT_TIMEOUT: "the producer's address did not answer the connection within connect_timeout_s",
+    Reason.UNRESOLVED_HOST: "the producer's host name did not resolve on this host (no such name, or no DNS answer); nothing was dialled, and it proves nothing about the producer",
     Reason.AUTH_FAILED: "the connection's CURVE handshake failed: only one side runs auth='curve', or a key is not the one expected (our certificate is not in the peer's auth_allowed_keys_dir, or the certificate we hold for its endpoint is not its key); or no certificate we hold names its endpoint, so it was never dialled; nothing was sent",
     Reason.SEND_FAILED: "the transport could not send to the peer",
     Reason.PLANE_FAULT: "the data plane's path to the peer broke (NIXL: a remote disconnect at a post or a state check): the session is ended so no fetch waits on a dead path, and the next load dials afresh (the plane adds the peer anew)",
@@ -878,7 +881,7 @@ class ConsumerEvent(enum.StrEnum):
     REQUEST_FINISHED = "request_finished"
     """the engine finished the request"""
     PEER_LOST = "peer_lost"
-    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled, connect_refused, connect_timeout, auth_failed)"""
+    """the session to the producer died (the job fails with the session's reason: peer_timeout, handshake_timeout, handshake_mismatch, peer_disconnected, peer_restarted, send_failed, too_many_peers, abort_unacknowledged, transfer_stalled, connect_refused, connect_timeout, unresolved_host, auth_failed)"""
     SHUTDOWN = "shutdown"
     """shutdown() began: no new work; loads in flight may finish within shutdown_grace_s"""
     CLOSE = "close"
@@ -1428,6 +1431,8 @@ class SessionGuard(enum.StrEnum):
     """the dial got no answer within connect_timeout_s (rather than a refusal)"""
     CONNECT_NOT_ALLOWED = "connect_not_allowed"
     """the producer's name resolved to an address allowed_peers '*' does not admit (nothing was dialled)"""
+    CONNECT_UNRESOLVED = "connect_unresolved"
+    """the producer's host name did not resolve (nothing was dialled)"""
     CONNECT_AUTH_FAILED = "connect_auth_failed"
     """the connection's CURVE handshake failed (a key the other side does not accept, or only one side runs auth='curve'), or no certificate in our auth_allowed_keys_dir names the endpoint (not dialled)"""
 
@@ -1532,6 +1537,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
         Branch(SessionGuard.CONNECT_AUTH_FAILED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.AUTH_FAILED),
         Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
+        Branch(SessionGuard.CONNECT_UNRESOLVED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.UNRESOLVED_HOST),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),
     (SessionState.CONNECTING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),
@@ -1572,6 +1578,7 @@ SESSION_TABLE: Final = MappingProxyType({
         Branch(SessionGuard.CONNECT_NOT_ALLOWED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.PEER_NOT_ALLOWED),
         Branch(SessionGuard.CONNECT_AUTH_FAILED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.AUTH_FAILED),
         Branch(SessionGuard.CONNECT_TIMED_OUT, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_TIMEOUT),
+        Branch(SessionGuard.CONNECT_UNRESOLVED, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.UNRESOLVED_HOST),
         Branch(None, SessionState.DEAD, (SessionEffect.CLOSE_CONNECTION, SessionEffect.PEER_DOWN, ), Reason.CONNECT_REFUSED),
     ), None),
     (SessionState.HANDSHAKING, SessionEvent.HELLO): Rule(IGNORE, (), Reason.STALE),

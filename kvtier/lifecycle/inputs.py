@@ -228,14 +228,16 @@ class ConnectionUp(_Input):
 
 class ConnectFailed(_Input):
     """The dial to ``peer`` never connected: refused or unreachable, or (``timed_out``) no
-    answer within ``connect_timeout_s``, or (``auth_failed``) its CURVE handshake failed; or the
-    transport could not dial it (``detail``)."""
+    answer within ``connect_timeout_s``, or (``unresolved``) its host name did not resolve, or
+    (``auth_failed``) its CURVE handshake failed; or the transport could not dial it (``detail``)."""
 
     peer: str
     detail: str = ""
     timed_out: bool = False
     not_allowed: bool = False
     """The address the name resolved to is one ``allowed_peers`` does not admit."""
+    unresolved: bool = False
+    """The producer's host name did not resolve (nothing was dialled)."""
     auth_failed: bool = False
     """The connection's CURVE handshake failed (only one side runs ``auth='curve'``, or a key is
     not the one expected)."""

@@ -259,6 +259,9 @@ class SessionMachine(TableMachine):
     def guard_connect_not_allowed(self, rec: SessionRecord, inp, now: float) -> bool:
         return bool(getattr(inp, "not_allowed", False))
 
+    def guard_connect_unresolved(self, rec: SessionRecord, inp, now: float) -> bool:
+        return bool(getattr(inp, "unresolved", False))
+
     def guard_connect_auth_failed(self, rec: SessionRecord, inp, now: float) -> bool:
         return bool(getattr(inp, "auth_failed", False))
 

@@ -28,7 +28,7 @@ from kvtier.shell.logs import RateLimitedLog
 from kvtier.shell.lookups import Lookups
 from kvtier.shell.perbyte import ByteWork
 from kvtier.shell.serving import ServeWindows
-from kvtier.transport import DialNotAllowed, NoServerKey, Transport, TransportError
+from kvtier.transport import DialNotAllowed, NameNotResolved, NoServerKey, Transport, TransportError
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import WireReason, encode, encode_frames
 
@@ -323,6 +323,9 @@ class Outbound:
         if isinstance(exc, NoServerKey):  # a CURVE setting (auth_failed), not a producer that is down
             self.logs(peer, "auth_failed", "kvtier: %s", exc)
             return [ix.ConnectFailed(peer, str(exc), auth_failed=True)]
+        if isinstance(exc, NameNotResolved):  # a name or resolver setting: proves nothing about the producer
+            self.logs(peer, "unresolved_host", "kvtier: cannot connect to %s: %s", peer, exc)
+            return [ix.ConnectFailed(peer, str(exc), unresolved=True)]
         if not isinstance(exc, (TransportError, ValueError, PlaneError)):  # a lookup that raised oddly
             log.error("kvtier: looking up %s failed", peer, exc_info=exc)
         self.logs(peer, "connect", "kvtier: cannot connect to %s: %s", peer, exc)

@@ -35,6 +35,7 @@ __all__ = [
     "TransportError",
     "DialNotAllowed",
     "NoServerKey",
+    "NameNotResolved",
     "ZmqTransport",
 ]
 
@@ -53,6 +54,11 @@ class NoServerKey(TransportError):
     """``connect()`` with CURVE: no certificate in ``auth_allowed_keys_dir`` names the endpoint,
     so the producer's key is unknown; nothing was dialled (an authentication setting, not a
     producer that is down)."""
+
+
+class NameNotResolved(TransportError):
+    """``connect()`` or ``lookup()``: the producer's host name did not resolve (no such name, or
+    no DNS answer); nothing was dialled (a name or resolver setting, not a producer that is down)."""
 
 
 class SendFailure:

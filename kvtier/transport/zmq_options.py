@@ -10,7 +10,7 @@ import math
 import socket
 from typing import Any
 
-from kvtier.transport import DialNotAllowed, TransportError
+from kvtier.transport import DialNotAllowed, NameNotResolved
 
 __all__ = ["parse_address"]
 
@@ -69,14 +69,14 @@ def resolve_vetted(host: str, port: int, vet: Any) -> tuple[str, ...]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise TransportError(f"cannot resolve {host}: {exc}") from None
+        raise NameNotResolved(f"cannot resolve {host}: {exc}") from None
     addresses = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
     for ip in addresses:
         why = vet(host, port, ip)
         if why is not None:
             _refuse(why)
     if not addresses:
-        raise TransportError(f"{host} resolves to no address")
+        raise NameNotResolved(f"{host} resolves to no address")
     return addresses
 
 

@@ -100,3 +100,17 @@ def test_a_load_refused_for_now_dials_once_more_and_a_second_refusal_fails_it() 
     assert c.consumer_state("A").value == "queued"
     out = refuse(0.2)
     assert of(out, JobDone) == [JobDone(1, False, Reason.SESSION_STILL_HELD)] and of(out, OpenConnection) == []
+
+
+def test_a_name_that_does_not_resolve_condemns_no_instance() -> None:
+    """A resolver's failure says nothing about the producer: unlike a refused dial, it leaves the
+    instance unsuspected, so the next load dials again instead of failing at once (T21)."""
+    c = core()
+    dial(c, P, instance="prod-1")
+    c.handle(ix.ConnectionClosed(P), 1.0)
+    c.handle(ix.Dial(P), 2.0)
+    out = c.handle(ix.ConnectFailed(P, "cannot resolve", unresolved=True), 2.1)
+    assert CoreView(c).suspect_instances() == frozenset()
+    assert of(out, JobDone) == []
+    out = load(c, "after", 5, 3.0)
+    assert of(out, OpenConnection) and of(out, JobDone) == []

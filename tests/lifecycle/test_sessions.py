@@ -229,8 +229,9 @@ def test_generations_wrap_within_the_wires_63_bits() -> None:
     (ix.ConnectFailed(P, "refused"), Reason.CONNECT_REFUSED),
     (ix.ConnectFailed(P, "no answer", timed_out=True), Reason.CONNECT_TIMEOUT),
     (ix.ConnectFailed(P, "not in allowed_peers", not_allowed=True), Reason.PEER_NOT_ALLOWED),
+    (ix.ConnectFailed(P, "cannot resolve", unresolved=True), Reason.UNRESOLVED_HOST),
     (ix.ConnectFailed(P, "curve", auth_failed=True), Reason.AUTH_FAILED),
-], ids=["refused", "timed_out", "not_allowed", "auth_failed"])
+], ids=["refused", "timed_out", "not_allowed", "unresolved", "auth_failed"])
 def test_a_failed_dial_ends_the_session_and_its_loads_with_what_went_wrong(failure: Any, reason: Reason) -> None:
     c = core()
     load(c, "A", 1, 0.0)

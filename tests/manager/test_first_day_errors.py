@@ -439,8 +439,8 @@ def test_a_service_that_is_not_kvtier_is_not_blamed_on_curve_alone(make_manager,
 
 def test_a_name_that_does_not_resolve_fails_at_once_whatever_allowed_peers_says(make_manager, caplog) -> None:
     """An allowed_peers list that names the host admits it without resolving it; the dial still
-    resolves it first, so a typo fails ``connect_refused`` with "cannot resolve", not a silent
-    ``handshake_timeout`` seconds later."""
+    resolves it first, so a typo fails ``unresolved_host`` at once with "cannot resolve", not a
+    silent ``handshake_timeout`` seconds later, nor ``connect_refused`` (T21)."""
     c = make_manager({"allowed_peers": ["no-such-host.invalid"], "handshake_timeout_s": 20.0})
     jobs = Jobs(c)
     req = consumer_req("d", "kv-typo", "no-such-host.invalid", 5710)
@@ -448,7 +448,7 @@ def test_a_name_that_does_not_resolve_fails_at_once_whatever_allowed_peers_says(
         c.on_new_request(req)
         c.submit_load(job(1, keys_for("kv-typo", 1), [0], req))
         assert pump_until(lambda: jobs.has(1), managers=[c], jobs=[jobs], timeout_s=10.0)
-    assert jobs.one(1).reason == "connect_refused"
+    assert jobs.one(1).reason == "unresolved_host"
     assert any("cannot resolve no-such-host.invalid" in r.getMessage() for r in caplog.records)
 
 
