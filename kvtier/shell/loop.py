@@ -137,6 +137,7 @@ class IoLoop:
         cost in passes (tests count them; decision C13)."""
         self.plane_activity = PlaneActivity()
         self.published = Published()
+        self.outbound.load_ending = lambda kid: self.published.load_ended(self.core, kid)  # before its result
         self._stale = False
         self._cmds: deque[Command] = deque()
         self._waker = Waker()

@@ -86,6 +86,8 @@ class Outbound:
         self.ended: set[str] = set()
         """Ids whose load job ended (failed, or loaded) since the loop last published: only these
         are looked at."""
+        self.load_ending: Callable[[str], None] | None = None
+        """Told a consumer id whose load job's result is queued next (the loop's publisher)."""
         self.sent_at = float("-inf")
         """When a message or a transfer last left (the manager's clock): a one-sided plane's answer
         to it comes only through the plane's progress (:data:`kvtier.shell.loop.EAGER_S`)."""
@@ -166,6 +168,8 @@ class Outbound:
     def _job_done(self, e: fx.JobDone) -> None:
         keys = self._verified(e) if e.successful_keys else None
         info = self.jobs.info(e.job_id)
+        if info is not None and not info[0] and info[1] is not None and self.load_ending is not None:
+            self.load_ending(info[1])  # the engine may take the result the moment it is queued
         done = self.jobs.finish(e.job_id, e.ok, e.reason, self.clock(), successful_keys=keys)
         if done is None:  # the core guarantees exactly once; count instead of crashing the engine
             self.metrics.internal_error()

@@ -53,6 +53,14 @@ class Published:
         self.awaiting: frozenset[str] = frozenset()
         self._awaiting_seen = -1
 
+    def load_ended(self, core: Any, kv_request_id: str) -> None:
+        """A load job of consumer id ``kv_request_id`` is about to get its result (on the loop's
+        thread): once the id's load ended, its lookups MISS from now on, not from the end of the
+        pass — the engine may take the result before that, and a lookup answering HIT after it
+        would make the engine load the id again (L8, L11)."""
+        if kv_request_id in self.in_use and kv_request_id not in self.ended_loads and core.load_ended(kv_request_id):
+            self.ended_loads = self.ended_loads | {kv_request_id}
+
     def update(self, loop: Any) -> None:
         """Refresh from the loop's parts (on the loop's thread, under its lock)."""
         core, serving = loop.core, loop.serving

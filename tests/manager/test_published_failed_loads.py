@@ -84,3 +84,43 @@ def test_once_an_id_was_loaded_the_keys_its_load_did_not_name_miss(pairs):
     assert outcome(v.cjobs, 11) == (False, "one_fetch_per_id")
     assert [C.lookup(k, ra) for k in keys] == [LookupResult.MISS] * 3
     C.on_request_finished(ra)
+
+
+def test_a_failed_result_the_engine_took_is_never_followed_by_a_hit(make_manager, monkeypatch):
+    """The loop on its own thread queues a failed load's result during a pass and publishes its
+    answers at the pass's end: the engine may take the result in between.  Its lookups must answer
+    MISS from the moment the result can be taken, or the engine loads the id again (L8, L11).  The
+    pass's publishing is held here until the engine has looked up, to open that window wide."""
+    import threading
+
+    from mgr_helpers import consumer_req, producer_req, pump_until
+
+    from kvtier.shell.published import Published
+
+    held, release = threading.Event(), threading.Event()
+    update = Published.update
+
+    def slow_update(self, loop):  # the consumer's loop thread, once its result is queued
+        if threading.current_thread() is not threading.main_thread() and loop.jobs.ready and not release.is_set():
+            held.set()
+            release.wait(10)
+        update(self, loop)
+
+    monkeypatch.setattr(Published, "update", slow_update)
+    p = make_manager({"unbound_store_timeout_s": 0.05})
+    c = make_manager({"background_poll": True})
+    try:
+        req = producer_req("p-late", "kv-late")
+        p.on_new_request(req)
+        keys = keys_for("kv-late", 1)
+        p.submit_store(job(1, keys, [0], req))
+        assert pump_until(lambda: any(r.job_id == 1 for r in p.get_finished_jobs()), managers=[p])  # reaped
+        creq = consumer_req("d-late", "kv-late", "127.0.0.1", p.port)
+        c.on_new_request(creq)
+        c.submit_load(job(11, keys, [1], creq))
+        assert pump_until(held.is_set, managers=[p])
+        [r] = c.get_finished_jobs(poll=False)
+        assert (r.job_id, r.success) == (11, False), r
+        assert c.lookup(keys[0], creq) is LookupResult.MISS  # before the pass published
+    finally:
+        release.set()
