@@ -41,7 +41,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                    "`--prefix-caching-hash-algo`) or the prefill was cut short.",
     _R.NOTHING_STORED: "The prefill request ended without storing anything under this id (its engine could not "
                        "store the blocks: a full CPU tier, `cpu_bytes_to_use`). The decoder recomputes.",
-    _R.DRAINED: "The engine called `drain_jobs` (vLLM: `reset_cache`) while the id waited for its consumer. "
+    _R.DRAINED: "The engine called `drain_jobs` (vLLM: `reset_cache`) while the id waited for its consumer (or, "
+                "fetched, for blocks its engine had not stored). "
                 "Expected during a cache reset; the consumer recomputes.",
     _R.SHUTDOWN: "This manager or its peer shut down. Routine during a restart or a rolling upgrade.",
     _R.ROUND_FINISHED: "A store arrived after the id's blocks were already transferred: the engine stored more "

@@ -61,6 +61,11 @@ def _steps(marks: Mapping[str, float]) -> str:
 _WAITING = {
     ("producer", "parked"): "a consumer's fetch; unbound_store_timeout_s after the store it is reaped",
     ("producer", "awaiting"): "the rest of the fetched blocks to be stored (fetch_supply_timeout_s)",
+    ("producer", "serving"): "the data plane to move the blocks, then the consumer's receipt (transfer_timeout_s)",
+    ("producer", "delivering"): "the consumer's receipt: every block left (transfer_timeout_s)",
+    ("producer", "confirmed"): "the data plane to let go of the blocks the consumer confirmed",
+    ("producer", "cancelling"): "the data plane to let go of the given-up transfer; its answer follows",
+    ("producer", "quarantined"): "the data plane to let go of the blocks (their session was ended to force it)",
     ("consumer", "announced"): "the engine's load of it (submit_load)",
     ("consumer", "queued"): "its session with the producer (the dial and handshake); the fetch leaves then",
     ("consumer", "in_flight"): "the producer's blocks (load_timeout_s)",

@@ -8,14 +8,18 @@ reason, when each step happened, the peer, the bytes — and serves them as JSON
 endpoint (``GET /kvtier/requests``, :mod:`kvtier.metrics`), shown by ``kvtier top`` and
 ``kvtier why KV_REQUEST_ID`` (:mod:`kvtier.explain`).
 
-Fed in one place (decision E3): the I/O shell hands every batch of effects the core asked for to
-:meth:`Forensics.before` and :meth:`Forensics.after`, around performing them (what needs the job
-ledger's record before, the rest after: a message leaves before its bookkeeping, decision C26).
-Nothing here runs inside the core and nothing is recorded that the core does not already
-report: the effects name the id, the peer and the step (a fetch sent, blocks landed, an abort, a
-receipt, a refusal, a job's result); the job ledger knows each job's id, submit time and size;
-the core's read API tells the state the id is in after the step.  The cost on the thread that performs effects is a type lookup per effect and
-a few dict operations per effect that names an id.
+Fed by the I/O shell (decisions E3, E10): every batch of effects the core asked for, through
+:meth:`Forensics.before` and :meth:`Forensics.after` around performing them (what needs the job
+ledger's record before, the rest after: a message leaves before its bookkeeping, decision C26),
+and every input, through :meth:`Forensics.applied` right after the core applied it and before
+its effects are performed — some moves show in no effect: a fetch that binds an id waiting for
+its blocks, the data plane's release of a transfer, a receipt; and only a landing's answer says
+which blocks matched their digests.  Nothing here runs inside the core and nothing is recorded
+that the core does not already report: the effects and inputs name the id, the peer and the step
+(a fetch sent or bound, blocks landed and checked, an abort, a receipt, a refusal, a job's
+result); the job ledger knows each job's id, submit time and size; the core's read API tells the
+state the id is in after the step.  The cost on the loop's thread is a type lookup per effect
+and per input, and a few dict operations per one that names an id.
 
 Bounded memory (decision E3): at most :data:`CAPACITY` finished entries (a ``deque``) and at most
 :data:`MAX_OPEN` requests in progress (the oldest is forgotten first), each entry a few hundred
@@ -24,16 +28,21 @@ bytes; ``tests/test_forensics.py`` measures it after a million finished ids.
 What an entry is
 ----------------
 * **consumer** — one load job of a PD request (its ``kv_request_id``): from ``submit_load`` to its
-  result.  Milestones: ``fetch`` (the fetch left), ``first_block`` (the first block landed),
-  ``abort`` (an abort left), ``receipt`` (every block landed and was confirmed), ``result``.
-* **producer** — the blocks parked under an id: from its first store to the result of its last
-  store job.  Milestones: ``sending`` (a fetch bound them and the data plane took them),
-  ``cancelled``, ``answered`` (our ``transfer_done`` left), ``result``.
-* **fetch** — a peer's fetch this producer refused for an id that has no live blocks here (it was
-  reaped, already served, never parked): the late consumer's side of a refusal.  One milestone,
-  ``refused``: at once, or — a fetch that waited for blocks never stored (``supply_timeout``) —
-  after ``fetch_supply_timeout_s`` (at least: each store restarts that timer).  Or a fetch its
-  consumer aborted before any block moved (``aborted``; one milestone, ``aborted``).
+  result.  Milestones: ``fetch`` (the fetch left), ``first_block`` (the first block arrived),
+  ``abort`` (an abort left), ``receipt`` (every block landed and was confirmed), ``result``.  Its
+  blocks landed are those the checks answered matched their digests: a corrupt batch counts the
+  blocks before its first mismatch (decision I21).
+* **producer** — the blocks parked under an id: from its first store (or the fetch that bound it)
+  to the result of its last store job.  Milestones: ``bound`` (a fetch bound the id), ``sending``
+  (the data plane took the blocks), ``released`` (the plane let go of them), ``cancelled``,
+  ``answered`` (our ``transfer_done`` to the bound fetch left), ``result``.
+* **fetch** — a peer's fetch this producer refused: the consumer's side of a refusal.  At once
+  (milestone ``refused``) for an id with no live blocks here (reaped, already served, never
+  parked) or bound to another fetch; or after it bound the id and waited (milestones ``bound``,
+  then ``refused``): for blocks never stored (``supply_timeout``), for a request that finished
+  without them (``nothing_stored``, ``incomplete``), until a drain, a transfer given up.  Or a
+  fetch its consumer aborted before any block moved (``aborted``), or whose consumer's session
+  ended while it waited with nothing stored (``lost``, reason ``peer_lost``).
 * **probe** — a symmetric request whose probing of its peer failed (a deadline, the peer's loss,
   its refusal or withdrawal): its lookups answer MISS and the engine computes the blocks; one
   milestone, ``failed``.
@@ -44,16 +53,18 @@ Times are seconds on the manager's clock; milestones are offsets from the entry'
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
+from kvtier.finished import Finished, to_json
 from kvtier.lifecycle import ConsumerState, ProbeState, ProducerState, Reason
 from kvtier.lifecycle import effects as fx
+from kvtier.lifecycle import inputs as ix
 from kvtier.wire import messages as wm
 
-__all__ = ["CAPACITY", "MAX_OPEN", "Finished", "Forensics"]
+__all__ = ["CAPACITY", "MAX_OPEN", "Finished", "Forensics", "to_json"]
 
 CAPACITY = 1024
 """Finished requests kept per manager (the oldest is dropped first)."""
@@ -70,56 +81,24 @@ _CHANGES_WHAT_IS_READ = frozenset({fx.JobDone, fx.CloseConnection})
 
 _FINAL_PRODUCER = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED, ProducerState.ABSENT,
                              ProducerState.PRUNED})
+#: Producer states a fetch leaves an id in when it bound it (it waits for blocks, or they move).
+_BOUND_BY_FETCH = frozenset({ProducerState.AWAITING, ProducerState.SERVING})
 #: Consumer and probe states (as :meth:`Forensics._state` names them) in which a request is no
 #: longer in progress: its result is given (the ring has its entry) or the request ended.
 _FINAL_CONSUMER = frozenset({ConsumerState.LOADED.value, ConsumerState.FAILED.value, ConsumerState.FINISHED.value,
                              f"probe:{ProbeState.FAILED.value}", f"probe:{ProbeState.FINISHED.value}"})
 
 
-class Finished(msgspec.Struct, frozen=True, gc=False):
-    """One finished request (what ``GET /kvtier/requests`` serves, one JSON object each).
-
-    Attributes:
-        kv_request_id: the id.
-        role: ``"consumer"`` (a load), ``"producer"`` (parked blocks), ``"fetch"`` (a peer's
-            fetch refused for an id with no live blocks here) or ``"probe"`` (a symmetric
-            request's probing of its peer failed: its blocks were computed).
-        ok: whether it succeeded.
-        reason: the spec reason code of a failure (docs/troubleshooting.md); ``""`` on success
-            (or the label of a success that moved nothing, ``not_needed``).
-        peer: the other side (``host:port`` of a producer we dialled; a peer that dialled us as
-            the transport names it), ``""`` if none was involved.
-        path: the lifecycle states the id was seen in, in order (spec/lifecycle.toml).
-        marks: ``(milestone, seconds after start)`` in order (see the module docstring).
-        started: when it started (seconds, the manager's clock).
-        seconds: from start to finish.
-        blocks: blocks of the job(s) (a load: slots; parked: stored blocks).
-        landed: a load's blocks that landed (0 for other roles).
-        nbytes: bytes of the job(s) (``blocks × block_bytes``).
-    """
-
-    kv_request_id: str
-    role: str
-    ok: bool
-    reason: str
-    peer: str
-    path: tuple[str, ...]
-    marks: tuple[tuple[str, float], ...]
-    started: float
-    seconds: float
-    blocks: int = 0
-    landed: int = 0
-    nbytes: int = 0
-
-
 class _Open:
     """A request in progress (mutable; only the thread that performs effects touches it)."""
 
-    __slots__ = ("blocks", "landed", "marks", "nbytes", "path", "peer", "started")
+    __slots__ = ("blocks", "bound", "landed", "marks", "nbytes", "path", "peer", "round", "started")
 
     def __init__(self, now: float) -> None:
         self.started = now
         self.peer = ""
+        self.bound: float | None = None  # producer: when the fetch of (peer, round) bound the id
+        self.round = -1
         self.path: list[str] = []
         self.marks: list[tuple[str, float]] = []
         self.blocks = 0
@@ -167,6 +146,10 @@ class Forensics:
         # fetch's: a story is told once (a refusal notice and the answer to the fetch that crossed
         # it, a repeated abort's ack), looked up in O(1), not by a scan of the ring
         self._told: collections.OrderedDict[tuple[str, ...], None] = collections.OrderedDict()
+        # bound producer traces its store jobs' results ended in this batch, and peers whose
+        # session ended in it: what the batch's later notes (a refusal) and its end read
+        self._ended: dict[str, _Open] = {}
+        self._lost: list[str] = []
         self.finished_total = 0
         """Requests finished since the manager started (the ring keeps the last ``capacity``)."""
         self._on: dict[type, Callable[[Any, float], None]] = {
@@ -176,6 +159,13 @@ class Forensics:
             fx.LandBlocks: self._land,
             fx.JobDone: self._job_done,
             fx.ProbeFailed: self._probe_failed,
+            fx.SessionEnded: lambda e, now: self._lost.append(e.peer),
+        }
+        # by the type of an input the core applied: the moves it made that no effect shows
+        self._on_input: dict[type, Callable[[Any], None]] = {
+            ix.Received: self._received,
+            ix.TransferReleased: lambda inp: self._moved(inp.kv_request_id, "released"),
+            ix.BlocksLanded: self._checked,
         }
         # by the type of the message a Send carries: what leaving says about its id
         self._on_sent: dict[type, Callable[[str, Any, float], None]] = {
@@ -191,11 +181,21 @@ class Forensics:
     def capacity(self) -> int:
         return self._ring.maxlen or 0
 
-    # -- the one hook -------------------------------------------------------------------------
+    # -- the hooks ----------------------------------------------------------------------------
     def observe(self, effects: Sequence[Any]) -> None:
         """Note what ``effects`` (one batch the core returned) say about each id, all before the
         batch is performed.  Never raises for an effect it does not know."""
         self._observe(effects, 0, len(effects))
+        self._batch_end()
+
+    def applied(self, inp: Any) -> None:
+        """The core applied ``inp`` (its effects are noted next): note the state it left the id it
+        names in — a fetch that bound the id, a transfer the plane let go of, a receipt — and the
+        blocks a landing's check answered matched (decision E10).  Never raises for an input it
+        does not know."""
+        f = self._on_input.get(type(inp))
+        if f is not None:
+            f(inp)
 
     def before(self, effects: Sequence[Any]) -> int:
         """The shell is about to perform ``effects``: note those up to the batch's last effect
@@ -217,6 +217,18 @@ class Forensics:
         """The shell performed ``effects``: note those from ``start`` on (see :meth:`before`)."""
         if start < len(effects):
             self._observe(effects, start, len(effects))
+        self._batch_end()
+
+    def _batch_end(self) -> None:
+        self._ended.clear()
+        if self._lost:
+            lost, self._lost = set(self._lost), []
+            now = self._clock()
+            # a fetch bound to a lost peer with nothing stored: no job's result will end its trace
+            for (role, kid), t in list(self._open.items()):
+                if role == "producer" and t.peer in lost and t.bound is not None \
+                        and self._core.producer_state(kid) in _FINAL_PRODUCER:
+                    self._fetch_ended(kid, t.peer, t.round, str(Reason.PEER_LOST), "lost", now)
 
     def _observe(self, effects: Sequence[Any], start: int, stop: int) -> None:
         on = self._on
@@ -249,14 +261,15 @@ class Forensics:
         return to_json(self.recent(kv_request_id, limit), self._clock())
 
     def in_progress(self) -> int:
-        """Fetches and transfers being traced now, across all ids (an id that has only parked blocks
-        or a queued load is not one: :meth:`open_json` lists it from the core's state)."""
+        """Fetches (ours out, or a peer's bound here) and transfers being traced now, across all ids
+        (an id that has only parked blocks or a queued load is not one: :meth:`open_json` lists it
+        from the core's state)."""
         return len(self._open)
 
     def open_json(self, kv_request_id: str) -> list[dict[str, Any]]:
         """The entries of ``kv_request_id`` still in progress, one per role (consumer, producer):
         as :func:`to_json` writes finished ones, with ``seconds`` so far (``None``: not known) and
-        no outcome — a fetch out or a transfer being served, with its milestones so far; else the
+        no outcome — a fetch out or bound, a transfer being served, with its milestones so far; else the
         core's state of the id, if live (parked blocks no consumer fetched yet, a load waiting for
         its session, a probe), read under the manager's lock.  Safe from any thread; a peer is
         named only from what :meth:`_name` remembered."""
@@ -269,6 +282,9 @@ class Forensics:
                 if t is None:
                     continue
             start = t.started
+            if role == "producer" and start is not None and self._parked_since is not None:
+                parked = self._parked_since(kv_request_id)  # its first store, where its record will start
+                start = start if parked is None else min(start, parked)
             out.append({"kv_request_id": kv_request_id, "role": role, "peer": self._named.get(t.peer, t.peer),
                         "path": list(t.path), "marks": {m: max(0.0, at - start) for m, at in list(t.marks)},
                         "started": start, "seconds": None if start is None else max(0.0, now - start),
@@ -276,7 +292,7 @@ class Forensics:
         return out
 
     def _untraced(self, role: str, kid: str) -> _Open | None:
-        """A live id no effect has traced yet, from the core's state (None when not live)."""
+        """A live id no effect or input has traced yet, from the core's state (None when not live)."""
         if self._lock is None or not self._lock.acquire(timeout=1.0):
             return None
         try:
@@ -355,46 +371,95 @@ class Forensics:
     def _answered(self, peer: str, msg: wm.TransferDone, now: float) -> None:
         kid = msg.kv_request_id
         t = self._open.get(("producer", kid))
-        if t is not None:
-            t.peer = t.peer or peer
-            self._name(peer)
+        if t is not None and t.peer == peer and t.round == msg.round:  # the fetch that bound the id
             t.mark("answered", now)
             self._state("producer", kid, t)
-            return
-        if msg.ok or not msg.final:
-            return
-        # a refusal for an id with no live blocks here: the late consumer's side of the story
-        state = self._core.producer_state(kid)
-        path = () if state is ProducerState.ABSENT else (state.value,)
-        if self._tell_once(kid, peer, str(msg.reason)):
-            return
-        # a fetch that waited for blocks never stored: its timer ran at least this long (each store
-        # restarts it); any other refusal is answered in the pass that read the fetch
-        waited = self._core.settings.durations["fetch_supply_timeout_s"] if msg.reason == Reason.SUPPLY_TIMEOUT \
-            else 0.0
-        self._add(Finished(kid, "fetch", False, str(msg.reason), peer, path, (("refused", waited),), now - waited,
-                           waited))
+        if not msg.ok and msg.final:
+            self._fetch_ended(kid, peer, msg.round, str(msg.reason), "refused", now)
 
     def _acked_abort(self, peer: str, msg: wm.AbortAck, now: float) -> None:
         """An abort_ack left: a fetch whose consumer aborted it before any block moved (no
         producer entry tells it here) ends its story on this side too — once: a repeated abort is
         acked again."""
         kid = msg.kv_request_id
-        if ("producer", kid) in self._open or (kid, "producer") in self._told or self._tell_once(
-                kid, peer, str(Reason.ABORTED)):
+        t = self._open.get(("producer", kid))
+        if t is not None:
+            if t.peer != peer or t.round != msg.round:
+                return  # an abort of another round: the bound fetch's story goes on
+        elif (kid, "producer") in self._told:
+            return  # the parked blocks' entry tells it
+        self._fetch_ended(kid, peer, msg.round, str(Reason.ABORTED), "aborted", now)
+
+    def _fetch_ended(self, kid: str, peer: str, rnd: int, reason: str, mark: str, now: float) -> None:
+        """The story of ``peer``'s fetch of round ``rnd`` ends (``mark``: refused, aborted, lost): a
+        ``fetch`` entry, from when it bound the id if it did (what it waited), else at once — once
+        per id, peer and reason (a notice and the answer that crossed it, a repeated abort)."""
+        t = self._open.get(("producer", kid))
+        if t is not None and t.bound is not None and t.peer == peer and t.round == rnd:
+            self._state("producer", kid, t)
+            since, path = t.bound, tuple(t.path)
+            if self._core.producer_state(kid) in _FINAL_PRODUCER:
+                del self._open[("producer", kid)]  # nothing was parked: no job's result will end it
+            else:  # unbound: its blocks wait for another fetch
+                t.peer, t.bound, t.round = "", None, -1
+        else:
+            t = self._ended.get(kid)  # the store jobs' result ended the bound trace in this batch
+            bound = t is not None and t.peer == peer and t.round == rnd
+            since, path = (t.bound, tuple(t.path)) if bound else (None, ())  # type: ignore[union-attr]
+        if self._tell_once(kid, peer, reason):
             return
-        state = self._core.producer_state(kid)
-        path = () if state is ProducerState.ABSENT else (state.value,)
-        self._add(Finished(kid, "fetch", False, str(Reason.ABORTED), peer, path, (("aborted", 0.0),), now, 0.0))
+        if since is None:
+            state = self._core.producer_state(kid)
+            path = () if state is ProducerState.ABSENT else (state.value,)
+            self._add(Finished(kid, "fetch", False, reason, peer, path, ((mark, 0.0),), now, 0.0))
+            return
+        waited = max(0.0, now - since)
+        self._add(Finished(kid, "fetch", False, reason, peer, path, (("bound", 0.0), (mark, waited)), since, waited))
 
     def _send_blocks(self, e: fx.SendBlocks, now: float) -> None:
         if e.transfer:  # a served symmetric round: no parked id behind it
             return
         t = self._trace("producer", e.kv_request_id, now)
+        if t.bound is None:  # a fetch bound the id in this very step (noted there when shown)
+            t.bound, t.round = now, e.round
         t.peer = e.peer
         self._name(e.peer)  # while its connection is up
         t.mark("sending", now)
         self._state("producer", e.kv_request_id, t)
+
+    # -- inputs (applied: their effects are noted next) -----------------------------------------
+    def _received(self, inp: ix.Received) -> None:
+        msg = inp.msg
+        if type(msg) is wm.Fetch:
+            if not msg.offered:  # an offered fetch is a served symmetric round: no parked id
+                self._bound(inp.peer, msg)
+        elif type(msg) is wm.Receipt:
+            self._moved(msg.kv_request_id, None)
+
+    def _bound(self, peer: str, msg: wm.Fetch) -> None:
+        kid = msg.kv_request_id
+        if self._core.producer_state(kid) not in _BOUND_BY_FETCH:
+            return  # answered at once (its refusal is noted) or dropped
+        now = self._clock()
+        t = self._trace("producer", kid, now)
+        if t.bound is None:  # this fetch bound it (another, while it is bound, is refused or dropped)
+            t.peer, t.round, t.bound = peer, msg.round, now
+            self._name(peer)  # while its connection is up
+            t.mark("bound", now)
+        self._state("producer", kid, t)
+
+    def _moved(self, kid: str, mark: str | None) -> None:
+        t = self._open.get(("producer", kid))  # a served round's plane key names no trace here
+        if t is not None:
+            if mark is not None:
+                t.mark(mark, self._clock())
+            self._state("producer", kid, t)
+
+    def _checked(self, inp: ix.BlocksLanded) -> None:
+        if inp.ok:  # the blocks its check matched (a corrupt batch: those before the mismatch, I21)
+            t = self._open.get(("consumer", inp.kv_request_id))
+            if t is not None:
+                t.landed += inp.count
 
     def _cancel(self, e: fx.CancelTransfer, now: float) -> None:
         t = self._open.get(("producer", e.kv_request_id))
@@ -405,8 +470,7 @@ class Forensics:
     def _land(self, e: fx.LandBlocks, now: float) -> None:
         t = self._trace("consumer", e.kv_request_id, now)
         t.peer = t.peer or e.peer
-        t.mark("first_block", now)
-        t.landed += len(e.slots)
+        t.mark("first_block", now)  # arrived: what matched is the check's answer (_checked)
 
     def _job_done(self, e: fx.JobDone, now: float) -> None:
         info = self._job_info(e.job_id)
@@ -428,6 +492,8 @@ class Forensics:
         if store and self._core.producer_state(kid) not in _FINAL_PRODUCER:
             self._open[key] = t  # more store jobs of the id are still outstanding
             return
+        if store and t.bound is not None:
+            self._ended[kid] = t  # the answer to the fetch that bound it may follow in this batch
         reason = e.reason or ""
         if store and self._merge(kid, e.ok, reason, t, now):
             return
@@ -514,17 +580,3 @@ class Forensics:
                 entry = msgspec.structs.replace(entry, peer=where)
         self._ring.append(entry)
         self.finished_total += 1
-
-
-def to_json(entries: Iterable[Finished], now: float | None = None) -> list[dict[str, Any]]:
-    """The entries as JSON-ready dicts (milestones as ``{name: seconds}``; with ``now``, ``ago``:
-    seconds since each finished)."""
-    out = []
-    for e in entries:
-        d = msgspec.structs.asdict(e)
-        d["path"] = list(e.path)
-        d["marks"] = dict(e.marks)
-        if now is not None:
-            d["ago"] = max(0.0, now - e.started - e.seconds)
-        out.append(d)
-    return out

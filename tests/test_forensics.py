@@ -3,9 +3,10 @@ requests finish: a million finished ids leave :data:`~kvtier.forensics.CAPACITY`
 hundred bytes each, measured object by object, and nothing in progress.
 
 The ring is fed batches of effects — through ``observe`` (a batch noted whole before it is
-performed), or through ``before``/``after`` around performing it, as the shell feeds it — with a
-stand-in for the two things it reads (the core's state of an id, the job ledger's record of a
-job); the end-to-end stories are in ``tests/manager/test_why.py``.
+performed), or through ``before``/``after`` around performing it, as the shell feeds it — and the
+inputs the core applied (``applied``), with a stand-in for the two things it reads (the core's
+state of an id, the job ledger's record of a job); the end-to-end stories are in
+``tests/manager/test_why.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kvtier import forensics
 from kvtier.forensics import CAPACITY, Forensics
 from kvtier.lifecycle import ConsumerState, ProbeState, ProducerState, Reason
 from kvtier.lifecycle import effects as fx
+from kvtier.lifecycle import inputs as ix
 from kvtier.wire import messages as wm
 
 #: The stated bound (docs/metrics.md, decision E3): the ring of CAPACITY entries, ids of 37
@@ -62,13 +64,16 @@ def _ring(capacity: int = CAPACITY) -> tuple[Forensics, list[float]]:
 
 
 def _finish(ring: Forensics, clock: list[float], first: int, n: int, batch: int = 256) -> None:
-    """``n`` ids finish, ``batch`` per observed step: a fetch leaves, blocks land, the job ends."""
+    """``n`` ids finish, ``batch`` per observed step: a fetch leaves, blocks land and are checked,
+    the job ends."""
     for start in range(first, first + n, batch):
         effects: list[Any] = []
         for j in range(start, min(start + batch, first + n)):
             if not j & 1 and not j & 63:  # one load in 64 with its fetch and landing, as the shell reports
-                effects += [fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(j), round=j, keys=[b"k"], slots=[0])),
-                            fx.LandBlocks(PEER, _kid(j), j, 0, (0, 1))]
+                ring.observe([*effects, fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(j), round=j, keys=[b"k"],
+                                                               slots=[0])), fx.LandBlocks(PEER, _kid(j), j, 0, (0, 1))])
+                ring.applied(ix.BlocksLanded(PEER, _kid(j), j, 0, 2, True))  # the check's answer
+                effects = []
             effects.append(fx.JobDone(j, False, Reason.LOAD_TIMEOUT if not j & 1 else Reason.REAPED))
         ring.observe(effects)
         clock[0] += 0.001
@@ -275,4 +280,126 @@ def test_a_failing_ring_costs_the_batch_nothing_it_did_or_produced() -> None:
     out = _outbound_with(ring, {fx.Send: lambda e: [produced]}, calls)
     fetch = fx.Send(PEER, wm.Fetch(gen=1, kv_request_id=_kid(2), round=2, keys=[b"k"], slots=[0]))
     assert out.perform([fetch]) == [produced]
+    assert calls == ["internal_error"]
+
+
+def test_a_load_counts_the_blocks_its_checks_matched_not_those_that_arrived() -> None:
+    """Four blocks arrive in one batch and the check answers the first two matched and the third
+    did not (the shell splits a corrupt batch at its first mismatch, decision I21): the load
+    landed two blocks, in progress and in its record, whatever arrived."""
+    ring, _ = _ring()
+    kid = _kid(2)
+    fetch = wm.Fetch(gen=1, kv_request_id=kid, round=2, keys=[b"k0", b"k1", b"k2", b"k3"], slots=[0, 1, 2, 3])
+    ring.observe([fx.Send(PEER, fetch), fx.LandBlocks(PEER, kid, 2, 0, (0, 1, 2, 3))])
+    ring.applied(ix.BlocksLanded(PEER, kid, 2, 0, 2, True))
+    ring.applied(ix.BlocksLanded(PEER, kid, 2, 2, 2, False, Reason.CORRUPT))
+    assert [e["landed"] for e in ring.open_json(kid)] == [2]
+    ring.observe([fx.JobDone(2, False, Reason.CORRUPT, (b"k0", b"k1"))])
+    (load,) = ring.recent(kid)
+    assert (load.blocks, load.landed, load.reason) == (4, 2, "corrupt")
+
+
+class _Producer(_Core):
+    """The core's read API with the producer state of every id set by the test (what the last input
+    left it in)."""
+
+    def __init__(self) -> None:
+        self.state = ProducerState.ABSENT
+
+    def producer_state(self, kid: str) -> ProducerState:
+        return self.state
+
+
+def _bound_ring(jobs: dict[int, str]) -> tuple[Forensics, _Producer, list[float], list[int]]:
+    """A ring whose job ledger knows store jobs ``jobs`` (job -> id, one block each) until their
+    results are performed; a fetch of round 7 from ``in:01`` bound each id at 0."""
+    clock, core, performed = [0.0], _Producer(), []
+
+    def job_info(j: int) -> tuple[bool, str, float, int] | None:
+        return None if j in performed or j not in jobs else (True, jobs[j], 0.0, 4096)
+
+    ring = Forensics(core=core, job_info=job_info, clock=lambda: clock[0], block_bytes=4096)
+    core.state = ProducerState.AWAITING
+    for kid in sorted(set(jobs.values()) | {_kid(1)}):
+        ring.applied(ix.Received("in:01", wm.Fetch(gen=1, kv_request_id=kid, round=7, keys=[b"k"], slots=[0])))
+    return ring, core, clock, performed
+
+
+def _refusal(kid: str, reason: str, peer: str = "in:01", rnd: int = 7) -> fx.Send:
+    return fx.Send(peer, wm.TransferDone(gen=1, kv_request_id=kid, round=rnd, ok=False, reason=reason, final=True))
+
+
+def test_a_fetch_that_bound_an_id_is_told_with_its_peer_its_wait_and_the_awaiting_step() -> None:
+    """The fetch that bound an id opens its producer record (its peer, ``bound``, ``awaiting``):
+    refused later, its entry says how long it waited bound, not "at once"; the parked blocks'
+    entry names the peer and the step; another peer's fetch refused meanwhile was refused at
+    once.  Nothing is left in progress."""
+    ring, core, clock, performed = _bound_ring({5: _kid(5)})
+    assert ring.in_progress() == 2
+    assert [(e["peer"], e["path"], list(e["marks"])) for e in ring.open_json(_kid(1))] == [
+        ("in:01", ["awaiting"], ["bound"])]
+    ring.observe([_refusal(_kid(1), "duplicate_fetch", peer="in:02", rnd=3)])  # another fetch: at once
+    clock[0] = 1.5
+    core.state = ProducerState.TOMBSTONED
+    ring.observe([_refusal(_kid(1), "nothing_stored")])  # nothing stored: no job's result ends it
+    _split(ring, [fx.JobDone(5, False, Reason.INCOMPLETE), _refusal(_kid(5), "incomplete")], performed)
+    told = {(e.kv_request_id, e.role, e.peer): e for e in ring.recent()}
+    at_once = told[_kid(1), "fetch", "in:02"]
+    assert (at_once.reason, at_once.marks, at_once.seconds) == ("duplicate_fetch", (("refused", 0.0),), 0.0)
+    for kid, reason in ((_kid(1), "nothing_stored"), (_kid(5), "incomplete")):
+        fetch = told[kid, "fetch", "in:01"]
+        assert (fetch.reason, fetch.path, fetch.started) == (reason, ("awaiting", "tombstoned"), 0.0), fetch
+        assert fetch.marks == (("bound", 0.0), ("refused", 1.5)) and fetch.seconds == 1.5, fetch
+    parked = told[_kid(5), "producer", "in:01"]
+    assert (parked.reason, parked.path, parked.blocks) == ("incomplete", ("awaiting", "tombstoned"), 1)
+    assert [m for m, _ in parked.marks] == ["bound", "result"]
+    assert ring.in_progress() == 0 and len(ring.recent()) == 4
+
+
+def test_a_fetch_whose_peer_was_lost_while_bound_ends_its_story_too() -> None:
+    """The consumer's session ends while its fetch waits bound: with a block stored, the parked
+    blocks' entry names it; with nothing stored (no job's result to end the record), a ``fetch``
+    entry says it was lost — and neither stays in progress."""
+    ring, core, clock, performed = _bound_ring({5: _kid(5)})
+    clock[0] = 2.0
+    core.state = ProducerState.TOMBSTONED
+    _split(ring, [fx.SessionEnded("in:01", Reason.PEER_DISCONNECTED), fx.JobDone(5, False, Reason.PEER_LOST)],
+           performed)
+    told = {(e.kv_request_id, e.role): e for e in ring.recent()}
+    assert set(told) == {(_kid(1), "fetch"), (_kid(5), "producer")}
+    lost = told[_kid(1), "fetch"]
+    assert (lost.reason, lost.peer, lost.marks) == ("peer_lost", "in:01", (("bound", 0.0), ("lost", 2.0)))
+    parked = told[_kid(5), "producer"]
+    assert (parked.reason, parked.peer, parked.path) == ("peer_lost", "in:01", ("awaiting", "tombstoned"))
+    assert ring.in_progress() == 0
+
+
+def test_a_transfer_the_plane_let_go_of_waits_for_its_receipt() -> None:
+    """The data plane moved every block (its release is an input, no effect shows it): the
+    producer's record moves to ``delivering``, and ``kvtier why`` says it waits for the receipt."""
+    from kvtier.explain import explain_open
+
+    ring, core, _, _ = _bound_ring({})
+    core.state = ProducerState.SERVING
+    ring.observe([fx.SendBlocks("in:01", _kid(1), 7, (0,))])
+    core.state = ProducerState.DELIVERING
+    ring.applied(ix.TransferReleased(_kid(1), 7))
+    (now,) = ring.open_json(_kid(1))
+    assert now["path"] == ["awaiting", "serving", "delivering"] and list(now["marks"]) == ["bound", "sending",
+                                                                                           "released"]
+    assert "waiting   for the consumer's receipt" in explain_open(now)
+
+
+def test_a_ring_failing_on_an_input_costs_the_pass_nothing() -> None:
+    """The ring fails on an input the core applied: the failure is counted as an internal error
+    and the pass goes on (the input stands; its effects are performed next)."""
+    calls: list[str] = []
+
+    class Broken(Forensics):
+        def applied(self, inp: Any) -> None:
+            raise RuntimeError("a ring bug")
+
+    ring = Broken(core=_Core(), job_info=lambda j: None, clock=lambda: 0.0, block_bytes=4096)
+    out = _outbound_with(ring, {}, calls)
+    out.applied(ix.TransferReleased(_kid(1), 1))
     assert calls == ["internal_error"]

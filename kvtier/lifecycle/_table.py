@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "57bb631bab622f284fff6eca194aab4f77cb5a51e5efcfd0543b9b199c36f98e"
+SPEC_SHA256: Final = "4c4cd4db8a4b9aeeebe4528861ef5cd4f191b4d6af8480708cf8fea4a7ddb9e8"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -43,7 +43,7 @@ class Reason(enum.StrEnum):
     PEER_LOST = "peer_lost"
     """the peer's session died (silence, disconnect, send failure, restart)"""
     DRAINED = "drained"
-    """drain_jobs ended the id before a consumer fetched it"""
+    """drain_jobs ended the id before any of its blocks was sent: no consumer had fetched it yet, or the fetch that bound it still waited for blocks not stored (a served round: withdrawn before its fetch)"""
     SHUTDOWN = "shutdown"
     """the manager shut down (ours, or the peer's: its goodbye said so)"""
     DUPLICATE_FETCH = "duplicate_fetch"
@@ -159,7 +159,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.INCOMPLETE: "the producer's request finished without storing every block the fetch named",
     Reason.NOTHING_STORED: "the producer's request finished without storing anything under this id (e.g. its engine could not store the blocks)",
     Reason.PEER_LOST: "the peer's session died (silence, disconnect, send failure, restart)",
-    Reason.DRAINED: "drain_jobs ended the id before a consumer fetched it",
+    Reason.DRAINED: "drain_jobs ended the id before any of its blocks was sent: no consumer had fetched it yet, or the fetch that bound it still waited for blocks not stored (a served round: withdrawn before its fetch)",
     Reason.SHUTDOWN: "the manager shut down (ours, or the peer's: its goodbye said so)",
     Reason.DUPLICATE_FETCH: "a second fetch for an id that is already bound to another round",
     Reason.TOO_MANY_PENDING: "the peer already has max_pending_fetches_per_peer fetches waiting for blocks, or they name 256 keys per allowed fetch in all",

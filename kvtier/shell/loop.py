@@ -11,7 +11,7 @@ One pass::
     commands ──► core ──► performers ─┐        (each engine input, in the order the engine made them)
     transport.service ─┐              │
     plane.poll ────────┴► inputs ──► drive(core, inputs, now, deadlines_at=quiet_since,
-                                            held=work.floor, perform=outbound.perform)
+                                            held=work.floor, **outbound.hooks)
                                      └► serve window (standing source) ─► publish
 
 and between passes one wait: ``transport.wait`` polls the sockets, the monitors *and* the loop's
@@ -326,8 +326,9 @@ class IoLoop:
                 raise
             reason = Reason(exc.reason) if isinstance(exc, InvalidTransition) else Reason.JOB_REFUSED
             log.warning("kvtier: job %d refused by the core: %s", job, exc)
-            effects = self.core.handle(ix.JobSettled(job, False, reason), self.clock())
-        settle(self.core, effects, self.clock(), self.outbound.perform)
+            effects = self.core.handle(inp := ix.JobSettled(job, False, reason), self.clock())
+        self.outbound.applied(inp)
+        settle(self.core, effects, self.clock(), **self.outbound.hooks)
 
     def park(self, inp: ix.StoreSubmitted) -> None:
         """On the loop (inside a command): a checked store, its digests taken first (I14)."""
@@ -377,13 +378,13 @@ class IoLoop:
             now = self.clock()
             if firing:
                 self.metrics.tick_lag(now - due)
-            drive(core, work.inputs(inputs), now, deadlines_at=quiet, held=work.floor, perform=self.outbound.perform)
+            drive(core, work.inputs(inputs), now, deadlines_at=quiet, held=work.floor, **self.outbound.hooks)
             self.passes += 1
             if work.settle:
                 work.settle = False
                 if self.plane.finish_landings(SETTLE_S):
                     reports = self.inbound.reports(self.plane.poll())
-                    drive(core, work.inputs(reports), self.clock(), deadlines_at=None, perform=self.outbound.perform)
+                    drive(core, work.inputs(reports), self.clock(), deadlines_at=None, **self.outbound.hooks)
         serving = self.serving
         if serving.standing is not None and serving.wanted():
             self.serve(serving.standing)
@@ -590,11 +591,10 @@ class IoLoop:
     def _finish_plane(self) -> None:
         inputs = self.inbound.reports(self.plane.close())  # landings still running end first
         now = self.clock()
-        drive(self.core, self.work.inputs(inputs), now, deadlines_at=None, perform=self.outbound.perform)
-        drive(self.core, self.work.drain(), now, deadlines_at=None, perform=self.outbound.perform)
+        drive(self.core, self.work.inputs(inputs), now, deadlines_at=None, **self.outbound.hooks)
+        drive(self.core, self.work.drain(), now, deadlines_at=None, **self.outbound.hooks)
         for job_id in self.jobs.open_ids():  # nothing should remain; never leave a job without a result
             log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
-            settle(self.core, self.core.handle(ix.JobSettled(job_id, False, Reason.SHUTDOWN), now), now,
-                   self.outbound.perform)
+            self._run(ix.JobSettled(job_id, False, Reason.SHUTDOWN))
         # no serve window comes after shutdown: engine lookup contexts go with the engine
         self.serving.drop_contexts()

@@ -77,7 +77,7 @@ class Outbound:
         """The dials' name lookups, off the loop (T19); None: looked up inline, as the dial."""
         self.forensics: Any = None
         """The request forensics (:class:`kvtier.forensics.Forensics`): shown every batch of
-        effects around performing it (its one feed, decision E3); None: off."""
+        effects around performing it, and each input the core applied (decisions E3, E10); None: off."""
         self.posted: dict[tuple[str, int], float] = {}
         """transfer -> when it was handed to the plane (the producer's transfer-time histogram)."""
         self.changed = False
@@ -105,6 +105,9 @@ class Outbound:
         }
         self.SEND_NOTES: dict[type, Callable[[str, Any], None]] = {
             getattr(wm, w.struct): notes[w.sent] for w in WIRE.values() if w.sent}
+        self.hooks: dict[str, Callable[[Any], Any]] = {"perform": self.perform, "applied": self.applied}
+        """What :func:`kvtier.lifecycle.driver.drive` and ``settle`` are handed: each batch of effects to
+        perform, and each input the core applied (:meth:`applied`)."""
 
     def perform(self, effects: Sequence[fx.Effect]) -> Inputs:
         """Carry out ``effects`` in order; return the inputs they produced, in order."""
@@ -132,6 +135,18 @@ class Outbound:
                     self.logs("*", "forensics_failed", "kvtier: the request forensics failed on a batch of "
                               "effects: %r", exc, level=logging.ERROR)
         return produced
+
+    def applied(self, inp: ix.Input) -> None:
+        """The core applied ``inp``; its effects are performed next: the request forensics read the
+        state it left its id in (decision E10).  A failing ring costs the pass nothing."""
+        fz = self.forensics
+        if fz is not None:
+            try:
+                fz.applied(inp)
+            except Exception as exc:  # noqa: BLE001 - the ring is a diagnostic
+                self.metrics.internal_error()
+                self.logs("*", "forensics_failed", "kvtier: the request forensics failed on an input: %r", exc,
+                          level=logging.ERROR)
 
     # -- messages ------------------------------------------------------------------------------
     def _send(self, e: fx.Send) -> Inputs | None:

@@ -85,3 +85,23 @@ def test_an_inputs_consequences_are_applied_before_the_inputs_reported_after_it(
     assert [a for a in asked if a] == [["e0"], ["e1"]]
     settle(core, [], 6.0, perform)  # type: ignore[arg-type]
     assert core.handled[-1] == ("x2", 5.0)  # nothing to perform: nothing applied
+
+
+def test_each_input_is_shown_once_applied_and_before_its_effects_are_performed() -> None:
+    """``applied`` sees every input — read, reported by a performer, either — right after the core
+    applied it and before its effects are performed (the request forensics read the state it left
+    its id in, decision E10): a move with no effect is seen too."""
+    core = ScriptedCore({"a": ["e1"], "x": ["e2"]})
+    reports = {"e1": ["x"]}
+    order: list[str] = []
+
+    def perform(effects: Sequence[str]) -> list[str]:
+        order.extend(f"perform {e}" for e in effects)
+        return [inp for e in effects for inp in reports.get(e, [])]
+
+    def applied(inp: str) -> None:
+        assert core.handled[-1][0] == inp  # the core has applied it
+        order.append(f"applied {inp}")
+
+    drive(core, ["a", "b"], 1.0, deadlines_at=None, perform=perform, applied=applied)  # type: ignore[arg-type]
+    assert order == ["applied a", "perform e1", "applied x", "perform e2", "applied b"]

@@ -15,8 +15,8 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from mgr_helpers import (BOTH_PLANES, Jobs, consumer_req, job, keys_for, producer_req, pump_until, serve_http,
-                         transfer_once)
+from mgr_helpers import (BOTH_PLANES, Jobs, consumer_req, job, keys_for, metric, producer_req, pump_until,
+                         serve_http, transfer_once)
 
 from kvtier.cli import cli
 from kvtier.lifecycle import REASON_DOCS, Reason
@@ -86,16 +86,80 @@ def _fetch_before_any_store(make_manager, kid: str, supply_s: float):
 
 def test_why_tells_how_long_a_fetch_waited_for_blocks_never_stored(make_manager) -> None:
     """The consumer asked before the prefill stored anything, and nothing came: the producer's
-    entry says the fetch waited the supply timeout (at least: each store restarts it), not that it
-    was refused at once."""
+    entry says the fetch bound the id and waited the supply timeout (at least: each store restarts
+    it), not that it was refused at once."""
     p, c, cjobs, _ = _fetch_before_any_store(make_manager, "kv-never", 0.3)
     assert pump_until(lambda: cjobs.has(2), managers=[p, c], jobs=[cjobs])
     assert cjobs.one(2).reason == "supply_timeout"
     (fetch,) = _records("kv-never", p)
     assert fetch["role"] == "fetch" and fetch["reason"] == "supply_timeout"
-    assert fetch["marks"] == {"refused": 0.3} and fetch["seconds"] == 0.3, fetch
+    assert list(fetch["marks"]) == ["bound", "refused"] and fetch["path"] == ["awaiting", "tombstoned"], fetch
+    assert fetch["marks"]["refused"] == fetch["seconds"] >= 0.3, fetch
     code, out, _ = _why("kv-never", p)
-    assert code == 0 and "refused +300.0 ms" in out, out
+    assert code == 0 and "timeline  bound +0.0 ms · refused +3" in out, out
+
+
+def _bind(make_manager, kid: str, stored: int):
+    """A producer (``stored`` of 3 blocks parked by its store job 1) and a consumer whose load job 2
+    of ``kid`` fetched all three: the fetch bound the id and waits for the rest of its blocks."""
+    p = make_manager({**HB, "fetch_supply_timeout_s": 20.0})
+    c = make_manager({**HB, "load_timeout_s": 20.0})
+    keys = keys_for(kid, 3)
+    preq = producer_req("p1", kid)
+    p.on_new_request(preq)
+    if stored:
+        p.submit_store(job(1, keys[:stored], range(stored), preq))
+    creq = consumer_req("c1", kid, p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(2, keys, [3, 4, 5], creq))
+    bound = lambda: getattr(CoreView(p.core).producer(kid), "state", None) == "awaiting"  # noqa: E731
+    assert pump_until(bound, managers=[p, c])
+    return p, c, preq
+
+
+@pytest.mark.parametrize(("reason", "stored"), [("nothing_stored", 0), ("incomplete", 2), ("drained", 1)])
+def test_why_on_the_producer_tells_how_long_a_bound_fetch_waited(make_manager, reason: str, stored: int) -> None:
+    """A fetch bound the id and waited for its blocks; then the prefill request finished having
+    stored none or only some, or the engine drained: the producer's side says the fetch was bound
+    and refused after it waited (as long as the consumer did), through the awaiting step — not
+    that it was refused at once — and the parked blocks' record names the consumer."""
+    kid = f"kv-{reason}"
+    p, c, preq = _bind(make_manager, kid, stored)
+    pjobs, cjobs = Jobs(p), Jobs(c)
+    pump_until(lambda: False, managers=[p, c], timeout_s=0.3)  # it waits bound
+    if reason == "drained":
+        p.drain_jobs(5.0)
+    else:
+        p.on_request_finished(preq)
+    assert pump_until(lambda: cjobs.has(2) and (not stored or pjobs.has(1)), managers=[p, c], jobs=[pjobs, cjobs])
+    assert cjobs.one(2).reason == reason
+    records = {r["role"]: r for r in _records(kid, p)}
+    fetch = records["fetch"]
+    assert fetch["reason"] == reason and list(fetch["marks"]) == ["bound", "refused"], fetch
+    assert fetch["marks"]["refused"] == fetch["seconds"] >= 0.3 and fetch["path"] == ["awaiting", "tombstoned"]
+    if stored:
+        parked = records["producer"]
+        assert parked["peer"].startswith("127.0.0.1:") and parked["path"] == ["awaiting", "tombstoned"], parked
+    code, out, _ = _why(kid, p)
+    assert code == 0 and "timeline  bound +0.0 ms · refused +" in out, out
+    assert f"meaning   {REASON_DOCS[Reason(reason)]}" in out, out
+    assert "before a consumer fetched it" not in out, out  # drained: a fetch had bound it
+
+
+def test_the_producer_names_the_consumer_of_a_bound_fetch_that_died(make_manager) -> None:
+    """A fetch bound the id (one of its three blocks stored) and its consumer's process dies: the
+    producer's record of the parked blocks names that consumer and the step it was in (awaiting),
+    so the log line `session with … ended` it points to can be found."""
+    p, c, _ = _bind(make_manager, "kv-orphan", 1)
+    pjobs = Jobs(p)
+    c.close_abruptly()
+    assert pump_until(lambda: pjobs.has(1), managers=[p], jobs=[pjobs])
+    assert pjobs.one(1).reason == "peer_lost"
+    (rec,) = _records("kv-orphan", p)
+    assert (rec["role"], rec["reason"]) == ("producer", "peer_lost") and rec["peer"].startswith("127.0.0.1:"), rec
+    assert rec["path"] == ["awaiting", "tombstoned"] and list(rec["marks"]) == ["bound", "result"], rec
+    code, out, _ = _why("kv-orphan", p)
+    assert code == 0 and f"FAILED: peer_lost, peer {rec['peer']}" in out, out
 
 
 @BOTH_PLANES
@@ -110,7 +174,7 @@ def test_why_on_the_producer_tells_a_fetch_its_consumer_aborted_before_any_block
     assert pump_until(lambda: bool(_records("kv-gone", p)), managers=[p, c])
     (fetch,) = _records("kv-gone", p)
     assert (fetch["role"], fetch["ok"], fetch["reason"]) == ("fetch", False, "aborted"), fetch
-    assert list(fetch["marks"]) == ["aborted"], fetch
+    assert list(fetch["marks"]) == ["bound", "aborted"] and fetch["path"] == ["awaiting", "tombstoned"], fetch
     code, out, _ = _why("kv-gone", p)
     assert code == 0 and "a peer's fetch (producer) FAILED: aborted" in out, out
 
@@ -188,27 +252,37 @@ def test_why_explains_a_corrupt_load(make_manager) -> None:
     (load,) = _records("kv-bad", c)
     assert load["peer"] == p.address and "first_block" in load["marks"] and load["path"][-1] == "failed"
     assert load["path"][0] == "in_flight"
+    # landed: the blocks the checks matched (those before the corrupt one, decision I21), not those that arrived
+    kept = len(cjobs.one(2).successful_keys or ())
+    assert load["landed"] == kept < 4 and f"blocks    {kept} of 4 landed" in out, (load, out)
     # the producer's side of the same id: its transfer was aborted by the consumer
     (parked,) = _records("kv-bad", p)
     assert (parked["role"], parked["ok"], parked["reason"]) == ("producer", False, "aborted")
     assert "sending" in parked["marks"] and parked["blocks"] == 4
 
 
+def _warm_hand_off(make_manager, kid: str, n: int):
+    """A producer and a consumer whose session is up; ``n`` blocks of ``kid`` parked (store job 11)
+    and their load submitted (job 12): its fetch leaves at once.  Nothing is polled after it."""
+    p = make_manager(HB)
+    c = make_manager(HB)
+    pjobs, cjobs = Jobs(p), Jobs(c)
+    transfer_once(p, c, "kv-warm")
+    keys = keys_for(kid, n)
+    preq = producer_req("p2", kid)
+    p.on_new_request(preq)
+    p.submit_store(job(11, keys, range(n), preq))
+    creq = consumer_req("c2", kid, p.host, p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(12, keys, range(n, 2 * n), creq))
+    return p, c, pjobs, cjobs
+
+
 def test_why_shows_a_load_still_in_progress(make_manager) -> None:
     """A fetch still out, and blocks parked that no consumer fetched yet, are shown as in progress
     (states and milestones so far, what they wait for), not as ids the endpoints do not know; once
     the request ends, its finished records are shown."""
-    p = make_manager(HB)
-    c = make_manager(HB)
-    pjobs, cjobs = Jobs(p), Jobs(c)
-    transfer_once(p, c, "kv-warm")  # the session is up: the next fetch leaves at once
-    keys = keys_for("kv-open", 2)
-    preq = producer_req("p2", "kv-open")
-    p.on_new_request(preq)
-    p.submit_store(job(11, keys, [0, 1], preq))
-    creq = consumer_req("c2", "kv-open", p.host, p.port)
-    c.on_new_request(creq)
-    c.submit_load(job(12, keys, [2, 3], creq))  # the producer is not polled: the fetch stays out
+    p, c, pjobs, cjobs = _warm_hand_off(make_manager, "kv-open", 2)  # the producer is not polled: the fetch stays out
     assert pump_until(lambda: _why("kv-open", c)[0] == 0, managers=[c], jobs=[cjobs])
     code, out, err = _why("kv-open", c)
     assert "kv-open load (consumer) IN PROGRESS for " in out and f"peer {p.address}" in out, (out, err)
@@ -223,6 +297,20 @@ def test_why_shows_a_load_still_in_progress(make_manager) -> None:
     code, out, _ = _why("kv-open", c, p)
     assert code == 0 and "IN PROGRESS" not in out, out
     assert "kv-open load (consumer) ok" in out and "kv-open parked blocks (producer) ok" in out, out
+
+
+def test_why_shows_a_transfer_waiting_for_its_receipt(make_manager) -> None:
+    """Every block left and the data plane let go of them, and the consumer (not polled) has not
+    confirmed them: the producer's side says it is delivering and waits for the receipt, as
+    ``kvtier_parked_ids`` does — not that it is still serving."""
+    p, c, pjobs, cjobs = _warm_hand_off(make_manager, "kv-receipt", 3)  # the consumer is then not polled
+    assert pump_until(lambda: metric(p, "kvtier_parked_ids", state="delivering") == 1, managers=[p])
+    code, out, _ = _why("kv-receipt", p)
+    assert code == 0 and "path      serving → delivering (so far)" in out, out
+    assert "waiting   for the consumer's receipt" in out, out
+    assert pump_until(lambda: cjobs.has(12) and pjobs.has(11), managers=[p, c], jobs=[pjobs, cjobs])
+    parked = [r for r in _records("kv-receipt", p) if r["role"] == "producer"]
+    assert [r["path"] for r in parked] == [["serving", "delivering", "done"]], parked
 
 
 def test_why_says_when_no_endpoint_knows_the_id(make_manager) -> None:
