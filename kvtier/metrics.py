@@ -192,7 +192,7 @@ SERIES: tuple[SeriesDef, ...] = (
               _THROUGHPUT_BUCKETS, "transfer"),
     SeriesDef("kvtier_block_bytes_sent_total", "counter", (), "bytes",
               "Block payload bytes of rounds the producer's data plane finished sending, whatever the consumer made "
-              "of them (its store job's result says).", fed_by="transfer"),
+              "of them (its store job's result says; O15).", fed_by="transfer"),
     SeriesDef("kvtier_block_bytes_landed_total", "counter", (), "bytes",
               "Block payload bytes written into consumer slots and checked, failed loads included (a batch "
               "after a corrupt one too; the load reports the prefix before it: successful_keys).", fed_by="landed"),
