@@ -479,6 +479,13 @@ class Forensics:
         store, kid, submitted, nbytes = info
         role = "producer" if store else "consumer"
         key = (role, kid)
+        if not store and key in self._open and self._core.consumer_state(kid).value not in _FINAL_CONSUMER:
+            # a further load refused while the id's load runs (duplicate_load): an entry of its own;
+            # the running load's record stays open for its own result
+            took = max(now - submitted, 0.0)
+            self._add(Finished(kid, role, e.ok, e.reason or "", self._peer_of(kid), (), (("result", took),),
+                               submitted, took, 0, 0, nbytes))
+            return
         t = self._open.pop(key, None)
         if t is None:
             t = _Open(submitted)

@@ -465,3 +465,28 @@ def test_why_refuses_what_cannot_be_a_kv_request_id(kid: str) -> None:
     "not among its last 1024 finished requests")."""
     res = CliRunner().invoke(cli, ["why", kid, "127.0.0.1:9"])
     assert res.exit_code == 2 and "is not a kv_request_id" in res.output, res.output
+
+
+def test_a_second_load_refused_while_the_first_runs_keeps_the_first_loads_story(make_manager) -> None:
+    """A second load of an id refused ``duplicate_load`` while the first waits for its blocks is an
+    entry of its own: the first load's record stays open and ends with its own result, timeline
+    and peer (the refusal took the first load's record and the success was told bare)."""
+    p, c = make_manager(HB), make_manager(HB)
+    jobs = Jobs(c)
+    preq = producer_req("p-dup", "kv-dup")
+    p.on_new_request(preq)
+    keys = keys_for("kv-dup", 2)
+    creq = consumer_req("d-dup", "kv-dup", "127.0.0.1", p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(11, keys, [10, 11], creq))  # fetch before store: it waits for the blocks
+    assert pump_until(lambda: p.core.producer_state("kv-dup").value == "awaiting", managers=[p, c])
+    c.submit_load(job(12, keys, [12, 13], creq))
+    assert pump_until(lambda: jobs.has(12), managers=[p, c], jobs=[jobs])
+    assert jobs.one(12).reason == "duplicate_load"
+    p.submit_store(job(1, keys, [0, 1], preq))
+    assert pump_until(lambda: jobs.has(11), managers=[p, c], jobs=[jobs])
+    assert jobs.one(11).success
+    records = _records("kv-dup", c)
+    assert sorted((r["ok"], r["reason"]) for r in records) == [(False, "duplicate_load"), (True, "")], records
+    (load,) = [r for r in records if r["ok"]]
+    assert load["peer"] and "fetch" in load["marks"] and load["path"][-1] == "loaded", load
