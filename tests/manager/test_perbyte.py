@@ -535,7 +535,7 @@ def test_a_peers_bad_payloads_make_one_line_per_interval_whichever_check_finds_t
         out.perform([_land(peer="Q")])
     assert metrics.calls == [("wire_error", "bad_payload")] * 3
     assert [r.getMessage() for r in caplog.records] == [
-        f"kvtier: bad message from P: bad_payload: payload 0 is 5 bytes, block_bytes is {BB}",
+        f"kvtier: bad message from P about kv: bad_payload: payload 0 is 5 bytes, block_bytes is {BB}",
         "kvtier: bad block_data from Q: block_data carries 1 payload frames for 2 blocks"]
 
 
