@@ -10,6 +10,7 @@ reStructuredText markup.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -129,21 +130,34 @@ def check_config(config: str) -> None:
     """
     from kvtier.vllmconfig import check_kv_transfer_config
 
-    if config.startswith("@"):
+    path = config[1:] if config.startswith("@") else None
+    if path is not None:
         try:
-            with open(config[1:], encoding="utf-8") as f:
+            with open(path, encoding="utf-8") as f:
                 config = f.read()
         except OSError as exc:
-            raise click.BadParameter(f"cannot read {config[1:]!r}: {exc.strerror}", param_hint="KV_TRANSFER_CONFIG")
+            raise click.BadParameter(f"cannot read {path!r}: {exc.strerror}", param_hint="KV_TRANSFER_CONFIG")
     try:
         problems, notes = check_kv_transfer_config(config)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="KV_TRANSFER_CONFIG") from None
+        raise click.BadParameter(_not_json(str(exc), config, path), param_hint="KV_TRANSFER_CONFIG") from None
     for line in notes:
         click.echo(f"ok: {line}")
     for line in problems:
         click.echo(f"problem: {line}", err=True)
     sys.exit(1 if problems else 0)
+
+
+def _not_json(why: str, text: str, path: str | None) -> str:
+    """``why`` the config could not be read, with the likely slip: a file named without ``@``, or
+    a file that is not JSON (vLLM's --kv-transfer-config is JSON text)."""
+    stripped = text.strip()
+    if path is None and stripped and not stripped.startswith("{") and os.path.isfile(stripped):
+        return f"{why}: {stripped!r} is a file: did you mean @{stripped}?"
+    if path is not None and not stripped.startswith(("{", "[")):
+        return (f"{why}: {path!r} is not JSON (vLLM's --kv-transfer-config is JSON text; YAML is not read): "
+                "write it as a JSON object")
+    return why
 
 
 @cli.group()
@@ -166,6 +180,9 @@ def keys_generate(directory: str, name: str, endpoints: tuple[str, ...]) -> None
         pub, sec = generate_keys(directory, name, endpoints)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    except OSError as exc:  # the directory cannot be made or written
+        raise click.BadParameter(f"cannot write the keys into {directory!r}: {exc.strerror or exc}; give a directory "
+                                 "this user can create or write") from None
     click.echo(f"public: {pub}  (copy into every peer's auth_allowed_keys_dir)\n"
                f"secret: {sec}  (this instance's auth_secret_key_file; keep it here)")
 

@@ -501,14 +501,13 @@ def _refuse_builtin_type(mapping: Mapping[str, Any]) -> None:
     way: vLLM loads its tier, not kvtier (or, through the Python API, the entry was copied from a
     ``p2p`` config).  Say which ``type``/``module_path`` to write (docs/migrating-from-p2p.md)."""
     name = mapping.get("type")
-    if isinstance(name, str) and name.strip().lower() in VLLM_BUILTIN_TIERS:
-        raise TierConfigError(
-            f"type={name!r} names vLLM's built-in {name.strip().lower()!r} tier, not kvtier: vLLM's factory "
-            "looks registered names up before module_path, so this entry would load vLLM's own tier. Write "
-            '"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm" '
-            "(docs/migrating-from-p2p.md maps the p2p keys)",
-            keys=("type",),
-        )
+    if isinstance(name, str) and (builtin := name.strip().lower()) in VLLM_BUILTIN_TIERS:
+        what = ("vLLM's factory looks registered names up before module_path, so this entry would load vLLM's own tier"
+                if name == builtin else f"vLLM matches names exactly, so it would look a class {name!r} up in "
+                "module_path and fail")  # only the exact name is in vLLM's registry
+        raise TierConfigError(f"type={name!r} names vLLM's built-in {builtin!r} tier, not kvtier: {what}. Write "
+                              '"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm" '
+                              "(docs/migrating-from-p2p.md maps the p2p keys)", keys=("type",))
 
 DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {a.name: a.default for a in attrs.fields(TierConfig)}

@@ -59,8 +59,9 @@ def _split(target: str) -> tuple[str, str, str]:
         target = "http://" + target
     scheme, _, rest = target.partition("://")
     hostport, _, path = rest.partition("/")
-    port = hostport.rsplit("]", 1)[-1].rpartition(":")[2]
-    if scheme not in ("http", "https") or not (port.isascii() and port.isdigit()):
+    host, colon, port = hostport.rsplit("]", 1)[-1].rpartition(":")
+    if scheme not in ("http", "https") or not colon or not (port.isascii() and port.isdigit()) \
+            or not (host or hostport.startswith("[")):  # a bare "9464" is a port without its host
         raise ValueError(f"{given!r} is not a metrics endpoint: give {_EXAMPLE}")
     if not 0 < int(port) < 65536:
         raise ValueError(f"{given!r}: port {port} is not 1..65535: give {_EXAMPLE}")

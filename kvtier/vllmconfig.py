@@ -168,6 +168,7 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
                         '({"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", ...})')
         return problems, notes, 0
     found = 0
+    builtin: list[str] = []  # entries of vLLM's own tiers: the likely place kvtier was meant to go
     for i, entry in enumerate(tiers):
         where = f"secondary_tiers[{i}]"
         if not isinstance(entry, Mapping):
@@ -182,6 +183,8 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
                     f"module_path){', which ignores ' + ', '.join(kvtier_keys) if kvtier_keys else ''}: for kvtier "
                     f'write "type": "KvTierSecondaryTier", "module_path": "{KVTIER_MODULE}" '
                     "(docs/migrating-from-p2p.md)")
+            else:
+                builtin.append(f"{where} is vLLM's own {kind!r} tier")
             continue
         if entry.get("module_path") != KVTIER_MODULE and kind != "KvTierSecondaryTier":
             continue  # another out-of-tree tier: not ours to judge
@@ -201,7 +204,9 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
             problems.append("kv_connector_extra_config.backpressure: remove it (vLLM merges a top-level block into "
                             f"every tier, {where} included, and kvtier refuses a back-pressure detector)")
         try:
-            cfg = TierConfig.from_dict({k: v for k, v in entry.items() if k != "backpressure"})
+            # a wrong type is named above: the entry's other keys are checked as kvtier would take them
+            cfg = TierConfig.from_dict({k: v for k, v in entry.items() if k != "backpressure"}
+                                       | {"type": "KvTierSecondaryTier", "module_path": KVTIER_MODULE})
         except ValueError as exc:
             problems.append(f"{where}: {exc}")
             continue
@@ -217,7 +222,9 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
         notes.append(f"{where}: kvtier, {cfg.data_plane} plane, listens on {cfg.host}:{cfg.port}"
                      f"{' (+ data_parallel_index)' if cfg.port else ''}, auth {cfg.auth}")
     if own_entry_required and not found and not problems:
-        problems.append(f"no secondary_tiers entry loads kvtier (module_path {KVTIER_MODULE!r})")
+        problems.append(f"no secondary_tiers entry loads kvtier (module_path {KVTIER_MODULE!r})" + (
+            f": {', '.join(builtin)}; to run kvtier in its place write \"type\": \"KvTierSecondaryTier\", "
+            f'"module_path": "{KVTIER_MODULE}" (docs/migrating-from-p2p.md maps its keys)' if builtin else ""))
     if own_entry_required and found > 1:
         problems.append(f"{found} secondary_tiers entries load kvtier: one per engine (a second one parks every "
                         "prefill request's blocks again and pins them until its unbound_store_timeout_s)")

@@ -135,11 +135,15 @@ def test_a_value_whose_repr_fails_is_shown_by_its_kind() -> None:
 
 @pytest.mark.parametrize("name", ["p2p", "fs", "obj", "kvcr", "example", " P2P ", "Fs"])
 def test_a_type_naming_a_vllm_builtin_tier_is_refused_with_what_to_write(name: str) -> None:
+    """Any case or spacing is a copied entry; only the exact name is in vLLM's registry, so only it
+    would load vLLM's own tier (another is looked up in module_path, and fails there)."""
     err = refused({"type": name})
     builtin = name.strip().lower()
+    what = ("vLLM's factory looks registered names up before module_path, so this entry would load vLLM's own tier"
+            if name == builtin else
+            f"vLLM matches names exactly, so it would look a class {name!r} up in module_path and fail")
     assert str(err) == (
-        f"type={name!r} names vLLM's built-in {builtin!r} tier, not kvtier: vLLM's factory looks registered "
-        "names up before module_path, so this entry would load vLLM's own tier. Write "
+        f"type={name!r} names vLLM's built-in {builtin!r} tier, not kvtier: {what}. Write "
         '"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm" '
         "(docs/migrating-from-p2p.md maps the p2p keys)")
     assert err.keys == ("type",)

@@ -193,6 +193,21 @@ def test_a_vllm_entry_naming_vllms_own_tier_is_refused_with_the_right_type() -> 
     assert res.exit_code == 1 and "did you mean 'unbound_store_timeout_s'" in res.output
     res = CliRunner().invoke(cli, ["check-config", "{not json"])
     assert res.exit_code == 2 and "not JSON" in res.output
+    # the migration guide's "before" entry alone: the problem says what to write instead
+    res = CliRunner().invoke(cli, ["check-config", config({"type": "p2p", "host": "10.0.0.5", "port": 5710})])
+    assert res.exit_code == 1 and "secondary_tiers[0] is vLLM's own 'p2p' tier" in res.output, res.output
+    assert '"type": "KvTierSecondaryTier"' in res.output, res.output
+
+
+def test_check_config_names_a_file_given_without_at_and_a_file_that_is_not_json(tmp_path) -> None:
+    good = tmp_path / "prefill.json"
+    good.write_text(json.dumps({"kv_connector": "OffloadingConnector"}))
+    res = CliRunner().invoke(cli, ["check-config", str(good)])
+    assert res.exit_code == 2 and f"did you mean @{good}?" in res.output, res.output
+    yaml = tmp_path / "prefill.yaml"
+    yaml.write_text("kv_connector: OffloadingConnector\n")
+    res = CliRunner().invoke(cli, ["check-config", f"@{yaml}"])
+    assert res.exit_code == 2 and "is not JSON" in res.output and "YAML" in res.output, res.output
 
 
 
@@ -200,6 +215,7 @@ def test_a_vllm_entry_naming_vllms_own_tier_is_refused_with_the_right_type() -> 
     ({"type": "KvTierSecondaryTier", "port": 5710}, "module_path=None: vLLM imports the tier class from it"),
     ({"type": "KvTierSecondaryTier", "module_path": "foo.bar"}, "module_path='foo.bar'"),
     ({"type": "Foo", "module_path": "kvtier.integrations.vllm"}, "type='Foo': vLLM looks this name up"),
+    ({"type": "P2P", "module_path": "kvtier.integrations.vllm"}, "type='P2P': vLLM looks this name up"),
 ])
 def test_check_config_refuses_an_entry_vllm_would_not_load(entry, says) -> None:
     """vLLM's tier factory imports ``module_path`` and takes the class ``type`` names from it: an
@@ -207,7 +223,7 @@ def test_check_config_refuses_an_entry_vllm_would_not_load(entry, says) -> None:
     doc = json.dumps({"kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}})
     res = CliRunner().invoke(cli, ["check-config", doc])
     assert res.exit_code == 1 and says in res.output, res.output
-    assert "ok:" not in res.output, res.output
+    assert "ok:" not in res.output and res.output.count("problem: secondary_tiers[0]") == 1, res.output  # told once
 
 
 def test_a_metrics_port_equal_to_port_is_refused_before_start() -> None:

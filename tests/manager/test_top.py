@@ -95,7 +95,7 @@ def test_endpoint_urls(target: str, url: str) -> None:
     assert endpoint_url(target) == url
 
 
-@pytest.mark.parametrize("target", ["", "localhost", "http://h/metrics", "[::1]", "127.0.0.1:99999", "h:0"])
+@pytest.mark.parametrize("target", ["", "localhost", "http://h/metrics", "[::1]", "127.0.0.1:99999", "h:0", "9464", ":9464"])
 def test_a_target_without_a_port_is_refused_by_name(target: str) -> None:
     res = CliRunner().invoke(cli, ["top", target, "--once"])
     assert res.exit_code == 2 and ("host:port" in res.output or "empty" in res.output), res.output

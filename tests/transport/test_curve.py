@@ -241,6 +241,11 @@ def test_cli_keys_generate(tmp_path) -> None:
     assert (tmp_path / "prefill-1.key_secret").stat().st_mode & 0o077 == 0
     r = CliRunner().invoke(cli, ["keys", "generate", str(tmp_path), "x", "--endpoint", "h:99999"])
     assert r.exit_code != 0 and "port" in r.output
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    r = CliRunner().invoke(cli, ["keys", "generate", str(afile / "sub"), "x"])  # a directory that cannot be made
+    assert r.exit_code == 2 and "cannot write the keys into" in r.output and r.exception is None or \
+        isinstance(r.exception, SystemExit), r.output
 
 
 def test_frame_of_exactly_the_cap_passes_under_curve(keys) -> None:
