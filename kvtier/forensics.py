@@ -479,7 +479,7 @@ class Forensics:
         store, kid, submitted, nbytes = info
         role = "producer" if store else "consumer"
         key = (role, kid)
-        if not store and key in self._open and self._core.consumer_state(kid).value not in _FINAL_CONSUMER:
+        if not store and key in self._open and self._another_load_runs(kid, e.job_id):
             # a further load refused while the id's load runs (duplicate_load): an entry of its own;
             # the running load's record stays open for its own result
             took = max(now - submitted, 0.0)
@@ -511,6 +511,14 @@ class Forensics:
         self._add(Finished(kid, role, e.ok, reason, t.peer, tuple(t.path),
                            tuple([(m, at - start if at > start else 0.0) for m, at in t.marks]), start,
                            now - start if now > start else 0.0, t.blocks, t.landed, t.nbytes))
+
+    def _another_load_runs(self, kid: str, job_id: int) -> bool:
+        """Whether a load job of ``kid`` other than ``job_id`` is still running (the id's load, or a
+        symmetric round's): ``job_id`` was then refused beside it (duplicate_load, not_offered)."""
+        core = self._core
+        views = [core.consumer(kid), *core.round_loads(kid)]
+        return any(v is not None and v.job_id is not None and v.job_id != job_id
+                   and v.state.value not in _FINAL_CONSUMER for v in views)
 
     def _merge(self, kid: str, ok: bool, reason: str, t: _Open, now: float) -> bool:
         """Several store jobs of one id end in one step (a receipt, a reap, a drain): one entry."""

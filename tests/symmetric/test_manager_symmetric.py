@@ -131,6 +131,10 @@ def test_each_manager_serves_and_fetches_byte_identical_and_releases_every_pin(m
         assert pump([cons, prod], lambda prod=prod: not CoreView(prod.core).serve_ids())
         cons.on_request_finished(req)
         assert pump([cons, prod], lambda cons=cons: not cons.core.probe_ids())
+        # `kvtier why` tells the load once, finished, with its timeline (it stayed "in progress")
+        (entry,) = [e for e in cons.forensics.recent(kid) if e.role == "consumer"]
+        assert entry.ok and dict(entry.marks).keys() >= {"fetch", "first_block"} and entry.landed == len(keys)
+        assert cons.forensics.in_progress() == 0
     for m, idx in ((a, ia), (b, ib)):
         assert idx.pins_outstanding() == 0 and all(idx.released.values())
         assert stat(m, "kvtier_pins_released_total{outcome=ok") >= 1
