@@ -225,9 +225,28 @@ def handshake_hint(field: str) -> str:
     return f"; {hint}" if hint else ""
 
 
-def advice(reason: str) -> str:
+#: The serving side of a symmetric round that withdrew its offer (``kvtier why``'s ``offer`` entries):
+#: the same reason asks for another change there than on the side that did not fetch.
+OFFER_ADVICE: Mapping[Reason, str] = MappingProxyType({
+    Reason.OFFER_EXPIRED: "The peer did not fetch the blocks we offered within our `offer_timeout_s`: its engine "
+                          "deferred the request (routine under load), and our pins were released. Raise "
+                          "`offer_timeout_s` here if it is frequent and the peer's requests do run later.",
+    Reason.DRAINED: "`drain_jobs` (vLLM: `reset_cache`) here withdrew the offer before the peer fetched it: the "
+                    "peer computes the blocks itself. Expected during a cache reset.",
+    Reason.SHUTDOWN: "This manager shut down before the peer fetched the blocks it was offered: the peer computes "
+                     "them itself. Routine during a restart.",
+})
+
+
+def advice(reason: str, role: str = "") -> str:
     """The advice for a reason code (a lifecycle or wire reason; ``peer_reported_<code>`` names the
-    peer's view of one of ours); ``""`` for an unknown code."""
+    peer's view of one of ours) told of a request in ``role`` (``kvtier why``'s roles: an ``offer``
+    withdrawn by a serving peer has advice of its own); ``""`` for an unknown code."""
+    if role == "offer":
+        try:
+            return OFFER_ADVICE[Reason(reason)]
+        except (ValueError, KeyError):
+            pass
     code = reason.removeprefix("peer_reported_")
     try:
         return ADVICE[Reason(code)]

@@ -17,7 +17,8 @@ from kvtier.lifecycle import REASON_DOCS, Reason
 __all__ = ["TierStats", "explain", "explain_open", "one_line"]
 
 _ROLE = {"consumer": "load (consumer)", "producer": "parked blocks (producer)",
-         "fetch": "a peer's fetch (producer)", "probe": "probing its peer (symmetric)"}
+         "fetch": "a peer's fetch (producer)", "probe": "probing its peer (symmetric)",
+         "offer": "blocks offered to a peer (symmetric, serving)"}
 
 
 def _ms(seconds: float) -> str:
@@ -113,7 +114,7 @@ def explain(e: Mapping[str, Any], where: str = "") -> str:
         meaning = _meaning(reason)
         if meaning:
             lines.append(f"  meaning   {meaning}")
-        todo = advice(reason)
+        todo = advice(reason, e["role"])
         if todo and not e["ok"]:
             lines.append(f"  change    {todo}")
         lines.append(f"  see       docs/troubleshooting.md#{reason}")

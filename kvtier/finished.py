@@ -18,8 +18,9 @@ class Finished(msgspec.Struct, frozen=True, gc=False):
     Attributes:
         kv_request_id: the id.
         role: ``"consumer"`` (a load), ``"producer"`` (parked blocks), ``"fetch"`` (a peer's
-            fetch refused, at once or after it waited bound) or ``"probe"`` (a symmetric
-            request's probing of its peer failed: its blocks were computed).
+            fetch refused, at once or after it waited bound), ``"probe"`` (a symmetric
+            request's probing of its peer failed: its blocks were computed) or ``"offer"`` (blocks
+            this serving peer offered for a symmetric round, withdrawn unfetched: expired, drained).
         ok: whether it succeeded.
         reason: the spec reason code of a failure (docs/troubleshooting.md); ``""`` on success
             (or the label of a success that moved nothing, ``not_needed``).

@@ -45,8 +45,7 @@ What an entry is
   ended while it waited with nothing stored (``lost``, reason ``peer_lost``).
 * **probe** — a symmetric request whose probing of its peer failed (a deadline, the peer's loss,
   its refusal or withdrawal): its lookups answer MISS and the engine computes the blocks; one
-  milestone, ``failed``.
-
+  milestone, ``failed``.  **offer** — the serving side's: an offer withdrawn unfetched (``withdrawn``).
 Times are seconds on the manager's clock; milestones are offsets from the entry's start.
 """
 
@@ -81,6 +80,8 @@ _CHANGES_WHAT_IS_READ = frozenset({fx.JobDone, fx.CloseConnection})
 
 _FINAL_PRODUCER = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED, ProducerState.ABSENT,
                              ProducerState.PRUNED})
+#: Why a serving peer withdraws a symmetric round's offer (its notice; a crossing fetch's answer too).
+_WITHDRAWN = frozenset({Reason.OFFER_EXPIRED, Reason.DRAINED, Reason.SHUTDOWN})
 #: Producer states a fetch leaves an id in when it bound it (it waits for blocks, or they move).
 _BOUND_BY_FETCH = frozenset({ProducerState.AWAITING, ProducerState.SERVING})
 #: Consumer and probe states (as :meth:`Forensics._state` names them) in which a request is no
@@ -101,9 +102,7 @@ class _Open:
         self.round = -1
         self.path: list[str] = []
         self.marks: list[tuple[str, float]] = []
-        self.blocks = 0
-        self.landed = 0
-        self.nbytes = 0
+        self.blocks = self.landed = self.nbytes = 0
 
     def mark(self, name: str, now: float) -> None:
         if not any(m == name for m, _ in self.marks):  # the first of each milestone
@@ -375,6 +374,11 @@ class Forensics:
             t.mark("answered", now)
             self._state("producer", kid, t)
         if not msg.ok and msg.final:
+            if msg.reason in _WITHDRAWN and self._core.producer_state(kid) is ProducerState.ABSENT:
+                # no parked id: a served round's offer withdrawn (a notice, or a crossing fetch's answer)
+                if not self._tell_once(kid, peer, str(msg.reason)):
+                    self._add(Finished(kid, "offer", False, str(msg.reason), peer, (), (("withdrawn", 0.0),), now, 0.0))
+                return
             self._fetch_ended(kid, peer, msg.round, str(msg.reason), "refused", now)
 
     def _acked_abort(self, peer: str, msg: wm.AbortAck, now: float) -> None:
@@ -513,12 +517,10 @@ class Forensics:
                            now - start if now > start else 0.0, t.blocks, t.landed, t.nbytes))
 
     def _another_load_runs(self, kid: str, job_id: int) -> bool:
-        """Whether a load job of ``kid`` other than ``job_id`` is still running (the id's load, or a
-        symmetric round's): ``job_id`` was then refused beside it (duplicate_load, not_offered)."""
-        core = self._core
-        views = [core.consumer(kid), *core.round_loads(kid)]
-        return any(v is not None and v.job_id is not None and v.job_id != job_id
-                   and v.state.value not in _FINAL_CONSUMER for v in views)
+        """Whether a load of ``kid`` other than job ``job_id`` runs (the id's, or a symmetric round's):
+        ``job_id`` was refused beside it (duplicate_load, not_offered)."""
+        return any(v is not None and v.job_id not in (None, job_id) and v.state.value not in _FINAL_CONSUMER
+                   for v in (self._core.consumer(kid), *self._core.round_loads(kid)))
 
     def _merge(self, kid: str, ok: bool, reason: str, t: _Open, now: float) -> bool:
         """Several store jobs of one id end in one step (a receipt, a reap, a drain): one entry."""

@@ -223,6 +223,13 @@ def test_drain_jobs_releases_the_pins_of_an_unfetched_round(make) -> None:
     where = f"{a.host}:{a.port}"
     assert [(e.role, e.ok, e.reason, e.peer) for e in b.forensics.recent("drain")] == [
         ("consumer", False, "drained", where), ("probe", False, "drained", where)]  # newest first
+    # the serving side tells an offer withdrawn, not a peer's fetch refused (none came), with its own advice
+    from kvtier.explain import explain
+    from kvtier.forensics import to_json
+
+    (entry,) = to_json(a.forensics.recent("drain"), a.clock())
+    assert (entry["role"], entry["reason"], list(entry["marks"])) == ("offer", "drained", ["withdrawn"]), entry
+    assert "blocks offered to a peer" in explain(entry) and "here withdrew the offer" in explain(entry)
     assert stat(b, "kvtier_probe_failures_total{reason=drained}") == 1
 
 
