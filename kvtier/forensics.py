@@ -80,12 +80,12 @@ _CHANGES_WHAT_IS_READ = frozenset({fx.JobDone, fx.CloseConnection})
 
 _FINAL_PRODUCER = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED, ProducerState.ABSENT,
                              ProducerState.PRUNED})
+_PROBE_IDLE = f"probe:{ProbeState.IDLE.value}"
 #: Why a serving peer withdraws a symmetric round's offer (its notice; a crossing fetch's answer too).
 _WITHDRAWN = frozenset({Reason.OFFER_EXPIRED, Reason.DRAINED, Reason.SHUTDOWN})
 #: Producer states a fetch leaves an id in when it bound it (it waits for blocks, or they move).
 _BOUND_BY_FETCH = frozenset({ProducerState.AWAITING, ProducerState.SERVING})
-#: Consumer and probe states (as :meth:`Forensics._state` names them) in which a request is no
-#: longer in progress: its result is given (the ring has its entry) or the request ended.
+#: Consumer and probe states (as :meth:`Forensics._state` names them) of a request no longer in progress.
 _FINAL_CONSUMER = frozenset({ConsumerState.LOADED.value, ConsumerState.FAILED.value, ConsumerState.FINISHED.value,
                              f"probe:{ProbeState.FAILED.value}", f"probe:{ProbeState.FINISHED.value}"})
 
@@ -141,12 +141,10 @@ class Forensics:
         self._last_store: tuple[str, float] | None = None  # the producer entry added last, and when
         self._named: dict[str, str] = {}  # peer id -> where (asking the transport builds a record)
         self._probed: dict[str, str] = {}  # kv_request_id -> the peer its last probe went to
-        # what the last entries told, (kv_request_id, role) and (kv_request_id, peer, reason) of a
-        # fetch's: a story is told once (a refusal notice and the answer to the fetch that crossed
-        # it, a repeated abort's ack), looked up in O(1), not by a scan of the ring
+        # what the last entries told ((kv_request_id, role), a fetch's (kv_request_id, peer, reason)),
+        # and served rounds: a story is told once (a notice and the answer that crossed it), in O(1)
         self._told: collections.OrderedDict[tuple[str, ...], None] = collections.OrderedDict()
-        # bound producer traces its store jobs' results ended in this batch, and peers whose
-        # session ended in it: what the batch's later notes (a refusal) and its end read
+        # bound traces whose store jobs ended in this batch, and peers lost in it: what its later notes read
         self._ended: dict[str, _Open] = {}
         self._lost: list[str] = []
         self.finished_total = 0
@@ -301,8 +299,8 @@ class Forensics:
                 if self._core.producer_state(kid) in _FINAL_PRODUCER:
                     return None
                 t.started = self._parked_since(kid) if self._parked_since is not None else None
-            elif t.path and t.path[-1] in _FINAL_CONSUMER:
-                return None
+            elif t.path and (t.path[-1] in _FINAL_CONSUMER or t.path[-1] == _PROBE_IDLE):
+                return None  # (a symmetric request with no round open: nothing in progress)
             return t if t.path else None
         finally:
             self._lock.release()
@@ -375,8 +373,9 @@ class Forensics:
             self._state("producer", kid, t)
         if not msg.ok and msg.final:
             if msg.reason in _WITHDRAWN and self._core.producer_state(kid) is ProducerState.ABSENT:
-                # no parked id: a served round's offer withdrawn (a notice, or a crossing fetch's answer)
-                if not self._tell_once(kid, peer, str(msg.reason)):
+                # no parked id: a round's offer withdrawn (a notice, a crossing fetch's answer), unless served
+                if (kid, peer, "served", str(msg.round)) not in self._told and \
+                        not self._tell_once(kid, peer, str(msg.reason)):
                     self._add(Finished(kid, "offer", False, str(msg.reason), peer, (), (("withdrawn", 0.0),), now, 0.0))
                 return
             self._fetch_ended(kid, peer, msg.round, str(msg.reason), "refused", now)
@@ -421,7 +420,8 @@ class Forensics:
         self._add(Finished(kid, "fetch", False, reason, peer, path, (("bound", 0.0), (mark, waited)), since, waited))
 
     def _send_blocks(self, e: fx.SendBlocks, now: float) -> None:
-        if e.transfer:  # a served symmetric round: no parked id behind it
+        if e.transfer:  # a served symmetric round: no parked id behind it; its end is no withdrawal
+            self._remember((e.kv_request_id, e.peer, "served", str(e.round)))
             return
         t = self._trace("producer", e.kv_request_id, now)
         if t.bound is None:  # a fetch bound the id in this very step (noted there when shown)
@@ -483,9 +483,8 @@ class Forensics:
         store, kid, submitted, nbytes = info
         role = "producer" if store else "consumer"
         key = (role, kid)
-        if not store and key in self._open and self._another_load_runs(kid, e.job_id):
-            # a further load refused while the id's load runs (duplicate_load): an entry of its own;
-            # the running load's record stays open for its own result
+        if not store and self._another_load_runs(kid, e.job_id):
+            # a further load refused while the id's load runs: its own entry; the running load's stays open
             took = max(now - submitted, 0.0)
             self._add(Finished(kid, role, e.ok, e.reason or "", self._peer_of(kid), (), (("result", took),),
                                submitted, took, 0, 0, nbytes))
@@ -500,6 +499,8 @@ class Forensics:
         t.blocks += nbytes // self._block_bytes
         t.nbytes += nbytes
         self._state(role, kid, t)
+        if not store and self._core.consumer_state(kid) is ConsumerState.ABSENT:  # a symmetric round's load
+            t.path.append((ConsumerState.LOADED if e.ok else ConsumerState.FAILED).value)
         if store and self._core.producer_state(kid) not in _FINAL_PRODUCER:
             self._open[key] = t  # more store jobs of the id are still outstanding
             return

@@ -490,3 +490,18 @@ def test_a_second_load_refused_while_the_first_runs_keeps_the_first_loads_story(
     assert sorted((r["ok"], r["reason"]) for r in records) == [(False, "duplicate_load"), (True, "")], records
     (load,) = [r for r in records if r["ok"]]
     assert load["peer"] and "fetch" in load["marks"] and load["path"][-1] == "loaded", load
+
+
+def test_a_second_load_refused_while_the_first_waits_for_its_session_has_no_path_of_its_own(make_manager) -> None:
+    """The first load is still queued (no session yet): the refusal is told without the running
+    load's state (it was never queued itself)."""
+    p, c = make_manager(HB), make_manager(HB)
+    jobs = Jobs(c)
+    keys = keys_for("kv-q", 1)
+    creq = consumer_req("d-q", "kv-q", "127.0.0.1", p.port)
+    c.on_new_request(creq)
+    c.submit_load(job(21, keys, [10], creq))
+    c.submit_load(job(22, keys, [11], creq))  # before any pass: the first waits for its session
+    assert pump_until(lambda: jobs.has(22), managers=[c], jobs=[jobs])
+    (refused,) = [r for r in _records("kv-q", c) if r["reason"] == "duplicate_load"]
+    assert refused["path"] == [] and list(refused["marks"]) == ["result"], refused

@@ -129,11 +129,14 @@ def test_each_manager_serves_and_fetches_byte_identical_and_releases_every_pin(m
         for s, d in zip(slots, data):
             assert cons.pool.buffer(s).tobytes() == d
         assert pump([cons, prod], lambda prod=prod: not CoreView(prod.core).serve_ids())
+        assert cons.forensics.open_json(kid) == []  # the request lives on, but no load of it is in progress
         cons.on_request_finished(req)
         assert pump([cons, prod], lambda cons=cons: not cons.core.probe_ids())
         # `kvtier why` tells the load once, finished, with its timeline (it stayed "in progress")
         (entry,) = [e for e in cons.forensics.recent(kid) if e.role == "consumer"]
         assert entry.ok and dict(entry.marks).keys() >= {"fetch", "first_block"} and entry.landed == len(keys)
+        assert entry.path[-1] == "loaded", entry.path
+        assert not [e for e in prod.forensics.recent(kid) if e.role == "offer"]  # served: nothing withdrawn
         assert cons.forensics.in_progress() == 0
     for m, idx in ((a, ia), (b, ib)):
         assert idx.pins_outstanding() == 0 and all(idx.released.values())
@@ -288,3 +291,29 @@ def test_a_source_missing_a_method_is_refused_even_after_a_good_one_was_taken(ma
         with pytest.raises(TypeError, match="must implement kvtier.blocksource.BlockSource, got NoRelease"):
             call(NoRelease())
     assert m.serve_external_requests(index) == 0
+
+
+def test_a_served_round_cut_short_by_shutdown_is_not_told_as_an_offer_withdrawn(make) -> None:
+    """The serving side shuts down while it waits for the receipt of a round it delivered: its
+    answer carries ``shutdown``, but the offer was fetched: no "offer withdrawn" entry."""
+    a, b = make(serve_external=True), make()
+    ia = BlockIndex(NB)
+    a.serve_from(ia)
+    keys = [b"sv0", b"sv1"]
+    fill(a, ia, keys, 4, seed=6)
+    req = source_req("r-sv", "sv", a)
+    b.on_new_request(req)
+    assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 2
+    b.submit_load(TransferJob(job_id=7, keys=tuple(keys), slots=(10, 11), req=req))
+    b.poll(0.01)  # the fetch leaves; the consumer is then not polled: its receipt waits
+
+    def delivering() -> bool:
+        view = CoreView(a.core)
+        return any(view.serve_state(*k).value == "delivering" for k in view.serve_ids() if k[1] == "sv")
+
+    assert pump([a], delivering)
+    a.shutdown(grace_s=0.3)
+    results: list = []
+    assert pump([b], lambda: bool(results.extend(b.get_finished_jobs()) or results))
+    assert results[0].success, results
+    assert [e.role for e in a.forensics.recent("sv")] == [], a.forensics.recent("sv")
