@@ -206,15 +206,21 @@ def test_an_unreachable_peer_answers_miss_within_the_probe_bound(make) -> None:
     assert CoreView(b.core).probe(kid).reason.value == "connect_refused"
 
 
-def test_drain_jobs_releases_the_pins_of_an_unfetched_round(make) -> None:
+def offered(make, kid: str, keys: list[bytes], seed: int) -> tuple[Any, Any, BlockIndex, RequestContext]:
+    """A serves ``keys`` from blocks 4.. of its index; B's request ``kid`` probed them: HIT each."""
     a, b = make(serve_external=True), make()
     ia = BlockIndex(NB)
     a.serve_from(ia)
-    keys = [b"d0", b"d1"]
-    fill(a, ia, keys, 4, seed=5)
-    req = source_req("r", "drain", a)
+    fill(a, ia, keys, 4, seed=seed)
+    req = source_req(f"r-{kid}", kid, a)
     b.on_new_request(req)
-    assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 2
+    assert probe(b, req, keys, [a]) == [LookupResult.HIT] * len(keys)
+    return a, b, ia, req
+
+
+def test_drain_jobs_releases_the_pins_of_an_unfetched_round(make) -> None:
+    keys = [b"d0", b"d1"]
+    a, b, ia, req = offered(make, "drain", keys, seed=5)
     assert ia.pinned(4) and ia.pinned(5)  # the engine must not reuse them now
     a.drain_jobs(timeout_s=5.0)
     assert not ia.pinned(4) and ia.pins_outstanding() == 0 and ia.released == {1: False}
@@ -296,14 +302,8 @@ def test_a_source_missing_a_method_is_refused_even_after_a_good_one_was_taken(ma
 def test_a_served_round_cut_short_by_shutdown_is_not_told_as_an_offer_withdrawn(make) -> None:
     """The serving side shuts down while it waits for the receipt of a round it delivered: its
     answer carries ``shutdown``, but the offer was fetched: no "offer withdrawn" entry."""
-    a, b = make(serve_external=True), make()
-    ia = BlockIndex(NB)
-    a.serve_from(ia)
     keys = [b"sv0", b"sv1"]
-    fill(a, ia, keys, 4, seed=6)
-    req = source_req("r-sv", "sv", a)
-    b.on_new_request(req)
-    assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 2
+    a, b, _, req = offered(make, "sv", keys, seed=6)
     b.submit_load(TransferJob(job_id=7, keys=tuple(keys), slots=(10, 11), req=req))
     b.poll(0.01)  # the fetch leaves; the consumer is then not polled: its receipt waits
 
