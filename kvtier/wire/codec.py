@@ -261,12 +261,13 @@ class Decoder:
         # and its sender fails that load at once, not at its deadline (decision I36).
         if header.nbytes > self.limits.max_message_bytes:
             probe = _probe(header)
+            rid, gen = _ids(probe) if probe is not None else ("", None)
             raise WireError(
                 WireReason.OVERSIZE,
                 f"header is {header.nbytes} bytes > max_message_bytes "
                 f"{self.limits.max_message_bytes}",
-                probe.kv_request_id if probe is not None and _valid_id(probe.kv_request_id) else "",
-                gen=probe.gen if probe is not None and type(probe.gen) is int and 0 <= probe.gen < MAX_U63 else None,
+                rid,
+                gen=gen,
             )
         try:
             msg = _decoder.decode(header)
@@ -389,6 +390,12 @@ def _probe(header: memoryview) -> _Probe | None:
         return None
 
 
+def _ids(probe: _Probe) -> tuple[str, int | None]:
+    """The probed header's ``kv_request_id`` (``""`` unless valid) and ``gen`` (None unless a u63)."""
+    rid = probe.kv_request_id if _valid_id(probe.kv_request_id) else ""
+    return rid, probe.gen if type(probe.gen) is int and 0 <= probe.gen < MAX_U63 else None
+
+
 def _classify(header: memoryview, exc: Exception) -> WireError:
     """Turn a msgspec failure into the most specific WireError, reading what we cheaply can."""
     text = str(exc)
@@ -405,8 +412,7 @@ def _classify(header: memoryview, exc: Exception) -> WireError:
     tag = probe.type
     if not isinstance(tag, str):
         return WireError(WireReason.MALFORMED, "header has no string 'type'")
-    rid = probe.kv_request_id if _valid_id(probe.kv_request_id) else ""
-    gen = probe.gen if type(probe.gen) is int and 0 <= probe.gen < MAX_U63 else None
+    rid, gen = _ids(probe)
     if tag not in MESSAGE_TYPES:
         return WireError(WireReason.UNKNOWN_TYPE, f"unknown message type {tag[:64]!r}", rid, gen=gen)
     # Check the version before any other field: a newer peer's hello may carry fields we do not
