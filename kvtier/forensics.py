@@ -90,6 +90,10 @@ _FINAL_CONSUMER = frozenset({ConsumerState.LOADED.value, ConsumerState.FAILED.va
                              f"probe:{ProbeState.FAILED.value}", f"probe:{ProbeState.FINISHED.value}"})
 
 
+def _untracked(peer: str, msg: Any) -> None:
+    """A received message that says nothing the ring follows."""
+
+
 class _Open:
     """A request in progress (mutable; only the thread that performs effects touches it)."""
 
@@ -160,11 +164,11 @@ class Forensics:
         }
         # by the type of an input the core applied: the moves it made that no effect shows
         self._on_input: dict[type, Callable[[Any], None]] = {
-            ix.Received: self._received,
+            ix.Received: lambda inp: self._on_received.get(type(inp.msg), _untracked)(inp.peer, inp.msg),
             ix.TransferReleased: lambda inp: self._moved(inp.kv_request_id, "released"),
             ix.BlocksLanded: self._checked,
         }
-        # by the type of the message a Send carries: what leaving says about its id
+        # by the type of the message a Send carries (or a Received: a fetch may bind, a receipt moves)
         self._on_sent: dict[type, Callable[[str, Any, float], None]] = {
             wm.Fetch: self._sent_fetch,
             wm.AbortFetch: self._sent_abort,
@@ -172,6 +176,10 @@ class Forensics:
             wm.TransferDone: self._answered,
             wm.AbortAck: self._acked_abort,
             wm.Probe: self._sent_probe,
+        }
+        self._on_received: dict[type, Callable[[str, Any], None]] = {
+            wm.Fetch: lambda peer, msg: None if msg.offered else self._bound(peer, msg),  # offered: a served round
+            wm.Receipt: lambda peer, msg: self._moved(msg.kv_request_id, None),
         }
 
     @property
@@ -432,14 +440,6 @@ class Forensics:
         self._state("producer", e.kv_request_id, t)
 
     # -- inputs (applied: their effects are noted next) -----------------------------------------
-    def _received(self, inp: ix.Received) -> None:
-        msg = inp.msg
-        if type(msg) is wm.Fetch:
-            if not msg.offered:  # an offered fetch is a served symmetric round: no parked id
-                self._bound(inp.peer, msg)
-        elif type(msg) is wm.Receipt:
-            self._moved(msg.kv_request_id, None)
-
     def _bound(self, peer: str, msg: wm.Fetch) -> None:
         kid = msg.kv_request_id
         if self._core.producer_state(kid) not in _BOUND_BY_FETCH:
