@@ -310,23 +310,26 @@ class KvTierManager(TierView):
         ``keys`` and ``slots`` must not change after the call.  Raises as :meth:`submit_store`
         (``ValueError`` for ``job_id``, ``TypeError`` for ``req``, or for ``slots`` without a
         length), never for the contents of ``keys`` and ``slots``."""
+        # vLLM's scheduler thread runs this per store: one flat path, no helper calls on success (C25)
         if self._closed or self._closing:
             self._check_open()
         if type(job_id) is not int or not 0 <= job_id <= MAX_JOB_ID:
             check_job_id(job_id)
-        info = self._request_of(job_id, req)
+        info = self._requests.get(req.req_id) if type(req) is RequestContext else None
+        if info is None:
+            info = self._request_of(job_id, req)  # raises, naming what was wrong
         try:
             n = len(slots)
         except TypeError:
             raise TypeError(f"hand_over_store job {job_id}: slots must be a list or tuple of ints, "
                             f"got {type(slots).__name__}") from None
-        kid = self._book_store(job_id, info, n)
+        kid = info.kv_request_id if info.role == "producer" else None
+        self._jobs.open(job_id, store=True, kv_request_id=kid, now=self.clock(), nbytes=n * self._block_bytes)
         self._loop.hand_over_store(self._take_store, (job_id, keys, slots, req, info), kid, n)
 
     def _book_store(self, job_id: int, info: TransferParams, blocks: int) -> str | None:
         """Book store job ``job_id`` of ``blocks`` blocks; its kv_request_id (None: local-only)."""
         kid = info.kv_request_id if info.role == "producer" else None
-        self._jobs.check_new(job_id)
         self._jobs.open(job_id, store=True, kv_request_id=kid, now=self.clock(), nbytes=blocks * self._block_bytes)
         return kid
 

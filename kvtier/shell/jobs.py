@@ -64,10 +64,14 @@ class JobBook:
         a load's slots, which no other load may name until this job's result (decision A9).
 
         Raises:
+            DuplicateJob: as :meth:`check_new` — checked under the lock, so two engine threads
+                submitting one id cannot both register it (nothing is registered).
             ValueError: a slot of ``slots`` belongs to a load job without a result yet (nothing is
                 registered).
         """
         with self._lock:
+            if job_id in self._open or job_id in self._reported:
+                self.check_new(job_id)
             if slots:
                 if not self._loading.isdisjoint(slots):
                     raise ValueError(_taken(job_id, slots, self._open))

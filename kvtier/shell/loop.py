@@ -17,8 +17,7 @@ One pass::
 and between passes one wait: ``transport.wait`` polls the sockets, the monitors *and* the loop's
 wake-up eventfd (written by an engine call that queued a command while the loop slept, and by the
 digest pool when a digest or landing it ran is done), until input arrives or the next deadline
-(the core's, or a plane's progress interval) is due.  There is no fixed cadence: a loop with
-nothing to do sleeps until its next deadline.
+(the core's, or a plane's progress interval) is due: no fixed cadence.
 
 Two ways to run it, one code path:
 
@@ -26,9 +25,8 @@ Two ways to run it, one code path:
 * **caller-driven**: an engine call's command runs at once on the caller's thread, after what the
   network delivered before it, and :meth:`IoLoop.poll` runs one pass there (the suites step it so).
 
-:attr:`IoLoop.lock` is held for the length of a pass, never while the loop waits; engine calls
-do not take it.  Readers that want a consistent view of the core (metrics at scrape time, tests)
-take it.
+:attr:`IoLoop.lock` is held for the length of a pass, never while the loop waits; engine calls do
+not take it; readers that want a consistent view of the core (metrics at scrape, tests) take it.
 """
 
 from __future__ import annotations
@@ -175,22 +173,24 @@ class IoLoop:
         :meth:`kick` from ``get_finished_jobs``, at most :data:`MAX_WAIT_S`), and the engine's
         thread pays no wake-up.  Caller-driven: as :meth:`call`."""
         self._cmds.append((fn, arg))
-        if self._thread is not None:
-            # both reads after the append: the loop publishes ``awaiting`` before its last look at
-            # the queue, so an id it awaits is seen here or the command is seen there (C34)
-            if self._sleeping and kv_request_id in self.published.awaiting:
-                self._waker.wake()
-            return
-        self._inline()
+        if self._thread is None:
+            self._inline()
+        # both reads after the append: the loop publishes ``awaiting`` before its last look at
+        # the queue, so an id it awaits is seen here or the command is seen there (C34)
+        elif self._sleeping and kv_request_id in self.published.awaiting:
+            self._waker.wake()
 
     def hand_over_store(self, fn: Callable[[Any], Any], arg: Any, kv_request_id: str | None, blocks: int) -> None:
         """Queue a store command of ``blocks`` blocks (C34): a local-only one (``kv_request_id``
         None: the engine waits for its result) or one whose digests go to the pool (they should
-        start at once) wakes the loop; any other is deferred (:meth:`defer`)."""
-        if kv_request_id is None or self.work.pooled(blocks):
-            self.call(fn, arg)
-        else:
-            self.defer(fn, arg, kv_request_id)
+        start at once) wakes the loop; any other is deferred (:meth:`defer`, whose reads after the
+        append this repeats: the engine's thread pays one flat call per store, C25)."""
+        self._cmds.append((fn, arg))
+        if self._thread is None:
+            self._inline()
+        elif self._sleeping and (kv_request_id is None or kv_request_id in self.published.awaiting
+                                 or blocks >= self.work.pool_from):
+            self._waker.wake()
 
     def kick(self) -> None:
         """Wake a sleeping loop that has commands queued (deferred ones, :meth:`defer`)."""

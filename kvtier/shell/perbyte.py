@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
@@ -125,16 +126,15 @@ class ByteWork:
         self._front: str | None = None  # the peer whose queue's head is being applied
         self._after = _NO_BOUND  # the arrival bound of the input being applied
         self._landing_blocks: dict[tuple[str, int], int] = {}  # (kv_request_id, round) -> blocks landing
+        pooling = algorithm != "none" and digest_pool is not None
+        self.pool_from = INLINE_STORE_BYTES // block_bytes + 1 if pooling else sys.maxsize
+        """The fewest blocks a store has for its digests to be taken on the pool, not inline (an
+        attribute, not a method: the engine's thread reads it per store, decision C25)."""
         self.settle = False
         """A load's last blocks started landing in this tick while some of its landings run on the
         pool: the loop waits for them before the tick ends (:meth:`last`)."""
 
     # -- producer: stores ----------------------------------------------------------------------
-    def pooled(self, blocks: int) -> bool:
-        """Whether a store of ``blocks`` blocks has its digests taken on the pool (not inline)."""
-        return self.algorithm != "none" and self.digest_pool is not None and blocks * self._block_bytes > \
-            INLINE_STORE_BYTES
-
     def store(self, inp: ix.StoreSubmitted, buffers: Sequence[Any]) -> ix.StoreSubmitted | None:
         """The store ``inp`` (without digests) of blocks ``buffers``: returns it with its digests
         when it may be applied now, or ``None`` when it is held (digests in progress, or an
@@ -144,7 +144,7 @@ class ByteWork:
         held = self._stores.get(inp.kv_request_id)
         if self.algorithm == "none" or not buffers:
             ready: ix.StoreSubmitted | None = inp
-        elif self.digest_pool is None or len(buffers) * self._block_bytes <= INLINE_STORE_BYTES:
+        elif len(buffers) < self.pool_from:  # one rule with the loop's wake-up (C34)
             ready = msgspec.structs.replace(inp, digests=block_digests(buffers, self.algorithm))
         else:
             fut = self.digest_pool.submit_digests(buffers, self.algorithm)

@@ -51,6 +51,18 @@ def test_a_result_keeps_its_id_taken_until_it_is_collected() -> None:
     book.check_new(1)  # free again
 
 
+def test_open_refuses_an_id_outstanding_without_a_check_first() -> None:
+    """The engine's store path registers without a separate check (one call): open itself refuses
+    an open or reported id and registers nothing, so two threads submitting one id get one job."""
+    book = _book()
+    book.finish(1, True, None, 3.5)  # reported, not collected
+    for job_id, store in ((1, True), (2, False)):
+        with pytest.raises(DuplicateJob, match=rf"^job {job_id} is already outstanding"):
+            book.open(job_id, store=store, kv_request_id="B", now=9.0, nbytes=1, slots=(7,))
+    assert book.info(2) == (True, "A", 2.0, 64)  # the first registration stands
+    book.open(3, store=False, kv_request_id="B", now=9.0, nbytes=1, slots=(7,))  # slot 7 was not taken above
+
+
 def test_outstanding_without_internal_jobs_is_open_and_reported() -> None:
     book = JobBook()
     book.open(1, store=False, kv_request_id="A", now=0.0, nbytes=1)
