@@ -39,6 +39,7 @@ second resolution cannot differ).
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
@@ -62,6 +63,7 @@ __all__ = [
     "parse_host",
     "parse_port",
     "clip",
+    "HOST_CACHE",
     "in_use_message",
     "unread_role",
 ]
@@ -129,8 +131,21 @@ def parse_host(value: object, field: str) -> str:
     Raises:
         ValueError: anything else (the message names ``field``).
     """
-    if not isinstance(value, str) or not 0 < len(value) <= 255:
-        raise ValueError(f"{field} must be a hostname or IP address, got {clip(value)}")
+    if isinstance(value, str) and 0 < len(value) <= 255:
+        host = _normal_host(value)
+        if host is not None:
+            return host
+    raise ValueError(f"{field} must be a hostname or IP address, got {clip(value)}")
+
+
+#: Hosts and verdicts remembered (each cache): a consumer names its few producers again and again.
+HOST_CACHE: Final = 4096
+
+
+@functools.lru_cache(maxsize=HOST_CACHE)
+def _normal_host(value: str) -> str | None:
+    """:func:`parse_host`'s normal form of ``value``, or None; remembered: ``ipaddress`` parses
+    an address in microseconds, and every consumer request on the engine's thread names one."""
     text = value[1:-1] if value.startswith("[") and value.endswith("]") else value
     try:
         return str(ipaddress.ip_address(text))
@@ -139,7 +154,7 @@ def parse_host(value: object, field: str) -> str:
     name = text.rstrip(".").lower()
     if 0 < len(name) <= 253 and all(_LABEL_RE.fullmatch(label) for label in name.split(".")):
         return name
-    raise ValueError(f"{field} must be a hostname or IP address, got {clip(value)}")
+    return None
 
 
 def parse_port(value: object, field: str) -> int:
@@ -201,6 +216,9 @@ class PeerPolicy:
     networks: tuple[Any, ...] = ()
     beyond_loopback: bool = False
     """This manager listens beyond loopback: ``"*"`` does not admit loopback then."""
+    _verdicts: dict[tuple[str, int], str | None] = attrs.field(factory=dict, init=False, eq=False, repr=False)
+    """:meth:`why_not` by endpoint, at most :data:`HOST_CACHE`: a verdict depends only on the
+    endpoint and this frozen policy (a name ``"*"`` admits is vetted at dial time, uncached)."""
 
     @property
     def open(self) -> bool:
@@ -259,6 +277,17 @@ class PeerPolicy:
 
     def why_not(self, host: str, port: int) -> str | None:
         """None if a dial to ``host``:``port`` is allowed, else why not."""
+        verdicts = self._verdicts
+        try:
+            return verdicts[host, port]
+        except KeyError:
+            why = self._why_not(host, port)
+        if len(verdicts) >= HOST_CACHE:
+            verdicts.clear()
+        verdicts[host, port] = why
+        return why
+
+    def _why_not(self, host: str, port: int) -> str | None:
         if self.listed(host, port):
             return None
         if not self.any:

@@ -17,7 +17,7 @@ from kvtier.api import LookupResult, RequestContext, TransferJob
 from kvtier.config import TierConfig, TierConfigError
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
-from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
+from kvtier.params import HOST_CACHE, PeerNotAllowed, PeerPolicy, TransferParams, clip, parse_params
 from kvtier.testing.inproc import InprocNetwork, InprocTransport
 
 POLICY = PeerPolicy.from_entries(["10.0.0.0/8", "prefill-0.svc:5710", "fd00::/8", "127.0.0.1"])
@@ -104,6 +104,24 @@ def test_peer_policy() -> None:
     for bad in (["10.0.0.0/33"], ["h:0"], [""], [5], ["a b"]):
         with pytest.raises(ValueError):
             PeerPolicy.from_entries(bad)
+
+
+def test_a_remembered_verdict_is_the_policys_own_and_stays_true_past_the_cache() -> None:
+    """Verdicts and host forms are remembered (the engine's thread parses one per request): two
+    policies asked about one endpoint each keep their own answer, asked again and past the bound."""
+    listed, wildcard = PeerPolicy.from_entries(["10.0.0.1:5710"]), PeerPolicy.from_entries(["*"], listen_host="0.0.0.0")
+    for _ in range(2):
+        assert listed.allows("10.0.0.1", 5710) and not wildcard.allows("127.0.0.1", 5710)
+        assert not listed.allows("127.0.0.1", 5710) and wildcard.allows("10.0.0.1", 5710)
+    for i in range(HOST_CACHE + 10):  # beyond the bound: forgotten, never wrong
+        host = f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+        assert listed.allows(host, 5710) is (host == "10.0.0.1")
+        assert parse_params(pref(remote_host=f"[{host}]", remote_port=1), wildcard).peer == f"{host}:1"
+    assert not wildcard.allows("169.254.169.254", 80) and listed.allows("10.0.0.1", 5710)
+    with pytest.raises(ValueError, match="remote_prefiller.remote_host must be a hostname"):
+        parse_params(pref(remote_host="bad host", remote_port=1), wildcard)  # refused twice, never remembered as good
+    with pytest.raises(ValueError, match="remote_prefiller.remote_host must be a hostname"):
+        parse_params(pref(remote_host="bad host", remote_port=1), wildcard)
 
 
 def test_allowed_peers_config_key() -> None:
