@@ -1,0 +1,112 @@
+"""A consumer request's naming of a known producer, and its finish once its load ended, cost the
+engine's thread no wake-up (decision C40); a first naming, a load and a finish that aborts a load
+still wake the loop at once.
+
+``MAX_WAIT_S`` and the heartbeat are stretched so that only the rule under test can wake a loop in
+time; nobody calls ``get_finished_jobs`` (it wakes a loop with commands queued) until a test says so.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import kvtier.shell.loop as loop_module
+from kvtier.lifecycle import ConsumerState
+from kvtier.manager import KvTierManager
+from kvtier.memory import BlockPool
+from tests.manager.mgr_helpers import consumer_req, fill_pattern, job, keys_for, producer_req
+
+_QUIET = {"host": "127.0.0.1", "port": 0, "background_poll": True, "heartbeat_interval_s": 600.0,
+          "peer_timeout_s": 1800.0, "fetch_supply_timeout_s": 600.0, "load_timeout_s": 1200.0,
+          "unbound_store_timeout_s": 600.0}
+
+
+@pytest.fixture
+def pair(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(loop_module, "MAX_WAIT_S", 60.0)
+    p = KvTierManager(_QUIET, BlockPool(16, 256, pin=False))
+    c = KvTierManager(_QUIET, BlockPool(16, 256, pin=False))
+    yield p, c
+    c.shutdown()
+    p.shutdown()
+
+
+def _until(pred, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _asleep(m: KvTierManager) -> int:
+    """Let ``m``'s loop finish what it was doing and sleep; its pass count then."""
+    last = -1
+    while m.passes != last:
+        last = m.passes
+        time.sleep(0.1)
+    return last
+
+
+def _state(m: KvTierManager, kid: str) -> ConsumerState:
+    with m.lock:
+        return m.core.consumer_state(kid)
+
+
+def _park(p: KvTierManager, kid: str, slot: int) -> None:
+    req = producer_req("p" + kid, kid)
+    p.on_new_request(req)
+    fill_pattern(p.pool, [slot], seed=slot)
+    p.submit_store(job(100 + slot, keys_for(kid, 1), [slot], req))
+    p.on_request_finished(req)
+
+
+def test_a_first_naming_dials_at_once_a_known_producers_waits_for_the_load(pair) -> None:
+    p, c = pair
+    _park(p, "A", 0)
+    _park(p, "B", 1)
+    first = consumer_req("cA", "A", p.host, p.port)
+    before = _asleep(c)
+    c.on_new_request(first)
+    assert _until(lambda: c.passes > before, 10.0), "a first naming of a producer did not wake the loop to dial"
+    assert _until(lambda: _state(c, "A") is ConsumerState.ANNOUNCED, 10.0)
+    c.submit_load(job(1, keys_for("A", 1), [8], first))
+    assert _until(lambda: _state(c, "A") is ConsumerState.LOADED, 20.0)
+
+    second = consumer_req("cB", "B", p.host, p.port)
+    before = _asleep(c)
+    c.on_new_request(second)
+    time.sleep(0.3)
+    assert c.passes == before and _state(c, "B") is ConsumerState.ABSENT, "a known producer's naming woke the loop"
+    c.submit_load(job(2, keys_for("B", 1), [9], second))  # wakes it: the naming, then the load, in order
+    assert _until(lambda: _state(c, "B") is ConsumerState.LOADED, 20.0), "the load did not take its naming along"
+    assert {r.job_id: r.success for r in c.get_finished_jobs()} == {1: True, 2: True}
+
+
+def test_an_ended_loads_finish_waits_a_running_loads_finish_aborts_at_once(pair) -> None:
+    p, c = pair
+    _park(p, "A", 0)
+    done = consumer_req("cA", "A", p.host, p.port)
+    c.on_new_request(done)
+    c.submit_load(job(1, keys_for("A", 1), [8], done))
+    assert _until(lambda: _state(c, "A") is ConsumerState.LOADED, 20.0)
+
+    before = _asleep(c)
+    c.on_request_finished(done)
+    time.sleep(0.3)
+    assert c.passes == before and _state(c, "A") is ConsumerState.LOADED, "an ended load's finish woke the loop"
+    assert [(r.job_id, r.success) for r in c.get_finished_jobs()] == [(1, True)]  # which wakes it
+    assert _until(lambda: _state(c, "A") is ConsumerState.ABSENT, 10.0)
+
+    running = consumer_req("cR", "R", p.host, p.port)  # nothing parked under R: the fetch waits for a store
+    c.on_new_request(running)
+    c.submit_load(job(2, keys_for("R", 1), [9], running))
+    assert _until(lambda: _state(c, "R") is ConsumerState.IN_FLIGHT, 20.0)
+    _asleep(c)
+    c.on_request_finished(running)
+    assert _until(lambda: _state(c, "R") is not ConsumerState.IN_FLIGHT, 10.0), "a finish that aborts did not wake"
+    assert _until(lambda: [(r.job_id, r.success, r.reason) for r in c.get_finished_jobs()] == [(2, False, "cancelled")],
+                  20.0)
