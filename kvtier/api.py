@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 
+from kvtier.errors import KvTierError
+
 
 class LookupResult(enum.Enum):
     """Answer to :meth:`KvTierManager.lookup` for one key."""
@@ -77,9 +79,9 @@ class JobResult:
     successful_keys: tuple[bytes, ...] | None = None
 
 
-class UnknownRequest(ValueError):
+class UnknownRequest(KvTierError, ValueError):
     """A job names a request the manager was never told about (``on_new_request``)."""
 
 
-class DuplicateJob(ValueError):
+class DuplicateJob(KvTierError, ValueError):
     """A job id is already outstanding."""

@@ -137,10 +137,16 @@ def check_config(config: str) -> None:
                 config = f.read()
         except OSError as exc:
             raise click.BadParameter(f"cannot read {path!r}: {exc.strerror}", param_hint="KV_TRANSFER_CONFIG")
+        except UnicodeDecodeError:  # e.g. an editor's UTF-16: never read, so not "a problem in the config"
+            raise click.BadParameter(f"{path!r} is not UTF-8 text: save it as UTF-8 (JSON is UTF-8)",
+                                     param_hint="KV_TRANSFER_CONFIG") from None
     try:
         problems, notes = check_kv_transfer_config(config)
     except ValueError as exc:
         raise click.BadParameter(_not_json(str(exc), config, path), param_hint="KV_TRANSFER_CONFIG") from None
+    except RecursionError:
+        raise click.BadParameter("it is nested too deeply to be read (a kv-transfer-config is a shallow JSON "
+                                 "object)", param_hint="KV_TRANSFER_CONFIG") from None
     for line in notes:
         click.echo(f"ok: {line}")
     for line in problems:

@@ -291,7 +291,8 @@ class TierConfig:
         both planes: it costs ~2 % of the zmq plane's throughput and ~13-15 % of
         the NIXL plane's (P1, docs/decisions.md I12).""")
 
-    digest_threads: int | None = key(None, maybe_integer, *_within(0, 256), doc="""
+    digest_threads: int | None = key(None, maybe_integer, *_within(0, 256), text="`null` (sized from the machine), "
+                                     "or an integer or integral numeric string, 0 ≤ n ≤ 256 (`0`: no pool)", doc="""
         Threads that take the digests of large stores and check (zmq: copy and check) large
         landings, off the thread that calls the manager and outside its lock: ``null`` (the
         default) sizes the pool from the machine (the CPUs this process may use, capped by a

@@ -21,6 +21,8 @@ from typing import Any, NamedTuple
 
 import attrs
 
+from kvtier.errors import KvTierError
+
 __all__ = ["KEY", "Key", "TierConfigError", "absent", "bounds", "describe", "flag", "integer", "key", "maybe_integer",
            "maybe_text", "names", "number", "peers", "principals", "safe_repr", "text"]
 
@@ -28,7 +30,7 @@ KEY = "kvtier.key"
 """The field-metadata entry that holds a key's :class:`Key` declaration."""
 
 
-class TierConfigError(ValueError):
+class TierConfigError(KvTierError, ValueError):
     """A configuration value or combination of values is invalid.
 
     ``keys`` names the offending key(s) (one key for a value error, two for a

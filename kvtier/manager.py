@@ -7,18 +7,14 @@ too (``JobSettled``).  The loop owns the sockets, the data plane and the core; t
 neither a transport nor a plane (decision C12).
 
 Threading: with ``background_poll=True`` the loop runs on its own thread (``kvtier-io``): engine
-calls only queue a command and wake it (a producer's small store, naming or finish that no fetch awaits
-rides the loop's next pass instead, decision C34), and share no lock with any wait; results reach
-:meth:`get_finished_jobs` through a queue, ``lookup`` answers from what the loop published after
-its last pass.  With ``background_poll=False`` (caller-driven) the same loop runs on the caller's
-thread: an engine call's command is applied at once, and :meth:`poll` / :meth:`get_finished_jobs`
-run passes over the network.  The API mirrors vLLM 0.33.0's ``SecondaryTierManager``
-(``on_new_request``, ``lookup``, ``submit_store``, ``submit_load``, ``get_finished_jobs``,
-``on_request_finished``, ``has_pending_work``, ``drain_jobs``, ``shutdown``, and for the symmetric
-path ``on_schedule_end`` and ``serve_external_requests``).
-
-Nothing a peer sends can raise out of :meth:`poll`: malformed messages are counted, answered
-(rate-limited) by the core and dropped.
+calls queue a command and wake it (or let it ride the loop's next pass when nothing waits for it,
+decisions C34, C40), and share no lock with any wait; results reach :meth:`get_finished_jobs`
+through a queue, ``lookup`` answers from what the loop published after its last pass.  With
+``background_poll=False`` (caller-driven) the loop runs on the caller's thread: an engine call's
+command is applied at once, and :meth:`poll` / :meth:`get_finished_jobs` run passes.  The API
+mirrors vLLM 0.33.0's ``SecondaryTierManager`` (with ``on_schedule_end`` and
+``serve_external_requests`` for the symmetric path).  Nothing a peer sends can raise out of
+:meth:`poll`: malformed messages are counted, answered (rate-limited) by the core and dropped.
 """
 
 from __future__ import annotations
@@ -43,8 +39,8 @@ from kvtier.metrics import TierMetrics
 from kvtier.params import PeerNotAllowed, PeerPolicy, TransferParams, clip, in_use_message, parse_params, unread_role
 from kvtier.shell import abandon
 from kvtier.shell.build import build_parts
-from kvtier.shell.checks import (MAX_JOB_ID, check_fetch_size, check_job, check_job_id, check_job_type, check_req,
-                                 check_seconds, store_input)
+from kvtier.shell.checks import (MAX_JOB_ID, check_fetch_size, check_finish, check_job, check_job_id, check_job_type,
+                                 check_req, check_seconds, store_input)
 from kvtier.shell.loop import IoLoop
 from kvtier.shell.outbound import MAX_BATCH_BYTES
 from kvtier.view import TierView
@@ -103,7 +99,7 @@ class KvTierManager(TierView):
         self._lock = threading.RLock()
         parts = build_parts(cfg, pool, layout=layout, clock=clock, lock=self._lock, transport=transport,
                             vet=self._peer_policy.vet_resolved if self._peer_policy.open else None)
-        self.instance = parts.instance
+        self.instance, self._fetch_slots = parts.instance, parts.plane.one_sided  # a fetch names slots (NIXL)
         self._loop = IoLoop(parts, config=cfg, clock=clock, lock=self._lock)
         self._hello = parts.core.local  # what our handshakes announce (the loop's copy follows it)
         self._jobs = self._loop.jobs
@@ -177,14 +173,14 @@ class KvTierManager(TierView):
             self._metrics.rejected_params()
             why = exc if isinstance(exc, ValueError) else f"kv_transfer_params could not be read ({type(exc).__name__})"
             raise ValueError(f"request {clip(req.req_id)}: {why}") from None
+        prev = self._requests.get(req.req_id)
+        if prev is not None:  # a refused peer too: replacing a registration would orphan its id
+            if prev != info:
+                raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
+            return "local" if info.role == "refused" else info.role
         if info.role == "refused":
             self._requests[req.req_id] = info
             return "local"
-        prev = self._requests.get(req.req_id)
-        if prev is not None:
-            if prev != info:
-                raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
-            return info.role
         if info.role in ("consumer", "source"):
             kid = info.kv_request_id
             assert kid is not None and info.peer is not None
@@ -222,12 +218,12 @@ class KvTierManager(TierView):
         :meth:`on_schedule_end` and leave in one probe.  Answers come from what the loop published
         after its last pass: a key it has not seen yet answers RETRY.  ``ValueError``: ``key`` is not 1..256 bytes."""
         check_req(req, "lookup")
+        if not isinstance(key, bytes) or not 0 < len(key) <= 256:
+            raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
         info = self._requests.get(req.req_id)
         if info is None or self._closed or self._closing:
             return LookupResult.MISS  # (shutting down: a load submitted now would raise)
         kid = info.kv_request_id
-        if info.role != "producer" and (not isinstance(key, bytes) or not 0 < len(key) <= 256):
-            raise ValueError(f"lookup: key must be 1..256 bytes, got {key!r:.40}")
         if info.role == "source":
             return self._loop.fresh().probe_answer(kid, key, self._step_keys)
         if info.role != "consumer" or key not in self._loading.get(req.req_id, (key,)):
@@ -321,7 +317,10 @@ class KvTierManager(TierView):
             self._check_open()
         if type(job_id) is not int or not 0 <= job_id <= MAX_JOB_ID:
             check_job_id(job_id)
-        info = self._requests.get(req.req_id) if type(req) is RequestContext else None
+        try:
+            info = self._requests.get(req.req_id) if type(req) is RequestContext else None
+        except TypeError:  # an unhashable req_id: _request_of names it
+            info = None
         if info is None:
             info = self._request_of(job_id, req)  # raises, naming what was wrong
         try:
@@ -386,7 +385,7 @@ class KvTierManager(TierView):
             raise UnknownRequest(f"submit_load job {job.job_id}: request {job.req.req_id!r} has no "
                                  "remote_prefiller or remote_kv_source params")
         self._check_job(job)
-        check_fetch_size(job, self.config.max_message_bytes)
+        check_fetch_size(job, self.config.max_message_bytes, info.kv_request_id, info.life, self._fetch_slots)
         self._jobs.open(job.job_id, store=False, kv_request_id=info.kv_request_id, now=self.clock(),
                         nbytes=len(job.slots) * self._block_bytes, slots=tuple(job.slots))
         self._loading[job.req.req_id] = frozenset() if job.req.req_id in self._loading else frozenset(job.keys)
@@ -418,9 +417,8 @@ class KvTierManager(TierView):
 
     def get_finished_jobs(self, *, poll: bool = True) -> list[JobResult]:
         """Hand over every job result produced since the last call.  Caller-driven: when there is
-        none yet, one pass of the loop runs first (``poll=False``: never).  With the loop on its
-        own thread this drains the results queue, and wakes the loop if a store, a producer
-        request's naming or finish waits for its next pass (decision C34)."""
+        none yet, one pass of the loop runs first (``poll=False``: never).  Threaded: drains the
+        results queue, and wakes the loop if a command waits for its next pass (C34, C40)."""
         if poll and not self._closed and not self._jobs.ready and not self._loop.threaded:
             self._loop.poll(0.0)
         self._loop.kick()  # stores an engine call deferred (C34); vLLM calls this from its tier-poll thread
@@ -433,11 +431,13 @@ class KvTierManager(TierView):
         any other.  Works after :meth:`shutdown` too.
 
         Raises:
-            ValueError: ``job_id`` is not an int from 0 to 2**62 - 1.
+            ValueError: ``job_id`` is not an int from 0 to 2**62 - 1, or ``reason`` is not a
+                :class:`~kvtier.lifecycle.Reason` (or its code).
+            TypeError: ``store`` or ``success`` is not a bool.
             DuplicateJob: ``job_id`` is outstanding.
         """
         check_job_id(job_id)
-        self._jobs.check_new(job_id)
+        reason = check_finish(store, success, reason)
         self._jobs.open(job_id, store=store, kv_request_id=None, now=self.clock(), nbytes=0)
         self._loop.input(ix.JobSettled(job_id, success, Reason.LOCAL if success else (reason or Reason.JOB_REFUSED)))
 
@@ -584,8 +584,12 @@ class KvTierManager(TierView):
     def _request_of(self, job_id: int, req: RequestContext) -> TransferParams:
         if type(req) is not RequestContext:
             check_req(req, f"job {job_id}")
-        info = self._requests.get(req.req_id)
+        try:
+            info = self._requests.get(req.req_id)
+        except TypeError:
+            info = None
         if info is None:
+            check_req(req, f"job {job_id}")  # a req_id that is no str is named as such, not as unknown
             raise UnknownRequest(f"job {job_id}: request {req.req_id!r} " + (
                 "already finished (on_request_finished): submit a request's jobs before finishing it"
                 if req.req_id in self._finished else "was never announced with on_new_request"))

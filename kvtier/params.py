@@ -47,6 +47,7 @@ from typing import Any, Final
 
 import attrs
 
+from kvtier.errors import KvTierError
 from kvtier.wire.messages import check_kv_request_id, check_life
 
 __all__ = [
@@ -89,7 +90,7 @@ def clip(value: object, n: int = 80) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-class PeerNotAllowed(ValueError):
+class PeerNotAllowed(KvTierError, ValueError):
     """A request names a producer endpoint outside ``allowed_peers``. Nothing was dialled."""
 
     def __init__(self, message: str, endpoint: str, kv_request_id: str = "", why: str = "") -> None:

@@ -36,6 +36,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from kvtier.errors import KvTierError
 from kvtier.lifecycle import Reason
 from kvtier.metrics import REQUESTS_PATH
 
@@ -175,7 +176,7 @@ def unreachable(exc: OSError) -> str:
     return f"{type(exc).__name__}: {exc}"[:160]
 
 
-class NotAnEndpoint(Exception):
+class NotAnEndpoint(KvTierError):
     """Something answered at an endpoint, but not as a kvtier metrics endpoint: its message says what
     answered and what to give instead (most often the tier's ``port`` given for its ``metrics_port``)."""
 

@@ -232,6 +232,26 @@ def test_unlisted_producer_is_never_dialled(spy_mgr) -> None:
     m.on_request_finished(req)
 
 
+def test_a_request_announced_again_naming_a_refused_peer_is_refused_and_keeps_its_first_registration(spy_mgr) -> None:
+    """Announced with an allowed producer, then again with one allowed_peers refuses: the second
+    call raises as any different re-announce does, so the first registration (its id in use) is
+    not orphaned: once the request finished, the id can be announced again."""
+    m, _ = spy_mgr
+
+    def req(host: str, rid: str = "twice-1") -> RequestContext:
+        return RequestContext(req_id=rid, kv_transfer_params={"remote_prefiller": {
+            "kv_request_id": "T", "remote_host": host, "remote_port": 80}})
+    assert m.on_new_request(req("10.1.2.3")) == "consumer"
+    with pytest.raises(ValueError, match="announced twice with different kv_transfer_params"):
+        m.on_new_request(req("169.254.169.254"))
+    m.on_request_finished(req("10.1.2.3"))
+    assert m.on_new_request(req("10.1.2.3", "twice-2")) == "consumer"  # the id is free again
+    m.on_request_finished(req("10.1.2.3", "twice-2"))
+    refused = req("169.254.169.254", "twice-3")
+    assert m.on_new_request(refused) == m.on_new_request(refused) == "local"  # the same refusal twice: no error
+    m.on_request_finished(refused)
+
+
 def test_a_refused_dial_names_the_rule_that_refused_it(caplog) -> None:
     """allowed_peers '*' on a manager listening beyond loopback does not admit loopback: the
     per-request line says so, not "not in allowed_peers" (the list is '*'), and names the

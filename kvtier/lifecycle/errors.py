@@ -7,8 +7,10 @@ its inputs are ignored or answered according to the spec's ignore rules and reas
 
 from __future__ import annotations
 
+from kvtier.errors import KvTierError
 
-class LifecycleError(Exception):
+
+class LifecycleError(KvTierError):
     """Base class of lifecycle-core errors."""
 
 

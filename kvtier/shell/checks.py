@@ -3,13 +3,16 @@ before anything reaches the core (whose own misuse errors are for states, not sh
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from kvtier.api import RequestContext, TransferJob
+from kvtier.lifecycle import Reason
 from kvtier.lifecycle.inputs import StoreSubmitted
 from kvtier.params import TransferParams
 
-__all__ = ["MAX_JOB_ID", "check_fetch_size", "check_job", "check_job_id", "check_req", "check_seconds", "store_input"]
+__all__ = ["MAX_JOB_ID", "check_fetch_size", "check_finish", "check_job", "check_job_id", "check_req", "check_seconds",
+           "store_input"]
 
 
 def check_req(req: Any, where: str) -> None:
@@ -41,11 +44,18 @@ def check_job_id(job_id: object) -> None:
 
 
 def check_seconds(name: str, value: object) -> float:
-    """``value`` as seconds: a finite int or float ≥ 0 (not a bool), else ``ValueError`` naming
-    ``name`` (an API call's ``timeout_s`` or ``grace_s``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r:.40}")
-    return float(value)
+    """``value`` as seconds: a finite real number ≥ 0 (an int, a float, a numpy scalar of either;
+    not a bool), else ``ValueError`` naming ``name`` (an API call's ``timeout_s`` or ``grace_s``)
+    and what it got.  A value too large for a float (``10**400``) is refused the same way."""
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        try:
+            seconds = float(value)
+        except (OverflowError, ValueError):
+            seconds = float("nan")
+        if 0 <= seconds < float("inf"):
+            return seconds
+    raise ValueError(f"{name} must be a finite number of seconds >= 0 (an int or a float), "
+                     f"got {value!r:.40} ({type(value).__name__})")
 
 
 _INT = {int}
@@ -128,13 +138,17 @@ def _check_key_type(job_id: int, key: object) -> None:
                      f"keys must be 1..256 bytes{fix}")
 
 
-def check_fetch_size(job: TransferJob, max_message_bytes: int) -> None:
-    """The fetch header must fit the producer's ``max_message_bytes`` (assumed equal to ours);
-    msgpack: ~3 bytes of framing per key plus the fixed fields."""
-    size = 256 + sum(len(k) + 3 for k in job.keys)
+def check_fetch_size(job: TransferJob, max_message_bytes: int, kv_request_id: str, life: str, slots: bool) -> None:
+    """The fetch header must fit the producer's ``max_message_bytes`` (assumed equal to ours): an
+    upper bound of its msgpack encoding — the fixed fields (128 bytes at most), the id and the
+    life, each key with its framing (3 bytes), and each slot (5 bytes) where the plane sends them
+    (``slots``: one-sided planes) — so a fetch this passes is never refused ``oversize``."""
+    size = 128 + len(kv_request_id.encode()) + len(life.encode()) + sum(len(k) + 3 for k in job.keys)
+    if slots:
+        size += 5 * len(job.keys)
     if size > max_message_bytes:
         raise ValueError(
-            f"job {job.job_id}: a fetch of {len(job.keys)} keys ({size} bytes) exceeds max_message_bytes="
+            f"job {job.job_id}: a fetch of {len(job.keys)} keys (up to {size} bytes) exceeds max_message_bytes="
             f"{max_message_bytes} (a fetch is one message); raise max_message_bytes on both sides"
         )
 
@@ -145,3 +159,20 @@ def store_input(job: TransferJob, info: TransferParams, *, num_blocks: int, max_
     check_job(job, num_blocks=num_blocks, max_blocks=max_blocks)
     return StoreSubmitted(info.kv_request_id, job.req.req_id, job.job_id, tuple(job.keys), tuple(job.slots), (),
                           info.consumer, info.life)
+
+
+def check_finish(store: object, success: object, reason: object) -> Reason | None:
+    """``finish_job``'s ``store`` and ``success`` (bools: ``TypeError`` naming the argument) and
+    its ``reason`` as a :class:`~kvtier.lifecycle.Reason` (a member or its code; anything else a
+    ``ValueError`` naming it: a result's reason is always a spec reason code)."""
+    for name, value in (("store", store), ("success", success)):
+        if type(value) is not bool:
+            raise TypeError(f"finish_job: {name} must be a bool, got {value!r:.40} ({type(value).__name__})")
+    if reason is None or type(reason) is Reason:
+        return reason
+    try:
+        return Reason(reason)
+    except ValueError:
+        raise ValueError(f"finish_job: reason must be a kvtier.lifecycle.Reason (a spec reason code), "
+                         f"got {reason!r:.40}") from None
+

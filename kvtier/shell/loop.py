@@ -175,8 +175,7 @@ class IoLoop:
         self._cmds.append((fn, arg))
         if self._thread is None:
             self._inline()
-        # both reads after the append: the loop publishes ``awaiting`` before its last look at
-        # the queue, so an id it awaits is seen here or the command is seen there (C34)
+        # both reads after the append: the loop publishes ``awaiting`` before its last look at the queue (C34)
         elif self._sleeping and kv_request_id in self.published.awaiting:
             self._waker.wake()
 
@@ -272,11 +271,11 @@ class IoLoop:
         return value
 
     def wait_pass(self, timeout_s: float) -> None:
-        """Threaded: block until the loop finished another pass, at most ``timeout_s``."""
+        """Threaded: block until the loop finished another pass, at most ``timeout_s`` (capped)."""
         with self._pass_done:
             self._waiters += 1
             try:
-                self._pass_done.wait(timeout_s)
+                self._pass_done.wait(min(timeout_s, threading.TIMEOUT_MAX))
             finally:
                 self._waiters -= 1
 
@@ -549,7 +548,8 @@ class IoLoop:
                 self.apply(ix.GraceEnded())
                 self.transport.flush()
         finally:
-            self.close(linger_s=max(0.05, grace_s - (time.monotonic() - start)))
+            # at most a day: libzmq's linger ends at ~24.8 days, and a larger grace_s must still close
+            self.close(linger_s=min(86_400.0, max(0.05, grace_s - (time.monotonic() - start))))
 
     def close(self, linger_s: float) -> None:
         """Caller-driven (the thread stopped): close the transport (queued sends get

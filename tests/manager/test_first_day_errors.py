@@ -210,6 +210,16 @@ def test_check_config_names_a_file_given_without_at_and_a_file_that_is_not_json(
     assert res.exit_code == 2 and "is not JSON" in res.output and "YAML" in res.output, res.output
 
 
+def test_check_config_says_a_file_it_cannot_read_was_not_read(tmp_path) -> None:
+    """Exit 2 (never read), not 1 (a problem in the config), and no traceback: a UTF-16 file, JSON
+    nested past the parser's depth."""
+    utf16 = tmp_path / "prefill.json"
+    utf16.write_text(json.dumps({"kv_connector": "OffloadingConnector"}), encoding="utf-16")
+    res = CliRunner().invoke(cli, ["check-config", f"@{utf16}"])
+    assert res.exit_code == 2 and "is not UTF-8 text: save it as UTF-8" in res.output, res.output
+    res = CliRunner().invoke(cli, ["check-config", "[" * 100_000])
+    assert res.exit_code == 2 and "nested too deeply" in res.output, res.output
+
 
 @pytest.mark.parametrize("entry, says", [
     ({"type": "KvTierSecondaryTier", "port": 5710}, "module_path=None: vLLM imports the tier class from it"),

@@ -519,7 +519,7 @@ def test_engine_job_ids_cannot_reach_the_managers_own(mgr):
 
 
 @pytest.mark.parametrize("call", ["drain_jobs", "poll", "shutdown"])
-@pytest.mark.parametrize("bad", ["x", -1, float("nan"), float("inf"), True, None])
+@pytest.mark.parametrize("bad", ["x", -1, float("nan"), float("inf"), True, None, 10**400, np.int64(-1)])
 def test_timeouts_of_api_calls_are_checked_and_named(mgr, call, bad):
     """``drain_jobs(timeout_s)``, ``poll(timeout_s)`` and ``shutdown(grace_s)`` refuse anything but
     a finite number of seconds ≥ 0 with a ``ValueError`` naming the argument (None keeps its
