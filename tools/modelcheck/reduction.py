@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from tools.modelcheck.state import State
     from tools.modelcheck.system import System
 
-__all__ = ["ample", "applies", "visit_key"]
+__all__ = ["ample", "applies", "merges", "visit_key"]
 
 
 def applies(b: Bounds) -> bool:
@@ -100,16 +100,23 @@ FINISHED = "finished"
 """the marker of a finished pair in a :func:`visit_key`"""
 
 
-def visit_key(system: System, g: State) -> object:
+def merges(b: Bounds) -> bool:
+    """Whether :func:`visit_key` may merge states under ``b`` (else it is the state itself)."""
+    return applies(b) and b.tombstone_max >= b.ids
+
+
+def visit_key(system: System, g: State, acts: list[tuple] | None = None) -> object:
     """What the search deduplicates ``g`` by: ``g`` itself, or — when the reduction applies and a
     pair is finished (no enabled step belongs to it) while no enabled step couples the pairs — each
     unfinished pair's projection, :data:`FINISHED` for each finished one, and what the pairs share
-    (:meth:`.system.System.shared`)."""
+    (:meth:`.system.System.shared`).  ``acts``: ``system.actions(g, True)``, if the caller has them."""
     b = system.b
-    if not applies(b) or b.tombstone_max < b.ids:
+    if not merges(b):
         return g
     owner = system.owner
-    busy: set[int | None] = {owner[a[0]].process_of(a) for a in system.actions(g, True)}
+    if acts is None:
+        acts = system.actions(g, True)  # type: ignore[assignment]
+    busy: set[int | None] = {owner[a[0]].process_of(a) for a in acts}
     if None in busy or len(busy) == b.ids:
         return g
     return (
