@@ -103,6 +103,9 @@ class Property:
     consumer_step: StepHook | None = None
     when: StepFilter | None = None
     """the core steps the step hooks need to see (None: every step); the hooks run only when it holds"""
+    pure: bool = False
+    """the step hooks read the step alone (never the draft state): their verdict is the step's, so
+    they run once per distinct core step and stay in its pipeline only when they fail there"""
     state: StateHook | None = None
     liveness: bool = False
     """checked by the search's completion phase (:func:`quiescent`, :func:`stuck`)"""
@@ -422,7 +425,7 @@ REGISTRY: tuple[Property, ...] = (
     ),
     Property(
         "input_before_deadline", ("input_before_deadline",),
-        producer_step=deadline_after_input, consumer_step=deadline_after_input, when=_fires,
+        producer_step=deadline_after_input, consumer_step=deadline_after_input, when=_fires, pure=True,
     ),
     Property(
         "exactly_once_job_result", ("exactly_once_job_result",),
@@ -439,11 +442,11 @@ REGISTRY: tuple[Property, ...] = (
     ),
     Property(
         "lives_never_mix", ("lives_never_mix",),
-        producer_step=binding_messages_keep_to_their_life, when=_receives("receipt", "abort_fetch"),
+        producer_step=binding_messages_keep_to_their_life, when=_receives("receipt", "abort_fetch"), pure=True,
     ),
     Property(
         "no_bytes_for_tombstoned", ("no_bytes_for_tombstoned",),
-        producer_step=blocks_only_when_serving, when=_emits(SendBlocks),
+        producer_step=blocks_only_when_serving, when=_emits(SendBlocks), pure=True,
     ),
     Property("late_fetch_one_rtt", ("late_fetch_one_rtt",), producer_step=late_fetch_answered, when=_receives("fetch")),
     Property(
@@ -467,12 +470,12 @@ REGISTRY: tuple[Property, ...] = (
     Property("probe_answered_in_bound", ("probe_answered_in_bound",), state=retry_in_bound),
     # honest results, no live producer condemned (decisions I21-I24; tools/modelcheck/honest.py)
     Property("partial_keys_verified", ("partial_keys_verified",), consumer_step=honest.partial_keys_verified,
-             when=honest.reports_a_failed_load),
+             when=honest.reports_a_failed_load, pure=True),
     Property("failed_keys_miss", ("failed_keys_miss",), consumer_step=honest.failed_keys_miss,
-             when=honest.reports_a_failed_load),
+             when=honest.reports_a_failed_load, pure=True),
     Property("instance_fate_proven", ("instance_fate_proven",), state=honest.gone_only_on_proof),
     Property("release_never_dropped", ("release_never_dropped",), producer_step=honest.release_never_dropped,
-             when=honest.reads_a_release),
+             when=honest.reads_a_release, pure=True),
     # From every explored state, a quiescent state is reachable by completion steps only (see
     # .search): every fetch is answered, every job gets its result, no id is stuck.
     Property("no_stuck_ids", ("fetch_always_answered", "exactly_once_job_result"), liveness=True),
@@ -506,12 +509,12 @@ PROPERTIES: tuple[str, ...] = (
 if sorted(PROPERTIES) != sorted(p.name for p in REGISTRY):  # pragma: no cover - caught at import
     raise RuntimeError("modelcheck.properties: PROPERTIES and REGISTRY name different properties")
 
-PRODUCER_STEP_CHECKS: tuple[tuple[StepHook, StepFilter | None], ...] = tuple(
-    (p.producer_step, p.when) for p in REGISTRY if p.producer_step
+PRODUCER_STEP_CHECKS: tuple[tuple[StepHook, StepFilter | None, bool], ...] = tuple(
+    (p.producer_step, p.when, p.pure) for p in REGISTRY if p.producer_step
 )
-"""(hook, when) of every property that checks producer steps, in registry order"""
-CONSUMER_STEP_CHECKS: tuple[tuple[StepHook, StepFilter | None], ...] = tuple(
-    (p.consumer_step, p.when) for p in REGISTRY if p.consumer_step
+"""(hook, when, pure) of every property that checks producer steps, in registry order"""
+CONSUMER_STEP_CHECKS: tuple[tuple[StepHook, StepFilter | None, bool], ...] = tuple(
+    (p.consumer_step, p.when, p.pure) for p in REGISTRY if p.consumer_step
 )
-"""(hook, when) of every property that checks consumer steps, in registry order"""
+"""(hook, when, pure) of every property that checks consumer steps, in registry order"""
 STATE_CHECKS: tuple[StateHook, ...] = tuple(p.state for p in REGISTRY if p.state)

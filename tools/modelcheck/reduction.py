@@ -49,19 +49,23 @@ def applies(b: Bounds) -> bool:
 
 def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, State | None]]:
     """A persistent subset of ``acts`` (with successors already computed where known)."""
-    full: list[tuple[tuple, State | None]] = [(a, None) for a in acts]
     b = system.b
     if not applies(b):
-        return full
+        return [(a, None) for a in acts]
+    known: dict[tuple, State] = {}  # successors computed for a pair that turned out not to qualify
+
+    def full() -> list[tuple[tuple, State | None]]:
+        return [(a, known.get(a)) for a in acts]
+
     owner = system.owner
     groups: dict[int, list[tuple]] = {}
     for a in acts:
         pid = owner[a[0]].process_of(a)
         if pid is None:
-            return full
+            return full()
         groups.setdefault(pid, []).append(a)
     if len(groups) <= 1:
-        return full
+        return full()
     cap_binding = b.tombstone_max < b.ids
     summaries = system.cores.summaries
     pstates = summaries[g.p].producer
@@ -81,7 +85,8 @@ def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, Stat
             try:
                 ng = system.apply(g, a)
             except Fail:
-                return full  # let the main loop report it
+                return full()  # let the main loop report it
+            known[a] = ng
             if cap_binding:
                 now_ret = summaries[ng.p].producer.get(kid, ("absent",))[0] in P_RETAINED
                 if now_ret != retained:
@@ -93,7 +98,7 @@ def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, Stat
             out.append((a, ng))
         if ok:
             return out
-    return full
+    return full()
 
 
 FINISHED = "finished"

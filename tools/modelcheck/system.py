@@ -37,6 +37,8 @@ from tools.modelcheck.properties import (
     CONSUMER_STEP_CHECKS,
     PRODUCER_STEP_CHECKS,
     STATE_CHECKS,
+    Fail,
+    StepHook,
     quiescent,
     stuck,
 )
@@ -73,6 +75,15 @@ class _Observed:
                 self.early = True
         return self.core.fire(now)
 
+
+
+def _passes(hook: StepHook, system: System, c: int | None, step: CoreStep) -> bool:
+    """Whether a pure step hook (one that reads the step alone) passes on ``step``."""
+    try:
+        hook(system, None, c, step)  # type: ignore[arg-type]
+    except Fail:
+        return False
+    return True
 
 
 class System:
@@ -264,7 +275,10 @@ class System:
         Depends on the memoised step (and the core) only, so it is built once per step and core and
         cached by the step's identity (the memo keeps every step alive)."""
         checks = PRODUCER_STEP_CHECKS if c is None else CONSUMER_STEP_CHECKS
-        stages: list[Stage] = [partial(hook, self) for hook, when in checks if when is None or when(self, step)]
+        stages: list[Stage] = [
+            partial(hook, self) for hook, when, pure in checks
+            if (when is None or when(self, step)) and not (pure and _passes(hook, self, c, step))
+        ]
         for part in self.parts:
             stage = part.after_step(step, c)
             if stage is not None:
