@@ -52,25 +52,25 @@ def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, Stat
     b = system.b
     if not applies(b):
         return [(a, None) for a in acts]
-    known: dict[tuple, State] = {}  # successors computed for a pair that turned out not to qualify
+    known: list[State | None] = [None] * len(acts)  # successors computed for a pair that did not qualify
 
     def full() -> list[tuple[tuple, State | None]]:
-        return [(a, known.get(a)) for a in acts]
+        return list(zip(acts, known))
 
     owner = system.owner
-    groups: dict[int, list[tuple]] = {}
-    for a in acts:
+    groups: dict[int, list[int]] = {}  # pair -> the indexes of its actions
+    for n, a in enumerate(acts):
         pid = owner[a[0]].process_of(a)
         if pid is None:
             return full()
-        groups.setdefault(pid, []).append(a)
+        groups.setdefault(pid, []).append(n)
     if len(groups) <= 1:
         return full()
     cap_binding = b.tombstone_max < b.ids
     summaries = system.cores.summaries
     pstates = summaries[g.p].producer
     for pid in sorted(groups):
-        E = groups[pid]
+        E = [acts[n] for n in groups[pid]]
         if any(owner[a[0]].shares_budget(g, a) for a in E):
             continue  # they spend a budget the other ids share
         kid = system.kids[pid]
@@ -81,12 +81,12 @@ def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, Stat
         before = {j: system.projection(g, j) for j in others}
         out: list[tuple[tuple, State | None]] = []
         ok = True
-        for a in E:
+        for n, a in zip(groups[pid], E):
             try:
                 ng = system.apply(g, a)
             except Fail:
                 return full()  # let the main loop report it
-            known[a] = ng
+            known[n] = ng
             if cap_binding:
                 now_ret = summaries[ng.p].producer.get(kid, ("absent",))[0] in P_RETAINED
                 if now_ret != retained:

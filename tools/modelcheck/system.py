@@ -144,6 +144,7 @@ class System:
             self._inputs.update(part.core_inputs())
             self._answers.update(answers)
         self._apply = {kind: part.apply for kind, part in self.owner.items()}  # bound once: called per transition
+        self._projects = tuple(part.project for part in parts)
         settings = CoreSettings(
             durations={k: 10.0 for k in TIMER_KEYS},  # any value: abstract time ignores durations
             park_clock=b.park_clock,
@@ -350,11 +351,12 @@ class System:
         """Everything that belongs to pair ``i`` (id i with consumer i): its producer records, the
         consumer's core, and each part's slice of the environment."""
         precs = self.cores.precords(g.p)
+        engines, network, transport, clock, symmetric = self._projects  # unrolled: this runs per state and pair
         return (
             precs.get(("producer", self.kids[i])),
             precs.get(("session", self.cnames[i])),
             g.c[i],
             g.retired[i],
             g.receipted[i],
-            *(part.project(g, i) for part in self.parts),
+            engines(g, i), network(g, i), transport(g, i), clock(g, i), symmetric(g, i),
         )

@@ -245,9 +245,9 @@ class Transport(Part):
     def project(self, g: State, i: int) -> tuple:
         cname = self.system.cnames[i]
         return (
-            tuple(t for t in g.transfers if t[0] == i),
+            tuple(t for t in g.transfers if t[0] == i) if g.transfers else (),
             i in g.revokes,
-            tuple(a for a in g.attaches if a[0] == 1 + i or (a[0] == 0 and a[1] == cname)),
+            tuple(a for a in g.attaches if a[0] == 1 + i or (a[0] == 0 and a[1] == cname)) if g.attaches else (),
         )
 
     # -- core inputs ---------------------------------------------------------------------------
