@@ -29,6 +29,7 @@ The default configuration is explored to exhaustion this way.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from tools.modelcheck.bounds import Bounds
@@ -51,7 +52,7 @@ def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, Stat
     """A persistent subset of ``acts`` (with successors already computed where known)."""
     b = system.b
     if not applies(b):
-        return [(a, None) for a in acts]
+        return list(zip(acts, repeat(None)))
     known: list[State | None] = [None] * len(acts)  # successors computed for a pair that did not qualify
 
     def full() -> list[tuple[tuple, State | None]]:

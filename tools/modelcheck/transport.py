@@ -125,6 +125,8 @@ class Transport(Part):
     def actions(self, g: State, full: bool) -> list[tuple]:
         """``("transport", transfer, report)`` for every report the plane may make now (see
         :func:`reports`)."""
+        if not g.transfers:
+            return []
         failures = self.b.transfer_failures
         out: list[tuple] = []
         for t in g.transfers:
