@@ -439,7 +439,8 @@ REGISTRY: tuple[Property, ...] = (
     ),
     Property(
         "exactly_once_job_result", ("exactly_once_job_result",),
-        producer_step=one_result_per_job, consumer_step=one_result_per_job, when=_emits(JobDone), reads=("outstanding",),
+        producer_step=one_result_per_job, consumer_step=one_result_per_job, when=_emits(JobDone),
+        reads=("outstanding",),
         state=jobs_held_by_live_records, state_reads=attrgetter("outstanding", "p", "c"),
     ),
     Property(
