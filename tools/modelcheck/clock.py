@@ -47,6 +47,7 @@ a silent heartbeat: a stuck id cannot blame time.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvtier.lifecycle import inputs as ix
@@ -80,6 +81,7 @@ class Clock(Part):
         super().__init__(system)
         self._fires: dict[tuple[str, int], tuple[tuple, ...]] = {}
         self._variant_cache: dict[tuple[str, int, bool], tuple] = {}
+        self._firable: dict[tuple[str, int, bool], frozenset[str]] = {}
 
     def actions(self, g: State, full: bool) -> list[tuple]:
         """``("fire", core, machine, key, variant)`` for every live deadline the bounds let fall
@@ -91,13 +93,13 @@ class Clock(Part):
             out.extend(self._core_actions(g, c, full))
         return out
 
-    def _core_actions(self, g: State, c: int | None, full: bool) -> list[tuple]:
+    def _core_actions(self, g: State, c: int | None, full: bool) -> Sequence[tuple]:
         s = self.system
         comp, sid = ("p", g.p) if c is None else (s.cnames[c], g.c[c])
         silence = s.network.silence_may_end(g, full)
         always, pings = self._variants(comp, sid, silence)
         if not pings:
-            return list(always)
+            return always
         pinging = s.network.pinging
         return [*always, *(a for a, pair in pings if not pinging(g, pair))]
 
@@ -125,7 +127,15 @@ class Clock(Part):
     def firable(self, g: State, c: int | None) -> frozenset[str]:
         """The record keys of the producer (``c`` None) or consumer ``c`` whose deadlines may fall
         due in ``g``, input aside."""
-        return frozenset(a[3] for a in self._core_actions(g, c, True))
+        s = self.system
+        key = ("p", g.p, s.network.silence_may_end(g, True)) if c is None else (
+            s.cnames[c], g.c[c], s.network.silence_may_end(g, True))
+        got = self._firable.get(key)
+        if got is None:
+            if self._variants(*key)[1]:  # pings, which depend on the channels: not cached
+                return frozenset(a[3] for a in self._core_actions(g, c, True))
+            got = self._firable[key] = frozenset(a[3] for a in self._variants(*key)[0])
+        return got
 
     def _core_fires(self, comp: str, sid: int) -> tuple[tuple, ...]:
         """``("fire", comp, machine, key, timer)`` of core ``comp``'s live deadlines in snapshot

@@ -77,6 +77,7 @@ class Engines(Part):
             **({self.sym_job(0, n): (0, 0) for n in range(SYM_LOADS)} if b.symmetric else {}),
         }
         """job id -> (consumer index, or None for a store job; id index), for every job there can be"""
+        self._jobs_of: dict[tuple[frozenset[int], int], tuple[int, ...]] = {}
 
     # -- jobs ----------------------------------------------------------------------------------
     @staticmethod
@@ -291,8 +292,12 @@ class Engines(Part):
         return action[0] in ("store", "abandon") or (action[0] in ("shutdown", "close") and action[1] == 0)
 
     def project(self, g: State, i: int) -> tuple:
+        key = (g.outstanding, i)
+        jobs = self._jobs_of.get(key)
+        if jobs is None:  # few distinct sets of outstanding jobs: each one's split by id is cached
+            jobs = self._jobs_of[key] = tuple(sorted(j for j in g.outstanding if self.owner_of[j][1] == i))
         return (
-            tuple(sorted(j for j in g.outstanding if self.owner_of[j][1] == i)),
+            jobs,
             g.stores[i],
             g.p_finished[i],
             g.lives[i],

@@ -343,7 +343,7 @@ class Network(Part):
             g.arrived[2 * i],
             g.arrived[2 * i + 1],
             g.faults[i] if self.b.fault_scope == "per_peer" else None,
-            tuple(sorted(x for x in g.corrupted if x[0] == i)),
+            tuple(sorted(x for x in g.corrupted if x[0] == i)) if g.corrupted else (),
         )
 
     # -- core inputs ---------------------------------------------------------------------------

@@ -26,7 +26,8 @@ breaks it (``tools/planted.py``; ``tests/model/test_modelcheck.py`` ``EXPECTED``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import attrs
@@ -89,6 +90,8 @@ C_LIVE = frozenset({"queued", "in_flight", "aborting", "cancelling", "revoking",
 StepHook = Callable[["System", "Draft", "int | None", "CoreStep"], None]
 StepFilter = Callable[["System", "CoreStep"], bool]
 StateHook = Callable[["System", "State"], None]
+StepCheck = tuple[StepHook, "StepFilter | None", "tuple[str, ...] | None", "tuple[str, ...]"]
+StateReads = Callable[["State"], Hashable]
 
 
 @attrs.frozen
@@ -103,7 +106,17 @@ class Property:
     consumer_step: StepHook | None = None
     when: StepFilter | None = None
     """the core steps the step hooks need to see (None: every step); the hooks run only when it holds"""
+    reads: tuple[str, ...] | None = None
+    """the draft's fields the step hooks read (None: not declared).  A hook's verdict, and what it
+    writes, follow from the step and these fields alone, so a hook runs once per distinct step and
+    value of them: with none it runs when the step's pipeline is built, and stays in it only when it
+    fails there"""
+    writes: tuple[str, ...] = ()
+    """the draft's fields the step hooks write (history fields; each among ``reads``)"""
     state: StateHook | None = None
+    state_reads: StateReads | None = None
+    """the fields of a state the state hook reads, as a key (its verdict is the same on every state with
+    the same key): once it passed on a key, states with that key are not checked again"""
     liveness: bool = False
     """checked by the search's completion phase (:func:`quiescent`, :func:`stuck`)"""
 
@@ -422,57 +435,66 @@ REGISTRY: tuple[Property, ...] = (
     ),
     Property(
         "input_before_deadline", ("input_before_deadline",),
-        producer_step=deadline_after_input, consumer_step=deadline_after_input, when=_fires,
+        producer_step=deadline_after_input, consumer_step=deadline_after_input, when=_fires, reads=(),
     ),
     Property(
         "exactly_once_job_result", ("exactly_once_job_result",),
         producer_step=one_result_per_job, consumer_step=one_result_per_job, when=_emits(JobDone),
-        state=jobs_held_by_live_records,
+        reads=("outstanding",),
+        state=jobs_held_by_live_records, state_reads=attrgetter("outstanding", "p", "c"),
     ),
     Property(
         "no_block_returned_while_referenced", ("no_block_returned_while_referenced",),
-        producer_step=no_store_result_while_referenced, when=_emits(JobDone),
+        producer_step=no_store_result_while_referenced, when=_emits(JobDone), reads=("transfers",),
     ),
     Property(
         "no_success_without_receipt", ("no_success_without_receipt",),
         producer_step=success_needs_receipt_p, consumer_step=success_needs_receipt_c, when=receipt_or_store_result,
+        reads=("receipted", "corrupted"), writes=("receipted",),
     ),
     Property(
         "lives_never_mix", ("lives_never_mix",),
-        producer_step=binding_messages_keep_to_their_life, when=_receives("receipt", "abort_fetch"),
+        producer_step=binding_messages_keep_to_their_life, when=_receives("receipt", "abort_fetch"), reads=(),
     ),
     Property(
         "no_bytes_for_tombstoned", ("no_bytes_for_tombstoned",),
-        producer_step=blocks_only_when_serving, when=_emits(SendBlocks),
+        producer_step=blocks_only_when_serving, when=_emits(SendBlocks), reads=(),
     ),
-    Property("late_fetch_one_rtt", ("late_fetch_one_rtt",), producer_step=late_fetch_answered, when=_receives("fetch")),
+    Property("late_fetch_one_rtt", ("late_fetch_one_rtt",), producer_step=late_fetch_answered, when=_receives("fetch"),
+             reads=("retired",)),
     Property(
         "tombstoned_never_reparks", ("tombstoned_never_reparks",),
-        producer_step=ended_ids_stay_ended, when=_moves_a_producer_id,
+        producer_step=ended_ids_stay_ended, when=_moves_a_producer_id, reads=("retired",), writes=("retired",),
     ),
     Property(
         "no_write_after_terminal", ("no_write_after_terminal",),
-        consumer_step=no_write_after_terminal, when=lands_or_fails_a_load,
+        consumer_step=no_write_after_terminal, when=lands_or_fails_a_load, reads=("transfers",),
     ),
     Property("bounded_bookkeeping", ("bounded_bookkeeping",), producer_step=retained_within_cap, when=_over_the_cap),
     # the symmetric path (decision M14)
     Property(
         "pin_released_once", ("pin_released_once",),
-        producer_step=pins_released_once, when=_emits(ReleasePins), state=pins_held_by_records,
+        producer_step=pins_released_once, when=_emits(ReleasePins), reads=("pins", "transfers"),
+        state=pins_held_by_records,
+        state_reads=attrgetter("pins", "p"),
     ),
-    Property("no_hit_without_pin", ("no_hit_without_pin",), producer_step=hits_pinned, when=replies_probe),
+    Property("no_hit_without_pin", ("no_hit_without_pin",), producer_step=hits_pinned, when=replies_probe,
+             reads=("pins",)),
     Property(
         "no_block_after_release", ("no_block_after_release",), producer_step=served_blocks_pinned, when=_emits(SendBlocks),
+        reads=("pins",),
     ),
-    Property("probe_answered_in_bound", ("probe_answered_in_bound",), state=retry_in_bound),
+    Property("probe_answered_in_bound", ("probe_answered_in_bound",), state=retry_in_bound,
+             state_reads=attrgetter("c")),
     # honest results, no live producer condemned (decisions I21-I24; tools/modelcheck/honest.py)
     Property("partial_keys_verified", ("partial_keys_verified",), consumer_step=honest.partial_keys_verified,
-             when=honest.reports_a_failed_load),
+             when=honest.reports_a_failed_load, reads=()),
     Property("failed_keys_miss", ("failed_keys_miss",), consumer_step=honest.failed_keys_miss,
-             when=honest.reports_a_failed_load),
-    Property("instance_fate_proven", ("instance_fate_proven",), state=honest.gone_only_on_proof),
+             when=honest.reports_a_failed_load, reads=()),
+    Property("instance_fate_proven", ("instance_fate_proven",), state=honest.gone_only_on_proof,
+             state_reads=attrgetter("c")),
     Property("release_never_dropped", ("release_never_dropped",), producer_step=honest.release_never_dropped,
-             when=honest.reads_a_release),
+             when=honest.reads_a_release, reads=()),
     # From every explored state, a quiescent state is reachable by completion steps only (see
     # .search): every fetch is answered, every job gets its result, no id is stuck.
     Property("no_stuck_ids", ("fetch_always_answered", "exactly_once_job_result"), liveness=True),
@@ -506,12 +528,15 @@ PROPERTIES: tuple[str, ...] = (
 if sorted(PROPERTIES) != sorted(p.name for p in REGISTRY):  # pragma: no cover - caught at import
     raise RuntimeError("modelcheck.properties: PROPERTIES and REGISTRY name different properties")
 
-PRODUCER_STEP_CHECKS: tuple[tuple[StepHook, StepFilter | None], ...] = tuple(
-    (p.producer_step, p.when) for p in REGISTRY if p.producer_step
+PRODUCER_STEP_CHECKS: tuple[StepCheck, ...] = tuple(
+    (p.producer_step, p.when, p.reads, p.writes) for p in REGISTRY if p.producer_step
 )
-"""(hook, when) of every property that checks producer steps, in registry order"""
-CONSUMER_STEP_CHECKS: tuple[tuple[StepHook, StepFilter | None], ...] = tuple(
-    (p.consumer_step, p.when) for p in REGISTRY if p.consumer_step
+"""(hook, when, reads, writes) of every property that checks producer steps, in registry order"""
+CONSUMER_STEP_CHECKS: tuple[StepCheck, ...] = tuple(
+    (p.consumer_step, p.when, p.reads, p.writes) for p in REGISTRY if p.consumer_step
 )
-"""(hook, when) of every property that checks consumer steps, in registry order"""
-STATE_CHECKS: tuple[StateHook, ...] = tuple(p.state for p in REGISTRY if p.state)
+"""(hook, when, reads, writes) of every property that checks consumer steps, in registry order"""
+STATE_CHECKS: tuple[tuple[StateHook, StateReads | None], ...] = tuple(
+    (p.state, p.state_reads) for p in REGISTRY if p.state
+)
+"""(hook, the fields it reads) of every property that checks states, in registry order"""

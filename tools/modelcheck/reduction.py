@@ -29,6 +29,7 @@ The default configuration is explored to exhaustion this way.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from tools.modelcheck.bounds import Bounds
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from tools.modelcheck.state import State
     from tools.modelcheck.system import System
 
-__all__ = ["ample", "applies", "visit_key"]
+__all__ = ["ample", "applies", "merges", "visit_key"]
 
 
 def applies(b: Bounds) -> bool:
@@ -49,24 +50,28 @@ def applies(b: Bounds) -> bool:
 
 def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, State | None]]:
     """A persistent subset of ``acts`` (with successors already computed where known)."""
-    full: list[tuple[tuple, State | None]] = [(a, None) for a in acts]
     b = system.b
     if not applies(b):
-        return full
+        return list(zip(acts, repeat(None)))
+    known: list[State | None] = [None] * len(acts)  # successors computed for a pair that did not qualify
+
+    def full() -> list[tuple[tuple, State | None]]:
+        return list(zip(acts, known))
+
     owner = system.owner
-    groups: dict[int, list[tuple]] = {}
-    for a in acts:
+    groups: dict[int, list[int]] = {}  # pair -> the indexes of its actions
+    for n, a in enumerate(acts):
         pid = owner[a[0]].process_of(a)
         if pid is None:
-            return full
-        groups.setdefault(pid, []).append(a)
+            return full()
+        groups.setdefault(pid, []).append(n)
     if len(groups) <= 1:
-        return full
+        return full()
     cap_binding = b.tombstone_max < b.ids
     summaries = system.cores.summaries
     pstates = summaries[g.p].producer
     for pid in sorted(groups):
-        E = groups[pid]
+        E = [acts[n] for n in groups[pid]]
         if any(owner[a[0]].shares_budget(g, a) for a in E):
             continue  # they spend a budget the other ids share
         kid = system.kids[pid]
@@ -77,11 +82,12 @@ def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, Stat
         before = {j: system.projection(g, j) for j in others}
         out: list[tuple[tuple, State | None]] = []
         ok = True
-        for a in E:
+        for n, a in zip(groups[pid], E):
             try:
                 ng = system.apply(g, a)
             except Fail:
-                return full  # let the main loop report it
+                return full()  # let the main loop report it
+            known[n] = ng
             if cap_binding:
                 now_ret = summaries[ng.p].producer.get(kid, ("absent",))[0] in P_RETAINED
                 if now_ret != retained:
@@ -93,23 +99,30 @@ def ample(system: System, g: State, acts: list[tuple]) -> list[tuple[tuple, Stat
             out.append((a, ng))
         if ok:
             return out
-    return full
+    return full()
 
 
 FINISHED = "finished"
 """the marker of a finished pair in a :func:`visit_key`"""
 
 
-def visit_key(system: System, g: State) -> object:
+def merges(b: Bounds) -> bool:
+    """Whether :func:`visit_key` may merge states under ``b`` (else it is the state itself)."""
+    return applies(b) and b.tombstone_max >= b.ids
+
+
+def visit_key(system: System, g: State, acts: list[tuple] | None = None) -> object:
     """What the search deduplicates ``g`` by: ``g`` itself, or — when the reduction applies and a
     pair is finished (no enabled step belongs to it) while no enabled step couples the pairs — each
     unfinished pair's projection, :data:`FINISHED` for each finished one, and what the pairs share
-    (:meth:`.system.System.shared`)."""
+    (:meth:`.system.System.shared`).  ``acts``: ``system.actions(g, True)``, if the caller has them."""
     b = system.b
-    if not applies(b) or b.tombstone_max < b.ids:
+    if not merges(b):
         return g
     owner = system.owner
-    busy: set[int | None] = {owner[a[0]].process_of(a) for a in system.actions(g, True)}
+    if acts is None:
+        acts = system.actions(g, True)  # type: ignore[assignment]
+    busy: set[int | None] = {owner[a[0]].process_of(a) for a in acts}
     if None in busy or len(busy) == b.ids:
         return g
     return (

@@ -34,7 +34,7 @@ from typing import Any
 
 from tools.modelcheck.bounds import PROFILES, Bounds
 from tools.modelcheck.properties import Fail
-from tools.modelcheck.reduction import ample, visit_key
+from tools.modelcheck.reduction import ample, merges, visit_key
 from tools.modelcheck.result import Result, Violation
 from tools.modelcheck.state import State
 from tools.modelcheck.system import System
@@ -134,47 +134,55 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
     init = system.initial()
     trail = _Trail(system, init)
     parent = trail.parent
-    queue: deque[tuple[State, int]] = deque([(init, 0)])
+    # each queued state with its depth and, when visit_key needed them, its enabled actions (computing
+    # them is a good part of a state's cost, so they are not computed twice)
+    queue: deque[tuple[State, int, list[tuple] | None]] = deque([(init, 0, None)])
+    merging = merges(b)
 
     def fail(g: State, action: tuple, f: Fail) -> Result:
         result.violation = trail.violation(g, f.prop, f.message, f.lane, action)
         return result
 
-    depth_of: dict[State, int] = {init: 0}
+    deepest = 0
+    # the keys of the states that visit_key merged into another (a state whose key is itself is
+    # found in ``parent``: a State never equals a merged key, a pair of the projections and the shared part)
     visited: set[object] = {visit_key(system, init)}
     try:
         system.check_state(init)
         # 1. safety: BFS to the depth bound with every kind of step
         while queue:
-            g, d = queue.popleft()
+            g, d, acts = queue.popleft()
             if d >= b.depth:
                 continue
-            for action, ng in ample(system, g, list(system.actions(g, True))):
+            for action, ng in ample(system, g, system.actions(g, True) if acts is None else acts):
                 result.transitions += 1
                 try:
                     if ng is None:
                         ng = system.apply(g, action)
                     if ng in parent:
                         continue
-                    key = visit_key(system, ng)
-                    if key in visited:
-                        continue
+                    nacts = None
+                    if merging:
+                        nacts = system.actions(ng, True)  # type: ignore[assignment]
+                        key = visit_key(system, ng, nacts)
+                        if key is not ng:
+                            if key in visited:
+                                continue
+                            visited.add(key)
                     system.check_state(ng)
                 except Fail as f:
                     return fail(g, action, f)
-                visited.add(key)
-                if ng not in parent:
-                    parent[ng] = (g, action)
-                    depth_of[ng] = d + 1
-                    queue.append((ng, d + 1))
-                    if len(parent) > b.max_states:
-                        result.truncated = True
-                        return result
-                    if progress and len(parent) % 100000 == 0:
-                        print(f"  ... {len(parent):,} states", file=sys.stderr)
+                parent[ng] = (g, action)
+                deepest = max(deepest, d + 1)
+                queue.append((ng, d + 1, nacts))
+                if len(parent) > b.max_states:
+                    result.truncated = True
+                    return result
+                if progress and len(parent) % 100000 == 0:
+                    print(f"  ... {len(parent):,} states", file=sys.stderr)
         # 2. liveness: from every explored state a quiescent state is reachable by completion steps
         can: dict[State, bool] = {}
-        for g0 in list(depth_of):
+        for g0 in list(parent):  # every state the BFS reached, in its order
             if g0 in can:
                 continue
             path: list[State] = []
@@ -224,7 +232,7 @@ def _search(b: Bounds, bug: str | None, progress: bool) -> Result:
                 return result
         return result
     finally:
-        result.max_depth = max(depth_of.values())
+        result.max_depth = deepest
         result.states = len(parent)
         result.core_steps = system.cores.core_steps
         result.seconds = time.perf_counter() - t0

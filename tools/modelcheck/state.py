@@ -105,28 +105,34 @@ class Draft:
     def __init__(self, g: State) -> None:
         # unpacked by hand: this runs once per transition
         (
-            self.p, self.c, chans, self.arrived, self.transfers, self.revokes, self.attaches, self.stores,
+            self.p, self.c, self.chans, self.arrived, self.transfers, self.revokes, self.attaches, self.stores,
             self.p_finished,
             self.lives, self.loads, self.outstanding, self.retired, self.receipted, self.corrupted, self.faults,
             self.crashes, self.drained, self.shut, self.pins, self.lookups, self.sym,
         ) = g
-        self.chans: list = list(chans)
-        self._copied: set[int] = set()
+        self._copied: set[int] | None = None
+        """the channels copied to edit; None: none, and ``chans`` is still the state's tuple"""
 
     def chan(self, ch: int) -> list[int]:
         """Channel ``ch`` as a list this draft may edit."""
-        if ch not in self._copied:
+        copied = self._copied
+        if copied is None:
+            self.chans = list(self.chans)
+            copied = self._copied = set()
+        if ch not in copied:
             self.chans[ch] = list(self.chans[ch])
-            self._copied.add(ch)
+            copied.add(ch)
         return self.chans[ch]
 
     def freeze(self) -> State:
         chans = self.chans
-        for i in self._copied:
-            chans[i] = tuple(chans[i])
+        if self._copied is not None:
+            for i in self._copied:
+                chans[i] = tuple(chans[i])
+            chans = tuple(chans)
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (this runs once per transition)
         return tuple.__new__(State, (
-            self.p, self.c, tuple(chans), self.arrived, self.transfers, self.revokes, self.attaches, self.stores,
+            self.p, self.c, chans, self.arrived, self.transfers, self.revokes, self.attaches, self.stores,
             self.p_finished,
             self.lives, self.loads, self.outstanding, self.retired, self.receipted, self.corrupted, self.faults,
             self.crashes, self.drained, self.shut, self.pins, self.lookups, self.sym,

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from functools import partial
+from operator import attrgetter
+from typing import Any
 
 from kvtier.lifecycle import driver
 from kvtier.lifecycle.core import TIMER_KEYS, CoreSettings, TierCore
@@ -37,6 +39,8 @@ from tools.modelcheck.properties import (
     CONSUMER_STEP_CHECKS,
     PRODUCER_STEP_CHECKS,
     STATE_CHECKS,
+    Fail,
+    StepHook,
     quiescent,
     stuck,
 )
@@ -75,6 +79,36 @@ class _Observed:
 
 
 
+def _passes(hook: StepHook, system: System, c: int | None, step: CoreStep) -> bool:
+    """Whether a step hook that reads the step alone passes on ``step``."""
+    try:
+        hook(system, None, c, step)  # type: ignore[arg-type]
+    except Fail:
+        return False
+    return True
+
+
+def _remembered(hook: StepHook, system: System, reads: tuple[str, ...], writes: tuple[str, ...]) -> Stage:
+    """A stage of one step's pipeline that runs ``hook`` once per value of the draft's fields it
+    ``reads``, and after that only sets the fields it ``writes`` to what they became then."""
+    get = attrgetter(*reads)
+    put_back = attrgetter(*writes) if writes else None
+    done: dict[Any, Any] = {}
+
+    def stage(st: Draft, c: int | None, step: CoreStep) -> None:
+        key = get(st)
+        if key in done:
+            if put_back is not None:
+                values = done[key]
+                for name, v in zip(writes, values if len(writes) > 1 else (values,)):
+                    setattr(st, name, v)
+            return
+        hook(system, st, c, step)
+        done[key] = put_back(st) if put_back is not None else None
+
+    return stage
+
+
 class System:
     """The composed system explored under bounds ``b``."""
 
@@ -110,6 +144,7 @@ class System:
             self._inputs.update(part.core_inputs())
             self._answers.update(answers)
         self._apply = {kind: part.apply for kind, part in self.owner.items()}  # bound once: called per transition
+        self._projects = tuple(part.project for part in parts)
         settings = CoreSettings(
             durations={k: 10.0 for k in TIMER_KEYS},  # any value: abstract time ignores durations
             park_clock=b.park_clock,
@@ -118,6 +153,8 @@ class System:
             serve_external=b.symmetric,  # the producer serves probes from its engine's tiers
         )
         self.cores = Cores(settings, self.feed)
+        self._state_checks = tuple((check, reads, set()) for check, reads in STATE_CHECKS)
+        """each state check, the fields it reads, and the keys of those it passed on"""
         # the pipeline of each distinct core step, by id(step): the producer's, then each consumer's
         self._stages_p: dict[int, tuple[Stage, ...]] = {}
         self._stages_c: tuple[dict[int, tuple[Stage, ...]], ...] = tuple({} for _ in self.cnames)
@@ -264,7 +301,16 @@ class System:
         Depends on the memoised step (and the core) only, so it is built once per step and core and
         cached by the step's identity (the memo keeps every step alive)."""
         checks = PRODUCER_STEP_CHECKS if c is None else CONSUMER_STEP_CHECKS
-        stages: list[Stage] = [partial(hook, self) for hook, when in checks if when is None or when(self, step)]
+        stages: list[Stage] = []
+        for hook, when, reads, writes in checks:
+            if when is not None and not when(self, step):
+                continue
+            if reads is None:
+                stages.append(partial(hook, self))
+            elif reads:
+                stages.append(_remembered(hook, self, reads, writes))
+            elif not _passes(hook, self, c, step):
+                stages.append(partial(hook, self))
         for part in self.parts:
             stage = part.after_step(step, c)
             if stage is not None:
@@ -273,9 +319,15 @@ class System:
 
     # -- properties ----------------------------------------------------------------------------
     def check_state(self, g: State) -> None:
-        """The properties' checks of one state."""
-        for check in STATE_CHECKS:
-            check(self, g)
+        """The properties' checks of one state (each once per distinct part of a state it reads)."""
+        for check, reads, passed in self._state_checks:
+            if reads is None:
+                check(self, g)
+                continue
+            key = reads(g)
+            if key not in passed:
+                check(self, g)
+                passed.add(key)
 
     def quiescent(self, g: State) -> bool:
         return quiescent(self, g)
@@ -299,11 +351,12 @@ class System:
         """Everything that belongs to pair ``i`` (id i with consumer i): its producer records, the
         consumer's core, and each part's slice of the environment."""
         precs = self.cores.precords(g.p)
+        engines, network, transport, clock, symmetric = self._projects  # unrolled: this runs per state and pair
         return (
             precs.get(("producer", self.kids[i])),
             precs.get(("session", self.cnames[i])),
             g.c[i],
             g.retired[i],
             g.receipted[i],
-            *(part.project(g, i) for part in self.parts),
+            engines(g, i), network(g, i), transport(g, i), clock(g, i), symmetric(g, i),
         )

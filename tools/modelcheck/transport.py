@@ -125,6 +125,8 @@ class Transport(Part):
     def actions(self, g: State, full: bool) -> list[tuple]:
         """``("transport", transfer, report)`` for every report the plane may make now (see
         :func:`reports`)."""
+        if not g.transfers:
+            return []
         failures = self.b.transfer_failures
         out: list[tuple] = []
         for t in g.transfers:
@@ -245,9 +247,9 @@ class Transport(Part):
     def project(self, g: State, i: int) -> tuple:
         cname = self.system.cnames[i]
         return (
-            tuple(t for t in g.transfers if t[0] == i),
+            tuple(t for t in g.transfers if t[0] == i) if g.transfers else (),
             i in g.revokes,
-            tuple(a for a in g.attaches if a[0] == 1 + i or (a[0] == 0 and a[1] == cname)),
+            tuple(a for a in g.attaches if a[0] == 1 + i or (a[0] == 0 and a[1] == cname)) if g.attaches else (),
         )
 
     # -- core inputs ---------------------------------------------------------------------------
