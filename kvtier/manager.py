@@ -158,17 +158,11 @@ class KvTierManager(TierView):
         """
         check_req(req, "on_new_request")
         self._check_open()
+        refused: PeerNotAllowed | None = None
         try:
             info = parse_params(req.kv_transfer_params, self._peer_policy)
         except PeerNotAllowed as exc:
-            # No socket, no state: the request recomputes (lookup MISS; a load fails).
-            self._metrics.rejected_peer()
-            self._loop.logs("", "peer_not_allowed", "kvtier: request %s (kv_request_id %s): refusing to dial %s (%s)",
-                            clip(req.req_id), clip(exc.kv_request_id) if exc.kv_request_id else "none",
-                            clip(exc.endpoint), exc.why)
-            info = TransferParams("refused", exc.kv_request_id or None, exc.endpoint)
-            if info.kv_request_id:  # its record for `kvtier why`, now: under vLLM no load follows
-                self._loop.call(lambda _, i=info: self.forensics.refused(i.kv_request_id, i.peer, "peer_not_allowed"))
+            refused, info = exc, TransferParams("refused", exc.kv_request_id or None, exc.endpoint)
         except Exception as exc:  # a ValueError names the field; anything else came from the params object itself
             self._metrics.rejected_params()
             why = exc if isinstance(exc, ValueError) else f"kv_transfer_params could not be read ({type(exc).__name__})"
@@ -178,7 +172,13 @@ class KvTierManager(TierView):
             if prev != info:
                 raise ValueError(f"request {req.req_id!r} announced twice with different kv_transfer_params")
             return "local" if info.role == "refused" else info.role
-        if info.role == "refused":
+        if refused is not None:  # no socket, no state: the request recomputes (lookup MISS; a load fails)
+            self._metrics.rejected_peer()
+            self._loop.logs("", "peer_not_allowed", "kvtier: request %s (kv_request_id %s): refusing to dial %s (%s)",
+                            clip(req.req_id), clip(refused.kv_request_id) if refused.kv_request_id else "none",
+                            clip(refused.endpoint), refused.why)
+            if info.kv_request_id:  # its record for `kvtier why`, now: under vLLM no load follows
+                self._loop.call(lambda _, i=info: self.forensics.refused(i.kv_request_id, i.peer, "peer_not_allowed"))
             self._requests[req.req_id] = info
             return "local"
         if info.role in ("consumer", "source"):

@@ -242,13 +242,16 @@ def test_a_request_announced_again_naming_a_refused_peer_is_refused_and_keeps_it
         return RequestContext(req_id=rid, kv_transfer_params={"remote_prefiller": {
             "kv_request_id": "T", "remote_host": host, "remote_port": 80}})
     assert m.on_new_request(req("10.1.2.3")) == "consumer"
+    rejected = m.stats()["kvtier_rejected_peer_total"]
     with pytest.raises(ValueError, match="announced twice with different kv_transfer_params"):
         m.on_new_request(req("169.254.169.254"))
+    assert m.stats()["kvtier_rejected_peer_total"] == rejected  # nothing was refused: no count, no record
     m.on_request_finished(req("10.1.2.3"))
     assert m.on_new_request(req("10.1.2.3", "twice-2")) == "consumer"  # the id is free again
     m.on_request_finished(req("10.1.2.3", "twice-2"))
     refused = req("169.254.169.254", "twice-3")
     assert m.on_new_request(refused) == m.on_new_request(refused) == "local"  # the same refusal twice: no error
+    assert m.stats()["kvtier_rejected_peer_total"] == rejected + 1  # and counted once
     m.on_request_finished(refused)
 
 

@@ -141,11 +141,12 @@ def _check_key_type(job_id: int, key: object) -> None:
 def check_fetch_size(job: TransferJob, max_message_bytes: int, kv_request_id: str, life: str, slots: bool) -> None:
     """The fetch header must fit the producer's ``max_message_bytes`` (assumed equal to ours): an
     upper bound of its msgpack encoding — the fixed fields (128 bytes at most), the id and the
-    life, each key with its framing (3 bytes), and each slot (5 bytes) where the plane sends them
-    (``slots``: one-sided planes) — so a fetch this passes is never refused ``oversize``."""
-    size = 128 + len(kv_request_id.encode()) + len(life.encode()) + sum(len(k) + 3 for k in job.keys)
+    life, each key with its framing (2 bytes, 3 from 256 bytes), and each slot in msgpack's width
+    for it (``slots``: one-sided planes send them) — so a fetch this passes is never refused
+    ``oversize``, and one within the fixed fields' few bytes of the limit is not refused here."""
+    size = 128 + len(kv_request_id.encode()) + len(life.encode()) + sum(len(k) + 2 + (len(k) > 255) for k in job.keys)
     if slots:
-        size += 5 * len(job.keys)
+        size += sum(1 if s < 128 else 2 if s < 256 else 3 if s < 65536 else 5 if s < 2**32 else 9 for s in job.slots)
     if size > max_message_bytes:
         raise ValueError(
             f"job {job.job_id}: a fetch of {len(job.keys)} keys (up to {size} bytes) exceeds max_message_bytes="
