@@ -115,7 +115,6 @@ class KvTierManager(TierView):
         # symmetric requests' keys looked up during this engine step: handed over together, with
         # the step's end, so they leave in one probe per (peer, id) per step (decision Y4)
         self._step_keys: dict[str, dict[bytes, None]] = {}
-        self._named: dict[str, None] = {}  # producers consumer requests named: their sessions stand (C40)
         self._closing = False  # shutdown() began: no new work
         # when a drain_jobs(timeout_s) that did not finish had to be over: a shutdown() that
         # follows it shares that one budget (decision A6)
@@ -189,11 +188,6 @@ class KvTierManager(TierView):
                 raise ValueError(in_use_message(req.req_id, kid, self._requests))
             in_use.add(kid)
             self._requests[req.req_id] = info
-            if info.role == "consumer" and info.peer in self._named:  # the load wakes the loop (C40)
-                self._loop.defer(self._loop.apply, ix.LoadAnnounced(kid, info.peer, info.life), None)
-                return "consumer"
-            if len(self._named) < 4096:
-                self._named[info.peer] = None
             self._loop.input(ix.LoadAnnounced(kid, info.peer, info.life) if info.role == "consumer"
                              else ix.ProbeAnnounced(kid, info.peer))
         else:

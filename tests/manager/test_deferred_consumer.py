@@ -1,6 +1,5 @@
-"""A consumer request's naming of a known producer, and its finish once its load ended, cost the
-engine's thread no wake-up (decision C40); a first naming, a load and a finish that aborts a load
-still wake the loop at once.
+"""A consumer request's finish once its load ended costs the engine's thread no wake-up (decision
+C40); a naming, a load and a finish that aborts a load still wake the loop at once.
 
 ``MAX_WAIT_S`` and the heartbeat are stretched so that only the rule under test can wake a loop in
 time; nobody calls ``get_finished_jobs`` (it wakes a loop with commands queued) until a test says so.
@@ -64,25 +63,18 @@ def _park(p: KvTierManager, kid: str, slot: int) -> None:
     p.on_request_finished(req)
 
 
-def test_a_first_naming_dials_at_once_a_known_producers_waits_for_the_load(pair) -> None:
+def test_every_naming_wakes_the_loop_to_dial_or_announce_at_once(pair) -> None:
     p, c = pair
     _park(p, "A", 0)
     _park(p, "B", 1)
-    first = consumer_req("cA", "A", p.host, p.port)
-    before = _asleep(c)
-    c.on_new_request(first)
-    assert _until(lambda: c.passes > before, 10.0), "a first naming of a producer did not wake the loop to dial"
-    assert _until(lambda: _state(c, "A") is ConsumerState.ANNOUNCED, 10.0)
-    c.submit_load(job(1, keys_for("A", 1), [8], first))
-    assert _until(lambda: _state(c, "A") is ConsumerState.LOADED, 20.0)
-
-    second = consumer_req("cB", "B", p.host, p.port)
-    before = _asleep(c)
-    c.on_new_request(second)
-    time.sleep(0.3)
-    assert c.passes == before and _state(c, "B") is ConsumerState.ABSENT, "a known producer's naming woke the loop"
-    c.submit_load(job(2, keys_for("B", 1), [9], second))  # wakes it: the naming, then the load, in order
-    assert _until(lambda: _state(c, "B") is ConsumerState.LOADED, 20.0), "the load did not take its naming along"
+    for n, kid in enumerate("AB"):  # a first naming of the producer, and one of a producer already named
+        req = consumer_req("c" + kid, kid, p.host, p.port)
+        before = _asleep(c)
+        c.on_new_request(req)
+        assert _until(lambda: c.passes > before, 10.0), f"naming {kid} did not wake the loop"
+        assert _until(lambda: _state(c, kid) is ConsumerState.ANNOUNCED, 10.0)
+        c.submit_load(job(n + 1, keys_for(kid, 1), [8 + n], req))
+        assert _until(lambda: _state(c, kid) is ConsumerState.LOADED, 20.0)
     assert {r.job_id: r.success for r in c.get_finished_jobs()} == {1: True, 2: True}
 
 
