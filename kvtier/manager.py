@@ -475,8 +475,8 @@ class KvTierManager(TierView):
         """True while any job lacks a collected result, a transfer is in flight, sends are queued,
         or symmetric work waits (a probe round, a peer's round, a pin, a queued engine lookup): the
         engine must keep stepping (and opening serve windows) while it is.  A queued command with
-        no job (a producer request's naming or finish, decision C34) is not: the loop takes it on
-        its own within 0.25 s, and nothing waits for it."""
+        no job (a producer request's naming or finish, C34; a consumer's finish once its load
+        ended, C40) is not: the loop takes it on its own within 0.25 s, and nothing waits for it."""
         return bool(self._jobs) or self._jobs.ready or (
             not self._closed and (self._loop.fresh().pending or bool(self._step_keys)))
 
