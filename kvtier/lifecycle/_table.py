@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "4c4cd4db8a4b9aeeebe4528861ef5cd4f191b4d6af8480708cf8fea4a7ddb9e8"
+SPEC_SHA256: Final = "db2cc9628f6dc6a7788b0880d503f7bb5215abd294af9af8a10f8dae42439cc8"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -1874,7 +1874,7 @@ PROBE_TABLE: Final = MappingProxyType({
         Branch(None, ProbeState.FINISHED, (), None),
     ), None),
     (ProbeState.IDLE, ProbeEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ProbeState.FAILED, (ProbeEffect.NOTE_FAILED, ), None),
+        Branch(None, ProbeState.FAILED, (), None),
     ), None),
     (ProbeState.IDLE, ProbeEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ProbeState.FINISHED, (), None),

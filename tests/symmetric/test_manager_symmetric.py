@@ -317,3 +317,8 @@ def test_a_served_round_cut_short_by_shutdown_is_not_told_as_an_offer_withdrawn(
     assert pump([b], lambda: bool(results.extend(b.get_finished_jobs()) or results))
     assert results[0].success, results
     assert [e.role for e in a.forensics.recent("sv")] == [], a.forensics.recent("sv")
+    # the consumer's probe had no round open when the session ended: nothing failed to report
+    b.on_request_finished(req)
+    pump([b], lambda: False, 0.3)
+    assert [e for e in b.forensics.recent("sv") if e.role == "probe" and not e.ok] == [], b.forensics.recent("sv")
+    assert stat(b, "kvtier_probe_failures_total") == 0
