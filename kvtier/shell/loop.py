@@ -175,7 +175,7 @@ class IoLoop:
         self._cmds.append((fn, arg))
         if self._thread is None:
             self._inline()
-        # both reads after the append: the loop publishes ``awaiting`` before its last look at the queue (C34)
+        # both reads after the append: an id a fetch awaits is seen here, or this command by the loop's last look (C34)
         elif self._sleeping and kv_request_id in self.published.awaiting:
             self._waker.wake()
 
