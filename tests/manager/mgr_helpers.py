@@ -23,6 +23,7 @@ from tools.coreview import CoreView
 __all__ = [
     "BOTH_PLANES",
     "Jobs",
+    "asleep",
     "block_pattern",
     "consumer_req",
     "digests",
@@ -157,6 +158,16 @@ def pump_until(
             return pred()
         if not managers:
             time.sleep(wait_s)
+
+
+def asleep(m: KvTierManager) -> int:
+    """Let threaded ``m``'s loop finish what it was doing and sleep (its pass count stops moving,
+    0.1 s apart); returns that count."""
+    last = -1
+    while m.passes != last:
+        last = m.passes
+        time.sleep(0.1)
+    return last
 
 
 def transfer_once(p: KvTierManager, c: KvTierManager, kv_id: str, n: int = 3, *, poll: bool = True) -> JobResult:

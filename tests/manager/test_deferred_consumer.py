@@ -15,7 +15,7 @@ import kvtier.shell.loop as loop_module
 from kvtier.lifecycle import ConsumerState
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
-from tests.manager.mgr_helpers import consumer_req, fill_pattern, job, keys_for, producer_req
+from tests.manager.mgr_helpers import asleep, consumer_req, fill_pattern, job, keys_for, producer_req, pump_until
 
 _QUIET = {"host": "127.0.0.1", "port": 0, "background_poll": True, "heartbeat_interval_s": 600.0,
           "peer_timeout_s": 1800.0, "fetch_supply_timeout_s": 600.0, "load_timeout_s": 1200.0,
@@ -30,24 +30,6 @@ def pair(monkeypatch: pytest.MonkeyPatch):
     yield p, c
     c.shutdown()
     p.shutdown()
-
-
-def _until(pred, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.002)
-    return True
-
-
-def _asleep(m: KvTierManager) -> int:
-    """Let ``m``'s loop finish what it was doing and sleep; its pass count then."""
-    last = -1
-    while m.passes != last:
-        last = m.passes
-        time.sleep(0.1)
-    return last
 
 
 def _state(m: KvTierManager, kid: str) -> ConsumerState:
@@ -69,12 +51,12 @@ def test_every_naming_wakes_the_loop_to_dial_or_announce_at_once(pair) -> None:
     _park(p, "B", 1)
     for n, kid in enumerate("AB"):  # a first naming of the producer, and one of a producer already named
         req = consumer_req("c" + kid, kid, p.host, p.port)
-        before = _asleep(c)
+        before = asleep(c)
         c.on_new_request(req)
-        assert _until(lambda: c.passes > before, 10.0), f"naming {kid} did not wake the loop"
-        assert _until(lambda: _state(c, kid) is ConsumerState.ANNOUNCED, 10.0)
+        assert pump_until(lambda: c.passes > before, timeout_s=10.0), f"naming {kid} did not wake the loop"
+        assert pump_until(lambda: _state(c, kid) is ConsumerState.ANNOUNCED, timeout_s=10.0)
         c.submit_load(job(n + 1, keys_for(kid, 1), [8 + n], req))
-        assert _until(lambda: _state(c, kid) is ConsumerState.LOADED, 20.0)
+        assert pump_until(lambda: _state(c, kid) is ConsumerState.LOADED, timeout_s=20.0)
     assert {r.job_id: r.success for r in c.get_finished_jobs()} == {1: True, 2: True}
 
 
@@ -84,21 +66,22 @@ def test_an_ended_loads_finish_waits_a_running_loads_finish_aborts_at_once(pair)
     done = consumer_req("cA", "A", p.host, p.port)
     c.on_new_request(done)
     c.submit_load(job(1, keys_for("A", 1), [8], done))
-    assert _until(lambda: _state(c, "A") is ConsumerState.LOADED, 20.0)
+    assert pump_until(lambda: _state(c, "A") is ConsumerState.LOADED, timeout_s=20.0)
 
-    before = _asleep(c)
+    before = asleep(c)
     c.on_request_finished(done)
     time.sleep(0.3)
     assert c.passes == before and _state(c, "A") is ConsumerState.LOADED, "an ended load's finish woke the loop"
     assert [(r.job_id, r.success) for r in c.get_finished_jobs()] == [(1, True)]  # which wakes it
-    assert _until(lambda: _state(c, "A") is ConsumerState.ABSENT, 10.0)
+    assert pump_until(lambda: _state(c, "A") is ConsumerState.ABSENT, timeout_s=10.0)
 
     running = consumer_req("cR", "R", p.host, p.port)  # nothing parked under R: the fetch waits for a store
     c.on_new_request(running)
     c.submit_load(job(2, keys_for("R", 1), [9], running))
-    assert _until(lambda: _state(c, "R") is ConsumerState.IN_FLIGHT, 20.0)
-    _asleep(c)
+    assert pump_until(lambda: _state(c, "R") is ConsumerState.IN_FLIGHT, timeout_s=20.0)
+    asleep(c)
     c.on_request_finished(running)
-    assert _until(lambda: _state(c, "R") is not ConsumerState.IN_FLIGHT, 10.0), "a finish that aborts did not wake"
-    assert _until(lambda: [(r.job_id, r.success, r.reason) for r in c.get_finished_jobs()] == [(2, False, "cancelled")],
-                  20.0)
+    assert pump_until(lambda: _state(c, "R") is not ConsumerState.IN_FLIGHT, timeout_s=10.0), \
+        "a finish that aborts did not wake"
+    assert pump_until(lambda: [(r.job_id, r.success, r.reason) for r in c.get_finished_jobs()]
+                      == [(2, False, "cancelled")], timeout_s=20.0)

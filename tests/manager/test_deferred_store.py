@@ -20,7 +20,8 @@ import kvtier.shell.loop as loop_module
 from kvtier.lifecycle import ProducerState
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
-from tests.manager.mgr_helpers import Jobs, consumer_req, digests, fill_pattern, job, keys_for, producer_req
+from tests.manager.mgr_helpers import (Jobs, asleep, consumer_req, digests, fill_pattern, job, keys_for, producer_req,
+                                      pump_until)
 
 #: No pass in these tests may come from the loop's longest wait or a heartbeat.
 _QUIET = {"host": "127.0.0.1", "port": 0, "background_poll": True, "heartbeat_interval_s": 600.0,
@@ -47,26 +48,9 @@ def _state(m: KvTierManager, kid: str) -> ProducerState:
         return m.core.producer_state(kid)
 
 
-def _until(pred, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.002)
-    return True
-
-
-def _asleep(m: KvTierManager) -> None:
-    """Let ``m``'s loop finish its start-up passes and sleep (its passes stop moving)."""
-    last = -1
-    while m.passes != last:
-        last = m.passes
-        time.sleep(0.1)
-
-
 def test_a_store_no_fetch_awaits_waits_for_the_next_pass(quiet_loops) -> None:
     p = quiet_loops()
-    _asleep(p)
+    asleep(p)
     req = producer_req("p", "A")
     p.on_new_request(req)
     p.submit_store(job(1, keys_for("A", 2), [0, 1], req))
@@ -75,7 +59,7 @@ def test_a_store_no_fetch_awaits_waits_for_the_next_pass(quiet_loops) -> None:
     assert _state(p, "A") is ProducerState.ABSENT, "the store woke the loop: no fetch awaits it"
     assert p.has_pending_work(), "a queued store is pending work"
     assert p.get_finished_jobs() == []  # wakes the loop: the store is queued
-    assert _until(lambda: _state(p, "A") is ProducerState.PARKED, 10.0)
+    assert pump_until(lambda: _state(p, "A") is ProducerState.PARKED, timeout_s=10.0)
 
 
 def test_a_deferred_store_is_applied_within_the_longest_wait(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,12 +67,12 @@ def test_a_deferred_store_is_applied_within_the_longest_wait(monkeypatch: pytest
     monkeypatch.setattr(loop_module, "MAX_WAIT_S", 0.5)
     p = KvTierManager(_QUIET, BlockPool(8, 256, pin=False))
     try:
-        _asleep(p)
+        asleep(p)
         req = producer_req("p", "B")
         p.on_new_request(req)
         p.hand_over_store(1, req, tuple(keys_for("B", 1)), [0])
         start = time.monotonic()
-        assert _until(lambda: _state(p, "B") is ProducerState.PARKED, 10.0)
+        assert pump_until(lambda: _state(p, "B") is ProducerState.PARKED, timeout_s=10.0)
         assert time.monotonic() - start < 5.0
     finally:
         p.shutdown()
@@ -104,8 +88,8 @@ def test_a_store_a_fetch_awaits_wakes_the_loop_at_once(quiet_loops, how: str) ->
     creq = consumer_req("c", "K", p.host, p.port)
     c.on_new_request(creq)
     c.submit_load(job(2, keys_for("K", 3), [4, 5, 6], creq))
-    assert _until(lambda: _state(p, "K") is ProducerState.AWAITING, 10.0)
-    _asleep(p)
+    assert pump_until(lambda: _state(p, "K") is ProducerState.AWAITING, timeout_s=10.0)
+    asleep(p)
     req = producer_req("p", "K")
     p.on_new_request(req)
     want = fill_pattern(p.pool, [0, 1, 2], seed=3)
@@ -114,7 +98,8 @@ def test_a_store_a_fetch_awaits_wakes_the_loop_at_once(quiet_loops, how: str) ->
     else:
         p.hand_over_store(1, req, tuple(keys_for("K", 3)), [0, 1, 2])
     p.on_request_finished(req)
-    assert _until(lambda: cjobs.pump() or cjobs.has(2), 20.0), "the awaited store did not wake the producer"
+    assert pump_until(lambda: cjobs.pump() or cjobs.has(2), timeout_s=20.0), \
+        "the awaited store did not wake the producer"
     assert cjobs.one(2).success and digests(c.pool, [4, 5, 6]) == want
 
 
@@ -147,20 +132,20 @@ def test_stores_racing_their_fetches_are_never_lost(quiet_loops) -> None:
         c.submit_load(job(200 + i, keys_for(f"R{i}", 1), [32 + i], creq))
         time.sleep(0.0005 * (i % 2))
     t.join()
-    assert _until(lambda: cjobs.pump() or all(cjobs.has(200 + i) for i in range(n)), 30.0), \
+    assert pump_until(lambda: cjobs.pump() or all(cjobs.has(200 + i) for i in range(n)), timeout_s=30.0), \
         f"loads without a result: {[i for i in range(n) if not cjobs.has(200 + i)]}"
     assert all(cjobs.one(200 + i).success for i in range(n))
-    assert _until(lambda: pjobs.pump() or all(pjobs.has(100 + i) for i in range(n)), 30.0)
+    assert pump_until(lambda: pjobs.pump() or all(pjobs.has(100 + i) for i in range(n)), timeout_s=30.0)
 
 
 def test_a_threaded_poll_takes_what_is_queued(quiet_loops) -> None:
     """``poll(timeout)`` on a threaded manager waits for a pass that takes the queued store."""
     p = quiet_loops()
-    _asleep(p)
+    asleep(p)
     req = producer_req("p", "Q")
     p.on_new_request(req)
     p.submit_store(job(1, keys_for("Q", 1), [0], req))
-    assert _until(lambda: p.poll(0.5) or _state(p, "Q") is ProducerState.PARKED, 10.0)
+    assert pump_until(lambda: p.poll(0.5) or _state(p, "Q") is ProducerState.PARKED, timeout_s=10.0)
 
 
 def test_a_local_only_store_is_answered_without_waiting_for_a_poll(quiet_loops) -> None:
@@ -169,13 +154,13 @@ def test_a_local_only_store_is_answered_without_waiting_for_a_poll(quiet_loops) 
     from kvtier.api import RequestContext
 
     p = quiet_loops()
-    _asleep(p)
+    asleep(p)
     before = p.passes
     req = RequestContext(req_id="local", kv_transfer_params=None)
     p.on_new_request(req)
     p.hand_over_store(1, req, (b"k0",), [0])
-    assert _until(lambda: p.passes > before, 10.0), "the loop was not woken for a local-only store"
-    assert _until(lambda: [r.job_id for r in p.get_finished_jobs()] == [1], 10.0)
+    assert pump_until(lambda: p.passes > before, timeout_s=10.0), "the loop was not woken for a local-only store"
+    assert pump_until(lambda: [r.job_id for r in p.get_finished_jobs()] == [1], timeout_s=10.0)
 
 
 @pytest.mark.parametrize("how", ["submit_store", "hand_over_store"])
@@ -185,7 +170,7 @@ def test_a_store_whose_digests_go_to_the_pool_wakes_the_loop_at_once(monkeypatch
     monkeypatch.setattr(loop_module, "MAX_WAIT_S", 60.0)
     p = KvTierManager(_QUIET, BlockPool(4, 256 * 1024, pin=False))
     try:
-        _asleep(p)
+        asleep(p)
         before = p.passes
         req = producer_req("p", "L")
         p.on_new_request(req)
@@ -193,7 +178,7 @@ def test_a_store_whose_digests_go_to_the_pool_wakes_the_loop_at_once(monkeypatch
             p.submit_store(job(1, keys_for("L", 2), [0, 1], req))
         else:
             p.hand_over_store(1, req, tuple(keys_for("L", 2)), [0, 1])
-        assert _until(lambda: p.passes > before, 10.0), "a pooled store waited for the loop's next pass"
-        assert _until(lambda: _state(p, "L") is ProducerState.PARKED, 10.0)
+        assert pump_until(lambda: p.passes > before, timeout_s=10.0), "a pooled store waited for the loop's next pass"
+        assert pump_until(lambda: _state(p, "L") is ProducerState.PARKED, timeout_s=10.0)
     finally:
         p.shutdown()
