@@ -144,6 +144,8 @@ def check_fetch_size(job: TransferJob, max_message_bytes: int, kv_request_id: st
     life, each key with its framing (2 bytes, 3 from 256 bytes), and each slot in msgpack's width
     for it (``slots``: one-sided planes send them) — so a fetch this passes is never refused
     ``oversize``, and one within the fixed fields' few bytes of the limit is not refused here."""
+    if 128 + 4 * (len(kv_request_id) + len(life)) + 268 * len(job.keys) <= max_message_bytes:
+        return  # fits with the longest keys (check_job: ≤ 256 bytes), slots and UTF-8: the engine's usual fetch, O(1)
     size = 128 + len(kv_request_id.encode()) + len(life.encode()) + sum(len(k) + 2 + (len(k) > 255) for k in job.keys)
     if slots:
         size += sum(1 if s < 128 else 2 if s < 256 else 3 if s < 65536 else 5 if s < 2**32 else 9 for s in job.slots)
