@@ -3,9 +3,11 @@
 The engine's thread never reads the core while the loop may be changing it (decision C12).  What
 an engine call must answer at once — ``lookup``, ``has_pending_work``, ``quarantined`` — comes from
 this object instead: plain attributes the loop replaces wholesale (a reference swap is atomic under
-the GIL), read without a lock.  Each is as fresh as the loop's last pass; what the engine queued
-since is accounted for by the façade (a lookup the loop has not applied yet answers RETRY, a queued
-job counts as pending work).
+the GIL), read without a lock — except ``ended_loads``, a set the loop changes in place, one set
+operation at a time (each atomic under the GIL; engine threads only test membership), so a load's
+end costs O(1), not a copy of every ended load still in use (decision C41).  Each is as fresh as
+the loop's last pass; what the engine queued since is accounted for by the façade (a lookup the
+loop has not applied yet answers RETRY, a queued job counts as pending work).
 
 * ``ended_loads``: consumer ``kv_request_id``\\ s whose load failed or loaded (an id is fetched
   once, decision L8): lookups MISS until the engine finishes the request (decision L11); after a
@@ -35,7 +37,7 @@ class Published:
     """The loop's answers for the engine's thread (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.ended_loads: frozenset[str] = frozenset()
+        self.ended_loads: set[str] = set()
         self.probes: dict[str, ProbeAnswers] = {}
         self.in_use: set[str] = set()
         self.finishing: set[str] = set()
@@ -59,7 +61,7 @@ class Published:
         pass — the engine may take the result before that, and a lookup answering HIT after it
         would make the engine load the id again (L8, L11)."""
         if kv_request_id in self.in_use and kv_request_id not in self.ended_loads and core.load_ended(kv_request_id):
-            self.ended_loads = self.ended_loads | {kv_request_id}
+            self.ended_loads.add(kv_request_id)
 
     def update(self, loop: Any) -> None:
         """Refresh from the loop's parts (on the loop's thread, under its lock)."""
@@ -70,7 +72,7 @@ class Published:
             self.announced.clear()
             out.ended.clear()
             # a copy first: the engine's thread adds to in_use while this runs
-            self.ended_loads = frozenset(k for k in list(self.in_use) if core.load_ended(k))
+            self.ended_loads = {k for k in list(self.in_use) if core.load_ended(k)}
         elif self.announced or out.ended:
             # only the ids a pass could have changed: an announce or a failed load is O(1), not
             # O(ids in use) (decision C25)
@@ -78,9 +80,8 @@ class Published:
             self.announced.clear()
             out.ended.clear()
             add = {k for k in ids if k in self.in_use and core.load_ended(k)}
-            drop = (ids - add) & self.ended_loads
-            if add or drop:
-                self.ended_loads = (self.ended_loads - drop) | add
+            self.ended_loads.difference_update(ids - add)
+            self.ended_loads.update(add)
         if self.finishing:
             gone = {k for k in self.finishing
                     if core.consumer_state(k).value == "absent" and core.probe_state(k) is ProbeState.ABSENT
@@ -88,8 +89,7 @@ class Published:
             if gone:
                 self.finishing -= gone
                 self.in_use -= gone
-                if gone & self.ended_loads:
-                    self.ended_loads = self.ended_loads - gone
+                self.ended_loads.difference_update(gone)
         seen, awaiting = core.awaiting_ids(self._awaiting_seen)
         if awaiting is not None:
             self._awaiting_seen, self.awaiting = seen, awaiting
