@@ -241,12 +241,18 @@ def _p3(r: dict[str, Any]) -> str:
     for plane, p in (r.get("planes") or {"zmq": r}).items():
         paths += [(f"{plane}: kvtier late fetch → failed JobResult", p["kvtier_latency_s"]),
                   (f"{plane}: raw DEALER/ROUTER round trip (same batches)", p["raw_rtt_s"])]
+        if "floor_s" in p:  # results written before the floor existed have none
+            paths.append((f"{plane}: Python floor, a refused fetch (same batches)", p["floor_s"]))
     rows = [[name, f"{s['median'] * 1e6:.0f}", f"{s.get('p90', float('nan')) * 1e6:.0f}",
              f"{s.get('p99', float('nan')) * 1e6:.0f}", f"{s['min'] * 1e6:.0f}", str(s["n"])]
             for name, s in paths]
+    floors = "; ".join(f"{plane}: floor {p['floor_over_raw']:.2f}× raw, kvtier {p['kvtier_over_floor']:.2f}× the floor"
+                       for plane, p in (r.get("planes") or {}).items() if "floor_over_raw" in p)
     return _md_table(["path", "median µs", "p90 µs", "p99 µs", "min µs", "n"], rows) + (
         f"\n\nFailed with reason `reaped`: {r['failed_with_reaped']}; producer still tombstoned: "
-        f"{r['producer_tombstoned']}.")
+        f"{r['producer_tombstoned']}." + (
+            f" The Python floor (`bench/floor.py`: a real `fetch` encoded, sent, decoded, looked up in a dict of "
+            f"tombstones and refused by a thread sleeping in a poller, medians): {floors}." if floors else ""))
 
 
 def _p4(r: dict[str, Any]) -> str:

@@ -77,9 +77,19 @@ class Producer:
         self.router.setsockopt(zmq.RCVHWM, 1000)
         self.router.bind("tcp://127.0.0.1:*")
         self.raw_port = int(self.router.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2])
+        self.floor: Any = None
 
     def hello(self) -> dict[str, Any]:
         return {"raw_port": self.raw_port, "pid": os.getpid()}
+
+    def op_floor(self) -> int:
+        """Start P3's Python floor server (:mod:`bench.floor`) once; its port.  Every id parked
+        from then on is one of its tombstones."""
+        if self.floor is None:
+            from bench.floor import FloorServer
+
+            self.floor = FloorServer(self.ctx)
+        return int(self.floor.port)
 
     def op_setup(self, block_bytes: int, num_blocks: int, configs: dict[str, dict[str, Any]]) -> dict[str, str]:
         """One manager per entry of ``configs`` (``zmq``, and optionally ``curve``, ``nixl``),
@@ -120,6 +130,8 @@ class Producer:
             mgr.on_new_request(req)
             mgr.submit_store(TransferJob(job_id=next(self._jobs), keys=keys, slots=slots, req=req))
             mgr.on_request_finished(req)
+            if self.floor is not None:
+                self.floor.tombstones[kid] = "reaped"  # what P3's floor answers a late fetch of it
             ids.append(kid)
         # a large store's digests are taken on the manager's digest pool: let them end here, not
         # during the measurement that follows (parking is not what is measured)
@@ -198,6 +210,8 @@ class Producer:
 
     def close(self) -> None:
         self._shutdown()
+        if self.floor is not None:
+            self.floor.close()
         self.router.close(linger=0)
         self.ctx.destroy(linger=0)
 
@@ -214,6 +228,7 @@ class Consumer:
         self.ctx: Any = None
         self.dealer: Any = None
         self.src: Any = None
+        self.floor: Any = None
         self._jobs = itertools.count(1)
 
     def hello(self) -> dict[str, Any]:
@@ -235,6 +250,7 @@ class Consumer:
         raw_port: int,
         configs: dict[str, dict[str, Any]],
         copy_source: bool = False,
+        floor_port: int | None = None,
     ) -> dict[str, Any]:
         """One manager per entry of ``configs`` (same names as the producer's), each loading from
         the producer manager of that name (``producers``: name -> address)."""
@@ -258,6 +274,10 @@ class Consumer:
         self.dealer.setsockopt(zmq.SNDHWM, 1000)
         self.dealer.setsockopt(zmq.RCVHWM, 1000)
         self.dealer.connect(f"tcp://127.0.0.1:{raw_port}")
+        if floor_port is not None:
+            from bench.floor import FloorClient
+
+            self.floor = FloorClient(self.ctx, floor_port)
         self.src = None
         if copy_source:
             self.src = torch.empty((num_blocks, block_bytes), dtype=torch.uint8)
@@ -418,8 +438,9 @@ class Consumer:
         return out
 
     def op_late(self, ids: list[str], nblocks: int, pair: str = "zmq") -> dict[str, Any]:
-        """For each (tombstoned) id: one kvtier load (submit_load → failed JobResult) and one raw
-        request/reply round trip, back to back, alternating which goes first."""
+        """For each (tombstoned) id: one kvtier load (submit_load → failed JobResult), one raw
+        request/reply round trip and — with a floor server set up — one refused fetch of the
+        Python floor (:mod:`bench.floor`), back to back, rotating which goes first."""
         from kvtier.api import TransferJob
 
         mgr, dealer = self.mgrs[pair], self.dealer
@@ -428,7 +449,7 @@ class Consumer:
         for r in reqs:
             mgr.on_new_request(r)
         rtt_req = _HDR.pack(KIND_RTT, 0, 0) + b"x" * (RTT_PAD - _HDR.size)
-        kv, raw, reasons = [], [], []
+        kv, raw, reasons, floor, floor_reasons = [], [], [], [], []
 
         def one_raw() -> None:
             t0 = time.perf_counter()
@@ -444,21 +465,27 @@ class Consumer:
             kv.append(time.perf_counter() - t0)
             reasons.append(None if res.success else res.reason)
 
+        def one_floor(r: Any) -> None:
+            kid = r.kv_transfer_params["remote_prefiller"]["kv_request_id"]
+            t0 = time.perf_counter()
+            floor_reasons.append(self.floor.one(kid, keys))
+            floor.append(time.perf_counter() - t0)
+
+        steps: list[Any] = [lambda _r: one_raw(), one_kv] + ([one_floor] if self.floor is not None else [])
         for i, r in enumerate(reqs):
-            if i % 2:
-                one_kv(r)
-                one_raw()
-            else:
-                one_raw()
-                one_kv(r)
+            for k in range(len(steps)):
+                steps[(i + k) % len(steps)](r)
         for r in reqs:
             mgr.on_request_finished(r)
-        return {"kvtier": kv, "raw": raw, "reasons": reasons}
+        return {"kvtier": kv, "raw": raw, "reasons": reasons, "floor": floor, "floor_reasons": floor_reasons}
 
     def _shutdown(self) -> None:
         for mgr in self.mgrs.values():
             mgr.shutdown()
         self.mgrs = {}
+        if self.floor is not None:
+            self.floor.close()
+            self.floor = None
         if self.dealer is not None:
             self.dealer.close(linger=0)
             self.ctx.destroy(linger=0)

@@ -380,10 +380,11 @@ def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child,
     try:
         for plane in planes:
             kv_all, raw_all, batch_ratios, reasons, states_before, states_after = [], [], [], [], [], []
+            floor_all, floor_reasons = [], []
             pcfg = dict(PRODUCER_CONFIG, unbound_store_timeout_s=reap_s, data_plane=plane)
             addrs = prod.call("setup", block_bytes=bs, num_blocks=nblocks, configs={"zmq": pcfg})
             cons.call("setup", block_bytes=bs, num_blocks=nblocks, producers=addrs, raw_port=prod.hello["raw_port"],
-                      configs={"zmq": dict(CONSUMER_CONFIG, data_plane=plane)})
+                      configs={"zmq": dict(CONSUMER_CONFIG, data_plane=plane)}, floor_port=prod.call("floor"))
             # warm up the session and both paths with a real (successful) load and a few round trips
             ids = prod.call("park", prefix=f"w{plane}", count=1, nblocks=nblocks)
             cons.call("kvtier", ids=ids, nblocks=nblocks)
@@ -403,20 +404,26 @@ def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child,
                 kv_all.extend(r["kvtier"])
                 raw_all.extend(r["raw"])
                 reasons.extend(r["reasons"])
+                floor_all.extend(r["floor"])
+                floor_reasons.extend(r["floor_reasons"])
                 batch_ratios.append(summary(r["kvtier"])["median"] / summary(r["raw"])["median"])
                 log(f"P3 {plane} batch {b}: kvtier late-fetch {summary(r['kvtier'])['median'] * 1e6:.0f} µs, "
-                    f"raw RTT {summary(r['raw'])['median'] * 1e6:.0f} µs")
+                    f"raw RTT {summary(r['raw'])['median'] * 1e6:.0f} µs, "
+                    f"Python floor {summary(r['floor'])['median'] * 1e6:.0f} µs")
             if recorder is not None:
                 profiles.update(recorder.stop())
             n_reaped = sum(1 for x in reasons if x == "reaped")
             if n_reaped != len(reasons):
                 problems.append(f"{plane}: {len(reasons) - n_reaped} late loads did not fail with 'reaped': "
                                 f"{sorted({str(x) for x in reasons if x != 'reaped'})}")
+            if any(x != "reaped" for x in floor_reasons):
+                problems.append(f"{plane}: the floor server answered {sorted(set(floor_reasons) - {'reaped'})}")
             if any(s != "tombstoned" for s in states_before + states_after):
                 problems.append(f"{plane}: some ids were not tombstoned on the producer")
-            kv, raw = summary(kv_all), summary(raw_all)
+            kv, raw, fl = summary(kv_all), summary(raw_all), summary(floor_all)
             per[plane] = {
-                "kvtier_latency_s": kv, "raw_rtt_s": raw,
+                "kvtier_latency_s": kv, "raw_rtt_s": raw, "floor_s": fl,
+                "floor_over_raw": fl["median"] / raw["median"], "kvtier_over_floor": kv["median"] / fl["median"],
                 "ratio": {"median": summary(batch_ratios)["median"], "min": min(batch_ratios),
                           "max": max(batch_ratios), "n": len(batch_ratios), "over": "batches (ratio of batch medians)"},
                 "failed_with_reaped": f"{n_reaped}/{len(reasons)}",
@@ -458,8 +465,11 @@ def run_p3(quick: bool, log: Callable[[str], None], prod: Child, cons: Child,
                 f"per data plane ({', '.join(per)}): producer parks {per_batch} ids x {batches} batches with "
                 f"unbound_store_timeout_s={reap_s}; its background poll thread reaps them (checked: all "
                 "tombstoned); the consumer then loads each id (submit_load → JobResult(success=False, "
-                "reason='reaped')) and does one raw round trip on a DEALER/ROUTER pair between the same two "
-                "processes, back to back, alternating the order."
+                "reason='reaped')), does one raw round trip on a DEALER/ROUTER pair between the same two "
+                "processes, and one refused fetch of the Python floor (bench/floor.py: the least any tier in "
+                "Python pays: a real fetch encoded and sent, decoded by a thread sleeping in a poller, looked up "
+                "in a dict of tombstones, a transfer_done encoded, sent back and decoded), back to back, rotating "
+                "the order."
             ),
         }
     }
