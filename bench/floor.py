@@ -100,18 +100,26 @@ class FloorClient:
         self._poller = zmq.Poller()
         self._poller.register(self.dealer, zmq.POLLIN)
         self._poller.register(self._wake, zmq.POLLIN)
+        self.one("warm-up", (b"k",))  # connected, and both sides' paths run once, before anything is timed
 
-    def one(self, kv_request_id: str, keys: tuple[bytes, ...]) -> str:
-        """Send one fetch of ``kv_request_id`` (``keys``) and wait for its answer; the answer's reason."""
+    def one(self, kv_request_id: str, keys: tuple[bytes, ...], timeout_s: float = 10.0) -> str:
+        """Send one fetch of ``kv_request_id`` (``keys``) and wait for its answer; the answer's reason.
+
+        Raises:
+            TimeoutError: no answer within ``timeout_s`` seconds."""
+        import time
+
         from kvtier.wire import codec
         from kvtier.wire.messages import Fetch, TransferDone
 
         self.dealer.send(codec.encode(Fetch(gen=1, kv_request_id=kv_request_id, round=0, keys=list(keys))))
-        while True:
-            if self.dealer in dict(self._poller.poll(1000)):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.dealer in dict(self._poller.poll(100)):
                 msg, _ = codec.decode([self.dealer.recv()])
                 if type(msg) is TransferDone and msg.kv_request_id == kv_request_id:
                     return msg.reason
+        raise TimeoutError(f"the floor server did not answer a fetch of {kv_request_id!r} within {timeout_s} s")
 
     def close(self) -> None:
         self._wake.close(linger=0)
