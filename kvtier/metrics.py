@@ -30,19 +30,16 @@ reads it).
 from __future__ import annotations
 
 import collections
-import json
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from socketserver import ThreadingMixIn
 from typing import Any, NamedTuple
-from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvtier import metrics_http
 from kvtier.lifecycle._table import ConsumerState, ProbeState, ProducerState, Reason, ServeState, SessionState
 from kvtier.wire.codec import WireReason
 
@@ -60,7 +57,7 @@ __all__ = [
     "bounded",
 ]
 
-REQUESTS_PATH = "/kvtier/requests"
+REQUESTS_PATH = metrics_http.REQUESTS_PATH
 """Where the endpoint serves the recently finished requests as JSON (``?kv_request_id=``,
 ``?limit=``)."""
 
@@ -489,8 +486,9 @@ class TierMetrics:
     # -- the endpoint -----------------------------------------------------------------------------
     def serve(self, host: str, port: int, requests: Any = None) -> tuple[str, int]:
         """Serve the registry over HTTP (``GET /metrics``, text exposition) on ``host:port``
-        (port 0: an ephemeral port), in daemon threads; with ``requests`` (a
-        :class:`~kvtier.forensics.Forensics`) also ``GET /kvtier/requests`` (JSON).
+        (port 0: an ephemeral port), in daemon threads, at most
+        :data:`~kvtier.metrics_http.MAX_CONNECTIONS` connections at once (decision O16); with
+        ``requests`` (a :class:`~kvtier.forensics.Forensics`) also ``GET /kvtier/requests`` (JSON).
 
         Returns:
             the bound ``(host, port)``.
@@ -499,15 +497,7 @@ class TierMetrics:
         """
         if self._server is not None:
             raise RuntimeError("the metrics endpoint is already being served")
-        app = _app(make_wsgi_app(self.registry), requests, self.const_values)
-
-        class Server(_Server):
-            address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                flags=socket.AI_PASSIVE)[0][0]
-
-        server = make_server(host, port, app, Server, handler_class=_Quiet)
-        thread = threading.Thread(target=server.serve_forever, name="kvtier-metrics", daemon=True)
-        thread.start()
+        server, thread = metrics_http.serve(host, port, make_wsgi_app(self.registry), requests, self.const_values)
         self._server, self._server_thread = server, thread
         return server.server_address[0], server.server_address[1]
 
@@ -548,38 +538,6 @@ class TierMetrics:
         self._child(name, *labels).observe(value)
         for tap in self._taps:
             tap.add(name, labels, value)
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow scraper never holds up close()
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """No access log on stderr."""
-
-
-def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
-    """The endpoint's WSGI app: ``/kvtier/requests`` from ``requests``, everything else from
-    ``prometheus_client`` (``/metrics``)."""
-    def app(environ: dict, start_response: Callable) -> list[bytes]:
-        if environ.get("PATH_INFO", "").rstrip("/") != REQUESTS_PATH or requests is None:
-            return metrics(environ, start_response)
-        query = parse_qs(environ.get("QUERY_STRING", ""))
-        kid = (query.get("kv_request_id") or [None])[0]
-        try:
-            limit = int((query.get("limit") or ["0"])[0]) or None
-        except ValueError:
-            limit = None
-        body = json.dumps({
-            "tier": const[0], "listener": const[1], "capacity": requests.capacity,
-            "finished_total": requests.finished_total, "in_progress": requests.in_progress(),
-            "requests": requests.as_json(kid, limit), "open": requests.open_json(kid) if kid else [],
-        }).encode()
-        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-        return [body]
-
-    return app
 
 
 class _Tap:

@@ -1,0 +1,105 @@
+"""The metrics endpoint's server holds out against idle and half-sent connections (decision O16):
+whoever reaches ``metrics_port`` cannot pin threads of the engine's process for ever, nor grow
+them without bound, and a scrape works again once they are gone."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from kvtier.metrics_http import serve
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _metrics_app(environ: dict, start_response) -> list[bytes]:
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"kvtier_up 1\n"]
+
+
+def _closed_by_server(s: socket.socket, within_s: float) -> bool:
+    """Whether the server closed ``s`` (EOF or reset) within ``within_s`` seconds."""
+    s.settimeout(within_s)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.fixture
+def endpoint(request):
+    io_timeout_s = getattr(request, "param", 1.0)
+    server, thread = serve("127.0.0.1", 0, _metrics_app, None, ("t", "l"), max_connections=4, io_timeout_s=io_timeout_s)
+    host, port = server.server_address[:2]
+    yield server, (host, port)
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def _scrape(address: tuple[str, int]) -> bytes:
+    with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=5) as resp:
+        return resp.read()
+
+
+@pytest.mark.parametrize("endpoint", [30.0], indirect=True)  # the four held ones stay held throughout
+def test_connections_beyond_the_cap_are_closed_at_once_and_threads_stay_bounded(endpoint) -> None:
+    server, address = endpoint
+    before = threading.active_count()
+    held = [socket.create_connection(address, timeout=5) for _ in range(4)]
+    held[0].sendall(b"GET /metr")  # half a request line
+    time.sleep(0.2)  # the server took the four
+    extra = [socket.create_connection(address, timeout=5) for _ in range(20)]
+    try:
+        assert all(_closed_by_server(s, 2.0) for s in extra)
+        assert server.refused >= 20
+        assert threading.active_count() - before <= 4
+    finally:
+        for s in held + extra:
+            s.close()
+    deadline = time.monotonic() + 5  # their threads see the close and give their slots back
+    while True:
+        try:
+            assert _scrape(address) == b"kvtier_up 1\n"
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_silent_connection_is_closed_after_the_io_timeout_and_frees_its_slot(endpoint) -> None:
+    server, address = endpoint
+    silent = [socket.create_connection(address, timeout=5) for _ in range(4)]  # every slot
+    try:
+        silent[1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        t0 = time.monotonic()
+        assert all(_closed_by_server(s, 5.0) for s in silent)
+        assert 0.8 <= time.monotonic() - t0 < 5.0  # the 1 s timeout, not at once and not never
+    finally:
+        for s in silent:
+            s.close()
+    assert _scrape(address) == b"kvtier_up 1\n"
+
+
+def test_a_managers_endpoint_grows_no_thread_per_idle_connection(make_manager) -> None:
+    from kvtier.metrics_http import MAX_CONNECTIONS
+
+    m = make_manager({"metrics_port": 0})
+    host, port = m.metrics_address.rsplit(":", 1)
+    before = threading.active_count()
+    idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3 * MAX_CONNECTIONS)]
+    try:
+        for s in idle[::2]:
+            s.sendall(b"GET /metr")
+        time.sleep(0.5)  # the server accepted them all
+        assert threading.active_count() - before <= MAX_CONNECTIONS
+    finally:
+        for s in idle:
+            s.close()
