@@ -109,6 +109,8 @@ def explain(e: Mapping[str, Any], where: str = "") -> str:
         lines.append(f"  blocks    {e.get('landed', 0)} of {e['blocks']} landed ({_bytes(e.get('nbytes', 0))} asked)")
     elif e["role"] == "producer" and e.get("blocks"):
         lines.append(f"  blocks    {e['blocks']} parked ({_bytes(e.get('nbytes', 0))})")
+    elif e["role"] == "producer" and list(e.get("path") or ()) == ["refused"]:
+        lines.append("  blocks    none parked: this store was refused when it was submitted")
     reason = e.get("reason") or ""
     if reason:
         meaning = _meaning(reason)

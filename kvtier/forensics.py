@@ -11,19 +11,15 @@ endpoint (``GET /kvtier/requests``, :mod:`kvtier.metrics`), shown by ``kvtier to
 Fed by the I/O shell (decisions E3, E10): every batch of effects the core asked for, through
 :meth:`Forensics.before` and :meth:`Forensics.after` around performing them (what needs the job
 ledger's record before, the rest after: a message leaves before its bookkeeping, decision C26),
-and every input, through :meth:`Forensics.applied` right after the core applied it and before
-its effects are performed — some moves show in no effect: a fetch that binds an id waiting for
-its blocks, the data plane's release of a transfer, a receipt; and only a landing's answer says
-which blocks matched their digests.  Nothing here runs inside the core and nothing is recorded
-that the core does not already report: the effects and inputs name the id, the peer and the step
-(a fetch sent or bound, blocks landed and checked, an abort, a receipt, a refusal, a job's
-result); the job ledger knows each job's id, submit time and size; the core's read API tells the
-state the id is in after the step.  The cost on the loop's thread is a type lookup per effect
-and per input, and a few dict operations per one that names an id.
+and every input, through :meth:`Forensics.applied` right after the core applied it — some moves
+show in no effect: a fetch that binds an id waiting for its blocks, the data plane's release of a
+transfer, a receipt; only a landing's answer says which blocks matched.  Nothing is recorded
+that the core does not report: effects and inputs name the id, the peer and the step; the job
+ledger knows each job's id, submit time and size; the core's read API tells the state the id is
+in after the step.  The cost on the loop's thread is a type lookup per effect and per input.
 
-Bounded memory (decision E3): at most :data:`CAPACITY` finished entries (a ``deque``) and at most
-:data:`MAX_OPEN` requests in progress (the oldest is forgotten first), each entry a few hundred
-bytes; ``tests/test_forensics.py`` measures it after a million finished ids.
+Bounded memory (decision E3): at most :data:`CAPACITY` finished entries and :data:`MAX_OPEN`
+requests in progress, each a few hundred bytes (``tests/test_forensics.py``: a million finished ids).
 
 What an entry is
 ----------------
@@ -35,14 +31,14 @@ What an entry is
 * **producer** — the blocks parked under an id: from its first store (or the fetch that bound it)
   to the result of its last store job.  Milestones: ``bound`` (a fetch bound the id), ``sending``
   (the data plane took the blocks), ``released`` (the plane let go of them), ``cancelled``,
-  ``answered`` (our ``transfer_done`` to the bound fetch left), ``result``.
-* **fetch** — a peer's fetch this producer refused: the consumer's side of a refusal.  At once
-  (milestone ``refused``) for an id with no live blocks here (reaped, already served, never
-  parked) or bound to another fetch; or after it bound the id and waited (milestones ``bound``,
-  then ``refused``): for blocks never stored (``supply_timeout``), for a request that finished
-  without them (``nothing_stored``, ``incomplete``), until a drain, a transfer given up.  Or a
-  fetch its consumer aborted before any block moved (``aborted``), or whose consumer's session
-  ended while it waited with nothing stored (``lost``, reason ``peer_lost``).
+  ``answered`` (our ``transfer_done`` to the bound fetch left), ``result``.  A store refused when
+  it was submitted (``id_in_use``, a tombstone, an abort) is an entry of its own (path ``refused``,
+  no blocks): nothing of it was parked (decision E11).
+* **fetch** — a peer's fetch this producer refused: at once (milestone ``refused``) for an id with
+  no live blocks here or bound to another fetch; or after it bound the id and waited (``bound``,
+  then ``refused``: ``supply_timeout``, ``nothing_stored``, ``incomplete``, a drain, a transfer
+  given up); or aborted by its consumer before any block moved (``aborted``), or left by a lost
+  consumer's session (``lost``, reason ``peer_lost``).
 * **probe** — a symmetric request whose probing of its peer failed (a deadline, the peer's loss,
   its refusal or withdrawal): its lookups answer MISS and the engine computes the blocks; one
   milestone, ``failed``.  **offer** — the serving side's: an offer withdrawn unfetched (``withdrawn``).
@@ -69,14 +65,11 @@ CAPACITY = 1024
 """Finished requests kept per manager (the oldest is dropped first)."""
 
 MAX_OPEN = 65536
-"""Requests in progress tracked at once; beyond it the oldest is forgotten (it then finishes
-untracked).  Far above what one engine has in flight."""
+"""Requests in progress tracked at once; beyond it the oldest is forgotten (far above one engine's)."""
 
-MAX_NAMED = 4096
-"""Peers whose address is remembered for naming entries (forgotten all at once beyond it)."""
-
+MAX_NAMED = 4096  # peers whose address is remembered for naming entries (forgotten all at once beyond it)
+#: Effects whose performing changes what a note reads (see :meth:`Forensics.before`).
 _CHANGES_WHAT_IS_READ = frozenset({fx.JobDone, fx.CloseConnection})
-"""Effects whose performing changes what a note reads (see :meth:`Forensics.before`)."""
 
 _FINAL_PRODUCER = frozenset({ProducerState.DONE, ProducerState.TOMBSTONED, ProducerState.ABSENT,
                              ProducerState.PRUNED})
@@ -483,6 +476,13 @@ class Forensics:
         store, kid, submitted, nbytes = info
         role = "producer" if store else "consumer"
         key = (role, kid)
+        if store and e.at_submission:  # ended by the step that submitted it: none of it was parked
+            nbytes = 0
+            if not e.ok:  # refused (id_in_use, tombstoned, aborted): its own entry; the id's record is untouched
+                took = max(now - submitted, 0.0)
+                self._add(Finished(kid, role, False, e.reason or "", "", ("refused",), (("refused", took),),
+                                   submitted, took))
+                return
         if not store and self._another_load_runs(kid, e.job_id):
             # a further load refused while the id's load runs: its own entry; the running load's stays open
             took = max(now - submitted, 0.0)

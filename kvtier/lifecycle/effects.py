@@ -82,6 +82,10 @@ class JobDone(_Effect):
     """One-sided planes: ``(slot, digest)`` of each successful key, re-checked by the shell before
     the result is reported (a key whose slot no longer matches is dropped from
     ``successful_keys``)."""
+    at_submission: bool = False
+    """A store job ended by the step that submitted it — refused (``id_in_use``, a tombstone, an
+    abort, a finished round) or needing nothing (empty, ``not_needed``): none of its blocks were
+    ever parked (what ``kvtier why`` tells, decision E11)."""
 
 
 class SendBlocks(_Effect):

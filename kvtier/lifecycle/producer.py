@@ -458,10 +458,10 @@ class ProducerMachine(TableMachine):
         rec.jobs.append(inp.job_id)
 
     def effect_report_store_ok(self, rec, inp: StoreSubmitted, reason, now, out) -> None:
-        out.append(JobDone(inp.job_id, True, None))
+        out.append(JobDone(inp.job_id, True, None, at_submission=True))
 
     def effect_fail_store_job(self, rec, inp: StoreSubmitted, reason, now, out) -> None:
-        out.append(JobDone(inp.job_id, False, reason))
+        out.append(JobDone(inp.job_id, False, reason, at_submission=True))
 
     def effect_bind(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
         rec.peer = inp.peer
@@ -511,7 +511,7 @@ class ProducerMachine(TableMachine):
         rec.blocks = _NO_BLOCKS
 
     def effect_report_store_unneeded(self, rec, inp: StoreSubmitted, reason, now, out) -> None:
-        out.append(JobDone(inp.job_id, True, Reason.NOT_NEEDED))
+        out.append(JobDone(inp.job_id, True, Reason.NOT_NEEDED, at_submission=True))
 
     def effect_fail_jobs(self, rec: ProducerRecord, inp, reason, now, out) -> None:
         for job in rec.jobs:

@@ -189,7 +189,8 @@ def build_parts(cfg: TierConfig, pool: object, *, layout: str, clock: Callable[[
         where = getattr(transport, "peer_address", None)
         metrics = TierMetrics(tier=cfg.type, listener=transport.address, core=core, lock=lock, clock=clock,
                               block_bytes=pool.block_bytes)  # type: ignore[attr-defined]
-        forensics = Forensics(core=core, job_info=jobs.info, clock=clock, block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
+        forensics = Forensics(core=core, job_info=lambda job_id: jobs.info(job_id, own=True), clock=clock,
+                              block_bytes=pool.block_bytes,  # type: ignore[attr-defined]
                               where=where, lock=lock, parked_since=metrics.parked_since)
         if cfg.metrics_port is not None:
             try:

@@ -123,11 +123,12 @@ class JobBook:
         return job.store, job.nbytes, elapsed
 
     # -- reads (any thread) ----------------------------------------------------------------------
-    def info(self, job_id: int) -> tuple[bool, str | None, float, int] | None:
+    def info(self, job_id: int, *, own: bool = False) -> tuple[bool, str | None, float, int] | None:
         """``(store, kv_request_id, submitted, nbytes)`` of open engine job ``job_id``; None for an
-        unknown id or the manager's own job (read by the request forensics, :mod:`kvtier.forensics`)."""
+        unknown id or — unless ``own`` — the manager's own job (``own``: the request forensics,
+        :mod:`kvtier.forensics`, for which a ``load_nothing`` ends its request's story)."""
         job = self._open.get(job_id)
-        if job is None or job.internal:
+        if job is None or (job.internal and not own):
             return None
         return job.store, job.kv_request_id, job.submitted, job.nbytes
 

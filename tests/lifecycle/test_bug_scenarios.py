@@ -109,7 +109,7 @@ def test_b03_store_after_reap_fails_at_once_and_pins_nothing() -> None:
     prune_at = CoreView(s.p).producer("A").deadline
     assert prune_at == 120.0
     job2, out = s.store("A", 1, 61.0, start=1)
-    assert of(out, JobDone) == [JobDone(job2, False, Reason.REAPED)]
+    assert of(out, JobDone) == [JobDone(job2, False, Reason.REAPED, at_submission=True)]
     v = CoreView(s.p).producer("A")
     assert v.state is ProducerState.TOMBSTONED and v.parked == () and v.jobs == ()
     assert CoreView(s.p).producer("A").deadline == prune_at  # retention not extended
@@ -188,7 +188,7 @@ def test_b13_a_second_owner_cannot_park_under_a_live_id() -> None:
     j1, _ = s.store("A", 4, 0.0, owner="r1", blocks=(0, 1, 2, 3))
     before = entry(s.p, "A")
     j2, out = s.store("A", 4, 1.0, owner="r2", blocks=(4, 5, 6, 7))
-    assert of(out, JobDone) == [JobDone(j2, False, Reason.ID_IN_USE)]
+    assert of(out, JobDone) == [JobDone(j2, False, Reason.ID_IN_USE, at_submission=True)]
     after = entry(s.p, "A")
     assert after == before and after.jobs == (j1,) and after.owner == "r1"
     out = s.fetch("A", keys("A", 4), 2.0)
@@ -259,7 +259,7 @@ def test_b20_zero_block_store_and_fetch_complete_immediately() -> None:
     with the others."""
     s = Pair()
     job, out = s.store("A", 0, 0.0)
-    assert out == [JobDone(job, True, None)] and CoreView(s.p).producer("A") is None
+    assert out == [JobDone(job, True, None, at_submission=True)] and CoreView(s.p).producer("A") is None
     out = s.fetch("A", (), 1.0)
     assert of(out, Send) == [Send(C, wm.TransferDone(gen=s.gen, kv_request_id="A", round=0, ok=True, reason=""))]
     assert of(out, SendBlocks) == []

@@ -31,7 +31,7 @@ def test_b05_consumer_cancels_before_fetching_and_the_producer_releases_at_once(
     assert of(out, Send) == [Send(C, wm.AbortAck(gen=s.gen, kv_request_id="A", round=abort.round))]
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
     job2, out = s.store("A", 4, 2.0, start=4)
-    assert of(out, JobDone) == [JobDone(job2, False, Reason.ABORTED)]
+    assert of(out, JobDone) == [JobDone(job2, False, Reason.ABORTED, at_submission=True)]
     assert done_fail(s.fetch("A", keys("A", 4), 3.0, rnd=abort.round + 1), "A").reason == "aborted"
 
 
@@ -41,7 +41,7 @@ def test_b05_abort_before_the_first_store() -> None:
     out = s.abort("A", 0.0)
     assert sent(out, wm.AbortAck) and s.p.producer_state("A") is ProducerState.TOMBSTONED
     job, out = s.store("A", 4, 1.0)
-    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
+    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED, at_submission=True)]
     assert CoreView(s.p).producer("A").parked == ()
 
 

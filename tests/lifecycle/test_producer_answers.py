@@ -107,7 +107,7 @@ def test_a_store_after_a_fetch_that_needed_nothing_succeeds_as_not_needed() -> N
     out = s.fetch("A", (), 0.0)  # the consumer needs none of A's blocks
     assert s.p.producer_state("A") is ProducerState.DONE
     job, out = s.store("A", 2, 1.0)
-    assert of(out, JobDone) == [JobDone(job, True, Reason.NOT_NEEDED)]
+    assert of(out, JobDone) == [JobDone(job, True, Reason.NOT_NEEDED, at_submission=True)]
     assert s.p.producer_state("A") is ProducerState.DONE
 
 
@@ -118,7 +118,7 @@ def test_a_store_after_a_completed_hand_off_fails_as_round_finished() -> None:
     out = s.complete("A", rnd, 2.0)
     assert of(out, JobDone) == [JobDone(job, True, None)]
     late, out = s.store("A", 2, 3.0)
-    assert of(out, JobDone) == [JobDone(late, False, Reason.ROUND_FINISHED)]
+    assert of(out, JobDone) == [JobDone(late, False, Reason.ROUND_FINISHED, at_submission=True)]
 
 
 def test_a_store_of_another_life_unbinds_the_waiting_fetch_and_takes_the_id_for_its_own_life() -> None:
@@ -166,7 +166,7 @@ def test_a_request_that_stored_nothing_tombstones_its_own_life_only() -> None:
     s.p.handle(ix.RequestFinished("A", producer=True, life="L1"), 0.0)
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
     job, out = s.store("A", 1, 1.0, life="L1")  # a late store of the same life meets the tombstone
-    assert of(out, JobDone) == [JobDone(job, False, Reason.NOTHING_STORED)]
+    assert of(out, JobDone) == [JobDone(job, False, Reason.NOTHING_STORED, at_submission=True)]
     job, out = s.store("A", 1, 2.0, owner="req-A2", life="L2")  # another life parks over it
     assert of(out, JobDone) == [] and s.p.producer_state("A") is ProducerState.PARKED
 
@@ -351,7 +351,7 @@ def test_an_abort_of_a_new_life_is_remembered_over_the_tombstone_of_the_old_one(
     assert sent(out, wm.AbortAck) == [wm.AbortAck(gen=s.gen, kv_request_id="A", round=rnd, life="L2")]
     # L2's consumer gave up before L2's store: the store meets L2's own tombstone
     job, out = s.store("A", 1, 2.0, owner="req-A2", life="L2")
-    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
+    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED, at_submission=True)]
 
 
 def test_an_abort_that_retains_one_id_too_many_evicts_the_oldest_in_its_own_step() -> None:

@@ -32,11 +32,11 @@ def test_a_store_of_a_new_life_parks_over_the_tombstone_of_the_old_one() -> None
 def test_a_store_of_the_same_life_meets_the_tombstone() -> None:
     s = _tombstoned("L1")
     job, out = _store(s, "L1", 2.0)
-    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
+    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED, at_submission=True)]
     assert s.p.producer_state("A") is ProducerState.TOMBSTONED
 
 
 def test_a_store_naming_no_life_meets_the_tombstone_of_a_named_one() -> None:
     s = _tombstoned("L1")
     job, out = _store(s, "", 2.0)
-    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED)]
+    assert of(out, JobDone) == [JobDone(job, False, Reason.ABORTED, at_submission=True)]
