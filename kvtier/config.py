@@ -456,7 +456,7 @@ class TierConfig:
         if unknown:
             parts = []
             for key in unknown:
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                close = difflib.get_close_matches(key.lower().replace("-", "_"), known, n=1, cutoff=0.6)  # FOO_S too
                 hint = (f" ({_NOT_OURS[key]})" if key in _NOT_OURS
                         else f" (did you mean {close[0]!r}?)" if close else "")
                 parts.append(f"{safe_repr(key)}{hint}")

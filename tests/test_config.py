@@ -133,6 +133,14 @@ def test_b25_misspelled_key_suggests_the_right_one():
     assert exc.value.keys == ("unbound_store_timout_s",)
 
 
+@pytest.mark.parametrize("spelled", ["UNBOUND_STORE_TIMEOUT_S", "Unbound-Store-Timeout-S", "METRICS_PORT"])
+def test_a_key_spelled_in_capitals_or_with_dashes_still_gets_its_did_you_mean(spelled: str) -> None:
+    with pytest.raises(TierConfigError) as exc:
+        TierConfig.from_dict({spelled: 1})
+    want = spelled.lower().replace("-", "_")
+    assert f"{spelled!r} (did you mean {want!r}?)" in str(exc.value), str(exc.value)
+
+
 def test_huge_int_whose_repr_would_raise_still_names_the_key():
     # repr(10**5000) itself raises ValueError (int->str digit limit).
     with pytest.raises(TierConfigError) as exc:
