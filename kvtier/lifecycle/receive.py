@@ -41,6 +41,26 @@ def wire_reason(text: str) -> Reason:
     return Reason(text) if text in _REASONS else Reason.PEER_ERROR
 
 
+#: What no producer can truthfully end a fetch with: a success's label, or what only this side
+#: knows — its engine, its own deadlines and checks, its dial (decision I38).  From a producer
+#: such a code is its fault: ``peer_error``, not a story about us.
+_NOT_A_PRODUCERS = frozenset({
+    Reason.LOCAL, Reason.NOT_NEEDED, Reason.LOAD_TIMEOUT, Reason.CANCELLED, Reason.DUPLICATE_LOAD,
+    Reason.ONE_FETCH_PER_ID, Reason.INCOMPLETE_DATA, Reason.CORRUPT, Reason.ABORT_UNACKNOWLEDGED,
+    Reason.INSTANCE_DOWN, Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT, Reason.UNRESOLVED_HOST,
+    Reason.PEER_NOT_ALLOWED, Reason.SELF_FETCH, Reason.INVALID_PARAMS, Reason.NOT_A_CONSUMER, Reason.BAD_JOB,
+    Reason.JOB_REFUSED, Reason.NOT_ANNOUNCED, Reason.NOT_ANNOUNCED_PROBE, Reason.PROBE_TIMEOUT,
+    Reason.NO_RECORD, Reason.STALE, Reason.NOT_BOUND, Reason.LATE_DATA, Reason.IN_GRACE, Reason.REFERENCED,
+})
+
+
+def done_reason(text: str) -> Reason:
+    """The reason of a producer's failed ``transfer_done``: :func:`wire_reason`, and ``peer_error``
+    for a code no producer can truthfully answer with (:data:`_NOT_A_PRODUCERS`)."""
+    r = wire_reason(text)
+    return Reason.PEER_ERROR if r in _NOT_A_PRODUCERS else r
+
+
 class Receive:
     """Peer messages into the core's machines (a part of :class:`~kvtier.lifecycle.TierCore`).
 
@@ -194,7 +214,7 @@ class Receive:
     def _rx_transfer_done(self, inp: Received, now: float, out: list[Effect]) -> None:
         msg = inp.msg
         if self._gate(inp.peer, msg, SessionEvent.MESSAGE, now, out):
-            reason = None if msg.ok else wire_reason(msg.reason or Reason.TRANSFER_FAILED.value)
+            reason = None if msg.ok else done_reason(msg.reason or Reason.TRANSFER_FAILED.value)
             m = MessageInput(msg.kv_request_id, msg.round, ok=msg.ok, reason=reason, life=msg.life, final=msg.final)
             self.to_consumer(inp.peer, ConsumerEvent.TRANSFER_DONE, ProbeEvent.TRANSFER_DONE, m, now, out)
 

@@ -335,3 +335,17 @@ def test_a_round_being_cancelled_stays_the_lowest_open_one_until_its_abort_is_an
     (fetch_d,) = sent(s.c.handle(ix.LoadAnnounced("D", P), 0.5)
                       + s.c.handle(ix.LoadSubmitted("D", s.next_job(), keys("D", 1), (111,)), 0.5), wm.Fetch)
     assert fetch_d.low == second  # A's round closed with its answer: B's is the lowest now
+
+
+@pytest.mark.parametrize(("sent_reason", "reported"), [
+    ("reaped", Reason.REAPED), ("id_in_use", Reason.ID_IN_USE), ("transfer_timeout", Reason.TRANSFER_TIMEOUT),
+    ("local", Reason.PEER_ERROR), ("not_needed", Reason.PEER_ERROR),  # a success's label on a failure
+    ("cancelled", Reason.PEER_ERROR), ("load_timeout", Reason.PEER_ERROR),  # what only the consumer knows
+    ("no_such_code", Reason.PEER_ERROR),
+])
+def test_a_failed_answer_keeps_a_producers_reason_and_names_any_other_code_the_producers_fault(
+        sent_reason: str, reported: Reason) -> None:
+    s = Pair()
+    job, rnd = _load(s, "A", 2, 0.0)
+    out = s.to_c(wm.TransferDone(gen=s.gen, kv_request_id="A", round=rnd, ok=False, reason=sent_reason), 0.1)
+    assert of(out, JobDone) == [JobDone(job, False, reported)]
