@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "db2cc9628f6dc6a7788b0880d503f7bb5215abd294af9af8a10f8dae42439cc8"
+SPEC_SHA256: Final = "3200e4b32284457ff6392fb51c8f95dbce459a35b29929aca3cc6fefae307153"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -832,7 +832,7 @@ class ConsumerState(enum.StrEnum):
     ABSENT = "absent"
     """No record."""
     ANNOUNCED = "announced"
-    """The engine announced the request (remote_prefiller params); lookups HIT; no load yet."""
+    """The engine announced the request (remote_prefiller params); lookups HIT; no load yet. A session to its producer that ends after it was up leaves it announced: a load, if one comes, dials afresh (decision I39); a dial that failed answers it."""
     QUEUED = "queued"
     """Load submitted; the fetch waits for the session handshake. Nothing was sent, so nothing can land."""
     IN_FLIGHT = "in_flight"
@@ -889,6 +889,8 @@ class ConsumerEvent(enum.StrEnum):
 
 
 class ConsumerGuard(enum.StrEnum):
+    DIAL_FAILED = "dial_failed"
+    """the session ended before it was ever up: the dial the request made failed (connect_refused, connect_timeout, unresolved_host, auth_failed, too_many_peers, handshake_timeout, handshake_mismatch, self_fetch), which answers the request (decision I39)"""
     REFUSED_FOR_NOW = "refused_for_now"
     """the session ended session_still_held (the producer's plane still held another session of ours) and this load has not dialled again for that yet: one more dial may be admitted (decision N25)"""
     LOAD_EMPTY = "load_empty"
@@ -970,6 +972,8 @@ class ConsumerEffect(enum.StrEnum):
     """dial the producer again if no session to it is open (at most once for a load the producer refused for now): a handshake it accepts proves that none of its earlier WRITEs into our slots is still running, or lets a load refused for now fetch (decision N25)"""
     RESTART_TIMER = "restart_timer"
     """restart the current state's timer from now"""
+    DIAL = "dial"
+    """dial the producer if no session to it is open: a load submitted after its request's session ended dials afresh, as a first load does (a closed connection, a reset or silence proves nothing, decision I30)"""
 
 
 CONSUMER_INITIAL: Final = ConsumerState.ABSENT
@@ -1018,7 +1022,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(ConsumerGuard.EMPTY_ON_READY_SESSION, ConsumerState.LOADED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ConsumerEffect.REPORT_LOAD_OK, ), None),
         Branch(ConsumerGuard.INSTANCE_DOWN, ConsumerState.FAILED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.FAIL_JOB, ), Reason.INSTANCE_DOWN),
         Branch(ConsumerGuard.SESSION_READY, ConsumerState.IN_FLIGHT, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.SEND_FETCH, ), None),
-        Branch(None, ConsumerState.QUEUED, (ConsumerEffect.ACCEPT_LOAD, ), None),
+        Branch(None, ConsumerState.QUEUED, (ConsumerEffect.ACCEPT_LOAD, ConsumerEffect.DIAL, ), None),
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.HANDSHAKE_READY): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ANNOUNCED, ConsumerEvent.BLOCK_DATA): Rule(IGNORE, (), Reason.STALE),
@@ -1034,7 +1038,8 @@ CONSUMER_TABLE: Final = MappingProxyType({
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
         Branch(ConsumerGuard.REFUSED_FOR_NOW, ConsumerState.ANNOUNCED, (ConsumerEffect.REDIAL, ), None),
-        Branch(None, ConsumerState.FAILED, (), None),
+        Branch(ConsumerGuard.DIAL_FAILED, ConsumerState.FAILED, (), None),
+        Branch(None, ConsumerState.ANNOUNCED, (), None),
     ), None),
     (ConsumerState.ANNOUNCED, ConsumerEvent.SHUTDOWN): Rule(TRANSITION, (
         Branch(None, ConsumerState.FINISHED, (), None),

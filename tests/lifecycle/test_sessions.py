@@ -555,3 +555,32 @@ def test_a_producer_restarted_at_a_refused_address_serves_the_first_load_after_i
     out = c.handle(ix.PeerAttached(P, opened.gen), 600.1)
     assert [s.msg.kv_request_id for s in sends(out)] == ["A"] and of(out, JobDone) == []
     assert CoreView(c).suspect_instances() == frozenset({"prod-1"})  # the old one stays gone
+
+
+def test_a_request_announced_before_its_producer_restarted_is_loaded_from_the_restarted_one() -> None:
+    """The session an announced request named ends after it was up (the producer was killed):
+    nothing was asked of it yet, so the request stays announced; its load dials afresh and a
+    producer restarted at the address serves it — it is not failed on the old session's end (I39)."""
+    c = core()
+    dial(c, P, instance="prod-1")
+    c.handle(ix.LoadAnnounced("A", P), 0.5)
+    c.handle(ix.ConnectionClosed(P), 1.0)  # killed: proves nothing
+    assert c.consumer_state("A").value == "announced"
+    out = c.handle(ix.LoadSubmitted("A", 1, (b"k0",), (5,)), 2.0)
+    assert of(out, JobDone) == [] and [e.peer for e in of(out, OpenConnection)] == [P]
+    (opened,) = of(out, OpenConnection)
+    c.handle(ix.ConnectionUp(P), 2.1)
+    c.handle(ix.Received(P, wm.HelloAck(gen=opened.gen, instance="prod-2")), 2.1)  # the restarted one
+    out = c.handle(ix.PeerAttached(P, opened.gen), 2.1)
+    assert [s.msg.kv_request_id for s in sends(out) if isinstance(s.msg, wm.Fetch)] == ["A"]
+
+
+def test_a_request_whose_own_dial_failed_is_answered_by_it() -> None:
+    """The dial an announce made was refused before the session was ever ready: that is the
+    request's answer (its lookups miss; a load fails with it, dialling nothing more)."""
+    c = core()
+    c.handle(ix.LoadAnnounced("B", "prefill:9"), 3.0)  # dials
+    c.handle(ix.ConnectFailed("prefill:9", "refused"), 3.01)
+    assert c.consumer_state("B").value == "failed"
+    out = c.handle(ix.LoadSubmitted("B", 2, (b"k0",), (6,)), 3.1)
+    assert of(out, OpenConnection) == [] and of(out, JobDone) == [JobDone(2, False, Reason.CONNECT_REFUSED)]
