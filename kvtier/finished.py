@@ -1,5 +1,6 @@
 """One finished request as the request forensics keep it (:mod:`kvtier.forensics`) and the metrics
-endpoint serves it (``GET /kvtier/requests``): the record, and its JSON.
+endpoint serves it (``GET /kvtier/requests``): the record, and its JSON; and one request still in
+progress as they trace it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Finished", "to_json"]
+__all__ = ["Finished", "InProgress", "to_json"]
 
 
 class Finished(msgspec.Struct, frozen=True, gc=False):
@@ -61,3 +62,23 @@ def to_json(entries: Iterable[Finished], now: float | None = None) -> list[dict[
             d["ago"] = max(0.0, now - e.started - e.seconds)
         out.append(d)
     return out
+
+
+class InProgress:
+    """A request in progress, as the request forensics trace it (:mod:`kvtier.forensics`; mutable:
+    only the thread that performs effects touches it)."""
+
+    __slots__ = ("blocks", "bound", "landed", "marks", "nbytes", "path", "peer", "round", "started")
+
+    def __init__(self, now: float) -> None:
+        self.started = now
+        self.peer = ""
+        self.bound: float | None = None  # producer: when the fetch of (peer, round) bound the id
+        self.round = -1
+        self.path: list[str] = []
+        self.marks: list[tuple[str, float]] = []
+        self.blocks = self.landed = self.nbytes = 0
+
+    def mark(self, name: str, now: float) -> None:
+        if not any(m == name for m, _ in self.marks):  # the first of each milestone
+            self.marks.append((name, now))

@@ -31,7 +31,8 @@ What an entry is
 * **producer** — the blocks parked under an id: from its first store (or the fetch that bound it)
   to the result of its last store job.  Milestones: ``bound`` (a fetch bound the id), ``sending``
   (the data plane took the blocks), ``released`` (the plane let go of them), ``cancelled``,
-  ``answered`` (our ``transfer_done`` to the bound fetch left), ``result``.  A store refused when
+  ``session_ended`` (the bound consumer's session ended: the path shows where that left the id,
+  ``quarantined`` included), ``answered`` (our ``transfer_done`` to the bound fetch left), ``result``.  A store refused when
   it was submitted (``id_in_use``, a tombstone, an abort) is an entry of its own (path ``refused``,
   no blocks): nothing of it was parked (decision E11).
 * **fetch** — a peer's fetch this producer refused: at once (milestone ``refused``) for an id with
@@ -53,7 +54,7 @@ from typing import Any
 
 import msgspec
 
-from kvtier.finished import Finished, to_json
+from kvtier.finished import Finished, InProgress, to_json
 from kvtier.lifecycle import ConsumerState, ProbeState, ProducerState, Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
@@ -87,25 +88,6 @@ def _untracked(peer: str, msg: Any) -> None:
     """A received message that says nothing the ring follows."""
 
 
-class _Open:
-    """A request in progress (mutable; only the thread that performs effects touches it)."""
-
-    __slots__ = ("blocks", "bound", "landed", "marks", "nbytes", "path", "peer", "round", "started")
-
-    def __init__(self, now: float) -> None:
-        self.started = now
-        self.peer = ""
-        self.bound: float | None = None  # producer: when the fetch of (peer, round) bound the id
-        self.round = -1
-        self.path: list[str] = []
-        self.marks: list[tuple[str, float]] = []
-        self.blocks = self.landed = self.nbytes = 0
-
-    def mark(self, name: str, now: float) -> None:
-        if not any(m == name for m, _ in self.marks):  # the first of each milestone
-            self.marks.append((name, now))
-
-
 class Forensics:
     """The ring of one manager.
 
@@ -134,7 +116,7 @@ class Forensics:
         self._clock = clock
         self._block_bytes = block_bytes
         self._ring: collections.deque[Finished] = collections.deque(maxlen=capacity)
-        self._open: dict[tuple[str, str], _Open] = {}
+        self._open: dict[tuple[str, str], InProgress] = {}
         self._last_store: tuple[str, float] | None = None  # the producer entry added last, and when
         self._named: dict[str, str] = {}  # peer id -> where (asking the transport builds a record)
         self._probed: dict[str, str] = {}  # kv_request_id -> the peer its last probe went to
@@ -142,7 +124,7 @@ class Forensics:
         # and served rounds: a story is told once (a notice and the answer that crossed it), in O(1)
         self._told: collections.OrderedDict[tuple[str, ...], None] = collections.OrderedDict()
         # bound traces whose store jobs ended in this batch, and peers lost in it: what its later notes read
-        self._ended: dict[str, _Open] = {}
+        self._ended: dict[str, InProgress] = {}
         self._lost: list[str] = []
         self.finished_total = 0
         """Requests finished since the manager started (the ring keeps the last ``capacity``)."""
@@ -222,10 +204,13 @@ class Forensics:
         if self._lost:
             lost, self._lost = set(self._lost), []
             now = self._clock()
-            # a fetch bound to a lost peer with nothing stored: no job's result will end its trace
             for (role, kid), t in list(self._open.items()):
-                if role == "producer" and t.peer in lost and t.bound is not None \
-                        and self._core.producer_state(kid) in _FINAL_PRODUCER:
+                if role != "producer" or t.peer not in lost:
+                    continue
+                self._state(role, kid, t)  # what the session's end moved it to (quarantined): on its path
+                t.mark("session_ended", now)
+                if t.bound is not None and self._core.producer_state(kid) in _FINAL_PRODUCER:
+                    # bound with nothing stored: no job's result will end its trace
                     self._fetch_ended(kid, t.peer, t.round, str(Reason.PEER_LOST), "lost", now)
 
     def _observe(self, effects: Sequence[Any], start: int, stop: int) -> None:
@@ -289,12 +274,12 @@ class Forensics:
                         "blocks": t.blocks, "landed": t.landed})
         return out
 
-    def _untraced(self, role: str, kid: str) -> _Open | None:
+    def _untraced(self, role: str, kid: str) -> InProgress | None:
         """A live id no effect or input has traced yet, from the core's state (None when not live)."""
         if self._lock is None or not self._lock.acquire(timeout=1.0):
             return None
         try:
-            t = _Open(None)  # type: ignore[arg-type]
+            t = InProgress(None)  # type: ignore[arg-type]
             self._state(role, kid, t)
             if role == "producer":
                 if self._core.producer_state(kid) in _FINAL_PRODUCER:
@@ -307,16 +292,16 @@ class Forensics:
             self._lock.release()
 
     # -- effects ------------------------------------------------------------------------------
-    def _trace(self, role: str, kv_request_id: str, now: float) -> _Open:
+    def _trace(self, role: str, kv_request_id: str, now: float) -> InProgress:
         key = (role, kv_request_id)
         t = self._open.get(key)
         if t is None:
             if len(self._open) >= MAX_OPEN:
                 del self._open[next(iter(self._open))]
-            t = self._open[key] = _Open(now)
+            t = self._open[key] = InProgress(now)
         return t
 
-    def _state(self, role: str, kv_request_id: str, t: _Open) -> None:
+    def _state(self, role: str, kv_request_id: str, t: InProgress) -> None:
         core = self._core
         if role == "consumer":
             state = core.consumer_state(kv_request_id)
@@ -358,8 +343,7 @@ class Forensics:
             self._late_receipt(msg.kv_request_id, now)
 
     def _late_receipt(self, kid: str, now: float) -> None:
-        """A load's receipt leaves in the step that reported its result, after it: add the mark to
-        the entry just finished."""
+        """A load's receipt leaves after its result, in the same step: the mark goes to that entry."""
         ring = self._ring
         last = ring[-1] if ring else None
         if last is not None and last.kv_request_id == kid and last.role == "consumer" and last.ok:
@@ -372,6 +356,10 @@ class Forensics:
         if t is not None and t.peer == peer and t.round == msg.round:  # the fetch that bound the id
             t.mark("answered", now)
             self._state("producer", kid, t)
+        served = t if t is not None else self._ended.get(kid)
+        if served is not None and served.peer == peer and served.round == msg.round and \
+                any(m == "sending" for m, _ in served.marks):
+            return  # its transfer had started: the parked blocks' entry tells how it ended, not a refusal
         if not msg.ok and msg.final:
             if msg.reason in _WITHDRAWN and self._core.producer_state(kid) is ProducerState.ABSENT:
                 # no parked id: a round's offer withdrawn (a notice, a crossing fetch's answer), unless served
@@ -382,9 +370,7 @@ class Forensics:
             self._fetch_ended(kid, peer, msg.round, str(msg.reason), "refused", now)
 
     def _acked_abort(self, peer: str, msg: wm.AbortAck, now: float) -> None:
-        """An abort_ack left: a fetch whose consumer aborted it before any block moved (no
-        producer entry tells it here) ends its story on this side too — once: a repeated abort is
-        acked again."""
+        """An abort_ack left: a fetch aborted before any block moved ends its story here too, once."""
         kid = msg.kv_request_id
         t = self._open.get(("producer", kid))
         if t is not None:
@@ -395,9 +381,8 @@ class Forensics:
         self._fetch_ended(kid, peer, msg.round, str(Reason.ABORTED), "aborted", now)
 
     def _fetch_ended(self, kid: str, peer: str, rnd: int, reason: str, mark: str, now: float) -> None:
-        """The story of ``peer``'s fetch of round ``rnd`` ends (``mark``: refused, aborted, lost): a
-        ``fetch`` entry, from when it bound the id if it did (what it waited), else at once — once
-        per id, peer and reason (a notice and the answer that crossed it, a repeated abort)."""
+        """``peer``'s fetch of round ``rnd`` ends (``mark``: refused, aborted, lost): a ``fetch`` entry,
+        from when it bound the id if it did, else at once — once per id, peer and reason."""
         t = self._open.get(("producer", kid))
         if t is not None and t.bound is not None and t.peer == peer and t.round == rnd:
             self._state("producer", kid, t)
@@ -491,7 +476,7 @@ class Forensics:
             return
         t = self._open.pop(key, None)
         if t is None:
-            t = _Open(submitted)
+            t = InProgress(submitted)
             if not store:
                 t.peer = self._peer_of(kid)
         elif submitted < t.started:
@@ -523,7 +508,7 @@ class Forensics:
         return any(v is not None and v.job_id not in (None, job_id) and v.state.value not in _FINAL_CONSUMER
                    for v in (self._core.consumer(kid), *self._core.round_loads(kid)))
 
-    def _merge(self, kid: str, ok: bool, reason: str, t: _Open, now: float) -> bool:
+    def _merge(self, kid: str, ok: bool, reason: str, t: InProgress, now: float) -> bool:
         """Several store jobs of one id end in one step (a receipt, a reap, a drain): one entry."""
         ring = self._ring
         if self._last_store != (kid, now) or not ring:

@@ -406,3 +406,25 @@ def test_a_ring_failing_on_an_input_costs_the_pass_nothing() -> None:
     out = _outbound_with(ring, {}, calls)
     out.applied(ix.TransferReleased(_kid(1), 1))
     assert calls == ["internal_error"]
+
+
+def test_a_session_end_that_quarantined_a_served_id_shows_on_its_path_and_is_no_refusal() -> None:
+    """A transfer was being sent when the consumer's session was forced down: the id moved to
+    ``quarantined`` with no effect of its own to show it, then to ``tombstoned`` once the plane let
+    go.  The parked blocks' entry shows both steps and when the session ended; the terminal answer
+    that follows is the end of that transfer, not a refused fetch (no ``fetch`` entry)."""
+    ring, core, clock, performed = _bound_ring({5: _kid(5)})
+    clock[0] = 0.2
+    core.state = ProducerState.SERVING
+    ring.observe([fx.SendBlocks("in:01", _kid(5), 7, (0,), (1,))])
+    clock[0] = 1.0
+    core.state = ProducerState.QUARANTINED
+    ring.observe([fx.SessionEnded("in:01", Reason.TRANSFER_STALLED)])
+    clock[0] = 1.5
+    core.state = ProducerState.TOMBSTONED
+    _split(ring, [fx.JobDone(5, False, Reason.TRANSFER_TIMEOUT), _refusal(_kid(5), "transfer_timeout")], performed)
+    entries = [e for e in ring.recent() if e.kv_request_id == _kid(5)]
+    assert [e.role for e in entries] == ["producer"], entries
+    (parked,) = entries
+    assert parked.path == ("awaiting", "serving", "quarantined", "tombstoned"), parked.path
+    assert [m for m, _ in parked.marks] == ["bound", "sending", "session_ended", "result"], parked.marks
