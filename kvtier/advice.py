@@ -44,7 +44,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.DRAINED: "The engine called `drain_jobs` (vLLM: `reset_cache`) while the id waited for its consumer (or, "
                 "fetched, for blocks its engine had not stored). "
                 "Expected during a cache reset; the consumer recomputes.",
-    _R.SHUTDOWN: "This manager or its peer shut down. Routine during a restart or a rolling upgrade.",
+    _R.SHUTDOWN: ("This manager or its peer shut down. Routine during a restart or a rolling upgrade. A producer's "
+                  "store jobs may end shutdown while the consumer still landed and checked every block of the "
+                  "transfer and reports success: the producer cannot know the bytes arrived, so it releases "
+                  "them as failed (nothing wrong was delivered)."),
     _R.ROUND_FINISHED: "A store arrived after the id's blocks were already transferred: the engine stored more "
                        "chunks than the decoder fetched (a prefill that continues after the hand-off). Harmless.",
     _R.ID_IN_USE: "Two prefill requests used one `kv_request_id`, or the two legs of one request carry different "

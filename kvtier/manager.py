@@ -135,7 +135,9 @@ class KvTierManager(TierView):
 
         Raises:
             kvtier.config.TierConfigError: ``hash_seed`` is not a valid ``hash_seed`` value.
+            RuntimeError: :meth:`shutdown` began (no handshake will use it).
         """
+        self._check_open()
         self.config = attrs.evolve(self.config, hash_seed=hash_seed)
         hello = self._hello = msgspec.structs.replace(self._hello, hash_seed=self.config.hash_seed)
         self._loop.call(lambda _: self._loop.core.set_local(hello))

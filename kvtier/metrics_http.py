@@ -88,7 +88,7 @@ def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
         query = parse_qs(environ.get("QUERY_STRING", ""))
         kid = (query.get("kv_request_id") or [None])[0]
         try:
-            limit = int((query.get("limit") or ["0"])[0]) or None
+            limit = max(0, int((query.get("limit") or ["0"])[0])) or None  # 0 or less: every entry
         except ValueError:
             limit = None
         body = json.dumps({

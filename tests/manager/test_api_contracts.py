@@ -110,3 +110,10 @@ def test_the_fetch_size_check_is_an_upper_bound_of_the_real_fetch(kid, life, n, 
         with pytest.raises(ValueError, match=r"job 3: a fetch of .* exceeds max_message_bytes"):
             check_fetch_size(job_, real - 1, kid, life, slots)
         check_fetch_size(job_, real + 40, kid, life, slots)  # the bound's slack is the fixed fields' only
+
+
+def test_set_hash_seed_after_shutdown_raises_like_every_other_mutating_call(mgr) -> None:
+    mgr.set_hash_seed("seed-1")  # open: taken
+    mgr.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        mgr.set_hash_seed("seed-2")

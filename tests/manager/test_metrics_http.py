@@ -103,3 +103,30 @@ def test_a_managers_endpoint_grows_no_thread_per_idle_connection(make_manager) -
     finally:
         for s in idle:
             s.close()
+
+
+def test_a_negative_limit_on_the_requests_page_means_every_entry() -> None:
+    import json
+
+    class _Requests:
+        capacity, finished_total = 4, 3
+
+        def in_progress(self) -> int:
+            return 0
+
+        def as_json(self, kid, limit) -> list:
+            return [{"n": i} for i in range(3)][:limit]
+
+        def open_json(self, kid) -> list:
+            return []
+
+    server, thread = serve("127.0.0.1", 0, _metrics_app, _Requests(), ("t", "l"))
+    try:
+        host, port = server.server_address[:2]
+        for query, n in (("", 3), ("?limit=2", 2), ("?limit=-1", 3), ("?limit=0", 3), ("?limit=x", 3)):
+            with urllib.request.urlopen(f"http://{host}:{port}/kvtier/requests{query}", timeout=5) as resp:
+                assert len(json.loads(resp.read())["requests"]) == n, query
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
