@@ -1,5 +1,4 @@
-"""``TierCore``: the sans-I/O heart of kvtier — producer, consumer, session, probe and serve machines
-composed.
+"""``TierCore``: the sans-I/O heart of kvtier — producer, consumer, session, probe and serve machines.
 
 Theory of operation
 -------------------
@@ -19,8 +18,7 @@ consumer's probing of one peer for one request; its rounds' loads are consumer l
 producer's answer to one round of one peer from its engine's own tiers, keyed ``(peer,
 kv_request_id, round)``).  Messages are routed by what they name: ``fetch``/``abort_fetch`` with
 ``offered`` go to serve, others to the producer; a consumer-bound message for ``(kv_request_id,
-round)`` goes to that round's load if there is one, else to the id's probe, else to the PD
-consumer.
+round)`` to that round's load if there is one, else the id's probe, else the PD consumer.
 
 Three tables, no switchboards: ``_APPLY`` (input type → the method that applies it); wire message
 type → its handler in :class:`~kvtier.lifecycle.receive.Receive` (the spec's ``WIRE`` table, C16,
@@ -80,6 +78,7 @@ from kvtier.lifecycle.inputs import (
     LookupAnswered,
     Malformed,
     PeerAttached,
+    PeerProgress,
     PlaneFaulted,
     ProbeAnnounced,
     Received,
@@ -161,6 +160,7 @@ class TierCore:
             AccessRevoked: self._revoked,
             BlocksLanded: self._landed,
             PeerAttached: self._attached,
+            PeerProgress: self._rx.progress,
             AttachRefused: self._attached,
             PlaneFaulted: self._plane_faulted,
             ProbeAnnounced: self._probe_announce,

@@ -43,6 +43,7 @@ __all__ = [
     "DrainStarted",
     "GraceEnded",
     "Input",
+    "PeerProgress",
     "JobSettled",
     "KeyLookedUp",
     "LoadAnnounced",
@@ -254,6 +255,13 @@ class ConnectionClosed(_Input):
 
 class SendFailed(_Input):
     """The transport could not send to ``peer``."""
+
+    peer: str
+
+
+class PeerProgress(_Input):
+    """Bytes from ``peer`` arrived on its connection, not yet a whole message (a large one still
+    crossing a slow link): its side is alive, as a message would prove (decision T22)."""
 
     peer: str
 

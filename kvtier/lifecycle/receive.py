@@ -15,7 +15,7 @@ import msgspec
 from kvtier.lifecycle._table import WIRE, ConsumerEvent, ProbeEvent, Reason, ServeEvent, SessionEvent, SessionState
 from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput
 from kvtier.lifecycle.effects import Effect, Ignored, Send
-from kvtier.lifecycle.inputs import Malformed, Received
+from kvtier.lifecycle.inputs import Malformed, PeerProgress, Received
 from kvtier.lifecycle.probe import ProbeMachine, ReplyInput, RoundLoads
 from kvtier.lifecycle.producer import ProducerMachine
 from kvtier.lifecycle.producer_records import FetchInput
@@ -136,6 +136,13 @@ class Receive:
                 self._probe.message(peer, probe_event, ReplyInput(kid, m.round, ok=m.ok, reason=m.reason), now, out)
         else:
             self._consumer.message(peer, event, m, now, out)
+
+    def progress(self, inp: PeerProgress, now: float, out: list[Effect]) -> None:
+        """Part of a message from ``inp.peer`` arrived: on a ready session, the peer was heard
+        (the session's ``message`` event, decision T22); nothing else changes."""
+        rec = self._sessions.records.get(inp.peer)
+        if rec is not None and rec.state is SessionState.READY:
+            self._sessions.apply(rec, SessionEvent.MESSAGE, None, now, out)
 
     def _gate(self, peer: str, msg: object, event: SessionEvent, now: float, out: list[Effect]) -> bool:
         """Let a peer message through only on a ready session of the same generation — or, for a

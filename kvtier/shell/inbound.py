@@ -44,7 +44,8 @@ from kvtier.transport import CloseReason, Transport
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import Decoder, WireError, WireReason
 
-__all__ = ["BARRIER_WAIT_S", "HOLD_MAX_S", "Inbound", "LATE_S", "RECV_BATCH", "RECV_BUDGET", "RECV_TIME_S"]
+__all__ = ["BARRIER_WAIT_S", "HOLD_MAX_S", "Inbound", "LATE_S", "PROGRESS_S", "RECV_BATCH", "RECV_BUDGET",
+           "RECV_TIME_S"]
 
 #: Messages read per service pass, and at most per tick: the budget keeps engine calls from
 #: waiting behind a flood; deadlines then wait for the queue to be seen empty.
@@ -68,6 +69,9 @@ LATE_S = 0.02
 #: Longest wait for the barrier (seconds), a backlog in the kernel included: a crossing that does not
 #: prove the backlog taken in within it leaves the deadlines to the next pass.
 BARRIER_WAIT_S = 0.1
+#: While a load of ours is out, how often (seconds) the dials' byte counts are read: a producer
+#: still sending one large message is heard by them (decision T22), far inside any peer_timeout_s.
+PROGRESS_S = 0.25
 
 
 class Inbound:
@@ -92,6 +96,7 @@ class Inbound:
         self._after = float("-inf")  # the stamp of the reports being turned into inputs
         self._crossed = float("-inf")  # when the last crossing of the transport's barrier ended
         self._held: float | None = None  # the deadline a crossing that proved nothing held back
+        self._progress_at = float("-inf")  # when the dials' byte counts were last read (T22)
         self.reported = 0
         """The plane's reports turned into inputs since start (the loop's eager window follows them)."""
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
@@ -189,6 +194,11 @@ class Inbound:
         reports = self.plane.poll()
         if reports:
             out.extend(self.reports(reports, after))
+        if receiving and start_read - self._progress_at >= PROGRESS_S:
+            self._progress_at = start_read
+            progress = getattr(self.transport, "progress", None)  # optional in a transport of one's own
+            if progress is not None:
+                out.extend(ix.PeerProgress(peer) for peer in progress())
         return out
 
     def deadlines_at(self, now: float) -> float:

@@ -34,13 +34,14 @@ import fcntl
 import logging
 import os
 import secrets
-import socket
 import stat
 import termios
 import time
 from collections.abc import Callable
 
 import zmq
+
+from kvtier.transport.zmq_progress import tcp_bytes_received
 
 __all__ = ["IoBarrier", "MAX_RETRY_S", "RETRY_S", "tcp_backlog", "unread_bytes"]
 
@@ -63,10 +64,6 @@ def unread_bytes(fd: int) -> int:
         return 0
 
 
-_TCP_INFO_BYTES = 256
-_RECEIVED_AT = 128  # struct tcp_info's tcpi_bytes_received (linux/tcp.h, since 4.1)
-
-
 def tcp_backlog(fd: int) -> tuple[int, int] | None:
     """``(unread, received)``: bytes the kernel holds unread on TCP socket ``fd`` and bytes it has
     received on it in all (``TCP_INFO``, Linux 4.1+); None for an fd that is not a TCP socket or
@@ -74,23 +71,8 @@ def tcp_backlog(fd: int) -> tuple[int, int] | None:
     unread = unread_bytes(fd)
     if unread <= 0:
         return None
-    try:
-        dup = os.dup(fd)
-    except OSError:
-        return None
-    try:
-        s = socket.socket(fileno=dup)
-    except OSError:
-        os.close(dup)
-        return None
-    try:
-        with s:
-            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
-    except OSError:
-        return None
-    if len(info) < _RECEIVED_AT + 8:
-        return None
-    return unread, int.from_bytes(info[_RECEIVED_AT:_RECEIVED_AT + 8], "little")
+    received = tcp_bytes_received(fd)
+    return None if received is None else (unread, received)
 
 
 def _affinity(thread: int) -> int:

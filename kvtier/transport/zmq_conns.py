@@ -186,6 +186,10 @@ class Connections:
         far (a number libzmq closed since may be reused: a reader treats it as a hint)."""
         return [*self._conns, *self._dealer_fd.values()]
 
+    def dial_fds(self) -> dict[str, int]:
+        """Each dial's TCP connection fd, by its address (as :meth:`tcp_fds`: a hint)."""
+        return dict(self._dealer_fd)
+
     def forget_events_of(self, peer: str) -> None:
         """Drop the undrained events about ``peer`` (a new dial: they are history now)."""
         self.events = deque((e for e in self.events if e.peer != peer), maxlen=_MAX_EVENTS)

@@ -1,26 +1,22 @@
 """ZeroMQ transport: one ROUTER we listen on, plus one DEALER per producer we dial.
 
 Why this shape (more in docs/protocol.md):
-- A consumer dials each producer once, with a DEALER. The producer's ROUTER answers on that same
-  TCP connection, so there is one connection per consumer→producer pair. The producer never dials
-  an address a client gave it.
-- ``ROUTER_MANDATORY=1``: a send to a peer that has gone raises ``EHOSTUNREACH``, which we report
-  as a failed :class:`SendHandle`, instead of libzmq dropping it silently.
+- A consumer dials each producer once, with a DEALER; the producer's ROUTER answers on that TCP
+  connection (one per pair) and never dials an address a client gave it.
+- ``ROUTER_MANDATORY=1``: a send to a peer that has gone is a failed :class:`SendHandle`, not a drop.
 - Each DEALER sets a random ``ROUTING_ID``; the ROUTER keeps ``ROUTER_HANDOVER=0``: a routing id
   speaks for one TCP connection only (decision T10).  A consumer never reconnects a session's
   DEALER (its first ``DISCONNECTED`` ends the session and closes the DEALER; the next session
   dials a new one), so a second connection claiming a live routing id is refused by libzmq.
 - No ZMTP heartbeats by default (decision T18: libzmq 4.3.5 aborts on them after backpressure
-  and a reset); the manager's core finds a frozen or vanished peer with its own pings and cuts
-  its connection (``drop_peer``). The reconnect interval backs off up to
-  ``reconnect_ivl_max_s``. ``LINGER=0`` everywhere, so ``close()`` never hangs.
+  and a reset): the core's own pings find a frozen or vanished peer and cut it (``drop_peer``).
+  Reconnects back off up to ``reconnect_ivl_max_s``; ``LINGER=0`` everywhere: ``close()`` never hangs.
 
-The transport owns three parts, each with its own state (composition, decision W12): the sockets,
-connection records, monitors, events and ``drop_peer`` (:class:`~kvtier.transport.zmq_conns.Connections`;
-why a routing id binds to its connection once: that module's docstring, decision T10); the
-per-peer send queues (:class:`~kvtier.transport.zmq_send.Outbox`); reading, polling and waiting
-(:class:`~kvtier.transport.zmq_recv.Inbox`).  Addresses and argument checks are in
-:mod:`~kvtier.transport.zmq_options`.  This class keeps the options, the context, dialling and
+Its parts (decision W12): sockets, connections, monitors, events and ``drop_peer``
+(:class:`~kvtier.transport.zmq_conns.Connections`, T10); the per-peer send queues
+(:class:`~kvtier.transport.zmq_send.Outbox`); reading, polling and waiting
+(:class:`~kvtier.transport.zmq_recv.Inbox`); addresses and argument checks
+(:mod:`~kvtier.transport.zmq_options`).  This class keeps the options, the context, dialling and
 closing, and checks every argument before a part sees it.
 
 Not thread-safe: one transport belongs to one I/O loop thread.
@@ -39,6 +35,7 @@ import zmq
 from kvtier.transport import NoServerKey, PeerInfo, SendFailure, SendHandle, TransportError, TransportEvent
 from kvtier.transport.curve import ZAP_DOMAIN, CurveSettings, PrincipalAuthenticator
 from kvtier.transport.zmq_barrier import IoBarrier, tcp_backlog
+from kvtier.transport.zmq_progress import progressed
 from kvtier.transport.zmq_conns import DEALER_EVENTS, Conn, Connections
 from kvtier.transport.zmq_dial import immediate
 from kvtier.transport.zmq_options import is_ip_literal, parse_address, positive_int, resolve_vetted, tcp_endpoint
@@ -176,6 +173,7 @@ class ZmqTransport:
         self._ctx = zmq.Context(positive_int("io_threads", io_threads))
         self._ctx.linger = 0  # default for every socket of this context, belt and braces
         self._barrier = IoBarrier(self._ctx, io_threads)
+        self._received: dict[str, int] = {}  # bytes each dial's connection had received (progress)
         self._closed = False
         self._auth: PrincipalAuthenticator | None = None
         # the parts (decision W12): the connections fail a peer's queue through the outbox, the
@@ -451,14 +449,16 @@ class ZmqTransport:
         return False if self._closed else self._barrier.settle(timeout_s, self._backlog)
 
     def _backlog(self) -> dict[int, tuple[int, int]]:
-        """``(unread, received)`` bytes per TCP connection that holds unread bytes
-        (:func:`~kvtier.transport.zmq_barrier.tcp_backlog`).  The monitors are read first, so a
-        connection libzmq accepted or connected during a stop is counted; one it has not reported
-        yet can carry no message of ours before its ZMTP handshake anyway."""
+        """``(unread, received)`` per TCP connection holding unread bytes; the monitors are read
+        first, so one libzmq accepted or connected during a stop is counted too."""
         conns = self._conns
         for mon in conns.monitors():
             conns.drain_monitor(mon)
         return {fd: b for fd in conns.tcp_fds() if (b := tcp_backlog(fd)) is not None}
+
+    def progress(self) -> list[str]:
+        """Dialled peers whose connection received bytes since the last call (T22: alive)."""
+        return [] if self._closed else progressed(self._conns.dial_fds(), self._received)
 
     def events(self) -> list[TransportEvent]:
         """Connection events since the last call, oldest first. Never blocks.

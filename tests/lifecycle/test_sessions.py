@@ -557,30 +557,19 @@ def test_a_producer_restarted_at_a_refused_address_serves_the_first_load_after_i
     assert CoreView(c).suspect_instances() == frozenset({"prod-1"})  # the old one stays gone
 
 
-def test_a_request_announced_before_its_producer_restarted_is_loaded_from_the_restarted_one() -> None:
-    """The session an announced request named ends after it was up (the producer was killed):
-    nothing was asked of it yet, so the request stays announced; its load dials afresh and a
-    producer restarted at the address serves it — it is not failed on the old session's end (I39)."""
+def test_bytes_of_a_message_still_arriving_are_the_peer_heard() -> None:
+    """A producer's large message crosses a slow link for longer than peer_timeout_s and its pongs
+    queue behind it: the transport's report that bytes arrived (``PeerProgress``) is the peer
+    heard, so the session lives; with nothing arriving it ends at peer_timeout_s (decision T22).
+    Progress from a peer with no ready session changes nothing."""
     c = core()
-    dial(c, P, instance="prod-1")
-    c.handle(ix.LoadAnnounced("A", P), 0.5)
-    c.handle(ix.ConnectionClosed(P), 1.0)  # killed: proves nothing
-    assert c.consumer_state("A").value == "announced"
-    out = c.handle(ix.LoadSubmitted("A", 1, (b"k0",), (5,)), 2.0)
-    assert of(out, JobDone) == [] and [e.peer for e in of(out, OpenConnection)] == [P]
-    (opened,) = of(out, OpenConnection)
-    c.handle(ix.ConnectionUp(P), 2.1)
-    c.handle(ix.Received(P, wm.HelloAck(gen=opened.gen, instance="prod-2")), 2.1)  # the restarted one
-    out = c.handle(ix.PeerAttached(P, opened.gen), 2.1)
-    assert [s.msg.kv_request_id for s in sends(out) if isinstance(s.msg, wm.Fetch)] == ["A"]
-
-
-def test_a_request_whose_own_dial_failed_is_answered_by_it() -> None:
-    """The dial an announce made was refused before the session was ever ready: that is the
-    request's answer (its lookups miss; a load fails with it, dialling nothing more)."""
-    c = core()
-    c.handle(ix.LoadAnnounced("B", "prefill:9"), 3.0)  # dials
-    c.handle(ix.ConnectFailed("prefill:9", "refused"), 3.01)
-    assert c.consumer_state("B").value == "failed"
-    out = c.handle(ix.LoadSubmitted("B", 2, (b"k0",), (6,)), 3.1)
-    assert of(out, OpenConnection) == [] and of(out, JobDone) == [JobDone(2, False, Reason.CONNECT_REFUSED)]
+    gen = dial(c)  # heard at 0.0
+    for t in (3.0, 6.0, 9.0, 12.0, 15.0, 18.0):
+        c.handle(ix.PeerProgress(P), t)
+        assert of(c.fire(t + 1.0), SessionEnded) == []
+    assert CoreView(c).session(P).heard == 18.0 and CoreView(c).session_ready(P)
+    assert of(c.fire(20.0) + c.fire(24.0), SessionEnded) == []  # then nothing at all: pings
+    out = c.fire(28.0)  # 10 s silent
+    assert of(out, SessionEnded) == [SessionEnded(P, Reason.PEER_TIMEOUT, True, "prod-1")]
+    assert sends(out)[-1] == Send(P, wm.Disconnect(gen=gen, reason="peer_timeout"), ends_session=False)
+    assert c.handle(ix.PeerProgress("prefill:7"), 29.0) == [] and CoreView(c).session("prefill:7") is None

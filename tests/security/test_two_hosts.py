@@ -43,8 +43,6 @@ if _WHY is not None:
 PORT = 5710
 DARK = PORT + 7  # an endpoint on host a that nothing answers once host a is black-holed
 BB = 64 * 1024
-# peer_timeout_s must exceed the time one block_data message (up to 8 MiB) takes on the link:
-# liveness rides the same connection as the blocks.
 TIMERS = {"heartbeat_interval_s": 0.3, "peer_timeout_s": 3.0, "handshake_timeout_s": 2.0, "connect_timeout_s": 1.0,
           "fetch_supply_timeout_s": 2.0, "load_timeout_s": 6.0}
 
@@ -283,6 +281,32 @@ def test_slow_link_transfer_completes_byte_exact(hosts, procs) -> None:
     r, slots = _load(c, hosts, "kv-slow", n, first_slot=128, timeout_s=40.0)
     assert r["success"], r
     assert c.digests(slots) == want
+
+
+def test_a_session_lives_while_one_message_outlasts_peer_timeout(hosts) -> None:
+    """One block_data message of 8 MiB takes ~2 s on this link, longer than peer_timeout_s (1 s)
+    plus a heartbeat: the producer's pongs wait behind it, but the consumer hears the bytes
+    arriving (decision T22), so the load completes byte-exact instead of failing peer_timeout."""
+    slow = {**TIMERS, "peer_timeout_s": 1.0, "heartbeat_interval_s": 0.2, "load_timeout_s": 30.0,
+            "transfer_timeout_s": 30.0, "data_plane": "zmq"}
+    p = PeerProcess("kvt-prefill-slow", netns=hosts.a, max_lifetime_s=120).start()
+    c = PeerProcess("kvt-decode-slow", netns=hosts.b, max_lifetime_s=120).start()
+    try:
+        p.wait_ready()
+        c.wait_ready()
+        port = PORT + 3
+        p.start_manager({**slow, "host": hosts.addr_a, "port": port}, num_blocks=128, block_bytes=BB)
+        c.start_manager({**slow, "host": hosts.addr_b, "port": 0, "allowed_peers": [f"{hosts.addr_a}:{port}"]},
+                        num_blocks=128, block_bytes=BB)
+        n, keys = 128, [b"kv-long/%d" % i for i in range(128)]
+        want = p.store("kv-long", 1, keys, list(range(n)), seed=9)["digests"]
+        now = c.load("kv-long", 2, keys, list(range(n)), host=hosts.addr_a, port=port, sentinel=0xAB)
+        got = now or c.wait_results([2], timeout_s=40.0).get(2, [])
+        assert [(r["success"], r["reason"]) for r in got] == [(True, None)], got
+        assert c.digests(list(range(n))) == want
+    finally:
+        c.close()
+        p.close()
 
 
 def test_a_dial_into_a_black_hole_fails_after_connect_timeout(hosts, procs) -> None:
