@@ -129,6 +129,9 @@ _ELSEWHERE = {
                "checks (`kvtier_jobs_total`), with the error logged",
     "job_refused": "a job refused by the manager (`kvtier_jobs_total`), with the error logged",
     "peer_error": "the peer's `error` about one of our messages (`kvtier_wire_errors_total{reason=\"peer_reported_…\"}`)",
+    "consumer_lost": "the producer's answer to a fetch of an id it tombstoned when the consumer bound to it was lost "
+                     "(`kvtier_fetches_refused_total`): the load fails with it (`kvtier_jobs_total{kind=\"load\"}`); "
+                     "the producer's own record of the id says `peer_lost`",
     "peer_not_allowed": "a consumer request refused before any dial: `on_new_request` answers `local` and its load "
                         "fails with it (`kvtier_rejected_peer_total`, `kvtier_jobs_total{kind=\"load\"}`, a "
                         "rate-limited warning, the request's record for `kvtier why`)",

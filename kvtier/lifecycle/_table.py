@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "3200e4b32284457ff6392fb51c8f95dbce459a35b29929aca3cc6fefae307153"
+SPEC_SHA256: Final = "dcd5071a21d5ce92095741da3b9eb5aa6a8452b0f8a854ce1b200d30293158f1"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -42,6 +42,8 @@ class Reason(enum.StrEnum):
     """the producer's request finished without storing anything under this id (e.g. its engine could not store the blocks)"""
     PEER_LOST = "peer_lost"
     """the peer's session died (silence, disconnect, send failure, restart)"""
+    CONSUMER_LOST = "consumer_lost"
+    """the id's blocks were released because the consumer whose fetch had bound them was lost (its session died while that fetch waited or its blocks moved); a later fetch of the id is answered this, not peer_lost: the session it came on is alive (decision I40)"""
     DRAINED = "drained"
     """drain_jobs ended the id before any of its blocks was sent: no consumer had fetched it yet, or the fetch that bound it still waited for blocks not stored (a served round: withdrawn before its fetch)"""
     SHUTDOWN = "shutdown"
@@ -159,6 +161,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.INCOMPLETE: "the producer's request finished without storing every block the fetch named",
     Reason.NOTHING_STORED: "the producer's request finished without storing anything under this id (e.g. its engine could not store the blocks)",
     Reason.PEER_LOST: "the peer's session died (silence, disconnect, send failure, restart)",
+    Reason.CONSUMER_LOST: "the id's blocks were released because the consumer whose fetch had bound them was lost (its session died while that fetch waited or its blocks moved); a later fetch of the id is answered this, not peer_lost: the session it came on is alive (decision I40)",
     Reason.DRAINED: "drain_jobs ended the id before any of its blocks was sent: no consumer had fetched it yet, or the fetch that bound it still waited for blocks not stored (a served round: withdrawn before its fetch)",
     Reason.SHUTDOWN: "the manager shut down (ours, or the peer's: its goodbye said so)",
     Reason.DUPLICATE_FETCH: "a second fetch for an id that is already bound to another round",

@@ -542,6 +542,8 @@ class ProducerMachine(TableMachine):
 
     def effect_reply_fetch_failed(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:
         _answered(inp.rounds, inp.round)
+        if reason is Reason.PEER_LOST:  # the id's bound consumer was lost; this fetch came on a live session (I40)
+            reason = Reason.CONSUMER_LOST
         out.append(Send(inp.peer, _done(inp.gen, rec.key, inp.round, False, reason, inp.life)))
 
     def effect_reply_abort_ack(self, rec: ProducerRecord, inp: FetchInput, reason, now, out) -> None:

@@ -467,3 +467,31 @@ def test_a_key_parked_again_keeps_its_first_block_and_the_job_s_new_keys_are_par
     assert send.blocks == (0, 2)  # A:0 from the first job, A:1 from the second
     out = s.complete("A", rnd, 2.0)
     assert sorted(of(out, JobDone), key=lambda d: d.job_id) == [JobDone(first, True, None), JobDone(second, True, None)]
+
+
+def test_a_fetch_of_an_id_its_lost_consumer_had_bound_is_answered_consumer_lost_not_peer_lost() -> None:
+    """The consumer whose fetch bound A dies before A's blocks come: the producer tombstones A
+    (its store jobs and its record say ``peer_lost``).  A later fetch of A — here the same
+    consumer's, after it reconnected — comes on a live session: it is answered ``consumer_lost``
+    (decision I40), and that is the load's reason on the consumer's side."""
+    from tests.lifecycle.scenario_pair import C, P
+
+    s = Pair()
+    _fetch(s, "A", 2, 1.0)  # bound, nothing stored yet
+    assert s.p.producer_state("A") is ProducerState.AWAITING
+    s.p.handle(ix.ConnectionClosed(C), 2.0)
+    s.c.handle(ix.ConnectionClosed(P), 2.0)
+    assert s.p.producer_state("A") is ProducerState.TOMBSTONED
+    job, _ = s.store("A", 2, 2.5)  # the prefill's store, refused at once
+    s.c.handle(ix.Dial(P), 3.0)  # a new session
+    (hello,) = sent(s.c.handle(ix.ConnectionUp(P), 3.0), wm.Hello)
+    s.p.handle(ix.Received(C, hello), 3.0)
+    (ack,) = sent(s.p.handle(ix.PeerAttached(C, hello.gen), 3.0), wm.HelloAck)
+    s.c.handle(ix.Received(P, ack), 3.0)
+    s.c.handle(ix.PeerAttached(P, hello.gen), 3.0)
+    s.gen = hello.gen
+    s.c.handle(ix.LoadAnnounced("A", P), 3.5)
+    (fetch,) = sent(s.c.handle(ix.LoadSubmitted("A", 9, keys("A", 2), (10, 11)), 3.5), wm.Fetch)
+    (answer,) = sent(s.to_p(fetch, 3.6), wm.TransferDone)
+    assert (answer.ok, answer.reason) == (False, "consumer_lost")
+    assert of(s.to_c(answer, 3.7), JobDone) == [JobDone(9, False, Reason.CONSUMER_LOST)]
