@@ -47,6 +47,9 @@ class JobBook:
         self._results: deque[JobResult] = deque()
         self._reported: set[int] = set()
         self._loading: set[int] = set()  # the slots open load jobs write into
+        self.held = False
+        """While True, :meth:`take` hands nothing over: shutdown's last results wait until the
+        data plane is closed, so no slot is reused while a peer may still write into it (I41)."""
 
     # -- the engine's side -----------------------------------------------------------------------
     def check_new(self, job_id: int) -> None:
@@ -83,7 +86,7 @@ class JobBook:
         """Hand over every queued result; their ids are free again."""
         out: list[JobResult] = []
         results = self._results
-        if not results:
+        if not results or self.held:
             return out
         with self._lock:
             while results:
@@ -134,8 +137,8 @@ class JobBook:
 
     @property
     def ready(self) -> bool:
-        """True when results wait to be collected."""
-        return bool(self._results)
+        """True when results wait to be collected (and may be: not :attr:`held`)."""
+        return bool(self._results) and not self.held
 
     def open_ids(self, kv_request_id: str | None = None) -> list[int]:
         """Engine jobs without a result yet (all, or those of ``kv_request_id``)."""

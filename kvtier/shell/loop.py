@@ -530,9 +530,8 @@ class IoLoop:
             self.poll(0.01)
 
     def shutdown(self, start: float, grace_s: float) -> None:
-        """Shutdown's phases on the loop: ``ShutdownStarted``; work in flight gets 80 % of the
-        grace; then the thread stops, ``GraceEnded`` ends what is left (goodbyes), and
-        :meth:`close` lingers what is left of the grace for them."""
+        """``ShutdownStarted``; work in flight gets 80 % of the grace; the thread stops, ``GraceEnded``
+        ends what is left (goodbyes) and :meth:`close` lingers the rest of the grace for them."""
         self.call(lambda _: (self.apply(ix.ShutdownStarted()), self.transport.flush()))
         work_until = start + 0.8 * grace_s  # leave a slice of the grace for the goodbyes to flush
         while time.monotonic() < work_until:
@@ -542,6 +541,7 @@ class IoLoop:
                 break
             self.poll(min(0.005, max(0.0, work_until - time.monotonic())))
         self.stop()
+        self.jobs.held = True  # GraceEnded's results wait for the plane's close (decision I41)
         try:
             with self.lock:
                 self.run_commands()
@@ -552,9 +552,8 @@ class IoLoop:
             self.close(linger_s=min(86_400.0, max(0.05, grace_s - (time.monotonic() - start))))
 
     def close(self, linger_s: float) -> None:
-        """Caller-driven (the thread stopped): close the transport (queued sends get
-        ``linger_s``), then the plane, whose releases give the last store jobs their results;
-        fail anything the core still holds; close the digest pool."""
+        """Caller-driven (the thread stopped): close the transport (queued sends get ``linger_s``), then
+        the plane (its releases give the last store jobs their results), fail what the core still holds."""
         with self.lock:
             if self.closed:
                 return
@@ -567,6 +566,7 @@ class IoLoop:
                 # a shut-down manager never touches its pool again: only the engine's own reference
                 # may keep it alive
                 self.outbound.pool = None
+                self.jobs.held = False  # the plane is closed: no peer writes into a slot any more
                 if self.digest_pool is not None:
                     self.digest_pool.close()
                 self._waker.close()

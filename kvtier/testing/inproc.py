@@ -316,6 +316,10 @@ class InprocTransport:
         self._take_in()
         return True
 
+    def progress(self) -> list[str]:
+        """Nothing: messages arrive whole here, so a peer is heard by them alone (decision T22)."""
+        return []
+
     def _take_in(self) -> None:
         self.io_lag = False
         self._inbox.extend(self._kernel)

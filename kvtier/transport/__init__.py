@@ -263,6 +263,12 @@ class Transport(Protocol):
         Optional: a transport without it gets no crossing (its late passes fire as before)."""
         ...
 
+    def progress(self) -> list[str]:
+        """The dialled peers whose connection received bytes since the last call — part of a
+        message still arriving counts (decision T22): the core takes it as the peer heard.
+        Optional: a transport without it is heard only by whole messages."""
+        ...
+
     def wait(self, timeout_s: float) -> bool:
         """Block until something is readable, or the fd given to :meth:`set_wake` is (True), or
         ``timeout_s`` passes (False)."""

@@ -254,3 +254,15 @@ def test_an_effect_whose_performer_fails_does_not_take_the_rest_of_its_step_with
     assert [r.job_id for r in book.take()] == [1, 2]
     assert ("internal_error",) in metrics.calls
     assert "performing CancelTransfer failed; the rest of its step goes on" in caplog.text
+
+
+def test_results_held_for_a_closing_plane_are_handed_over_once_it_is_closed() -> None:
+    """Shutdown holds the results GraceEnded produced until its data plane is closed (decision
+    I41): meanwhile nothing is handed over and none reads as ready; then each, once."""
+    book = _book()
+    book.held = True
+    book.finish(1, False, Reason.SHUTDOWN, 4.0)
+    assert book.take() == [] and not book.ready
+    book.held = False
+    assert book.ready and [(r.job_id, r.reason) for r in book.take()] == [(1, "shutdown")]
+    assert book.take() == []

@@ -137,7 +137,10 @@ class PropertyChecks:
                 owner = self.outstanding.pop(eff.job_id, None)
                 assert owner == who, f"exactly_once_job_result: {who} reported job {eff.job_id} (ok={eff.ok}, " \
                                      f"{eff.reason}) that {'had its result already' if owner is None else 'is ' + owner + 's'}"
-                self._check_job_result(who, eff, pre_loads, revoked=isinstance(inp, ix.AccessRevoked))
+                # a result from GraceEnded on is held until the data plane is closed, which revokes every
+                # peer's access (decision I41; the model closes it in the same step)
+                self._check_job_result(who, eff, pre_loads,
+                                       revoked=isinstance(inp, ix.AccessRevoked) or who in self.closing)
             elif isinstance(eff, SendBlocks):
                 k = eff.kv_request_id
                 assert pre_p[k] in ("parked", "awaiting") and post_p[k] == "serving", (

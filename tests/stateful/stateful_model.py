@@ -119,6 +119,7 @@ def make_machine(
             self.loaded: set[tuple[str, str]] = set()
             self.retired = {k: False for k in IDS}
             self.shut: set[str] = set()
+            self.closing: set[str] = set()  # past GraceEnded: their results wait for the plane's close (I41)
             self.store_of: dict[int, str] = {}  # store job -> id
             self.fetched_ids: set[str] = set()  # ids whose current life a non-empty fetch bound
             self.receipts: set[str] = set()  # ids whose current life received its consumer's receipt
@@ -226,6 +227,7 @@ def make_machine(
             # shutdown() with a zero grace: begin, close, then the transport and the data plane are
             # closed, which releases every transfer and revokes every producer's access
             self._call(who, ix.ShutdownStarted())
+            self.closing.add(who)
             self._call(who, ix.GraceEnded())
             while any(t.src == who for t in self.net.transfers):
                 i = next(i for i, t in enumerate(self.net.transfers) if t.src == who)
