@@ -339,8 +339,7 @@ class IoLoop:
 
     # -- commands the façade hands over (run on the loop) ----------------------------------------------
     def holds_consumer(self, kid: str) -> bool:
-        """Whether the core still holds a consumer, probe or round load of ``kid`` (an earlier
-        request's load winding down: the id is not free yet, decision L15)."""
+        """Whether the core still holds a consumer, probe or round load of ``kid`` (L15: not free yet)."""
         core = self.core
         return (core.consumer_state(kid) is not ConsumerState.ABSENT
                 or core.probe_state(kid) is not ProbeState.ABSENT or bool(core.round_loads(kid)))
@@ -355,13 +354,14 @@ class IoLoop:
             self.serve(self.serving.standing)
 
     def load_nothing(self, arg: tuple[str, int]) -> None:
-        """An empty load (``KvTierManager.load_nothing``) for the internal job ``arg[1]``, if the
-        consumer record of ``arg[0]`` is still only announced; else the core ends the job."""
+        """An empty load (``KvTierManager.load_nothing``) for the internal job ``arg[1]`` if the consumer
+        record of ``arg[0]`` is still only announced; else the core ends the job."""
         kid, job_id = arg
         if self.core.consumer_state(kid) is ConsumerState.ANNOUNCED:
             self.apply(ix.LoadSubmitted(kid, job_id, (), ()))
-        else:  # its load was decided meanwhile (a session's end)
-            self.apply(ix.JobSettled(job_id, False, Reason.JOB_REFUSED))
+        else:  # decided meanwhile (its own dial failed): the job ends with what decided it (E11)
+            why = getattr(self.core.consumer(kid), "reason", None)
+            self.apply(ix.JobSettled(job_id, False, why or Reason.JOB_REFUSED))
 
     def tick(self) -> None:
         """One service pass over the network and the plane, then whatever is due (and, with a
@@ -552,8 +552,8 @@ class IoLoop:
             self.close(linger_s=min(86_400.0, max(0.05, grace_s - (time.monotonic() - start))))
 
     def close(self, linger_s: float) -> None:
-        """Caller-driven (the thread stopped): close the transport (queued sends get ``linger_s``), then
-        the plane (its releases give the last store jobs their results), fail what the core still holds."""
+        """Close the transport (queued sends get ``linger_s``), then the plane (its releases end the last
+        store jobs); fail what the core still holds."""
         with self.lock:
             if self.closed:
                 return

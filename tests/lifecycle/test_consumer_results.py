@@ -341,6 +341,7 @@ def test_a_round_being_cancelled_stays_the_lowest_open_one_until_its_abort_is_an
     ("reaped", Reason.REAPED), ("id_in_use", Reason.ID_IN_USE), ("transfer_timeout", Reason.TRANSFER_TIMEOUT),
     ("local", Reason.PEER_ERROR), ("not_needed", Reason.PEER_ERROR),  # a success's label on a failure
     ("cancelled", Reason.PEER_ERROR), ("load_timeout", Reason.PEER_ERROR),  # what only the consumer knows
+    ("handshake_mismatch", Reason.PEER_ERROR), ("too_many_peers", Reason.PEER_ERROR),  # a dial's, not a session's
     ("no_such_code", Reason.PEER_ERROR),
 ])
 def test_a_failed_answer_keeps_a_producers_reason_and_names_any_other_code_the_producers_fault(

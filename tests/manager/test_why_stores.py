@@ -87,3 +87,23 @@ def test_a_request_that_needed_no_blocks_ends_its_story(make_manager) -> None:
     assert in_progress == 0 and [(r["role"], r["ok"]) for r in recs] == [("consumer", True)], recs
     assert "IN PROGRESS" not in text, text
     c.on_request_finished(creq)
+
+
+def test_a_load_of_nothing_after_the_requests_own_dial_failed_tells_why_it_failed(make_manager) -> None:
+    """The request's dial was refused (nothing listens there), then the engine needs none of its
+    blocks: the manager's own empty load ends with the dial's reason, not ``job_refused``."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = make_manager(HB)
+    creq = consumer_req("c1", "kv-nobody", "127.0.0.1", port)
+    c.on_new_request(creq)  # dials, refused
+    assert pump_until(lambda: c.core.consumer_state("kv-nobody").value == "failed", managers=[c])
+    c.load_nothing(creq)
+    assert pump_until(lambda: _records("kv-nobody", c)[0], managers=[c])
+    recs, in_progress, text = _records("kv-nobody", c)
+    assert in_progress == 0 and [(r["ok"], r["reason"]) for r in recs] == [(False, "connect_refused")], recs
+    assert "job_refused" not in text, text
+    c.on_request_finished(creq)
