@@ -246,8 +246,9 @@ def _p3(r: dict[str, Any]) -> str:
     rows = [[name, f"{s['median'] * 1e6:.0f}", f"{s.get('p90', float('nan')) * 1e6:.0f}",
              f"{s.get('p99', float('nan')) * 1e6:.0f}", f"{s['min'] * 1e6:.0f}", str(s["n"])]
             for name, s in paths]
-    floors = "; ".join(f"{plane}: floor {p['floor_over_raw']:.2f}× raw, kvtier {p['kvtier_over_floor']:.2f}× the floor"
-                       for plane, p in (r.get("planes") or {}).items() if "floor_over_raw" in p)
+    floors = "; ".join(
+        f"{plane}: floor {p['floor_over_raw']:.2f}× raw, kvtier {p['kvtier_over_floor']:.2f}× the floor"
+        for plane, p in (r.get("planes") or {}).items() if "floor_over_raw" in p)
     return _md_table(["path", "median µs", "p90 µs", "p99 µs", "min µs", "n"], rows) + (
         f"\n\nFailed with reason `reaped`: {r['failed_with_reaped']}; producer still tombstoned: "
         f"{r['producer_tombstoned']}." + (

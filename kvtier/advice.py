@@ -91,10 +91,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                       "its ranks fail fast until one is heard (once one is, that rank's later refusals change "
                       "nothing, I37). Look at why that rank died (`connect_refused` in the log).",
     # ---- sessions ------------------------------------------------------------------------------
-    _R.CONSUMER_LOST: "Another fetch of the id — another consumer's, or this one's before a reconnect — had bound it "
-                      "and its session died: the producer released the blocks then (its `kvtier why` names that "
-                      "consumer). The engine recomputes. Frequent: look for decode instances dying or cut off "
-                      "mid-load, or a router that retries a request on a second decode instance.",
+    _R.CONSUMER_LOST: ("Another fetch of the id — another consumer's, or this one's before a reconnect — had "
+                       "bound it and its session died: the producer released the blocks then (its `kvtier why` "
+                       "names that consumer). The engine recomputes. Frequent: look for decode instances dying or "
+                       "cut off mid-load, or a router that retries a request on a second decode instance."),
     _R.PEER_LOST: "The session with the peer died; the log line `session with … ended: <reason>` names why "
                   "(the job then usually carries that reason itself).",
     _R.HANDSHAKE_TIMEOUT: "The peer accepted TCP but did not complete kvtier's handshake within "

@@ -32,9 +32,9 @@ What an entry is
   to the result of its last store job.  Milestones: ``bound`` (a fetch bound the id), ``sending``
   (the data plane took the blocks), ``released`` (the plane let go of them), ``cancelled``,
   ``session_ended`` (the bound consumer's session ended: the path shows where that left the id,
-  ``quarantined`` included), ``answered`` (our ``transfer_done`` to the bound fetch left), ``result``.  A store refused when
-  it was submitted (``id_in_use``, a tombstone, an abort) is an entry of its own (path ``refused``,
-  no blocks): nothing of it was parked (decision E11).
+  ``quarantined`` included), ``answered`` (our ``transfer_done`` to the bound fetch left),
+  ``result``.  A store refused when it was submitted (``id_in_use``, a tombstone, an abort) is an
+  entry of its own (path ``refused``, no blocks): nothing of it was parked (decision E11).
 * **fetch** — a peer's fetch this producer refused: at once (milestone ``refused``) for an id with
   no live blocks here or bound to another fetch; or after it bound the id and waited (``bound``,
   then ``refused``: ``supply_timeout``, ``nothing_stored``, ``incomplete``, a drain, a transfer

@@ -93,7 +93,7 @@ def test_quick_suite_writes_every_benchmark(tmp_path: Path, ids: list[str], requ
     if "P3" in results:
         failed = results["P3"]["failed_with_reaped"].split("/")
         assert failed[0] == failed[1]
-        for plane in results["P3"]["planes"].values():  # the Python floor ran beside both (its answers checked: status ok)
+        for plane in results["P3"]["planes"].values():  # the Python floor ran beside both (its answers: status ok)
             assert _number(plane["floor_over_raw"]) and _number(plane["kvtier_over_floor"]), plane
     if "P8" in results:
         assert results["P8"]["result"]["final"]["records"] == 0
