@@ -541,7 +541,7 @@ class IoLoop:
                 break
             self.poll(min(0.005, max(0.0, work_until - time.monotonic())))
         self.stop()
-        self.jobs.held = True  # GraceEnded's results wait for the plane's close (decision I41)
+        self.jobs.held = not self.closed  # GraceEnded's results wait for the plane's close (I41)
         try:
             with self.lock:
                 self.run_commands()
