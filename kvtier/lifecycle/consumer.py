@@ -108,9 +108,9 @@ _UNCHECKED = BlockState.UNCHECKED
 _OPEN = frozenset({ConsumerState.QUEUED, ConsumerState.IN_FLIGHT, ConsumerState.ABORTING, ConsumerState.CANCELLING,
                    ConsumerState.GIVEN_UP})
 #: a session's end before it was ever up: the dial failed (guard dial_failed, decision I39)
-_DIAL_FAILURES = frozenset({Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT, Reason.UNRESOLVED_HOST, Reason.AUTH_FAILED,
-                            Reason.TOO_MANY_PEERS, Reason.HANDSHAKE_TIMEOUT, Reason.HANDSHAKE_MISMATCH,
-                            Reason.SELF_FETCH})
+DIAL_FAILURES = frozenset({Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT, Reason.UNRESOLVED_HOST, Reason.AUTH_FAILED,
+                           Reason.TOO_MANY_PEERS, Reason.HANDSHAKE_TIMEOUT, Reason.HANDSHAKE_MISMATCH,
+                           Reason.SELF_FETCH})
 
 
 class ConsumerMachine(TableMachine):
@@ -262,7 +262,7 @@ class ConsumerMachine(TableMachine):
         return getattr(inp, "reason", None) is Reason.SESSION_STILL_HELD and not rec.redialled
 
     def guard_dial_failed(self, rec: ConsumerRecord, inp, now: float) -> bool:
-        return getattr(inp, "reason", None) in _DIAL_FAILURES
+        return getattr(inp, "reason", None) in DIAL_FAILURES
 
     def guard_load_empty(self, rec: ConsumerRecord, inp: LoadSubmitted, now: float) -> bool:
         return not inp.keys
@@ -426,7 +426,7 @@ class ConsumerMachine(TableMachine):
 
     def effect_redial(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         rec.redialled = True
-        self._notes.append(Dial(rec.peer))  # routed as the engine's Dial: nothing if a session is open
+        self.effect_dial(rec, inp, reason, now, out)
 
     def effect_dial(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         self._notes.append(Dial(rec.peer))  # routed as the engine's Dial: nothing if a session is open

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import msgspec
 
 from kvtier.lifecycle._table import WIRE, ConsumerEvent, ProbeEvent, Reason, ServeEvent, SessionEvent, SessionState
-from kvtier.lifecycle.consumer import ConsumerMachine, MessageInput
+from kvtier.lifecycle.consumer import DIAL_FAILURES, ConsumerMachine, MessageInput
 from kvtier.lifecycle.effects import Effect, Ignored, Send
 from kvtier.lifecycle.inputs import Malformed, PeerProgress, Received
 from kvtier.lifecycle.probe import ProbeMachine, ReplyInput, RoundLoads
@@ -44,15 +44,13 @@ def wire_reason(text: str) -> Reason:
 #: What no producer can truthfully end a fetch with: a success's label, or what only this side
 #: knows — its engine, its own deadlines and checks, its dial (decision I38).  From a producer
 #: such a code is its fault: ``peer_error``, not a story about us.
-_NOT_A_PRODUCERS = frozenset({
+_NOT_A_PRODUCERS = DIAL_FAILURES | {  # a dial's and handshake's own ends: a session that is up never sends these
     Reason.LOCAL, Reason.NOT_NEEDED, Reason.LOAD_TIMEOUT, Reason.CANCELLED, Reason.DUPLICATE_LOAD,
     Reason.ONE_FETCH_PER_ID, Reason.INCOMPLETE_DATA, Reason.CORRUPT, Reason.ABORT_UNACKNOWLEDGED,
-    Reason.INSTANCE_DOWN, Reason.CONNECT_REFUSED, Reason.CONNECT_TIMEOUT, Reason.UNRESOLVED_HOST, Reason.AUTH_FAILED,
-    Reason.TOO_MANY_PEERS, Reason.HANDSHAKE_TIMEOUT, Reason.HANDSHAKE_MISMATCH,  # a session up never sends these
-    Reason.PEER_NOT_ALLOWED, Reason.SELF_FETCH, Reason.INVALID_PARAMS, Reason.NOT_A_CONSUMER, Reason.BAD_JOB,
+    Reason.INSTANCE_DOWN, Reason.PEER_NOT_ALLOWED, Reason.INVALID_PARAMS, Reason.NOT_A_CONSUMER, Reason.BAD_JOB,
     Reason.JOB_REFUSED, Reason.NOT_ANNOUNCED, Reason.NOT_ANNOUNCED_PROBE, Reason.PROBE_TIMEOUT,
     Reason.NO_RECORD, Reason.STALE, Reason.NOT_BOUND, Reason.LATE_DATA, Reason.IN_GRACE, Reason.REFERENCED,
-})
+}
 
 
 def done_reason(text: str) -> Reason:
