@@ -381,12 +381,12 @@ class TierConfig:
         the round ``serve_busy``.""")
 
     serve_max_pinned_blocks_per_peer: int = key(16384, integer, *_within(1, 1 << 30), unit="blocks", doc="""
-        Engine blocks one peer's rounds may keep pinned together; a probe that could exceed it is
-        refused ``serve_busy``.""")
+        Distinct engine blocks one peer's rounds may keep pinned (one several rounds pin counts once);
+        a lookup pins what is left and answers the rest miss; with none left a probe is ``serve_busy``.""")
 
     serve_max_pinned_fraction: float = key(0.5, number, *_positive(0.001, 1.0), doc="""
-        Fraction of the block pool all peers' rounds may keep pinned together, so the engine keeps
-        room to compute.""")
+        Fraction of the block pool all peers' rounds may keep pinned (distinct blocks), so the engine
+        keeps room to compute; it bounds lookups as ``serve_max_pinned_blocks_per_peer`` does.""")
 
     # ---- polling ------------------------------------------------------------
     poll_interval_s: float = key(0.001, number, *_positive(0.0001, 1.0), unit="s", doc="""

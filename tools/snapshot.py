@@ -181,7 +181,7 @@ class ServeEntry(msgspec.Struct, frozen=True, gc=False):
     missing: tuple[bytes, ...]
     answered: tuple[bytes, ...]
     pins: tuple[int, ...]
-    pinned: int
+    held: tuple[int, ...]
     probes: int
     demand: tuple[bytes, ...]
     slots: tuple[int, ...]
@@ -288,7 +288,7 @@ KNOWN: dict[str, dict[str, str]] = {
     "serve": {
         "records": "state", "_deadlines": "state", "_durations": "config", "_rules": "config",
         "ignored": "counter", "_notes": "config", "limits": "config", "by_peer": "index", "batcher": "config",
-        "pinned_per_peer": "index", "pinned_total": "index", "closing": "state", "transfers": "state",
+        "holds": "index", "holds_per_peer": "index", "closing": "state", "transfers": "state",
         "withdrawn": "state",
     },
 }
@@ -376,7 +376,7 @@ def export(core: TierCore) -> CoreState:
     serve = tuple(
         ServeEntry(r.peer, r.kv_request_id, r.round, r.state, r.reason, r.timer, due.get(key), r.gen, tuple(r.keys),
                    tuple(sorted(r.todo)), tuple(sorted(r.found.items())), tuple(sorted(r.missing)),
-                   tuple(sorted(r.answered)), tuple(r.pins), r.pinned, r.probes, tuple(r.demand), tuple(r.slots),
+                   tuple(sorted(r.answered)), tuple(r.pins), tuple(r.held), r.probes, tuple(r.demand), tuple(r.slots),
                    r.receipt, key in with_transfer)
         for key, r in sorted(vm.records.items())
     )
@@ -425,7 +425,7 @@ _FRESH: dict[tuple[str, str], Any] = {
     ("producer", "_prune_at"): (math.nan, math.nan),
     ("consumer", "ignored"): 0, ("consumer", "_next_round"): 0,
     ("probe", "ignored"): 0, ("rounds", "ignored"): 0,
-    ("serve", "ignored"): 0, ("serve", "pinned_total"): 0, ("serve", "closing"): False,
+    ("serve", "ignored"): 0, ("serve", "closing"): False,
 }
 
 
@@ -512,14 +512,17 @@ def restore(state: CoreState, settings: CoreSettings, local: HelloInput, *, into
         rec = ServeRecord((e.peer, e.kv_request_id, e.round))
         rec.state, rec.reason, rec.timer, rec.gen = e.state, e.reason, e.timer, e.gen
         rec.keys, rec.todo, rec.found = dict.fromkeys(e.keys), set(e.todo), dict(e.found)
-        rec.missing, rec.answered, rec.pins, rec.pinned = set(e.missing), set(e.answered), list(e.pins), e.pinned
+        rec.missing, rec.answered, rec.pins, rec.held = set(e.missing), set(e.answered), list(e.pins), list(e.held)
         rec.probes, rec.demand, rec.slots, rec.receipt = e.probes, e.demand, e.slots, e.receipt
         _enter(vm, rec, timed["serve"], e.deadline)
         if e.transfer:
             vm.transfers[(transfer_key(e.peer, e.kv_request_id), e.round)] = rec.key
-        if e.pinned:  # the pin counts are the records' sums (what note_found and _unpin keep)
-            vm.pinned_total += e.pinned
-            vm.pinned_per_peer[e.peer] = vm.pinned_per_peer.get(e.peer, 0) + e.pinned
+        mine = vm.holds_per_peer.setdefault(e.peer, {})
+        for b in e.held:  # the holds are the records' sums (what note_found and _unpin keep)
+            vm.holds[b] = vm.holds.get(b, 0) + 1
+            mine[b] = mine.get(b, 0) + 1
+        if not mine:
+            del vm.holds_per_peer[e.peer]
     vm.closing = state.serve_closing
     for peer, kid, rnd, why in state.serve_withdrawn:
         vm.withdrawn[(peer, kid, rnd)] = Reason(why)

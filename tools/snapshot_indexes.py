@@ -36,8 +36,8 @@ def indexes(core: TierCore) -> tuple:
         per(rm.by_request),
         tuple((peer, tuple(rounds)) for peer, rounds in sorted(rm._open.items()) if rounds),
         per(vm.by_peer),
-        tuple(sorted(vm.pinned_per_peer.items())),
-        vm.pinned_total,
+        tuple(sorted((peer, tuple(sorted(held.items()))) for peer, held in vm.holds_per_peer.items())),
+        tuple(sorted(vm.holds.items())),
     )
 
 
@@ -87,9 +87,8 @@ def index_problems(core: TierCore) -> list[str]:
          _group((r.kv_request_id, r.key) for r in rm.records.values())),
         ("serve rounds per peer", {p: set(ids) for p, ids in vm.by_peer.items() if ids},
          _group((r.peer, r.key) for r in vm.records.values())),
-        ("serve pinned blocks per peer", dict(vm.pinned_per_peer),
-         {p: n for p, n in _sums((r.peer, r.pinned) for r in vm.records.values()).items() if n}),
-        ("serve pinned blocks", vm.pinned_total, sum(r.pinned for r in vm.records.values())),
+        ("serve holds per peer and block", vm.holds_per_peer, _holds(vm.records.values(), by_peer=True)),
+        ("serve holds per block", vm.holds, _holds(vm.records.values(), by_peer=False)),
     )
     for what, index, scan in sym:
         if index != scan:
@@ -112,8 +111,11 @@ def _group(pairs: Any) -> dict[str, set[str]]:
     return out
 
 
-def _sums(pairs: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for peer, n in pairs:
-        out[peer] = out.get(peer, 0) + n
-    return out
+def _holds(records: Any, *, by_peer: bool) -> dict:
+    """The serve machine's pin counts rebuilt from its records: per pool block, or per peer and block."""
+    out: dict = {}
+    for r in records:
+        counts = out.setdefault(r.peer, {}) if by_peer else out
+        for b in r.held:
+            counts[b] = counts.get(b, 0) + 1
+    return {p: c for p, c in out.items() if c} if by_peer else out

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "dcd5071a21d5ce92095741da3b9eb5aa6a8452b0f8a854ce1b200d30293158f1"
+SPEC_SHA256: Final = "289dcd378954367adb099f3829ceaa2d54a9b88dac88ad897f264045956839e2"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -127,7 +127,7 @@ class Reason(enum.StrEnum):
     NOT_SERVING = "not_serving"
     """the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)"""
     SERVE_BUSY = "serve_busy"
-    """the peer already serves serve_max_rounds_per_peer rounds or pins serve_max_pinned_blocks_per_peer blocks for us (or its pool's serve_max_pinned_fraction), or this round had serve_max_probes_per_round probes"""
+    """the peer already serves serve_max_rounds_per_peer rounds for us, or has no room left to pin a block (serve_max_pinned_blocks_per_peer distinct blocks pinned for us, or its pool's serve_max_pinned_fraction for all its peers), or this round had serve_max_probes_per_round probes"""
     NOT_OFFERED = "not_offered"
     """a fetch or load named a block that no probe reply of its round offered (or the round had ended)"""
     OFFER_EXPIRED = "offer_expired"
@@ -203,7 +203,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.JOB_REFUSED: "the manager refused the job; its error is logged",
     Reason.PROBE_TIMEOUT: "the peer did not answer the probe within probe_timeout_s (dialling and the handshake included); the engine computes the blocks",
     Reason.NOT_SERVING: "the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)",
-    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds or pins serve_max_pinned_blocks_per_peer blocks for us (or its pool's serve_max_pinned_fraction), or this round had serve_max_probes_per_round probes",
+    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds for us, or has no room left to pin a block (serve_max_pinned_blocks_per_peer distinct blocks pinned for us, or its pool's serve_max_pinned_fraction for all its peers), or this round had serve_max_probes_per_round probes",
     Reason.NOT_OFFERED: "a fetch or load named a block that no probe reply of its round offered (or the round had ended)",
     Reason.OFFER_EXPIRED: "the consumer did not fetch the offered blocks within offer_timeout_s; their pins were released",
     Reason.NOT_ANNOUNCED_PROBE: "the engine must announce a symmetric request (on_new_request with remote_kv_source) before looking keys up or loading for it",
@@ -2114,7 +2114,7 @@ class ServeGuard(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"
     """shutdown() has begun: no new work"""
     OVER_BUDGET = "over_budget"
-    """taking this probe would exceed serve_max_rounds_per_peer, serve_max_probes_per_round, serve_max_pinned_blocks_per_peer or the pool's serve_max_pinned_fraction"""
+    """taking this probe would exceed serve_max_rounds_per_peer or serve_max_probes_per_round, or it names new keys while the distinct blocks pinned for the peer reach serve_max_pinned_blocks_per_peer or those pinned for every peer the pool's serve_max_pinned_fraction (a lookup pins at most the room left; the keys found beyond it are answered miss)"""
     SETTLES_WITH_OFFERS = "settles_with_offers"
     """after this result no key of the round waits for the engine, and the round pins at least one key"""
     SETTLES = "settles"

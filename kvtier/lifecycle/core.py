@@ -34,10 +34,9 @@ time the shell last saw its inbound queue empty and no later than the arrival st
 it still holds — so a deadline never beats a message that was already waiting when it fell due.
 The shell, the model checker and the stateful suite all drive the core through that one function.
 
-The core builds every message it sends (``block_data`` headers: :mod:`kvtier.lifecycle.batches`) and
-reports every job's result (a job no machine takes: ``JobSettled``).  It owns six machines and two
-parts built on them, ``Receive`` (peer messages) and :class:`~kvtier.lifecycle.reads.CoreReads` (reads
-spanning machines); its reads serve the shell, metrics, forensics, and tests (decision W12).
+The core builds every message it sends (``block_data`` headers: :mod:`kvtier.lifecycle.batches`), reports
+every job's result (a job no machine takes: ``JobSettled``) and owns six machines and two parts: ``Receive``
+(peer messages) and :class:`~kvtier.lifecycle.reads.CoreReads` (reads spanning machines, decision W12).
 """
 
 from __future__ import annotations
@@ -284,10 +283,11 @@ class TierCore:
         the engine must keep stepping (``has_pending_work``)."""
         return self._reads.symmetric_work()
 
-    def serve_wants(self, peer: str, kv_request_id: str, round: int) -> bool:
-        """True while ``peer``'s round still waits for lookups in the engine's tiers: a serve
-        window skips a queued lookup the core no longer wants."""
-        return self._serve.state_of((peer, kv_request_id, round)) is ServeState.LOOKING_UP
+    def serve_room(self, peer: str, kv_request_id: str, round: int) -> int | None:
+        """Found keys a lookup for ``peer``'s round may pin now (the room its budgets leave, Y23);
+        None once the round stops looking up (a serve window then skips the lookup)."""
+        looking = self._serve.state_of((peer, kv_request_id, round)) is ServeState.LOOKING_UP
+        return max(0, self._serve.room(peer)) if looking else None
 
     def snapshot(self) -> CoreSnapshot:
         """Counts for the metrics endpoint (O(records): computed at scrape time, not per tick)."""

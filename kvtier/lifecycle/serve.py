@@ -106,7 +106,7 @@ class ServeLimits:
 
 class ServeRecord(Record):
     __slots__ = ("peer", "kv_request_id", "round", "gen", "keys", "todo", "found", "missing", "answered", "pins",
-                 "pinned", "probes", "demand", "slots", "receipt")
+                 "held", "probes", "demand", "slots", "receipt")
 
     def __init__(self, key: ServeKey) -> None:
         super().__init__(key, SERVE_INITIAL)
@@ -118,7 +118,7 @@ class ServeRecord(Record):
         self.missing: set[bytes] = set()
         self.answered: set[bytes] = set()  # keys a probe_reply already answered
         self.pins: list[int] = []  # engine pins held for the round (released together)
-        self.pinned = 0  # blocks those pins hold
+        self.held: list[int] = []  # the pool blocks those pins hold
         self.probes = 0
         self.demand: tuple[bytes, ...] = ()  # the fetch's keys
         self.slots: tuple[int, ...] = ()
@@ -146,8 +146,10 @@ class ServeMachine(TableMachine):
         self._notes = notes
         self.limits = limits
         self.by_peer: dict[str, set[ServeKey]] = {}
-        self.pinned_per_peer: dict[str, int] = {}
-        self.pinned_total = 0
+        # pins per pool block, over every round and per peer: a block several rounds pin (a shared
+        # prefix) takes its room in the pool once, so the budgets count distinct blocks (Y23)
+        self.holds: dict[int, int] = {}
+        self.holds_per_peer: dict[str, dict[int, int]] = {}
         self.closing = False
         self.transfers: dict[tuple[str, int], ServeKey] = {}  # (plane key, round) -> record
         # the rounds this side withdrew with a notice (the last WITHDRAWN_KEPT): a fetch that crossed
@@ -203,6 +205,22 @@ class ServeMachine(TableMachine):
     def referenced(self) -> list[ServeRecord]:
         return [r for r in self.records.values() if r.state in REFERENCED]
 
+    @property
+    def pinned_total(self) -> int:
+        """Distinct pool blocks pinned for every peer's rounds."""
+        return len(self.holds)
+
+    def pinned_by(self, peer: str) -> int:
+        """Distinct pool blocks pinned for ``peer``'s rounds."""
+        return len(self.holds_per_peer.get(peer, ()))
+
+    def room(self, peer: str) -> int:
+        """How many more blocks a lookup for ``peer`` may pin: what is left under both
+        ``serve_max_pinned_blocks_per_peer`` and the pool's ``serve_max_pinned_fraction`` (it counts
+        every key found as a new block, so a lookup never takes more than is left)."""
+        lim = self.limits
+        return min(lim.max_pinned_per_peer - self.pinned_by(peer), lim.max_pinned_total - len(self.holds))
+
     # -- indexes -------------------------------------------------------------------------------
     def index_ops(self, old: Any, new: Any) -> tuple:
         ops: list = []
@@ -220,17 +238,21 @@ class ServeMachine(TableMachine):
             if not peers:
                 del self.by_peer[rec.peer]
         self.transfers.pop((transfer_key(rec.peer, rec.kv_request_id), rec.round), None)
-        if rec.pinned:  # every way into ``ended`` released the pins first; never leak the count
+        if rec.held:  # every way into ``ended`` released the pins first; never leak the count
             self._unpin(rec)
 
     def _unpin(self, rec: ServeRecord) -> None:
-        self.pinned_total -= rec.pinned
-        left = self.pinned_per_peer.get(rec.peer, 0) - rec.pinned
-        if left > 0:
-            self.pinned_per_peer[rec.peer] = left
-        else:
-            self.pinned_per_peer.pop(rec.peer, None)
-        rec.pinned = 0
+        holds, mine = self.holds, self.holds_per_peer.get(rec.peer, {})
+        for counts in (holds, mine):
+            for b in rec.held:
+                left = counts[b] - 1
+                if left:
+                    counts[b] = left
+                else:
+                    del counts[b]
+        if not mine:
+            self.holds_per_peer.pop(rec.peer, None)
+        rec.held = []
 
     # -- guards --------------------------------------------------------------------------------
     def guard_not_serving(self, rec: ServeRecord, inp: FetchInput, now: float) -> bool:
@@ -246,9 +268,9 @@ class ServeMachine(TableMachine):
             return True
         if rec.probes >= lim.max_probes_per_round:
             return True
-        new = sum(1 for k in inp.keys if k not in rec.keys)
-        return (self.pinned_per_peer.get(inp.peer, 0) + new > lim.max_pinned_per_peer
-                or self.pinned_total + new > lim.max_pinned_total)
+        # the probe's lookups pin at most the room left (LookUpBlocks.limit): refused only when
+        # nothing could be pinned, not for naming more keys than the peer has blocks to offer (Y23)
+        return any(k not in rec.keys for k in inp.keys) and self.room(inp.peer) <= 0
 
     def _left(self, rec: ServeRecord, inp: LookupAnswered) -> set[bytes]:
         return rec.todo.difference(inp.found, inp.missing)
@@ -300,10 +322,11 @@ class ServeMachine(TableMachine):
                 rec.missing.add(k)
         if inp.pin is not None:
             rec.pins.append(inp.pin)
-            n = len(inp.found)
-            rec.pinned += n
-            self.pinned_total += n
-            self.pinned_per_peer[rec.peer] = self.pinned_per_peer.get(rec.peer, 0) + n
+            rec.held.extend(inp.blocks)
+            holds, mine = self.holds, self.holds_per_peer.setdefault(rec.peer, {})
+            for b in inp.blocks:
+                holds[b] = holds.get(b, 0) + 1
+                mine[b] = mine.get(b, 0) + 1
 
     def effect_release_found(self, rec: ServeRecord, inp: LookupAnswered, reason, now, out) -> None:
         if inp.pin is not None:

@@ -11,7 +11,8 @@ One window, in order: the closes queued since the last window; then every lookup
 the window opened (those queued during it — the re-polls of pending keys — wait for the next
 window), each answered with one ``LookupAnswered`` input that the caller applies before the next
 lookup; then the closes queued during the window.  A lookup whose round stopped looking
-(``TierCore.serve_wants``) is skipped.  Every pin is released exactly once, through the source
+(``TierCore.serve_room`` None) is skipped; one pins at most the room its peer has left when it is
+performed, the keys after that answered missing (decision Y23).  Every pin is released exactly once, through the source
 that made it (property ``pin_released_once``); every context opened is closed exactly once
 (property ``lookup_context_closed_once``), or dropped with the engine at shutdown.
 """
@@ -100,24 +101,26 @@ class ServeWindows:
         return len(self._contexts)
 
     # -- a window ---------------------------------------------------------------------------------
-    def run(self, source: BlockSource, wants: Callable[[str, str, int], bool],
+    def run(self, source: BlockSource, room: Callable[[str, str, int], int | None],
             apply: Callable[[ix.Input], None]) -> int:
         """One serve window with ``source``: performs what is queued (see the module docstring),
-        applying each lookup's answer with ``apply`` before the next.  ``wants(peer, id, round)``:
-        the core still waits for the round's lookups.  Returns how many lookups it performed."""
+        applying each lookup's answer with ``apply`` before the next.  ``room(peer, id, round)``:
+        how many found keys the round's lookup may pin now, None when the core no longer waits for
+        its lookups.  Returns how many lookups it performed."""
         self.windows += 1
         self._close_queued(len(self._closes))
         done = 0
         for _ in range(len(self._lookups)):
             e = self._lookups.popleft()
-            if not wants(e.peer, e.kv_request_id, e.round):
+            limit = room(e.peer, e.kv_request_id, e.round)
+            if limit is None:
                 continue
-            apply(self._look_up(source, e))
+            apply(self._look_up(source, e, limit))
             done += 1
         self._close_queued(len(self._closes))
         return done
 
-    def _look_up(self, source: BlockSource, e: fx.LookUpBlocks) -> ix.LookupAnswered:
+    def _look_up(self, source: BlockSource, e: fx.LookUpBlocks, limit: int) -> ix.LookupAnswered:
         key = (e.peer, e.kv_request_id, e.round)
         found: list[bytes] = []
         pending: list[bytes] = []
@@ -132,7 +135,10 @@ class ServeWindows:
                 self._contexts[key] = (source, ctx)
                 self.opened += 1
             ctx = self._contexts[key][1]
-            for k in e.keys:
+            for i, k in enumerate(e.keys):
+                if len(found) >= limit:  # no room to pin more for this peer: the rest are not offered
+                    missing.extend(e.keys[i:])
+                    break
                 p = source.lookup(k, ctx)
                 (found if p is Presence.FOUND else pending if p is Presence.PENDING else missing).append(k)
             if not found:

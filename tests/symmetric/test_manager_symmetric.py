@@ -322,3 +322,36 @@ def test_a_served_round_cut_short_by_shutdown_is_not_told_as_an_offer_withdrawn(
     pump([b], lambda: False, 0.3)
     assert [e for e in b.forensics.recent("sv") if e.role == "probe" and not e.ok] == [], b.forensics.recent("sv")
     assert stat(b, "kvtier_probe_failures_total") == 0
+
+
+def test_a_prompt_longer_than_the_peers_budget_still_gets_the_prefix_it_holds(make) -> None:
+    """Y23: the pinned-block budget (here half the pool: 16 blocks) bounds what the peer pins, not
+    how many keys a probe names.  A 24-block prompt whose first 4 blocks the peer holds gets those
+    4 (they were refused ``serve_busy`` for naming more keys than the budget)."""
+    a, b = make(serve_external=True), make()
+    ia = BlockIndex(NB)
+    a.serve_from(ia)
+    keys = [f"long/{i}".encode() for i in range(24)]
+    data = fill(a, ia, keys[:4], 0, seed=5)
+    req = source_req("r-long", "long-1", a)
+    b.on_new_request(req)
+    assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 4 + [LookupResult.MISS]
+    r = load(b, req, 1, keys[:4], [0, 1, 2, 3], [a])
+    assert r.success and [b.pool.buffer(i).tobytes() for i in range(4)] == data
+    assert stat(a, "kvtier_fetches_refused_total") == 0
+
+
+def test_a_prefix_several_requests_probe_at_once_is_counted_once_against_the_budget(make) -> None:
+    """Y23: three requests share a 6-block system prompt and probe it one after another while the
+    earlier offers still hold it: the peer pins 6 distinct blocks (its budget is 16), so all three
+    get it (the third was refused ``serve_busy``: 18 pins counted)."""
+    a, b = make(serve_external=True, serve_max_rounds_per_peer=8), make()
+    ia = BlockIndex(NB)
+    a.serve_from(ia)
+    keys = [f"system/{i}".encode() for i in range(6)]
+    fill(a, ia, keys, 0, seed=11)
+    for n in range(3):
+        req = source_req(f"r-shared-{n}", f"shared-{n}", a)
+        b.on_new_request(req)
+        assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 6, n
+    assert stat(a, "kvtier_fetches_refused_total") == 0

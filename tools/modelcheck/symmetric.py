@@ -12,7 +12,7 @@ request's blocks, and the producer's engine answering in its serve windows.
 * **The producer's engine** (the shell's :class:`kvtier.shell.serving.ServeWindows` and a block
   source): every ``LookUpBlocks`` the producer's core emits is queued (``State.lookups``); a
   *window* step takes the oldest: if the core no longer waits for the round's lookups
-  (``serve_wants``: the serve record is not ``looking_up``) it is dropped, as the shell does;
+  (``serve_room`` None: the serve record is not ``looking_up``) it is dropped, as the shell does;
   otherwise each key is found, missing or pending (every combination is explored), the found ones
   pinned under a fresh pin id with pool blocks ``600 + k``, and ``LookupAnswered`` applied.  Every
   ``ReleasePins`` the core emits releases its pins (``State.pins``; the properties check each is
