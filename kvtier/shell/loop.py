@@ -55,8 +55,9 @@ __all__ = ["EAGER_S", "EAGER_WAIT_S", "IoLoop", "PlaneActivity", "eager"]
 
 log = logging.getLogger("kvtier.manager")
 
-#: Longest one wait for input when nothing is due (seconds): a bound, not a cadence.
-MAX_WAIT_S = 0.25
+#: Longest one wait for input when nothing is due (seconds): a bound, not a cadence.  While a
+#: standing block source's keys are pending, it is looked up again every REPOLL_S (decision Y24).
+MAX_WAIT_S, REPOLL_S = 0.25, 0.001
 
 #: For this long after a message or a transfer left, or the plane's last post or report, a one-sided
 #: plane is progressed every :data:`EAGER_WAIT_S` (seconds): its answer — a WRITE's completion, the
@@ -65,9 +66,8 @@ MAX_WAIT_S = 0.25
 EAGER_S = 0.002
 EAGER_WAIT_S = 0.0001
 
-#: Longest a pass waits for a load's landings on the digest pool once its last blocks landed
-#: (seconds): hashing already under way; waiting here hands the result over in the pass that read
-#: the load's last blocks (decision I16).
+#: Longest a pass waits for a load's landings on the digest pool once its last blocks landed (s):
+#: hashing already under way, this hands the result over in the pass that read them (I16).
 SETTLE_S = 0.005
 
 _GLOBAL = (ix.DrainStarted, ix.ShutdownStarted, ix.GraceEnded)
@@ -439,6 +439,8 @@ class IoLoop:
         plane = self.plane.max_wait_s(receiving=self.core.loading())
         if plane is not None:
             budget = min(budget, plane)
+        if self.serving.standing is not None and self.serving.wanted():
+            budget = min(budget, REPOLL_S)
         if self.plane.one_sided:
             out = self.outbound
             if eager(self.clock(), out.posted_at, out.sent_at, self.plane_activity.at, plane is not None):
@@ -465,9 +467,7 @@ class IoLoop:
         with self.lock:
             self.one_pass()
 
-    # =========================================================================================
-    # The thread
-    # =========================================================================================
+    # -- the thread -------------------------------------------------------------------------------
     def start(self) -> None:
         """Run passes on the ``kvtier-io`` thread from now on."""
         if self._thread is not None:

@@ -355,3 +355,31 @@ def test_a_prefix_several_requests_probe_at_once_is_counted_once_against_the_bud
         b.on_new_request(req)
         assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 6, n
     assert stat(a, "kvtier_fetches_refused_total") == 0
+
+
+def test_a_standing_sources_pending_keys_are_looked_up_again_while_its_loop_sleeps(make) -> None:
+    """Y24: a key the engine reports PENDING (still on its way into its primary tier) is looked up
+    again at later windows; with a standing source on a loop of its own that sleeps until input,
+    the re-poll waited for the ``serve_lookup`` deadline, which answers it miss (0.05 s pending →
+    MISS after 0.25 s).  The loop now comes back every ``REPOLL_S`` while such a lookup waits."""
+    from kvtier.blocksource import Presence
+
+    class Arriving(BlockIndex):  # the last key lands in the engine's primary 50 ms after the probe
+        ready_at: float | None = None
+
+        def lookup(self, key: bytes, ctx: Any) -> Presence:
+            if key.endswith(b"/3"):
+                self.ready_at = self.ready_at or time.monotonic() + 0.05
+                if time.monotonic() < self.ready_at:
+                    return Presence.PENDING
+            return super().lookup(key, ctx)
+
+    a, b = make(serve_external=True, background_poll=True), make()
+    ia = Arriving(NB)
+    keys = [f"arriving/{i}".encode() for i in range(4)]
+    with a.lock:
+        fill(a, ia, keys, 0, seed=7)
+    a.serve_from(ia)
+    req = source_req("r-pending", "pending-1", a)
+    b.on_new_request(req)
+    assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 4
