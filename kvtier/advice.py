@@ -79,7 +79,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                         "report it with both sides' logs.",
     _R.CORRUPT: "A block's bytes changed between park and landing: the prefill engine reused or overwrote a "
                 "block before its store job's result (an engine bug: blocks must stay unchanged until the "
-                "result), or memory corruption. To tell where, keep `integrity = \"xxh3_64\"` on both sides; "
+                "result; a change made before the loop took the store's digest is not caught, decision I42), "
+                "or memory corruption. To tell where, keep `integrity = \"xxh3_64\"` on both sides; "
                 "never turn it off to make this go away. A `bad_payload` wire error logged just before it means "
                 "the producer sent payload frames that are not the blocks it named (a producer bug).",
     _R.TRANSFER_STALLED: "The data plane kept references to a cancelled transfer past `transfer_timeout_s`; the "

@@ -97,16 +97,17 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
         if not entries and not opened:
             problems.append(f"{endpoint}: {kv_request_id!r} is not among its last {doc.get('capacity', '?')} "
                             "finished requests, nor in progress there")
-        for e in opened:
+        for tell, e in [(explain_open, e) for e in opened] + [(explain, e) for e in entries]:
             found += 1
-            if not as_json:
-                click.echo(explain_open(e, where=f"{endpoint}, listener {doc.get('listener', '?')}"))
-                click.echo()
-        for e in entries:
-            found += 1
-            if not as_json:
-                click.echo(explain(e, where=f"{endpoint}, listener {doc.get('listener', '?')}"))
-                click.echo()
+            if as_json:
+                continue
+            try:
+                click.echo(tell(e, where=f"{endpoint}, listener {doc.get('listener', '?')}"))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # another release's record
+                click.echo(f"{endpoint}: a record of {kv_request_id!r} this kvtier cannot read "
+                           f"({type(exc).__name__}: {exc}; another kvtier release?), as sent:\n"
+                           f"{json.dumps(e, indent=2, default=str)}")
+            click.echo()
     if as_json:
         click.echo(json.dumps(records, indent=2))
     for line in problems:

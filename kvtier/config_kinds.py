@@ -57,6 +57,20 @@ def safe_repr(value: Any, limit: int = 120) -> str:
     return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
+def shown(value: Any) -> str:
+    """A config value as its JSON reads (``null``, ``true``), else :func:`safe_repr`."""
+    return "null" if value is None else ("true" if value else "false") if isinstance(value, bool) else safe_repr(value)
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (the config is JSON: not Python's type names)."""
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+_KINDS = {type(None): "null", bool: "a bool", int: "an integer", float: "a number", str: "a string", list: "a list",
+          tuple: "a list", dict: "an object"}
+
+
 def fmt(x: float) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
@@ -86,7 +100,7 @@ def _parse_number(value: Any) -> int | float | Decimal:
         if not _NUMERIC_RE.fullmatch(value.strip()):
             raise _Invalid("not a decimal number")
         return Decimal(value.strip())
-    raise _Invalid(f"expected a number or numeric string, got {type(value).__name__}")
+    raise _Invalid(f"expected a number or numeric string, got {_kind(value)}")
 
 
 def number(value: Any) -> float:
@@ -127,14 +141,14 @@ maybe_number: Callable[[Any], float | None] = attrs.converters.optional(number)
 
 def text(value: Any) -> str:
     if not isinstance(value, str):
-        raise _Invalid(f"expected a string, got {type(value).__name__}")
+        raise _Invalid(f"expected a string, got {_kind(value)}")
     return value
 
 
 def maybe_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
-    raise _Invalid(f"expected a string or null, got {type(value).__name__}")
+    raise _Invalid(f"expected a string or null, got {_kind(value)}")
 
 
 def flag(value: Any) -> bool:
@@ -155,7 +169,7 @@ def absent(why: str) -> Callable[[Any], None]:
 
 def _strings(value: Any) -> list[Any]:
     if not isinstance(value, (list, tuple)):
-        raise _Invalid(f"expected a list of strings, got {type(value).__name__}")
+        raise _Invalid(f"expected a list of strings, got {_kind(value)}")
     return list(value)
 
 
@@ -256,7 +270,7 @@ def key(default: Any, convert: Callable[[Any], Any] | None, *checks: Any, doc: s
                     except (ValueError, TypeError):
                         raise _Invalid(_why(check, value, checks, unit, shape)) from None
         except _Invalid as exc:
-            raise TierConfigError(f"{field.name}={safe_repr(value)}: {exc}", keys=(field.name,)) from None
+            raise TierConfigError(f"{field.name}={shown(value)}: {exc}", keys=(field.name,)) from None
         return out
 
     declared = Key(convert, checks, unit, " ".join(doc.split()), shape, text)

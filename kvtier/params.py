@@ -247,6 +247,9 @@ class PeerPolicy:
             e = entry.strip()
             if e == "*":
                 any_ = True
+            elif "://" in e:  # a URL: the scheme is no part of an address
+                raise ValueError(f"allowed_peers entry {clip(entry)} is a URL: write the host, host:port or "
+                                 "CIDR network alone, without a scheme (e.g. 10.0.0.5:5710)")
             elif "/" in e:
                 try:
                     networks.append(ipaddress.ip_network(e, strict=False))

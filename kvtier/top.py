@@ -92,7 +92,8 @@ def requests_url(target: str, kv_request_id: str | None = None, limit: int | Non
 
 
 _ZMTP_PORT = ("it is a kvtier tier's own port (it speaks ZMTP, not HTTP): give that tier's metrics_port (config "
-              "key metrics_port; 0 or unset: no metrics endpoint)")
+              "key metrics_port; unset or null: no metrics endpoint; 0: a free port, which the tier's INFO log line "
+              "'kvtier: metrics on' names)")
 
 
 def speaks_zmtp(hostport: str, timeout_s: float = 0.5) -> bool:
@@ -261,9 +262,13 @@ def scrape(url: str, timeout_s: float = 5.0, *, clock: Callable[[], float] = tim
                 name = s.name.removeprefix("vllm:") if s.name.startswith("vllm:kvtier_") else s.name
                 samples[name, tuple(sorted(s.labels.items()))] = s.value
     except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError is an OSError
-        why = None if isinstance(exc, (ValueError, urllib.error.HTTPError)) else _what_answered(exc, _split(url)[1])
-        if why is None:
-            why = unreachable(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"[:160]
+        if isinstance(exc, urllib.error.HTTPError):  # an HTTP server, not a tier's metrics page
+            why = f"not a kvtier metrics endpoint: its /metrics answers HTTP {exc.code}: {_FIX}"
+        elif isinstance(exc, ValueError):  # an HTTP page that is not Prometheus text
+            why = f"not a kvtier metrics endpoint: its /metrics is not Prometheus text: {_FIX}"
+        else:
+            why = _what_answered(exc, _split(url)[1]) or (
+                unreachable(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"[:160])
         return Snapshot(url, t, error=why)
     if not ours:
         return Snapshot(url, t, error="no kvtier series at this endpoint: point it at a tier's host and metrics_port "

@@ -35,11 +35,22 @@ _P2P_KEYS = frozenset({"type", "module_path", "host", "port", "backends", "num_t
                        "locality", "backpressure"})
 
 
+def _as_written(kind: Any) -> Any:
+    def parse(text: str) -> Any:
+        if len(text) > 4000:  # Python's int and float conversions stop at 4300 digits
+            return text
+        value = kind(text)
+        return value if kind is int or math.isfinite(value) else text
+    return parse
+
+
 def _load(blob: str | Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(blob, Mapping):
         return blob
     try:
-        doc = json.loads(blob)
+        # numbers JSON allows but Python reads as inf or refuses (over 4300 digits) stay as written,
+        # so a key's error quotes them (a numeric string is checked like the number)
+        doc = json.loads(blob, parse_float=_as_written(float), parse_int=_as_written(int))
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(doc, Mapping):

@@ -90,7 +90,8 @@ def build(key, value):
 def assert_names(err: TierConfigError, key: str, value) -> None:
     msg = str(err)
     assert key in msg, msg
-    text = repr(value)
+    # the value as its JSON reads: null, true, false (the config is JSON, not Python)
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
     if len(text) < 100:
         assert text in msg, msg
     assert key in err.keys

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.config import TierConfig, TierConfigError
-from kvtier.config_kinds import MAX_ALLOWED_PEERS, safe_repr
+from kvtier.config_kinds import MAX_ALLOWED_PEERS, safe_repr, shown
 
 
 def refused(entry: dict) -> TierConfigError:
@@ -16,8 +16,8 @@ def refused(entry: dict) -> TierConfigError:
 
 
 @pytest.mark.parametrize(("value", "why"), [
-    ("10.0.0.1", "expected a list of strings, got str"),
-    ({"a": 1}, "expected a list of strings, got dict"),
+    ("10.0.0.1", "expected a list of strings, got a string"),
+    ({"a": 1}, "expected a list of strings, got an object"),
     ([], 'must not be empty (use ["*"] for any peer)'),
 ])
 def test_allowed_peers_refusals_name_the_key_and_the_value(value: object, why: str) -> None:
@@ -40,6 +40,6 @@ def test_allowed_peers_up_to_the_limit_is_taken_one_more_is_refused() -> None:
 @pytest.mark.parametrize("value", [1, 0, "true", None])
 def test_booleans_refuse_anything_but_a_bool_by_name(key: str, value: object) -> None:
     err = refused({key: value})
-    assert str(err) == f"{key}={safe_repr(value)}: expected true or false (a real bool; 0/1 and strings are rejected)"
+    assert str(err) == f"{key}={shown(value)}: expected true or false (a real bool; 0/1 and strings are rejected)"
     assert err.keys == (key,)
     assert getattr(TierConfig.from_dict({key: True}), key) is True

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from kvtier.config import TierConfig, TierConfigError
-from kvtier.config_kinds import safe_repr
+from kvtier.config_kinds import shown
 from tests.config_helpers import build
 
 CASES = [
     ("unbound_store_timeout_s", True,
      "a bool is not accepted as a number (Python's bool is an int; write a number)"),
     ("unbound_store_timeout_s", "0x10", "not a decimal number"),
-    ("unbound_store_timeout_s", [1], "expected a number or numeric string, got list"),
+    ("unbound_store_timeout_s", [1], "expected a number or numeric string, got a list"),
     ("unbound_store_timeout_s", float("nan"), "NaN is not allowed"),
     ("unbound_store_timeout_s", float("-inf"), "must be finite"),
     ("unbound_store_timeout_s", 0, "must be > 0 (range 0.001..86400.0 s)"),
@@ -30,7 +30,7 @@ CASES = [
     ("metrics_port", 65536, "above the maximum 65535"),
     ("metrics_port", "x", "not a decimal number"),
     ("type", "", "must not be empty"),
-    ("type", 5, "expected a string, got int"),
+    ("type", 5, "expected a string, got an integer"),
     ("type", "1abc", "must be a Python identifier"),
     ("module_path", "a." * 200, "longer than 256 characters"),
     ("host", "a b", "must be an address without whitespace, '/' or a port (the port goes in 'port')"),
@@ -41,9 +41,9 @@ CASES = [
     ("park_clock", None, "must be one of 'last_store', 'first_store'"),
     ("data_plane", 1, "must be one of 'zmq', 'nixl'"),
     ("background_poll", 1, "expected true or false (a real bool; 0/1 and strings are rejected)"),
-    ("locality", 5, "expected a string or null, got int"),
+    ("locality", 5, "expected a string or null, got an integer"),
     ("locality", "l" * 65, "longer than 64 characters"),
-    ("backends", "UCX", "expected a list of strings, got str"),
+    ("backends", "UCX", "expected a list of strings, got a string"),
     ("backends", [], "must list 1..16 names"),
     ("backends", ["UCX", "UCX"], "names a backend twice"),
     ("backends", ["bad name"], "'bad name' is not a name of 1..64 [A-Za-z0-9_] characters"),
@@ -57,7 +57,7 @@ CASES = [
 def test_a_refusal_reads_key_value_and_why(key, value, why):
     with pytest.raises(TierConfigError) as exc:
         build(key, value)
-    assert str(exc.value) == f"{key}={safe_repr(value)}: {why}"  # long values are cut at 120 characters
+    assert str(exc.value) == f"{key}={shown(value)}: {why}"  # long values are cut at 120 characters
     assert exc.value.keys == (key,)
 
 
@@ -97,7 +97,7 @@ def test_an_unknown_key_and_bad_values_are_named_in_one_error() -> None:
         TierConfig.from_dict({"prot": 5, "port": "x", "unbound_store_timeout_s": True})
     lines = str(exc.value).split("\n")
     assert lines[0] == "3 problems:" and "'prot' (did you mean 'port'?)" in lines[1], lines
-    assert lines[2] == "  - port='x': not a decimal number" and lines[3].startswith("  - unbound_store_timeout_s=True")
+    assert lines[2] == "  - port='x': not a decimal number" and lines[3].startswith("  - unbound_store_timeout_s=true")
     assert exc.value.keys == ("prot", "port", "unbound_store_timeout_s")
 
 

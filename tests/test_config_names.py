@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.config import TierConfig, TierConfigError
-from kvtier.config_kinds import safe_repr
+from kvtier.config_kinds import safe_repr, shown
 from tests.config_helpers import CURVE, refused
 
 # -- backends: 1..16 distinct names of 1..64 [A-Za-z0-9_] ---------------------------------------
@@ -89,10 +89,10 @@ def test_allowed_peers_pass_on_why_an_entry_is_refused(entry: str, why: str) -> 
 # -- strings and choices ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "kind"), [(5, "int"), (None, "NoneType"), (["zmq"], "list")])
+@pytest.mark.parametrize(("value", "kind"), [(5, "an integer"), (None, "null"), (["zmq"], "a list")])
 def test_a_string_key_names_the_type_it_was_given(value: object, kind: str) -> None:
     err = refused({"host": value})
-    assert str(err) == f"host={safe_repr(value)}: expected a string, got {kind}"
+    assert str(err) == f"host={shown(value)}: expected a string, got {kind}"
     assert err.keys == ("host",)
 
 

@@ -78,7 +78,7 @@ def test_cross_field_checks_run_after_conversion():
 def test_evolve_revalidates_values():
     cfg = TierConfig()
     assert attrs.evolve(cfg, unbound_store_timeout_s="180").unbound_store_timeout_s == 180.0
-    with pytest.raises(TierConfigError, match="unbound_store_timeout_s=True"):
+    with pytest.raises(TierConfigError, match="unbound_store_timeout_s=true"):
         attrs.evolve(cfg, unbound_store_timeout_s=True)
     with pytest.raises(TierConfigError, match="max_peers"):
         attrs.evolve(cfg, max_peers=0)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from kvtier.advice import ADVICE, WIRE_ADVICE
 from kvtier.cli import cli
 from kvtier.lifecycle import REASON_DOCS, Reason
-from kvtier.wire.codec import WireReason
+from kvtier.wire.codec import WIRE_REASON_DOCS, WireReason
 from tools.docgen import PAGES, stale_pages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,9 +52,10 @@ def test_troubleshooting_explains_every_reason_code() -> None:
     text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
     for r in Reason:  # kvtier why links docs/troubleshooting.md#<reason>
         assert f'<a id="{r.value}"></a>' in text and REASON_DOCS[r] in text and ADVICE[r] in text, r
-    for w in WireReason:
-        assert f'<a id="{w.value}"></a>' in text and WIRE_ADVICE[w] in text, w
-    assert set(ADVICE) == set(Reason) and set(WIRE_ADVICE) == set(WireReason)
+    for w in WireReason:  # each row says what the code means, not only what to change
+        assert f'<a id="{w.value}"></a>`{w.value}` | {WIRE_REASON_DOCS[w]} | {WIRE_ADVICE[w]} |' in text, w
+        assert WIRE_REASON_DOCS[w].strip()
+    assert set(ADVICE) == set(Reason) and set(WIRE_ADVICE) == set(WireReason) == set(WIRE_REASON_DOCS)
 
 
 def _commands(cmd: click.Command, name: str, parent: click.Context | None = None):

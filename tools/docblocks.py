@@ -180,12 +180,12 @@ def render_reasons() -> str:
 def render_wire_reasons() -> str:
     """The wire codec's reason codes (``kvtier_wire_errors_total``)."""
     from kvtier.advice import WIRE_ADVICE
-    from kvtier.wire.codec import WireReason
+    from kvtier.wire.codec import WIRE_REASON_DOCS, WireReason
 
     rows = ["| reason | means | change |", "|---|---|---|"]
     for r in WireReason:
-        doc = " ".join((r.__doc__ or "").split()) if r.__doc__ != WireReason.__doc__ else ""
-        rows.append(f'| <a id="{r.value}"></a>`{r.value}` | {doc.replace("|", "/")} | {WIRE_ADVICE[r]} |')
+        means = WIRE_REASON_DOCS[r].replace("|", "/")
+        rows.append(f'| <a id="{r.value}"></a>`{r.value}` | {means} | {WIRE_ADVICE[r]} |')
     return "\n".join(rows)
 
 

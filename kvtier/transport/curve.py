@@ -30,7 +30,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import zmq
@@ -312,7 +312,16 @@ def curve_settings(secret_file: str, allowed_dir: str) -> CurveSettings:
     Raises:
         ValueError: either cannot be read (the message names the config key and the path).
     """
-    return CurveSettings(load_identity(secret_file), load_allowed(allowed_dir), str(allowed_dir))
+    loaded: list[Any] = []
+    for load, arg in ((load_identity, secret_file), (load_allowed, allowed_dir)):  # both named at once
+        try:
+            loaded.append(load(arg))
+        except ValueError as exc:
+            loaded.append(exc)
+    bad = [str(x) for x in loaded if isinstance(x, ValueError)]
+    if bad:
+        raise ValueError("; and ".join(bad))
+    return CurveSettings(loaded[0], loaded[1], str(allowed_dir))
 
 
 class PrincipalAuthenticator(ThreadAuthenticator):

@@ -48,6 +48,7 @@ from kvtier.wire.messages import (
 __all__ = [
     "PROTOCOL_VERSION",  # re-exported for callers that only import the codec
     "WireReason",
+    "WIRE_REASON_DOCS",
     "WireError",
     "WireLimits",
     "DEFAULT_LIMITS",
@@ -65,17 +66,22 @@ class WireReason(enum.StrEnum):
     ``error`` reply, and a metric label)."""
 
     MALFORMED = "malformed"
-    """Not a kvtier header: bad msgpack, not a map, no string ``type``, frames not buffers."""
     UNKNOWN_TYPE = "unknown_type"
-    """A well-formed map whose ``type`` names no known message."""
     OVERSIZE = "oversize"
-    """Header larger than ``max_message_bytes``, or a count beyond ``max_blocks_per_fetch``."""
     BAD_FIELD = "bad_field"
-    """A known message with a missing, unknown, mistyped or out-of-range field."""
     BAD_PAYLOAD = "bad_payload"
-    """Wrong number or size of payload frames for the message."""
     VERSION_MISMATCH = "version_mismatch"
-    """A ``hello`` whose ``version`` is not :data:`PROTOCOL_VERSION`."""
+
+
+#: What each :class:`WireReason` means (docs/troubleshooting.md renders its table from it).
+WIRE_REASON_DOCS: dict[WireReason, str] = {
+    WireReason.MALFORMED: "Not a kvtier header: bad msgpack, not a map, no string `type`, frames not buffers.",
+    WireReason.UNKNOWN_TYPE: "A well-formed map whose `type` names no known message.",
+    WireReason.OVERSIZE: "Header larger than `max_message_bytes`, or a count beyond `max_blocks_per_fetch`.",
+    WireReason.BAD_FIELD: "A known message with a missing, unknown, mistyped or out-of-range field.",
+    WireReason.BAD_PAYLOAD: "Wrong number or size of payload frames for the message.",
+    WireReason.VERSION_MISMATCH: "A `hello` whose `version` is not this release's protocol version.",
+}
 
 
 class WireError(KvTierError):

@@ -199,6 +199,23 @@ def test_a_vllm_entry_naming_vllms_own_tier_is_refused_with_the_right_type() -> 
     assert '"type": "KvTierSecondaryTier"' in res.output, res.output
 
 
+@pytest.mark.parametrize(("text", "says"), [
+    ('"load_timeout_s": 1e400', "load_timeout_s='1e400': above the maximum"),  # Python reads it as inf
+    ('"tombstone_max": ' + "9" * 5000, "tombstone_max='99999"),  # past Python's 4300-digit conversion limit
+    ('"load_timeout_s": null', "load_timeout_s=null: expected a number or numeric string, got null"),
+    ('"allowed_peers": ["http://10.0.0.5:5710"]', "is a URL: write the host, host:port or CIDR network alone"),
+])
+def test_check_config_shows_a_value_as_its_json_was_written(text: str, says: str) -> None:
+    """A number JSON allows but Python cannot hold is quoted as written (not ``inf``, not Python's
+    advice to call ``sys.set_int_max_str_digits``), ``null`` is not ``None``, a URL is named one."""
+    entry = '{"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "port": 5710, ' + text + "}"
+    blob = ('{"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": '
+            '{"spec_name": "TieringOffloadingSpec", "secondary_tiers": [' + entry + "]}}")
+    res = CliRunner().invoke(cli, ["check-config", blob])
+    assert res.exit_code == 1 and says in res.output, res.output
+    assert "set_int_max_str_digits" not in res.output and "None" not in res.output
+
+
 def test_check_config_names_a_file_given_without_at_and_a_file_that_is_not_json(tmp_path) -> None:
     good = tmp_path / "prefill.json"
     good.write_text(json.dumps({"kv_connector": "OffloadingConnector"}))

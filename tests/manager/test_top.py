@@ -155,6 +155,25 @@ def test_an_endpoint_without_kvtier_series_is_said_so(exposition: str, parked: s
         server.server_close()
 
 
+@pytest.mark.parametrize(("body", "status", "says"), [
+    (b"no such page", 404, "its /metrics answers HTTP 404"),
+    (b"<html>a web page</html>\n", 200, "its /metrics is not Prometheus text"),
+])
+def test_an_http_endpoint_that_is_not_kvtiers_is_named_with_the_fix(body: bytes, status: int, says: str) -> None:
+    """As ``kvtier why`` says it: what answered and the fix, not a Python exception's text."""
+    server = serve_http(body, status, "text/html")
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        res = CliRunner().invoke(cli, ["top", target, "--once", "--interval", "0.1"], env={"COLUMNS": "400"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.exit_code == 1, res.output
+    error = _cells(res.output, f"http://{target}/metrics")[1]  # wide enough: the error fills the row
+    assert error.startswith("not a kvtier metrics endpoint: ") and says in error and "metrics_port" in error, error
+    assert "Error" not in res.output, res.output
+
+
 def test_a_data_parallel_endpoint_shows_a_row_per_tier() -> None:
     """vLLM's /metrics of a data-parallel deployment carries every rank's tier, told apart by the
     ``listener`` label: a row each (summed, two ranks' parked ids read as one tier's)."""

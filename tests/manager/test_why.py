@@ -351,6 +351,24 @@ def test_why_names_an_endpoint_that_is_not_kvtiers(body: bytes, status: int, say
         server.server_close()
 
 
+@pytest.mark.parametrize("record", [
+    {"kv_request_id": "kv-1", "ok": False, "reason": "reaped"},  # no role: another release's record
+    {"kv_request_id": "kv-1", "role": "load", "ok": False, "reason": "reaped", "path": 5},
+])
+def test_why_shows_a_record_it_cannot_read_as_sent_not_a_traceback(record: dict) -> None:
+    body = json.dumps({"capacity": 1024, "requests": [record], "open": []}).encode()
+    server = serve_http(body, 200, "application/json")
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        res = CliRunner().invoke(cli, ["why", "kv-1", target])
+        assert res.exit_code == 0, res.output
+        assert f"{target}: a record of 'kv-1' this kvtier cannot read (" in res.output, res.output
+        assert '"reason": "reaped"' in res.output  # the record itself, as sent
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_why_and_top_name_a_tiers_own_port_given_for_its_metrics_port(make_manager) -> None:
     """The likeliest mistake: the tier's ``port`` (ZMTP, not HTTP) instead of its ``metrics_port``.
     Said as soon as the port greets, not after ``--timeout`` (a ZMTP peer greets, then waits for

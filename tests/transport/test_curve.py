@@ -132,6 +132,14 @@ def test_key_files_are_checked(tmp_path, keys) -> None:
     assert "secret" not in repr(load_identity(keys["dir"] / "decode-0.key_secret")).replace("CurveIdentity", "")
 
 
+def test_both_key_paths_wrong_are_named_at_once(tmp_path) -> None:
+    """An operator fixing one path should not then learn of the other: both in one error."""
+    with pytest.raises(ValueError) as err:
+        curve_settings(str(tmp_path / "missing.key_secret"), str(tmp_path / "nope"))
+    text = str(err.value)
+    assert "auth_secret_key_file" in text and "auth_allowed_keys_dir" in text and text.count("does not exist") == 2
+
+
 def _edit_key(path, field: str, new_value: str):
     import re
 
