@@ -175,6 +175,9 @@ class DataPlane(Protocol):
     """True when :meth:`revoke` withdraws a peer's access by itself, within ``revoke_timeout_s``
     (receiver-applied planes; NIXL over a shared-memory pool); False when it waits for proof
     about the peer (then the core holds a load's slots past its revoke deadline, and says so)."""
+    unrevoked: tuple[str, ...]
+    """Peers whose pending revocation :meth:`close` could not complete: they may still write into
+    their loads' slots (NIXL, a private pool, a producer on this host that runs on, decision N27)."""
 
     def add_peer(self, peer: str, descriptor: bytes, *, accepted: bool = False, gen: int = 0) -> bool:
         """Prepare to move blocks to/from ``peer`` (its session generation ``gen``).  Returns

@@ -108,6 +108,7 @@ from kvtier.dataplane.nixl_revoke import (
     Revocation,
     Window,
     check_revocations,
+    ended_by_close,
     process_gone,
     reclaim_sinks,
     this_process,
@@ -199,6 +200,7 @@ class NixlPlane:
         self._revoking: dict[str, Revocation] = {}
         self._backing: shared.Backing | None = getattr(pool, "backing", None)
         self.revocation_bounded = self._backing is not None
+        self.unrevoked: tuple[str, ...] = ()
         revoke_s = settings.revoke_timeout_s
         if self.revocation_bounded and revoke_s < 2 * DRAIN_S:
             self._agent.close(timeout_s=0)
@@ -564,7 +566,11 @@ class NixlPlane:
         self._sinks.clear()
         self._pending.clear()
         self._warming.clear()
-        out.extend(Revoked(p) for p in self._revoking)
+        # a window's withdrawal revokes; without windows, only an agent that cannot write once ours
+        # is gone does (N27): a producer on this host that runs on still writes by CMA
+        self.unrevoked = tuple(p for p, rev in self._revoking.items()
+                               if self._backing is None and not ended_by_close(rev, self._me))
+        out.extend(Revoked(p) for p in self._revoking if p not in self.unrevoked)
         self._revoking.clear()
         self._peers.clear()
         self._gens.clear()

@@ -17,7 +17,7 @@ from kvtier.dataplane.base import Revoked
 from kvtier.memory import shared
 
 __all__ = ["CHECK_EVERY_S", "DRAIN_CALLS", "DRAIN_S", "SINK_RELEASE_S", "SINKS_WARN", "ProcessId", "Revocation",
-           "Window", "check_revocations", "process_gone", "reclaim_sinks", "this_process"]
+           "Window", "check_revocations", "ended_by_close", "process_gone", "reclaim_sinks", "this_process"]
 
 DRAIN_S: Final = 0.05
 """After a producer's death is proven, keep progressing this long (and at least
@@ -80,6 +80,15 @@ def process_gone(pid: ProcessId, here: ProcessId) -> bool:
     if not pid.host or pid.host != here.host:
         return False
     return _proc_start(pid.pid) != pid.started
+
+
+def ended_by_close(rev: Revocation, me: ProcessId) -> bool:
+    """Whether destroying our agent ends ``rev``'s agents' access to a pool without windows: each
+    owner is gone, or on another host (UCX tcp and RDMA reach our memory only through our agent;
+    a producer on this host writes by CMA, into our process, agent or not: docs/nixl.md)."""
+    host = me.host.partition("/")[0]
+    return bool(rev.agents) and all(o.host and (o.host.partition("/")[0] != host or process_gone(o, me))
+                                    for o in rev.agents.values())
 
 
 @attrs.define(slots=True)

@@ -68,6 +68,7 @@ class ZmqPlane:
     one_sided = False
     max_header_bytes = None
     revocation_bounded = True  # receiver-applied: nothing lands outside in_flight
+    unrevoked: tuple[str, ...] = ()
 
     def __init__(self, *, transport: Transport, pool: Any, settings: PlaneSettings = PlaneSettings(),
                  digest_pool: DigestPool | None = None, **_: Any) -> None:

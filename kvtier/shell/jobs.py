@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from typing import Any
 
 import msgspec
 
 from kvtier.api import DuplicateJob, JobResult
-from kvtier.lifecycle import Reason
+from kvtier.lifecycle import ConsumerState, Reason
 
 __all__ = ["JobBook"]
 
@@ -163,6 +164,23 @@ class JobBook:
     def __len__(self) -> int:
         return len(self._open) - self._internal
 
+    def still_writable(self, core: Any, peers: tuple[str, ...]) -> set[int]:
+        """The open load jobs whose slots ``peers`` may still write at shutdown (the plane could not
+        revoke their access, decision N27): they get no result, so the engine never reuses those
+        slots; each is logged with its slots and producer."""
+        if not peers:
+            return set()
+        with self._lock:
+            kids = {job.kv_request_id for job in self._open.values() if not job.store and job.kv_request_id}
+        views = [v for v in (*core.round_loads(), *(core.consumer(k) for k in sorted(kids)))
+                 if v is not None and v.peer in peers and v.state is ConsumerState.REVOKING and v.job_id is not None]
+        for v in views:
+            log.error("kvtier: load job %d (%s) gets no result: its %d slots %s may still be written by %s, which "
+                      "runs on this host and could not be revoked at shutdown (a pool in private memory: only "
+                      "its end proves it done); do not reuse them while that process lives (decision N27)",
+                      v.job_id, v.kv_request_id, len(v.slots), list(v.slots[:8]), v.peer)
+        return {v.job_id for v in views}
+
 
 def _taken(job_id: int, slots: tuple[int, ...], open_jobs: dict[int, _Job]) -> str:
     owner = {s: j for j, job in open_jobs.items() for s in job.slots}  # the error path only
@@ -174,3 +192,4 @@ def _taken(job_id: int, slots: tuple[int, ...], open_jobs: dict[int, _Job]) -> s
             f"{'are' if len(taken) > 1 else 'is'} still being loaded by job{'s' if len(owners) > 1 else ''} {jobs}: "
             "a slot takes one load at a time, so submit this load after that job's result "
             "(get_finished_jobs), or into other slots")
+

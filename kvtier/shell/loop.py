@@ -552,8 +552,7 @@ class IoLoop:
             self.close(linger_s=min(86_400.0, max(0.05, grace_s - (time.monotonic() - start))))
 
     def close(self, linger_s: float) -> None:
-        """Close the transport (queued sends get ``linger_s``), then the plane (its releases end the last
-        store jobs); fail what the core still holds."""
+        """Close the transport (queued sends get ``linger_s``), then the plane; fail what the core holds."""
         with self.lock:
             if self.closed:
                 return
@@ -563,10 +562,8 @@ class IoLoop:
                 self.transport.close(linger_s=linger_s)
                 self._finish_plane()
             finally:
-                # a shut-down manager never touches its pool again: only the engine's own reference
-                # may keep it alive
-                self.outbound.pool = None
-                self.jobs.held = False  # the plane is closed: no peer writes into a slot any more
+                self.outbound.pool = None  # a shut-down manager never touches its pool again
+                self.jobs.held = False  # the plane is closed: no peer writes a slot that has a result (N27)
                 if self.digest_pool is not None:
                     self.digest_pool.close()
                 self._waker.close()
@@ -593,8 +590,10 @@ class IoLoop:
         now = self.clock()
         drive(self.core, self.work.inputs(inputs), now, deadlines_at=None, **self.outbound.hooks)
         drive(self.core, self.work.drain(), now, deadlines_at=None, **self.outbound.hooks)
-        for job_id in self.jobs.open_ids():  # nothing should remain; never leave a job without a result
-            log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
-            self._run(ix.JobSettled(job_id, False, Reason.SHUTDOWN))
+        held = self.jobs.still_writable(self.core, self.plane.unrevoked)  # no result: slots unsafe (N27)
+        for job_id in self.jobs.open_ids():  # nothing else should remain; never leave a job without a result
+            if job_id not in held:
+                log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
+                self._run(ix.JobSettled(job_id, False, Reason.SHUTDOWN))
         # no serve window comes after shutdown: engine lookup contexts go with the engine
         self.serving.drop_contexts()
