@@ -208,6 +208,7 @@ class NixlPlane:
                              f"{DRAIN_S} s of drain, so it must be at least {2 * DRAIN_S} s")
         """Whether :meth:`revoke` withdraws access by itself (a shared-memory pool: windows)."""
         self._windows: dict[str, Window] = {}  # dialled peer -> its session's live window
+        self._dialling: set[str] = set()  # dialled peers of a pool without windows, in their handshake
         self._sinks: list[Window] = []  # withdrawn windows whose addresses are still mapped
         self._sinks_checked = 0.0
         self._sinks_warned = SINKS_WARN
@@ -241,6 +242,8 @@ class NixlPlane:
             PlaneError: the window could not be mapped or registered (the session must not go
                 ahead: its producer's access could not be withdrawn)."""
         if self._backing is None or self._closed:
+            if not self._closed:
+                self._dialling.add(peer)  # its producer's warm-up READ needs our progress too
             return b""
         old = self._windows.pop(peer, None)
         if old is not None:
@@ -350,6 +353,7 @@ class NixlPlane:
         writes can land in our slots (:meth:`revoke` reports when that is certain)."""
         self._pending.pop(peer, None)
         self._gens.pop(peer, None)
+        self._dialling.discard(peer)
         self._drop_entry(peer)
         w = self._windows.pop(peer, None)
         if w is not None:
@@ -482,9 +486,9 @@ class NixlPlane:
             return 0.0
         if self._writes or self._revoking or self._pending or self._warming or (receiving and self._peers):
             return self._interval
-        if any(p not in self._peers for p in self._windows):
+        if any(p not in self._peers for p in self._windows) or self._dialling.difference(self._peers):
             # a session we dialled is in its handshake: the producer's warm-up READ of our window
-            # completes only when we progress (decision N15); nothing else would wake the loop
+            # (or pool) completes only when we progress (N15); nothing else would wake the loop
             return self._interval
         return self._landings.max_wait_s()
 
@@ -563,6 +567,7 @@ class NixlPlane:
                 shared.withdraw(w.addr, self._backing.size)
                 w.withdrawn_at = time.monotonic()
         self._windows.clear()
+        self._dialling.clear()
         self._sinks.clear()
         self._pending.clear()
         self._warming.clear()

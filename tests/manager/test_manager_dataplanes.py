@@ -296,3 +296,28 @@ def test_an_unanswered_abort_is_answered_within_the_bound_and_a_late_write_never
     assert digests(c.pool, [50, 51, 52]) == stored2["digests"]
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
     assert jobs.total() == 2
+
+
+@pytest.mark.parametrize("data_plane", ["nixl"], indirect=True)
+def test_a_private_pool_on_its_own_io_thread_completes_its_handshake_within_a_short_timeout(data_plane, make_manager):
+    """A pool without windows (private memory) has no window to mark a session we dialled as in
+    its handshake, so the consumer's I/O thread slept through its producer's warm-up READs (N15),
+    each waiting for our progress: ~1 s per new session, and every load failed
+    ``handshake_timeout`` with ``handshake_timeout_s`` 0.6 (an outside tester, 3 of 3)."""
+    import torch
+
+    from kvtier.manager import KvTierManager
+    from kvtier.memory import BlockPool
+
+    producers = [make_manager({}), make_manager({})]  # each load is a new session's first
+    c = KvTierManager({"host": "127.0.0.1", "port": 0, "data_plane": "nixl", "background_poll": True,
+                       "handshake_timeout_s": 0.6, "load_timeout_s": 5.0, "abort_ack_timeout_s": 1.0,
+                       "fetch_supply_timeout_s": 1.0},
+                      BlockPool.wrap(torch.zeros((64, 4096), dtype=torch.uint8)))
+    try:
+        for n, p in enumerate(producers):
+            r = _one_block_hand_off(p, c, f"kv-private-hs-{n}")
+            assert r.success, r
+            c.get_finished_jobs()  # job ids are reused by the next hand-off
+    finally:
+        c.shutdown()
