@@ -75,7 +75,7 @@ def _load_all(c, cjobs, host, port, n, first_job=1000):
     return reqs
 
 
-def test_b24_stalled_producer_serves_what_queued_during_the_stall(producer, make_manager):
+def test_b24_stalled_producer_serves_what_queued_during_the_stall(producer, make_manager, tmp_path):
     """B24: 300 ids are parked in the producer's process, which then stalls for 3 s (no poll,
     main thread asleep).  Their reap deadline (2 s) and the consumer's liveness on the
     producer (peer_timeout_s=1 s) fall due inside the stall, while the consumer's 300 fetches
@@ -94,11 +94,18 @@ def test_b24_stalled_producer_serves_what_queued_during_the_stall(producer, make
               "seed": 24_000 + i} for i in range(N_IDS)]
     stored = producer.store_batch(items)
     assert all(s["immediate"] == [] for s in stored)
-    producer.stall(STALL_S)  # returns at once; the child sleeps STALL_S from its reply on
+    released = tmp_path / "stall-over"
+    # returns at once; the child sleeps STALL_S from its reply on, and on until the test says every
+    # fetch was sent: the premise (they wait in its socket) holds however loaded the host is
+    producer.stall_until(STALL_S, str(released))
     t_stall = time.monotonic()
     # Every reap deadline is at most 2 s after the last store, which came before the stall
     # began: all of them fall due inside it.
     _load_all(c, cjobs, host, port, N_IDS)
+    assert pump_until(lambda: all(c.core.consumer_state(f"kv-b24-{i}").value == "in_flight" for i in range(N_IDS)),
+                      managers=[c], jobs=[cjobs], timeout_s=BOUND_S)  # every fetch left
+    pump_until(lambda: False, managers=[c], jobs=[cjobs], timeout_s=0.3)  # and reached the stalled child
+    released.touch()
     pump_until(lambda: time.monotonic() - t_stall > STALL_S, managers=[c], jobs=[cjobs], timeout_s=BOUND_S)
     assert pump_until(lambda: cjobs.has(*range(1000, 1000 + N_IDS)), managers=[c], jobs=[cjobs], timeout_s=BOUND_S)
 

@@ -68,6 +68,7 @@ class PeerHandler:
         self.results: list[dict[str, Any]] = []
         self.reqs: dict[str, Any] = {}
         self.stall_s = 0.0  # set by op_stall: the loop sleeps this long after replying
+        self.stall_until, self.stall_max_s = "", 0.0  # op_stall_until: then until this file exists
 
     # -- helpers ---------------------------------------------------------------------------------
     def _need(self) -> Any:
@@ -263,6 +264,12 @@ class PeerHandler:
         keep receiving meanwhile, so what peers send waits in the sockets."""
         self.stall_s = float(seconds)
 
+    def op_stall_until(self, seconds: float, path: str, max_s: float = 60.0) -> None:
+        """As :meth:`op_stall`, then on until ``path`` exists (at most ``max_s``): a stall that
+        ends only once the test made its premise true (what it sends arrived meanwhile), however
+        slowly a loaded host let it get there."""
+        self.stall_s, self.stall_until, self.stall_max_s = float(seconds), path, float(max_s)
+
     def op_resume(self) -> None:
         self.paused = False
 
@@ -312,7 +319,10 @@ class PeerHandler:
         command is waiting."""
         if self.stall_s > 0:
             time.sleep(self.stall_s)
-            self.stall_s = 0.0
+            end = time.monotonic() + self.stall_max_s
+            while self.stall_until and not os.path.exists(self.stall_until) and time.monotonic() < end:
+                time.sleep(0.01)  # the whole child, still: no poll, no command
+            self.stall_s, self.stall_until = 0.0, ""
         while not conn.poll(0 if self.mgr is not None and not self.paused else 0.01):
             if self.mgr is None or self.paused:
                 return  # let the loop look at its lifetime
