@@ -326,7 +326,9 @@ def _why(check: Any, value: Any, checks: tuple[Any, ...], unit: str, shape: str)
     if hasattr(check, "pattern"):
         return f"must be {shape}"
     options = check.options
-    close = difflib.get_close_matches(value, options, n=1, cutoff=0.5) if isinstance(value, str) else []
+    folded = {o.casefold(): o for o in options if isinstance(o, str)}  # "ZMQ": the same name, cased
+    close = ([folded[value.casefold()]] if value.casefold() in folded else
+             difflib.get_close_matches(value, options, n=1, cutoff=0.5)) if isinstance(value, str) else []
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"must be one of {', '.join(repr(c) for c in options)}{hint}"
 

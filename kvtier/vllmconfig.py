@@ -44,13 +44,25 @@ def _as_written(kind: Any) -> Any:
     return parse
 
 
-def _load(blob: str | Mapping[str, Any]) -> Mapping[str, Any]:
+def _load(blob: str | Mapping[str, Any], twice: list[str]) -> Mapping[str, Any]:
+    """The JSON object; each key an object gives twice is added to ``twice`` (JSON readers, vLLM's
+    included, keep the last one silently)."""
     if isinstance(blob, Mapping):
         return blob
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for k, v in items:
+            if k in seen:
+                twice.append(f"{k!r} is given twice in one object ({seen[k]!r}, then {v!r}): vLLM reads the "
+                             "last one; keep one")
+            seen[k] = v
+        return seen
+
     try:
         # numbers JSON allows but Python reads as inf or refuses (over 4300 digits) stay as written,
         # so a key's error quotes them (a numeric string is checked like the number)
-        doc = json.loads(blob, parse_float=_as_written(float), parse_int=_as_written(int))
+        doc = json.loads(blob, parse_float=_as_written(float), parse_int=_as_written(int), object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(doc, Mapping):
@@ -67,11 +79,13 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
     Raises:
         ValueError: not JSON, or not a JSON object.
     """
-    doc = _load(blob)
+    twice: list[str] = []
+    doc = _load(blob, twice)
     if doc.get("kv_connector") == "MultiConnector":
-        return _check_multi(doc)
-    problems, notes, _ = _check_offloading(doc)
-    return problems, notes
+        problems, notes = _check_multi(doc)
+    else:
+        problems, notes, _ = _check_offloading(doc)
+    return twice + problems, notes
 
 
 def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:

@@ -233,7 +233,8 @@ class ByteWork:
             out.append(ix.BlocksLanded(peer, kid, rnd, first, good, True))
         if bad >= 0:
             self._logs(peer, "corrupt",
-                       "kvtier: block %d of %s round %d from %s does not match its parked digest; the load fails",
+                       "kvtier: block %d of %s round %d from %s does not match the digest its producer sent "
+                       "(taken when it parked it; none sent counts as a mismatch); the load fails",
                        first + bad, kid, rnd, self._logs.who(peer))
             out.append(ix.BlocksLanded(peer, kid, rnd, first + bad, count - bad, False, Reason.CORRUPT))
         return out

@@ -214,6 +214,10 @@ def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     if zmq.curve_public(secret) != public:
         raise ValueError(f"auth_secret_key_file {str(path)!r}: its public-key is not the secret-key's own (the "
                          "file mixes two key pairs): write a fresh one with `kvtier keys generate`")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:  # as ssh says of a private key: others who read it can pose as this instance
+        log.warning("kvtier: auth_secret_key_file %r is readable or writable by other users (mode %o): anyone "
+                    "who reads it can pose as this instance; `chmod 600 %s`", str(path), mode, path)
     return CurveIdentity(path.name.split(".")[0], public, secret)
 
 

@@ -204,10 +204,13 @@ def test_a_vllm_entry_naming_vllms_own_tier_is_refused_with_the_right_type() -> 
     ('"tombstone_max": ' + "9" * 5000, "tombstone_max='99999"),  # past Python's 4300-digit conversion limit
     ('"load_timeout_s": null', "load_timeout_s=null: expected a number or numeric string, got null"),
     ('"allowed_peers": ["http://10.0.0.5:5710"]', "is a URL: write the host, host:port or CIDR network alone"),
+    ('"data_plane": "ZMQ"', "data_plane='ZMQ': must be one of 'zmq', 'nixl'; did you mean 'zmq'?"),
+    ('"load_timeout_s": -1, "load_timeout_s": 30', "'load_timeout_s' is given twice in one object (-1, then 30)"),
 ])
 def test_check_config_shows_a_value_as_its_json_was_written(text: str, says: str) -> None:
     """A number JSON allows but Python cannot hold is quoted as written (not ``inf``, not Python's
-    advice to call ``sys.set_int_max_str_digits``), ``null`` is not ``None``, a URL is named one."""
+    advice to call ``sys.set_int_max_str_digits``), ``null`` is not ``None``, a URL is named one, a
+    choice written in capitals gets its name, and a key given twice (JSON keeps the last) is named."""
     entry = '{"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vllm", "port": 5710, ' + text + "}"
     blob = ('{"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": '
             '{"spec_name": "TieringOffloadingSpec", "secondary_tiers": [' + entry + "]}}")

@@ -55,6 +55,9 @@ class Logs:
     def who(self, peer: str) -> str:
         return peer
 
+MISMATCH = ("does not match the digest its producer sent (taken when it parked it; none sent counts as a mismatch); "
+            "the load fails")
+
 
 def _work(pool=None, algorithm: str = "xxh3_64") -> ByteWork:
     return ByteWork(algorithm=algorithm, digest_pool=pool, block_bytes=BB, metrics=Counters(), logs=Logs())
@@ -427,8 +430,7 @@ def test_a_landings_result_names_its_blocks_and_counts_or_logs_them() -> None:
     assert work.results("P", ("kv", 3, 4, 3), 2) == [ix.BlocksLanded("P", "kv", 3, 4, 2, True),
                                                      ix.BlocksLanded("P", "kv", 3, 6, 1, False, Reason.CORRUPT)]
     assert counters.bytes == 4 * BB
-    assert logs.lines == ["kvtier: block 4 of kv round 3 from P does not match its parked digest; the load fails",
-                          "kvtier: block 6 of kv round 3 from P does not match its parked digest; the load fails"]
+    assert logs.lines == [f"kvtier: block {b} of kv round 3 from P {MISMATCH}" for b in (4, 6)]
 
 
 def test_a_one_sided_loads_keys_are_rechecked_and_a_mismatch_is_logged_once(caplog) -> None:
@@ -509,8 +511,7 @@ def test_corrupt_landings_are_logged_once_per_peer_per_interval() -> None:
     finally:
         logger.removeHandler(handler)
     assert [r for r in records if "does not match" in r] == [
-        "kvtier: block 0 of kv round 0 from P does not match its parked digest; the load fails",
-        "kvtier: block 0 of kv round 0 from Q does not match its parked digest; the load fails"]
+        f"kvtier: block 0 of kv round 0 from {p} {MISMATCH}" for p in ("P", "Q")]
 
 
 def test_a_peers_bad_payloads_make_one_line_per_interval_whichever_check_finds_them(caplog) -> None:

@@ -140,6 +140,23 @@ def test_both_key_paths_wrong_are_named_at_once(tmp_path) -> None:
     assert "auth_secret_key_file" in text and "auth_allowed_keys_dir" in text and text.count("does not exist") == 2
 
 
+def test_a_secret_key_others_can_read_is_warned_about(keys, caplog) -> None:
+    import logging
+    import os
+
+    path = keys["dir"] / "decode-0.key_secret"
+    with caplog.at_level(logging.WARNING, logger="kvtier.transport.curve"):
+        load_identity(path)  # as written by `kvtier keys generate`: 600, nothing said
+        assert not [r for r in caplog.records if "other users" in r.getMessage()]
+        os.chmod(path, 0o644)
+        try:
+            load_identity(path)
+        finally:
+            os.chmod(path, 0o600)  # the fixture's keys serve other tests
+    said = [r.getMessage() for r in caplog.records if "other users" in r.getMessage()]
+    assert len(said) == 1 and "mode 644" in said[0] and "chmod 600" in said[0], said
+
+
 def _edit_key(path, field: str, new_value: str):
     import re
 
