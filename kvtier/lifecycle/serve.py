@@ -268,8 +268,8 @@ class ServeMachine(TableMachine):
             return True
         if rec.probes >= lim.max_probes_per_round:
             return True
-        # the probe's lookups pin at most the room left (LookUpBlocks.limit): refused only when
-        # nothing could be pinned, not for naming more keys than the peer has blocks to offer (Y23)
+        # the probe's lookups pin at most the room left (the window reads ``room``): refused only
+        # when nothing could be pinned, not for naming more keys than there is room for (Y23)
         return any(k not in rec.keys for k in inp.keys) and self.room(inp.peer) <= 0
 
     def _left(self, rec: ServeRecord, inp: LookupAnswered) -> set[bytes]:

@@ -192,4 +192,3 @@ def _taken(job_id: int, slots: tuple[int, ...], open_jobs: dict[int, _Job]) -> s
             f"{'are' if len(taken) > 1 else 'is'} still being loaded by job{'s' if len(owners) > 1 else ''} {jobs}: "
             "a slot takes one load at a time, so submit this load after that job's result "
             "(get_finished_jobs), or into other slots")
-

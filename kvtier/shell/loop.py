@@ -590,7 +590,7 @@ class IoLoop:
         now = self.clock()
         drive(self.core, self.work.inputs(inputs), now, deadlines_at=None, **self.outbound.hooks)
         drive(self.core, self.work.drain(), now, deadlines_at=None, **self.outbound.hooks)
-        held = self.jobs.still_writable(self.core, self.plane.unrevoked)  # no result: slots unsafe (N27)
+        held = self.jobs.still_writable(self.core, getattr(self.plane, "unrevoked", ()))  # slots unsafe: N27
         for job_id in self.jobs.open_ids():  # nothing else should remain; never leave a job without a result
             if job_id not in held:
                 log.error("kvtier: job %d had no result at shutdown; failing it", job_id)
