@@ -215,8 +215,8 @@ HANDSHAKE_FIELDS: Mapping[str, str] = MappingProxyType({
     "version": "run kvtier releases that speak the same wire protocol on both sides (docs/compatibility.md)",
     "block_bytes": "serve the same model with the same KV dtype, block size and tensor/pipeline/context "
                    "parallel sizes on both engines",
-    "layout": "serve the same model with the same KV dtype, block size and tensor/pipeline/context parallel "
-              "sizes on both engines",
+    "layout": "serve the same model with the same KV dtype, block size, tensor/pipeline/context parallel "
+              "sizes and KV cache layout (NHD/HND, the attention backend's) on both engines",
     "hash_seed": "set config key hash_seed to the same value on both tiers (under vLLM: the same "
                  "--prefix-caching-hash-algo on both engines, and the same PYTHONHASHSEED for a "
                  "non-cryptographic one)",
@@ -225,6 +225,19 @@ HANDSHAKE_FIELDS: Mapping[str, str] = MappingProxyType({
     "descriptor": "give both tiers a working NIXL with the same backends (docs/dataplane.md)",
 })
 """A ``hello_reject``'s field -> what to change so both sides agree (the log line says it)."""
+
+
+def differs(field: str, ours: str, theirs: str) -> str:
+    """``"<field> differs (ours X, theirs Y)"``, the words of a fingerprint of ``key=value`` words
+    that differ named first (``layout differs in tokens_per_hash: ours 16, theirs 32; whole: ...``):
+    two fingerprints of some 250 characters are not for comparing by eye."""
+    words = [dict(w.partition("=")[::2] for w in text.split()[1:] if "=" in w) for text in (ours, theirs)]
+    keys = [k for k in {**words[0], **words[1]} if words[0].get(k) != words[1].get(k)]
+    head = ours.split()[:1] != theirs.split()[:1]  # another fingerprint version: every word may differ
+    if not keys or head:
+        return f"{field} differs (ours {ours}, theirs {theirs})"
+    named = "; ".join(f"{k}: ours {words[0].get(k, '(none)')}, theirs {words[1].get(k, '(none)')}" for k in keys)
+    return f"{field} differs in {named} (whole: ours {ours}, theirs {theirs})"
 
 
 def handshake_hint(field: str) -> str:

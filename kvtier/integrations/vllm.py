@@ -324,7 +324,9 @@ class KvTierSecondaryTier(SecondaryTierManager):
         return None if holder is None else holder.by_tier.get(self._key)
 
     def _resolve_seed(self, force: bool = False) -> None:
-        """Use vLLM's NONE_HASH seed in handshakes, once it is known.
+        """Use vLLM's NONE_HASH seed in handshakes, once it is known, with the first bytes of
+        ``NONE_HASH`` itself (the hash of that seed: engines on two ``--prefix-caching-hash-algo``
+        share a seed but not their hashes).
 
         vLLM builds this tier before ``init_none_hash`` runs, so the hash seed is read lazily: at every
         poll until vLLM has initialised it (then never again), and at each new request until then
@@ -347,6 +349,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
                         "from this tier's entry (kvtier then takes vLLM's own seed)"
                     )
                 return
+            if ready:  # the root hash is the algorithm applied to that seed: one seed, two algorithms differ
+                seed = f"{seed}/{bytes(_vllm_kv_cache_utils.NONE_HASH)[:8].hex()}"
             mgr = self._mgr
             if mgr is not None and seed != self._seed:
                 mgr.set_hash_seed(seed)

@@ -167,7 +167,8 @@ def vllm_layout(offloading_spec: Any, row_bytes: int) -> str:
     """The layout fingerprint kvtier's handshake compares (both engines must produce the same).
 
     Readable on purpose, so a ``hello_reject`` log line shows what differs: the primary row
-    geometry, KV dtype, tokens per hash, blocks per chunk, parallel sizes, host-layout flags, a
+    geometry, KV dtype, tokens per hash, blocks per chunk, parallel sizes, host-layout flags, the
+    attention backend's KV cache layout (``NHD``/``HND``: the same bytes in another order), a
     digest of the KV-cache groups (ids, tokens per block, layer names, sliding windows) and the
     model name.  (``block_bytes`` is compared separately by the handshake.)
     """
@@ -192,9 +193,10 @@ def vllm_layout(offloading_spec: Any, row_bytes: int) -> str:
             "dcp": par.dcp_size,
             "replicated": int(bool(getattr(cfg, "replicated_layout", False))),
             "canonical": int(bool(getattr(cfg, "canonical_layout", False))),
+            "kv_layout": getattr(cfg, "kv_cache_layout", None) or "-",  # NHD and HND order a block's bytes apart
             "groups": digest,
             "model": _truncate(str(cfg.model.name), 512),
         }
     except AttributeError:  # a spec without an OffloadingConfig (e.g. a unit-test stub)
-        return f"vllm-offload/1 row_bytes={row_bytes}"
-    return "vllm-offload/1 " + " ".join(f"{k}={v}" for k, v in parts.items())
+        return f"vllm-offload/2 row_bytes={row_bytes}"
+    return "vllm-offload/2 " + " ".join(f"{k}={v}" for k, v in parts.items())

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.advice import handshake_hint
+from kvtier.advice import differs, handshake_hint
 from kvtier.dataplane import AttachFailed, Attached, DataPlane, Faulted, Landed, Notified, Released, Revoked
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import inputs as ix
@@ -289,8 +289,8 @@ class Inbound:
             self.logs(peer, "hello_reject", "kvtier: %s refused our data-plane descriptor (its log says why)%s",
                       self.logs.who(peer), handshake_hint(msg.field), level=logging.ERROR)
         else:  # the refusal names our value first ("theirs" from its side); a secret field names none
-            self.logs(peer, "hello_reject", "kvtier: %s rejected our hello: %s differs (ours %s, theirs %s)%s",
-                      self.logs.who(peer), msg.field, msg.theirs or "(not shown)", msg.ours or "(withheld)",
+            self.logs(peer, "hello_reject", "kvtier: %s rejected our hello: %s%s", self.logs.who(peer),
+                      differs(msg.field, msg.theirs or "(not shown)", msg.ours or "(withheld)"),
                       handshake_hint(msg.field), level=logging.ERROR)
 
     def _note_error(self, peer: str, msg: wm.Error) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from kvtier.advice import handshake_hint
+from kvtier.advice import differs, handshake_hint
 from kvtier.dataplane import Batch, DataPlane, PeerIsSelf, PeerStillHeld, PlaneError
 from kvtier.integrity import block_digests, check_blocks
 from kvtier.lifecycle import Reason
@@ -174,8 +174,8 @@ class Outbound:
             self.logs(peer, msg.reason, "kvtier: refusing a session from %s: max_peers=%s reached",
                       self.logs.who(peer), msg.ours)
         elif msg.field != "descriptor":  # a refused descriptor: the plane's refusal was logged with its cause
-            self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s differs (ours %s, theirs %s)%s",
-                      self.logs.who(peer), msg.field, msg.ours or "(withheld)", msg.theirs or "(not shown)",
+            self.logs(peer, msg.reason, "kvtier: rejecting hello from %s: %s%s", self.logs.who(peer),
+                      differs(msg.field, msg.ours or "(withheld)", msg.theirs or "(not shown)"),
                       handshake_hint(msg.field), level=logging.ERROR)
         self.logs.forget(peer)
 

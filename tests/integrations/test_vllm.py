@@ -154,7 +154,8 @@ def test_hash_seed_is_resolved_lazily_and_checked_in_the_handshake(managers, mon
     kcu.init_none_hash(sha256)
     with prod.lock:
         step(prod)  # the first poll after init_none_hash picks the seed up
-    assert ptier.kvtier.local_hello.hash_seed == "kvtier-seed-test"
+    seed = ptier.kvtier.local_hello.hash_seed  # vLLM's seed, then its root hash's first bytes (the algorithm)
+    assert seed == f"kvtier-seed-test/{bytes(kcu.NONE_HASH)[:8].hex()}", seed
 
     pview = np.asarray(prod.primary_tier.get_kv_memoryview())
     ks = keys("seed", 1)
@@ -173,6 +174,83 @@ def test_hash_seed_is_resolved_lazily_and_checked_in_the_handshake(managers, mon
     # the producer refuses the hello (hash_seed differs): the load fails, vLLM recomputes
     assert promote(prod, cons, D, ks) == [LookupResult.MISS]
     assert time.monotonic() - t0 < 5.0
+    assert stat(ctier, "kvtier_session_ends_total{reason=handshake_mismatch}") == 1
+    with cons.lock:
+        cons.on_request_finished(D)
+        step(cons)
+    with prod.lock:
+        prod.on_request_finished(P)
+        step(prod)
+    del pview
+
+
+@pytest.mark.timeout(60)
+def test_engines_hashing_blocks_with_two_algorithms_are_refused_in_the_handshake(managers, monkeypatch) -> None:
+    """``--prefix-caching-hash-algo`` sha256 on one engine and sha256_cbor on the other share vLLM's
+    seed but no block hash: the handshake compared the seed alone and passed, and every load then
+    failed ``incomplete`` (an outside tester).  The root hash now travels with the seed."""
+    import vllm.v1.core.kv_cache_utils as kcu
+    from vllm.utils.hashing import sha256, sha256_cbor
+
+    prod, ptier = managers(TIER)
+    cons, ctier = managers(TIER)
+    monkeypatch.setattr(kcu, "_NONE_HASH_SEED", kcu._NONE_HASH_SEED)  # restore vLLM's globals after
+    monkeypatch.setattr(kcu, "NONE_HASH", getattr(kcu, "NONE_HASH", None), raising=False)
+    monkeypatch.setenv("PYTHONHASHSEED", "kvtier-algo-test")
+    kcu.init_none_hash(sha256)  # each engine is a process of its own: each resolves its own
+    with prod.lock:
+        step(prod)
+    kcu.init_none_hash(sha256_cbor)
+    with cons.lock:
+        step(cons)
+    pseed, cseed = ptier.kvtier.local_hello.hash_seed, ctier.kvtier.local_hello.hash_seed
+    assert pseed.split("/")[0] == cseed.split("/")[0] == "kvtier-algo-test" and pseed != cseed
+
+    ks = keys("algo", 1)
+    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "K4"}})
+    with prod.lock:
+        prod.on_new_request(P)
+    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
+    producer_store(prod, P, ks, pview)
+    host, port = ptier.address.rsplit(":", 1)
+    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
+        "kv_request_id": "K4", "remote_host": host, "remote_port": int(port)}})
+    with cons.lock:
+        cons.on_new_request(D)
+        cons.lookup(ks[0], D)
+        step(cons)
+    assert promote(prod, cons, D, ks) == [LookupResult.MISS]  # refused: vLLM recomputes
+    assert stat(ctier, "kvtier_session_ends_total{reason=handshake_mismatch}") == 1
+    with cons.lock:
+        cons.on_request_finished(D)
+        step(cons)
+    with prod.lock:
+        prod.on_request_finished(P)
+        step(prod)
+    del pview
+
+
+def test_engines_with_two_kv_cache_layouts_are_refused_in_the_handshake(managers) -> None:
+    """NHD and HND hold a block's bytes in two orders at the same size: a consumer reading a
+    producer's NHD block as HND decodes garbage.  The layout fingerprint left the attention
+    backend's layout out: the load succeeded (an outside tester); a dtype mismatch was refused."""
+    prod, ptier = managers({**TIER, "unbound_store_timeout_s": 5}, kv_cache_layout="NHD")
+    cons, ctier = managers(TIER, kv_cache_layout="HND")
+    assert "kv_layout=NHD" in ptier.kvtier.local_hello.layout and "kv_layout=HND" in ctier.kvtier.local_hello.layout
+    ks = keys("layout", 1)
+    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "K5"}})
+    with prod.lock:
+        prod.on_new_request(P)
+    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
+    producer_store(prod, P, ks, pview)
+    host, port = ptier.address.rsplit(":", 1)
+    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
+        "kv_request_id": "K5", "remote_host": host, "remote_port": int(port)}})
+    with cons.lock:
+        cons.on_new_request(D)
+        cons.lookup(ks[0], D)
+        step(cons)
+    assert promote(prod, cons, D, ks) == [LookupResult.MISS]  # refused: vLLM recomputes
     assert stat(ctier, "kvtier_session_ends_total{reason=handshake_mismatch}") == 1
     with cons.lock:
         cons.on_request_finished(D)

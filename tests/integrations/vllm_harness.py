@@ -111,7 +111,8 @@ def free_ports(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1")
 
 
-def offloading_config(entry: dict, *, n_chunks: int = 8, dp_index: int = 0, poll_s: float = 0.0):
+def offloading_config(entry: dict, *, n_chunks: int = 8, dp_index: int = 0, poll_s: float = 0.0,
+                      kv_cache_layout: str | None = None):
     engine_id = f"kvtier-test-{uuid.uuid4().hex[:8]}"
     cfg = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=TOKENS, layer_names=("model.layers.0.self_attn.attn",),
@@ -132,6 +133,7 @@ def offloading_config(entry: dict, *, n_chunks: int = 8, dp_index: int = 0, poll
             data_parallel_index=dp_index, data_parallel_size=dp_index + 1, data_parallel_rank_local=None,
             is_parallelism_agnostic=True,
         ),
+        kv_cache_layout=kv_cache_layout,
     )
     return cfg, engine_id
 

@@ -71,3 +71,20 @@ def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
 
     pump_until(lambda: False, managers=[p], jobs=[jobs, pjobs], timeout_s=0.2)
     assert jobs.total() == 1
+
+
+def test_a_layout_mismatch_names_the_words_that_differ_first() -> None:
+    """Two fingerprints of some 250 characters side by side are not for comparing by eye (an outside
+    tester): the words that differ come first, the whole fingerprints after."""
+    from kvtier.advice import differs
+
+    ours = "vllm-offload/2 row_bytes=8192 tokens_per_hash=16 kv_layout=NHD model=m"
+    theirs = "vllm-offload/2 row_bytes=8192 tokens_per_hash=32 kv_layout=NHD model=m"
+    assert differs("layout", ours, theirs) == (
+        f"layout differs in tokens_per_hash: ours 16, theirs 32 (whole: ours {ours}, theirs {theirs})")
+    short = ours.replace(" model=m", "")
+    assert differs("layout", ours, short).startswith("layout differs in model: ours m, theirs (none)")
+    old = "vllm-offload/1 row_bytes=8192 model=m"  # another fingerprint version: shown whole
+    assert differs("layout", ours, old) == f"layout differs (ours {ours}, theirs {old})"
+    assert differs("hash_seed", "(withheld)", "(not shown)") == (
+        "hash_seed differs (ours (withheld), theirs (not shown))")
