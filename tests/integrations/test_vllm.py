@@ -23,6 +23,7 @@ from tests.integrations.vllm_harness import (  # the harness (and its module-lev
     ReqContext,
     TierConfigError,
     TransportError,
+    finish,
     free_port,
     keys,
     managers,  # noqa: F401  (fixture)
@@ -141,6 +142,28 @@ def test_second_decode_request_for_one_id_fails_fast_and_recomputes(managers) ->
     del pview
 
 
+def _refused_hand_off(prod: Any, ptier: Any, cons: Any, ctier: Any, kid: str) -> None:
+    """``prod`` parks one block for ``kid``; ``cons`` loads it: the handshake refuses the session,
+    so the lookup answers MISS (vLLM recomputes) and one ``handshake_mismatch`` is counted."""
+    ks = keys(kid, 1)
+    P = ReqContext(f"req-P-{kid}", kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
+    with prod.lock:
+        prod.on_new_request(P)
+    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
+    producer_store(prod, P, ks, pview)
+    host, port = ptier.address.rsplit(":", 1)
+    D = ReqContext(f"req-D-{kid}", kv_transfer_params={"remote_prefiller": {
+        "kv_request_id": kid, "remote_host": host, "remote_port": int(port)}})
+    with cons.lock:
+        cons.on_new_request(D)
+        assert cons.lookup(ks[0], D) is LookupResult.HIT_PENDING  # until the session answers
+        step(cons)
+    assert promote(prod, cons, D, ks) == [LookupResult.MISS]
+    assert stat(ctier, "kvtier_session_ends_total{reason=handshake_mismatch}") == 1
+    finish(prod, cons, P, D)
+    del pview
+
+
 @pytest.mark.timeout(60)
 def test_hash_seed_is_resolved_lazily_and_checked_in_the_handshake(managers, monkeypatch) -> None:
     import vllm.v1.core.kv_cache_utils as kcu
@@ -157,31 +180,8 @@ def test_hash_seed_is_resolved_lazily_and_checked_in_the_handshake(managers, mon
     seed = ptier.kvtier.local_hello.hash_seed  # vLLM's seed, then its root hash's first bytes (the algorithm)
     assert seed == f"kvtier-seed-test/{bytes(kcu.NONE_HASH)[:8].hex()}", seed
 
-    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
-    ks = keys("seed", 1)
-    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "K3"}})
-    with prod.lock:
-        prod.on_new_request(P)
-    producer_store(prod, P, ks, pview)
-    host, port = ptier.address.rsplit(":", 1)
-    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
-        "kv_request_id": "K3", "remote_host": host, "remote_port": int(port)}})
-    t0 = time.monotonic()
-    with cons.lock:
-        cons.on_new_request(D)
-        assert cons.lookup(ks[0], D) is LookupResult.HIT_PENDING
-        step(cons)
     # the producer refuses the hello (hash_seed differs): the load fails, vLLM recomputes
-    assert promote(prod, cons, D, ks) == [LookupResult.MISS]
-    assert time.monotonic() - t0 < 5.0
-    assert stat(ctier, "kvtier_session_ends_total{reason=handshake_mismatch}") == 1
-    with cons.lock:
-        cons.on_request_finished(D)
-        step(cons)
-    with prod.lock:
-        prod.on_request_finished(P)
-        step(prod)
-    del pview
+    _refused_hand_off(prod, ptier, cons, ctier, "K3")
 
 
 @pytest.mark.timeout(60)
@@ -205,29 +205,7 @@ def test_engines_hashing_blocks_with_two_algorithms_are_refused_in_the_handshake
         step(cons)
     pseed, cseed = ptier.kvtier.local_hello.hash_seed, ctier.kvtier.local_hello.hash_seed
     assert pseed.split("/")[0] == cseed.split("/")[0] == "kvtier-algo-test" and pseed != cseed
-
-    ks = keys("algo", 1)
-    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "K4"}})
-    with prod.lock:
-        prod.on_new_request(P)
-    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
-    producer_store(prod, P, ks, pview)
-    host, port = ptier.address.rsplit(":", 1)
-    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
-        "kv_request_id": "K4", "remote_host": host, "remote_port": int(port)}})
-    with cons.lock:
-        cons.on_new_request(D)
-        cons.lookup(ks[0], D)
-        step(cons)
-    assert promote(prod, cons, D, ks) == [LookupResult.MISS]  # refused: vLLM recomputes
-    assert stat(ctier, "kvtier_session_ends_total{reason=handshake_mismatch}") == 1
-    with cons.lock:
-        cons.on_request_finished(D)
-        step(cons)
-    with prod.lock:
-        prod.on_request_finished(P)
-        step(prod)
-    del pview
+    _refused_hand_off(prod, ptier, cons, ctier, "K4")
 
 
 def test_engines_with_two_kv_cache_layouts_are_refused_in_the_handshake(managers) -> None:
@@ -237,28 +215,7 @@ def test_engines_with_two_kv_cache_layouts_are_refused_in_the_handshake(managers
     prod, ptier = managers({**TIER, "unbound_store_timeout_s": 5}, kv_cache_layout="NHD")
     cons, ctier = managers(TIER, kv_cache_layout="HND")
     assert "kv_layout=NHD" in ptier.kvtier.local_hello.layout and "kv_layout=HND" in ctier.kvtier.local_hello.layout
-    ks = keys("layout", 1)
-    P = ReqContext("req-P", kv_transfer_params={"remote_decoder": {"kv_request_id": "K5"}})
-    with prod.lock:
-        prod.on_new_request(P)
-    pview = np.asarray(prod.primary_tier.get_kv_memoryview())
-    producer_store(prod, P, ks, pview)
-    host, port = ptier.address.rsplit(":", 1)
-    D = ReqContext("req-D", kv_transfer_params={"remote_prefiller": {
-        "kv_request_id": "K5", "remote_host": host, "remote_port": int(port)}})
-    with cons.lock:
-        cons.on_new_request(D)
-        cons.lookup(ks[0], D)
-        step(cons)
-    assert promote(prod, cons, D, ks) == [LookupResult.MISS]  # refused: vLLM recomputes
-    assert stat(ctier, "kvtier_session_ends_total{reason=handshake_mismatch}") == 1
-    with cons.lock:
-        cons.on_request_finished(D)
-        step(cons)
-    with prod.lock:
-        prod.on_request_finished(P)
-        step(prod)
-    del pview
+    _refused_hand_off(prod, ptier, cons, ctier, "K5")
 
 
 def _spy_regions(monkeypatch) -> list[Any]:

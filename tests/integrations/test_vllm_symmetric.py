@@ -28,6 +28,7 @@ from tests.integrations.vllm_harness import (  # the harness (and its module-lev
     Engine,
     LookupResult,
     ReqContext,
+    finish,
     keys,
     managers,  # noqa: F401  (fixture)
     model_dir,  # noqa: F401  (fixture)
@@ -205,15 +206,6 @@ def _held_round(managers) -> tuple[Any, Any, Any, Any, list[bytes], ReqContext, 
     return prod, ptier, cons, ctier, ks, L, S, pview
 
 
-def _finish(prod: Any, cons: Any, L: ReqContext, S: ReqContext) -> None:
-    with cons.lock:
-        cons.on_request_finished(S)
-        step(cons)
-    with prod.lock:
-        prod.on_request_finished(L)
-        step(prod)
-
-
 @pytest.mark.timeout(60)
 def test_reset_cache_while_pins_are_held_for_an_unfetched_round(managers) -> None:
     """A answered B's probe (every block HIT, pinned) and B has not fetched yet; A's engine resets
@@ -232,6 +224,6 @@ def test_reset_cache_while_pins_are_held_for_an_unfetched_round(managers) -> Non
     _wait(lambda: stat(ctier, "kvtier_probes{state=failed}") == 1, prod, cons)
     with cons.lock:
         assert [cons.lookup(k, S) for k in ks] == [LookupResult.MISS] * 3
-    _finish(prod, cons, L, S)
+    finish(prod, cons, L, S)
     assert stat(ctier, "kvtier_probe_keys_total{answer=") == 3  # never probed again
     del pview

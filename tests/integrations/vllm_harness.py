@@ -183,6 +183,17 @@ def step(mgr: TieringOffloadingManager, new: tuple[str, ...] = ()) -> None:
     mgr.on_schedule_end(ScheduleEndContext(new_req_ids=list(new), preempted_req_ids=()))
 
 
+def finish(prod: TieringOffloadingManager, cons: TieringOffloadingManager, p: ReqContext, c: ReqContext) -> None:
+    """Both engines finish their request (``c`` on the consumer, ``p`` on the producer), each
+    followed by a step."""
+    with cons.lock:
+        cons.on_request_finished(c)
+        step(cons)
+    with prod.lock:
+        prod.on_request_finished(p)
+        step(prod)
+
+
 def keys(prefix: str, n: int) -> list[bytes]:
     return [make_offload_key(hashlib.sha256(f"{prefix}-{i}".encode()).digest(), 0) for i in range(n)]
 
