@@ -58,13 +58,15 @@ def safe_repr(value: Any, limit: int = 120) -> str:
 
 
 def shown(value: Any) -> str:
-    """A config value as its JSON reads (``null``, ``true``), else :func:`safe_repr`."""
+    """A config value as its JSON reads (``null``, ``true``, a number as written), else :func:`safe_repr`."""
+    if type(value) is WrittenNumber:
+        return value if len(value) <= 120 else value[:117] + "..."
     return "null" if value is None else ("true" if value else "false") if isinstance(value, bool) else safe_repr(value)
 
 
 def _kind(value: Any) -> str:
     """What a JSON value is, in JSON's words (the config is JSON: not Python's type names)."""
-    return _KINDS.get(type(value), type(value).__name__)
+    return "a number" if type(value) is WrittenNumber else _KINDS.get(type(value), type(value).__name__)
 
 
 _KINDS = {type(None): "null", bool: "a bool", int: "an integer", float: "a number", str: "a string", list: "a list",
@@ -139,14 +141,19 @@ maybe_number: Callable[[Any], float | None] = attrs.converters.optional(number)
 """``None`` (off) or :func:`number`."""
 
 
+class WrittenNumber(str):
+    """A JSON number Python cannot hold (``1e400``, thousands of digits), kept as written so its
+    error quotes it (``kvtier check-config``): a number to a number key, never a string to a text key."""
+
+
 def text(value: Any) -> str:
-    if not isinstance(value, str):
+    if not isinstance(value, str) or type(value) is WrittenNumber:
         raise _Invalid(f"expected a string, got {_kind(value)}")
     return value
 
 
 def maybe_text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
+    if value is None or isinstance(value, str) and type(value) is not WrittenNumber:
         return value
     raise _Invalid(f"expected a string or null, got {_kind(value)}")
 
@@ -170,6 +177,8 @@ def absent(why: str) -> Callable[[Any], None]:
 def _strings(value: Any) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise _Invalid(f"expected a list of strings, got {_kind(value)}")
+    if any(type(v) is WrittenNumber for v in value):
+        raise _Invalid("expected a list of strings, got a number in it")
     return list(value)
 
 

@@ -533,7 +533,9 @@ class KvTierManager(TierView):
         4. Closing the transport drops every reference the data plane held, so the store jobs of
            transfers given up in step 3 are reported (failed) only then — never while a send may
            still read their blocks (decision I1).
-        Every job gets exactly one result (collect them with :meth:`get_finished_jobs`).  Returns
+        Every job gets exactly one result (collect them with :meth:`get_finished_jobs`), but for
+        a NIXL load into a pool in private memory whose producer runs on this host and may still
+        write its slots: it gets none, and an error names it (decision N27).  Returns
         within the grace, even when a peer is wedged, plus the time to give every open job its
         result (config ``shutdown_grace_s`` says how long: ~25 µs per parked id).  Right after a
         :meth:`drain_jobs` that timed out, the grace is what is left of the drain's budget (at

@@ -34,6 +34,7 @@ import attrs
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from kvtier.errors import KvTierError
@@ -420,7 +421,7 @@ def recent(targets: Sequence[str], *, limit: int = RECENT, timeout_s: float = 5.
             continue
         name = _split(target)[1]
         out += [(name, e) for e in doc.get("requests", ())]
-    out.sort(key=lambda pair: (bool(pair[1].get("ok")), pair[1].get("ago", 0.0)))
+    out.sort(key=lambda pair: (bool(pair[1].get("ok")), _number(pair[1].get("ago"))))
     return out[:limit]
 
 
@@ -432,9 +433,16 @@ def render_recent(entries: Sequence[tuple[str, dict[str, Any]]]) -> Table:
     t.add_column("endpoint", no_wrap=True)
     t.add_column("request", overflow="fold")
     for endpoint, e in entries:
-        line = one_line(e)
+        try:
+            line = escape(one_line(e))
+        except (KeyError, TypeError, ValueError, AttributeError):  # another release's record: as sent
+            line = escape(f"(a record this kvtier cannot read: {json.dumps(e, default=str)[:300]})")
         t.add_row(endpoint, f"[red]{line}[/]" if not e.get("ok") else line)
     return t
+
+
+def _number(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
 
 
 def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.config import DEFAULTS, VLLM_BUILTIN_TIERS, TierConfig
+from kvtier.config_kinds import WrittenNumber
 
 __all__ = ["KVTIER_MODULE", "check_kv_transfer_config"]
 
@@ -35,12 +36,29 @@ _P2P_KEYS = frozenset({"type", "module_path", "host", "port", "backends", "num_t
                        "locality", "backpressure"})
 
 
+def _json(value: Any) -> str:
+    """``value`` as JSON writes it, at most 60 characters."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _objects(value: Any, path: str) -> Any:
+    """``(id(object), "its.path.")`` for every JSON object in ``value`` (lists indexed: ``tiers[0].``)."""
+    if isinstance(value, dict):
+        yield id(value), path
+        for k, v in value.items():
+            yield from _objects(v, f"{path}{k}.")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _objects(v, f"{path[:-1]}[{i}]." if path else f"[{i}].")
+
+
 def _as_written(kind: Any) -> Any:
     def parse(text: str) -> Any:
         if len(text) > 4000:  # Python's int and float conversions stop at 4300 digits
-            return text
+            return WrittenNumber(text)
         value = kind(text)
-        return value if kind is int or math.isfinite(value) else text
+        return value if kind is int or math.isfinite(value) else WrittenNumber(text)
     return parse
 
 
@@ -50,12 +68,13 @@ def _load(blob: str | Mapping[str, Any], twice: list[str]) -> Mapping[str, Any]:
     if isinstance(blob, Mapping):
         return blob
 
+    dups: list[tuple[dict[str, Any], str, Any, Any]] = []
+
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: dict[str, Any] = {}
         for k, v in items:
             if k in seen:
-                twice.append(f"{k!r} is given twice in one object ({seen[k]!r}, then {v!r}): vLLM reads the "
-                             "last one; keep one")
+                dups.append((seen, k, seen[k], v))
             seen[k] = v
         return seen
 
@@ -65,6 +84,10 @@ def _load(blob: str | Mapping[str, Any], twice: list[str]) -> Mapping[str, Any]:
         doc = json.loads(blob, parse_float=_as_written(float), parse_int=_as_written(int), object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    where = dict(_objects(doc, ""))
+    for obj, k, first, last in dups:
+        twice.append(f"{where.get(id(obj), '')}{k} is given twice ({_json(first)}, then {_json(last)}): vLLM reads "
+                     "the last one; keep one")
     if not isinstance(doc, Mapping):
         raise ValueError(f"a --kv-transfer-config is a JSON object, got {type(doc).__name__}")
     return doc

@@ -86,6 +86,8 @@ def ended_by_close(rev: Revocation, me: ProcessId) -> bool:
     """Whether destroying our agent ends ``rev``'s agents' access to a pool without windows: each
     owner is gone, or on another host (UCX tcp and RDMA reach our memory only through our agent;
     a producer on this host writes by CMA, into our process, agent or not: docs/nixl.md)."""
+    if rev.proven_at is not None:  # its owners' deaths were proven; only the drain was left
+        return True
     host = me.host.partition("/")[0]
     return bool(rev.agents) and all(o.host and (o.host.partition("/")[0] != host or process_gone(o, me))
                                     for o in rev.agents.values())

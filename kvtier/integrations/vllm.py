@@ -324,15 +324,11 @@ class KvTierSecondaryTier(SecondaryTierManager):
         return None if holder is None else holder.by_tier.get(self._key)
 
     def _resolve_seed(self, force: bool = False) -> None:
-        """Use vLLM's NONE_HASH seed in handshakes, once it is known, with the first bytes of
-        ``NONE_HASH`` itself (the hash of that seed: engines on two ``--prefix-caching-hash-algo``
-        share a seed but not their hashes).
-
-        vLLM builds this tier before ``init_none_hash`` runs, so the hash seed is read lazily: at every
-        poll until vLLM has initialised it (then never again), and at each new request until then
-        (requests only arrive after engine start-up, so in practice the first one settles it).
-        An explicit ``hash_seed`` key wins (with a warning if it differs from vLLM's).
-        """
+        """Use vLLM's NONE_HASH seed in handshakes once it is known, with the first bytes of
+        ``NONE_HASH`` (that seed hashed: two ``--prefix-caching-hash-algo`` share a seed, not it; A11).
+        vLLM builds this tier before ``init_none_hash`` runs, so vLLM's seed is read lazily: at every
+        poll until vLLM has initialised it (then never again), and at each new request until then.
+        An explicit ``hash_seed`` key wins (with a warning if it differs from vLLM's)."""
         if self._seed_done:
             return
         ready = _vllm_seed_ready()
@@ -349,7 +345,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
                         "from this tier's entry (kvtier then takes vLLM's own seed)"
                     )
                 return
-            if ready:  # the root hash is the algorithm applied to that seed: one seed, two algorithms differ
+            if ready:
                 seed = f"{seed}/{bytes(_vllm_kv_cache_utils.NONE_HASH)[:8].hex()}"
             mgr = self._mgr
             if mgr is not None and seed != self._seed:

@@ -397,3 +397,22 @@ def test_the_configs_least_nixl_revocation_is_the_planes() -> None:
         TierConfig.from_dict({"data_plane": "nixl", "revoke_timeout_s": 0.05})
     TierConfig.from_dict({"data_plane": "zmq", "revoke_timeout_s": 0.05})
     TierConfig.from_dict({"data_plane": "nixl", "revoke_timeout_s": 0.1})
+
+
+def test_a_private_pools_close_ends_only_access_it_really_ends() -> None:
+    """N27: without windows, destroying our agent ends a peer's access only when each agent's owner
+    is gone or on another host (no CMA into our process); an owner proven gone whose drain had
+    not run yet counts as ended (it read as a live producer on this host: a recheck tester)."""
+    from kvtier.dataplane.nixl_revoke import Revocation, ended_by_close
+
+    me = this_process()
+    boot = me.host.partition("/")[0]
+    here = ProcessId(me.host, os.getpid(), me.started)  # a live process on this host
+    other = ProcessId(f"another-boot/{me.host.partition('/')[2]}", 1, 1)
+    assert not ended_by_close(Revocation(agents={"a": here}), me)
+    assert ended_by_close(Revocation(agents={"a": other}), me)
+    assert not ended_by_close(Revocation(agents={"a": other, "b": here}), me)
+    assert not ended_by_close(Revocation(agents={"a": ProcessId("", 1, 1)}), me)  # nothing known of it
+    assert not ended_by_close(Revocation(), me)  # no agent known: nothing proven
+    assert ended_by_close(Revocation(proven_at=1.0), me)  # gone, proven; only the drain was left
+    assert boot  # this_process() read the host

@@ -200,12 +200,14 @@ def test_a_vllm_entry_naming_vllms_own_tier_is_refused_with_the_right_type() -> 
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ('"load_timeout_s": 1e400', "load_timeout_s='1e400': above the maximum"),  # Python reads it as inf
-    ('"tombstone_max": ' + "9" * 5000, "tombstone_max='99999"),  # past Python's 4300-digit conversion limit
+    ('"load_timeout_s": 1e400', "load_timeout_s=1e400: above the maximum"),  # Python reads it as inf
+    ('"tombstone_max": ' + "9" * 5000, "tombstone_max=99999"),  # past Python's 4300-digit conversion limit
     ('"load_timeout_s": null', "load_timeout_s=null: expected a number or numeric string, got null"),
     ('"allowed_peers": ["http://10.0.0.5:5710"]', "is a URL: write the host, host:port or CIDR network alone"),
     ('"data_plane": "ZMQ"', "data_plane='ZMQ': must be one of 'zmq', 'nixl'; did you mean 'zmq'?"),
-    ('"load_timeout_s": -1, "load_timeout_s": 30', "'load_timeout_s' is given twice in one object (-1, then 30)"),
+    ('"load_timeout_s": -1, "load_timeout_s": 30',
+     "kv_connector_extra_config.secondary_tiers[0].load_timeout_s is given twice (-1, then 30)"),
+    ('"hash_seed": 1e400', "hash_seed=1e400: expected a string, got a number"),  # not taken as the text "1e400"
 ])
 def test_check_config_shows_a_value_as_its_json_was_written(text: str, says: str) -> None:
     """A number JSON allows but Python cannot hold is quoted as written (not ``inf``, not Python's

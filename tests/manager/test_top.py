@@ -230,6 +230,21 @@ def test_finished_requests_are_read_from_every_endpoint_that_answered(monkeypatc
             server.server_close()
 
 
+def test_a_finished_request_this_release_cannot_read_is_shown_as_sent() -> None:
+    """Another release's (or a proxy's) record below the frame: shown as sent, the frame drawn —
+    not a ``KeyError`` taking the whole multi-endpoint view down (an outside tester)."""
+    from rich.console import Console
+
+    import kvtier.top as top
+
+    console = Console(width=200, record=True)
+    bad = [("a:1", {"kv_request_id": "kv-x", "ok": False, "reason": "reaped"}),
+           ("b:2", {"kv_request_id": "kv-y", "role": ["consumer"], "ok": False, "reason": "reaped", "ago": "x"})]
+    console.print(top.render_recent(bad))
+    text = console.export_text()
+    assert text.count("a record this kvtier cannot read") == 2 and '"kv_request_id": "kv-x"' in text, text
+
+
 def test_an_endpoint_that_accepts_but_never_answers_is_called_stalled_not_the_network() -> None:
     """A wedged process (stopped, swapping) whose kernel still accepts the connection: the
     operator is sent to the process, not to a firewall or a dead host."""
