@@ -423,6 +423,8 @@ def test_why_tells_a_successful_load_too(make_manager) -> None:
     p = make_manager(HB)
     c = make_manager(HB)
     assert transfer_once(p, c, "kv-ok", 3).success
+    # the consumer's success comes before the producer reads its receipt: wait for the producer's end
+    assert pump_until(lambda: p.core.producer_state("kv-ok").value == "done", managers=[p, c])
     code, out, _ = _why("kv-ok", c, p)
     assert code == 0 and "kv-ok load (consumer) ok" in out and "kv-ok parked blocks (producer) ok" in out, out
     assert "  change" not in out  # nothing to change
