@@ -168,8 +168,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                       "blocks; check the router's choice of peer.",
     _R.NOT_SERVING: "The peer does not serve us: turn `serve_external` on there, and with CURVE add our "
                     "principal to its `serve_allowed_principals`.",
-    _R.SERVE_BUSY: "The peer is at one of its serve budgets (`serve_max_*`: rounds, probes per round, or "
-                   "no room left to pin a block): raise them there, or spread symmetric requests over more peers.",
+    _R.SERVE_BUSY: "The peer is at one of its serve budgets (`serve_max_*`: rounds, probes per round, or a "
+                   "pinned-block budget of 0): raise them there, or spread symmetric requests over more peers.",
     _R.NOT_OFFERED: "A load named blocks the peer's probe reply did not offer (or the round had ended): an "
                     "engine adapter bug.",
     _R.OFFER_EXPIRED: "We did not fetch offered blocks within `offer_timeout_s` (the peer's): this engine "

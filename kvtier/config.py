@@ -382,7 +382,7 @@ class TierConfig:
 
     serve_max_pinned_blocks_per_peer: int = key(16384, integer, *_within(1, 1 << 30), unit="blocks", doc="""
         Distinct engine blocks one peer's rounds may keep pinned (one several rounds pin counts once);
-        a lookup pins what is left and answers the rest miss; with none left a probe is ``serve_busy``.""")
+        a lookup pins what fits (blocks pinned already cost nothing) and answers the rest miss.""")
 
     serve_max_pinned_fraction: float = key(0.5, number, *_positive(0.001, 1.0), doc="""
         Fraction of the block pool all peers' rounds may keep pinned (distinct blocks), so the engine

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "289dcd378954367adb099f3829ceaa2d54a9b88dac88ad897f264045956839e2"
+SPEC_SHA256: Final = "d9aea0db525addd5806e4f3c60b2acac44f17b3140829af7dee08fd7e4060e1e"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -127,7 +127,7 @@ class Reason(enum.StrEnum):
     NOT_SERVING = "not_serving"
     """the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)"""
     SERVE_BUSY = "serve_busy"
-    """the peer already serves serve_max_rounds_per_peer rounds for us, or has no room left to pin a block (serve_max_pinned_blocks_per_peer distinct blocks pinned for us, or its pool's serve_max_pinned_fraction for all its peers), or this round had serve_max_probes_per_round probes"""
+    """the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)"""
     NOT_OFFERED = "not_offered"
     """a fetch or load named a block that no probe reply of its round offered (or the round had ended)"""
     OFFER_EXPIRED = "offer_expired"
@@ -203,7 +203,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.JOB_REFUSED: "the manager refused the job; its error is logged",
     Reason.PROBE_TIMEOUT: "the peer did not answer the probe within probe_timeout_s (dialling and the handshake included); the engine computes the blocks",
     Reason.NOT_SERVING: "the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)",
-    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds for us, or has no room left to pin a block (serve_max_pinned_blocks_per_peer distinct blocks pinned for us, or its pool's serve_max_pinned_fraction for all its peers), or this round had serve_max_probes_per_round probes",
+    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)",
     Reason.NOT_OFFERED: "a fetch or load named a block that no probe reply of its round offered (or the round had ended)",
     Reason.OFFER_EXPIRED: "the consumer did not fetch the offered blocks within offer_timeout_s; their pins were released",
     Reason.NOT_ANNOUNCED_PROBE: "the engine must announce a symmetric request (on_new_request with remote_kv_source) before looking keys up or loading for it",
@@ -2114,7 +2114,7 @@ class ServeGuard(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"
     """shutdown() has begun: no new work"""
     OVER_BUDGET = "over_budget"
-    """taking this probe would exceed serve_max_rounds_per_peer or serve_max_probes_per_round, or it names new keys while the distinct blocks pinned for the peer reach serve_max_pinned_blocks_per_peer or those pinned for every peer the pool's serve_max_pinned_fraction (a lookup pins at most the room left; the keys found beyond it are answered miss)"""
+    """taking this probe would exceed serve_max_rounds_per_peer or serve_max_probes_per_round, or it names new keys while the pinned-block budgets (serve_max_pinned_blocks_per_peer, the pool's serve_max_pinned_fraction) allow no block at all; else its lookups pin what the budgets' room holds, counting distinct blocks (one pinned already costs nothing), and the keys past it are answered miss"""
     SETTLES_WITH_OFFERS = "settles_with_offers"
     """after this result no key of the round waits for the engine, and the round pins at least one key"""
     SETTLES = "settles"

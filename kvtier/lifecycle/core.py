@@ -93,7 +93,7 @@ from kvtier.lifecycle.probe import ProbeMachine, RoundLoads
 from kvtier.lifecycle.producer import ProducerMachine
 from kvtier.lifecycle.reads import CoreReads
 from kvtier.lifecycle.receive import Receive, Why
-from kvtier.lifecycle.serve import ServeLimits, ServeMachine, is_transfer_key
+from kvtier.lifecycle.serve import ServeLimits, ServeMachine, ServeRoom, is_transfer_key
 from kvtier.lifecycle.session import HelloInput, SessionMachine
 from kvtier.lifecycle.settings import TIMER_KEYS, CoreSettings
 from kvtier.lifecycle.views import ConsumerView, CoreRecords, CoreSnapshot, ProbeAnswers
@@ -283,11 +283,11 @@ class TierCore:
         the engine must keep stepping (``has_pending_work``)."""
         return self._reads.symmetric_work()
 
-    def serve_room(self, peer: str, kv_request_id: str, round: int) -> int | None:
-        """Found keys a lookup for ``peer``'s round may pin now (the room its budgets leave, Y23);
-        None once the round stops looking up (a serve window then skips the lookup)."""
+    def serve_room(self, peer: str, kv_request_id: str, round: int) -> ServeRoom | None:
+        """What a lookup for ``peer``'s round may pin now (its budgets' room, Y23); None once the
+        round stops looking up (a serve window then skips the lookup)."""
         looking = self._serve.state_of((peer, kv_request_id, round)) is ServeState.LOOKING_UP
-        return max(0, self._serve.room(peer)) if looking else None
+        return self._serve.room(peer) if looking else None
 
     def snapshot(self) -> CoreSnapshot:
         """Counts for the metrics endpoint (O(records): computed at scrape time, not per tick)."""

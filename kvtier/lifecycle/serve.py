@@ -28,7 +28,7 @@ All decisions come from ``_table.SERVE_TABLE``; this module supplies guards and 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtier.config import DEFAULTS
@@ -61,7 +61,7 @@ from kvtier.lifecycle.probe import MAX_KEYS_PER_MESSAGE
 from kvtier.lifecycle.producer_records import FetchInput
 from kvtier.wire import messages as wm
 
-__all__ = ["ServeLimits", "ServeMachine", "ServeRecord", "is_transfer_key", "transfer_key"]
+__all__ = ["ServeLimits", "ServeMachine", "ServeRecord", "ServeRoom", "is_transfer_key", "transfer_key"]
 
 ServeKey = tuple[str, str, int]
 
@@ -102,6 +102,34 @@ class ServeLimits:
         self.max_probes_per_round = max_probes_per_round
         self.max_pinned_per_peer = max_pinned_per_peer
         self.max_pinned_total = max_pinned_total
+
+
+class ServeRoom:
+    """What one lookup for ``peer``'s round may pin now (decision Y23): a block already pinned for
+    the peer costs nothing again, one pinned for another peer costs only the peer's own budget.
+    :attr:`reach`: the most found keys that could fit (the room left plus the blocks already
+    pinned); :meth:`fits`: how many of a pin's blocks, from the first, fit."""
+
+    __slots__ = ("_mine", "_holds", "_free_peer", "_free_total", "reach")
+
+    def __init__(self, serve: ServeMachine, peer: str) -> None:
+        lim = serve.limits
+        self._mine, self._holds = serve.holds_per_peer.get(peer, {}), serve.holds
+        self._free_peer = lim.max_pinned_per_peer - len(self._mine)
+        self._free_total = lim.max_pinned_total - len(self._holds)
+        self.reach = max(0, min(self._free_peer + len(self._mine), self._free_total + len(self._holds)))
+
+    def fits(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` (a pin's, in key order), from the first, fit the room."""
+        free_peer, free_total, seen = self._free_peer, self._free_total, set()
+        for n, b in enumerate(blocks):
+            if b not in seen:
+                seen.add(b)
+                free_peer -= b not in self._mine
+                free_total -= b not in self._holds
+                if free_peer < 0 or free_total < 0:
+                    return n
+        return len(blocks)
 
 
 class ServeRecord(Record):
@@ -210,16 +238,10 @@ class ServeMachine(TableMachine):
         """Distinct pool blocks pinned for every peer's rounds."""
         return len(self.holds)
 
-    def pinned_by(self, peer: str) -> int:
-        """Distinct pool blocks pinned for ``peer``'s rounds."""
-        return len(self.holds_per_peer.get(peer, ()))
-
-    def room(self, peer: str) -> int:
-        """How many more blocks a lookup for ``peer`` may pin: what is left under both
-        ``serve_max_pinned_blocks_per_peer`` and the pool's ``serve_max_pinned_fraction`` (it counts
-        every key found as a new block, so a lookup never takes more than is left)."""
-        lim = self.limits
-        return min(lim.max_pinned_per_peer - self.pinned_by(peer), lim.max_pinned_total - len(self.holds))
+    def room(self, peer: str) -> ServeRoom:
+        """What a lookup for ``peer`` may pin now: the room ``serve_max_pinned_blocks_per_peer`` and
+        the pool's ``serve_max_pinned_fraction`` leave (decision Y23)."""
+        return ServeRoom(self, peer)
 
     # -- indexes -------------------------------------------------------------------------------
     def index_ops(self, old: Any, new: Any) -> tuple:
@@ -268,9 +290,9 @@ class ServeMachine(TableMachine):
             return True
         if rec.probes >= lim.max_probes_per_round:
             return True
-        # the probe's lookups pin at most the room left (the window reads ``room``): refused only
-        # when nothing could be pinned, not for naming more keys than there is room for (Y23)
-        return any(k not in rec.keys for k in inp.keys) and self.room(inp.peer) <= 0
+        # the probe's lookups pin what the room holds (the window reads it): refused only when
+        # nothing could be pinned, not for naming more keys than there is room for (Y23)
+        return any(k not in rec.keys for k in inp.keys) and self.room(inp.peer).reach <= 0
 
     def _left(self, rec: ServeRecord, inp: LookupAnswered) -> set[bytes]:
         return rec.todo.difference(inp.found, inp.missing)

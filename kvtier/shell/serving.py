@@ -11,8 +11,8 @@ One window, in order: the closes queued since the last window; then every lookup
 the window opened (those queued during it — the re-polls of pending keys — wait for the next
 window), each answered with one ``LookupAnswered`` input that the caller applies before the next
 lookup; then the closes queued during the window.  A lookup whose round stopped looking
-(``TierCore.serve_room`` None) is skipped; one pins at most the room its peer has left when it is
-performed, the keys after that answered missing (decision Y23).  Every pin is released exactly
+(``TierCore.serve_room`` None) is skipped; one pins at most what its peer's room holds when it is
+performed — blocks pinned already cost nothing again — the keys after that answered missing (Y23).  Every pin is released exactly
 once, through the source that made it (property ``pin_released_once``); every context opened is
 closed exactly once (property ``lookup_context_closed_once``), or dropped with the engine at
 shutdown.
@@ -102,26 +102,27 @@ class ServeWindows:
         return len(self._contexts)
 
     # -- a window ---------------------------------------------------------------------------------
-    def run(self, source: BlockSource, room: Callable[[str, str, int], int | None],
+    def run(self, source: BlockSource, room: Callable[[str, str, int], Any],
             apply: Callable[[ix.Input], None]) -> int:
         """One serve window with ``source``: performs what is queued (see the module docstring),
         applying each lookup's answer with ``apply`` before the next.  ``room(peer, id, round)``:
-        how many found keys the round's lookup may pin now, None when the core no longer waits for
-        its lookups.  Returns how many lookups it performed."""
+        what the round's lookup may pin now (a :class:`~kvtier.lifecycle.serve.ServeRoom`: at most
+        ``reach`` found keys, then of a pin's blocks the first ``fits(blocks)``), None when the core
+        no longer waits for its lookups.  Returns how many lookups it performed."""
         self.windows += 1
         self._close_queued(len(self._closes))
         done = 0
         for _ in range(len(self._lookups)):
             e = self._lookups.popleft()
-            limit = room(e.peer, e.kv_request_id, e.round)
-            if limit is None:
+            fit = room(e.peer, e.kv_request_id, e.round)
+            if fit is None:
                 continue
-            apply(self._look_up(source, e, limit))
+            apply(self._look_up(source, e, fit))
             done += 1
         self._close_queued(len(self._closes))
         return done
 
-    def _look_up(self, source: BlockSource, e: fx.LookUpBlocks, limit: int) -> ix.LookupAnswered:
+    def _look_up(self, source: BlockSource, e: fx.LookUpBlocks, room: Any) -> ix.LookupAnswered:
         key = (e.peer, e.kv_request_id, e.round)
         found: list[bytes] = []
         pending: list[bytes] = []
@@ -137,20 +138,35 @@ class ServeWindows:
                 self.opened += 1
             ctx = self._contexts[key][1]
             for i, k in enumerate(e.keys):
-                if len(found) >= limit:  # no room to pin more for this peer: the rest are not offered
+                if len(found) >= room.reach:  # more could not fit, even blocks pinned already: not offered
                     missing.extend(e.keys[i:])
                     break
                 p = source.lookup(k, ctx)
                 (found if p is Presence.FOUND else pending if p is Presence.PENDING else missing).append(k)
-            if not found:
-                return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, (), (), None, tuple(pending),
-                                         tuple(missing))
-            pin = source.pin(tuple(found), ctx)
+            got = self._pin(source, ctx, found) if found else None
+            if got is not None and (n := room.fits(got[1])) < len(found):
+                # blocks new to the budget past its room: pin again only the keys before them (Y23)
+                self._pins.pop(got[0])
+                source.release(got[0], True, None)
+                missing.extend(found[n:])
+                del found[n:]
+                got = self._pin(source, ctx, found) if found else None
         except Exception:
             # an engine that cannot answer: its blocks are computed by the peer (all missing)
             self._on_error()
             log.exception("kvtier: looking blocks up in the engine failed; answering miss")
             return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
+        if not found:
+            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, (), (), None, tuple(pending), tuple(missing))
+        if got is None:  # a bad pin: logged and released; its blocks are not served
+            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
+        return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, tuple(found), got[1], got[0],
+                                 tuple(pending), tuple(missing))
+
+    def _pin(self, source: BlockSource, ctx: Any, found: list[bytes]) -> tuple[Any, tuple[int, ...]] | None:
+        """Pin ``found``: ``(pin id, its blocks)``, recorded for its one release; None for a bad pin
+        (logged, released through its source unless another owner holds its id)."""
+        pin = source.pin(tuple(found), ctx)
         pin_id = getattr(pin, "pin_id", _NO_ID)
         outstanding = False
         try:
@@ -175,10 +191,9 @@ class ServeWindows:
                     source.release(pin_id, False, Reason.JOB_REFUSED.value)
             except Exception:
                 log.exception("kvtier: releasing a bad pin failed")
-            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
+            return None
         self._pins[pin_id] = source
-        return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, tuple(found), blocks, pin_id,
-                                 tuple(pending), tuple(missing))
+        return pin_id, blocks
 
     def _blocks(self, given: Any, keys: int) -> tuple[tuple[int, ...], str]:
         """A pin's block numbers as ints (an engine's numpy integers are taken: ``operator.index``),

@@ -162,21 +162,29 @@ def test_a_round_may_be_probed_exactly_max_probes_per_round_times() -> None:
 
 @pytest.mark.parametrize("limit", ["per_peer", "total"])
 def test_pinned_blocks_may_reach_exactly_their_bound(limit: str) -> None:
+    """Y23: what a lookup may pin is read when the window performs it: new blocks up to the room
+    left, blocks already pinned at no cost; a probe naming more keys than that is taken."""
     kw = {"serve_max_pinned_blocks_per_peer": 3} if limit == "per_peer" else {
         "serve_max_pinned_blocks_per_peer": 100, "serve_max_pinned_blocks": 3}
     p = producer(serve_max_rounds_per_peer=3, **kw)
     probe(p, [K1, K2])
-    assert p.serve_room(C, "s", 0) == 3
+    room = p.serve_room(C, "s", 0)
+    assert room.reach == 3 and room.fits((20, 21, 22, 23)) == 3
     p.handle(ix.LookupAnswered(C, "s", 0, found=(K1, K2), blocks=(20, 21), pin=7), 0.1)
-    # a probe naming more keys than the room left is taken; its lookup may pin what is left (Y23)
     assert probe(p, [K3, K4], 1) == [LookUpBlocks(C, "s", 1, (K3, K4))]
-    assert p.serve_room(C, "s", 1) == 1
+    room = p.serve_room(C, "s", 1)
+    assert room.fits((22, 23)) == 1 and room.fits((20, 21, 22, 23)) == 3  # 20 and 21 are pinned already
     p.handle(ix.LookupAnswered(C, "s", 1, found=(K3,), blocks=(22,), pin=8, missing=(K4,)), 0.1)
-    assert p.snapshot().serve_pinned_blocks == 3  # exactly the bound: no room left
-    assert probe(p, [K4], 2, 0.2) == [done(2, "serve_busy")]
-    assert probe(p, [K4], 0, 0.2)[1] == done(0, "serve_busy")  # a probe of a round it holds: its pins failed
+    assert p.snapshot().serve_pinned_blocks == 3  # exactly the bound: no new block fits
+    assert probe(p, [K4], 2, 0.2) == [LookUpBlocks(C, "s", 2, (K4,))]
+    assert p.serve_room(C, "s", 2).fits((23,)) == 0 and p.serve_room(C, "s", 2).fits((21,)) == 1
     p.handle(ix.Received(C, wm.AbortFetch(gen=1, kv_request_id="s", round=1, fetched=False, offered=True)), 0.3)
-    assert probe(p, [K4], 2, 0.4) == [LookUpBlocks(C, "s", 2, (K4,))]  # released: room again
+    assert p.serve_room(C, "s", 2).fits((23,)) == 1  # released: room again
+
+
+def test_no_room_at_all_refuses_a_probe_serve_busy() -> None:
+    p = producer(serve_max_pinned_blocks=0)  # a pool too small for its serve_max_pinned_fraction
+    assert probe(p, [K1]) == [done(0, "serve_busy")]
 
 
 def test_a_probe_naming_more_keys_than_the_budget_gets_the_blocks_the_budget_holds() -> None:
@@ -185,7 +193,7 @@ def test_a_probe_naming_more_keys_than_the_budget_gets_the_blocks_the_budget_hol
     p = producer()  # serve_max_pinned_blocks_per_peer 3
     keys = [bytes([i]) * 8 for i in range(1, 41)]
     assert probe(p, keys) == [LookUpBlocks(C, "s", 0, tuple(keys))]
-    assert p.serve_room(C, "s", 0) == 3
+    assert p.serve_room(C, "s", 0).reach == 3
     p.handle(ix.LookupAnswered(C, "s", 0, found=tuple(keys[:3]), blocks=(20, 21, 22), pin=7,
                                missing=tuple(keys[3:])), 0.1)
     assert state(p) is ServeState.OFFERED and p.snapshot().serve_pinned_blocks == 3
@@ -196,17 +204,25 @@ def test_a_block_several_rounds_pin_takes_its_room_once() -> None:
     which holds one block of the pool, so the budget counts it once (Y23)."""
     p = producer(serve_max_rounds_per_peer=4)  # serve_max_pinned_blocks_per_peer 3
     for rnd in range(3):
-        probe(p, [K1, K2], rnd)
-        p.handle(ix.LookupAnswered(C, "s", rnd, found=(K1, K2), blocks=(20, 21), pin=7 + rnd), 0.1)
+        probe(p, [K1, K2, K3], rnd)
+        assert p.serve_room(C, "s", rnd).fits((20, 21, 22)) == 3  # held already, or room for them
+        p.handle(ix.LookupAnswered(C, "s", rnd, found=(K1, K2, K3), blocks=(20, 21, 22), pin=7 + rnd), 0.1)
         assert state(p, rnd) is ServeState.OFFERED
-    assert p.snapshot().serve_pinned_blocks == 2
-    assert probe(p, [K1, K3], 3) == [LookUpBlocks(C, "s", 3, (K1, K3))]  # room for one more block
-    assert p.serve_room(C, "s", 3) == 1
+    assert p.snapshot().serve_pinned_blocks == 3
     p.handle(ix.Received(C, wm.AbortFetch(gen=1, kv_request_id="s", round=0, fetched=False, offered=True)), 0.2)
-    assert p.snapshot().serve_pinned_blocks == 2  # rounds 1 and 2 still pin both blocks
+    assert p.snapshot().serve_pinned_blocks == 3  # rounds 1 and 2 still pin every block
     for rnd in (1, 2):
         p.handle(ix.Received(C, wm.AbortFetch(gen=1, kv_request_id="s", round=rnd, fetched=False, offered=True)), 0.3)
-    assert p.snapshot().serve_pinned_blocks == 0 and p.serve_room(C, "s", 3) == 3
+    assert p.snapshot().serve_pinned_blocks == 0
+
+
+def test_a_block_another_peer_pins_costs_only_this_peers_own_budget() -> None:
+    p = producer(serve_max_pinned_blocks=3)  # serve_max_pinned_blocks_per_peer 3 too
+    offered(p, 0, pin=7)  # C pins block 20
+    connect(p, "c2", 1)
+    probe(p, [K1, K2], 0, peer="c2")
+    room = p.serve_room("c2", "s", 0)
+    assert room.fits((20, 21, 22)) == 3 and room.fits((21, 22, 23)) == 2  # 20 is in the pool's count already
 
 
 # -- a round's fetch and its pins ---------------------------------------------------------------------
@@ -414,7 +430,7 @@ def test_the_peers_budget_keeps_the_blocks_its_other_rounds_still_pin() -> None:
     p.handle(ix.LookupAnswered(C, "s", 1, found=(K3,), blocks=(22,), pin=8), 0.1)  # round 1 pins K3
     p.handle(ix.Received(C, wm.AbortFetch(gen=1, kv_request_id="s", round=1, fetched=False, offered=True)), 0.2)
     assert probe(p, [K2, K4, bytes(8)], 2, 0.3) == [LookUpBlocks(C, "s", 2, (K2, K4, bytes(8)))]
-    assert p.serve_room(C, "s", 2) == 2  # 1 still pinned
+    assert p.serve_room(C, "s", 2).fits((21, 23, 24)) == 2  # 1 still pinned
 
 
 def test_when_a_peers_session_dies_every_round_of_it_still_open_is_released() -> None:

@@ -380,9 +380,10 @@ def test_principals_not_allowed_are_refused() -> None:
     assert CoreView(net.cores["C"]).probe(K).reason is Reason.NOT_SERVING
 
 
-def test_pinned_budget_per_peer_offers_what_fits_then_refuses_serve_busy() -> None:
+def test_pinned_budget_per_peer_offers_what_fits_and_misses_the_rest() -> None:
     """The budget bounds what is pinned, not what is asked (Y23): a probe for more keys than it
-    allows gets the blocks that fit, the rest miss; with no room left a new round is refused."""
+    allows gets the blocks that fit, the rest miss; with no room left a new block misses too, while
+    a block pinned already is offered again."""
     net = pair(serve_max_pinned_blocks_per_peer=2)
     hold(net, 4, 10)
     announce(net)
@@ -393,10 +394,16 @@ def test_pinned_budget_per_peer_offers_what_fits_then_refuses_serve_busy() -> No
     assert view.state is ProbeState.OFFERED and view.offered == set(KEYS[:2]) and KEYS[2] in view.missed
     assert net.cores["P"].snapshot().serve_pinned_blocks == 2
     announce(net, kid="b")
-    lookup_all(net, KEYS[3:4], 0.0, kid="b")
+    lookup_all(net, [KEYS[3]], 0.0, kid="b")  # a new block: no room
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
-    assert CoreView(net.cores["C"]).probe("b").reason is Reason.SERVE_BUSY
+    assert CoreView(net.cores["C"]).probe("b").missed == {KEYS[3]}
+    announce(net, kid="c")
+    lookup_all(net, [KEYS[0]], 0.0, kid="c")  # pinned already for "sym-1": costs nothing
+    net.engine_input("C", ix.ScheduleEnded(), 0.0)
+    deliver_all(net, 0.0)
+    assert CoreView(net.cores["C"]).probe("c").offered == {KEYS[0]}
+    assert net.cores["P"].snapshot().serve_pinned_blocks == 2
 
 
 def test_rounds_per_peer_budget() -> None:

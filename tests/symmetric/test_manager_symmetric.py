@@ -342,18 +342,19 @@ def test_a_prompt_longer_than_the_peers_budget_still_gets_the_prefix_it_holds(ma
 
 
 def test_a_prefix_several_requests_probe_at_once_is_counted_once_against_the_budget(make) -> None:
-    """Y23: three requests share a 6-block system prompt and probe it one after another while the
-    earlier offers still hold it: the peer pins 6 distinct blocks (its budget is 16), so all three
-    get it (the third was refused ``serve_busy``: 18 pins counted)."""
+    """Y23: three requests share a 12-block system prompt and probe it one after another while the
+    earlier offers still hold it: the peer pins 12 distinct blocks (its budget is 16), so all three
+    get it — a block pinned already costs a lookup nothing (the third was refused ``serve_busy``
+    when pins were counted per round; a lookup cut at the room left for new blocks got 12, 4, 4)."""
     a, b = make(serve_external=True, serve_max_rounds_per_peer=8), make()
     ia = BlockIndex(NB)
     a.serve_from(ia)
-    keys = [f"system/{i}".encode() for i in range(6)]
+    keys = [f"system/{i}".encode() for i in range(12)]
     fill(a, ia, keys, 0, seed=11)
     for n in range(3):
         req = source_req(f"r-shared-{n}", f"shared-{n}", a)
         b.on_new_request(req)
-        assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 6, n
+        assert probe(b, req, keys, [a]) == [LookupResult.HIT] * 12, n
     assert stat(a, "kvtier_fetches_refused_total") == 0
 
 

@@ -32,6 +32,20 @@ from kvtier.wire.codec import Decoder, WireLimits, encode_frames
 pytestmark = pytest.mark.timeout(60)
 
 
+class Room:
+    """A serve room (``TierCore.serve_room``) for the window alone: ``reach`` found keys at most,
+    ``fit`` of a pin's blocks (all by default)."""
+
+    def __init__(self, reach: int, fit: int | None = None) -> None:
+        self.reach, self._fit = reach, fit
+
+    def fits(self, blocks) -> int:
+        return len(blocks) if self._fit is None else min(self._fit, len(blocks))
+
+
+ROOM = Room(1 << 30)
+
+
 class Source:
     """A BlockSource that records every call."""
 
@@ -73,7 +87,7 @@ def test_a_window_closes_first_then_looks_up_what_was_queued_before_it() -> None
         applied.append(inp)
         w.queue_lookup(fx.LookUpBlocks("p", "K", 0, inp.pending))  # the core's re-poll of pending keys
 
-    assert w.run(src, lambda *k: 1 << 30, apply) == 1
+    assert w.run(src, lambda *k: ROOM, apply) == 1
     (a,) = applied
     assert a.found == (b"a",) and a.blocks == (3,) and a.pin == 1 and a.pending == (b"b",)
     assert [c[0] for c in src.calls] == ["open", "lookup", "lookup", "pin"]
@@ -83,17 +97,17 @@ def test_a_window_closes_first_then_looks_up_what_was_queued_before_it() -> None
         applied.append(inp)
         w.queue_close(fx.CloseLookup("p", "K", 0))
 
-    w.run(src, lambda *k: 1 << 30, settle)  # the re-poll, then the close it made, in the same window
+    w.run(src, lambda *k: ROOM, settle)  # the re-poll, then the close it made, in the same window
     assert [c[0] for c in src.calls][4:] == ["lookup", "close"]  # no second open: the context is reused
     assert applied[-1].missing == (b"b",) and applied[-1].pin is None
     w.queue_close(fx.CloseLookup("p", "K", 0))  # a second close of the round: nothing
-    w.run(src, lambda *k: 1 << 30, lambda inp: None)
+    w.run(src, lambda *k: ROOM, lambda inp: None)
     assert sum(1 for c in src.calls if c[0] == "close") == 1 and not errors
     # a close queued before a window runs before its lookups: a round that settled and was probed
     # again gets a fresh context
     w.queue_close(fx.CloseLookup("p", "K", 1))
     w.queue_lookup(fx.LookUpBlocks("p", "K", 1, (b"a",)))
-    w.run(src, lambda *k: 1 << 30, lambda inp: None)
+    w.run(src, lambda *k: ROOM, lambda inp: None)
     assert [c[0] for c in src.calls][-3:] == ["open", "lookup", "pin"]
 
 
@@ -112,14 +126,30 @@ def test_a_lookup_pins_at_most_the_room_the_core_gives_and_misses_the_rest() -> 
     src = Source(found={b"a": 1, b"b": 2, b"c": 3}, pending={b"p"})
     w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"x", b"a", b"p", b"b", b"c")))
     got: list[ix.LookupAnswered] = []
-    w.run(src, lambda *k: 2, got.append)
+    w.run(src, lambda *k: Room(2), got.append)
     (a,) = got
     assert (a.found, a.blocks, a.pending, a.missing) == ((b"a", b"b"), (1, 2), (b"p",), (b"x", b"c"))
     assert [c[1] for c in src.calls if c[0] == "lookup"] == [b"x", b"a", b"p", b"b"]  # never c
     w.queue_lookup(fx.LookUpBlocks("p", "K", 1, (b"a", b"b")))
-    w.run(src, lambda *k: 0, got.append)
+    w.run(src, lambda *k: Room(0), got.append)
     assert (got[-1].found, got[-1].pin, got[-1].missing) == ((), None, (b"a", b"b"))
     assert w.pins() == {a.pin}
+
+
+def test_a_pin_past_the_room_is_given_back_and_only_the_keys_that_fit_are_pinned_again() -> None:
+    """Y23: blocks a pin holds are known only once it is taken; when some are new past the room
+    (a block pinned already costs nothing), the pin is released (ok) and the keys before the
+    first that does not fit are pinned again, the rest answered missing."""
+    w = ServeWindows(on_error=lambda: None)
+    src = Source(found={b"a": 1, b"b": 2, b"c": 3})
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a", b"b", b"c")))
+    got: list[ix.LookupAnswered] = []
+    w.run(src, lambda *k: Room(10, fit=1), got.append)
+    (a,) = got
+    assert (a.found, a.blocks, a.missing) == ((b"a",), (1,), (b"b", b"c"))
+    pins = [c for c in src.calls if c[0] in ("pin", "release")]
+    assert pins == [("pin", (b"a", b"b", b"c")), ("release", 1, True, None), ("pin", (b"a",))], pins
+    assert w.pins() == {a.pin} and a.pin != 1
 
 
 def test_every_pin_is_released_once_through_its_source_and_a_second_release_is_dropped() -> None:
@@ -129,7 +159,7 @@ def test_every_pin_is_released_once_through_its_source_and_a_second_release_is_d
     w = ServeWindows(on_error=lambda: errors.append(1))
     src = Source(found={b"a": 1})
     w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a",)))
-    w.run(src, lambda *k: 1 << 30, lambda inp: None)
+    w.run(src, lambda *k: ROOM, lambda inp: None)
     assert w.pins() == {1}
     w.release(fx.ReleasePins((1,), False, Reason.OFFER_EXPIRED))
     w.release(fx.ReleasePins((1,), True))
@@ -147,7 +177,7 @@ def test_a_source_that_raises_answers_miss_and_never_crashes_the_manager() -> No
 
     got: list[ix.LookupAnswered] = []
     w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a", b"b")))
-    w.run(Broken(), lambda *k: 1 << 30, got.append)
+    w.run(Broken(), lambda *k: ROOM, got.append)
     assert got[0].missing == (b"a", b"b") and got[0].pin is None and errors == [1]
 
 
@@ -172,7 +202,7 @@ def test_a_pin_whose_blocks_cannot_be_served_is_released_and_its_keys_miss(block
 
     src, got = Bad(found={b"a": 1, b"b": 2}), []
     w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a", b"b")))
-    w.run(src, lambda *k: 1 << 30, got.append)
+    w.run(src, lambda *k: ROOM, got.append)
     assert got[0].missing == (b"a", b"b") and got[0].pin is None and not got[0].blocks
     assert [c for c in src.calls if c[0] == "release"] == [("release", 1, False, "job_refused")]
     assert errors == [1] and not w.pins()
@@ -194,7 +224,7 @@ def test_a_pin_without_a_usable_id_is_refused_and_released_by_the_engines_own_id
 
     src, got = Odd(found={b"a": 1}), []
     w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a",)))
-    w.run(src, lambda *k: 1 << 30, got.append)
+    w.run(src, lambda *k: ROOM, got.append)
     assert got[0].missing == (b"a",) and got[0].pin is None and errors == [1] and not w.pins()
     assert says in caplog.text and "not a Pin" not in caplog.text, caplog.text
     assert [c for c in src.calls if c[0] == "release"] == [("release", pin_id, False, "job_refused")]
@@ -208,10 +238,10 @@ def test_a_pin_id_another_source_holds_is_refused_and_released_through_its_own_s
     w = ServeWindows(on_error=lambda: None, num_blocks=64)
     old, new = Source(found={b"a": 1}), Source(found={b"b": 2})
     w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a",)))
-    w.run(old, lambda *k: 1 << 30, lambda inp: None)
+    w.run(old, lambda *k: ROOM, lambda inp: None)
     got: list[ix.LookupAnswered] = []
     w.queue_lookup(fx.LookUpBlocks("p", "L", 0, (b"b",)))
-    w.run(new, lambda *k: 1 << 30, got.append)  # its pin is 1 too
+    w.run(new, lambda *k: ROOM, got.append)  # its pin is 1 too
     assert got[0].missing == (b"b",) and got[0].pin is None
     assert [c for c in new.calls if c[0] == "release"] == [("release", 1, False, "job_refused")]
     assert [c for c in old.calls if c[0] == "release"] == [] and w.pins() == {1}
@@ -230,7 +260,7 @@ def test_an_engines_numpy_block_numbers_are_served_as_ints() -> None:
 
     got: list[ix.LookupAnswered] = []
     w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a", b"b")))
-    w.run(Numpy(found={b"a": 5, b"b": 63}), lambda *k: 1 << 30, got.append)
+    w.run(Numpy(found={b"a": 5, b"b": 63}), lambda *k: ROOM, got.append)
     assert got[0].blocks == (5, 63) and all(type(b) is int for b in got[0].blocks) and got[0].pin == 1
 
 
