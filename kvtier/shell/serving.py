@@ -12,10 +12,10 @@ the window opened (those queued during it — the re-polls of pending keys — w
 window), each answered with one ``LookupAnswered`` input that the caller applies before the next
 lookup; then the closes queued during the window.  A lookup whose round stopped looking
 (``TierCore.serve_room`` None) is skipped; one pins at most what its peer's room holds when it is
-performed — blocks pinned already cost nothing again — the keys after that answered missing (Y23).  Every pin is released exactly
-once, through the source that made it (property ``pin_released_once``); every context opened is
-closed exactly once (property ``lookup_context_closed_once``), or dropped with the engine at
-shutdown.
+performed — blocks pinned already cost nothing again — the keys after that answered missing
+(decision Y23).  Every pin is released exactly once, through the source that made it (property
+``pin_released_once``); every context opened is closed exactly once (property
+``lookup_context_closed_once``), or dropped with the engine at shutdown.
 """
 
 from __future__ import annotations
