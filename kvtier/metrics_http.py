@@ -87,19 +87,25 @@ def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
             return metrics(environ, start_response)
         query = parse_qs(environ.get("QUERY_STRING", ""))
         kid = (query.get("kv_request_id") or [None])[0]
+        raw = (query.get("limit") or ["0"])[0]
         try:
-            limit = max(0, int((query.get("limit") or ["0"])[0])) or None  # 0 or less: every entry
-        except ValueError:
-            limit = None
-        body = json.dumps({
+            limit = max(0, int(raw)) or None  # 0 or less: every entry
+        except ValueError:  # said, not ignored: a typo would otherwise read as "every entry"
+            return _answer(start_response, "400 Bad Request", {
+                "error": f"limit must be an integer (0 or less: every entry), got {raw[:40]!r}"})
+        return _answer(start_response, "200 OK", {
             "tier": const[0], "listener": const[1], "capacity": requests.capacity,
             "finished_total": requests.finished_total, "in_progress": requests.in_progress(),
             "requests": requests.as_json(kid, limit), "open": requests.open_json(kid) if kid else [],
-        }).encode()
-        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-        return [body]
+        })
 
     return app
+
+
+def _answer(start_response: Callable, status: str, doc: dict[str, Any]) -> list[bytes]:
+    body = json.dumps(doc).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
 
 
 def serve(host: str, port: int, metrics: Callable, requests: Any, const: tuple[str, str], *,

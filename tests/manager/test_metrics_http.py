@@ -105,8 +105,9 @@ def test_a_managers_endpoint_grows_no_thread_per_idle_connection(make_manager) -
             s.close()
 
 
-def test_a_negative_limit_on_the_requests_page_means_every_entry() -> None:
+def test_a_negative_limit_on_the_requests_page_means_every_entry_and_a_bad_one_is_said() -> None:
     import json
+    import urllib.error
 
     class _Requests:
         capacity, finished_total = 4, 3
@@ -123,9 +124,14 @@ def test_a_negative_limit_on_the_requests_page_means_every_entry() -> None:
     server, thread = serve("127.0.0.1", 0, _metrics_app, _Requests(), ("t", "l"))
     try:
         host, port = server.server_address[:2]
-        for query, n in (("", 3), ("?limit=2", 2), ("?limit=-1", 3), ("?limit=0", 3), ("?limit=x", 3)):
+        for query, n in (("", 3), ("?limit=2", 2), ("?limit=-1", 3), ("?limit=0", 3)):
             with urllib.request.urlopen(f"http://{host}:{port}/kvtier/requests{query}", timeout=5) as resp:
                 assert len(json.loads(resp.read())["requests"]) == n, query
+        # a typo is said, not read as "every entry"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://{host}:{port}/kvtier/requests?limit=abc", timeout=5)
+        assert err.value.code == 400
+        assert json.loads(err.value.read()) == {"error": "limit must be an integer (0 or less: every entry), got 'abc'"}
     finally:
         server.shutdown()
         server.server_close()
