@@ -103,9 +103,9 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
                 continue
             try:
                 click.echo(tell(e, where=f"{endpoint}, listener {doc.get('listener', '?')}"))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # another release's record
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # another kvtier version's record
                 click.echo(f"{endpoint}: a record of {kv_request_id!r} this kvtier cannot read "
-                           f"({type(exc).__name__}: {exc}; another kvtier release?), as sent:\n"
+                           f"({type(exc).__name__}: {exc}; another kvtier version?), as sent:\n"
                            f"{json.dumps(e, indent=2, default=str)}")
             click.echo()
     if as_json:

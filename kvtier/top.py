@@ -435,7 +435,7 @@ def render_recent(entries: Sequence[tuple[str, dict[str, Any]]]) -> Table:
     for endpoint, e in entries:
         try:
             line = escape(one_line(e))
-        except (KeyError, TypeError, ValueError, AttributeError):  # another release's record: as sent
+        except (KeyError, TypeError, ValueError, AttributeError):  # another kvtier version's record: as sent
             line = escape(f"(a record this kvtier cannot read: {json.dumps(e, default=str)[:300]})")
         t.add_row(endpoint, f"[red]{line}[/]" if not e.get("ok") else line)
     return t

@@ -80,7 +80,7 @@ WIRE_REASON_DOCS: dict[WireReason, str] = {
     WireReason.OVERSIZE: "Header larger than `max_message_bytes`, or a count beyond `max_blocks_per_fetch`.",
     WireReason.BAD_FIELD: "A known message with a missing, unknown, mistyped or out-of-range field.",
     WireReason.BAD_PAYLOAD: "Wrong number or size of payload frames for the message.",
-    WireReason.VERSION_MISMATCH: "A `hello` whose `version` is not this release's protocol version.",
+    WireReason.VERSION_MISMATCH: "A `hello` whose `version` differs from the protocol version this kvtier speaks.",
 }
 
 

@@ -231,7 +231,7 @@ def test_finished_requests_are_read_from_every_endpoint_that_answered(monkeypatc
 
 
 def test_a_finished_request_this_release_cannot_read_is_shown_as_sent() -> None:
-    """Another release's (or a proxy's) record below the frame: shown as sent, the frame drawn —
+    """Another kvtier version's (or a proxy's) record below the frame: shown as sent, the frame drawn —
     not a ``KeyError`` taking the whole multi-endpoint view down (an outside tester)."""
     from rich.console import Console
 

@@ -352,7 +352,7 @@ def test_why_names_an_endpoint_that_is_not_kvtiers(body: bytes, status: int, say
 
 
 @pytest.mark.parametrize("record", [
-    {"kv_request_id": "kv-1", "ok": False, "reason": "reaped"},  # no role: another release's record
+    {"kv_request_id": "kv-1", "ok": False, "reason": "reaped"},  # no role: another kvtier version's record
     {"kv_request_id": "kv-1", "role": "load", "ok": False, "reason": "reaped", "path": 5},
 ])
 def test_why_shows_a_record_it_cannot_read_as_sent_not_a_traceback(record: dict) -> None:
