@@ -72,7 +72,7 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
     """
     import json
 
-    from kvtier.explain import explain, explain_open
+    from kvtier.explain import UNREADABLE, as_sent, explain, explain_open
     from kvtier.top import NotAnEndpoint, fetch_requests, unreachable
     from kvtier.wire.messages import check_kv_request_id
 
@@ -103,10 +103,8 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
                 continue
             try:
                 click.echo(tell(e, where=f"{endpoint}, listener {doc.get('listener', '?')}"))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # another kvtier version's record
-                click.echo(f"{endpoint}: a record of {kv_request_id!r} this kvtier cannot read "
-                           f"({type(exc).__name__}: {exc}; another kvtier version?), as sent:\n"
-                           f"{json.dumps(e, indent=2, default=str)}")
+            except UNREADABLE as exc:
+                click.echo(f"{endpoint}: {as_sent(e, exc, what=f'a record of {kv_request_id!r}', indent=2)}")
             click.echo()
     if as_json:
         click.echo(json.dumps(records, indent=2))

@@ -8,13 +8,27 @@ same text comes out of a live manager and of a remote endpoint.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvtier.advice import advice
 from kvtier.lifecycle import REASON_DOCS, Reason
 
-__all__ = ["TierStats", "explain", "explain_open", "one_line"]
+__all__ = ["UNREADABLE", "TierStats", "as_sent", "explain", "explain_open", "one_line"]
+
+#: What explaining a record of another kvtier version (or a proxy's) raises: a field missing or
+#: of another type; :func:`as_sent` then shows it.
+UNREADABLE = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def as_sent(e: Any, exc: Exception, *, what: str = "a record", indent: int | None = None,
+            limit: int | None = None) -> str:
+    """A record this kvtier cannot read, with why, as the endpoint sent it."""
+    text = json.dumps(e, indent=indent, default=str)
+    return (f"{what} this kvtier cannot read ({type(exc).__name__}: {exc}; another kvtier version?), as sent:"
+            f"{chr(10) if indent else ' '}{text if limit is None else text[:limit]}")
 
 _ROLE = {"consumer": "load (consumer)", "producer": "parked blocks (producer)",
          "fetch": "a peer's fetch (producer)", "probe": "probing its peer (symmetric)",

@@ -427,7 +427,7 @@ def recent(targets: Sequence[str], *, limit: int = RECENT, timeout_s: float = 5.
 
 def render_recent(entries: Sequence[tuple[str, dict[str, Any]]]) -> Table:
     """The recently finished requests below the frame (``kvtier why ID ENDPOINT`` explains one)."""
-    from kvtier.explain import one_line
+    from kvtier.explain import UNREADABLE, as_sent, one_line
 
     t = Table(title="recently finished — kvtier why KV_REQUEST_ID ENDPOINT explains one", title_justify="left")
     t.add_column("endpoint", no_wrap=True)
@@ -435,8 +435,8 @@ def render_recent(entries: Sequence[tuple[str, dict[str, Any]]]) -> Table:
     for endpoint, e in entries:
         try:
             line = escape(one_line(e))
-        except (KeyError, TypeError, ValueError, AttributeError):  # another kvtier version's record: as sent
-            line = escape(f"(a record this kvtier cannot read: {json.dumps(e, default=str)[:300]})")
+        except UNREADABLE as exc:
+            line = escape(f"({as_sent(e, exc, limit=300)})")
         t.add_row(endpoint, f"[red]{line}[/]" if not e.get("ok") else line)
     return t
 

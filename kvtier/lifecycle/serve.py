@@ -107,8 +107,8 @@ class ServeLimits:
 class ServeRoom:
     """What one lookup for ``peer``'s round may pin now (decision Y23): a block already pinned for
     the peer costs nothing again, one pinned for another peer costs only the peer's own budget.
-    :attr:`reach`: the most found keys that could fit (the room left plus the blocks already
-    pinned); :meth:`fits`: how many of a pin's blocks, from the first, fit."""
+    :attr:`reach`: the most found keys that could fit (the smaller budget: blocks pinned already
+    fit again); :meth:`fits`: how many of a pin's blocks, from the first, fit."""
 
     __slots__ = ("_mine", "_holds", "_free_peer", "_free_total", "reach")
 
@@ -117,7 +117,7 @@ class ServeRoom:
         self._mine, self._holds = serve.holds_per_peer.get(peer, {}), serve.holds
         self._free_peer = lim.max_pinned_per_peer - len(self._mine)
         self._free_total = lim.max_pinned_total - len(self._holds)
-        self.reach = max(0, min(self._free_peer + len(self._mine), self._free_total + len(self._holds)))
+        self.reach = serve.reach
 
     def fits(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` (a pin's, in key order), from the first, fit the room."""
@@ -238,6 +238,11 @@ class ServeMachine(TableMachine):
         """Distinct pool blocks pinned for every peer's rounds."""
         return len(self.holds)
 
+    @property
+    def reach(self) -> int:
+        """The most blocks one peer's lookup could ever pin: the smaller pinned-block budget."""
+        return max(0, min(self.limits.max_pinned_per_peer, self.limits.max_pinned_total))
+
     def room(self, peer: str) -> ServeRoom:
         """What a lookup for ``peer`` may pin now: the room ``serve_max_pinned_blocks_per_peer`` and
         the pool's ``serve_max_pinned_fraction`` leave (decision Y23)."""
@@ -292,7 +297,7 @@ class ServeMachine(TableMachine):
             return True
         # the probe's lookups pin what the room holds (the window reads it): refused only when
         # nothing could be pinned, not for naming more keys than there is room for (Y23)
-        return any(k not in rec.keys for k in inp.keys) and self.room(inp.peer).reach <= 0
+        return any(k not in rec.keys for k in inp.keys) and self.reach <= 0
 
     def _left(self, rec: ServeRecord, inp: LookupAnswered) -> set[bytes]:
         return rec.todo.difference(inp.found, inp.missing)
