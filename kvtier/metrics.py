@@ -187,15 +187,16 @@ SERIES: tuple[SeriesDef, ...] = (
               "Throughput of each completed transfer (its bytes / its duration). Aggregate "
               "bandwidth is rate(kvtier_transfer_bytes_sum), never bytes/summed durations.",
               _THROUGHPUT_BUCKETS, "transfer"),
-    SeriesDef("kvtier_block_bytes_sent_total", "counter", (), "bytes",
+    SeriesDef("kvtier_block_sent_bytes_total", "counter", (), "bytes",
               "Block payload bytes of rounds the producer's data plane finished sending, whatever the consumer made "
               "of them (its store job's result says; O15).", fed_by="transfer"),
-    SeriesDef("kvtier_block_bytes_landed_total", "counter", (), "bytes",
+    SeriesDef("kvtier_block_landed_bytes_total", "counter", (), "bytes",
               "Block payload bytes written into consumer slots and checked, failed loads included (a batch "
               "after a corrupt one too; the load reports the prefix before it: successful_keys).", fed_by="landed"),
     SeriesDef("kvtier_jobs_total", "counter", ("kind", "outcome", "reason"), "jobs",
-              "Job results reported to the engine: kind store|load, outcome ok|fail, reason of a "
-              "failure (local: a store for a request without a remote decoder).", fed_by="job_done"),
+              "Job results reported to the engine: kind store|load, outcome ok|fail, reason why a job "
+              "failed, or why a successful one moved nothing (local: a store for a request without a "
+              "remote decoder; not_needed: its consumer needed none of the blocks).", fed_by="job_done"),
     SeriesDef("kvtier_quarantined_blocks", "gauge", ("role",), "blocks",
               "Blocks kept out of reuse because a transfer touching them could not be proven finished, by role.",
               fed_by="scrape"),
@@ -213,7 +214,8 @@ SERIES: tuple[SeriesDef, ...] = (
               fed_by="ignored"),
     # ---- the loop itself ------------------------------------------------------------------------
     SeriesDef("kvtier_tick_lag_seconds", "histogram", (), "seconds",
-              "How late lifecycle deadlines fire after they are due (poll-loop starvation).",
+              "How late a poll-loop pass that fires lifecycle deadlines runs after the earliest of "
+              "them was due: one observation per such pass, not per deadline (poll-loop starvation).",
               _LAG_BUCKETS, "tick_lag"),
     SeriesDef("kvtier_internal_errors_total", "counter", (), "errors",
               "Unexpected exceptions caught by the manager (a kvtier bug; see the log).",
@@ -347,6 +349,7 @@ class TierMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.const_values: tuple[str, str] = (tier, listener)
         self._core = core
+        self._clock = clock
         self._parked_at: dict[str, float] = {}
         self._children: dict[tuple[str, ...], Any] = {}
         self._metrics: dict[str, Any] = {}
@@ -387,11 +390,11 @@ class TierMetrics:
         if seconds > 0:
             self._observe("kvtier_transfer_throughput_bytes_per_second", nbytes / seconds, role)
         if role == "producer":
-            self._inc("kvtier_block_bytes_sent_total", amount=nbytes)
+            self._inc("kvtier_block_sent_bytes_total", amount=nbytes)
 
     def landed(self, nbytes: int) -> None:
         """``nbytes`` of block data were written into consumer slots."""
-        self._inc("kvtier_block_bytes_landed_total", amount=nbytes)
+        self._inc("kvtier_block_landed_bytes_total", amount=nbytes)
 
     def fetch_refused(self, reason: str | None) -> None:
         """A fetch was answered ``transfer_done(fail)`` with ``reason``."""
@@ -448,11 +451,14 @@ class TierMetrics:
         """A deadline fired ``seconds`` after it was due."""
         self._observe("kvtier_tick_lag_seconds", max(0.0, seconds))
 
-    def parked(self, kv_request_id: str, now: float) -> None:
-        """A store for ``kv_request_id`` is about to be applied at ``now``: the one that creates
-        the id's producer record starts its park age (call it before the core applies the store)."""
+    def parked(self, kv_request_id: str, now: float | None = None) -> None:
+        """A store for ``kv_request_id`` is about to be applied at ``now`` (the manager's clock,
+        seconds; None: read it now): the one that creates the id's producer record starts its
+        park age.  Call it in the pass that applies the store, under the manager's lock, before
+        the core applies it — not when a store is held for its digests: a scrape forgets the age
+        of an id the core does not show parked."""
         if self._core.producer_state(kv_request_id) is ProducerState.ABSENT:
-            self._parked_at[kv_request_id] = now
+            self._parked_at[kv_request_id] = self._clock() if now is None else now
             if len(self._parked_at) > 2 * self._core.producer_count() + 1024:  # forget ids no longer parked
                 state_of, parked = self._core.producer_state, ProducerState.PARKED
                 for kid in [k for k in self._parked_at if k != kv_request_id and state_of(k) is not parked]:

@@ -60,7 +60,8 @@ def render_metric_labels() -> str:
         f"| `state` | {state} |",
         (f"| `reason` | a reason code of `spec/lifecycle.toml` ({len(Reason)} codes, each explained in "
          f"[troubleshooting.md](troubleshooting.md)) or of the wire codec ({vals([r.value for r in WireReason])}); "
-         "`peer_reported_<code>` on `kvtier_wire_errors_total`; empty for a success; `other` for anything else |"),
+         "`peer_reported_<code>` on `kvtier_wire_errors_total`; empty for a success, except `local` and "
+         "`not_needed` (a success that moved nothing); `other` for anything else |"),
     ]
     rows += [f"| `{label}` | {vals(values)} |" for label, values in LABEL_VALUES.items()]
     return "\n".join(rows)

@@ -280,7 +280,7 @@ def late_fetch_after_reap(h: Harness) -> None:
     h.expect(h.decode.outcome(10) == (False, "reaped"), "the load fails with the producer's reason at once")
     h.expect(h.decode.lookup(creq, _keys("A", 1)[0]) is LookupResult.MISS, "lookups miss: the engine recomputes")
     h.expect(h.slots_untouched([4, 5, 6, 7]), "no byte landed in the consumer's slots")
-    h.expect(h.P.stats().get("kvtier_block_bytes_sent_total", 0) == 0, "the producer sent no block data")
+    h.expect(h.P.stats().get("kvtier_block_sent_bytes_total", 0) == 0, "the producer sent no block data")
     h.decode.finish(creq)
     h.settle()
 

@@ -98,7 +98,7 @@ from kvtier.integrations.vllm_engine import (
     _truncate,
     vllm_layout,
 )
-from kvtier.integrations.vllm_stats import _StatsBridge, vllm_metric_definitions
+from kvtier.integrations.vllm_stats import StatsBridge, vllm_metric_definitions
 from kvtier.lifecycle import Reason
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
@@ -266,7 +266,7 @@ class KvTierSecondaryTier(SecondaryTierManager):
         self._ledger: KvTierManager = self._mgr
         """The manager, kept after shutdown for its job ledger (it drops the pool then)."""
         self.config = self._mgr.config
-        self._stats = _StatsBridge(self._mgr, _STATS_INTERVAL_S)
+        self._stats = StatsBridge(self._mgr, _STATS_INTERVAL_S)
         # consumer requests announced and not yet seen scheduled (on_schedule_end): one that is
         # scheduled without a load needs nothing from its producer, which is told at once
         self._unscheduled: dict[str, _Req] = {}

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from kvtier.manager import KvTierManager
 
-__all__ = ["VLLM_PREFIX", "vllm_metric_definitions"]
+__all__ = ["VLLM_PREFIX", "StatsBridge", "vllm_metric_definitions"]
 
 VLLM_PREFIX = "vllm:"
 """kvtier's series appear on vLLM's ``/metrics`` as ``vllm:<name>`` (e.g. ``vllm:kvtier_parked_ids``)."""
@@ -51,10 +51,20 @@ def vllm_metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     return out
 
 
-class _StatsBridge:
+class StatsBridge:
     """Turns a manager's registry into vLLM's ``OffloadingConnectorStats`` payloads: counter
-    increments since the last payload, gauge snapshots, and every histogram observation (from a
-    bounded :meth:`~kvtier.metrics.TierMetrics.tap`)."""
+    increments since the last payload, gauge snapshots (a gauge child the registry no longer
+    shows is sent once as 0: vLLM keeps each child's last value), and every histogram
+    observation (from a bounded :meth:`~kvtier.metrics.TierMetrics.tap`).
+
+    Args:
+        mgr: the manager whose series are sent.
+        interval_s: the least time between two payloads (seconds); :meth:`take` returns None
+            before it has passed.
+
+    Raises:
+        ImportError: vLLM is not installed (at construction).
+    """
 
     def __init__(self, mgr: KvTierManager, interval_s: float) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
@@ -64,17 +74,21 @@ class _StatsBridge:
         self._metrics = mgr.tier_metrics
         self._tap = self._metrics.tap()
         self._last: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._gauges: set[tuple[str, tuple[str, ...]]] = set()  # gauge children sent (bounded labels)
         self._labels = {s.name: CONST_LABELS + s.labels for s in SERIES}
         self._kinds = {s.name: s.kind for s in SERIES}
         self._next = 0.0
 
     def take(self) -> OffloadingConnectorStats | None:
+        """The payload since the last one; None when ``interval_s`` has not passed or nothing is
+        to be sent."""
         now = time.monotonic()
         if now < self._next:
             return None
         self._next = now + self._interval_s
         stats = self._payload()
         const = self._metrics.const_values
+        gauges: set[tuple[str, tuple[str, ...]]] = set()
         for family in self._metrics.registry.collect():
             kind = family.type
             if kind not in ("counter", "gauge"):
@@ -90,12 +104,18 @@ class _StatsBridge:
                 vname = _vllm_name(name, kind)
                 if kind == "gauge":
                     stats.set_gauge(vname, sample.value, labels)
+                    gauges.add((vname, labels))
                     continue
                 key = (name, labels)
                 delta = sample.value - self._last.get(key, 0.0)
                 if delta > 0:
                     self._last[key] = sample.value
                     stats.increase_counter(vname, delta, labels)
+        # vLLM keeps a gauge child's last value: one the registry no longer shows (a retained
+        # reason whose ids were all pruned) is sent as 0 once, or vLLM's page would hold it for ever
+        for vname, labels in self._gauges - gauges:
+            stats.set_gauge(vname, 0.0, labels)
+        self._gauges = gauges
         for name, labels, value in self._tap.take():
             stats.observe_histogram(_vllm_name(name, "histogram"), value, (*const, *labels))
         return None if stats.is_empty() else stats

@@ -98,10 +98,11 @@ class JobBook:
 
     # -- the loop's side -------------------------------------------------------------------------
     def finish(self, job_id: int, ok: bool, reason: Reason | None, now: float, *,
-               successful_keys: tuple[bytes, ...] | None = None) -> tuple[bool, int, float] | None:
+               successful_keys: tuple[bytes, ...] | None = None) -> tuple[bool, int, float, bool] | None:
         """Record the result of open job ``job_id`` (``successful_keys``: a failed load's blocks
-        that landed verified).  Returns ``(store, nbytes, seconds)`` for metrics, or None for an
-        unknown id (a bug, logged; never a second result)."""
+        that landed verified).  Returns ``(store, nbytes, seconds, internal)`` for metrics
+        (``internal``: the manager's own job, whose result no engine sees, so no series counts it),
+        or None for an unknown id (a bug, logged; never a second result)."""
         with self._lock:
             job = self._open.get(job_id)
             if job is None:
@@ -113,7 +114,7 @@ class JobBook:
             if job.internal:
                 del self._open[job_id]
                 self._internal -= 1
-                return job.store, job.nbytes, elapsed
+                return job.store, job.nbytes, elapsed, True
             if ok and not job.store and reason is not Reason.LOCAL:
                 r = JobResult(job_id=job_id, success=True, transfer_bytes=job.nbytes, transfer_time_s=elapsed)
             else:
@@ -124,7 +125,7 @@ class JobBook:
             self._reported.add(job_id)
             self._results.append(r)
             del self._open[job_id]
-        return job.store, job.nbytes, elapsed
+        return job.store, job.nbytes, elapsed, False
 
     # -- reads (any thread) ----------------------------------------------------------------------
     def info(self, job_id: int, *, own: bool = False) -> tuple[bool, str | None, float, int] | None:

@@ -332,9 +332,9 @@ class IoLoop:
     def park(self, inp: ix.StoreSubmitted) -> None:
         """On the loop (inside a command): a checked store, its digests taken first (I14)."""
         pool = self.outbound.pool
-        self.metrics.parked(inp.kv_request_id, self.clock())  # before the store: the first one starts the age
         ready = self.work.store(inp, [pool.buffer(b) for b in inp.blocks])
-        if ready is not None:  # else: held for its digests, applied in its turn by a later pass
+        if ready is not None:  # else: held for its digests, applied (and its age started) by a later pass
+            self.metrics.parked(inp.kv_request_id, self.clock())  # before the store: the first one starts the age
             self._run(ready)
 
     # -- commands the façade hands over (run on the loop) ----------------------------------------------

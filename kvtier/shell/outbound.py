@@ -189,7 +189,7 @@ class Outbound:
         if done is None:  # the core guarantees exactly once; count instead of crashing the engine
             self.metrics.internal_error()
             return
-        store, nbytes, elapsed = done
+        store, nbytes, elapsed, internal = done
         if not store:  # lookups of the id MISS now: its load failed (L11), or it loaded (fetched once, L8)
             if info is not None and info[1] is not None:
                 self.ended.add(info[1])
@@ -199,6 +199,8 @@ class Outbound:
             self.logs("*", e.reason, "kvtier: %s job %d refused: not_authorised (the producer request named another "
                       "consumer for this id; check remote_decoder.consumer and this manager's CURVE principal)",
                       "store" if store else "load", e.job_id)
+        if internal:  # a load_nothing: no engine job, no transfer (L16)
+            return
         # an ok result carries a reason only when it says why nothing moved (not_needed)
         self.metrics.job_done("store" if store else "load", e.ok, e.reason if e.ok else (e.reason or Reason.TRANSFER_FAILED))
         if e.ok and not store and e.reason is not Reason.LOCAL:

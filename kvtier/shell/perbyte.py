@@ -184,6 +184,9 @@ class ByteWork:
                       item.inp.job_id, exc)
             digests = block_digests(item.buffers, self.algorithm)
         item.buffers = None
+        # its park age starts as it is applied, not as it was held: a scrape meanwhile forgets
+        # ages of ids the core does not show parked
+        self._metrics.parked(item.inp.kv_request_id)
         return msgspec.structs.replace(item.inp, digests=digests)
 
     # -- consumer: landings --------------------------------------------------------------------

@@ -83,7 +83,7 @@ def test_manager_level_store_park_lookup_load_finish(managers, data_plane) -> No
         cons.complete_load(ks, D)
         cons.on_request_finished(D)
         step(cons)
-    assert stat(ctier, "kvtier_block_bytes_landed") == 3 * ROW
+    assert stat(ctier, "kvtier_block_landed_bytes") == 3 * ROW
 
     # the producer's store job is reported (success) once the transfer completed: rows unpinned
     deadline = time.monotonic() + 10

@@ -88,14 +88,14 @@ def test_kvtier_series_reach_vllms_prometheus_path(model_dir: str, monkeypatch) 
         pconst = {"tier": "KvTierSecondaryTier", "listener": prefill.tier.address}
         dreg, preg = registries["mdecode"], registries["mprefill"]
         # counters arrive as increments, histograms as observations, gauges as snapshots
-        landed = _value(dreg, "vllm:kvtier_block_bytes_landed_total", **dconst)
-        assert landed == decode.tier.kvtier.stats()["kvtier_block_bytes_landed_total"] == n * V.ROW
+        landed = _value(dreg, "vllm:kvtier_block_landed_bytes_total", **dconst)
+        assert landed == decode.tier.kvtier.stats()["kvtier_block_landed_bytes_total"] == n * V.ROW
         assert _value(dreg, "vllm:kvtier_transfer_bytes_count", role="consumer", **dconst) == 1
         assert _value(dreg, "vllm:kvtier_transfer_bytes_sum", role="consumer", **dconst) == n * V.ROW
         assert _value(dreg, "vllm:kvtier_jobs_total", kind="load", outcome="ok", reason="", **dconst) == 1
         assert _value(dreg, "vllm:kvtier_sessions", state="ready", **dconst) == 1
         assert _value(preg, "vllm:kvtier_transfer_bytes_count", role="producer", **pconst) == 1
-        assert _value(preg, "vllm:kvtier_block_bytes_sent_total", **pconst) == n * V.ROW
+        assert _value(preg, "vllm:kvtier_block_sent_bytes_total", **pconst) == n * V.ROW
         assert _value(preg, "vllm:kvtier_jobs_total", kind="store", outcome="ok", reason="", **pconst) >= 1
         assert _value(preg, "vllm:kvtier_parked_ids", state="parked", **pconst) == 0
         # nothing kvtier sent was dropped by vLLM for want of a definition
@@ -104,6 +104,37 @@ def test_kvtier_series_reach_vllms_prometheus_path(model_dir: str, monkeypatch) 
     finally:
         for e in engines:
             e.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_gauge_child_kvtier_no_longer_shows_reaches_vllm_as_zero() -> None:
+    """vLLM keeps each gauge child's last value: once every tombstone of a reason is pruned,
+    kvtier's registry shows no ``retained_ids{tombstoned,reaped}`` child, and vLLM's page would
+    have held 1 for ever; the bridge sends it as 0, once."""
+    from kvtier.api import RequestContext, TransferJob
+    from kvtier.integrations.vllm_stats import StatsBridge
+    from kvtier.manager import KvTierManager
+    from kvtier.memory import BlockPool
+
+    now = [100.0]
+    cfg = {"host": "127.0.0.1", "port": 0, "unbound_store_timeout_s": 1.0, "tombstone_retention_s": 5.0}
+    m = KvTierManager(cfg, BlockPool(4, 4096, pin=False), clock=lambda: now[0])
+    name, child = "vllm:kvtier_retained_ids", ("KvTierSecondaryTier", m.address, "tombstoned", "reaped")
+    try:
+        bridge = StatsBridge(m, 0.0)
+        req = RequestContext(req_id="p1", kv_transfer_params={"remote_decoder": {"kv_request_id": "kv-r"}})
+        m.on_new_request(req)
+        m.submit_store(TransferJob(job_id=1, keys=(b"k0",), slots=(0,), req=req))
+        m.on_request_finished(req)
+        sent = []
+        for t in (102.0, 110.0, 111.0):  # reaped; pruned; later
+            now[0] = t
+            m.poll()
+            stats = bridge.take()
+            sent.append(None if stats is None else stats.metric_sections()[1].get(name, {}).get(child))
+        assert sent == [1, 0.0, None]
+    finally:
+        m.shutdown()
 
 
 @pytest.mark.timeout(60)

@@ -83,7 +83,7 @@ def test_pd_pair_with_real_schedulers(model_dir: str, data_plane: str) -> None:
         for h in decode.loaded["D1"]:  # what the decode worker loaded == what the prefill stored
             assert decode.loaded_bytes[h] == prefill.stored[h] == pattern(h).tobytes()
         assert decode.scheduled["D1"] < len(prompt)  # only the tail + decode tokens computed
-        assert stat(decode.tier, "kvtier_block_bytes_landed") == 3 * ROW
+        assert stat(decode.tier, "kvtier_block_landed_bytes") == 3 * ROW
 
         # 3. the unfetched request 2 is reaped (short unbound_store_timeout_s): vLLM unpins it
         run([prefill], lambda: not prefill.manager._jobs, "the reap of cmpl-kv-2", timeout_s=15)
@@ -161,7 +161,7 @@ def test_pd_pair_inside_a_multiconnector(model_dir: str) -> None:
         assert len(loaded) >= 3
         for h in loaded:
             assert decode.loaded_bytes[h] == prefill.stored[h] == pattern(h).tobytes()
-        assert stat(decode.tier, "kvtier_block_bytes_landed") == len(loaded) * ROW
+        assert stat(decode.tier, "kvtier_block_landed_bytes") == len(loaded) * ROW
 
 
 @pytest.mark.timeout(90)

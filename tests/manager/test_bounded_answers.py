@@ -40,6 +40,7 @@ from mgr_helpers import (
     job,
     keys_for,
     metric,
+    metric_sum,
     producer_req,
     pump_until,
     sentinel_digest,
@@ -342,6 +343,10 @@ def test_a_consumer_that_needs_nothing_releases_the_producer_in_one_round_trip(d
     # (the assertion above it looked only at the producer), within the same round-trip bound
     assert pump_until(lambda: c.core.consumer_state(kv) is ConsumerState.LOADED, managers=[c], timeout_s=2.0), \
         c.core.consumer_state(kv)
+    # ...and no series counts it: it is no engine job and moved nothing
+    cs = c.stats()
+    assert metric_sum(cs, "kvtier_jobs_total") == 0, cs
+    assert metric_sum(cs, "kvtier_transfer_bytes_count") == 0, cs
     c.on_request_finished(req)
 
 

@@ -104,7 +104,7 @@ def test_an_unchanged_large_transfer_lands_byte_exact_through_both_pools(make_ma
     assert pump_until(lambda: cjobs.has(2) and pjobs.has(1), managers=[p, c], jobs=[pjobs, cjobs])
     assert cjobs.one(2).success and pjobs.one(1).success
     assert digests(c.pool, dst) == want
-    assert metric(c, "kvtier_block_bytes_landed_total") == N * BB
+    assert metric(c, "kvtier_block_landed_bytes_total") == N * BB
     assert _digest_threads(p) and _digest_threads(c)  # both pools did work
 
 

@@ -28,7 +28,7 @@ def test_the_managers_own_job_is_never_the_engines() -> None:
     assert book.outstanding() == frozenset({1, 2})
     assert sorted(book.open_ids()) == [1, 2] and sorted(book.open_ids("A")) == [1, 2]
     assert book.info(9) is None and book.info(1) == (False, "A", 1.0, 128)
-    assert book.finish(9, True, None, 4.0) == (False, 0, 1.0)  # counted for metrics...
+    assert book.finish(9, True, None, 4.0) == (False, 0, 1.0, True)  # ended, no engine's job...
     assert book.take() == [] and not book.ready  # ...never handed over
     assert len(book) == 2 and book.outstanding() == frozenset({1, 2})
     assert book.finish(9, True, None, 5.0) is None  # ended once
@@ -36,7 +36,7 @@ def test_the_managers_own_job_is_never_the_engines() -> None:
 
 def test_a_result_keeps_its_id_taken_until_it_is_collected() -> None:
     book = _book()
-    assert book.finish(1, True, None, 3.5) == (False, 128, 2.5)
+    assert book.finish(1, True, None, 3.5) == (False, 128, 2.5, False)
     # reported, not collected: still outstanding, no longer open, a resubmission is a duplicate
     assert book.outstanding() == frozenset({1, 2}) and book.is_outstanding(1)
     assert sorted(book.open_ids()) == [2] and len(book) == 1 and book.ready

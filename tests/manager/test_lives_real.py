@@ -184,7 +184,7 @@ def test_producer_request_finished_with_nothing_stored_is_refused_in_one_round_t
     assert pump_until(lambda: cjobs.has(1), managers=[p, c], jobs=[cjobs], timeout_s=BOUND_S)
     assert (cjobs.one(1).success, cjobs.one(1).reason) == (False, want)
     assert metric(p, "kvtier_fetches_refused_total", reason=want) == 1
-    assert metric(c, "kvtier_block_bytes_landed_total") == 0
+    assert metric(c, "kvtier_block_landed_bytes_total") == 0
     assert digests(c.pool, [0, 1]) == digests(c.pool, [2, 3])  # untouched sentinel fill
 
 

@@ -252,7 +252,7 @@ def test_hostile_producer_cannot_write_out_of_range_or_stale_blocks(make_manager
     r = jobs.one(1)
     assert r.success, r
     assert digests(c.pool, [4, 5]) == [pattern_digest(9, i, BB) for i in range(2)]
-    assert metric(c, "kvtier_block_bytes_landed_total") == 2 * BB
+    assert metric(c, "kvtier_block_landed_bytes_total") == 2 * BB
     assert metric(c, "kvtier_wire_errors_total", reason="malformed") == 1
     assert metric(c, "kvtier_wire_errors_total", reason="oversize") == 1
     assert metric(c, "kvtier_wire_errors_total", reason="bad_payload") == 2

@@ -141,7 +141,7 @@ def test_block_changed_after_park_fails_the_load_corrupt(producer, make_manager)
     assert (r.success, r.reason, r.successful_keys) == (False, "corrupt", tuple(keys[:2]))
     assert digests(c.pool, [10, 11]) == [pattern_digest(8, i, BB) for i in range(2)]
     assert c.lookup(keys[0], req).name == "MISS"
-    assert metric(c, "kvtier_block_bytes_landed_total") == 2 * BB
+    assert metric(c, "kvtier_block_landed_bytes_total") == 2 * BB
     res = producer.wait_results([1])
     assert [(x["success"], x["reason"]) for x in res[1]] == [(False, "aborted")]
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
@@ -170,7 +170,7 @@ def test_data_plane_mismatch_is_refused_in_the_handshake(make_manager):
     r = _one_block_hand_off(p, c, "kv-dp")
     assert (r.success, r.reason) == (False, "handshake_mismatch")
     assert metric(p, "kvtier_session_ends_total", reason="handshake_mismatch") == 1
-    assert metric(p, "kvtier_block_bytes_sent_total") == 0
+    assert metric(p, "kvtier_block_sent_bytes_total") == 0
 
 
 @pytest.mark.parametrize("data_plane", ["nixl"], indirect=True)

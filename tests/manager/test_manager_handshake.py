@@ -51,8 +51,8 @@ def test_handshake_mismatch_fails_load_promptly_and_logs_both_values(
     assert (r.success, r.reason) == (False, "handshake_mismatch")
     assert metric(c, "kvtier_session_ends_total", reason="handshake_mismatch") == 1
     assert c.lookup(b"k0", creq) is LookupResult.MISS
-    assert metric(c, "kvtier_block_bytes_landed_total") == 0
-    assert metric(p, "kvtier_block_bytes_sent_total") == 0
+    assert metric(c, "kvtier_block_landed_bytes_total") == 0
+    assert metric(p, "kvtier_block_sent_bytes_total") == 0
     assert digests(c.pool, [4, 5]) == [sentinel_digest(c.pool.block_bytes)] * 2
     assert not pjobs.has(1)  # the producer still parks its blocks for a compatible consumer
 

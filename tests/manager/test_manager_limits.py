@@ -89,7 +89,7 @@ def test_a_load_of_zero_blocks_releases_the_producers_parked_blocks_at_once():
         assert v.cjobs.one(9).success
         assert v.pjobs.one(1).success  # released at once, not reaped at unbound_store_timeout_s
         assert v.P.core.producer_state("A").value == "done"
-        assert v.P.stats().get("kvtier_block_bytes_sent_total") == 0.0
+        assert v.P.stats().get("kvtier_block_sent_bytes_total") == 0.0
     finally:
         v.close()
 

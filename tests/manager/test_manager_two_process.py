@@ -96,8 +96,8 @@ def test_park_fetch_bind_transfer_done_bytes_identical(producer, make_manager):
     p_res = producer.wait_results([1])
     assert [x["success"] for x in p_res[1]] == [True]
     assert producer.state("kv-basic") == "done"
-    assert metric(producer.stats(), "kvtier_block_bytes_sent_total") == n * BB
-    assert metric(c, "kvtier_block_bytes_landed_total") == n * BB
+    assert metric(producer.stats(), "kvtier_block_sent_bytes_total") == n * BB
+    assert metric(c, "kvtier_block_landed_bytes_total") == n * BB
     # 8 MiB batches tapering to 1 MiB: 2, 4, 2, 1, 1 MiB (kvtier.shell.outbound.plan_batches)
     assert producer.plane() == {"name": c.plane.name, "posts": 5, "referenced": 0}
     # nothing more arrives for either job
@@ -176,7 +176,7 @@ def test_reap_after_unbound_store_timeout(producer):
     _store_and_wait_reaped(producer, "kv-reap")
     stats = producer.stats()
     assert metric(stats, "kvtier_jobs_total", kind="store", outcome="fail", reason="reaped") == 1
-    assert metric(stats, "kvtier_block_bytes_sent_total") == 0
+    assert metric(stats, "kvtier_block_sent_bytes_total") == 0
 
 
 @BOTH_PLANES
@@ -196,10 +196,10 @@ def test_late_fetch_after_reap_fails_reaped_and_sends_zero_bytes(producer, make_
     assert c.lookup(keys[0], req) is LookupResult.MISS  # the engine recomputes
 
     stats = producer.stats()
-    assert metric(stats, "kvtier_block_bytes_sent_total") == 0
+    assert metric(stats, "kvtier_block_sent_bytes_total") == 0
     assert producer.plane()["posts"] == 0  # nixl: not one WRITE posted; zmq: not one block_data
     assert metric(stats, "kvtier_fetches_refused_total", reason="reaped") == 1
-    assert metric(c, "kvtier_block_bytes_landed_total") == 0
+    assert metric(c, "kvtier_block_landed_bytes_total") == 0
     assert digests(c.pool, [30, 31, 32, 33]) == [sentinel_digest(BB)] * 4
     assert producer.state("kv-late") == "tombstoned"
 
@@ -237,7 +237,7 @@ def test_fetch_after_prune_fails_supply_timeout_not_load_timeout(producer, make_
     r = jobs.one(4)
     assert (r.success, r.reason) == (False, "supply_timeout")
     assert digests(c.pool, [0, 1, 2, 3]) == [sentinel_digest(BB)] * 4
-    assert metric(producer.stats(), "kvtier_block_bytes_sent_total") == 0
+    assert metric(producer.stats(), "kvtier_block_sent_bytes_total") == 0
 
 
 # -- consumer deadlines --------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def test_load_timeout_abort_then_late_data_is_not_written(producer, make_manager
     assert pump_until(lambda: ignored() >= 2, jobs=[jobs]), "late block_data/abort_ack never reached the consumer"
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
     assert jobs.total() == 1
-    assert metric(c, "kvtier_block_bytes_landed_total") == 0
+    assert metric(c, "kvtier_block_landed_bytes_total") == 0
     assert digests(c.pool, dst) == [sentinel_digest(BB)] * 4
     res = producer.wait_results([1])
     # normally cancelled by the abort (both arrive in one batch); a transfer that completed
@@ -371,8 +371,8 @@ def test_peer_killed_mid_transfer_fails_each_job_once_and_consumer_keeps_serving
     c.on_new_request(rbig)
     big_dst = list(range(8, 8 + big_n))
     c.submit_load(job(101, keys_for("kv-vbig", big_n), big_dst, rbig))
-    landed0 = metric(c, "kvtier_block_bytes_landed_total")
-    landed = lambda: metric(c, "kvtier_block_bytes_landed_total") - landed0  # noqa: E731
+    landed0 = metric(c, "kvtier_block_landed_bytes_total")
+    landed = lambda: metric(c, "kvtier_block_landed_bytes_total") - landed0  # noqa: E731
     assert pump_until(lambda: landed() > 0 or jobs.has(101), jobs=[jobs], wait_s=0.0005)
     victim.kill()
     assert not victim.alive

@@ -92,7 +92,7 @@ def test_two_process_run_shows_every_series_with_the_values_of_the_run(producer,
 
     # the producer's endpoint, against the run
     p = _get(paddr)
-    assert p.total("kvtier_block_bytes_sent_total") == n * BB  # the fetched id only
+    assert p.total("kvtier_block_sent_bytes_total") == n * BB  # the fetched id only
     assert p.total("kvtier_transfer_bytes_count", role="producer") == 1
     assert p.total("kvtier_transfer_bytes_sum", role="producer") == n * BB
     assert p.total("kvtier_transfer_duration_seconds_count", role="producer") == 1
@@ -108,18 +108,18 @@ def test_two_process_run_shows_every_series_with_the_values_of_the_run(producer,
     assert p.total("kvtier_oldest_parked_age_seconds") == 0
     assert p.total("kvtier_sessions", state="ready") == 1 and p.total("kvtier_session_ends_total") == 0
     assert p.total("kvtier_wire_errors_total") == 0 and p.total("kvtier_internal_errors_total") == 0
-    assert p.total("kvtier_block_bytes_landed_total") == 0
+    assert p.total("kvtier_block_landed_bytes_total") == 0
 
     # the consumer's endpoint, against the run
     q = _get(caddr)
     assert q.label("kvtier_sessions", "listener") == c.address
-    assert q.total("kvtier_block_bytes_landed_total") == n * BB
+    assert q.total("kvtier_block_landed_bytes_total") == n * BB
     assert q.total("kvtier_transfer_bytes_count", role="consumer") == 1
     assert q.total("kvtier_transfer_bytes_sum", role="consumer") == n * BB
     assert q.total("kvtier_jobs_total", kind="load", outcome="ok") == 1
     assert q.total("kvtier_jobs_total", kind="load", outcome="fail", reason="reaped") == 1
     assert q.total("kvtier_sessions", state="ready") == 1
-    assert q.total("kvtier_block_bytes_sent_total") == 0
+    assert q.total("kvtier_block_sent_bytes_total") == 0
 
     # a consumer that says goodbye: a routine session end on the producer (its goodbye names
     # the shutdown, so the reason is ``shutdown``, not a lost peer), and its endpoint closes

@@ -40,6 +40,8 @@ def test_series_follow_the_naming_rules_and_name_their_feeder() -> None:
     for s in SERIES:
         assert re.fullmatch(r"kvtier_[a-z_]+", s.name), s.name
         assert s.name.endswith(UNIT_SUFFIX.get(s.kind, ("",))), f"{s.name}: unit suffix for a {s.kind}"
+        if s.unit in ("bytes", "seconds"):  # a base unit ends the name, before a counter's _total
+            assert s.name.removesuffix("_total").endswith("_" + s.unit), f"{s.name}: unit {s.unit} last"
         assert s.kind in ("counter", "gauge", "histogram")
         assert s.help and s.unit and not set(s.labels) & set(CONST_LABELS)
         assert (s.kind == "histogram") == bool(s.buckets)
@@ -114,6 +116,24 @@ def test_oldest_parked_age_counts_from_the_first_store(make_manager) -> None:
     now[0] = 110.0
     assert metric(m, "kvtier_oldest_parked_age_seconds") == 10.0
     assert metric(m, "kvtier_pinned_bytes", state="parked") == 2 * m.pool.block_bytes
+
+
+def test_a_scrape_while_a_stores_digests_are_taken_keeps_its_park_age(make_manager) -> None:
+    """A scrape between a large store's hand-over and its digests' end (the digest pool's work)
+    must not forget when the id parked: before, its age read 0 for as long as it stayed parked."""
+    now = [100.0]
+    m = make_manager({"digest_threads": 1}, clock=lambda: now[0])
+    req = producer_req("p1", "kv-big")
+    m.on_new_request(req)
+    n = 32  # 128 KiB: past the inline size, so its digests are taken on the pool
+    m.submit_store(job(1, keys_for("kv-big", n), list(range(n)), req))
+    # caller-driven: no pass applies the store until the next poll, whatever the pool's pace
+    assert metric(m, "kvtier_parked_ids", state="parked") == 0
+    assert metric(m, "kvtier_oldest_parked_age_seconds") == 0
+    now[0] = 101.0
+    assert pump_until(lambda: metric(m, "kvtier_parked_ids", state="parked") == 1, managers=[m])
+    now[0] = 110.0
+    assert metric(m, "kvtier_oldest_parked_age_seconds") == 9.0  # from when the core parked it
 
 
 def test_metrics_port_in_use_is_a_clear_error_and_leaks_no_listener(make_manager) -> None:

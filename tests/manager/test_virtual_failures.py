@@ -66,7 +66,7 @@ def test_b05_cancel_during_load_before_store_tombstones_and_refuses_the_later_st
     C.submit_load(job(11, keys_for("A", 4), [4, 5, 6, 7], ca2))
     v.step()
     assert outcome(v.cjobs, 11) == (False, "aborted")
-    assert metric(P, "kvtier_block_bytes_sent_total") == 0
+    assert metric(P, "kvtier_block_sent_bytes_total") == 0
 
 
 # -- B09 and liveness ----------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_load_timeout_abort_is_acknowledged_and_late_data_is_dropped(pairs):
     assert v.now == 32.0
     assert outcome(v.cjobs, 10) == (False, "load_timeout")
     assert metric(C, "kvtier_ignored_inputs_total", machine="consumer", reason="late_data") >= 1
-    assert metric(C, "kvtier_block_bytes_landed_total") == 0
+    assert metric(C, "kvtier_block_landed_bytes_total") == 0
     assert digests(C.pool, [4, 5, 6, 7]) == [sentinel_digest(BB)] * 4
     v.advance_to(60.0)
     assert v.cjobs.total() == 1

@@ -59,8 +59,8 @@ def test_b01_late_fetch_refused_in_one_rtt_with_zero_data(pairs):
     assert v.now == 62.0
     assert outcome(v.cjobs, 10) == (False, "reaped")
     assert C.lookup(keys_for("A", 1)[0], ca) is LookupResult.MISS
-    assert metric(P, "kvtier_block_bytes_sent_total") == 0
-    assert metric(C, "kvtier_block_bytes_landed_total") == 0
+    assert metric(P, "kvtier_block_sent_bytes_total") == 0
+    assert metric(C, "kvtier_block_landed_bytes_total") == 0
     assert metric(P, "kvtier_fetches_refused_total", reason="reaped") == 1
     assert digests(C.pool, [4, 5, 6, 7]) == [sentinel_digest(BB)] * 4
     assert digests(P.pool, [0, 1, 2, 3]) == dig_b  # B's blocks untouched
@@ -84,7 +84,7 @@ def test_b01_late_fetch_refused_in_one_rtt_with_zero_data(pairs):
     assert not v.cjobs.has(11)
     v.advance_to(135.0)  # fetch_supply_timeout_s = 10
     assert outcome(v.cjobs, 11) == (False, "supply_timeout")
-    assert metric(P, "kvtier_block_bytes_sent_total") == 0
+    assert metric(P, "kvtier_block_sent_bytes_total") == 0
     assert digests(C.pool, [4, 5, 6, 7]) == [sentinel_digest(BB)] * 4
     assert outcome(v.pjobs, 2) == (False, "reaped")  # B, parked at 61, reaped at 121
 
@@ -123,7 +123,7 @@ def test_b02_first_store_park_clock_reaps_from_first_chunk(pairs):
     v.step()
     assert v.now == 65.0
     assert outcome(v.cjobs, 1) == (False, "reaped")  # at t=65, not t=95
-    assert metric(v.P, "kvtier_block_bytes_sent_total") == 0
+    assert metric(v.P, "kvtier_block_sent_bytes_total") == 0
 
 
 def test_b02_long_park_timeout_serves_the_late_fetch(pairs):
@@ -177,7 +177,7 @@ def test_b03_store_after_reap_fails_at_once_and_never_reparks(pairs):
     v.advance_to(120.0)  # retention counted from the reap, not extended by the store at 61
     assert P.core.producer_state("A").value == "absent"
     no_refs(P, "A")
-    assert metric(P, "kvtier_block_bytes_sent_total") == 0
+    assert metric(P, "kvtier_block_sent_bytes_total") == 0
 
 
 # -- B16 -----------------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def test_b12_fetch_for_missing_blocks_after_the_prefill_finished_is_refused_in_o
     assert outcome(v.cjobs, 10) == (False, "incomplete")
     assert outcome(v.pjobs, 1) == (False, "incomplete")  # A's blocks released at once
     assert P.core.producer_state("A").value == "tombstoned"
-    assert metric(P, "kvtier_block_bytes_sent_total") == 0
+    assert metric(P, "kvtier_block_sent_bytes_total") == 0
 
 
 def test_b12_fetch_for_missing_blocks_is_answered_by_supply_timeout_not_t_load(pairs):
@@ -257,7 +257,7 @@ def test_b12_fetch_for_missing_blocks_is_answered_by_supply_timeout_not_t_load(p
     v.advance_to(12.0)
     assert outcome(v.cjobs, 10) == (False, "supply_timeout")
     assert outcome(v.pjobs, 1) == (False, "supply_timeout")  # A's blocks released
-    assert metric(P, "kvtier_block_bytes_sent_total") == 0
+    assert metric(P, "kvtier_block_sent_bytes_total") == 0
 
 
 def test_b20_zero_block_store_and_load_complete_at_once(pairs):
@@ -276,7 +276,7 @@ def test_b20_zero_block_store_and_load_complete_at_once(pairs):
     # a store that follows it succeeds at once instead of parking until the reap
     view = CoreView(P.core).producer("A")
     assert (view.state.value, view.reason, view.parked, view.jobs) == ("done", "not_needed", (), ())
-    assert metric(P, "kvtier_block_bytes_sent_total") == 0
+    assert metric(P, "kvtier_block_sent_bytes_total") == 0
 
 
 
@@ -302,7 +302,7 @@ def test_b20_an_empty_load_succeeds_after_the_producer_finished_with_nothing(pai
     if empty_store:
         assert outcome(v.pjobs, 1) == (True, None)
     assert metric(P, "kvtier_fetches_refused_total", reason="nothing_stored") == 1
-    assert metric(P, "kvtier_block_bytes_sent_total") == 0
+    assert metric(P, "kvtier_block_sent_bytes_total") == 0
 
 def test_b29_fetching_a_subset_releases_every_parked_block(pairs):
     v = pairs(SCEN, block_bytes=BB)
@@ -322,7 +322,7 @@ def test_b29_fetching_a_subset_releases_every_parked_block(pairs):
     assert digests(C.pool, range(6)) == [pattern_digest(4, i, BB) for i in range(1, 7)]
     assert outcome(v.pjobs, 1) == (True, None) and outcome(v.pjobs, 2) == (True, None)
     assert not P.jobs_in_flight() and CoreView(P.core).producer("A").parked == ()
-    assert metric(P, "kvtier_block_bytes_sent_total") == 6 * BB
+    assert metric(P, "kvtier_block_sent_bytes_total") == 6 * BB
 
 
 @pytest.mark.parametrize("n", [3, 300])
