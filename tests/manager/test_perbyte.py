@@ -40,9 +40,13 @@ class FakePool:
 class Counters:
     def __init__(self) -> None:
         self.bytes = 0
+        self.aged: list[str] = []  # ids whose held store was released to be applied (its park age starts)
 
     def landed(self, n: int) -> None:
         self.bytes += n
+
+    def parked(self, kv_request_id: str, now: float | None = None) -> None:
+        self.aged.append(kv_request_id)
 
 
 class Logs:
@@ -59,8 +63,8 @@ MISMATCH = ("does not match the digest its producer sent (taken when it parked i
             "the load fails")
 
 
-def _work(pool=None, algorithm: str = "xxh3_64") -> ByteWork:
-    return ByteWork(algorithm=algorithm, digest_pool=pool, block_bytes=BB, metrics=Counters(), logs=Logs())
+def _work(pool=None, algorithm: str = "xxh3_64", counters: Counters | None = None) -> ByteWork:
+    return ByteWork(algorithm=algorithm, digest_pool=pool, block_bytes=BB, metrics=counters or Counters(), logs=Logs())
 
 
 def _store(kid: str, job: int, n: int = 4) -> ix.StoreSubmitted:
@@ -111,14 +115,16 @@ def test_a_held_store_keeps_the_engine_order_of_its_id() -> None:
 
 
 def test_ids_release_independently_in_submission_order() -> None:
-    pool = FakePool()
-    work = _work(pool)
+    pool, counters = FakePool(), Counters()
+    work = _work(pool, counters=counters)
     work.store(_store("a", 1), _bufs())
     work.store(_store("b", 2), _bufs())
+    assert counters.aged == []  # held: a park age starts as a store is applied (O17)
     pool.futures[1].set_result((1, 2, 3, 4))  # b's digests first: b goes, a still waits
     assert [i.job_id for i in work.inputs((), 0.0)] == [2]
     pool.futures[0].set_result((5, 6, 7, 8))
     assert [i.job_id for i in work.inputs((), 0.0)] == [1]
+    assert counters.aged == ["b", "a"]
 
 
 def test_flush_waits_for_every_digest_in_the_engines_order() -> None:
