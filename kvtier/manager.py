@@ -116,12 +116,12 @@ class KvTierManager(TierView):
         # the step's end, so they leave in one probe per (peer, id) per step (decision Y4)
         self._step_keys: dict[str, dict[bytes, None]] = {}
         self._closing = False  # shutdown() began: no new work
-        # when a drain_jobs(timeout_s) that did not finish had to be over: a shutdown() that
-        # follows it shares that one budget (decision A6)
+        self._shutting = threading.RLock()  # held by the shutdown that runs: another thread's waits for its end
+        # when an unfinished drain_jobs(timeout_s) had to end: a shutdown() after it shares its budget (A6)
         self._drain_deadline: float | None = None
         self._closed = False
-        # a manager dropped (or left at exit) without shutdown() closes its sockets then: else
-        # pyzmq's context would wait for sockets it can no longer close, for ever (decision A7)
+        # a manager dropped (or left at exit) without shutdown() closes its sockets then, or pyzmq's
+        # context would wait for sockets it can no longer close, for ever (decision A7)
         self._abandon = abandon.watch(self, self._loop, self._metrics)
         if cfg.background_poll:
             self._loop.start()
@@ -535,11 +535,12 @@ class KvTierManager(TierView):
            still read their blocks (decision I1).
         Every job gets exactly one result (collect them with :meth:`get_finished_jobs`), but for
         a NIXL load into a pool in private memory whose producer runs on this host and may still
-        write its slots: it gets none, and an error names it (decision N27).  Returns
-        within the grace, even when a peer is wedged, plus the time to give every open job its
-        result (config ``shutdown_grace_s`` says how long: ~25 µs per parked id).  Right after a
-        :meth:`drain_jobs` that timed out, the grace is what is left of the drain's budget (at
-        least 50 ms for the goodbyes): one budget for both (decision A6).  Idempotent.
+        write its slots: it gets none, and an error names it (decision N27).  Returns within the
+        grace, even when a peer is wedged, plus the time to give every open job its result (config
+        ``shutdown_grace_s`` says how long: ~25 µs per parked id).  Right after a :meth:`drain_jobs`
+        that timed out, the grace is what is left of the drain's budget (at least 50 ms for the
+        goodbyes): one budget for both (decision A6).  Idempotent: a call from another thread
+        while one runs returns when that one has ended (decision A12).
 
         Raises:
             ValueError: ``grace_s`` is not None or a finite number ≥ 0 (checked first, always).
@@ -550,15 +551,16 @@ class KvTierManager(TierView):
         if drained_until is not None and start - drained_until <= self.config.shutdown_grace_s:
             # a drain that did not finish just used (part of) the budget: share it (A6)
             grace = min(grace, max(_MIN_GOODBYE_S, drained_until - start))
-        if self._closed or self._closing:
-            return
-        self._closing = True
-        self._abandon.detach()
-        try:
-            self._loop.shutdown(start, grace)
-        finally:
-            self._closed = True
-        self._metrics.close()  # outside the lock: a scrape in progress waits for that lock
+        with self._shutting:  # a second call returns once the first has ended (its own thread's: at once)
+            if self._closed or self._closing:
+                return
+            self._closing = True
+            self._abandon.detach()
+            try:
+                self._loop.shutdown(start, grace)
+            finally:
+                self._closed = True
+            self._metrics.close()  # outside the loop's lock: a scrape in progress waits for that lock
 
     def close_abruptly(self) -> None:
         """Close the sockets now, with no goodbye, no grace and no further results: what a crash

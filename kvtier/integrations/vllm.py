@@ -585,8 +585,8 @@ class KvTierSecondaryTier(SecondaryTierManager):
         """Fail outstanding jobs, say goodbye to peers, close sockets, and drop every reference to
         vLLM's primary memory (so vLLM can unmap it). Idempotent."""
         mgr, self._mgr = self._mgr, None
-        if mgr is None:
-            return
+        if mgr is None:  # another thread's shutdown may still run: this one returns once it has ended (A12)
+            return self._ledger.shutdown()
         try:
             mgr.shutdown()
         finally:

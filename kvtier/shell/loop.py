@@ -458,13 +458,14 @@ class IoLoop:
             return
         if self.closed:
             return
-        if timeout_s > 0:
-            with self.lock:
-                budget = self.wait_budget()
-            if not self._cmds:
-                self.transport.wait(min(timeout_s, budget))
-            self._waker.clear()
+        # the wait too under the lock: the sockets are not thread-safe, and an engine call from
+        # another thread (outside the contract) then waits for it, where libzmq would abort (A12)
         with self.lock:
+            if timeout_s > 0:
+                budget = self.wait_budget()
+                if not self._cmds:
+                    self.transport.wait(min(timeout_s, budget))
+                self._waker.clear()
             self.one_pass()
 
     # -- the thread -------------------------------------------------------------------------------

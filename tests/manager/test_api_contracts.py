@@ -117,3 +117,72 @@ def test_set_hash_seed_after_shutdown_raises_like_every_other_mutating_call(mgr)
     mgr.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         mgr.set_hash_seed("seed-2")
+
+
+def test_shutdown_from_two_threads_returns_in_each_once_every_job_has_its_result(make_manager) -> None:
+    """A second thread's shutdown() while one runs returns when that one has ended (A12), not at
+    once with a load still in flight: each caller may free the pool once its call returned."""
+    from tests.manager.mgr_helpers import consumer_req, producer_req
+
+    p = make_manager({"background_poll": True})
+    c = make_manager({"background_poll": True})
+    p.on_new_request(producer_req("p1", "kv-sd"))  # announced, never stored: the load stays in flight
+    req = consumer_req("c1", "kv-sd", p.host, p.port)
+    c.on_new_request(req)
+    c.submit_load(job(1, (b"k0",), [0], req))
+    seen: list[set[int]] = []
+
+    def shut() -> None:
+        c.shutdown(0.5)
+        seen.append(set(c.jobs_in_flight()))
+
+    threads = [threading.Thread(target=shut) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == [set(), set()]
+    assert [(r.job_id, r.success) for r in c.get_finished_jobs()] == [(1, False)]
+
+
+class _WatchedTransport(InprocTransport):
+    """Holds a caller-driven poll's wait until released, and notes any use of the sockets meanwhile."""
+
+    def __init__(self, *a: Any) -> None:
+        super().__init__(*a)
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.waiting = self.overlapped = False
+
+    def wait(self, timeout_s: float) -> bool:
+        self.waiting = True
+        self.entered.set()
+        self.release.wait(10)
+        self.waiting = False
+        return super().wait(0)
+
+    def service(self, *a: Any, **kw: Any) -> Any:
+        self.overlapped |= self.waiting
+        return super().service(*a, **kw)
+
+
+def test_a_call_from_another_thread_waits_for_a_caller_driven_poll_instead_of_sharing_its_sockets() -> None:
+    """Outside the contract (one engine thread), yet it must not abort the process: libzmq's
+    sockets are not thread-safe, so a caller-driven poll's wait holds the manager's lock and
+    another thread's call runs after it (A12), never beside it."""
+    t = _WatchedTransport(InprocNetwork(), "api:2")
+    m = KvTierManager({}, BlockPool(8, 64, pin=False), transport=t)
+    try:
+        poller = threading.Thread(target=m.poll, args=(5.0,))
+        poller.start()
+        assert t.entered.wait(10)
+        other = threading.Thread(target=m.get_finished_jobs)
+        other.start()
+        other.join(0.5)  # before A12 it ran a pass on the sockets here, beside the wait
+        t.release.set()
+        poller.join(10)
+        other.join(10)
+        assert not (poller.is_alive() or other.is_alive())
+        assert not t.overlapped
+    finally:
+        t.release.set()
+        m.shutdown()
