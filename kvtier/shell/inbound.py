@@ -97,6 +97,7 @@ class Inbound:
         self._crossed = float("-inf")  # when the last crossing of the transport's barrier ended
         self._held: float | None = None  # the deadline a crossing that proved nothing held back
         self._progress_at = float("-inf")  # when the dials' byte counts were last read (T22)
+        self._progress_live = False  # read at every window since: growth is recent (a first read is a baseline)
         self.reported = 0
         """The plane's reports turned into inputs since start (the loop's eager window follows them)."""
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
@@ -194,11 +195,16 @@ class Inbound:
         reports = self.plane.poll()
         if reports:
             out.extend(self.reports(reports, after))
-        if receiving and start_read - self._progress_at >= PROGRESS_S:
+        if not receiving:
+            self._progress_live = False  # unread from now on: what the next read counts may be old (I43)
+        elif start_read - self._progress_at >= PROGRESS_S:
             self._progress_at = start_read
             progress = getattr(self.transport, "progress", None)  # optional in a transport of one's own
             if progress is not None:
-                out.extend(ix.PeerProgress(peer) for peer in progress())
+                grew = progress()
+                if self._progress_live:
+                    out.extend(ix.PeerProgress(peer) for peer in grew)
+                self._progress_live = True
         return out
 
     def deadlines_at(self, now: float) -> float:

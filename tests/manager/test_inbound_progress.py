@@ -66,3 +66,33 @@ def test_the_reports_a_pass_turns_into_inputs_are_counted() -> None:
     assert [i.peer for i in inbound.collect(receiving=True)] == ["a", "b", "c"]
     assert inbound.reported == 3
     assert inbound.collect(receiving=True) == [] and inbound.reported == 3
+
+
+class _Counting(_Transport):
+    """A transport whose dials' byte counts grew, one list of peers per read."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.grown: list[list[str]] = []
+
+    def progress(self) -> list[str]:
+        return self.grown.pop(0) if self.grown else []
+
+
+def test_bytes_counted_across_a_stretch_without_reads_are_no_news_of_the_peer() -> None:
+    """The dials' byte counts are read only while a load is out (T22): the first read after a
+    stretch without one counts bytes that may have come long before (the last load's), which as
+    ``PeerProgress`` lifted an instance a refused dial had just proven gone (I43).  It is a
+    baseline; growth seen by later reads of a stretch is reported."""
+    now = [0.0]
+    t = _Counting()
+    inbound = Inbound(transport=t, plane=_Plane([], False), decoder=Decoder(block_bytes=64), metrics=None,
+                      logs=None, clock=lambda: now[0], posted={}, work=None)  # type: ignore[arg-type]
+    for stretch in range(2):
+        t.grown = [["p"], ["p"]]
+        now[0] += 1.0
+        assert inbound.collect(receiving=True) == [], stretch  # the stretch's first read: a baseline
+        now[0] += 1.0
+        assert [i.peer for i in inbound.collect(receiving=True)] == ["p"], stretch
+        now[0] += 1.0
+        assert inbound.collect(receiving=False) == []  # no load out: nothing is read
