@@ -58,8 +58,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.DUPLICATE_FETCH: "Two decoders (or two rounds) fetched one id: the proxy sent one `kv_request_id` to two "
                         "decode requests. One id per client request.",
     _R.TOO_MANY_PENDING: "One consumer has `max_pending_fetches_per_peer` fetches waiting for blocks not yet "
-                         "stored, or they name more than 256 keys per allowed fetch in all: decode runs far ahead "
-                         "of prefill. Raise the limit or send the decode leg after the prefill response.",
+                         "stored, or, with one waiting already, more than 256 keys per allowed fetch in all: "
+                         "decode runs far ahead of prefill. Raise the limit or send the decode leg after the "
+                         "prefill response.",
     _R.ALREADY_SERVED: "The id's blocks already went to a consumer: a second decode request reused the id, or a "
                        "retry after a success. One id per client request.",
     _R.NOT_AUTHORISED: "The producer request named another consumer for this id (`remote_decoder.consumer`): "

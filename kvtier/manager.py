@@ -112,8 +112,8 @@ class KvTierManager(TierView):
         # consumer requests that submitted a load (or load_nothing) -> the keys the first one named;
         # none after a second (an id is fetched once: lookups of other keys MISS, decision L8)
         self._loading: dict[str, frozenset[bytes]] = {}
-        # symmetric requests' keys looked up during this engine step: handed over together, with
-        # the step's end, so they leave in one probe per (peer, id) per step (decision Y4)
+        # symmetric requests' keys looked up in this engine step: handed over together at its end,
+        # so they leave in one probe per (peer, id) per step (decision Y4)
         self._step_keys: dict[str, dict[bytes, None]] = {}
         self._closing = False  # shutdown() began: no new work
         self._shutting = threading.RLock()  # held by the shutdown that runs: another thread's waits for its end
@@ -175,9 +175,9 @@ class KvTierManager(TierView):
             return "local" if info.role == "refused" else info.role
         if refused is not None:  # no socket, no state: the request recomputes (lookup MISS; a load fails)
             self._metrics.rejected_peer()
-            self._loop.logs("", "peer_not_allowed", "kvtier: request %s (kv_request_id %s): refusing to dial %s (%s)",
-                            clip(req.req_id), clip(refused.kv_request_id) if refused.kv_request_id else "none",
-                            clip(refused.endpoint), refused.why)
+            named, where = clip(refused.kv_request_id) if refused.kv_request_id else "none", clip(refused.endpoint)
+            self._loop.logs(where, "peer_not_allowed", "kvtier: request %s (kv_request_id %s): refusing to dial %s "
+                            "(%s)", clip(req.req_id), named, where, refused.why)  # a line per endpoint (S15)
             if info.kv_request_id:  # its record for `kvtier why`, now: under vLLM no load follows
                 self._loop.call(lambda _, i=info: self.forensics.refused(i.kv_request_id, i.peer, "peer_not_allowed"))
             self._requests[req.req_id] = info

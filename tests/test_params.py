@@ -274,6 +274,24 @@ def test_a_refused_dial_names_the_rule_that_refused_it(caplog) -> None:
         m.shutdown()
 
 
+def test_each_refused_endpoint_gets_its_own_line(caplog) -> None:
+    """security.md: one line per (peer, reason) per 10 s: every refused endpoint is named, not
+    only the first of the interval (they shared one slot); the same endpoint again is not."""
+    m = KvTierManager({"allowed_peers": ["10.0.0.0/8"]}, BlockPool(8, 64, pin=False),
+                      transport=_SpyTransport(InprocNetwork(), "decode:2"))
+    try:
+        hosts = ["192.168.1.1", "192.168.1.2", "192.168.1.3", "192.168.1.1"]
+        with caplog.at_level(logging.WARNING, logger="kvtier"):
+            for i, host in enumerate(hosts):
+                assert m.on_new_request(RequestContext(req_id=f"r{i}", kv_transfer_params={"remote_prefiller": {
+                    "kv_request_id": f"k{i}", "remote_host": host, "remote_port": 5710}})) == "local"
+        lines = [r.getMessage() for r in caplog.records if "refusing to dial" in r.getMessage()]
+        assert [h for h in hosts[:3] if any(f"dial '{h}:5710'" in line for line in lines)] == hosts[:3], lines
+        assert len(lines) == 3, lines
+    finally:
+        m.shutdown()
+
+
 # Hypothesis: arbitrary JSON-ish shapes, biased towards the keys the parser reads.
 _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),

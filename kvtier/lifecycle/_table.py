@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "d9aea0db525addd5806e4f3c60b2acac44f17b3140829af7dee08fd7e4060e1e"
+SPEC_SHA256: Final = "0e2f904f43e5f05f74c0a2b3b23f3fb8e54e0a8bc2c03e5dc2c53bda8242cde4"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -51,7 +51,7 @@ class Reason(enum.StrEnum):
     DUPLICATE_FETCH = "duplicate_fetch"
     """a second fetch for an id that is already bound to another round"""
     TOO_MANY_PENDING = "too_many_pending"
-    """the peer already has max_pending_fetches_per_peer fetches waiting for blocks, or they name 256 keys per allowed fetch in all"""
+    """the peer already has max_pending_fetches_per_peer fetches waiting for blocks, or, with one waiting already, they would name more than 256 keys per allowed fetch in all"""
     ALREADY_SERVED = "already_served"
     """the id's blocks were already transferred to a consumer"""
     ROUND_FINISHED = "round_finished"
@@ -165,7 +165,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.DRAINED: "drain_jobs ended the id before any of its blocks was sent: no consumer had fetched it yet, or the fetch that bound it still waited for blocks not stored (a served round: withdrawn before its fetch)",
     Reason.SHUTDOWN: "the manager shut down (ours, or the peer's: its goodbye said so)",
     Reason.DUPLICATE_FETCH: "a second fetch for an id that is already bound to another round",
-    Reason.TOO_MANY_PENDING: "the peer already has max_pending_fetches_per_peer fetches waiting for blocks, or they name 256 keys per allowed fetch in all",
+    Reason.TOO_MANY_PENDING: "the peer already has max_pending_fetches_per_peer fetches waiting for blocks, or, with one waiting already, they would name more than 256 keys per allowed fetch in all",
     Reason.ALREADY_SERVED: "the id's blocks were already transferred to a consumer",
     Reason.ROUND_FINISHED: "a store arrived after the id's transfer completed",
     Reason.ID_IN_USE: "another engine request already parks blocks under this kv_request_id, or the fetch names another life than the blocks parked under it (the two legs of one request carry different life values)",
