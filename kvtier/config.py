@@ -248,9 +248,8 @@ class TierConfig:
         Maximum number of keys in one fetch.""")
 
     max_pending_fetches_per_peer: int = key(1024, integer, *_within(1, 1_048_576), unit="fetches", doc="""
-        Maximum fetches one peer may have waiting for their blocks, naming at most
-        256 keys per allowed fetch in all (its first waiting fetch may name more:
-        max_blocks_per_fetch bounds that one); more are refused (too_many_pending).""")
+        Maximum fetches one peer may have waiting for their blocks, naming at most 256 keys per allowed fetch in
+        all, its first waiting one excepted (bounded by max_blocks_per_fetch); more are refused (too_many_pending).""")
 
     max_message_bytes: int = key(1_048_576, integer, *_within(4096, 268_435_456), unit="bytes", doc="""
         Largest control-message header accepted (1 MiB by default); bigger ones are answered with an
