@@ -55,9 +55,9 @@ class TierView:
 
     @property
     def lock(self) -> threading.RLock:
-        """The I/O loop's pass lock: held for the length of each pass (never while the loop waits
-        for input).  Hold it to read :attr:`core` consistently while the loop runs on its thread.
-        Engine calls do not take it."""
+        """The I/O loop's pass lock: held for the length of each pass — and, without the loop's own
+        thread, while :meth:`poll` waits for input (decision A12); on its thread, never while it
+        waits.  Hold it to read :attr:`core` consistently while the loop runs on its thread."""
         return self._lock
 
     @property

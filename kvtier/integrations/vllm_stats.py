@@ -113,8 +113,14 @@ class StatsBridge:
                     stats.increase_counter(vname, delta, labels)
         # vLLM keeps a gauge child's last value: one the registry no longer shows (a retained
         # reason whose ids were all pruned) is sent as 0 once, or vLLM's page would hold it for ever
+        # — but only from a family this collection read: a scrape that could not take the manager's
+        # lock yields no live gauge at all, and the children it did not read keep their values
+        families = {vname for vname, _ in gauges}
         for vname, labels in self._gauges - gauges:
-            stats.set_gauge(vname, 0.0, labels)
+            if vname in families:
+                stats.set_gauge(vname, 0.0, labels)
+            else:
+                gauges.add((vname, labels))
         self._gauges = gauges
         for name, labels, value in self._tap.take():
             stats.observe_histogram(_vllm_name(name, "histogram"), value, (*const, *labels))

@@ -138,6 +138,51 @@ def test_a_gauge_child_kvtier_no_longer_shows_reaches_vllm_as_zero() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_scrape_that_reads_no_live_gauge_zeroes_none_of_them(monkeypatch) -> None:
+    """A collection that could not take the manager's lock reads no live gauge: the bridge sends
+    none of them as 0 (vLLM would show a wedged manager with nothing parked), and the next
+    collection that reads them sends them again."""
+    import threading
+
+    from kvtier import metrics as M
+    from kvtier.api import RequestContext, TransferJob
+    from kvtier.integrations.vllm_stats import StatsBridge
+    from kvtier.manager import KvTierManager
+    from kvtier.memory import BlockPool
+
+    monkeypatch.setattr(M._Live, "LOCK_TIMEOUT_S", 0.05)
+    m = KvTierManager({"host": "127.0.0.1", "port": 0}, BlockPool(4, 4096, pin=False))
+    child = ("KvTierSecondaryTier", m.address, "parked")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with m.lock:
+            held.set()
+            release.wait(10)
+
+    def parked(stats) -> float | None:
+        return None if stats is None else stats.metric_sections()[1].get("vllm:kvtier_parked_ids", {}).get(child)
+
+    try:
+        bridge = StatsBridge(m, 0.0)
+        req = RequestContext(req_id="p1", kv_transfer_params={"remote_decoder": {"kv_request_id": "kv-w"}})
+        m.on_new_request(req)
+        m.submit_store(TransferJob(job_id=1, keys=(b"k0",), slots=(0,), req=req))
+        assert parked(bridge.take()) == 1
+        t = threading.Thread(target=hold)
+        t.start()
+        try:
+            assert held.wait(10)
+            assert parked(bridge.take()) is None  # not read: not sent, not sent as 0
+        finally:
+            release.set()
+            t.join()
+        assert parked(bridge.take()) == 1
+    finally:
+        m.shutdown()
+
+
+@pytest.mark.timeout(60)
 def test_metrics_port_adds_the_data_parallel_index(managers) -> None:
     import urllib.request
 
