@@ -451,14 +451,13 @@ class TierMetrics:
         """A deadline fired ``seconds`` after it was due."""
         self._observe("kvtier_tick_lag_seconds", max(0.0, seconds))
 
-    def parked(self, kv_request_id: str, now: float | None = None) -> None:
-        """A store for ``kv_request_id`` is about to be applied at ``now`` (the manager's clock,
-        seconds; None: read it now): the one that creates the id's producer record starts its
-        park age.  Call it in the pass that applies the store, under the manager's lock, before
-        the core applies it — not when a store is held for its digests: a scrape forgets the age
-        of an id the core does not show parked."""
+    def parked(self, kv_request_id: str) -> None:
+        """A store for ``kv_request_id`` is about to be applied (now, by the manager's clock): the
+        one that creates the id's producer record starts its park age.  Call it in the pass that
+        applies the store, under the manager's lock, before the core applies it — not when a store
+        is held for its digests: a scrape forgets the age of an id the core does not show parked."""
         if self._core.producer_state(kv_request_id) is ProducerState.ABSENT:
-            self._parked_at[kv_request_id] = self._clock() if now is None else now
+            self._parked_at[kv_request_id] = self._clock()
             if len(self._parked_at) > 2 * self._core.producer_count() + 1024:  # forget ids no longer parked
                 state_of, parked = self._core.producer_state, ProducerState.PARKED
                 for kid in [k for k in self._parked_at if k != kv_request_id and state_of(k) is not parked]:

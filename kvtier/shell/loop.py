@@ -334,7 +334,7 @@ class IoLoop:
         pool = self.outbound.pool
         ready = self.work.store(inp, [pool.buffer(b) for b in inp.blocks])
         if ready is not None:  # else: held for its digests, applied (and its age started) by a later pass
-            self.metrics.parked(inp.kv_request_id, self.clock())  # before the store: the first one starts the age
+            self.metrics.parked(inp.kv_request_id)  # before the store: the first one starts the age
             self._run(ready)
 
     # -- commands the façade hands over (run on the loop) ----------------------------------------------

@@ -187,8 +187,8 @@ def test_hash_seed_is_resolved_lazily_and_checked_in_the_handshake(managers, mon
 @pytest.mark.timeout(60)
 def test_engines_hashing_blocks_with_two_algorithms_are_refused_in_the_handshake(managers, monkeypatch) -> None:
     """``--prefix-caching-hash-algo`` sha256 on one engine and sha256_cbor on the other share vLLM's
-    seed but no block hash: the handshake compared the seed alone and passed, and every load then
-    failed ``incomplete`` (an outside tester).  The root hash now travels with the seed."""
+    hash seed but no block hash: the handshake compared that hash seed alone and passed, and every
+    load then failed ``incomplete`` (an outside tester).  The root hash now travels with it (A11)."""
     import vllm.v1.core.kv_cache_utils as kcu
     from vllm.utils.hashing import sha256, sha256_cbor
 

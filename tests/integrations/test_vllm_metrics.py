@@ -106,25 +106,32 @@ def test_kvtier_series_reach_vllms_prometheus_path(model_dir: str, monkeypatch) 
             e.shutdown()
 
 
+def _one_parked(cfg: dict, kid: str, **kw):
+    """A manager (caller-driven, loopback) with one store of ``kid`` parked."""
+    from kvtier.api import RequestContext, TransferJob
+    from kvtier.manager import KvTierManager
+    from kvtier.memory import BlockPool
+
+    m = KvTierManager({"host": "127.0.0.1", "port": 0, **cfg}, BlockPool(4, 4096, pin=False), **kw)
+    req = RequestContext(req_id="p1", kv_transfer_params={"remote_decoder": {"kv_request_id": kid}})
+    m.on_new_request(req)
+    m.submit_store(TransferJob(job_id=1, keys=(b"k0",), slots=(0,), req=req))
+    return m, req
+
+
 @pytest.mark.timeout(60)
 def test_a_gauge_child_kvtier_no_longer_shows_reaches_vllm_as_zero() -> None:
     """vLLM keeps each gauge child's last value: once every tombstone of a reason is pruned,
     kvtier's registry shows no ``retained_ids{tombstoned,reaped}`` child, and vLLM's page would
     have held 1 for ever; the bridge sends it as 0, once."""
-    from kvtier.api import RequestContext, TransferJob
     from kvtier.integrations.vllm_stats import StatsBridge
-    from kvtier.manager import KvTierManager
-    from kvtier.memory import BlockPool
 
     now = [100.0]
-    cfg = {"host": "127.0.0.1", "port": 0, "unbound_store_timeout_s": 1.0, "tombstone_retention_s": 5.0}
-    m = KvTierManager(cfg, BlockPool(4, 4096, pin=False), clock=lambda: now[0])
+    m, req = _one_parked({"unbound_store_timeout_s": 1.0, "tombstone_retention_s": 5.0}, "kv-r",
+                         clock=lambda: now[0])
     name, child = "vllm:kvtier_retained_ids", ("KvTierSecondaryTier", m.address, "tombstoned", "reaped")
     try:
         bridge = StatsBridge(m, 0.0)
-        req = RequestContext(req_id="p1", kv_transfer_params={"remote_decoder": {"kv_request_id": "kv-r"}})
-        m.on_new_request(req)
-        m.submit_store(TransferJob(job_id=1, keys=(b"k0",), slots=(0,), req=req))
         m.on_request_finished(req)
         sent = []
         for t in (102.0, 110.0, 111.0):  # reaped; pruned; later
@@ -145,13 +152,10 @@ def test_a_scrape_that_reads_no_live_gauge_zeroes_none_of_them(monkeypatch) -> N
     import threading
 
     from kvtier import metrics as M
-    from kvtier.api import RequestContext, TransferJob
     from kvtier.integrations.vllm_stats import StatsBridge
-    from kvtier.manager import KvTierManager
-    from kvtier.memory import BlockPool
 
     monkeypatch.setattr(M._Live, "LOCK_TIMEOUT_S", 0.05)
-    m = KvTierManager({"host": "127.0.0.1", "port": 0}, BlockPool(4, 4096, pin=False))
+    m, _ = _one_parked({}, "kv-w")
     child = ("KvTierSecondaryTier", m.address, "parked")
     held, release = threading.Event(), threading.Event()
 
@@ -165,9 +169,6 @@ def test_a_scrape_that_reads_no_live_gauge_zeroes_none_of_them(monkeypatch) -> N
 
     try:
         bridge = StatsBridge(m, 0.0)
-        req = RequestContext(req_id="p1", kv_transfer_params={"remote_decoder": {"kv_request_id": "kv-w"}})
-        m.on_new_request(req)
-        m.submit_store(TransferJob(job_id=1, keys=(b"k0",), slots=(0,), req=req))
         assert parked(bridge.take()) == 1
         t = threading.Thread(target=hold)
         t.start()

@@ -45,7 +45,7 @@ class Counters:
     def landed(self, n: int) -> None:
         self.bytes += n
 
-    def parked(self, kv_request_id: str, now: float | None = None) -> None:
+    def parked(self, kv_request_id: str) -> None:
         self.aged.append(kv_request_id)
 
 
