@@ -96,8 +96,11 @@ def _hunt(prop: str, machine: type) -> None:
     # answers the shell publishes, decision W12); a hunt stops at the bug, so the margin costs nothing.
     # The derandomized search is not the same in every process: after the real-manager tests of
     # this directory ran in the same worker, its draws part from a lone run's at the fourth
-    # example (same hash seed; cause not found), and partial_keys_unverified then needed more
-    # than 1000 examples (~11 s to find it), hence 4000.
+    # example (same hash seed; cause not found), so what a hunt costs is what it costs on average.
+    # Measured over six random seeds each (examples to the bug, median): partial_keys_unverified
+    # ~530 with blocks corrupted only by the rule, ~50 with some corrupt from the setup on (a CI run
+    # had spent 86 s on it); failed_keys_not_missed ~135 → ~110; partial_unverified ~375 → ~280.
+    # 4000 leaves a wide margin.
     examples, steps = (4000, 15) if machine is SymmetricHonest else (2000, 30)
     with pytest.raises((PropertyViolation, AssertionError), match=prop):
         run_state_machine_as_test(machine, settings=settings(

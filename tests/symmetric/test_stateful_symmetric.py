@@ -256,12 +256,15 @@ class SymmetricHonest(Symmetric):
 
     @initialize(present=st.sets(st.integers(0, 3)), pending=st.sets(st.integers(0, 3)),
                 one_sided=st.booleans(), serve=st.sampled_from([True, True, True, False]),
-                stage=st.sampled_from(["fresh", "connected", "offered", "loading"]), land_later=st.booleans())
+                stage=st.sampled_from(["fresh", "connected", "offered", "loading"]), land_later=st.booleans(),
+                corrupt=st.sets(st.integers(0, 3), max_size=2))
     def setup(self, present: set[int], pending: set[int], one_sided: bool, serve: bool, stage: str = "fresh",
-              land_later: bool = False) -> None:
-        """:meth:`Symmetric.setup`, the landings answered in a later step or not."""
+              land_later: bool = False, corrupt: frozenset[int] = frozenset()) -> None:
+        """:meth:`Symmetric.setup`, the landings answered in a later step or not, and some blocks
+        corrupt from the start (the :meth:`corrupt` rule corrupts more as the run goes on)."""
         self._setup(present, pending, one_sided, serve)
         self.net.land_later = land_later
+        self.net.corrupt_keys.update(KEYS[i] for i in corrupt)
         self.net.count_loads = True  # this engine never looks up a key it holds: at most two loads each
         self._advance_to(stage)
 
