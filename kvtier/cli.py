@@ -38,7 +38,7 @@ def cli() -> None:
 @click.option("--once", is_flag=True,
               help="Scrape twice, --interval apart, print one frame and exit (1 if an endpoint failed).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
-              help="Seconds to wait for each endpoint's answer.")
+              help="Seconds to wait for the endpoints' answers (they are read at once).")
 def top(urls: tuple[str, ...], interval_s: float, once: bool, timeout_s: float) -> None:
     """Live view of kvtier metrics endpoints, one row each, and their last finished requests
     (failures first).
@@ -60,7 +60,7 @@ def top(urls: tuple[str, ...], interval_s: float, once: bool, timeout_s: float) 
 @click.argument("endpoints", nargs=-1, required=True, metavar="ENDPOINT [ENDPOINT...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoints' records as JSON instead.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
-              help="Seconds to wait for each endpoint's answer.")
+              help="Seconds to wait for the endpoints' answers (they are read at once).")
 def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s: float) -> None:
     """Explain how KV_REQUEST_ID ended: its states, timeline, peer and bytes, and for a failure what
     the reason means and what to change. A request still in progress (blocks parked, a fetch out,
@@ -73,25 +73,29 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
     import json
 
     from kvtier.explain import UNREADABLE, as_sent, explain, explain_open
-    from kvtier.top import NotAnEndpoint, fetch_requests, unreachable
+    from kvtier.top import NotAnEndpoint, each, fetch_requests, requests_url, unreachable
     from kvtier.wire.messages import check_kv_request_id
 
     try:
         check_kv_request_id(kv_request_id)
     except ValueError as exc:
         raise click.BadParameter(f"{kv_request_id!r} is not a kv_request_id: {exc}", param_hint="KV_REQUEST_ID") from None
-    found, problems, records = 0, [], {}
-    for endpoint in endpoints:
+    for endpoint in endpoints:  # every endpoint well-formed before any is read
         try:
-            doc = fetch_requests(endpoint, kv_request_id, timeout_s=timeout_s)
+            requests_url(endpoint, kv_request_id)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="ENDPOINT") from None
-        except OSError as exc:
-            problems.append(f"{endpoint}: cannot read it: {unreachable(exc)}")
+    found, problems, records = 0, [], {}
+    docs = each(lambda e: fetch_requests(e, kv_request_id, timeout_s=timeout_s), endpoints)  # at once
+    for endpoint, doc in zip(endpoints, docs):
+        if isinstance(doc, OSError):
+            problems.append(f"{endpoint}: cannot read it: {unreachable(doc)}")
             continue
-        except NotAnEndpoint as exc:
-            problems.append(f"{endpoint} is not a kvtier metrics endpoint: {exc}")
+        if isinstance(doc, NotAnEndpoint):
+            problems.append(f"{endpoint} is not a kvtier metrics endpoint: {doc}")
             continue
+        if isinstance(doc, Exception):
+            raise doc
         entries, opened = doc.get("requests", []), doc.get("open", [])
         records[endpoint] = doc
         if not entries and not opened:

@@ -28,7 +28,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,8 +42,8 @@ from kvtier.errors import KvTierError
 from kvtier.lifecycle import Reason
 from kvtier.metrics import REQUESTS_PATH
 
-__all__ = ["NotAnEndpoint", "Row", "Snapshot", "by_listener", "endpoint_url", "fetch_requests", "main", "recent",
-           "render", "requests_url", "row", "scrape", "speaks_zmtp"]
+__all__ = ["NotAnEndpoint", "Row", "Snapshot", "by_listener", "each", "endpoint_url", "fetch_requests", "main",
+           "recent", "render", "requests_url", "row", "scrape", "speaks_zmtp"]
 
 _LATE = (Reason.REAPED.value, Reason.ALREADY_SERVED.value)
 """Refusal reasons that mean the consumer came after the producer let go of the id."""
@@ -151,12 +152,40 @@ def _urlopen(url: str, timeout_s: float) -> Any:
 def _what_answered(exc: BaseException, hostport: str) -> str | None:
     """After a read of ``hostport`` failed with ``exc`` (a connection error, a timeout, or an
     answer that is not HTTP): what answered there when it is known — a tier's own ZMTP port, or a
-    service that does not speak HTTP — with the fix; None for anything else (the error says it)."""
-    if speaks_zmtp(hostport):
+    service that does not speak HTTP — with the fix; None for anything else (the error says it).
+    After a timeout nothing more is asked: a ZMTP port greets at once (:class:`_HTTPConnection`
+    sees it), and a second wait would put the caller past its ``--timeout``."""
+    if not _timed_out(exc) and speaks_zmtp(hostport):
         return _ZMTP_PORT
     if isinstance(exc, http.client.HTTPException):  # e.g. BadStatusLine: another service
         return f"it does not answer HTTP ({type(exc).__name__}): {_FIX}"
     return None
+
+
+def _timed_out(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+MAX_READERS = 16
+"""Endpoints :func:`each` reads at once."""
+
+
+def each(fn: Callable[[_T], _R], targets: Sequence[_T]) -> list[_R | Exception]:
+    """``fn(target)`` for every target at once (a thread each, at most :data:`MAX_READERS`), in the
+    targets' order; an exception ``fn`` raised stands in its place.  So several endpoints cost one
+    ``--timeout``, not one each."""
+    def call(t: _T) -> _R | Exception:
+        try:
+            return fn(t)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, which knows what each means
+            return exc
+
+    if len(targets) <= 1:
+        return [call(t) for t in targets]
+    with ThreadPoolExecutor(max_workers=min(MAX_READERS, len(targets)), thread_name_prefix="kvtier-read") as ex:
+        return list(ex.map(call, targets))
 
 
 def unreachable(exc: OSError) -> str:
@@ -414,11 +443,12 @@ def recent(targets: Sequence[str], *, limit: int = RECENT, timeout_s: float = 5.
     """``(endpoint, entry)`` of the last finished requests of every endpoint that answers
     (``GET /kvtier/requests``), failures first, then newest first; at most ``limit``."""
     out: list[tuple[str, dict[str, Any]]] = []
-    for target in targets:
-        try:
-            doc = fetch_requests(target, limit=4 * limit, timeout_s=timeout_s)
-        except (OSError, ValueError, NotAnEndpoint):  # unreachable, or not kvtier's page: the table says so
+    docs = each(lambda t: fetch_requests(t, limit=4 * limit, timeout_s=timeout_s), targets)
+    for target, doc in zip(targets, docs):
+        if isinstance(doc, (OSError, ValueError, NotAnEndpoint)):  # unreachable, or not kvtier's page: the table says so
             continue
+        if isinstance(doc, Exception):
+            raise doc
         name = _split(target)[1]
         out += [(name, e) for e in doc.get("requests", ())]
     out.sort(key=lambda pair: (bool(pair[1].get("ok")), _number(pair[1].get("ago"))))
@@ -464,8 +494,11 @@ def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
     def frame() -> tuple[Group, bool]:
         rows = []
         answered = []  # the targets with a scrape that worked (for their finished requests)
-        for target, url in zip(targets, urls):
-            for listener, cur in by_listener(scrape(url, timeout_s)):  # a row per tier (vLLM: per DP rank)
+        snaps = each(lambda u: scrape(u, timeout_s), urls)  # every endpoint at once: one --timeout in all
+        for target, url, snap in zip(targets, urls, snaps):
+            if isinstance(snap, Exception):
+                raise snap
+            for listener, cur in by_listener(snap):  # a row per tier (vLLM: per DP rank)
                 key = (url, listener)
                 rows.append(row(prev.get(key), cur))
                 prev[key] = cur

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -180,6 +181,9 @@ def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
     it (checked once, by the controller, after every worker ended)."""
     if hasattr(session.config, "workerinput"):  # an xdist worker: its fixtures may still be running
         return
+    harness = sys.modules.get("tests.integrations.vllm_harness")
+    if harness is not None:  # tests ran in this process (no xdist): its cache goes before the check
+        harness.remove_own_cache()
     left = sorted(_own_tmp() - _tmp_before)
     if left:
         import tempfile

@@ -36,9 +36,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # A private vLLM cache: a stale model-inspection cache elsewhere must not hide a missing dependency.
 # Made once per process tree (a child inherits the variable) and removed by the process that made it.
+OWN_CACHE_ROOT: str | None = None
+"""The vLLM cache this process made (``None`` if it inherited one): removed at exit, or at the
+end of the test session when pytest runs in this process (``remove_own_cache``)."""
 if "VLLM_CACHE_ROOT" not in os.environ:
-    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="kvtier-vllm-cache-")
-    atexit.register(shutil.rmtree, os.environ["VLLM_CACHE_ROOT"], ignore_errors=True)
+    OWN_CACHE_ROOT = os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="kvtier-vllm-cache-")
+    atexit.register(shutil.rmtree, OWN_CACHE_ROOT, ignore_errors=True)
+
+
+def remove_own_cache() -> None:
+    """Remove the vLLM cache this process made, now: a one-process pytest run checks for temp dirs
+    left behind (tests/conftest.py) before ``atexit`` handlers run."""
+    if OWN_CACHE_ROOT is not None:
+        shutil.rmtree(OWN_CACHE_ROOT, ignore_errors=True)
 os.environ.setdefault("UCX_NET_DEVICES", "lo")  # the NIXL plane runs on loopback here
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 

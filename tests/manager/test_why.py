@@ -525,3 +525,57 @@ def test_a_second_load_refused_while_the_first_waits_for_its_session_has_no_path
     assert pump_until(lambda: jobs.has(22), managers=[c], jobs=[jobs])
     (refused,) = [r for r in _records("kv-q", c) if r["reason"] == "duplicate_load"]
     assert refused["path"] == [] and list(refused["marks"]) == ["result"], refused
+
+
+def test_why_and_top_read_silent_endpoints_at_once_and_once_each() -> None:
+    """Two endpoints that accept a connection and never answer (a stalled process): ``why`` and
+    ``top`` read both at once, so the pair costs one ``--timeout``, not one each, and ask each
+    nothing more after its timeout (a ZMTP port greets at once: a second connection would only
+    wait again).  Checked by what the listeners saw, not by the clock: both connections open
+    before either read timed out, and one connection per endpoint per read."""
+    import threading
+
+    accepted: list[list[float]] = [[], []]
+    listeners, held = [], []
+    stop = threading.Event()
+
+    def serve(i: int, sock: socket.socket) -> None:
+        sock.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                continue
+            accepted[i].append(time.monotonic())
+            held.append(conn)  # never answered, closed at the end
+
+    threads = []
+    for i in range(2):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        listeners.append(s)
+        threads.append(threading.Thread(target=serve, args=(i, s), daemon=True))
+        threads[-1].start()
+    targets = [f"127.0.0.1:{s.getsockname()[1]}" for s in listeners]
+    timeout_s = 1.0
+    try:
+        res = CliRunner().invoke(cli, ["why", "--timeout", str(timeout_s), "kv-1", *targets])
+        assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+        for t in targets:
+            assert f"{t}: cannot read it: connected, no answer within --timeout" in res.stderr, res.stderr
+        assert [len(a) for a in accepted] == [1, 1], accepted
+        assert abs(accepted[0][0] - accepted[1][0]) < timeout_s, accepted  # the second did not wait for the first
+        for a in accepted:
+            a.clear()
+        res = CliRunner().invoke(cli, ["top", *targets, "--once", "--interval", "0.05", "--timeout", str(timeout_s)],
+                                 env={"COLUMNS": "200"})
+        assert res.exit_code == 1, res.output  # the endpoints failed
+        assert [len(a) for a in accepted] == [2, 2], accepted  # --once scrapes twice; nothing more
+        assert abs(accepted[0][0] - accepted[1][0]) < timeout_s, accepted
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for c in held + listeners:
+            c.close()
