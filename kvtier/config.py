@@ -237,8 +237,8 @@ class TierConfig:
 
     shutdown_grace_s: float = key(3.0, number, *_positive(MIN_DURATION_S, 600.0), unit="s", doc="""
         How long ``shutdown()`` lets transfers and loads in flight finish and the goodbyes flush before it gives
-        up on them; it returns within this time, even when a peer is wedged, plus the time to give every job still
-        open its result (a few milliseconds; about 25 µs per parked id on a 2-core host: 1 s for 40,000).""")
+        up on them; it returns within this time, even when a peer is wedged, plus every open job's result (~25 µs
+        per parked id on a 2-core host), a data-plane post already running and libzmq's teardown (decision A13).""")
 
     # ---- limits -------------------------------------------------------------
     max_peers: int = key(128, integer, *_within(1, 4096), unit="peers", doc="""

@@ -248,9 +248,11 @@ class DataPlane(Protocol):
     """The largest encoded ``block_data`` header the plane can carry (a NIXL notification is at
     most 4 KiB), or ``None`` (no limit beyond the wire's)."""
 
-    def close(self) -> list[Report]:
+    def close(self, wait_s: float | None = None) -> list[Report]:
         """Release everything (the transport is closed first, so nothing can be in flight) and
         report a ``Released`` for every transfer not reported yet, a ``Landed`` for every landing
         not reported yet (waiting for it to end: nothing may write into the pool after close) and
-        a ``Revoked`` for every peer whose revocation was still pending."""
+        a ``Revoked`` for every peer whose revocation was still pending.  ``wait_s``: at most this
+        many seconds for work in flight that may still end by itself (NIXL: WRITEs), what is left
+        of a shutdown's grace; ``None``: the plane's own bound.  Landings end first whatever it is."""
         ...

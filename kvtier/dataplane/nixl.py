@@ -549,14 +549,16 @@ class NixlPlane:
         return tuple(self._revoking)
 
     # -- teardown ------------------------------------------------------------------------------
-    def close(self) -> list[Report]:
-        """Destroy the agent (after at most :data:`CLOSE_WAIT_S` for WRITEs in flight) and report
+    def close(self, wait_s: float | None = None) -> list[Report]:
+        """Destroy the agent (after at most :data:`CLOSE_WAIT_S`, or ``wait_s`` if less, for WRITEs
+        in flight: destroying it stops them, so a shutdown's grace bounds the wait) and report
         a ``Released`` for every transfer and a ``Revoked`` for every pending revocation.  Called
         after the transport closed: no header goes out any more, so a transfer not fully
         reported is released as failed.  Idempotent."""
         if self._closed:
             return []
-        out: list[Report] = list(self._writes.close(self._agent.close(timeout_s=CLOSE_WAIT_S)))
+        wait = CLOSE_WAIT_S if wait_s is None else min(CLOSE_WAIT_S, max(0.0, wait_s))
+        out: list[Report] = list(self._writes.close(self._agent.close(timeout_s=wait)))
         self._closed = True
         # the agent is gone: over UCX tcp and RDMA nothing reaches our region any more; over CMA
         # a stale WRITE lands in a sink (every window is withdrawn here: their addresses stay

@@ -180,14 +180,15 @@ class ZmqPlane:
         self._revoking.add(peer)
         return False
 
-    def close(self) -> list[Report]:
+    def close(self, wait_s: float | None = None) -> list[Report]:
         """Called after the transport was closed, so libzmq has dropped every frame: report every
-        transfer still known as released (failed unless all of it had been moved)."""
+        transfer still known as released (failed unless all of it had been moved).  ``wait_s``
+        bounds the moment given to pyzmq's trackers (at least 5 ms, at most 0.5 s)."""
         for x in self._xfers.values():
             x.cancelled = True
         # pyzmq marks trackers done on its own thread once libzmq freed the frames; give it a
         # moment (it is microseconds), then report: nothing in this process reads them any more
-        deadline = time.monotonic() + 0.5
+        deadline = time.monotonic() + (0.5 if wait_s is None else min(0.5, max(0.005, wait_s)))
         while any(not h.done for x in self._xfers.values() for h, _ in x.handles) and time.monotonic() < deadline:
             time.sleep(0.001)
         out: list[Report] = self.poll()

@@ -549,19 +549,19 @@ class IoLoop:
                 self.apply(ix.GraceEnded())
                 self.transport.flush()
         finally:
-            # at most a day: libzmq's linger ends at ~24.8 days, and a larger grace_s must still close
-            self.close(linger_s=min(86_400.0, max(0.05, grace_s - (time.monotonic() - start))))
+            # at most a day (libzmq's linger ends at ~24.8 days); at least the goodbyes' slice, within the grace
+            self.close(linger_s=min(86_400.0, max(min(0.05, 0.2 * grace_s), grace_s - (time.monotonic() - start))))
 
     def close(self, linger_s: float) -> None:
-        """Close the transport (queued sends get ``linger_s``), then the plane; fail what the core holds."""
+        """Close the transport (queued sends get ``linger_s``), then the plane (its work in flight: the rest)."""
         with self.lock:
             if self.closed:
                 return
-            self.closed = True
+            self.closed, until = True, time.monotonic() + linger_s
             try:
                 self.run_commands()
                 self.transport.close(linger_s=linger_s)
-                self._finish_plane()
+                self._finish_plane(until - time.monotonic())
             finally:
                 self.outbound.pool = None  # a shut-down manager never touches its pool again
                 self.jobs.held = False  # the plane is closed: no peer writes a slot that has a result (N27)
@@ -586,8 +586,8 @@ class IoLoop:
             finally:
                 self._switch()
 
-    def _finish_plane(self) -> None:
-        inputs = self.inbound.reports(self.plane.close())  # landings still running end first
+    def _finish_plane(self, wait_s: float) -> None:
+        inputs = self.inbound.reports(self.plane.close(wait_s))  # landings still running end first
         now = self.clock()
         drive(self.core, self.work.inputs(inputs), now, deadlines_at=None, **self.outbound.hooks)
         drive(self.core, self.work.drain(), now, deadlines_at=None, **self.outbound.hooks)
