@@ -64,6 +64,29 @@ P_B24 = {"unbound_store_timeout_s": 2.0, "peer_timeout_s": 1.0, "heartbeat_inter
 STALL_S = 3.0
 
 
+def _while_pumping(c, call):
+    """``call()`` on a thread while the caller-driven manager ``c`` is polled; returns its result."""
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_outcome(call)), daemon=True)
+    t.start()
+    pump_until(lambda: not t.is_alive(), managers=[c], timeout_s=BOUND_S)
+    t.join(BOUND_S)
+    assert out, "the call did not return"
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _outcome(call):
+    try:
+        return True, call()
+    except Exception as exc:  # noqa: BLE001 - re-raised on the test's thread
+        return False, exc
+
+
 def _load_all(c, cjobs, host, port, n, first_job=1000):
     reqs = []
     for i in range(n):
@@ -92,7 +115,9 @@ def test_b24_stalled_producer_serves_what_queued_during_the_stall(producer, make
 
     items = [{"kv_id": f"kv-b24-{i}", "job_id": i, "keys": keys_for(f"kv-b24-{i}", 1), "slots": [i],
               "seed": 24_000 + i} for i in range(N_IDS)]
-    stored = producer.store_batch(items)
+    # the consumer keeps pinging while the producer stores: on a loaded host the stores outlast the
+    # producer's peer_timeout_s (1 s), which must fall due inside the stall, not before it
+    stored = _while_pumping(c, lambda: producer.store_batch(items))
     assert all(s["immediate"] == [] for s in stored)
     released = tmp_path / "stall-over"
     # returns at once; the child sleeps STALL_S from its reply on, and on until the test says every
