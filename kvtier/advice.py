@@ -149,8 +149,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.TOO_MANY_PEERS: "This manager (or the peer) already has `max_peers` sessions: raise `max_peers`, or "
                        "find the peers holding sessions they do not use.",
     _R.PEER_NOT_ALLOWED: "The request named a producer endpoint not in `allowed_peers`: add the prefill "
-                         "endpoints (or their network) to `allowed_peers`, or fix the proxy if it should not "
-                         "name that address (docs/security.md).",
+                         "endpoints (or their network) to `allowed_peers` — with data parallelism, every rank's "
+                         "port or the host alone — or fix the proxy if it should not name that address "
+                         "(docs/security.md).",
     _R.IDLE_EVICTED: "An idle inbound session was ended to admit a new peer at `max_peers`: raise `max_peers` if "
                      "this is frequent.",
     # ---- engine-side refusals ---------------------------------------------------------------------

@@ -125,7 +125,8 @@ def check_config(config: str) -> None:
     kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "type" or "module_path" vLLM cannot load, a "backpressure" key, a "tier_poll_interval_s" vLLM cannot read or below 0).
 
     A MultiConnector config is checked through its "connectors": kvtier's entry in the
-    OffloadingConnector among them.
+    OffloadingConnector among them. One tier entry alone (an object with a "type" or "module_path"
+    and no "kv_connector") is checked as the only entry of an OffloadingConnector's secondary_tiers.
 
     KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. CURVE key files are read as the
     engine reads them, on this host. Exit status 1 on a problem in the config, 2 when it cannot be

@@ -104,11 +104,25 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
     """
     twice: list[str] = []
     doc = _load(blob, twice)
+    if "kv_connector" not in doc and "kv_connector_extra_config" not in doc and ("type" in doc or "module_path" in doc):
+        # one tier entry, not a whole config: check it as the one entry it would be (the note says so)
+        problems, notes, _ = _check_offloading(_wrapped(doc))
+        return twice + problems, [_BARE_ENTRY] + notes
     if doc.get("kv_connector") == "MultiConnector":
         problems, notes = _check_multi(doc)
     else:
         problems, notes, _ = _check_offloading(doc)
     return twice + problems, notes
+
+
+def _wrapped(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}}
+
+
+_BARE_ENTRY = ("checked as one tier entry, not a whole --kv-transfer-config: as the only entry of "
+               "kv_connector_extra_config.secondary_tiers under \"kv_connector\": \"OffloadingConnector\" and "
+               "\"spec_name\": \"TieringOffloadingSpec\"; give vLLM the entry so wrapped (docs/integrations/vllm.md)")
 
 
 def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
