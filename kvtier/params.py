@@ -159,7 +159,8 @@ def _normal_host(value: str) -> str | None:
 
 
 def parse_port(value: object, field: str) -> int:
-    """A TCP port 1..65535 given as an int or a decimal string (``5710`` or ``"5710"``).
+    """A TCP port 1..65535 given as an int or a decimal string (``5710`` or ``"5710"``; whitespace
+    around the digits is ignored, as ``int()`` ignores it).
 
     Raises:
         ValueError: bool, float, other types, or out of range (the message names ``field``).
