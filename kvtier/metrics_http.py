@@ -80,11 +80,17 @@ class _Handler(WSGIRequestHandler):
 
 
 def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
-    """The endpoint's WSGI app: ``/kvtier/requests`` from ``requests``, everything else from
-    ``prometheus_client`` (``/metrics``)."""
+    """The endpoint's WSGI app: ``/kvtier/requests`` from ``requests``, ``/metrics`` (and ``/``, where
+    some scrape configs point) from ``prometheus_client``; any other path is 404, naming the two
+    (a mistyped path answered with metrics reads as a broken page)."""
     def app(environ: dict, start_response: Callable) -> list[bytes]:
-        if environ.get("PATH_INFO", "").rstrip("/") != REQUESTS_PATH or requests is None:
+        path = environ.get("PATH_INFO", "").rstrip("/")
+        if path in ("", "/metrics"):
             return metrics(environ, start_response)
+        if path != REQUESTS_PATH or requests is None:
+            pages = "/metrics" + (f" and {REQUESTS_PATH}" if requests is not None else "")
+            return _answer(start_response, "404 Not Found", {"error": f"no page {path[:80]!r} here: this "
+                                                             f"kvtier metrics endpoint serves {pages}"})
         query = parse_qs(environ.get("QUERY_STRING", ""))
         kid = (query.get("kv_request_id") or [None])[0]
         raw = (query.get("limit") or ["0"])[0]

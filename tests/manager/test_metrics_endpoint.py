@@ -146,3 +146,23 @@ def test_shutdown_with_the_endpoint_served_keeps_to_its_grace(make_manager):
     assert time.monotonic() - start < 0.25
     with pytest.raises(urllib.error.URLError):  # and its port is released
         _families(address)
+
+
+def test_the_endpoint_serves_its_two_pages_and_404_elsewhere(make_manager):
+    """``/metrics`` (and ``/``, where some scrape configs point) is Prometheus text, ``/kvtier/requests``
+    is JSON; any other path is 404 naming both pages — a mistyped path answered with metrics read as
+    a page that did not parse."""
+    import json
+
+    c = make_manager({"metrics_port": 0})
+    base = f"http://{c.metrics_address}"
+    for path in ("/metrics", "/metrics/", "/"):
+        with urllib.request.urlopen(base + path, timeout=10) as resp:
+            assert resp.status == 200 and b"# TYPE kvtier_" in resp.read(), path
+    with urllib.request.urlopen(base + "/kvtier/requests?limit=1", timeout=10) as resp:
+        assert json.loads(resp.read())["requests"] == []
+    for path in ("/kvtier/request", "/favicon.ico", "/metricz"):
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(base + path, timeout=10)
+        body = json.loads(exc.value.read())
+        assert exc.value.code == 404 and "serves /metrics and /kvtier/requests" in body["error"], body
