@@ -36,7 +36,8 @@ def cli() -> None:
 @click.option("--interval", "interval_s", type=click.FloatRange(0.05, 3600), default=2.0, show_default=True,
               help="Seconds between scrapes (the window of every rate).")
 @click.option("--once", is_flag=True,
-              help="Scrape twice, --interval apart, print one frame and exit (1 if an endpoint failed).")
+              help="Scrape twice, --interval apart (an endpoint that failed the first is not asked again), "
+                   "print one frame and exit (1 if an endpoint failed).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
               help="Seconds to wait for the endpoints' answers (they are read at once).")
 def top(urls: tuple[str, ...], interval_s: float, once: bool, timeout_s: float) -> None:

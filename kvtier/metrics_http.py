@@ -1,6 +1,7 @@
 """The metrics endpoint's HTTP server: ``GET /metrics`` (Prometheus text) and ``GET /kvtier/requests``
 (JSON), one thread per connection, at most :data:`MAX_CONNECTIONS` at once, each given at most
-:data:`IO_TIMEOUT_S` seconds per read or write (decision O16).
+:data:`IO_TIMEOUT_S` seconds per read or write (decision O16), and pages rendered one at a time
+within :data:`RENDER_SHARE` of one thread's CPU (decision O18).
 
 Whoever can reach ``metrics_port`` can open connections: an idle or half-sent request must not
 hold a thread of the engine's process for ever, and many of them must not grow the process's
@@ -15,13 +16,14 @@ import logging
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from socketserver import ThreadingMixIn
 from typing import Any, Final
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-__all__ = ["IO_TIMEOUT_S", "MAX_CONNECTIONS", "REQUESTS_PATH", "serve"]
+__all__ = ["IO_TIMEOUT_S", "MAX_CONNECTIONS", "RENDER_SHARE", "REQUESTS_PATH", "serve"]
 
 log = logging.getLogger("kvtier.metrics")
 
@@ -35,6 +37,34 @@ milliseconds: Prometheus, ``kvtier top`` and an operator's ``curl`` together nee
 IO_TIMEOUT_S: Final = 10.0
 """The longest a connection may keep one read or write of its request or answer waiting
 (seconds): a scrape of this endpoint is a few kilobytes on a local network."""
+
+
+RENDER_SHARE: Final = 0.1
+"""The most of one thread's CPU the endpoint spends rendering pages: a page that took ``t`` seconds
+of CPU lets the next start ``t × (1 / RENDER_SHARE − 1)`` later (a request that comes sooner waits,
+it is not refused).  The endpoint runs in the engine's process and renders in Python: unbounded, a
+few clients asking back to back took the interpreter from kvtier's I/O loop and the engine's
+calls (hand-offs 30-45x slower).  A scraper every few seconds never waits."""
+
+
+class _Budget:
+    """One page rendered at a time, and at most ``share`` of a thread's CPU over time."""
+
+    def __init__(self, share: float) -> None:
+        self._lock = threading.Lock()
+        self._factor = 1.0 / share - 1.0
+        self._next = 0.0
+
+    def run(self, render: Callable[[], list[bytes]]) -> list[bytes]:
+        with self._lock:
+            wait = self._next - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)  # releases the interpreter: the loop runs meanwhile
+            t0 = time.thread_time()
+            try:
+                return render()
+            finally:
+                self._next = time.monotonic() + (time.thread_time() - t0) * self._factor
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -79,6 +109,15 @@ class _Handler(WSGIRequestHandler):
         """No access log on stderr."""
 
 
+def _budgeted(app: Callable, share: float) -> Callable:
+    budget = _Budget(share)
+
+    def limited(environ: dict, start_response: Callable) -> list[bytes]:
+        return budget.run(lambda: app(environ, start_response))
+
+    return limited
+
+
 def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
     """The endpoint's WSGI app: ``/kvtier/requests`` from ``requests``, ``/metrics`` (and ``/``, where
     some scrape configs point) from ``prometheus_client``; any other path is 404, naming the two
@@ -115,11 +154,13 @@ def _answer(start_response: Callable, status: str, doc: dict[str, Any]) -> list[
 
 
 def serve(host: str, port: int, metrics: Callable, requests: Any, const: tuple[str, str], *,
-          max_connections: int = MAX_CONNECTIONS, io_timeout_s: float = IO_TIMEOUT_S) -> tuple[Any, threading.Thread]:
+          max_connections: int = MAX_CONNECTIONS, io_timeout_s: float = IO_TIMEOUT_S,
+          render_share: float = RENDER_SHARE) -> tuple[Any, threading.Thread]:
     """Serve ``metrics`` (a WSGI app: ``prometheus_client.make_wsgi_app``) and, with ``requests``
     (a :class:`~kvtier.forensics.Forensics`), ``GET /kvtier/requests``, on ``host:port`` (port 0:
     an ephemeral port), from a daemon thread; at most ``max_connections`` at once, each closed
-    once a read or write of it waited ``io_timeout_s`` seconds.
+    once a read or write of it waited ``io_timeout_s`` seconds; pages rendered one at a time, in
+    at most ``render_share`` (0 < share ≤ 1) of one thread's CPU.
 
     Returns:
         the server (``server_address``, ``refused``: connections closed at the cap; stop it with
@@ -135,7 +176,8 @@ def serve(host: str, port: int, metrics: Callable, requests: Any, const: tuple[s
     class Handler(_Handler):
         timeout = io_timeout_s
 
-    server = make_server(host, port, _app(metrics, requests, const), Server, handler_class=Handler)
+    app = _budgeted(_app(metrics, requests, const), render_share)
+    server = make_server(host, port, app, Server, handler_class=Handler)
     thread = threading.Thread(target=server.serve_forever, name="kvtier-metrics", daemon=True)
     thread.start()
     return server, thread

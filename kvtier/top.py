@@ -491,10 +491,12 @@ def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
     console = console or Console()
     prev: dict[tuple[str, str], Snapshot] = {}  # (url, listener) -> its last scrape
 
+    failed: dict[str, Snapshot] = {}  # --once: an endpoint whose first scrape failed is not asked again
+
     def frame() -> tuple[Group, bool]:
         rows = []
         answered = []  # the targets with a scrape that worked (for their finished requests)
-        snaps = each(lambda u: scrape(u, timeout_s), urls)  # every endpoint at once: one --timeout in all
+        snaps = each(lambda u: failed.get(u) or scrape(u, timeout_s), urls)  # all at once: one --timeout in all
         for target, url, snap in zip(targets, urls, snaps):
             if isinstance(snap, Exception):
                 raise snap
@@ -512,6 +514,7 @@ def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
 
     if once:
         frame()
+        failed.update((k[0], snap) for k, snap in prev.items() if snap.error)
         time.sleep(interval_s)
         table, failed = frame()
         console.print(table)

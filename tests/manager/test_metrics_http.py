@@ -136,3 +136,40 @@ def test_a_negative_limit_on_the_requests_page_means_every_entry_and_a_bad_one_i
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@pytest.mark.parametrize("share", [0.25, 1.0])
+def test_pages_are_rendered_one_at_a_time_within_their_share_of_a_thread(share) -> None:
+    """Eight clients ask at once for a page that takes ~20 ms of CPU to render: renders never
+    overlap, and each starts at least ``cpu × (1/share − 1)`` after the one before ended (a flood
+    of scrapes took the interpreter from the I/O loop; decision O18).  Lower bounds only: a slow
+    host spaces renders further apart, never closer."""
+    spans: list[tuple[float, float, float]] = []  # (start, end, cpu) of each render
+
+    def heavy(environ: dict, start_response) -> list[bytes]:
+        t0, c0 = time.monotonic(), time.thread_time()
+        while time.thread_time() - c0 < 0.02:
+            pass
+        spans.append((t0, time.monotonic(), time.thread_time() - c0))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"kvtier_up 1\n"]
+
+    server, thread = serve("127.0.0.1", 0, heavy, None, ("t", "l"), max_connections=16, io_timeout_s=30.0,
+                           render_share=share)
+    try:
+        address = server.server_address[:2]
+        got: list[bytes] = []
+        clients = [threading.Thread(target=lambda: got.append(_scrape(address))) for _ in range(8)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(30)
+        assert got == [b"kvtier_up 1\n"] * 8  # every request answered: a request waits, never refused
+        spans.sort()
+        for (_, end, cpu), (start, _, _) in zip(spans, spans[1:]):
+            assert start >= end, spans  # one at a time
+            assert start - end >= cpu * (1 / share - 1) - 1e-3, (share, spans)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
