@@ -536,8 +536,8 @@ class KvTierManager(TierView):
         Every job gets exactly one result (collect them with :meth:`get_finished_jobs`), but for
         a NIXL load into a pool in private memory whose producer runs on this host and may still
         write its slots: it gets none, and an error names it (decision N27).  Returns within the
-        grace, even when a peer is wedged, plus the time to give every open job its result (~25 µs
-        per parked id), a data-plane post already running and libzmq's teardown (decision A13).  Right after a :meth:`drain_jobs`
+        grace, even when a peer is wedged, plus every open job's result (~25 µs per parked id), a
+        plane's post already running and libzmq's teardown (A13).  Right after a :meth:`drain_jobs`
         that timed out, the grace is what is left of the drain's budget (at least 50 ms for the
         goodbyes): one budget for both (decision A6).  Idempotent: a call from another thread
         while one runs returns when that one has ended (decision A12).

@@ -445,7 +445,7 @@ def recent(targets: Sequence[str], *, limit: int = RECENT, timeout_s: float = 5.
     out: list[tuple[str, dict[str, Any]]] = []
     docs = each(lambda t: fetch_requests(t, limit=4 * limit, timeout_s=timeout_s), targets)
     for target, doc in zip(targets, docs):
-        if isinstance(doc, (OSError, ValueError, NotAnEndpoint)):  # unreachable, or not kvtier's page: the table says so
+        if isinstance(doc, (OSError, ValueError, NotAnEndpoint)):  # unreachable, or not kvtier's: the table says so
             continue
         if isinstance(doc, Exception):
             raise doc
