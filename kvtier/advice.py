@@ -68,8 +68,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     # ---- the consumer's load -----------------------------------------------------------------------
     _R.LOAD_TIMEOUT: "The producer did not finish within `load_timeout_s`: it is stalled or overloaded "
                      "(`kvtier_tick_lag_seconds` there), the link is slow for the request's size, or the "
-                     "prefill stored its blocks late. Look at the producer's side of the id (`kvtier why` "
-                     "against its metrics endpoint). Raise `load_timeout_s` only for very large requests.",
+                     "prefill stored its blocks late or never (then the producer's `fetch_supply_timeout_s` "
+                     "must be below this `load_timeout_s` for its `supply_timeout` answer to come first). Look "
+                     "at the producer's side of the id (`kvtier why` against its metrics endpoint). Raise "
+                     "`load_timeout_s` only for very large requests.",
     _R.CANCELLED: "The engine finished the request while its load ran (a client disconnect, a preemption). "
                   "Nothing to change unless it is frequent.",
     _R.DUPLICATE_LOAD: "The engine submitted a second load for an id while one was live: an engine adapter bug, "

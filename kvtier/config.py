@@ -553,8 +553,8 @@ CROSS_FIELD_RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         "load_timeout_s", ">", 1, "fetch_supply_timeout_s",
-        "the producer's definitive answer to a fetch waiting for blocks must reach "
-        "the consumer before the consumer gives up",
+        "the producer's answer to a fetch waiting for blocks must reach the consumer before it gives up "
+        "(across engines too: keep producers' fetch_supply_timeout_s below their consumers' load_timeout_s)",
     ),
     CrossFieldRule(
         "handshake_timeout_s", "<", 1, "load_timeout_s",
