@@ -59,7 +59,7 @@ class _Budget:
         with self._lock:
             wait = self._next - time.monotonic()
             if wait > 0:
-                time.sleep(wait)  # releases the interpreter: the loop runs meanwhile
+                time.sleep(wait)  # the interpreter is free meanwhile: the I/O loop runs
             t0 = time.thread_time()
             try:
                 return render()
