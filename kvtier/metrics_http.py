@@ -47,22 +47,23 @@ few clients asking back to back took the interpreter from kvtier's I/O loop and 
 calls (hand-offs 30-45x slower).  A scraper every few seconds never waits."""
 
 
-class _Budget:
-    """One page rendered at a time, and at most ``share`` of a thread's CPU over time."""
+class _Budgeted:
+    """A WSGI app that renders ``app``'s pages one at a time, in at most ``share`` of a thread's CPU."""
 
-    def __init__(self, share: float) -> None:
+    def __init__(self, app: Callable, share: float) -> None:
+        self._app = app
         self._lock = threading.Lock()
         self._factor = 1.0 / share - 1.0
         self._next = 0.0
 
-    def run(self, render: Callable[[], list[bytes]]) -> list[bytes]:
+    def __call__(self, environ: dict, start_response: Callable) -> list[bytes]:
         with self._lock:
             wait = self._next - time.monotonic()
             if wait > 0:
                 time.sleep(wait)  # the interpreter is free meanwhile: the I/O loop runs
             t0 = time.thread_time()
             try:
-                return render()
+                return self._app(environ, start_response)
             finally:
                 self._next = time.monotonic() + (time.thread_time() - t0) * self._factor
 
@@ -107,15 +108,6 @@ class _Handler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """No access log on stderr."""
-
-
-def _budgeted(app: Callable, share: float) -> Callable:
-    budget = _Budget(share)
-
-    def limited(environ: dict, start_response: Callable) -> list[bytes]:
-        return budget.run(lambda: app(environ, start_response))
-
-    return limited
 
 
 def _app(metrics: Callable, requests: Any, const: tuple[str, str]) -> Callable:
@@ -176,7 +168,7 @@ def serve(host: str, port: int, metrics: Callable, requests: Any, const: tuple[s
     class Handler(_Handler):
         timeout = io_timeout_s
 
-    app = _budgeted(_app(metrics, requests, const), render_share)
+    app = _Budgeted(_app(metrics, requests, const), render_share)
     server = make_server(host, port, app, Server, handler_class=Handler)
     thread = threading.Thread(target=server.serve_forever, name="kvtier-metrics", daemon=True)
     thread.start()
