@@ -127,13 +127,15 @@ def check_config(config: str) -> None:
 
     A MultiConnector config is checked through its "connectors": kvtier's entry in the
     OffloadingConnector among them. One tier entry alone (an object with a "type" or "module_path"
-    and no "kv_connector") is checked as the only entry of an OffloadingConnector's secondary_tiers.
+    and no "kv_connector") is checked as the only entry of an OffloadingConnector's secondary_tiers
+    (a "note:" line says so). Each kvtier entry that passes gets an "ok:" line, each problem a
+    "problem:" line on stderr.
 
     KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. CURVE key files are read as the
     engine reads them, on this host. Exit status 1 on a problem in the config, 2 when it cannot be
     read or is not a JSON object.
     """
-    from kvtier.vllmconfig import check_kv_transfer_config
+    from kvtier.vllmconfig import BARE_ENTRY_NOTE, check_kv_transfer_config
 
     path = config[1:] if config.startswith("@") else None
     if path is not None:
@@ -153,7 +155,7 @@ def check_config(config: str) -> None:
         raise click.BadParameter("it is nested too deeply to be read (a kv-transfer-config is a shallow JSON "
                                  "object)", param_hint="KV_TRANSFER_CONFIG") from None
     for line in notes:
-        click.echo(f"ok: {line}")
+        click.echo(f"{'note' if line == BARE_ENTRY_NOTE else 'ok'}: {line}")
     for line in problems:
         click.echo(f"problem: {line}", err=True)
     sys.exit(1 if problems else 0)

@@ -27,7 +27,7 @@ from typing import Any
 from kvtier.config import DEFAULTS, VLLM_BUILTIN_TIERS, TierConfig
 from kvtier.config_kinds import WrittenNumber
 
-__all__ = ["KVTIER_MODULE", "check_kv_transfer_config"]
+__all__ = ["BARE_ENTRY_NOTE", "KVTIER_MODULE", "check_kv_transfer_config"]
 
 KVTIER_MODULE = "kvtier.integrations.vllm"
 
@@ -98,7 +98,8 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
 
     Returns:
         ``(problems, notes)``: each problem names the entry, the key and what to write instead;
-        notes say what was checked (one line per kvtier entry).
+        notes say what was checked (one line per kvtier entry; given one tier entry alone, the
+        first is :data:`BARE_ENTRY_NOTE`).
     Raises:
         ValueError: not JSON, or not a JSON object.
     """
@@ -107,7 +108,7 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
     if "kv_connector" not in doc and "kv_connector_extra_config" not in doc and ("type" in doc or "module_path" in doc):
         # one tier entry, not a whole config: check it as the one entry it would be (the note says so)
         problems, notes, _ = _check_offloading(_wrapped(doc))
-        return twice + problems, [_BARE_ENTRY] + notes
+        return twice + problems, [BARE_ENTRY_NOTE] + notes
     if doc.get("kv_connector") == "MultiConnector":
         problems, notes = _check_multi(doc)
     else:
@@ -120,7 +121,9 @@ def _wrapped(entry: Mapping[str, Any]) -> dict[str, Any]:
             "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}}
 
 
-_BARE_ENTRY = ("checked as one tier entry, not a whole --kv-transfer-config: as the only entry of "
+#: The first note of a check given one tier entry: how it was read, not a verdict on it (the CLI
+#: prints it as ``note:``, every other note as ``ok:``).
+BARE_ENTRY_NOTE = ("checked as one tier entry, not a whole --kv-transfer-config: as the only entry of "
                "kv_connector_extra_config.secondary_tiers under \"kv_connector\": \"OffloadingConnector\" and "
                "\"spec_name\": \"TieringOffloadingSpec\"; give vLLM the entry so wrapped (docs/integrations/vllm.md)")
 
