@@ -330,7 +330,7 @@ class TierConfig:
 
     auth_allowed_keys_dir: str = key("", text, max_len(4096), matches_re(r"[^\x00]*"), shape="a directory path", doc="""
         Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem
-        is that peer's principal. A producer's certificate lists its ``endpoints`` in its metadata,
+        is that peer's principal (one key under two names is refused). A producer's certificate lists its ``endpoints`` in its metadata,
         which is how a consumer knows the key to expect before it dials. Required with
         ``auth=curve``, refused without it.""")
 

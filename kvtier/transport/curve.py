@@ -225,13 +225,16 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
     """Read every public certificate (``*.key``) of ``directory``.
 
     Raises:
-        ValueError: not a directory, no certificate in it, or a certificate that cannot be read.
+        ValueError: not a directory, no certificate in it, a certificate that cannot be read, two
+            certificates naming one endpoint with different keys, or one key under two names
+            (decision S13).
     """
     d = Path(directory)
     _check_path(d, "auth_allowed_keys_dir", directory=True,
                 fix="point it at a directory holding every allowed peer's public certificate (NAME.key from "
                     "`kvtier keys generate`)")
     names: dict[bytes, str] = {}
+    files: dict[bytes, Path] = {}
     endpoints: dict[tuple[str, int | None], bytes] = {}
     named_by: dict[tuple[str, int | None], Path] = {}
     for path in sorted(d.glob("*.key")):
@@ -248,7 +251,11 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
             raise ValueError(f"auth_allowed_keys_dir: {str(path)!r} holds a secret-key (a NAME.key_secret copied as "
                              "NAME.key?): copy the peer's public NAME.key instead, and replace the key pair whose "
                              "secret was copied (`kvtier keys generate`)")
-        names[public] = path.stem
+        if public in files:  # its principal would be whichever name sorts last (S13)
+            raise ValueError(f"auth_allowed_keys_dir: {str(files[public])!r} and {str(path)!r} hold the same key under "
+                             "two names (a backup or renamed copy?): a key is one peer's principal, named by its "
+                             "file's stem; keep only the file named as the peer's principal")
+        names[public], files[public] = path.stem, path
         for ep in eps:
             if endpoints.get(ep, public) != public:  # a dial there could prove only one of them
                 shown = f"{ep[0]}:{ep[1]}" if ep[1] is not None else ep[0]

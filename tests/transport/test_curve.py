@@ -196,6 +196,18 @@ def test_a_secret_file_copied_into_the_allowed_directory_is_refused(keys) -> Non
         load_allowed(keys["allowed"])
 
 
+@pytest.mark.parametrize("copy", ["decode-0.old.key", "Decode-0.key"])
+def test_one_key_under_two_names_is_refused_naming_both_files(keys, copy) -> None:
+    """A certificate's stem is its principal: a backup copy under another name made the principal
+    whichever name sorted last, so the named consumer was refused ``not_authorised`` (or not, by
+    the copy's name)."""
+    (keys["allowed"] / copy).write_text((keys["allowed"] / "decode-0.key").read_text())
+    with pytest.raises(ValueError, match="hold the same key under two names") as err:
+        load_allowed(keys["allowed"])
+    assert f"/{copy}'" in str(err.value) and "/decode-0.key'" in str(err.value), err.value
+    assert "keep only the file named as the peer's principal" in str(err.value)
+
+
 def test_a_certificate_with_a_key_line_added_beside_its_own_is_refused(keys) -> None:
     """pyzmq's reader keeps the last public-key of a certificate without a word: an appended key
     would take the principal, and the real peer would fail its handshake with no cause named."""
