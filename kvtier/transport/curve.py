@@ -218,7 +218,9 @@ def load_identity(secret_file: str | os.PathLike[str]) -> CurveIdentity:
     if mode & 0o077:  # as ssh says of a private key: others who read it can pose as this instance
         log.warning("kvtier: auth_secret_key_file %r is readable or writable by other users (mode %o): anyone "
                     "who reads it can pose as this instance; `chmod 600 %s`", str(path), mode, path)
-    return CurveIdentity(path.name.split(".")[0], public, secret)
+    # NAME of NAME.key_secret, as peers know it (a NAME.key's stem): a name may hold dots
+    return CurveIdentity(path.name.removesuffix(".key_secret") if path.name.endswith(".key_secret") else path.stem,
+                         public, secret)
 
 
 def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:

@@ -132,6 +132,13 @@ def test_key_files_are_checked(tmp_path, keys) -> None:
     assert "secret" not in repr(load_identity(keys["dir"] / "decode-0.key_secret")).replace("CurveIdentity", "")
 
 
+def test_an_identity_is_named_as_its_peers_name_it_dots_and_all(tmp_path) -> None:
+    """Peers name a key by its NAME.key's stem; the identity's NAME.key_secret says the same name."""
+    pub, sec = generate_keys(tmp_path, "decode.rack-2.0")
+    assert load_identity(sec).name == "decode.rack-2.0" == pub.stem
+    assert load_allowed(tmp_path).principal(load_identity(sec).public) == "decode.rack-2.0"
+
+
 def test_both_key_paths_wrong_are_named_at_once(tmp_path) -> None:
     """An operator fixing one path should not then learn of the other: both in one error."""
     with pytest.raises(ValueError) as err:
