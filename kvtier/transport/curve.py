@@ -265,6 +265,10 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
                                  f"{shown} with different keys (a key rotated with the old certificate left "
                                  "behind?): keep only the certificate of the producer serving there now")
             endpoints[ep], named_by[ep] = public, path
+    for path in sorted(d.glob("*.key_secret")):  # never read; but this directory is the one copied to peers
+        log.warning("kvtier: auth_allowed_keys_dir holds a secret key, %r: kvtier does not read it, but whoever "
+                    "gets a copy of this directory can pose as its instance; keep NAME.key_secret elsewhere "
+                    "(`kvtier keys generate KEYS_DIR NAME`, then copy NAME.key here)", str(path))
     if not names:
         raise ValueError(f"auth_allowed_keys_dir {str(d)!r} holds no public certificate (*.key): copy every "
                          "allowed peer's NAME.key (from `kvtier keys generate`) into it")

@@ -147,6 +147,20 @@ def test_both_key_paths_wrong_are_named_at_once(tmp_path) -> None:
     assert "auth_secret_key_file" in text and "auth_allowed_keys_dir" in text and text.count("does not exist") == 2
 
 
+def test_a_secret_key_left_in_the_allowed_directory_is_warned_about(keys, caplog) -> None:
+    """The allowed directory is the one copied to every peer: a secret there goes with it."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="kvtier.transport.curve"):
+        load_allowed(keys["allowed"])
+        assert not [r for r in caplog.records if "holds a secret key" in r.getMessage()]
+        (keys["allowed"] / "decode-0.key_secret").write_text((keys["dir"] / "decode-0.key_secret").read_text())
+        allowed = load_allowed(keys["allowed"])  # still loads: the secret is not read
+    said = [r.getMessage() for r in caplog.records if "holds a secret key" in r.getMessage()]
+    assert len(said) == 1 and "decode-0.key_secret" in said[0] and "keep NAME.key_secret elsewhere" in said[0]
+    assert "decode-0" in {allowed.principal(k) for k in allowed.names}
+
+
 def test_a_secret_key_others_can_read_is_warned_about(keys, caplog) -> None:
     import logging
     import os
