@@ -132,8 +132,8 @@ def check_config(config: str) -> None:
     "problem:" line on stderr.
 
     KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. CURVE key files are read as the
-    engine reads them, on this host. Exit status 1 on a problem in the config, 2 when it cannot be
-    read or is not a JSON object.
+    engine reads them, on this host, and NIXL must import here for data_plane "nixl". Exit status 1
+    on a problem in the config, 2 when it cannot be read or is not a JSON object.
     """
     from kvtier.vllmconfig import BARE_ENTRY_NOTE, check_kv_transfer_config
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from kvtier.config import DEFAULTS, VLLM_BUILTIN_TIERS, TierConfig
 from kvtier.config_kinds import WrittenNumber
+from kvtier.dataplane import plane_unavailable
 
 __all__ = ["BARE_ENTRY_NOTE", "KVTIER_MODULE", "check_kv_transfer_config"]
 
@@ -282,6 +283,8 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
                 curve_settings(cfg.auth_secret_key_file, cfg.auth_allowed_keys_dir)
             except ValueError as exc:
                 problems.append(f"{where}: {exc}")
+        if (why := plane_unavailable(cfg.data_plane)) is not None:  # as the engine would find it, on this host
+            problems.append(f"{where}: data_plane {cfg.data_plane!r} cannot start on this host: {why}")
         if len(problems) > before:  # checked, but vLLM would not start it as written
             continue
         notes.append(f"{where}: kvtier, {cfg.data_plane} plane, listens on {cfg.host}:{cfg.port}"

@@ -25,7 +25,8 @@ from kvtier.dataplane.landing import Landings
 from kvtier.dataplane.zmq import ZmqPlane
 
 __all__ = ["AttachFailed", "Attached", "Batch", "DataPlane", "Faulted", "Landed", "Landings", "Notified",
-           "PeerIsSelf", "PeerStillHeld", "PlaneError", "Released", "Report", "Revoked", "ZmqPlane", "make_plane"]
+           "PeerIsSelf", "PeerStillHeld", "PlaneError", "Released", "Report", "Revoked", "ZmqPlane", "make_plane",
+           "plane_unavailable"]
 
 
 def make_plane(name: str, **kwargs: object) -> DataPlane:
@@ -42,3 +43,18 @@ def make_plane(name: str, **kwargs: object) -> DataPlane:
 
         return NixlPlane(**kwargs)  # type: ignore[arg-type]
     raise ValueError(f"unknown data plane {name!r}; expected 'zmq' or 'nixl'")
+
+
+def plane_unavailable(name: str) -> str | None:
+    """Why data plane ``name`` cannot start on this host (``nixl``: NIXL does not import; the
+    text names each attempt and how to install), or None when nothing here stands in its way —
+    what :func:`make_plane` would refuse before any agent exists (``kvtier check-config``)."""
+    if name != "nixl":
+        return None
+    from kvtier.dataplane.nixl_agent import NixlUnavailable, load_nixl_api
+
+    try:
+        load_nixl_api()
+    except NixlUnavailable as exc:
+        return str(exc)
+    return None
