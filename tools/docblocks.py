@@ -163,6 +163,13 @@ def _surfaces() -> dict[str, list[str]]:
     return out
 
 
+#: A reason that labels a success (its advice says so) is not in the engine's ``JobResult``:
+#: ``reason`` is set on failure only, so a reader must look for it where the code does show.
+_A_SUCCESS = "(a success)"
+_SUCCESS = ("; not in the engine's `JobResult` (its `reason` is None on success): in the metrics' `reason` "
+            "label, `stats()` and `kvtier why`")
+
+
 def render_reasons() -> str:
     """One section per reason code of the spec: meaning, where it shows, what to change."""
     from kvtier.advice import ADVICE
@@ -173,8 +180,8 @@ def render_reasons() -> str:
     for reason in Reason:
         out += [f'### <a id="{reason.value}"></a>`{reason.value}`', "",
                 f"**Means:** {REASON_DOCS[reason]}.", "",
-                f"**Seen as:** {'; '.join(surfaces[reason.value])}.", "",
-                f"**Change:** {ADVICE[reason]}", ""]
+                f"**Seen as:** {'; '.join(surfaces[reason.value])}{_SUCCESS if ADVICE[reason].startswith(_A_SUCCESS) else ''}.",
+                "", f"**Change:** {ADVICE[reason]}", ""]
     return "\n".join(out).rstrip()
 
 
