@@ -29,8 +29,10 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "pytest" in makefile.split("\ntest: bytecode\n", 1)[1].splitlines()[0]
 
 
-def test_readme_api_example_runs_as_written(capsys) -> None:
-    """The README's Python example, executed (only its fixed port is swapped for a free one)."""
+def test_readme_api_example_runs_as_written(capsys, caplog) -> None:
+    """The README's Python example, executed (only its fixed port is swapped for a free one); it
+    says whom each engine may dial, so a newcomer's first run prints no SECURITY warning."""
+    import logging
     import socket
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -39,5 +41,7 @@ def test_readme_api_example_runs_as_written(capsys) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    exec(compile(code.replace("5710", str(port)), "README.md", "exec"), {})
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        exec(compile(code.replace("5710", str(port)), "README.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "True None"
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
