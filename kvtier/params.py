@@ -296,7 +296,7 @@ class PeerPolicy:
         if self.listed(host, port):
             return None
         if not self.any:
-            return "allowed_peers does not list it"
+            return "allowed_peers does not list it; entries match the address as written, never resolved"
         if host in METADATA_NAMES:
             return "allowed_peers '*' does not admit a metadata service's name; list it explicitly"
         try:
@@ -338,6 +338,12 @@ def _sub(params: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | 
     return found[0] if found else None
 
 
+def _value(exc: Exception, value: object) -> str:
+    """``": <value>"`` for an error, unless the checker's message shows the value already."""
+    shown = clip(value)
+    return "" if shown in str(exc) else f": {shown}"
+
+
 def _kv_request_id(sub: Mapping[str, Any], field: str) -> str:
     kid = sub.get("kv_request_id")
     if kid is None:
@@ -346,7 +352,7 @@ def _kv_request_id(sub: Mapping[str, Any], field: str) -> str:
     try:
         check_kv_request_id(kid)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{field}.kv_request_id is invalid ({exc}): {clip(kid)}") from None
+        raise ValueError(f"{field}.kv_request_id is invalid ({exc}){_value(exc, kid)}") from None
     return kid  # type: ignore[return-value]
 
 
@@ -357,7 +363,7 @@ def _life(sub: Mapping[str, Any], field: str) -> str:
     try:
         check_life(life)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{field}.life is invalid ({exc}): {clip(life)}") from None
+        raise ValueError(f"{field}.life is invalid ({exc}){_value(exc, life)}") from None
     return life  # type: ignore[return-value]
 
 

@@ -346,3 +346,25 @@ def test_fuzz_kv_transfer_params_never_escape(spy_mgr, params) -> None:
 def test_fuzz_kv_transfer_params_10k(spy_mgr, params) -> None:
     m, t = spy_mgr
     _drive(m, t, params, next(_counter))
+
+
+@pytest.mark.parametrize(("params", "value"), [
+    ({"remote_prefiller": {"kv_request_id": "kv 43", "remote_host": "h", "remote_port": 1}}, "'kv 43'"),
+    ({"remote_decoder": {"kv_request_id": "k", "life": "a b"}}, "'a b'"),
+    ({"remote_prefiller": {"kv_request_id": "x" * 300, "remote_host": "h", "remote_port": 1}}, "'xxx"),
+])
+def test_a_malformed_id_or_life_is_shown_once(params, value) -> None:
+    """The checker's message may quote the value already: the error shows it once, never twice."""
+    with pytest.raises(ValueError) as ei:
+        parse_params(params)
+    assert str(ei.value).count(value) == 1, ei.value
+
+
+def test_a_name_refused_beside_its_listed_address_says_entries_are_not_resolved() -> None:
+    """``localhost`` is not ``127.0.0.1`` to allowed_peers: the refusal says why a newcomer's
+    obvious equivalent was refused."""
+    policy = PeerPolicy.from_entries(["127.0.0.1:5710"])
+    with pytest.raises(PeerNotAllowed) as ei:
+        parse_params({"remote_prefiller": {"kv_request_id": "k", "remote_host": "localhost", "remote_port": 5710}},
+                     policy)
+    assert ei.value.why == "allowed_peers does not list it; entries match the address as written, never resolved"

@@ -246,12 +246,12 @@ class BlockPool:
         """Drop one reference. At 0 the slot returns to the free list.
 
         Raises:
-            ValueError: the slot is already free (a double free).
+            ValueError: the slot holds no reference (never allocated, or a double free).
             IndexError / ValueError: bad index, see :meth:`view`.
         """
         slot = self._check_slot(slot)
         if self._refs[slot] == 0:
-            raise ValueError(f"decref of free slot {slot} (double free)")
+            raise ValueError(f"decref of free slot {slot}: it holds no reference (never allocated, or freed already)")
         self._release(slot)
 
     def free(self, slots: Iterable[int]) -> None:
@@ -260,7 +260,7 @@ class BlockPool:
         Everything is checked before anything changes, so a bad entry leaves the pool unchanged.
 
         Raises:
-            ValueError: a slot would drop below refcount 0 (a double free).
+            ValueError: a slot would drop below refcount 0 (never allocated, or a double free).
             IndexError / ValueError: bad index, see :meth:`view`.
         """
         wanted: dict[int, int] = {}
@@ -269,9 +269,8 @@ class BlockPool:
             wanted[s] = wanted.get(s, 0) + 1
         for s, k in wanted.items():
             if k > self._refs[s]:
-                raise ValueError(
-                    f"free of slot {s} x{k} but its refcount is {self._refs[s]} (double free)"
-                )
+                raise ValueError(f"free of slot {s} x{k} but its refcount is {self._refs[s]} (never allocated, or "
+                                 "freed already: a double free)")
         for s, k in wanted.items():
             for _ in range(k):
                 self._release(s)

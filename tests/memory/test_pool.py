@@ -106,7 +106,7 @@ def test_refcounts(pool: BlockPool) -> None:
     assert pool.num_free == 7  # still held once
     pool.decref(s)
     assert pool.refcount(s) == 0 and pool.num_free == 8
-    with pytest.raises(ValueError, match="double free"):
+    with pytest.raises(ValueError, match=r"holds no reference \(never allocated, or freed already\)"):
         pool.decref(s)
     with pytest.raises(ValueError, match="free slot"):
         pool.incref(s)
@@ -119,6 +119,9 @@ def test_freed_slot_is_reused(pool: BlockPool) -> None:
 
 
 def test_free_is_all_or_nothing(pool: BlockPool) -> None:
+    never = pool.num_blocks - 1  # a slot never allocated is not called only a double free
+    with pytest.raises(ValueError, match=f"free of slot {never} x1 but its refcount is 0 \\(never allocated, or"):
+        pool.free([never])
     a, b = pool.alloc(2)
     with pytest.raises(ValueError, match="double free"):
         pool.free([a, b, b])  # b has refcount 1, freed twice
