@@ -329,10 +329,10 @@ class TierConfig:
         Required with ``auth=curve``, refused without it; ``NAME`` is this instance's principal.""")
 
     auth_allowed_keys_dir: str = key("", text, max_len(4096), matches_re(r"[^\x00]*"), shape="a directory path", doc="""
-        Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem
-        is that peer's principal (one key under two names is refused). A producer's certificate lists its ``endpoints`` in its metadata,
-        which is how a consumer knows the key to expect before it dials. Required with
-        ``auth=curve``, refused without it.""")
+        Directory of the public certificates (``*.key``) of every peer allowed in; a file's stem is that
+        peer's principal (one key under two names is refused). A producer's certificate lists its
+        ``endpoints`` in its metadata, which is how a consumer knows the key to expect before it dials.
+        Required with ``auth=curve``, refused without it.""")
 
     allowed_peers: tuple[str, ...] = key(("*",), peers,
                                          text='list of `"*"`, `"host:port"`, `"host"` or CIDR (`"10.0.0.0/8"`), non-empty',

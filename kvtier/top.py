@@ -412,7 +412,8 @@ def _wide_width(rows: Sequence[Row]) -> int:
 def render(rows: Sequence[Row], interval_s: float, width: int | None = None) -> Table:
     """The frame: one line per endpoint; on a console narrower than that table (``width``, in
     columns), one column per endpoint instead, so that every figure stays readable at 80 columns."""
-    title = f"kvtier top — rates over the last {interval_s:g} s"  # live: also its refresh; --once: between its two scrapes
+    # live, also its refresh; --once, the time between its two scrapes
+    title = f"kvtier top — rates over the last {interval_s:g} s"
     if width is not None and rows and _wide_width(rows) > width:
         t = Table(title=title, title_justify="left")
         t.add_column("", justify="left", no_wrap=True)

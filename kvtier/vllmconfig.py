@@ -125,8 +125,9 @@ def _wrapped(entry: Mapping[str, Any]) -> dict[str, Any]:
 #: The first note of a check given one tier entry: how it was read, not a verdict on it (the CLI
 #: prints it as ``note:``, every other note as ``ok:``).
 BARE_ENTRY_NOTE = ("checked as one tier entry, not a whole --kv-transfer-config: as the only entry of "
-               "kv_connector_extra_config.secondary_tiers under \"kv_connector\": \"OffloadingConnector\" and "
-               "\"spec_name\": \"TieringOffloadingSpec\"; give vLLM the entry so wrapped (docs/integrations/vllm.md)")
+                   "kv_connector_extra_config.secondary_tiers under \"kv_connector\": \"OffloadingConnector\" and "
+                   "\"spec_name\": \"TieringOffloadingSpec\"; give vLLM the entry so wrapped "
+                   "(docs/integrations/vllm.md)")
 
 
 def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:

@@ -178,10 +178,11 @@ def render_reasons() -> str:
     surfaces = _surfaces()
     out = []
     for reason in Reason:
+        success = _SUCCESS if ADVICE[reason].startswith(_A_SUCCESS) else ""
         out += [f'### <a id="{reason.value}"></a>`{reason.value}`', "",
                 f"**Means:** {REASON_DOCS[reason]}.", "",
-                f"**Seen as:** {'; '.join(surfaces[reason.value])}{_SUCCESS if ADVICE[reason].startswith(_A_SUCCESS) else ''}.",
-                "", f"**Change:** {ADVICE[reason]}", ""]
+                f"**Seen as:** {'; '.join(surfaces[reason.value])}{success}.", "",
+                f"**Change:** {ADVICE[reason]}", ""]
     return "\n".join(out).rstrip()
 
 
