@@ -93,7 +93,8 @@ def render_cli() -> str:
     out = []
 
     def walk(cmd: click.Command, name: str, parent: click.Context | None) -> None:
-        ctx = click.Context(cmd, info_name=name, parent=parent, terminal_width=80, max_content_width=80,
+        # 78: what click prints on any terminal of 80 columns or more (its 80-column cap, less 2)
+        ctx = click.Context(cmd, info_name=name, parent=parent, terminal_width=78, max_content_width=80,
                             **cmd.context_settings)
         out.extend([f"### `{ctx.command_path}`", "", "```text", cmd.get_help(ctx), "```", ""])
         if isinstance(cmd, click.Group):
