@@ -342,17 +342,24 @@ def curve_settings(secret_file: str, allowed_dir: str) -> CurveSettings:
 
 
 class PrincipalAuthenticator(ThreadAuthenticator):
-    """pyzmq's ZAP handler, reporting the certificate name as the connection's ``User-Id``."""
+    """pyzmq's ZAP handler, admitting the keys :func:`load_allowed` read and reporting each one's
+    certificate name as the connection's ``User-Id``."""
 
-    def __init__(self, context: zmq.Context, allowed: AllowedKeys, allowed_dir: str) -> None:
+    def __init__(self, context: zmq.Context, allowed: AllowedKeys) -> None:
         super().__init__(context, log=logging.getLogger("kvtier.transport.zap"))
         # not "_allowed": pyzmq's Authenticator uses that name for its IP allow-list
         self._kv_allowed = allowed
-        self._kv_allowed_dir = allowed_dir
 
     def start(self) -> None:
         super().start()
-        self.configure_curve(domain=ZAP_DOMAIN, location=self._kv_allowed_dir)
+        # the keys kvtier read, not the directory read again by pyzmq's own reader: that one skips
+        # names starting with '.', so a `.decode-1.key` passed start-up and failed every handshake
+        self.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """Whether the z85 public ``key`` is one of the allowed certificates' (pyzmq's credentials
+        provider protocol; called on the ZAP thread, over a dict nothing changes after start)."""
+        return key in self._kv_allowed.names
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         return self._kv_allowed.principal(z85.encode(client_public_key))

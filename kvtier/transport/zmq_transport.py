@@ -185,7 +185,7 @@ class ZmqTransport:
         try:
             if curve is not None:
                 # The ZAP handler must exist before the first connection is accepted.
-                self._auth = PrincipalAuthenticator(self._ctx, curve.allowed, curve.allowed_dir)
+                self._auth = PrincipalAuthenticator(self._ctx, curve.allowed)
                 self._auth.start()
             router = self._socket(zmq.ROUTER, ipv6=self._ipv6)
             conns.set_router(router)

@@ -57,6 +57,24 @@ def test_allowed_peer_is_served_and_named(pair) -> None:
     assert [bytes(f[0]) for _, f in recv_until(c, 1)] == [b"reply"]
 
 
+def test_a_certificate_whose_name_starts_with_a_dot_is_admitted_as_it_was_read(keys) -> None:
+    """The keys the handshake admits are the ones the loader read: pyzmq's own reader of the
+    directory skipped `.decode-1.key`, which passed start-up and then failed every handshake."""
+    generate_keys(keys["dir"], "decode-1")  # its certificate copied in under a hidden name
+    (keys["allowed"] / ".decode-1.key").write_text((keys["dir"] / "decode-1.key").read_text())
+    p = ZmqTransport(**FAST, curve=curve_settings(str(keys["dir"] / "prefill-0.key_secret"), str(keys["allowed"])))
+    c = ZmqTransport(**FAST, curve=curve_settings(str(keys["dir"] / "decode-1.key_secret"), str(keys["allowed"])))
+    try:
+        peer = c.connect(p.address)
+        c.send(peer, [b"hello"])
+        [(in_peer, frames)] = recv_until(p, 1)
+        assert bytes(frames[0]) == b"hello"
+        assert p.peer_info(in_peer).principal == ".decode-1"
+    finally:
+        c.close()
+        p.close()
+
+
 def _raw_dealer(ctx: zmq.Context, address: str, *, secret_file=None, server_key=None) -> zmq.Socket:
     d = ctx.socket(zmq.DEALER)
     d.linger = 0
