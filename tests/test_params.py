@@ -352,6 +352,8 @@ def test_fuzz_kv_transfer_params_10k(spy_mgr, params) -> None:
     ({"remote_prefiller": {"kv_request_id": "kv 43", "remote_host": "h", "remote_port": 1}}, "'kv 43'"),
     ({"remote_decoder": {"kv_request_id": "k", "life": "a b"}}, "'a b'"),
     ({"remote_prefiller": {"kv_request_id": "x" * 300, "remote_host": "h", "remote_port": 1}}, "'xxx"),
+    ({"remote_decoder": {"kv_request_id": "a b" + "y" * 100}}, "'a byyy"),  # quoted, and cut, by the checker
+    ({"remote_decoder": {"kv_request_id": "k", "life": "z y" * 40}}, "'z yz y"),
 ])
 def test_a_malformed_id_or_life_is_shown_once(params, value) -> None:
     """The checker's message may quote the value already: the error shows it once, never twice."""

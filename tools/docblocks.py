@@ -167,8 +167,11 @@ def _surfaces() -> dict[str, list[str]]:
 #: A reason that labels a success (its advice says so) is not in the engine's ``JobResult``:
 #: ``reason`` is set on failure only, so a reader must look for it where the code does show.
 _A_SUCCESS = "(a success)"
-_SUCCESS = ("; not in the engine's `JobResult` (its `reason` is None on success): in the metrics' `reason` "
-            "label, `stats()` and `kvtier why`")
+_SUCCESS = "; not in the engine's `JobResult` (its `reason` is None on success): in {}"
+_SUCCESS_SHOWN = {
+    "local": "the metrics' `reason` label only (a local request has no `kv_request_id` for `kvtier why`)",
+    "not_needed": "the metrics' `reason` label, `stats()` and `kvtier why`",
+}
 
 
 def render_reasons() -> str:
@@ -179,7 +182,7 @@ def render_reasons() -> str:
     surfaces = _surfaces()
     out = []
     for reason in Reason:
-        success = _SUCCESS if ADVICE[reason].startswith(_A_SUCCESS) else ""
+        success = _SUCCESS.format(_SUCCESS_SHOWN[reason.value]) if ADVICE[reason].startswith(_A_SUCCESS) else ""
         out += [f'### <a id="{reason.value}"></a>`{reason.value}`', "",
                 f"**Means:** {REASON_DOCS[reason]}.", "",
                 f"**Seen as:** {'; '.join(surfaces[reason.value])}{success}.", "",
