@@ -236,7 +236,7 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
                 fix="point it at a directory holding every allowed peer's public certificate (NAME.key from "
                     "`kvtier keys generate`)")
     names: dict[bytes, str] = {}
-    files: dict[bytes, Path] = {}
+    files: dict[bytes, list[Path]] = {}
     endpoints: dict[tuple[str, int | None], bytes] = {}
     named_by: dict[tuple[str, int | None], Path] = {}
     for path in sorted(d.glob("*.key")):
@@ -253,11 +253,8 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
             raise ValueError(f"auth_allowed_keys_dir: {str(path)!r} holds a secret-key (a NAME.key_secret copied as "
                              "NAME.key?): copy the peer's public NAME.key instead, and replace the key pair whose "
                              "secret was copied (`kvtier keys generate`)")
-        if public in files:  # its principal would be whichever name sorts last (S13)
-            raise ValueError(f"auth_allowed_keys_dir: {str(files[public])!r} and {str(path)!r} hold the same key under "
-                             "two names (a backup or renamed copy?): a key is one peer's principal, named by its "
-                             "file's stem; keep only the file named as the peer's principal")
-        names[public], files[public] = path.stem, path
+        names[public] = path.stem
+        files.setdefault(public, []).append(path)
         for ep in eps:
             if endpoints.get(ep, public) != public:  # a dial there could prove only one of them
                 shown = f"{ep[0]}:{ep[1]}" if ep[1] is not None else ep[0]
@@ -265,6 +262,12 @@ def load_allowed(directory: str | os.PathLike[str]) -> AllowedKeys:
                                  f"{shown} with different keys (a key rotated with the old certificate left "
                                  "behind?): keep only the certificate of the producer serving there now")
             endpoints[ep], named_by[ep] = public, path
+    for paths in files.values():  # its principal would be whichever name sorts last (S13)
+        if len(paths) > 1:
+            shown = ", ".join(repr(str(p)) for p in paths[:-1]) + f" and {str(paths[-1])!r}"
+            raise ValueError(f"auth_allowed_keys_dir: {shown} hold the same key under {len(paths)} names (a backup or "
+                             "renamed copy?): a key is one peer's principal, named by its file's stem; keep only the "
+                             "file named as the peer's principal")
     for path in sorted(d.glob("*.key_secret")):  # never read; but this directory is the one copied to peers
         log.warning("kvtier: auth_allowed_keys_dir holds a secret key, %r: kvtier does not read it, but whoever "
                     "gets a copy of this directory can pose as its instance; keep NAME.key_secret elsewhere "

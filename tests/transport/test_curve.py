@@ -241,10 +241,14 @@ def test_one_key_under_two_names_is_refused_naming_both_files(keys, copy) -> Non
     whichever name sorted last, so the named consumer was refused ``not_authorised`` (or not, by
     the copy's name)."""
     (keys["allowed"] / copy).write_text((keys["allowed"] / "decode-0.key").read_text())
-    with pytest.raises(ValueError, match="hold the same key under two names") as err:
+    with pytest.raises(ValueError, match="hold the same key under 2 names") as err:
         load_allowed(keys["allowed"])
     assert f"/{copy}'" in str(err.value) and "/decode-0.key'" in str(err.value), err.value
     assert "keep only the file named as the peer's principal" in str(err.value)
+    (keys["allowed"] / "decode-0.bak.key").write_text((keys["allowed"] / "decode-0.key").read_text())
+    with pytest.raises(ValueError, match="hold the same key under 3 names") as err:  # every one named at once
+        load_allowed(keys["allowed"])
+    assert all(f"/{n}'" in str(err.value) for n in (copy, "decode-0.key", "decode-0.bak.key")), err.value
 
 
 def test_a_certificate_with_a_key_line_added_beside_its_own_is_refused(keys) -> None:
