@@ -517,9 +517,9 @@ def main(targets: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
         frame()
         failed.update((k[0], snap) for k, snap in prev.items() if snap.error)
         time.sleep(interval_s)
-        table, failed = frame()
+        table, any_failed = frame()
         console.print(table)
-        return 1 if failed else 0
+        return 1 if any_failed else 0
     table, _ = frame()
     try:
         with Live(table, console=console, refresh_per_second=4, transient=False) as live:
