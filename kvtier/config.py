@@ -365,7 +365,7 @@ class TierConfig:
 
     serve_lookup_timeout_s: float = key(0.25, number, *_TIMEOUT, unit="s", doc="""
         How long a producer waits for blocks its engine reports pending (on their way into its
-        primary tier) before answering a probe miss for them. Must be below
+        primary tier), or its serve windows have not reached, before answering a probe miss. Must be below
         ``probe_timeout_s``, so a fleet with one config answers before its consumers give up.""")
 
     offer_timeout_s: float = key(10.0, number, *_TIMEOUT, unit="s", doc="""

@@ -61,7 +61,8 @@ from kvtier.lifecycle.probe import MAX_KEYS_PER_MESSAGE
 from kvtier.lifecycle.producer_records import FetchInput
 from kvtier.wire import messages as wm
 
-__all__ = ["ServeLimits", "ServeMachine", "ServeRecord", "ServeRoom", "is_transfer_key", "transfer_key"]
+__all__ = ["AWAITING_KEYS_PER_PEER", "WINDOW_KEYS", "ServeLimits", "ServeMachine", "ServeRecord", "ServeRoom",
+           "is_transfer_key", "transfer_key"]
 
 ServeKey = tuple[str, str, int]
 
@@ -69,6 +70,17 @@ ServeKey = tuple[str, str, int]
 WITHDRAWN_KEPT = 1024
 """Rounds withdrawn with a notice that are remembered (oldest forgotten first): a fetch crossing the
 notice comes within a round trip, so a window far shorter suffices; bounded memory either way."""
+
+WINDOW_KEYS = MAX_KEYS_PER_MESSAGE
+"""Keys one serve window asks the engine about at most (decision Y25): the keys of a lookup past it
+are answered pending, so the core asks them again at the next window.  A window runs on the I/O
+loop, or on the engine's thread while the engine waits (vLLM), so one peer's long probe may not hold
+either for longer than one probe message of our own consumer's costs."""
+
+AWAITING_KEYS_PER_PEER = 4 * MAX_KEYS_PER_MESSAGE
+"""Keys one peer's rounds may have waiting for the engine at once (decision Y25): a probe that would
+take it past this is refused ``serve_busy``, so no peer's probes queue more lookups than a few
+windows perform, and another peer's lookup waits behind at most that."""
 
 REFERENCED = frozenset({ServeState.SERVING, ServeState.CONFIRMED, ServeState.CANCELLING, ServeState.QUARANTINED})
 
@@ -297,7 +309,19 @@ class ServeMachine(TableMachine):
             return True
         # the probe's lookups pin what the room holds (the window reads it): refused only when
         # nothing could be pinned, not for naming more keys than there is room for (Y23)
-        return any(k not in rec.keys for k in inp.keys) and self.reach <= 0
+        keys, seen = inp.keys, rec.keys
+        if self.reach > 0:
+            waiting = self.awaiting(inp.peer)
+            if waiting + len(keys) <= AWAITING_KEYS_PER_PEER:  # the common case: no key need be counted
+                return False
+            return waiting + len({k for k in keys if k not in seen}) > AWAITING_KEYS_PER_PEER
+        return any(k not in seen for k in keys)
+
+    def awaiting(self, peer: str) -> int:
+        """Keys ``peer``'s rounds have asked of the engine and not yet had answered (Y25)."""
+        records, looking = self.records, ServeState.LOOKING_UP
+        return sum(len(r.todo) for k in self.by_peer.get(peer, ()) if (r := records.get(k)) is not None
+                   and r.state is looking)
 
     def _left(self, rec: ServeRecord, inp: LookupAnswered) -> set[bytes]:
         return rec.todo.difference(inp.found, inp.missing)
@@ -360,6 +384,9 @@ class ServeMachine(TableMachine):
             out.append(ReleasePins((inp.pin,), True, None))
 
     def effect_reply_probe(self, rec: ServeRecord, inp, reason, now, out) -> None:
+        if rec.todo:  # the lookup deadline: keys still pending are answered miss, and stay so (Y25)
+            rec.missing.update(rec.todo)
+            rec.todo.clear()
         keys = [k for k in rec.keys if k not in rec.answered]
         if not keys:
             return

@@ -10,7 +10,9 @@ queues until the engine opens one; releases are performed at once (they only han
 One window, in order: the closes queued since the last window; then every lookup queued *before*
 the window opened (those queued during it — the re-polls of pending keys — wait for the next
 window), each answered with one ``LookupAnswered`` input that the caller applies before the next
-lookup; then the closes queued during the window.  A lookup whose round stopped looking
+lookup; then the closes queued during the window.  A window asks the engine about at most
+:data:`~kvtier.lifecycle.WINDOW_KEYS` keys: the keys of a lookup past them are answered pending
+(the core asks them again), and lookups not reached keep their place for the next window (Y25).  A lookup whose round stopped looking
 (``TierCore.serve_room`` None) is skipped; one pins at most what its peer's room holds when it is
 performed — blocks pinned already cost nothing again — the keys after that answered missing
 (decision Y23).  Every pin is released exactly once, through the source that made it (property
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtier.blocksource import BlockSource, Presence
-from kvtier.lifecycle import Reason
+from kvtier.lifecycle import WINDOW_KEYS, Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 
@@ -48,8 +50,10 @@ class ServeWindows:
         num_blocks: the pool's blocks: a pin's block numbers must be below it (None: unchecked).
     """
 
-    def __init__(self, *, on_error: Callable[[], None], num_blocks: int | None = None) -> None:
+    def __init__(self, *, on_error: Callable[[], None], num_blocks: int | None = None,
+                 keys_per_window: int = WINDOW_KEYS) -> None:
         self._num_blocks = num_blocks
+        self._keys_per_window = keys_per_window
         self._lookups: deque[fx.LookUpBlocks] = deque()
         self._closes: deque[fx.CloseLookup] = deque()
         self._contexts: dict[RoundKey, tuple[BlockSource, Any]] = {}
@@ -111,22 +115,31 @@ class ServeWindows:
         no longer waits for its lookups.  Returns how many lookups it performed."""
         self.windows += 1
         self._close_queued(len(self._closes))
-        done = 0
-        for _ in range(len(self._lookups)):
-            e = self._lookups.popleft()
+        done, budget, lookups = 0, self._keys_per_window, self._lookups
+        for _ in range(len(lookups)):
+            if budget <= 0:  # the rest keep their place, ahead of the re-polls queued meanwhile
+                break
+            e = lookups.popleft()
             fit = room(e.peer, e.kv_request_id, e.round)
             if fit is None:
                 continue
-            apply(self._look_up(source, e, fit))
+            answer, asked = self._look_up(source, e, fit, budget)
+            budget -= asked
+            apply(answer)
             done += 1
         self._close_queued(len(self._closes))
         return done
 
-    def _look_up(self, source: BlockSource, e: fx.LookUpBlocks, room: Any) -> ix.LookupAnswered:
+    def _look_up(self, source: BlockSource, e: fx.LookUpBlocks, room: Any,
+                 budget: int) -> tuple[ix.LookupAnswered, int]:
+        """The answer to ``e`` and how many keys the engine was asked: at most ``budget``, the
+        keys after them answered pending (asked again at a later window, decision Y25)."""
         key = (e.peer, e.kv_request_id, e.round)
+        keys = e.keys
         found: list[bytes] = []
         pending: list[bytes] = []
         missing: list[bytes] = []
+        asked = 0
         try:
             held = self._contexts.get(key)
             if held is None or held[0] is not source:
@@ -137,10 +150,14 @@ class ServeWindows:
                 self._contexts[key] = (source, ctx)
                 self.opened += 1
             ctx = self._contexts[key][1]
-            for i, k in enumerate(e.keys):
+            for i, k in enumerate(keys):
                 if len(found) >= room.reach:  # more could not fit, even blocks pinned already: not offered
-                    missing.extend(e.keys[i:])
+                    missing.extend(keys[i:])
                     break
+                if asked >= budget:
+                    pending.extend(keys[i:])
+                    break
+                asked += 1
                 p = source.lookup(k, ctx)
                 (found if p is Presence.FOUND else pending if p is Presence.PENDING else missing).append(k)
             got = self._pin(source, ctx, found) if found else None
@@ -155,13 +172,14 @@ class ServeWindows:
             # an engine that cannot answer: its blocks are computed by the peer (all missing)
             self._on_error()
             log.exception("kvtier: looking blocks up in the engine failed; answering miss")
-            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
+            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(keys)), asked
         if not found:
-            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, (), (), None, tuple(pending), tuple(missing))
+            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, (), (), None, tuple(pending),
+                                     tuple(missing)), asked
         if got is None:  # a bad pin: logged and released; its blocks are not served
-            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(e.keys))
+            return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, missing=tuple(keys)), asked
         return ix.LookupAnswered(e.peer, e.kv_request_id, e.round, tuple(found), got[1], got[0],
-                                 tuple(pending), tuple(missing))
+                                 tuple(pending), tuple(missing)), asked
 
     def _pin(self, source: BlockSource, ctx: Any, found: list[bytes]) -> tuple[Any, tuple[int, ...]] | None:
         """Pin ``found``: ``(pin id, its blocks)``, recorded for its one release; None for a bad pin

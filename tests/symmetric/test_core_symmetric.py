@@ -358,7 +358,7 @@ def test_a_result_arriving_after_its_round_ended_is_released_at_once() -> None:
     assert [e.pins for e in eff if type(e).__name__ == "ReleasePins"] == [(999,)]
 
 
-# -- refusals and budgets ---------------------------------------------------------------------------
+# -- refusals (the budgets: test_core_serve_budgets.py) ---------------------------------------------
 def test_serving_off_refuses_in_one_round_trip() -> None:
     net = pair(serve=False)
     net.engines["P"].blocks[KEYS[0]] = 1
@@ -378,45 +378,6 @@ def test_principals_not_allowed_are_refused() -> None:
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
     assert CoreView(net.cores["C"]).probe(K).reason is Reason.NOT_SERVING
-
-
-def test_pinned_budget_per_peer_offers_what_fits_and_misses_the_rest() -> None:
-    """The budget bounds what is pinned, not what is asked (Y23): a probe for more keys than it
-    allows gets the blocks that fit, the rest miss; with no room left a new block misses too, while
-    a block pinned already is offered again."""
-    net = pair(serve_max_pinned_blocks_per_peer=2)
-    hold(net, 4, 10)
-    announce(net)
-    lookup_all(net, KEYS[:3], 0.0)
-    net.engine_input("C", ix.ScheduleEnded(), 0.0)
-    deliver_all(net, 0.0)
-    view = CoreView(net.cores["C"]).probe(K)
-    assert view.state is ProbeState.OFFERED and view.offered == set(KEYS[:2]) and KEYS[2] in view.missed
-    assert net.cores["P"].snapshot().serve_pinned_blocks == 2
-    announce(net, kid="b")
-    lookup_all(net, [KEYS[3]], 0.0, kid="b")  # a new block: no room
-    net.engine_input("C", ix.ScheduleEnded(), 0.0)
-    deliver_all(net, 0.0)
-    assert CoreView(net.cores["C"]).probe("b").missed == {KEYS[3]}
-    announce(net, kid="c")
-    lookup_all(net, [KEYS[0]], 0.0, kid="c")  # pinned already for "sym-1": costs nothing
-    net.engine_input("C", ix.ScheduleEnded(), 0.0)
-    deliver_all(net, 0.0)
-    assert CoreView(net.cores["C"]).probe("c").offered == {KEYS[0]}
-    assert net.cores["P"].snapshot().serve_pinned_blocks == 2
-
-
-def test_rounds_per_peer_budget() -> None:
-    net = pair(serve_max_rounds_per_peer=1)
-    net.engines["P"].blocks.update({KEYS[0]: 1, KEYS[1]: 2})
-    announce(net, kid="a")
-    announce(net, kid="b")
-    lookup_all(net, KEYS[:1], 0.0, kid="a")
-    lookup_all(net, KEYS[1:2], 0.0, kid="b")
-    net.engine_input("C", ix.ScheduleEnded(), 0.0)
-    deliver_all(net, 0.0)
-    assert CoreView(net.cores["C"]).probe("a").state is ProbeState.OFFERED
-    assert CoreView(net.cores["C"]).probe("b").reason is Reason.SERVE_BUSY
 
 
 # -- the engine's misuse raises, a peer's never does ---------------------------------------------------

@@ -136,6 +136,34 @@ def test_a_lookup_pins_at_most_the_room_the_core_gives_and_misses_the_rest() -> 
     assert w.pins() == {a.pin}
 
 
+def test_a_window_asks_the_engine_about_a_bounded_number_of_keys_and_the_rest_wait_their_turn() -> None:
+    """Y25: one window asks the engine about at most its key budget; the keys of a lookup past it
+    are answered pending (the core asks them again) and lookups it did not reach keep their place,
+    ahead of the re-polls queued during the window — so one peer's long probe holds neither the
+    loop nor an engine's thread for long, and another peer's lookup is not pushed behind it."""
+    w = ServeWindows(on_error=lambda: None, keys_per_window=4)
+    many = tuple(bytes([i]) * 4 for i in range(10))
+    src = Source(found={k: i for i, k in enumerate(many)} | {b"o": 50})
+    w.queue_lookup(fx.LookUpBlocks("flood", "F", 0, many))
+    w.queue_lookup(fx.LookUpBlocks("other", "O", 0, (b"o",)))
+    got: list[ix.LookupAnswered] = []
+
+    def apply(inp):  # the core's re-poll of pending keys is queued during the window
+        got.append(inp)
+        if inp.pending:
+            w.queue_lookup(fx.LookUpBlocks(inp.peer, inp.kv_request_id, inp.round, inp.pending))
+
+    per_window = []
+    while w.wanted():
+        before = len([c for c in src.calls if c[0] == "lookup"])
+        w.run(src, lambda *k: ROOM, apply)
+        per_window.append(len([c for c in src.calls if c[0] == "lookup"]) - before)
+    assert per_window == [4, 4, 3]  # 10 + 1 keys, never more than 4 a window
+    assert [(a.peer, len(a.found), len(a.pending)) for a in got] == [
+        ("flood", 4, 6), ("other", 1, 0), ("flood", 3, 3), ("flood", 3, 0)]
+    assert [k for a in got if a.peer == "flood" for k in a.found] == list(many)  # each key asked once
+
+
 def test_a_pin_past_the_room_is_given_back_and_only_the_keys_that_fit_are_pinned_again() -> None:
     """Y23: blocks a pin holds are known only once it is taken; when some are new past the room
     (a block pinned already costs nothing), the pin is released (ok) and the keys before the
