@@ -276,6 +276,9 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
                                        | {"type": "KvTierSecondaryTier", "module_path": KVTIER_MODULE})
         except ValueError as exc:
             problems.append(f"{where}: {exc}")
+            plane = entry.get("data_plane")  # the engine would refuse this too: said in the same run
+            if isinstance(plane, str) and (why := plane_unavailable(plane)) is not None:
+                problems.append(f"{where}: data_plane {plane!r} cannot start on this host: {why}")
             continue
         if cfg.auth == "curve":  # the files the engine reads at start, read now
             from kvtier.transport.curve import curve_settings

@@ -29,3 +29,12 @@ def test_a_nixl_entry_on_a_host_without_nixl_is_a_problem_naming_the_install(mon
     # the zmq plane needs nothing more on this host
     res = CliRunner().invoke(cli, ["check-config", json.dumps(ENTRY | {"data_plane": "zmq"})])
     assert res.exit_code == 0 and "ok: secondary_tiers[0]: kvtier, zmq plane" in res.output, res.output
+
+
+def test_an_entry_with_a_bad_value_still_says_its_nixl_plane_cannot_start_here(monkeypatch) -> None:
+    """Every problem in one run: a value kvtier refuses does not hide that NIXL does not import."""
+    _without_nixl(monkeypatch)
+    res = CliRunner().invoke(cli, ["check-config", json.dumps(ENTRY | {"data_plane": "nixl", "port": -1})])
+    assert res.exit_code == 1, res.output
+    assert "port" in res.output and "data_plane 'nixl' cannot start on this host: NIXL is not installed" \
+        in res.output, res.output
