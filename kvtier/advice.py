@@ -173,8 +173,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.NOT_SERVING: "The peer does not serve us: turn `serve_external` on there, and with CURVE add our "
                     "principal to its `serve_allowed_principals`.",
     _R.SERVE_BUSY: "The peer is at one of its serve budgets (`serve_max_*`: rounds, probes per round, or a "
-                   "pinned-block budget of 0), or our probes have 16,384 keys waiting for its engine already: "
-                   "raise the budgets there, or spread symmetric requests over more peers.",
+                   "pinned-block budget of 0), or our earlier rounds' keys still wait for its engine "
+                   "(`serve_max_pinned_blocks_per_peer` keys): raise them there, or spread symmetric requests "
+                   "over more peers.",
     _R.NOT_OFFERED: "A load named blocks the peer's probe reply did not offer (or the round had ended): an "
                     "engine adapter bug.",
     _R.OFFER_EXPIRED: "We did not fetch offered blocks within `offer_timeout_s` (the peer's): this engine "

@@ -186,8 +186,7 @@ class TierConfig:
         fetch for it is refused at once instead of waiting for blocks.""")
 
     tombstone_max: int = key(65_536, integer, *_within(1, 4_194_304), unit="ids", doc="""
-        Count cap on remembered (done or tombstoned) ids; the oldest are forgotten
-        first when it is reached.""")
+        Count cap on remembered (done or tombstoned) ids; the oldest are forgotten first when it is reached.""")
 
     fetch_supply_timeout_s: float = key(10.0, number, *_TIMEOUT, unit="s", doc="""
         How long a bound fetch waits for blocks that are not stored yet (e.g. a fetch
@@ -373,8 +372,7 @@ class TierConfig:
         fetched; then the pins are released and the peer told ``offer_expired``.""")
 
     serve_max_rounds_per_peer: int = key(256, integer, *_within(1, 1_048_576), unit="rounds", doc="""
-        Live symmetric rounds one peer may have on this producer; more probes are refused
-        ``serve_busy``.""")
+        Live symmetric rounds one peer may have on this producer; more probes are refused ``serve_busy``.""")
 
     serve_max_probes_per_round: int = key(8, integer, *_within(1, 1024), unit="probes", doc="""
         Probes one round may carry (a round grows by the keys an engine step looks up); more end
@@ -382,7 +380,9 @@ class TierConfig:
 
     serve_max_pinned_blocks_per_peer: int = key(16384, integer, *_within(1, 1 << 30), unit="blocks", doc="""
         Distinct engine blocks one peer's rounds may keep pinned (one several rounds pin counts once);
-        a lookup pins what fits (blocks pinned already cost nothing) and answers the rest miss.""")
+        a lookup pins what fits (blocks pinned already cost nothing) and answers the rest miss. It is
+        also the keys (at least 4,096) a peer's rounds may have waiting for the engine and one serve
+        window asks the engine about: keys past it are answered miss, a new round refused ``serve_busy``.""")
 
     serve_max_pinned_fraction: float = key(0.5, number, *_positive(0.001, 1.0), doc="""
         Fraction of the block pool all peers' rounds may keep pinned (distinct blocks), so the engine

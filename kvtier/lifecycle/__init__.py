@@ -18,7 +18,6 @@ from kvtier.lifecycle._table import (
 from kvtier.lifecycle.core import CoreSettings, TierCore
 from kvtier.lifecycle.errors import InvalidTransition, LifecycleError
 from kvtier.lifecycle.probe import Answer
-from kvtier.lifecycle.serve import AWAITING_KEYS_PER_PEER, WINDOW_KEYS
 from kvtier.lifecycle.session import HelloInput
 from kvtier.lifecycle.views import (
     ConsumerView,
@@ -32,7 +31,6 @@ from kvtier.lifecycle.views import (
 )
 
 __all__ = [
-    "AWAITING_KEYS_PER_PEER",
     "REASON_DOCS",
     "Answer",
     "ConsumerState",
@@ -54,7 +52,6 @@ __all__ = [
     "SessionState",
     "SessionView",
     "TierCore",
-    "WINDOW_KEYS",
     "effects",
     "inputs",
 ]

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "e098051bc2fe00a3acd247609bdf1e17ce36161b911bc8244afad46438de15c5"
+SPEC_SHA256: Final = "4fdad65f23c6c2c8599ff7c43860cbc9af911757911791cd74cee3ef877f790f"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -127,7 +127,7 @@ class Reason(enum.StrEnum):
     NOT_SERVING = "not_serving"
     """the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)"""
     SERVE_BUSY = "serve_busy"
-    """the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or our probes would have more keys waiting for its engine than it lets one peer have (16,384), or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)"""
+    """the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or a probe named more keys than its lookup budget (its serve_max_pinned_blocks_per_peer, at least 4,096), or we started a round while our rounds already had keys waiting for its engine to that whole budget, or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)"""
     NOT_OFFERED = "not_offered"
     """a fetch or load named a block that no probe reply of its round offered (or the round had ended)"""
     OFFER_EXPIRED = "offer_expired"
@@ -203,7 +203,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.JOB_REFUSED: "the manager refused the job; its error is logged",
     Reason.PROBE_TIMEOUT: "the peer did not answer the probe within probe_timeout_s (dialling and the handshake included); the engine computes the blocks",
     Reason.NOT_SERVING: "the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)",
-    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or our probes would have more keys waiting for its engine than it lets one peer have (16,384), or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)",
+    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or a probe named more keys than its lookup budget (its serve_max_pinned_blocks_per_peer, at least 4,096), or we started a round while our rounds already had keys waiting for its engine to that whole budget, or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)",
     Reason.NOT_OFFERED: "a fetch or load named a block that no probe reply of its round offered (or the round had ended)",
     Reason.OFFER_EXPIRED: "the consumer did not fetch the offered blocks within offer_timeout_s; their pins were released",
     Reason.NOT_ANNOUNCED_PROBE: "the engine must announce a symmetric request (on_new_request with remote_kv_source) before looking keys up or loading for it",
@@ -2079,7 +2079,7 @@ class ServeEvent(enum.StrEnum):
     PROBE = "probe"
     """probe(kv_request_id, round, keys) arrived from the peer"""
     LOOKUP_RESULT = "lookup_result"
-    """the shell looked keys up in the engine's tiers in a serve window: the found ones are pinned by one pin (an engine job), the others are missing or still pending (the engine said so, or the window had asked the engine about WINDOW_KEYS keys already)"""
+    """the shell looked keys up in the engine's tiers in a serve window: the found ones are pinned by one pin (an engine job), the others are missing or still pending (the engine said so, or the window had asked the engine about the lookup budget's keys already)"""
     FETCH = "fetch"
     """fetch(kv_request_id, round, keys, slots, offered=true) arrived"""
     RECEIPT = "receipt"
@@ -2114,7 +2114,7 @@ class ServeGuard(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"
     """shutdown() has begun: no new work"""
     OVER_BUDGET = "over_budget"
-    """taking this probe would exceed serve_max_rounds_per_peer or serve_max_probes_per_round, or its new keys would take the keys the peer's rounds wait on the engine for past AWAITING_KEYS_PER_PEER, or it names new keys while the pinned-block budgets (serve_max_pinned_blocks_per_peer, the pool's serve_max_pinned_fraction) allow no block at all; else its lookups pin what the budgets' room holds, counting distinct blocks (one pinned already costs nothing), and the keys past it are answered miss"""
+    """taking this probe would exceed serve_max_rounds_per_peer or serve_max_probes_per_round, or it names more keys than the peer's lookup budget (the larger of its pin reach and 4,096 keys), or it starts a round while the peer's rounds wait on the engine for keys to that whole budget, or it names new keys while the pinned-block budgets (serve_max_pinned_blocks_per_peer, the pool's serve_max_pinned_fraction) allow no block at all; else its lookups pin what the budgets' room holds, counting distinct blocks (one pinned already costs nothing), and the keys past it are answered miss"""
     SETTLES_WITH_OFFERS = "settles_with_offers"
     """after this result no key of the round waits for the engine, and the round pins at least one key"""
     SETTLES = "settles"
@@ -2133,7 +2133,7 @@ class ServeGuard(enum.StrEnum):
 
 class ServeEffect(enum.StrEnum):
     LOOK_UP = "look_up"
-    """ask the shell to look the probe's new keys up in the engine's tiers at the next serve window and pin the found ones (LookUpBlocks); it answers lookup_result"""
+    """ask the shell to look the probe's new keys up in the engine's tiers at the next serve window and pin the found ones (LookUpBlocks); it answers lookup_result. New keys past the peer's lookup budget (keys its rounds wait on the engine for counted) are answered miss, the engine never asked"""
     LOOK_UP_PENDING = "look_up_pending"
     """ask the shell to look the keys the engine reported pending up again at the next serve window"""
     NOTE_FOUND = "note_found"

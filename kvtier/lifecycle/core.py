@@ -108,8 +108,7 @@ class TierCore:
         settings: timers and limits (:class:`CoreSettings`).
         local: our hello: protocol version, block size, layout, hash seed, data plane, digest,
             instance and data-plane descriptor (``gen`` unused).
-        gen_base: first session generation minus one (random per process, so a restart never
-            reuses a live generation).
+        gen_base: first session generation minus one (random per process: a restart never reuses a live one).
     """
 
     def __init__(self, settings: CoreSettings, local: HelloInput, *, gen_base: int = 0) -> None:
@@ -269,9 +268,8 @@ class TierCore:
         return sorted(self._probe.records)
 
     def probe_answers(self, kv_request_id: str) -> ProbeAnswers:
-        """Every key's answer for symmetric request ``kv_request_id`` at once: RETRY while its round
-        waits for the peer (bounded by ``probe_timeout_s``), HIT for a key the peer pins for us (or
-        a load of ours fetches), MISS otherwise — as sets, for the shell to publish to the engine."""
+        """Every key's answer for symmetric request ``kv_request_id``, as sets the shell publishes: RETRY while
+        its round waits (``probe_timeout_s``), HIT for a key the peer pins for us (or a load fetches), else MISS."""
         return self._reads.probe_answers(kv_request_id)
 
     def round_loads(self, kv_request_id: str | None = None) -> list[ConsumerView]:
@@ -279,15 +277,17 @@ class TierCore:
         return self._reads.round_loads(kv_request_id)
 
     def symmetric_work(self) -> bool:
-        """True while a probe round waits (RETRY), a serve record lives or a round's load is out:
-        the engine must keep stepping (``has_pending_work``)."""
+        """True while a probe round waits, a serve record lives or a round's load is out (``has_pending_work``)."""
         return self._reads.symmetric_work()
 
     def serve_room(self, peer: str, kv_request_id: str, round: int) -> ServeRoom | None:
-        """What a lookup for ``peer``'s round may pin now (its budgets' room, Y23); None once the
-        round stops looking up (a serve window then skips the lookup)."""
+        """What a lookup for ``peer``'s round may pin now (Y23); None once it stops looking up (the window skips it)."""
         looking = self._serve.state_of((peer, kv_request_id, round)) is ServeState.LOOKING_UP
         return self._serve.room(peer) if looking else None
+
+    @property
+    def serve_lookup_budget(self) -> int:  # keys one serve window may ask the engine about (Y25)
+        return self._serve.lookup_budget
 
     def snapshot(self) -> CoreSnapshot:
         """Counts for the metrics endpoint (O(records): computed at scrape time, not per tick)."""

@@ -61,8 +61,7 @@ from kvtier.lifecycle.probe import MAX_KEYS_PER_MESSAGE
 from kvtier.lifecycle.producer_records import FetchInput
 from kvtier.wire import messages as wm
 
-__all__ = ["AWAITING_KEYS_PER_PEER", "WINDOW_KEYS", "ServeLimits", "ServeMachine", "ServeRecord", "ServeRoom",
-           "is_transfer_key", "transfer_key"]
+__all__ = ["ServeLimits", "ServeMachine", "ServeRecord", "ServeRoom", "is_transfer_key", "transfer_key"]
 
 ServeKey = tuple[str, str, int]
 
@@ -70,17 +69,6 @@ ServeKey = tuple[str, str, int]
 WITHDRAWN_KEPT = 1024
 """Rounds withdrawn with a notice that are remembered (oldest forgotten first): a fetch crossing the
 notice comes within a round trip, so a window far shorter suffices; bounded memory either way."""
-
-WINDOW_KEYS = MAX_KEYS_PER_MESSAGE
-"""Keys one serve window asks the engine about at most (decision Y25): the keys of a lookup past it
-are answered pending, so the core asks them again at the next window.  A window runs on the I/O
-loop, or on the engine's thread while the engine waits (vLLM), so one peer's long probe may not hold
-either for longer than one probe message of our own consumer's costs."""
-
-AWAITING_KEYS_PER_PEER = 4 * MAX_KEYS_PER_MESSAGE
-"""Keys one peer's rounds may have waiting for the engine at once (decision Y25): a probe that would
-take it past this is refused ``serve_busy``, so no peer's probes queue more lookups than a few
-windows perform, and another peer's lookup waits behind at most that."""
 
 REFERENCED = frozenset({ServeState.SERVING, ServeState.CONFIRMED, ServeState.CANCELLING, ServeState.QUARANTINED})
 
@@ -309,13 +297,20 @@ class ServeMachine(TableMachine):
             return True
         # the probe's lookups pin what the room holds (the window reads it): refused only when
         # nothing could be pinned, not for naming more keys than there is room for (Y23)
-        keys, seen = inp.keys, rec.keys
-        if self.reach > 0:
-            waiting = self.awaiting(inp.peer)
-            if waiting + len(keys) <= AWAITING_KEYS_PER_PEER:  # the common case: no key need be counted
-                return False
-            return waiting + len({k for k in keys if k not in seen}) > AWAITING_KEYS_PER_PEER
-        return any(k not in seen for k in keys)
+        if self.reach <= 0:
+            return any(k not in rec.keys for k in inp.keys)
+        if len(inp.keys) > self.lookup_budget:  # one message naming more than the peer could be offered (Y25)
+            return True
+        # a new round waits for none: refused while the peer's rounds wait on the engine for its
+        # whole lookup budget (a round's later probes are cut to the budget instead, Y25)
+        return rec.state is ServeState.ABSENT and self.awaiting(inp.peer) >= self.lookup_budget
+
+    @property
+    def lookup_budget(self) -> int:
+        """Keys one serve window asks the engine about at most, and keys one peer's rounds may
+        have waiting for the engine at once (Y25): the most blocks one peer could be offered
+        (:attr:`reach`), at least one probe message's keys."""
+        return max(self.reach, MAX_KEYS_PER_MESSAGE)
 
     def awaiting(self, peer: str) -> int:
         """Keys ``peer``'s rounds have asked of the engine and not yet had answered (Y25)."""
@@ -353,6 +348,10 @@ class ServeMachine(TableMachine):
         rec.probes += 1
         new = [k for k in inp.keys if k not in rec.keys]
         rec.keys.update(dict.fromkeys(new))
+        room = self.lookup_budget - self.awaiting(rec.peer)
+        if len(new) > room:  # past the peer's lookup budget: answered miss, the engine never asked (Y25)
+            rec.missing.update(new[max(room, 0):])
+            del new[max(room, 0):]
         rec.todo.update(new)
         out.append(LookUpBlocks(rec.peer, rec.kv_request_id, rec.round, tuple(new)))
 

@@ -395,7 +395,7 @@ class IoLoop:
     def serve(self, source: Any) -> int:
         """One serve window with ``source`` (:mod:`kvtier.shell.serving`): each lookup's answer is
         applied, and what it leads to performed, before the next lookup."""
-        return self.serving.run(source, self.core.serve_room, self._run)
+        return self.serving.run(source, self.core.serve_room, self._run, self.core.serve_lookup_budget)
 
     def one_pass(self) -> None:
         """Commands, then the network, then publish (under :attr:`lock`) — only after a pass

@@ -7,13 +7,15 @@ pins (``ReleasePins``).  An engine may be asked about its blocks only inside a s
 ``serve_external_requests(parent)``, under its lock), so lookups and closes wait in this module's
 queues until the engine opens one; releases are performed at once (they only hand a result back).
 
-One window, in order: the closes queued since the last window; then every lookup queued *before*
-the window opened (those queued during it — the re-polls of pending keys — wait for the next
-window), each answered with one ``LookupAnswered`` input that the caller applies before the next
-lookup; then the closes queued during the window.  A window asks the engine about at most
-:data:`~kvtier.lifecycle.WINDOW_KEYS` keys: the keys of a lookup past them are answered pending
-(the core asks them again), and lookups not reached keep their place for the next window (Y25).  A lookup whose round stopped looking
-(``TierCore.serve_room`` None) is skipped; one pins at most what its peer's room holds when it is
+One window, in order: the closes queued since the last window; then every round's lookup queued
+*before* the window opened (those queued during it — the re-polls of pending keys — wait for the
+next window), each answered with one ``LookupAnswered`` input that the caller applies before the
+next lookup; then the closes queued during the window.  A round's lookups queued between windows
+are one lookup, and a round's close drops what it still had queued (nothing of a round that
+stopped looking is ever performed, or kept).  A window asks the engine about at most the keys the
+caller allows (``TierCore.serve_lookup_budget``): the keys of a lookup past them are answered
+pending (the core asks them again), and rounds not reached keep their place for the next window
+(decision Y25).  A lookup whose round stopped looking (``TierCore.serve_room`` None) is skipped; one pins at most what its peer's room holds when it is
 performed — blocks pinned already cost nothing again — the keys after that answered missing
 (decision Y23).  Every pin is released exactly once, through the source that made it (property
 ``pin_released_once``); every context opened is closed exactly once (property
@@ -24,12 +26,13 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections import deque
+import sys
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 from kvtier.blocksource import BlockSource, Presence
-from kvtier.lifecycle import WINDOW_KEYS, Reason
+from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
 
@@ -50,11 +53,9 @@ class ServeWindows:
         num_blocks: the pool's blocks: a pin's block numbers must be below it (None: unchecked).
     """
 
-    def __init__(self, *, on_error: Callable[[], None], num_blocks: int | None = None,
-                 keys_per_window: int = WINDOW_KEYS) -> None:
+    def __init__(self, *, on_error: Callable[[], None], num_blocks: int | None = None) -> None:
         self._num_blocks = num_blocks
-        self._keys_per_window = keys_per_window
-        self._lookups: deque[fx.LookUpBlocks] = deque()
+        self._lookups: OrderedDict[RoundKey, fx.LookUpBlocks] = OrderedDict()  # one per round, queue order
         self._closes: deque[fx.CloseLookup] = deque()
         self._contexts: dict[RoundKey, tuple[BlockSource, Any]] = {}
         self._pins: dict[int, BlockSource] = {}
@@ -68,9 +69,13 @@ class ServeWindows:
 
     # -- performers (the outbound table points here) ----------------------------------------------
     def queue_lookup(self, e: fx.LookUpBlocks) -> None:
-        self._lookups.append(e)
+        key = (e.peer, e.kv_request_id, e.round)
+        queued = self._lookups.get(key)
+        self._lookups[key] = e if queued is None else fx.LookUpBlocks(*key, queued.keys + e.keys)
 
     def queue_close(self, e: fx.CloseLookup) -> None:
+        # the round stopped looking: what it still had queued is never performed (Y25)
+        self._lookups.pop((e.peer, e.kv_request_id, e.round), None)
         self._closes.append(e)
 
     def release(self, e: fx.ReleasePins) -> None:
@@ -107,19 +112,23 @@ class ServeWindows:
 
     # -- a window ---------------------------------------------------------------------------------
     def run(self, source: BlockSource, room: Callable[[str, str, int], Any],
-            apply: Callable[[ix.Input], None]) -> int:
+            apply: Callable[[ix.Input], None], budget: int | None = None) -> int:
         """One serve window with ``source``: performs what is queued (see the module docstring),
         applying each lookup's answer with ``apply`` before the next.  ``room(peer, id, round)``:
         what the round's lookup may pin now (a :class:`~kvtier.lifecycle.serve.ServeRoom`: at most
         ``reach`` found keys, then of a pin's blocks the first ``fits(blocks)``), None when the core
-        no longer waits for its lookups.  Returns how many lookups it performed."""
+        no longer waits for its lookups.  ``budget``: keys the window may ask the engine about
+        (None: all).  Returns how many lookups it performed."""
         self.windows += 1
         self._close_queued(len(self._closes))
-        done, budget, lookups = 0, self._keys_per_window, self._lookups
-        for _ in range(len(lookups)):
+        done, lookups = 0, self._lookups
+        budget = sys.maxsize if budget is None else budget
+        for key in list(lookups):  # the rounds queued before the window
             if budget <= 0:  # the rest keep their place, ahead of the re-polls queued meanwhile
                 break
-            e = lookups.popleft()
+            e = lookups.pop(key, None)
+            if e is None:  # closed meanwhile
+                continue
             fit = room(e.peer, e.kv_request_id, e.round)
             if fit is None:
                 continue

@@ -199,6 +199,16 @@ def test_a_probe_naming_more_keys_than_the_budget_gets_the_blocks_the_budget_hol
     assert state(p) is ServeState.OFFERED and p.snapshot().serve_pinned_blocks == 3
 
 
+def test_a_probe_naming_more_keys_than_the_lookup_budget_is_refused_and_one_at_it_is_looked_up() -> None:
+    """Y25: the lookup budget is the larger of the pin reach (3 here) and 4,096 keys (one probe
+    message of our consumer's); a probe naming more is refused at once, before any per-key work."""
+    p = producer()
+    assert p.serve_lookup_budget == 4096
+    keys = [i.to_bytes(8, "big") for i in range(4097)]
+    assert probe(p, keys) == [done(0, "serve_busy")]
+    assert probe(p, keys[:4096], rnd=1) == [LookUpBlocks(C, "s", 1, tuple(keys[:4096]))]
+
+
 def test_a_block_several_rounds_pin_takes_its_room_once() -> None:
     """A shared prefix probed by several requests at once: every round pins the same engine block,
     which holds one block of the pool, so the budget counts it once (Y23)."""

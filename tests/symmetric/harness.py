@@ -283,7 +283,7 @@ class SymNet(FakeNetwork):
         def apply(inp: ix.Input) -> None:
             out.extend(self.route(name, core.handle(inp, now), now))
 
-        self.windows[name].run(self.engines[name], core.serve_room, apply)
+        self.windows[name].run(self.engines[name], core.serve_room, apply, core.serve_lookup_budget)
         return out
 
     def fire(self, name: str, now: float) -> list[fx.Effect]:

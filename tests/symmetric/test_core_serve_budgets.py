@@ -7,7 +7,7 @@ engine (Y25); and a round whose pending keys timed out.
 from __future__ import annotations
 
 from kvtier.blocksource import Presence
-from kvtier.lifecycle import AWAITING_KEYS_PER_PEER, REASON_DOCS, WINDOW_KEYS, Answer, ProbeState, Reason, ServeState
+from kvtier.lifecycle import REASON_DOCS, Answer, ProbeState, Reason, ServeState
 from kvtier.lifecycle import inputs as ix
 from tests.symmetric.test_core_symmetric import KEYS, K, announce, deliver_all, hold, lookup_all, pair
 from tools.coreview import CoreView
@@ -39,7 +39,6 @@ def test_pinned_budget_per_peer_offers_what_fits_and_misses_the_rest() -> None:
     assert net.cores["P"].snapshot().serve_pinned_blocks == 2
 
 
-
 def test_rounds_per_peer_budget() -> None:
     net = pair(serve_max_rounds_per_peer=1)
     net.engines["P"].blocks.update({KEYS[0]: 1, KEYS[1]: 2})
@@ -51,41 +50,76 @@ def test_rounds_per_peer_budget() -> None:
     deliver_all(net, 0.0)
     assert CoreView(net.cores["C"]).probe("a").state is ProbeState.OFFERED
     assert CoreView(net.cores["C"]).probe("b").reason is Reason.SERVE_BUSY
-    assert f"({AWAITING_KEYS_PER_PEER:,})" in REASON_DOCS[Reason.SERVE_BUSY]  # what the docs say it is
 
 
+def _probe_keys(net, kid: str, keys, now: float = 0.0) -> None:
+    """The consumer's engine looks ``keys`` up for ``kid`` in one step (its probes leave back to
+    back, 4,096 keys a message) — without the per-key checks of ``lookup_all``."""
+    announce(net, kid=kid)
+    for k in keys:
+        net.engine_input("C", ix.KeyLookedUp(kid, k), now)
+    net.engine_input("C", ix.ScheduleEnded(), now)
 
-def test_a_peer_with_too_many_keys_waiting_for_the_engine_is_refused_until_they_are_answered() -> None:
-    """Y25: the keys one peer's rounds wait on the engine for are bounded (AWAITING_KEYS_PER_PEER):
-    a probe past it is refused serve_busy in one round trip; once the windows answered them, the
-    peer's next probe is served."""
-    net = pair()
+
+def _counting(net) -> list[int]:
+    """Counts each serve window's engine lookups (one entry per window)."""
+    eng, seen = net.engines["P"], []
+    look = eng.lookup
+
+    def counted(k, ctx):
+        seen[-1] += 1
+        return look(k, ctx)
+
+    eng.lookup = counted
+    run = net.serve_window
+
+    def window(name, now):
+        seen.append(0)
+        return run(name, now)
+
+    net.serve_window = window
+    return seen
+
+
+def test_a_round_longer_than_the_lookup_budget_gets_the_hits_the_budget_reaches_and_misses_the_rest() -> None:
+    """Y25: a peer's lookup budget (its pin reach, at least 4,096 keys) bounds the keys its rounds
+    wait on the engine for; a round's probes past it are answered miss without asking the engine,
+    never refused — an honest long prompt keeps the hits its pin budget allows (Y23)."""
+    net = pair(serve_max_pinned_blocks_per_peer=4096)
+    assert net.cores["P"].serve_lookup_budget == 4096
+    keys = [i.to_bytes(8, "big") + b"k" for i in range(5000)]
+    net.engines["P"].blocks.update({k: i for i, k in enumerate(keys[:3000])})
+    windows = _counting(net)
+    _probe_keys(net, "long", keys)
+    deliver_all(net, 0.0, windows=False)  # both probe messages arrive before a window
+    deliver_all(net, 0.0)
+    assert sum(windows) == 4096 == windows[0]  # one window asked; never about the keys past the budget
+    view = CoreView(net.cores["C"]).probe("long")
+    assert view.state is ProbeState.OFFERED and view.offered == set(keys[:3000]), view.reason
+
+
+def test_a_new_round_is_refused_while_the_peers_rounds_wait_on_its_whole_lookup_budget() -> None:
+    """Y25: a new round of a peer whose rounds already wait on the engine for its whole lookup
+    budget is refused serve_busy in one round trip; once the windows answered them, the next round
+    is served."""
+    net = pair(serve_max_pinned_blocks_per_peer=4096)
     net.engines["P"].blocks[KEYS[0]] = 1
-    many = [i.to_bytes(8, "big") + b"x" for i in range(AWAITING_KEYS_PER_PEER)]
-    for kid in ("a", "b"):
-        announce(net, kid=kid)
+    many = [i.to_bytes(8, "big") + b"x" for i in range(4096)]
+    announce(net, kid="a")
     for k in many:
         net.engine_input("C", ix.KeyLookedUp("a", k), 0.0)
-    net.engine_input("C", ix.KeyLookedUp("b", KEYS[0]), 0.0)
-    net.engine_input("C", ix.ScheduleEnded(), 0.0)
+    _probe_keys(net, "b", KEYS[:1])
     deliver_all(net, 0.0, windows=False)
     assert CoreView(net.cores["C"]).probe("b").reason is Reason.SERVE_BUSY
-    assert f"({AWAITING_KEYS_PER_PEER:,})" in REASON_DOCS[Reason.SERVE_BUSY]  # what the docs say it is
+    assert "keys waiting for its engine" in REASON_DOCS[Reason.SERVE_BUSY]  # what the docs say it is
     assert CoreView(net.cores["P"]).serve_state("C", "a", 0) is ServeState.LOOKING_UP
-    windows = 0
-    while net.windows["P"].wanted():  # the windows answer round a's keys (all miss), a budget each
-        net.serve_window("P", 0.0)
-        windows += 1
-    assert windows == AWAITING_KEYS_PER_PEER // WINDOW_KEYS
-    deliver_all(net, 0.0)
+    deliver_all(net, 0.0)  # the window answers round a's keys (all miss)
     assert CoreView(net.cores["C"]).probe_answer("a", many[0]) is Answer.MISS
-    assert CoreView(net.cores["P"]).serve_state("C", "a", 0) is ServeState.ABSENT
     announce(net, kid="c")
     assert lookup_all(net, KEYS[:1], 0.0, kid="c") == [Answer.RETRY]
     net.engine_input("C", ix.ScheduleEnded(), 0.0)
     deliver_all(net, 0.0)
     assert lookup_all(net, KEYS[:1], 0.0, kid="c") == [Answer.HIT]
-
 
 
 def test_a_later_probe_of_a_round_whose_pending_keys_timed_out_is_answered_in_its_window() -> None:

@@ -141,7 +141,7 @@ def test_a_window_asks_the_engine_about_a_bounded_number_of_keys_and_the_rest_wa
     are answered pending (the core asks them again) and lookups it did not reach keep their place,
     ahead of the re-polls queued during the window — so one peer's long probe holds neither the
     loop nor an engine's thread for long, and another peer's lookup is not pushed behind it."""
-    w = ServeWindows(on_error=lambda: None, keys_per_window=4)
+    w = ServeWindows(on_error=lambda: None)
     many = tuple(bytes([i]) * 4 for i in range(10))
     src = Source(found={k: i for i, k in enumerate(many)} | {b"o": 50})
     w.queue_lookup(fx.LookUpBlocks("flood", "F", 0, many))
@@ -156,12 +156,32 @@ def test_a_window_asks_the_engine_about_a_bounded_number_of_keys_and_the_rest_wa
     per_window = []
     while w.wanted():
         before = len([c for c in src.calls if c[0] == "lookup"])
-        w.run(src, lambda *k: ROOM, apply)
+        w.run(src, lambda *k: ROOM, apply, budget=4)
         per_window.append(len([c for c in src.calls if c[0] == "lookup"]) - before)
     assert per_window == [4, 4, 3]  # 10 + 1 keys, never more than 4 a window
     assert [(a.peer, len(a.found), len(a.pending)) for a in got] == [
         ("flood", 4, 6), ("other", 1, 0), ("flood", 3, 3), ("flood", 3, 0)]
     assert [k for a in got if a.peer == "flood" for k in a.found] == list(many)  # each key asked once
+
+
+def test_a_rounds_lookups_are_one_and_its_close_drops_what_it_still_had_queued() -> None:
+    """Y25: a round's lookups queued between windows are asked as one (one answer); a close of the
+    round drops its queued lookups, so a round that ended and started again under the same key is
+    never asked about its earlier keys, and a peer cannot pile up lookups no round waits for."""
+    w = ServeWindows(on_error=lambda: None)
+    src = Source(found={b"a": 1, b"b": 2, b"c": 3})
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"a",)))
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 0, (b"b",)))  # the round's second probe
+    got: list[ix.LookupAnswered] = []
+    w.run(src, lambda *k: ROOM, got.append)
+    assert [(a.found, a.blocks) for a in got] == [((b"a", b"b"), (1, 2))]
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 1, (b"a", b"b")))
+    w.queue_close(fx.CloseLookup("p", "K", 1))  # the round ended before any window
+    w.queue_lookup(fx.LookUpBlocks("p", "K", 1, (b"c",)))  # and started again
+    before = len(src.calls)
+    w.run(src, lambda *k: ROOM, got.append)
+    assert [c[1] for c in src.calls[before:] if c[0] == "lookup"] == [b"c"]
+    assert got[-1].found == (b"c",) and not w.wanted()
 
 
 def test_a_pin_past_the_room_is_given_back_and_only_the_keys_that_fit_are_pinned_again() -> None:
