@@ -232,9 +232,9 @@ class KvTierManager(TierView):
         other than vLLM call it once after each batch of lookups."""
         if self._closed:
             return
-        keys = [ix.KeyLookedUp(kid, k) for kid, step in self._step_keys.items() for k in step]
+        step = tuple((kid, tuple(keys)) for kid, keys in self._step_keys.items())
         self._step_keys = {}
-        self._loop.call(self._loop.schedule_end, keys)
+        self._loop.call(self._loop.schedule_end, step)
 
     def serve_external_requests(self, source: BlockSource) -> int:
         """A serve window: answer peers' probes from the engine's own blocks through ``source``

@@ -162,7 +162,7 @@ class TierCore:
             AttachRefused: self._attached,
             PlaneFaulted: self._plane_faulted,
             ProbeAnnounced: self._probe_announce,
-            KeyLookedUp: self._key_looked_up,
+            KeyLookedUp: self._probe.lookup,
             ScheduleEnded: self._schedule_ended,
             LookupAnswered: self._lookup_answered,
             JobSettled: self._job_settled,
@@ -368,10 +368,9 @@ class TierCore:
         # a refused dial (max_peers) queued PeerLost: routed after this input, it fails the probe
         self._probe.announce(inp.kv_request_id, peer, now, out)
 
-    def _key_looked_up(self, inp: KeyLookedUp, now: float, out: list[Effect]) -> None:
-        self._probe.lookup(inp, now, out)
-
     def _schedule_ended(self, inp: ScheduleEnded, now: float, out: list[Effect]) -> None:
+        for kv_request_id, keys in inp.keys:  # the step's lookups first (Y26)
+            self._probe.lookups(kv_request_id, keys, now, out)
         self._probe.schedule_end(now, out)
 
     def _lookup_answered(self, inp: LookupAnswered, now: float, out: list[Effect]) -> None:

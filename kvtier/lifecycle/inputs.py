@@ -145,7 +145,11 @@ class KeyLookedUp(_Input):
 
 class ScheduleEnded(_Input):
     """The engine step ended (vLLM's ``on_schedule_end``): keys looked up during the step leave in
-    one probe per (peer, ``kv_request_id``)."""
+    one probe per (peer, ``kv_request_id``).  ``keys``: the step's lookups, ``(kv_request_id, keys)``
+    per symmetric request, each applied as a :class:`KeyLookedUp` first — except keys the request's
+    probe holds while it collects, probes or offers, a no-op there (decision Y26)."""
+
+    keys: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
 
 
 class LookupAnswered(_Input):

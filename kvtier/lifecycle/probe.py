@@ -24,7 +24,7 @@ All decisions come from ``_table.PROBE_TABLE``; this module supplies guards and 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -57,6 +57,9 @@ __all__ = ["Answer", "MAX_KEYS_PER_MESSAGE", "ProbeMachine", "ProbeRecord", "Rep
 MAX_KEYS_PER_MESSAGE = 4096
 """Keys per ``probe`` / ``probe_reply`` message at most (~160 KiB of header with 36-byte keys,
 well inside the default ``max_message_bytes``); a longer round is sent as several messages."""
+
+#: states in which a lookup of a key the record holds changes nothing (the spec's ``=``, no effect)
+_HELD_NOOP = frozenset({ProbeState.COLLECTING, ProbeState.PROBING, ProbeState.OFFERED})
 
 
 class Answer(enum.StrEnum):
@@ -130,6 +133,18 @@ class ProbeMachine(TableMachine):
 
     def lookup(self, inp: KeyLookedUp, now: float, out: list[Effect]) -> None:
         self.apply(self.record(inp.kv_request_id), ProbeEvent.LOOKUP, inp, now, out)
+
+    def lookups(self, kv_request_id: str, keys: Iterable[bytes], now: float, out: list[Effect]) -> None:
+        """One engine step's lookups for ``kv_request_id``, in order: each a ``lookup`` — but a key
+        the record holds while it collects, probes or offers is a no-op there (the spec's ``=`` with
+        no effect), so it is dropped unapplied: an engine rescans every key of a prompt each step
+        while any is RETRY (decision Y26)."""
+        rec = self.record(kv_request_id)
+        if rec.state in _HELD_NOOP:
+            miss, offered, loading, unsent, waiting = rec.miss, rec.offered, rec.loading, rec.unsent, rec.waiting
+            keys = [k for k in keys if not (k in unsent or k in waiting or k in offered or k in miss or k in loading)]
+        for k in keys:
+            self.apply(rec, ProbeEvent.LOOKUP, KeyLookedUp(kv_request_id, k), now, out)
 
     def submit_load(self, inp: LoadSubmitted, now: float, out: list[Effect]) -> None:
         if len(inp.keys) != len(inp.slots):

@@ -344,12 +344,11 @@ class IoLoop:
         return (core.consumer_state(kid) is not ConsumerState.ABSENT
                 or core.probe_state(kid) is not ProbeState.ABSENT or bool(core.round_loads(kid)))
 
-    def schedule_end(self, keys: list[ix.KeyLookedUp]) -> None:
-        """The engine step ended: the step's lookups, then ``ScheduleEnded`` (one probe per (peer,
-        id) per step, decision Y4), then a window for a standing source."""
-        for inp in keys:
-            self.apply(inp)
-        self.apply(ix.ScheduleEnded())
+    def schedule_end(self, keys: tuple[tuple[str, tuple[bytes, ...]], ...]) -> None:
+        """The engine step ended: ``ScheduleEnded`` with the step's lookups, ``(kv_request_id,
+        keys)`` per request (one probe per (peer, id) per step, decisions Y4, Y26), then a window
+        for a standing source."""
+        self.apply(ix.ScheduleEnded(keys))
         if self.serving.standing is not None:
             self.serve(self.serving.standing)
 

@@ -107,17 +107,20 @@ class Published:
         self.quarantined = (n, core.quarantined_blocks()) if n else (0, 0)
 
     def probe_answer(self, kid: str, key: bytes, step_keys: dict[str, dict[bytes, None]]) -> LookupResult:
-        """A symmetric request's lookup of ``key`` (on the engine's thread): registers it in this
-        step's ``step_keys`` (every lookup does, as the core's rule wants) and answers from the
-        last pass — HIT or MISS once the peer answered it, RETRY until then."""
+        """A symmetric request's lookup of ``key`` (on the engine's thread), answered from the last
+        pass — HIT or MISS once the peer answered it, RETRY until then.  A key the core does not
+        hold yet is registered in this step's ``step_keys`` (it leaves in the step's probe); one
+        it holds (HIT, or RETRY while its probe is out) is not handed over again: an engine scans
+        every key of a prompt each step while any is RETRY, and a long prompt's keys handed over
+        again every step outran the loop that applies them (decision Y26)."""
         answers = self.probes.get(kid)
-        if answers is not None and (answers.dead or key in answers.miss):
-            return LookupResult.MISS
-        step = step_keys.setdefault(kid, {})
-        step[key] = None
         if answers is not None:
+            if answers.dead or key in answers.miss:
+                return LookupResult.MISS
             if key in answers.hit:
                 return LookupResult.HIT
             if key in answers.retry:
                 return LookupResult.RETRY
-        return LookupResult.RETRY  # registered now: the loop has not seen it, or its probe is out
+        step = step_keys.setdefault(kid, {})
+        step[key] = None
+        return LookupResult.RETRY  # registered now: the loop has not seen it

@@ -447,3 +447,25 @@ def test_block_data_or_an_abort_ack_for_a_probed_request_with_no_round_load_is_s
            else wm.AbortAck(gen=gen, kv_request_id=K, round=rnd))
     assert c.handle(ix.Received("P", msg), 0.5) == [Ignored("probe", K, ProbeState.PROBING, kind, Reason.STALE)]
     assert c.probe_state(K) is ProbeState.PROBING
+
+
+@pytest.mark.parametrize("state", [ProbeState.COLLECTING, ProbeState.PROBING, ProbeState.OFFERED], ids=lambda s: s.value)
+def test_a_steps_lookups_carried_by_its_end_answer_as_one_by_one_lookups_do(state: ProbeState) -> None:
+    """Y26: the step's lookups ride ``ScheduleEnded``; keys the probe holds are dropped unapplied
+    (a no-op in these states), a new one registers and leaves in the step's probe, and every key
+    answers as it would have after one ``KeyLookedUp`` per key."""
+    twin = {}
+    for how in ("one_by_one", "carried"):
+        net = pair()
+        to_state(net, state)
+        keys = (KEYS[1], KEYS[0], KEYS[2])  # two held already, KEYS[2] new
+        if how == "one_by_one":
+            for k in keys:
+                net.engine_input("C", ix.KeyLookedUp(K, k), 0.0)
+            eff = net.engine_input("C", ix.ScheduleEnded(), 0.0)
+        else:
+            eff = net.engine_input("C", ix.ScheduleEnded(((K, keys),)), 0.0)
+        view = CoreView(net.cores["C"])
+        twin[how] = ([view.probe_answer(K, k) for k in KEYS], view.probe(K).state, eff)
+    assert twin["carried"] == twin["one_by_one"]
+    assert twin["carried"][1] is ProbeState.PROBING

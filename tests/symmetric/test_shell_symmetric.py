@@ -14,17 +14,19 @@ import time
 import pytest
 import zmq
 
-from kvtier.api import RequestContext, TransferJob
+from kvtier.api import LookupResult, RequestContext, TransferJob
 from kvtier.blocksource import BlockIndex, Pin, Presence
 from kvtier.integrity import block_digests
 from kvtier.lifecycle import Reason
 from kvtier.lifecycle import effects as fx
 from kvtier.lifecycle import inputs as ix
+from kvtier.lifecycle.views import ProbeAnswers
 from kvtier.manager import KvTierManager
 from kvtier.memory import BlockPool
 from kvtier.shell.jobs import JobBook
 from kvtier.shell.logs import RateLimitedLog
 from kvtier.shell.outbound import Outbound
+from kvtier.shell.published import Published
 from kvtier.shell.serving import ServeWindows
 from kvtier.wire import messages as wm
 from kvtier.wire.codec import Decoder, WireLimits, encode_frames
@@ -429,3 +431,18 @@ def test_a_pd_load_that_partly_lands_reports_the_landed_keys() -> None:
     finally:
         cons.shutdown(grace_s=0.2)
         raw.close()
+
+
+def test_a_lookup_hands_the_loop_only_keys_the_core_does_not_hold_yet() -> None:
+    """Y26: an engine scans every key of a prompt each step while any answers RETRY; a key the
+    last pass published as HIT, RETRY (its probe is out) or MISS is answered without being handed
+    to the loop again, so a long prompt's step costs the loop its new keys only."""
+    pub = Published()
+    pub.probes["sym"] = ProbeAnswers(False, hit=frozenset({b"h"}), retry=frozenset({b"r"}), miss=frozenset({b"m"}))
+    step: dict[str, dict[bytes, None]] = {}
+    got = [pub.probe_answer("sym", k, step) for k in (b"h", b"r", b"m", b"new")]
+    assert got == [LookupResult.HIT, LookupResult.RETRY, LookupResult.MISS, LookupResult.RETRY]
+    assert step == {"sym": {b"new": None}}
+    pub.probes["sym"] = ProbeAnswers()  # dead: every key MISS, nothing handed over
+    assert pub.probe_answer("sym", b"other", step) is LookupResult.MISS and step == {"sym": {b"new": None}}
+    assert pub.probe_answer("fresh", b"k", step) is LookupResult.RETRY and step["fresh"] == {b"k": None}
