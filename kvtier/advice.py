@@ -103,7 +103,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                   "(the job then usually carries that reason itself).",
     _R.HANDSHAKE_TIMEOUT: "The peer accepted TCP but did not complete kvtier's handshake within "
                           "`handshake_timeout_s`: it is not a kvtier listener (a wrong `remote_port`), it is "
-                          "stalled, or NIXL's agent setup is slow on its host. If the log says the dial ended "
+                          "stalled, or NIXL's agent setup is slow on its host. On the nixl plane a handshake also reads three blocks "
+                          "through the plane before it admits a session, and waits until the producer's writes "
+                          "of an earlier session of ours into our slots have drained: on a slow link with large "
+                          "blocks raise `handshake_timeout_s`. If the log says the dial ended "
                           "before its name lookup answered, no TCP connection was made: this host's DNS "
                           "resolver is slow; fix it or give the producer's address as an IP.",
     _R.HANDSHAKE_MISMATCH: "The two sides differ in protocol version, block size/layout, hash seed, data plane "
@@ -128,9 +131,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                           "closes the connection; give both sides the same max_message_bytes.",
     _R.PEER_RESTARTED: "The peer came back with a new session: it restarted. Requests bound to the old session "
                        "failed and recompute.",
-    _R.CONNECT_REFUSED: "Nothing listens at the producer address the request named: check the proxy's "
-                        "`remote_host`/`remote_port` against the prefill engine's `host` and `port` (+ its "
-                        "data-parallel rank), and that the prefill engine runs.",
+    _R.CONNECT_REFUSED: "Nothing listens at the producer address the request named, or no route leads there: "
+                        "check the proxy's `remote_host`/`remote_port` against the prefill engine's `host` and "
+                        "`port` (+ its data-parallel rank), that the prefill engine runs, and this host's route "
+                        "to it.",
     _R.UNRESOLVED_HOST: "The producer's host name in the request does not resolve on this host: check the proxy's "
                         "`remote_host` spelling and this host's resolver (/etc/resolv.conf, /etc/hosts); an IP "
                         "address needs no lookup. The producer itself may be fine.",

@@ -202,11 +202,10 @@ class TierConfig:
         producer acknowledges the abort, or ``abort_ack_timeout_s`` later at most.""")
 
     abort_ack_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
-        How long the consumer waits for the producer's terminal answer to an
-        abort. Past it the session to that producer is ended
-        (``abort_unacknowledged``) and the load fails once the data plane confirms
-        the producer can no longer write into its slots (at once on the zmq
-        plane).""")
+        How long the consumer waits for the producer's terminal answer to an abort,
+        again while the producer is heard and the load's own deadline is ahead. Then
+        the session to that producer is ended (``abort_unacknowledged``) and the load
+        fails once the producer can no longer write into its slots (at once on zmq).""")
 
     revoke_timeout_s: float = key(1.0, number, *_TIMEOUT, unit="s", doc="""
         The bound on revoking a producer's access to a load's slots once it cannot answer (its

@@ -138,6 +138,8 @@ class ConsumerEntry(msgspec.Struct, frozen=True, gc=False):
     """Per key, the digest its ``block_data`` carried (a partial load's re-check)."""
     redialled: bool = False
     """It dialled its producer again (decision N25)."""
+    due: float = 0.0
+    """The load's own deadline: an abort's answer is waited for again before it while the producer is heard (L19)."""
 
 
 class ProbeEntry(msgspec.Struct, frozen=True, gc=False):
@@ -411,7 +413,7 @@ def _consumer_entries(machine: Any) -> tuple[ConsumerEntry, ...]:
     return tuple(
         ConsumerEntry(r.kv_request_id, r.state, r.reason, r.timer, due.get(key), r.peer, r.job_id, tuple(r.keys),
                       tuple(r.slots), r.round, r.landed.raw(), r.n_landed, r.fetched, r.engine_finished, r.life,
-                      r.notice, tuple(r.digests), r.redialled)
+                      r.notice, tuple(r.digests), r.redialled, r.due)
         for key, r in sorted(machine.records.items())
     )
 
@@ -550,6 +552,7 @@ def _consumer_record(e: ConsumerEntry, key: Any) -> ConsumerRecord:
     rec.peer, rec.job_id, rec.keys, rec.slots, rec.round = e.peer, e.job_id, e.keys, e.slots, e.round
     rec.landed, rec.fetched, rec.engine_finished = BlockStates.from_raw(e.landed), e.fetched, e.engine_finished
     rec.life, rec.notice, rec.digests, rec.redialled = e.life, e.notice, list(e.digests), e.redialled
+    rec.due = e.due
     return rec
 
 
@@ -566,7 +569,8 @@ Clock = Callable[[str, str, Any, float], float]
 """``clock(kind, machine, key, t) -> t'``: ``kind`` is ``"deadline"`` (``machine`` is
 ``"session"``, ``"producer"``, ``"consumer"``, ``"probe"``, ``"rounds"`` (``key``:
 ``(kv_request_id, round)``) or ``"serve"`` (``key``: ``(peer, kv_request_id, round)``)), ``"heard"`` or ``"active"`` (a session's,
-``machine`` ``"session"``) or ``"error_reply"`` (``machine`` ``"core"``, ``key`` the peer)."""
+``machine`` ``"session"``), ``"due"`` (a load's own deadline, ``machine`` ``"consumer"`` or ``"rounds"``) or
+``"error_reply"`` (``machine`` ``"core"``, ``key`` the peer)."""
 
 
 def retime(state: CoreState, clock: Clock) -> CoreState:
@@ -583,9 +587,11 @@ def retime(state: CoreState, clock: Clock) -> CoreState:
                                heard=clock("heard", "session", e.peer, e.heard),
                                active=clock("active", "session", e.peer, e.active)) for e in state.sessions),
         producer=tuple(replace(e, deadline=dl("producer", e.kv_request_id, e.deadline)) for e in state.producer),
-        consumer=tuple(replace(e, deadline=dl("consumer", e.kv_request_id, e.deadline)) for e in state.consumer),
+        consumer=tuple(replace(e, deadline=dl("consumer", e.kv_request_id, e.deadline),
+                               due=clock("due", "consumer", e.kv_request_id, e.due)) for e in state.consumer),
         probe=tuple(replace(e, deadline=dl("probe", e.kv_request_id, e.deadline)) for e in state.probe),
-        rounds=tuple(replace(e, deadline=dl("rounds", (e.kv_request_id, e.round), e.deadline)) for e in state.rounds),
+        rounds=tuple(replace(e, deadline=dl("rounds", (e.kv_request_id, e.round), e.deadline),
+                             due=clock("due", "rounds", (e.kv_request_id, e.round), e.due)) for e in state.rounds),
         serve=tuple(replace(e, deadline=dl("serve", (e.peer, e.kv_request_id, e.round), e.deadline))
                     for e in state.serve),
         error_replies=tuple((p, r, clock("error_reply", "core", p, t)) for p, r, t in state.error_replies),

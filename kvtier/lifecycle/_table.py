@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "4fdad65f23c6c2c8599ff7c43860cbc9af911757911791cd74cee3ef877f790f"
+SPEC_SHA256: Final = "248ed88de23ff0db1a93cd69e2bf18fec5b191709f4f203bff37ecb256864d49"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -906,6 +906,8 @@ class ConsumerGuard(enum.StrEnum):
     """the session to the producer is ready but belongs to a producer instance proven gone (its address refused a dial, or answers for another instance now) and none of its sessions has been heard from since; a session still dialling waits for the dial's own outcome (decision I30)"""
     SESSION_READY = "session_ready"
     """the session to the producer is ready"""
+    PRODUCER_SENDING = "producer_sending"
+    """the load's own deadline (load_timeout_s from its submission) is still ahead and the producer was heard within the last abort_ack_timeout_s: its answer may be queued behind the data it still sends on the same connection, so it is waited for (decision L19)"""
     OTHER_ROUND = "other_round"
     """the message names a round other than this id's current round"""
     BLOCKS_VALID = "blocks_valid"
@@ -1148,6 +1150,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABORTING, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
+        Branch(ConsumerGuard.PRODUCER_SENDING, ConsumerState.ABORTING, (ConsumerEffect.RESTART_TIMER, ), None),
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -1185,6 +1188,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.CANCELLING, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
+        Branch(ConsumerGuard.PRODUCER_SENDING, ConsumerState.CANCELLING, (ConsumerEffect.RESTART_TIMER, ), None),
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),
@@ -1222,6 +1226,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.GIVEN_UP, ConsumerEvent.REVOKE_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.GIVEN_UP, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.GIVEN_UP, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
+        Branch(ConsumerGuard.PRODUCER_SENDING, ConsumerState.GIVEN_UP, (ConsumerEffect.RESTART_TIMER, ), None),
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
     ), None),
     (ConsumerState.GIVEN_UP, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (

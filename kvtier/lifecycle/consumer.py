@@ -75,7 +75,7 @@ class MessageInput(msgspec.Struct, frozen=True, gc=False):
 
 class ConsumerRecord(Record):
     __slots__ = ("kv_request_id", "peer", "job_id", "keys", "slots", "round", "landed", "digests",
-                 "fetched", "engine_finished", "life", "notice", "redialled")
+                 "fetched", "engine_finished", "life", "notice", "redialled", "due")
 
     def __init__(self, key: Any, kv_request_id: str | None = None) -> None:
         super().__init__(key, CONSUMER_INITIAL)
@@ -94,6 +94,7 @@ class ConsumerRecord(Record):
         self.life = ""  # the pairing's life (decision I20)
         self.notice: Reason | None = None  # the reason of the producer's notice (decision I19)
         self.redialled = False  # dialled its producer again (decision N25): a refusal for now gets one retry
+        self.due = 0.0  # the load's own deadline (load_timeout_s from its submission)
 
     @property
     def n_landed(self) -> int:
@@ -324,6 +325,10 @@ class ConsumerMachine(TableMachine):
     def guard_notice_one_sided(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return not inp.final and self._one_sided
 
+    def guard_producer_sending(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
+        # an abort's answer queues behind what the producer already sends us (L19)
+        return now < rec.due and self._sessions.heard_since(rec.peer, now - self._durations["abort_ack"])
+
     def guard_revoke_unbounded(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         return not self._revoke_bounded
 
@@ -339,6 +344,7 @@ class ConsumerMachine(TableMachine):
 
     def effect_accept_load(self, rec: ConsumerRecord, inp: LoadSubmitted, reason, now, out) -> None:
         self._take_job(rec, inp)
+        rec.due = now + self._durations["load"]
 
     def effect_send_fetch(self, rec: ConsumerRecord, inp, reason, now, out) -> None:
         rec.fetched = True

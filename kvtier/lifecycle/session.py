@@ -202,6 +202,11 @@ class SessionMachine(TableMachine):
         rec = self.records.get(peer)
         return rec is not None and rec.state is SessionState.READY
 
+    def heard_since(self, peer: str, t: float) -> bool:
+        """The ready session to ``peer`` heard from it (any message, or part of one) at ``t`` or later."""
+        rec = self.records.get(peer)
+        return rec is not None and rec.state is SessionState.READY and rec.heard >= t
+
     def gen(self, peer: str) -> int:
         """The generation our messages to ``peer`` carry (0 when there is no session)."""
         rec = self.records.get(peer)

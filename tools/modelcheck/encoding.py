@@ -83,7 +83,9 @@ def _abstract(kind: str, machine: str, key: str, t: float) -> float:
 
 def timeless(state: CoreState) -> CoreState:
     """``state`` with time abstracted: every armed deadline at +inf (armed, never due by itself),
-    every session heard and active at 0 (the model's one instant)."""
+    every session heard and active at 0 (the model's one instant), and every load's own deadline
+    at 0 too: when its abort's answer is overdue the load's deadline has passed, so the model
+    explores the ending; waiting again (L19) only restarts a timer, a step that changes nothing."""
     return snapshot.retime(state, _abstract)
 
 
