@@ -435,6 +435,9 @@ class NixlPlane:
                              for h in unpack_notification(n.message)]
         out.extend(self._landings.poll())
         self._writes.drive()
+        if self._faults:  # before the transfers they failed: the core ends the session plane_fault first (I25)
+            out.extend(f for f in self._faults if f.peer in self._peers)
+            self._faults = []
         if self._writes:
             out.extend(self._writes.released())
         if self._revoking or self._sinks:
