@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "248ed88de23ff0db1a93cd69e2bf18fec5b191709f4f203bff37ecb256864d49"
+SPEC_SHA256: Final = "2f7d16070a342ce4560f2ad404e3a62a13b431d5430e2fbca7cb1b95b8279228"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -906,6 +906,8 @@ class ConsumerGuard(enum.StrEnum):
     """the session to the producer is ready but belongs to a producer instance proven gone (its address refused a dial, or answers for another instance now) and none of its sessions has been heard from since; a session still dialling waits for the dial's own outcome (decision I30)"""
     SESSION_READY = "session_ready"
     """the session to the producer is ready"""
+    ABORTED_CORRUPT = "aborted_corrupt"
+    """the load aborted because a landed block did not match its digest (not for its deadline)"""
     PRODUCER_SENDING = "producer_sending"
     """the load's own deadline (load_timeout_s from its submission) is still ahead and the producer was heard within the last abort_ack_timeout_s: its answer may be queued behind the data it still sends on the same connection, so it is waited for (decision L19)"""
     OTHER_ROUND = "other_round"
@@ -1157,7 +1159,8 @@ CONSUMER_TABLE: Final = MappingProxyType({
         Branch(None, ConsumerState.CANCELLING, (), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.PEER_LOST): Rule(TRANSITION, (
-        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), None),
+        Branch(ConsumerGuard.ABORTED_CORRUPT, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), Reason.CORRUPT),
+        Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), Reason.LOAD_TIMEOUT),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.SHUTDOWN): Rule(IGNORE, (), Reason.IN_GRACE),
     (ConsumerState.ABORTING, ConsumerEvent.CLOSE): Rule(TRANSITION, (

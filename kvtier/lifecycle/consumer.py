@@ -325,6 +325,9 @@ class ConsumerMachine(TableMachine):
     def guard_notice_one_sided(self, rec: ConsumerRecord, inp: MessageInput, now: float) -> bool:
         return not inp.final and self._one_sided
 
+    def guard_aborted_corrupt(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
+        return rec.reason is Reason.CORRUPT
+
     def guard_producer_sending(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         # an abort's answer queues behind what the producer already sends us (L19)
         return now < rec.due and self._sessions.heard_since(rec.peer, now - self._durations["abort_ack"])

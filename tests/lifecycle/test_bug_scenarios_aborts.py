@@ -248,3 +248,27 @@ def test_a_cancelled_loads_answer_queued_behind_the_producers_data_does_not_end_
     out = s.to_c(wm.AbortAck(gen=s.gen, kv_request_id="A", round=ra), 7.0)
     assert of(out, JobDone) == [JobDone(ja, False, Reason.CANCELLED)]
     assert s.c.consumer_state("B") is ConsumerState.IN_FLIGHT and CoreView(s.c).session_ready(P)
+
+
+def test_loads_that_time_out_together_each_report_their_own_deadline() -> None:
+    """L19: two loads from one producer time out together (t=30); the first unanswered abort ends
+    the session (t=35) while the second still waits for its own answer: both had failed for their
+    deadline before the session died, so both report ``load_timeout``, and so does a load whose
+    session closes while it waits for its abort's answer (it reported the session's reason)."""
+    s = Pair()
+    ja, _, out = s.load("A", 4, 0.0)
+    s.forward_fetch(out, 0.0)
+    jb, _, out = s.load("B", 4, 0.0)
+    s.forward_fetch(out, 0.0)
+    assert len(sent(s.c.fire(30.0), wm.AbortFetch)) == 2
+    out = s.revoked(s.c.fire(35.0), 35.0)
+    assert ended(out) == [(P, "abort_unacknowledged")]
+    assert sorted(of(out, JobDone), key=lambda j: j.job_id) == [JobDone(ja, False, Reason.LOAD_TIMEOUT),
+                                                                JobDone(jb, False, Reason.LOAD_TIMEOUT)]
+    # the session dying of anything else while a load waits for its abort's answer: the same
+    s = Pair()
+    ja, _, out = s.load("A", 4, 0.0)
+    s.forward_fetch(out, 0.0)
+    assert sent(s.c.fire(30.0), wm.AbortFetch)
+    out = s.revoked(s.c.handle(ix.ConnectionClosed(P), 31.0), 31.0)
+    assert of(out, JobDone) == [JobDone(ja, False, Reason.LOAD_TIMEOUT)]
