@@ -73,7 +73,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                      "at the producer's side of the id (`kvtier why` against its metrics endpoint). Raise "
                      "`load_timeout_s` only for very large requests.",
     _R.CANCELLED: "The engine finished the request while its load ran (a client disconnect, a preemption). "
-                  "Nothing to change unless it is frequent.",
+                  "Its result (which frees the load's slots) waits for the producer's answer to our abort: "
+                  "while the producer still sends us data that answer may queue behind it, up to "
+                  "`load_timeout_s` + `abort_ack_timeout_s` after the load was submitted. Nothing to change "
+                  "unless it is frequent.",
     _R.DUPLICATE_LOAD: "The engine submitted a second load for an id while one was live: an engine adapter bug, "
                        "or a request id reused by the proxy.",
     _R.ONE_FETCH_PER_ID: "The id was already loaded once: each `kv_request_id` is fetched at most once. The "
@@ -88,8 +91,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                 "the producer sent payload frames that are not the blocks it named (a producer bug).",
     _R.TRANSFER_STALLED: "The data plane kept references to a cancelled transfer past `transfer_timeout_s`; the "
                          "session was ended to free them. Check the data plane (NIXL/UCX logs) and the link.",
-    _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s`: it is stalled or "
-                             "unreachable. Check the producer process and the network.",
+    _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s` of the last data "
+                             "it sent us: it is stalled or unreachable (answering pings is not enough). Check the "
+                             "producer process and the network.",
     _R.INSTANCE_DOWN: "A dial to another rank of the same producer instance (same `instance`, same host) was "
                       "refused, or its address answered for a new instance: the pod may be gone, so loads to "
                       "its ranks fail fast until one is heard (once one is, that rank's later refusals change "

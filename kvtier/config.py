@@ -203,7 +203,7 @@ class TierConfig:
 
     abort_ack_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
         How long the consumer waits for the producer's terminal answer to an abort,
-        again while the producer is heard and the load's own deadline is ahead. Then
+        again while the producer still sends data and the load's deadline is ahead. Then
         the session to that producer is ended (``abort_unacknowledged``) and the load
         fails once the producer can no longer write into its slots (at once on zmq).""")
 
@@ -380,8 +380,8 @@ class TierConfig:
     serve_max_pinned_blocks_per_peer: int = key(16384, integer, *_within(1, 1 << 30), unit="blocks", doc="""
         Distinct engine blocks one peer's rounds may keep pinned (one several rounds pin counts once);
         a lookup pins what fits (blocks pinned already cost nothing) and answers the rest miss. It is
-        also the keys (at least 4,096) a peer's rounds may have waiting for the engine and one serve
-        window asks the engine about: keys past it are answered miss, a new round refused ``serve_busy``.""")
+        also the keys (at least 4,096) one probe may name and one serve window asks the engine about;
+        a peer's rounds may have four times that waiting (past it: miss, a new round ``serve_busy``).""")
 
     serve_max_pinned_fraction: float = key(0.5, number, *_positive(0.001, 1.0), doc="""
         Fraction of the block pool all peers' rounds may keep pinned (distinct blocks), so the engine

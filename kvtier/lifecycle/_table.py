@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "2f7d16070a342ce4560f2ad404e3a62a13b431d5430e2fbca7cb1b95b8279228"
+SPEC_SHA256: Final = "13e57753126b32443ad578a9b413aa625c4c22ca5bc0f7d33d9eeb8d416ab72a"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -73,7 +73,7 @@ class Reason(enum.StrEnum):
     TRANSFER_STALLED = "transfer_stalled"
     """a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release"""
     ABORT_UNACKNOWLEDGED = "abort_unacknowledged"
-    """the producer did not answer an abort within abort_ack_timeout_s; the session is ended so no write can still land"""
+    """the producer did not answer an abort within abort_ack_timeout_s (of the last data it sent us, while the load's own deadline was ahead); the session is ended so no write can still land"""
     INSTANCE_DOWN = "instance_down"
     """the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since"""
     HANDSHAKE_TIMEOUT = "handshake_timeout"
@@ -127,7 +127,7 @@ class Reason(enum.StrEnum):
     NOT_SERVING = "not_serving"
     """the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)"""
     SERVE_BUSY = "serve_busy"
-    """the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or a probe named more keys than its lookup budget (its serve_max_pinned_blocks_per_peer, at least 4,096), or we started a round while our rounds already had keys waiting for its engine to that whole budget, or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)"""
+    """the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or a probe named more keys than its lookup budget (its serve_max_pinned_blocks_per_peer, at least 4,096), or we started a round while our rounds already had four budgets' keys waiting for its engine, or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)"""
     NOT_OFFERED = "not_offered"
     """a fetch or load named a block that no probe reply of its round offered (or the round had ended)"""
     OFFER_EXPIRED = "offer_expired"
@@ -176,7 +176,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.INCOMPLETE_DATA: "transfer_done(ok) arrived but not every block had landed",
     Reason.CORRUPT: "a block landed whose digest differs from the digest taken when it was parked, or the producer sent block data whose payload frames are not the blocks it names (decision I36)",
     Reason.TRANSFER_STALLED: "a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release",
-    Reason.ABORT_UNACKNOWLEDGED: "the producer did not answer an abort within abort_ack_timeout_s; the session is ended so no write can still land",
+    Reason.ABORT_UNACKNOWLEDGED: "the producer did not answer an abort within abort_ack_timeout_s (of the last data it sent us, while the load's own deadline was ahead); the session is ended so no write can still land",
     Reason.INSTANCE_DOWN: "the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since",
     Reason.HANDSHAKE_TIMEOUT: "the session was not ready within handshake_timeout_s",
     Reason.HANDSHAKE_MISMATCH: "protocol version, block layout or hash seed differ between the peers",
@@ -203,7 +203,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.JOB_REFUSED: "the manager refused the job; its error is logged",
     Reason.PROBE_TIMEOUT: "the peer did not answer the probe within probe_timeout_s (dialling and the handshake included); the engine computes the blocks",
     Reason.NOT_SERVING: "the peer does not serve blocks from its engine's tiers to us (serve_external is off, or our principal is not in its serve_allowed_principals)",
-    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or a probe named more keys than its lookup budget (its serve_max_pinned_blocks_per_peer, at least 4,096), or we started a round while our rounds already had keys waiting for its engine to that whole budget, or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)",
+    Reason.SERVE_BUSY: "the peer already serves serve_max_rounds_per_peer rounds for us, or this round had serve_max_probes_per_round probes, or a probe named more keys than its lookup budget (its serve_max_pinned_blocks_per_peer, at least 4,096), or we started a round while our rounds already had four budgets' keys waiting for its engine, or its pinned-block budgets allow no block at all (a full budget answers the keys it cannot pin miss instead)",
     Reason.NOT_OFFERED: "a fetch or load named a block that no probe reply of its round offered (or the round had ended)",
     Reason.OFFER_EXPIRED: "the consumer did not fetch the offered blocks within offer_timeout_s; their pins were released",
     Reason.NOT_ANNOUNCED_PROBE: "the engine must announce a symmetric request (on_new_request with remote_kv_source) before looking keys up or loading for it",
@@ -909,7 +909,7 @@ class ConsumerGuard(enum.StrEnum):
     ABORTED_CORRUPT = "aborted_corrupt"
     """the load aborted because a landed block did not match its digest (not for its deadline)"""
     PRODUCER_SENDING = "producer_sending"
-    """the load's own deadline (load_timeout_s from its submission) is still ahead and the producer was heard within the last abort_ack_timeout_s: its answer may be queued behind the data it still sends on the same connection, so it is waited for (decision L19)"""
+    """the load's own deadline (load_timeout_s from its submission) is still ahead and the producer sent us work (a message other than a ping or pong, or part of one) within the last abort_ack_timeout_s: its answer may be queued behind the data it still sends on the same connection, so it is waited for (decision L19)"""
     OTHER_ROUND = "other_round"
     """the message names a round other than this id's current round"""
     BLOCKS_VALID = "blocks_valid"
@@ -2122,7 +2122,7 @@ class ServeGuard(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"
     """shutdown() has begun: no new work"""
     OVER_BUDGET = "over_budget"
-    """taking this probe would exceed serve_max_rounds_per_peer or serve_max_probes_per_round, or it names more keys than the peer's lookup budget (the larger of its pin reach and 4,096 keys), or it starts a round while the peer's rounds wait on the engine for keys to that whole budget, or it names new keys while the pinned-block budgets (serve_max_pinned_blocks_per_peer, the pool's serve_max_pinned_fraction) allow no block at all; else its lookups pin what the budgets' room holds, counting distinct blocks (one pinned already costs nothing), and the keys past it are answered miss"""
+    """taking this probe would exceed serve_max_rounds_per_peer or serve_max_probes_per_round, or it names more keys than the peer's lookup budget (the larger of its pin reach and 4,096 keys), or it starts a round while the peer's rounds wait on the engine for four times that budget's keys, or it names new keys while the pinned-block budgets (serve_max_pinned_blocks_per_peer, the pool's serve_max_pinned_fraction) allow no block at all; else its lookups pin what the budgets' room holds, counting distinct blocks (one pinned already costs nothing), and the keys past it are answered miss"""
     SETTLES_WITH_OFFERS = "settles_with_offers"
     """after this result no key of the round waits for the engine, and the round pins at least one key"""
     SETTLES = "settles"
@@ -2141,7 +2141,7 @@ class ServeGuard(enum.StrEnum):
 
 class ServeEffect(enum.StrEnum):
     LOOK_UP = "look_up"
-    """ask the shell to look the probe's new keys up in the engine's tiers at the next serve window and pin the found ones (LookUpBlocks); it answers lookup_result. New keys past the peer's lookup budget (keys its rounds wait on the engine for counted) are answered miss, the engine never asked"""
+    """ask the shell to look the probe's new keys up in the engine's tiers at the next serve window and pin the found ones (LookUpBlocks); it answers lookup_result. New keys past four times the peer's lookup budget (keys its rounds wait on the engine for counted) are answered miss, the engine never asked"""
     LOOK_UP_PENDING = "look_up_pending"
     """ask the shell to look the keys the engine reported pending up again at the next serve window"""
     NOTE_FOUND = "note_found"

@@ -330,7 +330,7 @@ class ConsumerMachine(TableMachine):
 
     def guard_producer_sending(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         # an abort's answer queues behind what the producer already sends us (L19)
-        return now < rec.due and self._sessions.heard_since(rec.peer, now - self._durations["abort_ack"])
+        return now < rec.due and self._sessions.active_since(rec.peer, now - self._durations["abort_ack"])
 
     def guard_revoke_unbounded(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         return not self._revoke_bounded

@@ -65,11 +65,16 @@ __all__ = ["ServeLimits", "ServeMachine", "ServeRecord", "ServeRoom", "is_transf
 
 ServeKey = tuple[str, str, int]
 
-#: states whose blocks the data plane may reference
 WITHDRAWN_KEPT = 1024
 """Rounds withdrawn with a notice that are remembered (oldest forgotten first): a fetch crossing the
 notice comes within a round trip, so a window far shorter suffices; bounded memory either way."""
 
+AWAIT_WINDOWS = 4
+"""One peer's rounds may have this many serve windows' keys (its lookup budget each) waiting for the
+engine at once (decision Y25): several honest requests of one engine step fit, while one peer's
+probes can hold another peer's lookup back for a few windows at most."""
+
+#: states whose blocks the data plane may reference
 REFERENCED = frozenset({ServeState.SERVING, ServeState.CONFIRMED, ServeState.CANCELLING, ServeState.QUARANTINED})
 
 
@@ -301,15 +306,15 @@ class ServeMachine(TableMachine):
             return any(k not in rec.keys for k in inp.keys)
         if len(inp.keys) > self.lookup_budget:  # one message naming more than the peer could be offered (Y25)
             return True
-        # a new round waits for none: refused while the peer's rounds wait on the engine for its
-        # whole lookup budget (a round's later probes are cut to the budget instead, Y25)
-        return rec.state is ServeState.ABSENT and self.awaiting(inp.peer) >= self.lookup_budget
+        # a new round waits for none: refused while the peer's rounds wait on the engine for
+        # AWAIT_WINDOWS windows' keys (a round's later probes are cut to that instead, Y25)
+        return rec.state is ServeState.ABSENT and self.awaiting(inp.peer) >= AWAIT_WINDOWS * self.lookup_budget
 
     @property
     def lookup_budget(self) -> int:
-        """Keys one serve window asks the engine about at most, and keys one peer's rounds may
-        have waiting for the engine at once (Y25): the most blocks one peer could be offered
-        (:attr:`reach`), at least one probe message's keys."""
+        """Keys one serve window asks the engine about at most, and one probe may name (Y25): the
+        most blocks one peer could be offered (:attr:`reach`), at least one probe message's keys.
+        A peer's rounds may have :data:`AWAIT_WINDOWS` times as many waiting for the engine."""
         return max(self.reach, MAX_KEYS_PER_MESSAGE)
 
     def awaiting(self, peer: str) -> int:
@@ -348,8 +353,8 @@ class ServeMachine(TableMachine):
         rec.probes += 1
         new = [k for k in inp.keys if k not in rec.keys]
         rec.keys.update(dict.fromkeys(new))
-        room = self.lookup_budget - self.awaiting(rec.peer)
-        if len(new) > room:  # past the peer's lookup budget: answered miss, the engine never asked (Y25)
+        room = AWAIT_WINDOWS * self.lookup_budget - self.awaiting(rec.peer)
+        if len(new) > room:  # past what the peer may have waiting: answered miss, the engine never asked (Y25)
             rec.missing.update(new[max(room, 0):])
             del new[max(room, 0):]
         rec.todo.update(new)

@@ -202,10 +202,11 @@ class SessionMachine(TableMachine):
         rec = self.records.get(peer)
         return rec is not None and rec.state is SessionState.READY
 
-    def heard_since(self, peer: str, t: float) -> bool:
-        """The ready session to ``peer`` heard from it (any message, or part of one) at ``t`` or later."""
+    def active_since(self, peer: str, t: float) -> bool:
+        """The ready session to ``peer`` got work from it (a message other than a ping or pong, or
+        part of one) at ``t`` or later."""
         rec = self.records.get(peer)
-        return rec is not None and rec.state is SessionState.READY and rec.heard >= t
+        return rec is not None and rec.state is SessionState.READY and rec.active >= t
 
     def gen(self, peer: str) -> int:
         """The generation our messages to ``peer`` carry (0 when there is no session)."""
