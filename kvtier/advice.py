@@ -92,7 +92,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.TRANSFER_STALLED: "The data plane kept references to a cancelled transfer past `transfer_timeout_s`; the "
                          "session was ended to free them. Check the data plane (NIXL/UCX logs) and the link.",
     _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s` of the last data "
-                             "it sent us: it is stalled or unreachable (answering pings is not enough). Check the "
+                             "it sent us (on zmq pings do not count; on nixl, whose writes bypass the connection, they do): "
+                             "it is stalled or unreachable. Check the "
                              "producer process and the network.",
     _R.INSTANCE_DOWN: "A dial to another rank of the same producer instance (same `instance`, same host) was "
                       "refused, or its address answered for a new instance: the pod may be gone, so loads to "

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "13e57753126b32443ad578a9b413aa625c4c22ca5bc0f7d33d9eeb8d416ab72a"
+SPEC_SHA256: Final = "a17ffbfed97dc46917c71559af1a93a2c8be7d4cd42595a2f273e7b0e110e7c2"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -909,7 +909,7 @@ class ConsumerGuard(enum.StrEnum):
     ABORTED_CORRUPT = "aborted_corrupt"
     """the load aborted because a landed block did not match its digest (not for its deadline)"""
     PRODUCER_SENDING = "producer_sending"
-    """the load's own deadline (load_timeout_s from its submission) is still ahead and the producer sent us work (a message other than a ping or pong, or part of one) within the last abort_ack_timeout_s: its answer may be queued behind the data it still sends on the same connection, so it is waited for (decision L19)"""
+    """the load's own deadline (load_timeout_s from its submission) is still ahead and the producer sent us work (a message other than a ping or pong, or part of one; on a one-sided plane, whose WRITEs bypass the connection, any message) within the last abort_ack_timeout_s: its answer may be queued behind the data it still sends on the same connection, or wait for WRITEs it had posted to drain, so it is waited for (decision L19)"""
     OTHER_ROUND = "other_round"
     """the message names a round other than this id's current round"""
     BLOCKS_VALID = "blocks_valid"

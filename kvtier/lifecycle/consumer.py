@@ -329,8 +329,11 @@ class ConsumerMachine(TableMachine):
         return rec.reason is Reason.CORRUPT
 
     def guard_producer_sending(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
-        # an abort's answer queues behind what the producer already sends us (L19)
-        return now < rec.due and self._sessions.active_since(rec.peer, now - self._durations["abort_ack"])
+        # an abort's answer queues behind what the producer already sends us (L19); a one-sided
+        # plane's WRITEs bypass the connection, so there any message shows the producer at work
+        since, sessions = now - self._durations["abort_ack"], self._sessions
+        sending = sessions.heard_since if self._one_sided else sessions.active_since
+        return now < rec.due and sending(rec.peer, since)
 
     def guard_revoke_unbounded(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         return not self._revoke_bounded

@@ -202,6 +202,11 @@ class SessionMachine(TableMachine):
         rec = self.records.get(peer)
         return rec is not None and rec.state is SessionState.READY
 
+    def heard_since(self, peer: str, t: float) -> bool:
+        """The ready session to ``peer`` heard from it (any message, a pong included) at ``t`` or later."""
+        rec = self.records.get(peer)
+        return rec is not None and rec.state is SessionState.READY and rec.heard >= t
+
     def active_since(self, peer: str, t: float) -> bool:
         """The ready session to ``peer`` got work from it (a message other than a ping or pong, or
         part of one) at ``t`` or later."""

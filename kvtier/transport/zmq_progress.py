@@ -6,7 +6,9 @@ pongs queue behind them.  On a link slower than one such message per ``peer_time
 consumer would hear nothing whole for longer than that while the producer's bytes stream in.
 The kernel counts what each TCP connection received (``TCP_INFO``'s ``tcpi_bytes_received``,
 Linux 4.1+): a count that grew since it was last read proves the peer's side of the connection
-alive as well as a whole message would.
+alive as well as a whole message would.  Only a count that grew by :data:`MIN_BYTES` or more
+counts: a ping or pong is a whole message, heard as such, and the bytes of one must not pass for
+the producer still sending data (decision L19 reads that as work it may answer behind).
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ import os
 import socket
 from collections.abc import Mapping
 
-__all__ = ["progressed", "tcp_bytes_received"]
+__all__ = ["MIN_BYTES", "progressed", "tcp_bytes_received"]
+
+MIN_BYTES = 4096
+"""Growth of a connection's received count that reports its peer: a message still crossing a link
+of 128 kbit/s or more grows it by that much between two reads (0.25 s apart)."""
 
 _TCP_INFO_BYTES = 256
 _RECEIVED_AT = 128  # struct tcp_info's tcpi_bytes_received (linux/tcp.h, since 4.1)
@@ -44,8 +50,8 @@ def tcp_bytes_received(fd: int) -> int | None:
 
 
 def progressed(fds: Mapping[str, int], seen: dict[str, int]) -> list[str]:
-    """The peers of ``fds`` (peer -> its connection's fd) whose connection received bytes since
-    ``seen`` (peer -> the count last read; updated, and pruned to ``fds``)."""
+    """The peers of ``fds`` (peer -> its connection's fd) whose connection received at least
+    :data:`MIN_BYTES` since ``seen`` (peer -> the count last read; updated, and pruned to ``fds``)."""
     out = []
     for peer in [p for p in seen if p not in fds]:
         del seen[peer]
@@ -55,6 +61,6 @@ def progressed(fds: Mapping[str, int], seen: dict[str, int]) -> list[str]:
             continue
         last = seen.get(peer)
         seen[peer] = n
-        if last is not None and n > last:
+        if last is not None and n - last >= MIN_BYTES:
             out.append(peer)
     return out

@@ -252,6 +252,21 @@ def test_a_cancelled_loads_answer_queued_behind_the_producers_data_does_not_end_
     assert s.c.consumer_state("B") is ConsumerState.IN_FLIGHT and CoreView(s.c).session_ready(P)
 
 
+def test_on_a_one_sided_plane_any_message_shows_the_producer_at_work_for_an_abort() -> None:
+    """L19: a one-sided plane's WRITEs bypass the connection (the producer answers the abort once
+    those it posted drained): a pong is all the consumer may see, and it waits again for it."""
+    s = Pair(options={"one_sided": True})
+    s.store("A", 4, 0.0)
+    ja, ra, out = s.load("A", 4, 0.0)
+    s.forward_fetch(out, 0.0)
+    assert sent(s.c.handle(ix.RequestFinished("A", producer=False), 1.0), wm.AbortFetch)
+    s.to_c(wm.Pong(gen=s.gen, t=5.0), 5.5)
+    out = s.c.fire(6.0)
+    assert ended(out) == [] and s.c.consumer_state("A") is ConsumerState.CANCELLING
+    out = s.c.fire(11.0)  # nothing heard since 5.5: given up
+    assert ended(out) == [(P, "abort_unacknowledged")]
+
+
 def test_loads_that_time_out_together_each_report_their_own_deadline() -> None:
     """L19: two loads from one producer time out together (t=30); the first unanswered abort ends
     the session (t=35) while the second still waits for its own answer: both had failed for their

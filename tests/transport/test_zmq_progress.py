@@ -41,6 +41,9 @@ def test_a_dial_is_reported_once_per_growth_of_the_bytes_it_received(make) -> No
         cons.service()
     cons.progress()  # the count now: nothing to compare with yet
     assert cons.progress() == []  # nothing arrived since
+    prod.send(in_peer, [b"pong"])  # a few bytes, a whole message (heard as such): not progress (L19)
+    assert _until(lambda: cons.service()[0] != [], 5.0)
+    assert cons.progress() == []
     prod.send(in_peer, [b"x" * (4 << 20)])
     reported: list[str] = []
     assert _until(lambda: reported.extend(cons.progress()) or bool(reported))
