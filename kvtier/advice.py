@@ -92,9 +92,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.TRANSFER_STALLED: "The data plane kept references to a cancelled transfer past `transfer_timeout_s`; the "
                          "session was ended to free them. Check the data plane (NIXL/UCX logs) and the link.",
     _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s` of the last data "
-                             "it sent us (on zmq pings do not count; on nixl, whose writes bypass the connection, they do): "
-                             "it is stalled or unreachable. Check the "
-                             "producer process and the network.",
+                             "it sent us (on zmq pings do not count; on nixl, whose writes bypass the connection, "
+                             "they do): it is stalled or unreachable. Check the producer process and the network.",
     _R.INSTANCE_DOWN: "A dial to another rank of the same producer instance (same `instance`, same host) was "
                       "refused, or its address answered for a new instance: the pod may be gone, so loads to "
                       "its ranks fail fast until one is heard (once one is, that rank's later refusals change "
@@ -108,10 +107,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                   "(the job then usually carries that reason itself).",
     _R.HANDSHAKE_TIMEOUT: "The peer accepted TCP but did not complete kvtier's handshake within "
                           "`handshake_timeout_s`: it is not a kvtier listener (a wrong `remote_port`), it is "
-                          "stalled, or NIXL's agent setup is slow on its host. On the nixl plane a handshake also reads three blocks "
-                          "through the plane before it admits a session, and waits until the producer's writes "
-                          "of an earlier session of ours into our slots have drained: on a slow link with large "
-                          "blocks raise `handshake_timeout_s`. If the log says the dial ended "
+                          "stalled, or NIXL's agent setup is slow on its host. On the nixl plane a handshake also "
+                          "reads three blocks through the plane before it admits a session, and waits until the "
+                          "producer's writes of an earlier session of ours into our slots have drained: on a slow "
+                          "link with large blocks raise `handshake_timeout_s`. If the log says the dial ended "
                           "before its name lookup answered, no TCP connection was made: this host's DNS "
                           "resolver is slow; fix it or give the producer's address as an IP.",
     _R.HANDSHAKE_MISMATCH: "The two sides differ in protocol version, block size/layout, hash seed, data plane "

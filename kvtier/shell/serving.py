@@ -15,11 +15,12 @@ are one lookup, and a round's close drops what it still had queued (nothing of a
 stopped looking is ever performed, or kept).  A window asks the engine about at most the keys the
 caller allows (``TierCore.serve_lookup_budget``): the keys of a lookup past them are answered
 pending (the core asks them again), and rounds not reached keep their place for the next window
-(decision Y25).  A lookup whose round stopped looking (``TierCore.serve_room`` None) is skipped; one pins at most what its peer's room holds when it is
-performed — blocks pinned already cost nothing again — the keys after that answered missing
-(decision Y23).  Every pin is released exactly once, through the source that made it (property
-``pin_released_once``); every context opened is closed exactly once (property
-``lookup_context_closed_once``), or dropped with the engine at shutdown.
+(decision Y25).  A lookup whose round stopped looking (``TierCore.serve_room`` None) is skipped;
+one pins at most what its peer's room holds when it is performed — blocks pinned already cost
+nothing again — the keys after that answered missing (decision Y23).  Every pin is released
+exactly once, through the source that made it (property ``pin_released_once``); every context
+opened is closed exactly once (property ``lookup_context_closed_once``), or dropped with the engine
+at shutdown.
 """
 
 from __future__ import annotations

@@ -449,7 +449,8 @@ def test_block_data_or_an_abort_ack_for_a_probed_request_with_no_round_load_is_s
     assert c.probe_state(K) is ProbeState.PROBING
 
 
-@pytest.mark.parametrize("state", [ProbeState.COLLECTING, ProbeState.PROBING, ProbeState.OFFERED], ids=lambda s: s.value)
+@pytest.mark.parametrize("state", [ProbeState.COLLECTING, ProbeState.PROBING, ProbeState.OFFERED],
+                         ids=lambda s: s.value)
 def test_a_steps_lookups_carried_by_its_end_answer_as_one_by_one_lookups_do(state: ProbeState) -> None:
     """Y26: the step's lookups ride ``ScheduleEnded``; keys the probe holds are dropped unapplied
     (a no-op in these states), a new one registers and leaves in the step's probe, and every key
