@@ -75,7 +75,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.CANCELLED: "The engine finished the request while its load ran (a client disconnect, a preemption). "
                   "Its result (which frees the load's slots) waits for the producer's answer to our abort: "
                   "while the producer still sends us data that answer may queue behind it, up to "
-                  "`load_timeout_s` + `abort_ack_timeout_s` after the load was submitted. Nothing to change "
+                  "`load_timeout_s` + `abort_ack_timeout_s` + `revoke_timeout_s` after the load was submitted. "
+                  "Nothing to change "
                   "unless it is frequent.",
     _R.DUPLICATE_LOAD: "The engine submitted a second load for an id while one was live: an engine adapter bug, "
                        "or a request id reused by the proxy.",
