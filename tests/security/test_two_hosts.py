@@ -309,6 +309,48 @@ def test_a_session_lives_while_one_message_outlasts_peer_timeout(hosts) -> None:
         p.close()
 
 
+@pytest.mark.parametrize("plane", ["zmq", "nixl"])
+def test_cancelling_one_load_on_a_slow_link_leaves_the_others_to_succeed(hosts, plane: str) -> None:
+    """Decision L19, real processes, 32 Mbit/s: four 4 MiB loads from one producer; the engine
+    finishes the first 0.3 s in.  The producer answers the abort at once, but its answer waits
+    behind the blocks already on the connection (zmq) or for the WRITEs it had posted to drain
+    (nixl) — longer than abort_ack_timeout_s (1 s).  The others must succeed byte-exact (the
+    consumer used to end the session and fail them ``abort_unacknowledged``); the cancelled load
+    gets one result within its bound, and its slots are never written after it."""
+    timers = {**TIMERS, "load_timeout_s": 30.0, "transfer_timeout_s": 30.0, "abort_ack_timeout_s": 1.0,
+              "peer_timeout_s": 5.0, "data_plane": plane}
+    p = PeerProcess("kvt-prefill-l19", netns=hosts.a, max_lifetime_s=120, env=_ucx(hosts.dev_a)).start()
+    c = PeerProcess("kvt-decode-l19", netns=hosts.b, max_lifetime_s=120, env=_ucx(hosts.dev_b)).start()
+    try:
+        p.wait_ready()
+        c.wait_ready()
+        port = PORT + 4
+        p.start_manager({**timers, "host": hosts.addr_a, "port": port}, num_blocks=320, block_bytes=BB)
+        c.start_manager({**timers, "host": hosts.addr_b, "port": 0, "allowed_peers": [f"{hosts.addr_a}:{port}"]},
+                        num_blocks=320, block_bytes=BB)
+        n, want, slots = 64, {}, {}
+        for i in range(4):
+            keys = [b"kv-l19-%d/%d" % (i, b) for b in range(n)]
+            want[i] = p.store(f"kv-l19-{i}", 100 + i, keys, list(range(i * n, (i + 1) * n)), seed=20 + i)["digests"]
+        for i in range(4):
+            slots[i] = list(range(i * n, (i + 1) * n))
+            keys = [b"kv-l19-%d/%d" % (i, b) for b in range(n)]
+            assert not c.load(f"kv-l19-{i}", 200 + i, keys, slots[i], host=hosts.addr_a, port=port, sentinel=0xAB)
+        time.sleep(0.3)
+        c.finish("c-kv-l19-0")
+        got = c.wait_results([200, 201, 202, 203], timeout_s=45.0)
+        assert [(r["success"], r["reason"]) for r in got[200]] == [(False, "cancelled")], got
+        for i in (1, 2, 3):
+            assert [(r["success"], r["reason"]) for r in got[200 + i]] == [(True, None)], got
+            assert c.digests(slots[i]) == want[i]
+        c.fill(slots[0], 0x3C)  # the cancelled load's slots, after its result: nothing may land there
+        c.poll_for(1.0)
+        assert c.digests(slots[0]) == [hashlib.sha256(bytes([0x3C]) * BB).hexdigest()] * n
+    finally:
+        c.close()
+        p.close()
+
+
 def test_a_dial_into_a_black_hole_fails_after_connect_timeout(hosts, procs) -> None:
     """Host a silently drops everything (SYNs too): a load to it fails ``connect_timeout`` after
     ``connect_timeout_s`` (1 s here), not after ``handshake_timeout_s``, exactly once."""
