@@ -62,6 +62,11 @@ well inside the default ``max_message_bytes``); a longer round is sent as severa
 _HELD_NOOP = frozenset({ProbeState.COLLECTING, ProbeState.PROBING, ProbeState.OFFERED})
 
 
+def _holds(rec: ProbeRecord, key: bytes) -> bool:
+    """The record knows ``key`` already: answered, offered, loading, or waiting to be sent or answered."""
+    return key in rec.miss or key in rec.offered or key in rec.loading or key in rec.unsent or key in rec.waiting
+
+
 class Answer(enum.StrEnum):
     """What a lookup of a symmetric request answers (the engine maps it to its own type)."""
 
@@ -141,8 +146,7 @@ class ProbeMachine(TableMachine):
         while any is RETRY (decision Y26)."""
         rec = self.record(kv_request_id)
         if rec.state in _HELD_NOOP:
-            miss, offered, loading, unsent, waiting = rec.miss, rec.offered, rec.loading, rec.unsent, rec.waiting
-            keys = [k for k in keys if not (k in unsent or k in waiting or k in offered or k in miss or k in loading)]
+            keys = [k for k in keys if not _holds(rec, k)]
         for k in keys:
             self.apply(rec, ProbeEvent.LOOKUP, KeyLookedUp(kv_request_id, k), now, out)
 
@@ -221,8 +225,7 @@ class ProbeMachine(TableMachine):
         return self._sessions.instance_down(rec.peer)
 
     def guard_new_keys(self, rec: ProbeRecord, inp: KeyLookedUp, now: float) -> bool:
-        k = inp.key
-        return not (k in rec.miss or k in rec.offered or k in rec.loading or k in rec.unsent or k in rec.waiting)
+        return not _holds(rec, inp.key)
 
     def guard_session_ready(self, rec: ProbeRecord, inp: object, now: float) -> bool:
         return self._sessions.ready(rec.peer)

@@ -308,7 +308,7 @@ class ServeMachine(TableMachine):
             return True
         # a new round waits for none: refused while the peer's rounds wait on the engine for
         # AWAIT_WINDOWS windows' keys (a round's later probes are cut to that instead, Y25)
-        return rec.state is ServeState.ABSENT and self.awaiting(inp.peer) >= AWAIT_WINDOWS * self.lookup_budget
+        return rec.state is ServeState.ABSENT and self.waiting_room(inp.peer) <= 0
 
     @property
     def lookup_budget(self) -> int:
@@ -317,11 +317,13 @@ class ServeMachine(TableMachine):
         A peer's rounds may have :data:`AWAIT_WINDOWS` times as many waiting for the engine."""
         return max(self.reach, MAX_KEYS_PER_MESSAGE)
 
-    def awaiting(self, peer: str) -> int:
-        """Keys ``peer``'s rounds have asked of the engine and not yet had answered (Y25)."""
+    def waiting_room(self, peer: str) -> int:
+        """Keys ``peer``'s rounds may still have asked of the engine: :data:`AWAIT_WINDOWS` lookup
+        budgets less those asked and not yet answered (Y25)."""
         records, looking = self.records, ServeState.LOOKING_UP
-        return sum(len(r.todo) for k in self.by_peer.get(peer, ()) if (r := records.get(k)) is not None
-                   and r.state is looking)
+        waiting = sum(len(r.todo) for k in self.by_peer.get(peer, ()) if (r := records.get(k)) is not None
+                      and r.state is looking)
+        return AWAIT_WINDOWS * self.lookup_budget - waiting
 
     def _left(self, rec: ServeRecord, inp: LookupAnswered) -> set[bytes]:
         return rec.todo.difference(inp.found, inp.missing)
@@ -353,7 +355,7 @@ class ServeMachine(TableMachine):
         rec.probes += 1
         new = [k for k in inp.keys if k not in rec.keys]
         rec.keys.update(dict.fromkeys(new))
-        room = AWAIT_WINDOWS * self.lookup_budget - self.awaiting(rec.peer)
+        room = self.waiting_room(rec.peer)
         if len(new) > room:  # past what the peer may have waiting: answered miss, the engine never asked (Y25)
             rec.missing.update(new[max(room, 0):])
             del new[max(room, 0):]

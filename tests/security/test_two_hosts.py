@@ -20,6 +20,7 @@ Every wait is bounded; nothing asserts on timing except B42's generous reconnect
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import time
@@ -283,30 +284,38 @@ def test_slow_link_transfer_completes_byte_exact(hosts, procs) -> None:
     assert c.digests(slots) == want
 
 
+@contextlib.contextmanager
+def _own_pair(hosts, name: str, timers: dict, port: int, num_blocks: int):
+    """A producer on host a (``port``) and a consumer on host b, each in a process of its own,
+    managers started with ``timers``; both closed on the way out."""
+    p = PeerProcess(f"kvt-prefill-{name}", netns=hosts.a, max_lifetime_s=120, env=_ucx(hosts.dev_a)).start()
+    c = PeerProcess(f"kvt-decode-{name}", netns=hosts.b, max_lifetime_s=120, env=_ucx(hosts.dev_b)).start()
+    try:
+        p.wait_ready()
+        c.wait_ready()
+        p.start_manager({**timers, "host": hosts.addr_a, "port": port}, num_blocks=num_blocks, block_bytes=BB)
+        c.start_manager({**timers, "host": hosts.addr_b, "port": 0, "allowed_peers": [f"{hosts.addr_a}:{port}"]},
+                        num_blocks=num_blocks, block_bytes=BB)
+        yield p, c
+    finally:
+        c.close()
+        p.close()
+
+
 def test_a_session_lives_while_one_message_outlasts_peer_timeout(hosts) -> None:
     """One block_data message of 8 MiB takes ~2 s on this link, longer than peer_timeout_s (1 s)
     plus a heartbeat: the producer's pongs wait behind it, but the consumer hears the bytes
     arriving (decision T22), so the load completes byte-exact instead of failing peer_timeout."""
     slow = {**TIMERS, "peer_timeout_s": 1.0, "heartbeat_interval_s": 0.2, "load_timeout_s": 30.0,
             "transfer_timeout_s": 30.0, "data_plane": "zmq"}
-    p = PeerProcess("kvt-prefill-slow", netns=hosts.a, max_lifetime_s=120).start()
-    c = PeerProcess("kvt-decode-slow", netns=hosts.b, max_lifetime_s=120).start()
-    try:
-        p.wait_ready()
-        c.wait_ready()
-        port = PORT + 3
-        p.start_manager({**slow, "host": hosts.addr_a, "port": port}, num_blocks=128, block_bytes=BB)
-        c.start_manager({**slow, "host": hosts.addr_b, "port": 0, "allowed_peers": [f"{hosts.addr_a}:{port}"]},
-                        num_blocks=128, block_bytes=BB)
+    port = PORT + 3
+    with _own_pair(hosts, "slow", slow, port, 128) as (p, c):
         n, keys = 128, [b"kv-long/%d" % i for i in range(128)]
         want = p.store("kv-long", 1, keys, list(range(n)), seed=9)["digests"]
         now = c.load("kv-long", 2, keys, list(range(n)), host=hosts.addr_a, port=port, sentinel=0xAB)
         got = now or c.wait_results([2], timeout_s=40.0).get(2, [])
         assert [(r["success"], r["reason"]) for r in got] == [(True, None)], got
         assert c.digests(list(range(n))) == want
-    finally:
-        c.close()
-        p.close()
 
 
 @pytest.mark.parametrize("plane", ["zmq", "nixl"])
@@ -319,15 +328,8 @@ def test_cancelling_one_load_on_a_slow_link_leaves_the_others_to_succeed(hosts, 
     gets one result within its bound, and its slots are never written after it."""
     timers = {**TIMERS, "load_timeout_s": 30.0, "transfer_timeout_s": 30.0, "abort_ack_timeout_s": 1.0,
               "peer_timeout_s": 5.0, "data_plane": plane}
-    p = PeerProcess("kvt-prefill-l19", netns=hosts.a, max_lifetime_s=120, env=_ucx(hosts.dev_a)).start()
-    c = PeerProcess("kvt-decode-l19", netns=hosts.b, max_lifetime_s=120, env=_ucx(hosts.dev_b)).start()
-    try:
-        p.wait_ready()
-        c.wait_ready()
-        port = PORT + 4
-        p.start_manager({**timers, "host": hosts.addr_a, "port": port}, num_blocks=320, block_bytes=BB)
-        c.start_manager({**timers, "host": hosts.addr_b, "port": 0, "allowed_peers": [f"{hosts.addr_a}:{port}"]},
-                        num_blocks=320, block_bytes=BB)
+    port = PORT + 4
+    with _own_pair(hosts, "l19", timers, port, 320) as (p, c):
         n, want, slots = 64, {}, {}
         for i in range(4):
             keys = [b"kv-l19-%d/%d" % (i, b) for b in range(n)]
@@ -346,9 +348,6 @@ def test_cancelling_one_load_on_a_slow_link_leaves_the_others_to_succeed(hosts, 
         c.fill(slots[0], 0x3C)  # the cancelled load's slots, after its result: nothing may land there
         c.poll_for(1.0)
         assert c.digests(slots[0]) == [hashlib.sha256(bytes([0x3C]) * BB).hexdigest()] * n
-    finally:
-        c.close()
-        p.close()
 
 
 def test_a_dial_into_a_black_hole_fails_after_connect_timeout(hosts, procs) -> None:
