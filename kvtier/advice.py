@@ -75,7 +75,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.CANCELLED: "The engine finished the request while its load ran (a client disconnect, a preemption). "
                   "Its result (which frees the load's slots) waits for the producer's answer to our abort: "
                   "while the producer still sends us data that answer may queue behind it, up to "
-                  "`load_timeout_s` + `abort_ack_timeout_s` + `revoke_timeout_s` after the load was submitted. "
+                  "`load_timeout_s` + `abort_ack_timeout_s` + `revoke_timeout_s` after the load was submitted "
+                  "(on zmq the load then ends alone, its session kept: L20). "
                   "Nothing to change "
                   "unless it is frequent.",
     _R.DUPLICATE_LOAD: "The engine submitted a second load for an id while one was live: an engine adapter bug, "
@@ -94,7 +95,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                          "session was ended to free them. Check the data plane (NIXL/UCX logs) and the link.",
     _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s` of the last data "
                              "it sent us (on zmq pings do not count; on nixl, whose writes bypass the connection, "
-                             "they do): it is stalled or unreachable. Check the producer process and the network.",
+                             "they do): it is stalled or unreachable. Check the producer process and the network. "
+                             "(On zmq a producer still sending other loads' data is not given up: the aborted load "
+                             "ends alone, with its own reason, L20.)",
     _R.INSTANCE_DOWN: "A dial to another rank of the same producer instance (same `instance`, same host) was "
                       "refused, or its address answered for a new instance: the pod may be gone, so loads to "
                       "its ranks fail fast until one is heard (once one is, that rank's later refusals change "

@@ -204,8 +204,9 @@ class TierConfig:
     abort_ack_timeout_s: float = key(5.0, number, *_TIMEOUT, unit="s", doc="""
         How long the consumer waits for the producer's terminal answer to an abort,
         again while the producer still sends data and the load's deadline is ahead. Then
-        the session to that producer is ended (``abort_unacknowledged``) and the load
-        fails once the producer can no longer write into its slots (at once on zmq).""")
+        on zmq, if the producer still sends data, the load fails alone (its session
+        kept); otherwise the session to that producer is ended (``abort_unacknowledged``)
+        and the load fails once the producer can no longer write into its slots.""")
 
     revoke_timeout_s: float = key(1.0, number, *_TIMEOUT, unit="s", doc="""
         The bound on revoking a producer's access to a load's slots once it cannot answer (its

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "a17ffbfed97dc46917c71559af1a93a2c8be7d4cd42595a2f273e7b0e110e7c2"
+SPEC_SHA256: Final = "0cc50d2ffd645818e797ed7e1cadc1a790577f9c0b67f83c0527b76fb100fe3f"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -73,7 +73,7 @@ class Reason(enum.StrEnum):
     TRANSFER_STALLED = "transfer_stalled"
     """a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release"""
     ABORT_UNACKNOWLEDGED = "abort_unacknowledged"
-    """the producer did not answer an abort within abort_ack_timeout_s (of the last data it sent us, while the load's own deadline was ahead); the session is ended so no write can still land"""
+    """the producer did not answer an abort within abort_ack_timeout_s (of the last data it sent us, while the load's own deadline was ahead), and either its plane is one-sided or it sent us nothing in that time; the session is ended so no write can still land"""
     INSTANCE_DOWN = "instance_down"
     """the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since"""
     HANDSHAKE_TIMEOUT = "handshake_timeout"
@@ -176,7 +176,7 @@ REASON_DOCS: Final = MappingProxyType({
     Reason.INCOMPLETE_DATA: "transfer_done(ok) arrived but not every block had landed",
     Reason.CORRUPT: "a block landed whose digest differs from the digest taken when it was parked, or the producer sent block data whose payload frames are not the blocks it names (decision I36)",
     Reason.TRANSFER_STALLED: "a cancelled transfer was not released by the data plane within transfer_timeout_s; the session is ended to force the release",
-    Reason.ABORT_UNACKNOWLEDGED: "the producer did not answer an abort within abort_ack_timeout_s (of the last data it sent us, while the load's own deadline was ahead); the session is ended so no write can still land",
+    Reason.ABORT_UNACKNOWLEDGED: "the producer did not answer an abort within abort_ack_timeout_s (of the last data it sent us, while the load's own deadline was ahead), and either its plane is one-sided or it sent us nothing in that time; the session is ended so no write can still land",
     Reason.INSTANCE_DOWN: "the producer instance is proven gone (a dial to its address was refused, or the address answers for a new instance) and none of its sessions has been heard from since",
     Reason.HANDSHAKE_TIMEOUT: "the session was not ready within handshake_timeout_s",
     Reason.HANDSHAKE_MISMATCH: "protocol version, block layout or hash seed differ between the peers",
@@ -910,6 +910,8 @@ class ConsumerGuard(enum.StrEnum):
     """the load aborted because a landed block did not match its digest (not for its deadline)"""
     PRODUCER_SENDING = "producer_sending"
     """the load's own deadline (load_timeout_s from its submission) is still ahead and the producer sent us work (a message other than a ping or pong, or part of one; on a one-sided plane, whose WRITEs bypass the connection, any message) within the last abort_ack_timeout_s: its answer may be queued behind the data it still sends on the same connection, or wait for WRITEs it had posted to drain, so it is waited for (decision L19)"""
+    PRODUCER_BUSY = "producer_busy"
+    """a two-sided plane (zmq: the consumer lands every byte itself, so once the load ends nothing of it can land) and the producer sent us work within the last abort_ack_timeout_s: its answer is late behind other loads' data, not lost, so the load ends alone and the session stays (decision L20)"""
     OTHER_ROUND = "other_round"
     """the message names a round other than this id's current round"""
     BLOCKS_VALID = "blocks_valid"
@@ -1153,6 +1155,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.ABORTING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.ABORTING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
         Branch(ConsumerGuard.PRODUCER_SENDING, ConsumerState.ABORTING, (ConsumerEffect.RESTART_TIMER, ), None),
+        Branch(ConsumerGuard.PRODUCER_BUSY, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ), None),
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
     ), None),
     (ConsumerState.ABORTING, ConsumerEvent.REQUEST_FINISHED): Rule(TRANSITION, (
@@ -1192,6 +1195,7 @@ CONSUMER_TABLE: Final = MappingProxyType({
     (ConsumerState.CANCELLING, ConsumerEvent.LOAD_DEADLINE): Rule(IGNORE, (), Reason.STALE),
     (ConsumerState.CANCELLING, ConsumerEvent.ABORT_ACK_DEADLINE): Rule(TRANSITION, (
         Branch(ConsumerGuard.PRODUCER_SENDING, ConsumerState.CANCELLING, (ConsumerEffect.RESTART_TIMER, ), None),
+        Branch(ConsumerGuard.PRODUCER_BUSY, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ), None),
         Branch(None, ConsumerState.REVOKING, (ConsumerEffect.NOTE_FINISHED, ConsumerEffect.REVOKE_ACCESS, ConsumerEffect.GIVE_UP_PEER, ), None),
     ), None),
     (ConsumerState.CANCELLING, ConsumerEvent.REQUEST_FINISHED): Rule(IGNORE, (), Reason.STALE),

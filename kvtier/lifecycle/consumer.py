@@ -328,12 +328,18 @@ class ConsumerMachine(TableMachine):
     def guard_aborted_corrupt(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         return rec.reason is Reason.CORRUPT
 
-    def guard_producer_sending(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
+    def _at_work(self, rec: ConsumerRecord, now: float) -> bool:
         # an abort's answer queues behind what the producer already sends us (L19); a one-sided
         # plane's WRITEs bypass the connection, so there any message shows the producer at work
         since, sessions = now - self._durations["abort_ack"], self._sessions
         sending = sessions.heard_since if self._one_sided else sessions.active_since
-        return now < rec.due and sending(rec.peer, since)
+        return sending(rec.peer, since)
+
+    def guard_producer_sending(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
+        return now < rec.due and self._at_work(rec, now)
+
+    def guard_producer_busy(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
+        return not self._one_sided and self._at_work(rec, now)
 
     def guard_revoke_unbounded(self, rec: ConsumerRecord, inp: object, now: float) -> bool:
         return not self._revoke_bounded

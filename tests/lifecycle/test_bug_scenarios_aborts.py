@@ -252,6 +252,55 @@ def test_a_cancelled_loads_answer_queued_behind_the_producers_data_does_not_end_
     assert s.c.consumer_state("B") is ConsumerState.IN_FLIGHT and CoreView(s.c).session_ready(P)
 
 
+@pytest.mark.parametrize("how", ["cancelled", "timed_out"])
+def test_an_unanswered_abort_ends_only_its_load_while_the_producer_streams_other_data(how: str) -> None:
+    """L20: on zmq (the consumer lands every byte itself) an abort whose answer is still queued
+    behind other loads' data when its own deadline has passed ends that load alone: the producer is
+    at work, so the session is not stalled, and nothing of the ended load can land any more.  Load
+    A is cancelled at t=1 (or times out at t=30), B's bytes keep arriving every 5 s: A fails with
+    its own reason, B stays in flight and completes, and A's late data and late answer change
+    nothing.  Before L20 the session ended ``abort_unacknowledged``, failing B."""
+    s = Pair()
+    s.store("A", 4, 0.0)
+    s.store("B", 4, 0.0, start=10, blocks=tuple(range(10, 14)))
+    ja, ra, out = s.load("A", 4, 0.0)
+    s.forward_fetch(out, 0.0)
+    jb, rb, out = s.load("B", 4, 9.0)  # its own deadline at t=39
+    s.forward_fetch(out, 9.0)
+    if how == "cancelled":
+        assert sent(s.c.handle(ix.RequestFinished("A", producer=False), 1.0), wm.AbortFetch)
+        last, reason, state = 31.0, Reason.CANCELLED, ConsumerState.CANCELLING
+    else:
+        last, reason, state = 36.0, Reason.LOAD_TIMEOUT, ConsumerState.ABORTING
+    t, first, results = 5.5, 0, []
+    while t < last:
+        if 9 < t and first < 3:  # B's first three blocks, one every 5 s; A's answer queues behind
+            out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="B", round=rb, first=first, count=1), t)
+            assert of(out, LandBlocks)
+            s.c.handle(ix.BlocksLanded(P, "B", rb, first, 1, True), t)
+            first += 1
+        else:  # then part of a message: the transport's progress (decision L19)
+            s.c.handle(ix.PeerProgress(P), t)
+        out = s.revoked(s.c.fire(t + 0.5), t + 0.5)
+        assert ended(out) == []
+        results += of(out, JobDone)
+        if not results:
+            assert s.c.consumer_state("A") is (state if t + 0.5 >= 30.0 or how == "cancelled" else
+                                               ConsumerState.IN_FLIGHT)
+        t += 5.0
+    assert results == [JobDone(ja, False, reason)]
+    assert CoreView(s.c).session_ready(P) and s.c.consumer_state("B") is ConsumerState.IN_FLIGHT
+    # A's data and answer, late: never landed, nothing reported
+    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="A", round=ra, first=0, count=4), last + 1)
+    assert of(out, LandBlocks) == [] and of(out, JobDone) == []
+    assert of(s.to_c(wm.AbortAck(gen=s.gen, kv_request_id="A", round=ra), last + 1), JobDone) == []
+    out = s.to_c(wm.BlockData(gen=s.gen, kv_request_id="B", round=rb, first=3, count=1), last + 2)
+    assert of(out, LandBlocks)
+    out = s.c.handle(ix.BlocksLanded(P, "B", rb, 3, 1, True), last + 2)
+    out += s.to_c(wm.TransferDone(gen=s.gen, kv_request_id="B", round=rb, ok=True, reason=""), last + 2)
+    assert of(out, JobDone) == [JobDone(jb, True, None)]
+
+
 def test_on_a_one_sided_plane_any_message_shows_the_producer_at_work_for_an_abort() -> None:
     """L19: a one-sided plane's WRITEs bypass the connection (the producer answers the abort once
     those it posted drained): a pong is all the consumer may see, and it waits again for it."""

@@ -350,6 +350,32 @@ def test_cancelling_one_load_on_a_slow_link_leaves_the_others_to_succeed(hosts, 
         assert c.digests(slots[0]) == [hashlib.sha256(bytes([0x3C]) * BB).hexdigest()] * n
 
 
+def test_a_cancelled_loads_data_outlasting_its_deadline_ends_it_alone(hosts) -> None:
+    """Decision L20, real processes, zmq, 32 Mbit/s: a 24 MiB load is cancelled 0.3 s in, but the
+    blocks already queued on the connection take ~6 s to drain, past its own ``load_timeout_s``
+    (4 s); a 1 MiB load submitted at 3.5 s arrives behind them.  At the cancelled load's final
+    give-up the producer is still sending: only that load ends (``cancelled``), the session stays
+    and the later load succeeds byte-exact (it used to fail with the ended session)."""
+    timers = {**TIMERS, "load_timeout_s": 4.0, "transfer_timeout_s": 30.0, "abort_ack_timeout_s": 1.0,
+              "peer_timeout_s": 5.0, "data_plane": "zmq"}
+    port = PORT + 5
+    big, small = 384, 16
+    with _own_pair(hosts, "l20", timers, port, big + small) as (p, c):
+        keys = {i: [b"kv-l20-%d/%d" % (i, b) for b in range(n)] for i, n in ((0, big), (1, small))}
+        slots = {0: list(range(big)), 1: list(range(big, big + small))}
+        want = {i: p.store(f"kv-l20-{i}", 100 + i, keys[i], slots[i], seed=30 + i)["digests"] for i in (0, 1)}
+        t0 = time.monotonic()
+        assert not c.load("kv-l20-0", 300, keys[0], slots[0], host=hosts.addr_a, port=port, sentinel=0xAB)
+        time.sleep(0.3)
+        c.finish("c-kv-l20-0")
+        time.sleep(max(0.0, t0 + 3.5 - time.monotonic()))
+        assert not c.load("kv-l20-1", 301, keys[1], slots[1], host=hosts.addr_a, port=port, sentinel=0xAB)
+        got = c.wait_results([300, 301], timeout_s=30.0)
+        assert [(r["success"], r["reason"]) for r in got[300]] == [(False, "cancelled")], got
+        assert [(r["success"], r["reason"]) for r in got[301]] == [(True, None)], got
+        assert c.digests(slots[1]) == want[1]
+
+
 def test_a_dial_into_a_black_hole_fails_after_connect_timeout(hosts, procs) -> None:
     """Host a silently drops everything (SYNs too): a load to it fails ``connect_timeout`` after
     ``connect_timeout_s`` (1 s here), not after ``handshake_timeout_s``, exactly once."""

@@ -39,6 +39,10 @@ Sessions' ``heartbeat`` deadlines (ready sessions) come in two kinds, by the bou
   ping or pong of a session in flight, :meth:`.network.Network.pinging`).  The accepting side's
   heartbeat without silence only restarts its timer: a step that changes nothing, not explored.
 
+A consumer's ``abort_ack`` deadline on a two-sided plane comes in two kinds too: the producer
+**at work** (the session active at the model's one instant: the load ends alone, decision L20) and
+**idle** (:data:`IDLE`: the session is given up).  A one-sided plane ends the session either way.
+
 ``prune`` deadlines fire only with ``prune_timers`` (a pruned id is fresh again, so a late fetch
 then meets a new id).  Deadlines are completion steps (the liveness search may use them), except
 a silent heartbeat: a stuck id cannot blame time.
@@ -59,7 +63,7 @@ if TYPE_CHECKING:
     from tools.modelcheck.system import System
     from tools.modelcheck.trace import Recorder
 
-__all__ = ["NOW", "QUIET", "SILENT", "Clock"]
+__all__ = ["IDLE", "NOW", "QUIET", "SILENT", "Clock"]
 
 NOW = 0.0
 """The time of every core input (seconds; abstract: deadlines fire only when chosen to)."""
@@ -70,6 +74,11 @@ arrived, so before the deadline that falls due at ``NOW``."""
 
 SILENT = "silent"
 """The variant of a heartbeat deadline that finds the peer silent for ``peer_timeout_s``."""
+
+IDLE = "idle"
+"""The variant of a consumer's ``abort_ack`` deadline that finds the producer sent it no work for
+``abort_ack_timeout_s`` (the core restored with the session last active at -inf); without it the
+producer is at work (decisions L19, L20)."""
 
 
 class Clock(Part):
@@ -121,6 +130,8 @@ class Clock(Part):
                         pings.append(((*f[:4], ""), s.cindex[comp] if comp != "p" else s.cindex[f[3]]))
                     continue
                 always.append((*f[:4], ""))
+                if f[2] == "consumer" and f[4] == "abort_ack" and not self.b.one_sided:
+                    always.append((*f[:4], IDLE))
             got = self._variant_cache[key] = (tuple(always), tuple(pings))
         return got
 
@@ -162,7 +173,8 @@ class Clock(Part):
         _, comp, machine, key, variant = action
         who = "P" if comp == "p" else comp
         timer = self._timer(g, comp, machine, key)
-        what = " (the peer was silent for peer_timeout_s)" if variant == SILENT else ""
+        what = {SILENT: " (the peer was silent for peer_timeout_s)",
+                IDLE: " (the producer sent no work for abort_ack_timeout_s)"}.get(variant, "")
         unread = self.system.network.unread_for(g, None if comp == "p" else self.system.cindex[comp], key)
         msgs = self.system.cores.msgs
         also = f", the tick reading first: {'; '.join(str(msgs[m]) for _, m in unread)}" if unread else ""
@@ -178,7 +190,7 @@ class Clock(Part):
         if rec is not None:
             lane = PRODUCER if c is None else s.lanes[c]
             rec.add("timer", CLOCK, lane, f"{self._timer(g, comp, machine, key)} deadline of {machine} {key}"
-                    + (" (peer silent)" if variant == SILENT else ""))
+                    + {SILENT: " (peer silent)", IDLE: " (producer idle)"}.get(variant, ""))
         s.network.read_unread(st, c, unread, rec)
         inp = ("fire", machine, key, variant, tuple(m for _, m in unread))
         if c is None:
@@ -218,6 +230,8 @@ def _fire(inp: tuple) -> Drive:
         if kind == "deadline":
             return NOW if (m, k) == (machine, key) else t
         if kind == "heard" and silent and k == key:
+            return -math.inf
+        if kind == "active" and variant == IDLE:
             return -math.inf
         return t
 
