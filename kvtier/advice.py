@@ -112,9 +112,10 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.HANDSHAKE_TIMEOUT: "The peer accepted TCP but did not complete kvtier's handshake within "
                           "`handshake_timeout_s`: it is not a kvtier listener (a wrong `remote_port`), it is "
                           "stalled, or NIXL's agent setup is slow on its host. On the nixl plane a handshake also "
-                          "reads three blocks through the plane before it admits a session, and waits until the "
-                          "producer's writes of an earlier session of ours into our slots have drained: on a slow "
-                          "link with large blocks raise `handshake_timeout_s`. If the log says the dial ended "
+                          "reads three times 64 KiB through the plane before it admits a session, and waits until "
+                          "the producer's writes of an earlier session of ours into our slots have drained: on a "
+                          "slow link after a cancelled large load raise `handshake_timeout_s`. If the log says "
+                          "the dial ended "
                           "before its name lookup answered, no TCP connection was made: this host's DNS "
                           "resolver is slow; fix it or give the producer's address as an IP.",
     _R.HANDSHAKE_MISMATCH: "The two sides differ in protocol version, block size/layout, hash seed, data plane "

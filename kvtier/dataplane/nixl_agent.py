@@ -382,7 +382,7 @@ class NixlBlockAgent(NixlTransfers):
                 raise BadDescriptor(f"NIXL loaded agent {loaded!r} from metadata naming {d.agent!r}")
             try:
                 dlist = self._agent.prep_xfer_dlist(
-                    d.agent, block_descs(d.base_addr, d.num_blocks, d.block_bytes), mem_type="DRAM"
+                    d.agent, block_descs(d.base_addr, d.num_blocks, d.block_bytes, warm=True), mem_type="DRAM"
                 )
             except Exception as e:
                 raise BadDescriptor(

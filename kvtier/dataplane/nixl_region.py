@@ -46,11 +46,26 @@ def region_layout(region: object) -> tuple[int, int, int, object]:
     return int(addr), int(rows), int(cols), region
 
 
-def block_descs(base: int, num_blocks: int, block_bytes: int) -> np.ndarray:
-    """NIXL's Nx3 descriptor array ``(address, length, device id)`` over every block."""
-    d = np.empty((num_blocks, 3), dtype=np.uint64)
-    d[:, 0] = np.uint64(base) + np.arange(num_blocks, dtype=np.uint64) * np.uint64(block_bytes)
-    d[:, 1] = block_bytes
+WARM_BYTES = 64 * 1024
+"""How much of a peer's first slot a warm-up READ reads (bytes; the whole block when smaller).
+A warm-up READ only has to complete on the new endpoint (decision N15); a whole block each made
+three of them outlast ``handshake_timeout_s`` on a slow link with big blocks."""
+
+
+def warm_bytes(block_bytes: int) -> int:
+    """The length of a warm-up READ for blocks of ``block_bytes`` (bytes)."""
+    return min(WARM_BYTES, block_bytes)
+
+
+def block_descs(base: int, num_blocks: int, block_bytes: int, warm: bool = False) -> np.ndarray:
+    """NIXL's Nx3 descriptor array ``(address, length, device id)`` over every block; with
+    ``warm``, one more row after them: the first :func:`warm_bytes` of block 0, which a warm-up
+    READ reads (its index is ``num_blocks``)."""
+    d = np.empty((num_blocks + warm, 3), dtype=np.uint64)
+    d[:num_blocks, 0] = np.uint64(base) + np.arange(num_blocks, dtype=np.uint64) * np.uint64(block_bytes)
+    d[:num_blocks, 1] = block_bytes
+    if warm:
+        d[num_blocks] = (base, warm_bytes(block_bytes), 0)
     d[:, 2] = 0
     return d
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.dataplane.nixl_region import block_descs, indices
+from kvtier.dataplane.nixl_region import block_descs, indices, warm_bytes
 from kvtier.dataplane.nixl_types import (
     DISCONNECT,
     MAX_NOTIF_BYTES,
@@ -80,8 +80,9 @@ class NixlTransfers:
     _scratch: Any
 
     def warm(self, peer: str) -> int:
-        """Post a READ of ``peer``'s slot 0 into a private scratch block (never a pool block) and
-        return its transfer id; its outcome comes from :meth:`poll` like a WRITE's.
+        """Post a READ of the first :data:`~kvtier.dataplane.nixl_region.WARM_BYTES` of ``peer``'s
+        slot 0 into a private scratch buffer (never a pool block) and return its transfer id; its
+        outcome comes from :meth:`poll` like a WRITE's.
 
         Why: measured (NIXL 1.5.1, UCX 1.23, CMA and tcp), a transfer's completion waits for the
         target's worker to progress whenever this endpoint sent anything (UCX's own wire-up
@@ -102,19 +103,19 @@ class NixlTransfers:
         if p is None:
             raise ValueError(f"unknown peer {peer!r} (not added, or removed)")
         if self._scratch is None:
-            arr = np.zeros((1, self.block_bytes), dtype=np.uint8)
+            size = warm_bytes(self.block_bytes)
+            arr = np.zeros((1, size), dtype=np.uint8)
             addr = int(arr.ctypes.data)
             try:
-                reg = self._agent.register_memory([(addr, self.block_bytes, 0, "")], mem_type="DRAM")
-                dl = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", block_descs(addr, 1, self.block_bytes),
-                                                 mem_type="DRAM")
+                reg = self._agent.register_memory([(addr, size, 0, "")], mem_type="DRAM")
+                dl = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", block_descs(addr, 1, size), mem_type="DRAM")
             except Exception as e:
                 raise NixlError(f"could not register the warm-up scratch block: {describe(e)}") from e
             self._scratch = (arr, reg, dl)
         xid = next(self._ids)
         handle = None
         try:
-            handle = self._agent.make_prepped_xfer("READ", self._scratch[2], [0], p.dlist, [0], b"")
+            handle = self._agent.make_prepped_xfer("READ", self._scratch[2], [0], p.dlist, [p.num_blocks], b"")
             state = self._agent.transfer(handle)
         except Exception as e:
             self._release_handle(handle)

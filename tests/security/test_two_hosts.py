@@ -285,17 +285,19 @@ def test_slow_link_transfer_completes_byte_exact(hosts, procs) -> None:
 
 
 @contextlib.contextmanager
-def _own_pair(hosts, name: str, timers: dict, port: int, num_blocks: int):
+def _own_pair(hosts, name: str, timers: dict, port: int, num_blocks: int, block_bytes: int = BB):
     """A producer on host a (``port``) and a consumer on host b, each in a process of its own,
-    managers started with ``timers``; both closed on the way out."""
+    managers started with ``timers`` over pools of ``num_blocks`` x ``block_bytes``; both closed
+    on the way out."""
     p = PeerProcess(f"kvt-prefill-{name}", netns=hosts.a, max_lifetime_s=120, env=_ucx(hosts.dev_a)).start()
     c = PeerProcess(f"kvt-decode-{name}", netns=hosts.b, max_lifetime_s=120, env=_ucx(hosts.dev_b)).start()
     try:
         p.wait_ready()
         c.wait_ready()
-        p.start_manager({**timers, "host": hosts.addr_a, "port": port}, num_blocks=num_blocks, block_bytes=BB)
+        p.start_manager({**timers, "host": hosts.addr_a, "port": port}, num_blocks=num_blocks,
+                        block_bytes=block_bytes)
         c.start_manager({**timers, "host": hosts.addr_b, "port": 0, "allowed_peers": [f"{hosts.addr_a}:{port}"]},
-                        num_blocks=num_blocks, block_bytes=BB)
+                        num_blocks=num_blocks, block_bytes=block_bytes)
         yield p, c
     finally:
         c.close()
@@ -374,6 +376,23 @@ def test_a_cancelled_loads_data_outlasting_its_deadline_ends_it_alone(hosts) -> 
         assert [(r["success"], r["reason"]) for r in got[300]] == [(False, "cancelled")], got
         assert [(r["success"], r["reason"]) for r in got[301]] == [(True, None)], got
         assert c.digests(slots[1]) == want[1]
+
+
+def test_a_nixl_handshake_with_big_blocks_fits_its_timeout_on_a_slow_link(hosts) -> None:
+    """Decision N15 (warm-up READs of ``WARM_BYTES``): 4 MiB blocks at 32 Mbit/s.  The producer's
+    three warm-up READs inside the handshake used to read a whole block each (3 s here, past
+    ``handshake_timeout_s`` 2 s: every load failed ``handshake_timeout``); a 2-block load must
+    now succeed byte-exact."""
+    big = 4 << 20
+    timers = {**TIMERS, "load_timeout_s": 8.0, "data_plane": "nixl"}
+    port = PORT + 6
+    with _own_pair(hosts, "warm", timers, port, 4, block_bytes=big) as (p, c):
+        keys = [b"kv-warm/%d" % i for i in range(2)]
+        want = p.store("kv-warm", 1, keys, [0, 1], seed=41)["digests"]
+        now = c.load("kv-warm", 2, keys, [2, 3], host=hosts.addr_a, port=port, sentinel=0xAB)
+        got = now or c.wait_results([2], timeout_s=20.0).get(2, [])
+        assert [(r["success"], r["reason"]) for r in got] == [(True, None)], got
+        assert c.digests([2, 3]) == want
 
 
 def test_a_dial_into_a_black_hole_fails_after_connect_timeout(hosts, procs) -> None:
