@@ -85,17 +85,20 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                          "proxy must not send the same id to a second decode request.",
     _R.INCOMPLETE_DATA: "The producer said done but blocks were missing: a producer bug or a corrupted stream; "
                         "report it with both sides' logs.",
-    _R.CORRUPT: "A block's bytes changed between park and landing: the prefill engine reused or overwrote a "
+    _R.CORRUPT: "A block's bytes at landing differ from the digest its sender took. On a PD load the "
+                "producer took it when it parked the block: the prefill engine reused or overwrote a "
                 "block before its store job's result (an engine bug: blocks must stay unchanged until the "
-                "result; a change made before the loop took the store's digest is not caught, decision I42), "
-                "or memory corruption. To tell where, keep `integrity = \"xxh3_64\"` on both sides; "
+                "result; a change made before the loop took the store's digest is not caught, decision I42). "
+                "On a symmetric load the serving peer took it as its transfer began (Y9): that engine changed "
+                "a block it had pinned for us (an engine bug). On either, the bytes may have changed on the "
+                "way (a faulty NIC, link or proxy; TCP's checksum misses some) or in memory. To tell where, keep `integrity = \"xxh3_64\"` on both sides; "
                 "never turn it off to make this go away. A `bad_payload` wire error logged just before it means "
                 "the producer sent payload frames that are not the blocks it named (a producer bug).",
     _R.TRANSFER_STALLED: "The data plane kept references to a cancelled transfer past `transfer_timeout_s`; the "
                          "session was ended to free them. Check the data plane (NIXL/UCX logs) and the link.",
     _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s` of the last data "
-                             "it sent us (on zmq pings do not count; on nixl, whose writes bypass the connection, "
-                             "they do): it is stalled or unreachable. Check the producer process and the network. "
+                             "it sent us (on zmq pings do not count, unless thousands a second grow the connection "
+                             "like data; on nixl, whose writes bypass the connection, they do): it is stalled or unreachable. Check the producer process and the network. "
                              "(On zmq a producer still sending other loads' data is not given up: the aborted load "
                              "ends alone, with its own reason, L20.)",
     _R.INSTANCE_DOWN: "A dial to another rank of the same producer instance (same `instance`, same host) was "

@@ -128,8 +128,8 @@ def check_config(config: str) -> None:
     A MultiConnector config is checked through its "connectors": kvtier's entry in the
     OffloadingConnector among them. One tier entry alone (an object with a "type" or "module_path"
     and no "kv_connector") is checked as the only entry of an OffloadingConnector's secondary_tiers
-    (a "note:" line says so). Each kvtier entry that passes gets an "ok:" line, each problem a
-    "problem:" line on stderr.
+    (a "note:" line says so). Each kvtier entry that passes gets an "ok:" line ("entry ok:" when
+    the config has a problem elsewhere), each problem a "problem:" line on stderr.
 
     KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. CURVE key files are read as the
     engine reads them, on this host, and NIXL must import here for data_plane "nixl". Exit status 1
@@ -154,8 +154,9 @@ def check_config(config: str) -> None:
     except RecursionError:
         raise click.BadParameter("it is nested too deeply to be read (a kv-transfer-config is a shallow JSON "
                                  "object)", param_hint="KV_TRANSFER_CONFIG") from None
+    passed = "entry ok" if problems else "ok"  # an entry that passes beside a problem: not the config
     for line in notes:
-        click.echo(f"{'note' if line == BARE_ENTRY_NOTE else 'ok'}: {line}")
+        click.echo(f"{'note' if line == BARE_ENTRY_NOTE else passed}: {line}")
     for line in problems:
         click.echo(f"problem: {line}", err=True)
     sys.exit(1 if problems else 0)

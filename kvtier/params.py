@@ -158,6 +158,33 @@ def _normal_host(value: str) -> str | None:
     return None
 
 
+def _network(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """An ``allowed_peers`` CIDR entry; one with host bits set is refused with the network it
+    would have meant, since an entry that matches other than what it says is a mistake."""
+    try:
+        return ipaddress.ip_network(entry, strict=True)
+    except ValueError:
+        pass
+    try:
+        net = ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        raise ValueError(f"allowed_peers entry {clip(entry)} is not a valid CIDR network") from None
+    raise ValueError(f"allowed_peers entry {entry!r} has host bits set: write {str(net)!r} for the network, or "
+                     f"{entry.partition('/')[0]!r} alone for that one host")
+
+
+def _listed_host(host: str, entry: str) -> str:
+    """An ``allowed_peers`` host; dotted digits that are no IPv4 address (an octet above 255, a
+    missing one) are refused: no resolver returns such a name, so the entry could never match."""
+    if host and all(c.isdigit() or c == "." for c in host):
+        try:
+            ipaddress.IPv4Address(host.rstrip("."))
+        except ValueError:
+            raise ValueError(f"allowed_peers entry {entry!r} is not a valid IPv4 address (four numbers "
+                             "0-255, e.g. 10.0.0.5)") from None
+    return parse_host(host, f"allowed_peers entry {entry!r}")
+
+
 def parse_port(value: object, field: str) -> int:
     """A TCP port 1..65535 given as an int or a decimal string (``5710`` or ``"5710"``; whitespace
     around the digits is ignored, as ``int()`` ignores it).
@@ -252,16 +279,12 @@ class PeerPolicy:
                 raise ValueError(f"allowed_peers entry {clip(entry)} is a URL: write the host, host:port or "
                                  "CIDR network alone, without a scheme (e.g. 10.0.0.5:5710)")
             elif "/" in e:
-                try:
-                    networks.append(ipaddress.ip_network(e, strict=False))
-                except ValueError:
-                    raise ValueError(f"allowed_peers entry {clip(entry)} is not a valid CIDR network") from None
+                networks.append(_network(e))
             elif e.startswith("[") and "]:" in e or (e.count(":") == 1):
                 host, _, port = e.rpartition(":")
-                endpoints.add((parse_host(host, f"allowed_peers entry {e!r}"),
-                               parse_port(port, f"allowed_peers entry {e!r}")))
+                endpoints.add((_listed_host(host, e), parse_port(port, f"allowed_peers entry {e!r}")))
             else:
-                hosts.add(parse_host(e, f"allowed_peers entry {e!r}"))
+                hosts.add(_listed_host(e, e))
         return cls(any_, frozenset(endpoints), frozenset(hosts), tuple(networks), _beyond_loopback(listen_host))
 
     def listed(self, host: str, port: int) -> bool:

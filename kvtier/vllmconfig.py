@@ -212,16 +212,17 @@ def _poll_interval(extra: Mapping[str, Any], notes: list[str]) -> list[str]:
 def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -> tuple[list[str], list[str], int]:
     """One offloading connector's config: ``(problems, notes, kvtier entries found)``; with
     ``own_entry_required`` a config that loads no kvtier entry (or more than one) is a problem."""
-    extra = doc.get("kv_connector_extra_config")
-    if not isinstance(extra, Mapping):
-        return [("kv_connector_extra_config is missing: kvtier is configured as one of its secondary_tiers "
-                 "(docs/integrations/vllm.md)")], [], 0
     problems: list[str] = []
     notes: list[str] = []
+    # the connector first: with the wrong one, nothing under it is read by kvtier at all
     if doc.get("kv_connector") != "OffloadingConnector":
         problems.append(f"kv_connector is {doc.get('kv_connector')!r}: kvtier runs as a secondary tier of vLLM's "
                         'offloading connector; write "kv_connector": "OffloadingConnector" (or list it among a '
                         "MultiConnector's connectors)")
+    extra = doc.get("kv_connector_extra_config")
+    if not isinstance(extra, Mapping):
+        return [*problems, ("kv_connector_extra_config is missing: kvtier is configured as one of its "
+                            "secondary_tiers (docs/integrations/vllm.md)")], [], 0
     problems += _misplaced(extra, "secondary_tiers (vLLM ignores them here)")
     if extra.get("spec_name") != "TieringOffloadingSpec":
         problems.append(f"kv_connector_extra_config.spec_name is {extra.get('spec_name')!r}: secondary tiers need "

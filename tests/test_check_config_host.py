@@ -38,3 +38,20 @@ def test_an_entry_with_a_bad_value_still_says_its_nixl_plane_cannot_start_here(m
     assert res.exit_code == 1, res.output
     assert "port" in res.output and "data_plane 'nixl' cannot start on this host: NIXL is not installed" \
         in res.output, res.output
+
+
+def test_a_config_for_another_connector_names_the_connector_first_and_no_entry_as_ok() -> None:
+    """A config whose top-level connector is not vLLM's offloading connector: the connector is the
+    first problem (kvtier would not be loaded at all), also when the extra config is missing; an
+    entry that passes its own checks beside it is "entry ok", never a bare "ok" for the config."""
+    res = CliRunner().invoke(cli, ["check-config", json.dumps(
+        {"kv_connector": "NixlConnector", "kv_role": "kv_both"})])
+    assert res.exit_code == 1, res.output
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith("problem: kv_connector is 'NixlConnector'"), lines
+    assert any("kv_connector_extra_config is missing" in x for x in lines[1:]), lines
+    doc = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "spec_name": "TieringOffloadingSpec", "secondary_tiers": [ENTRY]}}
+    res = CliRunner().invoke(cli, ["check-config", json.dumps(doc)])
+    assert res.exit_code == 1 and res.stderr.startswith("problem: kv_connector is 'NixlConnector'"), res.stderr
+    assert res.stdout.startswith("entry ok: secondary_tiers[0]: kvtier"), res.stdout
