@@ -59,8 +59,8 @@ class Logs:
     def who(self, peer: str) -> str:
         return peer
 
-MISMATCH = ("does not match the digest its producer sent (taken when it parked it; none sent counts as a mismatch); "
-            "the load fails")
+MISMATCH = ("does not match the digest its producer sent (taken when it parked it, or as its serve began; none sent "
+            "counts as a mismatch); the load fails")
 
 
 def _work(pool=None, algorithm: str = "xxh3_64", counters: Counters | None = None) -> ByteWork:
