@@ -15,7 +15,9 @@ are one lookup, and a round's close drops what it still had queued (nothing of a
 stopped looking is ever performed, or kept).  A window asks the engine about at most the keys the
 caller allows (``TierCore.serve_lookup_budget``): the keys of a lookup past them are answered
 pending (the core asks them again), and rounds not reached keep their place for the next window
-(decision Y25).  A lookup whose round stopped looking (``TierCore.serve_room`` None) is skipped;
+(decision Y25).  It takes the rounds of the peers it served least recently first, in queue order
+among equals, so a peer with many rounds queued holds another one back by one window (one per
+other peer waiting, with several), not one per round it queued (decision Y27).  A lookup whose round stopped looking (``TierCore.serve_room`` None) is skipped;
 one pins at most what its peer's room holds when it is performed — blocks pinned already cost
 nothing again — the keys after that answered missing (decision Y23).  Every pin is released
 exactly once, through the source that made it (property ``pin_released_once``); every context
@@ -60,6 +62,7 @@ class ServeWindows:
         self._closes: deque[fx.CloseLookup] = deque()
         self._contexts: dict[RoundKey, tuple[BlockSource, Any]] = {}
         self._pins: dict[int, BlockSource] = {}
+        self._served: dict[str, int] = {}  # peer -> the window that last looked up for it (Y27)
         self._seq = 0
         self._on_error = on_error
         self.standing: BlockSource | None = None
@@ -122,9 +125,10 @@ class ServeWindows:
         (None: all).  Returns how many lookups it performed."""
         self.windows += 1
         self._close_queued(len(self._closes))
-        done, lookups = 0, self._lookups
+        done, lookups, served = 0, self._lookups, self._served
         budget = sys.maxsize if budget is None else budget
-        for key in list(lookups):  # the rounds queued before the window
+        # the rounds queued before the window, the peers served least recently first (Y27)
+        for key in sorted(lookups, key=lambda k: served.get(k[0], -1)):
             if budget <= 0:  # the rest keep their place, ahead of the re-polls queued meanwhile
                 break
             e = lookups.pop(key, None)
@@ -135,9 +139,13 @@ class ServeWindows:
                 continue
             answer, asked = self._look_up(source, e, fit, budget)
             budget -= asked
+            served[e.peer] = self.windows
             apply(answer)
             done += 1
         self._close_queued(len(self._closes))
+        if len(served) > len(lookups):  # only peers still waiting need their turn remembered
+            waiting = {k[0] for k in lookups}
+            self._served = {p: w for p, w in served.items() if p in waiting}
         return done
 
     def _look_up(self, source: BlockSource, e: fx.LookUpBlocks, room: Any,

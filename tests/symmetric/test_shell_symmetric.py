@@ -166,6 +166,27 @@ def test_a_window_asks_the_engine_about_a_bounded_number_of_keys_and_the_rest_wa
     assert [k for a in got if a.peer == "flood" for k in a.found] == list(many)  # each key asked once
 
 
+def test_a_window_serves_the_peer_it_served_least_recently_first() -> None:
+    """Y27: a peer with many rounds queued does not hold another peer behind all of them: each
+    window takes the rounds of the peers it served least recently first (never served: first of
+    all), in queue order among equals — so with every window's budget spent by one peer, another
+    peer's lookup waits one window, not one per round the first has queued."""
+    w = ServeWindows(on_error=lambda: None)
+    keys = {p: tuple(b"%s%d" % (p.encode(), i) for i in range(4)) for p in ("a0", "a1", "a2", "c0")}
+    src = Source(found={k: i for i, k in enumerate(k for ks in keys.values() for k in ks)} | {b"b": 99})
+    for r in range(3):  # peer A: three rounds of a full budget each, queued first
+        w.queue_lookup(fx.LookUpBlocks("A", "KA", r, keys[f"a{r}"]))
+    w.queue_lookup(fx.LookUpBlocks("B", "KB", 0, (b"b",)))
+    w.queue_lookup(fx.LookUpBlocks("C", "KC", 0, keys["c0"]))
+    got: list[ix.LookupAnswered] = []
+    windows = []
+    while w.wanted():
+        before = len(got)
+        w.run(src, lambda *k: ROOM, got.append, budget=4)
+        windows.append([(a.peer, a.round, len(a.found)) for a in got[before:]])
+    assert windows == [[("A", 0, 4)], [("B", 0, 1), ("C", 0, 3)], [("A", 1, 4)], [("A", 2, 4)]], windows
+
+
 def test_a_rounds_lookups_are_one_and_its_close_drops_what_it_still_had_queued() -> None:
     """Y25: a round's lookups queued between windows are asked as one (one answer); a close of the
     round drops its queued lookups, so a round that ended and started again under the same key is
