@@ -181,7 +181,7 @@ def _listed_host(host: str, entry: str) -> str:
             ipaddress.IPv4Address(host.rstrip("."))
         except ValueError:
             raise ValueError(f"allowed_peers entry {entry!r} is not a valid IPv4 address (four numbers "
-                             "0-255, e.g. 10.0.0.5)") from None
+                             "0-255 without leading zeros, e.g. 10.0.0.5)") from None
     return parse_host(host, f"allowed_peers entry {entry!r}")
 
 

@@ -81,10 +81,10 @@ def test_principals_refuse_an_empty_list_and_a_bad_name_by_value() -> None:
     ("bad host!", "allowed_peers entry 'bad host!' must be a hostname or IP address, got 'bad host!'"),
     # a mistyped address no resolver returns, and a network that says a host: each could never
     # match what it says, so each is refused with what to write
-    ("10.0.0.300", "allowed_peers entry '10.0.0.300' is not a valid IPv4 address (four numbers 0-255, e.g. "
-                   "10.0.0.5)"),
-    ("10.0.0.300:5710", "allowed_peers entry '10.0.0.300:5710' is not a valid IPv4 address (four numbers 0-255, "
-                        "e.g. 10.0.0.5)"),
+    ("10.0.0.300", "allowed_peers entry '10.0.0.300' is not a valid IPv4 address (four numbers 0-255 without "
+                   "leading zeros, e.g. 10.0.0.5)"),
+    ("10.0.0.05:5710", "allowed_peers entry '10.0.0.05:5710' is not a valid IPv4 address (four numbers 0-255 "
+                       "without leading zeros, e.g. 10.0.0.5)"),
     ("10.0.0.5/8", "allowed_peers entry '10.0.0.5/8' has host bits set: write '10.0.0.0/8' for the network, or "
                    "'10.0.0.5' alone for that one host"),
 ])

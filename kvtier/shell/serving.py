@@ -143,9 +143,9 @@ class ServeWindows:
             apply(answer)
             done += 1
         self._close_queued(len(self._closes))
-        if len(served) > len(lookups):  # only peers still waiting need their turn remembered
-            waiting = {k[0] for k in lookups}
-            self._served = {p: w for p, w in served.items() if p in waiting}
+        # a peer with nothing left waiting is forgotten: its next round is not behind the others' turns
+        waiting = {k[0] for k in lookups}
+        self._served = {p: w for p, w in served.items() if p in waiting}
         return done
 
     def _look_up(self, source: BlockSource, e: fx.LookUpBlocks, room: Any,

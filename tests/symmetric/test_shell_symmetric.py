@@ -187,6 +187,23 @@ def test_a_window_serves_the_peer_it_served_least_recently_first() -> None:
     assert windows == [[("A", 0, 4)], [("B", 0, 1), ("C", 0, 3)], [("A", 1, 4)], [("A", 2, 4)]], windows
 
 
+def test_a_peer_served_beside_a_busy_one_is_not_behind_it_when_it_comes_back() -> None:
+    """Y27: a peer with nothing left queued after a window is forgotten, so its next round comes
+    first — not behind the busy peer it was served beside, which would win the tie by queue order."""
+    w = ServeWindows(on_error=lambda: None)
+    ka = [tuple(b"a%d-%d" % (r, i) for i in range(4)) for r in range(4)]
+    src = Source(found={k: i for i, k in enumerate([k for ks in ka for k in ks] + [b"b1", b"b2"])})
+    w.queue_lookup(fx.LookUpBlocks("B", "KB", 0, (b"b1",)))
+    for r in range(4):
+        w.queue_lookup(fx.LookUpBlocks("A", "KA", r, ka[r]))
+    got: list[ix.LookupAnswered] = []
+    w.run(src, lambda *k: ROOM, got.append, budget=4)
+    assert [(a.peer, a.round) for a in got] == [("B", 0), ("A", 0)]
+    w.queue_lookup(fx.LookUpBlocks("B", "KB", 1, (b"b2",)))  # B comes back; A still has rounds waiting
+    w.run(src, lambda *k: ROOM, got.append, budget=4)
+    assert [(a.peer, a.round) for a in got[2:]] == [("B", 1), ("A", 1)], got[2:]
+
+
 def test_a_rounds_lookups_are_one_and_its_close_drops_what_it_still_had_queued() -> None:
     """Y25: a round's lookups queued between windows are asked as one (one answer); a close of the
     round drops its queued lookups, so a round that ended and started again under the same key is
