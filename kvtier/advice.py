@@ -97,8 +97,8 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
     _R.TRANSFER_STALLED: "The data plane kept references to a cancelled transfer past `transfer_timeout_s`; the "
                          "session was ended to free them. Check the data plane (NIXL/UCX logs) and the link.",
     _R.ABORT_UNACKNOWLEDGED: "The producer did not answer our abort within `abort_ack_timeout_s` of the last data "
-                             "it sent us (on zmq pings do not count, unless thousands a second grow the connection "
-                             "like data; on nixl, whose writes bypass the connection, they do): it is stalled or unreachable. Check the producer process and the network. "
+                             "it sent us (on zmq pings and pongs do not count, however many; on nixl, whose writes "
+                             "bypass the connection, they do): it is stalled or unreachable. Check the producer process and the network. "
                              "(On zmq a producer still sending other loads' data is not given up: the aborted load "
                              "ends alone, with its own reason, L20.)",
     _R.INSTANCE_DOWN: "A dial to another rank of the same producer instance (same `instance`, same host) was "

@@ -17,7 +17,7 @@ import enum
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
-SPEC_SHA256: Final = "0cc50d2ffd645818e797ed7e1cadc1a790577f9c0b67f83c0527b76fb100fe3f"
+SPEC_SHA256: Final = "4c8ca6a7628ab00d1c134858d3702c7974dcc1fa9c0e8c50c08c7fec43bf4254"
 """SHA-256 of spec/lifecycle.toml at generation time."""
 
 TRANSITION: Final = "transition"
@@ -2495,8 +2495,8 @@ WIRE: Final = MappingProxyType({
     "abort_ack": Wire("AbortAck", "abort_ack", False, False, "", ""),
     "probe": Wire("Probe", "probe", False, False, "", ""),
     "probe_reply": Wire("ProbeReply", "probe_reply", False, False, "probe_answered", "served"),
-    "ping": Wire("Ping", "ping", False, False, "", ""),
-    "pong": Wire("Pong", "pong", False, False, "", ""),
+    "ping": Wire("Ping", "ping", False, False, "chatter", ""),
+    "pong": Wire("Pong", "pong", False, False, "chatter", ""),
     "disconnect": Wire("Disconnect", "disconnect", False, False, "", ""),
     "error": Wire("Error", "error", False, False, "peer_error", ""),
 })

@@ -98,6 +98,9 @@ class Inbound:
         self._held: float | None = None  # the deadline a crossing that proved nothing held back
         self._progress_at = float("-inf")  # when the dials' byte counts were last read (T22)
         self._progress_live = False  # read at every window since: growth is recent (a first read is a baseline)
+        # peers a whole ping or pong came from since the byte counts were last read: their growth
+        # may be that chatter, heard as such, not part of a message still crossing (T22, L20)
+        self._chatter: set[str] = set()
         self.reported = 0
         """The plane's reports turned into inputs since start (the loop's eager window follows them)."""
         self.PLANE_REPORTS: dict[type, Callable[[Any, float], ix.Input | None]] = {
@@ -114,6 +117,7 @@ class Inbound:
             "rejected": self._note_rejected,
             "peer_error": self._note_error,
             "probe_answered": lambda peer, m: self.metrics.probe_answered(sum(m.hits), len(m.hits) - sum(m.hits)),
+            "chatter": lambda peer, m: self._chatter.add(peer),
         }
         # per message struct: (the observation when one arrives, whether it needs the principal),
         # from the spec's routing table (kvtier.lifecycle._table.WIRE)
@@ -197,14 +201,16 @@ class Inbound:
             out.extend(self.reports(reports, after))
         if not receiving:
             self._progress_live = False  # unread from now on: what the next read counts may be old (I43)
+            self._chatter.clear()
         elif start_read - self._progress_at >= PROGRESS_S:
             self._progress_at = start_read
             progress = getattr(self.transport, "progress", None)  # optional in a transport of one's own
             if progress is not None:
-                grew = progress()
+                grew, chatter = progress(), self._chatter
                 if self._progress_live:
-                    out.extend(ix.PeerProgress(peer) for peer in grew)
+                    out.extend(ix.PeerProgress(peer) for peer in grew if peer not in chatter)
                 self._progress_live = True
+            self._chatter.clear()
         return out
 
     def deadlines_at(self, now: float) -> float:

@@ -8,7 +8,9 @@ The kernel counts what each TCP connection received (``TCP_INFO``'s ``tcpi_bytes
 Linux 4.1+): a count that grew since it was last read proves the peer's side of the connection
 alive as well as a whole message would.  Only a count that grew by :data:`MIN_BYTES` or more
 counts: a ping or pong is a whole message, heard as such, and the bytes of one must not pass for
-the producer still sending data (decision L19 reads that as work it may answer behind).
+the producer still sending data (decision L19 reads that as work it may answer behind); nor do
+thousands of them a second — the shell drops a peer's growth in a window in which a whole ping
+or pong came from it (``kvtier.shell.inbound``, decision L20).
 """
 
 from __future__ import annotations

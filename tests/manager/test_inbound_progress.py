@@ -96,3 +96,39 @@ def test_bytes_counted_across_a_stretch_without_reads_are_no_news_of_the_peer() 
         assert [i.peer for i in inbound.collect(receiving=True)] == ["p"], stretch
         now[0] += 1.0
         assert inbound.collect(receiving=False) == []  # no load out: nothing is read
+
+
+def test_bytes_that_pings_or_pongs_explain_are_no_progress_of_a_message() -> None:
+    """A peer whose connection grew while whole pings or pongs arrived from it is heard through
+    them; the growth is not reported as part of a message still crossing (T22), which would read
+    as the producer sending work and keep an unanswered abort waiting (L19, L20): a raw producer
+    flooding 2,000 pongs a second grew its connection by the 4 KiB a read counts.  A window with
+    only data in flight reports it."""
+    from kvtier.wire import messages as wm
+    from kvtier.wire.codec import encode_frames
+
+    now = [0.0]
+
+    class _Chatty(_Counting):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inbox: list[tuple[str, list[Any]]] = []
+
+        def service(self, max_messages: int) -> tuple[list[Any], list[Any], bool]:
+            got, self.inbox = self.inbox, []
+            return got, [], True
+
+    t = _Chatty()
+    inbound = Inbound(transport=t, plane=_Plane([], False), decoder=Decoder(block_bytes=64), metrics=None,
+                      logs=None, clock=lambda: now[0], posted={}, work=None)  # type: ignore[arg-type]
+    t.grown = [["p", "q"], ["p", "q"], ["p", "q"], ["p", "q"]]
+    now[0] += 1.0
+    inbound.collect(receiving=True)  # a baseline
+    for msg in (wm.Pong(gen=1, t=0.5), wm.Ping(gen=1, t=0.5)):
+        now[0] += 1.0
+        t.inbox = [("p", encode_frames(msg))]
+        got = inbound.collect(receiving=True)
+        assert [type(i).__name__ for i in got if i.peer == "p"] == ["Received"], got  # heard, no progress
+        assert [i.peer for i in got if type(i).__name__ == "PeerProgress"] == ["q"], got
+    now[0] += 1.0
+    assert [i.peer for i in inbound.collect(receiving=True)] == ["p", "q"]  # only bytes: a message crossing
