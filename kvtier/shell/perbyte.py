@@ -237,7 +237,8 @@ class ByteWork:
         if bad >= 0:
             self._logs(peer, "corrupt",
                        "kvtier: block %d of %s round %d from %s does not match the digest its producer sent "
-                       "(taken when it parked it, or as its serve began; none sent counts as a mismatch); the load fails",
+                       "(taken when it parked it, or as its serve began; none sent counts as a mismatch); "
+                       "the load fails",
                        first + bad, kid, rnd, self._logs.who(peer))
             out.append(ix.BlocksLanded(peer, kid, rnd, first + bad, count - bad, False, Reason.CORRUPT))
         return out

@@ -17,9 +17,10 @@ caller allows (``TierCore.serve_lookup_budget``): the keys of a lookup past them
 pending (the core asks them again), and rounds not reached keep their place for the next window
 (decision Y25).  It takes the rounds of the peers it served least recently first, in queue order
 among equals, so a peer with many rounds queued holds another one back by one window (one per
-other peer waiting, with several), not one per round it queued (decision Y27).  A lookup whose round stopped looking (``TierCore.serve_room`` None) is skipped;
-one pins at most what its peer's room holds when it is performed — blocks pinned already cost
-nothing again — the keys after that answered missing (decision Y23).  Every pin is released
+other peer waiting, with several), not one per round it queued (decision Y27).  A lookup whose
+round stopped looking (``TierCore.serve_room`` None) is skipped; one pins at most what its peer's
+room holds when it is performed — blocks pinned already cost nothing again — the keys after that
+answered missing (decision Y23).  Every pin is released
 exactly once, through the source that made it (property ``pin_released_once``); every context
 opened is closed exactly once (property ``lookup_context_closed_once``), or dropped with the engine
 at shutdown.
