@@ -15,9 +15,10 @@ are one lookup, and a round's close drops what it still had queued (nothing of a
 stopped looking is ever performed, or kept).  A window asks the engine about at most the keys the
 caller allows (``TierCore.serve_lookup_budget``): the keys of a lookup past them are answered
 pending (the core asks them again), and rounds not reached keep their place for the next window
-(decision Y25).  It takes the rounds of the peers it served least recently first, in queue order
-among equals, so a peer with many rounds queued holds another one back by one window (one per
-other peer waiting, with several), not one per round it queued (decision Y27).  A lookup whose
+(decision Y25).  It takes first the rounds of the peers with the fewest keys asked of the engine
+lately (each window halves the count) plus keys still waiting, a peer's rounds in queue order: a
+peer that keeps full rounds waiting, in many rounds or one at a time, does not hold back one that
+asks about a few keys (decision Y27).  A lookup whose
 round stopped looking (``TierCore.serve_room`` None) is skipped; one pins at most what its peer's
 room holds when it is performed — blocks pinned already cost nothing again — the keys after that
 answered missing (decision Y23).  Every pin is released
@@ -63,7 +64,7 @@ class ServeWindows:
         self._closes: deque[fx.CloseLookup] = deque()
         self._contexts: dict[RoundKey, tuple[BlockSource, Any]] = {}
         self._pins: dict[int, BlockSource] = {}
-        self._served: dict[str, int] = {}  # peer -> the window that last looked up for it (Y27)
+        self._asked: dict[str, float] = {}  # peer -> keys windows asked for it lately, halved each window (Y27)
         self._seq = 0
         self._on_error = on_error
         self.standing: BlockSource | None = None
@@ -126,10 +127,14 @@ class ServeWindows:
         (None: all).  Returns how many lookups it performed."""
         self.windows += 1
         self._close_queued(len(self._closes))
-        done, lookups, served = 0, self._lookups, self._served
+        done, lookups, asked_of = 0, self._lookups, self._asked
         budget = sys.maxsize if budget is None else budget
-        # the rounds queued before the window, the peers served least recently first (Y27)
-        for key in sorted(lookups, key=lambda k: served.get(k[0], -1)):
+        # the rounds queued before the window; first the peers whose keys asked lately and still
+        # waiting are fewest, a peer's rounds in queue order (Y27)
+        cost = dict(asked_of)
+        for (peer, _, _), e in lookups.items():
+            cost[peer] = cost.get(peer, 0.0) + len(e.keys)
+        for key in sorted(lookups, key=lambda k: cost[k[0]]):
             if budget <= 0:  # the rest keep their place, ahead of the re-polls queued meanwhile
                 break
             e = lookups.pop(key, None)
@@ -140,13 +145,12 @@ class ServeWindows:
                 continue
             answer, asked = self._look_up(source, e, fit, budget)
             budget -= asked
-            served[e.peer] = self.windows
+            asked_of[e.peer] = asked_of.get(e.peer, 0.0) + asked
             apply(answer)
             done += 1
         self._close_queued(len(self._closes))
-        # a peer with nothing left waiting is forgotten: its next round is not behind the others' turns
-        waiting = {k[0] for k in lookups}
-        self._served = {p: w for p, w in served.items() if p in waiting}
+        # what a peer cost fades by half a window; under a key it is forgotten (bounded by the peers)
+        self._asked = {p: n / 2 for p, n in asked_of.items() if n >= 2}
         return done
 
     def _look_up(self, source: BlockSource, e: fx.LookUpBlocks, room: Any,

@@ -161,16 +161,17 @@ def test_a_window_asks_the_engine_about_a_bounded_number_of_keys_and_the_rest_wa
         w.run(src, lambda *k: ROOM, apply, budget=4)
         per_window.append(len([c for c in src.calls if c[0] == "lookup"]) - before)
     assert per_window == [4, 4, 3]  # 10 + 1 keys, never more than 4 a window
+    # the peer with fewer keys waiting goes first (Y27)
     assert [(a.peer, len(a.found), len(a.pending)) for a in got] == [
-        ("flood", 4, 6), ("other", 1, 0), ("flood", 3, 3), ("flood", 3, 0)]
+        ("other", 1, 0), ("flood", 3, 7), ("flood", 4, 3), ("flood", 3, 0)]
     assert [k for a in got if a.peer == "flood" for k in a.found] == list(many)  # each key asked once
 
 
-def test_a_window_serves_the_peer_it_served_least_recently_first() -> None:
+def test_a_window_serves_the_peers_with_fewest_keys_asked_and_waiting_first() -> None:
     """Y27: a peer with many rounds queued does not hold another peer behind all of them: each
-    window takes the rounds of the peers it served least recently first (never served: first of
-    all), in queue order among equals — so with every window's budget spent by one peer, another
-    peer's lookup waits one window, not one per round the first has queued."""
+    window takes first the rounds of the peers with the fewest keys asked lately plus waiting, a
+    peer's rounds in queue order — B's 1 key and C's 4 go before A's three rounds of 4 queued
+    ahead of them, and A's rounds then follow one a window."""
     w = ServeWindows(on_error=lambda: None)
     keys = {p: tuple(b"%s%d" % (p.encode(), i) for i in range(4)) for p in ("a0", "a1", "a2", "c0")}
     src = Source(found={k: i for i, k in enumerate(k for ks in keys.values() for k in ks)} | {b"b": 99})
@@ -184,12 +185,41 @@ def test_a_window_serves_the_peer_it_served_least_recently_first() -> None:
         before = len(got)
         w.run(src, lambda *k: ROOM, got.append, budget=4)
         windows.append([(a.peer, a.round, len(a.found)) for a in got[before:]])
-    assert windows == [[("A", 0, 4)], [("B", 0, 1), ("C", 0, 3)], [("A", 1, 4)], [("A", 2, 4)]], windows
+    assert windows == [[("B", 0, 1), ("C", 0, 3)], [("A", 0, 4)], [("A", 1, 4)], [("A", 2, 4)]], windows
+
+
+def test_a_small_prober_is_not_behind_peers_that_each_keep_one_full_round_waiting() -> None:
+    """Y27: turns follow the keys a window asked for each peer lately (halved every window), not
+    whether a peer has rounds left: three peers that each queue one full-budget round again right
+    after every window, ahead of an honest peer's 1-key probe, do not hold it for a window each —
+    it is answered in the window after it came, every time."""
+    w = ServeWindows(on_error=lambda: None)
+    fresh = iter(range(10**6))
+
+    def full() -> tuple[bytes, ...]:
+        return tuple(b"f%d" % next(fresh) for _ in range(4))
+
+    src = Source()
+    src.lookup = lambda key, ctx: Presence.MISSING  # type: ignore[method-assign]
+    rounds = iter(range(10**6))
+    for f in ("F1", "F2", "F3"):
+        w.queue_lookup(fx.LookUpBlocks(f, "K" + f, next(rounds), full()))
+    got: list[ix.LookupAnswered] = []
+    w.run(src, lambda *k: ROOM, got.append, budget=4)
+    answered = {a.peer for a in got}
+    for window in range(6):
+        for f in sorted(answered - {"H"}):  # an answered flooder queues its next full round at once
+            w.queue_lookup(fx.LookUpBlocks(f, "K" + f, next(rounds), full()))
+        w.queue_lookup(fx.LookUpBlocks("H", "KH", next(rounds), (b"h",)))
+        before = len(got)
+        w.run(src, lambda *k: ROOM, got.append, budget=4)
+        answered = {a.peer for a in got[before:]}
+        assert "H" in answered, (window, [(a.peer, a.round) for a in got[before:]])
 
 
 def test_a_peer_served_beside_a_busy_one_is_not_behind_it_when_it_comes_back() -> None:
-    """Y27: a peer with nothing left queued after a window is forgotten, so its next round comes
-    first — not behind the busy peer it was served beside, which would win the tie by queue order."""
+    """Y27: a peer served beside a busy one comes back first: the keys asked for it lately and still
+    waiting are fewer — not behind the busy one, which an order by last window would tie with it."""
     w = ServeWindows(on_error=lambda: None)
     ka = [tuple(b"a%d-%d" % (r, i) for i in range(4)) for r in range(4)]
     src = Source(found={k: i for i, k in enumerate([k for ks in ka for k in ks] + [b"b1", b"b2"])})
