@@ -135,7 +135,7 @@ class ServeWindows:
         for (peer, _, _), e in lookups.items():
             cost[peer] = cost.get(peer, 0.0) + len(e.keys)
         for key in sorted(lookups, key=lambda k: cost[k[0]]):
-            if budget <= 0:  # the rest keep their place, ahead of the re-polls queued meanwhile
+            if budget <= 0:  # the rest wait, ahead of the re-polls queued meanwhile among equal costs
                 break
             e = lookups.pop(key, None)
             if e is None:  # closed meanwhile
@@ -149,7 +149,7 @@ class ServeWindows:
             apply(answer)
             done += 1
         self._close_queued(len(self._closes))
-        # what a peer cost fades by half a window; under a key it is forgotten (bounded by the peers)
+        # a peer's cost halves every window and is forgotten under 2 keys (so bounded by the peers)
         self._asked = {p: n / 2 for p, n in asked_of.items() if n >= 2}
         return done
 
