@@ -123,19 +123,20 @@ def why(kv_request_id: str, endpoints: tuple[str, ...], as_json: bool, timeout_s
 def check_config(config: str) -> None:
     """Check a vLLM --kv-transfer-config for kvtier before an engine starts: every kvtier entry is
     validated as kvtier would (each error names the key), and the mistakes vLLM decides before
-    kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "type" or "module_path" vLLM cannot load, a "backpressure" key, a "tier_poll_interval_s" vLLM cannot read or below 0).
+    kvtier runs are found too (a "type" of vLLM's own tiers such as "p2p", a "type" or "module_path" vLLM cannot load, a "backpressure" key, a "tier_poll_interval_s" vLLM cannot read or below 0, a "cpu_bytes_to_use" vLLM cannot read or 0, a missing one said as a note).
 
     A MultiConnector config is checked through its "connectors": kvtier's entry in the
     OffloadingConnector among them. One tier entry alone (an object with a "type" or "module_path"
     and no "kv_connector") is checked as the only entry of an OffloadingConnector's secondary_tiers
     (a "note:" line says so). Each kvtier entry that passes gets an "ok:" line ("entry ok:" when
-    the config has a problem elsewhere), each problem a "problem:" line on stderr.
+    the config has a problem elsewhere, ending with the SECURITY warnings the engine will log), advice a
+    "note:" line, each problem a "problem:" line on stderr.
 
     KV_TRANSFER_CONFIG: the JSON text, or @FILE to read it from a file. CURVE key files are read as the
     engine reads them, on this host, and NIXL must import here for data_plane "nixl". Exit status 1
     on a problem in the config, 2 when it cannot be read or is not a JSON object.
     """
-    from kvtier.vllmconfig import BARE_ENTRY_NOTE, check_kv_transfer_config
+    from kvtier.vllmconfig import Advice, check_kv_transfer_config
 
     path = config[1:] if config.startswith("@") else None
     if path is not None:
@@ -156,7 +157,7 @@ def check_config(config: str) -> None:
                                  "object)", param_hint="KV_TRANSFER_CONFIG") from None
     passed = "entry ok" if problems else "ok"  # an entry that passes beside a problem: not the config
     for line in notes:
-        click.echo(f"{'note' if line == BARE_ENTRY_NOTE else passed}: {line}")
+        click.echo(f"{'note' if isinstance(line, Advice) else passed}: {line}")
     for line in problems:
         click.echo(f"problem: {line}", err=True)
     sys.exit(1 if problems else 0)

@@ -27,8 +27,9 @@ from typing import Any
 from kvtier.config import DEFAULTS, VLLM_BUILTIN_TIERS, TierConfig
 from kvtier.config_kinds import WrittenNumber
 from kvtier.dataplane import plane_unavailable
+from kvtier.params import PeerPolicy
 
-__all__ = ["BARE_ENTRY_NOTE", "KVTIER_MODULE", "check_kv_transfer_config"]
+__all__ = ["BARE_ENTRY_NOTE", "KVTIER_MODULE", "Advice", "check_kv_transfer_config"]
 
 KVTIER_MODULE = "kvtier.integrations.vllm"
 
@@ -122,9 +123,15 @@ def _wrapped(entry: Mapping[str, Any]) -> dict[str, Any]:
             "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}}
 
 
-#: The first note of a check given one tier entry: how it was read, not a verdict on it (the CLI
-#: prints it as ``note:``, every other note as ``ok:``).
-BARE_ENTRY_NOTE = ("checked as one tier entry, not a whole --kv-transfer-config: as the only entry of "
+class Advice(str):
+    """A note that is advice, not a verdict on an entry (the CLI prints it as ``note:``, every
+    other note as ``ok:``)."""
+
+    __slots__ = ()
+
+
+#: The first note of a check given one tier entry: how it was read, not a verdict on it.
+BARE_ENTRY_NOTE = Advice("checked as one tier entry, not a whole --kv-transfer-config: as the only entry of "
                    "kv_connector_extra_config.secondary_tiers under \"kv_connector\": \"OffloadingConnector\" and "
                    "\"spec_name\": \"TieringOffloadingSpec\"; give vLLM the entry so wrapped "
                    "(docs/integrations/vllm.md)")
@@ -203,10 +210,46 @@ def _poll_interval(extra: Mapping[str, Any], notes: list[str]) -> list[str]:
         return [f"{where}: below 0 vLLM silently starts no tier-poll thread; write seconds, e.g. 0.001 "
                 "(its default)"]
     if seconds == 0:
-        notes.append("kv_connector_extra_config.tier_poll_interval_s=0: vLLM starts no tier-poll thread, so kvtier's "
-                     "results and a peer's lookups wait for the engine's steps (keep the 0.001 default unless "
-                     "that is meant)")
+        notes.append(Advice("kv_connector_extra_config.tier_poll_interval_s=0: vLLM starts no tier-poll thread, so "
+                            "kvtier's results and a peer's lookups wait for the engine's steps (keep the 0.001 "
+                            "default unless that is meant)"))
     return []
+
+
+def _written(doc: Mapping[str, Any], key: str) -> str:
+    """How ``doc[key]`` was written, for a message: its JSON value, or that it is missing."""
+    return repr(doc[key]) if key in doc else "missing"
+
+
+def _cpu_bytes(extra: Mapping[str, Any], notes: list[str]) -> list[str]:
+    """``cpu_bytes_to_use``: vLLM's CPU tier under the secondary tiers refuses to start without a
+    value ``int()`` takes and that is not 0; missing, it may still come from ``--kv-offloading-size``
+    (vLLM adds it), so that is a note."""
+    where = "kv_connector_extra_config.cpu_bytes_to_use"
+    if "cpu_bytes_to_use" not in extra:
+        notes.append(Advice(f"{where} is missing: vLLM refuses to start without it unless --kv-offloading-size "
+                            'sets it; write the CPU tier\'s bytes, e.g. "cpu_bytes_to_use": 10737418240 (10 GiB)'))
+        return []
+    value = extra["cpu_bytes_to_use"]
+    try:
+        ok = not isinstance(value, bool) and int(value) > 0
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if ok:
+        return []
+    return [f"{where}={json.dumps(value)[:60]}: vLLM reads it with int() as the CPU tier's bytes and refuses "
+            'anything else or 0; write a positive number of bytes, e.g. "cpu_bytes_to_use": 10737418240 (10 GiB)']
+
+
+def _security(cfg: TierConfig) -> str:
+    """The SECURITY warnings the engine will log at start with ``cfg``, said here too."""
+    policy = PeerPolicy.from_entries(cfg.allowed_peers, listen_host=cfg.host)
+    said = []
+    if cfg.auth == "none" and policy.beyond_loopback:
+        said.append(f"auth none on {cfg.host} (anyone who can reach the port can fetch parked blocks)")
+    if policy.open:
+        said.append("allowed_peers is open ('*': a request may make it dial any address)")
+    return "; the engine will warn at start: " + " and ".join(said) + " (docs/security.md)" if said else ""
 
 
 def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -> tuple[list[str], list[str], int]:
@@ -216,7 +259,7 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
     notes: list[str] = []
     # the connector first: with the wrong one, nothing under it is read by kvtier at all
     if doc.get("kv_connector") != "OffloadingConnector":
-        problems.append(f"kv_connector is {doc.get('kv_connector')!r}: kvtier runs as a secondary tier of vLLM's "
+        problems.append(f"kv_connector is {_written(doc, 'kv_connector')}: kvtier runs as a secondary tier of vLLM's "
                         'offloading connector; write "kv_connector": "OffloadingConnector" (or list it among a '
                         "MultiConnector's connectors)")
     extra = doc.get("kv_connector_extra_config")
@@ -225,8 +268,9 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
                             "secondary_tiers (docs/integrations/vllm.md)")], [], 0
     problems += _misplaced(extra, "secondary_tiers (vLLM ignores them here)")
     if extra.get("spec_name") != "TieringOffloadingSpec":
-        problems.append(f"kv_connector_extra_config.spec_name is {extra.get('spec_name')!r}: secondary tiers need "
-                        '"TieringOffloadingSpec"')
+        problems.append(f"kv_connector_extra_config.spec_name is {_written(extra, 'spec_name')}: secondary tiers "
+                        'need "TieringOffloadingSpec"')
+    problems += _cpu_bytes(extra, notes)
     problems += _poll_interval(extra, notes)
     top_bp = extra.get("backpressure")
     tiers = extra.get("secondary_tiers")
@@ -293,7 +337,7 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
         if len(problems) > before:  # checked, but vLLM would not start it as written
             continue
         notes.append(f"{where}: kvtier, {cfg.data_plane} plane, listens on {cfg.host}:{cfg.port}"
-                     f"{' (+ data_parallel_index)' if cfg.port else ''}, auth {cfg.auth}")
+                     f"{' (+ data_parallel_index)' if cfg.port else ''}, auth {cfg.auth}{_security(cfg)}")
     if own_entry_required and not found and not problems:
         problems.append(f"no secondary_tiers entry loads kvtier (module_path {KVTIER_MODULE!r})" + (
             f": {', '.join(builtin)}; to run kvtier in its place write \"type\": \"KvTierSecondaryTier\", "

@@ -51,7 +51,47 @@ def test_a_config_for_another_connector_names_the_connector_first_and_no_entry_a
     assert lines[0].startswith("problem: kv_connector is 'NixlConnector'"), lines
     assert any("kv_connector_extra_config is missing" in x for x in lines[1:]), lines
     doc = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
-        "spec_name": "TieringOffloadingSpec", "secondary_tiers": [ENTRY]}}
+        "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 1 << 30, "secondary_tiers": [ENTRY]}}
     res = CliRunner().invoke(cli, ["check-config", json.dumps(doc)])
     assert res.exit_code == 1 and res.stderr.startswith("problem: kv_connector is 'NixlConnector'"), res.stderr
     assert res.stdout.startswith("entry ok: secondary_tiers[0]: kvtier"), res.stdout
+
+
+def _offloading(extra: dict, entry: dict = ENTRY) -> str:
+    return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry], **extra}})
+
+
+def test_the_cpu_tiers_size_vllm_needs_is_checked_and_a_missing_one_is_a_note() -> None:
+    """vLLM's CPU tier under the secondary tiers reads ``cpu_bytes_to_use`` with ``int()`` and
+    refuses to start without a non-zero one: a value it cannot read is a problem naming what to
+    write; a missing one is a note (``--kv-offloading-size`` may add it), never a bare "ok"."""
+    for value in ("10GB", 0, None, "1e10", True):
+        res = CliRunner().invoke(cli, ["check-config", _offloading({"cpu_bytes_to_use": value})])
+        assert res.exit_code == 1, (value, res.output)
+        assert "problem: kv_connector_extra_config.cpu_bytes_to_use=" in res.stderr, (value, res.stderr)
+        assert '"cpu_bytes_to_use": 10737418240' in res.stderr
+    for value in (10737418240, "10737418240"):
+        res = CliRunner().invoke(cli, ["check-config", _offloading({"cpu_bytes_to_use": value})])
+        assert res.exit_code == 0 and "cpu_bytes_to_use" not in res.output, (value, res.output)
+    res = CliRunner().invoke(cli, ["check-config", _offloading({})])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("note: kv_connector_extra_config.cpu_bytes_to_use is missing: vLLM refuses to "
+                                 "start without it unless --kv-offloading-size sets it"), res.stdout
+
+
+def test_an_entry_that_passes_says_the_security_warnings_the_engine_will_log() -> None:
+    """check-config's "ok" line for an entry ends with the SECURITY lines the engine logs at start
+    with it (auth none beyond loopback, allowed_peers open), and says nothing of them when neither
+    holds; a key that is absent is named missing, not None."""
+    full = {"cpu_bytes_to_use": 1 << 30}
+    res = CliRunner().invoke(cli, ["check-config", _offloading(full)])
+    assert res.exit_code == 0 and "the engine will warn at start: auth none on 10.0.0.6" in res.stdout, res.stdout
+    assert "allowed_peers is open" in res.stdout
+    quiet = ENTRY | {"host": "127.0.0.1", "allowed_peers": ["10.0.0.5:5710"]}
+    res = CliRunner().invoke(cli, ["check-config", _offloading(full, quiet)])
+    assert res.exit_code == 0 and "warn" not in res.stdout, res.stdout
+    res = CliRunner().invoke(cli, ["check-config", json.dumps({"kv_role": "kv_both", "kv_connector_extra_config": {
+        "cpu_bytes_to_use": 1 << 30, "secondary_tiers": [ENTRY]}})])
+    assert "problem: kv_connector is missing:" in res.stderr, res.stderr
+    assert "problem: kv_connector_extra_config.spec_name is missing:" in res.stderr, res.stderr
