@@ -120,7 +120,8 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
 
 def _wrapped(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [entry]}}
+            "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 10 << 30,
+                                          "secondary_tiers": [entry]}}
 
 
 class Advice(str):
@@ -132,9 +133,9 @@ class Advice(str):
 
 #: The first note of a check given one tier entry: how it was read, not a verdict on it.
 BARE_ENTRY_NOTE = Advice("checked as one tier entry, not a whole --kv-transfer-config: as the only entry of "
-                   "kv_connector_extra_config.secondary_tiers under \"kv_connector\": \"OffloadingConnector\" and "
-                   "\"spec_name\": \"TieringOffloadingSpec\"; give vLLM the entry so wrapped "
-                   "(docs/integrations/vllm.md)")
+                         "kv_connector_extra_config.secondary_tiers under \"kv_connector\": \"OffloadingConnector\", "
+                         "\"spec_name\": \"TieringOffloadingSpec\" and a \"cpu_bytes_to_use\"; give vLLM the entry "
+                         "so wrapped (docs/integrations/vllm.md)")
 
 
 def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:

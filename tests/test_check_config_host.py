@@ -95,3 +95,11 @@ def test_an_entry_that_passes_says_the_security_warnings_the_engine_will_log() -
         "cpu_bytes_to_use": 1 << 30, "secondary_tiers": [ENTRY]}})])
     assert "problem: kv_connector is missing:" in res.stderr, res.stderr
     assert "problem: kv_connector_extra_config.spec_name is missing:" in res.stderr, res.stderr
+
+
+def test_one_entry_alone_is_checked_without_a_note_about_the_wrapper_it_lacks() -> None:
+    """A bare tier entry is checked as the only entry of a config the first note describes (the
+    CPU tier's size named there), not told that this wrapper misses ``cpu_bytes_to_use``."""
+    res = CliRunner().invoke(cli, ["check-config", json.dumps(ENTRY)])
+    assert res.exit_code == 0 and res.stdout.count("note:") == 1, res.stdout
+    assert 'and a "cpu_bytes_to_use"' in res.stdout and "is missing" not in res.stdout, res.stdout
