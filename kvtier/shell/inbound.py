@@ -201,7 +201,6 @@ class Inbound:
             out.extend(self.reports(reports, after))
         if not receiving:
             self._progress_live = False  # unread from now on: what the next read counts may be old (I43)
-            self._chatter.clear()
         elif start_read - self._progress_at >= PROGRESS_S:
             self._progress_at = start_read
             progress = getattr(self.transport, "progress", None)  # optional in a transport of one's own
