@@ -134,9 +134,8 @@ class TierConfig:
     # ---- vLLM secondary_tiers[] entry keys --------------------------------
     type: str = key("KvTierSecondaryTier", text, *_string(128), matches_re(IDENT_RE), shape="a Python identifier",
                     doc="""
-        Class name vLLM's SecondaryTierFactory loads from ``module_path``.
-        vLLM pops it and passes it to the tier as ``tier_type``; it is also the
-        tier's metrics label.""")
+        Class name vLLM's SecondaryTierFactory loads from ``module_path``. vLLM pops it and passes it to
+        the tier as ``tier_type``; it is also the tier's metrics label.""")
 
     module_path: str = key("kvtier.integrations.vllm", text, *_string(256), matches_re(DOTTED_RE),
                            shape="a dotted module path", doc="""
@@ -244,7 +243,8 @@ class TierConfig:
         Maximum concurrent sessions (inbound and outbound together).""")
 
     max_blocks_per_fetch: int = key(65_536, integer, *_within(1, 1_048_576), unit="blocks", doc="""
-        Maximum number of keys in one fetch.""")
+        Most keys in one fetch, and blocks in one store job (more raise ValueError); a peer's larger fetch is refused
+        (its load fails peer_error, both sides log the limit): keep it equal across prefill and decode.""")
 
     max_pending_fetches_per_peer: int = key(1024, integer, *_within(1, 1_048_576), unit="fetches", doc="""
         Maximum fetches one peer may have waiting for their blocks, naming at most 256 keys per allowed fetch in

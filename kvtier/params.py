@@ -43,7 +43,7 @@ import functools
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import attrs
 
@@ -54,6 +54,8 @@ __all__ = [
     "METADATA_ADDRESSES",
     "METADATA_NAMES",
     "never_by_wildcard",
+    "Exposure",
+    "exposures",
     "PRODUCER_KEYS",
     "CONSUMER_KEYS",
     "SOURCE_KEYS",
@@ -211,10 +213,32 @@ METADATA_NAMES: Final = frozenset({"metadata", "metadata.google.internal", "meta
                                    "instance-data.ec2.internal", "metadata.azure.com"})
 
 
+#: NAT64's well-known prefix (RFC 6052): an address in it reaches the IPv4 address in its last 32 bits.
+_NAT64: Final = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address reaches through a translator or tunnel that embeds it:
+    IPv4-mapped, NAT64's well-known prefix, 6to4 and Teredo's server (None: none)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    return ip.teredo[0] if ip.teredo is not None else None
+
+
 def never_by_wildcard(ip: Any, *, listens_beyond_loopback: bool) -> str | None:
-    """Why ``"*"`` does not admit IP address ``ip`` (None: it does)."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Why ``"*"`` does not admit IP address ``ip`` (None: it does).  An IPv6 address that embeds
+    an IPv4 one a translator or tunnel would reach (:func:`_embedded_ipv4`) is judged as that one
+    too: ``64:ff9b::a9fe:a9fe`` is the metadata service behind a NAT64 gateway."""
+    if isinstance(ip, ipaddress.IPv6Address) and (v4 := _embedded_ipv4(ip)) is not None:
+        if ip.ipv4_mapped is None:  # translated or tunnelled: another host reaches it, its loopback too
+            why = "a loopback address" if v4.is_loopback else never_by_wildcard(v4, listens_beyond_loopback=False)
+            if why is not None:
+                return f"{why} (embedded in an IPv6 address)"
+        ip = v4
     if ip in METADATA_ADDRESSES:
         return "a cloud metadata address"
     if ip.is_unspecified:
@@ -352,6 +376,36 @@ def _beyond_loopback(host: str | None) -> bool:
 
 
 ANY_PEER: Final = PeerPolicy(any=True)
+
+
+class Exposure(NamedTuple):
+    """One SECURITY warning a manager logs at start: ``kind`` says where (``listen``: its
+    transport, ``serve``: the symmetric path, ``dial``: its ``allowed_peers``), ``line`` is the log
+    line, ``short`` what ``kvtier check-config`` says of it."""
+
+    kind: str
+    short: str
+    line: str
+
+
+def exposures(*, host: str, auth: str, serve_external: bool, policy: PeerPolicy) -> list[Exposure]:
+    """Every SECURITY warning a manager with these settings logs at start, in that order — the
+    one list the manager's start and ``kvtier check-config`` both read (decision S17)."""
+    out = []
+    if auth == "none" and _beyond_loopback(host):
+        out.append(Exposure("listen", f"auth none on {host} (anyone who can reach the port can fetch parked blocks)",
+                            f"kvtier: SECURITY: listening on {host} with auth='none': anyone who can reach this port "
+                            "can fetch, abort or probe parked KV blocks (users' prompts). Set auth='curve' "
+                            "(docs/security.md)."))
+        if serve_external:
+            out.append(Exposure("serve", "serve_external on with auth none (anyone who can reach the port can "
+                                "learn which prompts were served and read their KV blocks)",
+                                f"kvtier: SECURITY: serve_external is on with auth='none' on {host}: anyone who can "
+                                "reach this port can learn which prompts this engine served and read their KV "
+                                "blocks. Set auth='curve' and serve_allowed_principals (docs/security.md)."))
+    if (line := policy.open_warning()) is not None:
+        out.append(Exposure("dial", "allowed_peers is open ('*': a request may make it dial any address)", line))
+    return out
 
 
 def _sub(params: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | None:

@@ -19,6 +19,7 @@ each with the key to change.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from typing import Any
 from kvtier.config import DEFAULTS, VLLM_BUILTIN_TIERS, TierConfig
 from kvtier.config_kinds import WrittenNumber
 from kvtier.dataplane import plane_unavailable
-from kvtier.params import PeerPolicy
+from kvtier.params import PeerPolicy, exposures
 
 __all__ = ["BARE_ENTRY_NOTE", "KVTIER_MODULE", "Advice", "check_kv_transfer_config"]
 
@@ -36,6 +37,19 @@ KVTIER_MODULE = "kvtier.integrations.vllm"
 #: keys of vLLM 0.33.0's ``p2p`` tier entry (it takes and ignores anything else)
 _P2P_KEYS = frozenset({"type", "module_path", "host", "port", "backends", "num_threads", "unbound_store_timeout_s",
                        "locality", "backpressure"})
+
+
+#: vLLM 0.33.0's ``KVTransferConfig``: the keys its dataclass takes (any other one stops the engine
+#: at start) and the values of its two literal keys; a test holds them to vLLM's own class.
+TRANSFER_CONFIG_KEYS = frozenset({"kv_connector", "engine_id", "kv_buffer_device", "kv_role", "kv_port",
+                                  "kv_connector_extra_config", "kv_connector_module_path", "enable_permute_local_kv",
+                                  "kv_load_failure_policy"})
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+
+#: the keys of a secondary tier entry kvtier or vLLM's ``p2p`` tier reads
+_ENTRY_KEYS = frozenset(DEFAULTS) | _P2P_KEYS
 
 
 def _json(value: Any) -> str:
@@ -107,10 +121,15 @@ def check_kv_transfer_config(blob: str | Mapping[str, Any]) -> tuple[list[str], 
     """
     twice: list[str] = []
     doc = _load(blob, twice)
-    if "kv_connector" not in doc and "kv_connector_extra_config" not in doc and ("type" in doc or "module_path" in doc):
+    if not set(doc) & TRANSFER_CONFIG_KEYS and set(doc) & _ENTRY_KEYS:
         # one tier entry, not a whole config: check it as the one entry it would be (the note says so)
+        lacks = []
+        if "type" not in doc and "module_path" not in doc:  # tier keys only, not the two vLLM loads a tier by
+            lacks.append('this reads as a tier entry without "type" and "module_path", from which vLLM loads no '
+                         f'tier: add "type": "KvTierSecondaryTier", "module_path": "{KVTIER_MODULE}"')
+            doc = {**doc, "type": "KvTierSecondaryTier", "module_path": KVTIER_MODULE}
         problems, notes, _ = _check_offloading(_wrapped(doc))
-        return twice + problems, [BARE_ENTRY_NOTE] + notes
+        return twice + lacks + problems, [BARE_ENTRY_NOTE] + notes
     if doc.get("kv_connector") == "MultiConnector":
         problems, notes = _check_multi(doc)
     else:
@@ -147,8 +166,8 @@ def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         return [("kv_connector is 'MultiConnector' but kv_connector_extra_config.connectors is missing or empty: "
                  'list the connectors there, one of them {"kv_connector": "OffloadingConnector", ...} with the '
                  "kvtier entry (docs/integrations/vllm.md)")], []
-    problems = _misplaced(extra, "the OffloadingConnector's secondary_tiers (vLLM ignores them at the "
-                                 "MultiConnector's level)")
+    problems = _transfer_config(doc) + _misplaced(extra, "the OffloadingConnector's secondary_tiers (vLLM ignores "
+                                                         "them at the MultiConnector's level)")
     if "tier_poll_interval_s" in extra:  # vLLM's own key, read from the offloading connector's config only
         problems.append("kv_connector_extra_config.tier_poll_interval_s belongs in the OffloadingConnector's "
                         "kv_connector_extra_config (vLLM ignores it at the MultiConnector's level)")
@@ -158,8 +177,9 @@ def _check_multi(doc: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         if not isinstance(child, Mapping):
             problems.append(f"connectors[{i}] is not a JSON object")
             continue
-        if child.get("kv_connector") != "OffloadingConnector":
-            continue  # another connector (e.g. NixlConnector): not ours to judge
+        if child.get("kv_connector") != "OffloadingConnector":  # another connector (e.g. NixlConnector):
+            problems += _transfer_config(child, f"connectors[{i}].")  # vLLM still builds its transfer config
+            continue
         offloading += 1
         p, n, k = _check_offloading(child, own_entry_required=False)
         problems += [f"connectors[{i}]: {x}" for x in p]
@@ -217,6 +237,29 @@ def _poll_interval(extra: Mapping[str, Any], notes: list[str]) -> list[str]:
     return []
 
 
+def _transfer_config(doc: Mapping[str, Any], where: str = "") -> list[str]:
+    """What vLLM's ``KVTransferConfig`` refuses before it builds any connector (``where``: the path
+    of ``doc`` in the config): a key it does not have, a ``kv_connector`` without a ``kv_role``, a
+    role or ``kv_load_failure_policy`` it does not know."""
+    problems = []
+    for key in sorted(set(doc) - TRANSFER_CONFIG_KEYS, key=str):
+        close = difflib.get_close_matches(str(key), sorted(TRANSFER_CONFIG_KEYS), n=1)
+        problems.append(f"{where}{_json(key)} is not a key of vLLM's KV transfer config, which refuses to start "
+                        "with it: " + (f'did you mean "{close[0]}"?' if close else "remove it"))
+    role = doc.get("kv_role")
+    if role is None and doc.get("kv_connector") is not None:
+        problems.append(f"{where}kv_role is missing: vLLM refuses a kv_connector without one; write "
+                        '"kv_role": "kv_both" (the offloading connector stores and loads)')
+    elif role is not None and role not in KV_ROLES:
+        problems.append(f"{where}kv_role is {_json(role)}: vLLM takes only {', '.join(map(repr, KV_ROLES))}; "
+                        'write "kv_role": "kv_both" for the offloading connector')
+    policy = doc.get("kv_load_failure_policy", "fail")
+    if policy not in LOAD_FAILURE_POLICIES:
+        problems.append(f"{where}kv_load_failure_policy is {_json(policy)}: vLLM takes only "
+                        f"{' or '.join(map(repr, LOAD_FAILURE_POLICIES))}")
+    return problems
+
+
 def _written(doc: Mapping[str, Any], key: str) -> str:
     """How ``doc[key]`` was written, for a message: its JSON value, or that it is missing."""
     return repr(doc[key]) if key in doc else "missing"
@@ -243,13 +286,9 @@ def _cpu_bytes(extra: Mapping[str, Any], notes: list[str]) -> list[str]:
 
 
 def _security(cfg: TierConfig) -> str:
-    """The SECURITY warnings the engine will log at start with ``cfg``, said here too."""
+    """The SECURITY warnings the engine will log at start with ``cfg`` (params.exposures), said here too."""
     policy = PeerPolicy.from_entries(cfg.allowed_peers, listen_host=cfg.host)
-    said = []
-    if cfg.auth == "none" and policy.beyond_loopback:
-        said.append(f"auth none on {cfg.host} (anyone who can reach the port can fetch parked blocks)")
-    if policy.open:
-        said.append("allowed_peers is open ('*': a request may make it dial any address)")
+    said = [e.short for e in exposures(host=cfg.host, auth=cfg.auth, serve_external=cfg.serve_external, policy=policy)]
     return "; the engine will warn at start: " + " and ".join(said) + " (docs/security.md)" if said else ""
 
 
@@ -263,6 +302,7 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
         problems.append(f"kv_connector is {_written(doc, 'kv_connector')}: kvtier runs as a secondary tier of vLLM's "
                         'offloading connector; write "kv_connector": "OffloadingConnector" (or list it among a '
                         "MultiConnector's connectors)")
+    problems += _transfer_config(doc)
     extra = doc.get("kv_connector_extra_config")
     if not isinstance(extra, Mapping):
         return [*problems, ("kv_connector_extra_config is missing: kvtier is configured as one of its "
@@ -305,11 +345,11 @@ def _check_offloading(doc: Mapping[str, Any], own_entry_required: bool = True) -
         before = len(problems)
         # vLLM's factory imports module_path and takes the class named by type from it
         if kind != "KvTierSecondaryTier":
-            problems.append(f"{where}: type={kind!r}: vLLM looks this name up in module_path; write "
-                            '"type": "KvTierSecondaryTier"')
+            problems.append(f"{where}: type is {_written(entry, 'type')}: vLLM looks this name up in module_path; "
+                            'write "type": "KvTierSecondaryTier"')
         if entry.get("module_path") != KVTIER_MODULE:
-            problems.append(f"{where}: module_path={entry.get('module_path')!r}: vLLM imports the tier class from "
-                            f'it; write "module_path": "{KVTIER_MODULE}"')
+            problems.append(f"{where}: module_path is {_written(entry, 'module_path')}: vLLM imports the tier class "
+                            f'from it; write "module_path": "{KVTIER_MODULE}"')
         if "backpressure" in entry:
             problems.append(f"{where}: remove the 'backpressure' key (vLLM turns even null into {{}} and its factory "
                             "then fails before kvtier starts; kvtier does its own flow control)")

@@ -145,6 +145,9 @@ def test_clip() -> None:
     ("0.0.0.0", "unspecified"), ("::", "unspecified"), ("224.0.0.251", "multicast"), ("ff02::1", "multicast"),
     ("255.255.255.255", "broadcast"), ("::ffff:169.254.169.254", "cloud metadata"),
     ("127.0.0.1", "loopback"), ("metadata.google.internal", "metadata service"),
+    # the metadata service behind a NAT64 gateway, a 6to4 relay and a Teredo server (decision S16)
+    ("64:ff9b::a9fe:a9fe", "cloud metadata"), ("2002:a9fe:a9fe::1", "cloud metadata"),
+    ("2001:0:a9fe:a9fe::1", "cloud metadata"), ("64:ff9b::a9fe:101", "link-local"),
 ])
 def test_the_wildcard_never_admits_addresses_no_producer_lives_at(host, why) -> None:
     """Decision S11: ``"*"`` admits neither these nor (listening beyond loopback) loopback; an
@@ -160,6 +163,11 @@ def test_the_wildcard_admits_ordinary_endpoints_and_loopback_on_a_loopback_liste
     assert parse_params(pref(remote_host="10.9.8.7"), PeerPolicy.from_entries(["*"], listen_host="10.0.0.5")).role == "consumer"
     assert parse_params(pref(remote_host="prefill-0.svc"), PeerPolicy.from_entries(["*"], listen_host="10.0.0.5")).role == "consumer"
     assert parse_params(pref(remote_host="127.0.0.1"), PeerPolicy.from_entries(["*"], listen_host="127.0.0.1")).role == "consumer"
+    # an IPv6 address that embeds an ordinary IPv4 one is ordinary; one embedding loopback reaches the
+    # loopback of the host that translates it, never ours (S16)
+    assert parse_params(pref(remote_host="64:ff9b::a00:5"), PeerPolicy.from_entries(["*"])).role == "consumer"
+    with pytest.raises(PeerNotAllowed, match="loopback"):
+        parse_params(pref(remote_host="64:ff9b::7f00:1"), PeerPolicy.from_entries(["*"], listen_host="127.0.0.1"))
 
 
 def test_a_name_the_wildcard_admitted_is_vetted_on_what_it_resolves_to() -> None:

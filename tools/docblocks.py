@@ -215,9 +215,9 @@ def render_compatibility() -> str:
         f"| Python | {project['requires-python']} (tested on 3.11) |",
         (f"| wire protocol | version {PROTOCOL_VERSION}: a peer of another version is refused at the handshake "
          "(`handshake_mismatch`, field `version`) |"),
-        (f"| vLLM | {TESTED_VLLM_VERSION} (`pip install 'kvtier[vllm]'`: `{extras['vllm'][0]}`); another version "
-         "logs a warning at construction (its tiering API is experimental) |"),
-        (f"| NIXL (`data_plane = \"nixl\"`) | {TESTED_NIXL_VERSION} (`pip install 'kvtier[nixl]'`: "
+        (f"| vLLM | {TESTED_VLLM_VERSION} (`pip install '.[vllm]'` in a kvtier checkout: `{extras['vllm'][0]}`); "
+         "another version logs a warning at construction (its tiering API is experimental) |"),
+        (f"| NIXL (`data_plane = \"nixl\"`) | {TESTED_NIXL_VERSION} (`pip install '.[nixl]'` in a kvtier checkout: "
          f"`{extras['nixl'][0]}`) |"),
         "| torch | any build for your machine, installed first (tested: 2.13.0, CPU) |",
     ])

@@ -7,7 +7,6 @@ One job: construction and its failure messages.  Nothing here runs after constru
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import secrets
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from kvtier.dataplane.settings import PlaneSettings
 from kvtier.integrity import DigestPool, default_threads
 from kvtier.lifecycle import CoreSettings, HelloInput, TierCore
 from kvtier.metrics import TierMetrics
+from kvtier.params import PeerPolicy, exposures
 from kvtier.shell.inbound import Inbound
 from kvtier.shell.jobs import JobBook
 from kvtier.shell.logs import RateLimitedLog
@@ -36,18 +36,12 @@ ZERO_COPY_BYTES = 256 << 10
 __all__ = ["Parts", "build_parts", "local_hello", "make_core", "make_transport", "warn_if_serving_open"]
 
 
-def _warn_if_open(cfg: TierConfig) -> None:
-    """One loud WARNING when the listener is reachable beyond this host without authentication."""
-    try:
-        loopback = ipaddress.ip_address(cfg.host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = cfg.host == "localhost"
-    if cfg.auth == "none" and not loopback:
-        log.warning(
-            "kvtier: SECURITY: listening on %s with auth='none': anyone who can reach this port can "
-            "fetch, abort or probe parked KV blocks (users' prompts). Set auth='curve' (docs/security.md).",
-            cfg.host,
-        )
+def _warn(cfg: TierConfig, kind: str) -> None:
+    """The SECURITY warnings of ``kind`` a manager with ``cfg`` logs at start (params.exposures)."""
+    policy = PeerPolicy.from_entries(cfg.allowed_peers, listen_host=cfg.host)
+    for exposure in exposures(host=cfg.host, auth=cfg.auth, serve_external=cfg.serve_external, policy=policy):
+        if exposure.kind == kind:
+            log.warning(exposure.line)
 
 
 def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
@@ -60,7 +54,7 @@ def make_transport(cfg: TierConfig, block_bytes: int) -> Transport:
     from kvtier.transport.curve import curve_settings
 
     curve = curve_settings(cfg.auth_secret_key_file, cfg.auth_allowed_keys_dir) if cfg.auth == "curve" else None
-    _warn_if_open(cfg)
+    _warn(cfg, "listen")
     try:
         return _zmq_transport(cfg, block_bytes, curve)
     except TransportError as exc:
@@ -126,18 +120,7 @@ def make_core(cfg: TierConfig, hello: HelloInput, *, one_sided: bool, gen_base: 
 def warn_if_serving_open(cfg: TierConfig) -> None:
     """One loud WARNING when peers' probes are answered without authentication beyond this host:
     a probe is a membership test on this engine's prefix cache and reads its KV (decision Y7)."""
-    if not cfg.serve_external or cfg.auth != "none":
-        return
-    try:
-        loopback = ipaddress.ip_address(cfg.host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = cfg.host == "localhost"
-    if not loopback:
-        log.warning(
-            "kvtier: SECURITY: serve_external is on with auth='none' on %s: anyone who can reach this port can "
-            "learn which prompts this engine served and read their KV blocks. Set auth='curve' and "
-            "serve_allowed_principals (docs/security.md).", cfg.host,
-        )
+    _warn(cfg, "serve")
 
 
 class Parts(NamedTuple):

@@ -151,7 +151,7 @@ def test_pd_pair_inside_a_multiconnector(model_dir: str) -> None:
         prefill, decode = engines
         config = prefill.sched.vllm_config.kv_transfer_config
         assert config.kv_connector == "MultiConnector"
-        problems, notes = check_kv_transfer_config({"kv_connector": config.kv_connector,
+        problems, notes = check_kv_transfer_config({"kv_connector": config.kv_connector, "kv_role": config.kv_role,
                                                     "kv_connector_extra_config": config.kv_connector_extra_config})
         assert not problems and notes, problems  # what check-config says of the config this engine runs
         prompt = [(i * 17 + 2) % 1000 + 10 for i in range(64)]  # 4 full blocks

@@ -249,10 +249,10 @@ def test_check_config_says_a_file_it_cannot_read_was_not_read(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("entry, says", [
-    ({"type": "KvTierSecondaryTier", "port": 5710}, "module_path=None: vLLM imports the tier class from it"),
-    ({"type": "KvTierSecondaryTier", "module_path": "foo.bar"}, "module_path='foo.bar'"),
-    ({"type": "Foo", "module_path": "kvtier.integrations.vllm"}, "type='Foo': vLLM looks this name up"),
-    ({"type": "P2P", "module_path": "kvtier.integrations.vllm"}, "type='P2P': vLLM looks this name up"),
+    ({"type": "KvTierSecondaryTier", "port": 5710}, "module_path is missing: vLLM imports the tier class"),
+    ({"type": "KvTierSecondaryTier", "module_path": "foo.bar"}, "module_path is 'foo.bar'"),
+    ({"type": "Foo", "module_path": "kvtier.integrations.vllm"}, "type is 'Foo': vLLM looks this name up"),
+    ({"type": "P2P", "module_path": "kvtier.integrations.vllm"}, "type is 'P2P': vLLM looks this name up"),
 ])
 def test_check_config_refuses_an_entry_vllm_would_not_load(entry, says) -> None:
     """vLLM's tier factory imports ``module_path`` and takes the class ``type`` names from it: an
@@ -514,19 +514,19 @@ _KVTIER = {"type": "KvTierSecondaryTier", "module_path": "kvtier.integrations.vl
     ("nan", "not a number of seconds"), ("inf", "not a number of seconds"), (10 ** 400, "reads it with float() and fails"),
 ])
 def test_check_config_refuses_a_tier_poll_interval_vllm_would_refuse_or_ignore(value, says) -> None:
-    """vLLM's own ``tier_poll_interval_s`` beside the kvtier entry: one that vLLM's ``float()`` fails
-    on stops the engine at start, and a negative one silently starts no tier-poll thread; both were
-    ``ok``.  A deliberate 0 is said, not refused."""
+    """vLLM's own ``tier_poll_interval_s`` beside the kvtier entry: one its ``float()`` fails on stops the
+    engine at start, a negative one silently starts no tier-poll thread (both were ``ok``); a 0 is said."""
     extra = {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [_KVTIER]}
+    top = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}
     res = CliRunner().invoke(cli, ["check-config", json.dumps(
-        {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {**extra, "tier_poll_interval_s": value}})])
+        {**top, "kv_connector_extra_config": {**extra, "tier_poll_interval_s": value}})])
     assert res.exit_code == 1 and says in res.output and "write seconds, e.g. 0.001" in res.output, res.output
     for fine in (0.001, 1, "0.002"):
         res = CliRunner().invoke(cli, ["check-config", json.dumps(
-            {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {**extra, "tier_poll_interval_s": fine}})])
+            {**top, "kv_connector_extra_config": {**extra, "tier_poll_interval_s": fine}})])
         assert res.exit_code == 0 and "tier_poll" not in res.output, res.output
     res = CliRunner().invoke(cli, ["check-config", json.dumps(
-        {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {**extra, "tier_poll_interval_s": 0}})])
+        {**top, "kv_connector_extra_config": {**extra, "tier_poll_interval_s": 0}})])
     assert res.exit_code == 0 and "tier_poll_interval_s=0: vLLM starts no tier-poll thread" in res.output, res.output
     multi = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"tier_poll_interval_s": 0.001, "connectors": [
         {"kv_connector": "OffloadingConnector", "kv_connector_extra_config": extra}]}}  # one level too high
