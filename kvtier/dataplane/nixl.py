@@ -22,9 +22,10 @@ block pool registered once).  What travels where (docs/dataplane.md):
 
 Producer side.  :meth:`NixlPlane.post` hands the transfer to the write pipeline
 (:mod:`~kvtier.dataplane.nixl_pipeline`), which checks every slot against the consumer's
-descriptor (a bad slot fails the transfer; nothing raises) and posts WRITEs, at most
-:data:`WINDOW_BYTES` of a transfer in flight, so that :meth:`~NixlPlane.cancel` (post nothing
-more) bounds what a given-up transfer still moves.  ``Released`` is reported only once every posted WRITE of the transfer is
+descriptor (a bad slot fails the transfer; nothing raises) and posts WRITEs, at most what the
+peer's link drains in half ``abort_ack_timeout_s`` (:data:`WINDOW_BYTES` at most) of a transfer in
+flight, so that :meth:`~NixlPlane.cancel` (post nothing more) bounds what a given-up transfer
+still moves.  ``Released`` is reported only once every posted WRITE of the transfer is
 terminal (NIXL said DONE or failed): the wrapper never releases a handle still in ``PROC``, and a
 posted WRITE keeps reading the source blocks until it ends (docs/nixl.md, experiment 2).
 
@@ -195,7 +196,8 @@ class NixlPlane:
         self._gens: dict[str, int] = {}  # peer -> the session generation it was added for
         self._faults: list[Faulted] = []  # paths to added peers that broke, not reported yet
         self._agents: dict[str, tuple[str, ProcessId]] = {}  # peer -> (its agent, owner); kept after removal
-        self._writes = WritePipeline(self._agent, self._block_bytes, self._outcome)
+        self._writes = WritePipeline(self._agent, self._block_bytes, self._outcome,
+                                     horizon_s=settings.abort_ack_timeout_s / 2)
         self._packed: set[str] = set()  # peers whose plane reads packed notifications (decision N18)
         self._revoking: dict[str, Revocation] = {}
         self._backing: shared.Backing | None = getattr(pool, "backing", None)
@@ -354,6 +356,7 @@ class NixlPlane:
         self._pending.pop(peer, None)
         self._gens.pop(peer, None)
         self._dialling.discard(peer)
+        self._writes.forget(peer)
         self._drop_entry(peer)
         w = self._windows.pop(peer, None)
         if w is not None:

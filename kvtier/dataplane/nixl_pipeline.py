@@ -13,9 +13,12 @@ small.  Only a consumer whose descriptor says it reads packed notifications gets
 Over CMA a WRITE's copy runs inside its post, so :meth:`WritePipeline.drive` posts, takes the
 outcome (which is what makes NIXL send the notification) and posts the next in one loop until the
 window is full, the transfer is done or the call has run :data:`DRIVE_S`; over UCX tcp or RDMA
-the WRITEs in flight (at most :data:`WINDOW_BYTES`) keep the link busy while the next poll takes
-their outcomes.  A call cut by its budget leaves :attr:`WritePipeline.backlog` set: the loop then
-reads its sockets and comes back at once, without waiting out a progress interval (decision N22).
+the WRITEs in flight keep the link busy while the next poll takes their outcomes — at most what
+the peer's link drains in half the abort timeout, at most :data:`WINDOW_BYTES`, one batch at a time
+until the first WRITE's end shows its rate (:mod:`kvtier.dataplane.pace`, decision T23: a cancel
+leaves no more to drain before its answer).  A call cut by its budget leaves
+:attr:`WritePipeline.backlog` set: the loop then reads its sockets and comes back at once, without
+waiting out a progress interval (decision N22).
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ import msgspec
 
 from kvtier.dataplane.base import Batch, Released
 from kvtier.dataplane.nixl_types import MAX_NOTIF_BYTES, NixlError, XferResult
+from kvtier.dataplane.pace import Pace
 
 __all__ = ["DRIVE_S", "PACKED", "WINDOW_BYTES", "WRITE_BYTES", "WritePipeline", "pack_headers",
            "unpack_notification"]
 
 WINDOW_BYTES: Final = 64 << 20
-"""Block bytes one transfer may have in posted, unfinished WRITEs at once: what a cancelled or
-given-up transfer may still move (decision N8)."""
+"""Most block bytes one transfer may have in posted, unfinished WRITEs at once, on a link fast
+enough: what a cancelled or given-up transfer may still move (decisions N8, T23)."""
 
 WRITE_BYTES: Final = 16 << 20
 """Largest WRITE a packed transfer posts (decision N18: measured as fast as one WRITE of the whole
@@ -106,12 +110,17 @@ class WritePipeline:
         block_bytes: the pool's block size.
         other: called with every agent outcome that is not one of these WRITEs (a peer's fault,
             a warm-up READ's result): the plane's.
+        horizon_s: a transfer commits what its peer's link drains in this long (seconds).
+        clock: seconds, for the links' rates.
     """
 
-    def __init__(self, agent: Any, block_bytes: int, other: Callable[[Any], None]) -> None:
+    def __init__(self, agent: Any, block_bytes: int, other: Callable[[Any], None], *, horizon_s: float = 2.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._agent = agent
         self._block_bytes = block_bytes
         self._other = other
+        self._pace = Pace(horizon_s)
+        self._clock = clock
         self._xfers: dict[tuple[str, int], _Xfer] = {}
         self._by_write: dict[int, _Xfer] = {}
         self.posts = 0
@@ -166,7 +175,10 @@ class WritePipeline:
         """Whether :meth:`_post_next` would post ``x``'s next WRITE now."""
         if x.next >= len(x.batches) or x.cancelled or x.failed:
             return False
-        return not x.inflight or x.inside + len(x.batches[x.next].blocks) * self._block_bytes <= WINDOW_BYTES
+        return not x.inflight or x.inside + len(x.batches[x.next].blocks) * self._block_bytes <= self._window(x.peer)
+
+    def _window(self, peer: str) -> int:
+        return self._pace.window(peer, WINDOW_BYTES)
 
     def _post_next(self, x: _Xfer) -> bool:
         """Post ``x``'s next WRITE if its window has room; whether one was posted."""
@@ -175,7 +187,7 @@ class WritePipeline:
         batches, bb, i = x.batches, self._block_bytes, x.next
         first = batches[i]
         size = len(first.blocks) * bb
-        room = max(size, min(WRITE_BYTES, WINDOW_BYTES - x.inside))
+        room = max(size, min(WRITE_BYTES, self._window(x.peer) - x.inside))
         j, total, headers = i + 1, size, [first.header]
         pack = x.packed and len(first.blocks) == x.full
         while pack and j < len(batches) and len(batches[j].blocks) == x.full and total + size <= room:
@@ -204,6 +216,7 @@ class WritePipeline:
         x.inflight[wid] = (i, total)
         x.inside += total
         self._by_write[wid] = x
+        self._pace.posted(x.peer, total, self._clock())
         return True
 
     def _reap(self) -> bool:
@@ -217,11 +230,16 @@ class WritePipeline:
                 continue
             i, n = x.inflight.pop(ev.xfer_id)
             x.inside -= n
+            self._pace.released(x.peer, n, self._clock())
             if ev.status != "done":
                 x.fail(f"batch {i}: WRITE failed: {ev.detail}")
             else:
                 x.moved += n
         return bool(events)
+
+    def forget(self, peer: str) -> None:
+        """``peer``'s session ended: a later one measures its link afresh."""
+        self._pace.forget(peer)
 
     def cancel(self, key: tuple[str, int]) -> None:
         x = self._xfers.get(key)

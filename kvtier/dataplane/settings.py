@@ -24,9 +24,12 @@ class PlaneSettings(msgspec.Struct, frozen=True, kw_only=True):
     """This manager's instance name (NIXL: part of the agent's name); empty: none given."""
     revoke_timeout_s: float = DEFAULTS["revoke_timeout_s"]
     """The bound (seconds) on revoking a producer's access to a load's slots."""
+    abort_ack_timeout_s: float = DEFAULTS["abort_ack_timeout_s"]
+    """How long a consumer waits for an abort's answer (seconds): a transfer commits at most half
+    of it, at its peer's measured rate, to the link (decision T23)."""
 
     @classmethod
     def from_config(cls, config: TierConfig) -> PlaneSettings:
         return cls(integrity=config.integrity, backends=config.backends,
                    nixl_progress_interval_s=config.nixl_progress_interval_s, instance=config.instance,
-                   revoke_timeout_s=config.revoke_timeout_s)
+                   revoke_timeout_s=config.revoke_timeout_s, abort_ack_timeout_s=config.abort_ack_timeout_s)

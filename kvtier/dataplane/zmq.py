@@ -1,10 +1,12 @@
 """The zmq data plane: block payloads travel as frames of ``block_data`` on the control connection.
 
 Producer side: each batch is one multipart message ``[header, block, block, …]`` sent zero-copy
-from the pool with a zmq tracker (architecture T3/T4).  A transfer keeps at most
-:data:`WINDOW_BYTES` of its blocks inside the transport at a time and posts the next batch as
-earlier ones are released, so a cancelled transfer holds at most one window of references, and
-one large transfer cannot fill the connection's queue ahead of the control messages behind it.
+from the pool with a zmq tracker (architecture T3/T4).  A transfer keeps at most a window of its
+blocks inside the transport at a time — what its peer's link drains in half the abort timeout,
+at most :data:`WINDOW_BYTES` (:mod:`kvtier.dataplane.pace`, decision T23) — and posts the next
+batch as earlier ones are released, so a cancelled transfer holds at most one window of
+references, and one large transfer cannot fill the connection's queue ahead of the control
+messages and other loads behind it.
 ``Released`` is reported once every posted tracker is done (libzmq no longer references the
 frames: they reached the kernel, or the connection carrying them was dropped).
 
@@ -18,13 +20,14 @@ once the copies are over), so a load's slots are handed back only when nothing c
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
 
 from kvtier.dataplane.base import Batch, PlaneError, Released, Report, Revoked
 from kvtier.dataplane.landing import Landings
+from kvtier.dataplane.pace import Pace
 from kvtier.dataplane.settings import PlaneSettings
 from kvtier.integrity import DigestPool
 from kvtier.transport import SendHandle, Transport
@@ -32,7 +35,8 @@ from kvtier.transport import SendHandle, Transport
 __all__ = ["RELEASE_WAIT_S", "WINDOW_BYTES", "ZmqPlane"]
 
 WINDOW_BYTES: Final = 32 << 20
-"""Block bytes one transfer may have inside the transport at once (4 batches of 8 MiB)."""
+"""Most block bytes one transfer may have inside the transport at once (4 batches of 8 MiB), on a
+link fast enough (:class:`~kvtier.dataplane.pace.Pace`)."""
 
 RELEASE_WAIT_S: Final = 0.001
 """While posted blocks are still referenced, the plane is polled at least this often (seconds): a
@@ -62,6 +66,7 @@ class ZmqPlane:
         settings: what the plane takes from the config (``integrity``: the digest checked as
             blocks land).
         digest_pool: where large landings copy and check; ``None``: on the caller's thread.
+        clock: seconds, for the peers' drain rates (tests pass their own).
     """
 
     name = "zmq"
@@ -71,13 +76,16 @@ class ZmqPlane:
     unrevoked: tuple[str, ...] = ()
 
     def __init__(self, *, transport: Transport, pool: Any, settings: PlaneSettings = PlaneSettings(),
-                 digest_pool: DigestPool | None = None, **_: Any) -> None:
+                 digest_pool: DigestPool | None = None, clock: Callable[[], float] = time.monotonic,
+                 **_: Any) -> None:
         self._transport = transport
         self._pool = pool
         self._block_bytes = pool.block_bytes
         self._landings = Landings(pool, settings.integrity, digest_pool)
         self._revoking: set[str] = set()
         self._xfers: dict[tuple[str, int], _Xfer] = {}
+        self._pace = Pace(settings.abort_ack_timeout_s / 2)
+        self._clock = clock  # wall time (seconds) for the link's rate: never a virtual clock
         self.posts = 0
         """block_data messages handed to the transport since start (tests, benchmarks)."""
 
@@ -94,7 +102,8 @@ class ZmqPlane:
         return True
 
     def remove_peer(self, peer: str) -> None:
-        """Nothing to forget: the transport owns the connection."""
+        """Forget the peer's measured rate (the transport owns the connection)."""
+        self._pace.forget(peer)
 
     # -- producer ------------------------------------------------------------------------------
     def post(self, peer: str, kv_request_id: str, round: int, batches: Sequence[Batch]) -> None:
@@ -103,12 +112,13 @@ class ZmqPlane:
         self._pump(x)
 
     def _pump(self, x: _Xfer) -> None:
-        pool, bb = self._pool, self._block_bytes
+        pool, bb, pace = self._pool, self._block_bytes, self._pace
         inside = sum(n for _, n in x.handles)
+        window = pace.window(x.peer, WINDOW_BYTES)
         while x.next < len(x.batches) and not (x.cancelled or x.failed):
             b = x.batches[x.next]
             n = len(b.blocks) * bb
-            if x.handles and inside + n > WINDOW_BYTES:
+            if x.handles and inside + n > window:
                 return
             frames = [b.header, *(pool.buffer(i) for i in b.blocks)]
             h = self._transport.send(x.peer, frames, track=True)
@@ -118,6 +128,7 @@ class ZmqPlane:
                 x.failed, x.detail = True, h.error
                 return
             x.handles.append((h, n))
+            pace.posted(x.peer, n, self._clock())
             inside += n
 
     def cancel(self, kv_request_id: str, round: int) -> None:
@@ -137,7 +148,9 @@ class ZmqPlane:
                 for h, n in x.handles:
                     if not h.done:
                         left.append((h, n))
-                    elif h.failed:
+                        continue
+                    self._pace.released(x.peer, n, self._clock())
+                    if h.failed:
                         x.failed, x.detail = True, h.error
                     else:
                         x.moved += n

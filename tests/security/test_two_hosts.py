@@ -352,30 +352,53 @@ def test_cancelling_one_load_on_a_slow_link_leaves_the_others_to_succeed(hosts, 
         assert c.digests(slots[0]) == [hashlib.sha256(bytes([0x3C]) * BB).hexdigest()] * n
 
 
+def _cancelled_then_another(hosts, name: str, timers: dict, port: int, later_at_s: float) -> tuple[dict, bool]:
+    """A 24 MiB load (384 blocks of 64 KiB) the engine finishes 0.3 s in, and a 1 MiB one submitted
+    ``later_at_s`` after it, from one producer: both loads' results (jobs 0 and 1), and whether the
+    later one's slots hold the producer's blocks."""
+    big, small = 384, 16
+    with _own_pair(hosts, name, timers, port, big + small) as (p, c):
+        keys = {i: [b"kv-%s-%d/%d" % (name.encode(), i, b) for b in range(n)] for i, n in ((0, big), (1, small))}
+        slots = {0: list(range(big)), 1: list(range(big, big + small))}
+        want = {i: p.store(f"kv-{name}-{i}", 100 + i, keys[i], slots[i], seed=30 + i)["digests"] for i in (0, 1)}
+        t0 = time.monotonic()
+        assert not c.load(f"kv-{name}-0", 300, keys[0], slots[0], host=hosts.addr_a, port=port, sentinel=0xAB)
+        time.sleep(0.3)
+        c.finish(f"c-kv-{name}-0")
+        time.sleep(max(0.0, t0 + later_at_s - time.monotonic()))
+        assert not c.load(f"kv-{name}-1", 301, keys[1], slots[1], host=hosts.addr_a, port=port, sentinel=0xAB)
+        got = c.wait_results([300, 301], timeout_s=30.0)
+        return {0: got[300], 1: got[301]}, c.digests(slots[1]) == want[1]
+
+
 def test_a_cancelled_loads_data_outlasting_its_deadline_ends_it_alone(hosts) -> None:
     """Decision L20, real processes, zmq, 32 Mbit/s: a 24 MiB load is cancelled 0.3 s in, but the
-    blocks already queued on the connection take ~6 s to drain, past its own ``load_timeout_s``
-    (4 s); a 1 MiB load submitted at 3.5 s arrives behind them.  At the cancelled load's final
-    give-up the producer is still sending: only that load ends (``cancelled``), the session stays
-    and the later load succeeds byte-exact (it used to fail with the ended session)."""
-    timers = {**TIMERS, "load_timeout_s": 4.0, "transfer_timeout_s": 30.0, "abort_ack_timeout_s": 1.0,
-              "peer_timeout_s": 5.0, "data_plane": "zmq"}
-    port = PORT + 5
-    big, small = 384, 16
-    with _own_pair(hosts, "l20", timers, port, big + small) as (p, c):
-        keys = {i: [b"kv-l20-%d/%d" % (i, b) for b in range(n)] for i, n in ((0, big), (1, small))}
-        slots = {0: list(range(big)), 1: list(range(big, big + small))}
-        want = {i: p.store(f"kv-l20-{i}", 100 + i, keys[i], slots[i], seed=30 + i)["digests"] for i in (0, 1)}
-        t0 = time.monotonic()
-        assert not c.load("kv-l20-0", 300, keys[0], slots[0], host=hosts.addr_a, port=port, sentinel=0xAB)
-        time.sleep(0.3)
-        c.finish("c-kv-l20-0")
-        time.sleep(max(0.0, t0 + 3.5 - time.monotonic()))
-        assert not c.load("kv-l20-1", 301, keys[1], slots[1], host=hosts.addr_a, port=port, sentinel=0xAB)
-        got = c.wait_results([300, 301], timeout_s=30.0)
-        assert [(r["success"], r["reason"]) for r in got[300]] == [(False, "cancelled")], got
-        assert [(r["success"], r["reason"]) for r in got[301]] == [(True, None)], got
-        assert c.digests(slots[1]) == want[1]
+    batch already queued on the connection (8 MiB: one, T23) takes ~2 s to drain, past its own
+    ``load_timeout_s`` (1.5 s) and its final give-up (1.8 s, ``abort_ack_timeout_s`` 0.5); a 1 MiB
+    load submitted at 1.8 s arrives behind it.  At that give-up the producer is still sending: only
+    that load ends (``cancelled``), the session stays and the later load succeeds byte-exact (it
+    used to fail with the ended session)."""
+    timers = {**TIMERS, "load_timeout_s": 1.5, "transfer_timeout_s": 30.0, "abort_ack_timeout_s": 0.5,
+              "peer_timeout_s": 5.0, "data_plane": "zmq", "handshake_timeout_s": 1.0, "fetch_supply_timeout_s": 1.0}
+    got, exact = _cancelled_then_another(hosts, "l20", timers, PORT + 5, later_at_s=1.8)
+    assert [(r["success"], r["reason"]) for r in got[0]] == [(False, "cancelled")], got
+    assert [(r["success"], r["reason"]) for r in got[1]] == [(True, None)] and exact, got
+
+
+@pytest.mark.parametrize("plane", ["zmq", "nixl"])
+def test_a_cancelled_load_commits_no_more_than_the_link_drains_before_its_answer(hosts, plane: str) -> None:
+    """Decision T23, real processes, 32 Mbit/s: a 24 MiB load, the session's first, is cancelled
+    0.3 s in; a 1 MiB load follows at 1 s.  A transfer commits one 8 MiB batch until the link's rate
+    is known, then what it drains in half ``abort_ack_timeout_s`` (1 s): the cancel leaves ~2 s of
+    data ahead of the abort's answer and the later load, not the whole 24 MiB (~6 s: zmq failed the
+    later load ``load_timeout``; nixl ended the session past the cancelled load's deadline and
+    failed it ``abort_unacknowledged``, a reason that was not its own).  Both get their own result:
+    ``cancelled``, then byte-exact."""
+    timers = {**TIMERS, "load_timeout_s": 5.0, "transfer_timeout_s": 30.0, "abort_ack_timeout_s": 1.0,
+              "peer_timeout_s": 5.0, "data_plane": plane}
+    got, exact = _cancelled_then_another(hosts, "t23", timers, PORT + 8, later_at_s=1.0)
+    assert [(r["success"], r["reason"]) for r in got[0]] == [(False, "cancelled")], got
+    assert [(r["success"], r["reason"]) for r in got[1]] == [(True, None)] and exact, got
 
 
 def test_a_nixl_handshake_with_big_blocks_fits_its_timeout_on_a_slow_link(hosts) -> None:
