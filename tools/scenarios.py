@@ -359,7 +359,8 @@ def peer_killed_mid_transfer(h: Harness) -> None:
     silence, so the engine recomputes at once (B11)."""
     _, creq = _park_then_connect(h, 2, seed=6)
     h.decode.load(10, creq, _keys("A", 2), [0, 1])
-    h.poll("P")  # serves: block 0 fills the consumer's inbox, block 1 waits in the send queue
+    h.poll("P")  # serves block 0, which fills the consumer's inbox: one batch until the link's rate is known (T23)
+    h.poll("P")  # block 0's release shows the rate: block 1 is posted and waits in the send queue
     t = h.now
     h.kill("P")
     h.poll("C")  # reads block 0, then sees the connection close
