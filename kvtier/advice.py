@@ -100,10 +100,9 @@ ADVICE: Mapping[Reason, str] = MappingProxyType({
                              "it sent us (on zmq pings and pongs do not count, however many; on nixl, whose writes "
                              "bypass the connection, they do): it is stalled or unreachable. Check the producer process and the network. "
                              "(On zmq a producer still sending other loads' data is not given up: the aborted load "
-                             "ends alone, with its own reason, L20. On nixl over a slow link the answer waits for "
-                             "the WRITEs already posted — one batch until the link's rate is known, then what it "
-                             "drains in half abort_ack_timeout_s, T23 — so a link too slow for one batch within "
-                             "load_timeout_s ends the session: raise load_timeout_s.)",
+                             "ends alone, with its own reason, L20. On nixl the answer waits for the WRITEs already "
+                             "posted: what the link drains in half abort_ack_timeout_s, T23, and 1 MiB before its "
+                             "rate is known.)",
     _R.INSTANCE_DOWN: "A dial to another rank of the same producer instance (same `instance`, same host) was "
                       "refused, or its address answered for a new instance: the pod may be gone, so loads to "
                       "its ranks fail fast until one is heard (once one is, that rank's later refusals change "

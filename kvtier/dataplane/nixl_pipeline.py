@@ -14,9 +14,10 @@ Over CMA a WRITE's copy runs inside its post, so :meth:`WritePipeline.drive` pos
 outcome (which is what makes NIXL send the notification) and posts the next in one loop until the
 window is full, the transfer is done or the call has run :data:`DRIVE_S`; over UCX tcp or RDMA
 the WRITEs in flight keep the link busy while the next poll takes their outcomes — at most what
-the peer's link drains in half the abort timeout, at most :data:`WINDOW_BYTES`, one batch at a time
-until the first WRITE's end shows its rate (:mod:`kvtier.dataplane.pace`, decision T23: a cancel
-leaves no more to drain before its answer).  A call cut by its budget leaves
+the peer's link drains in half the abort timeout, at most :data:`WINDOW_BYTES`, and one piece of
+:data:`SLOW_START_BYTES` at a time until the first WRITE's end shows its rate; a batch larger than
+the window goes in pieces, its header on the last (:mod:`kvtier.dataplane.pace`, decision T23: a
+cancel or a give-up leaves no more to drain before its answer).  A call cut by its budget leaves
 :attr:`WritePipeline.backlog` set: the loop then reads its sockets and comes back at once, without
 waiting out a progress interval (decision N22).
 """
@@ -34,7 +35,7 @@ from kvtier.dataplane.base import Batch, Released
 from kvtier.dataplane.nixl_types import MAX_NOTIF_BYTES, NixlError, XferResult
 from kvtier.dataplane.pace import Pace
 
-__all__ = ["DRIVE_S", "PACKED", "WINDOW_BYTES", "WRITE_BYTES", "WritePipeline", "pack_headers",
+__all__ = ["DRIVE_S", "PACKED", "SLOW_START_BYTES", "WINDOW_BYTES", "WRITE_BYTES", "WritePipeline", "pack_headers",
            "unpack_notification"]
 
 WINDOW_BYTES: Final = 64 << 20
@@ -44,6 +45,10 @@ enough: what a cancelled or given-up transfer may still move (decisions N8, T23)
 WRITE_BYTES: Final = 16 << 20
 """Largest WRITE a packed transfer posts (decision N18: measured as fast as one WRITE of the whole
 transfer, where 8 MiB WRITEs posted back to back reached 0.86-0.88 of it)."""
+
+SLOW_START_BYTES: Final = 1 << 20
+"""Before a WRITE to a peer ended (its link's rate unknown), a transfer posts pieces of at most
+this many bytes (a block at least), one at a time (decision T23)."""
 
 DRIVE_S: Final = 0.002
 """Longest one :meth:`WritePipeline.drive` keeps posting (seconds; it finishes the WRITE it is in:
@@ -88,6 +93,8 @@ class _Xfer:
     next: int = 0
     inflight: dict[int, tuple[int, int]] = attrs.Factory(dict)  # WRITE id -> (first batch index, bytes)
     inside: int = 0  # bytes in posted, unfinished WRITEs
+    piece: int = 0  # blocks of batch ``next`` already posted as header-less pieces
+    pieces: set[int] = attrs.Factory(set)  # those pieces' WRITE ids still in flight
     cancelled: bool = False
     failed: bool = False
     moved: int = 0
@@ -173,19 +180,47 @@ class WritePipeline:
 
     def _could_post(self, x: _Xfer) -> bool:
         """Whether :meth:`_post_next` would post ``x``'s next WRITE now."""
-        if x.next >= len(x.batches) or x.cancelled or x.failed:
-            return False
-        return not x.inflight or x.inside + len(x.batches[x.next].blocks) * self._block_bytes <= self._window(x.peer)
+        return self._plan(x) is not None
 
     def _window(self, peer: str) -> int:
         return self._pace.window(peer, WINDOW_BYTES)
 
+    def _plan(self, x: _Xfer) -> int | None:
+        """What ``x`` may post now: 0 — its next batch whole (packed with the ones after it where
+        they fit), or a number of blocks of it — a piece: the batch's last piece carries its header
+        and waits for its other pieces to end, so the notification comes after every byte of the
+        batch (decision T23).  A batch goes in pieces when the link's rate is unknown (pieces of
+        :data:`SLOW_START_BYTES`, one at a time) or the batch is larger than the whole window (pieces
+        of what the window has room for).  None: nothing now."""
+        if x.next >= len(x.batches) or x.cancelled or x.failed:
+            return None
+        bb = self._block_bytes
+        left = len(x.batches[x.next].blocks) - x.piece
+        known = self._pace.rate(x.peer) is not None
+        window = self._window(x.peer)
+        if not x.piece and known and left * bb <= window:  # a batch the window holds: whole, as before
+            return 0 if not x.inflight or x.inside + left * bb <= window else None
+        room = (window - x.inside) if known else (0 if x.inflight else SLOW_START_BYTES)
+        if not x.inflight:
+            room = max(room, bb)
+        if left * bb <= room:
+            return None if x.pieces else (0 if not x.piece else left)  # the last piece: after the others
+        return min(left - 1, room // bb) or None
+
     def _post_next(self, x: _Xfer) -> bool:
         """Post ``x``'s next WRITE if its window has room; whether one was posted."""
-        if not self._could_post(x):
+        n = self._plan(x)
+        if n is None:
             return False
         batches, bb, i = x.batches, self._block_bytes, x.next
         first = batches[i]
+        if len(first.slots) != len(first.blocks):
+            x.fail(f"batch {i}: {len(first.blocks)} blocks but {len(first.slots)} slots")
+            return False
+        if n:  # a piece of batch i: its blocks [piece, piece + n); the last one carries the header
+            last = x.piece + n == len(first.blocks)
+            return self._post(x, i, list(first.blocks[x.piece:x.piece + n]), list(first.slots[x.piece:x.piece + n]),
+                              first.header if last else None, piece=not last, advance=1 if last else 0)
         size = len(first.blocks) * bb
         room = max(size, min(WRITE_BYTES, self._window(x.peer) - x.inside))
         j, total, headers = i + 1, size, [first.header]
@@ -196,7 +231,6 @@ class WritePipeline:
             headers.append(batches[j].header)
             total += size
             j += 1
-        x.next = j
         blocks: list[int] = []
         slots: list[int] = []
         for k in range(i, j):
@@ -206,13 +240,24 @@ class WritePipeline:
                 return False
             blocks.extend(b.blocks)
             slots.extend(b.slots)
+        # the headers travel as the WRITE's notification, which NIXL delivers after its bytes
+        return self._post(x, i, blocks, slots, pack_headers(headers), piece=False, advance=j - i)
+
+    def _post(self, x: _Xfer, i: int, blocks: list[int], slots: list[int], notif: bytes | None, *, piece: bool,
+              advance: int) -> bool:
+        """Post one WRITE of ``x`` from batch ``i`` on; ``advance``: batches it ends."""
         try:
-            # the headers travel as the WRITE's notification, which NIXL delivers after its bytes
-            wid = self._agent.post_write(x.peer, blocks, slots, notif=pack_headers(headers))
+            wid = self._agent.post_write(x.peer, blocks, slots, notif=notif)
         except (ValueError, TypeError, NixlError) as exc:  # a bad slot, an unknown peer, a header too long
             x.fail(f"batch {i} not posted: {exc}")
             return False
+        total = len(blocks) * self._block_bytes
         self.posts += 1
+        if piece:
+            x.piece += len(blocks)
+            x.pieces.add(wid)
+        else:
+            x.next, x.piece = i + advance, 0
         x.inflight[wid] = (i, total)
         x.inside += total
         self._by_write[wid] = x
@@ -229,6 +274,7 @@ class WritePipeline:
                 self._other(ev)
                 continue
             i, n = x.inflight.pop(ev.xfer_id)
+            x.pieces.discard(ev.xfer_id)
             x.inside -= n
             self._pace.released(x.peer, n, self._clock())
             if ev.status != "done":

@@ -174,10 +174,11 @@ def test_a_new_transfer_posts_one_write_and_keeps_the_others_backlog(planes, mon
     assert p.posts - before == 4
 
 
-def test_a_transfer_to_a_link_of_unknown_rate_posts_one_batch_at_a_time_until_a_write_ends():
+def test_a_transfer_to_a_link_of_unknown_rate_posts_one_piece_at_a_time_until_a_write_ends():
     """Decision T23: before any WRITE to a peer ended its link's rate is unknown, so a transfer has
-    one batch (unpacked) in flight at a time — a cancel then leaves at most that to drain before
-    its answer; once one ended (here over CMA, fast) batches are packed into WRITE_BYTES again."""
+    one piece (SLOW_START_BYTES, header-less) in flight at a time — a cancel then leaves at most that
+    to drain before its answer; once one ended (here over CMA, fast) the rest of the batch goes with
+    its header and the batches after it are packed into WRITE_BYTES again."""
     pools = [BlockPool(NB, BB, pin=False) for _ in range(2)]
     p = make_plane("nixl", transport=_Quiet(), pool=pools[0], layout="raw")
     c = make_plane("nixl", transport=_Quiet(), pool=pools[1], layout="raw")

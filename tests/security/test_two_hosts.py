@@ -352,10 +352,11 @@ def test_cancelling_one_load_on_a_slow_link_leaves_the_others_to_succeed(hosts, 
         assert c.digests(slots[0]) == [hashlib.sha256(bytes([0x3C]) * BB).hexdigest()] * n
 
 
-def _cancelled_then_another(hosts, name: str, timers: dict, port: int, later_at_s: float) -> tuple[dict, bool]:
-    """A 24 MiB load (384 blocks of 64 KiB) the engine finishes 0.3 s in, and a 1 MiB one submitted
-    ``later_at_s`` after it, from one producer: both loads' results (jobs 0 and 1), and whether the
-    later one's slots hold the producer's blocks."""
+def _cancelled_then_another(hosts, name: str, timers: dict, port: int, later_at_s: float,
+                            cancel_at_s: float | None = 0.3) -> tuple[dict, bool]:
+    """A 24 MiB load (384 blocks of 64 KiB) the engine finishes ``cancel_at_s`` in (None: never),
+    and a 1 MiB one submitted ``later_at_s`` after it, from one producer: both loads' results (jobs
+    0 and 1), and whether the later one's slots hold the producer's blocks."""
     big, small = 384, 16
     with _own_pair(hosts, name, timers, port, big + small) as (p, c):
         keys = {i: [b"kv-%s-%d/%d" % (name.encode(), i, b) for b in range(n)] for i, n in ((0, big), (1, small))}
@@ -363,8 +364,9 @@ def _cancelled_then_another(hosts, name: str, timers: dict, port: int, later_at_
         want = {i: p.store(f"kv-{name}-{i}", 100 + i, keys[i], slots[i], seed=30 + i)["digests"] for i in (0, 1)}
         t0 = time.monotonic()
         assert not c.load(f"kv-{name}-0", 300, keys[0], slots[0], host=hosts.addr_a, port=port, sentinel=0xAB)
-        time.sleep(0.3)
-        c.finish(f"c-kv-{name}-0")
+        if cancel_at_s is not None:
+            time.sleep(cancel_at_s)
+            c.finish(f"c-kv-{name}-0")
         time.sleep(max(0.0, t0 + later_at_s - time.monotonic()))
         assert not c.load(f"kv-{name}-1", 301, keys[1], slots[1], host=hosts.addr_a, port=port, sentinel=0xAB)
         got = c.wait_results([300, 301], timeout_s=30.0)
@@ -388,16 +390,31 @@ def test_a_cancelled_loads_data_outlasting_its_deadline_ends_it_alone(hosts) -> 
 @pytest.mark.parametrize("plane", ["zmq", "nixl"])
 def test_a_cancelled_load_commits_no_more_than_the_link_drains_before_its_answer(hosts, plane: str) -> None:
     """Decision T23, real processes, 32 Mbit/s: a 24 MiB load, the session's first, is cancelled
-    0.3 s in; a 1 MiB load follows at 1 s.  A transfer commits one 8 MiB batch until the link's rate
-    is known, then what it drains in half ``abort_ack_timeout_s`` (1 s): the cancel leaves ~2 s of
-    data ahead of the abort's answer and the later load, not the whole 24 MiB (~6 s: zmq failed the
-    later load ``load_timeout``; nixl ended the session past the cancelled load's deadline and
-    failed it ``abort_unacknowledged``, a reason that was not its own).  Both get their own result:
+    0.3 s in; a 1 MiB load follows at 1 s.  Until the link's rate is known a transfer commits one
+    batch (zmq: 8 MiB) or piece (nixl: 1 MiB), then what the link drains in half
+    ``abort_ack_timeout_s`` (1 s): the cancel leaves at most ~2 s of data ahead of the abort's
+    answer and the later load, not the whole 24 MiB (~6 s: zmq failed the later load
+    ``load_timeout``; nixl ended the session past the cancelled load's deadline and failed it
+    ``abort_unacknowledged``, a reason that was not its own).  Both get their own result:
     ``cancelled``, then byte-exact."""
     timers = {**TIMERS, "load_timeout_s": 5.0, "transfer_timeout_s": 30.0, "abort_ack_timeout_s": 1.0,
               "peer_timeout_s": 5.0, "data_plane": plane}
     got, exact = _cancelled_then_another(hosts, "t23", timers, PORT + 8, later_at_s=1.0)
     assert [(r["success"], r["reason"]) for r in got[0]] == [(False, "cancelled")], got
+    assert [(r["success"], r["reason"]) for r in got[1]] == [(True, None)] and exact, got
+
+
+def test_a_timed_out_nixl_load_leaves_only_what_the_link_drains_before_its_answer(hosts) -> None:
+    """Decision T23, real processes, nixl, 32 Mbit/s: a 24 MiB load times out at 3 s (it needs ~6 s)
+    and a 1 MiB load is submitted at 3.8 s.  With one whole 8 MiB batch in flight (~2 s) the
+    producer's answer to the timed-out load's abort came past ``abort_ack_timeout_s`` (1 s) after its
+    deadline, so the session ended and the later load failed ``abort_unacknowledged``; a batch larger
+    than the window now goes in pieces, so what is in flight drains in half that time.  The timed-out
+    load fails ``load_timeout``, the later one succeeds byte-exact."""
+    timers = {**TIMERS, "load_timeout_s": 3.0, "transfer_timeout_s": 30.0, "abort_ack_timeout_s": 1.0,
+              "peer_timeout_s": 5.0, "data_plane": "nixl"}
+    got, exact = _cancelled_then_another(hosts, "tmo", timers, PORT + 9, later_at_s=3.8, cancel_at_s=None)
+    assert [(r["success"], r["reason"]) for r in got[0]] == [(False, "load_timeout")], got
     assert [(r["success"], r["reason"]) for r in got[1]] == [(True, None)] and exact, got
 
 
