@@ -205,7 +205,7 @@ class WritePipeline:
             room = max(room, bb)
         if left * bb <= room:
             return None if x.pieces else (0 if not x.piece else left)  # the last piece: after the others
-        return min(left - 1, room // bb) or None
+        return min(left - 1, max(0, room) // bb) or None  # the window may be over-full: no piece then
 
     def _post_next(self, x: _Xfer) -> bool:
         """Post ``x``'s next WRITE if its window has room; whether one was posted."""

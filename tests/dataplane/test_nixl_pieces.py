@@ -109,3 +109,31 @@ def test_a_fast_link_posts_whole_packed_batches_once_its_first_piece_ended() -> 
     pipe.drive()
     notifs = [n for _, n in list(agent.posted.values())[2:]]
     assert len(notifs) == 2 and all(n[:1] == b"\xc1" for n in notifs)  # 7 batches packed into 2 WRITEs
+
+
+def test_no_piece_is_posted_while_the_window_is_over_full() -> None:
+    """A window smaller than one block still lets one block go when nothing is in flight; while it
+    is, the window is over-full and the next batch waits — it once got a piece of a negative size,
+    posted as an empty WRITE that failed the transfer."""
+    pipe, agent, clock = _pipeline(horizon_s=0.5)
+    pipe.start(("warm", 0), "cons", [Batch(0, (0,), (0,), b"w")], known=True, packed=True)
+    clock.now = 1.0
+    agent.end(1)  # 1 MiB in 1 s: a 512 KiB window, half a block
+    pipe.drive()
+    pipe.released()
+    pipe.start(("kv", 2), "cons", [Batch(0, (0,), (30,), b"a"), Batch(1, (1, 2, 3), (31, 32, 33), b"b")],
+               known=True, packed=True)
+    assert list(agent.posted.values())[1:] == [([30], b"a")]  # one block: the window is over-full now
+    for wid, want in ((2, ([31], None)), (3, ([32], None))):
+        clock.now += 1.0
+        agent.end(wid)
+        pipe.drive()
+        assert agent.posted[wid + 1] == want and len(agent.posted) == wid + 1
+    clock.now += 1.0
+    agent.end(4)
+    pipe.drive()
+    assert agent.posted[5] == ([33], b"b")  # the last piece, with the header
+    clock.now += 1.0
+    agent.end(5)
+    pipe.drive()
+    assert pipe.released() == [Released("kv", 2, False, 4 * BB, "")]

@@ -98,8 +98,10 @@ def test_park_fetch_bind_transfer_done_bytes_identical(producer, make_manager):
     assert producer.state("kv-basic") == "done"
     assert metric(producer.stats(), "kvtier_block_sent_bytes_total") == n * BB
     assert metric(c, "kvtier_block_landed_bytes_total") == n * BB
-    # 8 MiB batches tapering to 1 MiB: 2, 4, 2, 1, 1 MiB (kvtier.shell.outbound.plan_batches)
-    assert producer.plane() == {"name": c.plane.name, "posts": 5, "referenced": 0}
+    # 8 MiB batches tapering to 1 MiB: 2, 4, 2, 1, 1 MiB (kvtier.shell.outbound.plan_batches); on
+    # nixl the session's first WRITE is a 1 MiB piece of the first batch, the link's rate unknown (T23)
+    posts = 5 if c.plane.name == "zmq" else 6
+    assert producer.plane() == {"name": c.plane.name, "posts": posts, "referenced": 0}
     # nothing more arrives for either job
     pump_until(lambda: False, jobs=[jobs], timeout_s=0.2)
     assert jobs.total() == 1
